@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .policies import Policy, make_policy
+from .policies import POLICIES, Policy, make_policy
 from .trace import Trace
 
 DEFAULT_TOP_K = 32
@@ -65,12 +65,22 @@ class ReplayResult:
         return mask
 
 
-def observed_attention(row: np.ndarray, kept: np.ndarray) -> np.ndarray:
-    """What a serving stack holding only ``kept`` would expose: the row renormalised over kept."""
+def kept_sum(row: np.ndarray, kept: np.ndarray) -> float:
+    """``sum(row[kept])`` in float64, added strictly in kept order.
+
+    Sequential on purpose (numpy's own sum is pairwise): a fast engine that loops over the kept
+    set reproduces it bit for bit, and with it the observed attention and every later score.
+    """
     sub = row[kept].astype(np.float64)
-    s = sub.sum()
+    return float(np.cumsum(sub)[-1]) if sub.size else 0.0
+
+
+def observed_attention(row: np.ndarray, kept: np.ndarray, total: float | None = None) -> np.ndarray:
+    """What a serving stack holding only ``kept`` would expose: the row renormalised over kept,
+    as float32 (a softmax over a subset is the full softmax renormalised). Zeros if it sums to 0."""
+    s = kept_sum(row, kept) if total is None else total
     if s > 0:
-        return (sub / s).astype(np.float32)
+        return (row[kept].astype(np.float64) / s).astype(np.float32)
     return np.zeros(kept.size, dtype=np.float32)
 
 
@@ -87,6 +97,8 @@ def replay(
 ) -> ReplayResult:
     """Replay ``trace`` through ``policy`` (an instance, or a registry name plus budget/params)."""
     if isinstance(policy, str):
+        if POLICIES[policy].needs_trace if policy in POLICIES else False:
+            params = {**params, "trace": trace}
         policy = make_policy(policy, budget=512 if budget is None else budget, **params)
     elif params:
         raise ValueError("params are only accepted with a policy name")
@@ -104,9 +116,10 @@ def replay(
     for t in range(1, T + 1):
         kept = policy.kept
         row = A[t]
-        mass[t - 1] = row[kept].sum(dtype=np.float64)
+        total = kept_sum(row, kept)
+        mass[t - 1] = total
         recall[t - 1] = topk[t, kept].sum(dtype=np.int64) / min(top_k, t)
-        policy.on_decode_step(t, observed_attention(row, kept) if policy.reads_attention else None)
+        policy.on_decode_step(t, observed_attention(row, kept, total) if policy.reads_attention else None)
         if keeps_scores:
             s = policy.scores
             score_hist[t - 1, : s.size] = s

@@ -42,6 +42,9 @@ class Policy:
     reads_attention: ClassVar[bool] = False
     #: True for policies that keep a per-position score (the app's cumulative-score view).
     keeps_scores: ClassVar[bool] = False
+    #: True for offline references that read the whole trace (future rows included); they take
+    #: a ``trace=`` parameter, which ``replay`` passes when it builds the policy by name.
+    needs_trace: ClassVar[bool] = False
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:
         self.budget = check_budget(budget)
