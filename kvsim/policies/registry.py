@@ -8,10 +8,15 @@ import numpy as np
 
 from .base import DEFAULT_BUDGET, Policy
 from .h2o import H2O
+from .oracle import OfflineOracle
+from .scissorhands import Scissorhands
 from .sliding_window import SlidingWindow
 from .streaming_llm import StreamingLLM
+from .tova import TOVA
 
-POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (SlidingWindow, StreamingLLM, H2O)}
+POLICIES: dict[str, type[Policy]] = {
+    cls.name: cls for cls in (SlidingWindow, StreamingLLM, H2O, Scissorhands, TOVA, OfflineOracle)
+}
 
 
 def register(cls: type[Policy]) -> type[Policy]:

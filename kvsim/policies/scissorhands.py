@@ -1,0 +1,123 @@
+"""Scissorhands: keep the positions that most often beat their fair share of attention, plus the
+``recent_window`` newest positions, which are never evicted.
+
+Liu et al., "Scissorhands: Exploiting the Persistence of Importance Hypothesis for LLM KV Cache
+Compression at Test Time", NeurIPS 2023 (arXiv:2305.17118).
+
+H2O's nearest neighbour. Where H2O sums attention, this policy counts votes: at each step every
+kept position whose observed weight is strictly greater than ``1 / n`` (``n`` = the number of
+positions the query attended over that step) gains one vote. A position that once took nearly all
+of a row has the highest H2O score for the rest of the run but a single vote here: a stale early
+spike earns one vote, not a lead that a cumulative sum defends forever.
+
+The fair share is compared in float32, the precision the weights arrive in: a uniform row,
+renormalised to float32, then gives nobody a vote (in float64, float32(1/3) > 1/3 would give
+everybody one).
+
+``history_window``: the paper scores over a finite history window (the attention of the last
+``w`` steps, counting how often each token falls below the 1/n threshold). The default here, 0,
+counts the whole run, as the H2O card's comparison and the project's issue specify; a positive
+``history_window = N`` counts only the votes of the last N *observed* steps, closer to the
+paper. Steps with ``attn=None`` carry no information: they add no votes and do not advance the
+window either, so every count stays exactly as it was (DOMAIN.md section 2). The paper counts the
+times a token falls *below* 1/n and drops the largest count; we count votes *for* it, as the H2O
+card describes. The two differ for positions held for different lengths of time: a count against
+favours newcomers, a count for favours positions that have been held long.
+
+Eviction is repeated argmin of the count over ``kept[:len - recent_window]``; equal counts evict
+the lower position (counts tie often, so this rule matters here more than for H2O); victims come
+back in ascending position order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import DEFAULT_BUDGET, Policy, check_param
+
+
+class Scissorhands(Policy):
+    name = "scissorhands"
+    reads_attention = True
+    keeps_scores = True
+
+    def __init__(
+        self,
+        budget: int = DEFAULT_BUDGET,
+        rng: np.random.Generator | None = None,
+        recent_window: int = 32,
+        history_window: int = 0,
+    ) -> None:
+        super().__init__(budget, rng)
+        self.recent_window = check_param("recent_window", recent_window, below=self.budget)
+        self.history_window = check_param("history_window", history_window)
+        # parallel arrays in kept order (ascending position), budget + 1 slots
+        self._pos = np.zeros(self.budget + 1, dtype=np.int64)
+        self._count = np.zeros(self.budget + 1, dtype=np.int64)
+        # with a finite window, each slot remembers its votes of the last N observed steps (a ring
+        # indexed by observed step), so the vote that leaves the window can be taken back
+        self._ring = np.zeros((self.budget + 1, self.history_window), dtype=bool) if self.history_window else None
+        self._observed = 0  # steps with attention so far: the ring's clock
+        self._len = 1  # position 0, no votes
+
+    @property
+    def params(self) -> dict[str, int]:
+        return {"recent_window": self.recent_window, "history_window": self.history_window}
+
+    @property
+    def kept(self) -> np.ndarray:
+        return self._pos[: self._len].copy()
+
+    @property
+    def scores(self) -> np.ndarray:
+        """Vote count of each kept position (float64, like every policy's scores), aligned with
+        ``kept``."""
+        return self._count[: self._len].astype(np.float64)
+
+    def on_decode_step(self, pos: int, attn: np.ndarray | None) -> None:
+        n = self._len
+        if n == self._pos.size:
+            raise RuntimeError(f"{self.name}: cache full ({n}); evict before the next step")
+        if attn is not None:
+            attn = np.asarray(attn)
+            if attn.shape != (n,):
+                raise ValueError(f"{self.name}: attn has shape {attn.shape}, expected ({n},)")
+            votes = attn.astype(np.float32) > np.float32(1.0 / n)
+            if self._ring is None:
+                self._count[:n] += votes
+            else:
+                col = self._observed % self.history_window
+                self._count[:n] -= self._ring[:n, col]  # the vote leaving the window
+                self._ring[:n, col] = votes
+                self._count[:n] += votes
+            self._observed += 1
+        self._pos[n] = pos
+        self._count[n] = 0
+        if self._ring is not None:
+            self._ring[n] = False
+        self._len = n + 1
+
+    def evict(self, budget: int) -> list[int]:
+        n_evict = self._len - budget
+        if n_evict <= 0:
+            return []
+        evictable = self._len - self.recent_window
+        if evictable < n_evict:
+            raise ValueError(
+                f"{self.name}: cannot evict to budget {budget} with recent_window {self.recent_window}"
+            )
+        counts = self._count[:evictable].astype(np.float64)
+        chosen = np.zeros(evictable, dtype=bool)
+        for _ in range(n_evict):
+            i = int(np.argmin(counts))  # first minimum: the lower position on ties
+            chosen[i] = True
+            counts[i] = np.inf
+        victims = self._pos[:evictable][chosen].tolist()
+        keep = np.concatenate([~chosen, np.ones(self._len - evictable, dtype=bool)])
+        m = self._len - n_evict
+        self._pos[:m] = self._pos[: self._len][keep]
+        self._count[:m] = self._count[: self._len][keep]
+        if self._ring is not None:
+            self._ring[:m] = self._ring[: self._len][keep]
+        self._len = m
+        return victims
