@@ -1,0 +1,364 @@
+"""``python -m kvsim``: replay, sweep, describe, export and the cards' table, from the command line.
+
+``--json`` on any subcommand prints exactly one JSON document on stdout and nothing else; without it
+the same figures print as aligned tables. Every error exits non-zero with one line on stderr,
+``kvsim: error: ...``, never a traceback: outside checks parse both.
+
+The table's rows are ``kvsim.table.ROWS``. Policy parameters become flags (``recent_window`` -> ``--recent-window``) from the registry itself, so
+a policy that joins the registry gets its flags for free; a flag is only passed to a policy that takes
+that parameter, and giving it to one that does not is an error naming the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .catalog import available_traces, resolve_trace
+from .metrics import DEFAULT_BAND, describe
+from .policies import DEFAULT_BUDGET, POLICIES, policy_params
+from .replay import DEFAULT_TOP_K, replay
+from .sweep import best, sweep
+from .table import TABLE_BUDGET, build_table, params_label
+from .trace import save_npz
+
+PROG = "kvsim"
+
+
+class CLIError(Exception):
+    """A usage or input problem, reported as one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse prints the usage block and the error on several lines; the contract is one line."""
+
+    def error(self, message: str):
+        raise CLIError(message)
+
+
+def _flag(param: str) -> str:
+    return "--" + param.replace("_", "-")
+
+
+def _param_specs() -> dict[str, type]:
+    """Every numeric policy parameter in the registry -> its type (from its default)."""
+    specs: dict[str, type] = {}
+    for name in POLICIES:
+        for param, default in policy_params(name).items():
+            if param == "trace" or isinstance(default, bool) or not isinstance(default, (int, float)):
+                continue  # offline policies take the trace itself, which --trace supplies
+            specs.setdefault(param, type(default))
+    return specs
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def parse_range(flag: str, text: str) -> list[int]:
+    """``A:B[:STEP]`` (inclusive) or a single integer, into the list of values."""
+    parts = text.split(":")
+    try:
+        nums = [int(p) for p in parts]
+    except ValueError:
+        raise CLIError(f"{flag}: expected an integer or A:B[:STEP], got {text!r}") from None
+    if len(nums) == 1:
+        return nums
+    if len(nums) > 3:
+        raise CLIError(f"{flag}: expected A:B[:STEP], got {text!r}")
+    start, stop, step = nums[0], nums[1], nums[2] if len(nums) == 3 else 1
+    if step < 1:
+        raise CLIError(f"{flag}: STEP must be at least 1, got {step}")
+    if stop < start:
+        raise CLIError(f"{flag}: range {text!r} is empty (B < A)")
+    return list(range(start, stop + 1, step))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Replay attention traces through KV-cache eviction policies.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    specs = _param_specs()
+    trace_help = f"canonical, a shipped trace ({', '.join(available_traces()[1:]) or 'none yet'}) or a path to an .npz"
+
+    def common(p: argparse.ArgumentParser, budget_default: int | None, budget_type=int) -> None:
+        p.add_argument("--trace", default="canonical", help=f"{trace_help} (default: canonical)")
+        if budget_default is not None:
+            p.add_argument("--budget", type=budget_type, default=None, help=f"cache budget (default: {budget_default})")
+        p.add_argument("--top-k", type=_positive_int, default=DEFAULT_TOP_K, help="k of top-k recall (default: 32)")
+        p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
+
+    def policy_flags(p: argparse.ArgumentParser, ranges: bool) -> None:
+        p.add_argument("--policy", required=True, choices=list(POLICIES), help="registry name")
+        for param, typ in specs.items():
+            p.add_argument(
+                _flag(param),
+                dest=f"param_{param}",
+                type=str if ranges else typ,
+                default=None,
+                metavar="A:B[:STEP]" if ranges else "N",
+                help=f"policy parameter {param} (only for policies that take it)",
+            )
+
+    p = sub.add_parser("replay", help="replay one policy; mean retained mass and top-k recall")
+    common(p, DEFAULT_BUDGET)
+    policy_flags(p, ranges=False)
+
+    p = sub.add_parser("sweep", help="one replay per value of a parameter given as A:B[:STEP] (inclusive)")
+    common(p, DEFAULT_BUDGET, budget_type=str)
+    policy_flags(p, ranges=True)
+
+    p = sub.add_parser("describe", help="statistics of the trace alone: sinks, recency band, concentration")
+    common(p, None)
+    p.add_argument("--band", type=_positive_int, default=DEFAULT_BAND, help="recency band width (default: 64)")
+
+    p = sub.add_parser("export", help="write a trace in the interchange .npz format (float32)")
+    p.add_argument("--trace", default="canonical", help=f"{trace_help} (default: canonical)")
+    p.add_argument("--out", required=True, help="path of the .npz to write")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
+
+    p = sub.add_parser("table", help="the policy cards' comparison and the calibration targets")
+    common(p, TABLE_BUDGET)
+    return parser
+
+
+def _policy_args(args: argparse.Namespace) -> dict:
+    """The policy-specific flags that were given, checked against what ``args.policy`` takes."""
+    accepted = policy_params(args.policy)
+    given = {
+        name[len("param_") :]: value
+        for name, value in vars(args).items()
+        if name.startswith("param_") and value is not None
+    }
+    for param in given:
+        if param not in accepted:
+            takes = ", ".join(_flag(p) for p in accepted if p != "trace") or "nothing beyond --budget"
+            raise CLIError(f"{_flag(param)} does not apply to policy {args.policy} (it takes {takes})")
+    return given
+
+
+def cmd_replay(args: argparse.Namespace) -> object:
+    params = _policy_args(args)
+    trace = resolve_trace(args.trace)
+    budget = DEFAULT_BUDGET if args.budget is None else args.budget
+    result = replay(trace, args.policy, budget=budget, top_k=args.top_k, **params)
+    return {"trace": trace.name, **result.summary()}
+
+
+def cmd_sweep(args: argparse.Namespace) -> object:
+    given = _policy_args(args)
+    if args.budget is not None:
+        given["budget"] = args.budget
+    ranges = {p: parse_range(_flag(p), text) for p, text in given.items()}
+    swept = [p for p, values in ranges.items() if ":" in given[p]]
+    if len(swept) != 1:
+        flags = [_flag(p) for p in policy_params(args.policy) if p != "trace"] + ["--budget"]
+        what = "none was" if not swept else f"{len(swept)} were ({', '.join(_flag(p) for p in swept)})"
+        raise CLIError(f"sweep needs exactly one range A:B[:STEP] among {', '.join(flags)}; {what} given")
+    param = swept[0]
+    fixed = {p: values[0] for p, values in ranges.items() if p != param}
+    budget = fixed.pop("budget", DEFAULT_BUDGET)
+    trace = resolve_trace(args.trace)
+    rows = sweep(trace, args.policy, budget, param, ranges[param], top_k=args.top_k, **fixed)
+    return [{"trace": trace.name, **r} for r in rows]
+
+
+def cmd_describe(args: argparse.Namespace) -> object:
+    trace = resolve_trace(args.trace)
+    return {"trace": trace.name, **describe(trace, band=args.band, top_k=args.top_k)}
+
+
+def cmd_export(args: argparse.Namespace) -> object:
+    trace = resolve_trace(args.trace)
+    out = Path(args.out)
+    if out.suffix != ".npz":
+        raise CLIError(f"--out: {args.out} must end in .npz")
+    try:
+        save_npz(trace, out, dtype=np.float32)
+    except OSError as e:
+        raise CLIError(f"cannot write {args.out}: {e.strerror or type(e).__name__}") from None
+    return {"trace": trace.name, "out": str(out), "steps": trace.steps, "dtype": "float32", "bytes": out.stat().st_size}
+
+
+def cmd_table(args: argparse.Namespace) -> object:
+    trace = resolve_trace(args.trace)
+    budget = TABLE_BUDGET if args.budget is None else args.budget
+    if budget < 1:
+        raise CLIError(f"budget must be at least 1, got {budget}")
+    return build_table(trace, budget=budget, top_k=args.top_k)
+
+
+# --- readable output --------------------------------------------------------------------------
+
+
+def _aligned(headers: list[str], rows: list[list], text: bool = False) -> str:
+    """Columns padded to their widest cell; ``text`` left-aligns everything."""
+    cells = [[_cell(c) for c in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+
+    def line(items):
+        # text left, numbers right, so columns of figures line up on the decimal point
+        return "  ".join(
+            s.rjust(w) if _numeric(s) and not text else s.ljust(w) for s, w in zip(items, widths, strict=True)
+        ).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in cells)])
+
+
+def _cell(x) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, float):
+        return f"{x:.4f}"
+    return str(x)
+
+
+def _numeric(s: str) -> bool:
+    if s == "n/a":
+        return True
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def _summary_params(r: dict) -> dict:
+    skip = {"trace", "policy", "budget", "retained_mass", "top_k_recall", "top_k", "steps"}
+    return {k: v for k, v in r.items() if k not in skip}
+
+
+def render(command: str, doc) -> str:
+    if command == "replay":
+        return _aligned(
+            ["trace", "policy", "params", "budget", "steps", "retained_mass", f"top_{doc['top_k']}_recall"],
+            [[doc["trace"], doc["policy"], params_label(_summary_params(doc)), doc["budget"], doc["steps"],
+              doc["retained_mass"], doc["top_k_recall"]]],
+        )
+    if command == "sweep":
+        top = best(doc)
+        return _aligned(
+            ["trace", "policy", "params", "budget", "retained_mass", f"top_{doc[0]['top_k']}_recall", "best"],
+            [[r["trace"], r["policy"], params_label(_summary_params(r)), r["budget"], r["retained_mass"],
+              r["top_k_recall"], "*" if r is top else ""] for r in doc],
+        )
+    if command == "describe":
+        labels = {
+            "trace": "trace",
+            "steps": "steps",
+            "sink_share": f"sink share (positions 0-{doc['sinks'] - 1}, steps t > {doc['sinks']})",
+            "recent_share": f"recent share (last {doc['band']} positions, steps t > {doc['band']})",
+            "top_k_share": f"top-{doc['top_k']} share (steps t > {doc['top_k']})",
+            "effective_positions": "effective positions, exp(entropy) per row",
+        }
+        return _aligned(["figure", "value"], [[label, doc[k]] for k, label in labels.items()])
+    if command == "export":
+        return f"wrote {doc['out']}: trace {doc['trace']}, {doc['steps']} steps, {doc['dtype']}, {doc['bytes']} bytes"
+    if command == "table":
+        return _render_table(doc)
+    raise AssertionError(command)
+
+
+def _render_table(doc: dict) -> str:
+    k = doc["top_k"]
+    parts = [
+        f"Measured at budget {doc['budget']} on the {doc['trace']} trace ({doc['steps']} steps):",
+        "",
+        _aligned(
+            ["policy", "params", "retained_mass", f"top_{k}_recall"],
+            [[r["policy"], params_label(r["params"]), r["retained_mass"], r["top_k_recall"]] for r in doc["rows"]],
+        ),
+        *(f"{r['policy']} {params_label(r['params'])}: refused at this budget ({r['refused']})"
+          for r in doc["rows"] if "refused" in r),
+    ]
+    s = doc["sweep"]
+    if s["rows"]:
+        parts += [
+            "",
+            f"{s['policy']} over {s['param']} (budget {doc['budget']}); * marks the largest retained mass:",
+            "",
+            _aligned(
+                [s["param"], "retained_mass", f"top_{k}_recall", "best"],
+                [[r[s["param"]], r["retained_mass"], r["top_k_recall"], "*" if r[s["param"]] == s["argmax"] else ""]
+                 for r in s["rows"]],
+            ),
+        ]
+    if doc["targets"] is not None:
+        parts += [
+            "",
+            "Calibration targets (DOMAIN.md section 5):",
+            "",
+            _aligned(
+                ["figure", "target", "measured", "result"],
+                [[t["figure"], t["target"], t["measured"], "PASS" if t["pass"] else "FAIL"] for t in doc["targets"]],
+                text=True,
+            ),
+        ]
+    else:
+        parts += ["", "Calibration targets: not checked (they are for the canonical trace at budget 256)."]
+    return "\n".join(parts)
+
+
+def _jsonable(x):
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+COMMANDS = {"replay": cmd_replay, "sweep": cmd_sweep, "describe": cmd_describe, "export": cmd_export, "table": cmd_table}
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as e:  # --help and friends
+            return int(e.code or 0)
+        doc = COMMANDS[args.command](args)
+        text = json.dumps(_jsonable(doc), indent=2, allow_nan=False) if args.json else render(args.command, doc)
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+        return 0
+    except KeyboardInterrupt:
+        _fail("interrupted")
+        return 130
+    except BrokenPipeError:
+        # the reader went away (``| head``): point stdout at devnull so the exit flush stays quiet
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except Exception as e:  # CLIError, TraceError, ValueError from policies, OSError, a ContractError
+        _fail(_one_line(e))
+        return 2 if isinstance(e, CLIError) else 1
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    if not isinstance(e, (CLIError, ValueError, OSError)):
+        text = f"{type(e).__name__}: {text}"
+    return text
+
+
+def _fail(message: str) -> None:
+    sys.stderr.write(f"{PROG}: error: {message}\n")
+    sys.stderr.flush()
+
+
+__all__ = ["build_parser", "main", "parse_range"]

@@ -1,0 +1,66 @@
+"""Statistics of a trace alone, no policy involved: how much of each row the sinks and the recency band
+take, and how concentrated attention is. ``python -m kvsim describe`` prints them.
+
+Every figure is a mean over rows (steps), each row weighted equally, over the steps where it is
+defined: the sink share over t > sinks (every sink exists), the recent share over t > band (the band is
+full), the top-k share over t > k (otherwise the top k is the whole row). A figure with no such step is
+``None``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .trace import Trace
+
+DEFAULT_BAND = 64
+DEFAULT_SINKS = 4
+DEFAULT_TOP_K = 32
+
+
+def describe(
+    trace: Trace, band: int = DEFAULT_BAND, top_k: int = DEFAULT_TOP_K, sinks: int = DEFAULT_SINKS, chunk: int = 256
+) -> dict:
+    """steps, sink_share, recent_share (the last ``band`` positions), top_k_share (the mass held by
+    each row's ``top_k`` largest weights) and effective_positions (exp of each row's entropy: how many
+    positions a row spreads over; uniform over n positions gives n).
+
+    Vectorised over blocks of ``chunk`` rows, so memory stays at a few ``chunk x T`` float64 blocks.
+    """
+    for name, value in (("band", band), ("top_k", top_k), ("sinks", sinks)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    A = trace.attention
+    n = A.shape[0]
+    T = n - 1
+    sink = np.full(n, np.nan)
+    recent = np.full(n, np.nan)
+    top = np.full(n, np.nan)
+    effective = np.full(n, np.nan)
+    for t0 in range(1, n, chunk):
+        t1 = min(t0 + chunk, n)
+        block = A[t0:t1, : t1 - 1].astype(np.float64)  # rows t0..t1-1 reach at most position t1-2
+        rows = np.arange(t0, t1)[:, None]
+        age = rows - np.arange(t1 - 1)[None, :]
+        sink[t0:t1] = block[:, :sinks].sum(axis=1)
+        recent[t0:t1] = np.where((age >= 1) & (age <= band), block, 0.0).sum(axis=1)
+        k = min(top_k, block.shape[1])
+        top[t0:t1] = np.partition(block, block.shape[1] - k, axis=1)[:, block.shape[1] - k :].sum(axis=1)
+        logs = np.zeros_like(block)
+        np.log(block, out=logs, where=block > 0)
+        effective[t0:t1] = np.exp(-(block * logs).sum(axis=1))
+    steps = np.arange(n)
+    return {
+        "steps": T,
+        "sinks": int(sinks),
+        "sink_share": _mean(sink[steps > sinks]),
+        "band": int(band),
+        "recent_share": _mean(recent[steps > band]),
+        "top_k": int(top_k),
+        "top_k_share": _mean(top[steps > top_k]),
+        "effective_positions": _mean(effective[1:]),
+    }
+
+
+def _mean(x: np.ndarray) -> float | None:
+    return float(x.mean()) if x.size else None

@@ -1,0 +1,138 @@
+"""The policy cards' comparison table (the one the H2O card introduces with "Measured at budget 256:")
+and the calibration targets of DOMAIN.md section 5, measured. ``python -m kvsim table`` prints it.
+
+The rows come from ``ROWS``, a plain list: a new policy joins the table by appending a ``Row``. A row
+that is not a registry policy (an upper bound computed from the trace alone) gives ``measure``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .metrics import describe
+from .replay import DEFAULT_TOP_K, replay
+from .sweep import best, sweep
+from .trace import Trace
+
+TABLE_BUDGET = 256
+
+
+@dataclass(frozen=True)
+class Row:
+    policy: str  # registry name, or the row's name when ``measure`` is given
+    params: dict = field(default_factory=dict)  # the policy's parameters beyond budget
+    #: for rows that are not registry policies: (trace, budget, top_k) -> {"retained_mass", "top_k_recall"}
+    measure: Callable[[Trace, int, int], dict] | None = None
+
+
+ROWS: list[Row] = [
+    Row("sliding_window"),
+    Row("streaming_llm", {"sinks": 4}),
+    Row("h2o", {"recent_window": 32}),
+    Row("h2o", {"recent_window": 64}),
+]
+
+#: the second part: h2o's retained mass over recent_window 8 .. 192 (DOMAIN.md section 5, last target)
+SWEEP_POLICY = "h2o"
+SWEEP_PARAM = "recent_window"
+SWEEP_VALUES = range(8, 193, 8)
+
+
+def params_label(params: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in params.items()) or "-"
+
+
+def build_table(trace: Trace, budget: int = TABLE_BUDGET, top_k: int = DEFAULT_TOP_K, targets: bool | None = None) -> dict:
+    """Measure every row of ``ROWS``, the h2o sweep and (on the canonical trace at budget 256, or when
+    ``targets`` is True) the six calibration targets. A JSON-ready dict."""
+    measured: dict[tuple, dict] = {}
+
+    def key(policy: str, params: dict) -> tuple:
+        return (policy, tuple(sorted(params.items())))
+
+    values = [v for v in SWEEP_VALUES if v < budget]  # recent_window >= budget is refused
+    sweep_rows = sweep(trace, SWEEP_POLICY, budget, SWEEP_PARAM, values, top_k=top_k) if values else []
+    for r in sweep_rows:  # the h2o rows of the first part are in the sweep: measure them once
+        measured[key(SWEEP_POLICY, {SWEEP_PARAM: r[SWEEP_PARAM]})] = r
+
+    def measure(row: Row) -> dict:
+        k = key(row.policy, row.params)
+        if k not in measured:
+            if row.measure is not None:
+                measured[k] = dict(row.measure(trace, budget, top_k))
+            else:
+                measured[k] = replay(trace, row.policy, budget=budget, top_k=top_k, **row.params).summary()
+        return measured[k]
+
+    rows = []
+    for row in ROWS:
+        entry = {"policy": row.policy, "params": dict(row.params)}
+        try:
+            m = measure(row)
+        except ValueError as e:  # a row this budget cannot hold (recent_window 64 at budget 64): say why
+            rows.append({**entry, "retained_mass": None, "top_k_recall": None, "refused": " ".join(str(e).split())})
+            continue
+        rows.append({**entry, "retained_mass": m["retained_mass"], "top_k_recall": m["top_k_recall"]})
+    top = best(sweep_rows) if sweep_rows else None
+    out = {
+        "trace": trace.name,
+        "steps": trace.steps,
+        "budget": budget,
+        "top_k": top_k,
+        "rows": rows,
+        "sweep": {
+            "policy": SWEEP_POLICY,
+            "param": SWEEP_PARAM,
+            "rows": [
+                {SWEEP_PARAM: r[SWEEP_PARAM], "retained_mass": r["retained_mass"], "top_k_recall": r["top_k_recall"]}
+                for r in sweep_rows
+            ],
+            "argmax": top[SWEEP_PARAM] if top else None,
+            "max_retained_mass": top["retained_mass"] if top else None,
+        },
+        "targets": None,
+    }
+    if targets is None:
+        targets = trace.name == "canonical" and trace.steps == 4096 and budget == TABLE_BUDGET
+    if targets:
+        out["targets"] = calibration_targets(trace, budget, top_k, lambda p, params: measure(Row(p, params)), sweep_rows)
+    return out
+
+
+def calibration_targets(
+    trace: Trace, budget: int, top_k: int, measure: Callable[[str, dict], dict], sweep_rows: list[dict]
+) -> list[dict]:
+    """DOMAIN.md section 5, each target with its measured value and whether it holds."""
+    recent = describe(trace, band=64)["recent_share"]
+    sw = measure("sliding_window", {})
+    sl = measure("streaming_llm", {"sinks": 4})
+    h32 = measure("h2o", {"recent_window": 32})
+    h64 = measure("h2o", {"recent_window": 64})
+    mass = {r[SWEEP_PARAM]: r["retained_mass"] for r in sweep_rows}
+    at = [mass.get(v) for v in (32, 48, 64)]
+    peak = max(mass, key=mass.get) if mass else None  # first maximum: the smallest window on ties
+    peak_ok = 64 in mass and max(mass.values()) <= mass[64] + 0.001
+    rising = None not in at and at[0] < at[1] < at[2]
+    targets = [
+        ("mean share of attention on the most recent 64 positions (steps t > 64)", "0.55 ± 0.01",
+         _fmt(recent), recent is not None and abs(recent - 0.55) <= 0.01),
+        ("sliding_window retained mass", "0.5966 ± 0.003",
+         _fmt(sw["retained_mass"]), abs(sw["retained_mass"] - 0.5966) <= 0.003),
+        ("streaming_llm (4 sinks) retained mass", "0.7367 ± 0.003",
+         _fmt(sl["retained_mass"]), abs(sl["retained_mass"] - 0.7367) <= 0.003),
+        ("h2o, recent_window 32, retained mass", "below streaming_llm's",
+         f"{_fmt(h32['retained_mass'])} vs {_fmt(sl['retained_mass'])}", h32["retained_mass"] < sl["retained_mass"]),
+        (f"h2o, recent_window 64, retained mass and top-{top_k} recall", "both above streaming_llm's",
+         f"mass {_fmt(h64['retained_mass'])} vs {_fmt(sl['retained_mass'])}, "
+         f"recall {_fmt(h64['top_k_recall'])} vs {_fmt(sl['top_k_recall'])}",
+         h64["retained_mass"] > sl["retained_mass"] and h64["top_k_recall"] > sl["top_k_recall"]),
+        ("h2o retained mass over recent_window 8 .. 192",
+         "largest at 64 (none higher by more than 0.001); rising through 32, 48, 64",
+         f"argmax {peak}; at 32, 48, 64: {', '.join(_fmt(m) for m in at)}", bool(peak_ok and rising)),
+    ]
+    return [{"figure": f, "target": t, "measured": m, "pass": bool(ok)} for f, t, m, ok in targets]
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4f}"
