@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .metrics import describe
+from .policies.oracle import oracle_summary, upper_bound_summary
 from .replay import DEFAULT_TOP_K, replay
 from .sweep import best, sweep
 from .trace import Trace
@@ -31,6 +32,12 @@ ROWS: list[Row] = [
     Row("streaming_llm", {"sinks": 4}),
     Row("h2o", {"recent_window": 32}),
     Row("h2o", {"recent_window": 64}),
+    Row("scissorhands", {"recent_window": 32}),
+    Row("scissorhands", {"recent_window": 64}),
+    Row("tova"),
+    # offline references: they read the whole trace, future rows included, which no serving stack can
+    Row("oracle (offline reference)", measure=oracle_summary),
+    Row("upper bound (offline reference)", measure=upper_bound_summary),
 ]
 
 #: the second part: h2o's retained mass over recent_window 8 .. 192 (DOMAIN.md section 5, last target)

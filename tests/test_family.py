@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvsim
-from kvsim.policies.oracle import BLOCK, OfflineOracle, upper_bound_series
+from kvsim.policies.oracle import BLOCK, OfflineOracle, upper_bound_series, upper_bound_summary
 
 
 def trace_from_rows(rows) -> kvsim.Trace:
@@ -273,3 +273,13 @@ def test_scissorhands_counts_are_votes(seed, steps, budget):
             assert np.all(counts <= ages)
             if window:
                 assert np.all(counts <= window)
+
+
+def test_upper_bound_summary_recall_is_what_budget_positions_can_hold():
+    tr = random_trace(np.random.default_rng(17), 12)
+    # top_k 4: steps 1..4 want t positions, the rest want 4; a budget of 2 holds 2 of them
+    want = np.minimum(4, np.arange(1, 13))
+    s = upper_bound_summary(tr, budget=2, top_k=4)
+    assert s["top_k_recall"] == pytest.approx(np.mean(np.minimum(2, want) / want))
+    assert s["retained_mass"] == pytest.approx(upper_bound_series(tr, 2).mean())
+    assert upper_bound_summary(tr, budget=4, top_k=4)["top_k_recall"] == 1.0

@@ -106,3 +106,21 @@ def upper_bound_series(trace: Trace, budget: int) -> np.ndarray:
             row = row[np.sort(np.argpartition(row, t - budget)[t - budget :])]
         out[t - 1] = np.cumsum(row)[-1]
     return out
+
+
+def upper_bound_summary(trace: Trace, budget: int, top_k: int) -> dict:
+    """The upper bound as a table row: mean retained mass, and the top-k recall of the same cache
+    (the ``budget`` largest weights hold all of the top k when ``budget >= k``)."""
+    steps = np.arange(1, trace.steps + 1)
+    wanted = np.minimum(top_k, steps)
+    return {
+        "retained_mass": float(upper_bound_series(trace, budget).mean()),
+        "top_k_recall": float((np.minimum(budget, wanted) / wanted).mean()),
+    }
+
+
+def oracle_summary(trace: Trace, budget: int, top_k: int) -> dict:
+    """The offline oracle as a table row (a replay that hands it the trace)."""
+    from ..replay import replay  # the harness imports the registry, which imports this module
+
+    return replay(trace, OfflineOracle.name, budget=budget, top_k=top_k).summary()
