@@ -1,0 +1,346 @@
+"""The policy lab: two policies stepped side by side over a tiny trace, one step at a time.
+
+A dozen steps is small enough to read every number: each step's attention row, what each policy
+held when the query came, what it was shown, its scores or votes, and what it evicted. The
+presets are the policy cards' distinguishing vectors and the h2o ``recent_window = 0`` pitfall;
+any tiny trace can be typed in as a table (``trace_from_table``) and is validated by
+``kvsim.from_array`` like any other trace.
+
+The stepping follows the harness (DOMAIN.md section 4) exactly, through the harness's own
+functions, so what the lab shows is what ``replay`` measures. Figures are pure builders: lab
+steps in, Plotly figures out; no Streamlit here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from .policies import POLICIES, Policy, make_policy
+from .replay import kept_sum, observed_attention
+from .trace import Trace, TraceError, from_array
+
+#: a lab trace is for reading cell by cell; longer ones belong in the main views
+MAX_LAB_STEPS = 24
+
+#: bar colours of the step figure, one per state of a position at that step
+HELD_COLOUR = "rgba(31, 119, 180, 0.9)"  # held: the query saw it
+VICTIM_COLOUR = "rgba(214, 39, 40, 0.9)"  # held, evicted at the end of this step
+GONE_COLOUR = "rgba(190, 190, 190, 0.9)"  # evicted before this step: the query wanted it in vain
+NEW_COLOUR = "rgba(44, 160, 44, 0.9)"  # admitted this step (the query's own position)
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A policy of the lab: registry name, parameters beyond budget."""
+
+    name: str
+    params: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        args = ", ".join(f"{k}={v}" for k, v in self.params.items())
+        return f"{self.name} ({args})" if args else self.name
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named tiny trace with the two policies it was made to tell apart."""
+
+    title: str
+    rows: tuple  # row t-1 = attention of the query at position t over positions 0 .. t-1
+    budget: int
+    left: PolicySpec
+    right: PolicySpec
+    watch: str  # what to look for, one or two sentences
+
+    def trace(self) -> Trace:
+        return trace_from_rows(self.rows, name=self.title)
+
+
+def _recency_rows(steps: int) -> list[list[float]]:
+    # every position gets some attention, leaning toward the recent: weight of p in row t ~ p + 1
+    return [(np.arange(1, t + 1) / (t * (t + 1) / 2)).tolist() for t in range(1, steps + 1)]
+
+
+def _spike_rows() -> list[list[float]]:
+    # position 0 takes all of step 1 and 0.98 of step 2, then 0.01 of every later row
+    return [[1.0], [0.98, 0.02]] + [[0.01] + [0.99 / (t - 1)] * (t - 1) for t in range(3, 13)]
+
+
+def _sink_rows() -> list[list[float]]:
+    # half of every row on position 0 (an attention sink), the rest spread evenly
+    return [[1.0]] + [[0.5] + [0.5 / (t - 1)] * (t - 1) for t in range(2, 13)]
+
+
+def _flicker_rows() -> list[list[float]]:
+    # position 1 is central at every step but one (step 6), where the query looks elsewhere
+    rows = []
+    for t in range(1, 13):
+        row = np.full(t, 1.0)
+        if t > 1:
+            row[1] = 0.05 if t == 6 else 4.0 * t
+        rows.append((row / row.sum()).tolist())
+    return rows
+
+
+PRESETS: dict[str, Preset] = {
+    "sliding_window vs streaming_llm": Preset(
+        title="sliding_window vs streaming_llm: the sinks",
+        rows=tuple(map(tuple, _sink_rows())),
+        budget=5,
+        left=PolicySpec("sliding_window"),
+        right=PolicySpec("streaming_llm", {"sinks": 4}),
+        watch="The same steps at the same budget: sliding_window evicts positions 0, 1 and 2 in turn "
+        "(the oldest, sink included); streaming_llm keeps them pinned and evicts 4 instead.",
+    ),
+    "h2o vs scissorhands": Preset(
+        title="h2o vs scissorhands: a stale early spike",
+        rows=tuple(map(tuple, _spike_rows())),
+        budget=4,
+        left=PolicySpec("h2o", {"recent_window": 2}),
+        right=PolicySpec("scissorhands", {"recent_window": 2}),
+        watch="Position 0 takes almost all of steps 1 and 2 and nearly nothing after. At step 4, the "
+        "first eviction, it has h2o's highest score (about 2.0) but a single scissorhands vote: "
+        "h2o defends it and evicts 2; scissorhands evicts it.",
+    ),
+    "h2o recent_window 0 pitfall": Preset(
+        title="h2o with recent_window 0: the cache never advances",
+        rows=tuple(map(tuple, _recency_rows(12))),
+        budget=4,
+        left=PolicySpec("h2o", {"recent_window": 0}),
+        right=PolicySpec("h2o", {"recent_window": 2}),
+        watch="A position admitted this step has score 0 while everything older has gained some "
+        "attention, so without a recent window h2o evicts the newest position at once, every "
+        "step: it holds 0, 1, 2, 3 forever. With recent_window 2 the cache moves on.",
+    ),
+    "tova vs h2o": Preset(
+        title="tova vs h2o: one quiet step",
+        rows=tuple(map(tuple, _flicker_rows())),
+        budget=4,
+        left=PolicySpec("tova"),
+        right=PolicySpec("h2o", {"recent_window": 1}),
+        watch="Position 1 is central at every step but step 6. tova reads only the latest row, so "
+        "at step 6 it evicts 1; h2o's sum remembers and keeps it for the steps after, which "
+        "want it again.",
+    ),
+}
+
+
+# --- tiny traces ---------------------------------------------------------------------------------
+
+
+def trace_from_rows(rows: Sequence[Sequence[float]], name: str = "lab", source: str = "lab trace") -> Trace:
+    """A trace whose row t is ``rows[t - 1]`` (t weights, over positions 0 .. t-1), validated and
+    normalised by ``from_array``; one-line ``TraceError`` otherwise."""
+    T = len(rows)
+    if not 1 <= T <= MAX_LAB_STEPS:
+        raise TraceError(f"{source}: a lab trace has 1 to {MAX_LAB_STEPS} steps, got {T}")
+    A = np.zeros((T + 1, T + 1))
+    for t, row in enumerate(rows, start=1):
+        if len(row) != t:
+            raise TraceError(f"{source}: step {t}: expected {t} weights (positions 0 .. {t - 1}), got {len(row)}")
+        A[t, :t] = row
+    return from_array(A, name=name, source=source)
+
+
+def preset_table(trace: Trace) -> pd.DataFrame:
+    """A trace as the lab's editable table: one row per step ("step 1" ..), one column per position
+    ("0" ..), the attention weights below the diagonal and blanks (NaN) elsewhere."""
+    T = trace.steps
+    a = trace.attention[1:, :T].astype(np.float64)
+    a[np.triu_indices(T, k=1)] = np.nan
+    return pd.DataFrame(a, index=[f"step {t}" for t in range(1, T + 1)], columns=[str(p) for p in range(T)])
+
+
+def trace_from_table(table: pd.DataFrame, name: str = "edited", source: str = "lab table") -> Trace:
+    """The inverse of ``preset_table``: read an edited table back into a trace. Cells on or above the
+    diagonal are ignored; each row is normalised to sum to 1. One-line ``TraceError`` on a table
+    that is not one (a missing column, a non-number, a negative weight, a row of zeros)."""
+    T = len(table)
+    if not 1 <= T <= MAX_LAB_STEPS:
+        raise TraceError(f"{source}: a lab trace has 1 to {MAX_LAB_STEPS} steps, got {T}")
+    if table.shape[1] < T:
+        raise TraceError(f"{source}: {T} steps need {T} position columns, got {table.shape[1]}")
+    rows = []
+    for t in range(1, T + 1):
+        cells = table.iloc[t - 1, :t]
+        values = pd.to_numeric(cells, errors="coerce")
+        bad = values.isna() & cells.notna()
+        if bad.any():
+            raise TraceError(f"{source}: step {t}, position {int(np.flatnonzero(bad.to_numpy())[0])}: not a number")
+        if values.isna().any():
+            raise TraceError(f"{source}: step {t}, position {int(np.flatnonzero(values.isna().to_numpy())[0])}: empty")
+        rows.append(values.to_numpy(dtype=np.float64))
+    return trace_from_rows(rows, name=name, source=source)
+
+
+# --- stepping ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicyStep:
+    """One policy at one step, in the harness's order."""
+
+    label: str
+    kept: np.ndarray  # held when query t came: what it attended over
+    observed: np.ndarray | None  # attention the policy was shown, aligned with kept (None: not read)
+    score_positions: np.ndarray | None  # kept + [t], the positions ``scores`` is aligned with
+    scores: np.ndarray | None  # the policy's scores or votes after the step, before eviction
+    victims: list[int]
+    kept_after: np.ndarray
+    retained_mass: float  # share of row t on ``kept``
+
+
+@dataclass(frozen=True)
+class LabStep:
+    t: int
+    row: np.ndarray  # row t of the trace, over positions 0 .. t-1 (float64)
+    sides: tuple[PolicyStep, PolicyStep]
+
+
+def _build(spec: PolicySpec | Policy, trace: Trace, budget: int) -> tuple[str, Policy]:
+    if isinstance(spec, Policy):
+        return repr(spec), spec
+    params = dict(spec.params)
+    if spec.name in POLICIES and POLICIES[spec.name].needs_trace:
+        params["trace"] = trace
+    return spec.label, make_policy(spec.name, budget=budget, **params)
+
+
+def side_by_side(trace: Trace, left: PolicySpec | Policy, right: PolicySpec | Policy, budget: int) -> list[LabStep]:
+    """Step both policies through ``trace`` together; one ``LabStep`` per decode step. Each side
+    follows the harness: kept, retained mass on the full row, observed attention, on_decode_step,
+    scores, evict. Bad parameters raise ``ValueError`` naming the parameter (from the policy)."""
+    sides = [_build(left, trace, budget), _build(right, trace, budget)]
+    A = trace.attention
+    out = []
+    for t in range(1, trace.steps + 1):
+        row = A[t]
+        per_side = []
+        for label, policy in sides:
+            kept = policy.kept
+            total = kept_sum(row, kept)
+            observed = observed_attention(row, kept, total) if policy.reads_attention else None
+            policy.on_decode_step(t, observed)
+            scores = policy.scores if policy.keeps_scores else None
+            positions = policy.kept if policy.keeps_scores else None
+            victims = [int(v) for v in policy.evict(budget)]
+            per_side.append(PolicyStep(label, kept, observed, positions, scores, victims, policy.kept, total))
+        out.append(LabStep(t, row[:t].astype(np.float64), (per_side[0], per_side[1])))
+    return out
+
+
+def run_preset(name: str) -> list[LabStep]:
+    p = PRESETS[name]
+    return side_by_side(p.trace(), p.left, p.right, p.budget)
+
+
+def step_table(step: LabStep) -> pd.DataFrame:
+    """One step as a table, a row per position 0 .. t: the full row's weight, and for each side
+    whether the position was held, what the policy was shown, its score, and its fate."""
+    t = step.t
+    data: dict[str, list] = {"position": list(range(t + 1)), "weight": [*step.row.tolist(), None]}
+    for side in step.sides:
+        seen = dict(zip(side.kept.tolist(), [] if side.observed is None else side.observed.tolist()))
+        scored = dict(zip([] if side.score_positions is None else side.score_positions.tolist(),
+                          [] if side.scores is None else side.scores.tolist()))
+        data[f"{side.label}: state"] = [_state(side, p, t) for p in range(t + 1)]
+        if side.observed is not None:
+            data[f"{side.label}: shown"] = [seen.get(p) for p in range(t + 1)]
+        if side.scores is not None:
+            data[f"{side.label}: score"] = [scored.get(p) for p in range(t + 1)]
+    return pd.DataFrame(data)
+
+
+def _state(side: PolicyStep, p: int, t: int) -> str:
+    if p == t:
+        return "evicted at once" if p in side.victims else "new"
+    if p in side.victims:
+        return "victim"
+    if p in side.kept:
+        return "held"
+    return "gone"
+
+
+# --- figures -------------------------------------------------------------------------------------
+
+
+def step_figure(step: LabStep, side: int) -> go.Figure:
+    """Row t's attention over positions 0 .. t-1 as bars, coloured by what this policy did with
+    each position (held, victim this step, gone before); the new position t as a marker on the
+    axis; the policy's score or vote count above each bar where it keeps one."""
+    s = step.sides[side]
+    t = step.t
+    positions = np.arange(t)
+    states = [_state(s, p, t) for p in range(t)]
+    colour = {"held": HELD_COLOUR, "victim": VICTIM_COLOUR, "gone": GONE_COLOUR}
+    fig = go.Figure()
+    for state, name in (("held", "held"), ("victim", "victim (evicted this step)"), ("gone", "evicted earlier")):
+        mask = np.array([st == state for st in states])
+        fig.add_bar(
+            x=positions[mask], y=step.row[mask], name=name, marker_color=colour[state],
+            hovertemplate="position %{x}<br>weight %{y:.3f}<extra>" + name + "</extra>",
+        )
+    new_state = _state(s, t, t)
+    fig.add_scatter(
+        x=[t], y=[0], mode="markers", name=f"new position {t}" + (" (evicted at once)" if new_state != "new" else ""),
+        marker={"symbol": "triangle-up", "size": 14, "color": VICTIM_COLOUR if new_state != "new" else NEW_COLOUR},
+        hovertemplate=f"position {t}: admitted this step<extra></extra>",
+    )
+    if s.scores is not None:
+        at = dict(zip(s.score_positions.tolist(), s.scores.tolist()))
+        xs = [p for p in range(t + 1) if p in at]
+        ys = [step.row[p] if p < t else 0.0 for p in xs]
+        fig.add_scatter(
+            x=xs, y=ys, mode="text", text=[_fmt_score(at[p]) for p in xs], textposition="top center",
+            name="score", showlegend=False, hoverinfo="skip",
+        )
+    fig.update_layout(
+        title=f"{s.label}, step {t}: retained {s.retained_mass:.3f}"
+        + (f", evicts {', '.join(map(str, s.victims))}" if s.victims else ", evicts nothing"),
+        barmode="overlay", bargap=0.15, height=320, margin={"l": 40, "r": 10, "t": 50, "b": 40},
+        legend={"orientation": "h", "y": -0.25},
+    )
+    fig.update_xaxes(title="position", range=[-0.6, t + 0.6], dtick=1)
+    fig.update_yaxes(title=f"attention of query {t}", range=[0, max(1.0, float(step.row.max())) * 1.15])
+    return fig
+
+
+def _fmt_score(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:.2f}"
+
+
+def timeline_figure(steps: list[LabStep], side: int, current: int | None = None) -> go.Figure:
+    """The whole lab run for one policy: a grid of step (rows) by position (columns), each cell
+    held / victim / gone / not yet generated, with the current step outlined."""
+    T = len(steps)
+    # 0 not yet generated, 1 gone, 2 held, 3 victim this step (codes index the colour scale)
+    grid = np.zeros((T, T + 1))
+    for i, step in enumerate(steps):
+        s = step.sides[side]
+        for p in range(step.t + 1):
+            state = _state(s, p, step.t)
+            grid[i, p] = {"gone": 1, "held": 2, "new": 2, "victim": 3, "evicted at once": 3}[state]
+    colours = ["white", GONE_COLOUR, HELD_COLOUR, VICTIM_COLOUR]
+    scale = [[v, c] for i, c in enumerate(colours) for v in (i / 4, (i + 1) / 4)]
+    labels = np.array(["not yet", "gone", "held", "victim"])[grid.astype(int)]
+    fig = go.Figure(
+        go.Heatmap(
+            z=grid, x=list(range(T + 1)), y=[s.t for s in steps], zmin=0, zmax=4, colorscale=scale,
+            showscale=False, xgap=1, ygap=1, customdata=labels,
+            hovertemplate="step %{y}, position %{x}: %{customdata}<extra></extra>",
+        )
+    )
+    if current is not None:
+        fig.add_shape(type="rect", x0=-0.5, x1=T + 0.5, y0=current - 0.5, y1=current + 0.5,
+                      line={"color": "black", "width": 2})
+    fig.update_layout(title=f"{steps[0].sides[side].label}: the cache after every step", height=320,
+                      margin={"l": 40, "r": 10, "t": 50, "b": 40})
+    fig.update_xaxes(title="position", dtick=1)
+    fig.update_yaxes(title="step", autorange="reversed", dtick=1)
+    return fig
