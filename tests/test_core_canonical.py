@@ -1,0 +1,101 @@
+"""Golden figures on the canonical trace: the six calibration targets of DOMAIN.md section 5 at
+budget 256, and the exact figures the generator and the reference harness produce today (a change
+in either shows up here first)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kvsim
+from kvsim.metrics import describe
+from kvsim.sweep import best, sweep
+
+BUDGET = 256
+GOLDEN = {  # retained mass at budget 256, to 1e-6
+    ("sliding_window", ()): 0.596891,
+    ("streaming_llm", (("sinks", 4),)): 0.736849,
+    ("h2o", (("recent_window", 32),)): 0.712833,
+    ("h2o", (("recent_window", 64),)): 0.961347,
+}
+
+
+@pytest.fixture(scope="module")
+def runs(canonical):
+    return {key: kvsim.replay(canonical, key[0], budget=BUDGET, **dict(key[1])) for key in GOLDEN}
+
+
+@pytest.fixture(scope="module")
+def h2o_sweep(canonical):
+    """h2o's retained mass over recent_window 8 .. 192 in steps of 8 (48 included)."""
+    rows = sweep(canonical, "h2o", BUDGET, "recent_window", range(8, 193, 8))
+    return {r["recent_window"]: r for r in rows}
+
+
+def test_canonical_shape(canonical):
+    assert canonical.steps == 4096
+    assert canonical.attention.shape == (4097, 4097)
+    assert canonical.attention.dtype == np.float32
+
+
+def test_target_recent_band_share(canonical):
+    assert describe(canonical, band=64)["recent_share"] == pytest.approx(0.55, abs=0.01)
+
+
+def test_target_sliding_window(runs):
+    assert runs[("sliding_window", ())].retained_mass == pytest.approx(0.5966, abs=0.003)
+
+
+def test_target_streaming_llm(runs):
+    assert runs[("streaming_llm", (("sinks", 4),))].retained_mass == pytest.approx(0.7367, abs=0.003)
+
+
+def test_target_h2o_32_below_streaming_llm(runs):
+    h2o32 = runs[("h2o", (("recent_window", 32),))]
+    streaming = runs[("streaming_llm", (("sinks", 4),))]
+    assert h2o32.retained_mass < streaming.retained_mass
+
+
+def test_target_h2o_64_above_streaming_llm_on_both_metrics(runs):
+    h2o64 = runs[("h2o", (("recent_window", 64),))]
+    streaming = runs[("streaming_llm", (("sinks", 4),))]
+    assert h2o64.retained_mass > streaming.retained_mass
+    assert h2o64.top_k_recall > streaming.top_k_recall
+
+
+def test_target_h2o_sweep_peaks_at_64(h2o_sweep):
+    mass = {w: r["retained_mass"] for w, r in h2o_sweep.items()}
+    assert best(list(h2o_sweep.values()))["recent_window"] == 64
+    assert max(mass.values()) <= mass[64] + 0.001
+    assert mass[32] < mass[48] < mass[64]
+
+
+def test_sweep_agrees_with_single_replays(h2o_sweep, runs):
+    for w in (32, 64):
+        single = runs[("h2o", (("recent_window", w),))]
+        assert h2o_sweep[w]["retained_mass"] == single.retained_mass
+        assert h2o_sweep[w]["top_k_recall"] == single.top_k_recall
+
+
+@pytest.mark.parametrize("key", list(GOLDEN))
+def test_golden_retained_mass(key, runs):
+    assert runs[key].retained_mass == pytest.approx(GOLDEN[key], abs=1e-6)
+
+
+def test_golden_recall(runs):
+    assert runs[("streaming_llm", (("sinks", 4),))].top_k_recall == pytest.approx(0.811020, abs=1e-6)
+    assert runs[("h2o", (("recent_window", 64),))].top_k_recall == 1.0
+
+
+def test_generator_is_deterministic(canonical):
+    again = kvsim.generate_canonical()
+    assert np.array_equal(again.attention, canonical.attention)
+    assert again.meta == canonical.meta
+
+
+def test_generator_depends_on_its_seed():
+    small = kvsim.CanonicalConfig(steps=300)
+    a = kvsim.generate_canonical(small)
+    b = kvsim.generate_canonical(kvsim.CanonicalConfig(steps=300, seed=small.seed + 1))
+    assert np.array_equal(a.attention, kvsim.generate_canonical(small).attention)
+    assert not np.array_equal(a.attention, b.attention)
