@@ -1,0 +1,107 @@
+"""The canonical trace, generated once and then read from a user cache directory.
+
+Generating it costs about half a second; reading it back costs about ten milliseconds, because the
+attention is stored as a plain ``.npy`` and memory-mapped (read-only, shared between processes
+through the page cache) instead of copied. Every start-up after the first (the CLI, the app, the
+benchmark) reads it.
+
+Where: ``$KVSIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/kvsim``, else ``~/.cache/kvsim``. Two files per
+trace, both named by the generator's ``VERSION`` and a hash of the config, so a changed generator
+or config never reads a stale file: ``<key>.npy`` (the attention, float32) and ``<key>.json`` (the
+trace's meta plus a CRC-32 of the attention). Each is written to a temporary file in the same
+directory and renamed into place, the ``.json`` last, so a reader never sees half a file. A file
+that does not load with ``allow_pickle=False``, has the wrong shape or dtype, or fails its CRC is
+regenerated; if the directory cannot be written the trace is generated in memory and nothing fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import zlib
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from . import canonical
+from .trace import Trace
+
+
+def cache_dir() -> Path:
+    """The directory the cache lives in (it may not exist yet)."""
+    if os.environ.get("KVSIM_CACHE_DIR"):
+        return Path(os.environ["KVSIM_CACHE_DIR"])
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "kvsim"
+    return Path.home() / ".cache" / "kvsim"
+
+
+def cache_path(config: canonical.CanonicalConfig | None = None) -> Path:
+    """The attention file of the trace built from ``config``; its meta sits beside it as ``.json``."""
+    config = canonical.CanonicalConfig() if config is None else config
+    digest = hashlib.sha256(json.dumps(asdict(config), sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / f"canonical-v{canonical.VERSION}-{digest}.npy"
+
+
+def canonical_trace(config: canonical.CanonicalConfig | None = None) -> Trace:
+    """The canonical trace (``kvsim.canonical.generate(config)``), from the disk cache when it is
+    there and intact. Its attention is then a read-only memory map."""
+    config = canonical.CanonicalConfig() if config is None else config
+    path = cache_path(config)
+    trace = _read(path, config)
+    if trace is None:
+        trace = canonical.generate(config)
+        _write(trace, path)
+    return trace
+
+
+def _read(path: Path, config: canonical.CanonicalConfig) -> Trace | None:
+    """The cached trace, or None when it is missing or damaged in any way."""
+    n = config.steps + 1
+    try:
+        record = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+        attention = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, EOFError, ValueError, UnicodeDecodeError):  # JSONDecodeError is a ValueError
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("meta"), dict):
+        return None
+    meta = record["meta"]
+    if attention.shape != (n, n) or attention.dtype != np.float32:
+        return None
+    if meta.get("generator_version") != canonical.VERSION or meta.get("config") != _jsonable(asdict(config)):
+        return None
+    attention = np.asarray(attention)  # a plain read-only ndarray view of the map
+    if record.get("crc32") != zlib.crc32(attention):
+        return None
+    return Trace(attention, name=str(meta.get("name", "canonical")), meta=meta)
+
+
+def _write(trace: Trace, path: Path) -> None:
+    """Write atomically (temporary file, then rename); an unwritable cache is silently skipped."""
+    attention = np.ascontiguousarray(trace.attention, dtype=np.float32)
+    record = {"meta": trace.meta, "crc32": zlib.crc32(attention)}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path, lambda f: np.save(f, attention, allow_pickle=False))
+        _atomic_write(path.with_suffix(".json"), lambda f: f.write(json.dumps(record).encode("utf-8")))
+    except OSError:
+        pass
+
+
+def _atomic_write(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _jsonable(value):
+    """What ``value`` reads back as after a JSON round trip (tuples become lists)."""
+    return json.loads(json.dumps(value))
