@@ -1,0 +1,364 @@
+"""The fast engine: replays many configurations of one trace at once, with exactly the results of
+the reference policies (``kvsim.replay``), which stay the readable, authoritative implementation.
+
+Why numba: the h2o loop is a sequential float64 sum over the kept set (kept order, bit for bit the
+reference's ``kept_sum``), a float32 renormalisation, a score update and one argmin per step. Those
+are short dependent loops over ~budget elements; a JIT runs them at machine speed with one pass of
+the trace row shared by every configuration. A batched-NumPy version (one array op per step over all
+configurations) was measured against it: see the commit that introduced this file and
+``python -m kvsim bench``.
+
+Exactness, the reference's rules restated where the engine relies on them:
+
+- kept is ascending by position (a new position is admitted last; eviction keeps the order);
+- retained mass is ``sum(float64(A[t, kept]))`` added strictly in kept order;
+- observed attention is ``float32(float64(A[t, p]) / mass)``, zeros when the mass is 0;
+- an h2o score gains ``float64(observed)``; the new position is admitted with score 0;
+- eviction (at most one victim per step under the harness) is the first minimum over
+  ``kept[:len - recent_window]``, so equal scores evict the lower position;
+- top-k recall counts ``kept`` against the k largest weights of the row (lower position first on
+  ties, ``Trace.topk_mask``) and divides by ``min(k, t)``; the means are numpy's, over the series.
+
+Anything the engine does not cover falls back to the reference harness, one configuration at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import numpy as np
+from numba import njit
+
+from .policies import make_policy, policy_params
+from .replay import DEFAULT_TOP_K, ReplayResult, replay
+from .trace import Trace
+
+#: policies the engine replays itself; every other registered policy goes through the reference
+FAST_POLICIES = ("sliding_window", "streaming_llm", "h2o")
+#: steps per kernel call: the granularity of ``progress`` reports
+_CHUNK = 256
+
+
+# --------------------------------------------------------------------------------------------
+# kernels
+
+
+@njit(cache=True)
+def _topk_positions(A, k):
+    """int32 ``(T + 1, k)``, -1 padded: the positions of the k largest weights of every row,
+    lower position first on ties. Same set as ``trace.topk_mask(k)``, O(T * k) memory."""
+    n = A.shape[0]
+    out = np.full((n, k), -1, dtype=np.int32)
+    for t in range(1, n):
+        if t <= k:
+            for p in range(t):
+                out[t, p] = p
+            continue
+        row = A[t, :t]
+        kth = np.partition(row, t - k)[t - k]  # the k-th largest value, whatever the algorithm
+        j = 0
+        for p in range(t):
+            if row[p] > kth:
+                out[t, j] = p
+                j += 1
+        for p in range(t):  # ties at the k-th value fill up from the lowest position
+            if j == k:
+                break
+            if row[p] == kth:
+                out[t, j] = p
+                j += 1
+    return out
+
+
+@njit(cache=True)
+def _mark_topk(topk, t, stamp):
+    for j in range(topk.shape[1]):
+        p = topk[t, j]
+        if p >= 0:
+            stamp[p] = t
+
+
+@njit(cache=True)
+def _h2o_steps(A, topk, t0, t1, budgets, windows, pos, score, length, mass, recall, stamp, gather,
+               kept_hist, score_hist, score_pos, victims):
+    """Steps t0 .. t1-1 of h2o for every configuration c (budget ``budgets[c]``, recent window
+    ``windows[c]``), state in ``pos``/``score``/``length``. The record arrays are filled for
+    configuration 0 only, and only when they are not empty."""
+    k = topk.shape[1]
+    n_cfg = budgets.shape[0]
+    rec_kept = kept_hist.shape[0] > 0
+    rec_scores = score_hist.shape[0] > 0
+    rec_victims = victims.shape[0] > 0
+    for t in range(t0, t1):
+        _mark_topk(topk, t, stamp)
+        denom = min(k, t)
+        row = A[t]
+        for c in range(n_cfg):
+            n = length[c]
+            p_c = pos[c]
+            s_c = score[c]
+            total = 0.0
+            hits = 0
+            for i in range(n):
+                p = p_c[i]
+                w = np.float64(row[p])
+                gather[i] = w
+                total += w
+                if stamp[p] == t:
+                    hits += 1
+            mass[c, t - 1] = total
+            recall[c, t - 1] = hits / denom
+            if total > 0:
+                for i in range(n):
+                    s_c[i] += np.float64(np.float32(gather[i] / total))
+            p_c[n] = t
+            s_c[n] = 0.0
+            n += 1
+            if c == 0 and rec_scores:
+                for i in range(n):
+                    score_hist[t - 1, i] = s_c[i]
+                    score_pos[t - 1, i] = p_c[i]
+            if n > budgets[c]:
+                evictable = n - windows[c]
+                best = 0
+                low = s_c[0]
+                for i in range(1, evictable):
+                    if s_c[i] < low:  # strict: the first minimum, the lower position
+                        low = s_c[i]
+                        best = i
+                if c == 0 and rec_victims:
+                    victims[t - 1] = p_c[best]
+                for i in range(best, n - 1):
+                    p_c[i] = p_c[i + 1]
+                    s_c[i] = s_c[i + 1]
+                n -= 1
+            length[c] = n
+            if c == 0 and rec_kept:
+                for i in range(n):
+                    kept_hist[t - 1, i] = p_c[i]
+
+
+@njit(cache=True)
+def _window_steps(A, topk, t0, t1, budgets, sinks, mass, recall, stamp, kept_hist):
+    """Steps t0 .. t1-1 of streaming_llm (``sinks[c]`` pinned positions) and sliding_window
+    (``sinks[c] == 0``), closed form: before step t the cache holds everything when t <= budget,
+    else positions ``0 .. sinks-1`` and the newest ``budget - sinks`` ones."""
+    k = topk.shape[1]
+    rec_kept = kept_hist.shape[0] > 0
+    for t in range(t0, t1):
+        _mark_topk(topk, t, stamp)
+        denom = min(k, t)
+        row = A[t]
+        for c in range(budgets.shape[0]):
+            b = budgets[c]
+            s = sinks[c] if t > b else t
+            lo = t - (b - s) if t > b else t
+            total = 0.0
+            hits = 0
+            for p in range(s):
+                total += np.float64(row[p])
+                if stamp[p] == t:
+                    hits += 1
+            for p in range(lo, t):
+                total += np.float64(row[p])
+                if stamp[p] == t:
+                    hits += 1
+            mass[c, t - 1] = total
+            recall[c, t - 1] = hits / denom
+            if c == 0 and rec_kept:  # after step t: the same rule one position later
+                s = sinks[c] if t + 1 > b else t + 1
+                lo = t + 1 - (b - s) if t + 1 > b else t + 1
+                j = 0
+                for p in range(s):
+                    kept_hist[t - 1, j] = p
+                    j += 1
+                for p in range(lo, t + 1):
+                    kept_hist[t - 1, j] = p
+                    j += 1
+
+
+# --------------------------------------------------------------------------------------------
+# drivers: state and outputs live in NumPy arrays; the kernels run a chunk of steps at a time so
+# that ``progress`` can be told between chunks
+
+
+def topk_positions(trace: Trace, k: int) -> np.ndarray:
+    """The k largest positions of every row (``_topk_positions``); depends on the trace alone, so
+    computed once per trace and kept in its cache (O(T * k), where the mask would be O(T ** 2))."""
+    if k < 1:
+        raise ValueError(f"top_k must be at least 1, got {k}")
+    key = ("topk_positions", k)
+    if key not in trace._cache:
+        trace._cache[key] = _topk_positions(_attention(trace), k)
+    return trace._cache[key]
+
+
+def _attention(trace: Trace) -> np.ndarray:
+    """The attention as the kernels take it: C-contiguous and read-only, so that a trace read from
+    the memory-mapped cache and one built in memory share one compiled signature per dtype."""
+    A = np.ascontiguousarray(trace.attention).view()
+    A.flags.writeable = False
+    return A
+
+
+def _fast(trace: Trace, policy) -> bool:
+    return (
+        isinstance(policy, str)
+        and policy in FAST_POLICIES
+        and trace.attention.dtype in (np.float32, np.float64)
+        and trace.steps >= 1
+    )
+
+
+def _chunks(T: int, progress: Callable[[float], None] | None):
+    for t0 in range(1, T + 1, _CHUNK):
+        t1 = min(t0 + _CHUNK, T + 1)
+        yield t0, t1
+        if progress is not None:
+            progress((t1 - 1) / T)
+
+
+def _none(dtype, ndim: int) -> np.ndarray:
+    """An empty record array: the kernels skip recording when given one."""
+    return np.zeros((0,) * ndim, dtype=dtype)
+
+
+def _run(trace: Trace, policy: str, budgets, params: list[dict], top_k: int, progress=None, record=False):
+    """Replay ``policy`` once per (budget, params) pair, all in one pass over the trace.
+
+    Returns ``(mass, recall, records)``: float64 ``(configs, T)`` series and, with ``record``, the
+    kept/score/victim histories of configuration 0."""
+    A = _attention(trace)
+    topk = topk_positions(trace, top_k)
+    T = trace.steps
+    budgets = np.asarray(budgets, dtype=np.int64)
+    n_cfg = budgets.size
+    mass = np.empty((n_cfg, T), dtype=np.float64)
+    recall = np.empty((n_cfg, T), dtype=np.float64)
+    stamp = np.zeros(T + 1, dtype=np.int64)  # stamp[p] == t: p is in row t's top k
+    b0 = int(budgets[0])
+    kept_hist = np.full((T, b0), -1, dtype=np.int32) if record else _none(np.int32, 2)
+    records: dict = {"kept_history": kept_hist}
+    if policy == "h2o":
+        windows = np.array([p["recent_window"] for p in params], dtype=np.int64)
+        width = int(budgets.max()) + 1
+        pos = np.zeros((n_cfg, width), dtype=np.int32)
+        score = np.zeros((n_cfg, width), dtype=np.float64)
+        length = np.ones(n_cfg, dtype=np.int64)  # every cache starts holding position 0, score 0
+        gather = np.empty(width, dtype=np.float64)
+        score_hist = np.full((T, b0 + 1), np.nan) if record else _none(np.float64, 2)
+        score_pos = np.full((T, b0 + 1), -1, dtype=np.int32) if record else _none(np.int32, 2)
+        victims = np.full(T, -1, dtype=np.int64) if record else _none(np.int64, 1)
+        for t0, t1 in _chunks(T, progress):
+            _h2o_steps(A, topk, t0, t1, budgets, windows, pos, score, length, mass, recall, stamp, gather,
+                       kept_hist, score_hist, score_pos, victims)
+        records.update(score_history=score_hist, score_positions=score_pos, victims=victims)
+    else:
+        sinks = np.array([p.get("sinks", 0) for p in params], dtype=np.int64)
+        for t0, t1 in _chunks(T, progress):
+            _window_steps(A, topk, t0, t1, budgets, sinks, mass, recall, stamp, kept_hist)
+        # the oldest unpinned position leaves once the cache is full: t - (budget - sinks)
+        t = np.arange(1, T + 1)
+        records["victims"] = np.where(t >= b0, t - (b0 - int(sinks[0])), -1)
+    return mass, recall, records
+
+
+# --------------------------------------------------------------------------------------------
+# public API
+
+
+def replay_fast(
+    trace: Trace,
+    policy: str,
+    budget: int,
+    top_k: int = DEFAULT_TOP_K,
+    record_kept: bool = False,
+    record_scores: bool = False,
+    record_victims: bool = False,
+    **params,
+) -> ReplayResult:
+    """``kvsim.replay`` with the same arguments and the same result, fast for the policies in
+    ``FAST_POLICIES``; any other policy (or a policy instance) goes through the reference."""
+    if not _fast(trace, policy):
+        return replay(trace, policy, budget=budget, top_k=top_k, record_kept=record_kept,
+                      record_scores=record_scores, record_victims=record_victims, **params)
+    built = make_policy(policy, budget=budget, **params)  # validates budget and params as replay does
+    if top_k < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k}")
+    record = record_kept or record_scores or record_victims
+    mass, recall, rec = _run(trace, policy, [built.budget], [built.params], top_k, record=record)
+    keeps_scores = record_scores and built.keeps_scores
+    victims = []
+    if record_victims:
+        victims = [[int(v)] if v >= 0 else [] for v in rec["victims"]]
+    return ReplayResult(
+        policy=built.name,
+        budget=built.budget,
+        params=dict(built.params),
+        steps=trace.steps,
+        top_k=top_k,
+        retained_mass_series=mass[0],
+        top_k_recall_series=recall[0],
+        kept_history=rec["kept_history"] if record_kept else None,
+        score_history=rec["score_history"] if keeps_scores else None,
+        score_positions=rec["score_positions"] if keeps_scores else None,
+        victims_history=victims,
+    )
+
+
+def sweep(
+    trace: Trace,
+    policy: str,
+    budget: int,
+    param: str | None,
+    values: Iterable,
+    top_k: int = DEFAULT_TOP_K,
+    progress: Callable[[float], None] | None = None,
+    **params,
+) -> list[dict]:
+    """One ``ReplayResult.summary()`` per value of ``param`` (a policy parameter, or ``"budget"``),
+    the other parameters at ``params`` or their defaults. ``param=None`` replays the configuration
+    once. For ``FAST_POLICIES`` every configuration runs in one pass over the trace; other policies
+    are replayed by the reference, one value at a time. ``progress(fraction_done)`` is called as it
+    goes."""
+    configs = _configs(policy, budget, param, values, params)
+    if top_k < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k}")
+    if not configs:
+        return []
+    if not _fast(trace, policy):
+        out = []
+        for i, (b, p) in enumerate(configs):
+            out.append(replay(trace, policy, budget=b, top_k=top_k, **p).summary())
+            if progress is not None:
+                progress((i + 1) / len(configs))
+        return out
+    built = [make_policy(policy, budget=b, **p) for b, p in configs]  # refuses bad values, naming them
+    mass, recall, _ = _run(trace, policy, [b.budget for b in built], [b.params for b in built], top_k, progress)
+    return [
+        {
+            "policy": b.name,
+            "budget": b.budget,
+            **b.params,
+            "retained_mass": float(mass[i].mean()),  # numpy's mean, as ReplayResult computes it
+            "top_k_recall": float(recall[i].mean()),
+            "top_k": top_k,
+            "steps": trace.steps,
+        }
+        for i, b in enumerate(built)
+    ]
+
+
+def _configs(policy: str, budget: int, param: str | None, values, params: dict) -> list[tuple[int, dict]]:
+    """The (budget, params) of each configuration a sweep replays."""
+    if param is None:
+        return [(budget, dict(params))]
+    values = list(values)
+    if param == "budget":
+        return [(v, dict(params)) for v in values]
+    if param in params:
+        raise ValueError(f"{param} is both swept and fixed")
+    if isinstance(policy, str) and param not in policy_params(policy):
+        accepted = ", ".join(policy_params(policy)) or "none beyond budget"
+        raise ValueError(f"{policy} does not take parameter {param}; it takes: {accepted}")
+    return [(budget, {**params, param: v}) for v in values]

@@ -1,0 +1,246 @@
+"""The fast engine against the reference harness: same kept sets, victims, scores and metrics, bit
+for bit; and the on-disk cache of the canonical trace."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvsim import cache, canonical, engine
+from kvsim.replay import replay
+from kvsim.trace import Trace, from_array
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def random_trace(seed: int, steps: int, levels: int, zero_share: float) -> Trace:
+    """A trace whose weights take only ``levels`` distinct values before normalisation (so rows
+    and cumulative scores tie exactly), with a share of exact zeros."""
+    rng = np.random.default_rng(seed)
+    n = steps + 1
+    a = rng.integers(1, levels + 1, size=(n, n)).astype(np.float64)
+    a[rng.random((n, n)) < zero_share] = 0.0
+    for t in range(1, n):  # from_array refuses an all-zero row; keep one weight
+        if a[t, :t].sum() == 0:
+            a[t, rng.integers(0, t)] = 1.0
+    return from_array(np.tril(a, -1), name=f"random-{seed}")
+
+
+traces = st.builds(
+    random_trace,
+    seed=st.integers(0, 2**32 - 1),
+    steps=st.integers(1, 80),
+    levels=st.sampled_from([1, 2, 3, 1000]),
+    zero_share=st.sampled_from([0.0, 0.3, 0.9]),
+)
+
+
+def assert_same(fast, ref):
+    assert fast.summary() == ref.summary()
+    assert np.array_equal(fast.retained_mass_series, ref.retained_mass_series)
+    assert np.array_equal(fast.top_k_recall_series, ref.top_k_recall_series)
+    assert np.array_equal(fast.kept_history, ref.kept_history)
+    assert fast.victims_history == ref.victims_history
+    if ref.score_history is None:
+        assert fast.score_history is None
+    else:
+        assert np.array_equal(fast.score_history, ref.score_history, equal_nan=True)
+        assert np.array_equal(fast.score_positions, ref.score_positions)
+
+
+def both(trace, policy, budget, top_k=32, **params):
+    kw = dict(top_k=top_k, record_kept=True, record_scores=True, record_victims=True, **params)
+    return engine.replay_fast(trace, policy, budget, **kw), replay(trace, policy, budget=budget, **kw)
+
+
+@SETTINGS
+@given(trace=traces, data=st.data())
+def test_h2o_replay_matches_reference_every_step(trace, data):
+    budget = data.draw(st.integers(1, trace.steps + 2), label="budget")
+    recent_window = data.draw(st.integers(0, budget - 1), label="recent_window")
+    top_k = data.draw(st.sampled_from([1, 3, 32]), label="top_k")
+    assert_same(*both(trace, "h2o", budget, top_k=top_k, recent_window=recent_window))
+
+
+@SETTINGS
+@given(trace=traces, data=st.data())
+def test_window_policies_match_reference_every_step(trace, data):
+    budget = data.draw(st.integers(1, trace.steps + 2), label="budget")
+    sinks = data.draw(st.integers(0, budget - 1), label="sinks")
+    assert_same(*both(trace, "sliding_window", budget))
+    assert_same(*both(trace, "streaming_llm", budget, sinks=sinks))
+
+
+@SETTINGS
+@given(trace=traces, data=st.data())
+def test_batched_h2o_matches_reference_per_configuration(trace, data):
+    """Every recent_window of one budget, plus other budgets, in one pass: the series of each
+    configuration are the reference's, bit for bit."""
+    budget = data.draw(st.integers(1, trace.steps + 2), label="budget")
+    configs = [(budget, w) for w in range(budget)]
+    configs += data.draw(st.lists(st.integers(1, 90).flatmap(lambda b: st.tuples(st.just(b), st.integers(0, b - 1))),
+                                  max_size=4), label="more")
+    mass, recall, _ = engine._run(trace, "h2o", [b for b, _ in configs], [{"recent_window": w} for _, w in configs], 32)
+    for i, (b, w) in enumerate(configs):
+        ref = replay(trace, "h2o", budget=b, recent_window=w)
+        assert np.array_equal(mass[i], ref.retained_mass_series), (b, w)
+        assert np.array_equal(recall[i], ref.top_k_recall_series), (b, w)
+
+
+@SETTINGS
+@given(trace=traces, data=st.data())
+def test_sweep_summaries_match_reference(trace, data):
+    budget = data.draw(st.integers(2, trace.steps + 2), label="budget")
+    windows = list(range(budget))
+    got = engine.sweep(trace, "h2o", budget, "recent_window", windows)
+    assert got == [replay(trace, "h2o", budget=budget, recent_window=w).summary() for w in windows]
+    budgets = data.draw(st.lists(st.integers(1, 90), min_size=1, max_size=4), label="budgets")
+    for policy, params in (("sliding_window", {}), ("streaming_llm", {"sinks": 0})):
+        got = engine.sweep(trace, policy, budget, "budget", budgets, **params)
+        assert got == [replay(trace, policy, budget=b, **params).summary() for b in budgets]
+    got = engine.sweep(trace, "streaming_llm", budget, "sinks", range(budget))
+    assert got == [replay(trace, "streaming_llm", budget=budget, sinks=s).summary() for s in range(budget)]
+
+
+def test_zero_kept_mass_passes_zeros():
+    """A kept set whose weights are all zero: observed attention is zeros and scores stay put."""
+    a = np.zeros((6, 6), dtype=np.float32)
+    a[1:, 0] = 1.0  # every row on position 0 only, so the rest score exactly 0
+    a[5, :5] = [0.0, 0.5, 0.5, 0.0, 0.0]
+    trace = Trace(a)  # built directly: rows 1..4 put nothing on positions 1..4
+    for budget in (1, 2, 3):
+        for w in range(budget):
+            assert_same(*both(trace, "h2o", budget, recent_window=w))
+
+
+@pytest.fixture(scope="module")
+def canonical_trace():
+    return canonical.generate()
+
+
+def test_canonical_windows_bit_identical(canonical_trace):
+    windows = [1, 32, 64, 255]
+    swept = engine.sweep(canonical_trace, "h2o", 256, "recent_window", windows)
+    for w, row in zip(windows, swept):
+        ref = replay(canonical_trace, "h2o", budget=256, recent_window=w)
+        fast = engine.replay_fast(canonical_trace, "h2o", 256, recent_window=w)
+        assert row == ref.summary() == fast.summary()
+        assert np.array_equal(fast.retained_mass_series, ref.retained_mass_series)
+        assert np.array_equal(fast.top_k_recall_series, ref.top_k_recall_series)
+    assert swept[2]["retained_mass"] == pytest.approx(0.9613, abs=5e-4)
+
+
+def test_topk_positions_match_the_mask(canonical_trace):
+    tops = engine.topk_positions(canonical_trace, 32)
+    mask = canonical_trace.topk_mask(32)
+    for t in range(1, canonical_trace.steps + 1):
+        row = np.zeros(canonical_trace.steps + 1, dtype=np.uint8)
+        row[tops[t][tops[t] >= 0]] = 1
+        assert np.array_equal(row, mask[t]), t
+
+
+def test_sweep_progress_and_fallback(monkeypatch):
+    trace = random_trace(7, 40, 3, 0.3)
+    seen = []
+    fast = engine.sweep(trace, "h2o", 8, "recent_window", range(8), progress=seen.append)
+    assert seen == sorted(seen) and seen[-1] == 1.0
+    # a policy the engine does not cover goes through the reference, one value at a time
+    monkeypatch.setattr(engine, "FAST_POLICIES", ())
+    seen.clear()
+    slow = engine.sweep(trace, "h2o", 8, "recent_window", range(8), progress=seen.append)
+    assert slow == fast
+    assert seen == [(i + 1) / 8 for i in range(8)]
+    assert engine.replay_fast(trace, "h2o", 8, recent_window=3).summary() == fast[3]
+
+
+def test_sweep_refuses_bad_values():
+    trace = random_trace(1, 20, 3, 0.0)
+    with pytest.raises(ValueError, match="recent_window"):
+        engine.sweep(trace, "h2o", 8, "recent_window", [3, 8])
+    with pytest.raises(ValueError, match="sinks"):
+        engine.sweep(trace, "h2o", 8, "sinks", [1])
+    with pytest.raises(ValueError, match="budget"):
+        engine.replay_fast(trace, "sliding_window", 0)
+    with pytest.raises(ValueError, match="top_k"):
+        engine.sweep(trace, "h2o", 8, "recent_window", [3], top_k=0)
+
+
+# --- the canonical trace cache ------------------------------------------------------------------
+
+SMALL = canonical.CanonicalConfig(steps=96)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_cache_round_trip(cache_dir):
+    fresh = canonical.generate(SMALL)
+    first = cache.canonical_trace(SMALL)
+    path = cache.cache_path(SMALL)
+    assert path.parent == cache_dir and path.is_file() and path.with_suffix(".json").is_file()
+    assert not list(cache_dir.glob("*.part"))
+    again = cache.canonical_trace(SMALL)
+    assert np.array_equal(again.attention, fresh.attention) and np.array_equal(first.attention, fresh.attention)
+    assert not again.attention.flags.writeable  # the memory map, not a copy
+    assert again.meta == json.loads(json.dumps(fresh.meta)) and again.name == "canonical"
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "json", "no-json"])
+def test_cache_damage_regenerates(cache_dir, damage):
+    fresh = canonical.generate(SMALL)
+    cache.canonical_trace(SMALL)
+    path = cache.cache_path(SMALL)
+    data = bytearray(path.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    elif damage == "truncate":
+        path.write_bytes(bytes(data[: len(data) // 2]))
+    elif damage == "garbage":
+        path.write_bytes(b"\x80\x04not an npy file")
+    elif damage == "json":
+        path.with_suffix(".json").write_text("{not json")
+    else:
+        path.with_suffix(".json").unlink()
+    assert cache._read(path, SMALL) is None
+    trace = cache.canonical_trace(SMALL)
+    assert np.array_equal(trace.attention, fresh.attention)
+    repaired = cache._read(path, SMALL)  # and the cache was rewritten whole
+    assert repaired is not None and np.array_equal(repaired.attention, fresh.attention)
+
+
+def test_cache_key_follows_version_and_config(cache_dir, monkeypatch):
+    cache.canonical_trace(SMALL)
+    v1 = cache.cache_path(SMALL)
+    assert cache.cache_path(canonical.CanonicalConfig(steps=97)) != v1
+    monkeypatch.setattr(canonical, "VERSION", canonical.VERSION + 1)
+    v2 = cache.cache_path(SMALL)
+    assert v2 != v1 and f"v{canonical.VERSION}" in v2.name
+    assert cache._read(v1, SMALL) is None  # a file from the old generator is not taken for the new one
+    cache.canonical_trace(SMALL)
+    assert v2.is_file()
+
+
+def test_cache_dir_from_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv("KVSIM_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache.cache_dir() == tmp_path / "xdg" / "kvsim"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache.cache_dir() == tmp_path / "home" / ".cache" / "kvsim"
+
+
+def test_unwritable_cache_generates_in_memory(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(blocker / "cache"))  # mkdir under a file fails, even as root
+    trace = cache.canonical_trace(SMALL)
+    assert np.array_equal(trace.attention, canonical.generate(SMALL).attention)
+    assert blocker.read_text() == "not a directory"
