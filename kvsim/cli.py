@@ -22,7 +22,7 @@ import numpy as np
 
 from .catalog import available_traces, resolve_trace
 from .metrics import DEFAULT_BAND, describe
-from .policies import DEFAULT_BUDGET, POLICIES, policy_params
+from .policies import DEFAULT_BUDGET, POLICIES, make_policy, policy_params
 from .replay import DEFAULT_TOP_K, replay
 from .sweep import best, sweep
 from .table import TABLE_BUDGET, build_table, params_label
@@ -131,6 +131,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("table", help="the policy cards' comparison and the calibration targets")
     common(p, TABLE_BUDGET)
+
+    p = sub.add_parser("record", help="record real traces from Gemma-3-270M (needs requirements-record.txt)")
+    p.add_argument("text", help="a UTF-8 text file; its first --steps + 1 tokens are read")
+    p.add_argument("--out", required=True, help="folder to write <prefix>-L<layer>.npz into")
+    p.add_argument("--steps", type=_positive_int, default=4096, help="decode steps per trace (default: 4096)")
+    p.add_argument("--layers", default=None, help="comma-separated layers (default: the global ones, 5,11,17)")
+    p.add_argument("--prefix", default="gemma3-270m", help="file name prefix (default: gemma3-270m)")
+    p.add_argument("--source", default=None, help="where the text comes from, for the traces' meta")
+    p.add_argument("--licence", default=None, help="the text's licence, for the traces' meta")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
     return parser
 
 
@@ -151,8 +162,10 @@ def _policy_args(args: argparse.Namespace) -> dict:
 
 def cmd_replay(args: argparse.Namespace) -> object:
     params = _policy_args(args)
-    trace = resolve_trace(args.trace)
     budget = DEFAULT_BUDGET if args.budget is None else args.budget
+    if not POLICIES[args.policy].needs_trace:
+        make_policy(args.policy, budget=budget, **params)  # refuse bad parameters before loading the trace
+    trace = resolve_trace(args.trace)
     result = replay(trace, args.policy, budget=budget, top_k=args.top_k, **params)
     return {"trace": trace.name, **result.summary()}
 
@@ -190,6 +203,25 @@ def cmd_export(args: argparse.Namespace) -> object:
     except OSError as e:
         raise CLIError(f"cannot write {args.out}: {e.strerror or type(e).__name__}") from None
     return {"trace": trace.name, "out": str(out), "steps": trace.steps, "dtype": "float32", "bytes": out.stat().st_size}
+
+
+def cmd_record(args: argparse.Namespace) -> object:
+    # the recorder's extra (torch, transformers) is optional: nothing of it is imported until asked for
+    from .record import RecordError, record, require_extra
+
+    try:
+        layers = None if args.layers is None else [int(x) for x in args.layers.split(",") if x.strip()]
+    except ValueError:
+        raise CLIError(f"--layers: expected comma-separated integers, got {args.layers!r}") from None
+    try:
+        require_extra()
+        kwargs = {} if not args.quiet else {"progress": None}
+        paths = record(args.text, args.out, steps=args.steps, layers=layers, prefix=args.prefix,
+                       source=args.source, licence=args.licence, **kwargs)
+    except RecordError as e:
+        raise CLIError(str(e)) from None
+    files = [{"path": str(p), "bytes": p.stat().st_size} for p in paths]
+    return {"text": args.text, "files": files}
 
 
 def cmd_table(args: argparse.Namespace) -> object:
@@ -264,6 +296,8 @@ def render(command: str, doc) -> str:
             "effective_positions": "effective positions, exp(entropy) per row",
         }
         return _aligned(["figure", "value"], [[label, doc[k]] for k, label in labels.items()])
+    if command == "record":
+        return "\n".join(f"wrote {f['path']} ({f['bytes']} bytes)" for f in doc["files"])
     if command == "export":
         return f"wrote {doc['out']}: trace {doc['trace']}, {doc['steps']} steps, {doc['dtype']}, {doc['bytes']} bytes"
     if command == "table":
@@ -323,7 +357,8 @@ def _jsonable(x):
     return x
 
 
-COMMANDS = {"replay": cmd_replay, "sweep": cmd_sweep, "describe": cmd_describe, "export": cmd_export, "table": cmd_table}
+COMMANDS = {"replay": cmd_replay, "sweep": cmd_sweep, "describe": cmd_describe, "export": cmd_export, "table": cmd_table,
+            "record": cmd_record}
 
 
 def main(argv: list[str] | None = None) -> int:

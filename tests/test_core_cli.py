@@ -1,0 +1,227 @@
+"""``python -m kvsim`` as outside checks run it: each subcommand's ``--json`` document, the readable
+tables, and one-line errors that never show a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kvsim
+from kvsim import cli
+from kvsim.metrics import describe
+
+REPO = Path(__file__).resolve().parent.parent
+SUMMARY_KEYS = {"trace", "policy", "budget", "retained_mass", "top_k_recall", "top_k", "steps"}
+
+
+def kvsim_cmd(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "kvsim", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def json_of(proc: subprocess.CompletedProcess):
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    return json.loads(proc.stdout)  # the whole of stdout is one JSON document
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert proc.returncode != 0
+    assert proc.stdout == ""
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("kvsim: error: ")
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory, make_trace):
+    """A 80-step random trace exported to the interchange format, and the trace as loaded back."""
+    path = tmp_path_factory.mktemp("cli") / "small.npz"
+    kvsim.save_npz(make_trace(80, seed=21, name="small"), path)
+    return path, kvsim.load_trace(path)
+
+
+def test_replay_json(small):
+    path, trace = small
+    doc = json_of(kvsim_cmd("replay", "--trace", str(path), "--policy", "h2o", "--budget", "16", "--recent-window", "4", "--json"))
+    assert SUMMARY_KEYS | {"recent_window"} <= set(doc)
+    expected = kvsim.replay(trace, "h2o", budget=16, recent_window=4)
+    assert doc["policy"] == "h2o" and doc["budget"] == 16 and doc["recent_window"] == 4 and doc["steps"] == 80
+    assert doc["trace"] == "small"
+    assert doc["retained_mass"] == expected.retained_mass
+    assert doc["top_k_recall"] == expected.top_k_recall
+
+
+def test_replay_defaults_and_readable_table(small):
+    path, trace = small
+    proc = kvsim_cmd("replay", "--trace", str(path), "--policy", "streaming_llm", "--top-k", "8")
+    assert proc.returncode == 0 and proc.stderr == ""
+    header, rule, row = proc.stdout.splitlines()
+    assert header.split() == ["trace", "policy", "params", "budget", "steps", "retained_mass", "top_8_recall"]
+    assert set(rule.replace(" ", "")) == {"-"}
+    expected = kvsim.replay(trace, "streaming_llm", budget=512, top_k=8)  # the default budget is 512
+    assert row.split() == ["small", "streaming_llm", "sinks=4", "512", "80", f"{expected.retained_mass:.4f}",
+                           f"{expected.top_k_recall:.4f}"]
+
+
+def test_sweep_json(small):
+    path, trace = small
+    doc = json_of(kvsim_cmd("sweep", "--trace", str(path), "--policy", "h2o", "--budget", "16", "--recent-window", "2:8:2", "--json"))
+    assert isinstance(doc, list)
+    assert [r["recent_window"] for r in doc] == [2, 4, 6, 8]
+    for r in doc:
+        assert SUMMARY_KEYS <= set(r) and r["budget"] == 16 and r["policy"] == "h2o"
+    assert doc[1]["retained_mass"] == kvsim.replay(trace, "h2o", budget=16, recent_window=4).retained_mass
+
+
+def test_sweep_over_budget_with_a_fixed_parameter(small):
+    path, _ = small
+    doc = json_of(kvsim_cmd("sweep", "--trace", str(path), "--policy", "streaming_llm", "--sinks", "2", "--budget", "4:6", "--json"))
+    assert [(r["budget"], r["sinks"]) for r in doc] == [(4, 2), (5, 2), (6, 2)]
+
+
+def test_describe_json(small):
+    path, trace = small
+    doc = json_of(kvsim_cmd("describe", "--trace", str(path), "--band", "8", "--json"))
+    assert doc == {"trace": "small", **describe(trace, band=8)}
+    assert {"steps", "sink_share", "recent_share", "top_k_share", "effective_positions"} <= set(doc)
+
+
+def test_export_canonical_round_trips(tmp_path, canonical):
+    out = tmp_path / "canonical.npz"
+    doc = json_of(kvsim_cmd("export", "--trace", "canonical", "--out", str(out), "--json"))
+    assert doc["out"] == str(out) and doc["steps"] == 4096 and doc["dtype"] == "float32"
+    assert doc["bytes"] == out.stat().st_size
+    with np.load(out, allow_pickle=False) as z:
+        assert z["attention"].dtype == np.float32
+        assert json.loads(str(z["meta"][()]))["name"] == "canonical"
+    loaded = kvsim.load_trace(out).attention
+    # the loader renormalises every row in float64; a row whose float32 weights do not sum to
+    # exactly 1 can move by an ulp, nothing more
+    assert np.allclose(loaded, canonical.attention, rtol=1e-6, atol=0)
+    assert np.count_nonzero(loaded != canonical.attention) < 100
+
+
+def test_table_on_the_canonical_trace_meets_every_target():
+    doc = json_of(kvsim_cmd("table", "--json"))
+    assert doc["budget"] == 256 and doc["trace"] == "canonical" and doc["top_k"] == 32
+    rows = {(r["policy"], tuple(r["params"].items())): r for r in doc["rows"]}
+    assert rows[("sliding_window", ())]["retained_mass"] == pytest.approx(0.5966, abs=0.003)
+    assert rows[("streaming_llm", (("sinks", 4),))]["retained_mass"] == pytest.approx(0.7367, abs=0.003)
+    assert rows[("h2o", (("recent_window", 32),))]["retained_mass"] == pytest.approx(0.712833, abs=1e-6)
+    assert rows[("h2o", (("recent_window", 64),))]["top_k_recall"] == 1.0
+    assert [r["recent_window"] for r in doc["sweep"]["rows"]] == list(range(8, 193, 8))
+    assert doc["sweep"]["argmax"] == 64
+    assert len(doc["targets"]) == 6
+    assert all(t["pass"] for t in doc["targets"]), [t for t in doc["targets"] if not t["pass"]]
+    text = cli.render("table", doc)
+    assert text.count("PASS") == 6 and "FAIL" not in text
+    assert "Measured at budget 256" in text
+
+
+def test_table_on_a_small_trace_says_which_rows_the_budget_refuses(small, capsys):
+    path, _ = small
+    assert cli.main(["table", "--trace", str(path), "--budget", "16", "--json"]) == 0
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert err == ""
+    refused = [r for r in doc["rows"] if r["retained_mass"] is None]
+    assert {"policy": "h2o", "params": {"recent_window": 32}} in [{k: r[k] for k in ("policy", "params")} for r in refused]
+    for r in refused:  # recent_window 32 and 64 do not fit a budget of 16; everything else runs
+        assert r["params"].get("recent_window", 0) >= 16 and "recent_window" in r["refused"]
+    for r in doc["rows"]:
+        if r not in refused:
+            assert 0 <= r["retained_mass"] <= 1 + 1e-9 and 0 <= r["top_k_recall"] <= 1
+    assert [r["recent_window"] for r in doc["sweep"]["rows"]] == [8]
+    assert doc["targets"] is None
+    assert cli.main(["table", "--trace", str(path), "--budget", "16"]) == 0
+    text = capsys.readouterr().out
+    assert "refused at this budget" in text and "not checked" in text
+
+
+def test_policy_flags_come_from_the_registry():
+    helptext = cli.build_parser()._subparsers._group_actions[0].choices["replay"].format_help()
+    for name in kvsim.POLICIES:
+        assert name in helptext
+        for param in kvsim.policy_params(name):
+            if param != "trace":
+                assert "--" + param.replace("_", "-") in helptext
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["replay", "--policy", "h2o", "--trace", "/no/such/trace.npz"], ["/no/such/trace.npz", "no such file"]),
+        (["replay", "--policy", "h2o", "--budget", "64", "--recent-window", "64"], ["recent_window", "budget"]),
+        (["replay", "--policy", "h2o", "--sinks", "4"], ["--sinks", "h2o"]),
+        (["replay", "--policy", "sliding_window", "--recent-window", "4"], ["--recent-window", "sliding_window"]),
+        (["replay", "--policy", "h2o", "--budget", "0"], ["budget"]),
+        (["replay", "--policy", "no_such_policy"], ["--policy", "no_such_policy"]),
+        (["replay", "--trace", "no_such_trace", "--policy", "h2o"], ["no_such_trace", "canonical"]),
+        (["sweep", "--policy", "h2o", "--recent-window", "8:x"], ["--recent-window", "8:x"]),
+        (["sweep", "--policy", "h2o", "--recent-window", "64:8"], ["--recent-window", "empty"]),
+        (["sweep", "--policy", "h2o", "--recent-window", "8:64:0"], ["STEP"]),
+        (["sweep", "--policy", "h2o", "--recent-window", "8"], ["exactly one range"]),
+        (["describe", "--band", "0"], ["--band"]),
+        (["table", "--no-such-flag"], ["--no-such-flag"]),
+        ([], ["COMMAND"]),
+    ],
+)
+def test_usage_errors_are_one_line(args, fragments, capsys):
+    code = cli.main(args)
+    out, err = capsys.readouterr()
+    assert code != 0 and out == ""
+    assert len(err.splitlines()) == 1 and err.startswith("kvsim: error: ")
+    for fragment in fragments:
+        assert fragment in err
+
+
+def test_errors_from_a_real_process_are_one_line(small, tmp_path):
+    path, _ = small
+    assert_one_line_error(kvsim_cmd("replay", "--policy", "h2o", "--trace", str(tmp_path / "missing.npz")), "no such file")
+    assert_one_line_error(
+        kvsim_cmd("replay", "--trace", str(path), "--policy", "h2o", "--budget", "16", "--recent-window", "16", "--json"),
+        "recent_window must be less than budget",
+    )
+    assert_one_line_error(
+        kvsim_cmd("sweep", "--trace", str(path), "--policy", "h2o", "--budget", "16", "--recent-window", "8:24:8"),
+        "recent_window",
+    )
+    garbage = tmp_path / "garbage.npz"
+    garbage.write_bytes(b"PK\x03\x04 this is not really a zip archive")
+    assert_one_line_error(kvsim_cmd("describe", "--trace", str(garbage), "--json"), str(garbage))
+    wrong_key = tmp_path / "wrong_key.npz"
+    np.savez(wrong_key, weights=np.eye(3, dtype=np.float32))
+    assert_one_line_error(kvsim_cmd("replay", "--trace", str(wrong_key), "--policy", "h2o"), "attention")
+    negative = tmp_path / "negative.npz"
+    a = np.tril(np.ones((5, 5), dtype=np.float32), k=-1)
+    a[3, 1] = -0.5
+    np.savez(negative, attention=a)
+    assert_one_line_error(kvsim_cmd("replay", "--trace", str(negative), "--policy", "h2o", "--budget", "2", "--recent-window", "1"),
+                          "step 3", "negative")
+    assert_one_line_error(kvsim_cmd("export", "--trace", str(path), "--out", str(tmp_path / "no" / "dir.npz")), "cannot write")
+
+
+def test_help_is_not_an_error(capsys):
+    assert cli.main(["--help"]) == 0
+    assert "replay" in capsys.readouterr().out
+
+
+def test_parse_range():
+    assert cli.parse_range("--recent-window", "8:192:8") == list(range(8, 193, 8))
+    assert cli.parse_range("--recent-window", "3:5") == [3, 4, 5]
+    assert cli.parse_range("--recent-window", "7") == [7]
+    assert cli.parse_range("--recent-window", "8:12:5") == [8]
+    with pytest.raises(cli.CLIError, match="A:B"):
+        cli.parse_range("--recent-window", "1:2:3:4")
