@@ -76,6 +76,7 @@ def _read(path: Path, config: canonical.CanonicalConfig) -> Trace | None:
     attention = np.asarray(attention)  # a plain read-only ndarray view of the map
     if record.get("crc32") != zlib.crc32(attention):
         return None
+    meta["config"] = asdict(config)  # as the generator gives it (JSON turned its tuples into lists)
     return Trace(attention, name=str(meta.get("name", "canonical")), meta=meta)
 
 

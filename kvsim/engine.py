@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 from numba import njit
 
-from .policies import make_policy, policy_params
+from .policies import POLICIES, make_policy, policy_params
 from .replay import DEFAULT_TOP_K, ReplayResult, replay
 from .trace import Trace
 
@@ -317,15 +317,18 @@ def sweep(
     **params,
 ) -> list[dict]:
     """One ``ReplayResult.summary()`` per value of ``param`` (a policy parameter, or ``"budget"``),
-    the other parameters at ``params`` or their defaults. ``param=None`` replays the configuration
-    once. For ``FAST_POLICIES`` every configuration runs in one pass over the trace; other policies
-    are replayed by the reference, one value at a time. ``progress(fraction_done)`` is called as it
-    goes."""
+    in the order of ``values``, the other parameters at ``params`` or their defaults; ``param=None``
+    replays the one configuration. Every value is checked (by building its policy) before any
+    replay, so a bad value fails at once with a ValueError naming the parameter.
+
+    For ``FAST_POLICIES`` every configuration runs in one pass over the trace; any other policy is
+    replayed by the reference, one value at a time. ``progress(fraction_done)`` is called as it goes.
+    """
     configs = _configs(policy, budget, param, values, params)
     if top_k < 1:
         raise ValueError(f"top_k must be at least 1, got {top_k}")
-    if not configs:
-        return []
+    extra = {"trace": trace} if policy in POLICIES and POLICIES[policy].needs_trace else {}
+    built = [make_policy(policy, budget=b, **p, **extra) for b, p in configs]
     if not _fast(trace, policy):
         out = []
         for i, (b, p) in enumerate(configs):
@@ -333,7 +336,6 @@ def sweep(
             if progress is not None:
                 progress((i + 1) / len(configs))
         return out
-    built = [make_policy(policy, budget=b, **p) for b, p in configs]  # refuses bad values, naming them
     mass, recall, _ = _run(trace, policy, [b.budget for b in built], [b.params for b in built], top_k, progress)
     return [
         {
@@ -354,6 +356,8 @@ def _configs(policy: str, budget: int, param: str | None, values, params: dict) 
     if param is None:
         return [(budget, dict(params))]
     values = list(values)
+    if not values:
+        raise ValueError(f"sweep over {param} needs at least one value")
     if param == "budget":
         return [(v, dict(params)) for v in values]
     if param in params:
