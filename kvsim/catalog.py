@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .canonical import generate as canonical_trace  # the one line to swap for a disk-cached loader
+from .cache import canonical_trace  # generated once, then read from the user cache directory
 from .trace import Trace, TraceError, load_npz
 
 CANONICAL = "canonical"

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from .policies import POLICIES, make_policy
-from .replay import DEFAULT_TOP_K, replay
+from . import engine
+from .replay import DEFAULT_TOP_K
 from .trace import Trace
 
 
@@ -25,26 +25,18 @@ def sweep(
 ) -> list[dict]:
     """Replay ``trace`` through ``policy`` once per value of ``param``; one ``summary()`` dict each,
     in the order of ``values``. ``param="budget"`` varies the budget itself; ``params`` fixes the
-    policy's other parameters. ``progress(done, total)`` is called after each replay.
+    policy's other parameters. ``progress(done, total)`` reports how many replays' worth of work is
+    done (the engine advances every configuration together, so ``done`` climbs in fractions of
+    the whole and reaches ``total`` at the end).
 
     Every value is checked (by building its policy) before the first replay, so a bad value fails
-    at once rather than after minutes of work.
+    at once rather than after minutes of work. The work is done by ``kvsim.engine.sweep``: one pass
+    for the policies it covers, the reference ``replay`` per value for the rest; same results.
     """
-    values = [int(v) for v in values]
-    if not values:
-        raise ValueError(f"sweep over {param} needs at least one value")
-    if param in params:
-        raise ValueError(f"{param} is both swept and fixed")
-    runs = [{"budget": v, **params} if param == "budget" else {"budget": budget, **params, param: v} for v in values]
-    extra = {"trace": trace} if policy in POLICIES and POLICIES[policy].needs_trace else {}
-    for run in runs:
-        make_policy(policy, **run, **extra)  # raises ValueError naming the parameter
-    rows = []
-    for i, run in enumerate(runs):
-        rows.append(replay(trace, policy, top_k=top_k, **run).summary())
-        if progress is not None:
-            progress(i + 1, len(runs))
-    return rows
+    values = list(values)
+    total = len(values)
+    report = None if progress is None else (lambda fraction: progress(min(total, int(fraction * total)), total))
+    return engine.sweep(trace, policy, budget, param, values, top_k=top_k, progress=report, **params)
 
 
 def best(rows: list[dict], metric: str = "retained_mass") -> dict:
