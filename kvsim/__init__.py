@@ -4,14 +4,21 @@ Public API (no import side effects)::
 
     kvsim.make_policy(name, budget=512, rng=None, **params)
     kvsim.replay(trace, "h2o", budget=256, recent_window=64)
-    kvsim.canonical_trace()                 # the calibrated synthetic trace
+    kvsim.sweep(trace, "h2o", 256, "recent_window", range(1, 256))   # fast engine where it can
+    kvsim.canonical_trace()                 # the calibrated synthetic trace (cached on disk)
+    kvsim.resolve_trace("canonical")        # canonical, a shipped trace's name, or a path
     kvsim.load_trace(path)                  # the interchange .npz format
+    kvsim.describe(trace)                   # sink share, recent share, concentration
 """
 
+from .cache import canonical_trace
 from .canonical import CanonicalConfig
+from .catalog import available_traces, resolve_trace
+from .metrics import describe
 from .canonical import generate as generate_canonical
 from .policies import DEFAULT_BUDGET, POLICIES, Policy, make_policy, policy_params, register
 from .replay import DEFAULT_TOP_K, ContractError, ReplayResult, replay
+from .sweep import sweep
 from .trace import Trace, TraceError, from_array, save_npz
 from .trace import load_npz as load_trace
 
@@ -25,6 +32,9 @@ __all__ = [
     "ReplayResult",
     "Trace",
     "TraceError",
+    "available_traces",
+    "canonical_trace",
+    "describe",
     "from_array",
     "generate_canonical",
     "load_trace",
@@ -32,5 +42,7 @@ __all__ = [
     "policy_params",
     "register",
     "replay",
+    "resolve_trace",
     "save_npz",
+    "sweep",
 ]
