@@ -1,0 +1,552 @@
+"""kvsim in the browser: see what each KV-cache eviction policy keeps, and choose recent_window by eye.
+
+    streamlit run app.py
+
+UI only: widgets in, calls into ``kvsim``, figures (from ``kvsim.figures``) out. Every replay and
+sweep is cached by trace and parameters, so moving a control re-draws from results already computed.
+The state of the controls lives in the URL's query parameters: a link reopens the same view.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from pathlib import Path
+
+import streamlit as st
+
+import kvsim
+from kvsim import figures
+from kvsim.catalog import CANONICAL, available_traces, resolve_trace
+from kvsim.metrics import describe
+
+try:  # the fast engine gives the same results; the reference stays the fallback
+    from kvsim.engine import replay_fast as _replay
+except ImportError:  # pragma: no cover - only before the engine exists
+    _replay = kvsim.replay
+try:
+    from kvsim.engine import sweep as _sweep
+except ImportError:  # pragma: no cover
+    from kvsim.sweep import sweep as _sweep
+
+TOP_K = kvsim.DEFAULT_TOP_K
+#: the budget the policy cards measure at; the app opens there so the cards' story is on screen
+APP_BUDGET = 256
+#: the largest value any count control takes (the trace loader's own limit on steps)
+MAX_VALUE = 16384
+STORY_POLICIES = ("sliding_window", "streaming_llm", "h2o")
+TABS = ("Kept positions", "Cumulative scores", "Choosing recent_window", "The trace")
+# Engineer E's policy lab joins as one more entry in TABS and one more `with` block below.
+
+
+# --------------------------------------------------------------------------------------------
+# the registry, read once per run: new policies appear in every control automatically
+
+
+def policy_int_params(name: str) -> dict[str, int]:
+    """A policy's integer parameters and their defaults (``trace=`` and the like are not controls)."""
+    return {
+        k: v for k, v in kvsim.policy_params(name).items() if isinstance(v, int) and not isinstance(v, bool)
+    }
+
+
+def all_int_params() -> dict[str, int]:
+    """Every integer parameter any registered policy takes, with the first default seen."""
+    out: dict[str, int] = {}
+    for name in kvsim.POLICIES:
+        for k, v in policy_int_params(name).items():
+            out.setdefault(k, v)
+    return out
+
+
+def defaults() -> dict:
+    return {
+        "trace": CANONICAL,
+        "policies": [p for p in STORY_POLICIES if p in kvsim.POLICIES],
+        "budget": APP_BUDGET,
+        **all_int_params(),
+        "curve_policy": "h2o" if "h2o" in kvsim.POLICIES else next(iter(kvsim.POLICIES)),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# state <-> URL
+
+
+def read_link() -> list[str]:
+    """Once per session, seed the controls from the URL. Returns a message per unusable value."""
+    problems: list[str] = []
+    qp = st.query_params
+    for key, default in defaults().items():
+        if key not in qp:
+            st.session_state[key] = default
+            continue
+        raw = qp[key]
+        if key == "trace":
+            ok = raw in available_traces()
+            value = raw if ok else default
+            if not ok:
+                problems.append(f"trace {raw!r} from the link is not available here; showing {default}.")
+        elif key == "policies":
+            asked = [p for p in raw.split(",") if p]
+            value = [p for p in asked if p in kvsim.POLICIES]
+            unknown = sorted(set(asked) - set(value))
+            if unknown:
+                problems.append(f"unknown policies in the link ignored: {', '.join(unknown)}.")
+        elif key == "curve_policy":
+            ok = raw in kvsim.POLICIES and "recent_window" in policy_int_params(raw)
+            value = raw if ok else default
+            if not ok:
+                problems.append(f"curve_policy {raw!r} from the link has no recent_window; showing {default}.")
+        else:
+            value = _parse_count(key, raw, default, problems)
+        st.session_state[key] = value
+    if "step" in qp:
+        st.session_state["step"] = _parse_count("step", qp["step"], None, problems, low=1)
+    return problems
+
+
+def _parse_count(key: str, raw: str, default, problems: list[str], low: int = 0):
+    try:
+        value = int(raw)
+    except ValueError:
+        problems.append(f"{key}={raw!r} in the link is not a whole number; using {default}.")
+        return default
+    if not low <= value <= MAX_VALUE:
+        problems.append(f"{key}={value} in the link is outside {low}..{MAX_VALUE}; using {default}.")
+        return default
+    return value
+
+
+def write_link(keys: list[str]) -> None:
+    """Mirror the controls into the URL, so the address bar is always a link to this view."""
+    for key in keys:
+        value = st.session_state.get(key)
+        if value is None:
+            continue
+        text = ",".join(value) if isinstance(value, list) else str(value)
+        if st.query_params.get(key) != text:
+            st.query_params[key] = text
+
+
+# --------------------------------------------------------------------------------------------
+# cached work (keyed by the trace's name and the parameters; the trace itself is never hashed)
+
+
+@st.cache_resource(max_entries=4, show_spinner="loading the trace")
+def load_named_trace(spec: str) -> kvsim.Trace:
+    return resolve_trace(spec)
+
+
+@st.cache_resource(max_entries=2, show_spinner="reading the uploaded trace")
+def load_uploaded_trace(digest: str, filename: str, _data: bytes) -> kvsim.Trace:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / (Path(filename).name or "upload.npz")
+        path.write_bytes(_data)
+        try:
+            return kvsim.load_trace(path)
+        except kvsim.TraceError as e:  # name the file as the user knows it, not our temp path
+            raise kvsim.TraceError(str(e).replace(str(path), filename)) from None
+
+
+@st.cache_resource(max_entries=24, show_spinner="replaying")
+def cached_replay(trace_key: str, policy: str, budget: int, params: tuple, _trace: kvsim.Trace):
+    """One replay with everything recorded. Treated as read-only by every view."""
+    return _replay(
+        _trace, policy, budget=budget, top_k=TOP_K, record_kept=True, record_scores=True, **dict(params)
+    )
+
+
+@st.cache_resource(max_entries=24, show_spinner="drawing the kept positions")
+def cached_kept_source(trace_key: str, policy: str, budget: int, params: tuple, _result) -> str:
+    return figures.kept_image_source(_result)
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def cached_features(trace_key: str, _trace: kvsim.Trace) -> figures.TraceFeatures:
+    return figures.trace_features(_trace)
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def cached_describe(trace_key: str, band: int, sinks: int, _trace: kvsim.Trace) -> dict:
+    return describe(_trace, band=band, top_k=TOP_K, sinks=max(1, sinks))
+
+
+@st.cache_resource(max_entries=4, show_spinner="drawing the attention matrix")
+def cached_trace_matrix(trace_key: str, _trace: kvsim.Trace, _features: figures.TraceFeatures):
+    return figures.trace_matrix(_trace, _features)
+
+
+@st.cache_resource
+def sweep_store() -> dict:
+    """Finished sweeps by (trace, policy, budget, fixed params). A plain dict rather than
+    st.cache_data so that the progress bar is drawn by this run, never replayed from a cache."""
+    return {}
+
+
+def sweep_rows(trace_key: str, trace: kvsim.Trace, policy: str, budget: int, fixed: dict) -> list[dict]:
+    store = sweep_store()
+    key = (trace_key, policy, budget, tuple(sorted(fixed.items())), TOP_K)
+    if key not in store:
+        bar = st.progress(0.0, text=f"replaying {policy} for every recent_window from 1 to {budget - 1}")
+
+        def progress(*args):  # the engine reports a fraction, the reference sweep (done, total)
+            bar.progress(min(1.0, args[0] if len(args) == 1 else args[0] / max(1, args[1])))
+
+        rows = _sweep(trace, policy, budget, "recent_window", range(1, budget), top_k=TOP_K, progress=progress, **fixed)
+        bar.empty()
+        if len(store) >= 32:
+            store.pop(next(iter(store)))
+        store[key] = rows
+    return store[key]
+
+
+# --------------------------------------------------------------------------------------------
+# controls
+
+
+def params_for(name: str) -> dict[str, int]:
+    return {k: int(st.session_state[k]) for k in policy_int_params(name)}
+
+
+def check(name: str, budget: int, params: dict) -> str | None:
+    """The policy's own refusal of these settings (recent_window >= budget, ...), or None."""
+    try:
+        kvsim.make_policy(name, budget=budget, **params)
+    except ValueError as e:
+        return f"{name}: {e}"
+    return None
+
+
+def choose_trace() -> tuple[str, kvsim.Trace]:
+    side = st.sidebar
+    names = available_traces()
+    if st.session_state.get("trace") not in names:
+        st.session_state["trace"] = CANONICAL
+    side.selectbox("trace", names, key="trace", help="canonical: the calibrated synthetic trace the cards measure on")
+    upload = side.file_uploader(
+        "or upload a trace (.npz)", type=["npz"], key="upload",
+        help="the interchange format: 'attention' (T+1, T+1) float, optional 'meta' JSON string",
+    )
+    if upload is not None:
+        data = upload.getvalue()
+        digest = hashlib.sha256(data).hexdigest()[:16]
+        try:
+            trace = load_uploaded_trace(digest, upload.name, data)
+            side.caption(f"using the uploaded file {upload.name} ({trace.steps} steps); links cannot carry it")
+            return f"upload:{digest}", trace
+        except kvsim.TraceError as e:
+            st.error(str(e))
+    spec = st.session_state["trace"]
+    try:
+        return spec, load_named_trace(spec)
+    except kvsim.TraceError as e:
+        st.error(f"{e}; showing {CANONICAL} instead")
+        return CANONICAL, load_named_trace(CANONICAL)
+
+
+def sync_recent_window(source: str) -> None:
+    st.session_state["recent_window"] = int(st.session_state[source])
+
+
+def pick_from_curve() -> None:
+    chosen = figures.selected_recent_window(st.session_state.get("curve"))
+    if chosen is not None:
+        st.session_state["recent_window"] = chosen
+
+
+def controls(trace: kvsim.Trace) -> None:
+    side = st.sidebar
+    side.multiselect(
+        "policies", list(kvsim.POLICIES), key="policies",
+        help="every policy in kvsim's registry; each gets a panel in the views that apply to it",
+    )
+    side.number_input("budget", min_value=1, max_value=MAX_VALUE, step=1, key="budget",
+                      help="positions the cache holds after each eviction")
+    extra = [k for k in all_int_params() if k not in ("recent_window", "sinks")]
+    side.number_input("recent_window", min_value=0, max_value=MAX_VALUE, step=1, key="recent_window",
+                      help="h2o (and its relatives) never evict the newest recent_window positions")
+    side.number_input("sinks", min_value=0, max_value=MAX_VALUE, step=1, key="sinks",
+                      help="streaming_llm pins the first sinks positions forever")
+    if extra:
+        with side.expander("more policy parameters"):
+            for k in extra:
+                owners = ", ".join(n for n in kvsim.POLICIES if k in policy_int_params(n))
+                st.number_input(k, min_value=0, max_value=MAX_VALUE, step=1, key=k, help=f"used by {owners}")
+    T = trace.steps
+    step = st.session_state.get("step")
+    st.session_state["step"] = T if step is None else min(max(1, int(step)), T)
+    side.slider("step", min_value=1, max_value=T, key="step",
+                help="the decode step the score view shows, drawn as a dashed line on the kept positions")
+
+
+# --------------------------------------------------------------------------------------------
+# the page
+
+
+def main() -> None:
+    st.set_page_config(page_title="kvsim: KV-cache eviction, step by step", layout="wide")
+    if "_link_read" not in st.session_state:
+        st.session_state["_link_problems"] = read_link()
+        st.session_state["_link_read"] = True
+    st.title("kvsim: what a KV cache keeps")
+    st.caption(
+        "Replay one attention trace through KV-cache eviction policies and see, step by step, which "
+        "positions each keeps and how much of the model's attention that cache still holds."
+    )
+    for problem in st.session_state.pop("_link_problems", []):
+        st.warning(problem)
+
+    st.sidebar.header("settings")
+    trace_key, trace = choose_trace()
+    controls(trace)
+    write_link(["trace", "policies", "budget", *all_int_params(), "step", "curve_policy"])
+
+    budget = int(st.session_state["budget"])
+    features = cached_features(trace_key, trace)
+    runs, problems = [], []
+    for name in st.session_state["policies"]:
+        params = params_for(name)
+        problem = check(name, budget, params)
+        if problem:
+            problems.append(problem)
+        else:
+            runs.append((name, tuple(sorted(params.items()))))
+    for problem in problems:
+        st.error(f"{problem}. Change the setting in the sidebar; this policy is left out until then.")
+
+    tabs = st.tabs(list(TABS), key="view", bind="query-params")
+    with tabs[0]:
+        if tabs[0].open:
+            kept_view(trace_key, trace, budget, runs, features)
+    with tabs[1]:
+        if tabs[1].open:
+            score_view(trace_key, trace, budget, runs, features)
+    with tabs[2]:
+        if tabs[2].open:
+            curve_view(trace_key, trace, budget, features)
+    with tabs[3]:
+        if tabs[3].open:
+            trace_view(trace_key, trace, features)
+
+
+def replays(trace_key: str, trace: kvsim.Trace, budget: int, runs: list):
+    return [cached_replay(trace_key, name, budget, params, trace) for name, params in runs]
+
+
+def html_button(label: str, fig, filename: str, key: str) -> None:
+    st.download_button(
+        label, data=lambda: fig.to_html(include_plotlyjs=True, full_html=True), file_name=filename,
+        mime="text/html", key=key,
+    )
+
+
+def kept_view(trace_key: str, trace: kvsim.Trace, budget: int, runs: list, features) -> None:
+    if not runs:
+        st.info("Choose at least one policy (with valid settings) in the sidebar.")
+        return
+    results = replays(trace_key, trace, budget, runs)
+    sources = [cached_kept_source(trace_key, n, budget, p, r) for (n, p), r in zip(runs, results)]
+    step = int(st.session_state["step"])
+    st.markdown(
+        "**Each panel is one policy's cache over the whole run.** Row *t* is what the cache holds after "
+        "decode step *t*: a dark cell is a kept position, white was evicted, grey does not exist yet. "
+        "Drag a box to zoom (double-click to reset); the panels zoom together, so the same region can be "
+        "compared. Zoomed in, single positions show."
+    )
+    sinks, band, heavy = st.columns(3)
+    sinks.markdown(
+        f"**Sinks** (blue, positions 0-{features.sinks - 1}): the first tokens. A trained model sends a fixed "
+        "share of every row to them, whatever they say: a place to park attention it needs nowhere else."
+    )
+    band.markdown(
+        f"**Recency band** (orange): the newest {features.band} positions. Most of each row's attention lands "
+        "here, so every policy must keep it."
+    )
+    heavy.markdown(
+        "**Heavy hitters** (red boxes, while they are live): old positions that draw a large share for a long "
+        f"stretch and then go stale; {features.heavy_source}."
+    )
+    fig = figures.kept_heatmap(results, features, step=step, sources=sources)
+    st.plotly_chart(fig, key="kept_chart", config={"scrollZoom": True})
+    st.markdown(
+        f"A sliding window keeps one diagonal stripe, the newest {budget} positions, and loses the sinks as soon "
+        "as the cache fills. streaming_llm keeps the same stripe plus the sink columns. h2o keeps a stripe plus "
+        "the old columns its cumulative scores defend: heavy hitters, and the sinks. The dashed line is the "
+        "sidebar's **step**."
+    )
+    table = figures.per_step_table(results)
+    c1, c2 = st.columns(2)
+    with c1:
+        st.download_button(
+            "per-step metrics (CSV)", data=lambda: table.to_csv(index=False), file_name=f"{trace_key}-per-step.csv",
+            mime="text/csv", key="csv_steps",
+        )
+    with c2:
+        html_button("this figure (HTML)", fig, f"{trace_key}-kept.html", "html_kept")
+    st.dataframe(
+        {
+            "policy": [figures.policy_label(r) for r in results],
+            "retained_mass": [round(r.retained_mass, 4) for r in results],
+            f"top_{TOP_K}_recall": [round(r.top_k_recall, 4) for r in results],
+        },
+        hide_index=True,
+    )
+
+
+def score_view(trace_key: str, trace: kvsim.Trace, budget: int, runs: list, features) -> None:
+    scoring = [(n, p) for n, p in runs if getattr(kvsim.POLICIES[n], "keeps_scores", False)]
+    st.markdown(
+        """
+**How a score-keeping policy decides.** h2o adds the attention each kept position receives to that
+position's score, every step, and when the cache is over budget it evicts the lowest score among the
+positions outside the recent window. The score is a running total: it only grows. A heavy hitter that
+stopped drawing attention long ago (*stale*, purple) keeps its large total and so keeps its slot; the
+sum never forgets. A new position starts at zero, so without the recent window it would be the lowest
+score in the cache and the next thing evicted, every step: the window is what lets the cache move
+forward. Ringed crosses are the positions evicted at this step; green points under the threshold survive only
+because the window protects them. Move **step** in the sidebar to walk through the run.
+"""
+    )
+    if not scoring:
+        names = ", ".join(n for n, c in kvsim.POLICIES.items() if getattr(c, "keeps_scores", False))
+        st.info(f"None of the chosen policies keeps a score. Add one of: {names}.")
+        return
+    step = int(st.session_state["step"])
+    for (name, params), result in zip(scoring, replays(trace_key, trace, budget, scoring)):
+        fig = figures.score_distribution(result, step, features)
+        st.plotly_chart(fig, key=f"score_{name}")
+        html_button(f"{name} scores at step {step} (HTML)", fig, f"{trace_key}-{name}-scores-{step}.html", f"html_score_{name}")
+
+
+def curve_view(trace_key: str, trace: kvsim.Trace, budget: int, features) -> None:
+    curve_policies = [n for n in kvsim.POLICIES if "recent_window" in policy_int_params(n)]
+    if not curve_policies:
+        st.info("No registered policy takes a recent_window.")
+        return
+    if st.session_state.get("curve_policy") not in curve_policies:
+        st.session_state["curve_policy"] = curve_policies[0]
+    info = cached_describe(trace_key, features.band, features.sinks, trace)
+    text, chart = st.columns([1, 3])
+    with text:
+        # widget state is dropped while its tab is closed, so the lasting value lives under another key
+        st.session_state["curve_policy_choice"] = st.session_state["curve_policy"]
+        policy = st.selectbox(
+            "policy on the curve", curve_policies, key="curve_policy_choice",
+            on_change=lambda: st.session_state.update(curve_policy=st.session_state["curve_policy_choice"]),
+        )
+        st.markdown(
+            f"""
+**Why the recent window is load-bearing.** On this trace the newest {features.band} positions take
+{info['recent_share']:.2f} of every row's attention. With a window narrower than that, positions a few
+dozen steps old still draw much of it, but they are unprotected and must compete on cumulative score
+against sinks and old heavy hitters whose totals have been growing for thousands of steps; they lose and
+are evicted while still wanted. Widening the window to the band protects all of them. Past the band the
+extra protected slots go to positions nobody looks at any more, taken from heavy hitters, so the curve
+stops rising.
+
+Each point is a full replay at budget {budget}. The lines are the policies that do not read attention.
+**Click a point** (or use the box below) to set recent_window everywhere.
+"""
+        )
+        rw = int(st.session_state["recent_window"])
+        if budget >= 2:
+            st.session_state["rw_curve"] = min(max(1, rw), budget - 1)
+            st.number_input(
+                "recent_window", min_value=1, max_value=budget - 1, step=1, key="rw_curve",
+                on_change=sync_recent_window, args=("rw_curve",),
+            )
+    if budget < 2:
+        st.error(f"the curve needs a budget of at least 2 (recent_window runs from 1 to budget - 1); budget is {budget}.")
+        return
+    fixed = {k: v for k, v in params_for(policy).items() if k != "recent_window"}
+    problem = check(policy, budget, {"recent_window": 1, **fixed})
+    if problem:
+        st.error(f"{problem}. Change the setting in the sidebar to draw the curve.")
+        return
+    rows = sweep_rows(trace_key, trace, policy, budget, fixed)
+    references, ref_problems = {}, []
+    for name in ("sliding_window", "streaming_llm"):
+        if name not in kvsim.POLICIES:
+            continue
+        params = params_for(name)
+        problem = check(name, budget, params)
+        if problem:
+            ref_problems.append(problem)
+            continue
+        result = cached_replay(trace_key, name, budget, tuple(sorted(params.items())), trace)
+        references[figures.policy_label(result)] = result.summary()
+    for problem in ref_problems:
+        st.error(f"{problem}; its reference line is left out.")
+    if not 1 <= rw <= budget - 1:
+        st.error(f"recent_window {rw} is outside 1..{budget - 1} (it must be below the budget); no point is marked.")
+    fig = figures.recent_window_curve(
+        rows, references, current=rw, default=policy_int_params(policy)["recent_window"], band=features.band,
+        top_k=TOP_K, policy=policy,
+    )
+    with chart:
+        st.plotly_chart(fig, key="curve", on_select=pick_from_curve, selection_mode=("points", "box"))
+        c1, c2 = st.columns(2)
+        with c1:
+            st.download_button(
+                "sweep (CSV)", data=lambda: _csv(rows), file_name=f"{trace_key}-{policy}-budget{budget}-sweep.csv",
+                mime="text/csv", key="csv_sweep",
+            )
+        with c2:
+            html_button("this figure (HTML)", fig, f"{trace_key}-{policy}-curve.html", "html_curve")
+
+
+def _csv(rows: list[dict]) -> str:
+    import pandas as pd
+
+    return pd.DataFrame(rows).to_csv(index=False)
+
+
+def trace_view(trace_key: str, trace: kvsim.Trace, features) -> None:
+    info = cached_describe(trace_key, features.band, features.sinks, trace)
+    chart, text = st.columns([3, 1])
+    with chart:
+        fig = cached_trace_matrix(trace_key, trace, features)
+        st.plotly_chart(fig, key="trace_chart")
+        html_button("this figure (HTML)", fig, f"{trace_key}-attention.html", "html_trace")
+    with text:
+        st.markdown(
+            """
+**The trace itself.** Row *t* is where the query at step *t* put its attention over every earlier
+position, with the whole history available (colour is log10 of the weight, averaged over small blocks).
+The bright column at the left edge is the sinks; the bright diagonal is the recency band; the short
+vertical stripes are heavy hitters, bright for a stretch and then fading into the background.
+"""
+        )
+        st.dataframe(
+            {
+                "figure": [
+                    "decode steps",
+                    f"share on the sinks (positions 0-{info['sinks'] - 1})",
+                    f"share on the newest {info['band']} positions",
+                    f"share on each row's top {info['top_k']}",
+                    "effective positions per row",
+                ],
+                "value": [
+                    f"{info['steps']}",
+                    _fmt(info["sink_share"]),
+                    _fmt(info["recent_share"]),
+                    _fmt(info["top_k_share"]),
+                    _fmt(info["effective_positions"], ".1f"),
+                ],
+            },
+            hide_index=True,
+        )
+        st.caption(
+            "Shares are means over rows. Effective positions is exp(entropy) of a row: how many positions "
+            "its attention spreads over (uniform over n gives n)."
+        )
+        name = trace.meta.get("name", trace.name) if isinstance(trace.meta, dict) else trace.name
+        st.caption(f"trace: {name}; heavy hitters are {features.heavy_source}.")
+
+
+def _fmt(value, spec: str = ".3f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+main()

@@ -1,0 +1,173 @@
+"""The app's wiring, through Streamlit's AppTest: no browser, the script run as the server runs it."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import kvsim
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+TIMEOUT = 120  # the first run builds the canonical trace and replays it; later runs hit the caches
+
+
+def run(query: dict | None = None, view: str | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update(query or {})
+    if view is not None:
+        at.query_params["view"] = view
+    return at.run()
+
+
+def problems(at: AppTest) -> list[str]:
+    return [e.value for e in at.exception]
+
+
+def charts(at: AppTest) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def named(spec: dict, prefix: str) -> list[dict]:
+    return [t for t in spec["data"] if str(t.get("name", "")).startswith(prefix)]
+
+
+def values(v) -> list:
+    """A figure array as plotly.js receives it: a list, or a base64 typed array."""
+    if isinstance(v, dict) and "bdata" in v:
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"])).tolist()
+    return list(v)
+
+
+def widget(at: AppTest, kind: str, label: str, sidebar: bool = True):
+    where = at.sidebar if sidebar else at.main
+    found = [w for w in getattr(where, kind) if w.label == label]
+    assert found, f"no {kind} labelled {label!r}"
+    return found[0]
+
+
+def test_defaults_render_the_three_policies_without_errors():
+    at = run()
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    (kept,) = charts(at)
+    assert [t["type"] for t in kept["data"]] == ["image"] * 3
+    assert at.query_params["trace"] == "canonical" and at.query_params["budget"] == "256"
+    assert at.query_params["policies"] == "sliding_window,streaming_llm,h2o"
+    assert at.query_params["recent_window"] == "32" and at.query_params["step"] == "4096"
+    labels = {b.label for b in at.get("download_button")}
+    assert {"per-step metrics (CSV)", "this figure (HTML)"} <= labels
+
+
+@pytest.mark.parametrize(
+    ("view", "kind"),
+    [("Cumulative scores", "histogram"), ("Choosing recent_window", "scatter"), ("The trace", "image")],
+)
+def test_every_view_renders(view, kind):
+    at = run(view=view)
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    specs = charts(at)
+    assert specs and any(t["type"] == kind for s in specs for t in s["data"])
+
+
+def test_policies_from_the_registry_are_all_offered():
+    at = run()
+    assert widget(at, "multiselect", "policies").options == list(kvsim.POLICIES)
+
+
+def test_changing_recent_window_moves_the_curve_marker_and_the_heatmap():
+    at = run(view="Choosing recent_window")
+    (curve,) = charts(at)
+    assert [t["x"] for t in named(curve, "current recent_window")] == [[32], [32]]
+    widget(at, "number_input", "recent_window").set_value(64)
+    at.run()
+    assert problems(at) == []
+    (curve,) = charts(at)
+    assert [t["x"] for t in named(curve, "current recent_window")] == [[64], [64]]
+    assert at.query_params["recent_window"] == "64"
+    # the number box beside the curve sets it everywhere too
+    widget(at, "number_input", "recent_window", sidebar=False).set_value(48).run()
+    assert widget(at, "number_input", "recent_window").value == 48
+    (curve,) = charts(at)
+    assert named(curve, "current recent_window")[0]["x"] == [48]
+
+
+def test_changing_budget_changes_the_kept_positions():
+    at = run()
+    before = charts(at)[0]
+    widget(at, "number_input", "budget").set_value(128).run()
+    assert problems(at) == []
+    after = charts(at)[0]
+    assert before["data"][0]["source"] != after["data"][0]["source"]
+    titles = " ".join(a["text"] for a in after["layout"]["annotations"])
+    assert "h2o (recent_window=32)" in titles
+
+
+def test_step_moves_the_score_view():
+    at = run(view="Cumulative scores")
+    at.sidebar.slider[0].set_value(2000).run()
+    (spec,) = charts(at)
+    assert "step 2000" in spec["layout"]["title"]["text"]
+
+
+def test_query_parameters_restore_a_state():
+    at = run(
+        {"policies": "streaming_llm,h2o", "budget": "128", "recent_window": "64", "sinks": "2", "step": "1500"},
+        view="Choosing recent_window",
+    )
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    assert widget(at, "multiselect", "policies").value == ["streaming_llm", "h2o"]
+    assert widget(at, "number_input", "budget").value == 128
+    assert widget(at, "number_input", "sinks").value == 2
+    assert at.sidebar.slider[0].value == 1500
+    (curve,) = charts(at)
+    assert named(curve, "current recent_window")[0]["x"] == [64]
+    assert values(named(curve, "h2o")[0]["x"]) == list(range(1, 128))  # swept to budget - 1
+    assert named(curve, "streaming_llm (sinks=2)")
+
+
+def test_contradictory_settings_show_an_error_not_a_traceback():
+    at = run({"budget": "256", "recent_window": "300", "sinks": "256"}, view="Choosing recent_window")
+    assert problems(at) == []
+    errors = " ".join(e.value for e in at.error)
+    assert "recent_window must be less than budget (256), got 300" in errors
+    assert "sinks must be less than budget (256), got 256" in errors
+    # the policy that can still run does
+    widget(at, "number_input", "budget").set_value(1).run()
+    assert problems(at) == []
+    assert "needs a budget of at least 2" in " ".join(e.value for e in at.error)
+
+
+def test_a_bad_link_is_reported_and_defaults_used():
+    at = run({"budget": "lots", "trace": "nowhere", "policies": "h2o,nonsense"})
+    assert problems(at) == []
+    warnings = " ".join(w.value for w in at.warning)
+    assert "budget='lots'" in warnings and "'nowhere'" in warnings and "nonsense" in warnings
+    assert widget(at, "number_input", "budget").value == 256
+    assert widget(at, "multiselect", "policies").value == ["h2o"]
+
+
+def npz_bytes(**arrays) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def test_an_uploaded_trace_is_used_and_a_bad_one_reported():
+    at = run()
+    a = np.tril(np.random.default_rng(3).random((65, 65)), k=-1).astype(np.float32)
+    at.sidebar.file_uploader[0].set_value(("mine.npz", npz_bytes(attention=a), "application/octet-stream"))
+    at.run()
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    assert at.sidebar.slider[0].max == 64
+    bad = np.tril(np.ones((5, 5)), k=-1).astype(np.float32)
+    bad[3, 1] = np.nan
+    at.sidebar.file_uploader[0].set_value(("broken.npz", npz_bytes(attention=bad), "application/octet-stream"))
+    at.run()
+    assert problems(at) == []
+    (message,) = [e.value for e in at.error]
+    assert message.startswith("broken.npz: step 3") and "\n" not in message

@@ -1,0 +1,255 @@
+"""The app's figure builders, tested as pure functions: no Streamlit, no browser."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+from PIL import Image
+
+import kvsim
+from kvsim import figures
+from kvsim.engine import replay_fast, sweep
+
+
+@pytest.fixture(scope="module")
+def canonical():
+    return kvsim.generate_canonical()
+
+
+@pytest.fixture(scope="module")
+def story(canonical):
+    """The cards' three policies at budget 256, everything recorded."""
+    return [
+        replay_fast(canonical, name, budget=256, record_kept=True, record_scores=True)
+        for name in ("sliding_window", "streaming_llm", "h2o")
+    ]
+
+
+@pytest.fixture(scope="module")
+def small():
+    """A 40-step trace with no metadata: the fallbacks' case."""
+    rng = np.random.default_rng(7)
+    a = np.tril(rng.random((41, 41)), k=-1).astype(np.float32)
+    a[:, 9] *= 40  # one position that draws far more than the rest
+    return kvsim.from_array(a, name="small")
+
+
+def png_of(source: str) -> Image.Image:
+    head, data = source.split(",", 1)
+    assert head == "data:image/png;base64"
+    return Image.open(io.BytesIO(base64.b64decode(data)))
+
+
+# --------------------------------------------------------------------------------------------
+# what a trace is made of
+
+
+def test_features_of_the_canonical_trace_come_from_its_metadata(canonical):
+    f = figures.trace_features(canonical)
+    assert (f.sinks, f.band, f.steps) == (4, 64, 4096)
+    assert [p for p, _, _ in f.heavy] == sorted(canonical.meta["heavy_hitters"])
+    p, first, last = f.heavy[0]
+    assert (first, last) == (p + 1, p + 512)  # live for one epoch after birth
+    assert "metadata" in f.heavy_source
+
+
+def test_features_fall_back_to_top_cumulative_scorers(small):
+    f = figures.trace_features(small, sinks=2, band=8, n_heavy=3)
+    assert (f.sinks, f.band) == (2, 8)
+    positions = [p for p, _, _ in f.heavy]
+    assert 9 in positions and len(positions) == 3
+    assert all(p >= 2 for p in positions)  # sinks are not heavy hitters
+    assert all(last == small.steps for _, _, last in f.heavy)
+
+
+def test_malformed_heavy_hitter_metadata_is_ignored(small):
+    odd = kvsim.Trace(small.attention, name="odd", meta={"heavy_hitters": ["x", 10**9]})
+    assert "most attention" in figures.trace_features(odd).heavy_source
+
+
+# --------------------------------------------------------------------------------------------
+# kept positions
+
+
+def test_kept_image_is_uint8_with_three_levels(story):
+    result = story[2]
+    img = figures.kept_image(result)
+    T = result.steps
+    assert img.dtype == np.uint8 and img.shape == (T, T + 1)
+    assert set(np.unique(img)) == {figures.KEPT, figures.EVICTED, figures.FUTURE}
+    kept_per_row = (img == figures.KEPT).sum(axis=1)
+    assert np.array_equal(kept_per_row, np.minimum(np.arange(1, T + 1) + 1, result.budget))
+    future = np.arange(T + 1)[None, :] > np.arange(1, T + 1)[:, None]
+    assert np.all((img == figures.FUTURE) == future)
+
+
+def test_kept_heatmap_draws_every_policy_at_full_resolution_with_shapes(canonical, story):
+    f = figures.trace_features(canonical)
+    fig = figures.kept_heatmap(story, f, step=1000)
+    images = [t for t in fig.data if isinstance(t, go.Image)]
+    assert len(images) == 3
+    for img in images:
+        png = png_of(img.source)
+        assert png.size == (4097, 4096) and png.mode == "L"
+    names = [s.name for s in fig.layout.shapes]
+    assert names.count("sinks (positions 0-3)") == 3
+    assert names.count("recency band (64 newest positions)") == 3
+    assert names.count("heavy hitter, while live") == 3 * len(f.heavy)
+    assert names.count("step 1000") == 3
+    titles = " ".join(a.text for a in fig.layout.annotations)
+    assert "streaming_llm (sinks=4)" in titles and f"{story[1].retained_mass:.3f}" in titles
+
+
+def test_kept_heatmap_reuses_given_sources(canonical, story):
+    f = figures.trace_features(canonical)
+    src = figures.kept_image_source(story[0])
+    fig = figures.kept_heatmap(story[:1], f, sources=[src])
+    assert fig.data[0].source == src
+
+
+def test_kept_heatmap_refuses_a_replay_of_another_trace(canonical, small):
+    other = kvsim.replay(small, "sliding_window", budget=8, record_kept=True)
+    with pytest.raises(ValueError, match="steps"):
+        figures.kept_heatmap([other], figures.trace_features(canonical))
+
+
+# --------------------------------------------------------------------------------------------
+# cumulative scores
+
+
+def test_score_snapshot_tells_positions_apart(canonical, story):
+    h2o = story[2]
+    f = figures.trace_features(canonical)
+    snap = figures.score_snapshot(h2o, 4096, f)
+    assert len(snap) == 257  # budget + 1 before eviction
+    assert snap["evicted"].sum() == 1
+    recent = snap[snap["category"] == "recent window"]
+    assert sorted(recent["position"]) == list(range(4096 - 31, 4097))  # the newest 32, the new one included
+    assert set(snap.loc[snap["position"] < 4, "category"]) == {"sink"}
+    assert "heavy hitter (live)" in set(snap["category"]) and "heavy hitter (stale)" in set(snap["category"])
+    threshold = figures.eviction_threshold(snap)
+    evictable_kept = snap[~snap["evicted"] & (snap["category"] != "recent window")]
+    assert (evictable_kept["score"] >= threshold).all()
+
+
+def test_score_snapshot_before_the_cache_fills_has_no_threshold(canonical, story):
+    snap = figures.score_snapshot(story[2], 100, figures.trace_features(canonical))
+    assert not snap["evicted"].any() and figures.eviction_threshold(snap) is None
+
+
+def test_score_distribution_marks_threshold_and_categories(canonical, story):
+    fig = figures.score_distribution(story[2], 3000, figures.trace_features(canonical))
+    names = {t.name for t in fig.data}
+    assert {"sink", "recent window", "other", "evicted at this step"} <= names
+    assert any(isinstance(t, go.Histogram) for t in fig.data)
+    assert any("eviction threshold" in (a.text or "") for a in fig.layout.annotations)
+    assert fig.layout.yaxis.type == "log"
+
+
+def test_score_view_refuses_what_it_cannot_show(canonical, story):
+    f = figures.trace_features(canonical)
+    with pytest.raises(ValueError, match="no scores"):
+        figures.score_snapshot(story[0], 100, f)
+    with pytest.raises(ValueError, match="step"):
+        figures.score_snapshot(story[2], 5000, f)
+
+
+# --------------------------------------------------------------------------------------------
+# retained mass against recent_window
+
+
+def fake_rows(values):
+    return [{"policy": "h2o", "budget": 10, "recent_window": w, "retained_mass": m, "top_k_recall": m}
+            for w, m in values]
+
+
+def test_curve_has_references_markers_and_current():
+    rows = fake_rows([(1, 0.5), (2, 0.6), (3, 0.9), (4, 0.8)])
+    refs = {"streaming_llm (sinks=4)": {"retained_mass": 0.7, "top_k_recall": 0.7},
+            "sliding_window": {"retained_mass": 0.4, "top_k_recall": 0.4}}
+    fig = figures.recent_window_curve(rows, refs, current=4, default=2, band=3, top_k=32)
+    by_name = {}
+    for t in fig.data:
+        by_name.setdefault(t.name, []).append(t)
+    assert len(by_name["h2o"]) == 2  # retained mass and recall
+    assert list(by_name["h2o"][0].customdata) == [1, 2, 3, 4]
+    assert list(by_name["streaming_llm (sinks=4)"][0].y) == [0.7, 0.7]
+    assert list(by_name["shipped default (2)"][0].x) == [2]
+    assert list(by_name["trace band (3)"][0].x) == [3]
+    assert list(by_name["current recent_window (4)"][0].x) == [4]
+    text = " ".join(a.text for a in fig.layout.annotations)
+    assert "peak at 3" in text and "gain saturates" in text
+    assert "keeps less than streaming_llm (0.600 vs 0.700)" in text
+
+
+def test_curve_says_so_when_the_default_is_not_worse():
+    rows = fake_rows([(1, 0.8), (2, 0.9)])
+    refs = {"streaming_llm (sinks=4)": {"retained_mass": 0.7, "top_k_recall": 0.7}}
+    fig = figures.recent_window_curve(rows, refs, current=None, default=2, band=64)
+    text = " ".join(a.text for a in fig.layout.annotations)
+    assert "at least as much as" in text and "saturates" not in text
+    assert not any((t.name or "").startswith("current") for t in fig.data)
+
+
+def test_canonical_curve_tells_the_cards_story(canonical, story):
+    rows = sweep(canonical, "h2o", 256, "recent_window", range(1, 256))
+    refs = {figures.policy_label(r): r.summary() for r in story[:2]}
+    fig = figures.recent_window_curve(rows, refs, current=32)
+    text = " ".join(a.text for a in fig.layout.annotations)
+    assert "peak at 64" in text and "gain saturates here" in text
+    assert "at 32, h2o keeps less than streaming_llm" in text
+
+
+@pytest.mark.parametrize(
+    ("event", "expected"),
+    [
+        ({"selection": {"points": [{"x": 40, "customdata": 40, "curve_number": 0}]}}, 40),
+        ({"selection": {"points": [{"x": 12.0}]}}, 12),
+        ({"selection": {"points": [{"x": 0.5}]}}, None),
+        ({"selection": {"points": []}}, None),
+        (None, None),
+        ({"selection": {}}, None),
+    ],
+)
+def test_selected_recent_window(event, expected):
+    assert figures.selected_recent_window(event) == expected
+
+
+# --------------------------------------------------------------------------------------------
+# the trace
+
+
+def test_attention_image_is_log_scaled_and_block_averaged():
+    a = np.zeros((9, 9), dtype=np.float32)
+    a[1:, 0] = 1e-4
+    a[8, 7] = 1.0
+    rgb, block, (lo, hi) = figures.attention_image(a, size=4)
+    assert rgb.dtype == np.uint8 and rgb.shape == (4, 4, 3) and block == 2
+    assert np.all(rgb[0, 3] == 255)  # the future: nothing there, white
+    lut = figures._lut(figures.sequential.Viridis)
+    assert np.array_equal(rgb[3, 3], lut[255])  # the brightest block at the top of the scale
+    assert hi == pytest.approx(np.log10(0.25))  # block mean of one 1.0 among four cells
+
+
+def test_trace_matrix_is_an_image_with_features_named(canonical):
+    f = figures.trace_features(canonical)
+    fig = figures.trace_matrix(canonical, f)
+    img = fig.data[0]
+    assert isinstance(img, go.Image)
+    png = png_of(img.source)
+    assert png.size == (1024, 1024)
+    assert img.dx == 4 and img.dy == 4
+    text = " ".join(a.text for a in fig.layout.annotations)
+    assert "sinks (positions 0-3)" in text and "recency band (64)" in text
+    assert any(t.name == "heavy hitter (born here)" and len(t.x) == len(f.heavy) for t in fig.data)
+
+
+def test_per_step_table(story):
+    table = figures.per_step_table(story)
+    assert len(table) == 4096 and table["step"].iloc[-1] == 4096
+    assert table["h2o (recent_window=32) retained_mass"].mean() == pytest.approx(story[2].retained_mass)
+    assert "streaming_llm (sinks=4) top_32_recall" in table
