@@ -16,7 +16,7 @@ from pathlib import Path
 import streamlit as st
 
 import kvsim
-from kvsim import figures
+from kvsim import figures, lab
 from kvsim.catalog import CANONICAL, available_traces, resolve_trace
 from kvsim.metrics import describe
 
@@ -35,8 +35,7 @@ APP_BUDGET = 256
 #: the largest value any count control takes (the trace loader's own limit on steps)
 MAX_VALUE = 16384
 STORY_POLICIES = ("sliding_window", "streaming_llm", "h2o")
-TABS = ("Kept positions", "Cumulative scores", "Choosing recent_window", "The trace")
-# Engineer E's policy lab joins as one more entry in TABS and one more `with` block below.
+TABS = ("Kept positions", "Cumulative scores", "Choosing recent_window", "The trace", "Policy lab")
 
 
 # --------------------------------------------------------------------------------------------
@@ -328,6 +327,9 @@ def main() -> None:
     with tabs[3]:
         if tabs[3].open:
             trace_view(trace_key, trace, features)
+    with tabs[4]:
+        if tabs[4].open:
+            lab_view()
 
 
 def replays(trace_key: str, trace: kvsim.Trace, budget: int, runs: list):
@@ -547,6 +549,79 @@ vertical stripes are heavy hitters, bright for a stretch and then fading into th
 
 def _fmt(value, spec: str = ".3f") -> str:
     return "n/a" if value is None else format(value, spec)
+
+
+def lasting(widget, label: str, key: str, default, then=None, **kw):
+    """A widget whose value outlives its tab being closed (Streamlit drops closed widgets' state)."""
+    store = "_" + key
+    st.session_state.setdefault(store, default)
+    st.session_state[key] = st.session_state[store]
+
+    def keep():
+        st.session_state[store] = st.session_state[key]
+        if then is not None:
+            then()
+
+    return widget(label, key=key, on_change=keep, **kw)
+
+
+def lab_reset() -> None:
+    """A new preset brings its own budget, policies and recent windows."""
+    p = lab.PRESETS[st.session_state["_lab_preset"]]
+    st.session_state["_lab_budget"] = p.budget
+    for side, spec in (("left", p.left), ("right", p.right)):
+        st.session_state[f"_lab_{side}"] = spec.name
+        st.session_state[f"_lab_{side}_rw"] = spec.params.get("recent_window", 0)
+    st.session_state.pop("_lab_step", None)  # the view opens at the first step where they differ
+
+
+def lab_policy(side: str, preset: lab.Preset) -> lab.PolicySpec:
+    spec = preset.left if side == "left" else preset.right
+    name = lasting(st.selectbox, f"{side} policy", f"lab_{side}", spec.name, options=list(kvsim.POLICIES))
+    params = dict(spec.params) if name == spec.name else {}
+    if "recent_window" in policy_int_params(name):
+        params["recent_window"] = int(lasting(st.number_input, "recent_window", f"lab_{side}_rw",
+                                              spec.params.get("recent_window", 0), min_value=0, step=1))
+    return lab.PolicySpec(name, params)
+
+
+def lab_view() -> None:
+    st.markdown(
+        "**Two policies, one tiny trace, one step at a time.** The bars are what the query at this step "
+        "wants, its attention over every earlier position; their colour is what each policy did with that "
+        "position. Numbers above the bars are the policy's scores (h2o: attention summed; scissorhands: votes)."
+    )
+    names = list(lab.PRESETS)
+    top = st.columns([3, 1])
+    with top[0]:
+        preset = lab.PRESETS[lasting(st.selectbox, "preset", "lab_preset", names[0], then=lab_reset, options=names)]
+    with top[1]:
+        budget = int(lasting(st.number_input, "lab budget", "lab_budget", preset.budget, min_value=1, step=1))
+    st.info(preset.watch)
+    with st.expander("edit the trace (row t: the attention of step t over positions 0 .. t-1; rows are normalised)"):
+        table = st.data_editor(lab.preset_table(preset.trace()), key=f"lab_table_{preset.title}")
+    try:
+        trace = lab.trace_from_table(table, name=preset.title)
+    except kvsim.TraceError as e:
+        st.error(str(e))
+        return
+    sides = st.columns(2)
+    specs = []
+    for col, side in zip(sides, ("left", "right")):
+        with col:
+            specs.append(lab_policy(side, preset))
+    try:
+        steps = lab.side_by_side(trace, specs[0], specs[1], budget)
+    except ValueError as e:
+        st.error(f"{e}. Change the setting above.")
+        return
+    st.session_state["_lab_step"] = min(int(st.session_state.get("_lab_step", lab.first_divergence(steps))), len(steps))
+    t = int(lasting(st.slider, "step", "lab_step", 1, min_value=1, max_value=len(steps)))
+    for i, col in enumerate(sides):
+        with col:
+            st.plotly_chart(lab.step_figure(steps[t - 1], i), key=f"lab_step_{i}")
+            st.plotly_chart(lab.timeline_figure(steps, i, current=t), key=f"lab_timeline_{i}")
+    st.dataframe(lab.step_table(steps[t - 1]), hide_index=True)
 
 
 main()

@@ -209,7 +209,10 @@ def _build(spec: PolicySpec | Policy, trace: Trace, budget: int) -> tuple[str, P
     params = dict(spec.params)
     if spec.name in POLICIES and POLICIES[spec.name].needs_trace:
         params["trace"] = trace
-    return spec.label, make_policy(spec.name, budget=budget, **params)
+    try:
+        return spec.label, make_policy(spec.name, budget=budget, **params)
+    except ValueError as e:  # say which side refused
+        raise ValueError(f"{spec.name}: {e}") from None
 
 
 def side_by_side(trace: Trace, left: PolicySpec | Policy, right: PolicySpec | Policy, budget: int) -> list[LabStep]:
@@ -233,6 +236,12 @@ def side_by_side(trace: Trace, left: PolicySpec | Policy, right: PolicySpec | Po
             per_side.append(PolicyStep(label, kept, observed, positions, scores, victims, policy.kept, total))
         out.append(LabStep(t, row[:t].astype(np.float64), (per_side[0], per_side[1])))
     return out
+
+
+def first_divergence(steps: list[LabStep]) -> int:
+    """The first step at which the two policies evict differently (the step worth looking at
+    first), or 1 if they never do."""
+    return next((s.t for s in steps if s.sides[0].victims != s.sides[1].victims), 1)
 
 
 def run_preset(name: str) -> list[LabStep]:

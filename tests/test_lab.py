@@ -3,12 +3,17 @@ validated, the figures show each policy's step, and the app's lab tab runs."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 
 import kvsim
 from kvsim import lab
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
 
 def victims(steps, side):
@@ -50,6 +55,12 @@ def test_tova_drops_a_position_after_one_quiet_step_h2o_remembers():
     assert all(1 in s.sides[1].kept_after for s in steps)
 
 
+def test_first_divergence_is_the_step_the_preset_is_about():
+    assert [lab.first_divergence(lab.run_preset(n)) for n in lab.PRESETS] == [5, 4, 4, 4]
+    same = lab.side_by_side(lab.PRESETS["tova vs h2o"].trace(), lab.PolicySpec("tova"), lab.PolicySpec("tova"), 4)
+    assert lab.first_divergence(same) == 1
+
+
 # --- stepping is the harness ---------------------------------------------------------------------
 
 
@@ -76,7 +87,7 @@ def test_side_by_side_runs_every_registry_policy_including_the_oracle():
         steps = lab.side_by_side(tr, lab.PolicySpec(name, params), lab.PolicySpec("oracle"), budget=5)
         assert [s.t for s in steps] == list(range(1, 13))
         assert all(s.sides[0].kept_after.size == min(s.t + 1, 5) for s in steps)
-    with pytest.raises(ValueError, match="recent_window"):
+    with pytest.raises(ValueError, match="^h2o: recent_window"):
         lab.side_by_side(tr, lab.PolicySpec("h2o", {"recent_window": 3}), lab.PolicySpec("tova"), budget=3)
 
 
@@ -157,3 +168,45 @@ def test_timeline_figure_grid():
 
 
 # --- the app's lab tab ---------------------------------------------------------------------------
+
+
+def lab_app():
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["view"] = "Policy lab"
+    return at.run()
+
+
+def titles(at) -> list[str]:
+    return [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
+
+
+def test_app_lab_tab_steps_a_preset_and_reports_refusals():
+    at = lab_app()
+    assert [e.value for e in at.exception] == [] and [e.value for e in at.error] == []
+    assert at.selectbox(key="lab_preset").value == "sliding_window vs streaming_llm"
+    assert at.slider(key="lab_step").value == 5  # opens where the two first evict differently
+    assert titles(at)[0] == "sliding_window, step 5: retained 1.000, evicts 0"
+    assert titles(at)[2] == "streaming_llm (sinks=4), step 5: retained 1.000, evicts 4"
+
+    at.selectbox(key="lab_preset").set_value("h2o vs scissorhands").run()
+    assert at.number_input(key="lab_budget").value == 4 and at.slider(key="lab_step").value == 4
+    assert [titles(at)[0], titles(at)[2]] == [
+        "h2o (recent_window=2), step 4: retained 1.000, evicts 2",
+        "scissorhands (recent_window=2), step 4: retained 1.000, evicts 0",
+    ]
+    at.slider(key="lab_step").set_value(6).run()
+    assert titles(at)[0].startswith("h2o (recent_window=2), step 6:")
+    at.number_input(key="lab_left_rw").set_value(4).run()
+    assert [e.value for e in at.error] == ["h2o: recent_window must be less than budget (4), got 4. Change the setting above."]
+    assert titles(at) == []  # nothing drawn from a refused setting
+
+
+def test_app_lab_tab_runs_every_preset():
+    at = lab_app()
+    for name in lab.PRESETS:
+        at.selectbox(key="lab_preset").set_value(name).run()
+        assert [e.value for e in at.exception] == [] and [e.value for e in at.error] == [], name
+        assert len(at.get("plotly_chart")) == 4
+        assert at.slider(key="lab_step").value == lab.first_divergence(lab.run_preset(name))
