@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,10 @@ import numpy as np
 ATTENTION_DTYPES = (np.float16, np.float32, np.float64)
 #: refuse traces longer than this before reading their data (the header declares the shape)
 MAX_STEPS = 16384
+#: the interchange layout's key, the packed layout's two keys, and the optional metadata
+FULL_KEY, PACKED_KEY, STEPS_KEY, META_KEY = "attention", "attention_packed", "steps", "meta"
+#: refuse a ``meta`` string longer than this before reading it (token lists for 16k steps fit well inside)
+MAX_META_BYTES = 8 * 1024 * 1024
 
 
 class TraceError(ValueError):
@@ -100,54 +105,143 @@ def from_array(attention: np.ndarray, name: str = "trace", meta: dict | None = N
     return Trace(out, name=name, meta=dict(meta or {}))
 
 
-def load_npz(path: str | Path) -> Trace:
-    """Load an interchange ``.npz`` trace (``allow_pickle=False``), validated and normalised."""
-    path = Path(path)
-    src = str(path)
-    if not path.is_file():
-        raise TraceError(f"{src}: no such file")
+def load_npz(path, *, source: str | None = None) -> Trace:
+    """Load a ``.npz`` trace (``allow_pickle=False``), validated and normalised.
+
+    Reads the interchange layout (``attention``, ``(T + 1, T + 1)``) and the packed layout
+    (``attention_packed``, the rows ``t = 1 .. T`` concatenated, plus ``steps``). ``path`` may also
+    be a binary file object (an upload); ``source`` is then the name the error messages give it.
+    Every shape, dtype and size is checked from the ``.npy`` headers before any array data is read,
+    so a file that declares something absurd costs nothing. Raises TraceError, one line.
+    """
+    is_file_object = hasattr(path, "read")
+    src = source or (getattr(path, "name", None) if is_file_object else None) or str(path)
+    if not is_file_object:
+        path = Path(path)
+        if path.is_dir():
+            raise TraceError(f"{src}: is a folder, not a trace file")
+        if not path.is_file():
+            raise TraceError(f"{src}: no such file")
     if not zipfile.is_zipfile(path):
-        raise TraceError(f"{src}: not a .npz (zip) file")
+        raise TraceError(f"{src}: not a .npz file (no zip directory: not a zip archive, or truncated)")
+    if is_file_object:
+        path.seek(0)
     try:
         with np.load(path, allow_pickle=False) as z:
-            if "attention" not in z.files:
-                raise TraceError(f"{src}: missing key 'attention' (found: {', '.join(z.files) or 'nothing'})")
-            _check_header(z, src)
-            attention = z["attention"]
-            meta = _read_meta(z, src) if "meta" in z.files else {}
+            members = set(z.zip.namelist())
+            has_full, has_packed = _has(members, FULL_KEY), _has(members, PACKED_KEY)
+            if has_full and has_packed:
+                raise TraceError(f"{src}: holds both '{FULL_KEY}' and '{PACKED_KEY}'; a trace file has one layout")
+            if not has_full and not has_packed:
+                found = ", ".join(sorted(z.files)) or "nothing"
+                raise TraceError(f"{src}: missing key '{FULL_KEY}' (or '{PACKED_KEY}' and '{STEPS_KEY}'); found: {found}")
+            meta_header = _npy_header(z, members, META_KEY, src) if _has(members, META_KEY) else None
+            if meta_header is not None:
+                _check_meta_header(meta_header, src)
+            if has_full:
+                shape, dtype = _npy_header(z, members, FULL_KEY, src)
+                _check_attention_header(shape, dtype, src)
+                attention = _read(z, members, FULL_KEY, src)
+            else:
+                steps = _read_steps(z, members, src)
+                shape, dtype = _npy_header(z, members, PACKED_KEY, src)
+                _check_packed_header(shape, dtype, steps, src)
+                attention = unpack_lower(_read(z, members, PACKED_KEY, src), steps)
+            meta = _read_meta(_read(z, members, META_KEY, src), src) if meta_header is not None else {}
     except TraceError:
         raise
-    except ValueError as e:  # pickled object arrays and malformed headers land here
+    except ValueError as e:  # malformed headers and short data land here; pickles are refused above
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "pickle" in msg.lower():
             msg = "holds pickled objects, which are refused"
         raise TraceError(f"{src}: {msg}") from None
-    except (OSError, EOFError, zipfile.BadZipFile) as e:
-        raise TraceError(f"{src}: unreadable or truncated ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
-    name = str(meta.get("name") or path.stem)
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        detail = str(e).splitlines()[0] if str(e) else ""
+        kind = "corrupt compressed data" if isinstance(e, zlib.error) else type(e).__name__
+        raise TraceError(f"{src}: unreadable or truncated ({kind}: {detail})") from None
+    stem = Path(src).stem
+    name = str(meta.get("name") or stem)
     return from_array(attention, name=name, meta=meta, source=src)
 
 
-def _check_header(z, src: str) -> None:
-    """Refuse absurd shapes from the .npy header before reading the data."""
+
+def _has(members: set[str], key: str) -> bool:
+    return f"{key}.npy" in members or key in members
+
+
+def _member(members: set[str], key: str) -> str:
+    return f"{key}.npy" if f"{key}.npy" in members else key
+
+
+def _read(z, members: set[str], key: str, src: str) -> np.ndarray:
+    # by member name, so a member stored without ".npy" cannot come back as raw bytes
+    with z.zip.open(_member(members, key)) as f:
+        try:
+            return np.lib.format.read_array(f, allow_pickle=False)
+        except ValueError as e:  # the data stops before the header's shape is filled
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise TraceError(f"{src}: '{key}' is truncated ({msg})") from None
+
+
+def _npy_header(z, members: set[str], key: str, src: str) -> tuple[tuple, np.dtype]:
+    """Shape and dtype of one member from its ``.npy`` header alone: no array data is read."""
     from numpy.lib import format as npformat
 
-    with z.zip.open("attention.npy") as f:
-        version = npformat.read_magic(f)
+    with z.zip.open(_member(members, key)) as f:
+        try:
+            version = npformat.read_magic(f)
+        except ValueError:
+            raise TraceError(f"{src}: '{key}' is not a NumPy .npy array") from None
+        if version not in ((1, 0), (2, 0), (3, 0)):
+            raise TraceError(f"{src}: '{key}' has an unknown .npy format version {version}")
         read_header = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
-        shape, _, dtype = read_header(f)  # the header only, no data
+        shape, _, dtype = read_header(f)
     if dtype.hasobject:
-        raise TraceError(f"{src}: attention holds pickled objects, which are refused")
+        raise TraceError(f"{src}: '{key}' holds pickled objects, which are refused")
+    return shape, dtype
+
+
+def _check_attention_header(shape: tuple, dtype: np.dtype, src: str) -> None:
+    """Refuse absurd shapes and wrong dtypes from the .npy header before reading the data."""
+    if dtype.type not in ATTENTION_DTYPES:
+        raise TraceError(f"{src}: attention dtype {dtype} is not float16, float32 or float64")
     if len(shape) != 2 or shape[0] != shape[1]:
         raise TraceError(f"{src}: attention must be a square (T + 1, T + 1) matrix, got shape {shape}")
     if shape[0] - 1 > MAX_STEPS:
         raise TraceError(f"{src}: attention declares {shape[0] - 1} steps, more than the limit of {MAX_STEPS}")
 
 
-def _read_meta(z, src: str) -> dict:
-    m = z["meta"]
-    if m.shape != () or m.dtype.kind not in "US":
+def _read_steps(z, members: set[str], src: str) -> int:
+    if not _has(members, STEPS_KEY):
+        raise TraceError(f"{src}: '{PACKED_KEY}' needs the key '{STEPS_KEY}', which is missing")
+    shape, dtype = _npy_header(z, members, STEPS_KEY, src)
+    if shape != () or dtype.kind not in "iu":
+        raise TraceError(f"{src}: '{STEPS_KEY}' must be a 0-d integer array, got shape {shape} dtype {dtype}")
+    steps = int(_read(z, members, STEPS_KEY, src)[()])
+    if steps < 1:
+        raise TraceError(f"{src}: '{STEPS_KEY}' is {steps}; a trace needs at least 1 step")
+    if steps > MAX_STEPS:
+        raise TraceError(f"{src}: '{STEPS_KEY}' declares {steps} steps, more than the limit of {MAX_STEPS}")
+    return steps
+
+
+def _check_packed_header(shape: tuple, dtype: np.dtype, steps: int, src: str) -> None:
+    if dtype.type not in ATTENTION_DTYPES:
+        raise TraceError(f"{src}: {PACKED_KEY} dtype {dtype} is not float16, float32 or float64")
+    need = steps * (steps + 1) // 2
+    if shape != (need,):
+        raise TraceError(f"{src}: {PACKED_KEY} must be 1-D with {need} values for {steps} steps, got shape {shape}")
+
+
+def _check_meta_header(header: tuple[tuple, np.dtype], src: str) -> None:
+    shape, dtype = header
+    if shape != () or dtype.kind not in "US":
         raise TraceError(f"{src}: meta must be a 0-d string array holding JSON")
+    if dtype.itemsize > MAX_META_BYTES:
+        raise TraceError(f"{src}: meta declares {dtype.itemsize} bytes, more than the limit of {MAX_META_BYTES}")
+
+
+def _read_meta(m: np.ndarray, src: str) -> dict:
     try:
         meta = json.loads(str(m[()]))
     except json.JSONDecodeError as e:
@@ -157,11 +251,39 @@ def _read_meta(z, src: str) -> dict:
     return meta
 
 
-def save_npz(trace: Trace, path: str | Path, dtype=np.float32) -> None:
-    """Write the interchange format; written to a temporary file first so nothing is half-written."""
+def pack_lower(attention: np.ndarray) -> np.ndarray:
+    """Rows ``t = 1 .. T`` of a ``(T + 1, T + 1)`` matrix, each ``[t, :t]``, concatenated: the
+    ``T (T + 1) / 2`` weights a trace has, half the full matrix (row t starts at ``t (t - 1) / 2``)."""
+    n = attention.shape[0]
+    return np.concatenate([attention[t, :t] for t in range(1, n)]) if n > 1 else attention[:0, 0]
+
+
+def unpack_lower(packed: np.ndarray, steps: int) -> np.ndarray:
+    """The inverse of ``pack_lower``: a ``(steps + 1, steps + 1)`` matrix in the packed dtype, zeros
+    on and above the diagonal."""
+    n = steps + 1
+    out = np.zeros((n, n), dtype=packed.dtype)
+    start = 0
+    for t in range(1, n):
+        out[t, :t] = packed[start : start + t]
+        start += t
+    return out
+
+
+def save_npz(trace: Trace, path: str | Path, dtype=np.float32, *, packed: bool = False) -> None:
+    """Write a trace; written to a temporary file first so nothing is half-written.
+
+    ``packed=False`` writes the interchange layout; ``packed=True`` the packed lower triangle
+    (``attention_packed`` + ``steps``), which with ``dtype=np.float16`` is a quarter of the float32
+    interchange file before compression. Both load with ``load_npz``.
+    """
     path = Path(path)
     tmp = path.with_name(path.name + ".part")
     meta = {"name": trace.name, **trace.meta}
+    if packed:
+        arrays = {PACKED_KEY: pack_lower(trace.attention).astype(dtype), STEPS_KEY: np.array(trace.steps, dtype=np.int64)}
+    else:
+        arrays = {FULL_KEY: trace.attention.astype(dtype)}
     with open(tmp, "wb") as f:
-        np.savez_compressed(f, attention=trace.attention.astype(dtype), meta=np.array(json.dumps(meta)))
+        np.savez_compressed(f, **arrays, meta=np.array(json.dumps(meta)))
     tmp.replace(path)
