@@ -616,8 +616,8 @@ def lab_view() -> None:
         st.error(f"{e}. Change the setting above.")
         return
     st.session_state["_lab_step"] = min(int(st.session_state.get("_lab_step", lab.first_divergence(steps))), len(steps))
-    t = int(lasting(st.slider, "step", "lab_step", 1, min_value=1, max_value=len(steps)))
-    for i, col in enumerate(sides):
+    t = int(lasting(st.slider, "lab step", "lab_step", 1, min_value=1, max_value=len(steps)))
+    for i, col in enumerate(st.columns(2)):
         with col:
             st.plotly_chart(lab.step_figure(steps[t - 1], i), key=f"lab_step_{i}")
             st.plotly_chart(lab.timeline_figure(steps, i, current=t), key=f"lab_timeline_{i}")
