@@ -37,6 +37,11 @@ from .trace import Trace
 FAST_POLICIES = ("sliding_window", "streaming_llm", "h2o")
 #: steps per kernel call: the granularity of ``progress`` reports
 _CHUNK = 256
+#: configurations per pass of a sweep. The per-step series (16 bytes per configuration and step)
+#: are kept only for one batch, so a sweep holds the trace, O(configurations x budget) of cache
+#: state and O(_BATCH x steps) of series, whatever the number of values; a pass re-reads only the
+#: kept entries of each row, so batching costs next to nothing.
+_BATCH = 64
 
 
 # --------------------------------------------------------------------------------------------
@@ -336,19 +341,25 @@ def sweep(
             if progress is not None:
                 progress((i + 1) / len(configs))
         return out
-    mass, recall, _ = _run(trace, policy, [b.budget for b in built], [b.params for b in built], top_k, progress)
-    return [
-        {
-            "policy": b.name,
-            "budget": b.budget,
-            **b.params,
-            "retained_mass": float(mass[i].mean()),  # numpy's mean, as ReplayResult computes it
-            "top_k_recall": float(recall[i].mean()),
-            "top_k": top_k,
-            "steps": trace.steps,
-        }
-        for i, b in enumerate(built)
-    ]
+    rows = []
+    n_batches = -(-len(built) // _BATCH)
+    for j in range(n_batches):
+        batch = built[j * _BATCH : (j + 1) * _BATCH]
+        report = None if progress is None else (lambda f, j=j: progress((j + f) / n_batches))
+        mass, recall, _ = _run(trace, policy, [b.budget for b in batch], [b.params for b in batch], top_k, report)
+        rows += [
+            {
+                "policy": b.name,
+                "budget": b.budget,
+                **b.params,
+                "retained_mass": float(mass[i].mean()),  # numpy's mean, as ReplayResult computes it
+                "top_k_recall": float(recall[i].mean()),
+                "top_k": top_k,
+                "steps": trace.steps,
+            }
+            for i, b in enumerate(batch)
+        ]
+    return rows
 
 
 def _configs(policy: str, budget: int, param: str | None, values, params: dict) -> list[tuple[int, dict]]:

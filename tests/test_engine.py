@@ -143,11 +143,13 @@ def test_topk_positions_match_the_mask(canonical_trace):
         assert np.array_equal(row, mask[t]), t
 
 
-def test_sweep_progress_and_fallback(monkeypatch):
+def test_sweep_batches_progress_and_fallback(monkeypatch):
     trace = random_trace(7, 40, 3, 0.3)
     seen = []
+    monkeypatch.setattr(engine, "_BATCH", 3)  # 8 values: three passes, the last one short
     fast = engine.sweep(trace, "h2o", 8, "recent_window", range(8), progress=seen.append)
-    assert seen == sorted(seen) and seen[-1] == 1.0
+    assert fast == [replay(trace, "h2o", budget=8, recent_window=w).summary() for w in range(8)]
+    assert seen == sorted(seen) and seen[-1] == 1.0 and len(seen) == 3
     # a policy the engine does not cover goes through the reference, one value at a time
     monkeypatch.setattr(engine, "FAST_POLICIES", ())
     seen.clear()
