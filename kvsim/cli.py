@@ -20,10 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
+from . import bench
 from .catalog import available_traces, resolve_trace
+from .engine import replay_fast
 from .metrics import DEFAULT_BAND, describe
 from .policies import DEFAULT_BUDGET, POLICIES, make_policy, policy_params
-from .replay import DEFAULT_TOP_K, replay
+from .replay import DEFAULT_TOP_K
 from .sweep import best, sweep
 from .table import TABLE_BUDGET, build_table, params_label
 from .trace import save_npz
@@ -132,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("table", help="the policy cards' comparison and the calibration targets")
     common(p, TABLE_BUDGET)
 
+    p = sub.add_parser("bench", help="time the reference path against the fast engine on the canonical trace")
+    p.add_argument("--full-reference", action="store_true", help="replay all 255 windows on the reference path "
+                   "(about a minute and a half) instead of extrapolating from 16")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
+
     p = sub.add_parser("record", help="record real traces from Gemma-3-270M (needs requirements-record.txt)")
     p.add_argument("text", help="a UTF-8 text file; its first --steps + 1 tokens are read")
     p.add_argument("--out", required=True, help="folder to write <prefix>-L<layer>.npz into")
@@ -166,7 +173,7 @@ def cmd_replay(args: argparse.Namespace) -> object:
     if not POLICIES[args.policy].needs_trace:
         make_policy(args.policy, budget=budget, **params)  # refuse bad parameters before loading the trace
     trace = resolve_trace(args.trace)
-    result = replay(trace, args.policy, budget=budget, top_k=args.top_k, **params)
+    result = replay_fast(trace, args.policy, budget, top_k=args.top_k, **params)  # the reference's result, faster
     return {"trace": trace.name, **result.summary()}
 
 
@@ -222,6 +229,11 @@ def cmd_record(args: argparse.Namespace) -> object:
         raise CLIError(str(e)) from None
     files = [{"path": str(p), "bytes": p.stat().st_size} for p in paths]
     return {"text": args.text, "files": files}
+
+
+def cmd_bench(args: argparse.Namespace) -> object:
+    say = None if args.json else (lambda m: print(f"bench: {m} ...", file=sys.stderr, flush=True))
+    return bench.run(full_reference=args.full_reference, progress=say)
 
 
 def cmd_table(args: argparse.Namespace) -> object:
@@ -302,6 +314,8 @@ def render(command: str, doc) -> str:
         return f"wrote {doc['out']}: trace {doc['trace']}, {doc['steps']} steps, {doc['dtype']}, {doc['bytes']} bytes"
     if command == "table":
         return _render_table(doc)
+    if command == "bench":
+        return bench.render(doc)
     raise AssertionError(command)
 
 
@@ -358,7 +372,7 @@ def _jsonable(x):
 
 
 COMMANDS = {"replay": cmd_replay, "sweep": cmd_sweep, "describe": cmd_describe, "export": cmd_export, "table": cmd_table,
-            "record": cmd_record}
+            "record": cmd_record, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,272 @@
+"""``python -m kvsim bench``: the reference path against the fast engine, timed in one run.
+
+What it measures, on the canonical trace (read from the disk cache, generated once if needed):
+
+1. one h2o replay at budget 256: the reference harness, the engine's first call in this process
+   (it loads the compiled kernels and computes the trace's top-k once) and its steady state;
+2. the recent_window sweep 1..255 at budget 256: the reference path replays a sample of windows and
+   extrapolates (``--full-reference`` replays all 255; about a minute and a half), the engine runs
+   them all; the ratio;
+3. the whole process ``python -m kvsim sweep --trace canonical --policy h2o --budget 256
+   --recent-window 1:255 --json``, in a subprocess: with an empty trace cache (cold), with the cache
+   filled (warm), and with neither the trace nor the compiled kernels cached (the first run after
+   an install);
+4. memory: the engine's peak allocation during the sweep (tracemalloc; the memory-mapped trace is
+   not an allocation) against the trace's own size, and the subprocess's peak RSS;
+5. scaling: engine sweeps of the same 64 configurations at two trace lengths and two budgets, as
+   time per kept slot per step per configuration (sum over t of min(t, budget), times configs):
+   constant when the cost is linear in steps x budget x configurations.
+
+Timings are wall-clock on whatever machine runs it; nothing here asserts a speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+from . import cache, canonical, engine
+from .replay import replay
+from .trace import Trace, save_npz
+
+BUDGET = 256
+WINDOWS = list(range(1, BUDGET))  # every valid recent_window at budget 256
+REPLAY_WINDOW = 32  # the h2o default
+SAMPLE = 16  # reference replays actually run when extrapolating the sweep
+SCALING_STEPS = (2048, 4096)
+SCALING_BUDGETS = (128, 256)
+SCALING_WINDOWS = list(range(1, 65))  # the same 64 configurations at every size
+CLI_ARGS = ["sweep", "--trace", "canonical", "--policy", "h2o", "--budget", str(BUDGET),
+            "--recent-window", f"1:{BUDGET - 1}", "--json"]
+TARGETS = {"cli_sweep_seconds": 3.0, "cli_speedup": 50.0, "replay_ms": 50.0}
+
+
+def _timed(fn, repeat: int = 1) -> tuple[float, object]:
+    """(best wall time in seconds, last result) over ``repeat`` calls."""
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def _sample(values: list[int], n: int) -> list[int]:
+    """``n`` values spread evenly over ``values``, both ends included."""
+    idx = np.unique(np.linspace(0, len(values) - 1, n).round().astype(int))
+    return [values[i] for i in idx]
+
+
+#: runs ``python -m kvsim ARGS`` and, at exit, writes the process's own peak RSS (VmHWM, which exec
+#: resets; ru_maxrss from wait4 would include the forking parent's pages) to the file in argv[1]
+_CHILD = """import atexit, runpy, sys
+out = sys.argv.pop(1)
+def hwm():
+    with open('/proc/self/status') as f:
+        kb = next((line.split()[1] for line in f if line.startswith('VmHWM:')), '')
+    with open(out, 'w') as f:
+        f.write(kb)
+atexit.register(hwm)
+sys.argv[0] = 'kvsim'
+runpy.run_module('kvsim', run_name='__main__', alter_sys=True)
+"""
+
+
+def _cli_run(env_extra: dict, args: list[str] = CLI_ARGS) -> dict:
+    """Time one whole ``python -m kvsim ...`` process, and its peak RSS where /proc tells it."""
+    root = Path(__file__).resolve().parent.parent
+    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, **env_extra, "PYTHONPATH": path}
+    with tempfile.TemporaryDirectory(prefix="kvsim-bench-run-") as tmp:
+        hwm = Path(tmp) / "hwm"
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-c", _CHILD, str(hwm), *args], env=env, capture_output=True)
+        seconds = time.perf_counter() - t0
+        if proc.returncode != 0:
+            message = proc.stderr.decode(errors="replace").strip()
+            raise RuntimeError(f"python -m kvsim {' '.join(args)} failed: {message}")
+        kb = hwm.read_text().strip() if hwm.is_file() else ""
+    rows = json.loads(proc.stdout)
+    return {
+        "seconds": seconds,
+        "rows": len(rows),
+        "peak_rss_mb": int(kb) / 1024 if kb.isdigit() else None,
+        "best_recent_window": max(rows, key=lambda r: r["retained_mass"])["recent_window"],
+    }
+
+
+def run(full_reference: bool = False, progress=None) -> dict:
+    say = progress or (lambda _msg: None)
+    doc: dict = {"budget": BUDGET, "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
+
+    say("loading the canonical trace")
+    load_s, trace = _timed(cache.canonical_trace)
+    doc["trace"] = {"steps": trace.steps, "bytes": int(trace.attention.nbytes), "load_seconds": load_s,
+                    "cache": str(cache.cache_path())}
+
+    # 1. one h2o replay
+    say("one h2o replay")
+    ref_s, ref = _timed(lambda: replay(trace, "h2o", budget=BUDGET, recent_window=REPLAY_WINDOW))
+    first_s, fast = _timed(lambda: engine.replay_fast(trace, "h2o", BUDGET, recent_window=REPLAY_WINDOW))
+    warm_s, fast = _timed(lambda: engine.replay_fast(trace, "h2o", BUDGET, recent_window=REPLAY_WINDOW), repeat=5)
+    doc["replay"] = {
+        "recent_window": REPLAY_WINDOW,
+        "reference_seconds": ref_s,
+        "engine_first_call_seconds": first_s,
+        "engine_seconds": warm_s,
+        "speedup": ref_s / warm_s,
+        "identical": fast.summary() == ref.summary()
+        and np.array_equal(fast.retained_mass_series, ref.retained_mass_series),
+    }
+
+    # 2. the sweep, reference against engine
+    windows = WINDOWS if full_reference else _sample(WINDOWS, SAMPLE)
+    say(f"reference sweep: {len(windows)} of {len(WINDOWS)} windows")
+    per = []
+    ref_rows = {}
+    for w in windows:
+        s, r = _timed(lambda w=w: replay(trace, "h2o", budget=BUDGET, recent_window=w))
+        per.append(s)
+        ref_rows[w] = r.summary()
+    ref_total = sum(per) if full_reference else statistics.mean(per) * len(WINDOWS)
+    say("engine sweep")
+    eng_s, rows = _timed(lambda: engine.sweep(trace, "h2o", BUDGET, "recent_window", WINDOWS))
+    by_window = {r["recent_window"]: r for r in rows}
+    doc["sweep"] = {
+        "configurations": len(WINDOWS),
+        "reference_replayed": len(windows),
+        "reference_extrapolated": not full_reference,
+        "reference_seconds": ref_total,
+        "engine_seconds": eng_s,
+        "speedup": ref_total / eng_s,
+        "identical": all(by_window[w] == ref_rows[w] for w in windows),
+        "best_recent_window": max(rows, key=lambda r: r["retained_mass"])["recent_window"],
+    }
+
+    # 3. the whole process
+    with tempfile.TemporaryDirectory(prefix="kvsim-bench-") as tmp:
+        say("whole process, empty trace cache")
+        cold = _cli_run({"KVSIM_CACHE_DIR": str(Path(tmp) / "trace")})
+        say("whole process, warm caches")
+        warm = min((_cli_run({}) for _ in range(3)), key=lambda r: r["seconds"])
+        say("whole process, nothing cached (numba compiles the kernels)")
+        install = _cli_run({"KVSIM_CACHE_DIR": str(Path(tmp) / "trace2"), "NUMBA_CACHE_DIR": str(Path(tmp) / "numba")})
+        say("whole process on a 64-step trace (the memory baseline)")
+        tiny = Path(tmp) / "tiny.npz"
+        save_npz(canonical.generate(canonical.CanonicalConfig(steps=64)), tiny)
+        baseline = _cli_run({}, ["sweep", "--trace", str(tiny), "--policy", "h2o", "--budget", "16",
+                                 "--recent-window", "1:15", "--json"])
+    doc["cli"] = {
+        "command": "python -m kvsim " + " ".join(CLI_ARGS),
+        "cold_trace_cache_seconds": cold["seconds"],
+        "warm_seconds": warm["seconds"],
+        "first_run_after_install_seconds": install["seconds"],
+        "peak_rss_mb": warm["peak_rss_mb"],
+        "baseline_peak_rss_mb": baseline["peak_rss_mb"],  # same process on a 64-step trace
+        # the reference figure leaves out start-up and the trace, so the ratio is a lower bound
+        "speedup_vs_reference_sweep": ref_total / warm["seconds"],
+        "rows": warm["rows"],
+    }
+
+    # 4. memory of the engine sweep, on a fresh Trace so its top-k is computed inside the window
+    say("engine sweep under tracemalloc")
+    fresh = Trace(trace.attention, name=trace.name, meta=trace.meta)
+    tracemalloc.start()
+    engine.sweep(fresh, "h2o", BUDGET, "recent_window", WINDOWS)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    doc["memory"] = {
+        "trace_mb": trace.attention.nbytes / 2**20,
+        "engine_peak_mb": peak / 2**20,
+        "engine_peak_share_of_trace": peak / trace.attention.nbytes,
+        "bench_process_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+    # 5. scaling
+    scaling = []
+    for steps in SCALING_STEPS:
+        t = trace if steps == trace.steps else cache.canonical_trace(canonical.CanonicalConfig(steps=steps))
+        engine.topk_positions(t, 32)  # the per-trace top-k, O(T^2 log), is outside the sweep's cost model
+        for budget in SCALING_BUDGETS:
+            say(f"scaling: {steps} steps, budget {budget}")
+            s, _ = _timed(lambda t=t, b=budget: engine.sweep(t, "h2o", b, "recent_window", SCALING_WINDOWS), repeat=3)
+            # the work: every configuration touches each kept slot once per step, min(t, budget) of them
+            slots = int(np.minimum(np.arange(1, steps + 1), budget).sum()) * len(SCALING_WINDOWS)
+            scaling.append({"steps": steps, "budget": budget, "configurations": len(SCALING_WINDOWS), "seconds": s,
+                            "kept_slot_steps": slots, "ns_per_kept_slot_step": s / slots * 1e9})
+    doc["scaling"] = scaling
+
+    doc["targets"] = {
+        "cli_sweep_under_3_s": doc["cli"]["warm_seconds"] < TARGETS["cli_sweep_seconds"],
+        "cli_sweep_50x_faster_than_reference": doc["cli"]["speedup_vs_reference_sweep"] >= TARGETS["cli_speedup"],
+        "one_replay_under_50_ms": doc["replay"]["engine_seconds"] * 1e3 < TARGETS["replay_ms"],
+        "results_identical": doc["replay"]["identical"] and doc["sweep"]["identical"],
+    }
+    return doc
+
+
+def render(doc: dict) -> str:
+    r, s, c, m = doc["replay"], doc["sweep"], doc["cli"], doc["memory"]
+    ms = 1e3
+    ref_note = "all replayed" if not s["reference_extrapolated"] else \
+        f"extrapolated from {s['reference_replayed']} sampled windows x {s['configurations']}"
+    lines = [
+        f"kvsim bench: canonical trace, {doc['trace']['steps']} steps, budget {doc['budget']} "
+        f"({doc['machine']['cpus']} CPUs, Python {doc['machine']['python']})",
+        f"trace read from cache in {doc['trace']['load_seconds'] * ms:.0f} ms ({doc['trace']['cache']})",
+        "",
+        f"{'what':<52}{'reference':>12}{'engine':>12}{'ratio':>9}",
+        f"{'-' * 52}{'-' * 12:>12}{'-' * 12:>12}{'-' * 9:>9}",
+        f"{'one h2o replay (recent_window %d)' % r['recent_window']:<52}{r['reference_seconds'] * ms:>9.1f} ms"
+        f"{r['engine_seconds'] * ms:>9.1f} ms{r['speedup']:>8.0f}x",
+        f"{'  engine, first call in a process (numba init, top-k)':<52}{'':>12}{r['engine_first_call_seconds'] * ms:>9.1f} ms",
+        f"{'sweep recent_window 1..255 (%d configs)' % s['configurations']:<52}{s['reference_seconds']:>10.1f} s"
+        f"{s['engine_seconds']:>10.2f} s{s['speedup']:>8.0f}x",
+        f"  reference: {ref_note}",
+        "",
+        f"whole process: {c['command']}",
+        f"  warm caches                    {c['warm_seconds']:6.2f} s   {c['speedup_vs_reference_sweep']:.0f}x the "
+        "reference sweep alone (start-up and trace not counted for the reference)",
+        f"  empty trace cache              {c['cold_trace_cache_seconds']:6.2f} s   (generates and caches the trace)",
+        f"  nothing cached (after install) {c['first_run_after_install_seconds']:6.2f} s   (numba compiles; once)",
+        "",
+        f"memory: trace {m['trace_mb']:.1f} MB; engine sweep peak allocation {m['engine_peak_mb']:.1f} MB "
+        f"({m['engine_peak_share_of_trace']:.0%} of the trace); CLI process peak RSS "
+        + (f"{c['peak_rss_mb']:.0f} MB, against {c['baseline_peak_rss_mb']:.0f} MB for the same command on a "
+           "64-step trace (interpreter, numpy, numba/LLVM)" if c["peak_rss_mb"] else "n/a (no /proc)"),
+        "",
+        f"scaling (engine, {doc['scaling'][0]['configurations']} recent_windows each):",
+        f"  {'steps':>6} {'budget':>7} {'seconds':>9} {'kept slot-steps':>16} {'ns per kept slot-step':>22}",
+        *(f"  {x['steps']:>6} {x['budget']:>7} {x['seconds']:>9.3f} {x['kept_slot_steps']:>16,} "
+          f"{x['ns_per_kept_slot_step']:>22.2f}"
+          for x in doc["scaling"]),
+        "",
+        "targets: " + ", ".join(f"{k} {'PASS' if v else 'FAIL'}" for k, v in doc["targets"].items()),
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kvsim bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
+    parser.add_argument("--full-reference", action="store_true", help="replay all 255 windows on the reference path")
+    args = parser.parse_args(argv)
+    say = None if args.json else (lambda m: print(f"bench: {m} ...", file=sys.stderr, flush=True))
+    doc = run(full_reference=args.full_reference, progress=say)
+    print(json.dumps(doc, indent=2) if args.json else render(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
