@@ -392,8 +392,8 @@ def recent_window_curve(
     _annotate_story(fig, df, references, default=default, band=band, policy=policy)
     fig.update_xaxes(title_text="recent_window", row=2, col=1)
     fig.update_layout(
-        height=640, margin=dict(l=60, r=20, t=40, b=40), hovermode="closest", dragmode="select",
-        legend=dict(orientation="h", yanchor="top", y=-0.1, x=0), clickmode="event+select",
+        height=640, margin=dict(l=60, r=20, t=40, b=40), hovermode="closest",
+        legend=dict(orientation="h", yanchor="top", y=-0.1, x=0),
     )
     return fig
 
@@ -494,7 +494,7 @@ def trace_matrix(trace: Trace, features: TraceFeatures, size: int = 1024) -> go.
                 hovertemplate="heavy hitter at position %{x}<extra></extra>",
             )
         )
-    note = dict(showarrow=True, arrowhead=2, bgcolor="rgba(255,255,255,0.85)", font=dict(size=12))
+    note = dict(showarrow=True, arrowhead=2, bgcolor="rgba(255,255,255,0.85)", font=dict(size=12, color="#222"))
     if features.sinks:
         fig.add_annotation(x=0, y=0.8 * T, ax=60, ay=0, text=f"sinks (positions 0-{features.sinks - 1})", **note)
     if features.band:
