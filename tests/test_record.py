@@ -1,0 +1,155 @@
+"""The recorder: its row arithmetic (always), that the core never imports torch (always), and a real
+run of Gemma-3-270M through ``python -m kvsim record`` on a few dozen tokens (needs the optional
+extra, ``pip install -r requirements-record.txt``; skipped, with that reason, only when torch is not
+importable)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kvsim.record as rec
+from kvsim import cli
+from kvsim.record import RecordError, kv_head_rows
+from kvsim.trace import load_npz, unpack_lower
+
+# written for this test (no licence question): about 60 tokens of prose
+TEXT = (
+    "A cache that holds every token grows without bound, so a serving stack keeps only some of them. "
+    "Which ones? The first few tokens soak up attention that has nowhere better to go, the last few carry "
+    "the local context, and a handful in between matter again and again."
+)
+STEPS = 40  # the text has more tokens than this, so the recorder's truncation is exercised too
+
+
+def _softmax_like(heads: int, n: int, seed: int = 0) -> np.ndarray:
+    """Causal rows over 0 .. t (the diagonal included), each summing to 1, as a model returns them."""
+    rng = np.random.default_rng(seed)
+    a = np.tril(rng.random((heads, n, n)) + 1e-3)
+    return a / a.sum(axis=2, keepdims=True)
+
+
+# --- the row arithmetic, DOMAIN.md section 3 --------------------------------------------------
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_kv_head_rows_mean_of_the_group_then_renormalised_without_the_diagonal(kv_heads):
+    softmax = _softmax_like(4, 12)
+    out = kv_head_rows(softmax, kv_heads)
+    assert len(out) == kv_heads
+    group = 4 // kv_heads
+    for h, rows in enumerate(out):
+        mean = softmax[h * group : (h + 1) * group].mean(axis=0)
+        assert np.all(rows[0] == 0)
+        for t in range(1, 12):
+            np.testing.assert_allclose(rows[t, :t], mean[t, :t] / mean[t, :t].sum(), rtol=1e-12)
+            assert np.all(rows[t, t:] == 0)  # the query's own weight and the future are gone
+
+
+def test_kv_head_rows_refuses_an_uneven_grouping():
+    with pytest.raises(RecordError, match="4 query heads cannot be shared evenly by 3 KV heads"):
+        kv_head_rows(_softmax_like(4, 5), 3)
+
+
+def test_kv_head_rows_refuses_a_row_with_nothing_before_the_diagonal():
+    softmax = _softmax_like(2, 6)
+    softmax[:, 3] = 0.0
+    softmax[:, 3, 3] = 1.0  # all of step 3's attention on itself
+    with pytest.raises(RecordError, match="step 3 puts all its attention on itself"):
+        kv_head_rows(softmax, 1)
+
+
+# --- the extra stays optional -----------------------------------------------------------------
+
+
+def test_core_cli_and_recorder_module_never_import_torch():
+    code = (
+        "import sys, kvsim, kvsim.cli, kvsim.catalog, kvsim.record; kvsim.cli.build_parser(); "
+        "bad = [m for m in ('torch', 'transformers', 'gguf') if m in sys.modules]; "
+        "print(','.join(bad)); sys.exit(1 if bad else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"imported at start-up: {done.stdout.strip()} {done.stderr[-500:]}"
+
+
+def test_cli_record_without_the_extra_says_so_in_one_line(monkeypatch, capsys, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    # listed first, so it is the one reported whether or not the real extra is installed
+    monkeypatch.setattr(rec, "_EXTRA", {"kvsim_test_absent_module": "kvsim-test-absent-package", **rec._EXTRA})
+    assert cli.main(["record", str(text), "--out", str(tmp_path / "out")]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1
+    assert "kvsim-test-absent-package is not installed" in err and "pip install -r requirements-record.txt" in err
+    assert not (tmp_path / "out").exists()
+
+
+# --- the real model -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not importable: the recorder's extra is not installed (pip install -r requirements-record.txt)")
+    work = tmp_path_factory.mktemp("record")
+    text = work / "text.txt"
+    text.write_text(TEXT)
+    cmd = [sys.executable, "-m", "kvsim", "record", str(text), "--out", str(work / "out"), "--steps", str(STEPS),
+           "--source", "kvsim's test suite", "--licence", "written for the test", "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout), done.stderr, work / "out"
+
+
+@pytest.mark.record
+def test_record_writes_one_packed_float16_trace_per_global_layer(recorded):
+    doc, stderr, out = recorded
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["gemma3-270m-L05.npz", "gemma3-270m-L11.npz", "gemma3-270m-L17.npz"]
+    assert sorted(f["path"].rsplit("/", 1)[-1] for f in doc["files"]) == names
+    assert "forward pass" in stderr and "wrote" in stderr  # progress went to stderr, not stdout
+    for name in names:
+        with np.load(out / name, allow_pickle=False) as z:
+            assert sorted(z.files) == ["attention_packed", "meta", "steps"]
+            assert int(z["steps"]) == STEPS
+            packed = z["attention_packed"]
+        assert packed.dtype == np.float16 and packed.shape == (STEPS * (STEPS + 1) // 2,)
+        # the rows as written, before the loader renormalises: finite, non-negative, summing to 1
+        # up to float16 rounding
+        raw = unpack_lower(packed, STEPS).astype(np.float64)
+        assert np.all(np.isfinite(raw)) and np.all(raw >= 0)
+        np.testing.assert_allclose(raw[1:].sum(axis=1), 1.0, atol=3e-3)
+        assert raw[1, 0] == 1.0  # step 1 has only position 0 to attend to
+
+
+@pytest.mark.record
+def test_record_meta_names_the_text_the_model_and_the_layer(recorded):
+    _, _, out = recorded
+    for layer in (5, 11, 17):
+        trace = load_npz(out / f"gemma3-270m-L{layer:02d}.npz")
+        m = trace.meta
+        assert trace.name == f"gemma3-270m-L{layer:02d}" and trace.steps == STEPS
+        assert m["layer"] == layer and m["head"] == 0 and m["query_heads"] == [0, 1, 2, 3]
+        assert m["source"] == "kvsim's test suite" and m["licence"] == "written for the test"
+        assert "gemma-3-270m" in m["model"] and "Gemma Terms of Use" in m["model_licence"]
+        assert m["attention"].startswith("global")
+        assert len(m["tokens"]) == STEPS + 1 and m["tokens"][0] == "<bos>"
+        assert TEXT.startswith("".join(m["tokens"][1:]))  # the positions are the text's own tokens
+
+
+@pytest.mark.record
+def test_record_global_layers_sink_on_position_0(recorded):
+    _, _, out = recorded
+    for layer in (5, 11, 17):
+        a = load_npz(out / f"gemma3-270m-L{layer:02d}.npz").attention.astype(np.float64)
+        rows = a[8:]  # steps with a few earlier positions to choose from
+        share = rows[:, 0].mean()
+        assert share > 0.3, f"layer {layer}: position 0 holds {share:.3f} of each row"
+        top = np.mean(rows.argmax(axis=1) == 0)
+        assert top > 0.5, f"layer {layer}: position 0 is the heaviest position in only {top:.0%} of the rows"
