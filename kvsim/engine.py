@@ -16,6 +16,8 @@ Exactness, the reference's rules restated where the engine relies on them:
 - an h2o score gains ``float64(observed)``; the new position is admitted with score 0;
 - eviction (at most one victim per step under the harness) is the first minimum over
   ``kept[:len - recent_window]``, so equal scores evict the lower position;
+- a scissorhands vote is ``float32(observed) > float32(1 / n)`` (n = positions held before the
+  step); a row of zeros gives no vote but still advances its history window;
 - top-k recall counts ``kept`` against the k largest weights of the row (lower position first on
   ties, ``Trace.topk_mask``) and divides by ``min(k, t)``; the means are numpy's, over the series.
 
@@ -34,7 +36,7 @@ from .replay import DEFAULT_TOP_K, ReplayResult, replay
 from .trace import Trace
 
 #: policies the engine replays itself; every other registered policy goes through the reference
-FAST_POLICIES = ("sliding_window", "streaming_llm", "h2o")
+FAST_POLICIES = ("sliding_window", "streaming_llm", "h2o", "scissorhands")
 #: steps per kernel call: the granularity of ``progress`` reports
 _CHUNK = 256
 #: configurations per pass of a sweep. The per-step series (16 bytes per configuration and step)
@@ -136,6 +138,80 @@ def _h2o_steps(A, topk, t0, t1, budgets, windows, pos, score, length, mass, reca
                 for i in range(best, n - 1):
                     p_c[i] = p_c[i + 1]
                     s_c[i] = s_c[i + 1]
+                n -= 1
+            length[c] = n
+            if c == 0 and rec_kept:
+                for i in range(n):
+                    kept_hist[t - 1, i] = p_c[i]
+
+
+@njit(cache=True)
+def _scissorhands_steps(A, topk, t0, t1, budgets, windows, histories, pos, votes, length, observed,
+                        ring, ring_len, mass, recall, stamp, gather, kept_hist, score_hist, score_pos, victims):
+    """Steps t0 .. t1-1 of scissorhands for every configuration c (budget ``budgets[c]``, recent
+    window ``windows[c]``, history window ``histories[c]``, 0 for the whole run). Vote counts live
+    by position (``votes[c, p]``), so eviction shifts positions only; with a history window,
+    ``ring[c, j]`` lists the voters of the j-th observed step (mod the window), so the vote that
+    leaves the window is taken back in O(voters)."""
+    k = topk.shape[1]
+    n_cfg = budgets.shape[0]
+    rec_kept = kept_hist.shape[0] > 0
+    rec_scores = score_hist.shape[0] > 0
+    rec_victims = victims.shape[0] > 0
+    for t in range(t0, t1):
+        _mark_topk(topk, t, stamp)
+        denom = min(k, t)
+        row = A[t]
+        for c in range(n_cfg):
+            n = length[c]
+            p_c = pos[c]
+            v_c = votes[c]
+            total = 0.0
+            hits = 0
+            for i in range(n):
+                p = p_c[i]
+                w = np.float64(row[p])
+                gather[i] = w
+                total += w
+                if stamp[p] == t:
+                    hits += 1
+            mass[c, t - 1] = total
+            recall[c, t - 1] = hits / denom
+            h = histories[c]
+            if h > 0:  # the oldest observed step in the window takes its votes back
+                col = observed[c] % h
+                for j in range(ring_len[c, col]):
+                    v_c[ring[c, col, j]] -= 1
+                ring_len[c, col] = 0
+            if total > 0:  # a row of zeros is shown as zeros: nobody beats the fair share
+                share = np.float32(1.0 / n)
+                for i in range(n):
+                    if np.float32(gather[i] / total) > share:
+                        p = p_c[i]
+                        v_c[p] += 1
+                        if h > 0:
+                            ring[c, col, ring_len[c, col]] = p
+                            ring_len[c, col] += 1
+            observed[c] += 1
+            p_c[n] = t
+            v_c[t] = 0
+            n += 1
+            if c == 0 and rec_scores:
+                for i in range(n):
+                    score_hist[t - 1, i] = v_c[p_c[i]]
+                    score_pos[t - 1, i] = p_c[i]
+            if n > budgets[c]:
+                evictable = n - windows[c]
+                best = 0
+                low = v_c[p_c[0]]
+                for i in range(1, evictable):
+                    if v_c[p_c[i]] < low:  # strict: the first minimum, the lower position
+                        low = v_c[p_c[i]]
+                        best = i
+                if c == 0 and rec_victims:
+                    victims[t - 1] = p_c[best]
+                for i in range(best, n - 1):
+                    p_c[i] = p_c[i + 1]
                 n -= 1
             length[c] = n
             if c == 0 and rec_kept:
@@ -257,6 +333,27 @@ def _run(trace: Trace, policy: str, budgets, params: list[dict], top_k: int, pro
         for t0, t1 in _chunks(T, progress):
             _h2o_steps(A, topk, t0, t1, budgets, windows, pos, score, length, mass, recall, stamp, gather,
                        kept_hist, score_hist, score_pos, victims)
+        records.update(score_history=score_hist, score_positions=score_pos, victims=victims)
+    elif policy == "scissorhands":
+        windows = np.array([p["recent_window"] for p in params], dtype=np.int64)
+        histories = np.array([p["history_window"] for p in params], dtype=np.int64)
+        width = int(budgets.max()) + 1
+        pos = np.zeros((n_cfg, width), dtype=np.int32)
+        votes = np.zeros((n_cfg, T + 1), dtype=np.int64)  # by position: eviction moves positions only
+        length = np.ones(n_cfg, dtype=np.int64)
+        observed = np.zeros(n_cfg, dtype=np.int64)  # steps with attention: the history window's clock
+        # voters of each observed step in the window, O(configs x history_window x budget) int32;
+        # a step's voters are among the n <= budget positions held, so `width` entries suffice
+        h = int(histories.max())
+        ring = np.zeros((n_cfg, max(1, h), width if h else 1), dtype=np.int32)
+        ring_len = np.zeros(ring.shape[:2], dtype=np.int64)
+        gather = np.empty(width, dtype=np.float64)
+        score_hist = np.full((T, b0 + 1), np.nan) if record else _none(np.float64, 2)
+        score_pos = np.full((T, b0 + 1), -1, dtype=np.int32) if record else _none(np.int32, 2)
+        victims = np.full(T, -1, dtype=np.int64) if record else _none(np.int64, 1)
+        for t0, t1 in _chunks(T, progress):
+            _scissorhands_steps(A, topk, t0, t1, budgets, windows, histories, pos, votes, length, observed,
+                                ring, ring_len, mass, recall, stamp, gather, kept_hist, score_hist, score_pos, victims)
         records.update(score_history=score_hist, score_positions=score_pos, victims=victims)
     else:
         sinks = np.array([p.get("sinks", 0) for p in params], dtype=np.int64)

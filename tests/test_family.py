@@ -283,3 +283,43 @@ def test_upper_bound_summary_recall_is_what_budget_positions_can_hold():
     assert s["top_k_recall"] == pytest.approx(np.mean(np.minimum(2, want) / want))
     assert s["retained_mass"] == pytest.approx(upper_bound_series(tr, 2).mean())
     assert upper_bound_summary(tr, budget=4, top_k=4)["top_k_recall"] == 1.0
+
+
+# --- the fast engine's scissorhands path ---------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    steps=st.integers(1, 40),
+    budget=st.integers(1, 8),
+    history_window=st.sampled_from([0, 1, 2, 5, 100]),
+    zero_share=st.sampled_from([0.0, 0.5, 0.95]),
+    data=st.data(),
+)
+def test_fast_scissorhands_is_the_reference_bit_for_bit(seed, steps, budget, history_window, zero_share, data):
+    from kvsim.engine import replay_fast
+
+    recent_window = data.draw(st.integers(0, budget - 1))
+    tr = random_trace(np.random.default_rng(seed), steps, zero_share)
+    kw = dict(budget=budget, recent_window=recent_window, history_window=history_window,
+              record_kept=True, record_scores=True, record_victims=True)
+    ref = kvsim.replay(tr, "scissorhands", **kw)
+    fast = replay_fast(tr, "scissorhands", **kw)
+    np.testing.assert_array_equal(fast.retained_mass_series, ref.retained_mass_series)
+    np.testing.assert_array_equal(fast.top_k_recall_series, ref.top_k_recall_series)
+    np.testing.assert_array_equal(fast.kept_history, ref.kept_history)
+    np.testing.assert_array_equal(fast.score_history, ref.score_history)
+    np.testing.assert_array_equal(fast.score_positions, ref.score_positions)
+    assert fast.victims_history == ref.victims_history
+
+
+def test_fast_scissorhands_sweep_matches_the_reference_on_the_canonical_shape():
+    from kvsim import engine
+
+    tr = kvsim.generate_canonical(kvsim.CanonicalConfig(steps=700))
+    assert "scissorhands" in engine.FAST_POLICIES
+    rows = engine.sweep(tr, "scissorhands", 64, "history_window", [0, 16, 128], recent_window=16)
+    for row in rows:
+        ref = kvsim.replay(tr, "scissorhands", budget=64, recent_window=16, history_window=row["history_window"])
+        assert row["retained_mass"] == ref.retained_mass and row["top_k_recall"] == ref.top_k_recall
