@@ -246,3 +246,24 @@ def test_unwritable_cache_generates_in_memory(tmp_path, monkeypatch):
     trace = cache.canonical_trace(SMALL)
     assert np.array_equal(trace.attention, canonical.generate(SMALL).attention)
     assert blocker.read_text() == "not a directory"
+
+
+# --- the benchmark's process runner -------------------------------------------------------------
+
+
+def test_bench_times_a_whole_cli_process(tmp_path, monkeypatch):
+    from kvsim import bench
+    from kvsim.trace import load_npz, save_npz
+
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "small.npz"
+    save_npz(canonical.generate(SMALL), path)
+    args = ["sweep", "--trace", str(path), "--policy", "h2o", "--budget", "16", "--recent-window", "1:15", "--json"]
+    run = bench._cli_run({}, args)
+    assert run["rows"] == 15 and run["seconds"] > 0
+    rows = engine.sweep(load_npz(path), "h2o", 16, "recent_window", range(1, 16))
+    assert run["best_recent_window"] == max(rows, key=lambda r: r["retained_mass"])["recent_window"]
+    assert run["peak_rss_mb"] is None or 10 < run["peak_rss_mb"] < 4096
+    with pytest.raises(RuntimeError, match="recent_window"):
+        bench._cli_run({}, [*args[:-3], "--recent-window", "1:16", "--json"])
+    assert bench._sample(list(range(1, 256)), 16)[::15] == [1, 255]
