@@ -134,7 +134,8 @@ def load_npz(path, *, source: str | None = None) -> Trace:
                 raise TraceError(f"{src}: holds both '{FULL_KEY}' and '{PACKED_KEY}'; a trace file has one layout")
             if not has_full and not has_packed:
                 found = ", ".join(sorted(z.files)) or "nothing"
-                raise TraceError(f"{src}: missing key '{FULL_KEY}' (or '{PACKED_KEY}' and '{STEPS_KEY}'); found: {found}")
+                wanted = f"'{FULL_KEY}' (or '{PACKED_KEY}' and '{STEPS_KEY}')"
+                raise TraceError(f"{src}: missing key {wanted}; found: {found}")
             meta_header = _npy_header(z, members, META_KEY, src) if _has(members, META_KEY) else None
             if meta_header is not None:
                 _check_meta_header(meta_header, src)
@@ -281,7 +282,10 @@ def save_npz(trace: Trace, path: str | Path, dtype=np.float32, *, packed: bool =
     tmp = path.with_name(path.name + ".part")
     meta = {"name": trace.name, **trace.meta}
     if packed:
-        arrays = {PACKED_KEY: pack_lower(trace.attention).astype(dtype), STEPS_KEY: np.array(trace.steps, dtype=np.int64)}
+        arrays = {
+            PACKED_KEY: pack_lower(trace.attention).astype(dtype),
+            STEPS_KEY: np.array(trace.steps, dtype=np.int64),
+        }
     else:
         arrays = {FULL_KEY: trace.attention.astype(dtype)}
     with open(tmp, "wb") as f:

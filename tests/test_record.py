@@ -96,7 +96,8 @@ def test_cli_record_without_the_extra_says_so_in_one_line(monkeypatch, capsys, t
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     if importlib.util.find_spec("torch") is None:
-        pytest.skip("torch is not importable: the recorder's extra is not installed (pip install -r requirements-record.txt)")
+        pytest.skip("torch is not importable: the recorder's extra is not installed "
+                    "(pip install -r requirements-record.txt)")
     work = tmp_path_factory.mktemp("record")
     text = work / "text.txt"
     text.write_text(TEXT)

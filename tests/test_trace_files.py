@@ -271,7 +271,8 @@ def test_absurd_packed_length_is_refused_before_the_packed_data(tmp_path):
         calls.append(out.shape)
         return out
 
-    path = _zip(tmp_path / "huge.npz", {"attention_packed.npy": _header_only((10**12,)), "steps.npy": _npy(np.array(4))})
+    path = _zip(tmp_path / "huge.npz", {
+        "attention_packed.npy": _header_only((10**12,)), "steps.npy": _npy(np.array(4))})
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(np.lib.format, "read_array", spy)
         _refused(path, "must be 1-D with 10 values for 4 steps")
@@ -286,7 +287,8 @@ def test_absurd_steps_is_refused_before_the_packed_data(tmp_path):
 
 def test_absurd_meta_header_is_refused_unread(tmp_path, no_data_reads):
     chars = MAX_META_BYTES // 4 + 1  # unicode strings take 4 bytes a character
-    path = _zip(tmp_path / "meta.npz", {"attention.npy": _header_only((5, 5)), "meta.npy": _header_only((), f"<U{chars}")})
+    path = _zip(tmp_path / "meta.npz", {
+        "attention.npy": _header_only((5, 5)), "meta.npy": _header_only((), f"<U{chars}")})
     _refused(path, "meta declares", f"limit of {MAX_META_BYTES}")
 
 
@@ -321,7 +323,8 @@ def test_full_layout_still_loads_and_matches_packed(tmp_path):
     save_npz(trace, tmp_path / "packed.npz", packed=True)
     with np.load(tmp_path / "full.npz") as z:
         assert "attention" in z.files and z["attention"].shape == (31, 31)
-    np.testing.assert_array_equal(load_npz(tmp_path / "full.npz").attention, load_npz(tmp_path / "packed.npz").attention)
+    full, packed = load_npz(tmp_path / "full.npz"), load_npz(tmp_path / "packed.npz")
+    np.testing.assert_array_equal(full.attention, packed.attention)
 
 
 def test_pack_unpack_inverse():
