@@ -350,6 +350,7 @@ def kept_view(trace_key: str, trace: kvsim.Trace, budget: int, runs: list, featu
     results = replays(trace_key, trace, budget, runs)
     sources = [cached_kept_source(trace_key, n, budget, p, r) for (n, p), r in zip(runs, results)]
     step = int(st.session_state["step"])
+    info = cached_describe(trace_key, features.band, features.sinks, trace)
     st.markdown(
         "**Each panel is one policy's cache over the whole run.** Row *t* is what the cache holds after "
         "decode step *t*: a dark cell is a kept position, white was evicted, grey does not exist yet. "
@@ -358,16 +359,17 @@ def kept_view(trace_key: str, trace: kvsim.Trace, budget: int, runs: list, featu
     )
     sinks, band, heavy = st.columns(3)
     sinks.markdown(
-        f"**Sinks** (blue, positions 0-{features.sinks - 1}): the first tokens. A trained model sends a fixed "
-        "share of every row to them, whatever they say: a place to park attention it needs nowhere else."
+        f"**Sinks** (blue, positions 0-{features.sinks - 1}): the first tokens. Trained models send a steady "
+        "share of every row to them whatever they say, a place to park attention that is needed nowhere else; "
+        f"here they take {_fmt(info['sink_share'], '.2f')} of each row."
     )
     band.markdown(
-        f"**Recency band** (orange): the newest {features.band} positions. Most of each row's attention lands "
-        "here, so every policy must keep it."
+        f"**Recency band** (orange): the newest {features.band} positions, which take "
+        f"{_fmt(info['recent_share'], '.2f')} of each row here. A policy that loses them loses that attention."
     )
     heavy.markdown(
-        "**Heavy hitters** (red boxes, while they are live): old positions that draw a large share for a long "
-        f"stretch and then go stale; {features.heavy_source}."
+        f"**Heavy hitters** (red boxes{', while live' if features.live_known else ''}): older positions that "
+        f"draw a large share for a long stretch; {features.heavy_source}."
     )
     fig = figures.kept_heatmap(results, features, step=step, sources=sources)
     st.plotly_chart(fig, key="kept_chart", config={"scrollZoom": True})
@@ -421,6 +423,16 @@ because the window protects them. Move **step** in the sidebar to walk through t
         html_button(f"{name} scores at step {step} (HTML)", fig, f"{trace_key}-{name}-scores-{step}.html", f"html_score_{name}")
 
 
+WINDOW_TEXT = """
+**Why the recent window is load-bearing.** A new position starts with a score of zero, so {policy} must
+protect the newest positions or evict each one on arrival. On this trace the newest {band} positions take
+{share} of every row's attention. With a window narrower than that, positions a few dozen steps old still draw
+much of it, but they are unprotected and must compete on score against sinks and old heavy hitters whose
+totals have been growing all run long; they lose, and are evicted while still wanted. A window as wide as the
+band protects all of them.
+"""
+
+
 def curve_view(trace_key: str, trace: kvsim.Trace, budget: int, features) -> None:
     curve_policies = [n for n in kvsim.POLICIES if "recent_window" in policy_int_params(n)]
     if not curve_policies:
@@ -437,20 +449,8 @@ def curve_view(trace_key: str, trace: kvsim.Trace, budget: int, features) -> Non
             "policy on the curve", curve_policies, key="curve_policy_choice",
             on_change=lambda: st.session_state.update(curve_policy=st.session_state["curve_policy_choice"]),
         )
-        st.markdown(
-            f"""
-**Why the recent window is load-bearing.** On this trace the newest {features.band} positions take
-{info['recent_share']:.2f} of every row's attention. With a window narrower than that, positions a few
-dozen steps old still draw much of it, but they are unprotected and must compete on cumulative score
-against sinks and old heavy hitters whose totals have been growing for thousands of steps; they lose and
-are evicted while still wanted. Widening the window to the band protects all of them. Past the band the
-extra protected slots go to positions nobody looks at any more, taken from heavy hitters, so the curve
-stops rising.
-
-Each point is a full replay at budget {budget}. The lines are the policies that do not read attention.
-**Click a point** (or use the box below) to set recent_window everywhere.
-"""
-        )
+        explain = st.empty()  # filled once the sweep says what this trace does
+        explain.markdown(WINDOW_TEXT.format(policy=policy, band=features.band, share=_fmt(info["recent_share"], ".2f")))
         rw = int(st.session_state["recent_window"])
         if budget >= 2:
             st.session_state["rw_curve"] = min(max(1, rw), budget - 1)
@@ -482,9 +482,21 @@ Each point is a full replay at budget {budget}. The lines are the policies that 
         st.error(f"{problem}; its reference line is left out.")
     if not 1 <= rw <= budget - 1:
         st.error(f"recent_window {rw} is outside 1..{budget - 1} (it must be below the budget); no point is marked.")
+    peak, top = figures.curve_peak(rows)
+    if peak == features.band:
+        verdict = (f"On this trace the gain stops at {peak}, the band's width: past it the extra protected slots "
+                   "go to positions little looked at any more, taken from heavy hitters.")
+    else:
+        verdict = (f"On this trace retained mass peaks at recent_window {peak} ({top:.3f}), not at the band's "
+                   f"{features.band}: its attention is not one clean band, so read the curve rather than the rule.")
+    explain.markdown(
+        WINDOW_TEXT.format(policy=policy, band=features.band, share=_fmt(info["recent_share"], ".2f")) + "\n\n" + verdict
+        + f"\n\nEach point is a full replay at budget {budget}; the lines are policies that do not read attention. "
+        "**Click a point** (or use the box below) to set recent_window everywhere."
+    )
     fig = figures.recent_window_curve(
         rows, references, current=rw, default=policy_int_params(policy)["recent_window"], band=features.band,
-        top_k=TOP_K, policy=policy,
+        top_k=TOP_K, policy=policy, band_known=features.band_known,
     )
     with chart:
         st.plotly_chart(fig, key="curve", on_select=pick_from_curve, selection_mode=("points", "box"))
@@ -544,7 +556,7 @@ vertical stripes are heavy hitters, bright for a stretch and then fading into th
             "its attention spreads over (uniform over n gives n)."
         )
         name = trace.meta.get("name", trace.name) if isinstance(trace.meta, dict) else trace.name
-        st.caption(f"trace: {name}; heavy hitters are {features.heavy_source}.")
+        st.caption(f"trace: {name}. Heavy hitters: {features.heavy_source}.")
 
 
 def _fmt(value, spec: str = ".3f") -> str:

@@ -32,9 +32,12 @@ RECENT_COLOUR = "rgba(44, 160, 44, 0.9)"
 OTHER_COLOUR = "rgba(127, 127, 127, 0.75)"
 CURRENT_COLOUR = "#d62728"
 
-#: the four kinds of position the score view tells apart, in legend order
-CATEGORIES = ("sink", "heavy hitter (live)", "heavy hitter (stale)", "recent window", "other")
-CATEGORY_COLOURS = dict(zip(CATEGORIES, (SINK_COLOUR, HEAVY_COLOUR, STALE_COLOUR, RECENT_COLOUR, OTHER_COLOUR)))
+#: the kinds of position the score view tells apart, in legend order ("heavy hitter" alone: a trace
+#: that does not say when its heavy hitters go stale)
+CATEGORIES = ("sink", "heavy hitter (live)", "heavy hitter (stale)", "heavy hitter", "recent window", "other")
+CATEGORY_COLOURS = dict(
+    zip(CATEGORIES, (SINK_COLOUR, HEAVY_COLOUR, STALE_COLOUR, HEAVY_COLOUR, RECENT_COLOUR, OTHER_COLOUR))
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -50,6 +53,8 @@ class TraceFeatures:
     band: int  # the recency band: the newest ``band`` positions of each row
     heavy: tuple  # ((position, first step, last step), ...) of each heavy hitter
     heavy_source: str  # where ``heavy`` came from, said in the page
+    live_known: bool = False  # True when the trace says when each heavy hitter goes stale
+    band_known: bool = False  # True when the trace says how wide its band is (else ``band`` is assumed)
 
 
 def trace_features(trace: Trace, *, sinks: int = 4, band: int = 64, n_heavy: int = 8) -> TraceFeatures:
@@ -64,19 +69,24 @@ def trace_features(trace: Trace, *, sinks: int = 4, band: int = 64, n_heavy: int
     meta = trace.meta if isinstance(trace.meta, dict) else {}
     cfg = meta.get("config") if isinstance(meta.get("config"), dict) else {}
     sinks = _int_or(cfg.get("sinks"), sinks)
+    band_known = _int_or(cfg.get("band_width"), None) is not None
     band = _int_or(cfg.get("band_width"), band)
     epoch = _int_or(cfg.get("epoch"), None)
     listed = meta.get("heavy_hitters")
     if isinstance(listed, list) and listed and all(isinstance(p, int) and 0 <= p <= T for p in listed):
         heavy = tuple((p, p + 1, min(T, p + epoch) if epoch else T) for p in sorted(listed))
-        source = "listed in the trace's metadata"
+        source = "here, the ones the trace's metadata lists"
+        live_known = epoch is not None
     else:
         col = trace.attention.sum(axis=0, dtype=np.float64)
         col[: min(sinks, col.size)] = -np.inf
         top = np.argsort(-col, kind="stable")[: max(0, min(n_heavy, col.size - sinks))]
         heavy = tuple((int(p), int(p) + 1, T) for p in sorted(top.tolist()) if int(p) < T)
-        source = f"the {len(heavy)} positions with the most attention over the whole trace"
-    return TraceFeatures(steps=T, sinks=sinks, band=band, heavy=heavy, heavy_source=source)
+        source = f"here, the {len(heavy)} positions with the most attention over the whole trace"
+        live_known = False
+    return TraceFeatures(
+        steps=T, sinks=sinks, band=band, heavy=heavy, heavy_source=source, live_known=live_known, band_known=band_known
+    )
 
 
 def _int_or(value, default):
@@ -185,7 +195,8 @@ def _feature_shapes(fig: go.Figure, f: TraceFeatures, *, row: int, col: int, leg
     for j, (p, first, last) in enumerate(f.heavy):
         fig.add_shape(
             type="rect", x0=p - 0.5, x1=p + 0.5, y0=first - 0.5, y1=last + 0.5, line=dict(color=HEAVY_COLOUR, width=1.5),
-            name="heavy hitter, while live", showlegend=legend and j == 0, legendgroup="heavy", **common,
+            name="heavy hitter, while live" if f.live_known else "heavy hitter, from its birth",
+            showlegend=legend and j == 0, legendgroup="heavy", **common,
         )
     if step is not None:
         fig.add_shape(
@@ -228,7 +239,7 @@ def score_snapshot(result: ReplayResult, step: int, features: TraceFeatures) -> 
         elif protected[i]:
             category[i] = "recent window"
         elif p in live:
-            category[i] = "heavy hitter (live)"
+            category[i] = "heavy hitter (live)" if features.live_known else "heavy hitter"
         elif p in ever:
             category[i] = "heavy hitter (stale)"
     return pd.DataFrame({"position": pos, "score": score, "category": category, "evicted": evicted})
@@ -324,10 +335,12 @@ def recent_window_curve(
     band: int = 64,
     top_k: int = 32,
     policy: str = "h2o",
+    band_known: bool = True,
 ) -> go.Figure:
     """Retained mass (top) and top-k recall (bottom) of ``policy`` for every swept recent_window,
     with each reference policy as a horizontal line, markers at the shipped ``default`` and at the
-    trace's ``band``, and the ``current`` recent_window marked on both. The curve's points carry
+    trace's ``band`` (labelled as assumed unless ``band_known``), and the ``current`` recent_window
+    marked on both. The curve's points carry
     their recent_window as ``customdata`` so a selection can set it.
     """
     if not rows:
@@ -364,7 +377,7 @@ def recent_window_curve(
             )
         for mark, text, colour, symbol in (
             (default, f"shipped default ({default})", "#ff7f0e", "circle"),
-            (band, f"trace band ({band})", "#17becf", "square"),
+            (band, f"trace band ({band})" if band_known else f"{band} (assumed band)", "#17becf", "square"),
         ):
             hit = x == mark
             if hit.any():
@@ -398,14 +411,18 @@ def recent_window_curve(
     return fig
 
 
+def curve_peak(rows: Sequence[Mapping]) -> tuple[int, float]:
+    """``(recent_window, retained_mass)`` where the sweep keeps the most; the smallest such window."""
+    best = max(sorted(rows, key=lambda r: r["recent_window"]), key=lambda r: r["retained_mass"])
+    return int(best["recent_window"]), float(best["retained_mass"])
+
+
 def _annotate_story(fig, df: pd.DataFrame, references: Mapping, *, default: int, band: int, policy: str) -> None:
     """Say in words what the curve shows, computed from the data (never a fixed sentence)."""
-    mass = df["retained_mass"].to_numpy()
-    x = df["recent_window"].to_numpy()
-    peak = int(np.argmax(mass))  # first maximum: the smallest window reaching it
-    where = " = the trace's band: the gain saturates here" if int(x[peak]) == band else ""
+    peak, top = curve_peak(df.to_dict("records"))
+    where = " = the trace's band: the gain saturates here" if peak == band else ""
     fig.add_annotation(
-        x=int(x[peak]), y=float(mass[peak]), xref="x", yref="y", text=f"peak at {int(x[peak])}: {mass[peak]:.3f}{where}",
+        x=peak, y=top, xref="x", yref="y", text=f"peak at {peak}: {top:.3f}{where}",
         showarrow=True, arrowhead=2, ax=60, ay=-30, bgcolor="rgba(255,255,255,0.85)", xanchor="left",
         font=dict(size=13, color="#222"),
     )

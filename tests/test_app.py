@@ -83,6 +83,7 @@ def test_changing_recent_window_moves_the_curve_marker_and_the_heatmap():
     at = run(view="Choosing recent_window")
     (curve,) = charts(at)
     assert [t["x"] for t in named(curve, "current recent_window")] == [[32], [32]]
+    assert any("the gain stops at 64, the band's width" in m.value for m in at.markdown)
     widget(at, "number_input", "recent_window").set_value(64)
     at.run()
     assert problems(at) == []

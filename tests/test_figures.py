@@ -54,7 +54,7 @@ def test_features_of_the_canonical_trace_come_from_its_metadata(canonical):
     assert [p for p, _, _ in f.heavy] == sorted(canonical.meta["heavy_hitters"])
     p, first, last = f.heavy[0]
     assert (first, last) == (p + 1, p + 512)  # live for one epoch after birth
-    assert "metadata" in f.heavy_source
+    assert "metadata" in f.heavy_source and f.live_known and f.band_known
 
 
 def test_features_fall_back_to_top_cumulative_scorers(small):
@@ -63,7 +63,7 @@ def test_features_fall_back_to_top_cumulative_scorers(small):
     positions = [p for p, _, _ in f.heavy]
     assert 9 in positions and len(positions) == 3
     assert all(p >= 2 for p in positions)  # sinks are not heavy hitters
-    assert all(last == small.steps for _, _, last in f.heavy)
+    assert all(last == small.steps for _, _, last in f.heavy) and not f.live_known and not f.band_known
 
 
 def test_malformed_heavy_hitter_metadata_is_ignored(small):
@@ -99,6 +99,7 @@ def test_kept_heatmap_draws_every_policy_at_full_resolution_with_shapes(canonica
     assert names.count("sinks (positions 0-3)") == 3
     assert names.count("recency band (64 newest positions)") == 3
     assert names.count("heavy hitter, while live") == 3 * len(f.heavy)
+    assert set(names) == {"sinks (positions 0-3)", "recency band (64 newest positions)", "heavy hitter, while live", "step 1000"}
     assert names.count("step 1000") == 3
     titles = " ".join(a.text for a in fig.layout.annotations)
     assert "streaming_llm (sinks=4)" in titles and f"{story[1].retained_mass:.3f}" in titles
@@ -193,6 +194,8 @@ def test_curve_says_so_when_the_default_is_not_worse():
     text = " ".join(a.text for a in fig.layout.annotations)
     assert "at least as much as" in text and "saturates" not in text
     assert not any((t.name or "").startswith("current") for t in fig.data)
+    unknown = figures.recent_window_curve(rows, refs, current=None, default=2, band=1, band_known=False)
+    assert any(t.name == "1 (assumed band)" for t in unknown.data)
 
 
 def test_canonical_curve_tells_the_cards_story(canonical, story):
