@@ -193,18 +193,27 @@ def run(full_reference: bool = False, progress=None) -> dict:
         "bench_process_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
-    # 5. scaling
-    scaling = []
+    # 5. scaling: rounds over the four sizes, best of each, so a burst of load elsewhere on the
+    # machine does not land on one size only
+    say("scaling: 2 trace lengths x 2 budgets, 5 rounds")
+    traces = {}
     for steps in SCALING_STEPS:
         t = trace if steps == trace.steps else cache.canonical_trace(canonical.CanonicalConfig(steps=steps))
-        engine.topk_positions(t, 32)  # the per-trace top-k, O(T^2 log), is outside the sweep's cost model
-        for budget in SCALING_BUDGETS:
-            say(f"scaling: {steps} steps, budget {budget}")
-            s, _ = _timed(lambda t=t, b=budget: engine.sweep(t, "h2o", b, "recent_window", SCALING_WINDOWS), repeat=3)
-            # the work: every configuration touches each kept slot once per step, min(t, budget) of them
-            slots = int(np.minimum(np.arange(1, steps + 1), budget).sum()) * len(SCALING_WINDOWS)
-            scaling.append({"steps": steps, "budget": budget, "configurations": len(SCALING_WINDOWS), "seconds": s,
-                            "kept_slot_steps": slots, "ns_per_kept_slot_step": s / slots * 1e9})
+        engine.topk_positions(t, 32)  # the per-trace top-k is outside the sweep's cost model
+        traces[steps] = t
+    sizes = [(steps, budget) for steps in SCALING_STEPS for budget in SCALING_BUDGETS]
+    best = dict.fromkeys(sizes, float("inf"))
+    for _ in range(5):
+        for steps, budget in sizes:
+            s, _ = _timed(lambda t=traces[steps], b=budget: engine.sweep(t, "h2o", b, "recent_window", SCALING_WINDOWS))
+            best[steps, budget] = min(best[steps, budget], s)
+    scaling = []
+    for steps, budget in sizes:
+        # the work: every configuration touches each kept slot once per step, min(t, budget) of them
+        slots = int(np.minimum(np.arange(1, steps + 1), budget).sum()) * len(SCALING_WINDOWS)
+        s = best[steps, budget]
+        scaling.append({"steps": steps, "budget": budget, "configurations": len(SCALING_WINDOWS), "seconds": s,
+                        "kept_slot_steps": slots, "ns_per_kept_slot_step": s / slots * 1e9})
     doc["scaling"] = scaling
 
     doc["targets"] = {
