@@ -13,9 +13,9 @@ Public API (no import side effects)::
 
 from .cache import canonical_trace
 from .canonical import CanonicalConfig
+from .canonical import generate as generate_canonical
 from .catalog import available_traces, resolve_trace
 from .metrics import describe
-from .canonical import generate as generate_canonical
 from .policies import DEFAULT_BUDGET, POLICIES, Policy, make_policy, policy_params, register
 from .replay import DEFAULT_TOP_K, ContractError, ReplayResult, replay
 from .sweep import sweep

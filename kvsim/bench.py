@@ -237,10 +237,10 @@ def render(doc: dict) -> str:
         "",
         f"{'what':<52}{'reference':>12}{'engine':>12}{'ratio':>9}",
         f"{'-' * 52}{'-' * 12:>12}{'-' * 12:>12}{'-' * 9:>9}",
-        f"{'one h2o replay (recent_window %d)' % r['recent_window']:<52}{r['reference_seconds'] * ms:>9.1f} ms"
+        f"{'one h2o replay (recent_window ' + str(r['recent_window']) + ')':<52}{r['reference_seconds'] * ms:>9.1f} ms"
         f"{r['engine_seconds'] * ms:>9.1f} ms{r['speedup']:>8.0f}x",
         f"{'  engine, first call in a process (numba init, top-k)':<52}{'':>12}{r['engine_first_call_seconds'] * ms:>9.1f} ms",
-        f"{'sweep recent_window 1..255 (%d configs)' % s['configurations']:<52}{s['reference_seconds']:>10.1f} s"
+        f"{'sweep recent_window 1..255 (' + str(s['configurations']) + ' configs)':<52}{s['reference_seconds']:>10.1f} s"
         f"{s['engine_seconds']:>10.2f} s{s['speedup']:>8.0f}x",
         f"  reference: {ref_note}",
         "",

@@ -64,7 +64,7 @@ def generate(config: CanonicalConfig = CanonicalConfig(), chunk: int = 256) -> T
         lo = max(c.sinks, start + 1)
         born = np.sort(rng.choice(np.arange(lo, min(lo + c.heavy_birth_span, n)), c.heavy_per_epoch, replace=False))
         w = rng.dirichlet(np.full(c.heavy_per_epoch, 8.0))
-        heavy += [(int(p), float(wi), int(p) + 1, int(p) + c.epoch) for p, wi in zip(born, w)]
+        heavy += [(int(p), float(wi), int(p) + 1, int(p) + c.epoch) for p, wi in zip(born, w, strict=True)]
     heavy_pos = np.array([h[0] for h in heavy])
     heavy_w = np.array([h[1] for h in heavy])
     heavy_first = np.array([h[2] for h in heavy])

@@ -255,9 +255,8 @@ def step_table(step: LabStep) -> pd.DataFrame:
     t = step.t
     data: dict[str, list] = {"position": list(range(t + 1)), "weight": [*step.row.tolist(), None]}
     for side in step.sides:
-        seen = dict(zip(side.kept.tolist(), [] if side.observed is None else side.observed.tolist()))
-        scored = dict(zip([] if side.score_positions is None else side.score_positions.tolist(),
-                          [] if side.scores is None else side.scores.tolist()))
+        seen = {} if side.observed is None else dict(zip(side.kept.tolist(), side.observed.tolist(), strict=True))
+        scored = {} if side.scores is None else dict(zip(side.score_positions.tolist(), side.scores.tolist(), strict=True))
         data[f"{side.label}: state"] = [_state(side, p, t) for p in range(t + 1)]
         if side.observed is not None:
             data[f"{side.label}: shown"] = [seen.get(p) for p in range(t + 1)]
@@ -302,7 +301,7 @@ def step_figure(step: LabStep, side: int) -> go.Figure:
         hovertemplate=f"position {t}: admitted this step<extra></extra>",
     )
     if s.scores is not None:
-        at = dict(zip(s.score_positions.tolist(), s.scores.tolist()))
+        at = dict(zip(s.score_positions.tolist(), s.scores.tolist(), strict=True))
         xs = [p for p in range(t + 1) if p in at]
         ys = [step.row[p] if p < t else 0.0 for p in xs]
         fig.add_scatter(

@@ -3,8 +3,6 @@ for bit; and the on-disk cache of the canonical trace."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -125,7 +123,7 @@ def canonical_trace():
 def test_canonical_windows_bit_identical(canonical_trace):
     windows = [1, 32, 64, 255]
     swept = engine.sweep(canonical_trace, "h2o", 256, "recent_window", windows)
-    for w, row in zip(windows, swept):
+    for w, row in zip(windows, swept, strict=True):
         ref = replay(canonical_trace, "h2o", budget=256, recent_window=w)
         fast = engine.replay_fast(canonical_trace, "h2o", 256, recent_window=w)
         assert row == ref.summary() == fast.summary()
