@@ -19,6 +19,7 @@ import kvsim
 from kvsim import figures, lab
 from kvsim.catalog import CANONICAL, available_traces, resolve_trace
 from kvsim.metrics import describe
+from kvsim.policies.oracle import upper_bound_summary
 
 try:  # the fast engine gives the same results; the reference stays the fallback
     from kvsim.engine import replay_fast as _replay
@@ -35,6 +36,8 @@ APP_BUDGET = 256
 #: the largest value any count control takes (the trace loader's own limit on steps)
 MAX_VALUE = 16384
 STORY_POLICIES = ("sliding_window", "streaming_llm", "h2o")
+#: the per-step upper bound's line on the curve: not a policy, so not in the registry
+UPPER_BOUND = "upper bound (offline reference)"
 TABS = ("Kept positions", "Cumulative scores", "Choosing recent_window", "The trace", "Policy lab")
 
 
@@ -176,6 +179,11 @@ def cached_trace_matrix(trace_key: str, _trace: kvsim.Trace, _features: figures.
     return figures.trace_matrix(_trace, _features)
 
 
+@st.cache_resource(max_entries=8, show_spinner="computing the upper bound")
+def cached_upper_bound(trace_key: str, budget: int, _trace: kvsim.Trace) -> dict:
+    return upper_bound_summary(_trace, budget, TOP_K)
+
+
 @st.cache_resource
 def sweep_store() -> dict:
     """Finished sweeps by (trace, policy, budget, fixed params). A plain dict rather than
@@ -208,10 +216,12 @@ def params_for(name: str) -> dict[str, int]:
     return {k: int(st.session_state[k]) for k in policy_int_params(name)}
 
 
-def check(name: str, budget: int, params: dict) -> str | None:
+def check(name: str, budget: int, params: dict, trace: kvsim.Trace) -> str | None:
     """The policy's own refusal of these settings (recent_window >= budget, ...), or None."""
+    # an offline reference is built with the trace it reads, as replay builds it
+    extra = {"trace": trace} if kvsim.POLICIES[name].needs_trace else {}
     try:
-        kvsim.make_policy(name, budget=budget, **params)
+        kvsim.make_policy(name, budget=budget, **params, **extra)
     except ValueError as e:
         return f"{name}: {e}"
     return None
@@ -306,7 +316,7 @@ def main() -> None:
     runs, problems = [], []
     for name in st.session_state["policies"]:
         params = params_for(name)
-        problem = check(name, budget, params)
+        problem = check(name, budget, params, trace)
         if problem:
             problems.append(problem)
         else:
@@ -348,7 +358,7 @@ def kept_view(trace_key: str, trace: kvsim.Trace, budget: int, runs: list, featu
         st.info("Choose at least one policy (with valid settings) in the sidebar.")
         return
     results = replays(trace_key, trace, budget, runs)
-    sources = [cached_kept_source(trace_key, n, budget, p, r) for (n, p), r in zip(runs, results)]
+    sources = [cached_kept_source(trace_key, n, budget, p, r) for (n, p), r in zip(runs, results, strict=True)]
     step = int(st.session_state["step"])
     info = cached_describe(trace_key, features.band, features.sinks, trace)
     st.markdown(
@@ -417,7 +427,7 @@ because the window protects them. Move **step** in the sidebar to walk through t
         st.info(f"None of the chosen policies keeps a score. Add one of: {names}.")
         return
     step = int(st.session_state["step"])
-    for (name, params), result in zip(scoring, replays(trace_key, trace, budget, scoring)):
+    for (name, _), result in zip(scoring, replays(trace_key, trace, budget, scoring), strict=True):
         fig = figures.score_distribution(result, step, features)
         st.plotly_chart(fig, key=f"score_{name}")
         html_button(f"{name} scores at step {step} (HTML)", fig, f"{trace_key}-{name}-scores-{step}.html", f"html_score_{name}")
@@ -446,10 +456,11 @@ def curve_view(trace_key: str, trace: kvsim.Trace, budget: int, features) -> Non
         # widget state is dropped while its tab is closed, so the lasting value lives under another key
         st.session_state["curve_policy_choice"] = st.session_state["curve_policy"]
         policy = st.selectbox(
-            "policy on the curve", curve_policies, key="curve_policy_choice",
+            "policy the markers follow", curve_policies, key="curve_policy_choice",
+            help="every policy with a recent_window is drawn; this one carries the markers and the notes",
             on_change=lambda: st.session_state.update(curve_policy=st.session_state["curve_policy_choice"]),
         )
-        explain = st.empty()  # filled once the sweep says what this trace does
+        explain = st.empty()  # filled once the sweeps say what this trace does
         explain.markdown(WINDOW_TEXT.format(policy=policy, band=features.band, share=_fmt(info["recent_share"], ".2f")))
         rw = int(st.session_state["recent_window"])
         if budget >= 2:
@@ -461,59 +472,117 @@ def curve_view(trace_key: str, trace: kvsim.Trace, budget: int, features) -> Non
     if budget < 2:
         st.error(f"the curve needs a budget of at least 2 (recent_window runs from 1 to budget - 1); budget is {budget}.")
         return
-    fixed = {k: v for k, v in params_for(policy).items() if k != "recent_window"}
-    problem = check(policy, budget, {"recent_window": 1, **fixed})
-    if problem:
-        st.error(f"{problem}. Change the setting in the sidebar to draw the curve.")
-        return
-    rows = sweep_rows(trace_key, trace, policy, budget, fixed)
-    references, ref_problems = {}, []
-    for name in ("sliding_window", "streaming_llm"):
-        if name not in kvsim.POLICIES:
-            continue
-        params = params_for(name)
-        problem = check(name, budget, params)
+    # the chosen policy first: it is the primary curve, the others are drawn beside it
+    curves, fixed_by = {}, {}
+    for name in [policy] + [n for n in curve_policies if n != policy]:
+        fixed = {k: v for k, v in params_for(name).items() if k != "recent_window"}
+        problem = check(name, budget, {"recent_window": 1, **fixed}, trace)
         if problem:
-            ref_problems.append(problem)
+            st.error(f"{problem}. Change the setting in the sidebar to draw {name}'s curve.")
             continue
-        result = cached_replay(trace_key, name, budget, tuple(sorted(params.items())), trace)
-        references[figures.policy_label(result)] = result.summary()
-    for problem in ref_problems:
-        st.error(f"{problem}; its reference line is left out.")
+        curves[name] = sweep_rows(trace_key, trace, name, budget, fixed)
+        fixed_by[name] = fixed
+    if policy not in curves:
+        return
+    rows = curves[policy]
+    references, offline = reference_lines(trace_key, trace, budget)
     if not 1 <= rw <= budget - 1:
         st.error(f"recent_window {rw} is outside 1..{budget - 1} (it must be below the budget); no point is marked.")
-    peak, top = figures.curve_peak(rows)
-    if peak == features.band:
-        verdict = (f"On this trace the gain stops at {peak}, the band's width: past it the extra protected slots "
-                   "go to positions little looked at any more, taken from heavy hitters.")
-    else:
-        verdict = (f"On this trace retained mass peaks at recent_window {peak} ({top:.3f}), not at the band's "
-                   f"{features.band}: its attention is not one clean band, so read the curve rather than the rule.")
     explain.markdown(
-        WINDOW_TEXT.format(policy=policy, band=features.band, share=_fmt(info["recent_share"], ".2f")) + "\n\n" + verdict
-        + f"\n\nEach point is a full replay at budget {budget}; the lines are policies that do not read attention. "
-        "**Click a point** (or use the box below) to set recent_window everywhere."
+        WINDOW_TEXT.format(policy=policy, band=features.band, share=_fmt(info["recent_share"], ".2f"))
+        + "\n\n" + curve_verdict(policy, rows, features.band)
+        + f"\n\nEach point of a curve is a full replay at budget {budget}; the markers and notes follow "
+        f"{policy}. **Click a point** (or use the box below) to set recent_window everywhere."
     )
     fig = figures.recent_window_curve(
         rows, references, current=rw, default=policy_int_params(policy)["recent_window"], band=features.band,
         top_k=TOP_K, policy=policy, band_known=features.band_known,
+        companions={n: r for n, r in curves.items() if n != policy}, offline=offline,
     )
     with chart:
         st.plotly_chart(fig, key="curve", on_select=pick_from_curve, selection_mode=("points", "box"))
+        st.markdown(lines_story(policy, curves, references, offline, budget))
         c1, c2 = st.columns(2)
         with c1:
             st.download_button(
-                "sweep (CSV)", data=lambda: _csv(rows), file_name=f"{trace_key}-{policy}-budget{budget}-sweep.csv",
-                mime="text/csv", key="csv_sweep",
+                f"sweep of {', '.join(curves)} (CSV)", data=lambda: figures.sweep_table(curves, top_k=TOP_K).to_csv(index=False),
+                file_name=f"{trace_key}-budget{budget}-recent_window-sweep.csv", mime="text/csv", key="csv_sweep",
             )
         with c2:
-            html_button("this figure (HTML)", fig, f"{trace_key}-{policy}-curve.html", "html_curve")
+            html_button("this figure (HTML)", fig, f"{trace_key}-budget{budget}-curve.html", "html_curve")
 
 
-def _csv(rows: list[dict]) -> str:
-    import pandas as pd
+def reference_lines(trace_key: str, trace: kvsim.Trace, budget: int) -> tuple[dict, dict]:
+    """The curve's horizontal lines, as ``{label: summary}``: every registered policy without a
+    recent_window, the ones that read the trace (offline references) apart, plus the upper bound."""
+    references, offline = {}, {}
+    for name in kvsim.POLICIES:
+        if "recent_window" in policy_int_params(name):
+            continue
+        params = params_for(name)
+        problem = check(name, budget, params, trace)
+        if problem:
+            st.error(f"{problem}; its reference line is left out.")
+            continue
+        result = cached_replay(trace_key, name, budget, tuple(sorted(params.items())), trace)
+        if kvsim.POLICIES[name].needs_trace:
+            offline[f"{figures.policy_label(result)} (offline reference)"] = result.summary()
+        else:
+            references[figures.policy_label(result)] = result.summary()
+    offline[UPPER_BOUND] = cached_upper_bound(trace_key, budget, trace)
+    return references, offline
 
-    return pd.DataFrame(rows).to_csv(index=False)
+
+def _gap(value: float, other: float, whose: str) -> str:
+    """``0.083 below h2o's 0.961``, or ``within 0.01 of`` it: how two retained masses compare."""
+    d = value - other
+    if abs(d) < 0.01:
+        return f"within 0.01 of {whose} {other:.3f}"
+    return f"{abs(d):.3f} {'below' if d < 0 else 'above'} {whose} {other:.3f}"
+
+
+def curve_verdict(policy: str, rows: list[dict], band: int) -> str:
+    """Where the primary curve stops gaining, in words computed from its sweep."""
+    peak, top = figures.curve_peak(rows)
+    if peak == band:
+        return (f"On this trace the gain stops at {peak}, the band's width: past it the extra protected slots "
+                "go to positions little looked at any more, taken from heavy hitters.")
+    return (f"On this trace retained mass peaks at recent_window {peak} ({top:.3f}), not at the band's "
+            f"{band}: its attention is not one clean band, so read the curve rather than the rule.")
+
+
+def lines_story(policy: str, curves: dict, references: dict, offline: dict, budget: int) -> str:
+    """What the chart's other curves and lines show on this trace, computed from them."""
+    peak, top = figures.curve_peak(curves[policy])
+    possessive = "'" if policy.endswith("s") else "'s"  # scissorhands' peak, h2o's peak
+    peak_of = f"{policy}{possessive} peak"
+    out = []
+    for name, rows in curves.items():
+        if name == policy:
+            continue
+        p, v = figures.curve_peak(rows)
+        where = f"also peaks at {p}" if p == peak else f"peaks at {p}"
+        out.append(f"**{name}** {where}, at {v:.3f}: {_gap(v, top, peak_of)}.")
+    bound = offline.get(UPPER_BOUND)
+    for name, ref in references.items():
+        if not name.startswith(("sliding_window", "streaming_llm")):  # those two are the cards' baselines
+            v = ref["retained_mass"]
+            near = f", {_gap(v, bound['retained_mass'], 'the upper bound')}" if bound else ""
+            out.append(f"**{name}** has no recent_window, so it is one line: {v:.3f}{near}.")
+    if bound is not None:
+        out.append(
+            f"\n\n**The dotted lines are offline references, not policies to deploy**: they read the whole "
+            f"trace, future rows included. Black, the **upper bound** ({bound['retained_mass']:.3f}): the sum of "
+            f"each row's {budget} largest weights; no cache of {budget} positions can hold more."
+        )
+    for name, ref in offline.items():
+        if name != UPPER_BOUND:
+            out.append(
+                f"Grey, the **{name.replace(' (offline reference)', '')}** ({ref['retained_mass']:.3f}): it evicts "
+                "the position with the least attention still to come, greedy rather than optimal; here "
+                f"{_gap(ref['retained_mass'], top, peak_of)}."
+            )
+    return " ".join(out).replace(" \n\n", "\n\n").strip()
 
 
 def trace_view(trace_key: str, trace: kvsim.Trace, features) -> None:
@@ -619,7 +688,7 @@ def lab_view() -> None:
         return
     sides = st.columns(2)
     specs = []
-    for col, side in zip(sides, ("left", "right")):
+    for col, side in zip(sides, ("left", "right"), strict=True):
         with col:
             specs.append(lab_policy(side, preset))
     try:

@@ -36,7 +36,7 @@ CURRENT_COLOUR = "#d62728"
 #: that does not say when its heavy hitters go stale)
 CATEGORIES = ("sink", "heavy hitter (live)", "heavy hitter (stale)", "heavy hitter", "recent window", "other")
 CATEGORY_COLOURS = dict(
-    zip(CATEGORIES, (SINK_COLOUR, HEAVY_COLOUR, STALE_COLOUR, HEAVY_COLOUR, RECENT_COLOUR, OTHER_COLOUR))
+    zip(CATEGORIES, (SINK_COLOUR, HEAVY_COLOUR, STALE_COLOUR, HEAVY_COLOUR, RECENT_COLOUR, OTHER_COLOUR), strict=True)
 )
 
 
@@ -326,6 +326,17 @@ def score_distribution(result: ReplayResult, step: int, features: TraceFeatures)
 # 3. retained mass and recall against recent_window
 
 
+#: styles of the curve's lines. Deployable policies get colours; the offline references are drawn
+#: in black and grey, dotted, so nobody reads them as one more policy to deploy.
+PRIMARY_COLOUR = "#1f77b4"
+COMPANION_STYLES = (("#9467bd", "solid"), ("#8c564b", "solid"), ("#e377c2", "solid"))
+REFERENCE_STYLES = (("#2ca02c", "dash"), ("#bcbd22", "dashdot"), ("#e377c2", "longdash"), ("#8c564b", "dash"))
+#: (colour, dash, width): the upper bound in black, any other offline reference (an oracle) in grey
+BOUND_STYLE = ("black", "dot", 2)
+OFFLINE_STYLES = (("#7f7f7f", "dot", 3), ("#b0b0b0", "dot", 3))
+OFFLINE_TITLE = "<b>offline references</b> (they read the future)"
+
+
 def recent_window_curve(
     rows: Sequence[Mapping],
     references: Mapping[str, Mapping],
@@ -336,45 +347,62 @@ def recent_window_curve(
     top_k: int = 32,
     policy: str = "h2o",
     band_known: bool = True,
+    companions: Mapping[str, Sequence[Mapping]] | None = None,
+    offline: Mapping[str, Mapping] | None = None,
 ) -> go.Figure:
-    """Retained mass (top) and top-k recall (bottom) of ``policy`` for every swept recent_window,
-    with each reference policy as a horizontal line, markers at the shipped ``default`` and at the
-    trace's ``band`` (labelled as assumed unless ``band_known``), and the ``current`` recent_window
-    marked on both. The curve's points carry
-    their recent_window as ``customdata`` so a selection can set it.
+    """Retained mass (top) and top-k recall (bottom) against recent_window.
+
+    ``policy``'s sweep (``rows``) is the primary curve: it carries the markers at the shipped
+    ``default`` and at the trace's ``band`` (labelled as assumed unless ``band_known``), the
+    ``current`` recent_window, and the notes computed from the data. ``companions`` are other
+    policies swept over the same recent_windows, drawn beside it without markers. ``references``
+    (policies with no recent_window) and ``offline`` (offline references: an oracle, and the upper
+    bound, named ``upper bound ...``) are horizontal lines, the offline ones dotted, the bound black
+    and the others grey, under a legend of their own. Curve points carry their recent_window as ``customdata`` so a selection can set it.
     """
     if not rows:
         raise ValueError("recent_window_curve needs at least one sweep row")
-    df = pd.DataFrame(list(rows)).sort_values("recent_window").reset_index(drop=True)
+    df = _sweep_frame(rows)
     x = df["recent_window"].to_numpy()
+    others = {name: _sweep_frame(r) for name, r in (companions or {}).items() if r}
+    offline = dict(offline or {})
     metrics = (("retained_mass", "retained mass"), ("top_k_recall", f"top-{top_k} recall"))
     fig = make_subplots(
         rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=[m[1] for m in metrics]
     )
     # streaming_llm is the line the story compares against: the boldest style goes to it
     references = dict(sorted(references.items(), key=lambda kv: not kv[0].startswith("streaming_llm")))
-    ref_dash = ("dash", "dot", "dashdot", "longdash")
-    ref_colour = ("#2ca02c", "#7f7f7f", "#9467bd", "#8c564b")
+    lo, hi = float(x.min()), float(x.max())
     for r, (key, label) in enumerate(metrics, start=1):
         y = df[key].to_numpy()
+        # drawn first, so the deployable curves and the markers lie on top of them
+        for j, (name, ref) in enumerate(offline.items()):
+            bound = name.startswith("upper bound")
+            colour, dash, width = BOUND_STYLE if bound else OFFLINE_STYLES[j % len(OFFLINE_STYLES)]
+            _hline(fig, r, name, float(ref[key]), label, lo, hi, colour, dash, width, legend="legend2", rank=200 + j)
+        for j, (name, ref) in enumerate(references.items()):
+            colour, dash = REFERENCE_STYLES[j % len(REFERENCE_STYLES)]
+            _hline(fig, r, name, float(ref[key]), label, lo, hi, colour, dash, 2, legend="legend", rank=100 + j)
+        for j, (name, other) in enumerate(others.items()):
+            colour, dash = COMPANION_STYLES[j % len(COMPANION_STYLES)]
+            ox = other["recent_window"].to_numpy()
+            fig.add_trace(
+                go.Scatter(
+                    x=ox, y=other[key].to_numpy(), mode="lines", name=name, legendgroup=name, showlegend=(r == 1),
+                    legendrank=10 + j,
+                    line=dict(color=colour, width=2, dash=dash), customdata=ox,
+                    hovertemplate="recent_window %{x}<br>" + label + " %{y:.4f}<extra>" + name + "</extra>",
+                ),
+                row=r, col=1,
+            )
         fig.add_trace(
             go.Scatter(
-                x=x, y=y, mode="lines+markers", name=policy, legendgroup=policy, showlegend=(r == 1),
-                line=dict(color="#1f77b4", width=2), marker=dict(size=4, color="#1f77b4"),
+                x=x, y=y, mode="lines+markers", name=policy, legendgroup=policy, showlegend=(r == 1), legendrank=1,
+                line=dict(color=PRIMARY_COLOUR, width=2.5), marker=dict(size=4, color=PRIMARY_COLOUR),
                 customdata=x, hovertemplate="recent_window %{x}<br>" + label + " %{y:.4f}<extra>" + policy + "</extra>",
             ),
             row=r, col=1,
         )
-        for j, (name, ref) in enumerate(references.items()):
-            v = float(ref[key])
-            fig.add_trace(
-                go.Scatter(
-                    x=[x.min(), x.max()], y=[v, v], mode="lines", name=name, legendgroup=name,
-                    showlegend=(r == 1), line=dict(color=ref_colour[j % 4], dash=ref_dash[j % 4], width=2),
-                    hovertemplate=f"{name}<br>{label} {v:.4f}<extra></extra>",
-                ),
-                row=r, col=1,
-            )
         for mark, text, colour, symbol in (
             (default, f"shipped default ({default})", "#ff7f0e", "circle"),
             (band, f"trace band ({band})" if band_known else f"{band} (assumed band)", "#17becf", "square"),
@@ -384,6 +412,7 @@ def recent_window_curve(
                 fig.add_trace(
                     go.Scatter(
                         x=x[hit], y=y[hit], mode="markers", name=text, legendgroup=text, showlegend=(r == 1),
+                        legend="legend3",
                         marker=dict(size=12, color=colour, symbol=symbol, line=dict(color="black", width=1)),
                         hovertemplate=text + "<br>" + label + " %{y:.4f}<extra></extra>",
                     ),
@@ -393,7 +422,7 @@ def recent_window_curve(
             fig.add_trace(
                 go.Scatter(
                     x=[current], y=y[x == current], mode="markers", name=f"current recent_window ({current})",
-                    legendgroup="current", showlegend=(r == 1),
+                    legendgroup="current", showlegend=(r == 1), legend="legend3",
                     marker=dict(size=18, color=CURRENT_COLOUR, symbol="star", line=dict(color="black", width=1)),
                     hovertemplate="current recent_window %{x}<br>" + label + " %{y:.4f}<extra></extra>",
                 ),
@@ -404,11 +433,56 @@ def recent_window_curve(
             fig.add_vline(x=mark, line=dict(color=colour, width=1, dash="dot"))
     _annotate_story(fig, df, references, default=default, band=band, policy=policy)
     fig.update_xaxes(title_text="recent_window", row=2, col=1)
+    # three legends stacked under the chart: policies, offline references, marks on the primary curve
+    legend = dict(orientation="h", x=0, xanchor="left", yanchor="top", font=dict(size=13))
     fig.update_layout(
-        height=640, margin=dict(l=60, r=20, t=40, b=40), hovermode="closest",
-        legend=dict(orientation="h", yanchor="top", y=-0.1, x=0),
+        height=760, margin=dict(l=60, r=20, t=40, b=40), hovermode="closest",
+        # titles sized explicitly: a theme styles the first legend's title, never the extra legends'
+        legend=dict(legend, y=-0.08, title=dict(text="<b>policies</b>", side="left", font=dict(size=13))),
+        legend2=dict(legend, y=-0.135, title=dict(text=OFFLINE_TITLE, side="left", font=dict(size=13))),
+        legend3=dict(legend, y=-0.19, title=dict(text=f"<b>marks on {policy}</b>", side="left", font=dict(size=13))),
     )
     return fig
+
+
+def _sweep_frame(rows: Sequence[Mapping]) -> pd.DataFrame:
+    return pd.DataFrame(list(rows)).sort_values("recent_window").reset_index(drop=True)
+
+
+def _hline(fig, row, name, value, label, lo, hi, colour, dash, width, *, legend, rank) -> None:
+    """A reference as a two-point line across the swept range, hoverable, listed in ``legend``."""
+    fig.add_trace(
+        go.Scatter(
+            x=[lo, hi], y=[value, value], mode="lines", name=name, legendgroup=name, showlegend=(row == 1),
+            legend=legend, legendrank=rank, line=dict(color=colour, dash=dash, width=width),
+            hovertemplate=f"{name}<br>{label} {value:.4f}<extra></extra>",
+        ),
+        row=row, col=1,
+    )
+
+
+def sweep_table(curves: Mapping[str, Sequence[Mapping]], *, top_k: int = 32) -> pd.DataFrame:
+    """The swept curves side by side, one row per recent_window: for each policy its retained mass,
+    its top-k recall and any parameter it was swept with held fixed (``scissorhands history_window``).
+    ``budget``, ``top_k`` and ``steps`` come once, from the first curve."""
+    if not curves or not any(curves.values()):
+        raise ValueError("sweep_table needs at least one swept curve")
+    table = None
+    for name, rows in curves.items():
+        if not rows:
+            continue
+        df = _sweep_frame(rows)
+        shared = [c for c in ("budget", "top_k", "steps") if c in df]
+        fixed = [c for c in df.columns if c not in ("policy", "recent_window", "retained_mass", "top_k_recall", *shared)]
+        part = df[["recent_window", "retained_mass", "top_k_recall", *fixed]].rename(
+            columns={"retained_mass": f"{name} retained_mass", "top_k_recall": f"{name} top_{top_k}_recall",
+                     **{c: f"{name} {c}" for c in fixed}}
+        )
+        if table is None:
+            table = df[["recent_window", *shared]].merge(part, on="recent_window")
+        else:
+            table = table.merge(part, on="recent_window", how="outer")
+    return table.sort_values("recent_window").reset_index(drop=True)
 
 
 def curve_peak(rows: Sequence[Mapping]) -> tuple[int, float]:
@@ -434,7 +508,8 @@ def _annotate_story(fig, df: pd.DataFrame, references: Mapping, *, default: int,
         word = "less than" if v < s else "at least as much as"
         fig.add_annotation(
             x=default, y=v, xref="x", yref="y", text=f"at {default}, {policy} keeps {word} streaming_llm ({v:.3f} vs {s:.3f})",
-            showarrow=True, arrowhead=2, ax=40, ay=45, bgcolor="rgba(255,255,255,0.85)", xanchor="left",
+            # low and to the right: under the curves there, clear of the reference lines' labels
+            showarrow=True, arrowhead=2, ax=40, ay=75, bgcolor="rgba(255,255,255,0.85)", xanchor="left",
             font=dict(size=13, color="#222"),
         )
 

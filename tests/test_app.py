@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -95,6 +96,45 @@ def test_changing_recent_window_moves_the_curve_marker_and_the_heatmap():
     assert widget(at, "number_input", "recent_window").value == 48
     (curve,) = charts(at)
     assert named(curve, "current recent_window")[0]["x"] == [48]
+
+
+def test_the_curve_draws_the_family_and_exports_both_sweeps(monkeypatch):
+    # the CSV is built only when clicked (a deferred download): keep its callable to call it here
+    from streamlit.runtime.media_file_manager import MediaFileManager
+
+    deferred = {}
+    add = MediaFileManager.add_deferred
+
+    def keep(self, data_callable, mimetype, coordinates, file_name=None, **kw):
+        deferred[file_name] = data_callable
+        return add(self, data_callable, mimetype, coordinates, file_name, **kw)
+
+    monkeypatch.setattr(MediaFileManager, "add_deferred", keep)
+    at = run(view="Choosing recent_window")
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    (curve,) = charts(at)
+    assert len(named(curve, "h2o")) == 2 and len(named(curve, "scissorhands")) == 2
+    assert values(named(curve, "scissorhands")[0]["x"]) == list(range(1, 256))
+    for line in ("tova", "oracle (offline reference)", "upper bound (offline reference)"):
+        (mass, recall) = named(curve, line)
+        assert mass["y"][0] == mass["y"][1]  # a horizontal line
+    assert {t.get("legend") for t in named(curve, "oracle") + named(curve, "upper bound")} == {"legend2"}
+    story = " ".join(m.value for m in at.markdown)
+    assert "**scissorhands** also peaks at 64" in story and "offline references, not policies to deploy" in story
+    (name,) = [n for n in deferred if n.endswith("recent_window-sweep.csv")]
+    table = pd.read_csv(io.StringIO(deferred[name]()))
+    assert list(table["recent_window"]) == list(range(1, 256))
+    assert {"h2o retained_mass", "scissorhands retained_mass", "scissorhands top_32_recall"} <= set(table.columns)
+    at64 = table[table["recent_window"] == 64]
+    assert at64["h2o retained_mass"].item() > at64["scissorhands retained_mass"].item()
+
+
+def test_the_oracle_is_a_policy_the_views_can_show():
+    at = run({"policies": "h2o,oracle"})
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    (kept,) = charts(at)
+    titles = " ".join(a["text"] for a in kept["layout"]["annotations"])
+    assert "oracle" in titles
 
 
 def test_changing_budget_changes_the_kept_positions():

@@ -198,13 +198,84 @@ def test_curve_says_so_when_the_default_is_not_worse():
     assert any(t.name == "1 (assumed band)" for t in unknown.data)
 
 
+def fake_family():
+    """h2o and scissorhands over recent_window 1..4, one deployable line and two offline ones."""
+    rows = fake_rows([(1, 0.5), (2, 0.6), (3, 0.9), (4, 0.8)])
+    scissors = [dict(r, policy="scissorhands", history_window=0, retained_mass=r["retained_mass"] - 0.1,
+                     top_k_recall=r["top_k_recall"] - 0.05) for r in rows]
+    refs = {"streaming_llm (sinks=4)": {"retained_mass": 0.7, "top_k_recall": 0.7},
+            "tova": {"retained_mass": 0.95, "top_k_recall": 1.0}}
+    offline = {"oracle (offline reference)": {"retained_mass": 0.75, "top_k_recall": 0.7},
+               "upper bound (offline reference)": {"retained_mass": 0.97, "top_k_recall": 1.0}}
+    return rows, scissors, refs, offline
+
+
+def test_curve_draws_companions_and_offline_references_apart():
+    rows, scissors, refs, offline = fake_family()
+    fig = figures.recent_window_curve(
+        rows, refs, current=4, default=2, band=3, companions={"scissorhands": scissors}, offline=offline
+    )
+    by_name = {}
+    for t in fig.data:
+        by_name.setdefault(t.name, []).append(t)
+    # scissorhands: a curve on both panels, clickable like h2o's, without markers
+    sc = by_name["scissorhands"]
+    assert len(sc) == 2 and all(t.mode == "lines" for t in sc)
+    assert list(sc[0].customdata) == [1, 2, 3, 4] and list(sc[0].y) == pytest.approx([0.4, 0.5, 0.8, 0.7])
+    assert [t.yaxis for t in sc] == ["y", "y2"]
+    # the markers and the current point stay on h2o's values, never scissorhands'
+    assert list(by_name["shipped default (2)"][0].y) == [0.6]
+    assert list(by_name["trace band (3)"][0].y) == [0.9]
+    assert list(by_name["current recent_window (4)"][0].y) == [0.8]
+    assert all(t.legend == "legend3" for n in ("shipped default (2)", "current recent_window (4)") for t in by_name[n])
+    # deployable lines in the policies legend; offline references dotted, grey and black, in their own
+    assert list(by_name["tova"][0].y) == [0.95, 0.95] and by_name["tova"][0].legend in (None, "legend")
+    oracle, bound = by_name["oracle (offline reference)"], by_name["upper bound (offline reference)"]
+    assert list(bound[1].y) == [1.0, 1.0] and list(oracle[0].y) == [0.75, 0.75]
+    assert {t.legend for t in oracle + bound} == {"legend2"}
+    assert {t.line.dash for t in oracle + bound} == {"dot"}
+    assert bound[0].line.color == "black" and oracle[0].line.color == "#7f7f7f"
+    assert "offline references" in fig.layout.legend2.title.text and "h2o" in fig.layout.legend3.title.text
+    # the legend lists h2o first, then scissorhands, then the lines
+    ranks = {t.name: t.legendrank for t in fig.data if t.showlegend is not False and t.legend in (None, "legend")}
+    assert sorted(ranks, key=ranks.get)[:2] == ["h2o", "scissorhands"]
+    # the notes are about h2o
+    text = " ".join(a.text for a in fig.layout.annotations)
+    assert "peak at 3: 0.900" in text and "at 2, h2o keeps less than streaming_llm (0.600 vs 0.700)" in text
+
+
+def test_sweep_table_puts_the_curves_side_by_side():
+    rows, scissors, _, _ = fake_family()
+    table = figures.sweep_table({"h2o": rows, "scissorhands": scissors[:3]}, top_k=32)
+    assert list(table.columns) == [
+        "recent_window", "budget", "h2o retained_mass", "h2o top_32_recall",
+        "scissorhands retained_mass", "scissorhands top_32_recall", "scissorhands history_window",
+    ]
+    assert list(table["recent_window"]) == [1, 2, 3, 4]
+    assert list(table["scissorhands retained_mass"][:3]) == pytest.approx([0.4, 0.5, 0.8])
+    assert np.isnan(table["scissorhands retained_mass"].iloc[3])  # a value one sweep lacks stays empty
+    with pytest.raises(ValueError, match="at least one"):
+        figures.sweep_table({})
+
+
 def test_canonical_curve_tells_the_cards_story(canonical, story):
+    from kvsim.policies.oracle import oracle_summary, upper_bound_summary
+
     rows = sweep(canonical, "h2o", 256, "recent_window", range(1, 256))
+    scissors = sweep(canonical, "scissorhands", 256, "recent_window", range(1, 256))
     refs = {figures.policy_label(r): r.summary() for r in story[:2]}
-    fig = figures.recent_window_curve(rows, refs, current=32)
+    refs["tova"] = replay_fast(canonical, "tova", budget=256).summary()
+    offline = {"oracle (offline reference)": oracle_summary(canonical, 256, 32),
+               "upper bound (offline reference)": upper_bound_summary(canonical, 256, 32)}
+    fig = figures.recent_window_curve(rows, refs, current=32, companions={"scissorhands": scissors}, offline=offline)
     text = " ".join(a.text for a in fig.layout.annotations)
     assert "peak at 64" in text and "gain saturates here" in text
     assert "at 32, h2o keeps less than streaming_llm" in text
+    # both curves peak at the band; no deployable policy passes the bound
+    assert figures.curve_peak(scissors)[0] == 64
+    bound = offline["upper bound (offline reference)"]["retained_mass"]
+    lines = [t for t in fig.data if t.yaxis == "y" and t.name in ("h2o", "scissorhands", "tova", "streaming_llm (sinks=4)")]
+    assert len(lines) == 4 and all(max(t.y) <= bound + 1e-12 for t in lines)
 
 
 @pytest.mark.parametrize(
