@@ -3,8 +3,10 @@ driven by Playwright through ``executable_path``; ``playwright install`` is neve
 
 Checks that the page loads, the three main views are drawn, moving recent_window (in the sidebar,
 and by clicking the curve) moves the curve's marker, and the URL reopens the same view. Saves
-screenshots to ``docs/`` and prints how long the first render and one interaction took (printed,
-not asserted: the machine's speed is not the app's behaviour).
+screenshots to ``artifacts/`` (git-ignored), or to ``docs/`` with ``KVSIM_UPDATE_DOCS=1`` (to refresh
+the README's pictures on purpose, so an ordinary run never dirties the checkout), and prints how
+long the first render and one interaction took (printed, not asserted: the machine's speed is not
+the app's behaviour).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import pytest
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = ROOT / "docs"
+#: where the screenshots go: docs/ only when asked to update the tracked pictures
+SHOTS = ROOT / ("docs" if os.environ.get("KVSIM_UPDATE_DOCS") == "1" else "artifacts")
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -116,7 +119,7 @@ def no_exceptions(page) -> None:
 
 
 def test_the_app_in_a_real_browser(server):
-    DOCS.mkdir(exist_ok=True)
+    SHOTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -131,14 +134,14 @@ def test_the_app_in_a_real_browser(server):
             first_render = time.monotonic() - t0
             no_exceptions(page)
             page.wait_for_timeout(1000)  # let the fonts and the legend settle before the picture
-            page.screenshot(path=str(DOCS / "screenshot.png"), full_page=True)
+            page.screenshot(path=str(SHOTS / "screenshot.png"), full_page=True)
 
             # 2. cumulative scores: a scatter by position and a histogram
             page.get_by_role("tab", name="Cumulative scores").click()
             page.wait_for_function(f"() => ({JS_TRACES})().some(t => t.type === 'histogram')", timeout=STEP_TIMEOUT_MS)
             no_exceptions(page)
             page.wait_for_timeout(500)
-            page.screenshot(path=str(DOCS / "screenshot-scores.png"), full_page=True)
+            page.screenshot(path=str(SHOTS / "screenshot-scores.png"), full_page=True)
 
             # 3. the recent_window curve, marker at the shipped default
             page.get_by_role("tab", name="Choosing recent_window").click()
@@ -165,7 +168,7 @@ def test_the_app_in_a_real_browser(server):
             )
             no_exceptions(page)
             page.wait_for_timeout(500)
-            page.screenshot(path=str(DOCS / "screenshot-curve.png"), full_page=True)
+            page.screenshot(path=str(SHOTS / "screenshot-curve.png"), full_page=True)
 
             # 4. the trace itself
             page.get_by_role("tab", name="The trace").click()
@@ -175,7 +178,7 @@ def test_the_app_in_a_real_browser(server):
             page.wait_for_function(f"() => ({JS_IMAGES})() >= 1", timeout=STEP_TIMEOUT_MS)
             no_exceptions(page)
             page.wait_for_timeout(500)
-            page.screenshot(path=str(DOCS / "screenshot-trace.png"), full_page=True)
+            page.screenshot(path=str(SHOTS / "screenshot-trace.png"), full_page=True)
 
             # 5. the address bar is a link to this state: a fresh page opens it identically
             link = page.url
@@ -189,3 +192,4 @@ def test_the_app_in_a_real_browser(server):
             browser.close()
     print(f"\nfirst render (page load to three heatmaps drawn): {first_render:.1f} s")
     print(f"one interaction (recent_window 32 -> 64, curve marker redrawn): {interaction:.2f} s")
+    print(f"screenshots in {SHOTS}")
