@@ -5,8 +5,9 @@ the same figures print as aligned tables. Every error exits non-zero with one li
 ``kvsim: error: ...``, never a traceback: outside checks parse both.
 
 The table's rows are ``kvsim.table.ROWS``. Policy parameters become flags (``recent_window`` ->
-``--recent-window``) from the registry itself, so a policy that joins the registry gets its flags for free; a flag is only passed to a policy that takes
-that parameter, and giving it to one that does not is an error naming the flag.
+``--recent-window``) from the registry itself, so a policy that joins the registry gets its flags for
+free; a flag is only passed to a policy that takes that parameter, and giving it to one that does not
+is an error naming the flag.
 """
 
 from __future__ import annotations
