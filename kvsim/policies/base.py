@@ -68,3 +68,68 @@ class Policy:
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v}" for k, v in {"budget": self.budget, **self.params}.items())
         return f"{type(self).__name__}({args})"
+
+
+class SlotPolicy(Policy):
+    """Shared mechanics of the policies that keep per-position state in parallel arrays indexed by
+    kept order (ascending position, the order attention arrives in): h2o, scissorhands, tova.
+
+    ``budget + 1`` slots, the most the cache holds (right after admitting the new position).
+    Subclasses name their per-slot arrays in ``_slot_arrays`` so eviction compacts them together.
+    """
+
+    def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:
+        super().__init__(budget, rng)
+        self._pos = np.zeros(self.budget + 1, dtype=np.int64)
+        self._len = 1  # position 0
+
+    def _slot_arrays(self) -> list[np.ndarray]:
+        """Per-slot state besides the positions, compacted along with them on eviction."""
+        return []
+
+    @property
+    def kept(self) -> np.ndarray:
+        return self._pos[: self._len].copy()
+
+    def _step_attention(self, attn: np.ndarray | None) -> np.ndarray | None:
+        """Check there is a free slot and that ``attn`` is aligned with ``kept``; the array or None."""
+        n = self._len
+        if n == self._pos.size:
+            raise RuntimeError(f"{self.name}: cache full ({n}); evict before the next step")
+        if attn is None:
+            return None
+        attn = np.asarray(attn)
+        if attn.shape != (n,):
+            raise ValueError(f"{self.name}: attn has shape {attn.shape}, expected ({n},)")
+        return attn
+
+    def _admit(self, pos: int) -> int:
+        """Append ``pos`` in the next slot; the slot index, for the subclass's own state."""
+        i = self._len
+        self._pos[i] = pos
+        self._len = i + 1
+        return i
+
+    def _evict_lowest(self, budget: int, values: np.ndarray) -> list[int]:
+        """Evict down to ``budget`` by repeated argmin over ``values``, which covers the first
+        ``len(values)`` slots (the evictable prefix). The first minimum wins, so equal values evict
+        the lower position; victims come back in ascending position order."""
+        n_evict = self._len - budget
+        if n_evict <= 0:
+            return []
+        candidates = values.size
+        if candidates < n_evict:
+            raise ValueError(f"{self.name}: cannot evict to budget {budget} from {candidates} evictable positions")
+        values = values.astype(np.float64)  # a copy: chosen slots are set to +inf below
+        chosen = np.zeros(self._len, dtype=bool)
+        for _ in range(n_evict):
+            i = int(np.argmin(values))
+            chosen[i] = True
+            values[i] = np.inf
+        victims = self._pos[: self._len][chosen].tolist()
+        keep = ~chosen
+        m = self._len - n_evict
+        for arr in (self._pos, *self._slot_arrays()):
+            arr[:m] = arr[: self._len][keep]
+        self._len = m
+        return victims

@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import DEFAULT_BUDGET, Policy, check_param
+from .base import DEFAULT_BUDGET, SlotPolicy, check_param
 
 
-class Scissorhands(Policy):
+class Scissorhands(SlotPolicy):
     name = "scissorhands"
     reads_attention = True
     keeps_scores = True
@@ -51,22 +51,18 @@ class Scissorhands(Policy):
         super().__init__(budget, rng)
         self.recent_window = check_param("recent_window", recent_window, below=self.budget)
         self.history_window = check_param("history_window", history_window)
-        # parallel arrays in kept order (ascending position), budget + 1 slots
-        self._pos = np.zeros(self.budget + 1, dtype=np.int64)
-        self._count = np.zeros(self.budget + 1, dtype=np.int64)
+        self._count = np.zeros(self.budget + 1, dtype=np.int64)  # position 0 starts with no votes
         # with a finite window, each slot remembers its votes of the last N observed steps (a ring
         # indexed by observed step), so the vote that leaves the window can be taken back
         self._ring = np.zeros((self.budget + 1, self.history_window), dtype=bool) if self.history_window else None
         self._observed = 0  # steps with attention so far: the ring's clock
-        self._len = 1  # position 0, no votes
+
+    def _slot_arrays(self) -> list[np.ndarray]:
+        return [self._count] if self._ring is None else [self._count, self._ring]
 
     @property
     def params(self) -> dict[str, int]:
         return {"recent_window": self.recent_window, "history_window": self.history_window}
-
-    @property
-    def kept(self) -> np.ndarray:
-        return self._pos[: self._len].copy()
 
     @property
     def scores(self) -> np.ndarray:
@@ -75,13 +71,9 @@ class Scissorhands(Policy):
         return self._count[: self._len].astype(np.float64)
 
     def on_decode_step(self, pos: int, attn: np.ndarray | None) -> None:
+        attn = self._step_attention(attn)
         n = self._len
-        if n == self._pos.size:
-            raise RuntimeError(f"{self.name}: cache full ({n}); evict before the next step")
         if attn is not None:
-            attn = np.asarray(attn)
-            if attn.shape != (n,):
-                raise ValueError(f"{self.name}: attn has shape {attn.shape}, expected ({n},)")
             votes = attn.astype(np.float32) > np.float32(1.0 / n)
             if self._ring is None:
                 self._count[:n] += votes
@@ -91,33 +83,10 @@ class Scissorhands(Policy):
                 self._ring[:n, col] = votes
                 self._count[:n] += votes
             self._observed += 1
-        self._pos[n] = pos
-        self._count[n] = 0
+        i = self._admit(pos)
+        self._count[i] = 0
         if self._ring is not None:
-            self._ring[n] = False
-        self._len = n + 1
+            self._ring[i] = False
 
     def evict(self, budget: int) -> list[int]:
-        n_evict = self._len - budget
-        if n_evict <= 0:
-            return []
-        evictable = self._len - self.recent_window
-        if evictable < n_evict:
-            raise ValueError(
-                f"{self.name}: cannot evict to budget {budget} with recent_window {self.recent_window}"
-            )
-        counts = self._count[:evictable].astype(np.float64)
-        chosen = np.zeros(evictable, dtype=bool)
-        for _ in range(n_evict):
-            i = int(np.argmin(counts))  # first minimum: the lower position on ties
-            chosen[i] = True
-            counts[i] = np.inf
-        victims = self._pos[:evictable][chosen].tolist()
-        keep = np.concatenate([~chosen, np.ones(self._len - evictable, dtype=bool)])
-        m = self._len - n_evict
-        self._pos[:m] = self._pos[: self._len][keep]
-        self._count[:m] = self._count[: self._len][keep]
-        if self._ring is not None:
-            self._ring[:m] = self._ring[: self._len][keep]
-        self._len = m
-        return victims
+        return self._evict_lowest(budget, self._count[: max(self._len - self.recent_window, 0)])
