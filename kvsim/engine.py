@@ -86,6 +86,23 @@ def _mark_topk(topk, t, stamp):
 
 
 @njit(cache=True)
+def _measure(row, p_c, n, stamp, t, gather):
+    """One configuration's view of row t: the kept weights as float64 into ``gather``, their sum
+    added strictly in kept order (the reference's ``kept_sum``), and how many are in the row's top k
+    (``stamp[p] == t``)."""
+    total = 0.0
+    hits = 0
+    for i in range(n):
+        p = p_c[i]
+        w = np.float64(row[p])
+        gather[i] = w
+        total += w
+        if stamp[p] == t:
+            hits += 1
+    return total, hits
+
+
+@njit(cache=True)
 def _h2o_steps(A, topk, t0, t1, budgets, windows, pos, score, length, mass, recall, stamp, gather,
                kept_hist, score_hist, score_pos, victims):
     """Steps t0 .. t1-1 of h2o for every configuration c (budget ``budgets[c]``, recent window
@@ -104,15 +121,7 @@ def _h2o_steps(A, topk, t0, t1, budgets, windows, pos, score, length, mass, reca
             n = length[c]
             p_c = pos[c]
             s_c = score[c]
-            total = 0.0
-            hits = 0
-            for i in range(n):
-                p = p_c[i]
-                w = np.float64(row[p])
-                gather[i] = w
-                total += w
-                if stamp[p] == t:
-                    hits += 1
+            total, hits = _measure(row, p_c, n, stamp, t, gather)
             mass[c, t - 1] = total
             recall[c, t - 1] = hits / denom
             if total > 0:
@@ -166,15 +175,7 @@ def _scissorhands_steps(A, topk, t0, t1, budgets, windows, histories, pos, votes
             n = length[c]
             p_c = pos[c]
             v_c = votes[c]
-            total = 0.0
-            hits = 0
-            for i in range(n):
-                p = p_c[i]
-                w = np.float64(row[p])
-                gather[i] = w
-                total += w
-                if stamp[p] == t:
-                    hits += 1
+            total, hits = _measure(row, p_c, n, stamp, t, gather)
             mass[c, t - 1] = total
             recall[c, t - 1] = hits / denom
             h = histories[c]
