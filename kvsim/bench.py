@@ -107,6 +107,8 @@ def _cli_run(env_extra: dict, args: list[str] = CLI_ARGS) -> dict:
 
 
 def run(full_reference: bool = False, progress=None) -> dict:
+    if not engine.AVAILABLE:
+        raise RuntimeError("the benchmark times the numba engine, and numba is not installed (pip install -r requirements.txt)")
     say = progress or (lambda _msg: None)
     doc: dict = {"budget": BUDGET, "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
 

@@ -29,11 +29,24 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import numpy as np
-from numba import njit
+
+try:
+    from numba import njit
+except ImportError:  # numba is in requirements.txt; without it every call takes the reference path
+    njit = None
 
 from .policies import POLICIES, make_policy, policy_params
 from .replay import DEFAULT_TOP_K, ReplayResult, replay
 from .trace import Trace
+
+#: True when the kernels can be compiled; False means every call is a reference replay (slower,
+#: identical results), so ``import kvsim`` and the CLI still work where numba is missing
+AVAILABLE = njit is not None
+
+
+def _kernel(fn):
+    return njit(cache=True)(fn) if AVAILABLE else fn
+
 
 #: policies the engine replays itself; every other registered policy goes through the reference
 FAST_POLICIES = ("sliding_window", "streaming_llm", "h2o", "scissorhands")
@@ -50,7 +63,7 @@ _BATCH = 64
 # kernels
 
 
-@njit(cache=True)
+@_kernel
 def _topk_positions(A, k):
     """int32 ``(T + 1, k)``, -1 padded: the positions of the k largest weights of every row,
     lower position first on ties. Same set as ``trace.topk_mask(k)``, O(T * k) memory."""
@@ -77,7 +90,7 @@ def _topk_positions(A, k):
     return out
 
 
-@njit(cache=True)
+@_kernel
 def _mark_topk(topk, t, stamp):
     for j in range(topk.shape[1]):
         p = topk[t, j]
@@ -85,7 +98,7 @@ def _mark_topk(topk, t, stamp):
             stamp[p] = t
 
 
-@njit(cache=True)
+@_kernel
 def _measure(row, p_c, n, stamp, t, gather):
     """One configuration's view of row t: the kept weights as float64 into ``gather``, their sum
     added strictly in kept order (the reference's ``kept_sum``), and how many are in the row's top k
@@ -102,7 +115,7 @@ def _measure(row, p_c, n, stamp, t, gather):
     return total, hits
 
 
-@njit(cache=True)
+@_kernel
 def _h2o_steps(A, topk, t0, t1, budgets, windows, pos, score, length, mass, recall, stamp, gather,
                kept_hist, score_hist, score_pos, victims):
     """Steps t0 .. t1-1 of h2o for every configuration c (budget ``budgets[c]``, recent window
@@ -154,7 +167,7 @@ def _h2o_steps(A, topk, t0, t1, budgets, windows, pos, score, length, mass, reca
                     kept_hist[t - 1, i] = p_c[i]
 
 
-@njit(cache=True)
+@_kernel
 def _scissorhands_steps(A, topk, t0, t1, budgets, windows, histories, pos, votes, length, observed,
                         ring, ring_len, mass, recall, stamp, gather, kept_hist, score_hist, score_pos, victims):
     """Steps t0 .. t1-1 of scissorhands for every configuration c (budget ``budgets[c]``, recent
@@ -220,7 +233,7 @@ def _scissorhands_steps(A, topk, t0, t1, budgets, windows, histories, pos, votes
                     kept_hist[t - 1, i] = p_c[i]
 
 
-@njit(cache=True)
+@_kernel
 def _window_steps(A, topk, t0, t1, budgets, sinks, mass, recall, stamp, kept_hist):
     """Steps t0 .. t1-1 of streaming_llm (``sinks[c]`` pinned positions) and sliding_window
     (``sinks[c] == 0``), closed form: before step t the cache holds everything when t <= budget,
@@ -285,7 +298,8 @@ def _attention(trace: Trace) -> np.ndarray:
 
 def _fast(trace: Trace, policy) -> bool:
     return (
-        isinstance(policy, str)
+        AVAILABLE
+        and isinstance(policy, str)
         and policy in FAST_POLICIES
         and trace.attention.dtype in (np.float32, np.float64)
         and trace.steps >= 1

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from kvsim import cache, canonical, engine
 from kvsim.replay import replay
-from kvsim.trace import Trace, from_array
+from kvsim.trace import Trace, from_array, load_npz, save_npz
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -265,3 +265,31 @@ def test_bench_times_a_whole_cli_process(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="recent_window"):
         bench._cli_run({}, [*args[:-3], "--recent-window", "1:16", "--json"])
     assert bench._sample(list(range(1, 256)), 16)[::15] == [1, 255]
+
+
+def test_without_numba_kvsim_and_the_cli_fall_back_to_the_reference(tmp_path):
+    """numba missing must not break ``import kvsim`` or the CLI: the same figures, by the reference,
+    and the benchmark (which times the engine) refuses in one line."""
+    import json
+    import subprocess
+    import sys
+
+    trace = random_trace(3, 40, 6, 0.1)
+    path = tmp_path / "small.npz"
+    save_npz(trace, path)
+    block = "import sys, runpy; sys.modules['numba'] = None; sys.argv = ['kvsim', *sys.argv[1:]]; "
+    run = "runpy.run_module('kvsim', run_name='__main__')"
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-c", block + run, *args], capture_output=True, text=True, timeout=120)
+
+    done = cli("sweep", "--trace", str(path), "--policy", "h2o", "--budget", "8", "--recent-window", "0:7", "--json")
+    assert done.returncode == 0, done.stderr
+    got = [(r["recent_window"], r["retained_mass"], r["top_k_recall"]) for r in json.loads(done.stdout)]
+    loaded = load_npz(path)
+    want = [(w, r.retained_mass, r.top_k_recall) for w in range(8)
+            for r in [replay(loaded, "h2o", budget=8, recent_window=w)]]
+    assert got == want
+    bench = cli("bench", "--json")
+    assert bench.returncode != 0 and bench.stdout == ""
+    assert bench.stderr.count("\n") == 1 and "numba is not installed" in bench.stderr and "Traceback" not in bench.stderr
