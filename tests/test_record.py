@@ -34,7 +34,7 @@ def _softmax_like(heads: int, n: int, seed: int = 0) -> np.ndarray:
     return a / a.sum(axis=2, keepdims=True)
 
 
-# --- the row arithmetic, DOMAIN.md section 3 --------------------------------------------------
+# --- the row arithmetic, docs/domain.md "Traces" --------------------------------------------------
 
 
 @pytest.mark.parametrize("kv_heads", [1, 2])

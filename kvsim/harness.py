@@ -1,0 +1,193 @@
+"""The replay harness (docs/domain.md, "The harness"): the one loop of the reference path.
+
+For each step t = 1..T: read ``kept``; score it against the full row (retained mass, top-k
+recall); show the policy the observed attention, renormalised over the kept set, as float32;
+admit position t; evict to budget and check the victims contract.
+
+``steps`` is that loop, one ``Step`` per decode step: ``replay_reference`` totals it into a
+``ReplayResult`` and the policy lab walks two of them side by side. It is the authority the fast
+engine (``kvsim.engine``) is held to bit for bit; callers use ``kvsim.replay``, which picks the
+engine where it covers the policy and this loop otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .policies import Policy
+from .trace import Trace
+
+DEFAULT_TOP_K = 32
+
+
+class ContractError(AssertionError):
+    """A policy broke the victims contract (docs/domain.md, "The harness")."""
+
+
+@dataclass(eq=False)
+class ReplayResult:
+    policy: str
+    budget: int
+    params: dict
+    steps: int
+    top_k: int
+    retained_mass_series: np.ndarray  # float64, per step t = 1..T
+    top_k_recall_series: np.ndarray  # float64, per step t = 1..T
+    kept_history: np.ndarray | None = None  # int32 (T, budget), kept after step t, -1 padded
+    score_history: np.ndarray | None = None  # float64 (T, budget + 1), scores before eviction
+    score_positions: np.ndarray | None = None  # int32 (T, budget + 1), positions of those scores
+    victims_history: list = field(default_factory=list)
+
+    @property
+    def retained_mass(self) -> float:
+        return float(self.retained_mass_series.mean())
+
+    @property
+    def top_k_recall(self) -> float:
+        return float(self.top_k_recall_series.mean())
+
+    def summary(self) -> dict:
+        return {
+            "policy": self.policy,
+            "budget": self.budget,
+            **self.params,
+            "retained_mass": self.retained_mass,
+            "top_k_recall": self.top_k_recall,
+            "top_k": self.top_k,
+            "steps": self.steps,
+        }
+
+    def kept_mask(self) -> np.ndarray:
+        """uint8 ``(T, T + 1)``: 1 where position p is held after step t (row t - 1)."""
+        if self.kept_history is None:
+            raise ValueError("replay was run without record_kept=True")
+        T = self.steps
+        mask = np.zeros((T, T + 1), dtype=np.uint8)
+        rows, cols = np.nonzero(self.kept_history >= 0)
+        mask[rows, self.kept_history[rows, cols]] = 1
+        return mask
+
+
+def kept_sum(row: np.ndarray, kept: np.ndarray) -> float:
+    """``sum(row[kept])`` in float64, added strictly in kept order.
+
+    Sequential on purpose (numpy's own sum is pairwise): a fast engine that loops over the kept
+    set reproduces it bit for bit, and with it the observed attention and every later score.
+    """
+    sub = row[kept].astype(np.float64)
+    return float(np.cumsum(sub)[-1]) if sub.size else 0.0
+
+
+def observed_attention(row: np.ndarray, kept: np.ndarray, total: float | None = None) -> np.ndarray:
+    """What a serving stack holding only ``kept`` would expose: the row renormalised over kept,
+    as float32 (a softmax over a subset is the full softmax renormalised). Zeros if it sums to 0."""
+    s = kept_sum(row, kept) if total is None else total
+    if s > 0:
+        return (row[kept].astype(np.float64) / s).astype(np.float32)
+    return np.zeros(kept.size, dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One decode step of one policy, in the harness's order."""
+
+    t: int
+    kept: np.ndarray  # held when query t came: what it attended over
+    retained_mass: float  # share of the full row t on ``kept``, added in kept order
+    top_k_hits: int  # how many of row t's top k are in ``kept`` (0 when top_k was not asked for)
+    observed: np.ndarray | None  # what the policy was shown, aligned with kept (None: not read)
+    scores: np.ndarray | None  # its scores after the step, before eviction (score-keeping policies)
+    score_positions: np.ndarray | None  # kept + [t], the positions ``scores`` is aligned with
+    victims: list[int]
+    kept_after: np.ndarray  # held after eviction
+
+
+def steps(trace: Trace, policy: Policy, budget: int | None = None, *, top_k: int | None = None) -> Iterator[Step]:
+    """Step ``policy`` through ``trace``, checking the victims contract after every eviction.
+    ``top_k`` counts the hits of each row's k largest weights (lower position first on ties)."""
+    budget = policy.budget if budget is None else budget
+    A = trace.attention
+    topk = trace.topk_mask(top_k) if top_k is not None else None
+    scored = policy.keeps_scores
+    for t in range(1, trace.steps + 1):
+        kept = policy.kept
+        row = A[t]
+        total = kept_sum(row, kept)
+        hits = int(topk[t, kept].sum(dtype=np.int64)) if topk is not None else 0
+        observed = observed_attention(row, kept, total) if policy.reads_attention else None
+        policy.on_decode_step(t, observed)
+        scores = policy.scores if scored else None
+        positions = policy.kept if scored else None
+        before = positions if scored else policy.kept
+        victims = [int(v) for v in policy.evict(budget)]
+        after = policy.kept
+        _check_victims(policy, t, before, victims, budget, after)
+        yield Step(t, kept, total, hits, observed, scores, positions, victims, after)
+
+
+def replay_reference(
+    trace: Trace,
+    policy: Policy,
+    budget: int | None = None,
+    *,
+    top_k: int = DEFAULT_TOP_K,
+    record_kept: bool = False,
+    record_scores: bool = False,
+    record_victims: bool = False,
+    progress=None,
+) -> ReplayResult:
+    """Replay ``trace`` through a built ``policy`` on the reference path: ``steps``, totalled."""
+    if top_k < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k}")
+    budget = policy.budget if budget is None else budget
+    T = trace.steps
+    mass = np.empty(T, dtype=np.float64)
+    recall = np.empty(T, dtype=np.float64)
+    kept_hist = np.full((T, budget), -1, dtype=np.int32) if record_kept else None
+    keeps_scores = record_scores and policy.keeps_scores
+    score_hist = np.full((T, budget + 1), np.nan) if keeps_scores else None
+    score_pos = np.full((T, budget + 1), -1, dtype=np.int32) if keeps_scores else None
+    victims_hist = []
+    every = max(1, T // 16)
+    for s in steps(trace, policy, budget, top_k=top_k):
+        i = s.t - 1
+        mass[i] = s.retained_mass
+        recall[i] = s.top_k_hits / min(top_k, s.t)
+        if keeps_scores:
+            score_hist[i, : s.scores.size] = s.scores
+            score_pos[i, : s.scores.size] = s.score_positions
+        if record_kept:
+            kept_hist[i, : s.kept_after.size] = s.kept_after
+        if record_victims:
+            victims_hist.append(s.victims)
+        if progress is not None and (s.t % every == 0 or s.t == T):
+            progress(s.t / T)
+    return ReplayResult(
+        policy=policy.name,
+        budget=budget,
+        params=dict(policy.params),
+        steps=T,
+        top_k=top_k,
+        retained_mass_series=mass,
+        top_k_recall_series=recall,
+        kept_history=kept_hist,
+        score_history=score_hist,
+        score_positions=score_pos,
+        victims_history=victims_hist,
+    )
+
+
+def _check_victims(policy: Policy, t: int, before: np.ndarray, victims: list[int], budget: int, after: np.ndarray) -> None:
+    v = np.asarray(victims, dtype=np.int64)
+    if v.size and np.any(np.diff(v) <= 0):
+        raise ContractError(f"{policy!r} step {t}: victims {victims} not in ascending order")
+    if v.size and not np.all(np.isin(v, before)):
+        raise ContractError(f"{policy!r} step {t}: victims {victims} include positions it did not hold")
+    expected = min(t + 1, budget)
+    if after.size != expected:
+        raise ContractError(f"{policy!r} step {t}: holds {after.size} positions after eviction, expected {expected}")
+    if after.size + v.size != before.size or np.any(np.isin(v, after)):
+        raise ContractError(f"{policy!r} step {t}: victims {victims} are still held or the cache changed otherwise")
