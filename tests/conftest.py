@@ -27,23 +27,16 @@ def random_trace(steps: int, seed: int = 0, ties: bool = False, name: str = "ran
 
 
 def policy_args(name: str, budget: int, trace: kvsim.Trace | None = None, **params) -> dict:
-    """Keyword arguments that build ``name`` at ``budget``: its defaults, with every integer
-    parameter scaled down when the defaults do not fit a small budget (recent_window 32 at budget
-    8), plus the trace for offline policies."""
-    cls = kvsim.POLICIES[name]
-    extra = {"trace": trace} if cls.needs_trace else {}
-    try:
-        kvsim.make_policy(name, budget=budget, **params, **extra)
-        return {**params, **extra}
-    except ValueError:
-        pass
+    """The parameters that build ``name`` at ``budget``: its defaults, each tunable brought within
+    the bounds the registry gives for that budget (recent_window 32 at budget 8 becomes 4), with
+    ``params`` as given. The trace is passed to ``make_policy(..., trace=)`` separately."""
     fitted = dict(params)
-    for p, default in kvsim.policy_params(name).items():
-        if p in fitted or p == "trace" or isinstance(default, bool) or not isinstance(default, int):
-            continue
-        fitted[p] = min(default, budget // 2)
-    kvsim.make_policy(name, budget=budget, **fitted, **extra)  # fails the test loudly if still refused
-    return {**fitted, **extra}
+    for p in kvsim.tunables(name):
+        upper = p.upper(budget)
+        if p.name not in fitted and upper is not None and p.default > upper:
+            fitted[p.name] = min(p.default, budget // 2)
+    kvsim.make_policy(name, budget=budget, trace=trace, **fitted)  # fails the test loudly if still refused
+    return fitted
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""The policy contract of DOMAIN.md section 2, for every policy in the registry.
+"""The policy contract (docs/domain.md, "The policy interface"), for every policy in the registry.
 
 Parametrised over ``kvsim.POLICIES`` at collection time, so a policy that joins the registry is
 covered without touching this file. Offline policies (``needs_trace``) get the trace.
@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 import kvsim
-from kvsim.replay import observed_attention
+from kvsim.harness import observed_attention
 
 NAMES = list(kvsim.POLICIES)
 BUDGETS = [1, 2, 3, 5, 16, 40]
 
 
 def build(fit_args, name, budget, trace, rng=None, **params):
-    return kvsim.make_policy(name, budget=budget, rng=rng, **fit_args(name, budget, trace, **params))
+    return kvsim.make_policy(name, budget=budget, rng=rng, trace=trace, **fit_args(name, budget, trace, **params))
 
 
 def drive(policy, trace, attention="observed"):
@@ -104,7 +104,6 @@ def test_budget_respected_and_victims_contract(name, budget, trace, tie_trace, f
 def test_replay_harness_accepts_every_policy(name, trace, fit_args):
     """The harness's own contract checks pass, and its kept history is what the policy held."""
     params = fit_args(name, 16, trace)
-    params.pop("trace", None)  # replay passes the trace to offline policies itself
     result = kvsim.replay(trace, name, budget=16, record_kept=True, record_victims=True, **params)
     kept, victims = drive(build(fit_args, name, 16, trace), trace)
     for t, k in enumerate(kept):
@@ -167,31 +166,43 @@ def test_none_attention_leaves_scores_unchanged(name, trace, fit_args):
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("budget", [0, -1, -512])
 def test_refuses_budget_below_one(name, budget, trace):
-    extra = {"trace": trace} if kvsim.POLICIES[name].needs_trace else {}
     with pytest.raises(ValueError, match="budget"):
-        kvsim.make_policy(name, budget=budget, **extra)
+        kvsim.make_policy(name, budget=budget, trace=trace)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_refuses_unknown_parameter(name, trace):
-    extra = {"trace": trace} if kvsim.POLICIES[name].needs_trace else {}
     with pytest.raises(ValueError, match="window_size_typo"):
-        kvsim.make_policy(name, budget=64, window_size_typo=3, **extra)
+        kvsim.make_policy(name, budget=64, window_size_typo=3, trace=trace)
 
 
 @pytest.mark.parametrize(
     ("name", "param"),
     [
-        (n, p)
-        for n in NAMES
-        for p, d in kvsim.policy_params(n).items()
-        if isinstance(d, int) and not isinstance(d, bool)
+        (n, p.name) for n in NAMES for p in kvsim.tunables(n)
     ],
 )
 def test_refuses_negative_integer_parameters(name, param, trace):
-    extra = {"trace": trace} if kvsim.POLICIES[name].needs_trace else {}
     with pytest.raises(ValueError, match=param):
-        kvsim.make_policy(name, budget=64, **{param: -1}, **extra)
+        kvsim.make_policy(name, budget=64, **{param: -1}, trace=trace)
+
+
+@pytest.mark.parametrize(("name", "param"), [(n, p) for n in NAMES for p in kvsim.tunables(n) if p.below_budget])
+def test_the_registry_bounds_are_the_policies_own(name, param, trace):
+    """What the registry lists as the largest value at a budget is accepted, one more is refused:
+    the CLI and the app read these bounds, so they must be the ones the policy enforces."""
+    top = param.upper(16)
+    assert kvsim.make_policy(name, budget=16, trace=trace, **{param.name: top}).params[param.name] == top
+    with pytest.raises(ValueError, match=param.name):
+        kvsim.make_policy(name, budget=16, trace=trace, **{param.name: top + 1})
+
+
+def test_offline_references_refuse_to_be_built_without_the_trace():
+    offline = [n for n, cls in kvsim.POLICIES.items() if cls.needs_trace]
+    assert offline
+    for name in offline:
+        with pytest.raises(ValueError, match="trace"):
+            kvsim.make_policy(name, budget=8)
 
 
 @pytest.mark.parametrize(

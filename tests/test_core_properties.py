@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvsim
-from kvsim.replay import observed_attention
+from kvsim.harness import observed_attention
 
 NAMES = list(kvsim.POLICIES)
 SETTINGS = settings(max_examples=300, deadline=None)
@@ -23,23 +23,17 @@ def cases(draw, names=tuple(NAMES)):
     spec = (steps, draw(st.integers(0, 2**16)), draw(st.booleans()))
     name = draw(st.sampled_from(names))
     budget = draw(st.integers(1, steps + 2))
-    params = {
-        p: draw(st.integers(0, budget - 1))
-        for p, d in kvsim.policy_params(name).items()
-        if isinstance(d, int) and not isinstance(d, bool)
-    }
+    params = {p.name: draw(st.integers(0, budget - 1)) for p in kvsim.tunables(name)}
     return spec, name, budget, params
 
 
 def run(make_trace, fit_args, case, **record):
     (steps, seed, ties), name, budget, params = case
     trace = make_trace(steps, seed=seed, ties=ties)
-    extra = {"trace": trace} if kvsim.POLICIES[name].needs_trace else {}
     try:
-        kvsim.make_policy(name, budget=budget, **params, **extra)
+        kvsim.make_policy(name, budget=budget, trace=trace, **params)
     except ValueError:
         params = fit_args(name, budget, trace)
-    params = {k: v for k, v in params.items() if k != "trace"}  # replay passes the trace itself
     return trace, params, kvsim.replay(trace, name, budget=budget, record_kept=True, **record, **params)
 
 

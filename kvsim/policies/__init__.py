@@ -1,4 +1,7 @@
-from .base import DEFAULT_BUDGET, Policy
-from .registry import POLICIES, make_policy, policy_params, register
+from .base import DEFAULT_BUDGET, Param, Policy
+from .registry import POLICIES, all_tunables, make_policy, policy_class, policy_params, tunables
 
-__all__ = ["DEFAULT_BUDGET", "POLICIES", "Policy", "make_policy", "policy_params", "register"]
+__all__ = [
+    "DEFAULT_BUDGET", "POLICIES", "Param", "Policy", "all_tunables", "make_policy", "policy_class", "policy_params",
+    "tunables",
+]

@@ -1,4 +1,4 @@
-"""The policy interface every eviction policy implements (DOMAIN.md section 2).
+"""The policy interface every eviction policy implements (docs/domain.md, "The policy interface").
 
 A policy holds a set of token positions, ``kept``, in ascending order: the order in which
 attention arrives. The harness calls ``on_decode_step(pos, attn)`` once per decode step
@@ -8,6 +8,7 @@ information"), then ``evict(budget)``, which returns the victims in ascending po
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -34,8 +35,28 @@ def check_param(name: str, value: int, *, below: int | None = None, below_name: 
     return int(value)
 
 
+@dataclass(frozen=True)
+class Param:
+    """A tunable integer parameter of a policy: what the registry lists, the CLI turns into a flag
+    and the app into a control. Its bounds are checked by ``check`` when the policy is built."""
+
+    name: str
+    default: int
+    help: str
+    #: True when the value must be strictly below the budget (a window the size of the cache would
+    #: leave nothing to choose between)
+    below_budget: bool = False
+
+    def check(self, value: int, budget: int) -> int:
+        return check_param(self.name, value, below=budget if self.below_budget else None)
+
+    def upper(self, budget: int) -> int | None:
+        """The largest value allowed at ``budget`` (None: no upper bound)."""
+        return budget - 1 if self.below_budget else None
+
+
 class Policy:
-    """Base class: the members of DOMAIN.md section 2, plus the cache's starting state ``[0]``."""
+    """Base class: the members of docs/domain.md ("The policy interface"), plus the cache's starting state ``[0]``."""
 
     name: ClassVar[str] = ""
     #: True for policies whose eviction depends on the attention they are shown.
@@ -43,8 +64,10 @@ class Policy:
     #: True for policies that keep a per-position score (the app's cumulative-score view).
     keeps_scores: ClassVar[bool] = False
     #: True for offline references that read the whole trace (future rows included); they take
-    #: a ``trace=`` parameter, which ``replay`` passes when it builds the policy by name.
+    #: a ``trace=`` parameter, which the registry's ``make_policy`` passes when it is given one.
     needs_trace: ClassVar[bool] = False
+    #: the policy's tunable parameters beyond budget, in the order the controls list them
+    tunables: ClassVar[tuple[Param, ...]] = ()
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:
         self.budget = check_budget(budget)
@@ -52,8 +75,9 @@ class Policy:
 
     @property
     def params(self) -> dict[str, int]:
-        """The policy's own parameters (beyond budget), as passed to ``make_policy``."""
-        return {}
+        """The policy's own parameters (beyond budget), as passed to ``make_policy``: each tunable's
+        value, read from the attribute of the same name."""
+        return {p.name: getattr(self, p.name) for p in self.tunables}
 
     @property
     def kept(self) -> np.ndarray:  # pragma: no cover - abstract

@@ -15,30 +15,32 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import DEFAULT_BUDGET, SlotPolicy, check_param
+from .base import DEFAULT_BUDGET, Param, SlotPolicy
+
+#: shared with the policies that protect the newest positions the same way (scissorhands)
+RECENT_WINDOW = Param(
+    "recent_window", 32, "the newest recent_window positions are never evicted", below_budget=True
+)
 
 
 class H2O(SlotPolicy):
     name = "h2o"
     reads_attention = True
     keeps_scores = True
+    tunables = (RECENT_WINDOW,)
 
     def __init__(
         self,
         budget: int = DEFAULT_BUDGET,
         rng: np.random.Generator | None = None,
-        recent_window: int = 32,
+        recent_window: int = RECENT_WINDOW.default,
     ) -> None:
         super().__init__(budget, rng)
-        self.recent_window = check_param("recent_window", recent_window, below=self.budget)
+        self.recent_window = RECENT_WINDOW.check(recent_window, self.budget)
         self._score = np.zeros(self.budget + 1, dtype=np.float64)  # position 0 starts at 0
 
     def _slot_arrays(self) -> list[np.ndarray]:
         return [self._score]
-
-    @property
-    def params(self) -> dict[str, int]:
-        return {"recent_window": self.recent_window}
 
     @property
     def scores(self) -> np.ndarray:

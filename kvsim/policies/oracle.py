@@ -21,13 +21,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..trace import Trace
-from .base import DEFAULT_BUDGET, Policy, check_budget
+from .base import DEFAULT_BUDGET, SlotPolicy, check_budget
 
 #: rows per block of the precomputed suffix sums (memory ~ (T / BLOCK) * T * 8 bytes)
 BLOCK = 64
 
 
-class OfflineOracle(Policy):
+class OfflineOracle(SlotPolicy):
     name = "oracle"
     needs_trace = True
 
@@ -50,12 +50,7 @@ class OfflineOracle(Policy):
         for c in range(n_blocks - 1, -1, -1):
             rows = self._attention[c * BLOCK + 1 : (c + 1) * BLOCK + 1].astype(np.float64)
             self._suffix[c] = self._suffix[c + 1] + rows.sum(axis=0)
-        self._kept = np.zeros(1, dtype=np.int64)
         self._step = 0
-
-    @property
-    def kept(self) -> np.ndarray:
-        return self._kept.copy()
 
     def future_attention(self, positions: np.ndarray, after: int) -> np.ndarray:
         """Sum of the trace's weights on ``positions`` over rows ``after + 1 .. T`` (float64)."""
@@ -65,27 +60,16 @@ class OfflineOracle(Policy):
         return self._suffix[c, positions] + rows.sum(axis=0)
 
     def on_decode_step(self, pos: int, attn: np.ndarray | None) -> None:
-        if self._kept.size == self.budget + 1:
-            raise RuntimeError(f"{self.name}: cache full ({self._kept.size}); evict before the next step")
-        if not self._kept[-1] < pos <= self._steps:
-            raise ValueError(f"{self.name}: position {pos} is not a step of the trace after {self._kept[-1]}")
-        self._kept = np.append(self._kept, pos)
+        self._step_attention(None)  # the free-slot check; the oracle reads the trace, not attn
+        if not self._pos[self._len - 1] < pos <= self._steps:
+            raise ValueError(f"{self.name}: position {pos} is not a step of the trace after {self._pos[self._len - 1]}")
+        self._admit(pos)
         self._step = pos
 
     def evict(self, budget: int) -> list[int]:
-        n_evict = self._kept.size - budget
-        if n_evict <= 0:
+        if self._len <= budget:
             return []
-        check_budget(budget)
-        future = self.future_attention(self._kept, self._step)
-        chosen = np.zeros(self._kept.size, dtype=bool)
-        for _ in range(n_evict):
-            i = int(np.argmin(future))  # first minimum: the lower position on ties
-            chosen[i] = True
-            future[i] = np.inf
-        victims = self._kept[chosen].tolist()
-        self._kept = self._kept[~chosen]
-        return victims
+        return self._evict_lowest(budget, self.future_attention(self._pos[: self._len], self._step))
 
 
 def upper_bound_series(trace: Trace, budget: int) -> np.ndarray:
@@ -117,10 +101,3 @@ def upper_bound_summary(trace: Trace, budget: int, top_k: int) -> dict:
         "retained_mass": float(upper_bound_series(trace, budget).mean()),
         "top_k_recall": float((np.minimum(budget, wanted) / wanted).mean()),
     }
-
-
-def oracle_summary(trace: Trace, budget: int, top_k: int) -> dict:
-    """The offline oracle as a table row (a replay that hands it the trace)."""
-    from ..replay import replay  # the harness imports the registry, which imports this module
-
-    return replay(trace, OfflineOracle.name, budget=budget, top_k=top_k).summary()

@@ -19,7 +19,7 @@ everybody one).
 counts the whole run, as the H2O card's comparison and the project's issue specify; a positive
 ``history_window = N`` counts only the votes of the last N *observed* steps, closer to the
 paper. Steps with ``attn=None`` carry no information: they add no votes and do not advance the
-window either, so every count stays exactly as it was (DOMAIN.md section 2). The paper counts the
+window either, so every count stays exactly as it was (docs/domain.md). The paper counts the
 times a token falls *below* 1/n and drops the largest count; we count votes *for* it, as the H2O
 card describes. The two differ for positions held for different lengths of time: a count against
 favours newcomers, a count for favours positions that have been held long.
@@ -33,24 +33,28 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import DEFAULT_BUDGET, SlotPolicy, check_param
+from .base import DEFAULT_BUDGET, Param, SlotPolicy
+from .h2o import RECENT_WINDOW
+
+HISTORY_WINDOW = Param("history_window", 0, "votes of the last history_window observed steps count (0: the whole run)")
 
 
 class Scissorhands(SlotPolicy):
     name = "scissorhands"
     reads_attention = True
     keeps_scores = True
+    tunables = (RECENT_WINDOW, HISTORY_WINDOW)
 
     def __init__(
         self,
         budget: int = DEFAULT_BUDGET,
         rng: np.random.Generator | None = None,
-        recent_window: int = 32,
-        history_window: int = 0,
+        recent_window: int = RECENT_WINDOW.default,
+        history_window: int = HISTORY_WINDOW.default,
     ) -> None:
         super().__init__(budget, rng)
-        self.recent_window = check_param("recent_window", recent_window, below=self.budget)
-        self.history_window = check_param("history_window", history_window)
+        self.recent_window = RECENT_WINDOW.check(recent_window, self.budget)
+        self.history_window = HISTORY_WINDOW.check(history_window, self.budget)
         self._count = np.zeros(self.budget + 1, dtype=np.int64)  # position 0 starts with no votes
         # with a finite window, each slot remembers its votes of the last N observed steps (a ring
         # indexed by observed step), so the vote that leaves the window can be taken back
@@ -59,10 +63,6 @@ class Scissorhands(SlotPolicy):
 
     def _slot_arrays(self) -> list[np.ndarray]:
         return [self._count] if self._ring is None else [self._count, self._ring]
-
-    @property
-    def params(self) -> dict[str, int]:
-        return {"recent_window": self.recent_window, "history_window": self.history_window}
 
     @property
     def scores(self) -> np.ndarray:

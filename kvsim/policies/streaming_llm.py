@@ -4,40 +4,44 @@ Xiao et al., "Efficient Streaming Language Models with Attention Sinks", ICLR 20
 (arXiv:2309.17453). Trained transformers park attention on the first few tokens (attention
 sinks); a window that throws them away degrades sharply. Tie rule: victims are the oldest
 unpinned positions, oldest first, which is ascending position order. Attention is never read.
+
+With ``sinks = 0`` this is the sliding window (``sliding_window.py`` is exactly that).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .base import DEFAULT_BUDGET, Policy, check_param
+from .base import DEFAULT_BUDGET, Param, Policy
+
+SINKS = Param("sinks", 4, "the first sinks positions are pinned forever", below_budget=True)
 
 
 class StreamingLLM(Policy):
     name = "streaming_llm"
+    tunables = (SINKS,)
 
     def __init__(
-        self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None, sinks: int = 4
+        self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None, sinks: int = SINKS.default
     ) -> None:
         super().__init__(budget, rng)
-        self.sinks = check_param("sinks", sinks, below=self.budget)
+        self._init_ring(SINKS.check(sinks, self.budget))
+
+    def _init_ring(self, sinks: int) -> None:
+        self.sinks = sinks
         self._sink_positions: list[int] = []
         # ring buffer for the unpinned part: at most budget + 1 - sinks positions at once
-        self._slots = np.zeros(self.budget + 1 - self.sinks, dtype=np.int64)
+        self._slots = np.zeros(self.budget + 1 - sinks, dtype=np.int64)
         self._head = 0
         self._len = 0
-        self._admit(0)
-
-    @property
-    def params(self) -> dict[str, int]:
-        return {"sinks": self.sinks}
+        self._admit(0)  # the cache starts holding position 0
 
     def _admit(self, pos: int) -> None:
         if len(self._sink_positions) < self.sinks:
             self._sink_positions.append(pos)
             return
         if self._len == self._slots.size:
-            raise RuntimeError(f"{self.name}: cache full; evict before the next step")
+            raise RuntimeError(f"{self.name}: cache full ({self.budget + 1}); evict before the next step")
         self._slots[(self._head + self._len) % self._slots.size] = pos
         self._len += 1
 
