@@ -2,9 +2,10 @@
 
 Public API (no import side effects)::
 
-    kvsim.make_policy(name, budget=512, rng=None, **params)
-    kvsim.replay(trace, "h2o", budget=256, recent_window=64)
-    kvsim.sweep(trace, "h2o", 256, "recent_window", range(1, 256))   # fast engine where it can
+    kvsim.make_policy(name, budget=512, rng=None, trace=None, **params)
+    kvsim.tunables(name)                    # its parameters: defaults, bounds, help
+    kvsim.replay(trace, "h2o", budget=256, recent_window=64)          # fast engine where it covers
+    kvsim.sweep(trace, "h2o", 256, "recent_window", range(1, 256))   # the policy, reference otherwise
     kvsim.canonical_trace()                 # the calibrated synthetic trace (cached on disk)
     kvsim.resolve_trace("canonical")        # canonical, a shipped trace's name, or a path
     kvsim.load_trace(path)                  # the interchange .npz format
@@ -15,10 +16,10 @@ from .cache import canonical_trace
 from .canonical import CanonicalConfig
 from .canonical import generate as generate_canonical
 from .catalog import available_traces, resolve_trace
+from .harness import DEFAULT_TOP_K, ContractError, ReplayResult
 from .metrics import describe
-from .policies import DEFAULT_BUDGET, POLICIES, Policy, make_policy, policy_params, register
-from .replay import DEFAULT_TOP_K, ContractError, ReplayResult, replay
-from .sweep import sweep
+from .policies import DEFAULT_BUDGET, POLICIES, Param, Policy, make_policy, policy_params, tunables
+from .simulate import best, replay, sweep
 from .trace import Trace, TraceError, from_array, save_npz
 from .trace import load_npz as load_trace
 
@@ -28,11 +29,13 @@ __all__ = [
     "POLICIES",
     "CanonicalConfig",
     "ContractError",
+    "Param",
     "Policy",
     "ReplayResult",
     "Trace",
     "TraceError",
     "available_traces",
+    "best",
     "canonical_trace",
     "describe",
     "from_array",
@@ -40,9 +43,9 @@ __all__ = [
     "load_trace",
     "make_policy",
     "policy_params",
-    "register",
     "replay",
     "resolve_trace",
     "save_npz",
     "sweep",
+    "tunables",
 ]

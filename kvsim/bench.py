@@ -22,7 +22,6 @@ Timings are wall-clock on whatever machine runs it; nothing here asserts a speed
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -37,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from . import cache, canonical, engine
-from .replay import replay
+from .simulate import replay, sweep
 from .trace import Trace, save_npz
 
 BUDGET = 256
@@ -119,9 +118,9 @@ def run(full_reference: bool = False, progress=None) -> dict:
 
     # 1. one h2o replay
     say("one h2o replay")
-    ref_s, ref = _timed(lambda: replay(trace, "h2o", budget=BUDGET, recent_window=REPLAY_WINDOW))
-    first_s, fast = _timed(lambda: engine.replay_fast(trace, "h2o", BUDGET, recent_window=REPLAY_WINDOW))
-    warm_s, fast = _timed(lambda: engine.replay_fast(trace, "h2o", BUDGET, recent_window=REPLAY_WINDOW), repeat=5)
+    ref_s, ref = _timed(lambda: replay(trace, "h2o", budget=BUDGET, recent_window=REPLAY_WINDOW, reference=True))
+    first_s, fast = _timed(lambda: replay(trace, "h2o", budget=BUDGET, recent_window=REPLAY_WINDOW))
+    warm_s, fast = _timed(lambda: replay(trace, "h2o", budget=BUDGET, recent_window=REPLAY_WINDOW), repeat=5)
     doc["replay"] = {
         "recent_window": REPLAY_WINDOW,
         "reference_seconds": ref_s,
@@ -138,12 +137,12 @@ def run(full_reference: bool = False, progress=None) -> dict:
     per = []
     ref_rows = {}
     for w in windows:
-        s, r = _timed(lambda w=w: replay(trace, "h2o", budget=BUDGET, recent_window=w))
+        s, r = _timed(lambda w=w: replay(trace, "h2o", budget=BUDGET, recent_window=w, reference=True))
         per.append(s)
         ref_rows[w] = r.summary()
     ref_total = sum(per) if full_reference else statistics.mean(per) * len(WINDOWS)
     say("engine sweep")
-    eng_s, rows = _timed(lambda: engine.sweep(trace, "h2o", BUDGET, "recent_window", WINDOWS))
+    eng_s, rows = _timed(lambda: sweep(trace, "h2o", BUDGET, "recent_window", WINDOWS))
     by_window = {r["recent_window"]: r for r in rows}
     doc["sweep"] = {
         "configurations": len(WINDOWS),
@@ -185,7 +184,7 @@ def run(full_reference: bool = False, progress=None) -> dict:
     say("engine sweep under tracemalloc")
     fresh = Trace(trace.attention, name=trace.name, meta=trace.meta)
     tracemalloc.start()
-    engine.sweep(fresh, "h2o", BUDGET, "recent_window", WINDOWS)
+    sweep(fresh, "h2o", BUDGET, "recent_window", WINDOWS)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     doc["memory"] = {
@@ -207,7 +206,7 @@ def run(full_reference: bool = False, progress=None) -> dict:
     best = dict.fromkeys(sizes, float("inf"))
     for _ in range(5):
         for steps, budget in sizes:
-            s, _ = _timed(lambda t=traces[steps], b=budget: engine.sweep(t, "h2o", b, "recent_window", SCALING_WINDOWS))
+            s, _ = _timed(lambda t=traces[steps], b=budget: sweep(t, "h2o", b, "recent_window", SCALING_WINDOWS))
             best[steps, budget] = min(best[steps, budget], s)
     scaling = []
     for steps, budget in sizes:
@@ -266,18 +265,3 @@ def render(doc: dict) -> str:
         "targets: " + ", ".join(f"{k} {'PASS' if v else 'FAIL'}" for k, v in doc["targets"].items()),
     ]
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kvsim bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
-    parser.add_argument("--full-reference", action="store_true", help="replay all 255 windows on the reference path")
-    args = parser.parse_args(argv)
-    say = None if args.json else (lambda m: print(f"bench: {m} ...", file=sys.stderr, flush=True))
-    doc = run(full_reference=args.full_reference, progress=say)
-    print(json.dumps(doc, indent=2) if args.json else render(doc))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

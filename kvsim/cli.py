@@ -23,11 +23,10 @@ import numpy as np
 
 from . import bench
 from .catalog import available_traces, resolve_trace
-from .engine import replay_fast
+from .harness import DEFAULT_TOP_K
 from .metrics import DEFAULT_BAND, describe
-from .policies import DEFAULT_BUDGET, POLICIES, make_policy, policy_params
-from .replay import DEFAULT_TOP_K
-from .sweep import best, sweep
+from .policies import DEFAULT_BUDGET, POLICIES, all_tunables, make_policy, policy_params
+from .simulate import best, replay, sweep
 from .table import TABLE_BUDGET, build_table, params_label
 from .trace import save_npz
 
@@ -47,17 +46,6 @@ class _Parser(argparse.ArgumentParser):
 
 def _flag(param: str) -> str:
     return "--" + param.replace("_", "-")
-
-
-def _param_specs() -> dict[str, type]:
-    """Every numeric policy parameter in the registry -> its type (from its default)."""
-    specs: dict[str, type] = {}
-    for name in POLICIES:
-        for param, default in policy_params(name).items():
-            if param == "trace" or isinstance(default, bool) or not isinstance(default, (int, float)):
-                continue  # offline policies take the trace itself, which --trace supplies
-            specs.setdefault(param, type(default))
-    return specs
 
 
 def _positive_int(text: str) -> int:
@@ -93,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Replay attention traces through KV-cache eviction policies.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    specs = _param_specs()
+    specs = all_tunables()
     trace_help = f"canonical, a shipped trace ({', '.join(available_traces()[1:]) or 'none yet'}) or a path to an .npz"
 
     def common(p: argparse.ArgumentParser, budget_default: int | None, budget_type=int) -> None:
@@ -105,14 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     def policy_flags(p: argparse.ArgumentParser, ranges: bool) -> None:
         p.add_argument("--policy", required=True, choices=list(POLICIES), help="registry name")
-        for param, typ in specs.items():
+        for param, spec in specs.items():
+            owners = ", ".join(n for n, cls in POLICIES.items() if spec in cls.tunables)
             p.add_argument(
                 _flag(param),
                 dest=f"param_{param}",
-                type=str if ranges else typ,
+                type=str if ranges else int,
                 default=None,
                 metavar="A:B[:STEP]" if ranges else "N",
-                help=f"policy parameter {param} (only for policies that take it)",
+                help=f"{spec.help} (default {spec.default}; {owners})",
             )
 
     p = sub.add_parser("replay", help="replay one policy; mean retained mass and top-k recall")
@@ -163,7 +152,7 @@ def _policy_args(args: argparse.Namespace) -> dict:
     }
     for param in given:
         if param not in accepted:
-            takes = ", ".join(_flag(p) for p in accepted if p != "trace") or "nothing beyond --budget"
+            takes = ", ".join(_flag(p) for p in accepted) or "nothing beyond --budget"
             raise CLIError(f"{_flag(param)} does not apply to policy {args.policy} (it takes {takes})")
     return given
 
@@ -174,7 +163,7 @@ def cmd_replay(args: argparse.Namespace) -> object:
     if not POLICIES[args.policy].needs_trace:
         make_policy(args.policy, budget=budget, **params)  # refuse bad parameters before loading the trace
     trace = resolve_trace(args.trace)
-    result = replay_fast(trace, args.policy, budget, top_k=args.top_k, **params)  # the reference's result, faster
+    result = replay(trace, args.policy, budget=budget, top_k=args.top_k, **params)
     return {"trace": trace.name, **result.summary()}
 
 
@@ -185,7 +174,7 @@ def cmd_sweep(args: argparse.Namespace) -> object:
     ranges = {p: parse_range(_flag(p), text) for p, text in given.items()}
     swept = [p for p, values in ranges.items() if ":" in given[p]]
     if len(swept) != 1:
-        flags = [_flag(p) for p in policy_params(args.policy) if p != "trace"] + ["--budget"]
+        flags = [_flag(p) for p in policy_params(args.policy)] + ["--budget"]
         what = "none was" if not swept else f"{len(swept)} were ({', '.join(_flag(p) for p in swept)})"
         raise CLIError(f"sweep needs exactly one range A:B[:STEP] among {', '.join(flags)}; {what} given")
     param = swept[0]
@@ -347,7 +336,7 @@ def _render_table(doc: dict) -> str:
     if doc["targets"] is not None:
         parts += [
             "",
-            "Calibration targets (DOMAIN.md section 5):",
+            "Calibration targets (docs/domain.md, the canonical trace):",
             "",
             _aligned(
                 ["figure", "target", "measured", "result"],

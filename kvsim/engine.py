@@ -21,12 +21,13 @@ Exactness, the reference's rules restated where the engine relies on them:
 - top-k recall counts ``kept`` against the k largest weights of the row (lower position first on
   ties, ``Trace.topk_mask``) and divides by ``min(k, t)``; the means are numpy's, over the series.
 
-Anything the engine does not cover falls back to the reference harness, one configuration at a time.
+``FAST``, next to the kernels, is the one table of the policies the engine replays; ``kvsim.replay``
+and ``kvsim.sweep`` use it when ``covers`` says so and the reference harness otherwise.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -35,8 +36,8 @@ try:
 except ImportError:  # numba is in requirements.txt; without it every call takes the reference path
     njit = None
 
-from .policies import POLICIES, make_policy, policy_params
-from .replay import DEFAULT_TOP_K, ReplayResult, replay
+from .harness import ReplayResult
+from .policies import Policy
 from .trace import Trace
 
 #: True when the kernels can be compiled; False means every call is a reference replay (slower,
@@ -48,8 +49,6 @@ def _kernel(fn):
     return njit(cache=True)(fn) if AVAILABLE else fn
 
 
-#: policies the engine replays itself; every other registered policy goes through the reference
-FAST_POLICIES = ("sliding_window", "streaming_llm", "h2o", "scissorhands")
 #: steps per kernel call: the granularity of ``progress`` reports
 _CHUNK = 256
 #: configurations per pass of a sweep. The per-step series (16 bytes per configuration and step)
@@ -296,16 +295,6 @@ def _attention(trace: Trace) -> np.ndarray:
     return A
 
 
-def _fast(trace: Trace, policy) -> bool:
-    return (
-        AVAILABLE
-        and isinstance(policy, str)
-        and policy in FAST_POLICIES
-        and trace.attention.dtype in (np.float32, np.float64)
-        and trace.steps >= 1
-    )
-
-
 def _chunks(T: int, progress: Callable[[float], None] | None):
     for t0 in range(1, T + 1, _CHUNK):
         t1 = min(t0 + _CHUNK, T + 1)
@@ -319,99 +308,117 @@ def _none(dtype, ndim: int) -> np.ndarray:
     return np.zeros((0,) * ndim, dtype=dtype)
 
 
-def _run(trace: Trace, policy: str, budgets, params: list[dict], top_k: int, progress=None, record=False):
-    """Replay ``policy`` once per (budget, params) pair, all in one pass over the trace.
+def _run_h2o(A, topk, T, budgets, params, progress, record, b0, kept_hist):
+    n_cfg = budgets.size
+    mass = np.empty((n_cfg, T), dtype=np.float64)
+    recall = np.empty((n_cfg, T), dtype=np.float64)
+    stamp = np.zeros(T + 1, dtype=np.int64)  # stamp[p] == t: p is in row t's top k
+    windows = np.array([p["recent_window"] for p in params], dtype=np.int64)
+    width = int(budgets.max()) + 1
+    pos = np.zeros((n_cfg, width), dtype=np.int32)
+    score = np.zeros((n_cfg, width), dtype=np.float64)
+    length = np.ones(n_cfg, dtype=np.int64)  # every cache starts holding position 0, score 0
+    gather = np.empty(width, dtype=np.float64)
+    score_hist = np.full((T, b0 + 1), np.nan) if record else _none(np.float64, 2)
+    score_pos = np.full((T, b0 + 1), -1, dtype=np.int32) if record else _none(np.int32, 2)
+    victims = np.full(T, -1, dtype=np.int64) if record else _none(np.int64, 1)
+    for t0, t1 in _chunks(T, progress):
+        _h2o_steps(A, topk, t0, t1, budgets, windows, pos, score, length, mass, recall, stamp, gather,
+                   kept_hist, score_hist, score_pos, victims)
+    return mass, recall, {"score_history": score_hist, "score_positions": score_pos, "victims": victims}
+
+
+def _run_scissorhands(A, topk, T, budgets, params, progress, record, b0, kept_hist):
+    n_cfg = budgets.size
+    mass = np.empty((n_cfg, T), dtype=np.float64)
+    recall = np.empty((n_cfg, T), dtype=np.float64)
+    stamp = np.zeros(T + 1, dtype=np.int64)
+    windows = np.array([p["recent_window"] for p in params], dtype=np.int64)
+    histories = np.array([p["history_window"] for p in params], dtype=np.int64)
+    width = int(budgets.max()) + 1
+    pos = np.zeros((n_cfg, width), dtype=np.int32)
+    votes = np.zeros((n_cfg, T + 1), dtype=np.int64)  # by position: eviction moves positions only
+    length = np.ones(n_cfg, dtype=np.int64)
+    observed = np.zeros(n_cfg, dtype=np.int64)  # steps with attention: the history window's clock
+    # voters of each observed step in the window, O(configs x history_window x budget) int32;
+    # a step's voters are among the n <= budget positions held, so `width` entries suffice
+    h = int(histories.max())
+    ring = np.zeros((n_cfg, max(1, h), width if h else 1), dtype=np.int32)
+    ring_len = np.zeros(ring.shape[:2], dtype=np.int64)
+    gather = np.empty(width, dtype=np.float64)
+    score_hist = np.full((T, b0 + 1), np.nan) if record else _none(np.float64, 2)
+    score_pos = np.full((T, b0 + 1), -1, dtype=np.int32) if record else _none(np.int32, 2)
+    victims = np.full(T, -1, dtype=np.int64) if record else _none(np.int64, 1)
+    for t0, t1 in _chunks(T, progress):
+        _scissorhands_steps(A, topk, t0, t1, budgets, windows, histories, pos, votes, length, observed,
+                            ring, ring_len, mass, recall, stamp, gather, kept_hist, score_hist, score_pos, victims)
+    return mass, recall, {"score_history": score_hist, "score_positions": score_pos, "victims": victims}
+
+
+def _run_window(A, topk, T, budgets, params, progress, record, b0, kept_hist):
+    n_cfg = budgets.size
+    mass = np.empty((n_cfg, T), dtype=np.float64)
+    recall = np.empty((n_cfg, T), dtype=np.float64)
+    stamp = np.zeros(T + 1, dtype=np.int64)
+    sinks = np.array([p.get("sinks", 0) for p in params], dtype=np.int64)  # sliding_window: no sinks
+    for t0, t1 in _chunks(T, progress):
+        _window_steps(A, topk, t0, t1, budgets, sinks, mass, recall, stamp, kept_hist)
+    # the oldest unpinned position leaves once the cache is full: t - (budget - sinks)
+    t = np.arange(1, T + 1)
+    return mass, recall, {"victims": np.where(t >= b0, t - (b0 - int(sinks[0])), -1)}
+
+
+#: the policies the engine replays itself, each with its runner; every other registered policy is
+#: replayed by the reference harness. A runner takes every configuration of one policy at once.
+FAST = {
+    "sliding_window": _run_window,
+    "streaming_llm": _run_window,
+    "h2o": _run_h2o,
+    "scissorhands": _run_scissorhands,
+}
+
+
+def covers(trace: Trace, name: str) -> bool:
+    """Whether the engine replays policy ``name`` on ``trace`` (else the reference harness does)."""
+    return AVAILABLE and name in FAST and trace.attention.dtype in (np.float32, np.float64) and trace.steps >= 1
+
+
+def _run(trace: Trace, policies: list[Policy], top_k: int, progress=None, record=False):
+    """Replay the configurations ``policies`` (built, all of one registered name) in one pass.
 
     Returns ``(mass, recall, records)``: float64 ``(configs, T)`` series and, with ``record``, the
     kept/score/victim histories of configuration 0."""
     A = _attention(trace)
     topk = topk_positions(trace, top_k)
     T = trace.steps
-    budgets = np.asarray(budgets, dtype=np.int64)
-    n_cfg = budgets.size
-    mass = np.empty((n_cfg, T), dtype=np.float64)
-    recall = np.empty((n_cfg, T), dtype=np.float64)
-    stamp = np.zeros(T + 1, dtype=np.int64)  # stamp[p] == t: p is in row t's top k
+    budgets = np.array([p.budget for p in policies], dtype=np.int64)
     b0 = int(budgets[0])
     kept_hist = np.full((T, b0), -1, dtype=np.int32) if record else _none(np.int32, 2)
-    records: dict = {"kept_history": kept_hist}
-    if policy == "h2o":
-        windows = np.array([p["recent_window"] for p in params], dtype=np.int64)
-        width = int(budgets.max()) + 1
-        pos = np.zeros((n_cfg, width), dtype=np.int32)
-        score = np.zeros((n_cfg, width), dtype=np.float64)
-        length = np.ones(n_cfg, dtype=np.int64)  # every cache starts holding position 0, score 0
-        gather = np.empty(width, dtype=np.float64)
-        score_hist = np.full((T, b0 + 1), np.nan) if record else _none(np.float64, 2)
-        score_pos = np.full((T, b0 + 1), -1, dtype=np.int32) if record else _none(np.int32, 2)
-        victims = np.full(T, -1, dtype=np.int64) if record else _none(np.int64, 1)
-        for t0, t1 in _chunks(T, progress):
-            _h2o_steps(A, topk, t0, t1, budgets, windows, pos, score, length, mass, recall, stamp, gather,
-                       kept_hist, score_hist, score_pos, victims)
-        records.update(score_history=score_hist, score_positions=score_pos, victims=victims)
-    elif policy == "scissorhands":
-        windows = np.array([p["recent_window"] for p in params], dtype=np.int64)
-        histories = np.array([p["history_window"] for p in params], dtype=np.int64)
-        width = int(budgets.max()) + 1
-        pos = np.zeros((n_cfg, width), dtype=np.int32)
-        votes = np.zeros((n_cfg, T + 1), dtype=np.int64)  # by position: eviction moves positions only
-        length = np.ones(n_cfg, dtype=np.int64)
-        observed = np.zeros(n_cfg, dtype=np.int64)  # steps with attention: the history window's clock
-        # voters of each observed step in the window, O(configs x history_window x budget) int32;
-        # a step's voters are among the n <= budget positions held, so `width` entries suffice
-        h = int(histories.max())
-        ring = np.zeros((n_cfg, max(1, h), width if h else 1), dtype=np.int32)
-        ring_len = np.zeros(ring.shape[:2], dtype=np.int64)
-        gather = np.empty(width, dtype=np.float64)
-        score_hist = np.full((T, b0 + 1), np.nan) if record else _none(np.float64, 2)
-        score_pos = np.full((T, b0 + 1), -1, dtype=np.int32) if record else _none(np.int32, 2)
-        victims = np.full(T, -1, dtype=np.int64) if record else _none(np.int64, 1)
-        for t0, t1 in _chunks(T, progress):
-            _scissorhands_steps(A, topk, t0, t1, budgets, windows, histories, pos, votes, length, observed,
-                                ring, ring_len, mass, recall, stamp, gather, kept_hist, score_hist, score_pos, victims)
-        records.update(score_history=score_hist, score_positions=score_pos, victims=victims)
-    else:
-        sinks = np.array([p.get("sinks", 0) for p in params], dtype=np.int64)
-        for t0, t1 in _chunks(T, progress):
-            _window_steps(A, topk, t0, t1, budgets, sinks, mass, recall, stamp, kept_hist)
-        # the oldest unpinned position leaves once the cache is full: t - (budget - sinks)
-        t = np.arange(1, T + 1)
-        records["victims"] = np.where(t >= b0, t - (b0 - int(sinks[0])), -1)
+    runner = FAST[policies[0].name]
+    mass, recall, records = runner(A, topk, T, budgets, [p.params for p in policies], progress, record, b0, kept_hist)
+    records["kept_history"] = kept_hist
     return mass, recall, records
 
 
-# --------------------------------------------------------------------------------------------
-# public API
-
-
-def replay_fast(
+def replay(
     trace: Trace,
-    policy: str,
-    budget: int,
-    top_k: int = DEFAULT_TOP_K,
+    policy: Policy,
+    *,
+    top_k: int,
     record_kept: bool = False,
     record_scores: bool = False,
     record_victims: bool = False,
-    **params,
+    progress: Callable[[float], None] | None = None,
 ) -> ReplayResult:
-    """``kvsim.replay`` with the same arguments and the same result, fast for the policies in
-    ``FAST_POLICIES``; any other policy (or a policy instance) goes through the reference."""
-    if not _fast(trace, policy):
-        return replay(trace, policy, budget=budget, top_k=top_k, record_kept=record_kept,
-                      record_scores=record_scores, record_victims=record_victims, **params)
-    built = make_policy(policy, budget=budget, **params)  # validates budget and params as replay does
-    if top_k < 1:
-        raise ValueError(f"top_k must be at least 1, got {top_k}")
+    """The reference's ``ReplayResult`` for a freshly built ``policy`` whose name ``covers``."""
     record = record_kept or record_scores or record_victims
-    mass, recall, rec = _run(trace, policy, [built.budget], [built.params], top_k, record=record)
-    keeps_scores = record_scores and built.keeps_scores
-    victims = []
-    if record_victims:
-        victims = [[int(v)] if v >= 0 else [] for v in rec["victims"]]
+    mass, recall, rec = _run(trace, [policy], top_k, progress=progress, record=record)
+    keeps_scores = record_scores and policy.keeps_scores
+    victims = [[int(v)] if v >= 0 else [] for v in rec["victims"]] if record_victims else []
     return ReplayResult(
-        policy=built.name,
-        budget=built.budget,
-        params=dict(built.params),
+        policy=policy.name,
+        budget=policy.budget,
+        params=dict(policy.params),
         steps=trace.steps,
         top_k=top_k,
         retained_mass_series=mass[0],
@@ -424,68 +431,15 @@ def replay_fast(
 
 
 def sweep(
-    trace: Trace,
-    policy: str,
-    budget: int,
-    param: str | None,
-    values: Iterable,
-    top_k: int = DEFAULT_TOP_K,
-    progress: Callable[[float], None] | None = None,
-    **params,
-) -> list[dict]:
-    """One ``ReplayResult.summary()`` per value of ``param`` (a policy parameter, or ``"budget"``),
-    in the order of ``values``, the other parameters at ``params`` or their defaults; ``param=None``
-    replays the one configuration. Every value is checked (by building its policy) before any
-    replay, so a bad value fails at once with a ValueError naming the parameter.
-
-    For ``FAST_POLICIES`` every configuration runs in one pass over the trace; any other policy is
-    replayed by the reference, one value at a time. ``progress(fraction_done)`` is called as it goes.
-    """
-    configs = _configs(policy, budget, param, values, params)
-    if top_k < 1:
-        raise ValueError(f"top_k must be at least 1, got {top_k}")
-    extra = {"trace": trace} if policy in POLICIES and POLICIES[policy].needs_trace else {}
-    built = [make_policy(policy, budget=b, **p, **extra) for b, p in configs]
-    if not _fast(trace, policy):
-        out = []
-        for i, (b, p) in enumerate(configs):
-            out.append(replay(trace, policy, budget=b, top_k=top_k, **p).summary())
-            if progress is not None:
-                progress((i + 1) / len(configs))
-        return out
-    rows = []
-    n_batches = -(-len(built) // _BATCH)
+    trace: Trace, policies: list[Policy], *, top_k: int, progress: Callable[[float], None] | None = None
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The (mass, recall) series of each freshly built configuration in ``policies`` (all of one
+    name that ``covers``), in batches of ``_BATCH`` configurations per pass over the trace."""
+    out = []
+    n_batches = -(-len(policies) // _BATCH)
     for j in range(n_batches):
-        batch = built[j * _BATCH : (j + 1) * _BATCH]
+        batch = policies[j * _BATCH : (j + 1) * _BATCH]
         report = None if progress is None else (lambda f, j=j: progress((j + f) / n_batches))
-        mass, recall, _ = _run(trace, policy, [b.budget for b in batch], [b.params for b in batch], top_k, report)
-        rows += [
-            {
-                "policy": b.name,
-                "budget": b.budget,
-                **b.params,
-                "retained_mass": float(mass[i].mean()),  # numpy's mean, as ReplayResult computes it
-                "top_k_recall": float(recall[i].mean()),
-                "top_k": top_k,
-                "steps": trace.steps,
-            }
-            for i, b in enumerate(batch)
-        ]
-    return rows
-
-
-def _configs(policy: str, budget: int, param: str | None, values, params: dict) -> list[tuple[int, dict]]:
-    """The (budget, params) of each configuration a sweep replays."""
-    if param is None:
-        return [(budget, dict(params))]
-    values = list(values)
-    if not values:
-        raise ValueError(f"sweep over {param} needs at least one value")
-    if param == "budget":
-        return [(v, dict(params)) for v in values]
-    if param in params:
-        raise ValueError(f"{param} is both swept and fixed")
-    if isinstance(policy, str) and param not in policy_params(policy):
-        accepted = ", ".join(policy_params(policy)) or "none beyond budget"
-        raise ValueError(f"{policy} does not take parameter {param}; it takes: {accepted}")
-    return [(budget, {**params, param: v}) for v in values]
+        mass, recall, _ = _run(trace, batch, top_k, report)
+        out += list(zip(mass, recall, strict=True))
+    return out

@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from plotly.colors import hex_to_rgb, sequential
 from plotly.subplots import make_subplots
 
-from .replay import ReplayResult
+from .harness import ReplayResult
 from .trace import Trace
 
 #: grey levels of the kept-position image: kept cells dark, evicted white, not-yet-generated light
@@ -337,9 +337,31 @@ OFFLINE_STYLES = (("#7f7f7f", "dot", 3), ("#b0b0b0", "dot", 3))
 OFFLINE_TITLE = "<b>offline references</b> (they read the future)"
 
 
+@dataclass(frozen=True)
+class Line:
+    """A horizontal line on the recent_window chart: a figure that does not move with recent_window."""
+
+    label: str
+    retained_mass: float
+    top_k_recall: float
+    #: "policy": a deployable policy with no recent_window; "offline": an offline reference that
+    #: reads the future; "bound": the per-step upper bound no cache can pass
+    kind: str = "policy"
+    #: the registry name when the line is a policy's replay (the notes compare against streaming_llm)
+    policy: str | None = None
+
+    @classmethod
+    def of(cls, summary: Mapping, label: str, kind: str = "policy", policy: str | None = None) -> Line:
+        return cls(label, float(summary["retained_mass"]), float(summary["top_k_recall"]), kind, policy)
+
+    @property
+    def offline(self) -> bool:
+        return self.kind in ("offline", "bound")
+
+
 def recent_window_curve(
     rows: Sequence[Mapping],
-    references: Mapping[str, Mapping],
+    lines: Sequence[Line] = (),
     *,
     current: int | None,
     default: int = 32,
@@ -348,41 +370,39 @@ def recent_window_curve(
     policy: str = "h2o",
     band_known: bool = True,
     companions: Mapping[str, Sequence[Mapping]] | None = None,
-    offline: Mapping[str, Mapping] | None = None,
 ) -> go.Figure:
     """Retained mass (top) and top-k recall (bottom) against recent_window.
 
     ``policy``'s sweep (``rows``) is the primary curve: it carries the markers at the shipped
     ``default`` and at the trace's ``band`` (labelled as assumed unless ``band_known``), the
     ``current`` recent_window, and the notes computed from the data. ``companions`` are other
-    policies swept over the same recent_windows, drawn beside it without markers. ``references``
-    (policies with no recent_window) and ``offline`` (offline references: an oracle, and the upper
-    bound, named ``upper bound ...``) are horizontal lines, the offline ones dotted, the bound black
-    and the others grey, under a legend of their own. Curve points carry their recent_window as ``customdata`` so a selection can set it.
+    policies swept over the same recent_windows, drawn beside it without markers. ``lines`` are the
+    horizontal ones (``Line``): deployable policies in the policies legend, offline references
+    dotted under a legend of their own, the upper bound black and the others grey. Curve points
+    carry their recent_window as ``customdata`` so a selection can set it.
     """
     if not rows:
         raise ValueError("recent_window_curve needs at least one sweep row")
     df = _sweep_frame(rows)
     x = df["recent_window"].to_numpy()
     others = {name: _sweep_frame(r) for name, r in (companions or {}).items() if r}
-    offline = dict(offline or {})
+    offline = [line for line in lines if line.offline]
+    # streaming_llm is the line the story compares against: the boldest style goes to it
+    references = sorted((line for line in lines if not line.offline), key=lambda line: line.policy != "streaming_llm")
     metrics = (("retained_mass", "retained mass"), ("top_k_recall", f"top-{top_k} recall"))
     fig = make_subplots(
         rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=[m[1] for m in metrics]
     )
-    # streaming_llm is the line the story compares against: the boldest style goes to it
-    references = dict(sorted(references.items(), key=lambda kv: not kv[0].startswith("streaming_llm")))
     lo, hi = float(x.min()), float(x.max())
     for r, (key, label) in enumerate(metrics, start=1):
         y = df[key].to_numpy()
         # drawn first, so the deployable curves and the markers lie on top of them
-        for j, (name, ref) in enumerate(offline.items()):
-            bound = name.startswith("upper bound")
-            colour, dash, width = BOUND_STYLE if bound else OFFLINE_STYLES[j % len(OFFLINE_STYLES)]
-            _hline(fig, r, name, float(ref[key]), label, lo, hi, colour, dash, width, legend="legend2", rank=200 + j)
-        for j, (name, ref) in enumerate(references.items()):
+        for j, line in enumerate(offline):
+            colour, dash, width = BOUND_STYLE if line.kind == "bound" else OFFLINE_STYLES[j % len(OFFLINE_STYLES)]
+            _hline(fig, r, line.label, getattr(line, key), label, lo, hi, colour, dash, width, legend="legend2", rank=200 + j)
+        for j, line in enumerate(references):
             colour, dash = REFERENCE_STYLES[j % len(REFERENCE_STYLES)]
-            _hline(fig, r, name, float(ref[key]), label, lo, hi, colour, dash, 2, legend="legend", rank=100 + j)
+            _hline(fig, r, line.label, getattr(line, key), label, lo, hi, colour, dash, 2, legend="legend", rank=100 + j)
         for j, (name, other) in enumerate(others.items()):
             colour, dash = COMPANION_STYLES[j % len(COMPANION_STYLES)]
             ox = other["recent_window"].to_numpy()
@@ -491,7 +511,7 @@ def curve_peak(rows: Sequence[Mapping]) -> tuple[int, float]:
     return int(best["recent_window"]), float(best["retained_mass"])
 
 
-def _annotate_story(fig, df: pd.DataFrame, references: Mapping, *, default: int, band: int, policy: str) -> None:
+def _annotate_story(fig, df: pd.DataFrame, references: Sequence[Line], *, default: int, band: int, policy: str) -> None:
     """Say in words what the curve shows, computed from the data (never a fixed sentence)."""
     peak, top = curve_peak(df.to_dict("records"))
     where = " = the trace's band: the gain saturates here" if peak == band else ""
@@ -501,10 +521,10 @@ def _annotate_story(fig, df: pd.DataFrame, references: Mapping, *, default: int,
         font=dict(size=13, color="#222"),
     )
     at_default = df[df["recent_window"] == default]
-    streaming = next((ref for name, ref in references.items() if name.startswith("streaming_llm")), None)
+    streaming = next((line for line in references if line.policy == "streaming_llm"), None)
     if len(at_default) and streaming is not None:
         v = float(at_default["retained_mass"].iloc[0])
-        s = float(streaming["retained_mass"])
+        s = streaming.retained_mass
         word = "less than" if v < s else "at least as much as"
         fig.add_annotation(
             x=default, y=v, xref="x", yref="y", text=f"at {default}, {policy} keeps {word} streaming_llm ({v:.3f} vs {s:.3f})",

@@ -6,8 +6,8 @@ presets are the policy cards' distinguishing vectors and the h2o ``recent_window
 any tiny trace can be typed in as a table (``trace_from_table``) and is validated by
 ``kvsim.from_array`` like any other trace.
 
-The stepping follows the harness (DOMAIN.md section 4) exactly, through the harness's own
-functions, so what the lab shows is what ``replay`` measures. Figures are pure builders: lab
+The stepping is the harness's own loop (``kvsim.harness.steps``, with its contract checks), two
+policies walked side by side, so what the lab shows is what ``replay`` measures. Figures are pure builders: lab
 steps in, Plotly figures out; no Streamlit here.
 """
 
@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .policies import POLICIES, Policy, make_policy
-from .replay import kept_sum, observed_attention
+from .harness import Step, steps
+from .policies import Policy, make_policy
 from .trace import Trace, TraceError, from_array
 
 #: a lab trace is for reading cell by cell; longer ones belong in the main views
@@ -183,17 +183,10 @@ def trace_from_table(table: pd.DataFrame, name: str = "edited", source: str = "l
 
 
 @dataclass(frozen=True)
-class PolicyStep:
-    """One policy at one step, in the harness's order."""
+class PolicyStep(Step):
+    """One policy at one step (the harness's ``Step``), with the label the lab shows it under."""
 
-    label: str
-    kept: np.ndarray  # held when query t came: what it attended over
-    observed: np.ndarray | None  # attention the policy was shown, aligned with kept (None: not read)
-    score_positions: np.ndarray | None  # kept + [t], the positions ``scores`` is aligned with
-    scores: np.ndarray | None  # the policy's scores or votes after the step, before eviction
-    victims: list[int]
-    kept_after: np.ndarray
-    retained_mass: float  # share of row t on ``kept``
+    label: str = ""
 
 
 @dataclass(frozen=True)
@@ -206,36 +199,23 @@ class LabStep:
 def _build(spec: PolicySpec | Policy, trace: Trace, budget: int) -> tuple[str, Policy]:
     if isinstance(spec, Policy):
         return repr(spec), spec
-    params = dict(spec.params)
-    if spec.name in POLICIES and POLICIES[spec.name].needs_trace:
-        params["trace"] = trace
     try:
-        return spec.label, make_policy(spec.name, budget=budget, **params)
+        return spec.label, make_policy(spec.name, budget=budget, trace=trace, **spec.params)
     except ValueError as e:  # say which side refused
         raise ValueError(f"{spec.name}: {e}") from None
 
 
 def side_by_side(trace: Trace, left: PolicySpec | Policy, right: PolicySpec | Policy, budget: int) -> list[LabStep]:
-    """Step both policies through ``trace`` together; one ``LabStep`` per decode step. Each side
-    follows the harness: kept, retained mass on the full row, observed attention, on_decode_step,
-    scores, evict. Bad parameters raise ``ValueError`` naming the parameter (from the policy)."""
-    sides = [_build(left, trace, budget), _build(right, trace, budget)]
+    """Step both policies through ``trace`` together, each through the harness's own loop; one
+    ``LabStep`` per decode step. Bad parameters raise ``ValueError`` naming the parameter."""
+    (left_label, left_policy), (right_label, right_policy) = _build(left, trace, budget), _build(right, trace, budget)
+    walks = zip(steps(trace, left_policy, budget), steps(trace, right_policy, budget), strict=True)
     A = trace.attention
-    out = []
-    for t in range(1, trace.steps + 1):
-        row = A[t]
-        per_side = []
-        for label, policy in sides:
-            kept = policy.kept
-            total = kept_sum(row, kept)
-            observed = observed_attention(row, kept, total) if policy.reads_attention else None
-            policy.on_decode_step(t, observed)
-            scores = policy.scores if policy.keeps_scores else None
-            positions = policy.kept if policy.keeps_scores else None
-            victims = [int(v) for v in policy.evict(budget)]
-            per_side.append(PolicyStep(label, kept, observed, positions, scores, victims, policy.kept, total))
-        out.append(LabStep(t, row[:t].astype(np.float64), (per_side[0], per_side[1])))
-    return out
+    return [
+        LabStep(a.t, A[a.t, : a.t].astype(np.float64),
+                (PolicyStep(**vars(a), label=left_label), PolicyStep(**vars(b), label=right_label)))
+        for a, b in walks
+    ]
 
 
 def first_divergence(steps: list[LabStep]) -> int:

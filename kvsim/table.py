@@ -1,5 +1,5 @@
 """The policy cards' comparison table (the one the H2O card introduces with "Measured at budget 256:")
-and the calibration targets of DOMAIN.md section 5, measured. ``python -m kvsim table`` prints it.
+and the calibration targets of docs/domain.md, "The canonical trace", measured. ``python -m kvsim table`` prints it.
 
 The rows come from ``ROWS``, a plain list: a new policy joins the table by appending a ``Row``. A row
 that is not a registry policy (an upper bound computed from the trace alone) gives ``measure``.
@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .harness import DEFAULT_TOP_K
 from .metrics import describe
-from .policies.oracle import oracle_summary, upper_bound_summary
-from .replay import DEFAULT_TOP_K, replay
-from .sweep import best, sweep
+from .policies.oracle import upper_bound_summary
+from .simulate import best, replay, sweep
 from .trace import Trace
 
 TABLE_BUDGET = 256
@@ -36,11 +36,11 @@ ROWS: list[Row] = [
     Row("scissorhands", {"recent_window": 64}),
     Row("tova"),
     # offline references: they read the whole trace, future rows included, which no serving stack can
-    Row("oracle (offline reference)", measure=oracle_summary),
+    Row("oracle (offline reference)", measure=lambda trace, budget, top_k: replay(trace, "oracle", budget=budget, top_k=top_k).summary()),
     Row("upper bound (offline reference)", measure=upper_bound_summary),
 ]
 
-#: the second part: h2o's retained mass over recent_window 8 .. 192 (DOMAIN.md section 5, last target)
+#: the second part: h2o's retained mass over recent_window 8 .. 192 (docs/domain.md, "The canonical trace", last target)
 SWEEP_POLICY = "h2o"
 SWEEP_PARAM = "recent_window"
 SWEEP_VALUES = range(8, 193, 8)
@@ -110,7 +110,7 @@ def build_table(trace: Trace, budget: int = TABLE_BUDGET, top_k: int = DEFAULT_T
 def calibration_targets(
     trace: Trace, budget: int, top_k: int, measure: Callable[[str, dict], dict], sweep_rows: list[dict]
 ) -> list[dict]:
-    """DOMAIN.md section 5, each target with its measured value and whether it holds."""
+    """docs/domain.md, "The canonical trace", each target with its measured value and whether it holds."""
     recent = describe(trace, band=64)["recent_share"]
     sw = measure("sliding_window", {})
     sl = measure("streaming_llm", {"sinks": 4})

@@ -1,4 +1,4 @@
-"""Golden figures on the canonical trace: the six calibration targets of DOMAIN.md section 5 at
+"""Golden figures on the canonical trace: the calibration targets of docs/domain.md ("The canonical trace") at
 budget 256, and the exact figures the generator and the reference harness produce today (a change
 in either shows up here first)."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import kvsim
+from kvsim import best, sweep
 from kvsim.metrics import describe
-from kvsim.sweep import best, sweep
 
 BUDGET = 256
 GOLDEN = {  # retained mass at budget 256, to 1e-6

@@ -1,18 +1,29 @@
 """The fast engine against the reference harness: same kept sets, victims, scores and metrics, bit
-for bit; and the on-disk cache of the canonical trace."""
+for bit; and the on-disk cache of the canonical trace.
+
+Every equivalence test needs the engine itself: without numba ``kvsim.replay`` would compare the
+reference with itself, so those tests are skipped (and say why) rather than passed.
+"""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import kvsim
 from kvsim import cache, canonical, engine
-from kvsim.replay import replay
 from kvsim.trace import Trace, from_array, load_npz, save_npz
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+needs_engine = pytest.mark.skipif(
+    not engine.AVAILABLE, reason="numba is not installed: no engine to compare with the reference"
+)
 
 
 def random_trace(seed: int, steps: int, levels: int, zero_share: float) -> Trace:
@@ -37,6 +48,10 @@ traces = st.builds(
 )
 
 
+def reference(trace, policy, budget, **kw):
+    return kvsim.replay(trace, policy, budget=budget, reference=True, **kw)
+
+
 def assert_same(fast, ref):
     assert fast.summary() == ref.summary()
     assert np.array_equal(fast.retained_mass_series, ref.retained_mass_series)
@@ -51,59 +66,68 @@ def assert_same(fast, ref):
 
 
 def both(trace, policy, budget, top_k=32, **params):
+    assert engine.covers(trace, policy)
     kw = dict(top_k=top_k, record_kept=True, record_scores=True, record_victims=True, **params)
-    return engine.replay_fast(trace, policy, budget, **kw), replay(trace, policy, budget=budget, **kw)
+    return kvsim.replay(trace, policy, budget=budget, **kw), reference(trace, policy, budget, **kw)
 
 
+def draw_params(data, name: str, budget: int) -> dict:
+    """A value for each of the policy's tunables: below the budget where the registry says so,
+    else from a spread that includes 0 (a history window of 0 counts the whole run)."""
+    return {
+        p.name: data.draw(st.integers(0, p.upper(budget)) if p.below_budget else st.sampled_from([0, 1, 2, 5, 100]),
+                          label=p.name)
+        for p in kvsim.tunables(name)
+    }
+
+
+@needs_engine
+@pytest.mark.parametrize("name", sorted(engine.FAST))
 @SETTINGS
 @given(trace=traces, data=st.data())
-def test_h2o_replay_matches_reference_every_step(trace, data):
+def test_engine_replay_matches_the_reference_every_step(name, trace, data):
+    """Every policy in the engine's table: kept sets, victims, scores and both series, bit for bit."""
     budget = data.draw(st.integers(1, trace.steps + 2), label="budget")
-    recent_window = data.draw(st.integers(0, budget - 1), label="recent_window")
     top_k = data.draw(st.sampled_from([1, 3, 32]), label="top_k")
-    assert_same(*both(trace, "h2o", budget, top_k=top_k, recent_window=recent_window))
+    assert_same(*both(trace, name, budget, top_k=top_k, **draw_params(data, name, budget)))
 
 
+@needs_engine
+@pytest.mark.parametrize("name", sorted(engine.FAST))
 @SETTINGS
 @given(trace=traces, data=st.data())
-def test_window_policies_match_reference_every_step(trace, data):
-    budget = data.draw(st.integers(1, trace.steps + 2), label="budget")
-    sinks = data.draw(st.integers(0, budget - 1), label="sinks")
-    assert_same(*both(trace, "sliding_window", budget))
-    assert_same(*both(trace, "streaming_llm", budget, sinks=sinks))
+def test_engine_batches_match_the_reference_per_configuration(name, trace, data):
+    """Several budgets and parameters of one policy in one pass: each configuration's series are
+    the reference's, bit for bit."""
+    budgets = data.draw(st.lists(st.integers(1, trace.steps + 2), min_size=1, max_size=6), label="budgets")
+    configs = [(b, draw_params(data, name, b)) for b in budgets]
+    built = [kvsim.make_policy(name, budget=b, **p) for b, p in configs]
+    mass, recall, _ = engine._run(trace, built, 32)
+    for i, (b, p) in enumerate(configs):
+        ref = reference(trace, name, b, **p)
+        assert np.array_equal(mass[i], ref.retained_mass_series), (b, p)
+        assert np.array_equal(recall[i], ref.top_k_recall_series), (b, p)
 
 
-@SETTINGS
-@given(trace=traces, data=st.data())
-def test_batched_h2o_matches_reference_per_configuration(trace, data):
-    """Every recent_window of one budget, plus other budgets, in one pass: the series of each
-    configuration are the reference's, bit for bit."""
-    budget = data.draw(st.integers(1, trace.steps + 2), label="budget")
-    configs = [(budget, w) for w in range(budget)]
-    configs += data.draw(st.lists(st.integers(1, 90).flatmap(lambda b: st.tuples(st.just(b), st.integers(0, b - 1))),
-                                  max_size=4), label="more")
-    mass, recall, _ = engine._run(trace, "h2o", [b for b, _ in configs], [{"recent_window": w} for _, w in configs], 32)
-    for i, (b, w) in enumerate(configs):
-        ref = replay(trace, "h2o", budget=b, recent_window=w)
-        assert np.array_equal(mass[i], ref.retained_mass_series), (b, w)
-        assert np.array_equal(recall[i], ref.top_k_recall_series), (b, w)
-
-
+@needs_engine
 @SETTINGS
 @given(trace=traces, data=st.data())
 def test_sweep_summaries_match_reference(trace, data):
     budget = data.draw(st.integers(2, trace.steps + 2), label="budget")
     windows = list(range(budget))
-    got = engine.sweep(trace, "h2o", budget, "recent_window", windows)
-    assert got == [replay(trace, "h2o", budget=budget, recent_window=w).summary() for w in windows]
+    got = kvsim.sweep(trace, "h2o", budget, "recent_window", windows)
+    assert got == [reference(trace, "h2o", budget, recent_window=w).summary() for w in windows]
     budgets = data.draw(st.lists(st.integers(1, 90), min_size=1, max_size=4), label="budgets")
     for policy, params in (("sliding_window", {}), ("streaming_llm", {"sinks": 0})):
-        got = engine.sweep(trace, policy, budget, "budget", budgets, **params)
-        assert got == [replay(trace, policy, budget=b, **params).summary() for b in budgets]
-    got = engine.sweep(trace, "streaming_llm", budget, "sinks", range(budget))
-    assert got == [replay(trace, "streaming_llm", budget=budget, sinks=s).summary() for s in range(budget)]
+        got = kvsim.sweep(trace, policy, budget, "budget", budgets, **params)
+        assert got == [reference(trace, policy, b, **params).summary() for b in budgets]
+    got = kvsim.sweep(trace, "streaming_llm", budget, "sinks", range(budget))
+    assert got == [reference(trace, "streaming_llm", budget, sinks=s).summary() for s in range(budget)]
+    assert kvsim.sweep(trace, "h2o", budget, "recent_window", windows, reference=True) == kvsim.sweep(
+        trace, "h2o", budget, "recent_window", windows)
 
 
+@needs_engine
 def test_zero_kept_mass_passes_zeros():
     """A kept set whose weights are all zero: observed attention is zeros and scores stay put."""
     a = np.zeros((6, 6), dtype=np.float32)
@@ -115,23 +139,39 @@ def test_zero_kept_mass_passes_zeros():
             assert_same(*both(trace, "h2o", budget, recent_window=w))
 
 
+def test_engine_equivalence_is_skipped_not_passed_without_numba():
+    """With numba blocked, the equivalence tests must report skipped: passing would mean they
+    compared the reference with itself."""
+    root = Path(__file__).resolve().parent.parent
+    block = ("import sys, pytest; sys.modules['numba'] = None; "
+             "sys.exit(pytest.main(['-q', '-rs', '-p', 'no:cacheprovider', '-k', 'match or zero_kept', sys.argv[1]]))")
+    done = subprocess.run([sys.executable, "-c", block, str(Path(__file__))], capture_output=True, text=True,
+                          cwd=root, timeout=300)
+    tail = done.stdout.strip().splitlines()[-1]
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert "skipped" in tail and "passed" not in tail, tail
+    assert "numba is not installed" in done.stdout
+
+
 @pytest.fixture(scope="module")
 def canonical_trace():
     return canonical.generate()
 
 
+@needs_engine
 def test_canonical_windows_bit_identical(canonical_trace):
     windows = [1, 32, 64, 255]
-    swept = engine.sweep(canonical_trace, "h2o", 256, "recent_window", windows)
+    swept = kvsim.sweep(canonical_trace, "h2o", 256, "recent_window", windows)
     for w, row in zip(windows, swept, strict=True):
-        ref = replay(canonical_trace, "h2o", budget=256, recent_window=w)
-        fast = engine.replay_fast(canonical_trace, "h2o", 256, recent_window=w)
+        ref = reference(canonical_trace, "h2o", 256, recent_window=w)
+        fast = kvsim.replay(canonical_trace, "h2o", budget=256, recent_window=w)
         assert row == ref.summary() == fast.summary()
         assert np.array_equal(fast.retained_mass_series, ref.retained_mass_series)
         assert np.array_equal(fast.top_k_recall_series, ref.top_k_recall_series)
     assert swept[2]["retained_mass"] == pytest.approx(0.9613, abs=5e-4)
 
 
+@needs_engine
 def test_topk_positions_match_the_mask(canonical_trace):
     tops = engine.topk_positions(canonical_trace, 32)
     mask = canonical_trace.topk_mask(32)
@@ -141,32 +181,41 @@ def test_topk_positions_match_the_mask(canonical_trace):
         assert np.array_equal(row, mask[t]), t
 
 
+@needs_engine
 def test_sweep_batches_progress_and_fallback(monkeypatch):
     trace = random_trace(7, 40, 3, 0.3)
     seen = []
     monkeypatch.setattr(engine, "_BATCH", 3)  # 8 values: three passes, the last one short
-    fast = engine.sweep(trace, "h2o", 8, "recent_window", range(8), progress=seen.append)
-    assert fast == [replay(trace, "h2o", budget=8, recent_window=w).summary() for w in range(8)]
+    fast = kvsim.sweep(trace, "h2o", 8, "recent_window", range(8), progress=seen.append)
+    assert fast == [reference(trace, "h2o", 8, recent_window=w).summary() for w in range(8)]
     assert seen == sorted(seen) and seen[-1] == 1.0 and len(seen) == 3
-    # a policy the engine does not cover goes through the reference, one value at a time
-    monkeypatch.setattr(engine, "FAST_POLICIES", ())
+    # a policy the engine does not cover goes through the reference, one value at a time, with the
+    # same progress signature (the fraction done)
+    monkeypatch.setattr(engine, "FAST", {})
     seen.clear()
-    slow = engine.sweep(trace, "h2o", 8, "recent_window", range(8), progress=seen.append)
+    slow = kvsim.sweep(trace, "h2o", 8, "recent_window", range(8), progress=seen.append)
     assert slow == fast
     assert seen == [(i + 1) / 8 for i in range(8)]
-    assert engine.replay_fast(trace, "h2o", 8, recent_window=3).summary() == fast[3]
+    seen.clear()
+    assert kvsim.replay(trace, "h2o", budget=8, recent_window=3, progress=seen.append).summary() == fast[3]
+    assert seen and seen[-1] == 1.0
 
 
-def test_sweep_refuses_bad_values():
+@pytest.mark.parametrize("use_engine", [True, False])
+def test_sweep_refuses_bad_values(use_engine, monkeypatch):
+    if not use_engine:
+        monkeypatch.setattr(engine, "FAST", {})
     trace = random_trace(1, 20, 3, 0.0)
     with pytest.raises(ValueError, match="recent_window"):
-        engine.sweep(trace, "h2o", 8, "recent_window", [3, 8])
+        kvsim.sweep(trace, "h2o", 8, "recent_window", [3, 8])
     with pytest.raises(ValueError, match="sinks"):
-        engine.sweep(trace, "h2o", 8, "sinks", [1])
+        kvsim.sweep(trace, "h2o", 8, "sinks", [1])
     with pytest.raises(ValueError, match="budget"):
-        engine.replay_fast(trace, "sliding_window", 0)
+        kvsim.replay(trace, "sliding_window", budget=0)
     with pytest.raises(ValueError, match="top_k"):
-        engine.sweep(trace, "h2o", 8, "recent_window", [3], top_k=0)
+        kvsim.sweep(trace, "h2o", 8, "recent_window", [3], top_k=0)
+    with pytest.raises(ValueError, match="top_k"):
+        kvsim.replay(trace, "h2o", budget=8, recent_window=3, top_k=0)
 
 
 # --- the canonical trace cache ------------------------------------------------------------------
@@ -251,7 +300,6 @@ def test_unwritable_cache_generates_in_memory(tmp_path, monkeypatch):
 
 def test_bench_times_a_whole_cli_process(tmp_path, monkeypatch):
     from kvsim import bench
-    from kvsim.trace import load_npz, save_npz
 
     monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "cache"))
     path = tmp_path / "small.npz"
@@ -259,7 +307,7 @@ def test_bench_times_a_whole_cli_process(tmp_path, monkeypatch):
     args = ["sweep", "--trace", str(path), "--policy", "h2o", "--budget", "16", "--recent-window", "1:15", "--json"]
     run = bench._cli_run({}, args)
     assert run["rows"] == 15 and run["seconds"] > 0
-    rows = engine.sweep(load_npz(path), "h2o", 16, "recent_window", range(1, 16))
+    rows = kvsim.sweep(load_npz(path), "h2o", 16, "recent_window", range(1, 16))
     assert run["best_recent_window"] == max(rows, key=lambda r: r["retained_mass"])["recent_window"]
     assert run["peak_rss_mb"] is None or 10 < run["peak_rss_mb"] < 4096
     with pytest.raises(RuntimeError, match="recent_window"):
@@ -271,8 +319,6 @@ def test_without_numba_kvsim_and_the_cli_fall_back_to_the_reference(tmp_path):
     """numba missing must not break ``import kvsim`` or the CLI: the same figures, by the reference,
     and the benchmark (which times the engine) refuses in one line."""
     import json
-    import subprocess
-    import sys
 
     trace = random_trace(3, 40, 6, 0.1)
     path = tmp_path / "small.npz"
@@ -288,7 +334,7 @@ def test_without_numba_kvsim_and_the_cli_fall_back_to_the_reference(tmp_path):
     got = [(r["recent_window"], r["retained_mass"], r["top_k_recall"]) for r in json.loads(done.stdout)]
     loaded = load_npz(path)
     want = [(w, r.retained_mass, r.top_k_recall) for w in range(8)
-            for r in [replay(loaded, "h2o", budget=8, recent_window=w)]]
+            for r in [reference(loaded, "h2o", 8, recent_window=w)]]
     assert got == want
     bench = cli("bench", "--json")
     assert bench.returncode != 0 and bench.stdout == ""

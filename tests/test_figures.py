@@ -11,8 +11,7 @@ import pytest
 from PIL import Image
 
 import kvsim
-from kvsim import figures
-from kvsim.engine import replay_fast, sweep
+from kvsim import figures, replay, sweep
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +23,7 @@ def canonical():
 def story(canonical):
     """The cards' three policies at budget 256, everything recorded."""
     return [
-        replay_fast(canonical, name, budget=256, record_kept=True, record_scores=True)
+        replay(canonical, name, budget=256, record_kept=True, record_scores=True)
         for name in ("sliding_window", "streaming_llm", "h2o")
     ]
 
@@ -170,8 +169,8 @@ def fake_rows(values):
 
 def test_curve_has_references_markers_and_current():
     rows = fake_rows([(1, 0.5), (2, 0.6), (3, 0.9), (4, 0.8)])
-    refs = {"streaming_llm (sinks=4)": {"retained_mass": 0.7, "top_k_recall": 0.7},
-            "sliding_window": {"retained_mass": 0.4, "top_k_recall": 0.4}}
+    refs = [figures.Line("streaming_llm (sinks=4)", 0.7, 0.7, policy="streaming_llm"),
+            figures.Line("sliding_window", 0.4, 0.4, policy="sliding_window")]
     fig = figures.recent_window_curve(rows, refs, current=4, default=2, band=3, top_k=32)
     by_name = {}
     for t in fig.data:
@@ -189,7 +188,7 @@ def test_curve_has_references_markers_and_current():
 
 def test_curve_says_so_when_the_default_is_not_worse():
     rows = fake_rows([(1, 0.8), (2, 0.9)])
-    refs = {"streaming_llm (sinks=4)": {"retained_mass": 0.7, "top_k_recall": 0.7}}
+    refs = [figures.Line("streaming_llm (sinks=4)", 0.7, 0.7, policy="streaming_llm")]
     fig = figures.recent_window_curve(rows, refs, current=None, default=2, band=64)
     text = " ".join(a.text for a in fig.layout.annotations)
     assert "at least as much as" in text and "saturates" not in text
@@ -203,18 +202,16 @@ def fake_family():
     rows = fake_rows([(1, 0.5), (2, 0.6), (3, 0.9), (4, 0.8)])
     scissors = [dict(r, policy="scissorhands", history_window=0, retained_mass=r["retained_mass"] - 0.1,
                      top_k_recall=r["top_k_recall"] - 0.05) for r in rows]
-    refs = {"streaming_llm (sinks=4)": {"retained_mass": 0.7, "top_k_recall": 0.7},
-            "tova": {"retained_mass": 0.95, "top_k_recall": 1.0}}
-    offline = {"oracle (offline reference)": {"retained_mass": 0.75, "top_k_recall": 0.7},
-               "upper bound (offline reference)": {"retained_mass": 0.97, "top_k_recall": 1.0}}
-    return rows, scissors, refs, offline
+    lines = [figures.Line("streaming_llm (sinks=4)", 0.7, 0.7, policy="streaming_llm"),
+             figures.Line("tova", 0.95, 1.0, policy="tova"),
+             figures.Line("oracle (offline reference)", 0.75, 0.7, "offline", "oracle"),
+             figures.Line("upper bound (offline reference)", 0.97, 1.0, "bound")]
+    return rows, scissors, lines
 
 
 def test_curve_draws_companions_and_offline_references_apart():
-    rows, scissors, refs, offline = fake_family()
-    fig = figures.recent_window_curve(
-        rows, refs, current=4, default=2, band=3, companions={"scissorhands": scissors}, offline=offline
-    )
+    rows, scissors, lines = fake_family()
+    fig = figures.recent_window_curve(rows, lines, current=4, default=2, band=3, companions={"scissorhands": scissors})
     by_name = {}
     for t in fig.data:
         by_name.setdefault(t.name, []).append(t)
@@ -245,7 +242,7 @@ def test_curve_draws_companions_and_offline_references_apart():
 
 
 def test_sweep_table_puts_the_curves_side_by_side():
-    rows, scissors, _, _ = fake_family()
+    rows, scissors, _ = fake_family()
     table = figures.sweep_table({"h2o": rows, "scissorhands": scissors[:3]}, top_k=32)
     assert list(table.columns) == [
         "recent_window", "budget", "h2o retained_mass", "h2o top_32_recall",
@@ -259,21 +256,21 @@ def test_sweep_table_puts_the_curves_side_by_side():
 
 
 def test_canonical_curve_tells_the_cards_story(canonical, story):
-    from kvsim.policies.oracle import oracle_summary, upper_bound_summary
+    from kvsim.policies.oracle import upper_bound_summary
 
     rows = sweep(canonical, "h2o", 256, "recent_window", range(1, 256))
     scissors = sweep(canonical, "scissorhands", 256, "recent_window", range(1, 256))
-    refs = {figures.policy_label(r): r.summary() for r in story[:2]}
-    refs["tova"] = replay_fast(canonical, "tova", budget=256).summary()
-    offline = {"oracle (offline reference)": oracle_summary(canonical, 256, 32),
-               "upper bound (offline reference)": upper_bound_summary(canonical, 256, 32)}
-    fig = figures.recent_window_curve(rows, refs, current=32, companions={"scissorhands": scissors}, offline=offline)
+    lines = [figures.Line.of(r.summary(), figures.policy_label(r), policy=r.policy) for r in story[:2]]
+    lines.append(figures.Line.of(replay(canonical, "tova", budget=256).summary(), "tova", policy="tova"))
+    lines.append(figures.Line.of(replay(canonical, "oracle", budget=256).summary(), "oracle (offline reference)", "offline"))
+    lines.append(figures.Line.of(upper_bound_summary(canonical, 256, 32), "upper bound (offline reference)", "bound"))
+    fig = figures.recent_window_curve(rows, lines, current=32, companions={"scissorhands": scissors})
     text = " ".join(a.text for a in fig.layout.annotations)
     assert "peak at 64" in text and "gain saturates here" in text
     assert "at 32, h2o keeps less than streaming_llm" in text
     # both curves peak at the band; no deployable policy passes the bound
     assert figures.curve_peak(scissors)[0] == 64
-    bound = offline["upper bound (offline reference)"]["retained_mass"]
+    bound = lines[-1].retained_mass
     lines = [t for t in fig.data if t.yaxis == "y" and t.name in ("h2o", "scissorhands", "tova", "streaming_llm (sinks=4)")]
     assert len(lines) == 4 and all(max(t.y) <= bound + 1e-12 for t in lines)
 

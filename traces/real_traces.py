@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, nothing installed
 from kvsim.catalog import resolve_trace
 from kvsim.metrics import describe
-from kvsim.sweep import sweep
+from kvsim.simulate import sweep
 from kvsim.table import build_table
 
 TRACES = ["canonical", "gemma3-270m-L05", "gemma3-270m-L11", "gemma3-270m-L17"]

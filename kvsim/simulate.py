@@ -1,0 +1,112 @@
+"""``replay`` and ``sweep``: the one entry point for each, used by the app, the CLI and the table.
+
+Both build their policies through the registry (so a bad parameter fails before any work, with a
+``ValueError`` naming it) and then take the fast engine where it covers the policy
+(``kvsim.engine.FAST``) and the reference harness (``kvsim.harness``) otherwise: same results, bit
+for bit. ``progress(fraction_done)`` is the one progress signature, a float in 0..1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from . import engine
+from .harness import DEFAULT_TOP_K, ReplayResult, replay_reference
+from .policies import DEFAULT_BUDGET, Policy, make_policy, policy_params
+from .trace import Trace
+
+Progress = Callable[[float], None]
+
+
+def replay(
+    trace: Trace,
+    policy: Policy | str,
+    *,
+    budget: int | None = None,
+    top_k: int = DEFAULT_TOP_K,
+    record_kept: bool = False,
+    record_scores: bool = False,
+    record_victims: bool = False,
+    reference: bool = False,
+    progress: Progress | None = None,
+    **params,
+) -> ReplayResult:
+    """Replay ``trace`` through ``policy``: a registry name with ``budget`` (default 512) and its
+    parameters, or a built instance (always the reference harness, which steps that very object).
+    ``reference=True`` forces the reference harness for a name too."""
+    if isinstance(policy, Policy):
+        if params:
+            raise ValueError("params are only accepted with a policy name")
+        return replay_reference(trace, policy, budget, top_k=top_k, record_kept=record_kept,
+                                record_scores=record_scores, record_victims=record_victims, progress=progress)
+    built = make_policy(policy, budget=DEFAULT_BUDGET if budget is None else budget, trace=trace, **params)
+    if top_k < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k}")
+    kw = dict(top_k=top_k, record_kept=record_kept, record_scores=record_scores, record_victims=record_victims,
+              progress=progress)
+    if not reference and engine.covers(trace, built.name):
+        return engine.replay(trace, built, **kw)
+    return replay_reference(trace, built, **kw)
+
+
+def sweep(
+    trace: Trace,
+    policy: str,
+    budget: int,
+    param: str | None,
+    values: Iterable[int],
+    *,
+    top_k: int = DEFAULT_TOP_K,
+    reference: bool = False,
+    progress: Progress | None = None,
+    **params,
+) -> list[dict]:
+    """One ``ReplayResult.summary()`` per value of ``param`` (a policy parameter, or ``"budget"``),
+    in the order of ``values``, the other parameters at ``params`` or their defaults; ``param=None``
+    replays the one configuration. Every value is checked (by building its policy) before any
+    replay, so a bad value fails at once rather than after minutes of work.
+
+    Where the engine covers the policy every configuration advances together, one pass over the
+    trace per batch; otherwise each is a reference replay."""
+    configs = _configs(policy, budget, param, values, params)
+    if top_k < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k}")
+    built = [make_policy(policy, budget=b, trace=trace, **p) for b, p in configs]
+    if not reference and engine.covers(trace, policy):
+        series = engine.sweep(trace, built, top_k=top_k, progress=progress)
+        return [_summary(b, trace, top_k, mass, recall) for b, (mass, recall) in zip(built, series, strict=True)]
+    out = []
+    for i, b in enumerate(built):
+        out.append(replay_reference(trace, b, top_k=top_k).summary())
+        if progress is not None:
+            progress((i + 1) / len(built))
+    return out
+
+
+def best(rows: list[dict], metric: str = "retained_mass") -> dict:
+    """The row with the largest ``metric``; the first such row on ties (the smallest swept value
+    when the values ascend)."""
+    if not rows:
+        raise ValueError("no rows")
+    return max(rows, key=lambda r: r[metric])  # max keeps the first of equal keys
+
+
+def _summary(policy: Policy, trace: Trace, top_k: int, mass, recall) -> dict:
+    return ReplayResult(policy.name, policy.budget, dict(policy.params), trace.steps, top_k, mass, recall).summary()
+
+
+def _configs(policy: str, budget: int, param: str | None, values, params: dict) -> list[tuple[int, dict]]:
+    """The (budget, params) of each configuration a sweep replays."""
+    if param is None:
+        return [(budget, dict(params))]
+    values = list(values)
+    if not values:
+        raise ValueError(f"sweep over {param} needs at least one value")
+    if param == "budget":
+        return [(v, dict(params)) for v in values]
+    if param in params:
+        raise ValueError(f"{param} is both swept and fixed")
+    accepted = policy_params(policy)
+    if param not in accepted:
+        raise ValueError(f"{policy} does not take parameter {param}; it takes: {', '.join(accepted) or 'none beyond budget'}")
+    return [(budget, {**params, param: v}) for v in values]

@@ -1,0 +1,71 @@
+"""The package's own shape: no import cycles, and nothing heavy or optional imported by the core."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "kvsim"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """The package modules ``path`` imports, at the top or inside a function: a lazy import that
+    closes a cycle still ties the modules into one knot."""
+    tree = ast.parse(path.read_text())
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.startswith("kvsim"):
+                out.add(target)
+                out.update(f"{target}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("kvsim"))
+    return out
+
+
+def test_no_import_cycles():
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {m: {t for t in imports(p) if t in modules and t != m} for m, p in modules.items()}
+    # a submodule import starts at its package's __init__; that edge is not a cycle by itself
+    for m in graph:
+        graph[m] = {t for t in graph[m] if not m.startswith(t + ".")}
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                raise AssertionError("import cycle: " + " -> ".join([*path[path.index(t):], t]))
+            if t not in state:
+                visit(t, [*path, t])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+
+
+def test_core_imports_without_optional_extras():
+    """``import kvsim`` and the CLI module never pull in torch, transformers, dask or streamlit."""
+    code = ("import sys, kvsim, kvsim.cli; "
+            "heavy = [m for m in ('torch', 'transformers', 'dask', 'distributed', 'streamlit') if m in sys.modules]; "
+            "print(','.join(heavy))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=PACKAGE.parent)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ""
