@@ -16,19 +16,11 @@ from pathlib import Path
 import streamlit as st
 
 import kvsim
-from kvsim import figures, lab
+from kvsim import figures, lab, story
 from kvsim.catalog import CANONICAL, available_traces, resolve_trace
 from kvsim.metrics import describe
+from kvsim.policies import all_tunables
 from kvsim.policies.oracle import upper_bound_summary
-
-try:  # the fast engine gives the same results; the reference stays the fallback
-    from kvsim.engine import replay_fast as _replay
-except ImportError:  # pragma: no cover - only before the engine exists
-    _replay = kvsim.replay
-try:
-    from kvsim.engine import sweep as _sweep
-except ImportError:  # pragma: no cover
-    from kvsim.sweep import sweep as _sweep
 
 TOP_K = kvsim.DEFAULT_TOP_K
 #: the budget the policy cards measure at; the app opens there so the cards' story is on screen
@@ -42,23 +34,12 @@ TABS = ("Kept positions", "Cumulative scores", "Choosing recent_window", "The tr
 
 
 # --------------------------------------------------------------------------------------------
-# the registry, read once per run: new policies appear in every control automatically
+# the registry, read once per run: new policies and parameters appear in every control
 
 
-def policy_int_params(name: str) -> dict[str, int]:
-    """A policy's integer parameters and their defaults (``trace=`` and the like are not controls)."""
-    return {
-        k: v for k, v in kvsim.policy_params(name).items() if isinstance(v, int) and not isinstance(v, bool)
-    }
-
-
-def all_int_params() -> dict[str, int]:
-    """Every integer parameter any registered policy takes, with the first default seen."""
-    out: dict[str, int] = {}
-    for name in kvsim.POLICIES:
-        for k, v in policy_int_params(name).items():
-            out.setdefault(k, v)
-    return out
+def all_params() -> dict[str, int]:
+    """Every tunable parameter of any registered policy, with its default: one control each."""
+    return {name: p.default for name, p in all_tunables().items()}
 
 
 def defaults() -> dict:
@@ -66,7 +47,7 @@ def defaults() -> dict:
         "trace": CANONICAL,
         "policies": [p for p in STORY_POLICIES if p in kvsim.POLICIES],
         "budget": APP_BUDGET,
-        **all_int_params(),
+        **all_params(),
         "curve_policy": "h2o" if "h2o" in kvsim.POLICIES else next(iter(kvsim.POLICIES)),
     }
 
@@ -96,7 +77,7 @@ def read_link() -> list[str]:
             if unknown:
                 problems.append(f"unknown policies in the link ignored: {', '.join(unknown)}.")
         elif key == "curve_policy":
-            ok = raw in kvsim.POLICIES and "recent_window" in policy_int_params(raw)
+            ok = raw in kvsim.POLICIES and "recent_window" in kvsim.policy_params(raw)
             value = raw if ok else default
             if not ok:
                 problems.append(f"curve_policy {raw!r} from the link has no recent_window; showing {default}.")
@@ -132,7 +113,10 @@ def write_link(keys: list[str]) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# cached work (keyed by the trace's name and the parameters; the trace itself is never hashed)
+# cached work: a trace is hashed by its fingerprint (a digest of its data, computed once per trace),
+# so every function takes the trace itself and equal data shares results across sessions
+
+BY_TRACE = {kvsim.Trace: lambda trace: trace.fingerprint}
 
 
 @st.cache_resource(max_entries=4, show_spinner="loading the trace")
@@ -151,37 +135,35 @@ def load_uploaded_trace(digest: str, filename: str, _data: bytes) -> kvsim.Trace
             raise kvsim.TraceError(str(e).replace(str(path), filename)) from None
 
 
-@st.cache_resource(max_entries=24, show_spinner="replaying")
-def cached_replay(trace_key: str, policy: str, budget: int, params: tuple, _trace: kvsim.Trace):
+@st.cache_resource(max_entries=24, show_spinner="replaying", hash_funcs=BY_TRACE)
+def cached_replay(trace: kvsim.Trace, policy: str, budget: int, params: tuple):
     """One replay with everything recorded. Treated as read-only by every view."""
-    return _replay(
-        _trace, policy, budget=budget, top_k=TOP_K, record_kept=True, record_scores=True, **dict(params)
-    )
+    return kvsim.replay(trace, policy, budget=budget, top_k=TOP_K, record_kept=True, record_scores=True, **dict(params))
 
 
-@st.cache_resource(max_entries=24, show_spinner="drawing the kept positions")
-def cached_kept_source(trace_key: str, policy: str, budget: int, params: tuple, _result) -> str:
-    return figures.kept_image_source(_result)
+@st.cache_resource(max_entries=24, show_spinner="drawing the kept positions", hash_funcs=BY_TRACE)
+def cached_kept_source(trace: kvsim.Trace, policy: str, budget: int, params: tuple) -> str:
+    return figures.kept_image_source(cached_replay(trace, policy, budget, params))
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
-def cached_features(trace_key: str, _trace: kvsim.Trace) -> figures.TraceFeatures:
-    return figures.trace_features(_trace)
+@st.cache_resource(max_entries=4, show_spinner=False, hash_funcs=BY_TRACE)
+def cached_features(trace: kvsim.Trace) -> figures.TraceFeatures:
+    return figures.trace_features(trace)
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
-def cached_describe(trace_key: str, band: int, sinks: int, _trace: kvsim.Trace) -> dict:
-    return describe(_trace, band=band, top_k=TOP_K, sinks=max(1, sinks))
+@st.cache_resource(max_entries=4, show_spinner=False, hash_funcs=BY_TRACE)
+def cached_describe(trace: kvsim.Trace, band: int, sinks: int) -> dict:
+    return describe(trace, band=band, top_k=TOP_K, sinks=max(1, sinks))
 
 
-@st.cache_resource(max_entries=4, show_spinner="drawing the attention matrix")
-def cached_trace_matrix(trace_key: str, _trace: kvsim.Trace, _features: figures.TraceFeatures):
-    return figures.trace_matrix(_trace, _features)
+@st.cache_resource(max_entries=4, show_spinner="drawing the attention matrix", hash_funcs=BY_TRACE)
+def cached_trace_matrix(trace: kvsim.Trace):
+    return figures.trace_matrix(trace, cached_features(trace))
 
 
-@st.cache_resource(max_entries=8, show_spinner="computing the upper bound")
-def cached_upper_bound(trace_key: str, budget: int, _trace: kvsim.Trace) -> dict:
-    return upper_bound_summary(_trace, budget, TOP_K)
+@st.cache_resource(max_entries=8, show_spinner="computing the upper bound", hash_funcs=BY_TRACE)
+def cached_upper_bound(trace: kvsim.Trace, budget: int) -> dict:
+    return upper_bound_summary(trace, budget, TOP_K)
 
 
 @st.cache_resource
@@ -191,16 +173,13 @@ def sweep_store() -> dict:
     return {}
 
 
-def sweep_rows(trace_key: str, trace: kvsim.Trace, policy: str, budget: int, fixed: dict) -> list[dict]:
+def sweep_rows(trace: kvsim.Trace, policy: str, budget: int, fixed: dict) -> list[dict]:
     store = sweep_store()
-    key = (trace_key, policy, budget, tuple(sorted(fixed.items())), TOP_K)
+    key = (trace.fingerprint, policy, budget, tuple(sorted(fixed.items())), TOP_K)
     if key not in store:
         bar = st.progress(0.0, text=f"replaying {policy} for every recent_window from 1 to {budget - 1}")
-
-        def progress(*args):  # the engine reports a fraction, the reference sweep (done, total)
-            bar.progress(min(1.0, args[0] if len(args) == 1 else args[0] / max(1, args[1])))
-
-        rows = _sweep(trace, policy, budget, "recent_window", range(1, budget), top_k=TOP_K, progress=progress, **fixed)
+        rows = kvsim.sweep(trace, policy, budget, "recent_window", range(1, budget), top_k=TOP_K,
+                           progress=lambda f: bar.progress(min(1.0, f)), **fixed)
         bar.empty()
         if len(store) >= 32:
             store.pop(next(iter(store)))
@@ -213,21 +192,19 @@ def sweep_rows(trace_key: str, trace: kvsim.Trace, policy: str, budget: int, fix
 
 
 def params_for(name: str) -> dict[str, int]:
-    return {k: int(st.session_state[k]) for k in policy_int_params(name)}
+    return {k: int(st.session_state[k]) for k in kvsim.policy_params(name)}
 
 
 def check(name: str, budget: int, params: dict, trace: kvsim.Trace) -> str | None:
     """The policy's own refusal of these settings (recent_window >= budget, ...), or None."""
-    # an offline reference is built with the trace it reads, as replay builds it
-    extra = {"trace": trace} if kvsim.POLICIES[name].needs_trace else {}
     try:
-        kvsim.make_policy(name, budget=budget, **params, **extra)
+        kvsim.make_policy(name, budget=budget, trace=trace, **params)
     except ValueError as e:
         return f"{name}: {e}"
     return None
 
 
-def choose_trace() -> tuple[str, kvsim.Trace]:
+def choose_trace() -> kvsim.Trace:
     side = st.sidebar
     names = available_traces()
     if st.session_state.get("trace") not in names:
@@ -243,15 +220,20 @@ def choose_trace() -> tuple[str, kvsim.Trace]:
         try:
             trace = load_uploaded_trace(digest, upload.name, data)
             side.caption(f"using the uploaded file {upload.name} ({trace.steps} steps); links cannot carry it")
-            return f"upload:{digest}", trace
+            return trace
         except kvsim.TraceError as e:
             st.error(str(e))
     spec = st.session_state["trace"]
     try:
-        return spec, load_named_trace(spec)
+        return load_named_trace(spec)
     except kvsim.TraceError as e:
         st.error(f"{e}; showing {CANONICAL} instead")
-        return CANONICAL, load_named_trace(CANONICAL)
+        return load_named_trace(CANONICAL)
+
+
+def stem(trace: kvsim.Trace) -> str:
+    """The trace's name as a file-name prefix for downloads."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in trace.name) or "trace"
 
 
 def sync_recent_window(source: str) -> None:
@@ -272,16 +254,16 @@ def controls(trace: kvsim.Trace) -> None:
     )
     side.number_input("budget", min_value=1, max_value=MAX_VALUE, step=1, key="budget",
                       help="positions the cache holds after each eviction")
-    extra = [k for k in all_int_params() if k not in ("recent_window", "sinks")]
+    extra = {k: p for k, p in all_tunables().items() if k not in ("recent_window", "sinks")}
     side.number_input("recent_window", min_value=0, max_value=MAX_VALUE, step=1, key="recent_window",
                       help="h2o (and its relatives) never evict the newest recent_window positions")
     side.number_input("sinks", min_value=0, max_value=MAX_VALUE, step=1, key="sinks",
                       help="streaming_llm pins the first sinks positions forever")
     if extra:
         with side.expander("more policy parameters"):
-            for k in extra:
-                owners = ", ".join(n for n in kvsim.POLICIES if k in policy_int_params(n))
-                st.number_input(k, min_value=0, max_value=MAX_VALUE, step=1, key=k, help=f"used by {owners}")
+            for k, param in extra.items():
+                owners = ", ".join(n for n in kvsim.POLICIES if k in kvsim.policy_params(n))
+                st.number_input(k, min_value=0, max_value=MAX_VALUE, step=1, key=k, help=f"{param.help} ({owners})")
     T = trace.steps
     step = st.session_state.get("step")
     st.session_state["step"] = T if step is None else min(max(1, int(step)), T)
@@ -307,12 +289,12 @@ def main() -> None:
         st.warning(problem)
 
     st.sidebar.header("settings")
-    trace_key, trace = choose_trace()
+    trace = choose_trace()
     controls(trace)
-    write_link(["trace", "policies", "budget", *all_int_params(), "step", "curve_policy"])
+    write_link(["trace", "policies", "budget", *all_params(), "step", "curve_policy"])
 
     budget = int(st.session_state["budget"])
-    features = cached_features(trace_key, trace)
+    features = cached_features(trace)
     runs, problems = [], []
     for name in st.session_state["policies"]:
         params = params_for(name)
@@ -327,23 +309,23 @@ def main() -> None:
     tabs = st.tabs(list(TABS), key="view", bind="query-params")
     with tabs[0]:
         if tabs[0].open:
-            kept_view(trace_key, trace, budget, runs, features)
+            kept_view(trace, budget, runs, features)
     with tabs[1]:
         if tabs[1].open:
-            score_view(trace_key, trace, budget, runs, features)
+            score_view(trace, budget, runs, features)
     with tabs[2]:
         if tabs[2].open:
-            curve_view(trace_key, trace, budget, features)
+            curve_view(trace, budget, features)
     with tabs[3]:
         if tabs[3].open:
-            trace_view(trace_key, trace, features)
+            trace_view(trace, features)
     with tabs[4]:
         if tabs[4].open:
             lab_view()
 
 
-def replays(trace_key: str, trace: kvsim.Trace, budget: int, runs: list):
-    return [cached_replay(trace_key, name, budget, params, trace) for name, params in runs]
+def replays(trace: kvsim.Trace, budget: int, runs: list):
+    return [cached_replay(trace, name, budget, params) for name, params in runs]
 
 
 def html_button(label: str, fig, filename: str, key: str) -> None:
@@ -353,14 +335,14 @@ def html_button(label: str, fig, filename: str, key: str) -> None:
     )
 
 
-def kept_view(trace_key: str, trace: kvsim.Trace, budget: int, runs: list, features) -> None:
+def kept_view(trace: kvsim.Trace, budget: int, runs: list, features) -> None:
     if not runs:
         st.info("Choose at least one policy (with valid settings) in the sidebar.")
         return
-    results = replays(trace_key, trace, budget, runs)
-    sources = [cached_kept_source(trace_key, n, budget, p, r) for (n, p), r in zip(runs, results, strict=True)]
+    results = replays(trace, budget, runs)
+    sources = [cached_kept_source(trace, n, budget, p) for n, p in runs]
     step = int(st.session_state["step"])
-    info = cached_describe(trace_key, features.band, features.sinks, trace)
+    info = cached_describe(trace, features.band, features.sinks)
     st.markdown(
         "**Each panel is one policy's cache over the whole run.** Row *t* is what the cache holds after "
         "decode step *t*: a dark cell is a kept position, white was evicted, grey does not exist yet. "
@@ -393,11 +375,11 @@ def kept_view(trace_key: str, trace: kvsim.Trace, budget: int, runs: list, featu
     c1, c2 = st.columns(2)
     with c1:
         st.download_button(
-            "per-step metrics (CSV)", data=lambda: table.to_csv(index=False), file_name=f"{trace_key}-per-step.csv",
+            "per-step metrics (CSV)", data=lambda: table.to_csv(index=False), file_name=f"{stem(trace)}-per-step.csv",
             mime="text/csv", key="csv_steps",
         )
     with c2:
-        html_button("this figure (HTML)", fig, f"{trace_key}-kept.html", "html_kept")
+        html_button("this figure (HTML)", fig, f"{stem(trace)}-kept.html", "html_kept")
     st.dataframe(
         {
             "policy": [figures.policy_label(r) for r in results],
@@ -408,7 +390,7 @@ def kept_view(trace_key: str, trace: kvsim.Trace, budget: int, runs: list, featu
     )
 
 
-def score_view(trace_key: str, trace: kvsim.Trace, budget: int, runs: list, features) -> None:
+def score_view(trace: kvsim.Trace, budget: int, runs: list, features) -> None:
     scoring = [(n, p) for n, p in runs if getattr(kvsim.POLICIES[n], "keeps_scores", False)]
     st.markdown(
         """
@@ -427,30 +409,20 @@ because the window protects them. Move **step** in the sidebar to walk through t
         st.info(f"None of the chosen policies keeps a score. Add one of: {names}.")
         return
     step = int(st.session_state["step"])
-    for (name, _), result in zip(scoring, replays(trace_key, trace, budget, scoring), strict=True):
+    for (name, _), result in zip(scoring, replays(trace, budget, scoring), strict=True):
         fig = figures.score_distribution(result, step, features)
         st.plotly_chart(fig, key=f"score_{name}")
-        html_button(f"{name} scores at step {step} (HTML)", fig, f"{trace_key}-{name}-scores-{step}.html", f"html_score_{name}")
+        html_button(f"{name} scores at step {step} (HTML)", fig, f"{stem(trace)}-{name}-scores-{step}.html", f"html_score_{name}")
 
 
-WINDOW_TEXT = """
-**Why the recent window is load-bearing.** A new position starts with a score of zero, so {policy} must
-protect the newest positions or evict each one on arrival. On this trace the newest {band} positions take
-{share} of every row's attention. With a window narrower than that, positions a few dozen steps old still draw
-much of it, but they are unprotected and must compete on score against sinks and old heavy hitters whose
-totals have been growing all run long; they lose, and are evicted while still wanted. A window as wide as the
-band protects all of them.
-"""
-
-
-def curve_view(trace_key: str, trace: kvsim.Trace, budget: int, features) -> None:
-    curve_policies = [n for n in kvsim.POLICIES if "recent_window" in policy_int_params(n)]
+def curve_view(trace: kvsim.Trace, budget: int, features) -> None:
+    curve_policies = [n for n in kvsim.POLICIES if "recent_window" in kvsim.policy_params(n)]
     if not curve_policies:
         st.info("No registered policy takes a recent_window.")
         return
     if st.session_state.get("curve_policy") not in curve_policies:
         st.session_state["curve_policy"] = curve_policies[0]
-    info = cached_describe(trace_key, features.band, features.sinks, trace)
+    info = cached_describe(trace, features.band, features.sinks)
     text, chart = st.columns([1, 3])
     with text:
         # widget state is dropped while its tab is closed, so the lasting value lives under another key
@@ -461,7 +433,7 @@ def curve_view(trace_key: str, trace: kvsim.Trace, budget: int, features) -> Non
             on_change=lambda: st.session_state.update(curve_policy=st.session_state["curve_policy_choice"]),
         )
         explain = st.empty()  # filled once the sweeps say what this trace does
-        explain.markdown(WINDOW_TEXT.format(policy=policy, band=features.band, share=_fmt(info["recent_share"], ".2f")))
+        explain.markdown(story.window_text(policy, features.band, info["recent_share"]))
         rw = int(st.session_state["recent_window"])
         if budget >= 2:
             st.session_state["rw_curve"] = min(max(1, rw), budget - 1)
@@ -480,118 +452,67 @@ def curve_view(trace_key: str, trace: kvsim.Trace, budget: int, features) -> Non
         if problem:
             st.error(f"{problem}. Change the setting in the sidebar to draw {name}'s curve.")
             continue
-        curves[name] = sweep_rows(trace_key, trace, name, budget, fixed)
+        curves[name] = sweep_rows(trace, name, budget, fixed)
         fixed_by[name] = fixed
     if policy not in curves:
         return
     rows = curves[policy]
-    references, offline = reference_lines(trace_key, trace, budget)
+    lines = reference_lines(trace, budget)
     if not 1 <= rw <= budget - 1:
         st.error(f"recent_window {rw} is outside 1..{budget - 1} (it must be below the budget); no point is marked.")
     explain.markdown(
-        WINDOW_TEXT.format(policy=policy, band=features.band, share=_fmt(info["recent_share"], ".2f"))
-        + "\n\n" + curve_verdict(policy, rows, features.band)
+        story.window_text(policy, features.band, info["recent_share"])
+        + "\n\n" + story.curve_verdict(rows, features.band)
         + f"\n\nEach point of a curve is a full replay at budget {budget}; the markers and notes follow "
         f"{policy}. **Click a point** (or use the box below) to set recent_window everywhere."
     )
     fig = figures.recent_window_curve(
-        rows, references, current=rw, default=policy_int_params(policy)["recent_window"], band=features.band,
+        rows, lines, current=rw, default=kvsim.policy_params(policy)["recent_window"], band=features.band,
         top_k=TOP_K, policy=policy, band_known=features.band_known,
-        companions={n: r for n, r in curves.items() if n != policy}, offline=offline,
+        companions={n: r for n, r in curves.items() if n != policy},
     )
     with chart:
         st.plotly_chart(fig, key="curve", on_select=pick_from_curve, selection_mode=("points", "box"))
-        st.markdown(lines_story(policy, curves, references, offline, budget))
+        st.markdown(story.lines_story(policy, curves, lines, budget))
         c1, c2 = st.columns(2)
         with c1:
             st.download_button(
                 f"sweep of {', '.join(curves)} (CSV)", data=lambda: figures.sweep_table(curves, top_k=TOP_K).to_csv(index=False),
-                file_name=f"{trace_key}-budget{budget}-recent_window-sweep.csv", mime="text/csv", key="csv_sweep",
+                file_name=f"{stem(trace)}-budget{budget}-recent_window-sweep.csv", mime="text/csv", key="csv_sweep",
             )
         with c2:
-            html_button("this figure (HTML)", fig, f"{trace_key}-budget{budget}-curve.html", "html_curve")
+            html_button("this figure (HTML)", fig, f"{stem(trace)}-budget{budget}-curve.html", "html_curve")
 
 
-def reference_lines(trace_key: str, trace: kvsim.Trace, budget: int) -> tuple[dict, dict]:
-    """The curve's horizontal lines, as ``{label: summary}``: every registered policy without a
-    recent_window, the ones that read the trace (offline references) apart, plus the upper bound."""
-    references, offline = {}, {}
-    for name in kvsim.POLICIES:
-        if "recent_window" in policy_int_params(name):
+def reference_lines(trace: kvsim.Trace, budget: int) -> list[figures.Line]:
+    """The curve's horizontal lines: every registered policy without a recent_window (the ones that
+    read the trace as offline references), plus the per-step upper bound."""
+    lines = []
+    for name, cls in kvsim.POLICIES.items():
+        if "recent_window" in kvsim.policy_params(name):
             continue
         params = params_for(name)
         problem = check(name, budget, params, trace)
         if problem:
             st.error(f"{problem}; its reference line is left out.")
             continue
-        result = cached_replay(trace_key, name, budget, tuple(sorted(params.items())), trace)
-        if kvsim.POLICIES[name].needs_trace:
-            offline[f"{figures.policy_label(result)} (offline reference)"] = result.summary()
+        result = cached_replay(trace, name, budget, tuple(sorted(params.items())))
+        label = figures.policy_label(result)
+        if cls.needs_trace:
+            lines.append(figures.Line.of(result.summary(), f"{label} (offline reference)", "offline", name))
         else:
-            references[figures.policy_label(result)] = result.summary()
-    offline[UPPER_BOUND] = cached_upper_bound(trace_key, budget, trace)
-    return references, offline
+            lines.append(figures.Line.of(result.summary(), label, "policy", name))
+    lines.append(figures.Line.of(cached_upper_bound(trace, budget), UPPER_BOUND, "bound"))
+    return lines
 
 
-def _gap(value: float, other: float, whose: str) -> str:
-    """``0.083 below h2o's 0.961``, or ``within 0.01 of`` it: how two retained masses compare."""
-    d = value - other
-    if abs(d) < 0.01:
-        return f"within 0.01 of {whose} {other:.3f}"
-    return f"{abs(d):.3f} {'below' if d < 0 else 'above'} {whose} {other:.3f}"
-
-
-def curve_verdict(policy: str, rows: list[dict], band: int) -> str:
-    """Where the primary curve stops gaining, in words computed from its sweep."""
-    peak, top = figures.curve_peak(rows)
-    if peak == band:
-        return (f"On this trace the gain stops at {peak}, the band's width: past it the extra protected slots "
-                "go to positions little looked at any more, taken from heavy hitters.")
-    return (f"On this trace retained mass peaks at recent_window {peak} ({top:.3f}), not at the band's "
-            f"{band}: its attention is not one clean band, so read the curve rather than the rule.")
-
-
-def lines_story(policy: str, curves: dict, references: dict, offline: dict, budget: int) -> str:
-    """What the chart's other curves and lines show on this trace, computed from them."""
-    peak, top = figures.curve_peak(curves[policy])
-    possessive = "'" if policy.endswith("s") else "'s"  # scissorhands' peak, h2o's peak
-    peak_of = f"{policy}{possessive} peak"
-    out = []
-    for name, rows in curves.items():
-        if name == policy:
-            continue
-        p, v = figures.curve_peak(rows)
-        where = f"also peaks at {p}" if p == peak else f"peaks at {p}"
-        out.append(f"**{name}** {where}, at {v:.3f}: {_gap(v, top, peak_of)}.")
-    bound = offline.get(UPPER_BOUND)
-    for name, ref in references.items():
-        if not name.startswith(("sliding_window", "streaming_llm")):  # those two are the cards' baselines
-            v = ref["retained_mass"]
-            near = f", {_gap(v, bound['retained_mass'], 'the upper bound')}" if bound else ""
-            out.append(f"**{name}** has no recent_window, so it is one line: {v:.3f}{near}.")
-    if bound is not None:
-        out.append(
-            f"\n\n**The dotted lines are offline references, not policies to deploy**: they read the whole "
-            f"trace, future rows included. Black, the **upper bound** ({bound['retained_mass']:.3f}): the sum of "
-            f"each row's {budget} largest weights; no cache of {budget} positions can hold more."
-        )
-    for name, ref in offline.items():
-        if name != UPPER_BOUND:
-            out.append(
-                f"Grey, the **{name.replace(' (offline reference)', '')}** ({ref['retained_mass']:.3f}): it evicts "
-                "the position with the least attention still to come, greedy rather than optimal; here "
-                f"{_gap(ref['retained_mass'], top, peak_of)}."
-            )
-    return " ".join(out).replace(" \n\n", "\n\n").strip()
-
-
-def trace_view(trace_key: str, trace: kvsim.Trace, features) -> None:
-    info = cached_describe(trace_key, features.band, features.sinks, trace)
+def trace_view(trace: kvsim.Trace, features) -> None:
+    info = cached_describe(trace, features.band, features.sinks)
     chart, text = st.columns([3, 1])
     with chart:
-        fig = cached_trace_matrix(trace_key, trace, features)
+        fig = cached_trace_matrix(trace)
         st.plotly_chart(fig, key="trace_chart")
-        html_button("this figure (HTML)", fig, f"{trace_key}-attention.html", "html_trace")
+        html_button("this figure (HTML)", fig, f"{stem(trace)}-attention.html", "html_trace")
     with text:
         st.markdown(
             """
@@ -660,7 +581,7 @@ def lab_policy(side: str, preset: lab.Preset) -> lab.PolicySpec:
     spec = preset.left if side == "left" else preset.right
     name = lasting(st.selectbox, f"{side} policy", f"lab_{side}", spec.name, options=list(kvsim.POLICIES))
     params = dict(spec.params) if name == spec.name else {}
-    if "recent_window" in policy_int_params(name):
+    if "recent_window" in kvsim.policy_params(name):
         params["recent_window"] = int(lasting(st.number_input, "recent_window", f"lab_{side}_rw",
                                               spec.params.get("recent_window", 0), min_value=0, step=1))
     return lab.PolicySpec(name, params)
