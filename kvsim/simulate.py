@@ -83,6 +83,54 @@ def sweep(
     return out
 
 
+def sweep_coarse_to_fine(
+    trace: Trace,
+    policy: str,
+    budget: int,
+    param: str,
+    low: int,
+    high: int,
+    *,
+    marks: Iterable[int] = (),
+    points: int = 32,
+    refine: bool = True,
+    top_k: int = DEFAULT_TOP_K,
+    progress: Progress | None = None,
+    **params,
+) -> list[dict]:
+    """A sweep of ``param`` over ``low .. high`` that costs a few times ``points`` replays however
+    wide the range: an even grid of about ``points`` values plus ``marks`` (values a view must show
+    exactly: a default, a band, the current setting); then, with ``refine``, grids eight times
+    finer around the best so far, down to every value next to it. The maximum is found exactly when
+    the curve has one peak (else the best of the values tried). Rows come back sorted by ``param``;
+    when the range has at most ``points`` values it is simply the full sweep.
+    """
+    if high < low:
+        raise ValueError(f"sweep over {param} needs low <= high, got {low}..{high}")
+    points = max(2, points)
+    stride = max(1, -(-(high - low + 1) // points))
+    done: dict[int, dict] = {}
+    todo = sorted(set(range(low, high + 1, stride)) | {high} | {m for m in marks if low <= m <= high})
+    rounds = 1
+    while stride > 1 and refine:  # how many refinements will follow: for the progress fraction
+        stride = max(1, stride // 8)
+        rounds += 1
+    stride = max(1, -(-(high - low + 1) // points))
+    for r in range(rounds):
+        report = None if progress is None else (lambda f, r=r: progress((r + f) / rounds))
+        for row in sweep(trace, policy, budget, param, todo, top_k=top_k, progress=report, **params) if todo else []:
+            done[row[param]] = row
+        if r == rounds - 1:
+            break
+        peak = best([done[v] for v in sorted(done)])[param]
+        finer = max(1, stride // 8)
+        todo = [v for v in range(max(low, peak - stride + 1), min(high, peak + stride - 1) + 1, finer) if v not in done]
+        stride = finer
+    if progress is not None:
+        progress(1.0)
+    return [done[v] for v in sorted(done)]
+
+
 def best(rows: list[dict], metric: str = "retained_mass") -> dict:
     """The row with the largest ``metric``; the first such row on ties (the smallest swept value
     when the values ascend)."""

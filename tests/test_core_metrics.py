@@ -125,3 +125,20 @@ def test_sweep_refuses_a_bad_value_before_any_work(make_trace):
 def test_best_keeps_the_first_of_equals():
     rows = [{"w": 1, "retained_mass": 0.5}, {"w": 2, "retained_mass": 0.7}, {"w": 3, "retained_mass": 0.7}]
     assert best(rows)["w"] == 2
+
+
+def test_coarse_to_fine_sweep_finds_the_exact_peak_at_a_fraction_of_the_cost(make_trace):
+    trace = make_trace(300, seed=11)
+    full = sweep(trace, "h2o", 120, "recent_window", range(1, 120))
+    seen = []
+    rows = kvsim.simulate.sweep_coarse_to_fine(trace, "h2o", 120, "recent_window", 1, 119, marks=[32, 64],
+                                               points=16, progress=seen.append)
+    windows = [r["recent_window"] for r in rows]
+    assert windows == sorted(windows) and len(windows) < len(full) and {1, 32, 64, 119} <= set(windows)
+    by_window = {r["recent_window"]: r for r in full}
+    assert all(r == by_window[r["recent_window"]] for r in rows)  # every point is the full sweep's
+    assert best(rows)["recent_window"] == best(full)["recent_window"] or (
+        best(rows)["retained_mass"] == best(full)["retained_mass"])
+    assert seen == sorted(seen) and seen[-1] == 1.0
+    small = kvsim.simulate.sweep_coarse_to_fine(trace, "h2o", 12, "recent_window", 1, 11, points=64)
+    assert small == sweep(trace, "h2o", 12, "recent_window", range(1, 12))
