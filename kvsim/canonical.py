@@ -82,7 +82,7 @@ def generate(config: CanonicalConfig = CanonicalConfig(), chunk: int = 256) -> T
     # prompt anchors: drawn after the heavy hitters (so those stay as they were) and never on one
     candidates = np.setdiff1d(np.arange(c.sinks, c.sinks + c.anchor_span), heavy_pos)
     anchor_pos = np.sort(rng.choice(candidates, c.anchors, replace=False))
-    anchor_w = rng.dirichlet(np.full(c.anchors, 8.0))
+    anchor_w = rng.dirichlet(np.full(c.anchors, 8.0)) if c.anchors else np.zeros(0)
     anchor_w, anchor_pos = anchor_w[anchor_pos < n], anchor_pos[anchor_pos < n]  # a trace shorter than the opening
 
     sink_split = np.asarray(c.sink_split, dtype=np.float64)
