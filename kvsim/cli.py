@@ -1,4 +1,4 @@
-"""``python -m kvsim``: replay, sweep, describe, export and the cards' table, from the command line.
+"""``python -m kvsim``: replay, sweep, describe, export, the cards' table and their claims, from the command line.
 
 ``--json`` on any subcommand prints exactly one JSON document on stdout and nothing else; without it
 the same figures print as aligned tables. Every error exits non-zero with one line on stderr,
@@ -124,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("table", help="the policy cards' comparison and the calibration targets")
     common(p, TABLE_BUDGET)
 
+    p = sub.add_parser("claims", help="every checkable claim of the two policy cards, measured, with its verdict")
+    p.add_argument("--trace", default="canonical", help=f"{trace_help}, or all (canonical and every shipped "
+                   "trace) (default: canonical)")
+    p.add_argument("--json", action="store_true", help="print one JSON document (a list of claim records) and nothing else")
+
     p = sub.add_parser("bench", help="time the reference path against the fast engine on the canonical trace")
     p.add_argument("--full-reference", action="store_true", help="replay all 255 windows on the reference path "
                    "(about a minute and a half) instead of extrapolating from 16")
@@ -221,6 +226,13 @@ def cmd_record(args: argparse.Namespace) -> object:
     return {"text": args.text, "files": files}
 
 
+def cmd_claims(args: argparse.Namespace) -> object:
+    from .claims import ledger  # the ledger runs its own replays; nothing of it loads until asked for
+
+    names = available_traces() if args.trace.strip() == "all" else [args.trace]
+    return [record for name in names for record in ledger(resolve_trace(name))]
+
+
 def cmd_bench(args: argparse.Namespace) -> object:
     say = None if args.json else (lambda m: print(f"bench: {m} ...", file=sys.stderr, flush=True))
     return bench.run(full_reference=args.full_reference, progress=say)
@@ -306,6 +318,10 @@ def render(command: str, doc) -> str:
         return _render_table(doc)
     if command == "bench":
         return bench.render(doc)
+    if command == "claims":
+        from .claims import render_ledger
+
+        return render_ledger(doc)
     raise AssertionError(command)
 
 
@@ -362,7 +378,7 @@ def _jsonable(x):
 
 
 COMMANDS = {"replay": cmd_replay, "sweep": cmd_sweep, "describe": cmd_describe, "export": cmd_export, "table": cmd_table,
-            "record": cmd_record, "bench": cmd_bench}
+            "record": cmd_record, "bench": cmd_bench, "claims": cmd_claims}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,7 +52,7 @@ def params_label(params: dict) -> str:
 
 def build_table(trace: Trace, budget: int = TABLE_BUDGET, top_k: int = DEFAULT_TOP_K, targets: bool | None = None) -> dict:
     """Measure every row of ``ROWS``, the h2o sweep and (on the canonical trace at budget 256, or when
-    ``targets`` is True) the six calibration targets. A JSON-ready dict."""
+    ``targets`` is True) the eight calibration targets. A JSON-ready dict."""
     measured: dict[tuple, dict] = {}
 
     def key(policy: str, params: dict) -> tuple:
@@ -116,6 +116,8 @@ def calibration_targets(
     sl = measure("streaming_llm", {"sinks": 4})
     h32 = measure("h2o", {"recent_window": 32})
     h64 = measure("h2o", {"recent_window": 64})
+    s32 = measure("scissorhands", {"recent_window": 32})
+    s64 = measure("scissorhands", {"recent_window": 64})
     mass = {r[SWEEP_PARAM]: r["retained_mass"] for r in sweep_rows}
     at = [mass.get(v) for v in (32, 48, 64)]
     peak = max(mass, key=mass.get) if mass else None  # first maximum: the smallest window on ties
@@ -137,6 +139,13 @@ def calibration_targets(
         ("h2o retained mass over recent_window 8 .. 192",
          "largest at 64 (none higher by more than 0.001); rising through 32, 48, 64",
          f"argmax {peak}; at 32, 48, 64: {', '.join(_fmt(m) for m in at)}", bool(peak_ok and rising)),
+        (f"h2o, recent_window 32, top-{top_k} recall", "above streaming_llm's (while its mass stays below: row 4)",
+         f"{_fmt(h32['top_k_recall'])} vs {_fmt(sl['top_k_recall'])}",
+         h32["top_k_recall"] > sl["top_k_recall"] and h32["retained_mass"] < sl["retained_mass"]),
+        ("scissorhands retained mass, recent_window 32 and 64", "within 0.01 of h2o's at the same recent_window",
+         f"32: {_fmt(s32['retained_mass'])} vs {_fmt(h32['retained_mass'])}; "
+         f"64: {_fmt(s64['retained_mass'])} vs {_fmt(h64['retained_mass'])}",
+         abs(s32["retained_mass"] - h32["retained_mass"]) <= 0.01 and abs(s64["retained_mass"] - h64["retained_mass"]) <= 0.01),
     ]
     return [{"figure": f, "target": t, "measured": m, "pass": bool(ok)} for f, t, m, ok in targets]
 

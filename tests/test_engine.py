@@ -168,7 +168,7 @@ def test_canonical_windows_bit_identical(canonical_trace):
         assert row == ref.summary() == fast.summary()
         assert np.array_equal(fast.retained_mass_series, ref.retained_mass_series)
         assert np.array_equal(fast.top_k_recall_series, ref.top_k_recall_series)
-    assert swept[2]["retained_mass"] == pytest.approx(0.9613, abs=5e-4)
+    assert swept[2]["retained_mass"] == pytest.approx(0.9562, abs=5e-4)
 
 
 @needs_engine
