@@ -19,7 +19,7 @@ import kvsim
 from kvsim import figures, lab
 from kvsim.catalog import CANONICAL, available_traces, resolve_trace
 from kvsim.metrics import describe
-from kvsim.policies.oracle import upper_bound_summary
+from kvsim.policies.upper_bound import upper_bound_summary
 
 try:  # the fast engine gives the same results; the reference stays the fallback
     from kvsim.engine import replay_fast as _replay

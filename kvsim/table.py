@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .metrics import describe
-from .policies.oracle import oracle_summary, upper_bound_summary
+from .policies.greedy_future import greedy_future_summary
+from .policies.upper_bound import upper_bound_summary
 from .replay import DEFAULT_TOP_K, replay
 from .sweep import best, sweep
 from .trace import Trace
@@ -36,7 +37,7 @@ ROWS: list[Row] = [
     Row("scissorhands", {"recent_window": 64}),
     Row("tova"),
     # offline references: they read the whole trace, future rows included, which no serving stack can
-    Row("oracle (offline reference)", measure=oracle_summary),
+    Row("greedy_future (offline reference)", measure=greedy_future_summary),
     Row("upper bound (offline reference)", measure=upper_bound_summary),
 ]
 

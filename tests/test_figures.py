@@ -205,7 +205,7 @@ def fake_family():
                      top_k_recall=r["top_k_recall"] - 0.05) for r in rows]
     refs = {"streaming_llm (sinks=4)": {"retained_mass": 0.7, "top_k_recall": 0.7},
             "tova": {"retained_mass": 0.95, "top_k_recall": 1.0}}
-    offline = {"oracle (offline reference)": {"retained_mass": 0.75, "top_k_recall": 0.7},
+    offline = {"greedy_future (offline reference)": {"retained_mass": 0.75, "top_k_recall": 0.7},
                "upper bound (offline reference)": {"retained_mass": 0.97, "top_k_recall": 1.0}}
     return rows, scissors, refs, offline
 
@@ -230,11 +230,11 @@ def test_curve_draws_companions_and_offline_references_apart():
     assert all(t.legend == "legend3" for n in ("shipped default (2)", "current recent_window (4)") for t in by_name[n])
     # deployable lines in the policies legend; offline references dotted, grey and black, in their own
     assert list(by_name["tova"][0].y) == [0.95, 0.95] and by_name["tova"][0].legend in (None, "legend")
-    oracle, bound = by_name["oracle (offline reference)"], by_name["upper bound (offline reference)"]
-    assert list(bound[1].y) == [1.0, 1.0] and list(oracle[0].y) == [0.75, 0.75]
-    assert {t.legend for t in oracle + bound} == {"legend2"}
-    assert {t.line.dash for t in oracle + bound} == {"dot"}
-    assert bound[0].line.color == "black" and oracle[0].line.color == "#7f7f7f"
+    greedy, bound = by_name["greedy_future (offline reference)"], by_name["upper bound (offline reference)"]
+    assert list(bound[1].y) == [1.0, 1.0] and list(greedy[0].y) == [0.75, 0.75]
+    assert {t.legend for t in greedy + bound} == {"legend2"}
+    assert {t.line.dash for t in greedy + bound} == {"dot"}
+    assert bound[0].line.color == "black" and greedy[0].line.color == "#7f7f7f"
     assert "offline references" in fig.layout.legend2.title.text and "h2o" in fig.layout.legend3.title.text
     # the legend lists h2o first, then scissorhands, then the lines
     ranks = {t.name: t.legendrank for t in fig.data if t.showlegend is not False and t.legend in (None, "legend")}
@@ -259,13 +259,14 @@ def test_sweep_table_puts_the_curves_side_by_side():
 
 
 def test_canonical_curve_tells_the_cards_story(canonical, story):
-    from kvsim.policies.oracle import oracle_summary, upper_bound_summary
+    from kvsim.policies.greedy_future import greedy_future_summary
+    from kvsim.policies.upper_bound import upper_bound_summary
 
     rows = sweep(canonical, "h2o", 256, "recent_window", range(1, 256))
     scissors = sweep(canonical, "scissorhands", 256, "recent_window", range(1, 256))
     refs = {figures.policy_label(r): r.summary() for r in story[:2]}
     refs["tova"] = replay_fast(canonical, "tova", budget=256).summary()
-    offline = {"oracle (offline reference)": oracle_summary(canonical, 256, 32),
+    offline = {"greedy_future (offline reference)": greedy_future_summary(canonical, 256, 32),
                "upper bound (offline reference)": upper_bound_summary(canonical, 256, 32)}
     fig = figures.recent_window_curve(rows, refs, current=32, companions={"scissorhands": scissors}, offline=offline)
     text = " ".join(a.text for a in fig.layout.annotations)
