@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from .metrics import describe
 from .policies.greedy_future import greedy_future_summary
+from .policies.optimal import optimal_summary
 from .policies.upper_bound import upper_bound_summary
 from .replay import DEFAULT_TOP_K, replay
 from .sweep import best, sweep
@@ -38,6 +39,7 @@ ROWS: list[Row] = [
     Row("tova"),
     # offline references: they read the whole trace, future rows included, which no serving stack can
     Row("greedy_future (offline reference)", measure=greedy_future_summary),
+    Row("optimal (offline reference)", measure=optimal_summary),
     Row("upper bound (offline reference)", measure=upper_bound_summary),
 ]
 

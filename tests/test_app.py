@@ -115,10 +115,10 @@ def test_the_curve_draws_the_family_and_exports_both_sweeps(monkeypatch):
     (curve,) = charts(at)
     assert len(named(curve, "h2o")) == 2 and len(named(curve, "scissorhands")) == 2
     assert values(named(curve, "scissorhands")[0]["x"]) == list(range(1, 256))
-    for line in ("tova", "greedy_future (offline reference)", "upper bound (offline reference)"):
+    for line in ("tova", "greedy_future (offline reference)", "optimal (offline reference)", "upper bound (offline reference)"):
         (mass, recall) = named(curve, line)
         assert mass["y"][0] == mass["y"][1]  # a horizontal line
-    assert {t.get("legend") for t in named(curve, "greedy_future") + named(curve, "upper bound")} == {"legend2"}
+    assert {t.get("legend") for t in named(curve, "greedy_future") + named(curve, "optimal") + named(curve, "upper bound")} == {"legend2"}
     story = " ".join(m.value for m in at.markdown)
     assert "**scissorhands** also peaks at 64" in story and "offline references, not policies to deploy" in story
     (name,) = [n for n in deferred if n.endswith("recent_window-sweep.csv")]

@@ -9,13 +9,14 @@ import numpy as np
 from .base import DEFAULT_BUDGET, Policy
 from .greedy_future import GreedyFuture
 from .h2o import H2O
+from .optimal import Optimal
 from .scissorhands import Scissorhands
 from .sliding_window import SlidingWindow
 from .streaming_llm import StreamingLLM
 from .tova import TOVA
 
 POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (SlidingWindow, StreamingLLM, H2O, Scissorhands, TOVA, GreedyFuture)
+    cls.name: cls for cls in (SlidingWindow, StreamingLLM, H2O, Scissorhands, TOVA, GreedyFuture, Optimal)
 }
 
 
