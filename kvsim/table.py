@@ -37,6 +37,10 @@ ROWS: list[Row] = [
     Row("scissorhands", {"recent_window": 32}),
     Row("scissorhands", {"recent_window": 64}),
     Row("tova"),
+    # baselines from practice (issue 15): rows after the cards' own, which the targets do not read
+    Row("h2o_normalized", {"recent_window": 32}),
+    Row("snapkv", {"recent_window": 32, "observation_window": 32}),
+    Row("random"),
     # offline references: they read the whole trace, future rows included, which no serving stack can
     Row("greedy_future (offline reference)", measure=greedy_future_summary),
     Row("optimal (offline reference)", measure=optimal_summary),

@@ -9,14 +9,21 @@ import numpy as np
 from .base import DEFAULT_BUDGET, Policy
 from .greedy_future import GreedyFuture
 from .h2o import H2O
+from .h2o_normalized import H2ONormalized
 from .optimal import Optimal
+from .random_eviction import RandomEviction
 from .scissorhands import Scissorhands
 from .sliding_window import SlidingWindow
+from .snapkv import SnapKV
 from .streaming_llm import StreamingLLM
 from .tova import TOVA
 
 POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (SlidingWindow, StreamingLLM, H2O, Scissorhands, TOVA, GreedyFuture, Optimal)
+    cls.name: cls
+    for cls in (
+        SlidingWindow, StreamingLLM, H2O, Scissorhands, TOVA, H2ONormalized, SnapKV, RandomEviction,
+        GreedyFuture, Optimal,
+    )
 }
 
 
