@@ -291,12 +291,14 @@ def _h2o_normalized_steps(A, topk, t0, t1, budgets, windows, pos, total_, count,
 
 
 @_kernel
-def _window_sum(ring_c, i, w, observed):
+def _window_sum(ring_c, i, w, start):
     """Slot i's weights over the last w observed rows, added oldest to newest (the reference's
-    cumsum over the ring in chronological order)."""
+    cumsum over the ring in chronological order): columns start .. w-1, then 0 .. start-1."""
     acc = 0.0
-    for j in range(w):
-        acc += ring_c[i, (observed + j) % w]
+    for j in range(start, w):
+        acc += ring_c[i, j]
+    for j in range(start):
+        acc += ring_c[i, j]
     return acc
 
 
@@ -339,8 +341,12 @@ def _snapkv_steps(A, topk, t0, t1, budgets, windows, obs_windows, pos, ring, run
             else:
                 run_c[n] = 0.0
             n += 1
-            for i in range(n):
-                scores[i] = _window_sum(r_c, i, w, observed[c]) if w > 0 else run_c[i]
+            # scores only where they are read: the evictable slots when this step evicts, every
+            # slot when configuration 0's scores are recorded
+            need = n if (c == 0 and rec_scores) else (n - windows[c] if n > budgets[c] else 0)
+            start = observed[c] % w if w > 0 else 0
+            for i in range(need):
+                scores[i] = _window_sum(r_c, i, w, start) if w > 0 else run_c[i]
             if c == 0 and rec_scores:
                 for i in range(n):
                     score_hist[t - 1, i] = scores[i]
