@@ -328,7 +328,8 @@ def cache_file(trace: Trace, budget: int) -> Path:
 
 def cached(trace: Trace, budget: int) -> OptimalSchedule | None:
     """The schedule from the disk cache, or None when it is not (yet) known: lets a caller show
-    "not yet known" without blocking on a solve."""
+    "not yet known" without blocking on a solve. Always None below ``CACHE_MIN_STEPS`` steps, where
+    solving takes milliseconds and nothing is written."""
     return _load(cache_file(trace, check_budget(budget)), trace.steps, budget)
 
 
@@ -411,6 +412,7 @@ class Optimal(Policy):
 
     @property
     def schedule(self) -> OptimalSchedule:
+        """The schedule this policy replays, solved (or read from the disk cache) on first use."""
         if self._schedule is None:
             self._schedule = optimal_schedule(self._trace, self.budget)
             self._evicted_at = self._schedule.evicted_at()
@@ -433,7 +435,7 @@ class Optimal(Policy):
             raise ValueError(f"{self.name}: the schedule was solved for budget {self.budget}, not {budget}")
         if self._kept.size <= budget:
             return []
-        self.schedule  # noqa: B018 - solve (or read the cache) on the first eviction
+        _ = self.schedule  # solved (or read from the cache) at the first eviction, not before
         gone = self._evicted_at[self._kept] <= self._step
         victims = self._kept[gone].tolist()
         self._kept = self._kept[~gone]
