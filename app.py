@@ -20,7 +20,7 @@ from kvsim import figures, lab, story
 from kvsim.catalog import CANONICAL, available_traces, resolve_trace
 from kvsim.metrics import describe
 from kvsim.policies import all_tunables
-from kvsim.policies.oracle import upper_bound_summary
+from kvsim.policies.upper_bound import upper_bound_summary
 
 TOP_K = kvsim.DEFAULT_TOP_K
 #: the budget the policy cards measure at; the app opens there so the cards' story is on screen

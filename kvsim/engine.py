@@ -233,6 +233,148 @@ def _scissorhands_steps(A, topk, t0, t1, budgets, windows, histories, pos, votes
 
 
 @_kernel
+def _h2o_normalized_steps(A, topk, t0, t1, budgets, windows, pos, total_, count, length, mass, recall, stamp, gather,
+                          kept_hist, score_hist, score_pos, victims):
+    """Steps t0 .. t1-1 of h2o_normalized: h2o's loop, with a per-slot count of the steps shown
+    (a row of zeros counts: it was shown) and eviction by ``sum / count`` (0 while the count is 0),
+    the reference's ``np.divide``."""
+    k = topk.shape[1]
+    n_cfg = budgets.shape[0]
+    rec_kept = kept_hist.shape[0] > 0
+    rec_scores = score_hist.shape[0] > 0
+    rec_victims = victims.shape[0] > 0
+    for t in range(t0, t1):
+        _mark_topk(topk, t, stamp)
+        denom = min(k, t)
+        row = A[t]
+        for c in range(n_cfg):
+            n = length[c]
+            p_c = pos[c]
+            s_c = total_[c]
+            k_c = count[c]
+            total, hits = _measure(row, p_c, n, stamp, t, gather)
+            mass[c, t - 1] = total
+            recall[c, t - 1] = hits / denom
+            for i in range(n):
+                if total > 0:
+                    s_c[i] += np.float64(np.float32(gather[i] / total))
+                k_c[i] += 1
+            p_c[n] = t
+            s_c[n] = 0.0
+            k_c[n] = 0
+            n += 1
+            if c == 0 and rec_scores:
+                for i in range(n):
+                    score_hist[t - 1, i] = s_c[i] / k_c[i] if k_c[i] > 0 else 0.0
+                    score_pos[t - 1, i] = p_c[i]
+            if n > budgets[c]:
+                evictable = n - windows[c]
+                best = 0
+                low = s_c[0] / k_c[0] if k_c[0] > 0 else 0.0
+                for i in range(1, evictable):
+                    v = s_c[i] / k_c[i] if k_c[i] > 0 else 0.0
+                    if v < low:  # strict: the first minimum, the lower position
+                        low = v
+                        best = i
+                if c == 0 and rec_victims:
+                    victims[t - 1] = p_c[best]
+                for i in range(best, n - 1):
+                    p_c[i] = p_c[i + 1]
+                    s_c[i] = s_c[i + 1]
+                    k_c[i] = k_c[i + 1]
+                n -= 1
+            length[c] = n
+            if c == 0 and rec_kept:
+                for i in range(n):
+                    kept_hist[t - 1, i] = p_c[i]
+
+
+@_kernel
+def _window_sum(ring_c, i, w, start):
+    """Slot i's weights over the last w observed rows, added oldest to newest (the reference's
+    cumsum over the ring in chronological order): columns start .. w-1, then 0 .. start-1."""
+    acc = 0.0
+    for j in range(start, w):
+        acc += ring_c[i, j]
+    for j in range(start):
+        acc += ring_c[i, j]
+    return acc
+
+
+@_kernel
+def _snapkv_steps(A, topk, t0, t1, budgets, windows, obs_windows, pos, ring, running, length, observed, mass, recall,
+                  stamp, gather, scores, kept_hist, score_hist, score_pos, victims):
+    """Steps t0 .. t1-1 of snapkv. With ``obs_windows[c] == w > 0`` each slot keeps its last w
+    observed weights in ``ring[c, slot, :w]`` (a row of zeros is written too: it was shown) and the
+    score is their chronological sum; with w == 0, a running sum as h2o keeps it."""
+    k = topk.shape[1]
+    n_cfg = budgets.shape[0]
+    rec_kept = kept_hist.shape[0] > 0
+    rec_scores = score_hist.shape[0] > 0
+    rec_victims = victims.shape[0] > 0
+    for t in range(t0, t1):
+        _mark_topk(topk, t, stamp)
+        denom = min(k, t)
+        row = A[t]
+        for c in range(n_cfg):
+            n = length[c]
+            p_c = pos[c]
+            w = obs_windows[c]
+            r_c = ring[c]
+            run_c = running[c]
+            total, hits = _measure(row, p_c, n, stamp, t, gather)
+            mass[c, t - 1] = total
+            recall[c, t - 1] = hits / denom
+            if w > 0:
+                col = observed[c] % w
+                for i in range(n):
+                    r_c[i, col] = np.float64(np.float32(gather[i] / total)) if total > 0 else 0.0
+            elif total > 0:
+                for i in range(n):
+                    run_c[i] += np.float64(np.float32(gather[i] / total))
+            observed[c] += 1
+            p_c[n] = t
+            if w > 0:
+                for j in range(w):
+                    r_c[n, j] = 0.0
+            else:
+                run_c[n] = 0.0
+            n += 1
+            # scores only where they are read: the evictable slots when this step evicts, every
+            # slot when configuration 0's scores are recorded
+            need = n if (c == 0 and rec_scores) else (n - windows[c] if n > budgets[c] else 0)
+            start = observed[c] % w if w > 0 else 0
+            for i in range(need):
+                scores[i] = _window_sum(r_c, i, w, start) if w > 0 else run_c[i]
+            if c == 0 and rec_scores:
+                for i in range(n):
+                    score_hist[t - 1, i] = scores[i]
+                    score_pos[t - 1, i] = p_c[i]
+            if n > budgets[c]:
+                evictable = n - windows[c]
+                best = 0
+                low = scores[0]
+                for i in range(1, evictable):
+                    if scores[i] < low:  # strict: the first minimum, the lower position
+                        low = scores[i]
+                        best = i
+                if c == 0 and rec_victims:
+                    victims[t - 1] = p_c[best]
+                for i in range(best, n - 1):
+                    p_c[i] = p_c[i + 1]
+                    if w > 0:
+                        for j in range(w):
+                            r_c[i, j] = r_c[i + 1, j]
+                    else:
+                        run_c[i] = run_c[i + 1]
+                n -= 1
+            length[c] = n
+            if c == 0 and rec_kept:
+                for i in range(n):
+                    kept_hist[t - 1, i] = p_c[i]
+
+
+@_kernel
 def _window_steps(A, topk, t0, t1, budgets, sinks, mass, recall, stamp, kept_hist):
     """Steps t0 .. t1-1 of streaming_llm (``sinks[c]`` pinned positions) and sliding_window
     (``sinks[c] == 0``), closed form: before step t the cache holds everything when t <= budget,
@@ -355,6 +497,52 @@ def _run_scissorhands(A, topk, T, budgets, params, progress, record, b0, kept_hi
     return mass, recall, {"score_history": score_hist, "score_positions": score_pos, "victims": victims}
 
 
+def _run_h2o_normalized(A, topk, T, budgets, params, progress, record, b0, kept_hist):
+    n_cfg = budgets.size
+    mass = np.empty((n_cfg, T), dtype=np.float64)
+    recall = np.empty((n_cfg, T), dtype=np.float64)
+    stamp = np.zeros(T + 1, dtype=np.int64)
+    windows = np.array([p["recent_window"] for p in params], dtype=np.int64)
+    width = int(budgets.max()) + 1
+    pos = np.zeros((n_cfg, width), dtype=np.int32)
+    total_ = np.zeros((n_cfg, width), dtype=np.float64)
+    count = np.zeros((n_cfg, width), dtype=np.int64)
+    length = np.ones(n_cfg, dtype=np.int64)
+    gather = np.empty(width, dtype=np.float64)
+    score_hist = np.full((T, b0 + 1), np.nan) if record else _none(np.float64, 2)
+    score_pos = np.full((T, b0 + 1), -1, dtype=np.int32) if record else _none(np.int32, 2)
+    victims = np.full(T, -1, dtype=np.int64) if record else _none(np.int64, 1)
+    for t0, t1 in _chunks(T, progress):
+        _h2o_normalized_steps(A, topk, t0, t1, budgets, windows, pos, total_, count, length, mass, recall, stamp,
+                              gather, kept_hist, score_hist, score_pos, victims)
+    return mass, recall, {"score_history": score_hist, "score_positions": score_pos, "victims": victims}
+
+
+def _run_snapkv(A, topk, T, budgets, params, progress, record, b0, kept_hist):
+    n_cfg = budgets.size
+    mass = np.empty((n_cfg, T), dtype=np.float64)
+    recall = np.empty((n_cfg, T), dtype=np.float64)
+    stamp = np.zeros(T + 1, dtype=np.int64)
+    windows = np.array([p["recent_window"] for p in params], dtype=np.int64)
+    obs_windows = np.array([p["observation_window"] for p in params], dtype=np.int64)
+    width = int(budgets.max()) + 1
+    pos = np.zeros((n_cfg, width), dtype=np.int32)
+    # O(configs x budget x observation_window) float64: the weights each slot still counts
+    ring = np.zeros((n_cfg, width, max(1, int(obs_windows.max()))), dtype=np.float64)
+    running = np.zeros((n_cfg, width), dtype=np.float64)  # observation_window 0: the whole run
+    length = np.ones(n_cfg, dtype=np.int64)
+    observed = np.zeros(n_cfg, dtype=np.int64)
+    gather = np.empty(width, dtype=np.float64)
+    scores = np.empty(width, dtype=np.float64)
+    score_hist = np.full((T, b0 + 1), np.nan) if record else _none(np.float64, 2)
+    score_pos = np.full((T, b0 + 1), -1, dtype=np.int32) if record else _none(np.int32, 2)
+    victims = np.full(T, -1, dtype=np.int64) if record else _none(np.int64, 1)
+    for t0, t1 in _chunks(T, progress):
+        _snapkv_steps(A, topk, t0, t1, budgets, windows, obs_windows, pos, ring, running, length, observed, mass,
+                      recall, stamp, gather, scores, kept_hist, score_hist, score_pos, victims)
+    return mass, recall, {"score_history": score_hist, "score_positions": score_pos, "victims": victims}
+
+
 def _run_window(A, topk, T, budgets, params, progress, record, b0, kept_hist):
     n_cfg = budgets.size
     mass = np.empty((n_cfg, T), dtype=np.float64)
@@ -375,6 +563,8 @@ FAST = {
     "streaming_llm": _run_window,
     "h2o": _run_h2o,
     "scissorhands": _run_scissorhands,
+    "h2o_normalized": _run_h2o_normalized,
+    "snapkv": _run_snapkv,
 }
 
 

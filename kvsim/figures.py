@@ -331,7 +331,7 @@ def score_distribution(result: ReplayResult, step: int, features: TraceFeatures)
 PRIMARY_COLOUR = "#1f77b4"
 COMPANION_STYLES = (("#9467bd", "solid"), ("#8c564b", "solid"), ("#e377c2", "solid"))
 REFERENCE_STYLES = (("#2ca02c", "dash"), ("#bcbd22", "dashdot"), ("#e377c2", "longdash"), ("#8c564b", "dash"))
-#: (colour, dash, width): the upper bound in black, any other offline reference (an oracle) in grey
+#: (colour, dash, width): the upper bound in black, any other offline reference in grey
 BOUND_STYLE = ("black", "dot", 2)
 OFFLINE_STYLES = (("#7f7f7f", "dot", 3), ("#b0b0b0", "dot", 3))
 OFFLINE_TITLE = "<b>offline references</b> (they read the future)"

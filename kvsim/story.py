@@ -11,6 +11,12 @@ from collections.abc import Mapping, Sequence
 
 from .figures import Line, curve_peak
 
+#: what each offline reference is, for the sentence under the curve
+OFFLINE_WHAT = {
+    "greedy_future": "it evicts the position with the least attention still to come, greedy rather than optimal",
+    "optimal": "the best eviction schedule under the cache's rules, found exactly: the ceiling for any policy",
+}
+
 
 def gap(value: float, other: float, whose: str) -> str:
     """``0.083 below h2o's 0.961``, or ``within 0.01 of h2o's 0.961``: how two retained masses compare."""
@@ -72,8 +78,9 @@ def lines_story(policy: str, curves: Mapping[str, Sequence[Mapping]], lines: Seq
         )
     for line in lines:
         if line.kind == "offline":
+            what = OFFLINE_WHAT.get(line.policy, "an offline reference")
             out.append(
-                f"Grey, the **{line.policy or line.label}** ({line.retained_mass:.3f}): it evicts the position with the "
-                f"least attention still to come, greedy rather than optimal; here {gap(line.retained_mass, top, peak_of)}."
+                f"Grey, **{line.policy or line.label}** ({line.retained_mass:.3f}): {what}; here "
+                f"{gap(line.retained_mass, top, peak_of)}."
             )
     return " ".join(out).replace(" \n\n", "\n\n").strip()

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from .harness import DEFAULT_TOP_K
 from .metrics import describe
-from .policies.oracle import upper_bound_summary
+from .policies.upper_bound import upper_bound_summary
 from .simulate import best, replay, sweep
 from .trace import Trace
 
@@ -35,10 +35,20 @@ ROWS: list[Row] = [
     Row("scissorhands", {"recent_window": 32}),
     Row("scissorhands", {"recent_window": 64}),
     Row("tova"),
+    # baselines from practice (issue 15): rows after the cards' own, which the targets do not read
+    Row("h2o_normalized", {"recent_window": 32}),
+    Row("snapkv", {"recent_window": 32, "observation_window": 32}),
+    Row("random"),
     # offline references: they read the whole trace, future rows included, which no serving stack can
-    Row("oracle (offline reference)", measure=lambda trace, budget, top_k: replay(trace, "oracle", budget=budget, top_k=top_k).summary()),
+    Row("greedy_future (offline reference)", measure=lambda trace, budget, top_k: _offline(trace, "greedy_future", budget, top_k)),
+    Row("optimal (offline reference)", measure=lambda trace, budget, top_k: _offline(trace, "optimal", budget, top_k)),
     Row("upper bound (offline reference)", measure=upper_bound_summary),
 ]
+
+def _offline(trace: Trace, name: str, budget: int, top_k: int) -> dict:
+    """An offline reference as a table row: a replay that hands it the trace."""
+    return replay(trace, name, budget=budget, top_k=top_k).summary()
+
 
 #: the second part: h2o's retained mass over recent_window 8 .. 192 (docs/domain.md, "The canonical trace", last target)
 SWEEP_POLICY = "h2o"

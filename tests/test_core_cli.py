@@ -121,6 +121,11 @@ def test_table_on_the_canonical_trace_meets_every_target():
     assert rows[("streaming_llm", (("sinks", 4),))]["retained_mass"] == pytest.approx(0.7367, abs=0.003)
     assert rows[("h2o", (("recent_window", 32),))]["retained_mass"] == pytest.approx(0.711233, abs=1e-6)
     assert rows[("h2o", (("recent_window", 64),))]["top_k_recall"] == 1.0
+    # the exact optimum: no row of the table passes it, and it does not pass the per-step bound
+    best = rows[("optimal (offline reference)", ())]["retained_mass"]
+    bound = rows[("upper bound (offline reference)", ())]["retained_mass"]
+    assert best <= bound + 1e-12
+    assert all(r["retained_mass"] <= best + 1e-12 for r in doc["rows"] if r["policy"] != "upper bound (offline reference)")
     assert [r["recent_window"] for r in doc["sweep"]["rows"]] == list(range(8, 193, 8))
     assert doc["sweep"]["argmax"] == 64
     assert len(doc["targets"]) == 8

@@ -39,12 +39,26 @@ def random_trace(seed: int, steps: int, levels: int, zero_share: float) -> Trace
     return from_array(np.tril(a, -1), name=f"random-{seed}")
 
 
-traces = st.builds(
-    random_trace,
-    seed=st.integers(0, 2**32 - 1),
-    steps=st.integers(1, 80),
-    levels=st.sampled_from([1, 2, 3, 1000]),
-    zero_share=st.sampled_from([0.0, 0.3, 0.9]),
+def heavy_tailed_trace(seed: int, steps: int, zero_share: float) -> Trace:
+    """Real-valued weights with a heavy tail (few large, many tiny) and a share of exact zeros, so
+    the kept part of a row is often all but empty: the other corner of the engine's arithmetic."""
+    rng = np.random.default_rng(seed)
+    a = rng.exponential(size=(steps + 1, steps + 1)) ** 3
+    a[rng.random(a.shape) < zero_share] = 0.0
+    a[np.arange(1, steps + 1), 0] += 1e-3
+    return from_array(np.tril(a, -1), name=f"heavy-{seed}")
+
+
+traces = st.one_of(
+    st.builds(
+        random_trace,
+        seed=st.integers(0, 2**32 - 1),
+        steps=st.integers(1, 80),
+        levels=st.sampled_from([1, 2, 3, 1000]),
+        zero_share=st.sampled_from([0.0, 0.3, 0.9]),
+    ),
+    st.builds(heavy_tailed_trace, seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 40),
+              zero_share=st.sampled_from([0.0, 0.5, 0.95])),
 )
 
 

@@ -204,7 +204,7 @@ def fake_family():
                      top_k_recall=r["top_k_recall"] - 0.05) for r in rows]
     lines = [figures.Line("streaming_llm (sinks=4)", 0.7, 0.7, policy="streaming_llm"),
              figures.Line("tova", 0.95, 1.0, policy="tova"),
-             figures.Line("oracle (offline reference)", 0.75, 0.7, "offline", "oracle"),
+             figures.Line("greedy_future (offline reference)", 0.75, 0.7, "offline", "greedy_future"),
              figures.Line("upper bound (offline reference)", 0.97, 1.0, "bound")]
     return rows, scissors, lines
 
@@ -227,11 +227,11 @@ def test_curve_draws_companions_and_offline_references_apart():
     assert all(t.legend == "legend3" for n in ("shipped default (2)", "current recent_window (4)") for t in by_name[n])
     # deployable lines in the policies legend; offline references dotted, grey and black, in their own
     assert list(by_name["tova"][0].y) == [0.95, 0.95] and by_name["tova"][0].legend in (None, "legend")
-    oracle, bound = by_name["oracle (offline reference)"], by_name["upper bound (offline reference)"]
-    assert list(bound[1].y) == [1.0, 1.0] and list(oracle[0].y) == [0.75, 0.75]
-    assert {t.legend for t in oracle + bound} == {"legend2"}
-    assert {t.line.dash for t in oracle + bound} == {"dot"}
-    assert bound[0].line.color == "black" and oracle[0].line.color == "#7f7f7f"
+    greedy, bound = by_name["greedy_future (offline reference)"], by_name["upper bound (offline reference)"]
+    assert list(bound[1].y) == [1.0, 1.0] and list(greedy[0].y) == [0.75, 0.75]
+    assert {t.legend for t in greedy + bound} == {"legend2"}
+    assert {t.line.dash for t in greedy + bound} == {"dot"}
+    assert bound[0].line.color == "black" and greedy[0].line.color == "#7f7f7f"
     assert "offline references" in fig.layout.legend2.title.text and "h2o" in fig.layout.legend3.title.text
     # the legend lists h2o first, then scissorhands, then the lines
     ranks = {t.name: t.legendrank for t in fig.data if t.showlegend is not False and t.legend in (None, "legend")}
@@ -256,13 +256,13 @@ def test_sweep_table_puts_the_curves_side_by_side():
 
 
 def test_canonical_curve_tells_the_cards_story(canonical, story):
-    from kvsim.policies.oracle import upper_bound_summary
+    from kvsim.policies.upper_bound import upper_bound_summary
 
     rows = sweep(canonical, "h2o", 256, "recent_window", range(1, 256))
     scissors = sweep(canonical, "scissorhands", 256, "recent_window", range(1, 256))
     lines = [figures.Line.of(r.summary(), figures.policy_label(r), policy=r.policy) for r in story[:2]]
     lines.append(figures.Line.of(replay(canonical, "tova", budget=256).summary(), "tova", policy="tova"))
-    lines.append(figures.Line.of(replay(canonical, "oracle", budget=256).summary(), "oracle (offline reference)", "offline"))
+    lines.append(figures.Line.of(replay(canonical, "greedy_future", budget=256).summary(), "greedy_future (offline reference)", "offline"))
     lines.append(figures.Line.of(upper_bound_summary(canonical, 256, 32), "upper bound (offline reference)", "bound"))
     fig = figures.recent_window_curve(rows, lines, current=32, companions={"scissorhands": scissors})
     text = " ".join(a.text for a in fig.layout.annotations)

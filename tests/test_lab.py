@@ -80,11 +80,11 @@ def test_side_by_side_matches_replay(name):
                 np.testing.assert_array_equal(s.sides[side].scores, r.score_history[i, :n])
 
 
-def test_side_by_side_runs_every_registry_policy_including_the_oracle():
+def test_side_by_side_runs_every_registry_policy_including_the_offline_ones():
     tr = lab.PRESETS["h2o vs scissorhands"].trace()
     for name in kvsim.POLICIES:
         params = {"recent_window": 1} if "recent_window" in kvsim.policy_params(name) else {}
-        steps = lab.side_by_side(tr, lab.PolicySpec(name, params), lab.PolicySpec("oracle"), budget=5)
+        steps = lab.side_by_side(tr, lab.PolicySpec(name, params), lab.PolicySpec("greedy_future"), budget=5)
         assert [s.t for s in steps] == list(range(1, 13))
         assert all(s.sides[0].kept_after.size == min(s.t + 1, 5) for s in steps)
     with pytest.raises(ValueError, match="^h2o: recent_window"):

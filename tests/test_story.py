@@ -42,13 +42,14 @@ def test_lines_story_is_computed_from_the_lines():
               "scissorhands": rows("scissorhands", [(1, 0.4), (2, 0.5), (3, 0.8), (4, 0.7)])}
     lines = [figures.Line("streaming_llm (sinks=4)", 0.7, 0.7, policy="streaming_llm"),
              figures.Line("tova", 0.95, 1.0, policy="tova"),
-             figures.Line("oracle (offline reference)", 0.75, 0.7, "offline", "oracle"),
+             figures.Line("greedy_future (offline reference)", 0.75, 0.7, "offline", "greedy_future"),
              figures.Line("upper bound (offline reference)", 0.97, 1.0, "bound")]
     text = story.lines_story("h2o", curves, lines, 10)
     assert "**scissorhands** also peaks at 3, at 0.800: 0.100 below h2o's peak 0.900." in text
     assert "**tova** has no recent_window, so it is one line: 0.950, 0.020 below the upper bound 0.970." in text
     assert "**upper bound** (0.970)" in text and "each row's 10 largest weights" in text
-    assert "**oracle** (0.750)" in text and "0.150 below h2o's peak 0.900" in text
+    assert "**greedy_future** (0.750): it evicts the position with the least attention still to come" in text
+    assert "0.150 below h2o's peak 0.900" in text
     assert "streaming_llm" not in text  # the cards' baselines are described elsewhere
 
 

@@ -12,15 +12,23 @@ import numpy as np
 
 from ..trace import Trace
 from .base import DEFAULT_BUDGET, Param, Policy
+from .greedy_future import GreedyFuture
 from .h2o import H2O
-from .oracle import OfflineOracle
+from .h2o_normalized import H2ONormalized
+from .optimal import Optimal
+from .random_eviction import RandomEviction
 from .scissorhands import Scissorhands
 from .sliding_window import SlidingWindow
+from .snapkv import SnapKV
 from .streaming_llm import StreamingLLM
 from .tova import TOVA
 
 POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (SlidingWindow, StreamingLLM, H2O, Scissorhands, TOVA, OfflineOracle)
+    cls.name: cls
+    for cls in (
+        SlidingWindow, StreamingLLM, H2O, Scissorhands, TOVA, H2ONormalized, SnapKV, RandomEviction,
+        GreedyFuture, Optimal,
+    )
 }
 
 

@@ -1,0 +1,65 @@
+"""H2O with observed-attention normalisation: a position's score is its cumulative attention
+divided by the number of steps it has been shown to a query, so old positions do not win by age
+alone. The ``recent_window`` newest positions are never evicted, as in h2o.
+
+The normalisation serving stacks use when they rank cached tokens by the attention observed
+while they were held (H2O's accumulated score, Zhang et al., NeurIPS 2023, arXiv:2306.14048,
+made an average): a position admitted 3000 steps ago has had 3000 rows to collect attention, a
+position admitted 40 steps ago 40; the plain sum compares their totals, this policy their rates.
+
+The sum is accumulated in float64 from the float32 weights, like h2o's; the count is the number
+of steps with attention since admission. ``attn=None`` ("no information") changes neither, so
+every score stays exactly as it was. A position no row has shown yet has score 0 (it has
+collected nothing; the recent window is what protects it, as in h2o). Eviction is repeated argmin
+of the score over ``kept[:len - recent_window]``; equal scores evict the lower position; victims
+come back in ascending position order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import DEFAULT_BUDGET, SlotPolicy
+from .h2o import RECENT_WINDOW
+
+
+class H2ONormalized(SlotPolicy):
+    name = "h2o_normalized"
+    reads_attention = True
+    keeps_scores = True
+    tunables = (RECENT_WINDOW,)
+
+    def __init__(
+        self,
+        budget: int = DEFAULT_BUDGET,
+        rng: np.random.Generator | None = None,
+        recent_window: int = RECENT_WINDOW.default,
+    ) -> None:
+        super().__init__(budget, rng)
+        self.recent_window = RECENT_WINDOW.check(recent_window, self.budget)
+        self._sum = np.zeros(self.budget + 1, dtype=np.float64)
+        self._count = np.zeros(self.budget + 1, dtype=np.int64)  # steps shown to a query since admission
+
+    def _slot_arrays(self) -> list[np.ndarray]:
+        return [self._sum, self._count]
+
+    def _normalized(self, n: int) -> np.ndarray:
+        count = self._count[:n]
+        return np.divide(self._sum[:n], count, out=np.zeros(n), where=count > 0)
+
+    @property
+    def scores(self) -> np.ndarray:
+        """Mean observed attention per step held, of each kept position, aligned with ``kept``."""
+        return self._normalized(self._len)
+
+    def on_decode_step(self, pos: int, attn: np.ndarray | None) -> None:
+        attn = self._step_attention(attn)
+        if attn is not None:
+            self._sum[: self._len] += attn.astype(np.float64)
+            self._count[: self._len] += 1
+        i = self._admit(pos)
+        self._sum[i] = 0.0
+        self._count[i] = 0
+
+    def evict(self, budget: int) -> list[int]:
+        return self._evict_lowest(budget, self._normalized(max(self._len - self.recent_window, 0)))

@@ -1,0 +1,43 @@
+"""Random eviction: evict uniformly at random among every held position, the newcomer included.
+Nothing is protected beyond what the cache rules force (the budget). The floor any scoring rule
+has to clear: what choosing blindly keeps.
+
+No ``recent_window``, on purpose: with one, this would be "a recency window plus noise", and the
+plain draw is the cleaner floor; h2o's or snapkv's rows at the same budget say what their scores
+and windows add to it. (It also keeps this policy a single line, not a curve, in the app.)
+
+The first policy that draws from the ``rng`` the interface passes (``uses_rng = True``): the same
+seed gives the same victims. ``rng=None`` means ``numpy.random.default_rng(DEFAULT_SEED)``, so a
+replay by name is deterministic too. Each eviction draws its victims as one uniform sample
+without replacement (``rng.choice``) from the held positions (one victim per step under the
+harness); victims come back in ascending position order. Attention is never read.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import DEFAULT_BUDGET, SlotPolicy
+
+#: the seed of the generator used when none is passed
+DEFAULT_SEED = 0
+
+
+class RandomEviction(SlotPolicy):
+    name = "random"
+    uses_rng = True
+
+    def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:
+        super().__init__(budget, np.random.default_rng(DEFAULT_SEED) if rng is None else rng)
+
+    def on_decode_step(self, pos: int, attn: np.ndarray | None) -> None:
+        self._step_attention(None)  # the free-slot check only: attention is never read
+        self._admit(pos)
+
+    def evict(self, budget: int) -> list[int]:
+        n_evict = self._len - budget
+        if n_evict <= 0:
+            return []
+        values = np.ones(self._len)
+        values[self.rng.choice(self._len, size=n_evict, replace=False)] = 0.0  # the chosen go first
+        return self._evict_lowest(budget, values)

@@ -1,0 +1,192 @@
+"""The exact offline optimum (``optimal``): exhaustive search on small traces, the dual certificate,
+the replay through the harness, the disk cache and the progress reports, and that no policy in the
+registry or the table passes it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kvsim
+from kvsim.policies import optimal
+from kvsim.policies.optimal import OptimalSchedule, certify, optimal_schedule, solve
+from kvsim.policies.upper_bound import upper_bound_series
+
+
+def random_trace(rng: np.random.Generator, steps: int, zero_share: float = 0.3, ties: bool = False) -> kvsim.Trace:
+    if ties:  # small integers: exact ties everywhere, the case where a wrong tie rule would show
+        A = rng.choice([0.0, 0.0, 1.0, 2.0], size=(steps + 1, steps + 1))
+    else:
+        A = rng.exponential(size=(steps + 1, steps + 1)) ** 3  # heavy-tailed, like attention
+        A[rng.random(A.shape) < zero_share] = 0.0
+    A[np.arange(1, steps + 1), 0] += 1e-3  # every row needs some mass
+    return kvsim.from_array(np.tril(A, -1))
+
+
+def exhaustive(trace: kvsim.Trace, budget: int) -> float:
+    """The best total retained mass over every legal schedule, by trying them all: the cache rules
+    of DOMAIN.md section 1 played out directly (held sets, one admission per step, evict to
+    min(t + 1, budget)), independent of the solver's assignment formulation."""
+    A = trace.attention.astype(np.float64)
+    T = trace.steps
+    best = -1.0
+
+    def walk(t: int, held: tuple, acc: float) -> None:
+        nonlocal best
+        if t > T:
+            best = max(best, acc)
+            return
+        acc += sum(A[t, p] for p in held)  # query t sees the cache as it is
+        held = (*held, t)
+        if len(held) > budget:  # evict exactly one (admitted one, held budget before)
+            for i in range(len(held)):
+                walk(t + 1, held[:i] + held[i + 1 :], acc)
+        else:
+            walk(t + 1, held, acc)
+
+    walk(1, (0,), 0.0)
+    return best
+
+
+CASES = [(steps, budget, seed) for steps in range(1, 10) for budget in (1, 2, 3, 5) for seed in range(3)]
+
+
+@pytest.mark.parametrize(("steps", "budget", "seed"), CASES)
+def test_equals_exhaustive_search_and_carries_a_certificate(steps, budget, seed):
+    rng = np.random.default_rng(1000 * steps + 10 * budget + seed)
+    for tr in (random_trace(rng, steps, zero_share=[0.0, 0.5, 0.9][seed]), random_trace(rng, steps, ties=True)):
+        s = solve(tr, budget)
+        assert s.objective == pytest.approx(exhaustive(tr, budget), abs=1e-12)
+        assert certify(tr, s) <= 1e-12  # the duals prove it, without the search
+        r = kvsim.replay(tr, "optimal", budget=budget, record_victims=True)
+        assert r.retained_mass == pytest.approx(s.objective / steps, abs=1e-12)
+        evicting = [v for v in r.victims_history if v]
+        assert [v[0] for v in evicting] == s.victims.tolist() and all(len(v) == 1 for v in evicting)
+
+
+def test_a_suboptimal_schedule_fails_the_certificate():
+    """The certificate is not a formality: the optimum's duals with any worse schedule leave a gap,
+    and a schedule whose objective does not match its victims, or an illegal one, is refused."""
+    rng = np.random.default_rng(5)
+    tr = random_trace(rng, 30)
+    s = solve(tr, 4)
+    greedy = kvsim.replay(tr, "greedy_future", budget=4, record_victims=True)
+    victims = np.array([v[0] for v in greedy.victims_history if v])
+    objective = greedy.retained_mass_series.sum()
+    assert objective < s.objective - 1e-6  # greedy is worse here...
+    worse = OptimalSchedule(s.steps, 4, victims, float(objective), s.u, s.w)
+    assert certify(tr, worse) == pytest.approx((s.objective - objective) / 30, abs=1e-12)  # ...and it shows
+    with pytest.raises(ValueError, match="the victims give"):
+        certify(tr, OptimalSchedule(s.steps, 4, victims, s.objective, s.u, s.w))
+    illegal = s.victims.copy()
+    illegal[1] = illegal[0]
+    with pytest.raises(ValueError, match="legal schedule"):
+        certify(tr, OptimalSchedule(s.steps, 4, illegal, s.objective, s.u, s.w))
+    with pytest.raises(ValueError, match="positive"):
+        certify(tr, OptimalSchedule(s.steps, 4, s.victims, s.objective, s.u, s.w + 1.0))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    steps=st.integers(1, 40),
+    budget=st.integers(1, 10),
+    zero_share=st.sampled_from([0.0, 0.5, 0.9]),
+)
+def test_no_registry_policy_passes_it_and_it_stays_under_the_bound(seed, steps, budget, zero_share, fit_args):
+    tr = random_trace(np.random.default_rng(seed), steps, zero_share)
+    best = kvsim.replay(tr, "optimal", budget=budget)
+    ub = upper_bound_series(tr, budget)
+    assert np.all(best.retained_mass_series <= ub + 1e-12)
+    assert certify(tr, solve(tr, budget)) <= 1e-12
+    for name in kvsim.POLICIES:
+        params = fit_args(name, budget, tr)
+        params.pop("trace", None)  # replay hands offline policies the trace itself
+        r = kvsim.replay(tr, name, budget=budget, **params)
+        assert r.retained_mass <= best.retained_mass + 1e-12, name
+
+
+def test_reaches_the_bound_when_every_row_wants_the_newest_positions():
+    # attention only on the newest `budget` positions: a sliding window holds each row's best set,
+    # so the optimum equals the per-step bound exactly, and nothing is forfeited
+    T, B = 40, 6
+    A = np.zeros((T + 1, T + 1))
+    for t in range(1, T + 1):
+        A[t, max(0, t - B) : t] = np.arange(1, min(t, B) + 1)
+    tr = kvsim.from_array(A)
+    s = solve(tr, B)
+    assert s.retained_mass == pytest.approx(1.0, abs=1e-6)  # rows are float32: 1 to an ulp or so
+    assert s.retained_mass == pytest.approx(upper_bound_series(tr, B).mean(), abs=1e-12)
+
+
+def test_beats_the_bound_never_and_the_greedy_reference_on_the_canonical_shape():
+    tr = kvsim.generate_canonical(kvsim.CanonicalConfig(steps=700))
+    s = solve(tr, 64)
+    assert certify(tr, s) <= 1e-12
+    r = kvsim.replay(tr, "optimal", budget=64)
+    assert r.retained_mass == pytest.approx(s.retained_mass, abs=1e-12)
+    assert np.all(r.retained_mass_series <= upper_bound_series(tr, 64) + 1e-12)
+    for name, params in [("tova", {}), ("h2o", {"recent_window": 32}), ("greedy_future", {})]:
+        assert kvsim.replay(tr, name, budget=64, **params).retained_mass < r.retained_mass
+
+
+def test_budget_above_the_trace_evicts_nothing():
+    tr = random_trace(np.random.default_rng(3), 8)
+    s = solve(tr, 9)  # holds all 9 positions at the end: nothing to evict
+    assert s.victims.size == 0 and s.retained_mass == pytest.approx(1.0, abs=1e-6)
+    assert kvsim.replay(tr, "optimal", budget=9).retained_mass == pytest.approx(s.retained_mass, abs=1e-12)
+    assert solve(tr, 8).victims.size == 1
+
+
+def test_progress_reports_steps_done_out_of_the_evicting_steps():
+    tr = random_trace(np.random.default_rng(2), 300)
+    seen = []
+    solve(tr, 20, progress=lambda done, total: seen.append((done, total)))
+    assert seen[0] == (0, 281) and seen[-1] == (281, 281)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen) and len(seen) > 2
+
+
+def test_disk_cache_round_trips_and_survives_damage(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(optimal, "CACHE_MIN_STEPS", 0)
+    tr = random_trace(np.random.default_rng(8), 60)
+    assert optimal.cached(tr, 7) is None  # not yet known
+    first = optimal_schedule(tr, 7)
+    path = optimal.cache_file(tr, 7)
+    assert path.exists() and path.parent == tmp_path and f"v{optimal.SOLVER_VERSION}" in path.name
+    again = optimal.cached(tr, 7)
+    assert again is not None and np.array_equal(again.victims, first.victims) and again.objective == first.objective
+    assert certify(tr, again) <= 1e-12
+    assert optimal.cache_file(tr, 8) != path  # keyed by budget...
+    other = random_trace(np.random.default_rng(9), 60)
+    assert optimal.cache_file(other, 7) != path  # ...and by the attention's bytes
+    path.write_bytes(b"not an npz")
+    assert optimal.cached(tr, 7) is None
+    assert np.array_equal(optimal_schedule(tr, 7).victims, first.victims)  # solved again, rewritten
+    assert optimal.cached(tr, 7) is not None
+    # progress on a cache hit: done at once
+    seen = []
+    optimal_schedule(tr, 7, progress=lambda d, t: seen.append((d, t)))
+    assert seen == [(1, 1)]
+
+
+def test_small_traces_are_not_written_to_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path))
+    optimal_schedule(random_trace(np.random.default_rng(8), 30), 4)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_policy_refuses_what_it_cannot_do():
+    tr = random_trace(np.random.default_rng(4), 10)
+    with pytest.raises(ValueError, match="trace"):
+        kvsim.make_policy("optimal", budget=4)
+    p = kvsim.make_policy("optimal", budget=4, trace=tr)
+    for t in range(1, 5):
+        p.on_decode_step(t, None)
+        with pytest.raises(ValueError, match="budget 4, not 3"):
+            p.evict(3)
+        p.evict(4)
+    with pytest.raises(ValueError, match="position 7"):
+        p.on_decode_step(7, None)
