@@ -10,7 +10,7 @@ Each row t (the query at position t) mixes five features, each there for a reaso
   of its steps, so a count of such steps (scissorhands) ranks it below a heavy hitter, as a sum does;
 - **heavy hitters**: each ``epoch`` steps a few positions are born that hold a large weight for a
   whole epoch and then go stale (drop back to the background);
-- **prompt anchors**: a few positions of the opening hold a steady weight, well above the fair share,
+- **prompt anchors**: a few positions of the opening hold a steady weight, above the fair share 1/256,
   in every row to the end (an instruction or a retrieved fact the generation keeps consulting);
 - **a diffuse background** over the rest of the history, with a fixed per-position salience that
   leans gently toward the opening of the context (a power law in position).

@@ -122,3 +122,25 @@ def test_generator_depends_on_its_seed():
     b = kvsim.generate_canonical(kvsim.CanonicalConfig(steps=300, seed=small.seed + 1))
     assert np.array_equal(a.attention, kvsim.generate_canonical(small).attention)
     assert not np.array_equal(a.attention, b.attention)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"anchor_share": 0.5}, "exceeds 1"),
+        ({"band_share": -0.1}, "CanonicalConfig.band_share"),
+        ({"anchors": 40}, "CanonicalConfig.anchors"),
+    ],
+)
+def test_generator_refuses_a_config_it_cannot_honour(change, message):
+    with pytest.raises(ValueError, match=message) as err:
+        kvsim.generate_canonical(kvsim.CanonicalConfig(steps=64, **change))
+    assert "\n" not in str(err.value)
+
+
+def test_anchors_are_declared_in_the_meta_and_clear_the_fair_share(canonical):
+    anchors = canonical.meta["anchors"]
+    assert len(anchors) == 14 and not set(anchors) & set(canonical.meta["heavy_hitters"])
+    rows = canonical.attention[300:, anchors]
+    # practically every row, every anchor (1 of 53,158 falls short): a vote and a sum both see them
+    assert (rows > 1 / 256).mean() > 0.9999
