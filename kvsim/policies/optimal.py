@@ -77,7 +77,8 @@ CACHE_MIN_STEPS = 512
 
 
 def _kernel(fn):
-    return njit(cache=True)(fn) if njit is not None else fn
+    # nogil: a solve in a background thread (the app's, with progress) leaves the UI thread running
+    return njit(cache=True, nogil=True)(fn) if njit is not None else fn
 
 
 def _row_offsets(first: int, n: int) -> np.ndarray:
