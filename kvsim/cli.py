@@ -385,6 +385,8 @@ def _add_quality_parser(sub, specs: dict[str, type]) -> None:
     p.add_argument("--mode", choices=["closed", "open", "both"], default="closed",
                    help="closed: token-by-token decoding with the real cache evicted (the truth); open: one "
                         "teacher-forced pass masked by the replay of the full-cache traces (default: closed)")
+    p.add_argument("--batch", type=_positive_int, default=8, help="closed loops decoded together, sharing each "
+                   "step's read of the weights (default: 8)")
     p.add_argument("--no-cache", action="store_true", help="measure again instead of reading cached results")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
@@ -427,7 +429,8 @@ def cmd_quality(args: argparse.Namespace) -> object:
         if args.model is None:
             require_extra()
         session = quality.open_session(text, args.steps, args.model, progress=say)
-        rows = quality.grid(session, names, budgets, modes, params, sweep, use_cache=not args.no_cache, progress=say)
+        rows = quality.grid(session, names, budgets, modes, params, sweep, use_cache=not args.no_cache,
+                            batch=args.batch, progress=say)
     except (quality.QualityError, RecordError) as e:
         raise CLIError(str(e)) from None
     single = args.policy and not sweep and len(budgets) == 1 and len(modes) == 1
