@@ -144,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--licence", default=None, help="the text's licence, for the traces' meta")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
+
+    _add_quality_parser(sub, specs)
     return parser
 
 
@@ -322,6 +324,8 @@ def render(command: str, doc) -> str:
         from .claims import render_ledger
 
         return render_ledger(doc)
+    if command == "quality":
+        return _render_quality(doc)
     raise AssertionError(command)
 
 
@@ -365,6 +369,98 @@ def _render_table(doc: dict) -> str:
     return "\n".join(parts)
 
 
+# --- quality: what a real model loses under each policy (kvsim/quality.py) ------------------------
+
+
+def _add_quality_parser(sub, specs: dict) -> None:
+    p = sub.add_parser("quality", help="a real model's loss and KL on a text with its KV cache evicted by a policy "
+                                       "(needs requirements-record.txt)")
+    p.add_argument("text", help="a UTF-8 text file, or heapq for the shipped traces' text (CPython 3.11.7 Lib/heapq.py)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--policy", choices=list(POLICIES), help="registry name")
+    which.add_argument("--policies", help="comma-separated registry names: a grid")
+    p.add_argument("--budget", default="256", metavar="B[,B...]", help="cache budget per layer (default: 256)")
+    for param, spec in specs.items():
+        p.add_argument(_flag(param), dest=f"param_{param}", type=int, default=None, metavar="N",
+                       help=f"{spec.help} (passed to the policies that take it)")
+    p.add_argument("--sweep", nargs=2, metavar=("PARAM", "A:B[:STEP]"), help="one measurement per value of a "
+                   "policy parameter, e.g. --sweep recent_window 8:248:16")
+    p.add_argument("--steps", type=_positive_int, default=1024, help="decode steps N (default: 1024)")
+    p.add_argument("--model", default=None, help="a local Hugging Face model folder (default: the shipped Gemma-3-270M)")
+    p.add_argument("--mode", choices=["closed", "open", "both"], default="closed",
+                   help="closed: token-by-token decoding with the real cache evicted (the truth); open: one "
+                        "teacher-forced pass masked by the replay of the full-cache traces (default: closed)")
+    p.add_argument("--batch", type=_positive_int, default=8, help="closed loops decoded together, sharing each "
+                   "step's read of the weights (default: 8)")
+    p.add_argument("--no-cache", action="store_true", help="measure again instead of reading cached results")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
+
+
+def cmd_quality(args: argparse.Namespace) -> object:
+    # torch and transformers are imported by kvsim.quality's functions only when a measurement runs
+    from . import quality
+
+    names = [args.policy] if args.policy else [x.strip() for x in args.policies.split(",") if x.strip()]
+    unknown = [x for x in names if x not in POLICIES]
+    if unknown or not names:
+        raise CLIError(f"--policies: unknown policy {unknown[0]!r}; known: {', '.join(POLICIES)}" if unknown
+                       else "--policies: no policy given")
+    budgets = []
+    for part in args.budget.split(","):
+        try:
+            budgets.append(_positive_int(part.strip()))
+        except argparse.ArgumentTypeError as e:
+            raise CLIError(f"--budget: {e}") from None
+    params = {name[len("param_"):]: v for name, v in vars(args).items() if name.startswith("param_") and v is not None}
+    sweep = None
+    if args.sweep:
+        param, text = args.sweep
+        if param not in specs_of(names):
+            raise CLIError(f"--sweep: no policy among {', '.join(names)} takes {param!r}")
+        sweep = (param, parse_range("--sweep", text))
+    for param in params:
+        if param not in specs_of(names):
+            raise CLIError(f"{_flag(param)} does not apply to {', '.join(names)}")
+    if args.policy and not sweep and len(budgets) == 1 and not POLICIES[args.policy].needs_trace:
+        make_policy(args.policy, budget=budgets[0], **params)  # refuse bad parameters before loading a model
+    modes = ["closed", "open"] if args.mode == "both" else [args.mode]
+    say = None if args.quiet else (lambda m: print(f"quality: {m}", file=sys.stderr, flush=True))
+    from .record import RecordError, read_text, require_extra
+
+    try:
+        text = quality.resolve_text(args.text)
+        read_text(text)  # refuse a missing or empty text before loading a model
+        if args.model is None:
+            require_extra()
+        session = quality.open_session(text, args.steps, args.model, progress=say)
+        rows = quality.grid(session, names, budgets, modes, params, sweep, use_cache=not args.no_cache,
+                            batch=args.batch, progress=say)
+    except (quality.QualityError, RecordError) as e:
+        raise CLIError(str(e)) from None
+    single = args.policy and not sweep and len(budgets) == 1 and len(modes) == 1
+    if single:
+        if not rows:
+            raise CLIError(f"{args.policy} cannot run at budget {budgets[0]} with these parameters")
+        return rows[0]
+    return rows
+
+
+def specs_of(names: list[str]) -> set[str]:
+    """The parameters that at least one of these policies takes."""
+    return {p for n in names for p in policy_params(n)}
+
+
+def _render_quality(doc) -> str:
+    rows = [doc] if isinstance(doc, dict) else doc
+    return _aligned(
+        ["policy", "params", "budget", "mode", "steps", "nll_full", "nll", "delta_nll", "ppl", "kl", "retained_mass",
+         "seconds"],
+        [[r["policy"], params_label(r["params"]), r["budget"], r["mode"], r["steps"], r["nll_full"], r["nll"],
+          r["delta_nll"], r["ppl"], r["kl"], r["retained_mass"], round(r["seconds"], 1)] for r in rows],
+    )
+
+
 def _jsonable(x):
     if isinstance(x, np.generic):
         x = x.item()
@@ -378,7 +474,7 @@ def _jsonable(x):
 
 
 COMMANDS = {"replay": cmd_replay, "sweep": cmd_sweep, "describe": cmd_describe, "export": cmd_export, "table": cmd_table,
-            "record": cmd_record, "bench": cmd_bench, "claims": cmd_claims}
+            "record": cmd_record, "bench": cmd_bench, "claims": cmd_claims, "quality": cmd_quality}
 
 
 def main(argv: list[str] | None = None) -> int:

