@@ -157,6 +157,10 @@ class Timing:
 
     seconds: float | None
     error: str | None = None
+    #: from the action until the server reported the script run finished (the rest is the browser's)
+    server_s: float | None = None
+    #: websocket bytes the server sent the page during the step, in MB
+    sent_mb: float | None = None
 
 
 @dataclass
@@ -167,7 +171,8 @@ class StepReport:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "target_s": self.target_s, **summarize(self.runs, self.target_s),
-                "runs": [{"seconds": r.seconds, "error": r.error} for r in self.runs]}
+                "runs": [{"seconds": r.seconds, "error": r.error, "server_s": r.server_s, "sent_mb": r.sent_mb}
+                         for r in self.runs]}
 
 
 def summarize(runs: list[Timing], target_s: float) -> dict:
@@ -179,8 +184,12 @@ def summarize(runs: list[Timing], target_s: float) -> dict:
     median = statistics.median(times) if times else None
     worst = max(times) if times else None
     ok = bool(runs) and failed == 0 and worst is not None and worst <= target_s
+    server = [r.server_s for r in runs if r.seconds is not None and r.server_s is not None]
+    sent = [r.sent_mb for r in runs if r.seconds is not None and r.sent_mb is not None]
     return {"median_s": median, "worst_s": worst, "count": len(runs), "failed_runs": failed,
-            "result": "PASS" if ok else "FAIL"}
+            "result": "PASS" if ok else "FAIL",
+            "median_server_s": statistics.median(server) if server else None,
+            "median_sent_mb": statistics.median(sent) if sent else None}
 
 
 def render(doc: dict) -> str:
@@ -191,12 +200,16 @@ def render(doc: dict) -> str:
 
     def table(title: str, steps: list[dict]) -> list[str]:
         width = max([len(s["name"]) for s in steps] + [4])
-        out = [title, "", f"{'step':<{width}}  {'target':>7}  {'median':>7}  {'worst':>7}  {'runs':>5}  result",
-               f"{'-' * width}  {'-' * 7}  {'-' * 7}  {'-' * 7}  {'-' * 5}  ------"]
+        out = [title, "", f"{'step':<{width}}  {'target':>7}  {'median':>7}  {'worst':>7}  {'runs':>5}  result  "
+               f"{'server':>7}  {'sent':>7}",
+               f"{'-' * width}  {'-' * 7}  {'-' * 7}  {'-' * 7}  {'-' * 5}  ------  {'-' * 7}  {'-' * 7}"]
         for s in steps:
             note = f" ({s['failed_runs']} run(s) without a time)" if s["failed_runs"] else ""
+            server = s.get("median_server_s")
+            server = "-" if server is None else f"{server:.2f}s"
+            mb = "-" if s.get("median_sent_mb") is None else f"{s['median_sent_mb']:.1f}MB"
             out.append(f"{s['name']:<{width}}  {s['target_s']:>6.1f}s  {sec(s['median_s']):>6}s  "
-                       f"{sec(s['worst_s']):>6}s  {s['count']:>5}  {s['result']}{note}")
+                       f"{sec(s['worst_s']):>6}s  {s['count']:>5}  {s['result']:<6}  {server:>7}  {mb:>7}{note}")
             out += [f"{'':<{width}}    error: {r['error']}" for r in s["runs"] if r["error"]][:3]
         return out
 
@@ -205,7 +218,9 @@ def render(doc: dict) -> str:
              f"({m['cpus']} CPUs, Python {m['python']}, Streamlit {m['streamlit']}, "
              f"trace cache {'fresh' if doc['cold_cache'] else 'as left by earlier runs'})",
              "timed from the action until the page is idle (script finished, nothing stale, figures drawn); "
-             "PASS when the worst run is within the target", ""]
+             "PASS when the worst run is within the target",
+             "server: median time from the action until the server reported the script run finished (the rest is "
+             "transfer and the browser's drawing); sent: median websocket MB from the server during the step", ""]
     if doc.get("rounds"):
         starts = ", ".join(f"{s:.1f}" for s in doc["server_start_s"])
         lines += table(f"one session at a time: {doc['rounds']} rounds, each on a fresh server "
@@ -376,6 +391,8 @@ class Session:
         self.browser, self.base_url = browser, base_url
         self.context = self.page = None
         self.finished = 0  # script runs reported finished on this tab, over all its page loads
+        self.finished_at = 0.0  # perf_counter() when the last one was reported
+        self.received = 0  # websocket bytes from the server, over all its page loads
         self._changed = asyncio.Event()
         self.upload: Path | None = None  # the file ``Upload`` gives the uploader
 
@@ -393,6 +410,7 @@ class Session:
         def frame(payload) -> None:
             if isinstance(payload, str):
                 return
+            self.received += len(payload)
             try:
                 msg = ForwardMsg.FromString(payload)
             except Exception:  # not a ForwardMsg (a future protocol): the DOM checks still apply
@@ -400,6 +418,7 @@ class Session:
             if msg.WhichOneof("type") == "script_finished" and \
                     msg.script_finished != ForwardMsg.ScriptFinishedStatus.FINISHED_EARLY_FOR_RERUN:
                 self.finished += 1
+                self.finished_at = time.perf_counter()
                 self._changed.set()
 
         ws.on("framereceived", frame)
@@ -433,12 +452,13 @@ class Session:
 
     async def timed(self, step: Step, timeout_s: float = STEP_TIMEOUT_S) -> Timing:
         """Run the step's action and wait for the idle page; a miss is a Timing with an error."""
-        seen = self.finished
+        seen, received = self.finished, self.received
         t0 = time.perf_counter()
         deadline = time.monotonic() + timeout_s
         try:
             await self.act(step.action)
             await self._script_finished_after(seen, deadline)
+            server_s = self.finished_at - t0
             left_ms = max(1.0, (deadline - time.monotonic()) * 1000)
             await self.page.wait_for_function(JS_IDLE, arg=[step.min_figures, step.min_images], timeout=left_ms, polling="raf")
             await self.page.evaluate(JS_TWO_FRAMES)
@@ -448,7 +468,7 @@ class Session:
         shown = await self.page.evaluate(JS_EXCEPTION)
         if shown:
             return Timing(None, "the app shows an exception: " + " ".join(shown.split())[:200])
-        return Timing(seconds)
+        return Timing(seconds, server_s=server_s, sent_mb=(self.received - received) / 2**20)
 
     async def text(self) -> str:
         return await self.page.locator("body").inner_text()

@@ -17,7 +17,8 @@ def T(seconds, error=None):
 
 def test_a_step_passes_only_when_every_run_is_within_its_target():
     ok = bb.summarize([T(0.4), T(0.9), T(0.6)], 1.0)
-    assert ok == {"median_s": 0.6, "worst_s": 0.9, "count": 3, "failed_runs": 0, "result": "PASS"}
+    assert ok == {"median_s": 0.6, "worst_s": 0.9, "count": 3, "failed_runs": 0, "result": "PASS",
+                  "median_server_s": None, "median_sent_mb": None}
     # the median is within the target, the worst is not: a miss
     slow = bb.summarize([T(0.4), T(1.2), T(0.6)], 1.0)
     assert slow["result"] == "FAIL" and slow["median_s"] == 0.6 and slow["worst_s"] == 1.2
@@ -40,8 +41,15 @@ def test_upload_isolation():
     assert bb.upload_isolation(False, [False] * 7)["result"] == "FAIL"
 
 
+def test_the_server_share_and_the_bytes_are_medians_over_the_runs_that_finished():
+    runs = [bb.Timing(0.9, None, 0.3, 12.0), bb.Timing(1.5, None, 1.1, 14.0), bb.Timing(None, "timeout", 2.0, 99.0),
+            bb.Timing(0.8, None, 0.2, 10.0)]
+    s = bb.summarize(runs, 1.0)
+    assert s["median_server_s"] == 0.3 and s["median_sent_mb"] == 12.0 and s["result"] == "FAIL"
+
+
 def _doc(load_iso="PASS", round_runs=((0.5, None), (0.7, None), (None, "TimeoutError: never idle"))):
-    rep = bb.StepReport("budget 256 -> 128", 1.0, [T(s, e) for s, e in round_runs])
+    rep = bb.StepReport("budget 256 -> 128", 1.0, [bb.Timing(s, e, 0.25, 3.0) for s, e in round_runs])
     fast = bb.StepReport("a new session, default view", 2.0, [T(1.0), T(1.5), T(1.9)])
     load = bb.StepReport("open the default view", 3.0, [T(2.0)] * 8)
     doc = {"kind": "browser", "cold_cache": False, "rounds": 3, "server_start_s": [3.0, 2.5, 2.7],
@@ -68,9 +76,9 @@ def test_the_table_shows_each_step_against_its_target_and_why_a_run_failed():
     text = bb.render(_doc())
     line = next(x for x in text.splitlines() if x.startswith("budget 256 -> 128"))
     assert "1.0s" in line and "0.60s" in line and "0.70s" in line and line.rstrip().endswith("without a time)")
-    assert "FAIL" in line
+    assert " FAIL " in line and " 0.25s " in line and " 3.0MB " in line
     assert "error: TimeoutError: never idle" in text
-    assert next(x for x in text.splitlines() if x.startswith("a new session")).split()[-1] == "PASS"
+    assert " PASS " in next(x for x in text.splitlines() if x.startswith("a new session"))
     assert "VmHWM 710.00 MB" in text and "uploads stay in their session: PASS" in text
     assert text.rstrip().endswith("overall: FAIL (1 of 4 steps missed)")
 
