@@ -570,8 +570,20 @@ def run(rounds: int = 3, sessions: int = LOAD_SESSIONS, cold_cache: bool = False
                 finally:
                     await browser.close()
 
-        asyncio.run(main())
+        # a SIGTERM (``timeout``, a CI runner) unwinds like Ctrl-C, so every server started here stops
+        previous = signal.getsignal(signal.SIGTERM)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _interrupted)
+        try:
+            asyncio.run(main())
+        finally:
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, previous)
     return overall(doc)
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt
 
 
 async def _load(browser, tmp: Path, cache_dir: Path | None, upload: Path, sessions: int, say) -> dict:
