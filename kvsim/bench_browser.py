@@ -220,7 +220,12 @@ def render(doc: dict) -> str:
              "timed from the action until the page is idle (script finished, nothing stale, figures drawn); "
              "PASS when the worst run is within the target",
              "server: median time from the action until the server reported the script run finished (the rest is "
-             "transfer and the browser's drawing); sent: median websocket MB from the server during the step", ""]
+             "transfer and the browser's drawing); sent: median websocket MB from the server during the step"]
+    load_avg = [m.get(k) for k in ("load_average_at_start", "load_average_at_end")]
+    if all(load_avg):
+        lines.append("load average (1, 5, 15 min) at the start " + ", ".join(map(str, load_avg[0]))
+                     + "; at the end " + ", ".join(map(str, load_avg[1])))
+    lines.append("")
     if doc.get("rounds"):
         starts = ", ".join(f"{s:.1f}" for s in doc["server_start_s"])
         lines += table(f"one session at a time: {doc['rounds']} rounds, each on a fresh server "
@@ -540,7 +545,8 @@ def run(rounds: int = 3, sessions: int = LOAD_SESSIONS, cold_cache: bool = False
     say = progress or (lambda _msg: None)
     doc: dict = {"kind": "browser", "cold_cache": cold_cache, "steps": [], "load": None, "rounds": 0,
                  "server_start_s": [],
-                 "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "streamlit": streamlit.__version__}}
+                 "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "streamlit": streamlit.__version__,
+                             "load_average_at_start": _load_average()}}
     with tempfile.TemporaryDirectory(prefix="kvsim-bench-browser-") as tmp:
         tmp = Path(tmp)
         cache_dir = tmp / "cache" if cold_cache else None
@@ -579,7 +585,16 @@ def run(rounds: int = 3, sessions: int = LOAD_SESSIONS, cold_cache: bool = False
         finally:
             if threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGTERM, previous)
+    doc["machine"]["load_average_at_end"] = _load_average()
     return overall(doc)
+
+
+def _load_average() -> list[float] | None:
+    """1, 5 and 15-minute load averages: on a shared machine, what else was running."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def _interrupted(signum, frame):

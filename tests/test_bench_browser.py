@@ -53,7 +53,8 @@ def _doc(load_iso="PASS", round_runs=((0.5, None), (0.7, None), (None, "TimeoutE
     fast = bb.StepReport("a new session, default view", 2.0, [T(1.0), T(1.5), T(1.9)])
     load = bb.StepReport("open the default view", 3.0, [T(2.0)] * 8)
     doc = {"kind": "browser", "cold_cache": False, "rounds": 3, "server_start_s": [3.0, 2.5, 2.7],
-           "machine": {"cpus": 2, "python": "3.11", "streamlit": "1.x"},
+           "machine": {"cpus": 2, "python": "3.11", "streamlit": "1.x", "load_average_at_start": [9.5, 8.0, 7.0],
+                       "load_average_at_end": [1.0, 2.0, 3.0]},
            "steps": [fast.to_dict(), rep.to_dict()],
            "load": {"sessions": 8, "steps": [load.to_dict()],
                     "upload_isolation": {"result": load_iso, "detail": "..."},
@@ -79,6 +80,7 @@ def test_the_table_shows_each_step_against_its_target_and_why_a_run_failed():
     assert " FAIL " in line and " 0.25s " in line and " 3.0MB " in line
     assert "error: TimeoutError: never idle" in text
     assert " PASS " in next(x for x in text.splitlines() if x.startswith("a new session"))
+    assert "load average (1, 5, 15 min) at the start 9.5, 8.0, 7.0; at the end 1.0, 2.0, 3.0" in text
     assert "VmHWM 710.00 MB" in text and "uploads stay in their session: PASS" in text
     assert text.rstrip().endswith("overall: FAIL (1 of 4 steps missed)")
 
