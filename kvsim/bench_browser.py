@@ -228,7 +228,7 @@ def render(doc: dict) -> str:
     lines.append("")
     if doc.get("rounds"):
         starts = ", ".join(f"{s:.1f}" for s in doc["server_start_s"])
-        lines += table(f"one session at a time: {doc['rounds']} rounds, each on a fresh server "
+        lines += table(f"one session at a time: {doc['rounds']} round(s), each on a fresh server "
                        f"(server start-up, not counted: {starts} s)", doc["steps"])
     load = doc.get("load")
     if load:
