@@ -17,6 +17,10 @@ What it measures, on the canonical trace (read from the disk cache, generated on
    time per kept slot per step per configuration (sum over t of min(t, budget), times configs):
    constant when the cost is linear in steps x budget x configurations.
 
+6. the H2O card's pseudo-code, written literally in plain Python (``card_h2o``: lists and a loop),
+   on a few sampled windows and extrapolated to the sweep of 255, side by side with the engine and
+   the whole CLI process measured in the same run; and the whole ``python -m kvsim table`` process.
+
 Timings are wall-clock on whatever machine runs it; nothing here asserts a speed.
 """
 
@@ -48,7 +52,10 @@ SCALING_BUDGETS = (128, 256)
 SCALING_WINDOWS = list(range(1, 65))  # the same 64 configurations at every size
 CLI_ARGS = ["sweep", "--trace", "canonical", "--policy", "h2o", "--budget", str(BUDGET),
             "--recent-window", f"1:{BUDGET - 1}", "--json"]
-TARGETS = {"cli_sweep_seconds": 3.0, "cli_speedup": 50.0, "replay_ms": 50.0}
+TABLE_ARGS = ["table", "--json"]
+CARD_SAMPLE = 4  # windows the plain-Python pseudo-code replays (about a second each); the rest is extrapolated
+#: issue 11: the warm sweep process within 1 s and 50x the card's pseudo-code; the table within 1.5 s
+TARGETS = {"cli_sweep_seconds": 1.0, "cli_speedup": 50.0, "replay_ms": 50.0, "table_seconds": 1.5}
 
 
 def _timed(fn, repeat: int = 1) -> tuple[float, object]:
@@ -96,13 +103,65 @@ def _cli_run(env_extra: dict, args: list[str] = CLI_ARGS) -> dict:
             message = proc.stderr.decode(errors="replace").strip()
             raise RuntimeError(f"python -m kvsim {' '.join(args)} failed: {message}")
         kb = hwm.read_text().strip() if hwm.is_file() else ""
-    rows = json.loads(proc.stdout)
+    doc = json.loads(proc.stdout)
+    if isinstance(doc, dict):  # table: its rows, and the argmax of its recent_window sweep
+        rows, best = doc["rows"], doc["sweep"]["argmax"]
+    else:
+        rows, best = doc, max(doc, key=lambda r: r["retained_mass"])["recent_window"]
     return {
         "seconds": seconds,
         "rows": len(rows),
         "peak_rss_mb": int(kb) / 1024 if kb.isdigit() else None,
-        "best_recent_window": max(rows, key=lambda r: r["retained_mass"])["recent_window"],
+        "best_recent_window": best,
     }
+
+
+def card_h2o(A: np.ndarray, budget: int, recent_window: int, topk: list[set]) -> tuple[float, float]:
+    """The H2O card's pseudo-code as it is written, in plain Python: the baseline the engine is
+    measured against. Mean retained mass and top-k recall over the trace ``A`` ((T + 1, T + 1)).
+
+        on_decode_step(pos, attn):
+            for i, weight in enumerate(attn):      # attn is index-aligned with kept
+                score[i] += weight                 # float64
+            admit(pos, score = 0)
+        evict(budget):
+            evictable = kept[: len(kept) - recentWindow]
+            drop the `len(kept) - budget` lowest-scoring of those
+
+    ``topk[t]``, the set of row t's top-k positions, is given (computed once per trace, as the
+    engine does, and not timed), which only flatters the baseline. The observed attention stays a
+    Python float instead of being rounded to float32, so a tie can break differently from the
+    reference and the means can differ in the last digits: the run reports by how much.
+    """
+    T = A.shape[0] - 1
+    kept, score = [0], [0.0]  # parallel lists in kept order
+    mass_total = recall_total = 0.0
+    for t in range(1, T + 1):
+        row = A[t, :t].tolist()
+        total = 0.0
+        for p in kept:
+            total += row[p]
+        top = topk[t]
+        hits = 0
+        for p in kept:
+            if p in top:
+                hits += 1
+        mass_total += total
+        recall_total += hits / min(len(top), t) if top else 0.0
+        attn = [row[p] / total for p in kept] if total > 0 else [0.0] * len(kept)
+        for i, weight in enumerate(attn):  # on_decode_step
+            score[i] += weight
+        kept.append(t)
+        score.append(0.0)
+        while len(kept) > budget:  # evict: repeated argmin over the evictable prefix, first minimum
+            evictable = len(kept) - recent_window
+            j = 0
+            for i in range(1, evictable):
+                if score[i] < score[j]:
+                    j = i
+            del kept[j]
+            del score[j]
+    return mass_total / T, recall_total / T
 
 
 def run(full_reference: bool = False, progress=None) -> dict:
@@ -160,7 +219,8 @@ def run(full_reference: bool = False, progress=None) -> dict:
         say("whole process, empty trace cache")
         cold = _cli_run({"KVSIM_CACHE_DIR": str(Path(tmp) / "trace")})
         say("whole process, warm caches")
-        warm = min((_cli_run({}) for _ in range(3)), key=lambda r: r["seconds"])
+        warm_runs = [_cli_run({}) for _ in range(3)]
+        warm = min(warm_runs, key=lambda r: r["seconds"])
         say("whole process, nothing cached (numba compiles the kernels)")
         install = _cli_run({"KVSIM_CACHE_DIR": str(Path(tmp) / "trace2"), "NUMBA_CACHE_DIR": str(Path(tmp) / "numba")})
         say("whole process on a 64-step trace (the memory baseline)")
@@ -171,13 +231,41 @@ def run(full_reference: bool = False, progress=None) -> dict:
     doc["cli"] = {
         "command": "python -m kvsim " + " ".join(CLI_ARGS),
         "cold_trace_cache_seconds": cold["seconds"],
-        "warm_seconds": warm["seconds"],
+        "warm_seconds": warm["seconds"],  # the best of three
+        "warm_runs_seconds": [r["seconds"] for r in warm_runs],
         "first_run_after_install_seconds": install["seconds"],
         "peak_rss_mb": warm["peak_rss_mb"],
         "baseline_peak_rss_mb": baseline["peak_rss_mb"],  # same process on a 64-step trace
         # the reference figure leaves out start-up and the trace, so the ratio is a lower bound
         "speedup_vs_reference_sweep": ref_total / warm["seconds"],
         "rows": warm["rows"],
+    }
+
+    # 6. the card's pseudo-code in plain Python, on a sample of windows, beside the engine's rows
+    say(f"the H2O card's pseudo-code in plain Python: {CARD_SAMPLE} of {len(WINDOWS)} windows")
+    top = engine.topk_positions(trace, 32)
+    topk = [set(int(p) for p in r if p >= 0) for r in top]
+    card_windows = _sample(WINDOWS, CARD_SAMPLE)
+    card_times, diffs = [], []
+    for w in card_windows:
+        s, (m, r) = _timed(lambda w=w: card_h2o(trace.attention, BUDGET, w, topk))
+        card_times.append(s)
+        diffs.append(max(abs(m - by_window[w]["retained_mass"]), abs(r - by_window[w]["top_k_recall"])))
+    card_total = statistics.mean(card_times) * len(WINDOWS)
+    say("whole process: python -m kvsim table")
+    table = [_cli_run({}, TABLE_ARGS) for _ in range(3)]
+    doc["card"] = {
+        "windows": card_windows,
+        "seconds_per_window": card_times,
+        "sweep_seconds_extrapolated": card_total,
+        "max_abs_diff_vs_engine": max(diffs),
+        "engine_speedup": card_total / eng_s,
+        "cli_warm_speedup": card_total / doc["cli"]["warm_seconds"],
+    }
+    doc["table_cli"] = {
+        "command": "python -m kvsim " + " ".join(TABLE_ARGS),
+        "seconds": [r["seconds"] for r in table],
+        "median_seconds": statistics.median(r["seconds"] for r in table),
     }
 
     # 4. memory of the engine sweep, on a fresh Trace so its top-k is computed inside the window
@@ -218,8 +306,9 @@ def run(full_reference: bool = False, progress=None) -> dict:
     doc["scaling"] = scaling
 
     doc["targets"] = {
-        "cli_sweep_under_3_s": doc["cli"]["warm_seconds"] < TARGETS["cli_sweep_seconds"],
-        "cli_sweep_50x_faster_than_reference": doc["cli"]["speedup_vs_reference_sweep"] >= TARGETS["cli_speedup"],
+        "cli_sweep_within_1_s": doc["cli"]["warm_seconds"] <= TARGETS["cli_sweep_seconds"],
+        "cli_sweep_50x_faster_than_card_pseudo_code": doc["card"]["cli_warm_speedup"] >= TARGETS["cli_speedup"],
+        "table_within_1_5_s": doc["table_cli"]["median_seconds"] <= TARGETS["table_seconds"],
         "one_replay_under_50_ms": doc["replay"]["engine_seconds"] * 1e3 < TARGETS["replay_ms"],
         "results_identical": doc["replay"]["identical"] and doc["sweep"]["identical"],
     }
@@ -228,6 +317,7 @@ def run(full_reference: bool = False, progress=None) -> dict:
 
 def render(doc: dict) -> str:
     r, s, c, m = doc["replay"], doc["sweep"], doc["cli"], doc["memory"]
+    d, tc = doc["card"], doc["table_cli"]
     ms = 1e3
     ref_note = "all replayed" if not s["reference_extrapolated"] else \
         f"extrapolated from {s['reference_replayed']} sampled windows x {s['configurations']}"
@@ -246,10 +336,19 @@ def render(doc: dict) -> str:
         f"  reference: {ref_note}",
         "",
         f"whole process: {c['command']}",
-        f"  warm caches                    {c['warm_seconds']:6.2f} s   {c['speedup_vs_reference_sweep']:.0f}x the "
-        "reference sweep alone (start-up and trace not counted for the reference)",
+        f"  warm caches, best of 3         {c['warm_seconds']:6.2f} s   {c['speedup_vs_reference_sweep']:.0f}x the "
+        "reference sweep alone (start-up and trace not counted for the reference); runs "
+        + ", ".join(f"{x:.2f}" for x in c["warm_runs_seconds"]) + " s",
         f"  empty trace cache              {c['cold_trace_cache_seconds']:6.2f} s   (generates and caches the trace)",
         f"  nothing cached (after install) {c['first_run_after_install_seconds']:6.2f} s   (numba compiles; once)",
+        "",
+        f"the H2O card's pseudo-code in plain Python (lists and a loop), sweep of {len(d['windows'])} sampled "
+        f"windows x {s['configurations']}: {d['sweep_seconds_extrapolated']:.0f} s "
+        f"({statistics.mean(d['seconds_per_window']):.2f} s a window; means within {d['max_abs_diff_vs_engine']:.1e} "
+        "of the engine's)",
+        f"  engine sweep {d['engine_speedup']:.0f}x faster; the whole warm CLI process {d['cli_warm_speedup']:.0f}x",
+        f"whole process: {tc['command']}: median {tc['median_seconds']:.2f} s of "
+        + ", ".join(f"{x:.2f}" for x in tc["seconds"]),
         "",
         f"memory: trace {m['trace_mb']:.1f} MB; engine sweep peak allocation {m['engine_peak_mb']:.1f} MB "
         f"({m['engine_peak_share_of_trace']:.0%} of the trace); CLI process peak RSS "

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 
-from . import bench
 from .catalog import available_traces, resolve_trace
 from .harness import DEFAULT_TOP_K
 from .metrics import DEFAULT_BAND, describe
@@ -132,6 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="time the reference path against the fast engine on the canonical trace")
     p.add_argument("--full-reference", action="store_true", help="replay all 255 windows on the reference path "
                    "(about a minute and a half) instead of extrapolating from 16")
+    p.add_argument("--browser", action="store_true", help="instead: drive the app in headless Chromium through "
+                   "the steps of issue 11 and an eight-session load, each step's median and worst against its target")
+    p.add_argument("--rounds", type=_positive_int, default=3, help="with --browser: rounds, each on a fresh server (default: 3)")
+    p.add_argument("--sessions", type=_positive_int, default=8, help="with --browser: concurrent sessions of the load (default: 8)")
+    p.add_argument("--no-load", action="store_true", help="with --browser: skip the concurrent sessions")
+    p.add_argument("--only-load", action="store_true", help="with --browser: only the concurrent sessions")
+    p.add_argument("--cold-cache", action="store_true", help="with --browser: every server gets a fresh, empty "
+                   "KVSIM_CACHE_DIR (the canonical trace is generated again, as on a machine that never ran it)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
 
     p = sub.add_parser("record", help="record real traces from Gemma-3-270M (needs requirements-record.txt)")
@@ -237,6 +244,22 @@ def cmd_claims(args: argparse.Namespace) -> object:
 
 def cmd_bench(args: argparse.Namespace) -> object:
     say = None if args.json else (lambda m: print(f"bench: {m} ...", file=sys.stderr, flush=True))
+    browser_only = [f for f, on in (("--rounds", args.rounds != 3), ("--sessions", args.sessions != 8),
+                                    ("--no-load", args.no_load), ("--only-load", args.only_load),
+                                    ("--cold-cache", args.cold_cache)) if on]
+    if args.browser:
+        if args.full_reference:
+            raise CLIError("--full-reference does not apply to --browser")
+        if args.no_load and args.only_load:
+            raise CLIError("--no-load and --only-load exclude each other")
+        from . import bench_browser
+
+        return bench_browser.run(rounds=args.rounds, sessions=args.sessions, cold_cache=args.cold_cache,
+                                 load=not args.no_load, single=not args.only_load, progress=say)
+    if browser_only:
+        raise CLIError(f"{', '.join(browser_only)} only apply with --browser")
+    from . import bench
+
     return bench.run(full_reference=args.full_reference, progress=say)
 
 
@@ -319,6 +342,12 @@ def render(command: str, doc) -> str:
     if command == "table":
         return _render_table(doc)
     if command == "bench":
+        if doc.get("kind") == "browser":
+            from . import bench_browser
+
+            return bench_browser.render(doc)
+        from . import bench
+
         return bench.render(doc)
     if command == "claims":
         from .claims import render_ledger

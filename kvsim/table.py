@@ -78,7 +78,7 @@ def build_table(trace: Trace, budget: int = TABLE_BUDGET, top_k: int = DEFAULT_T
         if k not in measured:
             if row.measure is not None:
                 measured[k] = dict(row.measure(trace, budget, top_k))
-            else:
+            else:  # the engine where it covers the policy (same bits), the reference harness otherwise
                 measured[k] = replay(trace, row.policy, budget=budget, top_k=top_k, **row.params).summary()
         return measured[k]
 

@@ -1,0 +1,116 @@
+"""The browser benchmark's bookkeeping, without a browser: how runs become a verdict, how the table
+reads, and how the CLI routes its flags. The timing itself is a benchmark, never asserted here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvsim import bench_browser as bb
+from kvsim import cli
+
+
+def T(seconds, error=None):
+    return bb.Timing(seconds, error)
+
+
+def test_a_step_passes_only_when_every_run_is_within_its_target():
+    ok = bb.summarize([T(0.4), T(0.9), T(0.6)], 1.0)
+    assert ok == {"median_s": 0.6, "worst_s": 0.9, "count": 3, "failed_runs": 0, "result": "PASS",
+                  "median_server_s": None, "median_sent_mb": None}
+    # the median is within the target, the worst is not: a miss
+    slow = bb.summarize([T(0.4), T(1.2), T(0.6)], 1.0)
+    assert slow["result"] == "FAIL" and slow["median_s"] == 0.6 and slow["worst_s"] == 1.2
+    assert bb.summarize([T(1.0)], 1.0)["result"] == "PASS"  # "within": the target itself is met
+
+
+def test_a_run_without_a_time_is_a_miss_not_a_crash():
+    s = bb.summarize([T(0.2), T(None, "TimeoutError: never idle"), T(0.3)], 1.0)
+    assert s["result"] == "FAIL" and s["failed_runs"] == 1 and s["worst_s"] == 0.3 and s["median_s"] == 0.25
+    none = bb.summarize([T(None, "x"), T(None, "y")], 5.0)
+    assert none["result"] == "FAIL" and none["median_s"] is None and none["worst_s"] is None
+    assert bb.summarize([], 1.0)["result"] == "FAIL"  # a step that never ran proves nothing
+
+
+def test_upload_isolation():
+    assert bb.upload_isolation(True, [False] * 7)["result"] == "PASS"
+    assert bb.upload_isolation(True, [False, True, False])["result"] == "FAIL"
+    assert bb.upload_isolation(True, [False, None])["result"] == "FAIL"  # a session that could not be read
+    # when the uploader itself does not show the file, the others' silence means nothing
+    assert bb.upload_isolation(False, [False] * 7)["result"] == "FAIL"
+
+
+def test_the_server_share_and_the_bytes_are_medians_over_the_runs_that_finished():
+    runs = [bb.Timing(0.9, None, 0.3, 12.0), bb.Timing(1.5, None, 1.1, 14.0), bb.Timing(None, "timeout", 2.0, 99.0),
+            bb.Timing(0.8, None, 0.2, 10.0)]
+    s = bb.summarize(runs, 1.0)
+    assert s["median_server_s"] == 0.3 and s["median_sent_mb"] == 12.0 and s["result"] == "FAIL"
+
+
+def _doc(load_iso="PASS", round_runs=((0.5, None), (0.7, None), (None, "TimeoutError: never idle"))):
+    rep = bb.StepReport("budget 256 -> 128", 1.0, [bb.Timing(s, e, 0.25, 3.0) for s, e in round_runs])
+    fast = bb.StepReport("a new session, default view", 2.0, [T(1.0), T(1.5), T(1.9)])
+    load = bb.StepReport("open the default view", 3.0, [T(2.0)] * 8)
+    doc = {"kind": "browser", "cold_cache": False, "rounds": 3, "server_start_s": [3.0, 2.5, 2.7],
+           "machine": {"cpus": 2, "python": "3.11", "streamlit": "1.x", "load_average_at_start": [9.5, 8.0, 7.0],
+                       "load_average_at_end": [1.0, 2.0, 3.0]},
+           "steps": [fast.to_dict(), rep.to_dict()],
+           "load": {"sessions": 8, "steps": [load.to_dict()],
+                    "upload_isolation": {"result": load_iso, "detail": "..."},
+                    "server_peak_rss_mb": {"sampled_tree": 700.0, "sample_interval_s": 0.2, "vmhwm": 710.0,
+                                           "before_load": 70.0}}}
+    return bb.overall(doc)
+
+
+def test_the_verdict_counts_missed_steps_and_the_isolation_check():
+    doc = _doc()
+    assert doc["result"] == "FAIL" and doc["failed_steps"] == 1 and doc["total_steps"] == 4
+    ok = _doc(round_runs=((0.5, None), (0.7, None), (0.9, None)))
+    assert ok["result"] == "PASS" and ok["failed_steps"] == 0
+    leak = _doc(load_iso="FAIL", round_runs=((0.5, None), (0.7, None), (0.9, None)))
+    assert leak["result"] == "FAIL" and leak["failed_steps"] == 1
+    json.loads(bb.dumps(doc))  # --json: one plain JSON document
+
+
+def test_the_table_shows_each_step_against_its_target_and_why_a_run_failed():
+    text = bb.render(_doc())
+    line = next(x for x in text.splitlines() if x.startswith("budget 256 -> 128"))
+    assert "1.0s" in line and "0.60s" in line and "0.70s" in line and line.rstrip().endswith("without a time)")
+    assert " FAIL " in line and " 0.25s " in line and " 3.0MB " in line
+    assert "error: TimeoutError: never idle" in text
+    assert " PASS " in next(x for x in text.splitlines() if x.startswith("a new session"))
+    assert "load average (1, 5, 15 min) at the start 9.5, 8.0, 7.0; at the end 1.0, 2.0, 3.0" in text
+    assert "VmHWM 710.00 MB" in text and "uploads stay in their session: PASS" in text
+    assert text.rstrip().endswith("overall: FAIL (1 of 4 steps missed)")
+
+
+def test_the_step_lists_are_well_formed():
+    for steps in (bb.ROUND, bb.EXPLORATION):
+        names = [s.name for s in steps]
+        assert len(names) == len(set(names))
+        for s in steps:
+            assert s.target_s > 0 and s.min_figures >= 0 and s.min_images >= 0
+            assert isinstance(s.action, bb.Open | bb.SetNumber | bb.Tab | bb.Upload)
+    # each round starts from a new session, so the rounds see the same state
+    assert isinstance(bb.ROUND[0].action, bb.Open) and bb.ROUND[0].action.new_session
+    assert isinstance(bb.EXPLORATION[0].action, bb.Open) and bb.EXPLORATION[0].action.new_session
+    six = next(s for s in bb.ROUND if "six" in s.name)
+    assert all(p in six.action.query for p in bb.SIX_POLICIES) and six.min_images == 6
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "--rounds", "2"], "--rounds only apply with --browser"),
+    (["bench", "--cold-cache"], "--cold-cache only apply with --browser"),
+    (["bench", "--browser", "--full-reference"], "--full-reference does not apply to --browser"),
+    (["bench", "--browser", "--no-load", "--only-load"], "exclude each other"),
+    (["bench", "--browser", "--rounds", "0"], "positive integer"),
+])
+def test_the_cli_refuses_flags_that_do_not_go_together(argv, message, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvsim: error:") and message in err and err.count("\n") == 1
+
+
+def test_the_cli_renders_a_browser_document_with_the_browser_table():
+    assert cli.render("bench", _doc()) == bb.render(_doc())
