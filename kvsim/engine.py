@@ -27,7 +27,9 @@ and ``kvsim.sweep`` use it when ``covers`` says so and the reference harness oth
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import numpy as np
 
@@ -38,6 +40,7 @@ except ImportError:  # numba is in requirements.txt; without it every call takes
 
 from .harness import ReplayResult
 from .policies import Policy
+from .policies.tova import UNSEEN
 from .trace import Trace
 
 #: True when the kernels can be compiled; False means every call is a reference replay (slower,
@@ -46,9 +49,12 @@ AVAILABLE = njit is not None
 
 
 def _kernel(fn):
-    return njit(cache=True)(fn) if AVAILABLE else fn
+    # nogil: a sweep runs its batches on several threads at once (``sweep``), one kernel call each
+    return njit(cache=True, nogil=True)(fn) if AVAILABLE else fn
 
 
+#: threads a sweep runs its batches on: one per core
+_WORKERS = os.cpu_count() or 1
 #: steps per kernel call: the granularity of ``progress`` reports
 _CHUNK = 256
 #: configurations per pass of a sweep. The per-step series (16 bytes per configuration and step)
@@ -159,6 +165,51 @@ def _h2o_steps(A, topk, t0, t1, budgets, windows, pos, score, length, mass, reca
                 for i in range(best, n - 1):
                     p_c[i] = p_c[i + 1]
                     s_c[i] = s_c[i + 1]
+                n -= 1
+            length[c] = n
+            if c == 0 and rec_kept:
+                for i in range(n):
+                    kept_hist[t - 1, i] = p_c[i]
+
+
+@_kernel
+def _tova_steps(A, topk, t0, t1, budgets, pos, weight, length, mass, recall, stamp, gather, kept_hist, victims):
+    """Steps t0 .. t1-1 of tova for every configuration c (budget ``budgets[c]``): each kept
+    position's weight is its observed weight in the latest row (zeros when the kept part of the row
+    is all zeros), a newcomer's is ``UNSEEN``, and the victim is the first minimum over every slot
+    but the newest."""
+    k = topk.shape[1]
+    n_cfg = budgets.shape[0]
+    rec_kept = kept_hist.shape[0] > 0
+    rec_victims = victims.shape[0] > 0
+    for t in range(t0, t1):
+        _mark_topk(topk, t, stamp)
+        denom = min(k, t)
+        row = A[t]
+        for c in range(n_cfg):
+            n = length[c]
+            p_c = pos[c]
+            w_c = weight[c]
+            total, hits = _measure(row, p_c, n, stamp, t, gather)
+            mass[c, t - 1] = total
+            recall[c, t - 1] = hits / denom
+            for i in range(n):
+                w_c[i] = np.float64(np.float32(gather[i] / total)) if total > 0 else 0.0
+            p_c[n] = t
+            w_c[n] = UNSEEN
+            n += 1
+            if n > budgets[c]:
+                best = 0
+                low = w_c[0]
+                for i in range(1, n - 1):
+                    if w_c[i] < low:  # strict: the first minimum, the lower position
+                        low = w_c[i]
+                        best = i
+                if c == 0 and rec_victims:
+                    victims[t - 1] = p_c[best]
+                for i in range(best, n - 1):
+                    p_c[i] = p_c[i + 1]
+                    w_c[i] = w_c[i + 1]
                 n -= 1
             length[c] = n
             if c == 0 and rec_kept:
@@ -543,6 +594,22 @@ def _run_snapkv(A, topk, T, budgets, params, progress, record, b0, kept_hist):
     return mass, recall, {"score_history": score_hist, "score_positions": score_pos, "victims": victims}
 
 
+def _run_tova(A, topk, T, budgets, params, progress, record, b0, kept_hist):
+    n_cfg = budgets.size
+    mass = np.empty((n_cfg, T), dtype=np.float64)
+    recall = np.empty((n_cfg, T), dtype=np.float64)
+    stamp = np.zeros(T + 1, dtype=np.int64)
+    width = int(budgets.max()) + 1
+    pos = np.zeros((n_cfg, width), dtype=np.int32)
+    weight = np.full((n_cfg, width), UNSEEN, dtype=np.float64)  # position 0: no row has shown it yet
+    length = np.ones(n_cfg, dtype=np.int64)
+    gather = np.empty(width, dtype=np.float64)
+    victims = np.full(T, -1, dtype=np.int64) if record else _none(np.int64, 1)
+    for t0, t1 in _chunks(T, progress):
+        _tova_steps(A, topk, t0, t1, budgets, pos, weight, length, mass, recall, stamp, gather, kept_hist, victims)
+    return mass, recall, {"victims": victims}
+
+
 def _run_window(A, topk, T, budgets, params, progress, record, b0, kept_hist):
     n_cfg = budgets.size
     mass = np.empty((n_cfg, T), dtype=np.float64)
@@ -565,6 +632,7 @@ FAST = {
     "scissorhands": _run_scissorhands,
     "h2o_normalized": _run_h2o_normalized,
     "snapkv": _run_snapkv,
+    "tova": _run_tova,
 }
 
 
@@ -624,12 +692,30 @@ def sweep(
     trace: Trace, policies: list[Policy], *, top_k: int, progress: Callable[[float], None] | None = None
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """The (mass, recall) series of each freshly built configuration in ``policies`` (all of one
-    name that ``covers``), in batches of ``_BATCH`` configurations per pass over the trace."""
-    out = []
-    n_batches = -(-len(policies) // _BATCH)
-    for j in range(n_batches):
-        batch = policies[j * _BATCH : (j + 1) * _BATCH]
-        report = None if progress is None else (lambda f, j=j: progress((j + f) / n_batches))
-        mass, recall, _ = _run(trace, batch, top_k, report)
-        out += list(zip(mass, recall, strict=True))
-    return out
+    name that ``covers``), in batches of at most ``_BATCH`` configurations per pass over the trace.
+
+    The batches are independent, so they run on one thread per core (the kernels release the GIL):
+    each configuration's arithmetic is the same sequence whichever thread runs it, so the results
+    are the serial run's bit for bit. ``progress`` is called from the calling thread only (a
+    Streamlit progress bar must be), after each chunk when one thread works and after each batch
+    when several do."""
+    workers = max(1, min(_WORKERS, -(-len(policies) // 8)))  # a thread earns its start-up from ~8 configs
+    size = min(_BATCH, -(-len(policies) // workers))
+    batches = [policies[i : i + size] for i in range(0, len(policies), size)]
+    if len(batches) == 1 or workers == 1:
+        out = []
+        for j, batch in enumerate(batches):
+            report = None if progress is None else (lambda f, j=j: progress((j + f) / len(batches)))
+            mass, recall, _ = _run(trace, batch, top_k, report)
+            out += list(zip(mass, recall, strict=True))
+        return out
+    topk_positions(trace, top_k)  # computed once, before the threads share the trace's cache
+    results: list = [None] * len(batches)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(_run, trace, batch, top_k): j for j, batch in enumerate(batches)}
+        for done, future in enumerate(as_completed(futures), start=1):
+            mass, recall, _ = future.result()
+            results[futures[future]] = list(zip(mass, recall, strict=True))
+            if progress is not None:
+                progress(done / len(batches))
+    return [pair for part in results for pair in part]
