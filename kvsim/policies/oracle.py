@@ -29,6 +29,7 @@ BLOCK = 64
 
 class OfflineOracle(SlotPolicy):
     name = "oracle"
+    summary = "evicts the position with the least attention still to come, greedy rather than optimal"
     needs_trace = True
 
     def __init__(
