@@ -7,6 +7,8 @@ per panel (tens of kilobytes for a 4096 x 4097 kept mask) instead of sixteen mil
 
 from __future__ import annotations
 
+import base64
+import io
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ import numpy as np
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
+from PIL import Image
 from plotly.colors import hex_to_rgb, sequential
 from plotly.subplots import make_subplots
 
@@ -349,11 +352,12 @@ def _difference_rgb(counts: tuple, exists: np.ndarray) -> np.ndarray:
     return rgb
 
 
-def _layers(masks: Sequence[np.ndarray], region: Region, sinks: int, ages: int, size: int) -> dict:
+def panel_layers(masks: Sequence[np.ndarray], region: Region, sinks: int, ages: int, size: int) -> dict:
     """The three images of one panel, pooled to about ``size`` pixels across the main image: the
     main image (the region), the sink strip (positions 0 .. sinks-1, one column each, widened) and
     the age strip (the newest ``ages`` positions of every step, by age, widened). One mask: grey
-    levels; two: the difference's colours."""
+    levels; two: the difference's colours. Returns the blocks and each image as a PNG data URI
+    (with its column count for the strips): small, and cheap to keep per replay and region."""
     r = region
     steps = np.arange(r.t0, r.t1 + 1)
     br = max(1, math.ceil(r.height / size))
@@ -384,16 +388,23 @@ def _layers(masks: Sequence[np.ndarray], region: Region, sinks: int, ages: int, 
         a, b = parts
         return _difference_rgb(tuple(_pool(x, br, bc_) for x in _colours(a, b, exist)), ex)
 
+    main_img = image(main, exists, bc)
+    sink_img = image(sink, sink_exists, 1) if s else None
+    age_img = image(agecol, age_exists, ba) if ages else None
     return {
         "block": (br, bc, ba),
-        "main": image(main, exists, bc),
-        "sink": image(sink, sink_exists, 1) if s else None,
-        "age": image(agecol, age_exists, ba) if ages else None,
+        "main": _source(main_img),
+        "sink": None if sink_img is None else (_source(sink_img), sink_img.shape[1]),
+        "age": None if age_img is None else (_source(age_img), age_img.shape[1]),
     }
 
 
 def _source(img: np.ndarray) -> str:
-    return px.imshow(img, binary_string=True).data[0].source
+    """A uint8 image (grey or RGB) as the PNG data URI a Plotly image trace draws (what
+    ``px.imshow(img, binary_string=True)`` makes, without building a figure around it)."""
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(img)).save(buf, format="png", compress_level=6)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 def age_span(features: TraceFeatures, windows: Sequence[int], budget: int) -> int:
@@ -413,6 +424,7 @@ def kept_heatmap(
     region: Region | None = None,
     size: int | None = None,
     compare: bool = False,
+    layers: Sequence[dict] | None = None,
 ) -> go.Figure:
     """One panel per replay (wrapping after ``max_cols``), decode step down, position across, or
     with ``compare`` one panel of what the first two replays keep differently.
@@ -423,7 +435,8 @@ def kept_heatmap(
     strips widen what is too thin to see: at the left the sink columns, at the right the newest
     positions of every step by age (the policy's protected window, and the trace's band, as
     stripes). ``region`` draws only part of the run, pooled afresh (at full resolution once it is
-    no wider than ``size``): that is how single positions are reached. Heavy hitters are marked
+    no wider than ``size``): that is how single positions are reached. ``layers``, if given, are
+    the panels' ``panel_layers`` already computed (the app keeps them). Heavy hitters are marked
     beside their column, never over it: a solid red line while the policy holds a live heavy
     hitter, an x where it evicts one still live and dotted while it is missed.
     """
@@ -435,7 +448,7 @@ def kept_heatmap(
     for result in results:
         if result.steps != T:
             raise ValueError(f"{result.policy}: replay has {result.steps} steps, the trace has {T}")
-    if masks is None:
+    if masks is None and (layers is None or not compare):
         masks = [r.kept_mask() for r in results]
     region = (region or Region.whole(T)).clip(T)
     windows = [int(r.params.get("recent_window", 0) or 0) for r in results]
@@ -471,27 +484,28 @@ def kept_heatmap(
     y_top = region.t0 - 0.5 - header
     for i, panel in enumerate(panels):
         row, col = i // cols + 1, i % cols + 1
-        pm = [masks[results.index(r)] for r in panel]
-        layers = _layers(pm, region, features.sinks, ages, size)
-        br, bc, ba = layers["block"]
+        pm = None if masks is None else [masks[results.index(r)] for r in panel]
+        lay = layers[i] if layers is not None else panel_layers(pm, region, features.sinks, ages, size)
+        br, bc, ba = lay["block"]
         name = " vs ".join(r.policy for r in panel)
         hover = "<extra>" + name + "</extra>"
         fig.add_trace(go.Image(
-            source=_source(layers["main"]), x0=region.p0 + (bc - 1) / 2, dx=bc, y0=region.t0 + (br - 1) / 2, dy=br,
+            source=lay["main"], x0=region.p0 + (bc - 1) / 2, dx=bc, y0=region.t0 + (br - 1) / 2, dy=br,
             name=name, hovertemplate=f"position %{{x:.0f}}<br>after step %{{y:.0f}}<br>block of {bc} x {br}" + hover,
         ), row=row, col=col)
-        if layers["sink"] is not None:
-            s = layers["sink"].shape[1]
+        if lay["sink"] is not None:
+            source, s = lay["sink"]
             dx = sink_w / s
             fig.add_trace(go.Image(
-                source=_source(layers["sink"]), x0=x_lo + dx / 2, dx=dx, y0=region.t0 + (br - 1) / 2, dy=br,
+                source=source, x0=x_lo + dx / 2, dx=dx, y0=region.t0 + (br - 1) / 2, dy=br,
                 name="sinks", hovertemplate="a sink column, widened<br>after step %{y:.0f}" + hover,
             ), row=row, col=col)
-        if layers["age"] is not None:
-            dx = age_w / layers["age"].shape[1]
+        if lay["age"] is not None:
+            source, na = lay["age"]
+            dx = age_w / na
             a0 = region.p1 + 0.5 + gap
             fig.add_trace(go.Image(
-                source=_source(layers["age"]), x0=a0 + dx / 2, dx=dx, y0=region.t0 + (br - 1) / 2, dy=br,
+                source=source, x0=a0 + dx / 2, dx=dx, y0=region.t0 + (br - 1) / 2, dy=br,
                 name="newest positions", hovertemplate=f"the newest {ages} positions by age, widened"
                 "<br>after step %{y:.0f}" + hover,
             ), row=row, col=col)
