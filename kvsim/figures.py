@@ -198,7 +198,8 @@ def trace_features(
         source = "the ones the trace's metadata lists"
         live_known = epoch is not None
     else:
-        heavy = detect_heavy(A, sinks, band, n_heavy)
+        # an assumed band can be longer than a short trace: then judge outside a band of T / 8
+        heavy = detect_heavy(A, sinks, band if band_known else min(band, max(1, T // 8)), n_heavy)
         source = (
             f"measured: the {len(heavy)} positions past the sinks with the most attention that draw, outside the "
             f"band, at least {HEAVY_RATIO:.0f}x a uniform row's share"

@@ -92,7 +92,7 @@ def lines_story(policy: str, curves: Mapping[str, Sequence[Mapping]], lines: Seq
         )
     for line in lines:
         if line.kind == "offline":
-            what = f": it {line.note}" if line.note else ""
+            what = f": {line.note}" if line.note else ""
             out.append(
                 f"Grey, the **{line.policy or line.label}** ({line.retained_mass:.3f}){what}; here "
                 f"{gap(line.retained_mass, top, peak_of)}."
