@@ -459,16 +459,17 @@ def kept_view(trace: kvsim.Trace, budget: int, runs: list, features) -> None:
         "**One panel: what the first two chosen policies keep differently**, pooled so that a single differing "
         "column stays visible. Drag a box to zoom (double-click to reset)."
     )
+    fig = figures.kept_heatmap(results, features, step=step, masks=masks, region=region, size=size,
+                               compare=compare, layers=layers)
+    st.plotly_chart(fig, key="kept_chart", config={"scrollZoom": True})
+    # what to look for, under the picture: each note quotes this trace, or says it lacks the feature
     sinks, band, heavy = st.columns(3)
-    sinks.markdown(story.sink_text(features, info))
+    sinks.markdown(story.sink_text(features, info, difference=compare))
     band.markdown(story.band_text(features, info, ages))
     fates = {} if compare else {
         figures.policy_label(r): figures.heavy_fates(m, features) for r, m in zip(results, masks, strict=True)
     }
     heavy.markdown(story.heavy_text(features, fates))
-    fig = figures.kept_heatmap(results, features, step=step, masks=masks, region=region, size=size,
-                               compare=compare, layers=layers)
-    st.plotly_chart(fig, key="kept_chart", config={"scrollZoom": True})
     if compare:
         a, b = results[0], results[1]
         counts = cached_difference(trace, tuple(runs[:2]), budget)
@@ -631,7 +632,7 @@ def trace_view(trace: kvsim.Trace, features) -> None:
             {
                 "figure": [
                     "decode steps",
-                    f"share on the sinks (positions 0-{info['sinks'] - 1})",
+                    "share on position 0" if info["sinks"] == 1 else f"share on the sinks (positions 0-{info['sinks'] - 1})",
                     f"share on the newest {info['band']} positions",
                     f"share on each row's top {info['top_k']}",
                     "effective positions per row",

@@ -879,10 +879,11 @@ def recent_window_curve(
             ),
             row=r, col=1,
         )
-        for mark, text, colour, symbol in (
-            (default, f"shipped default ({default})", "#ff7f0e", "circle"),
-            (band, f"trace band ({band})" if band_known else f"{band} (assumed band)", "#17becf", "square"),
-        ):
+        # a trace without a band gets no band mark: there is no width to point at
+        marks = [(default, f"shipped default ({default})", "#ff7f0e", "circle")]
+        if band_known:
+            marks.append((band, f"trace band ({band})", "#17becf", "square"))
+        for mark, text, colour, symbol in marks:
             hit = x == mark
             if hit.any():
                 fig.add_trace(
@@ -904,10 +905,10 @@ def recent_window_curve(
                 ),
                 row=r, col=1,
             )
-    for mark, colour in ((default, "#ff7f0e"), (band, "#17becf")):
+    for mark, colour in ((default, "#ff7f0e"), *(((band, "#17becf"),) if band_known else ())):
         if x.min() <= mark <= x.max():
             fig.add_vline(x=mark, line=dict(color=colour, width=1, dash="dot"))
-    _annotate_story(fig, df, references, default=default, band=band, policy=policy)
+    _annotate_story(fig, df, references, default=default, band=band if band_known else None, policy=policy)
     fig.update_xaxes(title_text="recent_window", row=2, col=1)
     # three legends stacked under the chart: policies, offline references, marks on the primary curve
     legend = dict(orientation="h", x=0, xanchor="left", yanchor="top", font=dict(size=13))
@@ -976,7 +977,7 @@ def curve_peak(rows: Sequence[Mapping]) -> tuple[int, float]:
     return int(best["recent_window"]), float(best["retained_mass"])
 
 
-def _annotate_story(fig, df: pd.DataFrame, references: Sequence[Line], *, default: int, band: int, policy: str) -> None:
+def _annotate_story(fig, df: pd.DataFrame, references: Sequence[Line], *, default: int, band: int | None, policy: str) -> None:
     """Say in words what the curve shows, computed from the data (never a fixed sentence)."""
     peak, top = curve_peak(df.to_dict("records"))
     where = " = the trace's band: the gain saturates here" if peak == band else ""

@@ -116,15 +116,17 @@ def _share(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
-def sink_text(features: TraceFeatures, info: Mapping) -> str:
-    """The kept view's note on sinks: where they are drawn and what share they take here."""
+def sink_text(features: TraceFeatures, info: Mapping, difference: bool = False) -> str:
+    """The kept view's note on sinks: where they are drawn and what share they take here (and how
+    the strip reads in the difference view)."""
     if features.sinks == 0:
         return ("**Sinks**: this trace has none. No leading position takes a steady share of every row, so "
                 "pinning the first positions (streaming_llm's sinks) buys nothing here.")
     return (f"**Sinks** ({_positions(features.sinks)}, widened in the strip at each panel's left): the first "
             "tokens. Trained models send a steady share of every row to them whatever they say, a place to park "
             f"attention that is needed nowhere else; here they take {_share(info.get('sink_share'))} of each row. "
-            "Dark in the strip: held; white: evicted.")
+            + ("In the strip, blue: held by the first policy only; grey: by both." if difference
+               else "Dark in the strip: held; white: evicted."))
 
 
 def band_text(features: TraceFeatures, info: Mapping, ages: int) -> str:

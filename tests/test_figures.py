@@ -292,7 +292,8 @@ def test_curve_says_so_when_the_default_is_not_worse():
     assert "at least as much as" in text and "saturates" not in text
     assert not any((t.name or "").startswith("current") for t in fig.data)
     unknown = figures.recent_window_curve(rows, refs, current=None, default=2, band=1, band_known=False)
-    assert any(t.name == "1 (assumed band)" for t in unknown.data)
+    assert not any("band" in (t.name or "") for t in unknown.data)  # no band, no mark pointing at one
+    assert not any("band" in (a.text or "") for a in unknown.layout.annotations)
 
 
 def fake_family():
