@@ -454,14 +454,19 @@ def kept_view(trace: kvsim.Trace, budget: int, runs: list, features) -> None:
         "**Each panel is one policy's cache over the whole run.** Row *t* is what the cache holds after decode step "
         "*t*: dark is kept, mid-grey a block of positions where some are kept, white evicted, light grey not "
         f"generated yet. The picture is pooled to about the pixels on screen (blocks of "
-        f"{layers[0]['block'][1]} positions x {layers[0]['block'][0]} steps here); for single positions, zoom below."
+        f"{layers[0]['block'][1]} positions x {layers[0]['block'][0]} steps here). For single positions, draw a box "
+        "with the chart's **box select** tool (or set the ranges under *zoom*): that region is re-drawn from the "
+        "replay, one pixel per position once it is narrow enough."
         if not compare else
         "**One panel: what the first two chosen policies keep differently**, pooled so that a single differing "
         "column stays visible. Drag a box to zoom (double-click to reset)."
     )
     fig = figures.kept_heatmap(results, features, step=step, masks=masks, region=region, size=size,
                                compare=compare, layers=layers)
-    st.plotly_chart(fig, key="kept_chart", config={"scrollZoom": True})
+    # a box drawn with the select tool re-draws that region from the replay, at full resolution
+    # once it is narrow enough; the zoom tool (the default) only magnifies the pooled picture
+    st.plotly_chart(fig, key="kept_chart", config={"scrollZoom": True}, on_select=lambda: zoom_to_box(T),
+                    selection_mode="box")
     # what to look for, under the picture: each note quotes this trace, or says it lacks the feature
     sinks, band, heavy = st.columns(3)
     sinks.markdown(story.sink_text(features, info, difference=compare))
@@ -494,6 +499,14 @@ def kept_view(trace: kvsim.Trace, budget: int, runs: list, features) -> None:
     )
 
 
+def zoom_to_box(T: int) -> None:
+    """Set the zoom ranges to the box drawn on the kept chart (clipped to the run)."""
+    region = figures.selected_region(st.session_state.get("kept_chart"), T)
+    if region is not None:
+        st.session_state["zoom_positions"] = (region.p0, region.p1)
+        st.session_state["zoom_steps"] = (region.t0, region.t1)
+
+
 def zoom_controls(T: int) -> figures.Region:
     """Two ranges: the positions and the steps the kept view draws. Below KEPT_PIXELS positions
     across, every position has its own pixel column."""
@@ -504,6 +517,8 @@ def zoom_controls(T: int) -> figures.Region:
         st.session_state[key] = (min(max(low, a), T), min(max(low, b), T))
     p = st.slider("positions", 0, T, key="zoom_positions")
     s = st.slider("steps", 1, T, key="zoom_steps")
+    st.button("the whole run", key="zoom_reset",
+              on_click=lambda: st.session_state.update(zoom_positions=(0, T), zoom_steps=(1, T)))
     return figures.Region(p[0], p[1], s[0], s[1]).clip(T)
 
 

@@ -408,6 +408,19 @@ def _source(img: np.ndarray) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def selected_region(selection, steps: int) -> Region | None:
+    """The region of the first box drawn on ``kept_heatmap`` in a Plotly selection event
+    (Streamlit's ``on_select`` state), clipped to the run; None when no box was drawn."""
+    try:
+        box = selection["selection"]["box"][0]
+        x0, x1 = sorted(float(v) for v in box["x"][:2])
+        y0, y1 = sorted(float(v) for v in box["y"][:2])
+    except (KeyError, TypeError, IndexError, ValueError):
+        return None
+    region = Region(math.floor(x0 + 0.5), math.floor(x1 + 0.5), math.floor(y0 + 0.5), math.floor(y1 + 0.5)).clip(steps)
+    return region if region.width > 1 and region.height > 1 else None
+
+
 def age_span(features: TraceFeatures, windows: Sequence[int], budget: int) -> int:
     """How many of the newest positions the age strip shows: twice the widest of the band and the
     policies' windows, at least 64, and never more than the budget or the trace."""
@@ -544,6 +557,7 @@ def kept_heatmap(
         margin=dict(l=60, r=20, t=70, b=110),
         legend=dict(orientation="h", yanchor="top", y=-60 / height, x=0, font=dict(size=13)),
         plot_bgcolor="white",
+        dragmode="zoom",  # zoom by default; the box-select tool asks for a full-resolution region
     )
     return fig
 

@@ -128,6 +128,19 @@ JS_RANGES = """() => [...document.querySelectorAll('.js-plotly-plot')].map(d => 
 })"""
 
 
+JS_BOX = """([p0, p1, t0, t1]) => {
+  // screen corners of positions p0..p1 x steps t0..t1 on the first kept panel
+  const d = document.querySelector('.js-plotly-plot'), xa = d._fullLayout.xaxis, ya = d._fullLayout.yaxis;
+  const b = d.getBoundingClientRect();
+  const X = v => b.left + xa._offset + xa.l2p(v), Y = v => b.top + ya._offset + ya.l2p(v);
+  return {x0: X(p0), x1: X(p1), y0: Y(t0), y1: Y(t1)};
+}"""
+JS_FULL_RESOLUTION = """() => {
+  const d = document.querySelector('.js-plotly-plot');
+  return !!d && (d.data || []).some(t => t.type === 'image' && t.name === 'sliding_window' && t.dx === 1);
+}"""
+
+
 def wait_marker(page, value: int) -> None:
     page.wait_for_function(f"() => ({JS_MARKER})() === {value}", timeout=STEP_TIMEOUT_MS)
 
@@ -188,6 +201,23 @@ def test_the_app_in_a_real_browser(server):
             wait_text(page, "Recency band")
             kept_axes_within_the_data(page, 4096)
             shoot(page, "screenshot.png")
+
+            # a box drawn with the select tool re-draws that region at one pixel per position
+            chart = page.locator(".js-plotly-plot").first
+            chart.hover()
+            chart.locator('[data-attr="dragmode"][data-val="select"]').first.click()
+            box = page.evaluate(JS_BOX, [1000, 1300, 1000, 1300])  # 300 positions: under a panel's pixels
+            page.mouse.move(box["x0"], box["y0"])
+            page.mouse.down()
+            page.mouse.move((box["x0"] + box["x1"]) / 2, (box["y0"] + box["y1"]) / 2, steps=5)
+            page.mouse.move(box["x1"], box["y1"], steps=5)
+            page.mouse.up()
+            page.wait_for_function(JS_FULL_RESOLUTION, timeout=STEP_TIMEOUT_MS)
+            kept = [c for c in charts_on(page) if any(k.startswith("image:") for k in c["kinds"])][0]
+            assert 900 < kept["x"][0] < 1100 and 1200 < kept["y"][0] < 1400  # the region, steps downward
+            shoot(page, "screenshot-zoomed.png")
+            page.goto(server + "/", wait_until="domcontentloaded")  # a fresh session: the whole run again
+            page.wait_for_function(f"() => ({JS_IMAGES})() >= 9", timeout=LOAD_TIMEOUT_MS)
 
             # 2. cumulative scores: a scatter by position and a histogram; a log axis in its own units
             page.get_by_role("tab", name="Cumulative scores").click()

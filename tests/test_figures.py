@@ -179,6 +179,22 @@ def test_the_difference_shows_what_one_keeps_and_the_other_does_not(canonical, s
         figures.kept_heatmap(story[:1], f, compare=True)
 
 
+@pytest.mark.parametrize(
+    ("event", "expected"),
+    [
+        ({"selection": {"box": [{"x": [1199.4, 1000.2], "y": [1100.1, 1299.6]}]}}, (1000, 1199, 1100, 1300)),
+        ({"selection": {"box": [{"x": [-300.0, 50.0], "y": [-40.0, 30.0]}]}}, (0, 50, 1, 30)),  # strips, header
+        ({"selection": {"box": [{"x": [10.0, 10.2], "y": [1.0, 9.0]}]}}, None),  # one position is not a region
+        ({"selection": {"box": []}}, None),
+        ({"selection": {"points": []}}, None),
+        (None, None),
+    ],
+)
+def test_selected_region_clips_the_box_to_the_run(event, expected):
+    region = figures.selected_region(event, 4096)
+    assert (None if region is None else (region.p0, region.p1, region.t0, region.t1)) == expected
+
+
 def test_kept_heatmap_reuses_given_layers(canonical, story):
     f = figures.trace_features(canonical)
     lay = figures.panel_layers([story[0].kept_mask()], figures.Region.whole(4096), 4, 128, 300)
