@@ -1,8 +1,9 @@
 """Figure builders for the app: pure functions, replay results and traces in, Plotly figures out.
 
-Nothing here imports Streamlit, so every figure is built and tested without a browser. Images go to
-Plotly as uint8 arrays through ``px.imshow(..., binary_string=True)``: the browser receives one PNG
-per panel (tens of kilobytes for a 4096 x 4097 kept mask) instead of sixteen million numbers.
+Nothing here imports Streamlit, so every figure is built and tested without a browser. Images reach
+Plotly as PNGs made from uint8 arrays (``px.imshow(..., binary_string=True)`` or ``_source``), never
+as booleans or lists; the kept images are pooled to about the pixels the screen shows, so a redraw
+sends a few kilobytes per panel, not a 4096 x 4097 picture.
 """
 
 from __future__ import annotations
@@ -237,12 +238,6 @@ def kept_image(result: ReplayResult) -> np.ndarray:
     return img
 
 
-def kept_image_source(result: ReplayResult) -> str:
-    """The full-resolution kept image as a PNG data URI (for export; the views draw ``kept_heatmap``'s
-    pooled images, about as many pixels as the screen shows)."""
-    return px.imshow(kept_image(result), binary_string=True).data[0].source
-
-
 #: grey level of a pooled block where some of the positions that exist are kept and some are not
 PARTIAL = 140
 #: colours of the difference view (RGB): kept by the first policy only, the second only, both
@@ -334,14 +329,14 @@ def _levels(kept: np.ndarray, exists: np.ndarray) -> np.ndarray:
     return img
 
 
-def _colours(a: np.ndarray, b: np.ndarray, exists: np.ndarray) -> np.ndarray:
-    """RGB of pooled blocks in the difference view: any position held by one policy and not the
-    other shows its colour, so a single such column stays visible."""
-    only_a, only_b, both = a & ~b & exists, b & ~a & exists, a & b & exists
-    return only_a, only_b, both
+def _split(a: np.ndarray, b: np.ndarray, exists: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Held by the first only, by the second only, by both."""
+    return a & ~b & exists, b & ~a & exists, a & b & exists
 
 
 def _difference_rgb(counts: tuple, exists: np.ndarray) -> np.ndarray:
+    """RGB of pooled blocks in the difference view: a block holding any position kept by one policy
+    and not the other shows that colour, so a single such column stays visible."""
     only_a, only_b, both = counts
     rgb = np.empty((*exists.shape, 3), dtype=np.uint8)
     rgb[:] = NEITHER
@@ -387,7 +382,7 @@ def panel_layers(masks: Sequence[np.ndarray], region: Region, sinks: int, ages: 
         if len(parts) == 1:
             return _levels(_pool(parts[0], br, bc_), ex)
         a, b = parts
-        return _difference_rgb(tuple(_pool(x, br, bc_) for x in _colours(a, b, exist)), ex)
+        return _difference_rgb(tuple(_pool(x, br, bc_) for x in _split(a, b, exist)), ex)
 
     main_img = image(main, exists, bc)
     sink_img = image(sink, sink_exists, 1) if s else None
@@ -471,7 +466,7 @@ def kept_heatmap(
     n = len(panels)
     cols = min(n, max_cols)
     rows = math.ceil(n / cols)
-    size = size or max(128, (1024 if not compare else 1200) // cols)
+    size = size or max(128, 1024 // cols)
     if compare:
         a, b = results[0], results[1]
         titles = [
