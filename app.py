@@ -110,8 +110,11 @@ def apply_tour(key: str) -> None:
     for name, value in step.settings.items():
         if name == "policies":
             value = [p for p in value if p in kvsim.POLICIES]
-        if name == "trace" and value not in available_traces():
-            continue
+        if name == "trace":
+            if value not in available_traces():
+                continue
+            # the step is about this trace: an upload in use would replace it, so drop the upload
+            st.session_state["_upload_gen"] = st.session_state.get("_upload_gen", 0) + 1
         st.session_state[name] = value
     st.session_state["view"] = step.view  # the tabs are bound to the URL's view; set through the state
     st.session_state["tour"] = key

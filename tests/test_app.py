@@ -338,3 +338,12 @@ def test_the_tour_walks_forward_and_can_be_left():
     assert "tour" not in at.query_params and problems(at) == []
     bad = run({"tour": "nowhere"})
     assert any("tour step 'nowhere'" in w.value for w in bad.warning)
+
+
+def test_starting_the_tour_over_an_upload_shows_the_tour_trace():
+    at = run()
+    a = np.tril(np.random.default_rng(3).random((65, 65)), k=-1).astype(np.float32)
+    at.sidebar.file_uploader[0].set_value(("mine.npz", npz_bytes(attention=a), "application/octet-stream")).run()
+    [b for b in at.sidebar.button if b.label == "start the guided tour"][0].click().run()
+    assert problems(at) == [] and widget(at, "selectbox", "trace").value == "canonical"
+    assert at.sidebar.slider[0].max == 4096 and at.query_params["tour"] == "sinks"
