@@ -16,10 +16,10 @@ from pathlib import Path
 import streamlit as st
 
 import kvsim
-from kvsim import figures, lab, story
+from kvsim import figures, lab, story, tour
 from kvsim.catalog import CANONICAL, available_traces, resolve_trace
 from kvsim.metrics import describe
-from kvsim.policies import all_tunables
+from kvsim.policies import all_tunables, describe_policy
 from kvsim.policies.upper_bound import upper_bound_summary
 
 TOP_K = kvsim.DEFAULT_TOP_K
@@ -31,6 +31,10 @@ STORY_POLICIES = ("sliding_window", "streaming_llm", "h2o")
 #: the per-step upper bound's line on the curve: not a policy, so not in the registry
 UPPER_BOUND = "upper bound (offline reference)"
 TABS = ("Kept positions", "Cumulative scores", "Choosing recent_window", "The trace", "Policy lab")
+#: the kept view's two modes: a panel per policy, or one panel of what the first two keep differently
+KEPT_MODES = {"each": "a panel per policy", "difference": "difference of the first two"}
+#: pixels across the kept images, shared among the panels of a row
+KEPT_PIXELS = 1024
 
 
 # --------------------------------------------------------------------------------------------
@@ -49,6 +53,7 @@ def defaults() -> dict:
         "budget": APP_BUDGET,
         **all_params(),
         "curve_policy": "h2o" if "h2o" in kvsim.POLICIES else next(iter(kvsim.POLICIES)),
+        "kept_mode": "each",
     }
 
 
@@ -76,6 +81,10 @@ def read_link() -> list[str]:
             unknown = sorted(set(asked) - set(value))
             if unknown:
                 problems.append(f"unknown policies in the link ignored: {', '.join(unknown)}.")
+        elif key == "kept_mode":
+            value = raw if raw in KEPT_MODES else default
+            if raw not in KEPT_MODES:
+                problems.append(f"kept_mode {raw!r} from the link is not one of {', '.join(KEPT_MODES)}; showing {default}.")
         elif key == "curve_policy":
             ok = raw in kvsim.POLICIES and "recent_window" in kvsim.policy_params(raw)
             value = raw if ok else default
@@ -86,7 +95,29 @@ def read_link() -> list[str]:
         st.session_state[key] = value
     if "step" in qp:
         st.session_state["step"] = _parse_count("step", qp["step"], None, problems, low=1)
+    if "tour" in qp:
+        if qp["tour"] in tour.BY_KEY:
+            apply_tour(qp["tour"])
+        else:
+            problems.append(f"tour step {qp['tour']!r} from the link does not exist; the steps are "
+                            f"{', '.join(tour.BY_KEY)}.")
     return problems
+
+
+def apply_tour(key: str) -> None:
+    """Set the controls and the open view to a tour step's, and remember the step for its box."""
+    step = tour.BY_KEY[key]
+    for name, value in step.settings.items():
+        if name == "policies":
+            value = [p for p in value if p in kvsim.POLICIES]
+        if name == "trace":
+            if value not in available_traces():
+                continue
+            # the step is about this trace: an upload in use would replace it, so drop the upload
+            st.session_state["_upload_gen"] = st.session_state.get("_upload_gen", 0) + 1
+        st.session_state[name] = value
+    st.session_state["view"] = step.view  # the tabs are bound to the URL's view; set through the state
+    st.session_state["tour"] = key
 
 
 def _parse_count(key: str, raw: str, default, problems: list[str], low: int = 0):
@@ -106,6 +137,8 @@ def write_link(keys: list[str]) -> None:
     for key in keys:
         value = st.session_state.get(key)
         if value is None:
+            if key in st.query_params:
+                del st.query_params[key]
             continue
         text = ",".join(value) if isinstance(value, list) else str(value)
         if st.query_params.get(key) != text:
@@ -141,9 +174,17 @@ def cached_replay(trace: kvsim.Trace, policy: str, budget: int, params: tuple):
     return kvsim.replay(trace, policy, budget=budget, top_k=TOP_K, record_kept=True, record_scores=True, **dict(params))
 
 
-@st.cache_resource(max_entries=24, show_spinner="drawing the kept positions", hash_funcs=BY_TRACE)
-def cached_kept_source(trace: kvsim.Trace, policy: str, budget: int, params: tuple) -> str:
-    return figures.kept_image_source(cached_replay(trace, policy, budget, params))
+@st.cache_resource(max_entries=24, show_spinner=False, hash_funcs=BY_TRACE)
+def cached_mask(trace: kvsim.Trace, policy: str, budget: int, params: tuple):
+    """The replay's kept mask, (T, T + 1), 1 where a position is held after a step."""
+    return cached_replay(trace, policy, budget, params).kept_mask()
+
+
+@st.cache_resource(max_entries=48, show_spinner="drawing the kept positions", hash_funcs=BY_TRACE)
+def cached_layers(trace: kvsim.Trace, runs: tuple, budget: int, region: tuple, ages: int, size: int) -> dict:
+    """One panel's pooled images (``runs``: one run, or two for the difference), encoded once."""
+    masks = [cached_mask(trace, name, budget, params) for name, params in runs]
+    return figures.panel_layers(masks, figures.Region(*region), cached_features(trace).sinks, ages, size)
 
 
 @st.cache_resource(max_entries=4, show_spinner=False, hash_funcs=BY_TRACE)
@@ -205,24 +246,43 @@ def check(name: str, budget: int, params: dict, trace: kvsim.Trace) -> str | Non
 
 
 def choose_trace() -> kvsim.Trace:
+    """The trace selector and the uploader. While an upload is in use the selector names it; choosing
+    a shipped trace there drops the upload. A refused upload says which trace is shown instead."""
     side = st.sidebar
     names = available_traces()
     if st.session_state.get("trace") not in names:
         st.session_state["trace"] = CANONICAL
-    side.selectbox("trace", names, key="trace", help="canonical: the calibrated synthetic trace the cards measure on")
+    slot = side.empty()  # the selector, filled once the upload is read
+    gen = st.session_state.setdefault("_upload_gen", 0)
     upload = side.file_uploader(
-        "or upload a trace (.npz)", type=["npz"], key="upload",
+        "or upload a trace (.npz)", type=["npz"], key=f"upload_{gen}",
         help="the interchange format: 'attention' (T+1, T+1) float, optional 'meta' JSON string",
     )
+    uploaded, label = None, None
     if upload is not None:
         data = upload.getvalue()
         digest = hashlib.sha256(data).hexdigest()[:16]
         try:
-            trace = load_uploaded_trace(digest, upload.name, data)
-            side.caption(f"using the uploaded file {upload.name} ({trace.steps} steps); links cannot carry it")
-            return trace
+            uploaded = load_uploaded_trace(digest, upload.name, data)
+            label = f"uploaded: {upload.name}"
         except kvsim.TraceError as e:
-            st.error(str(e))
+            st.error(f"{e}; showing {st.session_state['trace']} instead.")
+    st.session_state["trace_pick"] = label if uploaded is not None else st.session_state["trace"]
+
+    def picked() -> None:
+        choice = st.session_state["trace_pick"]
+        if choice in names:
+            st.session_state["trace"] = choice
+            if upload is not None:  # a new key empties the uploader: the shipped trace replaces the upload
+                st.session_state["_upload_gen"] = gen + 1
+
+    slot.selectbox(
+        "trace", ([label] if uploaded is not None else []) + names, key="trace_pick", on_change=picked,
+        help="canonical: the calibrated synthetic trace the cards measure on",
+    )
+    if uploaded is not None:
+        side.caption(f"using the uploaded file {upload.name} ({uploaded.steps} steps); links cannot carry it")
+        return uploaded
     spec = st.session_state["trace"]
     try:
         return load_named_trace(spec)
@@ -288,10 +348,11 @@ def main() -> None:
     for problem in st.session_state.pop("_link_problems", []):
         st.warning(problem)
 
+    tour_box()
     st.sidebar.header("settings")
     trace = choose_trace()
     controls(trace)
-    write_link(["trace", "policies", "budget", *all_params(), "step", "curve_policy"])
+    write_link(["trace", "policies", "budget", *all_params(), "step", "curve_policy", "kept_mode", "tour"])
 
     budget = int(st.session_state["budget"])
     features = cached_features(trace)
@@ -324,6 +385,29 @@ def main() -> None:
             lab_view()
 
 
+def tour_box() -> None:
+    """The guided tour: a start button in the sidebar; while a step is open, its text and the way on."""
+    side = st.sidebar
+    key = st.session_state.get("tour")
+    if key not in tour.BY_KEY:
+        side.button("start the guided tour", on_click=apply_tour, args=(tour.TOUR[0].key,),
+                    help="a few steps, each a link: sinks, heavy hitters, the recent window")
+        return
+    step = tour.BY_KEY[key]
+    before, after = tour.neighbours(key)
+    number = [s.key for s in tour.TOUR].index(key) + 1
+    with st.container(border=True):
+        st.markdown(f"**Guided tour, step {number} of {len(tour.TOUR)}: {step.title}** (view: *{step.view}*). "
+                    f"{step.look}")
+        cols = st.columns([1, 1, 1, 3])
+        if before is not None:
+            cols[0].button(f"← {before.title}", on_click=apply_tour, args=(before.key,), key="tour_back")
+        if after is not None:
+            cols[1].button(f"{after.title} →", on_click=apply_tour, args=(after.key,), key="tour_next")
+        cols[2].button("leave the tour", on_click=lambda: st.session_state.update(tour=None), key="tour_leave")
+        cols[3].caption(f"Link to this step, for a slide: add `?tour={key}` to the app's address.")
+
+
 def replays(trace: kvsim.Trace, budget: int, runs: list):
     return [cached_replay(trace, name, budget, params) for name, params in runs]
 
@@ -339,38 +423,66 @@ def kept_view(trace: kvsim.Trace, budget: int, runs: list, features) -> None:
     if not runs:
         st.info("Choose at least one policy (with valid settings) in the sidebar.")
         return
+    note = story.budget_note(trace.steps, budget)
+    if note:
+        st.warning(note)
     results = replays(trace, budget, runs)
-    sources = [cached_kept_source(trace, n, budget, p) for n, p in runs]
     step = int(st.session_state["step"])
-    info = cached_describe(trace, features.band, features.sinks)
+    info = cached_describe(trace, features.band, max(1, features.sinks))
+    T = trace.steps
+    top = st.columns([2, 3])
+    with top[0]:
+        st.session_state["kept_mode_choice"] = st.session_state["kept_mode"]
+        st.radio(
+            "show", list(KEPT_MODES), format_func=KEPT_MODES.get, key="kept_mode_choice", horizontal=True,
+            on_change=lambda: st.session_state.update(kept_mode=st.session_state["kept_mode_choice"]),
+            help="the difference colours what the first two chosen policies keep differently",
+        )
+    compare = st.session_state["kept_mode"] == "difference"
+    if compare and len(runs) < 2:
+        st.info("The difference needs two policies: choose a second one in the sidebar. Showing each policy instead.")
+        compare = False
+    with top[1]:
+        with st.expander("zoom to single positions (re-drawn from the replay at full resolution)"):
+            region = zoom_controls(T)
+    windows = [int(dict(p).get("recent_window", 0)) for _, p in runs]
+    ages = figures.age_span(features, windows, budget)
+    panels = [tuple(runs[:2])] if compare else [(r,) for r in runs]
+    cols = 1 if compare else min(len(runs), 3)
+    size = KEPT_PIXELS // cols
+    box = (region.p0, region.p1, region.t0, region.t1)
+    layers = [cached_layers(trace, panel, budget, box, ages, size) for panel in panels]
+    masks = None if compare else [cached_mask(trace, n, budget, p) for n, p in runs]
     st.markdown(
-        "**Each panel is one policy's cache over the whole run.** Row *t* is what the cache holds after "
-        "decode step *t*: a dark cell is a kept position, white was evicted, grey does not exist yet. "
-        "Drag a box to zoom (double-click to reset); the panels zoom together, so the same region can be "
-        "compared. Zoomed in, single positions show."
+        "**Each panel is one policy's cache over the whole run.** Row *t* is what the cache holds after decode step "
+        "*t*: dark is kept, mid-grey a block of positions where some are kept, white evicted, light grey not "
+        f"generated yet. The picture is pooled to about the pixels on screen (blocks of "
+        f"{layers[0]['block'][1]} positions x {layers[0]['block'][0]} steps here). For single positions, draw a box "
+        "with the chart's **box select** tool (or set the ranges under *zoom*): that region is re-drawn from the "
+        "replay, one pixel per position once it is narrow enough."
+        if not compare else
+        "**One panel: what the first two chosen policies keep differently**, pooled so that a single differing "
+        "column stays visible. Drag a box to zoom (double-click to reset)."
     )
+    fig = figures.kept_heatmap(results, features, step=step, masks=masks, region=region, size=size,
+                               compare=compare, layers=layers)
+    # a box drawn with the select tool re-draws that region from the replay, at full resolution
+    # once it is narrow enough; the zoom tool (the default) only magnifies the pooled picture
+    st.plotly_chart(fig, key="kept_chart", config={"scrollZoom": True}, on_select=lambda: zoom_to_box(T),
+                    selection_mode="box")
+    # what to look for, under the picture: each note quotes this trace, or says it lacks the feature
     sinks, band, heavy = st.columns(3)
-    sinks.markdown(
-        f"**Sinks** (blue, positions 0-{features.sinks - 1}): the first tokens. Trained models send a steady "
-        "share of every row to them whatever they say, a place to park attention that is needed nowhere else; "
-        f"here they take {_fmt(info['sink_share'], '.2f')} of each row."
-    )
-    band.markdown(
-        f"**Recency band** (orange): the newest {features.band} positions, which take "
-        f"{_fmt(info['recent_share'], '.2f')} of each row here. A policy that loses them loses that attention."
-    )
-    heavy.markdown(
-        f"**Heavy hitters** (red boxes{', while live' if features.live_known else ''}): older positions that "
-        f"draw a large share for a long stretch; {features.heavy_source}."
-    )
-    fig = figures.kept_heatmap(results, features, step=step, sources=sources)
-    st.plotly_chart(fig, key="kept_chart", config={"scrollZoom": True})
-    st.markdown(
-        f"A sliding window keeps one diagonal stripe, the newest {budget} positions, and loses the sinks as soon "
-        "as the cache fills. streaming_llm keeps the same stripe plus the sink columns. h2o keeps a stripe plus "
-        "the old columns its cumulative scores defend: heavy hitters, and the sinks. The dashed line is the "
-        "sidebar's **step**."
-    )
+    sinks.markdown(story.sink_text(features, info, difference=compare))
+    band.markdown(story.band_text(features, info, ages))
+    fates = {} if compare else {
+        figures.policy_label(r): figures.heavy_fates(m, features) for r, m in zip(results, masks, strict=True)
+    }
+    heavy.markdown(story.heavy_text(features, fates))
+    if compare:
+        a, b = results[0], results[1]
+        counts = cached_difference(trace, tuple(runs[:2]), budget)
+        st.markdown(story.difference_text(a.policy, b.policy, a.retained_mass, b.retained_mass, counts))
+    st.caption(f"The dashed line is the sidebar's **step** ({step}).")
     table = figures.per_step_table(results)
     c1, c2 = st.columns(2)
     with c1:
@@ -390,20 +502,38 @@ def kept_view(trace: kvsim.Trace, budget: int, runs: list, features) -> None:
     )
 
 
+def zoom_to_box(T: int) -> None:
+    """Set the zoom ranges to the box drawn on the kept chart (clipped to the run)."""
+    region = figures.selected_region(st.session_state.get("kept_chart"), T)
+    if region is not None:
+        st.session_state["zoom_positions"] = (region.p0, region.p1)
+        st.session_state["zoom_steps"] = (region.t0, region.t1)
+
+
+def zoom_controls(T: int) -> figures.Region:
+    """Two ranges: the positions and the steps the kept view draws. Below KEPT_PIXELS positions
+    across, every position has its own pixel column."""
+    st.caption(f"At most {KEPT_PIXELS} positions across (fewer with several panels) show each position on its "
+               "own; wider regions are pooled.")
+    for key, low in (("zoom_positions", 0), ("zoom_steps", 1)):  # a shorter trace than the last one
+        a, b = st.session_state.get(key, (low, T))
+        st.session_state[key] = (min(max(low, a), T), min(max(low, b), T))
+    p = st.slider("positions", 0, T, key="zoom_positions")
+    s = st.slider("steps", 1, T, key="zoom_steps")
+    st.button("the whole run", key="zoom_reset",
+              on_click=lambda: st.session_state.update(zoom_positions=(0, T), zoom_steps=(1, T)))
+    return figures.Region(p[0], p[1], s[0], s[1]).clip(T)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False, hash_funcs=BY_TRACE)
+def cached_difference(trace: kvsim.Trace, runs: tuple, budget: int) -> tuple[float, float]:
+    (a, pa), (b, pb) = runs
+    return figures.difference_counts(cached_mask(trace, a, budget, pa), cached_mask(trace, b, budget, pb))
+
+
 def score_view(trace: kvsim.Trace, budget: int, runs: list, features) -> None:
     scoring = [(n, p) for n, p in runs if getattr(kvsim.POLICIES[n], "keeps_scores", False)]
-    st.markdown(
-        """
-**How a score-keeping policy decides.** h2o adds the attention each kept position receives to that
-position's score, every step, and when the cache is over budget it evicts the lowest score among the
-positions outside the recent window. The score is a running total: it only grows. A heavy hitter that
-stopped drawing attention long ago (*stale*, purple) keeps its large total and so keeps its slot; the
-sum never forgets. A new position starts at zero, so without the recent window it would be the lowest
-score in the cache and the next thing evicted, every step: the window is what lets the cache move
-forward. Ringed crosses are the positions evicted at this step; green points under the threshold survive only
-because the window protects them. Move **step** in the sidebar to walk through the run.
-"""
-    )
+    st.markdown(story.score_text(features, scoring[0][0] if scoring else "h2o"))
     if not scoring:
         names = ", ".join(n for n, c in kvsim.POLICIES.items() if getattr(c, "keeps_scores", False))
         st.info(f"None of the chosen policies keeps a score. Add one of: {names}.")
@@ -422,7 +552,7 @@ def curve_view(trace: kvsim.Trace, budget: int, features) -> None:
         return
     if st.session_state.get("curve_policy") not in curve_policies:
         st.session_state["curve_policy"] = curve_policies[0]
-    info = cached_describe(trace, features.band, features.sinks)
+    info = cached_describe(trace, features.band, max(1, features.sinks))
     text, chart = st.columns([1, 3])
     with text:
         # widget state is dropped while its tab is closed, so the lasting value lives under another key
@@ -433,7 +563,7 @@ def curve_view(trace: kvsim.Trace, budget: int, features) -> None:
             on_change=lambda: st.session_state.update(curve_policy=st.session_state["curve_policy_choice"]),
         )
         explain = st.empty()  # filled once the sweeps say what this trace does
-        explain.markdown(story.window_text(policy, features.band, info["recent_share"]))
+        explain.markdown(story.window_text(policy, features.band, info["recent_share"], features.band_known))
         rw = int(st.session_state["recent_window"])
         if budget >= 2:
             st.session_state["rw_curve"] = min(max(1, rw), budget - 1)
@@ -461,8 +591,8 @@ def curve_view(trace: kvsim.Trace, budget: int, features) -> None:
     if not 1 <= rw <= budget - 1:
         st.error(f"recent_window {rw} is outside 1..{budget - 1} (it must be below the budget); no point is marked.")
     explain.markdown(
-        story.window_text(policy, features.band, info["recent_share"])
-        + "\n\n" + story.curve_verdict(rows, features.band)
+        story.window_text(policy, features.band, info["recent_share"], features.band_known)
+        + "\n\n" + story.curve_verdict(rows, features.band, features.band_known)
         + f"\n\nEach point of a curve is a full replay at budget {budget}; the markers and notes follow "
         f"{policy}. **Click a point** (or use the box below) to set recent_window everywhere."
     )
@@ -499,7 +629,8 @@ def reference_lines(trace: kvsim.Trace, budget: int) -> list[figures.Line]:
         result = cached_replay(trace, name, budget, tuple(sorted(params.items())))
         label = figures.policy_label(result)
         if cls.needs_trace:
-            lines.append(figures.Line.of(result.summary(), f"{label} (offline reference)", "offline", name))
+            lines.append(figures.Line.of(result.summary(), f"{label} (offline reference)", "offline", name,
+                                         note=describe_policy(cls)))
         else:
             lines.append(figures.Line.of(result.summary(), label, "policy", name))
     lines.append(figures.Line.of(cached_upper_bound(trace, budget), UPPER_BOUND, "bound"))
@@ -507,26 +638,19 @@ def reference_lines(trace: kvsim.Trace, budget: int) -> list[figures.Line]:
 
 
 def trace_view(trace: kvsim.Trace, features) -> None:
-    info = cached_describe(trace, features.band, features.sinks)
+    info = cached_describe(trace, features.band, max(1, features.sinks))
     chart, text = st.columns([3, 1])
     with chart:
         fig = cached_trace_matrix(trace)
         st.plotly_chart(fig, key="trace_chart")
         html_button("this figure (HTML)", fig, f"{stem(trace)}-attention.html", "html_trace")
     with text:
-        st.markdown(
-            """
-**The trace itself.** Row *t* is where the query at step *t* put its attention over every earlier
-position, with the whole history available (colour is log10 of the weight, averaged over small blocks).
-The bright column at the left edge is the sinks; the bright diagonal is the recency band; the short
-vertical stripes are heavy hitters, bright for a stretch and then fading into the background.
-"""
-        )
+        st.markdown(story.trace_text(features, info))
         st.dataframe(
             {
                 "figure": [
                     "decode steps",
-                    f"share on the sinks (positions 0-{info['sinks'] - 1})",
+                    "share on position 0" if info["sinks"] == 1 else f"share on the sinks (positions 0-{info['sinks'] - 1})",
                     f"share on the newest {info['band']} positions",
                     f"share on each row's top {info['top_k']}",
                     "effective positions per row",
@@ -546,7 +670,8 @@ vertical stripes are heavy hitters, bright for a stretch and then fading into th
             "its attention spreads over (uniform over n gives n)."
         )
         name = trace.meta.get("name", trace.name) if isinstance(trace.meta, dict) else trace.name
-        st.caption(f"trace: {name}. Heavy hitters: {features.heavy_source}.")
+        st.caption(f"trace: {name}. Sinks: {features.sink_source}. Band: {features.band_source}. "
+                   f"Heavy hitters: {features.heavy_source}.")
 
 
 def _fmt(value, spec: str = ".3f") -> str:
@@ -623,7 +748,8 @@ def lab_view() -> None:
         with col:
             st.plotly_chart(lab.step_figure(steps[t - 1], i), key=f"lab_step_{i}")
             st.plotly_chart(lab.timeline_figure(steps, i, current=t), key=f"lab_timeline_{i}")
-    st.dataframe(lab.step_table(steps[t - 1]), hide_index=True)
+            # one table per side, under its own figures: the two side by side fit their columns
+            st.dataframe(lab.step_table(steps[t - 1], side=i), hide_index=True, width="stretch")
 
 
 main()

@@ -55,7 +55,7 @@ CHROMIUM_ARGS = [
 VIEWPORT = {"width": 1500, "height": 1250}
 SERVER_START_S = 120  # a fresh server on a busy two-core machine
 STEP_TIMEOUT_S = 180.0  # past this a run is a miss, reported as such (the curve at 1024 took 23 s)
-SIX_POLICIES = ("sliding_window", "streaming_llm", "h2o", "scissorhands", "tova", "oracle")
+SIX_POLICIES = ("sliding_window", "streaming_llm", "h2o", "scissorhands", "tova", "greedy_future")
 REAL_TRACE = "gemma3-270m-L11"
 
 

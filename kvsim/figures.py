@@ -1,12 +1,15 @@
 """Figure builders for the app: pure functions, replay results and traces in, Plotly figures out.
 
-Nothing here imports Streamlit, so every figure is built and tested without a browser. Images go to
-Plotly as uint8 arrays through ``px.imshow(..., binary_string=True)``: the browser receives one PNG
-per panel (tens of kilobytes for a 4096 x 4097 kept mask) instead of sixteen million numbers.
+Nothing here imports Streamlit, so every figure is built and tested without a browser. Images reach
+Plotly as PNGs made from uint8 arrays (``px.imshow(..., binary_string=True)`` or ``_source``), never
+as booleans or lists; the kept images are pooled to about the pixels the screen shows, so a redraw
+sends a few kilobytes per panel, not a 4096 x 4097 picture.
 """
 
 from __future__ import annotations
 
+import base64
+import io
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -15,6 +18,7 @@ import numpy as np
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
+from PIL import Image
 from plotly.colors import hex_to_rgb, sequential
 from plotly.subplots import make_subplots
 
@@ -46,46 +50,165 @@ CATEGORY_COLOURS = dict(
 
 @dataclass(frozen=True)
 class TraceFeatures:
-    """The structures the figures draw as shapes."""
+    """What a trace is made of, as the views draw it and the page's sentences describe it. Each
+    feature either comes from the trace's metadata, or is measured on the attention itself, or is
+    absent (``sinks == 0``, ``band_known`` False, ``heavy`` empty): the page then says so."""
 
     steps: int  # T
-    sinks: int  # positions 0 .. sinks-1 are attention sinks
-    band: int  # the recency band: the newest ``band`` positions of each row
-    heavy: tuple  # ((position, first step, last step), ...) of each heavy hitter
+    sinks: int  # positions 0 .. sinks-1 are attention sinks; 0: the trace has none
+    band: int  # the recency band's width when ``band_known``; otherwise the width assumed for the controls
+    heavy: tuple  # ((position, first step, last live step), ...) of each heavy hitter
     heavy_source: str  # where ``heavy`` came from, said in the page
-    live_known: bool = False  # True when the trace says when each heavy hitter goes stale
-    band_known: bool = False  # True when the trace says how wide its band is (else ``band`` is assumed)
+    live_known: bool = False  # True when the spans say when each heavy hitter goes stale
+    band_known: bool = False  # True when the trace has a band (from its metadata or measured), False when assumed
+    band_source: str = ""  # where ``band`` came from, or why there is none, said in the page
+    sink_source: str = ""  # where ``sinks`` came from
+
+    @property
+    def stale(self) -> tuple:
+        """The heavy hitters that stop drawing attention before the trace ends."""
+        return tuple(h for h in self.heavy if h[2] < self.steps) if self.live_known else ()
 
 
-def trace_features(trace: Trace, *, sinks: int = 4, band: int = 64, n_heavy: int = 8) -> TraceFeatures:
+#: a recency band is a cliff in the mean weight by age: the last SHOULDER ages in the band hold at
+#: least CLIFF times the first SHOULDER ages past it
+CLIFF, SHOULDER = 4.0, 16
+#: a sink takes at least this share of every late row, and SINK_RATIO times a typical position's
+SINK_SHARE, SINK_RATIO, MAX_SINKS = 0.02, 10.0, 16
+#: a heavy hitter draws, outside the band, HEAVY_RATIO times a uniform row's weight on average;
+#: it is live while its weight, averaged over LIVE_SMOOTH steps, stays above that
+HEAVY_RATIO, LIVE_SMOOTH = 5.0, 64
+
+
+def age_profile(attention: np.ndarray, max_age: int) -> np.ndarray:
+    """Mean weight at each age 1 .. ``max_age`` (index = age; index 0 is 0), over the rows where
+    every such age exists once the trace is long enough, else over every row that has it."""
+    A = np.asarray(attention)
+    T = A.shape[0] - 1
+    out = np.zeros(max_age + 1)
+    skip = max_age if T > 2 * max_age else 0
+    for a in range(1, max_age + 1):
+        diag = np.diagonal(A, -a)  # A[a + i, i]: row a + i at age a
+        diag = diag[max(0, skip - a + 1):]
+        out[a] = float(diag.mean(dtype=np.float64)) if diag.size else 0.0
+    return out
+
+
+def detect_band(attention: np.ndarray, max_width: int = 512) -> tuple[int, float] | None:
+    """``(width, drop)`` of the trace's recency band: the width ``w`` where the mean weight by age
+    falls off a cliff, the last SHOULDER ages up to ``w`` holding ``drop`` >= CLIFF times what the
+    next SHOULDER hold, per age. None when attention fades with age without one (a power law, as
+    in real models, falls by a few percent per age, nowhere near a cliff)."""
+    T = np.asarray(attention).shape[0] - 1
+    max_width = min(max_width, T // 4)
+    if max_width < 2 * SHOULDER:
+        return None
+    prof = age_profile(attention, max_width + SHOULDER)
+    best, width = 0.0, 0
+    for w in range(SHOULDER, max_width + 1):
+        inside = prof[w - SHOULDER + 1 : w + 1].mean()
+        past = prof[w + 1 : w + SHOULDER + 1].mean()
+        drop = inside / past if past > 0 else (np.inf if inside > 0 else 0.0)
+        if drop > best:
+            best, width = drop, w
+    return (width, float(best)) if best >= CLIFF else None
+
+
+def detect_sinks(attention: np.ndarray) -> int:
+    """How many leading positions (0, 1, ...) each take at least SINK_SHARE of the late rows and
+    SINK_RATIO times what the median early position takes: the trace's attention sinks."""
+    A = np.asarray(attention)
+    T = A.shape[0] - 1
+    if T < 8:
+        return 0
+    late = A[T // 2 + 1 :, : T // 2].astype(np.float64).mean(axis=0)
+    floor = max(SINK_SHARE, SINK_RATIO * float(np.median(late)))
+    n = 0
+    while n < min(MAX_SINKS, late.size) and late[n] >= floor:
+        n += 1
+    return n
+
+
+def detect_heavy(attention: np.ndarray, sinks: int, band: int, n_heavy: int) -> tuple:
+    """Up to ``n_heavy`` heavy hitters, largest total attention first among the positions past the
+    sinks that, outside the band, draw HEAVY_RATIO times a uniform row's weight on average. Each
+    comes with its live span: from its birth to the last step its smoothed weight is still that
+    high (the end of the trace if it never falls below it for good)."""
+    A = np.asarray(attention)
+    T = A.shape[0] - 1
+    col = A.sum(axis=0, dtype=np.float64)
+    col[: min(sinks, col.size)] = -np.inf
+    col[T:] = -np.inf
+    found = []
+    for p in np.argsort(-col, kind="stable")[: 4 * n_heavy].tolist():
+        if len(found) == n_heavy or not np.isfinite(col[p]):
+            break
+        rows = np.arange(p + band + 1, T + 1)
+        if rows.size < 16:
+            continue
+        weight = A[rows, p].astype(np.float64)
+        if weight.mean() < HEAVY_RATIO * float((1.0 / rows).mean()):
+            continue
+        own = A[p + 1 :, p].astype(np.float64)
+        k = min(LIVE_SMOOTH, own.size)
+        smooth = np.convolve(own, np.ones(k) / k, mode="valid")  # smooth[i]: steps p+1+i .. p+i+k
+        steps_at = np.arange(p + k, p + k + smooth.size)  # the last step of each average
+        live = np.flatnonzero(smooth >= HEAVY_RATIO / steps_at)
+        last = int(steps_at[live[-1]]) if live.size else p + k
+        found.append((int(p), int(p) + 1, T if last >= T - LIVE_SMOOTH else last))
+    return tuple(sorted(found))
+
+
+def trace_features(
+    trace: Trace, *, sinks: int | None = None, band: int | None = None, n_heavy: int = 8, assumed_band: int = 64
+) -> TraceFeatures:
     """Sinks, band and heavy hitters of ``trace``.
 
     The canonical trace says what it was built from (``meta["config"]``, ``meta["heavy_hitters"]``):
-    those are used as they are. Any other trace gets ``sinks`` and ``band`` as given and, for heavy
-    hitters, its ``n_heavy`` top cumulative scorers (largest column sums, sinks excluded), shown live
-    from their birth to the end.
+    those are used as they are. Anything the metadata does not say is measured (``detect_sinks``,
+    ``detect_band``, ``detect_heavy``), and may be found absent. ``sinks`` and ``band``, if given,
+    override both. Without a band, ``assumed_band`` is the width the controls and marks use.
     """
     T = trace.steps
+    A = trace.attention
     meta = trace.meta if isinstance(trace.meta, dict) else {}
     cfg = meta.get("config") if isinstance(meta.get("config"), dict) else {}
-    sinks = _int_or(cfg.get("sinks"), sinks)
-    band_known = _int_or(cfg.get("band_width"), None) is not None
-    band = _int_or(cfg.get("band_width"), band)
+    if sinks is not None:
+        sink_source = "as given"
+    elif _int_or(cfg.get("sinks"), None) is not None:
+        sinks, sink_source = _int_or(cfg.get("sinks"), None), "from the trace's metadata"
+    else:
+        sinks, sink_source = detect_sinks(A), "measured: leading positions that take a steady share of every row"
+    band_known = True
+    if band is not None:
+        band_source = "as given"
+    elif _int_or(cfg.get("band_width"), None) is not None:
+        band, band_source = _int_or(cfg.get("band_width"), None), "from the trace's metadata"
+    else:
+        found = detect_band(A)
+        if found is not None:
+            band, drop = found
+            band_source = f"measured: past age {band} the mean weight drops {drop:.0f}-fold"
+        else:
+            band, band_known = assumed_band, False
+            band_source = "no sharp recency band: attention fades with age without a cliff"
     epoch = _int_or(cfg.get("epoch"), None)
     listed = meta.get("heavy_hitters")
     if isinstance(listed, list) and listed and all(isinstance(p, int) and 0 <= p <= T for p in listed):
         heavy = tuple((p, p + 1, min(T, p + epoch) if epoch else T) for p in sorted(listed))
-        source = "here, the ones the trace's metadata lists"
+        source = "the ones the trace's metadata lists"
         live_known = epoch is not None
     else:
-        col = trace.attention.sum(axis=0, dtype=np.float64)
-        col[: min(sinks, col.size)] = -np.inf
-        top = np.argsort(-col, kind="stable")[: max(0, min(n_heavy, col.size - sinks))]
-        heavy = tuple((int(p), int(p) + 1, T) for p in sorted(top.tolist()) if int(p) < T)
-        source = f"here, the {len(heavy)} positions with the most attention over the whole trace"
-        live_known = False
+        # an assumed band can be longer than a short trace: then judge outside a band of T / 8
+        heavy = detect_heavy(A, sinks, band if band_known else min(band, max(1, T // 8)), n_heavy)
+        source = (
+            f"measured: the {len(heavy)} positions past the sinks with the most attention that draw, outside the "
+            f"band, at least {HEAVY_RATIO:.0f}x a uniform row's share"
+        )
+        live_known = True
     return TraceFeatures(
-        steps=T, sinks=sinks, band=band, heavy=heavy, heavy_source=source, live_known=live_known, band_known=band_known
+        steps=T, sinks=sinks, band=band, heavy=heavy, heavy_source=source, live_known=live_known,
+        band_known=band_known, band_source=band_source, sink_source=sink_source,
     )
 
 
@@ -115,10 +238,189 @@ def kept_image(result: ReplayResult) -> np.ndarray:
     return img
 
 
-def kept_image_source(result: ReplayResult) -> str:
-    """The kept image as the PNG data URI Plotly draws. Encoding a 4096 x 4097 image takes about
-    half a second, so the app keeps this per replay and hands it back through ``sources``."""
-    return px.imshow(kept_image(result), binary_string=True).data[0].source
+#: grey level of a pooled block where some of the positions that exist are kept and some are not
+PARTIAL = 140
+#: colours of the difference view (RGB): kept by the first policy only, the second only, both
+#: (blocks holding some of each), kept by both, by neither, not generated yet
+ONLY_A, ONLY_B, MIXED = (31, 119, 180), (255, 127, 14), (148, 103, 189)
+BOTH, NEITHER, NOT_YET = (150, 150, 150), (255, 255, 255), (222, 222, 222)
+
+
+@dataclass(frozen=True)
+class Region:
+    """The part of the kept image a figure shows: positions ``p0 .. p1``, decode steps ``t0 .. t1``."""
+
+    p0: int
+    p1: int
+    t0: int
+    t1: int
+
+    @classmethod
+    def whole(cls, steps: int) -> Region:
+        return cls(0, steps, 1, steps)
+
+    def clip(self, steps: int) -> Region:
+        p0 = min(max(0, int(self.p0)), steps)
+        t0 = min(max(1, int(self.t0)), steps)
+        return Region(p0, min(max(p0, int(self.p1)), steps), t0, min(max(t0, int(self.t1)), steps))
+
+    @property
+    def width(self) -> int:
+        return self.p1 - self.p0 + 1
+
+    @property
+    def height(self) -> int:
+        return self.t1 - self.t0 + 1
+
+
+@dataclass(frozen=True)
+class HeavyFate:
+    """What one policy did with one heavy hitter: ``evicted_at`` is the step it was let go (None:
+    held to the end of the trace); it was lost while still wanted if that is within its live span."""
+
+    position: int
+    first: int
+    last: int
+    evicted_at: int | None
+
+    @property
+    def lost_while_live(self) -> bool:
+        return self.evicted_at is not None and self.evicted_at <= self.last
+
+
+def heavy_fates(mask: np.ndarray, features: TraceFeatures) -> list[HeavyFate]:
+    """Each heavy hitter's fate under the policy whose kept mask (``(T, T + 1)``, row t - 1 after
+    step t) is ``mask``. A position is held from its birth without a gap until it is evicted
+    (nothing evicted comes back), so the count of rows holding it says when it went."""
+    T = mask.shape[0]
+    out = []
+    for p, first, last in features.heavy:
+        born = max(p, 1)
+        held = int(np.count_nonzero(mask[born - 1 :, p]))
+        until = born + held - 1
+        out.append(HeavyFate(p, first, last, None if until >= T else until + 1))
+    return out
+
+
+def difference_counts(mask_a: np.ndarray, mask_b: np.ndarray) -> tuple[float, float]:
+    """Mean over steps of how many positions the first cache holds that the second does not, and
+    the reverse."""
+    a, b = mask_a.astype(bool), mask_b.astype(bool)
+    return float((a & ~b).sum(axis=1).mean()), float((b & ~a).sum(axis=1).mean())
+
+
+def _pool(a: np.ndarray, br: int, bc: int) -> np.ndarray:
+    """Sum of ``a`` over blocks of ``br x bc`` (the edges padded with zeros)."""
+    h, w = a.shape
+    H, W = -(-h // br), -(-w // bc)
+    padded = np.zeros((H * br, W * bc), dtype=np.int32)
+    padded[:h, :w] = a
+    return padded.reshape(H, br, W, bc).sum(axis=(1, 3))
+
+
+def _levels(kept: np.ndarray, exists: np.ndarray) -> np.ndarray:
+    """Grey levels of pooled blocks: a block is KEPT if every position in it that exists is held,
+    PARTIAL if some are, so a single kept column stays visible when thousands of positions share
+    a few hundred pixels."""
+    img = np.full(kept.shape, EVICTED, dtype=np.uint8)
+    img[kept > 0] = PARTIAL
+    img[(kept == exists) & (exists > 0)] = KEPT
+    img[exists == 0] = FUTURE
+    return img
+
+
+def _split(a: np.ndarray, b: np.ndarray, exists: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Held by the first only, by the second only, by both."""
+    return a & ~b & exists, b & ~a & exists, a & b & exists
+
+
+def _difference_rgb(counts: tuple, exists: np.ndarray) -> np.ndarray:
+    """RGB of pooled blocks in the difference view: a block holding any position kept by one policy
+    and not the other shows that colour, so a single such column stays visible."""
+    only_a, only_b, both = counts
+    rgb = np.empty((*exists.shape, 3), dtype=np.uint8)
+    rgb[:] = NEITHER
+    rgb[both > 0] = BOTH
+    rgb[only_a > 0] = ONLY_A
+    rgb[only_b > 0] = ONLY_B
+    rgb[(only_a > 0) & (only_b > 0)] = MIXED
+    rgb[exists == 0] = NOT_YET
+    return rgb
+
+
+def panel_layers(masks: Sequence[np.ndarray], region: Region, sinks: int, ages: int, size: int) -> dict:
+    """The three images of one panel, pooled to about ``size`` pixels across the main image: the
+    main image (the region), the sink strip (positions 0 .. sinks-1, one column each, widened) and
+    the age strip (the newest ``ages`` positions of every step, by age, widened). One mask: grey
+    levels; two: the difference's colours. Returns the blocks and each image as a PNG data URI
+    (with its column count for the strips): small, and cheap to keep per replay and region."""
+    r = region
+    steps = np.arange(r.t0, r.t1 + 1)
+    br = max(1, math.ceil(r.height / size))
+    bc = max(1, math.ceil(r.width / size))
+    bands = []
+    for m in masks:
+        bands.append(m[r.t0 - 1 : r.t1].astype(bool))
+    # the main image
+    cols = np.arange(r.p0, r.p1 + 1)
+    exists = cols[None, :] <= steps[:, None]
+    main = [b[:, r.p0 : r.p1 + 1] & exists for b in bands]
+    # the sink strip
+    s = min(sinks, r.t1 + 1)
+    sink_exists = np.arange(s)[None, :] <= steps[:, None]
+    sink = [b[:, :s] & sink_exists for b in bands]
+    # the age strip: column a - 1 is position t - a
+    age = np.arange(1, ages + 1)
+    pos = steps[:, None] - age[None, :]
+    age_exists = pos >= 0
+    rows = np.arange(steps.size)[:, None]
+    agecol = [b[rows, np.clip(pos, 0, None)] & age_exists for b in bands]
+    ba = max(1, math.ceil(ages / max(1, size // 4)))
+
+    def image(parts, exist, bc_):
+        ex = _pool(exist, br, bc_)
+        if len(parts) == 1:
+            return _levels(_pool(parts[0], br, bc_), ex)
+        a, b = parts
+        return _difference_rgb(tuple(_pool(x, br, bc_) for x in _split(a, b, exist)), ex)
+
+    main_img = image(main, exists, bc)
+    sink_img = image(sink, sink_exists, 1) if s else None
+    age_img = image(agecol, age_exists, ba) if ages else None
+    return {
+        "block": (br, bc, ba),
+        "main": _source(main_img),
+        "sink": None if sink_img is None else (_source(sink_img), sink_img.shape[1]),
+        "age": None if age_img is None else (_source(age_img), age_img.shape[1]),
+    }
+
+
+def _source(img: np.ndarray) -> str:
+    """A uint8 image (grey or RGB) as the PNG data URI a Plotly image trace draws (what
+    ``px.imshow(img, binary_string=True)`` makes, without building a figure around it)."""
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(img)).save(buf, format="png", compress_level=6)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def selected_region(selection, steps: int) -> Region | None:
+    """The region of the first box drawn on ``kept_heatmap`` in a Plotly selection event
+    (Streamlit's ``on_select`` state), clipped to the run; None when no box was drawn."""
+    try:
+        box = selection["selection"]["box"][0]
+        x0, x1 = sorted(float(v) for v in box["x"][:2])
+        y0, y1 = sorted(float(v) for v in box["y"][:2])
+    except (KeyError, TypeError, IndexError, ValueError):
+        return None
+    region = Region(math.floor(x0 + 0.5), math.floor(x1 + 0.5), math.floor(y0 + 0.5), math.floor(y1 + 0.5)).clip(steps)
+    return region if region.width > 1 and region.height > 1 else None
+
+
+def age_span(features: TraceFeatures, windows: Sequence[int], budget: int) -> int:
+    """How many of the newest positions the age strip shows: twice the widest of the band and the
+    policies' windows, at least 64, and never more than the budget or the trace."""
+    widest = max([features.band if features.band_known else 0, *windows, 32])
+    return max(1, min(2 * widest, max(64, budget), features.steps))
 
 
 def kept_heatmap(
@@ -127,82 +429,219 @@ def kept_heatmap(
     *,
     step: int | None = None,
     max_cols: int = 3,
-    sources: Sequence[str] | None = None,
+    masks: Sequence[np.ndarray] | None = None,
+    region: Region | None = None,
+    size: int | None = None,
+    compare: bool = False,
+    layers: Sequence[dict] | None = None,
 ) -> go.Figure:
-    """One panel per replay, side by side (wrapping after ``max_cols``), decode step down, position
-    across, at full resolution. Zoom is shared between panels so the same region can be compared.
-    Sinks, the recency band and heavy hitters are drawn as shapes on every panel; ``step`` as a line.
-    ``sources``, if given, are the panels' ``kept_image_source`` already encoded.
+    """One panel per replay (wrapping after ``max_cols``), decode step down, position across, or
+    with ``compare`` one panel of what the first two replays keep differently.
+
+    The images are pooled to about the pixels shown (``size`` across the main image; by default
+    1024 shared among the columns), never sent at 4096 x 4097: a block is dark when all of its
+    existing positions are held, mid-grey when some are, so one kept column stays visible. Two
+    strips widen what is too thin to see: at the left the sink columns, at the right the newest
+    positions of every step by age (the policy's protected window, and the trace's band, as
+    stripes). ``region`` draws only part of the run, pooled afresh (at full resolution once it is
+    no wider than ``size``): that is how single positions are reached. ``layers``, if given, are
+    the panels' ``panel_layers`` already computed (the app keeps them). Heavy hitters are marked
+    beside their column, never over it: a solid red line while the policy holds a live heavy
+    hitter, an x where it evicts one still live and dotted while it is missed.
     """
     if not results:
         raise ValueError("kept_heatmap needs at least one replay")
-    n = len(results)
-    cols = min(n, max_cols)
-    rows = math.ceil(n / cols)
-    titles = [
-        f"<b>{policy_label(r)}</b><br>mass {r.retained_mass:.3f} · top-{r.top_k} recall {r.top_k_recall:.3f}"
-        for r in results
-    ]
-    fig = make_subplots(
-        rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.03, vertical_spacing=0.12 / rows
-    )
+    if compare and len(results) < 2:
+        raise ValueError("the difference view needs two replays")
     T = features.steps
-    for i, result in enumerate(results):
+    for result in results:
         if result.steps != T:
             raise ValueError(f"{result.policy}: replay has {result.steps} steps, the trace has {T}")
+    if masks is None and (layers is None or not compare):
+        masks = [r.kept_mask() for r in results]
+    region = (region or Region.whole(T)).clip(T)
+    windows = [int(r.params.get("recent_window", 0) or 0) for r in results]
+    ages = age_span(features, windows, max(r.budget for r in results))
+    panels = [(results[0], results[1])] if compare else [(r,) for r in results]
+    n = len(panels)
+    cols = min(n, max_cols)
+    rows = math.ceil(n / cols)
+    size = size or max(128, 1024 // cols)
+    if compare:
+        a, b = results[0], results[1]
+        titles = [
+            f"<b>blue: kept by {policy_label(a)}</b> (mass {a.retained_mass:.3f}) <b>and not by {policy_label(b)}</b> "
+            f"(mass {b.retained_mass:.3f}); orange: the reverse"
+        ]
+    else:
+        titles = [
+            f"<b>{policy_label(r)}</b><br>mass {r.retained_mass:.3f} · top-{r.top_k} recall {r.top_k_recall:.3f}"
+            for r in results
+        ]
+    height = (560 if compare else 500) * rows
+    fig = make_subplots(
+        rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.035,
+        vertical_spacing=min(0.3, 130 / (height + 120)) if rows > 1 else 0.0,
+    )
+    W = region.width
+    gap = max(1.0, 0.015 * W)
+    sink_w = 0.05 * W if features.sinks else 0.0
+    age_w = 0.22 * W
+    x_lo = region.p0 - 0.5 - (gap + sink_w if features.sinks else 0)
+    x_hi = region.p1 + 0.5 + gap + age_w
+    header = 0.07 * region.height
+    y_top = region.t0 - 0.5 - header
+    for i, panel in enumerate(panels):
         row, col = i // cols + 1, i % cols + 1
-        source = sources[i] if sources is not None else kept_image_source(result)
-        image = go.Image(
-            source=source,
-            x0=0, dx=1, y0=1, dy=1, name=result.policy,
-            hovertemplate="position %{x}<br>after step %{y}<extra>" + result.policy + "</extra>",
-        )
-        fig.add_trace(image, row=row, col=col)
-        _feature_shapes(fig, features, row=row, col=col, legend=(i == 0), step=step)
-    fig.update_xaxes(matches="x", range=[-0.5, T + 0.5], title_text="position", showgrid=False)
-    fig.update_yaxes(matches="y", range=[T + 0.5, 0.5], showgrid=False)
+        pm = None if masks is None else [masks[results.index(r)] for r in panel]
+        lay = layers[i] if layers is not None else panel_layers(pm, region, features.sinks, ages, size)
+        br, bc, ba = lay["block"]
+        name = " vs ".join(r.policy for r in panel)
+        hover = "<extra>" + name + "</extra>"
+        fig.add_trace(go.Image(
+            source=lay["main"], x0=region.p0 + (bc - 1) / 2, dx=bc, y0=region.t0 + (br - 1) / 2, dy=br,
+            name=name, hovertemplate=f"position %{{x:.0f}}<br>after step %{{y:.0f}}<br>block of {bc} x {br}" + hover,
+        ), row=row, col=col)
+        if lay["sink"] is not None:
+            source, s = lay["sink"]
+            dx = sink_w / s
+            fig.add_trace(go.Image(
+                source=source, x0=x_lo + dx / 2, dx=dx, y0=region.t0 + (br - 1) / 2, dy=br,
+                name="sinks", hovertemplate="a sink column, widened<br>after step %{y:.0f}" + hover,
+            ), row=row, col=col)
+        if lay["age"] is not None:
+            source, na = lay["age"]
+            dx = age_w / na
+            a0 = region.p1 + 0.5 + gap
+            fig.add_trace(go.Image(
+                source=source, x0=a0 + dx / 2, dx=dx, y0=region.t0 + (br - 1) / 2, dy=br,
+                name="newest positions", hovertemplate=f"the newest {ages} positions by age, widened"
+                "<br>after step %{y:.0f}" + hover,
+            ), row=row, col=col)
+            _age_marks(fig, row, col, a0, age_w / ages, ages, features, [windows[results.index(r)] for r in panel],
+                       region, y_top, legend=(i == 0))
+        _strip_labels(fig, row, col, features, region, x_lo, sink_w, gap, age_w, ages, y_top, header)
+        if not compare:
+            _fates(fig, row, col, heavy_fates(pm[0], features), features, region, gap, legend=(i == 0))
+        _heavy_heads(fig, row, col, features, region, y_top, header, legend=(i == 0))
+        if step is not None and region.t0 <= step <= region.t1:
+            fig.add_trace(go.Scatter(
+                x=[x_lo, x_hi], y=[step, step], mode="lines", line=dict(color="black", width=1, dash="dash"),
+                name=f"step {step}", legendgroup="step", showlegend=(i == 0), hoverinfo="skip",
+            ), row=row, col=col)
+    if compare:
+        for colour, label in ((ONLY_A, f"kept by {results[0].policy} only"), (ONLY_B, f"kept by {results[1].policy} only"),
+                              (BOTH, "kept by both"), (MIXED, "both kinds in one block")):
+            fig.add_trace(go.Scatter(
+                x=[None], y=[None], mode="markers", name=label,
+                marker=dict(symbol="square", size=12, color=f"rgb{colour}", line=dict(color="black", width=1)),
+            ))
+    fig.update_xaxes(matches="x", range=[x_lo, x_hi], showgrid=False, zeroline=False)
+    # images pin the aspect ratio by default; the strips make the panel wider than tall, so let it fill
+    fig.update_yaxes(matches="y", range=[region.t1 + 0.5, y_top], showgrid=False, zeroline=False, scaleanchor=False)
+    # ticks on the positions only: the strips beside them have their own labels
+    fig.update_xaxes(tickvals=_ticks(region.p0, region.p1))
+    for c in range(1, cols + 1):
+        fig.update_xaxes(title_text="position", row=rows, col=c)
     for r in range(1, rows + 1):
         fig.update_yaxes(title_text="decode step", row=r, col=1)
         for c in range(2, cols + 1):
             fig.update_yaxes(showticklabels=False, row=r, col=c)
     fig.update_layout(
-        height=470 * rows + 70,
-        margin=dict(l=60, r=20, t=80, b=40),
-        legend=dict(orientation="h", yanchor="top", y=-0.12 / rows, x=0),
+        height=height + 150,
+        margin=dict(l=60, r=20, t=70, b=110),
+        legend=dict(orientation="h", yanchor="top", y=-60 / height, x=0, font=dict(size=13)),
         plot_bgcolor="white",
+        dragmode="zoom",  # zoom by default; the box-select tool asks for a full-resolution region
     )
     return fig
 
 
-def _feature_shapes(fig: go.Figure, f: TraceFeatures, *, row: int, col: int, legend: bool, step: int | None) -> None:
-    T = f.steps
-    common = dict(row=row, col=col, layer="above")
-    if f.sinks > 0:
-        # outlines with a faint fill: zoomed in, the kept cells inside stay readable
-        fig.add_shape(
-            type="rect", x0=-0.5, x1=f.sinks - 0.5, y0=0.5, y1=T + 0.5,
-            line=dict(color=SINK_COLOUR, width=2), fillcolor="rgba(31, 119, 180, 0.15)",
-            name=f"sinks (positions 0-{f.sinks - 1})", showlegend=legend, legendgroup="sinks", **common,
-        )
-    if f.band > 0:
-        b = f.band
-        # rows t hold the band at positions t-band .. t-1
-        fig.add_shape(
-            type="path", path=f"M 0,1 L {T - 1},{T} L {max(T - b, 0)},{T} L 0,{min(b, T)} Z",
-            line=dict(color=BAND_COLOUR, width=1.5), fillcolor="rgba(255, 127, 14, 0.12)",
-            name=f"recency band ({b} newest positions)", showlegend=legend, legendgroup="band", **common,
-        )
-    for j, (p, first, last) in enumerate(f.heavy):
-        fig.add_shape(
-            type="rect", x0=p - 0.5, x1=p + 0.5, y0=first - 0.5, y1=last + 0.5, line=dict(color=HEAVY_COLOUR, width=1.5),
-            name="heavy hitter, while live" if f.live_known else "heavy hitter, from its birth",
-            showlegend=legend and j == 0, legendgroup="heavy", **common,
-        )
-    if step is not None:
-        fig.add_shape(
-            type="line", x0=-0.5, x1=T + 0.5, y0=step, y1=step, line=dict(color="black", width=1, dash="dash"),
-            name=f"step {step}", showlegend=legend, legendgroup="step", **common,
-        )
+def _ticks(lo: int, hi: int, n: int = 5) -> list[int]:
+    """Round tick values from ``lo`` to ``hi``: steps of 1, 2 or 5 times a power of ten."""
+    span = max(1, hi - lo)
+    raw = span / n
+    power = 10 ** math.floor(math.log10(raw)) if raw >= 1 else 1
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    first = math.ceil(lo / step) * step
+    return list(range(int(first), int(hi) + 1, int(step)))
+
+
+def _age_marks(fig, row, col, a0, per_age, ages, f: TraceFeatures, windows, region: Region, y_top, legend) -> None:
+    """In the age strip: the trace's band edge (orange) and each policy's protected window (green)."""
+    marks = []
+    if f.band_known and f.band <= ages:
+        marks.append((f.band, BAND_COLOUR, "dot", f"recency band edge (age {f.band})", "band"))
+    for w in sorted(set(w for w in windows if 0 < w <= ages)):
+        marks.append((w, RECENT_COLOUR, "dash", f"protected window edge (age {w})", f"window{w}"))
+    for age, colour, dash, name, group in marks:
+        x = a0 + age * per_age
+        fig.add_trace(go.Scatter(
+            x=[x, x], y=[y_top, region.t1 + 0.5], mode="lines", line=dict(color=colour, width=2.5, dash=dash),
+            name=name, legendgroup=group, showlegend=legend, hovertemplate=name + "<extra></extra>",
+        ), row=row, col=col)
+
+
+def _strip_labels(fig, row, col, f: TraceFeatures, region: Region, x_lo, sink_w, gap, age_w, ages, y_top, header):
+    y = y_top + header / 2
+    note = dict(showarrow=False, font=dict(size=10, color="#333"), yanchor="middle")
+    xref, yref = _refs(fig, row, col)
+    if f.sinks:
+        fig.add_annotation(x=x_lo + sink_w / 2, y=y, text="sinks", xref=xref, yref=yref, **note)
+    fig.add_annotation(x=region.p1 + 0.5 + gap + age_w / 2, y=y, text=f"newest {ages} →",
+                       xref=xref, yref=yref, **note)
+
+
+def _refs(fig, row, col) -> tuple[str, str]:
+    sub = fig.get_subplot(row, col)
+    return sub.xaxis.plotly_name.replace("axis", ""), sub.yaxis.plotly_name.replace("axis", "")
+
+
+def _heavy_heads(fig, row, col, f: TraceFeatures, region: Region, y_top, header, legend) -> None:
+    """A red triangle above each heavy hitter's column, in the header: where to look."""
+    inside = [p for p, _, _ in f.heavy if region.p0 <= p <= region.p1]
+    if not inside:
+        return
+    fig.add_trace(go.Scatter(
+        x=inside, y=[y_top + header * 0.75] * len(inside), mode="markers", name="heavy hitter (its column)",
+        marker=dict(symbol="triangle-down", size=9, color=HEAVY_COLOUR), legendgroup="heavyhead", showlegend=legend,
+        hovertemplate="heavy hitter at position %{x}<extra></extra>",
+    ), row=row, col=col)
+
+
+def _fates(fig, row, col, fates: Sequence[HeavyFate], f: TraceFeatures, region: Region, gap, legend) -> None:
+    """Beside each heavy hitter's column (offset so the column itself stays visible): solid while
+    the policy holds it and it is live, an x where it is evicted while live, dotted while missed."""
+    off = gap * 0.6
+    kept_x, kept_y, miss_x, miss_y, ex, ey, text = [], [], [], [], [], [], []
+    for h in fates:
+        if not region.p0 <= h.position <= region.p1:
+            continue
+        x = h.position + off
+        end = h.last if not h.lost_while_live else h.evicted_at - 1
+        kept_x += [x, x, None]
+        kept_y += [h.first, end, None]
+        if h.lost_while_live:
+            ex.append(x)
+            ey.append(h.evicted_at)
+            text.append(f"heavy hitter {h.position} evicted at step {h.evicted_at}, live until {h.last}")
+            miss_x += [x, x, None]
+            miss_y += [h.evicted_at, h.last, None]
+    common = dict(row=row, col=col)
+    live = "while live" if f.live_known else ""
+    fig.add_trace(go.Scatter(
+        x=kept_x, y=kept_y, mode="lines", line=dict(color=HEAVY_COLOUR, width=2.5), name=f"heavy hitter held {live}".strip(),
+        legendgroup="held", showlegend=legend, hoverinfo="skip",
+    ), **common)
+    fig.add_trace(go.Scatter(
+        x=miss_x, y=miss_y, mode="lines", line=dict(color=HEAVY_COLOUR, width=1.5, dash="dot"),
+        name="heavy hitter evicted, still live" if f.live_known else "heavy hitter evicted",
+        legendgroup="missed", showlegend=legend, hoverinfo="skip",
+    ), **common)
+    fig.add_trace(go.Scatter(
+        x=ex, y=ey, mode="markers", marker=dict(symbol="x", size=10, color=HEAVY_COLOUR, line=dict(width=1, color="white")),
+        name="evicted here", legendgroup="evicted", showlegend=legend, text=text, hovertemplate="%{text}<extra></extra>",
+    ), **common)
 
 
 # --------------------------------------------------------------------------------------------
@@ -252,6 +691,11 @@ def eviction_threshold(snapshot: pd.DataFrame) -> float | None:
     return float(victims.max()) if len(victims) else None
 
 
+def score_name(policy: str) -> str:
+    """What the policy's score counts, for axis titles."""
+    return {"scissorhands": "votes (steps above a fair share)", "tova": "latest weight"}.get(policy, "cumulative score")
+
+
 def score_distribution(result: ReplayResult, step: int, features: TraceFeatures) -> go.Figure:
     """Left: each held position's cumulative score against its position (log scale). Right: the
     distribution of those scores, stacked by kind. The eviction threshold is marked on both."""
@@ -290,29 +734,39 @@ def score_distribution(result: ReplayResult, step: int, features: TraceFeatures)
     if len(victims):
         fig.add_trace(
             go.Scatter(
-                x=victims["position"], y=shown[snap["evicted"]], mode="markers", name="evicted at this step",
-                marker=dict(color="black", size=13, symbol="circle-open", line=dict(width=2)),
+                x=victims["position"], y=shown[snap["evicted"]], mode="markers", name="evicted at this step (ringed ×)",
+                marker=dict(color="black", size=13, symbol="circle-x-open", line=dict(width=1.5)),
                 hoverinfo="skip",
             ),
             row=1, col=1,
         )
+    # a log axis takes its range, and any shape or annotation on it, in log10 units: everything
+    # below is placed in those units, from the data, so the axis spans the scores and no more
+    y_lo, y_hi = float(logs.min()) - 0.15, float(logs.max()) + 0.25
     if threshold is not None:
         t_shown = max(threshold, floor)
-        fig.add_hline(
-            y=t_shown, line=dict(color="black", dash="dash"), row=1, col=1,
-            annotation_text=f"eviction threshold {threshold:.4g}", annotation_position="bottom right",
-            annotation_bgcolor="rgba(255,255,255,0.8)",
+        x0, x1 = float(snap["position"].min()), float(snap["position"].max())
+        fig.add_trace(
+            go.Scatter(
+                x=[x0, x1], y=[t_shown, t_shown], mode="lines", line=dict(color="black", dash="dash", width=1.5),
+                name=f"eviction threshold ({threshold:.4g})", hovertemplate=f"eviction threshold {threshold:.4g}<extra></extra>",
+            ),
+            row=1, col=1,
+        )
+        fig.add_annotation(
+            x=x1, y=math.log10(t_shown), xref="x", yref="y", text=f"eviction threshold {threshold:.4g}",
+            showarrow=False, xanchor="right", yanchor="top", bgcolor="rgba(255,255,255,0.8)", font=dict(size=12),
         )
         fig.add_vline(x=math.log10(t_shown), line=dict(color="black", dash="dash"), row=1, col=2)
         title = f"{policy_label(result)}: {len(snap)} held before eviction at step {step}, {len(victims)} evicted"
     else:
         title = f"{policy_label(result)}: step {step}, the cache is not full yet, nothing is evicted"
-    fig.update_yaxes(type="log", title_text="cumulative score (log)", row=1, col=1)
+    fig.update_yaxes(type="log", title_text=f"{score_name(result.policy)} (log)", range=[y_lo, y_hi], row=1, col=1)
     fig.update_xaxes(title_text="position", row=1, col=1)
     lo, hi = math.floor(float(logs.min())), math.ceil(float(logs.max()))
     ticks = list(range(lo, hi + 1))
     fig.update_xaxes(
-        title_text="cumulative score (log)", tickvals=ticks, ticktext=[f"1e{k}" for k in ticks], row=1, col=2
+        title_text=f"{score_name(result.policy)} (log)", tickvals=ticks, ticktext=[f"1e{k}" for k in ticks], row=1, col=2
     )
     fig.update_yaxes(title_text="positions", row=1, col=2)
     fig.update_layout(
@@ -349,10 +803,12 @@ class Line:
     kind: str = "policy"
     #: the registry name when the line is a policy's replay (the notes compare against streaming_llm)
     policy: str | None = None
+    #: what the line's policy does, in one line (its class's ``summary``): the notes quote it
+    note: str = ""
 
     @classmethod
-    def of(cls, summary: Mapping, label: str, kind: str = "policy", policy: str | None = None) -> Line:
-        return cls(label, float(summary["retained_mass"]), float(summary["top_k_recall"]), kind, policy)
+    def of(cls, summary: Mapping, label: str, kind: str = "policy", policy: str | None = None, note: str = "") -> Line:
+        return cls(label, float(summary["retained_mass"]), float(summary["top_k_recall"]), kind, policy, note)
 
     @property
     def offline(self) -> bool:
@@ -396,13 +852,22 @@ def recent_window_curve(
     lo, hi = float(x.min()), float(x.max())
     for r, (key, label) in enumerate(metrics, start=1):
         y = df[key].to_numpy()
-        # drawn first, so the deployable curves and the markers lie on top of them
+        # the lines first, so the curves and the markers lie on top of them; the policies' lines wide
+        # and pale under the offline references' thin dotted ones, so a policy that matches a
+        # reference (tova and the upper bound, on the canonical trace) shows as both
+        for j, line in enumerate(references):
+            colour, dash = REFERENCE_STYLES[j % len(REFERENCE_STYLES)]
+            _hline(fig, r, line.label, getattr(line, key), label, lo, hi, colour, dash, 4, legend="legend", rank=100 + j)
         for j, line in enumerate(offline):
             colour, dash, width = BOUND_STYLE if line.kind == "bound" else OFFLINE_STYLES[j % len(OFFLINE_STYLES)]
             _hline(fig, r, line.label, getattr(line, key), label, lo, hi, colour, dash, width, legend="legend2", rank=200 + j)
-        for j, line in enumerate(references):
-            colour, dash = REFERENCE_STYLES[j % len(REFERENCE_STYLES)]
-            _hline(fig, r, line.label, getattr(line, key), label, lo, hi, colour, dash, 2, legend="legend", rank=100 + j)
+        for ref, off in coinciding(references, offline, key):
+            fig.add_annotation(
+                x=hi, y=getattr(off, key), xref=f"x{'' if r == 1 else r}", yref=f"y{'' if r == 1 else r}",
+                text=f"{ref.label} {getattr(ref, key):.4f} and {off.label.split(' (')[0]} {getattr(off, key):.4f}: one line",
+                showarrow=True, arrowhead=2, ax=-20, ay=28, xanchor="right", bgcolor="rgba(255,255,255,0.85)",
+                font=dict(size=12, color="#222"),
+            )
         for j, (name, other) in enumerate(others.items()):
             colour, dash = COMPANION_STYLES[j % len(COMPANION_STYLES)]
             ox = other["recent_window"].to_numpy()
@@ -423,10 +888,11 @@ def recent_window_curve(
             ),
             row=r, col=1,
         )
-        for mark, text, colour, symbol in (
-            (default, f"shipped default ({default})", "#ff7f0e", "circle"),
-            (band, f"trace band ({band})" if band_known else f"{band} (assumed band)", "#17becf", "square"),
-        ):
+        # a trace without a band gets no band mark: there is no width to point at
+        marks = [(default, f"shipped default ({default})", "#ff7f0e", "circle")]
+        if band_known:
+            marks.append((band, f"trace band ({band})", "#17becf", "square"))
+        for mark, text, colour, symbol in marks:
             hit = x == mark
             if hit.any():
                 fig.add_trace(
@@ -448,10 +914,10 @@ def recent_window_curve(
                 ),
                 row=r, col=1,
             )
-    for mark, colour in ((default, "#ff7f0e"), (band, "#17becf")):
+    for mark, colour in ((default, "#ff7f0e"), *(((band, "#17becf"),) if band_known else ())):
         if x.min() <= mark <= x.max():
             fig.add_vline(x=mark, line=dict(color=colour, width=1, dash="dot"))
-    _annotate_story(fig, df, references, default=default, band=band, policy=policy)
+    _annotate_story(fig, df, references, default=default, band=band if band_known else None, policy=policy)
     fig.update_xaxes(title_text="recent_window", row=2, col=1)
     # three legends stacked under the chart: policies, offline references, marks on the primary curve
     legend = dict(orientation="h", x=0, xanchor="left", yanchor="top", font=dict(size=13))
@@ -463,6 +929,15 @@ def recent_window_curve(
         legend3=dict(legend, y=-0.19, title=dict(text=f"<b>marks on {policy}</b>", side="left", font=dict(size=13))),
     )
     return fig
+
+
+#: two horizontal lines closer than this (in mass or recall) are drawn on top of each other
+COINCIDE = 0.003
+
+
+def coinciding(references: Sequence[Line], offline: Sequence[Line], key: str) -> list[tuple[Line, Line]]:
+    """The pairs (policy's line, offline reference) that the chart would draw on top of each other."""
+    return [(a, b) for a in references for b in offline if abs(getattr(a, key) - getattr(b, key)) < COINCIDE]
 
 
 def _sweep_frame(rows: Sequence[Mapping]) -> pd.DataFrame:
@@ -511,7 +986,7 @@ def curve_peak(rows: Sequence[Mapping]) -> tuple[int, float]:
     return int(best["recent_window"]), float(best["retained_mass"])
 
 
-def _annotate_story(fig, df: pd.DataFrame, references: Sequence[Line], *, default: int, band: int, policy: str) -> None:
+def _annotate_story(fig, df: pd.DataFrame, references: Sequence[Line], *, default: int, band: int | None, policy: str) -> None:
     """Say in words what the curve shows, computed from the data (never a fixed sentence)."""
     peak, top = curve_peak(df.to_dict("records"))
     where = " = the trace's band: the gain saturates here" if peak == band else ""
@@ -608,8 +1083,9 @@ def trace_matrix(trace: Trace, features: TraceFeatures, size: int = 1024) -> go.
         )
     note = dict(showarrow=True, arrowhead=2, bgcolor="rgba(255,255,255,0.85)", font=dict(size=12, color="#222"))
     if features.sinks:
-        fig.add_annotation(x=0, y=0.8 * T, ax=60, ay=0, text=f"sinks (positions 0-{features.sinks - 1})", **note)
-    if features.band:
+        where = "position 0" if features.sinks == 1 else f"positions 0-{features.sinks - 1}"
+        fig.add_annotation(x=0, y=0.8 * T, ax=60, ay=0, text=f"sinks ({where})", **note)
+    if features.band_known:
         fig.add_annotation(
             x=0.45 * T, y=0.45 * T + features.band / 2, ax=70, ay=-30, text=f"recency band ({features.band})", **note
         )

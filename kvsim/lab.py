@@ -229,19 +229,26 @@ def run_preset(name: str) -> list[LabStep]:
     return side_by_side(p.trace(), p.left, p.right, p.budget)
 
 
-def step_table(step: LabStep) -> pd.DataFrame:
+def step_table(step: LabStep, side: int | None = None) -> pd.DataFrame:
     """One step as a table, a row per position 0 .. t: the full row's weight, and for each side
-    whether the position was held, what the policy was shown, its score, and its fate."""
+    whether the position was held, what the policy was shown, its score, and its fate. With
+    ``side`` (0 or 1), that side's columns only, under short headers: narrow enough to sit
+    beside the other side's table."""
     t = step.t
     data: dict[str, list] = {"position": list(range(t + 1)), "weight": [*step.row.tolist(), None]}
-    for side in step.sides:
-        seen = {} if side.observed is None else dict(zip(side.kept.tolist(), side.observed.tolist(), strict=True))
-        scored = {} if side.scores is None else dict(zip(side.score_positions.tolist(), side.scores.tolist(), strict=True))
-        data[f"{side.label}: state"] = [_state(side, p, t) for p in range(t + 1)]
-        if side.observed is not None:
-            data[f"{side.label}: shown"] = [seen.get(p) for p in range(t + 1)]
-        if side.scores is not None:
-            data[f"{side.label}: score"] = [scored.get(p) for p in range(t + 1)]
+    if side is not None:
+        one = step.sides[side]
+        full = step_table(step)
+        keep = [c for c in full.columns if c.startswith(f"{one.label}: ")]
+        return full[["position", "weight", *keep]].rename(columns={c: c.split(": ", 1)[1] for c in keep})
+    for each in step.sides:
+        seen = {} if each.observed is None else dict(zip(each.kept.tolist(), each.observed.tolist(), strict=True))
+        scored = {} if each.scores is None else dict(zip(each.score_positions.tolist(), each.scores.tolist(), strict=True))
+        data[f"{each.label}: state"] = [_state(each, p, t) for p in range(t + 1)]
+        if each.observed is not None:
+            data[f"{each.label}: shown"] = [seen.get(p) for p in range(t + 1)]
+        if each.scores is not None:
+            data[f"{each.label}: score"] = [scored.get(p) for p in range(t + 1)]
     return pd.DataFrame(data)
 
 

@@ -9,13 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .figures import Line, curve_peak
-
-#: what each offline reference is, for the sentence under the curve
-OFFLINE_WHAT = {
-    "greedy_future": "it evicts the position with the least attention still to come, greedy rather than optimal",
-    "optimal": "the best eviction schedule under the cache's rules, found exactly: the ceiling for any policy",
-}
+from .figures import COINCIDE, HeavyFate, Line, TraceFeatures, curve_peak
 
 
 def gap(value: float, other: float, whose: str) -> str:
@@ -31,12 +25,21 @@ def possessive(name: str) -> str:
     return f"{name}'" if name.endswith("s") else f"{name}'s"
 
 
-def window_text(policy: str, band: int, share: float | None) -> str:
-    """Why the recent window is load-bearing, with this trace's band and its share."""
+def window_text(policy: str, band: int, share: float | None, band_known: bool = True) -> str:
+    """Why the recent window is load-bearing, with this trace's band and its share (or, on a trace
+    without a band, the share of the newest ``band`` positions and no band to match)."""
     share_text = "n/a" if share is None else f"{share:.2f}"
-    return (
-        f"**Why the recent window is load-bearing.** A new position starts with a score of zero, so {policy} must "
-        f"protect the newest positions or evict each one on arrival. On this trace the newest {band} positions take "
+    head = (f"**Why the recent window is load-bearing.** A new position starts with a score of zero, so {policy} must "
+            "protect the newest positions or evict each one on arrival. ")
+    if not band_known:
+        return head + (
+            f"This trace has no sharp recency band: attention fades with age (the newest {band} positions take "
+            f"{share_text} of every row), so there is no one width that protects \"the band\". A wider window "
+            "protects more of the positions still wanted but leaves fewer slots for old ones the score would defend; "
+            "the curve shows where that trade stops paying on this trace."
+        )
+    return head + (
+        f"On this trace the newest {band} positions take "
         f"{share_text} of every row's attention. With a window narrower than that, positions a few dozen steps old "
         "still draw much of it, but they are unprotected and must compete on score against sinks and old heavy "
         "hitters whose totals have been growing all run long; they lose, and are evicted while still wanted. A "
@@ -44,14 +47,25 @@ def window_text(policy: str, band: int, share: float | None) -> str:
     )
 
 
-def curve_verdict(rows: Sequence[Mapping], band: int) -> str:
-    """Where the primary curve stops gaining, in words computed from its sweep."""
+def curve_verdict(rows: Sequence[Mapping], band: int, band_known: bool = True) -> str:
+    """Where the primary curve stops gaining, in words computed from its sweep: at the band, near
+    it (the curve is flat past it), elsewhere, or, on a trace without a band, simply where."""
     peak, top = curve_peak(rows)
+    at = {int(r["recent_window"]): float(r["retained_mass"]) for r in rows}
+    if not band_known:
+        return (f"This trace has no sharp recency band, so there is no width to match: retained mass peaks at "
+                f"recent_window {peak} ({top:.3f}). Read the curve rather than a rule.")
     if peak == band:
         return (f"On this trace the gain stops at {peak}, the band's width: past it the extra protected slots "
                 "go to positions little looked at any more, taken from heavy hitters.")
-    return (f"On this trace retained mass peaks at recent_window {peak} ({top:.3f}), not at the band's "
-            f"{band}: its attention is not one clean band, so read the curve rather than the rule.")
+    if band in at and top - at[band] <= 0.002:
+        return (f"On this trace the gain all but stops at the band's width, {band} ({at[band]:.3f}); the curve is "
+                f"flat past it, with its highest point at {peak} ({top:.3f}), {top - at[band]:.4f} more.")
+    if band in at:
+        return (f"On this trace retained mass peaks at recent_window {peak} ({top:.3f}), not at the band's {band} "
+                f"({at[band]:.3f}): at this budget, protecting more than the band still pays.")
+    return (f"On this trace retained mass peaks at recent_window {peak} ({top:.3f}); the band's width, {band}, is "
+            "outside the swept range.")
 
 
 def lines_story(policy: str, curves: Mapping[str, Sequence[Mapping]], lines: Sequence[Line], budget: int) -> str:
@@ -78,9 +92,145 @@ def lines_story(policy: str, curves: Mapping[str, Sequence[Mapping]], lines: Seq
         )
     for line in lines:
         if line.kind == "offline":
-            what = OFFLINE_WHAT.get(line.policy, "an offline reference")
+            what = f": {line.note}" if line.note else ""
             out.append(
-                f"Grey, **{line.policy or line.label}** ({line.retained_mass:.3f}): {what}; here "
+                f"Grey, the **{line.policy or line.label}** ({line.retained_mass:.3f}){what}; here "
                 f"{gap(line.retained_mass, top, peak_of)}."
             )
+    for line in lines:
+        if line.kind == "policy" and bound is not None and abs(line.retained_mass - bound.retained_mass) < COINCIDE:
+            out.append(f"**{line.label}** and the upper bound differ by {abs(line.retained_mass - bound.retained_mass):.4f}: "
+                       "on the chart they are one line, the dotted bound over the wide coloured one.")
     return " ".join(out).replace(" \n\n", "\n\n").strip()
+
+
+# --------------------------------------------------------------------------------------------
+# what the trace has: each sentence quotes the trace's own figures, or says the feature is absent
+
+
+def _positions(n: int) -> str:
+    return "position 0" if n == 1 else f"positions 0-{n - 1}"
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def sink_text(features: TraceFeatures, info: Mapping, difference: bool = False) -> str:
+    """The kept view's note on sinks: where they are drawn and what share they take here (and how
+    the strip reads in the difference view)."""
+    if features.sinks == 0:
+        return ("**Sinks**: this trace has none. No leading position takes a steady share of every row, so "
+                "pinning the first positions (streaming_llm's sinks) buys nothing here.")
+    return (f"**Sinks** ({_positions(features.sinks)}, widened in the strip at each panel's left): the first "
+            "tokens. Trained models send a steady share of every row to them whatever they say, a place to park "
+            f"attention that is needed nowhere else; here they take {_share(info.get('sink_share'))} of each row. "
+            + ("In the strip, blue: held by the first policy only; grey: by both." if difference
+               else "Dark in the strip: held; white: evicted."))
+
+
+def band_text(features: TraceFeatures, info: Mapping, ages: int) -> str:
+    """The kept view's note on the recency band and the strip that shows the newest positions."""
+    strip = (f"The strip at each panel's right shows the newest {ages} positions of every step by age (newest at "
+             "its left edge), widened: a policy's protected window is the dark stripe there, its edge a dashed "
+             "green line.")
+    if not features.band_known:
+        return (f"**No sharp recency band** on this trace: attention fades with age without a cliff; the newest "
+                f"{features.band} positions take {_share(info.get('recent_share'))} of each row. " + strip)
+    return (f"**Recency band** (dotted orange line, in the strip at the right): the newest {features.band} positions "
+            f"take {_share(info.get('recent_share'))} of each row here. A policy that loses them loses that "
+            "attention. " + strip)
+
+
+def heavy_text(features: TraceFeatures, fates: Mapping[str, Sequence[HeavyFate]]) -> str:
+    """The kept view's note on heavy hitters, with what each policy shown did with them."""
+    n = len(features.heavy)
+    if n == 0:
+        return ("**Heavy hitters**: none on this trace. No position past the sinks keeps drawing much more than an "
+                "even share of the rows after it, so there is nothing old for a score to defend.")
+    stale = len(features.stale)
+    if not features.live_known:
+        life = ""
+    elif stale:
+        life = f"; {stale} of them go stale (stop drawing attention) before the end"
+    else:
+        life = "; all of them still draw attention at the end of the trace"
+    out = [f"**Heavy hitters** (red ▼ over their columns; {features.heavy_source}): {n} here{life}. Beside each "
+           "column a red line runs while the policy holds it" + (" and it is live" if features.live_known else "")
+           + "; an × marks where the policy evicts it while still wanted, dotted after."]
+    for name, fs in fates.items():
+        lost = [f for f in fs if f.lost_while_live]
+        if not lost:
+            out.append(f"{name} keeps all {n}" + (" while they are live." if features.live_known else "."))
+        else:
+            first = min(lost, key=lambda f: f.evicted_at)
+            out.append(f"{name} loses {len(lost)} of {n} while live (the first, position {first.position}, at step "
+                       f"{first.evicted_at}).")
+    return " ".join(out)
+
+
+def budget_note(steps: int, budget: int) -> str | None:
+    """Said when the budget holds the whole trace: nothing is ever evicted, so every figure is 1."""
+    if steps + 1 > budget:
+        return None
+    return (f"This trace has {steps} steps, so at most {steps + 1} positions ever exist, within the budget of "
+            f"{budget}: nothing is ever evicted, every policy keeps everything, and retained mass and recall are "
+            f"1.000 everywhere. Set the budget below {steps + 1} to see the policies differ.")
+
+
+def difference_text(a: str, b: str, mass_a: float, mass_b: float, counts: tuple[float, float]) -> str:
+    """The difference view's reading: how many positions each holds that the other does not."""
+    only_a, only_b = counts
+    return (f"**Blue: held by {a} and not by {b}; orange: the reverse; grey: held by both.** On average over the "
+            f"steps, {a} holds {only_a:.1f} positions that {b} does not and {b} holds {only_b:.1f} that {a} does "
+            f"not. Those differences are worth {gap(mass_a, mass_b, possessive(b))} retained mass: {a} keeps "
+            f"{mass_a:.3f}.")
+
+
+def score_text(features: TraceFeatures, policy: str) -> str:
+    """How a score-keeping policy decides, with the trace's stale heavy hitters named only if it has them."""
+    stale = features.stale
+    if stale:
+        never = (f"A heavy hitter that stopped drawing attention long ago (*stale*, purple: {len(stale)} of this "
+                 "trace's heavy hitters go stale) keeps its large total and so keeps its slot; the sum never forgets.")
+    elif features.heavy and features.live_known:
+        never = ("On this trace every heavy hitter still draws attention at the end, so none is stale; on a trace "
+                 "where one stops, its large total would keep its slot all the same: the sum never forgets.")
+    else:
+        never = "A position that once drew much attention keeps its large total, and so its slot: the sum never forgets."
+    return (
+        f"**How a score-keeping policy decides.** {policy} adds up, every step, what each kept position earns "
+        "(h2o: the attention it receives; scissorhands: a vote when it beats a fair share) and, when the cache is "
+        "over budget, evicts the lowest score among the positions outside the recent window. " + never + " A new "
+        "position starts at zero, so without the recent window it would be the lowest score in the cache and the "
+        "next thing evicted, every step: the window is what lets the cache move forward. Ringed crosses (legend: "
+        "*evicted at this step*) are the positions evicted at this step; green points under the threshold survive "
+        "only because the window protects them. Move **step** in the sidebar to walk through the run."
+    )
+
+
+def trace_text(features: TraceFeatures, info: Mapping) -> str:
+    """The trace view's reading of the matrix: what is there, and what is not."""
+    parts = ["**The trace itself.** Row *t* is where the query at step *t* put its attention over every earlier "
+             "position, with the whole history available (colour is log10 of the weight, averaged over small blocks)."]
+    if features.sinks:
+        parts.append(f"The bright column at the left edge is the sinks ({_positions(features.sinks)}, "
+                     f"{_share(info.get('sink_share'))} of each row).")
+    else:
+        parts.append("There is no sink column: no leading position takes a steady share of every row.")
+    if features.band_known:
+        parts.append(f"The bright diagonal is the recency band: the newest {features.band} positions, "
+                     f"{_share(info.get('recent_share'))} of each row.")
+    else:
+        parts.append(f"There is no sharp band along the diagonal: attention fades with age (the newest "
+                     f"{features.band} positions take {_share(info.get('recent_share'))} of each row).")
+    n, stale = len(features.heavy), len(features.stale)
+    if n == 0:
+        parts.append("No heavy hitters: no older position keeps drawing a large share.")
+    elif stale:
+        parts.append(f"The vertical stripes are heavy hitters ({n}, red triangles at their birth): bright for a "
+                     f"stretch, then {stale} of them fade into the background.")
+    else:
+        parts.append(f"The vertical stripes are heavy hitters ({n}, red triangles at their birth)"
+                     + (": they keep drawing attention to the end of the trace." if features.live_known else "."))
+    return " ".join(parts)

@@ -56,7 +56,9 @@ def test_defaults_render_the_three_policies_without_errors():
     at = run()
     assert problems(at) == [] and [e.value for e in at.error] == []
     (kept,) = charts(at)
-    assert [t["type"] for t in kept["data"]] == ["image"] * 3
+    mains = [t["name"] for t in kept["data"] if t["type"] == "image" and t["name"] in kvsim.POLICIES]
+    assert mains == ["sliding_window", "streaming_llm", "h2o"]
+    assert [t["name"] for t in kept["data"] if t["type"] == "image"].count("sinks") == 3  # the widened strips
     assert at.query_params["trace"] == "canonical" and at.query_params["budget"] == "256"
     assert at.query_params["policies"] == "sliding_window,streaming_llm,h2o"
     assert at.query_params["recent_window"] == "32" and at.query_params["step"] == "4096"
@@ -148,6 +150,7 @@ def test_changing_budget_changes_the_kept_positions():
     assert problems(at) == []
     after = charts(at)[0]
     assert before["data"][0]["source"] != after["data"][0]["source"]
+    assert before["data"][0]["source"].startswith("data:image/png;base64,")
     titles = " ".join(a["text"] for a in after["layout"]["annotations"])
     assert "h2o (recent_window=32)" in titles
 
@@ -209,6 +212,9 @@ def test_an_uploaded_trace_is_used_and_a_bad_one_reported():
     at.run()
     assert problems(at) == [] and [e.value for e in at.error] == []
     assert at.sidebar.slider[0].max == 64
+    assert widget(at, "selectbox", "trace").value == "uploaded: mine.npz"
+    # 64 steps within a budget of 256: nothing is ever evicted, and the page says so
+    assert any("nothing is ever evicted" in w.value for w in at.warning)
     bad = np.tril(np.ones((5, 5)), k=-1).astype(np.float32)
     bad[3, 1] = np.nan
     at.sidebar.file_uploader[0].set_value(("broken.npz", npz_bytes(attention=bad), "application/octet-stream"))
@@ -216,3 +222,132 @@ def test_an_uploaded_trace_is_used_and_a_bad_one_reported():
     assert problems(at) == []
     (message,) = [e.value for e in at.error]
     assert message.startswith("broken.npz: step 3") and "\n" not in message
+    assert message.endswith("; showing canonical instead.")
+    assert widget(at, "selectbox", "trace").value == "canonical"
+
+
+def test_choosing_a_shipped_trace_replaces_an_upload():
+    at = run()
+    a = np.tril(np.random.default_rng(3).random((65, 65)), k=-1).astype(np.float32)
+    at.sidebar.file_uploader[0].set_value(("mine.npz", npz_bytes(attention=a), "application/octet-stream")).run()
+    widget(at, "selectbox", "trace").set_value("gemma3-270m-L05").run()
+    assert problems(at) == [] and at.query_params["trace"] == "gemma3-270m-L05"
+    assert widget(at, "selectbox", "trace").value == "gemma3-270m-L05"
+    assert at.sidebar.slider[0].max == 4096 and not at.sidebar.file_uploader[0].value
+
+
+# --------------------------------------------------------------------------------------------
+# the sentences on the page are the trace's own figures
+
+
+def shown(at: AppTest) -> str:
+    return " ".join(m.value for m in at.markdown)
+
+
+def expected(trace: kvsim.Trace):
+    from kvsim import figures, story
+
+    f = figures.trace_features(trace)
+    info = kvsim.describe(trace, band=f.band, sinks=max(1, f.sinks))
+    return f, info, figures, story
+
+
+@pytest.mark.parametrize("name", ["canonical", "gemma3-270m-L11"])
+def test_the_kept_and_trace_views_quote_the_trace(name):
+    trace = kvsim.resolve_trace(name)
+    f, info, figures, story = expected(trace)
+    at = run({"trace": name})
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    text = shown(at)
+    assert story.sink_text(f, info) in text
+    assert f"{info['sink_share']:.2f} of each row" in text
+    assert story.band_text(f, info, figures.age_span(f, [32], 256)) in text
+    fates = {}
+    for policy, params in (("sliding_window", {}), ("streaming_llm", {"sinks": 4}), ("h2o", {"recent_window": 32})):
+        r = kvsim.replay(trace, policy, budget=256, record_kept=True, **params)
+        fates[figures.policy_label(r)] = figures.heavy_fates(r.kept_mask(), f)
+    assert story.heavy_text(f, fates) in text
+    if name != "canonical":
+        assert "No sharp recency band" in text and "stale" not in text
+    at = run({"trace": name}, view="The trace")
+    assert story.trace_text(f, info) in shown(at)
+    (matrix,) = charts(at)
+    notes = " ".join(a.get("text", "") for a in matrix["layout"].get("annotations", []))
+    assert ("recency band" in notes) == f.band_known
+
+
+def test_an_uploaded_random_trace_is_described_as_having_no_features():
+    rng = np.random.default_rng(11)
+    n = 301
+    a = np.tril(rng.gamma(0.3, size=(n, n)) + 1e-6, k=-1).astype(np.float32)
+    trace = kvsim.from_array(a.astype(np.float64), name="random")
+    f, info, figures, story = expected(trace)
+    assert f.sinks == 0 and not f.band_known and f.heavy == ()
+    at = run({"budget": "64"})
+    at.sidebar.file_uploader[0].set_value(("random.npz", npz_bytes(attention=a), "application/octet-stream")).run()
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    text = shown(at)
+    assert "**Sinks**: this trace has none" in text and "**Heavy hitters**: none on this trace" in text
+    assert "No sharp recency band" in text and f"take {info['recent_share']:.2f} of each row" in text
+    assert not any("nothing is ever evicted" in w.value for w in at.warning)
+
+
+def test_the_score_view_names_stale_heavy_hitters_only_where_there_are_some():
+    at = run({"policies": "h2o,scissorhands"}, view="Cumulative scores")
+    assert problems(at) == []
+    assert "go stale" in shown(at) and "Ringed crosses (legend: *evicted at this step*)" in shown(at)
+    specs = charts(at)
+    assert len(specs) == 2
+    for spec in specs:
+        lo, hi = spec["layout"]["yaxis"]["range"]
+        assert -6 < lo < hi < 4.5  # log10 units: the scores' own span, never 1e30
+    at = run({"trace": "gemma3-270m-L11", "policies": "h2o"}, view="Cumulative scores")
+    assert "none is stale" in shown(at) and "go stale" not in shown(at)
+
+
+def test_the_difference_mode_is_a_link():
+    at = run({"kept_mode": "difference", "policies": "streaming_llm,sliding_window"})
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    (kept,) = charts(at)
+    assert "kept by streaming_llm only" in {t.get("name") for t in kept["data"]}
+    assert "streaming_llm holds" in shown(at) and "0.140 above sliding_window's 0.597" in shown(at)
+    assert at.query_params["kept_mode"] == "difference"
+
+
+@pytest.mark.parametrize("step", ["sinks", "heavy-hitters", "window"])
+def test_each_tour_step_is_a_link_that_sets_the_controls_and_the_view(step):
+    from kvsim import tour
+
+    s = tour.BY_KEY[step]
+    at = run({"tour": step})
+    assert problems(at) == [] and [e.value for e in at.error] == [] and not at.warning
+    assert s.look in shown(at) and at.query_params["tour"] == step
+    assert widget(at, "multiselect", "policies").value == s.settings["policies"]
+    assert at.session_state["view"] == s.view
+    if s.view == "Choosing recent_window":
+        (curve,) = charts(at)
+        assert named(curve, "current recent_window")[0]["x"] == [s.settings["recent_window"]]
+    else:
+        (kept,) = charts(at)
+        assert ("kept by streaming_llm only" in {t.get("name") for t in kept["data"]}) == (
+            s.settings["kept_mode"] == "difference")
+
+
+def test_the_tour_walks_forward_and_can_be_left():
+    at = run({"tour": "sinks"})
+    [b for b in at.button if b.label == "Heavy hitters →"][0].click().run()
+    assert at.query_params["tour"] == "heavy-hitters" and at.query_params["kept_mode"] == "each"
+    assert widget(at, "multiselect", "policies").value == ["streaming_llm", "h2o"]
+    [b for b in at.button if b.label == "leave the tour"][0].click().run()
+    assert "tour" not in at.query_params and problems(at) == []
+    bad = run({"tour": "nowhere"})
+    assert any("tour step 'nowhere'" in w.value for w in bad.warning)
+
+
+def test_starting_the_tour_over_an_upload_shows_the_tour_trace():
+    at = run()
+    a = np.tril(np.random.default_rng(3).random((65, 65)), k=-1).astype(np.float32)
+    at.sidebar.file_uploader[0].set_value(("mine.npz", npz_bytes(attention=a), "application/octet-stream")).run()
+    [b for b in at.sidebar.button if b.label == "start the guided tour"][0].click().run()
+    assert problems(at) == [] and widget(at, "selectbox", "trace").value == "canonical"
+    assert at.sidebar.slider[0].max == 4096 and at.query_params["tour"] == "sinks"

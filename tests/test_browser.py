@@ -3,8 +3,9 @@ driven by Playwright through ``executable_path``; ``playwright install`` is neve
 
 Checks that the page loads, the three main views are drawn, moving recent_window (in the sidebar,
 and by clicking the curve) moves the curve's marker, and the URL reopens the same view. Saves
-screenshots to ``artifacts/`` (git-ignored), or to ``docs/`` with ``KVSIM_UPDATE_DOCS=1`` (to refresh
-the README's pictures on purpose, so an ordinary run never dirties the checkout), and prints how
+screenshots of every view, on the canonical trace and on a real one, and of every tour step, at
+1500 x 1100, to ``artifacts/`` (git-ignored); with ``KVSIM_UPDATE_DOCS=1`` the README's pictures go
+to ``docs/`` instead (on purpose only, so an ordinary run never dirties the checkout), and prints how
 long the first render and one interaction took (printed, not asserted: the machine's speed is not
 the app's behaviour).
 """
@@ -25,8 +26,15 @@ import pytest
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parent.parent
-#: where the screenshots go: docs/ only when asked to update the tracked pictures
-SHOTS = ROOT / ("docs" if os.environ.get("KVSIM_UPDATE_DOCS") == "1" else "artifacts")
+#: where the screenshots go: artifacts/ always; with KVSIM_UPDATE_DOCS=1 the ones the README shows go
+#: to docs/ instead (on purpose only, so an ordinary run never dirties the checkout)
+ARTIFACTS = ROOT / "artifacts"
+DOCS = ROOT / "docs"
+UPDATE_DOCS = os.environ.get("KVSIM_UPDATE_DOCS") == "1"
+README_SHOTS = {
+    "screenshot.png", "screenshot-curve.png", "screenshot-scores.png", "screenshot-trace.png",
+    "screenshot-tour-sinks.png", "screenshot-real.png",
+}
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -34,6 +42,8 @@ CHROMIUM_ARGS = [
 ]
 LOAD_TIMEOUT_MS = 180_000  # a cold first render on a busy two-core machine, JIT compile included
 STEP_TIMEOUT_MS = 60_000
+#: the window the issue's screenshots were judged at: every view must read at this size
+VIEWPORT = {"width": 1500, "height": 1100}
 
 if not os.path.exists(CHROMIUM):
     pytest.skip(
@@ -109,6 +119,28 @@ JS_POINT = """(rw) => {
 }"""
 
 
+JS_RANGES = """() => [...document.querySelectorAll('.js-plotly-plot')].map(d => {
+  const L = d._fullLayout || {};
+  return {
+    kinds: (d.data || []).map(t => t.type + ':' + (t.name || '')),
+    x: L.xaxis && L.xaxis.range, y: L.yaxis && L.yaxis.range, ytype: L.yaxis && L.yaxis.type,
+  };
+})"""
+
+
+JS_BOX = """([p0, p1, t0, t1]) => {
+  // screen corners of positions p0..p1 x steps t0..t1 on the first kept panel
+  const d = document.querySelector('.js-plotly-plot'), xa = d._fullLayout.xaxis, ya = d._fullLayout.yaxis;
+  const b = d.getBoundingClientRect();
+  const X = v => b.left + xa._offset + xa.l2p(v), Y = v => b.top + ya._offset + ya.l2p(v);
+  return {x0: X(p0), x1: X(p1), y0: Y(t0), y1: Y(t1)};
+}"""
+JS_FULL_RESOLUTION = """() => {
+  const d = document.querySelector('.js-plotly-plot');
+  return !!d && (d.data || []).some(t => t.type === 'image' && t.name === 'sliding_window' && t.dx === 1);
+}"""
+
+
 def wait_marker(page, value: int) -> None:
     page.wait_for_function(f"() => ({JS_MARKER})() === {value}", timeout=STEP_TIMEOUT_MS)
 
@@ -118,30 +150,81 @@ def no_exceptions(page) -> None:
     assert shown.count() == 0, shown.first.inner_text()
 
 
+def shoot(page, name: str) -> None:
+    no_exceptions(page)
+    page.wait_for_timeout(1200)  # let the fonts, legends and images settle before the picture
+    where = DOCS if UPDATE_DOCS and name in README_SHOTS else ARTIFACTS
+    # Streamlit scrolls inside its own container, so a full-page shot is only the window: the
+    # picture is taken in a window as tall as the page, at the same width, then the size restored
+    tall = page.evaluate(
+        "() => Math.max(...[...document.querySelectorAll('[data-testid=\"stMain\"], section.main, "
+        "[data-testid=\"stAppViewContainer\"]')].map(e => e.scrollHeight), 0)"
+    )
+    page.set_viewport_size({"width": VIEWPORT["width"], "height": min(max(VIEWPORT["height"], int(tall) + 40), 6000)})
+    page.wait_for_timeout(800)
+    page.screenshot(path=str(where / name), full_page=True)
+    page.set_viewport_size(VIEWPORT)
+
+
+def wait_text(page, text: str) -> None:
+    page.get_by_text(text, exact=False).first.wait_for(timeout=STEP_TIMEOUT_MS)
+
+
+def charts_on(page) -> list[dict]:
+    return page.evaluate(JS_RANGES)
+
+
+def kept_axes_within_the_data(page, steps: int) -> None:
+    """The kept panels span the run (plus a header and the strips), never a range off the data."""
+    kept = [c for c in charts_on(page) if any(k.startswith("image:") for k in c["kinds"])]
+    assert kept, "no kept chart on the page"
+    y0, y1 = kept[0]["y"]
+    assert y0 == steps + 0.5 and -0.1 * steps < y1 < 0.5
+    x0, x1 = kept[0]["x"]
+    assert -0.1 * steps < x0 < 0 and steps < x1 < 1.3 * steps
+
+
 def test_the_app_in_a_real_browser(server):
-    SHOTS.mkdir(exist_ok=True)
+    ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1500, "height": 1250})
+            page = browser.new_page(viewport=VIEWPORT)
             page_errors: list[str] = []
             page.on("pageerror", lambda e: page_errors.append(str(e)))
 
-            # 1. first render: the kept-position heatmaps, one image per default policy
+            # 1. first render: the kept positions, three panels of three images each (main, sinks, ages)
             t0 = time.monotonic()
             page.goto(server + "/", wait_until="domcontentloaded")
-            page.wait_for_function(f"() => ({JS_IMAGES})() >= 3", timeout=LOAD_TIMEOUT_MS)
+            page.wait_for_function(f"() => ({JS_IMAGES})() >= 9", timeout=LOAD_TIMEOUT_MS)
             first_render = time.monotonic() - t0
-            no_exceptions(page)
-            page.wait_for_timeout(1000)  # let the fonts and the legend settle before the picture
-            page.screenshot(path=str(SHOTS / "screenshot.png"), full_page=True)
+            wait_text(page, "Recency band")
+            kept_axes_within_the_data(page, 4096)
+            shoot(page, "screenshot.png")
 
-            # 2. cumulative scores: a scatter by position and a histogram
+            # a box drawn with the select tool re-draws that region at one pixel per position
+            chart = page.locator(".js-plotly-plot").first
+            chart.hover()
+            chart.locator('[data-attr="dragmode"][data-val="select"]').first.click()
+            box = page.evaluate(JS_BOX, [1000, 1300, 1000, 1300])  # 300 positions: under a panel's pixels
+            page.mouse.move(box["x0"], box["y0"])
+            page.mouse.down()
+            page.mouse.move((box["x0"] + box["x1"]) / 2, (box["y0"] + box["y1"]) / 2, steps=5)
+            page.mouse.move(box["x1"], box["y1"], steps=5)
+            page.mouse.up()
+            page.wait_for_function(JS_FULL_RESOLUTION, timeout=STEP_TIMEOUT_MS)
+            kept = [c for c in charts_on(page) if any(k.startswith("image:") for k in c["kinds"])][0]
+            assert 900 < kept["x"][0] < 1100 and 1200 < kept["y"][0] < 1400  # the region, steps downward
+            shoot(page, "screenshot-zoomed.png")
+            page.goto(server + "/", wait_until="domcontentloaded")  # a fresh session: the whole run again
+            page.wait_for_function(f"() => ({JS_IMAGES})() >= 9", timeout=LOAD_TIMEOUT_MS)
+
+            # 2. cumulative scores: a scatter by position and a histogram; a log axis in its own units
             page.get_by_role("tab", name="Cumulative scores").click()
             page.wait_for_function(f"() => ({JS_TRACES})().some(t => t.type === 'histogram')", timeout=STEP_TIMEOUT_MS)
-            no_exceptions(page)
-            page.wait_for_timeout(500)
-            page.screenshot(path=str(SHOTS / "screenshot-scores.png"), full_page=True)
+            (scores,) = [c for c in charts_on(page) if any(k.startswith("histogram:") for k in c["kinds"])]
+            assert scores["ytype"] == "log" and -4 < scores["y"][0] < scores["y"][1] < 4.5
+            shoot(page, "screenshot-scores.png")
 
             # 3. the recent_window curve, marker at the shipped default
             page.get_by_role("tab", name="Choosing recent_window").click()
@@ -166,9 +249,9 @@ def test_the_app_in_a_real_browser(server):
                 """() => document.querySelector('[data-testid="stSidebar"] input[aria-label="recent_window"]').value === '48'""",
                 timeout=STEP_TIMEOUT_MS,
             )
-            no_exceptions(page)
-            page.wait_for_timeout(500)
-            page.screenshot(path=str(SHOTS / "screenshot-curve.png"), full_page=True)
+            curve = [c for c in charts_on(page) if any(k.startswith("scatter:h2o") for k in c["kinds"])][0]
+            assert 0 <= curve["y"][0] < curve["y"][1] <= 1.1
+            shoot(page, "screenshot-curve.png")
 
             # 4. the trace itself
             page.get_by_role("tab", name="The trace").click()
@@ -176,20 +259,64 @@ def test_the_app_in_a_real_browser(server):
                 f"() => ({JS_TRACES})().some(t => t.name === 'heavy hitter (born here)')", timeout=STEP_TIMEOUT_MS
             )
             page.wait_for_function(f"() => ({JS_IMAGES})() >= 1", timeout=STEP_TIMEOUT_MS)
-            no_exceptions(page)
-            page.wait_for_timeout(500)
-            page.screenshot(path=str(SHOTS / "screenshot-trace.png"), full_page=True)
+            shoot(page, "screenshot-trace.png")
 
             # 5. the address bar is a link to this state: a fresh page opens it identically
             link = page.url
             assert "recent_window=48" in link and "view=" in link
-            again = browser.new_page(viewport={"width": 1500, "height": 1250})
+            again = browser.new_page(viewport=VIEWPORT)
             again.goto(link.replace("The+trace", "Choosing+recent_window").replace("The%20trace", "Choosing%20recent_window"))
             wait_marker(again, 48)
             no_exceptions(again)
+            again.close()
+
+            # 6. the policy lab: two policies side by side, a table under each
+            page.get_by_role("tab", name="Policy lab").click()
+            page.wait_for_function(f"() => ({JS_TRACES})().length >= 4", timeout=STEP_TIMEOUT_MS)
+            tables = page.locator('[data-testid="stDataFrame"]:visible')
+            tables.first.wait_for(timeout=STEP_TIMEOUT_MS)
+            for i in range(tables.count()):  # each table fits its column: nothing overflows
+                box_t = tables.nth(i).bounding_box()
+                assert box_t is not None and box_t["x"] + box_t["width"] <= VIEWPORT["width"] + 1
+            shoot(page, "screenshot-lab.png")
+
+            # 7. the guided tour: every step is a link that opens its view with its words
+            from kvsim import tour
+
+            for n, step in enumerate(tour.TOUR, start=1):
+                stop = browser.new_page(viewport=VIEWPORT)
+                stop.goto(f"{server}/?tour={step.key}", wait_until="domcontentloaded")
+                wait_text(stop, f"Guided tour, step {n} of {len(tour.TOUR)}")
+                if step.view == "Kept positions":
+                    stop.wait_for_function(f"() => ({JS_IMAGES})() >= 3", timeout=LOAD_TIMEOUT_MS)
+                    kept_axes_within_the_data(stop, 4096)
+                else:
+                    wait_marker(stop, step.settings["recent_window"])
+                shoot(stop, f"screenshot-tour-{step.key}.png")
+                stop.close()
+
+            # 8. a real trace: one sink, no band, persistent heavy hitters; each view says so
+            real = browser.new_page(viewport=VIEWPORT)
+            real.on("pageerror", lambda e: page_errors.append(str(e)))
+            real.goto(f"{server}/?trace=gemma3-270m-L11", wait_until="domcontentloaded")
+            real.wait_for_function(f"() => ({JS_IMAGES})() >= 9", timeout=LOAD_TIMEOUT_MS)
+            wait_text(real, "No sharp recency band")
+            kept_axes_within_the_data(real, 4096)
+            shoot(real, "screenshot-real.png")
+            real.get_by_role("tab", name="The trace").click()
+            wait_text(real, "There is no sharp band along the diagonal")
+            real.wait_for_function(f"() => ({JS_IMAGES})() >= 1", timeout=STEP_TIMEOUT_MS)
+            shoot(real, "screenshot-real-trace.png")
+            real.get_by_role("tab", name="Cumulative scores").click()
+            real.wait_for_function(f"() => ({JS_TRACES})().some(t => t.type === 'histogram')", timeout=STEP_TIMEOUT_MS)
+            shoot(real, "screenshot-real-scores.png")
+            real.get_by_role("tab", name="Choosing recent_window").click()
+            wait_marker(real, 32)
+            wait_text(real, "This trace has no sharp recency band")
+            shoot(real, "screenshot-real-curve.png")
             assert page_errors == []
         finally:
             browser.close()
-    print(f"\nfirst render (page load to three heatmaps drawn): {first_render:.1f} s")
+    print(f"\nfirst render (page load to three kept panels drawn): {first_render:.1f} s")
     print(f"one interaction (recent_window 32 -> 64, curve marker redrawn): {interaction:.2f} s")
-    print(f"screenshots in {SHOTS}")
+    print(f"screenshots in {ARTIFACTS}" + (f" and {DOCS}" if UPDATE_DOCS else ""))

@@ -53,21 +53,40 @@ def test_features_of_the_canonical_trace_come_from_its_metadata(canonical):
     assert [p for p, _, _ in f.heavy] == sorted(canonical.meta["heavy_hitters"])
     p, first, last = f.heavy[0]
     assert (first, last) == (p + 1, p + 512)  # live for one epoch after birth
-    assert "metadata" in f.heavy_source and f.live_known and f.band_known
+    assert "metadata" in f.heavy_source and f.live_known and f.band_known and "metadata" in f.band_source
+    assert f.stale and all(last < 4096 for _, _, last in f.stale)
 
 
-def test_features_fall_back_to_top_cumulative_scorers(small):
-    f = figures.trace_features(small, sinks=2, band=8, n_heavy=3)
-    assert (f.sinks, f.band) == (2, 8)
-    positions = [p for p, _, _ in f.heavy]
-    assert 9 in positions and len(positions) == 3
-    assert all(p >= 2 for p in positions)  # sinks are not heavy hitters
-    assert all(last == small.steps for _, _, last in f.heavy) and not f.live_known and not f.band_known
+def test_the_band_and_heavy_hitters_are_measured_when_the_metadata_is_silent(canonical):
+    bare = kvsim.Trace(canonical.attention, name="bare", meta={})
+    f = figures.trace_features(bare)
+    assert f.band_known and f.band == 64 and f.band_source.startswith("measured")  # the generator's width
+    assert figures.detect_band(canonical.attention)[1] > 20  # a cliff, not a slope
+    assert f.heavy and f.live_known
+
+
+def test_a_real_trace_has_one_sink_no_band_and_persistent_heavy_hitters():
+    real = kvsim.resolve_trace("gemma3-270m-L11")
+    f = figures.trace_features(real)
+    assert f.sinks == 1 and not f.band_known and f.band_source.startswith("no sharp recency band")
+    assert len(f.heavy) == 8 and f.stale == () and all(p > 0 for p, _, _ in f.heavy)
+    col = real.attention[1:, :].astype(np.float64).mean(axis=0)
+    assert col[0] > 0.3 and col[1] < 0.01  # position 0 is the one sink
+
+
+def test_features_are_measured_and_found_absent_on_a_random_trace(small, make_trace):
+    f = figures.trace_features(small, n_heavy=3)
+    assert [p for p, _, _ in f.heavy] == [9]  # the one position drawing far more than the rest
+    assert f.sinks == 0 and not f.band_known
+    noise = figures.trace_features(make_trace(300, seed=1))
+    assert (noise.sinks, noise.heavy, noise.band_known) == (0, (), False)
+    given = figures.trace_features(small, sinks=2, band=8)
+    assert (given.sinks, given.band, given.band_known) == (2, 8, True)
 
 
 def test_malformed_heavy_hitter_metadata_is_ignored(small):
     odd = kvsim.Trace(small.attention, name="odd", meta={"heavy_hitters": ["x", 10**9]})
-    assert "most attention" in figures.trace_features(odd).heavy_source
+    assert figures.trace_features(odd).heavy_source.startswith("measured")
 
 
 # --------------------------------------------------------------------------------------------
@@ -86,35 +105,115 @@ def test_kept_image_is_uint8_with_three_levels(story):
     assert np.all((img == figures.FUTURE) == future)
 
 
-def test_kept_heatmap_draws_every_policy_at_full_resolution_with_shapes(canonical, story):
+def images(fig, name=None):
+    return [t for t in fig.data if isinstance(t, go.Image) and (name is None or t.name == name)]
+
+
+def test_kept_heatmap_pools_to_the_pixels_shown_and_keeps_thin_columns(canonical, story):
     f = figures.trace_features(canonical)
-    fig = figures.kept_heatmap(story, f, step=1000)
-    images = [t for t in fig.data if isinstance(t, go.Image)]
-    assert len(images) == 3
-    for img in images:
-        png = png_of(img.source)
-        assert png.size == (4097, 4096) and png.mode == "L"
-    names = [s.name for s in fig.layout.shapes]
-    assert names.count("sinks (positions 0-3)") == 3
-    assert names.count("recency band (64 newest positions)") == 3
-    assert names.count("heavy hitter, while live") == 3 * len(f.heavy)
-    assert set(names) == {"sinks (positions 0-3)", "recency band (64 newest positions)", "heavy hitter, while live", "step 1000"}
-    assert names.count("step 1000") == 3
+    fig = figures.kept_heatmap(story, f, step=1000, size=341)
+    mains = [png_of(t.source) for t in fig.data if isinstance(t, go.Image) and t.name in ("sliding_window", "streaming_llm", "h2o")]
+    assert len(mains) == 3
+    for png in mains:
+        assert png.mode == "L" and png.size[0] <= 341 and png.size[1] <= 341  # never 4097 x 4096
+    sliding, streaming, _ = (np.asarray(png) for png in mains)
+    # the four sink columns share one block with other positions: held by streaming_llm, the block
+    # is still not white at the last step; sliding_window's is
+    assert streaming[-1, 0] != figures.EVICTED and sliding[-1, 0] == figures.EVICTED
+    # the widened sink strip: one column per sink, held to the end by streaming_llm only
+    strips = [np.asarray(png_of(t.source)) for t in images(fig, "sinks")]
+    assert [s.shape[1] for s in strips] == [4, 4, 4]
+    assert (strips[1][-1] == figures.KEPT).all() and (strips[0][-1] == figures.EVICTED).all()
+    # the age strip: the newest positions of every step; sliding_window holds all of them
+    ages = [np.asarray(png_of(t.source)) for t in images(fig, "newest positions")]
+    assert (ages[0][-1] == figures.KEPT).all()
+    # the axes span the data, plus the header and the strips, and no more
+    assert tuple(fig.layout.yaxis.range)[0] == 4096.5 and -400 < fig.layout.yaxis.range[1] < 0.5
+    lo, hi = fig.layout.xaxis.range
+    assert -0.1 * 4096 < lo < 0 and 4096 < hi < 1.3 * 4096
+    assert all(0 <= v <= 4096 for v in fig.layout.xaxis.tickvals)
+    names = {t.name for t in fig.data}
+    assert {"heavy hitter (its column)", "step 1000", "recency band edge (age 64)", "protected window edge (age 32)"} <= names
     titles = " ".join(a.text for a in fig.layout.annotations)
     assert "streaming_llm (sinks=4)" in titles and f"{story[1].retained_mass:.3f}" in titles
 
 
-def test_kept_heatmap_reuses_given_sources(canonical, story):
+def test_a_zoomed_region_is_drawn_at_full_resolution(canonical, story):
     f = figures.trace_features(canonical)
-    src = figures.kept_image_source(story[0])
-    fig = figures.kept_heatmap(story[:1], f, sources=[src])
-    assert fig.data[0].source == src
+    region = figures.Region(1000, 1199, 1100, 1299)
+    fig = figures.kept_heatmap(story[2:], f, region=region, size=1024)
+    (main,) = images(fig, "h2o")
+    full = figures.kept_image(story[2])[1099:1299, 1000:1200]
+    assert np.array_equal(np.asarray(png_of(main.source)), full)
+    assert (main.x0, main.dx, main.y0, main.dy) == (1000, 1, 1100, 1)
+
+
+def test_heavy_fates_say_when_each_was_evicted(canonical, story):
+    f = figures.trace_features(canonical)
+    for result in story:
+        mask = result.kept_mask()
+        for fate in figures.heavy_fates(mask, f):
+            p, ev = fate.position, fate.evicted_at
+            if ev is None:
+                assert mask[-1, p] == 1
+            else:
+                assert mask[ev - 2, p] == 1 and mask[ev - 1:, p].sum() == 0
+    sliding = figures.heavy_fates(story[0].kept_mask(), f)
+    assert all(x.lost_while_live and x.evicted_at == x.position + 256 for x in sliding)  # out of the window
+    fig = figures.kept_heatmap(story[:1], f)
+    (marks,) = [t for t in fig.data if t.name == "evicted here"]
+    assert len(marks.x) == len(f.heavy) and list(marks.y) == [x.evicted_at for x in sliding]
+    assert all(x > p for x, (p, _, _) in zip(marks.x, f.heavy, strict=True))  # beside the column, not on it
+
+
+def test_the_difference_shows_what_one_keeps_and_the_other_does_not(canonical, story):
+    f = figures.trace_features(canonical)
+    fig = figures.kept_heatmap([story[1], story[0]], f, compare=True)
+    (strip,) = [np.asarray(png_of(t.source)) for t in images(fig, "sinks")]
+    assert tuple(strip[-1, 0]) == figures.ONLY_A  # the sinks: streaming_llm's, not sliding_window's
+    assert tuple(strip[0, 0]) == figures.BOTH  # before the cache fills, both hold them
+    assert "kept by streaming_llm only" in {t.name for t in fig.data}
+    a, b = figures.difference_counts(story[1].kept_mask(), story[0].kept_mask())
+    assert 3 < a < 4 and a == pytest.approx(b)  # four sinks for the four newest, once full
+    with pytest.raises(ValueError, match="two replays"):
+        figures.kept_heatmap(story[:1], f, compare=True)
+
+
+@pytest.mark.parametrize(
+    ("event", "expected"),
+    [
+        ({"selection": {"box": [{"x": [1199.4, 1000.2], "y": [1100.1, 1299.6]}]}}, (1000, 1199, 1100, 1300)),
+        ({"selection": {"box": [{"x": [-300.0, 50.0], "y": [-40.0, 30.0]}]}}, (0, 50, 1, 30)),  # strips, header
+        ({"selection": {"box": [{"x": [10.0, 10.2], "y": [1.0, 9.0]}]}}, None),  # one position is not a region
+        ({"selection": {"box": []}}, None),
+        ({"selection": {"points": []}}, None),
+        (None, None),
+    ],
+)
+def test_selected_region_clips_the_box_to_the_run(event, expected):
+    region = figures.selected_region(event, 4096)
+    assert (None if region is None else (region.p0, region.p1, region.t0, region.t1)) == expected
+
+
+def test_kept_heatmap_reuses_given_layers(canonical, story):
+    f = figures.trace_features(canonical)
+    lay = figures.panel_layers([story[0].kept_mask()], figures.Region.whole(4096), 4, 128, 300)
+    fig = figures.kept_heatmap(story[:1], f, layers=[lay])
+    assert images(fig, "sliding_window")[0].source == lay["main"]
 
 
 def test_kept_heatmap_refuses_a_replay_of_another_trace(canonical, small):
     other = kvsim.replay(small, "sliding_window", budget=8, record_kept=True)
     with pytest.raises(ValueError, match="steps"):
         figures.kept_heatmap([other], figures.trace_features(canonical))
+
+
+def test_more_than_three_panels_leave_room_for_the_second_row_titles(canonical, story):
+    f = figures.trace_features(canonical)
+    fig = figures.kept_heatmap(story + story[:1], f)
+    top_row_bottom = fig.layout.yaxis.domain[0]
+    second_row_top = fig.layout.yaxis4.domain[1]
+    assert (top_row_bottom - second_row_top) * fig.layout.height > 100  # pixels for the axis and the titles
 
 
 # --------------------------------------------------------------------------------------------
@@ -144,10 +243,25 @@ def test_score_snapshot_before_the_cache_fills_has_no_threshold(canonical, story
 def test_score_distribution_marks_threshold_and_categories(canonical, story):
     fig = figures.score_distribution(story[2], 3000, figures.trace_features(canonical))
     names = {t.name for t in fig.data}
-    assert {"sink", "recent window", "other", "evicted at this step"} <= names
+    assert {"sink", "recent window", "other", "evicted at this step (ringed ×)"} <= names
+    assert any(n.startswith("eviction threshold") for n in names)
     assert any(isinstance(t, go.Histogram) for t in fig.data)
     assert any("eviction threshold" in (a.text or "") for a in fig.layout.annotations)
     assert fig.layout.yaxis.type == "log"
+
+
+def test_score_axis_spans_the_scores_for_votes_too(canonical):
+    """scissorhands counts votes (0 .. thousands): the axis, in log10 units, spans exactly those,
+    and the threshold's label sits at the threshold (plotly reads log-axis annotations in log10)."""
+    result = replay(canonical, "scissorhands", budget=256, record_kept=True, record_scores=True)
+    fig = figures.score_distribution(result, 4000, figures.trace_features(canonical))
+    snap = figures.score_snapshot(result, 4000, figures.trace_features(canonical))
+    lo, hi = fig.layout.yaxis.range
+    positive = snap["score"][snap["score"] > 0]
+    assert lo <= np.log10(positive.min() / 10) and hi >= np.log10(snap["score"].max()) and hi < 4.5
+    (label,) = [a for a in fig.layout.annotations if (a.text or "").startswith("eviction threshold")]
+    assert lo <= label.y <= hi and label.y == pytest.approx(np.log10(max(figures.eviction_threshold(snap), positive.min() / 10)))
+    assert not fig.layout.shapes or all(s.xref != "x" for s in fig.layout.shapes)
 
 
 def test_score_view_refuses_what_it_cannot_show(canonical, story):
@@ -194,7 +308,8 @@ def test_curve_says_so_when_the_default_is_not_worse():
     assert "at least as much as" in text and "saturates" not in text
     assert not any((t.name or "").startswith("current") for t in fig.data)
     unknown = figures.recent_window_curve(rows, refs, current=None, default=2, band=1, band_known=False)
-    assert any(t.name == "1 (assumed band)" for t in unknown.data)
+    assert not any("band" in (t.name or "") for t in unknown.data)  # no band, no mark pointing at one
+    assert not any("band" in (a.text or "") for a in unknown.layout.annotations)
 
 
 def fake_family():

@@ -210,3 +210,13 @@ def test_app_lab_tab_runs_every_preset():
         assert [e.value for e in at.exception] == [] and [e.value for e in at.error] == [], name
         assert len(at.get("plotly_chart")) == 4
         assert at.slider(key="lab_step").value == lab.first_divergence(lab.run_preset(name))
+
+
+def test_one_sides_step_table_has_short_headers_and_the_same_cells():
+    steps = lab.run_preset("h2o recent_window 0 pitfall")
+    both = lab.step_table(steps[5])
+    for i, side in enumerate(steps[5].sides):
+        one = lab.step_table(steps[5], side=i)
+        assert list(one.columns[:3]) == ["position", "weight", "state"]
+        assert all(": " not in c for c in one.columns)
+        assert one["state"].tolist() == both[f"{side.label}: state"].tolist()

@@ -8,6 +8,7 @@ information"), then ``evict(budget)``, which returns the victims in ascending po
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -68,6 +69,9 @@ class Policy:
     needs_trace: ClassVar[bool] = False
     #: the policy's tunable parameters beyond budget, in the order the controls list them
     tunables: ClassVar[tuple[Param, ...]] = ()
+    #: what the policy does, in one line the app and the CLI can quote (``describe_policy`` falls
+    #: back to the docstring's first sentence when a policy leaves it empty)
+    summary: ClassVar[str] = ""
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:
         self.budget = check_budget(budget)
@@ -92,6 +96,15 @@ class Policy:
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v}" for k, v in {"budget": self.budget, **self.params}.items())
         return f"{type(self).__name__}({args})"
+
+
+def describe_policy(cls: type[Policy]) -> str:
+    """The policy's one-line ``summary``, else the first sentence of its module's or class's docstring."""
+    if cls.summary:
+        return cls.summary
+    doc = cls.__doc__ or getattr(sys.modules.get(cls.__module__), "__doc__", None) or ""
+    first = " ".join(doc.strip().split("\n\n")[0].split())
+    return first.split(". ")[0].rstrip(".") if first else cls.name
 
 
 class SlotPolicy(Policy):

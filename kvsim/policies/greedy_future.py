@@ -28,6 +28,7 @@ BLOCK = 64
 
 class GreedyFuture(SlotPolicy):
     name = "greedy_future"
+    summary = "evicts the position with the least attention still to come: greedy with future knowledge, not the optimum"
     needs_trace = True
 
     def __init__(

@@ -25,6 +25,7 @@ RECENT_WINDOW = Param(
 
 class H2O(SlotPolicy):
     name = "h2o"
+    summary = "keep the newest recent_window positions and, of the rest, the largest cumulative attention"
     reads_attention = True
     keeps_scores = True
     tunables = (RECENT_WINDOW,)

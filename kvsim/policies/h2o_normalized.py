@@ -25,6 +25,7 @@ from .h2o import RECENT_WINDOW
 
 class H2ONormalized(SlotPolicy):
     name = "h2o_normalized"
+    summary = "h2o with each cumulative score divided by the steps the position has been held, so age alone does not win"
     reads_attention = True
     keeps_scores = True
     tunables = (RECENT_WINDOW,)

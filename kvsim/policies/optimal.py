@@ -393,6 +393,7 @@ class Optimal(Policy):
     building the policy to validate its settings costs nothing; ``schedule`` forces it."""
 
     name = "optimal"
+    summary = "the best eviction schedule under the cache's rules, solved exactly from the whole trace: the ceiling for any policy"
     needs_trace = True
 
     def __init__(

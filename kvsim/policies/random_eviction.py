@@ -25,6 +25,7 @@ DEFAULT_SEED = 0
 
 class RandomEviction(SlotPolicy):
     name = "random"
+    summary = "evict uniformly at random, from the rng it is given: the floor any informed policy must clear"
     uses_rng = True
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:

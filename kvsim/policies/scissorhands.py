@@ -41,6 +41,7 @@ HISTORY_WINDOW = Param("history_window", 0, "votes of the last history_window ob
 
 class Scissorhands(SlotPolicy):
     name = "scissorhands"
+    summary = "keep the newest recent_window positions and, of the rest, the ones that most often drew more than a fair share"
     reads_attention = True
     keeps_scores = True
     tunables = (RECENT_WINDOW, HISTORY_WINDOW)

@@ -17,6 +17,7 @@ from .streaming_llm import StreamingLLM
 
 class SlidingWindow(StreamingLLM):
     name = "sliding_window"
+    summary = "keep the newest budget positions"
     tunables = ()
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:

@@ -33,6 +33,7 @@ OBSERVATION_WINDOW = Param("observation_window", 32, "the score is the attention
 
 class SnapKV(SlotPolicy):
     name = "snapkv"
+    summary = "keep the newest recent_window positions and, of the rest, the most attended by the last observation_window queries"
     reads_attention = True
     keeps_scores = True
     tunables = (RECENT_WINDOW, OBSERVATION_WINDOW)

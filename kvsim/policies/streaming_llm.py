@@ -19,6 +19,7 @@ SINKS = Param("sinks", 4, "the first sinks positions are pinned forever", below_
 
 class StreamingLLM(Policy):
     name = "streaming_llm"
+    summary = "pin the first sinks positions and keep the newest of the rest"
     tunables = (SINKS,)
 
     def __init__(

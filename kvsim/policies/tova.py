@@ -28,6 +28,7 @@ UNSEEN = np.finfo(np.float64).max
 
 class TOVA(SlotPolicy):
     name = "tova"
+    summary = "evict the lowest weight in the latest attention row, never the newest position"
     reads_attention = True
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:
