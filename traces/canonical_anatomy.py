@@ -21,8 +21,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, nothing installed
-from kvsim import canonical  # noqa: E402
-from kvsim.engine import replay_fast  # noqa: E402
+from kvsim import (
+    canonical,  # noqa: E402
+    replay,  # noqa: E402
+)
 
 BUDGET, FROM = 256, 600  # the table's budget; "steady state" figures average steps FROM .. T
 KINDS = ["sinks", "ages 1-32", "ages 33-64", "ages 65-256", "old heavy hitters", "opening (< 256)", "other"]
@@ -85,7 +87,7 @@ def anatomy(config: canonical.CanonicalConfig) -> dict:
     avail = np.zeros(7)
     for name, params in (("streaming_llm", {}), ("h2o", {"recent_window": 32}), ("scissorhands", {"recent_window": 32}),
                          ("h2o", {"recent_window": 64}), ("scissorhands", {"recent_window": 64})):
-        r = replay_fast(trace, name, BUDGET, record_kept=True, **params)
+        r = replay(trace, name, budget=BUDGET, record_kept=True, **params)
         acc = np.zeros(7)
         for t in steps:
             row = A[t, :t].astype(np.float64)
@@ -102,7 +104,7 @@ def anatomy(config: canonical.CanonicalConfig) -> dict:
         held[f"{name} {params.get('recent_window', '')}".strip()] = dict(zip(KINDS, (acc / len(steps)).tolist(), strict=True))
     out["held, by kind of position"] = held
 
-    r = replay_fast(trace, "scissorhands", BUDGET, recent_window=32, record_scores=True)
+    r = replay(trace, "scissorhands", budget=BUDGET, recent_window=32, record_scores=True)
     band_in, heavy_in, weakest = [], [], []
     for t in range(FROM, T + 1):
         pos, votes = r.score_positions[t - 1], r.score_history[t - 1]

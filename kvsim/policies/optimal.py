@@ -1,5 +1,5 @@
 """The exact offline optimum: the eviction schedule with the largest retained mass any policy could
-reach under the cache's rules (DOMAIN.md sections 1 and 4), found exactly, with a certificate.
+reach under the cache's rules (docs/domain.md), found exactly, with a certificate.
 
 An OFFLINE REFERENCE (registry name ``optimal``): it is given the whole trace (``trace=``, future
 rows included), solves for the schedule once, and replays it through the normal harness. No serving
@@ -51,7 +51,6 @@ the budget and ``SOLVER_VERSION``, so the app and the CLI solve a trace at a bud
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -221,9 +220,10 @@ def _attention(trace: Trace) -> np.ndarray:
     return np.ascontiguousarray(A)
 
 
-def solve(trace: Trace, budget: int, progress: Callable[[int, int], None] | None = None) -> OptimalSchedule:
-    """The optimal schedule of ``trace`` at ``budget``, computed now (no cache). ``progress(done,
-    total)`` is called with steps done out of the steps that evict, between chunks of steps."""
+def solve(trace: Trace, budget: int, progress: Callable[[float], None] | None = None) -> OptimalSchedule:
+    """The optimal schedule of ``trace`` at ``budget``, computed now (no cache). ``progress(fraction)``
+    is called with the share of the evicting steps done, between chunks of steps (the package's one
+    progress signature)."""
     budget = check_budget(budget)
     start = time.perf_counter()
     A = _attention(trace)
@@ -248,12 +248,12 @@ def solve(trace: Trace, budget: int, progress: Callable[[int, int], None] | None
     todo = np.empty(n, dtype=np.int64)
     visited = 0
     if progress is not None:
-        progress(0, total)
+        progress(0.0)
     for t0 in range(first, T + 1, _CHUNK):
         t1 = min(t0 + _CHUNK, T + 1)
         visited += int(_augment(R, off, t0, t1, match_col, match_row, u, w, dist, pred, todo))
         if progress is not None:
-            progress(t1 - first, total)
+            progress((t1 - first) / total)
     victims = match_row[first:].copy()
     forfeited = float(R[off[first:n] + victims].sum())
     objective = float(diag.sum()) - forfeited
@@ -313,18 +313,10 @@ def certify(trace: Trace, schedule: OptimalSchedule) -> float:
 # the disk cache
 
 
-def trace_key(trace: Trace) -> str:
-    """A hash of the attention as the solver reads it (dtype, shape, bytes)."""
-    A = np.ascontiguousarray(trace.attention)
-    h = hashlib.sha256(f"{A.dtype.str}{A.shape}".encode())
-    h.update(memoryview(A).cast("B"))
-    return h.hexdigest()[:20]
-
-
 def cache_file(trace: Trace, budget: int) -> Path:
     from ..cache import cache_dir
 
-    return cache_dir() / f"optimal-v{SOLVER_VERSION}-{trace_key(trace)}-b{budget}.npz"
+    return cache_dir() / f"optimal-v{SOLVER_VERSION}-{trace.fingerprint}-b{budget}.npz"
 
 
 def cached(trace: Trace, budget: int) -> OptimalSchedule | None:
@@ -363,7 +355,7 @@ def _save(path: Path, s: OptimalSchedule) -> None:
 
 
 def optimal_schedule(
-    trace: Trace, budget: int, progress: Callable[[int, int], None] | None = None, use_cache: bool = True
+    trace: Trace, budget: int, progress: Callable[[float], None] | None = None, use_cache: bool = True
 ) -> OptimalSchedule:
     """The optimal schedule, from the disk cache when it is there, else solved (and cached)."""
     budget = check_budget(budget)
@@ -373,7 +365,7 @@ def optimal_schedule(
         hit = _load(path, trace.steps, budget)
         if hit is not None:
             if progress is not None:
-                progress(1, 1)
+                progress(1.0)
             return hit
     schedule = solve(trace, budget, progress)
     if use_cache:
