@@ -23,6 +23,9 @@ from kvsim.policies import all_tunables, describe_policy
 from kvsim.policies.upper_bound import upper_bound_summary
 
 TOP_K = kvsim.DEFAULT_TOP_K
+#: the largest upload, refused by Streamlit before any of it is held, so one file cannot take the
+#: server's memory (the loader then checks every array's size from its header before reading it)
+MAX_UPLOAD_MB = 200
 #: the budget the policy cards measure at; the app opens there so the cards' story is on screen
 APP_BUDGET = 256
 #: the largest value any count control takes (the trace loader's own limit on steps)
@@ -207,25 +210,82 @@ def cached_upper_bound(trace: kvsim.Trace, budget: int) -> dict:
     return upper_bound_summary(trace, budget, TOP_K)
 
 
+@st.cache_resource(max_entries=64, show_spinner=False, hash_funcs=BY_TRACE)
+def cached_summary(trace: kvsim.Trace, policy: str, budget: int, params: tuple) -> dict:
+    """One replay's summary, nothing recorded: what a line on the curve needs (a fraction of the
+    memory and time of ``cached_replay``), shared by every session."""
+    return kvsim.replay(trace, policy, budget=budget, top_k=TOP_K, **dict(params)).summary()
+
+
 @st.cache_resource
 def sweep_store() -> dict:
-    """Finished sweeps by (trace, policy, budget, fixed params). A plain dict rather than
-    st.cache_data so that the progress bar is drawn by this run, never replayed from a cache."""
+    """Sweeps by (trace, policy, budget, fixed params): a dict of recent_window -> row that grows as
+    views ask for more windows. A plain dict rather than st.cache_data so that the progress bar is
+    drawn by this run, never replayed from a cache."""
     return {}
 
 
-def sweep_rows(trace: kvsim.Trace, policy: str, budget: int, fixed: dict) -> list[dict]:
+#: the curve costs about this many replays per policy at any budget (``sweep_coarse_to_fine``)
+CURVE_POINTS = 32
+
+
+def sweep_rows(trace: kvsim.Trace, policy: str, budget: int, fixed: dict, marks: tuple = ()) -> list[dict]:
+    """The policy's curve over recent_window 1 .. budget - 1: an even grid refined around the peak
+    (found exactly), plus ``marks`` (the default, the band, the current setting), each window
+    replayed once per server however many sessions ask."""
     store = sweep_store()
     key = (trace.fingerprint, policy, budget, tuple(sorted(fixed.items())), TOP_K)
-    if key not in store:
-        bar = st.progress(0.0, text=f"replaying {policy} for every recent_window from 1 to {budget - 1}")
-        rows = kvsim.sweep(trace, policy, budget, "recent_window", range(1, budget), top_k=TOP_K,
-                           progress=lambda f: bar.progress(min(1.0, f)), **fixed)
+    rows = store.get(key)
+    if rows is None:
+        bar = st.progress(0.0, text=f"replaying {policy} over recent_window 1 .. {budget - 1}")
+        found = kvsim.simulate.sweep_coarse_to_fine(
+            trace, policy, budget, "recent_window", 1, budget - 1, marks=marks, points=CURVE_POINTS, top_k=TOP_K,
+            progress=lambda f: bar.progress(min(1.0, f)), **fixed)
         bar.empty()
-        if len(store) >= 32:
+        if len(store) >= 64:
             store.pop(next(iter(store)))
-        store[key] = rows
-    return store[key]
+        rows = store[key] = {r["recent_window"]: r for r in found}
+    missing = [m for m in marks if 1 <= m <= budget - 1 and m not in rows]
+    if missing:  # a mark the first sweep did not include (a new current setting): one replay each
+        for r in kvsim.sweep(trace, policy, budget, "recent_window", missing, top_k=TOP_K, **fixed):
+            rows[r["recent_window"]] = r
+    return [rows[w] for w in sorted(rows)]
+
+
+@st.cache_resource
+def optimal_jobs() -> dict:
+    """Background solves of the exact optimum, by (trace, budget): a future each, shared by all
+    sessions, so a slow solve never blocks a page and is done once per server."""
+    return {}
+
+
+def optimal_line(trace: kvsim.Trace, budget: int) -> tuple[dict | None, float]:
+    """The optimum's summary when it is known (from the disk cache or a finished background solve),
+    else ``(None, fraction solved)`` with the solve started in the background."""
+    from kvsim.policies import optimal
+
+    jobs = optimal_jobs()
+    key = (trace.fingerprint, budget)
+    job = jobs.get(key)
+    if job is None:
+        if trace.steps < optimal.CACHE_MIN_STEPS or optimal.cached(trace, budget) is not None:
+            return cached_summary(trace, "optimal", budget, ()), 1.0
+        progress = [0.0]
+        pool = optimal_pool()
+        job = jobs[key] = (pool.submit(optimal.optimal_schedule, trace, budget, progress=lambda f: progress.__setitem__(0, f)),
+                           progress)
+    future, progress = job
+    if not future.done():
+        return None, progress[0]
+    future.result()  # re-raises a failed solve
+    return cached_summary(trace, "optimal", budget, ()), 1.0
+
+
+@st.cache_resource
+def optimal_pool():
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvsim-optimal")
 
 
 # --------------------------------------------------------------------------------------------
@@ -255,8 +315,9 @@ def choose_trace() -> kvsim.Trace:
     slot = side.empty()  # the selector, filled once the upload is read
     gen = st.session_state.setdefault("_upload_gen", 0)
     upload = side.file_uploader(
-        "or upload a trace (.npz)", type=["npz"], key=f"upload_{gen}",
-        help="the interchange format: 'attention' (T+1, T+1) float, optional 'meta' JSON string",
+        "or upload a trace (.npz)", type=["npz"], key=f"upload_{gen}", max_upload_size=MAX_UPLOAD_MB,
+        help=f"the interchange format: 'attention' (T+1, T+1) float, optional 'meta' JSON string; at most "
+             f"{MAX_UPLOAD_MB} MB (a packed float16 trace of 8192 steps is about 70 MB)",
     )
     uploaded, label = None, None
     if upload is not None:
@@ -582,7 +643,8 @@ def curve_view(trace: kvsim.Trace, budget: int, features) -> None:
         if problem:
             st.error(f"{problem}. Change the setting in the sidebar to draw {name}'s curve.")
             continue
-        curves[name] = sweep_rows(trace, name, budget, fixed)
+        marks = (kvsim.policy_params(name)["recent_window"], features.band, rw)
+        curves[name] = sweep_rows(trace, name, budget, fixed, marks)
         fixed_by[name] = fixed
     if policy not in curves:
         return
@@ -593,8 +655,10 @@ def curve_view(trace: kvsim.Trace, budget: int, features) -> None:
     explain.markdown(
         story.window_text(policy, features.band, info["recent_share"], features.band_known)
         + "\n\n" + story.curve_verdict(rows, features.band, features.band_known)
-        + f"\n\nEach point of a curve is a full replay at budget {budget}; the markers and notes follow "
-        f"{policy}. **Click a point** (or use the box below) to set recent_window everywhere."
+        + f"\n\nEach point of a curve is a full replay at budget {budget}: about {CURVE_POINTS} windows evenly "
+        "spaced, every window next to the peak, and the marked ones (with fewer than "
+        f"{CURVE_POINTS} windows in all, every one). The markers and notes follow {policy}. **Click a point** (or "
+        "use the box below) to set recent_window everywhere."
     )
     fig = figures.recent_window_curve(
         rows, lines, current=rw, default=kvsim.policy_params(policy)["recent_window"], band=features.band,
@@ -616,7 +680,8 @@ def curve_view(trace: kvsim.Trace, budget: int, features) -> None:
 
 def reference_lines(trace: kvsim.Trace, budget: int) -> list[figures.Line]:
     """The curve's horizontal lines: every registered policy without a recent_window (the ones that
-    read the trace as offline references), plus the per-step upper bound."""
+    read the trace as offline references), plus the per-step upper bound. The exact optimum is
+    solved in the background where that is slow; until it is known the page says so."""
     lines = []
     for name, cls in kvsim.POLICIES.items():
         if "recent_window" in kvsim.policy_params(name):
@@ -626,13 +691,20 @@ def reference_lines(trace: kvsim.Trace, budget: int) -> list[figures.Line]:
         if problem:
             st.error(f"{problem}; its reference line is left out.")
             continue
-        result = cached_replay(trace, name, budget, tuple(sorted(params.items())))
-        label = figures.policy_label(result)
-        if cls.needs_trace:
-            lines.append(figures.Line.of(result.summary(), f"{label} (offline reference)", "offline", name,
-                                         note=describe_policy(cls)))
+        inner = ", ".join(f"{k}={v}" for k, v in params.items())
+        label = f"{name} ({inner})" if inner else name
+        if name == "optimal":
+            summary, done = optimal_line(trace, budget)
+            if summary is None:
+                st.info(f"The exact optimum at budget {budget} is being solved in the background ({done:.0%} done); "
+                        "its line appears on the next redraw once it is known.")
+                continue
         else:
-            lines.append(figures.Line.of(result.summary(), label, "policy", name))
+            summary = cached_summary(trace, name, budget, tuple(sorted(params.items())))
+        if cls.needs_trace:
+            lines.append(figures.Line.of(summary, f"{label} (offline reference)", "offline", name, note=describe_policy(cls)))
+        else:
+            lines.append(figures.Line.of(summary, label, "policy", name))
     lines.append(figures.Line.of(cached_upper_bound(trace, budget), UPPER_BOUND, "bound"))
     return lines
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -113,6 +114,11 @@ def test_the_curve_draws_the_family_and_exports_both_sweeps(monkeypatch):
 
     monkeypatch.setattr(MediaFileManager, "add_deferred", keep)
     at = run(view="Choosing recent_window")
+    for _ in range(120):  # the exact optimum is solved in the background: the page says so, then draws it
+        if not any("being solved in the background" in i.value for i in at.info):
+            break
+        time.sleep(0.5)
+        at.run()
     assert problems(at) == [] and [e.value for e in at.error] == []
     (curve,) = charts(at)
     def exactly(name):  # "h2o" is also the prefix of h2o_normalized's name
@@ -120,7 +126,10 @@ def test_the_curve_draws_the_family_and_exports_both_sweeps(monkeypatch):
 
     assert len(exactly("h2o")) == 2 and len(exactly("scissorhands")) == 2
     assert len(exactly("h2o_normalized")) == 2 and len(exactly("snapkv")) == 2  # every policy with a recent_window
-    assert values(named(curve, "scissorhands")[0]["x"]) == list(range(1, 256))
+    # a grid over 1..255, the marks (default 32, band 64) and every window next to the peak: not all 255
+    windows = values(named(curve, "scissorhands")[0]["x"])
+    assert windows == sorted(windows) and {1, 32, 64, 255} <= set(windows) and len(windows) < 80
+    assert set(range(60, 69)) <= set(values(exactly("h2o")[0]["x"]))
     for line in ("tova", "greedy_future (offline reference)", "optimal (offline reference)", "upper bound (offline reference)"):
         (mass, recall) = named(curve, line)
         assert mass["y"][0] == mass["y"][1]  # a horizontal line
@@ -129,7 +138,8 @@ def test_the_curve_draws_the_family_and_exports_both_sweeps(monkeypatch):
     assert "**scissorhands** also peaks at 64" in story and "offline references, not policies to deploy" in story
     (name,) = [n for n in deferred if n.endswith("recent_window-sweep.csv")]
     table = pd.read_csv(io.StringIO(deferred[name]()))
-    assert list(table["recent_window"]) == list(range(1, 256))
+    every = set().union(*(values(exactly(n)[0]["x"]) for n in ("h2o", "scissorhands", "h2o_normalized", "snapkv")))
+    assert list(table["recent_window"]) == sorted(every)  # every window any curve replayed, once
     assert {"h2o retained_mass", "scissorhands retained_mass", "scissorhands top_32_recall"} <= set(table.columns)
     at64 = table[table["recent_window"] == 64]
     assert at64["h2o retained_mass"].item() > at64["scissorhands retained_mass"].item()
@@ -174,7 +184,8 @@ def test_query_parameters_restore_a_state():
     assert at.sidebar.slider[0].value == 1500
     (curve,) = charts(at)
     assert named(curve, "current recent_window")[0]["x"] == [64]
-    assert values(named(curve, "h2o")[0]["x"]) == list(range(1, 128))  # swept to budget - 1
+    swept = values(named(curve, "h2o")[0]["x"])
+    assert swept[0] == 1 and swept[-1] == 127 and 64 in swept  # swept to budget - 1, the current window included
     assert named(curve, "streaming_llm (sinks=2)")
 
 
