@@ -140,16 +140,24 @@ def build_parser() -> argparse.ArgumentParser:
                    "(about a minute and a half) instead of extrapolating from 16")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
 
-    p = sub.add_parser("record", help="record real traces from Gemma-3-270M (needs requirements-record.txt)")
+    p = sub.add_parser("record", help="record a bundle of real traces from a causal LM (needs requirements-record.txt)")
     p.add_argument("text", help="a UTF-8 text file; its first --steps + 1 tokens are read")
-    p.add_argument("--out", required=True, help="folder to write <prefix>-L<layer>.npz into")
+    p.add_argument("--model", default=None, help="a local Hugging Face model folder or a hub id already in the local "
+                   "cache (nothing is downloaded); default: the shipped Gemma-3-270M")
+    p.add_argument("--out", required=True, help="the bundle folder to write (traces + manifest.json)")
     p.add_argument("--steps", type=_positive_int, default=4096, help="decode steps per trace (default: 4096)")
-    p.add_argument("--layers", default=None, help="comma-separated layers (default: the global ones, 5,11,17)")
-    p.add_argument("--prefix", default="gemma3-270m", help="file name prefix (default: gemma3-270m)")
+    p.add_argument("--layers", default="global", help="all, global (default: the layers without a sliding window) "
+                   "or comma-separated layer numbers")
+    p.add_argument("--gqa", choices=["mean", "max"], default="mean", help="how the query heads that share a KV head "
+                   "are combined (default: mean)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model runs (default: cpu)")
+    p.add_argument("--prefix", default=None, help="file name prefix (default: gemma3-270m, or the model folder's name)")
     p.add_argument("--source", default=None, help="where the text comes from, for the traces' meta")
     p.add_argument("--licence", default=None, help="the text's licence, for the traces' meta")
+    p.add_argument("--model-licence", default=None, help="the model's licence, for the traces' meta")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
+
     return parser
 
 
@@ -215,21 +223,20 @@ def cmd_export(args: argparse.Namespace) -> object:
 
 def cmd_record(args: argparse.Namespace) -> object:
     # the recorder's extra (torch, transformers) is optional: nothing of it is imported until asked for
-    from .record import RecordError, record, require_extra
+    from .record import RecordError, record_bundle, require_extra
 
+    layers = args.layers.strip()
     try:
-        layers = None if args.layers is None else [int(x) for x in args.layers.split(",") if x.strip()]
-    except ValueError:
-        raise CLIError(f"--layers: expected comma-separated integers, got {args.layers!r}") from None
-    try:
-        require_extra()
+        if args.model is None:
+            require_extra()  # the shipped model's packages; load_hf_model checks torch and transformers itself
         kwargs = {} if not args.quiet else {"progress": None}
-        paths = record(args.text, args.out, steps=args.steps, layers=layers, prefix=args.prefix,
-                       source=args.source, licence=args.licence, **kwargs)
+        doc = record_bundle(args.text, args.out, model=args.model, steps=args.steps,
+                            layers=layers, gqa=args.gqa, device=args.device,
+                            prefix=args.prefix, source=args.source, licence=args.licence,
+                            model_licence=args.model_licence, **kwargs)
     except RecordError as e:
         raise CLIError(str(e)) from None
-    files = [{"path": str(p), "bytes": p.stat().st_size} for p in paths]
-    return {"text": args.text, "files": files}
+    return {"text": args.text, **doc}
 
 
 def cmd_bench(args: argparse.Namespace) -> object:
@@ -310,7 +317,8 @@ def render(command: str, doc) -> str:
         }
         return _aligned(["figure", "value"], [[label, doc[k]] for k, label in labels.items()])
     if command == "record":
-        return "\n".join(f"wrote {f['path']} ({f['bytes']} bytes)" for f in doc["files"])
+        return "\n".join([*(f"wrote {f['path']} (layer {f['layer']}, KV head {f['head']}, {f['bytes']} bytes)"
+                            for f in doc["files"]), f"bundle {doc['bundle']}: {len(doc['files'])} traces, {doc['steps']} steps"])
     if command == "export":
         return f"wrote {doc['out']}: trace {doc['trace']}, {doc['steps']} steps, {doc['dtype']}, {doc['bytes']} bytes"
     if command == "table":
