@@ -1,4 +1,4 @@
-"""``python -m kvsim``: replay, sweep, describe, export and the cards' table, from the command line.
+"""``python -m kvsim``: replay, sweep, describe, export, the cards' table, record and tune, from the command line.
 
 ``--json`` on any subcommand prints exactly one JSON document on stdout and nothing else; without it
 the same figures print as aligned tables. Every error exits non-zero with one line on stderr,
@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from . import bench
-from .catalog import available_traces, resolve_trace
+from .bundle import is_bundle
+from .catalog import available_bundles, available_traces, resolve_trace
 from .engine import replay_fast
 from .metrics import DEFAULT_BAND, describe
 from .policies import DEFAULT_BUDGET, POLICIES, make_policy, policy_params
@@ -94,7 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     specs = _param_specs()
-    trace_help = f"canonical, a shipped trace ({', '.join(available_traces()[1:]) or 'none yet'}) or a path to an .npz"
+    bundles = available_bundles()
+    trace_help = (f"canonical, a shipped trace ({', '.join(available_traces()[1:]) or 'none yet'}), a path to an .npz, or one "
+                  f"trace of a bundle as BUNDLE:L05 or BUNDLE:L05H1 (shipped bundles: {', '.join(bundles) or 'none yet'})")
 
     def common(p: argparse.ArgumentParser, budget_default: int | None, budget_type=int) -> None:
         p.add_argument("--trace", default="canonical", help=f"{trace_help} (default: canonical)")
@@ -138,6 +141,28 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="time the reference path against the fast engine on the canonical trace")
     p.add_argument("--full-reference", action="store_true", help="replay all 255 windows on the reference path "
                    "(about a minute and a half) instead of extrapolating from 16")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
+
+    tunable = [name for name in POLICIES if "recent_window" in policy_params(name)]
+    p = sub.add_parser("tune", help="per layer and KV head of a bundle: the smallest recent_window within 0.005 "
+                       "of the best retained mass, and the model-wide figures")
+    p.add_argument("--trace", required=True, help="a bundle (a shipped bundle's name or a folder with a manifest.json), "
+                   f"or any one trace ({trace_help})")
+    p.add_argument("--policy", default="h2o", choices=tunable, help="a policy with a recent_window (default: h2o)")
+    p.add_argument("--budget", type=_positive_int, default=256, help="cache budget (default: 256); recent_window "
+                   "is swept over 1 .. budget - 1")
+    p.add_argument("--top-k", type=_positive_int, default=DEFAULT_TOP_K, help="k of top-k recall (default: 32)")
+    p.add_argument("--tolerance", type=float, default=0.005, help="recommend the smallest window within this much "
+                   "of the best retained mass (default: 0.005)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--serial", action="store_true", help="sweep here, one trace after another (the default "
+                       "when Dask is not installed)")
+    where.add_argument("--scheduler", default=None, metavar="ADDRESS", help="the address of a running Dask "
+                       "scheduler (tcp://host:8786); default: local Dask processes on every core")
+    p.add_argument("--workers", type=_positive_int, default=None, help="local Dask worker processes (default: one "
+                   "per core)")
+    p.add_argument("--curves", action="store_true", help="with --json, add every trace's curve over the windows")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
 
     p = sub.add_parser("record", help="record a bundle of real traces from a causal LM (needs requirements-record.txt)")
@@ -239,6 +264,30 @@ def cmd_record(args: argparse.Namespace) -> object:
     return {"text": args.text, **doc}
 
 
+def cmd_tune(args: argparse.Namespace) -> object:
+    from .catalog import resolve_bundle, shipped_bundles
+    from .tune import LOCAL, dask_available, tune
+
+    spec = args.trace.strip()
+    source = resolve_bundle(spec) if spec in shipped_bundles() or is_bundle(spec) else resolve_trace(spec)
+    if args.workers is not None and (args.serial or args.scheduler):
+        raise CLIError("--workers is for local Dask processes; it does not go with --serial or --scheduler")
+    if args.scheduler:
+        scheduler = args.scheduler
+    elif args.serial or not dask_available():
+        scheduler = None
+    else:
+        scheduler = LOCAL
+    if args.quiet:
+        say = None
+    else:
+        def say(done, total, name):
+            print(f"tune: {done}/{total} traces swept ({name})", file=sys.stderr, flush=True)
+    result = tune(source, args.policy, args.budget, tolerance=args.tolerance, top_k=args.top_k, scheduler=scheduler,
+                  workers=args.workers, progress=say)
+    return result.to_dict(curves=args.curves)
+
+
 def cmd_bench(args: argparse.Namespace) -> object:
     say = None if args.json else (lambda m: print(f"bench: {m} ...", file=sys.stderr, flush=True))
     return bench.run(full_reference=args.full_reference, progress=say)
@@ -325,6 +374,8 @@ def render(command: str, doc) -> str:
         return _render_table(doc)
     if command == "bench":
         return bench.render(doc)
+    if command == "tune":
+        return _render_tune(doc)
     raise AssertionError(command)
 
 
@@ -368,6 +419,37 @@ def _render_table(doc: dict) -> str:
     return "\n".join(parts)
 
 
+def _render_tune(doc: dict) -> str:
+    k, tol = doc["top_k"], doc["tolerance"]
+    rows = [[r["layer"], r["head"], r["attention"], r["recommended_window"], r["recommended_mass"], r["recommended_recall"],
+             r["best_window"], r["best_mass"], r["sliding_window"]["retained_mass"], r["streaming_llm"]["retained_mass"]]
+            for r in doc["layers"]]
+    m = doc["model"]
+    one, per, base = m["one_window"], m["per_layer_windows"], m["baselines"]
+    run = doc["run"]
+    how = "serially" if run["executor"] == "serial" else f"on Dask ({run['workers']} workers, {run['scheduler']})"
+    return "\n".join([
+        f"{doc['policy']} on {doc['trace']} at budget {doc['budget']}: recent_window {doc['windows'][0]}..{doc['windows'][1]}; "
+        f"recommended = the smallest window within {tol} of the trace's best retained mass",
+        "",
+        _aligned(["layer", "kv_head", "attention", "recommended", "retained_mass", f"top_{k}_recall", "best",
+                  "best_mass", "sliding_window", "streaming_llm"], rows),
+        "",
+        "Model-wide (mean over every layer and KV head):",
+        "",
+        _aligned(["setting", "recent_window", "retained_mass", f"top_{k}_recall"], [
+            ["per-layer recommended windows", "per layer", per["recommended_mass"], per["recommended_recall"]],
+            ["one window for all layers (recommended)", one["recommended_window"], one["recommended_mass"],
+             one["recommended_recall"]],
+            ["one window for all layers (best)", one["best_window"], one["best_mass"], one["best_recall"]],
+            ["sliding_window", "n/a", base["sliding_window"]["retained_mass"], base["sliding_window"]["top_k_recall"]],
+            ["streaming_llm sinks=4", "n/a", base["streaming_llm"]["retained_mass"], base["streaming_llm"]["top_k_recall"]],
+        ], text=False),
+        "",
+        f"{len(doc['layers'])} traces swept {how} in {run['seconds']:.1f} s",
+    ])
+
+
 def _jsonable(x):
     if isinstance(x, np.generic):
         x = x.item()
@@ -381,7 +463,7 @@ def _jsonable(x):
 
 
 COMMANDS = {"replay": cmd_replay, "sweep": cmd_sweep, "describe": cmd_describe, "export": cmd_export, "table": cmd_table,
-            "record": cmd_record, "bench": cmd_bench}
+            "record": cmd_record, "bench": cmd_bench, "tune": cmd_tune}
 
 
 def main(argv: list[str] | None = None) -> int:

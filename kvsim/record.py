@@ -545,6 +545,7 @@ def record_bundle(
             path = out_dir / f"{stem}.npz"
             _save_packed(path, rows[h], n - 1, meta, dtype)
             files.append({"path": str(path), "bytes": path.stat().st_size, "layer": layer, "head": h})
+            say(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
             entries.append({"file": path.name, "layer": layer, "head": h, "query_heads": meta["query_heads"],
                             "attention": kind, "sliding_window": meta["sliding_window"]})
         done = len({e["layer"] for e in entries})
