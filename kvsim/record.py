@@ -464,9 +464,15 @@ def record_bundle(
     if model_and_tokenizer is not None:
         lm, tokenizer = model_and_tokenizer
     elif model is None:
-        if device != "cpu":
-            raise RecordError("the shipped Gemma-3-270M records on the CPU; give --model for --device cuda")
+        if device not in ("cpu", "cuda"):
+            raise RecordError(f"--device must be cpu or cuda, got {device!r}")
         lm, tokenizer = load_model(progress)
+        if device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise RecordError("--device cuda: torch sees no CUDA device")
+            lm.to(device)
     else:
         lm, tokenizer = load_hf_model(model, device=device, progress=progress)
     import torch

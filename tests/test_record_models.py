@@ -279,3 +279,12 @@ def test_a_model_without_attention_is_refused_in_one_line(tiny, tmp_path):
     _tokenizer()[0].save_pretrained(folder)
     with pytest.raises(RecordError, match="mamba has no attention heads"):
         record_bundle(text, tmp_path / "o", model=folder, steps=8, progress=None)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_device_cuda_without_a_cuda_device_is_one_line(tiny, tmp_path, capsys):
+    folders, text = tiny
+    code = cli.main(["record", str(text), "--model", str(folders["llama"]), "--out", str(tmp_path / "o"), "--steps", "8",
+                     "--device", "cuda", "--quiet"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err == "kvsim: error: --device cuda: torch sees no CUDA device\n"
