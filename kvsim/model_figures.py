@@ -47,7 +47,7 @@ def tune_heatmap(result: TuneResult, *, height: int | None = None) -> go.Figure:
     ))
     fig.add_trace(go.Scatter(
         x=rec, y=rows, mode="markers", name=f"recommended (smallest within {tol} of the best)",
-        marker={"symbol": "circle-open", "size": 11, "color": "white", "line": {"width": 2}},
+        marker={"symbol": "circle-open", "size": 11, "color": "#e8112d", "line": {"width": 2.5}},
         customdata=np.asarray([t.recommended_mass for t in result.traces], dtype=np.float64),
         text=[f"{label} ({kind})" for label, kind in zip(labels, kinds, strict=True)],
         hovertemplate="%{text}: recommended recent_window %{x}, retained mass %{customdata:.4f}<extra></extra>",
@@ -59,9 +59,10 @@ def tune_heatmap(result: TuneResult, *, height: int | None = None) -> go.Figure:
         hovertemplate="%{text}: best recent_window %{x}, retained mass %{customdata:.4f}<extra></extra>",
     ))
     shared = result.model_wide()["one_window"]["recommended_window"]
-    fig.add_vline(x=shared, line={"dash": "dash", "color": "white", "width": 1.5},
-                  annotation={"text": f"one window for all: {shared}", "font": {"color": "white"}},
-                  annotation_position="top left")
+    fig.add_vline(x=shared, line={"dash": "dash", "color": "#e8112d", "width": 1.5},
+                  annotation={"text": f"one window for all layers: {shared}", "yref": "paper", "y": 1.0,
+                              "yanchor": "bottom", "font": {"color": "#e8112d"}},
+                  annotation_position="top")
     fig.update_yaxes(title_text="layer" if labels[0].count("H") == 0 else "layer, KV head", tickmode="array",
                      tickvals=rows, ticktext=labels, autorange="reversed")
     fig.update_xaxes(title_text="recent_window")
