@@ -425,7 +425,18 @@ def _render_tune(doc: dict) -> str:
              r["best_window"], r["best_mass"], r["sliding_window"]["retained_mass"], r["streaming_llm"]["retained_mass"]]
             for r in doc["layers"]]
     m = doc["model"]
-    one, per, base = m["one_window"], m["per_layer_windows"], m["baselines"]
+    one, per, head, base = m["one_window"], m["per_layer_windows"], m["per_head_windows"], m["baselines"]
+    shared_heads = any(r["kv_heads"] > 1 for r in doc["per_layer"])
+    per_layer = [] if not shared_heads else [
+        "",
+        "One window per layer, shared by its KV heads (on the mean of their curves):",
+        "",
+        _aligned(["layer", "kv_heads", "recommended", "retained_mass", f"top_{k}_recall", "best", "best_mass"],
+                 [[r["layer"], r["kv_heads"], r["recommended_window"], r["recommended_mass"], r["recommended_recall"],
+                   r["best_window"], r["best_mass"]] for r in doc["per_layer"]]),
+    ]
+    by_head = [] if not shared_heads else [
+        ["per-KV-head recommended windows", "per head", head["recommended_mass"], head["recommended_recall"]]]
     run = doc["run"]
     how = "serially" if run["executor"] == "serial" else f"on Dask ({run['workers']} workers, {run['scheduler']})"
     return "\n".join([
@@ -434,11 +445,13 @@ def _render_tune(doc: dict) -> str:
         "",
         _aligned(["layer", "kv_head", "attention", "recommended", "retained_mass", f"top_{k}_recall", "best",
                   "best_mass", "sliding_window", "streaming_llm"], rows),
+        *per_layer,
         "",
         "Model-wide (mean over every layer and KV head):",
         "",
         _aligned(["setting", "recent_window", "retained_mass", f"top_{k}_recall"], [
             ["per-layer recommended windows", "per layer", per["recommended_mass"], per["recommended_recall"]],
+            *by_head,
             ["one window for all layers (recommended)", one["recommended_window"], one["recommended_mass"],
              one["recommended_recall"]],
             ["one window for all layers (best)", one["best_window"], one["best_mass"], one["best_recall"]],

@@ -6,10 +6,10 @@ engine) and reports:
 
 - per trace, the best window and the *recommended* one: the smallest window whose retained mass is
   within ``tolerance`` (0.005) of that trace's best (past it the curve is flat, and a smaller window
-  leaves more of the cache to the heavy hitters);
+  leaves more of the cache to the heavy hitters); per layer, the same on the mean of its KV heads'
+  curves (one window per layer, as a serving stack sets it);
 - model-wide, the mean over all traces for one window shared by every layer (the best shared window
-  and the smallest within ``tolerance`` of it) and for per-layer windows (each trace at its own
-  recommended window);
+  and the smallest within ``tolerance`` of it), for per-layer windows and for per-KV-head windows;
 - sliding_window and streaming_llm at the same budget beside them.
 
 The sweeps are independent, so they can run on Dask (``scheduler="local"`` for local processes, or a
@@ -88,21 +88,40 @@ class TuneResult:
         """float64 ``(traces, windows)``: retained mass of each trace at each window."""
         return np.stack([t.retained_mass for t in self.traces])
 
+    def _pick(self, mass: np.ndarray, recall: np.ndarray) -> dict:
+        best = int(np.argmax(mass))  # the first of equal masses: the smallest window
+        rec = int(np.flatnonzero(mass >= mass[best] - self.tolerance)[0])
+        return {"best_window": self.windows[best], "best_mass": float(mass[best]), "best_recall": float(recall[best]),
+                "recommended_window": self.windows[rec], "recommended_mass": float(mass[rec]),
+                "recommended_recall": float(recall[rec])}
+
+    def per_layer(self) -> list[dict]:
+        """One window per layer, shared by its KV heads (a serving stack sets the window per layer): the
+        best and recommended windows of the mean of the layer's curves. With one KV head per layer these
+        are that trace's own."""
+        out = []
+        for layer in sorted({t.layer for t in self.traces}):
+            ts = [t for t in self.traces if t.layer == layer]
+            mass = np.mean([t.retained_mass for t in ts], axis=0)
+            recall = np.mean([t.top_k_recall for t in ts], axis=0)
+            out.append({"layer": layer, "kv_heads": len(ts), **self._pick(mass, recall)})
+        return out
+
     def model_wide(self) -> dict:
-        """Means over all traces: one shared window (best, and the smallest within ``tolerance``), per-trace
-        windows (recommended and best), and the baselines."""
-        mass = self.mass_matrix()
-        mean = mass.mean(axis=0)
-        recall = np.stack([t.top_k_recall for t in self.traces]).mean(axis=0)
-        best = int(np.argmax(mean))  # the first of equal means: the smallest window
-        shared = int(np.flatnonzero(mean >= mean[best] - self.tolerance)[0])
+        """Means over all traces: one shared window (best, and the smallest within ``tolerance``), one
+        window per layer (``per_layer``), one per KV head, and the baselines."""
+        mass, recall = self.mass_matrix(), np.stack([t.top_k_recall for t in self.traces])
+        at = {w: i for i, w in enumerate(self.windows)}
+        layer_window = {r["layer"]: at[r["recommended_window"]] for r in self.per_layer()}
+        rows = np.arange(len(self.traces))
+        cols = np.array([layer_window[t.layer] for t in self.traces])
         return {
-            "one_window": {
-                "best_window": self.windows[best], "best_mass": float(mean[best]), "best_recall": float(recall[best]),
-                "recommended_window": self.windows[shared], "recommended_mass": float(mean[shared]),
-                "recommended_recall": float(recall[shared]),
-            },
+            "one_window": self._pick(mass.mean(axis=0), recall.mean(axis=0)),
             "per_layer_windows": {
+                "recommended_mass": float(mass[rows, cols].mean()),
+                "recommended_recall": float(recall[rows, cols].mean()),
+            },
+            "per_head_windows": {
                 "recommended_mass": float(np.mean([t.recommended_mass for t in self.traces])),
                 "recommended_recall": float(np.mean([t.recommended_recall for t in self.traces])),
                 "best_mass": float(np.mean([t.best_mass for t in self.traces])),
@@ -131,7 +150,7 @@ class TuneResult:
         return {
             "trace": self.source, "policy": self.policy, "budget": self.budget, "param": PARAM, "params": self.params,
             "windows": [self.windows[0], self.windows[-1]], "tolerance": self.tolerance, "top_k": self.top_k,
-            "layers": rows, "model": self.model_wide(), "run": self.run,
+            "layers": rows, "per_layer": self.per_layer(), "model": self.model_wide(), "run": self.run,
         }
 
 

@@ -163,10 +163,20 @@ def test_model_wide_figures_one_window_for_all_against_per_layer_windows(serial)
     mean = mass.mean(axis=0)
     assert mw["one_window"]["best_window"] == 1 + int(np.argmax(mean))
     assert mw["one_window"]["recommended_window"] == 1 + int(np.flatnonzero(mean >= mean.max() - 0.005)[0])
-    per = np.mean([t.recommended_mass for t in serial.traces])
-    assert mw["per_layer_windows"]["recommended_mass"] == pytest.approx(per)
-    # the layers want 8, 24 and 40: no single window serves all three as well as their own windows
-    assert mw["per_layer_windows"]["recommended_mass"] > mw["one_window"]["best_mass"] + 0.01
+    per_head = np.mean([t.recommended_mass for t in serial.traces])
+    assert mw["per_head_windows"]["recommended_mass"] == pytest.approx(per_head)
+    # layer 0's two KV heads (bands 8 and 24) share one window, from the mean of their two curves
+    layers = serial.per_layer()
+    assert [(r["layer"], r["kv_heads"]) for r in layers] == [(0, 2), (1, 1)]
+    l0 = mass[:2].mean(axis=0)
+    w0 = 1 + int(np.flatnonzero(l0 >= l0.max() - 0.005)[0])
+    assert layers[0]["recommended_window"] == w0 and layers[0]["recommended_mass"] == pytest.approx(l0[w0 - 1])
+    assert 8 < w0 <= 24 and layers[1]["recommended_window"] == 40
+    per_layer = np.mean([l0[w0 - 1], l0[w0 - 1], mass[2, 39]])  # both heads of layer 0 at w0, layer 1 at 40
+    assert mw["per_layer_windows"]["recommended_mass"] == pytest.approx(per_layer)
+    # the traces want 8, 24 and 40: no single window serves all three as well as their own windows
+    assert mw["per_head_windows"]["recommended_mass"] > mw["one_window"]["best_mass"] + 0.01
+    assert mw["per_head_windows"]["recommended_mass"] >= mw["per_layer_windows"]["recommended_mass"] - 0.005
     assert mw["baselines"]["streaming_llm"]["retained_mass"] > mw["baselines"]["sliding_window"]["retained_mass"]
 
 
@@ -185,6 +195,7 @@ def test_cli_tune_prints_each_layer_and_the_model_wide_figures(bundle_dir, capsy
     out = capsys.readouterr().out
     assert "recommended" in out and "per-layer recommended windows" in out and "one window for all layers" in out
     assert "streaming_llm sinks=4" in out and "3 traces swept serially" in out
+    assert "One window per layer, shared by its KV heads" in out and "per-KV-head recommended windows" in out
     assert cli.main(["tune", "--trace", str(bundle_dir), "--budget", "64", "--serial", "--json", "--curves"]) == 0
     captured = capsys.readouterr()
     doc = json.loads(captured.out)
