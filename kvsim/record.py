@@ -294,8 +294,6 @@ def load_hf_model(spec: str | Path, *, device: str = "cpu", progress: Progress |
         tokenizer = AutoTokenizer.from_pretrained(src, local_files_only=True)
     except Exception as e:  # transformers raises OSError, ValueError or TypeError depending on what is missing
         raise RecordError(f"{where}no usable tokenizer ({_first_line(e)})") from None
-    if not getattr(tokenizer, "is_fast", True) and not callable(tokenizer):
-        raise RecordError(f"{where}no usable tokenizer")
     say(f"loading {text} ({config.model_type}) on {device}")
     try:
         model = AutoModelForCausalLM.from_pretrained(src, attn_implementation="eager", dtype=torch.float32,
