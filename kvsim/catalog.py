@@ -1,13 +1,16 @@
 """Where a trace comes from, by name: the one place the CLI and the app turn ``--trace`` into a Trace.
 
 A spec is ``canonical`` (the calibrated synthetic trace), the stem of a file shipped in the repo's
-``traces/`` folder (``traces/<stem>.npz``), or a path to an interchange ``.npz``.
+``traces/`` folder (``traces/<stem>.npz``), or a path to an interchange ``.npz``. A bundle (a recorded
+model: ``traces/<name>/manifest.json`` when shipped, or any folder with a manifest) is named by its
+name or path; one of its traces by ``BUNDLE:L05`` (layer 5) or ``BUNDLE:L05H1`` (layer 5, KV head 1).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from .bundle import MANIFEST, Bundle, BundleError, is_bundle, load_bundle, parse_selector
 from .cache import canonical_trace  # generated once, then read from the user cache directory
 from .trace import Trace, TraceError, load_npz
 
@@ -28,19 +31,58 @@ def available_traces() -> list[str]:
     return [CANONICAL, *shipped_traces()]
 
 
+def shipped_bundles() -> dict[str, Path]:
+    """Name -> folder of every shipped bundle, ``traces/<name>/manifest.json``, sorted by name."""
+    if not TRACES_DIR.is_dir():
+        return {}
+    return {p.parent.name: p.parent for p in sorted(TRACES_DIR.glob(f"*/{MANIFEST}")) if p.is_file()}
+
+
+def available_bundles() -> list[str]:
+    """Every bundle name ``resolve_bundle`` accepts without a path."""
+    return list(shipped_bundles())
+
+
+def resolve_bundle(spec: str) -> Bundle:
+    """A shipped bundle's name or a bundle folder's path. Raises BundleError (one line)."""
+    spec = str(spec).strip()
+    shipped = shipped_bundles()
+    if spec in shipped:
+        return load_bundle(shipped[spec])
+    path = Path(spec)
+    if path.is_dir() or "/" in spec or "\\" in spec:
+        return load_bundle(path)
+    raise BundleError(f"unknown bundle {spec!r}: not a shipped bundle ({', '.join(shipped) or 'none shipped'}) "
+                      "or a folder holding a manifest.json")
+
+
+def _bundle_spec(spec: str) -> bool:
+    return spec in shipped_bundles() or is_bundle(spec)
+
+
 def resolve_trace(spec: str) -> Trace:
-    """``canonical``, a shipped trace's stem, or a path to an ``.npz``. Raises TraceError (one line)."""
+    """``canonical``, a shipped trace's stem, a path to an ``.npz``, or one trace of a bundle
+    (``BUNDLE:L05``, ``BUNDLE:L05H1``). Raises TraceError (one line)."""
     spec = str(spec).strip()
     if spec == CANONICAL:
         return canonical_trace()
     shipped = shipped_traces()
     if spec in shipped:
         return load_npz(shipped[spec])
+    selector = parse_selector(spec)
+    if selector is not None and _bundle_spec(selector[0]):
+        base, layer, head = selector
+        return resolve_bundle(base).load(layer, head)
+    if _bundle_spec(spec):
+        bundle = resolve_bundle(spec)
+        first = bundle.traces[0]
+        raise TraceError(f"{spec} is a bundle of {bundle.describe()}: name one trace, e.g. {spec}:L{first.layer:02d} "
+                         f"or {spec}:{first.label} (layer, KV head), or use a command that takes a bundle (tune)")
     path = Path(spec)
     # anything that looks like a path goes to the loader, whose error names the file and the problem
     if path.exists() or path.suffix == ".npz" or "/" in spec or "\\" in spec:
         return load_npz(path)
     raise TraceError(
-        f"unknown trace {spec!r}: not {CANONICAL!r}, a shipped trace ({', '.join(shipped) or 'none shipped'}) "
-        "or a path to an .npz file"
+        f"unknown trace {spec!r}: not {CANONICAL!r}, a shipped trace ({', '.join(shipped) or 'none shipped'}), "
+        "a bundle's trace (BUNDLE:L05) or a path to an .npz file"
     )

@@ -1,4 +1,5 @@
-"""``python -m kvsim``: replay, sweep, describe, export, the cards' table and their claims, from the command line.
+"""``python -m kvsim``: replay, sweep, describe, export, the cards' table and their claims, record, tune and
+quality, from the command line.
 
 ``--json`` on any subcommand prints exactly one JSON document on stdout and nothing else; without it
 the same figures print as aligned tables. Every error exits non-zero with one line on stderr,
@@ -21,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .catalog import available_traces, resolve_trace
+from .bundle import is_bundle
+from .catalog import available_bundles, available_traces, resolve_trace
 from .harness import DEFAULT_TOP_K
 from .metrics import DEFAULT_BAND, describe
 from .policies import DEFAULT_BUDGET, POLICIES, all_tunables, make_policy, policy_params
@@ -81,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     specs = all_tunables()
-    trace_help = f"canonical, a shipped trace ({', '.join(available_traces()[1:]) or 'none yet'}) or a path to an .npz"
+    bundles = available_bundles()
+    trace_help = (f"canonical, a shipped trace ({', '.join(available_traces()[1:]) or 'none yet'}), a path to an .npz, or one "
+                  f"trace of a bundle as BUNDLE:L05 or BUNDLE:L05H1 (shipped bundles: {', '.join(bundles) or 'none yet'})")
 
     def common(p: argparse.ArgumentParser, budget_default: int | None, budget_type=int) -> None:
         p.add_argument("--trace", default="canonical", help=f"{trace_help} (default: canonical)")
@@ -141,14 +145,43 @@ def build_parser() -> argparse.ArgumentParser:
                    "KVSIM_CACHE_DIR (the canonical trace is generated again, as on a machine that never ran it)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
 
-    p = sub.add_parser("record", help="record real traces from Gemma-3-270M (needs requirements-record.txt)")
+    tunable = [name for name in POLICIES if "recent_window" in policy_params(name)]
+    p = sub.add_parser("tune", help="per layer and KV head of a bundle: the smallest recent_window within 0.005 "
+                       "of the best retained mass, and the model-wide figures")
+    p.add_argument("--trace", required=True, help="a bundle (a shipped bundle's name or a folder with a manifest.json), "
+                   f"or any one trace ({trace_help})")
+    p.add_argument("--policy", default="h2o", choices=tunable, help="a policy with a recent_window (default: h2o)")
+    p.add_argument("--budget", type=_positive_int, default=256, help="cache budget (default: 256); recent_window "
+                   "is swept over 1 .. budget - 1")
+    p.add_argument("--top-k", type=_positive_int, default=DEFAULT_TOP_K, help="k of top-k recall (default: 32)")
+    p.add_argument("--tolerance", type=float, default=0.005, help="recommend the smallest window within this much "
+                   "of the best retained mass (default: 0.005)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--serial", action="store_true", help="sweep here, one trace after another (the default "
+                       "when Dask is not installed)")
+    where.add_argument("--scheduler", default=None, metavar="ADDRESS", help="the address of a running Dask "
+                       "scheduler (tcp://host:8786); default: local Dask processes on every core")
+    p.add_argument("--workers", type=_positive_int, default=None, help="local Dask worker processes (default: one "
+                   "per core)")
+    p.add_argument("--curves", action="store_true", help="with --json, add every trace's curve over the windows")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
+
+    p = sub.add_parser("record", help="record a bundle of real traces from a causal LM (needs requirements-record.txt)")
     p.add_argument("text", help="a UTF-8 text file; its first --steps + 1 tokens are read")
-    p.add_argument("--out", required=True, help="folder to write <prefix>-L<layer>.npz into")
+    p.add_argument("--model", default=None, help="a local Hugging Face model folder or a hub id already in the local "
+                   "cache (nothing is downloaded); default: the shipped Gemma-3-270M")
+    p.add_argument("--out", required=True, help="the bundle folder to write (traces + manifest.json)")
     p.add_argument("--steps", type=_positive_int, default=4096, help="decode steps per trace (default: 4096)")
-    p.add_argument("--layers", default=None, help="comma-separated layers (default: the global ones, 5,11,17)")
-    p.add_argument("--prefix", default="gemma3-270m", help="file name prefix (default: gemma3-270m)")
+    p.add_argument("--layers", default="global", help="all, global (default: the layers without a sliding window) "
+                   "or comma-separated layer numbers")
+    p.add_argument("--gqa", choices=["mean", "max"], default="mean", help="how the query heads that share a KV head "
+                   "are combined (default: mean)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model runs (default: cpu)")
+    p.add_argument("--prefix", default=None, help="file name prefix (default: gemma3-270m, or the model folder's name)")
     p.add_argument("--source", default=None, help="where the text comes from, for the traces' meta")
     p.add_argument("--licence", default=None, help="the text's licence, for the traces' meta")
+    p.add_argument("--model-licence", default=None, help="the model's licence, for the traces' meta")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
 
@@ -218,21 +251,44 @@ def cmd_export(args: argparse.Namespace) -> object:
 
 def cmd_record(args: argparse.Namespace) -> object:
     # the recorder's extra (torch, transformers) is optional: nothing of it is imported until asked for
-    from .record import RecordError, record, require_extra
+    from .record import RecordError, record_bundle, require_extra
 
+    layers = args.layers.strip()
     try:
-        layers = None if args.layers is None else [int(x) for x in args.layers.split(",") if x.strip()]
-    except ValueError:
-        raise CLIError(f"--layers: expected comma-separated integers, got {args.layers!r}") from None
-    try:
-        require_extra()
+        if args.model is None:
+            require_extra()  # the shipped model's packages; load_hf_model checks torch and transformers itself
         kwargs = {} if not args.quiet else {"progress": None}
-        paths = record(args.text, args.out, steps=args.steps, layers=layers, prefix=args.prefix,
-                       source=args.source, licence=args.licence, **kwargs)
+        doc = record_bundle(args.text, args.out, model=args.model, steps=args.steps,
+                            layers=layers, gqa=args.gqa, device=args.device,
+                            prefix=args.prefix, source=args.source, licence=args.licence,
+                            model_licence=args.model_licence, **kwargs)
     except RecordError as e:
         raise CLIError(str(e)) from None
-    files = [{"path": str(p), "bytes": p.stat().st_size} for p in paths]
-    return {"text": args.text, "files": files}
+    return {"text": args.text, **doc}
+
+
+def cmd_tune(args: argparse.Namespace) -> object:
+    from .catalog import resolve_bundle, shipped_bundles
+    from .tune import LOCAL, dask_available, tune
+
+    spec = args.trace.strip()
+    source = resolve_bundle(spec) if spec in shipped_bundles() or is_bundle(spec) else resolve_trace(spec)
+    if args.workers is not None and (args.serial or args.scheduler):
+        raise CLIError("--workers is for local Dask processes; it does not go with --serial or --scheduler")
+    if args.scheduler:
+        scheduler = args.scheduler
+    elif args.serial or not dask_available():
+        scheduler = None
+    else:
+        scheduler = LOCAL
+    if args.quiet:
+        say = None
+    else:
+        def say(done, total, name):
+            print(f"tune: {done}/{total} traces swept ({name})", file=sys.stderr, flush=True)
+    result = tune(source, args.policy, args.budget, tolerance=args.tolerance, top_k=args.top_k, scheduler=scheduler,
+                  workers=args.workers, progress=say)
+    return result.to_dict(curves=args.curves)
 
 
 def cmd_claims(args: argparse.Namespace) -> object:
@@ -336,7 +392,8 @@ def render(command: str, doc) -> str:
         }
         return _aligned(["figure", "value"], [[label, doc[k]] for k, label in labels.items()])
     if command == "record":
-        return "\n".join(f"wrote {f['path']} ({f['bytes']} bytes)" for f in doc["files"])
+        return "\n".join([*(f"wrote {f['path']} (layer {f['layer']}, KV head {f['head']}, {f['bytes']} bytes)"
+                            for f in doc["files"]), f"bundle {doc['bundle']}: {len(doc['files'])} traces, {doc['steps']} steps"])
     if command == "export":
         return f"wrote {doc['out']}: trace {doc['trace']}, {doc['steps']} steps, {doc['dtype']}, {doc['bytes']} bytes"
     if command == "table":
@@ -355,6 +412,8 @@ def render(command: str, doc) -> str:
         return render_ledger(doc)
     if command == "quality":
         return _render_quality(doc)
+    if command == "tune":
+        return _render_tune(doc)
     raise AssertionError(command)
 
 
@@ -490,6 +549,50 @@ def _render_quality(doc) -> str:
     )
 
 
+def _render_tune(doc: dict) -> str:
+    k, tol = doc["top_k"], doc["tolerance"]
+    rows = [[r["layer"], r["head"], r["attention"], r["recommended_window"], r["recommended_mass"], r["recommended_recall"],
+             r["best_window"], r["best_mass"], r["sliding_window"]["retained_mass"], r["streaming_llm"]["retained_mass"]]
+            for r in doc["layers"]]
+    m = doc["model"]
+    one, per, head, base = m["one_window"], m["per_layer_windows"], m["per_head_windows"], m["baselines"]
+    shared_heads = any(r["kv_heads"] > 1 for r in doc["per_layer"])
+    per_layer = [] if not shared_heads else [
+        "",
+        "One window per layer, shared by its KV heads (on the mean of their curves):",
+        "",
+        _aligned(["layer", "kv_heads", "recommended", "retained_mass", f"top_{k}_recall", "best", "best_mass"],
+                 [[r["layer"], r["kv_heads"], r["recommended_window"], r["recommended_mass"], r["recommended_recall"],
+                   r["best_window"], r["best_mass"]] for r in doc["per_layer"]]),
+    ]
+    by_head = [] if not shared_heads else [
+        ["per-KV-head recommended windows", "per head", head["recommended_mass"], head["recommended_recall"]]]
+    run = doc["run"]
+    how = "serially" if run["executor"] == "serial" else f"on Dask ({run['workers']} workers, {run['scheduler']})"
+    return "\n".join([
+        f"{doc['policy']} on {doc['trace']} at budget {doc['budget']}: recent_window {doc['windows'][0]}..{doc['windows'][1]}; "
+        f"recommended = the smallest window within {tol} of the trace's best retained mass",
+        "",
+        _aligned(["layer", "kv_head", "attention", "recommended", "retained_mass", f"top_{k}_recall", "best",
+                  "best_mass", "sliding_window", "streaming_llm"], rows),
+        *per_layer,
+        "",
+        "Model-wide (mean over every layer and KV head):",
+        "",
+        _aligned(["setting", "recent_window", "retained_mass", f"top_{k}_recall"], [
+            ["per-layer recommended windows", "per layer", per["recommended_mass"], per["recommended_recall"]],
+            *by_head,
+            ["one window for all layers (recommended)", one["recommended_window"], one["recommended_mass"],
+             one["recommended_recall"]],
+            ["one window for all layers (best)", one["best_window"], one["best_mass"], one["best_recall"]],
+            ["sliding_window", "n/a", base["sliding_window"]["retained_mass"], base["sliding_window"]["top_k_recall"]],
+            ["streaming_llm sinks=4", "n/a", base["streaming_llm"]["retained_mass"], base["streaming_llm"]["top_k_recall"]],
+        ], text=False),
+        "",
+        f"{len(doc['layers'])} traces swept {how} in {run['seconds']:.1f} s",
+    ])
+
+
 def _jsonable(x):
     if isinstance(x, np.generic):
         x = x.item()
@@ -503,7 +606,7 @@ def _jsonable(x):
 
 
 COMMANDS = {"replay": cmd_replay, "sweep": cmd_sweep, "describe": cmd_describe, "export": cmd_export, "table": cmd_table,
-            "record": cmd_record, "bench": cmd_bench, "claims": cmd_claims, "quality": cmd_quality}
+            "record": cmd_record, "bench": cmd_bench, "claims": cmd_claims, "quality": cmd_quality, "tune": cmd_tune}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,7 @@ Tokens ``x_0 .. x_N`` (``x_0`` is ``<bos>``, as in the traces). At decode step t
 position t sees its own key plus the positions its layer's cache holds, at most ``budget`` of them.
 There is one policy instance per (layer, KV head), fed that head's attention: the mean of the query
 heads sharing it, the query's own weight dropped, renormalised over the kept set, float32 (what the
-harness passes, DOMAIN.md section 4). The loss is the mean negative log-likelihood of ``x_{t+1}`` at
+harness passes, docs/domain.md "The harness"). The loss is the mean negative log-likelihood of ``x_{t+1}`` at
 positions ``t = 1 .. N - 1``.
 
 Two modes:

@@ -27,7 +27,7 @@ def random_trace(rng: np.random.Generator, steps: int, zero_share: float = 0.3, 
 
 def exhaustive(trace: kvsim.Trace, budget: int) -> float:
     """The best total retained mass over every legal schedule, by trying them all: the cache rules
-    of DOMAIN.md section 1 played out directly (held sets, one admission per step, evict to
+    of docs/domain.md ("Positions, steps and the cache") played out directly (held sets, one admission per step, evict to
     min(t + 1, budget)), independent of the solver's assignment formulation."""
     A = trace.attention.astype(np.float64)
     T = trace.steps

@@ -111,8 +111,9 @@ def recorded(tmp_path_factory):
 @pytest.mark.record
 def test_record_writes_one_packed_float16_trace_per_global_layer(recorded):
     doc, stderr, out = recorded
-    names = sorted(p.name for p in out.iterdir())
+    names = sorted(p.name for p in out.iterdir() if p.suffix == ".npz")
     assert names == ["gemma3-270m-L05.npz", "gemma3-270m-L11.npz", "gemma3-270m-L17.npz"]
+    assert sorted(p.name for p in out.iterdir() if p.suffix != ".npz") == ["manifest.json"]  # a bundle
     assert sorted(f["path"].rsplit("/", 1)[-1] for f in doc["files"]) == names
     assert "forward pass" in stderr and "wrote" in stderr  # progress went to stderr, not stdout
     for name in names:
@@ -138,7 +139,7 @@ def test_record_meta_names_the_text_the_model_and_the_layer(recorded):
         assert trace.name == f"gemma3-270m-L{layer:02d}" and trace.steps == STEPS
         assert m["layer"] == layer and m["head"] == 0 and m["query_heads"] == [0, 1, 2, 3]
         assert m["source"] == "kvsim's test suite" and m["licence"] == "written for the test"
-        assert "gemma-3-270m" in m["model"] and "Gemma Terms of Use" in m["model_licence"]
+        assert m["model"] == rec.MODEL and "Gemma Terms of Use" in m["model_licence"]
         assert m["attention"].startswith("global")
         assert len(m["tokens"]) == STEPS + 1 and m["tokens"][0] == "<bos>"
         assert TEXT.startswith("".join(m["tokens"][1:]))  # the positions are the text's own tokens

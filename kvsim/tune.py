@@ -1,0 +1,323 @@
+"""Tune a policy's ``recent_window`` per layer and KV head of a recorded model (a bundle).
+
+The H2O card's advice is "tune it to your model, not to this table". For every (layer, KV head) trace
+of a bundle, ``tune`` sweeps ``recent_window`` over ``1 .. budget - 1`` with ``kvsim.sweep`` (the fast
+engine) and reports:
+
+- per trace, the best window and the *recommended* one: the smallest window whose retained mass is
+  within ``tolerance`` (0.005) of that trace's best (past it the curve is flat, and a smaller window
+  leaves more of the cache to the heavy hitters); per layer, the same on the mean of its KV heads'
+  curves (one window per layer, as a serving stack sets it);
+- model-wide, the mean over all traces for one window shared by every layer (the best shared window
+  and the smallest within ``tolerance`` of it), for per-layer windows and for per-KV-head windows;
+- sliding_window and streaming_llm at the same budget beside them.
+
+The sweeps are independent, so they can run on Dask (``scheduler="local"`` for local processes, or a
+scheduler's address): the same function runs per trace, so the results are identical to the serial
+run. Dask is an optional extra (``requirements-record.txt``); nothing here imports it until asked.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .bundle import Bundle
+from .harness import DEFAULT_TOP_K
+from .policies import POLICIES, policy_params
+from .simulate import sweep
+from .trace import Trace, load_npz
+
+#: a window is recommended when its retained mass is within this much of the trace's best
+TOLERANCE = 0.005
+#: the policies measured beside the tuned one, each at its defaults and the same budget
+BASELINES = ("sliding_window", "streaming_llm")
+PARAM = "recent_window"
+LOCAL = "local"
+
+Progress = Callable[[int, int, str], None]
+
+
+class TuneError(ValueError):
+    """Tuning cannot run as asked; one line."""
+
+
+@dataclass(frozen=True)
+class TraceTuning:
+    """One (layer, KV head): its curve over the windows and what it recommends."""
+
+    layer: int
+    head: int
+    name: str
+    #: "global" or "sliding" (the model's own window), from the bundle's manifest
+    attention: str
+    retained_mass: np.ndarray  # float64, one per window
+    top_k_recall: np.ndarray  # float64, one per window
+    best_window: int
+    best_mass: float
+    recommended_window: int
+    recommended_mass: float
+    recommended_recall: float
+    #: baseline policy -> (retained mass, top-k recall) at the same budget
+    baselines: dict[str, tuple[float, float]]
+
+    @property
+    def label(self) -> str:
+        return f"L{self.layer:02d}H{self.head}"
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    source: str
+    policy: str
+    budget: int
+    windows: list[int]
+    tolerance: float
+    top_k: int
+    params: dict
+    traces: tuple[TraceTuning, ...]
+    #: how it ran: {"executor": "serial" | "dask", "workers": n, "scheduler": address, "seconds": s}
+    run: dict = field(default_factory=dict)
+
+    def mass_matrix(self) -> np.ndarray:
+        """float64 ``(traces, windows)``: retained mass of each trace at each window."""
+        return np.stack([t.retained_mass for t in self.traces])
+
+    def _pick(self, mass: np.ndarray, recall: np.ndarray) -> dict:
+        best = int(np.argmax(mass))  # the first of equal masses: the smallest window
+        rec = int(np.flatnonzero(mass >= mass[best] - self.tolerance)[0])
+        return {"best_window": self.windows[best], "best_mass": float(mass[best]), "best_recall": float(recall[best]),
+                "recommended_window": self.windows[rec], "recommended_mass": float(mass[rec]),
+                "recommended_recall": float(recall[rec])}
+
+    def per_layer(self) -> list[dict]:
+        """One window per layer, shared by its KV heads (a serving stack sets the window per layer): the
+        best and recommended windows of the mean of the layer's curves. With one KV head per layer these
+        are that trace's own."""
+        out = []
+        for layer in sorted({t.layer for t in self.traces}):
+            ts = [t for t in self.traces if t.layer == layer]
+            mass = np.mean([t.retained_mass for t in ts], axis=0)
+            recall = np.mean([t.top_k_recall for t in ts], axis=0)
+            out.append({"layer": layer, "kv_heads": len(ts), **self._pick(mass, recall)})
+        return out
+
+    def model_wide(self) -> dict:
+        """Means over all traces: one shared window (best, and the smallest within ``tolerance``), one
+        window per layer (``per_layer``), one per KV head, and the baselines."""
+        mass, recall = self.mass_matrix(), np.stack([t.top_k_recall for t in self.traces])
+        at = {w: i for i, w in enumerate(self.windows)}
+        layer_window = {r["layer"]: at[r["recommended_window"]] for r in self.per_layer()}
+        rows = np.arange(len(self.traces))
+        cols = np.array([layer_window[t.layer] for t in self.traces])
+        return {
+            "one_window": self._pick(mass.mean(axis=0), recall.mean(axis=0)),
+            "per_layer_windows": {
+                "recommended_mass": float(mass[rows, cols].mean()),
+                "recommended_recall": float(recall[rows, cols].mean()),
+            },
+            "per_head_windows": {
+                "recommended_mass": float(np.mean([t.recommended_mass for t in self.traces])),
+                "recommended_recall": float(np.mean([t.recommended_recall for t in self.traces])),
+                "best_mass": float(np.mean([t.best_mass for t in self.traces])),
+            },
+            "baselines": {
+                p: {"retained_mass": float(np.mean([t.baselines[p][0] for t in self.traces])),
+                    "top_k_recall": float(np.mean([t.baselines[p][1] for t in self.traces]))}
+                for p in BASELINES
+            },
+        }
+
+    def to_dict(self, curves: bool = False) -> dict:
+        """JSON-ready. ``curves`` adds every trace's retained mass and recall per window."""
+        rows = []
+        for t in self.traces:
+            row = {
+                "layer": t.layer, "head": t.head, "trace": t.name, "attention": t.attention,
+                "best_window": t.best_window, "best_mass": t.best_mass,
+                "recommended_window": t.recommended_window, "recommended_mass": t.recommended_mass,
+                "recommended_recall": t.recommended_recall,
+                **{p: {"retained_mass": m, "top_k_recall": r} for p, (m, r) in t.baselines.items()},
+            }
+            if curves:
+                row["curve"] = {"retained_mass": t.retained_mass.tolist(), "top_k_recall": t.top_k_recall.tolist()}
+            rows.append(row)
+        return {
+            "trace": self.source, "policy": self.policy, "budget": self.budget, "param": PARAM, "params": self.params,
+            "windows": [self.windows[0], self.windows[-1]], "tolerance": self.tolerance, "top_k": self.top_k,
+            "layers": rows, "per_layer": self.per_layer(), "model": self.model_wide(), "run": self.run,
+        }
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """One trace to sweep: where to get it (a file's bytes, so a remote worker needs no shared disk,
+    or the Trace itself) and how to label it."""
+
+    layer: int
+    head: int
+    name: str
+    attention: str
+    payload: bytes | Trace | str
+
+
+def _units(source: Bundle | Trace | Sequence[Trace]) -> list[_Unit]:
+    if isinstance(source, Bundle):
+        return [_Unit(t.layer, t.head, t.path.stem, t.attention, str(t.path)) for t in source.traces]
+    traces = [source] if isinstance(source, Trace) else list(source)
+    units = []
+    for i, tr in enumerate(traces):
+        layer, head = tr.meta.get("layer", i), tr.meta.get("head", 0)
+        scope = "sliding" if str(tr.meta.get("attention", "global")).startswith("sliding") else "global"
+        units.append(_Unit(int(layer) if isinstance(layer, int) else i, int(head) if isinstance(head, int) else 0,
+                           tr.name, scope, tr))
+    return units
+
+
+def _load(payload: bytes | Trace | str, name: str) -> Trace:
+    if isinstance(payload, Trace):
+        return payload
+    if isinstance(payload, bytes):
+        return load_npz(io.BytesIO(payload), source=name)
+    return load_npz(payload)
+
+
+def tune_trace(trace: Trace, policy: str, budget: int, windows: list[int], top_k: int = DEFAULT_TOP_K,
+               **params) -> dict:
+    """One trace's sweep and baselines as plain lists and floats (what a Dask worker sends back)."""
+    rows = sweep(trace, policy, budget, PARAM, windows, top_k=top_k, **params)
+    base = {}
+    for p in BASELINES:  # a one-value sweep over budget: the fast engine, the policy's defaults
+        r = sweep(trace, p, budget, "budget", [budget], top_k=top_k)[0]
+        base[p] = (float(r["retained_mass"]), float(r["top_k_recall"]))
+    return {"retained_mass": [float(r["retained_mass"]) for r in rows],
+            "top_k_recall": [float(r["top_k_recall"]) for r in rows], "baselines": base}
+
+
+def _run_unit(payload, name: str, policy: str, budget: int, windows: list[int], top_k: int, params: dict) -> dict:
+    return tune_trace(_load(payload, name), policy, budget, windows, top_k=top_k, **params)
+
+
+def _check(policy: str, budget: int, windows: list[int], tolerance: float, params: dict) -> None:
+    if policy not in POLICIES:
+        raise TuneError(f"unknown policy {policy!r}; the registry has {', '.join(POLICIES)}")
+    if PARAM not in policy_params(policy):
+        takes = [p for p in POLICIES if PARAM in policy_params(p)]
+        raise TuneError(f"tune sweeps {PARAM}; policy {policy} does not take it (these do: {', '.join(takes)})")
+    if PARAM in params:
+        raise TuneError(f"{PARAM} is what tune sweeps; do not fix it")
+    if budget < 2:
+        raise TuneError(f"budget must be at least 2 to leave room for a recent_window of 1, got {budget}")
+    if not windows:
+        raise TuneError("no windows to sweep")
+    if not 0 <= tolerance < 1:
+        raise TuneError(f"tolerance must be in [0, 1), got {tolerance}")
+
+
+def tune(
+    source: Bundle | Trace | Sequence[Trace],
+    policy: str = "h2o",
+    budget: int = 256,
+    *,
+    windows: Sequence[int] | None = None,
+    tolerance: float = TOLERANCE,
+    top_k: int = DEFAULT_TOP_K,
+    scheduler: str | None = None,
+    workers: int | None = None,
+    progress: Progress | None = None,
+    **params,
+) -> TuneResult:
+    """Sweep ``recent_window`` (default ``1 .. budget - 1``) on every trace of ``source`` (a bundle, a
+    trace or a list of traces); see the module docstring for what is reported.
+
+    ``scheduler``: ``None`` runs here, one trace after another; ``"local"`` starts a Dask cluster of
+    ``workers`` local processes (default: one per core); anything else is the address of a running
+    Dask scheduler (``tcp://host:8786``). ``progress(done, total, label)`` is called as traces finish.
+    """
+    windows = list(range(1, budget)) if windows is None else [int(w) for w in windows]
+    _check(policy, budget, windows, tolerance, params)
+    units = _units(source)
+    if not units:
+        raise TuneError("nothing to tune: no traces")
+    name = source.name if isinstance(source, Bundle) else ", ".join(u.name for u in units[:3]) + (
+        "" if len(units) <= 3 else f" and {len(units) - 3} more")
+    say = progress or (lambda *_a: None)
+    t0 = time.perf_counter()
+    if scheduler is None:
+        results = []
+        for i, u in enumerate(units):
+            results.append(_run_unit(u.payload, u.name, policy, budget, windows, top_k, params))
+            say(i + 1, len(units), u.name)
+        run = {"executor": "serial", "workers": 1}
+    else:
+        results, run = _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, params)
+    run["seconds"] = round(time.perf_counter() - t0, 2)
+    tunings = tuple(_tuning(u, r, windows, tolerance) for u, r in zip(units, results, strict=True))
+    return TuneResult(source=name, policy=policy, budget=budget, windows=windows, tolerance=tolerance, top_k=top_k,
+                      params=dict(params), traces=tunings, run=run)
+
+
+def _tuning(u: _Unit, r: dict, windows: list[int], tolerance: float) -> TraceTuning:
+    mass, recall = np.asarray(r["retained_mass"], dtype=np.float64), np.asarray(r["top_k_recall"], dtype=np.float64)
+    best = int(np.argmax(mass))  # the first of equal masses
+    rec = int(np.flatnonzero(mass >= mass[best] - tolerance)[0])
+    return TraceTuning(
+        layer=u.layer, head=u.head, name=u.name, attention=u.attention, retained_mass=mass, top_k_recall=recall,
+        best_window=windows[best], best_mass=float(mass[best]), recommended_window=windows[rec],
+        recommended_mass=float(mass[rec]), recommended_recall=float(recall[rec]),
+        baselines={p: (float(m), float(k)) for p, (m, k) in r["baselines"].items()},
+    )
+
+
+def dask_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("distributed") is not None
+
+
+def _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, params) -> tuple[list[dict], dict]:
+    if not dask_available():
+        raise TuneError("running on Dask needs the optional extra (distributed is not installed): "
+                        "pip install -r requirements-record.txt")
+    import contextlib
+
+    from distributed import Client, LocalCluster, as_completed
+
+    with contextlib.ExitStack() as stack:
+        if scheduler == LOCAL:
+            n = workers or os.cpu_count() or 1
+            # processes, one thread each: the sweeps are CPU-bound numba loops
+            cluster = stack.enter_context(LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                                                       dashboard_address=None))
+            client = stack.enter_context(Client(cluster))
+        else:
+            try:
+                client = stack.enter_context(Client(scheduler, timeout="5s"))
+            except (OSError, TimeoutError, ValueError) as e:
+                why = str(e).splitlines()[0] if str(e) else type(e).__name__
+                raise TuneError(f"cannot reach the Dask scheduler at {scheduler} ({why})") from None
+        n_workers = len(client.scheduler_info().get("workers", {}))
+        futures = []
+        for u in units:
+            # a file goes as its bytes: a worker on another machine does not share this disk
+            payload = u.payload
+            if isinstance(payload, str):
+                with open(payload, "rb") as f:
+                    payload = f.read()
+            futures.append(client.submit(_run_unit, payload, u.name, policy, budget, windows, top_k, params,
+                                         pure=False, key=f"kvsim-tune-{u.name}-{os.getpid()}-{time.time_ns()}"))
+        index = {f.key: i for i, f in enumerate(futures)}
+        results: list[dict | None] = [None] * len(futures)
+        for done, fut in enumerate(as_completed(futures), start=1):
+            results[index[fut.key]] = fut.result()
+            say(done, len(units), units[index[fut.key]].name)
+        address = "local" if scheduler == LOCAL else scheduler
+    return results, {"executor": "dask", "workers": n_workers, "scheduler": address}
+
+
+__all__ = ["BASELINES", "TOLERANCE", "TraceTuning", "TuneError", "TuneResult", "dask_available", "tune", "tune_trace"]
