@@ -470,13 +470,21 @@ class Session:
         hidden = torch.zeros(batch, *self.hidden_full.shape)
         t0 = time.perf_counter()
         last = self.n - 1  # step N's output predicts nothing; only its cache (for the mass) matters
-        with self._attached(run):
-            for t in range(last):
-                closed.t = t
-                ids = self.ids[:, t : t + 1].expand(batch, 1)
-                hidden[:, t] = self._forward(None, ids=ids, position=t, batch=True)[:, 0]
-                if t and t % 128 == 0:
-                    self.say(f"  closed loop ({batch} at once): step {t}/{last - 1} ({time.perf_counter() - t0:.0f} s)")
+        # one thread: each step is a few hundred tiny matrix-vector products, which a second thread
+        # only slows down (7x measured for a 640 x 2048 product on a busy 2-core machine)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with self._attached(run):
+                for t in range(last):
+                    closed.t = t
+                    ids = self.ids[:, t : t + 1].expand(batch, 1)
+                    hidden[:, t] = self._forward(None, ids=ids, position=t, batch=True)[:, 0]
+                    if t and t % 128 == 0:
+                        self.say(f"  closed loop ({batch} at once): step {t}/{last - 1} "
+                                 f"({time.perf_counter() - t0:.0f} s)")
+        finally:
+            torch.set_num_threads(threads)
         for c in range(batch):  # the cache that step N would see
             for layer in range(self.layers):
                 for h in range(self.kv_heads):
