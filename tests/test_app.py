@@ -448,8 +448,12 @@ def test_model_view_opens_a_layer_in_the_kept_views():
     at.selectbox(key="model_layer_choice").set_value((5, 0)).run()
     at.button(key="open_layer").click().run(timeout=TIMEOUT)
     assert problems(at) == [] and [e.value for e in at.error] == []
-    assert at.query_params["trace"] == "gemma3-270m-heapq:L05" and at.query_params["view"] == "Kept positions"
-    assert charts(at)  # the kept panels of that layer
+    assert at.query_params["trace"] == "gemma3-270m-heapq:L05"
+    assert at.query_params.get("view", "Kept positions") == "Kept positions"  # the first tab leaves the URL bare
+    assert at.session_state["recent_window"] == tune(resolve_bundle("gemma3-270m-heapq"), "h2o", 64).traces[5].recommended_window
+    (kept,) = charts(at)  # the kept panels of that layer, one per chosen policy
+    assert [t["name"] for t in kept["data"] if t["type"] == "image" and t["name"] in kvsim.POLICIES] == [
+        "sliding_window", "streaming_llm", "h2o"]
 
 
 def test_quality_view_shows_the_rank_correlation_of_the_shown_results():
