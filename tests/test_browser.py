@@ -320,3 +320,38 @@ def test_the_app_in_a_real_browser(server):
     print(f"\nfirst render (page load to three kept panels drawn): {first_render:.1f} s")
     print(f"one interaction (recent_window 32 -> 64, curve marker redrawn): {interaction:.2f} s")
     print(f"screenshots in {ARTIFACTS}" + (f" and {DOCS}" if UPDATE_DOCS else ""))
+
+
+def test_the_claims_model_and_quality_views_in_a_real_browser(server):
+    """The three views over the cards, a recorded model and the proxy's truth: one screenshot each,
+    and the model view's button opening a layer in the kept-position views."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport=VIEWPORT)
+            page_errors: list[str] = []
+            page.on("pageerror", lambda e: page_errors.append(str(e)))
+
+            page.goto(f"{server}/?view=Claims", wait_until="domcontentloaded")
+            page.get_by_text("Every checkable claim", exact=False).first.wait_for(timeout=LOAD_TIMEOUT_MS)
+            wait_text(page, "h2o-saturates-at-64")
+            assert page.locator('a[href*="view=Choosing"]').count() > 0
+            shoot(page, "screenshot-claims.png")
+
+            page.goto(f"{server}/?view=Your+model", wait_until="domcontentloaded")
+            page.wait_for_function(f"() => ({JS_TRACES})().some(t => t.type === 'heatmap')", timeout=LOAD_TIMEOUT_MS)
+            wait_text(page, "recommended recent_window")
+            shoot(page, "screenshot-model.png")
+            page.get_by_role("button", name="open L00 in the kept-position views").click()
+            page.wait_for_function(f"() => ({JS_IMAGES})() >= 9", timeout=LOAD_TIMEOUT_MS)
+            assert "trace=gemma3-270m-heapq%3AL00" in page.url or "trace=gemma3-270m-heapq:L00" in page.url
+            shoot(page, "screenshot-model-layer.png")
+
+            page.goto(f"{server}/?view=Proxy+against+truth", wait_until="domcontentloaded")
+            page.get_by_text("Spearman rank correlation", exact=False).first.wait_for(timeout=LOAD_TIMEOUT_MS)
+            page.wait_for_function(f"() => ({JS_TRACES})().length >= 4", timeout=STEP_TIMEOUT_MS)
+            shoot(page, "screenshot-quality.png")
+            assert page_errors == []
+        finally:
+            browser.close()
