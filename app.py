@@ -1013,7 +1013,7 @@ def model_view(budget: int) -> None:
         hide_index=True, key="tune_table",
     )
     st.caption(f"Computed once per server ({result.run.get('seconds', 0):.0f} s). The same from the command line: "
-               f"`python -m kvsim tune {name} --policy {policy} --budget {budget}`.")
+               f"`python -m kvsim tune --trace {name} --policy {policy} --budget {budget} --serial`.")
 
 
 def pick_layer(result) -> None:

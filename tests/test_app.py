@@ -476,3 +476,10 @@ def test_quality_view_says_how_to_produce_results_when_there_are_none(tmp_path, 
     assert problems(at) == [] and [e.value for e in at.error] == []
     (info,) = at.info
     assert views.QUALITY_COMMAND in info.value
+
+
+@pytest.mark.parametrize("view", ["Your model", "Proxy against truth"])
+def test_model_and_quality_views_render_on_a_real_trace(view):
+    at = run({"trace": "gemma3-270m-L11", "budget": "64"}, view=view)
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    assert at.query_params["trace"] == "gemma3-270m-L11" and charts(at)
