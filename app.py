@@ -881,8 +881,7 @@ def claims_view(trace: kvsim.Trace) -> None:
         "and links to the view and settings that show it (`python -m kvsim claims` prints the same ledger)."
     )
     present = [v for v in VERDICTS if any(r["verdict"] == v for r in records)]
-    shown = st.multiselect("show the claims that", present, default=present, key="claims_verdicts",
-                           format_func=lambda v: f"{views.VERDICT_MARKS[v]} {v}")
+    shown = st.multiselect("show the claims whose verdict is", present, default=present, key="claims_verdicts")
     upload = st.session_state.get("trace_pick", "") != st.session_state.get("trace")
     spec = None if upload else st.session_state.get("trace")
     if upload:
@@ -892,7 +891,7 @@ def claims_view(trace: kvsim.Trace) -> None:
             continue
         with st.container(border=True):
             colour = views.VERDICT_COLOURS[r["verdict"]]
-            st.markdown(f"{views.VERDICT_MARKS[r['verdict']]} **:{colour}[{r['verdict']}]** · `{r['id']}` · "
+            st.markdown(f":{colour}[{views.VERDICT_MARKS[r['verdict']]} **{r['verdict']}**] · `{r['id']}` · "
                         f"the {r['card']} card · scope: {r['scope']}")
             st.markdown(f"> {r['words']}")
             st.markdown(f"**Measured:** {r['measurement']}")
@@ -901,7 +900,7 @@ def claims_view(trace: kvsim.Trace) -> None:
             if r["note"]:
                 st.caption(r["note"])
             link = views.claim_link(r["view"], spec)
-            st.markdown(f"[open *{r['view']['view']}* with the settings that show it]({link})")
+            st.markdown(f"[open the view “{r['view']['view']}” with the settings that show it]({link})")
 
 
 # --------------------------------------------------------------------------------------------
@@ -1010,7 +1009,7 @@ def model_view(budget: int) -> None:
          "retained mass there": [round(x.recommended_mass, 4) for x in result.traces],
          "best recent_window": [x.best_window for x in result.traces],
          "best retained mass": [round(x.best_mass, 4) for x in result.traces]},
-        hide_index=True, key="tune_table",
+        hide_index=True, key="tune_table", height=35 * (len(result.traces) + 1) + 3,
     )
     st.caption(f"Computed once per server ({result.run.get('seconds', 0):.0f} s). The same from the command line: "
                f"`python -m kvsim tune --trace {name} --policy {policy} --budget {budget} --serial`.")

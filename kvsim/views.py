@@ -22,8 +22,10 @@ from .tune import TuneResult
 
 # --- claims --------------------------------------------------------------------------------------
 
-#: one mark per verdict of ``claims.VERDICTS``, shown before the claim's id
-VERDICT_MARKS = {"holds": "✅", "fails": "❌", "not applicable": "➖", "not measured": "❔"}
+#: one mark per verdict of ``claims.VERDICTS``, shown before the claim's id: Streamlit's Material icons
+#: (its own font, so they draw in any browser, where emoji need a system font)
+VERDICT_MARKS = {"holds": ":material/check_circle:", "fails": ":material/cancel:",
+                 "not applicable": ":material/do_not_disturb_on:", "not measured": ":material/help:"}
 #: Streamlit's coloured-text names, one per verdict
 VERDICT_COLOURS = {"holds": "green", "fails": "red", "not applicable": "gray", "not measured": "orange"}
 

@@ -382,7 +382,7 @@ def claim_cards(at: AppTest) -> dict[str, str]:
     """claim id -> the verdict its card shows, from the card's first line."""
     out = {}
     for m in at.markdown:
-        found = re.search(r"\*\*:\w+\[([a-z ]+)\]\*\* · `([^`]+)`", m.value)
+        found = re.search(r"^:\w+\[:material/\w+: \*\*([a-z ]+)\*\*\] · `([^`]+)`", m.value)
         if found:
             out[found.group(2)] = found.group(1)
     return out

@@ -344,7 +344,9 @@ def test_the_claims_model_and_quality_views_in_a_real_browser(server):
             wait_text(page, "recommended recent_window")
             shoot(page, "screenshot-model.png")
             page.get_by_role("button", name="open L00 in the kept-position views").click()
-            page.wait_for_function(f"() => ({JS_IMAGES})() >= 9", timeout=LOAD_TIMEOUT_MS)
+            # a panel per policy (the image and its age strip; a sink strip where the layer has sinks)
+            page.wait_for_function(f"() => ({JS_IMAGES})() >= 6", timeout=LOAD_TIMEOUT_MS)
+            wait_text(page, "h2o (recent_window=134)")  # layer 0's recommended window at budget 256
             assert "trace=gemma3-270m-heapq%3AL00" in page.url or "trace=gemma3-270m-heapq:L00" in page.url
             shoot(page, "screenshot-model-layer.png")
 
