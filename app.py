@@ -977,7 +977,7 @@ def model_view(budget: int) -> None:
         f"recent_window from 1 to {budget - 1}; colour is retained mass. The circle is the layer's *recommended* "
         f"window, the smallest within {result.tolerance} of its best (the cross): past it the curve is flat, and a "
         f"smaller window leaves more of the cache to the heavy hitters. One window for all layers: "
-        f"**{wide['one_window']['recommended_window']}**. **Click a row** (or choose a layer below) for its curve."
+        f"**{wide['one_window']['recommended_window']}**. **Click a layer's circle or cross** (or choose the layer below) for its curve."
     )
     fig = model_figures.tune_heatmap(result)
     st.plotly_chart(fig, key="tune_chart", on_select=lambda: pick_layer(result), selection_mode="points")
