@@ -483,3 +483,15 @@ def test_model_and_quality_views_render_on_a_real_trace(view):
     at = run({"trace": "gemma3-270m-L11", "budget": "64"}, view=view)
     assert problems(at) == [] and [e.value for e in at.error] == []
     assert at.query_params["trace"] == "gemma3-270m-L11" and charts(at)
+
+
+def test_the_new_views_need_no_torch(monkeypatch):
+    """torch is an optional extra (recording, quality): the app imports and draws every new view
+    without it."""
+    import sys
+
+    for name in ("torch", "transformers"):
+        monkeypatch.setitem(sys.modules, name, None)  # an import of either now raises ImportError
+    for view in ("Claims", "Your model", "Proxy against truth"):
+        at = run({"budget": "64"}, view=view)
+        assert problems(at) == [] and [e.value for e in at.error] == [], view
