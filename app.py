@@ -16,11 +16,14 @@ from pathlib import Path
 import streamlit as st
 
 import kvsim
-from kvsim import figures, lab, story, tour
-from kvsim.catalog import CANONICAL, available_traces, resolve_trace
+from kvsim import figures, lab, model_figures, quality_figures, story, tour, views
+from kvsim.catalog import CANONICAL, available_bundles, available_traces, resolve_bundle, resolve_trace
+from kvsim.claims import BUDGET as CLAIMS_BUDGET
+from kvsim.claims import VERDICTS, ledger
 from kvsim.metrics import describe
 from kvsim.policies import all_tunables, describe_policy
 from kvsim.policies.upper_bound import upper_bound_summary
+from kvsim.tune import tune
 
 TOP_K = kvsim.DEFAULT_TOP_K
 #: the largest upload, refused by Streamlit before any of it is held, so one file cannot take the
@@ -33,7 +36,8 @@ MAX_VALUE = 16384
 STORY_POLICIES = ("sliding_window", "streaming_llm", "h2o")
 #: the per-step upper bound's line on the curve: not a policy, so not in the registry
 UPPER_BOUND = "upper bound (offline reference)"
-TABS = ("Kept positions", "Cumulative scores", "Choosing recent_window", "The trace", "Policy lab")
+TABS = ("Kept positions", "Cumulative scores", "Choosing recent_window", "The trace", "Policy lab", "Claims",
+        "Your model", "Proxy against truth")
 #: the kept view's two modes: a panel per policy, or one panel of what the first two keep differently
 KEPT_MODES = {"each": "a panel per policy", "difference": "difference of the first two"}
 #: pixels across the kept images, shared among the panels of a row
@@ -57,7 +61,19 @@ def defaults() -> dict:
         **all_params(),
         "curve_policy": "h2o" if "h2o" in kvsim.POLICIES else next(iter(kvsim.POLICIES)),
         "kept_mode": "each",
+        "bundle": next(iter(available_bundles()), None),
     }
+
+
+def trace_names() -> list[str]:
+    """What the trace selector offers: the shipped traces, then every layer of the shipped bundles
+    (``gemma3-270m-heapq:L05``), so the model view can open a layer in the other views."""
+    return available_traces() + bundle_traces()
+
+
+@st.cache_resource
+def bundle_traces() -> list[str]:
+    return views.bundle_trace_names()
 
 
 # --------------------------------------------------------------------------------------------
@@ -74,7 +90,7 @@ def read_link() -> list[str]:
             continue
         raw = qp[key]
         if key == "trace":
-            ok = raw in available_traces()
+            ok = raw in trace_names()
             value = raw if ok else default
             if not ok:
                 problems.append(f"trace {raw!r} from the link is not available here; showing {default}.")
@@ -84,6 +100,11 @@ def read_link() -> list[str]:
             unknown = sorted(set(asked) - set(value))
             if unknown:
                 problems.append(f"unknown policies in the link ignored: {', '.join(unknown)}.")
+        elif key == "bundle":
+            ok = raw in available_bundles()
+            value = raw if ok else default
+            if not ok:
+                problems.append(f"bundle {raw!r} from the link is not shipped here; showing {default}.")
         elif key == "kept_mode":
             value = raw if raw in KEPT_MODES else default
             if raw not in KEPT_MODES:
@@ -98,6 +119,12 @@ def read_link() -> list[str]:
         st.session_state[key] = value
     if "step" in qp:
         st.session_state["step"] = _parse_count("step", qp["step"], None, problems, low=1)
+    if "lab_preset" in qp:  # the claims' links open the lab on the card's own vector
+        if qp["lab_preset"] in lab.PRESETS:
+            st.session_state["_lab_preset"] = qp["lab_preset"]
+            lab_reset()
+        else:
+            problems.append(f"lab_preset {qp['lab_preset']!r} from the link is not one of {', '.join(lab.PRESETS)}.")
     if "tour" in qp:
         if qp["tour"] in tour.BY_KEY:
             apply_tour(qp["tour"])
@@ -114,7 +141,7 @@ def apply_tour(key: str) -> None:
         if name == "policies":
             value = [p for p in value if p in kvsim.POLICIES]
         if name == "trace":
-            if value not in available_traces():
+            if value not in trace_names():
                 continue
             # the step is about this trace: an upload in use would replace it, so drop the upload
             st.session_state["_upload_gen"] = st.session_state.get("_upload_gen", 0) + 1
@@ -309,7 +336,7 @@ def choose_trace() -> kvsim.Trace:
     """The trace selector and the uploader. While an upload is in use the selector names it; choosing
     a shipped trace there drops the upload. A refused upload says which trace is shown instead."""
     side = st.sidebar
-    names = available_traces()
+    names = trace_names()
     if st.session_state.get("trace") not in names:
         st.session_state["trace"] = CANONICAL
     slot = side.empty()  # the selector, filled once the upload is read
@@ -339,7 +366,8 @@ def choose_trace() -> kvsim.Trace:
 
     slot.selectbox(
         "trace", ([label] if uploaded is not None else []) + names, key="trace_pick", on_change=picked,
-        help="canonical: the calibrated synthetic trace the cards measure on",
+        help="canonical: the calibrated synthetic trace the cards measure on; BUNDLE:L05 is one layer of a recorded "
+             "model (the view *Your model* tunes them all)",
     )
     if uploaded is not None:
         side.caption(f"using the uploaded file {upload.name} ({uploaded.steps} steps); links cannot carry it")
@@ -413,7 +441,7 @@ def main() -> None:
     st.sidebar.header("settings")
     trace = choose_trace()
     controls(trace)
-    write_link(["trace", "policies", "budget", *all_params(), "step", "curve_policy", "kept_mode", "tour"])
+    write_link(["trace", "policies", "budget", *all_params(), "step", "curve_policy", "kept_mode", "bundle", "tour"])
 
     budget = int(st.session_state["budget"])
     features = cached_features(trace)
@@ -444,6 +472,15 @@ def main() -> None:
     with tabs[4]:
         if tabs[4].open:
             lab_view()
+    with tabs[5]:
+        if tabs[5].open:
+            claims_view(trace)
+    with tabs[6]:
+        if tabs[6].open:
+            model_view(budget)
+    with tabs[7]:
+        if tabs[7].open:
+            quality_view()
 
 
 def tour_box() -> None:
@@ -822,6 +859,218 @@ def lab_view() -> None:
             st.plotly_chart(lab.timeline_figure(steps, i, current=t), key=f"lab_timeline_{i}")
             # one table per side, under its own figures: the two side by side fit their columns
             st.dataframe(lab.step_table(steps[t - 1], side=i), hide_index=True, width="stretch")
+
+
+
+# --------------------------------------------------------------------------------------------
+# the claims ledger: every checkable claim of the two cards, measured on the trace on screen
+
+
+@st.cache_resource(max_entries=4, show_spinner="measuring every claim of the two cards on this trace",
+                   hash_funcs=BY_TRACE)
+def cached_ledger(trace: kvsim.Trace) -> list[dict]:
+    return ledger(trace)
+
+
+def claims_view(trace: kvsim.Trace) -> None:
+    records = cached_ledger(trace)
+    counts = ", ".join(f"{views.VERDICT_MARKS[v]} {sum(r['verdict'] == v for r in records)} {v}" for v in VERDICTS)
+    st.markdown(
+        f"**Every checkable claim of the h2o and sliding_window cards, measured on {trace.name}** at budget "
+        f"{CLAIMS_BUDGET}: {counts}. Each quotes the card's words, says what is measured and how that decides it, "
+        "and links to the view and settings that show it (`python -m kvsim claims` prints the same ledger)."
+    )
+    present = [v for v in VERDICTS if any(r["verdict"] == v for r in records)]
+    shown = st.multiselect("show the claims whose verdict is", present, default=present, key="claims_verdicts")
+    upload = st.session_state.get("trace_pick", "") != st.session_state.get("trace")
+    spec = None if upload else st.session_state.get("trace")
+    if upload:
+        st.caption("The links open the views on the shipped trace they name: an upload cannot travel in a link.")
+    for r in records:
+        if r["verdict"] not in shown:
+            continue
+        with st.container(border=True):
+            colour = views.VERDICT_COLOURS[r["verdict"]]
+            st.markdown(f":{colour}[{views.VERDICT_MARKS[r['verdict']]} **{r['verdict']}**] · `{r['id']}` · "
+                        f"the {r['card']} card · scope: {r['scope']}")
+            st.markdown(f"> {r['words']}")
+            st.markdown(f"**Measured:** {r['measurement']}")
+            if r["figures"]:
+                st.markdown("**Figures:** " + "; ".join(f"`{k}` = {v}" for k, v in r["figures"].items()))
+            if r["note"]:
+                st.caption(r["note"])
+            link = views.claim_link(r["view"], spec)
+            st.markdown(f"[open the view “{r['view']['view']}” with the settings that show it]({link})")
+
+
+# --------------------------------------------------------------------------------------------
+# your model: recent_window tuned per layer of a recorded model (a bundle)
+
+
+@st.cache_resource(max_entries=4, show_spinner="reading the bundle")
+def cached_bundle(name: str):
+    return resolve_bundle(name)
+
+
+@st.cache_resource
+def tune_store() -> dict:
+    """Tunings by (bundle, policy, budget): a plain dict so the progress bar is drawn by the run that
+    computes one, never replayed from a cache; shared by every session."""
+    return {}
+
+
+def tuned(name: str, policy: str, budget: int):
+    store = tune_store()
+    key = (name, policy, budget, TOP_K)
+    if key not in store:
+        bundle = cached_bundle(name)
+        bar = st.progress(0.0, text=f"tuning {policy}'s recent_window (1 .. {budget - 1}) on {bundle.describe()}")
+        result = tune(bundle, policy, budget, top_k=TOP_K,
+                      progress=lambda done, total, label: bar.progress(done / total, text=f"tuned {label} ({done} of {total})"))
+        bar.empty()
+        if len(store) >= 16:
+            store.pop(next(iter(store)))
+        store[key] = result
+    return store[key]
+
+
+def open_layer(selector: str, recent_window: int, policy: str) -> None:
+    """Open one layer's trace in the kept-position views, with the window recommended for it."""
+    st.session_state["_upload_gen"] = st.session_state.get("_upload_gen", 0) + 1  # an upload would replace it
+    st.session_state.update(trace=selector, recent_window=recent_window, curve_policy=policy, view=TABS[0])
+    if policy not in st.session_state["policies"]:
+        st.session_state["policies"] = [*st.session_state["policies"], policy]
+
+
+def model_view(budget: int) -> None:
+    names = available_bundles()
+    if not names:
+        st.info("No recorded model is shipped here. Record one with `python -m kvsim record` "
+                "(needs requirements-record.txt), into traces/<name>/.")
+        return
+    curve_policies = [n for n in kvsim.POLICIES if "recent_window" in kvsim.policy_params(n)]
+    top = st.columns([2, 2, 3])
+    with top[0]:
+        if st.session_state.get("bundle") not in names:
+            st.session_state["bundle"] = names[0]
+        st.session_state["bundle_choice"] = st.session_state["bundle"]
+        name = st.selectbox("recorded model (bundle)", names, key="bundle_choice",
+                            on_change=lambda: st.session_state.update(bundle=st.session_state["bundle_choice"]))
+    with top[1]:
+        if st.session_state.get("curve_policy") not in curve_policies:
+            st.session_state["curve_policy"] = curve_policies[0]
+        st.session_state["model_policy"] = st.session_state["curve_policy"]
+        policy = st.selectbox("policy (one with a recent_window)", curve_policies, key="model_policy",
+                              on_change=lambda: st.session_state.update(curve_policy=st.session_state["model_policy"]))
+    bundle = cached_bundle(name)
+    with top[2]:
+        st.markdown(f"**{bundle.model}**, {bundle.describe()}. Budget {budget} (the sidebar's): every layer's cache "
+                    f"holds {budget} positions.")
+    if budget < 2:
+        st.error(f"tuning needs a budget of at least 2 (recent_window runs from 1 to budget - 1); budget is {budget}.")
+        return
+    result = tuned(name, policy, budget)
+    one = len(result.traces) == len(bundle.layers)
+    wide = result.model_wide()
+    st.markdown(
+        f"**Where should each layer's recent window be?** Each row is one layer's replay of {policy} at every "
+        f"recent_window from 1 to {budget - 1}; colour is retained mass. The circle is the layer's *recommended* "
+        f"window, the smallest within {result.tolerance} of its best (the cross): past it the curve is flat, and a "
+        f"smaller window leaves more of the cache to the heavy hitters. One window for all layers: "
+        f"**{wide['one_window']['recommended_window']}**. **Click a layer's circle or cross** (or choose the layer below) for its curve."
+    )
+    fig = model_figures.tune_heatmap(result)
+    st.plotly_chart(fig, key="tune_chart", on_select=lambda: pick_layer(result), selection_mode="points")
+    labels = {(t.layer, t.head): views.trace_selector(name, t.layer, t.head, one).split(":")[1] for t in result.traces}
+    rows = list(labels)
+    if tuple(st.session_state.get("model_layer") or ()) not in labels:
+        st.session_state["model_layer"] = rows[0]
+    st.session_state["model_layer_choice"] = tuple(st.session_state["model_layer"])
+    left, right = st.columns([1, 3])
+    with left:
+        layer, head = st.selectbox(
+            "layer", rows, key="model_layer_choice", format_func=labels.get,
+            on_change=lambda: st.session_state.update(model_layer=st.session_state["model_layer_choice"]))
+        t = next(x for x in result.traces if (x.layer, x.head) == (layer, head))
+        st.markdown(f"**{labels[(layer, head)]}** ({t.attention} attention): recommended recent_window "
+                    f"**{t.recommended_window}** (retained mass {t.recommended_mass:.4f}); best {t.best_window} "
+                    f"({t.best_mass:.4f}). " + ", ".join(f"{p} {m:.4f}" for p, (m, _r) in t.baselines.items())
+                    + " at the same budget.")
+        selector = views.trace_selector(name, layer, head, one)
+        st.button(f"open {labels[(layer, head)]} in the kept-position views", key="open_layer", on_click=open_layer,
+                  args=(selector, t.recommended_window, policy),
+                  help=f"sets the trace to {selector} and recent_window to {t.recommended_window}")
+    with right:
+        st.plotly_chart(model_figures.tune_curve(result, layer, head), key="tune_curve")
+    st.dataframe(
+        {"layer": [labels[(x.layer, x.head)] for x in result.traces],
+         "attention": [x.attention for x in result.traces],
+         "recommended recent_window": [x.recommended_window for x in result.traces],
+         "retained mass there": [round(x.recommended_mass, 4) for x in result.traces],
+         "best recent_window": [x.best_window for x in result.traces],
+         "best retained mass": [round(x.best_mass, 4) for x in result.traces]},
+        hide_index=True, key="tune_table", height=35 * (len(result.traces) + 1) + 3,
+    )
+    st.caption(f"Computed once per server ({result.run.get('seconds', 0):.0f} s). The same from the command line: "
+               f"`python -m kvsim tune --trace {name} --policy {policy} --budget {budget} --serial`.")
+
+
+def pick_layer(result) -> None:
+    chosen = views.selected_row(st.session_state.get("tune_chart"), result)
+    if chosen is not None:
+        st.session_state["model_layer"] = chosen
+
+
+# --------------------------------------------------------------------------------------------
+# proxy against truth: what the model loses beside what the simulator measures
+
+
+def quality_view() -> None:
+    st.markdown(
+        "**Is retained mass a good proxy for what the model loses?** For a recording that carries its text (the "
+        "shipped Gemma-3-270M bundle over CPython's heapq.py), `python -m kvsim quality` runs the model itself with "
+        "every layer's cache evicted by a policy and measures the change in its next-token loss (delta NLL, nats per "
+        "token) and how far its next-token distribution moves (KL), beside the simulator's retained mass. "
+        "*closed*: decoding with the evicted cache (the truth); *open*: the simulator's schedule replayed as masks."
+    )
+    try:
+        found = views.quality_results()
+    except views.QualityResultsError as e:
+        st.error(f"{e}. Produce it again with the command below.")
+        found = None
+    source = f"`{views.QUALITY_RESULTS.name}` (shipped)"
+    if found is None:
+        cached = views.cached_quality_results()
+        if cached:
+            found, source = (cached, {}), "the quality disk cache"
+    if found is None:
+        st.info(
+            "No quality results here yet. They need a real model run (torch and transformers: "
+            "`pip install -r requirements-record.txt`; a few minutes on two cores). Produce them with\n\n"
+            f"`{views.QUALITY_COMMAND}`\n\nand save the printed JSON as `traces/{views.QUALITY_RESULTS.name}` "
+            "(or leave them in the disk cache, which this view also reads)."
+        )
+        return
+    results, meta = found
+    rhos = views.rank_correlations(results)
+    cols = st.columns(max(1, len(rhos)))
+    for col, (mode, (rho, n)) in zip(cols, rhos.items(), strict=False):
+        col.metric(f"Spearman rank correlation, {mode} ({n} points)", views.rho_text(rho),
+                   help="of delta NLL against retained mass across policies and windows: -1 means more mass "
+                        "kept is always less loss")
+    st.plotly_chart(quality_figures.scatter_figure(results), key="quality_scatter")
+    for policy in views.swept_policies(results):
+        st.plotly_chart(quality_figures.curve_figure(results, policy=policy), key=f"quality_curve_{policy}")
+    st.dataframe(
+        {"policy": [r["policy"] for r in results], "params": [", ".join(f"{k}={v}" for k, v in r["params"].items())
+                                                              for r in results],
+         "budget": [r["budget"] for r in results], "mode": [r["mode"] for r in results],
+         "delta NLL": [round(r["delta_nll"], 4) for r in results], "KL": [round(r["kl"], 4) for r in results],
+         "retained mass": [round(r["retained_mass"], 4) for r in results]},
+        hide_index=True, key="quality_table",
+    )
+    command = meta.get("command") if isinstance(meta, dict) else None
+    st.caption(f"From {source}, {results[0]['steps']} steps" + (f"; produced by `{command}`" if command else "") + ".")
 
 
 main()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import time
 from pathlib import Path
 
@@ -362,3 +363,135 @@ def test_starting_the_tour_over_an_upload_shows_the_tour_trace():
     [b for b in at.sidebar.button if b.label == "start the guided tour"][0].click().run()
     assert problems(at) == [] and widget(at, "selectbox", "trace").value == "canonical"
     assert at.sidebar.slider[0].max == 4096 and at.query_params["tour"] == "sinks"
+
+
+# --- the claims ledger, your model, proxy against truth ----------------------------------------------
+
+from kvsim import claims, lab, quality_figures, views  # noqa: E402
+from kvsim.catalog import resolve_bundle, resolve_trace  # noqa: E402
+from kvsim.policies import all_tunables  # noqa: E402
+from kvsim.tune import tune  # noqa: E402
+
+LINK = re.compile(r"\]\((\?[^)\s]+)\)")
+#: every query parameter the app reads (read_link, the tabs' view, the tour, the lab's preset)
+APP_KEYS = {"view", "trace", "policies", "budget", "step", "curve_policy", "kept_mode", "bundle", "tour", "lab_preset",
+            *all_tunables()}
+
+
+def claim_cards(at: AppTest) -> dict[str, str]:
+    """claim id -> the verdict its card shows, from the card's first line."""
+    out = {}
+    for m in at.markdown:
+        found = re.search(r"^:\w+\[:material/\w+: \*\*([a-z ]+)\*\*\] · `([^`]+)`", m.value)
+        if found:
+            out[found.group(2)] = found.group(1)
+    return out
+
+
+@pytest.mark.parametrize("trace", ["canonical", "gemma3-270m-L11"])
+def test_claims_view_lists_every_claim_with_the_ledgers_verdict(trace):
+    at = run({"trace": trace}, view="Claims")
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    expected = {r["id"]: r["verdict"] for r in claims.ledger(resolve_trace(trace))}
+    assert claim_cards(at) == expected
+    links = [link for m in at.markdown for link in LINK.findall(m.value)]
+    assert len(links) == len(expected)
+    tabs = set(app_tabs())
+    for link in links:
+        params = views.link_params(link)
+        assert set(params) <= APP_KEYS, link
+        assert params["view"] in tabs and params.get("trace", trace) == trace
+        if "lab_preset" in params:
+            assert params["lab_preset"] in lab.PRESETS
+
+
+def app_tabs() -> list[str]:
+    source = Path(APP).read_text()
+    block = re.search(r"TABS = \((.*?)\)\n", source, re.S).group(1)
+    return re.findall(r'"([^"]+)"', block)
+
+
+def test_a_claims_link_opens_its_view_with_its_settings():
+    record = next(r for r in claims.ledger(resolve_trace("canonical")) if r["id"] == "h2o-64-beats-on-both")
+    at = run(views.link_params(views.claim_link(record["view"], "canonical")))
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    assert at.query_params["view"] == "Choosing recent_window" and at.query_params["recent_window"] == "64"
+    assert at.session_state["curve_policy"] == "h2o" and at.session_state["policies"] == ["streaming_llm", "h2o"]
+
+
+def test_a_claims_link_opens_the_lab_on_its_preset():
+    at = run({"lab_preset": "h2o recent_window 0 pitfall"}, view="Policy lab")
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    assert widget(at, "selectbox", "preset", sidebar=False).value == "h2o recent_window 0 pitfall"
+
+
+def test_model_view_shows_every_layer_and_the_tuned_windows():
+    budget = 64  # a quarter of the windows of the default: the same code, a faster test
+    at = run({"budget": str(budget)}, view="Your model")
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    expected = tune(resolve_bundle("gemma3-270m-heapq"), "h2o", budget)
+    heat = [s for s in charts(at) if any(t["type"] == "heatmap" for t in s["data"])]
+    assert len(heat) == 1
+    (z,) = [t for t in heat[0]["data"] if t["type"] == "heatmap"]
+    rows = values(z["y"])
+    assert len(rows) == 18 == len(expected.traces)
+    (rec,) = named(heat[0], "recommended")
+    assert values(rec["x"]) == [t.recommended_window for t in expected.traces]
+    table = at.dataframe[0].value
+    assert table["recommended recent_window"].tolist() == [t.recommended_window for t in expected.traces]
+    assert any("recent_window" in s["layout"]["xaxis"]["title"]["text"] and "L00" in s["layout"]["title"]["text"]
+               for s in charts(at))  # the first layer's curve
+
+
+def test_model_view_opens_a_layer_in_the_kept_views():
+    at = run({"budget": "64"}, view="Your model")
+    at.selectbox(key="model_layer_choice").set_value((5, 0)).run()
+    at.button(key="open_layer").click().run(timeout=TIMEOUT)
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    assert at.query_params["trace"] == "gemma3-270m-heapq:L05"
+    assert at.query_params.get("view", "Kept positions") == "Kept positions"  # the first tab leaves the URL bare
+    assert at.session_state["recent_window"] == tune(resolve_bundle("gemma3-270m-heapq"), "h2o", 64).traces[5].recommended_window
+    (kept,) = charts(at)  # the kept panels of that layer, one per chosen policy
+    assert [t["name"] for t in kept["data"] if t["type"] == "image" and t["name"] in kvsim.POLICIES] == [
+        "sliding_window", "streaming_llm", "h2o"]
+
+
+def test_quality_view_shows_the_rank_correlation_of_the_shown_results():
+    at = run(view="Proxy against truth")
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    results, _meta = views.quality_results()
+    shown = {m.label: m.value for m in at.metric}
+    for mode in ("closed", "open"):
+        pts = [r for r in results if r["mode"] == mode]
+        rho = quality_figures.spearman([r["retained_mass"] for r in pts], [r["delta_nll"] for r in pts])
+        (label,) = [k for k in shown if k.startswith(f"Spearman rank correlation, {mode}")]
+        assert shown[label] == f"{rho:.3f}"
+    assert len(charts(at)) >= 2
+
+
+def test_quality_view_says_how_to_produce_results_when_there_are_none(tmp_path, monkeypatch):
+    monkeypatch.setattr(views, "QUALITY_RESULTS", tmp_path / "absent.json")
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path))  # and an empty disk cache
+    at = run(view="Proxy against truth")
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    (info,) = at.info
+    assert views.QUALITY_COMMAND in info.value
+
+
+@pytest.mark.parametrize("view", ["Your model", "Proxy against truth"])
+def test_model_and_quality_views_render_on_a_real_trace(view):
+    at = run({"trace": "gemma3-270m-L11", "budget": "64"}, view=view)
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    assert at.query_params["trace"] == "gemma3-270m-L11" and charts(at)
+
+
+def test_the_new_views_need_no_torch(monkeypatch):
+    """torch is an optional extra (recording, quality): the app imports and draws every new view
+    without it."""
+    import sys
+
+    for name in ("torch", "transformers"):
+        monkeypatch.setitem(sys.modules, name, None)  # an import of either now raises ImportError
+    for view in ("Claims", "Your model", "Proxy against truth"):
+        at = run({"budget": "64"}, view=view)
+        assert problems(at) == [] and [e.value for e in at.error] == [], view

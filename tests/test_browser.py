@@ -320,3 +320,52 @@ def test_the_app_in_a_real_browser(server):
     print(f"\nfirst render (page load to three kept panels drawn): {first_render:.1f} s")
     print(f"one interaction (recent_window 32 -> 64, curve marker redrawn): {interaction:.2f} s")
     print(f"screenshots in {ARTIFACTS}" + (f" and {DOCS}" if UPDATE_DOCS else ""))
+
+
+JS_HEATMAP_POINT = """([x, row]) => {
+  const d = [...document.querySelectorAll('.js-plotly-plot')].find(d => (d.data || []).some(t => t.type === 'heatmap'));
+  const xa = d._fullLayout.xaxis, ya = d._fullLayout.yaxis, b = d.getBoundingClientRect();
+  return {x: b.left + xa._offset + xa.l2p(x), y: b.top + ya._offset + ya.l2p(row)};
+}"""
+JS_TITLES = "[...document.querySelectorAll('.js-plotly-plot')].map(d => String(d.layout.title && d.layout.title.text))"
+
+
+def test_the_claims_model_and_quality_views_in_a_real_browser(server):
+    """The three views over the cards, a recorded model and the proxy's truth: one screenshot each,
+    and the model view's button opening a layer in the kept-position views."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport=VIEWPORT)
+            page_errors: list[str] = []
+            page.on("pageerror", lambda e: page_errors.append(str(e)))
+
+            page.goto(f"{server}/?view=Claims", wait_until="domcontentloaded")
+            page.get_by_text("Every checkable claim", exact=False).first.wait_for(timeout=LOAD_TIMEOUT_MS)
+            wait_text(page, "h2o-saturates-at-64")
+            assert page.locator('a[href*="view=Choosing"]').count() > 0
+            shoot(page, "screenshot-claims.png")
+
+            page.goto(f"{server}/?view=Your+model", wait_until="domcontentloaded")
+            page.wait_for_function(f"() => ({JS_TRACES})().some(t => t.type === 'heatmap')", timeout=LOAD_TIMEOUT_MS)
+            wait_text(page, "recommended recent_window")
+            shoot(page, "screenshot-model.png")
+            # a click on layer 5's circle (its recommended window, 132 at budget 256) draws its curve
+            at = page.evaluate(JS_HEATMAP_POINT, [132, 5])
+            page.mouse.click(at["x"], at["y"])
+            page.wait_for_function(JS_TITLES + ".some(t => t.includes('heapq-L05'))", timeout=STEP_TIMEOUT_MS)
+            page.get_by_role("button", name="open L05 in the kept-position views").click()
+            # a panel per policy (the image and its age strip; a sink strip where the layer has sinks)
+            page.wait_for_function(f"() => ({JS_IMAGES})() >= 6", timeout=LOAD_TIMEOUT_MS)
+            wait_text(page, "h2o (recent_window=132)")
+            assert "trace=gemma3-270m-heapq%3AL05" in page.url or "trace=gemma3-270m-heapq:L05" in page.url
+            shoot(page, "screenshot-model-layer.png")
+
+            page.goto(f"{server}/?view=Proxy+against+truth", wait_until="domcontentloaded")
+            page.get_by_text("Spearman rank correlation", exact=False).first.wait_for(timeout=LOAD_TIMEOUT_MS)
+            page.wait_for_function(f"() => ({JS_TRACES})().length >= 4", timeout=STEP_TIMEOUT_MS)
+            shoot(page, "screenshot-quality.png")
+            assert page_errors == []
+        finally:
+            browser.close()

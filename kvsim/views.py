@@ -1,0 +1,175 @@
+"""What the app's claims, model and quality views need besides their figures, kept out of ``app.py``
+(which is UI only) so that it is tested without Streamlit:
+
+- claims: a mark per verdict, and the link (``?`` + the claim's URL query parameters) that opens the
+  view and settings showing a claim, with the trace the app is on;
+- model: the trace selectors of the shipped bundles (``gemma3-270m-heapq:L05``) that the trace
+  selector offers, and the (layer, KV head) a click on ``model_figures.tune_heatmap`` chose;
+- quality: the shipped results of ``python -m kvsim quality`` (``traces/quality-heapq.json``) and
+  their rank correlations. Reading them needs no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+from . import catalog
+from .quality_figures import spearman
+from .tune import TuneResult
+
+# --- claims --------------------------------------------------------------------------------------
+
+#: one mark per verdict of ``claims.VERDICTS``, shown before the claim's id: Streamlit's Material icons
+#: (its own font, so they draw in any browser, where emoji need a system font)
+VERDICT_MARKS = {"holds": ":material/check_circle:", "fails": ":material/cancel:",
+                 "not applicable": ":material/do_not_disturb_on:", "not measured": ":material/help:"}
+#: Streamlit's coloured-text names, one per verdict
+VERDICT_COLOURS = {"holds": "green", "fails": "red", "not applicable": "gray", "not measured": "orange"}
+
+
+def claim_link(view: dict, trace: str | None = None) -> str:
+    """``?view=...&trace=...``: the claim's view as a relative link to the app. ``trace``: the name
+    the app knows the trace by (the ledger writes the trace's own name, which for a bundle's layer
+    is not its selector)."""
+    params = {k: str(v) for k, v in view.items()}
+    if trace is not None and "trace" in params:
+        params["trace"] = trace
+    return "?" + urlencode(params)
+
+
+def link_params(link: str) -> dict[str, str]:
+    """The query parameters of a link, one value each (the inverse of ``claim_link``)."""
+    return {k: v[-1] for k, v in parse_qs(urlsplit(link).query, keep_blank_values=True).items()}
+
+
+# --- model ---------------------------------------------------------------------------------------
+
+
+def bundle_trace_names() -> list[str]:
+    """Every shipped bundle's traces as ``resolve_trace`` selectors: ``BUNDLE:L05`` where each layer
+    has one KV head, else ``BUNDLE:L05H1``."""
+    names = []
+    for name in catalog.available_bundles():
+        try:
+            bundle = catalog.resolve_bundle(name)
+        except catalog.TraceError:  # a damaged bundle is left out of the selector, not fatal
+            continue
+        names += [trace_selector(name, t.layer, t.head, len(bundle.heads(t.layer)) == 1) for t in bundle.traces]
+    return names
+
+
+def trace_selector(bundle: str, layer: int, head: int = 0, one_head: bool = True) -> str:
+    return f"{bundle}:L{layer:02d}" if one_head else f"{bundle}:L{layer:02d}H{head}"
+
+
+def selected_row(selection, result: TuneResult) -> tuple[int, int] | None:
+    """(layer, KV head) of the first point chosen on ``tune_heatmap`` (its y is the row), or None."""
+    try:
+        points = selection["selection"]["points"]
+    except (KeyError, TypeError):
+        return None
+    for p in points or []:
+        row = p.get("y")
+        if isinstance(row, (int, float)) and not isinstance(row, bool) and float(row).is_integer():
+            if 0 <= int(row) < len(result.traces):
+                t = result.traces[int(row)]
+                return t.layer, t.head
+    return None
+
+
+# --- quality -------------------------------------------------------------------------------------
+
+#: the shipped results (read at call time, so tests can point it elsewhere)
+QUALITY_RESULTS = catalog.TRACES_DIR / "quality-heapq.json"
+#: the command that produced them (and that produces them again, or for another text or budget)
+QUALITY_COMMAND = ("python -m kvsim quality heapq --policies sliding_window,streaming_llm,h2o,tova "
+                   "--sweep recent_window 8:56:8 --budget 64 --steps 256 --mode both --json")
+
+
+class QualityResultsError(ValueError):
+    """The results file is there but unusable; one line."""
+
+
+_KEYS = ("policy", "budget", "mode", "params", "steps", "delta_nll", "kl", "retained_mass")
+
+
+def quality_results(path: str | Path | None = None) -> tuple[list[dict], dict] | None:
+    """(results, meta) from a results file (``{"meta": {...}, "results": [...]}``, or the bare list
+    that ``--json`` prints); None when there is no file. Raises QualityResultsError when it is
+    damaged."""
+    path = Path(QUALITY_RESULTS if path is None else path)
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise QualityResultsError(f"{path.name}: not readable JSON ({e})") from None
+    results, meta = (doc, {}) if isinstance(doc, list) else (doc.get("results"), doc.get("meta") or {})
+    if not isinstance(results, list) or not results:
+        raise QualityResultsError(f"{path.name}: no results in it")
+    for i, r in enumerate(results):
+        missing = [k for k in _KEYS if not isinstance(r, dict) or k not in r]
+        if missing:
+            raise QualityResultsError(f"{path.name}: result {i} lacks {', '.join(missing)}")
+    return results, meta
+
+
+def cached_quality_results(folder: str | Path | None = None) -> list[dict]:
+    """Every result in the quality disk cache (``<cache_dir>/quality/*.json``, written by
+    ``python -m kvsim quality``), for the text, model and steps that most of them share (points of
+    different runs are not comparable). Damaged files are skipped."""
+    from .cache import cache_dir
+
+    folder = Path(cache_dir() / "quality" if folder is None else folder)
+    if not folder.is_dir():
+        return []
+    found = []
+    for f in sorted(folder.glob("*.json")):
+        try:
+            record = json.loads(f.read_text(encoding="utf-8"))
+            key, result = record["key"], record["result"]
+            if all(k in result for k in _KEYS):
+                found.append(((key["model"], key["tokens"], key["steps"]), result))
+        except (OSError, ValueError, UnicodeDecodeError, KeyError, TypeError):
+            continue
+    if not found:
+        return []
+    groups: dict[tuple, int] = {}
+    for g, _ in found:
+        groups[g] = groups.get(g, 0) + 1
+    top = max(groups, key=lambda g: (groups[g], g[2]))
+    return [r for g, r in found if g == top]
+
+
+def rank_correlations(results: list[dict]) -> dict[str, tuple[float, int]]:
+    """Per mode: Spearman's rank correlation of delta NLL against retained mass, and the points.
+    A good proxy is close to -1 (more mass kept, less loss)."""
+    out = {}
+    for mode in ("closed", "open"):
+        pts = [r for r in results if r["mode"] == mode]
+        if pts:
+            out[mode] = (spearman([r["retained_mass"] for r in pts], [r["delta_nll"] for r in pts]), len(pts))
+    return out
+
+
+def swept_policies(results: list[dict], param: str = "recent_window") -> list[str]:
+    """The policies with more than one value of ``param`` among the results: the ones with a curve."""
+    values: dict[str, set] = {}
+    for r in results:
+        if param in r["params"]:
+            values.setdefault(r["policy"], set()).add(r["params"][param])
+    return [p for p, v in values.items() if len(v) > 1]
+
+
+def rho_text(rho: float) -> str:
+    return f"{rho:.3f}" if math.isfinite(rho) else "n/a"
+
+
+__all__ = [
+    "QUALITY_COMMAND", "QUALITY_RESULTS", "VERDICT_COLOURS", "VERDICT_MARKS", "QualityResultsError",
+    "bundle_trace_names", "cached_quality_results", "claim_link", "link_params", "quality_results", "rank_correlations", "rho_text",
+    "selected_row", "swept_policies", "trace_selector",
+]
