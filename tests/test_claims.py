@@ -22,7 +22,7 @@ CANONICAL = {
     "sw-space": "not applicable",
     "h2o-cost-per-step": "not measured",
     "sw-cost-per-step": "not measured",
-    "sw-deprived-degrades-sharply": "not measured",  # needs a model's output quality
+    "sw-deprived-degrades-sharply": "holds",  # from the shipped real-model measurements
 }
 
 
@@ -70,7 +70,16 @@ def test_canonical_verdicts(canonical_ledger):
     assert {k: r["verdict"] for k, r in canonical_ledger.items()} == CANONICAL
     quarter = canonical_ledger["sw-quarter-looks-alike"]
     assert "sinks" in quarter["note"] and quarter["figures"]["sink_share_of_rows_past_the_budget"] == pytest.approx(0.15, abs=0.01)
-    assert "model" in canonical_ledger["sw-deprived-degrades-sharply"]["note"]
+    deprived = canonical_ledger["sw-deprived-degrades-sharply"]
+    f = deprived["figures"]
+    assert f["ppl_ratio_without_sinks"] == pytest.approx(f["ppl_sliding_window"] / f["ppl_streaming_llm"], rel=1e-3)
+    assert f["ppl_ratio_without_sinks"] >= claims.SHARP_PPL_RATIO and f["ppl_sliding_window"] > f["ppl_full"]
+
+
+def test_the_sink_claim_says_not_measured_without_the_measurements(tmp_path, monkeypatch):
+    monkeypatch.setattr(claims, "QUALITY_RESULTS", tmp_path / "absent.json")
+    verdict, figures, note = claims.check_deprived(None)
+    assert verdict == "not measured" and figures == {} and "python -m kvsim quality" in note
 
 
 def consistent(r: dict) -> None:
@@ -138,7 +147,7 @@ def test_tiny_trace_says_nothing_is_evicted(make_trace):
 def test_views_are_query_parameters(canonical_ledger):
     for r in canonical_ledger.values():
         assert r["view"]["view"] in ("Kept positions", "Cumulative scores", "Choosing recent_window", "The trace",
-                                     "Policy lab")
+                                     "Policy lab", "Proxy against truth")
         assert all(isinstance(v, str) for v in r["view"].values())
     assert canonical_ledger["sw-quarter-looks-alike"]["view"]["budget"] == "1024"
 
