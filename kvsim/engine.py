@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -501,126 +502,119 @@ def _none(dtype, ndim: int) -> np.ndarray:
     return np.zeros((0,) * ndim, dtype=dtype)
 
 
+@dataclass
+class _Run:
+    """What every runner allocates for a pass over the trace: the per-step series of every
+    configuration, the top-k stamp, the slot arrays (positions in kept order, how many are held, a
+    gather scratch), and the records of configuration 0 (empty arrays when not recording)."""
+
+    mass: np.ndarray
+    recall: np.ndarray
+    stamp: np.ndarray  # stamp[p] == t: p is in row t's top k
+    pos: np.ndarray
+    length: np.ndarray  # every cache starts holding position 0
+    gather: np.ndarray
+    score_hist: np.ndarray
+    score_pos: np.ndarray
+    victims: np.ndarray
+
+    @classmethod
+    def alloc(cls, T: int, budgets: np.ndarray, record: bool, b0: int) -> _Run:
+        n_cfg, width = budgets.size, int(budgets.max()) + 1
+        return cls(
+            mass=np.empty((n_cfg, T), dtype=np.float64),
+            recall=np.empty((n_cfg, T), dtype=np.float64),
+            stamp=np.zeros(T + 1, dtype=np.int64),
+            pos=np.zeros((n_cfg, width), dtype=np.int32),
+            length=np.ones(n_cfg, dtype=np.int64),
+            gather=np.empty(width, dtype=np.float64),
+            score_hist=np.full((T, b0 + 1), np.nan) if record else _none(np.float64, 2),
+            score_pos=np.full((T, b0 + 1), -1, dtype=np.int32) if record else _none(np.int32, 2),
+            victims=np.full(T, -1, dtype=np.int64) if record else _none(np.int64, 1),
+        )
+
+    def result(self, scores: bool = True):
+        records = {"victims": self.victims}
+        if scores:
+            records.update(score_history=self.score_hist, score_positions=self.score_pos)
+        return self.mass, self.recall, records
+
+
+def _param(params, name: str) -> np.ndarray:
+    return np.array([p[name] for p in params], dtype=np.int64)
+
+
 def _run_h2o(A, topk, T, budgets, params, progress, record, b0, kept_hist):
-    n_cfg = budgets.size
-    mass = np.empty((n_cfg, T), dtype=np.float64)
-    recall = np.empty((n_cfg, T), dtype=np.float64)
-    stamp = np.zeros(T + 1, dtype=np.int64)  # stamp[p] == t: p is in row t's top k
-    windows = np.array([p["recent_window"] for p in params], dtype=np.int64)
-    width = int(budgets.max()) + 1
-    pos = np.zeros((n_cfg, width), dtype=np.int32)
-    score = np.zeros((n_cfg, width), dtype=np.float64)
-    length = np.ones(n_cfg, dtype=np.int64)  # every cache starts holding position 0, score 0
-    gather = np.empty(width, dtype=np.float64)
-    score_hist = np.full((T, b0 + 1), np.nan) if record else _none(np.float64, 2)
-    score_pos = np.full((T, b0 + 1), -1, dtype=np.int32) if record else _none(np.int32, 2)
-    victims = np.full(T, -1, dtype=np.int64) if record else _none(np.int64, 1)
+    r = _Run.alloc(T, budgets, record, b0)
+    windows = _param(params, "recent_window")
+    score = np.zeros(r.pos.shape, dtype=np.float64)  # position 0 starts with score 0
     for t0, t1 in _chunks(T, progress):
-        _h2o_steps(A, topk, t0, t1, budgets, windows, pos, score, length, mass, recall, stamp, gather,
-                   kept_hist, score_hist, score_pos, victims)
-    return mass, recall, {"score_history": score_hist, "score_positions": score_pos, "victims": victims}
+        _h2o_steps(A, topk, t0, t1, budgets, windows, r.pos, score, r.length, r.mass, r.recall, r.stamp, r.gather,
+                   kept_hist, r.score_hist, r.score_pos, r.victims)
+    return r.result()
 
 
 def _run_scissorhands(A, topk, T, budgets, params, progress, record, b0, kept_hist):
-    n_cfg = budgets.size
-    mass = np.empty((n_cfg, T), dtype=np.float64)
-    recall = np.empty((n_cfg, T), dtype=np.float64)
-    stamp = np.zeros(T + 1, dtype=np.int64)
-    windows = np.array([p["recent_window"] for p in params], dtype=np.int64)
-    histories = np.array([p["history_window"] for p in params], dtype=np.int64)
-    width = int(budgets.max()) + 1
-    pos = np.zeros((n_cfg, width), dtype=np.int32)
+    r = _Run.alloc(T, budgets, record, b0)
+    windows, histories = _param(params, "recent_window"), _param(params, "history_window")
+    n_cfg, width = r.pos.shape
     votes = np.zeros((n_cfg, T + 1), dtype=np.int64)  # by position: eviction moves positions only
-    length = np.ones(n_cfg, dtype=np.int64)
     observed = np.zeros(n_cfg, dtype=np.int64)  # steps with attention: the history window's clock
     # voters of each observed step in the window, O(configs x history_window x budget) int32;
     # a step's voters are among the n <= budget positions held, so `width` entries suffice
     h = int(histories.max())
     ring = np.zeros((n_cfg, max(1, h), width if h else 1), dtype=np.int32)
     ring_len = np.zeros(ring.shape[:2], dtype=np.int64)
-    gather = np.empty(width, dtype=np.float64)
-    score_hist = np.full((T, b0 + 1), np.nan) if record else _none(np.float64, 2)
-    score_pos = np.full((T, b0 + 1), -1, dtype=np.int32) if record else _none(np.int32, 2)
-    victims = np.full(T, -1, dtype=np.int64) if record else _none(np.int64, 1)
     for t0, t1 in _chunks(T, progress):
-        _scissorhands_steps(A, topk, t0, t1, budgets, windows, histories, pos, votes, length, observed,
-                            ring, ring_len, mass, recall, stamp, gather, kept_hist, score_hist, score_pos, victims)
-    return mass, recall, {"score_history": score_hist, "score_positions": score_pos, "victims": victims}
+        _scissorhands_steps(A, topk, t0, t1, budgets, windows, histories, r.pos, votes, r.length, observed,
+                            ring, ring_len, r.mass, r.recall, r.stamp, r.gather, kept_hist, r.score_hist, r.score_pos,
+                            r.victims)
+    return r.result()
 
 
 def _run_h2o_normalized(A, topk, T, budgets, params, progress, record, b0, kept_hist):
-    n_cfg = budgets.size
-    mass = np.empty((n_cfg, T), dtype=np.float64)
-    recall = np.empty((n_cfg, T), dtype=np.float64)
-    stamp = np.zeros(T + 1, dtype=np.int64)
-    windows = np.array([p["recent_window"] for p in params], dtype=np.int64)
-    width = int(budgets.max()) + 1
-    pos = np.zeros((n_cfg, width), dtype=np.int32)
-    total_ = np.zeros((n_cfg, width), dtype=np.float64)
-    count = np.zeros((n_cfg, width), dtype=np.int64)
-    length = np.ones(n_cfg, dtype=np.int64)
-    gather = np.empty(width, dtype=np.float64)
-    score_hist = np.full((T, b0 + 1), np.nan) if record else _none(np.float64, 2)
-    score_pos = np.full((T, b0 + 1), -1, dtype=np.int32) if record else _none(np.int32, 2)
-    victims = np.full(T, -1, dtype=np.int64) if record else _none(np.int64, 1)
+    r = _Run.alloc(T, budgets, record, b0)
+    windows = _param(params, "recent_window")
+    total_ = np.zeros(r.pos.shape, dtype=np.float64)
+    count = np.zeros(r.pos.shape, dtype=np.int64)
     for t0, t1 in _chunks(T, progress):
-        _h2o_normalized_steps(A, topk, t0, t1, budgets, windows, pos, total_, count, length, mass, recall, stamp,
-                              gather, kept_hist, score_hist, score_pos, victims)
-    return mass, recall, {"score_history": score_hist, "score_positions": score_pos, "victims": victims}
+        _h2o_normalized_steps(A, topk, t0, t1, budgets, windows, r.pos, total_, count, r.length, r.mass, r.recall,
+                              r.stamp, r.gather, kept_hist, r.score_hist, r.score_pos, r.victims)
+    return r.result()
 
 
 def _run_snapkv(A, topk, T, budgets, params, progress, record, b0, kept_hist):
-    n_cfg = budgets.size
-    mass = np.empty((n_cfg, T), dtype=np.float64)
-    recall = np.empty((n_cfg, T), dtype=np.float64)
-    stamp = np.zeros(T + 1, dtype=np.int64)
-    windows = np.array([p["recent_window"] for p in params], dtype=np.int64)
-    obs_windows = np.array([p["observation_window"] for p in params], dtype=np.int64)
-    width = int(budgets.max()) + 1
-    pos = np.zeros((n_cfg, width), dtype=np.int32)
+    r = _Run.alloc(T, budgets, record, b0)
+    windows, obs_windows = _param(params, "recent_window"), _param(params, "observation_window")
+    n_cfg, width = r.pos.shape
     # O(configs x budget x observation_window) float64: the weights each slot still counts
     ring = np.zeros((n_cfg, width, max(1, int(obs_windows.max()))), dtype=np.float64)
     running = np.zeros((n_cfg, width), dtype=np.float64)  # observation_window 0: the whole run
-    length = np.ones(n_cfg, dtype=np.int64)
     observed = np.zeros(n_cfg, dtype=np.int64)
-    gather = np.empty(width, dtype=np.float64)
     scores = np.empty(width, dtype=np.float64)
-    score_hist = np.full((T, b0 + 1), np.nan) if record else _none(np.float64, 2)
-    score_pos = np.full((T, b0 + 1), -1, dtype=np.int32) if record else _none(np.int32, 2)
-    victims = np.full(T, -1, dtype=np.int64) if record else _none(np.int64, 1)
     for t0, t1 in _chunks(T, progress):
-        _snapkv_steps(A, topk, t0, t1, budgets, windows, obs_windows, pos, ring, running, length, observed, mass,
-                      recall, stamp, gather, scores, kept_hist, score_hist, score_pos, victims)
-    return mass, recall, {"score_history": score_hist, "score_positions": score_pos, "victims": victims}
+        _snapkv_steps(A, topk, t0, t1, budgets, windows, obs_windows, r.pos, ring, running, r.length, observed,
+                      r.mass, r.recall, r.stamp, r.gather, scores, kept_hist, r.score_hist, r.score_pos, r.victims)
+    return r.result()
 
 
 def _run_tova(A, topk, T, budgets, params, progress, record, b0, kept_hist):
-    n_cfg = budgets.size
-    mass = np.empty((n_cfg, T), dtype=np.float64)
-    recall = np.empty((n_cfg, T), dtype=np.float64)
-    stamp = np.zeros(T + 1, dtype=np.int64)
-    width = int(budgets.max()) + 1
-    pos = np.zeros((n_cfg, width), dtype=np.int32)
-    weight = np.full((n_cfg, width), UNSEEN, dtype=np.float64)  # position 0: no row has shown it yet
-    length = np.ones(n_cfg, dtype=np.int64)
-    gather = np.empty(width, dtype=np.float64)
-    victims = np.full(T, -1, dtype=np.int64) if record else _none(np.int64, 1)
+    r = _Run.alloc(T, budgets, record, b0)
+    weight = np.full(r.pos.shape, UNSEEN, dtype=np.float64)  # position 0: no row has shown it yet
     for t0, t1 in _chunks(T, progress):
-        _tova_steps(A, topk, t0, t1, budgets, pos, weight, length, mass, recall, stamp, gather, kept_hist, victims)
-    return mass, recall, {"victims": victims}
+        _tova_steps(A, topk, t0, t1, budgets, r.pos, weight, r.length, r.mass, r.recall, r.stamp, r.gather, kept_hist,
+                    r.victims)
+    return r.result(scores=False)
 
 
 def _run_window(A, topk, T, budgets, params, progress, record, b0, kept_hist):
-    n_cfg = budgets.size
-    mass = np.empty((n_cfg, T), dtype=np.float64)
-    recall = np.empty((n_cfg, T), dtype=np.float64)
-    stamp = np.zeros(T + 1, dtype=np.int64)
+    r = _Run.alloc(T, budgets, False, b0)
     sinks = np.array([p.get("sinks", 0) for p in params], dtype=np.int64)  # sliding_window: no sinks
     for t0, t1 in _chunks(T, progress):
-        _window_steps(A, topk, t0, t1, budgets, sinks, mass, recall, stamp, kept_hist)
+        _window_steps(A, topk, t0, t1, budgets, sinks, r.mass, r.recall, r.stamp, kept_hist)
     # the oldest unpinned position leaves once the cache is full: t - (budget - sinks)
     t = np.arange(1, T + 1)
-    return mass, recall, {"victims": np.where(t >= b0, t - (b0 - int(sinks[0])), -1)}
+    return r.mass, r.recall, {"victims": np.where(t >= b0, t - (b0 - int(sinks[0])), -1)}
 
 
 #: the policies the engine replays itself, each with its runner; every other registered policy is
