@@ -304,7 +304,9 @@ def optimal_line(trace: kvsim.Trace, budget: int) -> tuple[dict | None, float]:
     future, progress = job
     if not future.done():
         return None, progress[0]
-    future.result()  # re-raises a failed solve
+    if future.exception() is not None:  # said on the page in one line, and tried again on the next redraw
+        jobs.pop(key, None)
+        raise ValueError(f"the exact optimum could not be solved: {' '.join(str(future.exception()).split())}")
     return cached_summary(trace, "optimal", budget, ()), 1.0
 
 
@@ -731,7 +733,11 @@ def reference_lines(trace: kvsim.Trace, budget: int) -> list[figures.Line]:
         inner = ", ".join(f"{k}={v}" for k, v in params.items())
         label = f"{name} ({inner})" if inner else name
         if name == "optimal":
-            summary, done = optimal_line(trace, budget)
+            try:
+                summary, done = optimal_line(trace, budget)
+            except (ValueError, MemoryError) as e:
+                st.error(f"{e}; its line is left out.")
+                continue
             if summary is None:
                 st.info(f"The exact optimum at budget {budget} is being solved in the background ({done:.0%} done); "
                         "its line appears on the next redraw once it is known.")

@@ -495,3 +495,21 @@ def test_the_new_views_need_no_torch(monkeypatch):
     for view in ("Claims", "Your model", "Proxy against truth"):
         at = run({"budget": "64"}, view=view)
         assert problems(at) == [] and [e.value for e in at.error] == [], view
+
+
+def test_a_failed_optimum_solve_is_one_line_not_a_traceback(monkeypatch, tmp_path):
+    from kvsim.policies import optimal
+
+    def fail(*args, **kw):
+        raise MemoryError("no room for the forfeit costs")
+
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path))  # nothing solved on disk yet
+    monkeypatch.setattr(optimal, "optimal_schedule", fail)
+    at = run({"budget": "200"}, view="Choosing recent_window")
+    for _ in range(40):  # the solve runs in the background; the page says so until it ends
+        if not any("being solved in the background" in i.value for i in at.info):
+            break
+        time.sleep(0.25)
+        at.run()
+    assert problems(at) == []
+    assert any("the exact optimum could not be solved: no room for the forfeit costs" in e.value for e in at.error)
