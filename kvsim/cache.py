@@ -55,6 +55,9 @@ def canonical_trace(config: canonical.CanonicalConfig | None = None) -> Trace:
     if trace is None:
         trace = canonical.generate(config)
         _write(trace, path)
+    # per-trace figures that depend on the trace alone (the engine's top-k positions) may be kept on
+    # disk beside it, under this stem: the trace's file name is its version and config
+    trace._cache["disk_stem"] = path.with_suffix("")
     return trace
 
 

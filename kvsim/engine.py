@@ -477,8 +477,32 @@ def topk_positions(trace: Trace, k: int) -> np.ndarray:
         raise ValueError(f"top_k must be at least 1, got {k}")
     key = ("topk_positions", k)
     if key not in trace._cache:
-        trace._cache[key] = _topk_positions(_attention(trace), k)
+        trace._cache[key] = _topk_on_disk(trace, k)
     return trace._cache[key]
+
+
+def _topk_on_disk(trace: Trace, k: int) -> np.ndarray:
+    """The top-k positions, read from beside the trace's disk cache when it has one (the canonical
+    trace: about 0.2 s saved per process), else computed (and written there for next time)."""
+    stem = trace._cache.get("disk_stem")
+    if stem is None:
+        return _topk_positions(_attention(trace), k)
+    path = stem.with_name(f"{stem.name}-topk{k}.npy")
+    T = trace.steps
+    try:
+        top = np.load(path, allow_pickle=False)
+        if top.shape == (T + 1, k) and top.dtype == np.int32 and top.min() >= -1 and top.max() <= T:
+            return top
+    except (OSError, EOFError, ValueError):
+        pass  # missing or damaged: computed again and rewritten
+    top = _topk_positions(_attention(trace), k)
+    from .cache import _atomic_write
+
+    try:
+        _atomic_write(path, lambda f: np.save(f, top, allow_pickle=False))
+    except OSError:  # an unwritable cache costs the computation next time, nothing else
+        pass
+    return top
 
 
 def _attention(trace: Trace) -> np.ndarray:

@@ -353,3 +353,18 @@ def test_without_numba_kvsim_and_the_cli_fall_back_to_the_reference(tmp_path):
     bench = cli("bench", "--json")
     assert bench.returncode != 0 and bench.stdout == ""
     assert bench.stderr.count("\n") == 1 and "numba is not installed" in bench.stderr and "Traceback" not in bench.stderr
+
+
+@needs_engine
+def test_topk_positions_are_kept_beside_the_cached_trace_and_survive_damage(cache_dir):
+    trace = cache.canonical_trace(SMALL)
+    fresh = engine._topk_positions(engine._attention(trace), 32)
+    assert np.array_equal(engine.topk_positions(trace, 32), fresh)
+    path = cache.cache_path(SMALL).with_suffix("")
+    path = path.with_name(path.name + "-topk32.npy")
+    assert path.is_file() and np.array_equal(np.load(path), fresh)
+    again = cache.canonical_trace(SMALL)  # a new process's view: read from disk, same positions
+    assert np.array_equal(engine.topk_positions(again, 32), fresh)
+    path.write_bytes(b"damaged")
+    third = cache.canonical_trace(SMALL)
+    assert np.array_equal(engine.topk_positions(third, 32), fresh) and np.array_equal(np.load(path), fresh)
