@@ -122,6 +122,26 @@ def _measure(row, p_c, n, stamp, t, gather):
 
 
 @_kernel
+def _first_min(values, count):
+    """The slot of the smallest of ``values[:count]``, the first one on ties: the lower position,
+    since slots are in kept order (the reference's repeated argmin, one victim per step)."""
+    best = 0
+    low = values[0]
+    for i in range(1, count):
+        if values[i] < low:  # strict: the first minimum, the lower position
+            low = values[i]
+            best = i
+    return best
+
+
+@_kernel
+def _drop(slots, best, n):
+    """Close the gap that evicting slot ``best`` of the ``n`` in use leaves (kept order is kept)."""
+    for i in range(best, n - 1):
+        slots[i] = slots[i + 1]
+
+
+@_kernel
 def _h2o_steps(A, topk, t0, t1, budgets, windows, pos, score, length, mass, recall, stamp, gather,
                kept_hist, score_hist, score_pos, victims):
     """Steps t0 .. t1-1 of h2o for every configuration c (budget ``budgets[c]``, recent window
@@ -154,18 +174,11 @@ def _h2o_steps(A, topk, t0, t1, budgets, windows, pos, score, length, mass, reca
                     score_hist[t - 1, i] = s_c[i]
                     score_pos[t - 1, i] = p_c[i]
             if n > budgets[c]:
-                evictable = n - windows[c]
-                best = 0
-                low = s_c[0]
-                for i in range(1, evictable):
-                    if s_c[i] < low:  # strict: the first minimum, the lower position
-                        low = s_c[i]
-                        best = i
+                best = _first_min(s_c, n - windows[c])
                 if c == 0 and rec_victims:
                     victims[t - 1] = p_c[best]
-                for i in range(best, n - 1):
-                    p_c[i] = p_c[i + 1]
-                    s_c[i] = s_c[i + 1]
+                _drop(p_c, best, n)
+                _drop(s_c, best, n)
                 n -= 1
             length[c] = n
             if c == 0 and rec_kept:
@@ -200,17 +213,11 @@ def _tova_steps(A, topk, t0, t1, budgets, pos, weight, length, mass, recall, sta
             w_c[n] = UNSEEN
             n += 1
             if n > budgets[c]:
-                best = 0
-                low = w_c[0]
-                for i in range(1, n - 1):
-                    if w_c[i] < low:  # strict: the first minimum, the lower position
-                        low = w_c[i]
-                        best = i
+                best = _first_min(w_c, n - 1)  # the newest is never a candidate
                 if c == 0 and rec_victims:
                     victims[t - 1] = p_c[best]
-                for i in range(best, n - 1):
-                    p_c[i] = p_c[i + 1]
-                    w_c[i] = w_c[i + 1]
+                _drop(p_c, best, n)
+                _drop(w_c, best, n)
                 n -= 1
             length[c] = n
             if c == 0 and rec_kept:
@@ -275,8 +282,7 @@ def _scissorhands_steps(A, topk, t0, t1, budgets, windows, histories, pos, votes
                         best = i
                 if c == 0 and rec_victims:
                     victims[t - 1] = p_c[best]
-                for i in range(best, n - 1):
-                    p_c[i] = p_c[i + 1]
+                _drop(p_c, best, n)
                 n -= 1
             length[c] = n
             if c == 0 and rec_kept:
@@ -330,10 +336,9 @@ def _h2o_normalized_steps(A, topk, t0, t1, budgets, windows, pos, total_, count,
                         best = i
                 if c == 0 and rec_victims:
                     victims[t - 1] = p_c[best]
-                for i in range(best, n - 1):
-                    p_c[i] = p_c[i + 1]
-                    s_c[i] = s_c[i + 1]
-                    k_c[i] = k_c[i + 1]
+                _drop(p_c, best, n)
+                _drop(s_c, best, n)
+                _drop(k_c, best, n)
                 n -= 1
             length[c] = n
             if c == 0 and rec_kept:
@@ -403,22 +408,14 @@ def _snapkv_steps(A, topk, t0, t1, budgets, windows, obs_windows, pos, ring, run
                     score_hist[t - 1, i] = scores[i]
                     score_pos[t - 1, i] = p_c[i]
             if n > budgets[c]:
-                evictable = n - windows[c]
-                best = 0
-                low = scores[0]
-                for i in range(1, evictable):
-                    if scores[i] < low:  # strict: the first minimum, the lower position
-                        low = scores[i]
-                        best = i
+                best = _first_min(scores, n - windows[c])
                 if c == 0 and rec_victims:
                     victims[t - 1] = p_c[best]
-                for i in range(best, n - 1):
-                    p_c[i] = p_c[i + 1]
-                    if w > 0:
-                        for j in range(w):
-                            r_c[i, j] = r_c[i + 1, j]
-                    else:
-                        run_c[i] = run_c[i + 1]
+                _drop(p_c, best, n)
+                if w > 0:
+                    _drop(r_c, best, n)  # whole rows: the columns past w are never read
+                else:
+                    _drop(run_c, best, n)
                 n -= 1
             length[c] = n
             if c == 0 and rec_kept:
