@@ -80,6 +80,16 @@ def bundle_traces() -> list[str]:
 # state <-> URL
 
 
+#: the link's keys that name one of a set: what they may be, and what the page says when they are not
+CHOICES = {
+    "trace": (lambda: trace_names(), "is not available here"),
+    "bundle": (lambda: available_bundles(), "is not shipped here"),
+    "kept_mode": (lambda: list(KEPT_MODES), f"is not one of {', '.join(KEPT_MODES)}"),
+    "curve_policy": (lambda: [n for n in kvsim.POLICIES if "recent_window" in kvsim.policy_params(n)],
+                     "has no recent_window"),
+}
+
+
 def read_link() -> list[str]:
     """Once per session, seed the controls from the URL. Returns a message per unusable value."""
     problems: list[str] = []
@@ -89,31 +99,18 @@ def read_link() -> list[str]:
             st.session_state[key] = default
             continue
         raw = qp[key]
-        if key == "trace":
-            ok = raw in trace_names()
+        if key in CHOICES:
+            allowed, why = CHOICES[key]
+            ok = raw in allowed()
             value = raw if ok else default
             if not ok:
-                problems.append(f"trace {raw!r} from the link is not available here; showing {default}.")
+                problems.append(f"{key} {raw!r} from the link {why}; showing {default}.")
         elif key == "policies":
             asked = [p for p in raw.split(",") if p]
             value = [p for p in asked if p in kvsim.POLICIES]
             unknown = sorted(set(asked) - set(value))
             if unknown:
                 problems.append(f"unknown policies in the link ignored: {', '.join(unknown)}.")
-        elif key == "bundle":
-            ok = raw in available_bundles()
-            value = raw if ok else default
-            if not ok:
-                problems.append(f"bundle {raw!r} from the link is not shipped here; showing {default}.")
-        elif key == "kept_mode":
-            value = raw if raw in KEPT_MODES else default
-            if raw not in KEPT_MODES:
-                problems.append(f"kept_mode {raw!r} from the link is not one of {', '.join(KEPT_MODES)}; showing {default}.")
-        elif key == "curve_policy":
-            ok = raw in kvsim.POLICIES and "recent_window" in kvsim.policy_params(raw)
-            value = raw if ok else default
-            if not ok:
-                problems.append(f"curve_policy {raw!r} from the link has no recent_window; showing {default}.")
         else:
             value = _parse_count(key, raw, default, problems)
         st.session_state[key] = value
