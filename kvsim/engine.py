@@ -347,23 +347,52 @@ def _h2o_normalized_steps(A, topk, t0, t1, budgets, windows, pos, total_, count,
 
 
 @_kernel
-def _window_sum(ring_c, i, w, start):
-    """Slot i's weights over the last w observed rows, added oldest to newest (the reference's
+def _window_sum(ring_c, r, w, start):
+    """Ring row r's weights over the last w observed rows, added oldest to newest (the reference's
     cumsum over the ring in chronological order): columns start .. w-1, then 0 .. start-1."""
     acc = 0.0
     for j in range(start, w):
-        acc += ring_c[i, j]
+        acc += ring_c[r, j]
     for j in range(start):
-        acc += ring_c[i, j]
+        acc += ring_c[r, j]
     return acc
 
 
 @_kernel
-def _snapkv_steps(A, topk, t0, t1, budgets, windows, obs_windows, pos, ring, running, length, observed, mass, recall,
-                  stamp, gather, scores, kept_hist, score_hist, score_pos, victims):
+def _window_first_min(ring_c, row_c, approx_c, count, w, start, tol):
+    """``_first_min`` over the exact window sums of slots ``0 .. count-1``, computing an exact sum
+    only for a slot whose running sum (``approx_c``, within ``tol`` of the exact sum) says it could
+    be the smallest: the same slot as summing every window, at a fraction of the cost."""
+    reach = approx_c[0]
+    for i in range(1, count):
+        reach = min(reach, approx_c[i])
+    reach += 2.0 * tol
+    best = 0
+    low = np.inf
+    for i in range(count):
+        a = approx_c[i]
+        if a <= reach and a <= low + tol:
+            exact = _window_sum(ring_c, row_c[i], w, start)
+            if exact < low:  # strict: the first minimum, the lower position
+                low = exact
+                best = i
+                if low == 0.0:  # weights are non-negative: no later sum is smaller
+                    break
+    return best
+
+
+@_kernel
+def _snapkv_steps(A, topk, t0, t1, budgets, windows, obs_windows, tols, pos, ring, row_of, approx, running, length,
+                  observed, mass, recall, stamp, gather, scores, kept_hist, score_hist, score_pos, victims):
     """Steps t0 .. t1-1 of snapkv. With ``obs_windows[c] == w > 0`` each slot keeps its last w
-    observed weights in ``ring[c, slot, :w]`` (a row of zeros is written too: it was shown) and the
-    score is their chronological sum; with w == 0, a running sum as h2o keeps it."""
+    observed weights in ring row ``row_of[c, slot]`` (``ring[c, row, :w]``; a row of zeros is
+    written too: it was shown) and the score is their chronological sum; with w == 0, a running
+    sum as h2o keeps it. An eviction closes the gap in ``row_of`` and hands the freed row to the
+    next newcomer: ring rows never move.
+
+    Summing every window is budget x w work a step, so the victim is found through ``approx``, a
+    running sum of each ring row (off the exact sum by at most ``tols[c]``): only the slots it
+    cannot rule out are summed exactly (``_window_first_min``)."""
     k = topk.shape[1]
     n_cfg = budgets.shape[0]
     rec_kept = kept_hist.shape[0] > 0
@@ -378,6 +407,8 @@ def _snapkv_steps(A, topk, t0, t1, budgets, windows, obs_windows, pos, ring, run
             p_c = pos[c]
             w = obs_windows[c]
             r_c = ring[c]
+            o_c = row_of[c]
+            a_c = approx[c]
             run_c = running[c]
             total, hits = _measure(row, p_c, n, stamp, t, gather)
             mass[c, t - 1] = total
@@ -385,7 +416,9 @@ def _snapkv_steps(A, topk, t0, t1, budgets, windows, obs_windows, pos, ring, run
             if w > 0:
                 col = observed[c] % w
                 for i in range(n):
-                    r_c[i, col] = np.float64(np.float32(gather[i] / total)) if total > 0 else 0.0
+                    v = np.float64(np.float32(gather[i] / total)) if total > 0 else 0.0
+                    a_c[i] = (a_c[i] - r_c[o_c[i], col]) + v
+                    r_c[o_c[i], col] = v
             elif total > 0:
                 for i in range(n):
                     run_c[i] += np.float64(np.float32(gather[i] / total))
@@ -393,27 +426,33 @@ def _snapkv_steps(A, topk, t0, t1, budgets, windows, obs_windows, pos, ring, run
             p_c[n] = t
             if w > 0:
                 for j in range(w):
-                    r_c[n, j] = 0.0
+                    r_c[o_c[n], j] = 0.0
+                a_c[n] = 0.0
             else:
                 run_c[n] = 0.0
             n += 1
-            # scores only where they are read: the evictable slots when this step evicts, every
-            # slot when configuration 0's scores are recorded
-            need = n if (c == 0 and rec_scores) else (n - windows[c] if n > budgets[c] else 0)
             start = observed[c] % w if w > 0 else 0
-            for i in range(need):
-                scores[i] = _window_sum(r_c, i, w, start) if w > 0 else run_c[i]
-            if c == 0 and rec_scores:
+            record = c == 0 and rec_scores
+            if record:  # every slot's exact score, recorded
                 for i in range(n):
+                    scores[i] = _window_sum(r_c, o_c[i], w, start) if w > 0 else run_c[i]
                     score_hist[t - 1, i] = scores[i]
                     score_pos[t - 1, i] = p_c[i]
             if n > budgets[c]:
-                best = _first_min(scores, n - windows[c])
+                if record:
+                    best = _first_min(scores, n - windows[c])
+                elif w > 0:
+                    best = _window_first_min(r_c, o_c, a_c, n - windows[c], w, start, tols[c])
+                else:
+                    best = _first_min(run_c, n - windows[c])
                 if c == 0 and rec_victims:
                     victims[t - 1] = p_c[best]
                 _drop(p_c, best, n)
                 if w > 0:
-                    _drop(r_c, best, n)  # whole rows: the columns past w are never read
+                    freed = o_c[best]
+                    _drop(o_c, best, n)
+                    o_c[n - 1] = freed  # the next newcomer's ring row
+                    _drop(a_c, best, n)
                 else:
                     _drop(run_c, best, n)
                 n -= 1
@@ -610,12 +649,18 @@ def _run_snapkv(A, topk, T, budgets, params, progress, record, b0, kept_hist):
     n_cfg, width = r.pos.shape
     # O(configs x budget x observation_window) float64: the weights each slot still counts
     ring = np.zeros((n_cfg, width, max(1, int(obs_windows.max()))), dtype=np.float64)
+    row_of = np.tile(np.arange(width, dtype=np.int64), (n_cfg, 1))  # slot -> its ring row
+    approx = np.zeros((n_cfg, width), dtype=np.float64)  # a running sum of each slot's ring row
+    # |approx - the exact window sum| <= u (w + 1) (2T + w) (u = 2^-53: at most 2T updates of a sum
+    # of at most w + 1 weights in [0, 1], against a w-term sequential sum); twice that, for margin
+    tols = 2.3e-16 * (obs_windows + 1) * (2 * T + obs_windows + 2)
     running = np.zeros((n_cfg, width), dtype=np.float64)  # observation_window 0: the whole run
     observed = np.zeros(n_cfg, dtype=np.int64)
     scores = np.empty(width, dtype=np.float64)
     for t0, t1 in _chunks(T, progress):
-        _snapkv_steps(A, topk, t0, t1, budgets, windows, obs_windows, r.pos, ring, running, r.length, observed,
-                      r.mass, r.recall, r.stamp, r.gather, scores, kept_hist, r.score_hist, r.score_pos, r.victims)
+        _snapkv_steps(A, topk, t0, t1, budgets, windows, obs_windows, tols, r.pos, ring, row_of, approx, running, r.length,
+                      observed, r.mass, r.recall, r.stamp, r.gather, scores, kept_hist, r.score_hist, r.score_pos,
+                      r.victims)
     return r.result()
 
 
