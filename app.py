@@ -589,13 +589,9 @@ def kept_view(trace: kvsim.Trace, budget: int, runs: list, features) -> None:
         )
     with c2:
         html_button("this figure (HTML)", fig, f"{stem(trace)}-kept.html", "html_kept")
-    st.dataframe(
-        {
-            "policy": [figures.policy_label(r) for r in results],
-            "retained_mass": [round(r.retained_mass, 4) for r in results],
-            f"top_{TOP_K}_recall": [round(r.top_k_recall, 4) for r in results],
-        },
-        hide_index=True,
+    st.markdown(
+        f"| policy | retained_mass | top_{TOP_K}_recall |\n| --- | ---: | ---: |\n"
+        + "\n".join(f"| {figures.policy_label(r)} | {r.retained_mass:.4f} | {r.top_k_recall:.4f} |" for r in results)
     )
 
 
