@@ -13,10 +13,9 @@ import io
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
-import plotly.express as px
 import plotly.graph_objects as go
 from PIL import Image
 from plotly.colors import hex_to_rgb, sequential
@@ -25,6 +24,9 @@ from plotly.subplots import make_subplots
 from .engine import AVAILABLE, _kernel
 from .harness import ReplayResult
 from .trace import Trace
+
+if TYPE_CHECKING:  # imported where a table is built: ``import kvsim.figures`` stays ~0.3 s lighter
+    import pandas as pd
 
 #: grey levels of the kept-position image: kept cells dark, evicted white, not-yet-generated light
 KEPT, EVICTED, FUTURE = 30, 255, 222
@@ -794,6 +796,8 @@ def score_snapshot(result: ReplayResult, step: int, features: TraceFeatures) -> 
             category[i] = "heavy hitter (live)" if features.live_known else "heavy hitter"
         elif p in ever:
             category[i] = "heavy hitter (stale)"
+    import pandas as pd
+
     return pd.DataFrame({"position": pos, "score": score, "category": category, "evicted": evicted})
 
 
@@ -1054,6 +1058,8 @@ def coinciding(references: Sequence[Line], offline: Sequence[Line], key: str) ->
 
 
 def _sweep_frame(rows: Sequence[Mapping]) -> pd.DataFrame:
+    import pandas as pd
+
     return pd.DataFrame(list(rows)).sort_values("recent_window").reset_index(drop=True)
 
 
@@ -1179,6 +1185,8 @@ def trace_matrix(trace: Trace, features: TraceFeatures, size: int = 1024) -> go.
     """The attention matrix, log-scaled and block-averaged to at most ``size`` x ``size``, with the
     sinks and heavy hitters pointed at from the top edge (the stripes themselves are the data)."""
     rgb, block, (lo, hi) = attention_image(trace.attention, size)
+    import plotly.express as px  # here only: the kept view, the first page, never needs it
+
     fig = px.imshow(rgb, binary_string=True)
     centre = (block - 1) / 2
     fig.update_traces(
@@ -1236,4 +1244,6 @@ def per_step_table(results: Sequence[ReplayResult]) -> pd.DataFrame:
         label = policy_label(r)
         table[f"{label} retained_mass"] = r.retained_mass_series
         table[f"{label} top_{r.top_k}_recall"] = r.top_k_recall_series
+    import pandas as pd
+
     return pd.DataFrame(table)
