@@ -13,17 +13,20 @@ import io
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
-import plotly.express as px
 import plotly.graph_objects as go
 from PIL import Image
 from plotly.colors import hex_to_rgb, sequential
 from plotly.subplots import make_subplots
 
+from .engine import AVAILABLE, _kernel
 from .harness import ReplayResult
 from .trace import Trace
+
+if TYPE_CHECKING:  # imported where a table is built: ``import kvsim.figures`` stays ~0.3 s lighter
+    import pandas as pd
 
 #: grey levels of the kept-position image: kept cells dark, evicted white, not-yet-generated light
 KEPT, EVICTED, FUTURE = 30, 255, 222
@@ -348,6 +351,137 @@ def _difference_rgb(counts: tuple, exists: np.ndarray) -> np.ndarray:
     return rgb
 
 
+def _pool_panel(masks: Sequence[np.ndarray], region: Region, sinks: int, ages: int, br: int, bc: int, ba: int):
+    """The reference pooling of one panel, in NumPy: for the main image, the sink strip and the age
+    strip, ``(counts, exists)`` pooled over blocks, ``counts`` being ``(kept,)`` for one mask and
+    ``(only_a, only_b, both)`` for two; None for a strip that is not drawn. ``panel_layers`` uses the
+    kernels below (``_pool_columns``, ``_pool_ages``), which give the same sums in one pass."""
+    r = region
+    steps = np.arange(r.t0, r.t1 + 1)
+    bands = [m[r.t0 - 1 : r.t1].astype(bool) for m in masks]
+
+    def pooled(parts, exist, bc_):
+        if len(parts) == 1:
+            return (_pool(parts[0] & exist, br, bc_),), _pool(exist, br, bc_)
+        return tuple(_pool(x, br, bc_) for x in _split(*parts, exist)), _pool(exist, br, bc_)
+
+    cols = np.arange(r.p0, r.p1 + 1)
+    main = pooled([b[:, r.p0 : r.p1 + 1] for b in bands], cols[None, :] <= steps[:, None], bc)
+    s = min(sinks, r.t1 + 1)
+    sink = pooled([b[:, :s] for b in bands], np.arange(s)[None, :] <= steps[:, None], 1) if s else None
+    age = None
+    if ages:
+        pos = steps[:, None] - np.arange(1, ages + 1)[None, :]  # column a - 1 is position t - a
+        rows = np.arange(steps.size)[:, None]
+        age = pooled([b[rows, np.clip(pos, 0, None)] for b in bands], pos >= 0, ba)
+    return main, sink, age
+
+
+@_kernel
+def _pool_columns(a, b, two, t0, t1, p0, p1, br, bc):
+    """Block sums over rows ``t0 - 1 .. t1 - 1`` (steps t0 .. t1) and columns ``p0 .. p1`` of the
+    kept masks ``a`` (and ``b`` when ``two``), counting only positions that exist (``p <= t``):
+    ``counts[0]`` kept (one mask) or kept by ``a`` only, ``counts[1]`` by ``b`` only, ``counts[2]``
+    by both; ``exists`` the existing positions per block. One pass, no temporaries."""
+    H = (t1 - t0 + br) // br
+    W = (p1 - p0 + bc) // bc
+    counts = np.zeros((3, H, W), dtype=np.int64)
+    exists = np.zeros((H, W), dtype=np.int64)
+    for t in range(t0, t1 + 1):
+        R = (t - t0) // br
+        last = min(p1, t)
+        for j in range(W):
+            c0 = p0 + j * bc
+            if c0 > last:
+                break
+            c1 = min(c0 + bc - 1, last)
+            exists[R, j] += c1 - c0 + 1
+            if two:
+                na = 0
+                nb = 0
+                nab = 0
+                for c in range(c0, c1 + 1):
+                    x = a[t - 1, c] != 0
+                    y = b[t - 1, c] != 0
+                    if x and y:
+                        nab += 1
+                    elif x:
+                        na += 1
+                    elif y:
+                        nb += 1
+                counts[0, R, j] += na
+                counts[1, R, j] += nb
+                counts[2, R, j] += nab
+            else:
+                n = 0
+                for c in range(c0, c1 + 1):
+                    if a[t - 1, c] != 0:
+                        n += 1
+                counts[0, R, j] += n
+    return counts, exists
+
+
+@_kernel
+def _pool_ages(a, b, two, t0, t1, ages, br, ba):
+    """``_pool_columns`` for the age strip: column ``k`` (age k + 1) of step t is position
+    t - k - 1, which exists while that is not negative."""
+    H = (t1 - t0 + br) // br
+    W = (ages + ba - 1) // ba
+    counts = np.zeros((3, H, W), dtype=np.int64)
+    exists = np.zeros((H, W), dtype=np.int64)
+    for t in range(t0, t1 + 1):
+        R = (t - t0) // br
+        last = min(ages, t) - 1  # the oldest age column that exists
+        for j in range(W):
+            k0 = j * ba
+            if k0 > last:
+                break
+            k1 = min(k0 + ba - 1, last)
+            exists[R, j] += k1 - k0 + 1
+            if two:
+                na = 0
+                nb = 0
+                nab = 0
+                for k in range(k0, k1 + 1):
+                    x = a[t - 1, t - k - 1] != 0
+                    y = b[t - 1, t - k - 1] != 0
+                    if x and y:
+                        nab += 1
+                    elif x:
+                        na += 1
+                    elif y:
+                        nb += 1
+                counts[0, R, j] += na
+                counts[1, R, j] += nb
+                counts[2, R, j] += nab
+            else:
+                n = 0
+                for k in range(k0, k1 + 1):
+                    if a[t - 1, t - k - 1] != 0:
+                        n += 1
+                counts[0, R, j] += n
+    return counts, exists
+
+
+def _pool_panel_fast(masks: Sequence[np.ndarray], region: Region, sinks: int, ages: int, br: int, bc: int, ba: int):
+    """``_pool_panel`` by the kernels: the same sums, one pass over the rows the panel shows."""
+    r = region
+    two = len(masks) == 2
+    # the kernels read the masks as bytes; a bool mask is viewed as such, anything else is compared to 0 as is
+    a, b = (m.view(np.uint8) if m.dtype == np.bool_ else m for m in (masks[0], masks[-1]))
+    n = 3 if two else 1
+
+    def split(out):
+        counts, exists = out
+        return tuple(counts[:n]), exists
+
+    main = split(_pool_columns(a, b, two, r.t0, r.t1, r.p0, r.p1, br, bc))
+    s = min(sinks, r.t1 + 1)
+    sink = split(_pool_columns(a, b, two, r.t0, r.t1, 0, s - 1, br, 1)) if s else None
+    age = split(_pool_ages(a, b, two, r.t0, r.t1, ages, br, ba)) if ages else None
+    return main, sink, age
+
+
 def panel_layers(masks: Sequence[np.ndarray], region: Region, sinks: int, ages: int, size: int) -> dict:
     """The three images of one panel, pooled to about ``size`` pixels across the main image: the
     main image (the region), the sink strip (positions 0 .. sinks-1, one column each, widened) and
@@ -355,38 +489,19 @@ def panel_layers(masks: Sequence[np.ndarray], region: Region, sinks: int, ages: 
     levels; two: the difference's colours. Returns the blocks and each image as a PNG data URI
     (with its column count for the strips): small, and cheap to keep per replay and region."""
     r = region
-    steps = np.arange(r.t0, r.t1 + 1)
     br = max(1, math.ceil(r.height / size))
     bc = max(1, math.ceil(r.width / size))
-    bands = []
-    for m in masks:
-        bands.append(m[r.t0 - 1 : r.t1].astype(bool))
-    # the main image
-    cols = np.arange(r.p0, r.p1 + 1)
-    exists = cols[None, :] <= steps[:, None]
-    main = [b[:, r.p0 : r.p1 + 1] & exists for b in bands]
-    # the sink strip
-    s = min(sinks, r.t1 + 1)
-    sink_exists = np.arange(s)[None, :] <= steps[:, None]
-    sink = [b[:, :s] & sink_exists for b in bands]
-    # the age strip: column a - 1 is position t - a
-    age = np.arange(1, ages + 1)
-    pos = steps[:, None] - age[None, :]
-    age_exists = pos >= 0
-    rows = np.arange(steps.size)[:, None]
-    agecol = [b[rows, np.clip(pos, 0, None)] & age_exists for b in bands]
     ba = max(1, math.ceil(ages / max(1, size // 4)))
+    pool = _pool_panel_fast if AVAILABLE else _pool_panel
+    main, sink, age = pool(masks, r, sinks, ages, br, bc, ba)
 
-    def image(parts, exist, bc_):
-        ex = _pool(exist, br, bc_)
-        if len(parts) == 1:
-            return _levels(_pool(parts[0], br, bc_), ex)
-        a, b = parts
-        return _difference_rgb(tuple(_pool(x, br, bc_) for x in _split(a, b, exist)), ex)
+    def image(pooled):
+        counts, exists = pooled
+        return _levels(counts[0], exists) if len(counts) == 1 else _difference_rgb(counts, exists)
 
-    main_img = image(main, exists, bc)
-    sink_img = image(sink, sink_exists, 1) if s else None
-    age_img = image(agecol, age_exists, ba) if ages else None
+    main_img = image(main)
+    sink_img = None if sink is None else image(sink)
+    age_img = None if age is None else image(age)
     return {
         "block": (br, bc, ba),
         "main": _source(main_img),
@@ -692,6 +807,8 @@ def score_snapshot(result: ReplayResult, step: int, features: TraceFeatures) -> 
             category[i] = "heavy hitter (live)" if features.live_known else "heavy hitter"
         elif p in ever:
             category[i] = "heavy hitter (stale)"
+    import pandas as pd
+
     return pd.DataFrame({"position": pos, "score": score, "category": category, "evicted": evicted})
 
 
@@ -952,6 +1069,8 @@ def coinciding(references: Sequence[Line], offline: Sequence[Line], key: str) ->
 
 
 def _sweep_frame(rows: Sequence[Mapping]) -> pd.DataFrame:
+    import pandas as pd
+
     return pd.DataFrame(list(rows)).sort_values("recent_window").reset_index(drop=True)
 
 
@@ -1077,6 +1196,8 @@ def trace_matrix(trace: Trace, features: TraceFeatures, size: int = 1024) -> go.
     """The attention matrix, log-scaled and block-averaged to at most ``size`` x ``size``, with the
     sinks and heavy hitters pointed at from the top edge (the stripes themselves are the data)."""
     rgb, block, (lo, hi) = attention_image(trace.attention, size)
+    import plotly.express as px  # here only: the kept view, the first page, never needs it
+
     fig = px.imshow(rgb, binary_string=True)
     centre = (block - 1) / 2
     fig.update_traces(
@@ -1134,4 +1255,6 @@ def per_step_table(results: Sequence[ReplayResult]) -> pd.DataFrame:
         label = policy_label(r)
         table[f"{label} retained_mass"] = r.retained_mass_series
         table[f"{label} top_{r.top_k}_recall"] = r.top_k_recall_series
+    import pandas as pd
+
     return pd.DataFrame(table)

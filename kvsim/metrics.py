@@ -40,15 +40,22 @@ def describe(
     for t0 in range(1, n, chunk):
         t1 = min(t0 + chunk, n)
         block = A[t0:t1, : t1 - 1].astype(np.float64)  # rows t0..t1-1 reach at most position t1-2
-        rows = np.arange(t0, t1)[:, None]
-        age = rows - np.arange(t1 - 1)[None, :]
         sink[t0:t1] = block[:, :sinks].sum(axis=1)
-        recent[t0:t1] = np.where((age >= 1) & (age <= band), block, 0.0).sum(axis=1)
-        k = min(top_k, block.shape[1])
-        top[t0:t1] = np.partition(block, block.shape[1] - k, axis=1)[:, block.shape[1] - k :].sum(axis=1)
-        logs = np.zeros_like(block)
+        # the band: each row's weights at ages 1 .. band, zeros elsewhere (rows of the block's width,
+        # so each sum adds the same values in the same order as over the whole row)
+        window = np.zeros_like(block)
+        for i, t in enumerate(range(t0, t1)):
+            lo = max(0, t - band)
+            window[i, lo:t] = block[i, lo:t]
+        recent[t0:t1] = window.sum(axis=1)
+        logs = window  # reused: every cell is written (0 where the weight is 0)
+        logs[:] = 0.0
         np.log(block, out=logs, where=block > 0)
         effective[t0:t1] = np.exp(-(block * logs).sum(axis=1))
+        # last, in place: ``np.partition`` is this on a copy, so the same order and the same sums
+        k = min(top_k, block.shape[1])
+        block.partition(block.shape[1] - k, axis=1)
+        top[t0:t1] = block[:, block.shape[1] - k :].sum(axis=1)
     steps = np.arange(n)
     return {
         "steps": T,

@@ -100,17 +100,50 @@ def from_array(attention: np.ndarray, name: str = "trace", meta: dict | None = N
     if n - 1 > MAX_STEPS:
         raise TraceError(f"{source}: attention has {n - 1} steps, more than the limit of {MAX_STEPS}")
     out = np.zeros((n, n), dtype=np.float32)
-    for t in range(1, n):
-        row = a[t, :t].astype(np.float64)
-        if not np.all(np.isfinite(row)):
-            raise TraceError(f"{source}: step {t}: attention has NaN or infinite weights")
-        if np.any(row < 0):
-            raise TraceError(f"{source}: step {t}: attention has negative weights")
-        s = row.sum()
-        if s <= 0:
-            raise TraceError(f"{source}: step {t}: attention row sums to zero")
-        out[t, :t] = row / s
+    for t0 in range(1, n, _CHUNK):
+        t1 = min(t0 + _CHUNK, n)
+        _normalise_rows(a, out, t0, t1, source)
     return Trace(out, name=name, meta=dict(meta or {}))
+
+
+#: rows validated and normalised per block: a few ``_CHUNK x T`` float64 temporaries, not one per row
+_CHUNK = 256
+_F16 = []
+
+
+def _float64(block: np.ndarray) -> np.ndarray:
+    """``block.astype(float64)``, exactly; float16 through a 65536-entry table, which NumPy reads
+    several times faster than it converts half floats."""
+    if block.dtype != np.float16 or block.strides[-1] != block.itemsize:  # big-endian or strided: NumPy's cast
+        return block.astype(np.float64, order="C")
+    if not _F16:
+        with np.errstate(invalid="ignore"):
+            _F16.append(np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float64))
+    return _F16[0][block.view(np.uint16)]
+
+
+def _normalise_rows(a: np.ndarray, out: np.ndarray, t0: int, t1: int, source: str) -> None:
+    """Rows ``t0 .. t1 - 1`` of ``from_array``: each row ``[t, :t]`` in float64 must be finite, then
+    non-negative, then sum (``row.sum()``, NumPy's pairwise order) above zero; the first row that
+    fails names its step. ``out[t, :t]`` is ``float32(row / sum)``. One block of rows at a time:
+    the checks are whole-block operations, only the sums go row by row (their order is NumPy's
+    1-D pairwise sum, which a sum over a longer padded row would not reproduce bit for bit)."""
+    w = t1 - 1  # rows t0 .. t1-1 reach at most position t1-2
+    block = _float64(a[t0:t1, :w])
+    upper = np.arange(w)[None, :] >= np.arange(t0, t1)[:, None]
+    block[upper] = 0.0  # on and above the diagonal: not part of the trace
+    finite = np.isfinite(block).all(axis=1)
+    negative = (block < 0).any(axis=1)
+    bad = np.flatnonzero(~finite | negative)
+    stop = int(bad[0]) if bad.size else t1 - t0
+    sums = np.array([block[i, : t0 + i].sum() for i in range(stop)], dtype=np.float64)
+    zero = np.flatnonzero(sums <= 0)
+    if zero.size:
+        raise TraceError(f"{source}: step {t0 + int(zero[0])}: attention row sums to zero")
+    if stop < t1 - t0:
+        problem = "has NaN or infinite weights" if not finite[stop] else "has negative weights"
+        raise TraceError(f"{source}: step {t0 + stop}: attention {problem}")
+    np.divide(block, sums[:, None], out=out[t0:t1, :w], casting="same_kind")
 
 
 def load_npz(path, *, source: str | None = None) -> Trace:

@@ -202,6 +202,44 @@ def test_kept_heatmap_reuses_given_layers(canonical, story):
     assert images(fig, "sliding_window")[0].source == lay["main"]
 
 
+def _pooled_equal(x, y):
+    if x is None or y is None:
+        return x is None and y is None
+    (cx, ex), (cy, ey) = x, y
+    return len(cx) == len(cy) and all(map(np.array_equal, cx, cy)) and np.array_equal(ex, ey)
+
+
+@pytest.mark.skipif(not kvsim.engine.AVAILABLE, reason="the pooling kernels need numba")
+def test_pooling_kernels_give_the_reference_sums():
+    """The one-pass kernels and the NumPy reference pool the same blocks to the same counts: one mask
+    and two, bool and uint8 masks, regions with ragged edge blocks, sinks past the region, no strips."""
+    rng = np.random.default_rng(11)
+    T = 57
+    future = np.arange(T + 1)[None, :] > np.arange(1, T + 1)[:, None]
+    for trial in range(60):
+        masks = [(rng.random((T, T + 1)) < rng.uniform(0.1, 0.9)) & ~future for _ in range(2)]
+        if trial % 2:
+            masks = [m.astype(np.uint8) for m in masks]
+        p0, t0 = int(rng.integers(0, T)), int(rng.integers(1, T))
+        region = figures.Region(p0, int(rng.integers(p0, T + 1)), t0, int(rng.integers(t0, T + 1)))
+        sinks, ages = int(rng.integers(0, 8)), int(rng.integers(0, 70))
+        br, bc, ba = (int(v) for v in rng.integers(1, 9, size=3))
+        for chosen in (masks[:1], masks):
+            want = figures._pool_panel(chosen, region, sinks, ages, br, bc, ba)
+            got = figures._pool_panel_fast(chosen, region, sinks, ages, br, bc, ba)
+            assert all(_pooled_equal(w, g) for w, g in zip(want, got, strict=True)), (trial, region, len(chosen))
+
+
+@pytest.mark.skipif(not kvsim.engine.AVAILABLE, reason="the pooling kernels need numba")
+def test_panel_layers_draws_the_same_images_with_and_without_the_kernels(story, monkeypatch):
+    masks = [r.kept_mask() for r in story]
+    cases = [([masks[0]], figures.Region.whole(4096), 4, 128, 341), (masks[1:], figures.Region.whole(4096), 4, 512, 1024),
+             ([masks[2]], figures.Region(1000, 1300, 2000, 2400), 4, 64, 341), (masks[:2], figures.Region(3, 900, 5, 4000), 1, 0, 77)]
+    fast = [figures.panel_layers(*case) for case in cases]
+    monkeypatch.setattr(figures, "AVAILABLE", False)
+    assert [figures.panel_layers(*case) for case in cases] == fast
+
+
 def test_kept_heatmap_refuses_a_replay_of_another_trace(canonical, small):
     other = kvsim.replay(small, "sliding_window", budget=8, record_kept=True)
     with pytest.raises(ValueError, match="steps"):
