@@ -7,6 +7,7 @@ reference with itself, so those tests are skipped (and say why) rather than pass
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -312,6 +313,17 @@ def test_cache_round_trip(cache_dir):
     assert np.array_equal(again.attention, fresh.attention) and np.array_equal(first.attention, fresh.attention)
     assert not again.attention.flags.writeable  # the memory map, not a copy
     assert again.meta == fresh.meta and again.name == "canonical"
+    # the fingerprint (the optimum's cache key) is read from beside the trace, not hashed again,
+    # and is the one the data hashes to
+    assert "fingerprint" in again._cache and again.fingerprint == fresh.fingerprint
+    # a sidecar written before it held the fingerprint gets it added on the next read, once
+    record = json.loads(path.with_suffix(".json").read_text())
+    del record["fingerprint"]
+    path.with_suffix(".json").write_text(json.dumps(record))
+    assert "fingerprint" not in cache._read(path, SMALL)._cache
+    upgraded = cache.canonical_trace(SMALL)
+    assert upgraded.fingerprint == fresh.fingerprint and np.array_equal(upgraded.attention, fresh.attention)
+    assert "fingerprint" in cache._read(path, SMALL)._cache
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "json", "no-json"])
