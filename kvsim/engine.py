@@ -149,6 +149,16 @@ def _drop(slots, best, n):
 
 
 @_kernel
+def _evict(p_c, n, best, t, record, victims):
+    """Evict slot ``best`` of the ``n`` held (the new length); ``victims[t - 1]`` gets its position
+    when ``record``."""
+    if record:
+        victims[t - 1] = p_c[best]
+    _drop(p_c, best, n)
+    return n - 1
+
+
+@_kernel
 def _h2o_steps(A, topk, t0, t1, budgets, windows, pos, score, length, mass, recall, stamp, gather,
                kept_hist, score_hist, score_pos, victims):
     """Steps t0 .. t1-1 of h2o for every configuration c (budget ``budgets[c]``, recent window
@@ -182,15 +192,11 @@ def _h2o_steps(A, topk, t0, t1, budgets, windows, pos, score, length, mass, reca
                     score_pos[t - 1, i] = p_c[i]
             if n > budgets[c]:
                 best = _first_min(s_c, n - windows[c])
-                if c == 0 and rec_victims:
-                    victims[t - 1] = p_c[best]
-                _drop(p_c, best, n)
                 _drop(s_c, best, n)
-                n -= 1
+                n = _evict(p_c, n, best, t, c == 0 and rec_victims, victims)
             length[c] = n
             if c == 0 and rec_kept:
-                for i in range(n):
-                    kept_hist[t - 1, i] = p_c[i]
+                kept_hist[t - 1, :n] = p_c[:n]
 
 
 @_kernel
@@ -221,15 +227,11 @@ def _tova_steps(A, topk, t0, t1, budgets, pos, weight, length, mass, recall, sta
             n += 1
             if n > budgets[c]:
                 best = _first_min(w_c, n - 1)  # the newest is never a candidate
-                if c == 0 and rec_victims:
-                    victims[t - 1] = p_c[best]
-                _drop(p_c, best, n)
                 _drop(w_c, best, n)
-                n -= 1
+                n = _evict(p_c, n, best, t, c == 0 and rec_victims, victims)
             length[c] = n
             if c == 0 and rec_kept:
-                for i in range(n):
-                    kept_hist[t - 1, i] = p_c[i]
+                kept_hist[t - 1, :n] = p_c[:n]
 
 
 @_kernel
@@ -287,14 +289,10 @@ def _scissorhands_steps(A, topk, t0, t1, budgets, windows, histories, pos, votes
                     if v_c[p_c[i]] < low:  # strict: the first minimum, the lower position
                         low = v_c[p_c[i]]
                         best = i
-                if c == 0 and rec_victims:
-                    victims[t - 1] = p_c[best]
-                _drop(p_c, best, n)
-                n -= 1
+                n = _evict(p_c, n, best, t, c == 0 and rec_victims, victims)
             length[c] = n
             if c == 0 and rec_kept:
-                for i in range(n):
-                    kept_hist[t - 1, i] = p_c[i]
+                kept_hist[t - 1, :n] = p_c[:n]
 
 
 @_kernel
@@ -341,16 +339,12 @@ def _h2o_normalized_steps(A, topk, t0, t1, budgets, windows, pos, total_, count,
                     if v < low:  # strict: the first minimum, the lower position
                         low = v
                         best = i
-                if c == 0 and rec_victims:
-                    victims[t - 1] = p_c[best]
-                _drop(p_c, best, n)
                 _drop(s_c, best, n)
                 _drop(k_c, best, n)
-                n -= 1
+                n = _evict(p_c, n, best, t, c == 0 and rec_victims, victims)
             length[c] = n
             if c == 0 and rec_kept:
-                for i in range(n):
-                    kept_hist[t - 1, i] = p_c[i]
+                kept_hist[t - 1, :n] = p_c[:n]
 
 
 @_kernel
@@ -416,18 +410,14 @@ def _snapkv_steps(A, topk, t0, t1, budgets, windows, obs_windows, pos, ring, run
                     score_pos[t - 1, i] = p_c[i]
             if n > budgets[c]:
                 best = _first_min(scores, n - windows[c])
-                if c == 0 and rec_victims:
-                    victims[t - 1] = p_c[best]
-                _drop(p_c, best, n)
                 if w > 0:
                     _drop(r_c, best, n)  # whole rows: the columns past w are never read
                 else:
                     _drop(run_c, best, n)
-                n -= 1
+                n = _evict(p_c, n, best, t, c == 0 and rec_victims, victims)
             length[c] = n
             if c == 0 and rec_kept:
-                for i in range(n):
-                    kept_hist[t - 1, i] = p_c[i]
+                kept_hist[t - 1, :n] = p_c[:n]
 
 
 @_kernel
@@ -467,16 +457,6 @@ def _window_steps(A, topk, t0, t1, budgets, sinks, mass, recall, stamp, kept_his
                 for p in range(lo, t + 1):
                     kept_hist[t - 1, j] = p
                     j += 1
-
-
-@_kernel
-def _evict(p_c, n, best, t, record, victims):
-    """Evict slot ``best`` of the ``n`` held (the new length); ``victims[t - 1]`` gets its position
-    when ``record``."""
-    if record:
-        victims[t - 1] = p_c[best]
-    _drop(p_c, best, n)
-    return n - 1
 
 
 @_kernel
@@ -524,8 +504,7 @@ def _greedy_future_steps(A, topk, t0, t1, budgets, suffix, block, pos, length, m
                 n = _evict(p_c, n, _first_min(future, n), t, c == 0 and rec_victims, victims)
             length[c] = n
             if c == 0 and rec_kept:
-                for i in range(n):
-                    kept_hist[t - 1, i] = p_c[i]
+                kept_hist[t - 1, :n] = p_c[:n]
 
 
 @_kernel
@@ -556,8 +535,7 @@ def _planned_steps(A, topk, t0, t1, budgets, plan, by_slot, pos, length, mass, r
                 n = _evict(p_c, n, best, t, c == 0 and rec_victims, victims)
             length[c] = n
             if c == 0 and rec_kept:
-                for i in range(n):
-                    kept_hist[t - 1, i] = p_c[i]
+                kept_hist[t - 1, :n] = p_c[:n]
 
 
 # --------------------------------------------------------------------------------------------
