@@ -18,6 +18,12 @@ Exactness, the reference's rules restated where the engine relies on them:
   ``kept[:len - recent_window]``, so equal scores evict the lower position;
 - a scissorhands vote is ``float32(observed) > float32(1 / n)`` (n = positions held before the
   step); a row of zeros gives no vote but still advances its history window;
+- random, greedy_future and optimal evict exactly one position per step from step ``budget`` on,
+  and read no observed attention: random the slot (kept order) its generator draws, greedy_future
+  the first minimum of the attention still to come (the policy's own block suffix sums plus the
+  rows up to the next block, added in numpy's order), optimal the solver's schedule (solved or read
+  from the disk cache, as the reference does). random's draws and optimal's schedule are known
+  before the replay, so one kernel replays both (``_planned_steps``);
 - top-k recall counts ``kept`` against the k largest weights of the row (lower position first on
   ties, ``Trace.topk_mask``) and divides by ``min(k, t)``; the means are numpy's, over the series.
 
@@ -39,8 +45,9 @@ try:
 except ImportError:  # numba is in requirements.txt; without it every call takes the reference path
     njit = None
 
-from .harness import ReplayResult
+from .harness import ContractError, ReplayResult
 from .policies import Policy
+from .policies.greedy_future import BLOCK as GREEDY_BLOCK
 from .policies.tova import UNSEEN
 from .trace import Trace
 
@@ -142,6 +149,16 @@ def _drop(slots, best, n):
 
 
 @_kernel
+def _evict(p_c, n, best, t, record, victims):
+    """Evict slot ``best`` of the ``n`` held (the new length); ``victims[t - 1]`` gets its position
+    when ``record``."""
+    if record:
+        victims[t - 1] = p_c[best]
+    _drop(p_c, best, n)
+    return n - 1
+
+
+@_kernel
 def _h2o_steps(A, topk, t0, t1, budgets, windows, pos, score, length, mass, recall, stamp, gather,
                kept_hist, score_hist, score_pos, victims):
     """Steps t0 .. t1-1 of h2o for every configuration c (budget ``budgets[c]``, recent window
@@ -175,15 +192,11 @@ def _h2o_steps(A, topk, t0, t1, budgets, windows, pos, score, length, mass, reca
                     score_pos[t - 1, i] = p_c[i]
             if n > budgets[c]:
                 best = _first_min(s_c, n - windows[c])
-                if c == 0 and rec_victims:
-                    victims[t - 1] = p_c[best]
-                _drop(p_c, best, n)
                 _drop(s_c, best, n)
-                n -= 1
+                n = _evict(p_c, n, best, t, c == 0 and rec_victims, victims)
             length[c] = n
             if c == 0 and rec_kept:
-                for i in range(n):
-                    kept_hist[t - 1, i] = p_c[i]
+                kept_hist[t - 1, :n] = p_c[:n]
 
 
 @_kernel
@@ -214,15 +227,11 @@ def _tova_steps(A, topk, t0, t1, budgets, pos, weight, length, mass, recall, sta
             n += 1
             if n > budgets[c]:
                 best = _first_min(w_c, n - 1)  # the newest is never a candidate
-                if c == 0 and rec_victims:
-                    victims[t - 1] = p_c[best]
-                _drop(p_c, best, n)
                 _drop(w_c, best, n)
-                n -= 1
+                n = _evict(p_c, n, best, t, c == 0 and rec_victims, victims)
             length[c] = n
             if c == 0 and rec_kept:
-                for i in range(n):
-                    kept_hist[t - 1, i] = p_c[i]
+                kept_hist[t - 1, :n] = p_c[:n]
 
 
 @_kernel
@@ -280,14 +289,10 @@ def _scissorhands_steps(A, topk, t0, t1, budgets, windows, histories, pos, votes
                     if v_c[p_c[i]] < low:  # strict: the first minimum, the lower position
                         low = v_c[p_c[i]]
                         best = i
-                if c == 0 and rec_victims:
-                    victims[t - 1] = p_c[best]
-                _drop(p_c, best, n)
-                n -= 1
+                n = _evict(p_c, n, best, t, c == 0 and rec_victims, victims)
             length[c] = n
             if c == 0 and rec_kept:
-                for i in range(n):
-                    kept_hist[t - 1, i] = p_c[i]
+                kept_hist[t - 1, :n] = p_c[:n]
 
 
 @_kernel
@@ -334,16 +339,12 @@ def _h2o_normalized_steps(A, topk, t0, t1, budgets, windows, pos, total_, count,
                     if v < low:  # strict: the first minimum, the lower position
                         low = v
                         best = i
-                if c == 0 and rec_victims:
-                    victims[t - 1] = p_c[best]
-                _drop(p_c, best, n)
                 _drop(s_c, best, n)
                 _drop(k_c, best, n)
-                n -= 1
+                n = _evict(p_c, n, best, t, c == 0 and rec_victims, victims)
             length[c] = n
             if c == 0 and rec_kept:
-                for i in range(n):
-                    kept_hist[t - 1, i] = p_c[i]
+                kept_hist[t - 1, :n] = p_c[:n]
 
 
 @_kernel
@@ -445,9 +446,6 @@ def _snapkv_steps(A, topk, t0, t1, budgets, windows, obs_windows, tols, pos, rin
                     best = _window_first_min(r_c, o_c, a_c, n - windows[c], w, start, tols[c])
                 else:
                     best = _first_min(run_c, n - windows[c])
-                if c == 0 and rec_victims:
-                    victims[t - 1] = p_c[best]
-                _drop(p_c, best, n)
                 if w > 0:
                     freed = o_c[best]
                     _drop(o_c, best, n)
@@ -455,11 +453,10 @@ def _snapkv_steps(A, topk, t0, t1, budgets, windows, obs_windows, tols, pos, rin
                     _drop(a_c, best, n)
                 else:
                     _drop(run_c, best, n)
-                n -= 1
+                n = _evict(p_c, n, best, t, c == 0 and rec_victims, victims)
             length[c] = n
             if c == 0 and rec_kept:
-                for i in range(n):
-                    kept_hist[t - 1, i] = p_c[i]
+                kept_hist[t - 1, :n] = p_c[:n]
 
 
 @_kernel
@@ -499,6 +496,85 @@ def _window_steps(A, topk, t0, t1, budgets, sinks, mass, recall, stamp, kept_his
                 for p in range(lo, t + 1):
                     kept_hist[t - 1, j] = p
                     j += 1
+
+
+@_kernel
+def _future_attention(A, suffix, block, t, p_c, n, out):
+    """``GreedyFuture.future_attention`` of the n slots after step t, into ``out[:n]``, bit for bit:
+    the rows t+1 .. min(c * block, T) (c = ceil(t / block)) added one after another from 0.0 (numpy's
+    ``sum(axis=0)`` over a (rows, n >= 2) array adds its rows in order), then added to the block
+    suffix ``suffix[c, p]``. Rows outer, slots inner: the same per-slot order, read along rows."""
+    T = A.shape[0] - 1
+    c = (t + block - 1) // block
+    for i in range(n):
+        out[i] = 0.0
+    for r in range(t + 1, min(c * block, T) + 1):
+        row = A[r]
+        for i in range(n):
+            out[i] += np.float64(row[p_c[i]])
+    for i in range(n):
+        out[i] = suffix[c, p_c[i]] + out[i]
+
+
+@_kernel
+def _greedy_future_steps(A, topk, t0, t1, budgets, suffix, block, pos, length, mass, recall, stamp, gather, future,
+                         kept_hist, victims):
+    """Steps t0 .. t1-1 of greedy_future for every configuration c (budget ``budgets[c]``): the
+    victim is the first minimum of the future attention over every slot, the newcomer's included
+    (the reference's ``_evict_lowest`` over all ``_len`` slots). ``suffix``: the policy's own block
+    suffix sums (one trace, so one array for every configuration)."""
+    k = topk.shape[1]
+    rec_kept = kept_hist.shape[0] > 0
+    rec_victims = victims.shape[0] > 0
+    for t in range(t0, t1):
+        _mark_topk(topk, t, stamp)
+        denom = min(k, t)
+        row = A[t]
+        for c in range(budgets.shape[0]):
+            n = length[c]
+            p_c = pos[c]
+            total, hits = _measure(row, p_c, n, stamp, t, gather)
+            mass[c, t - 1] = total
+            recall[c, t - 1] = hits / denom
+            p_c[n] = t
+            n += 1
+            if n > budgets[c]:
+                _future_attention(A, suffix, block, t, p_c, n, future)
+                n = _evict(p_c, n, _first_min(future, n), t, c == 0 and rec_victims, victims)
+            length[c] = n
+            if c == 0 and rec_kept:
+                kept_hist[t - 1, :n] = p_c[:n]
+
+
+@_kernel
+def _planned_steps(A, topk, t0, t1, budgets, plan, by_slot, pos, length, mass, recall, stamp, gather, kept_hist,
+                   victims):
+    """Steps t0 .. t1-1 of a policy whose victims are known before the replay starts: configuration
+    c evicts ``plan[c, t - 1]`` at step t, a slot in kept order (after admitting t) when ``by_slot``
+    (random's draws), else a position it holds (optimal's schedule). The plan is only read at the
+    steps that evict, which are those that put the cache over its budget."""
+    k = topk.shape[1]
+    rec_kept = kept_hist.shape[0] > 0
+    rec_victims = victims.shape[0] > 0
+    for t in range(t0, t1):
+        _mark_topk(topk, t, stamp)
+        denom = min(k, t)
+        row = A[t]
+        for c in range(budgets.shape[0]):
+            n = length[c]
+            p_c = pos[c]
+            total, hits = _measure(row, p_c, n, stamp, t, gather)
+            mass[c, t - 1] = total
+            recall[c, t - 1] = hits / denom
+            p_c[n] = t
+            n += 1
+            if n > budgets[c]:
+                v = plan[c, t - 1]
+                best = v if by_slot else np.searchsorted(p_c[:n], v)  # kept is ascending
+                n = _evict(p_c, n, best, t, c == 0 and rec_victims, victims)
+            length[c] = n
+            if c == 0 and rec_kept:
+                kept_hist[t - 1, :n] = p_c[:n]
 
 
 # --------------------------------------------------------------------------------------------
@@ -600,13 +676,13 @@ class _Run:
         return self.mass, self.recall, records
 
 
-def _param(params, name: str) -> np.ndarray:
-    return np.array([p[name] for p in params], dtype=np.int64)
+def _param(policies, name: str) -> np.ndarray:
+    return np.array([p.params[name] for p in policies], dtype=np.int64)
 
 
-def _run_h2o(A, topk, T, budgets, params, progress, record, b0, kept_hist):
+def _run_h2o(A, topk, T, budgets, policies, progress, record, b0, kept_hist):
     r = _Run.alloc(T, budgets, record, b0)
-    windows = _param(params, "recent_window")
+    windows = _param(policies, "recent_window")
     score = np.zeros(r.pos.shape, dtype=np.float64)  # position 0 starts with score 0
     for t0, t1 in _chunks(T, progress):
         _h2o_steps(A, topk, t0, t1, budgets, windows, r.pos, score, r.length, r.mass, r.recall, r.stamp, r.gather,
@@ -614,9 +690,9 @@ def _run_h2o(A, topk, T, budgets, params, progress, record, b0, kept_hist):
     return r.result()
 
 
-def _run_scissorhands(A, topk, T, budgets, params, progress, record, b0, kept_hist):
+def _run_scissorhands(A, topk, T, budgets, policies, progress, record, b0, kept_hist):
     r = _Run.alloc(T, budgets, record, b0)
-    windows, histories = _param(params, "recent_window"), _param(params, "history_window")
+    windows, histories = _param(policies, "recent_window"), _param(policies, "history_window")
     n_cfg, width = r.pos.shape
     votes = np.zeros((n_cfg, T + 1), dtype=np.int64)  # by position: eviction moves positions only
     observed = np.zeros(n_cfg, dtype=np.int64)  # steps with attention: the history window's clock
@@ -632,9 +708,9 @@ def _run_scissorhands(A, topk, T, budgets, params, progress, record, b0, kept_hi
     return r.result()
 
 
-def _run_h2o_normalized(A, topk, T, budgets, params, progress, record, b0, kept_hist):
+def _run_h2o_normalized(A, topk, T, budgets, policies, progress, record, b0, kept_hist):
     r = _Run.alloc(T, budgets, record, b0)
-    windows = _param(params, "recent_window")
+    windows = _param(policies, "recent_window")
     total_ = np.zeros(r.pos.shape, dtype=np.float64)
     count = np.zeros(r.pos.shape, dtype=np.int64)
     for t0, t1 in _chunks(T, progress):
@@ -643,9 +719,9 @@ def _run_h2o_normalized(A, topk, T, budgets, params, progress, record, b0, kept_
     return r.result()
 
 
-def _run_snapkv(A, topk, T, budgets, params, progress, record, b0, kept_hist):
+def _run_snapkv(A, topk, T, budgets, policies, progress, record, b0, kept_hist):
     r = _Run.alloc(T, budgets, record, b0)
-    windows, obs_windows = _param(params, "recent_window"), _param(params, "observation_window")
+    windows, obs_windows = _param(policies, "recent_window"), _param(policies, "observation_window")
     n_cfg, width = r.pos.shape
     # O(configs x budget x observation_window) float64: the weights each slot still counts
     ring = np.zeros((n_cfg, width, max(1, int(obs_windows.max()))), dtype=np.float64)
@@ -664,7 +740,7 @@ def _run_snapkv(A, topk, T, budgets, params, progress, record, b0, kept_hist):
     return r.result()
 
 
-def _run_tova(A, topk, T, budgets, params, progress, record, b0, kept_hist):
+def _run_tova(A, topk, T, budgets, policies, progress, record, b0, kept_hist):
     r = _Run.alloc(T, budgets, record, b0)
     weight = np.full(r.pos.shape, UNSEEN, dtype=np.float64)  # position 0: no row has shown it yet
     for t0, t1 in _chunks(T, progress):
@@ -673,14 +749,63 @@ def _run_tova(A, topk, T, budgets, params, progress, record, b0, kept_hist):
     return r.result(scores=False)
 
 
-def _run_window(A, topk, T, budgets, params, progress, record, b0, kept_hist):
+def _run_window(A, topk, T, budgets, policies, progress, record, b0, kept_hist):
     r = _Run.alloc(T, budgets, False, b0)
-    sinks = np.array([p.get("sinks", 0) for p in params], dtype=np.int64)  # sliding_window: no sinks
+    sinks = np.array([p.params.get("sinks", 0) for p in policies], dtype=np.int64)  # sliding_window: no sinks
     for t0, t1 in _chunks(T, progress):
         _window_steps(A, topk, t0, t1, budgets, sinks, r.mass, r.recall, r.stamp, kept_hist)
     # the oldest unpinned position leaves once the cache is full: t - (budget - sinks)
     t = np.arange(1, T + 1)
     return r.mass, r.recall, {"victims": np.where(t >= b0, t - (b0 - int(sinks[0])), -1)}
+
+
+def _run_greedy_future(A, topk, T, budgets, policies, progress, record, b0, kept_hist):
+    r = _Run.alloc(T, budgets, record, b0)
+    # the block suffix sums the policy built from the trace (one trace: the first policy's serve all)
+    suffix = np.ascontiguousarray(policies[0]._suffix)
+    future = np.empty(r.pos.shape[1], dtype=np.float64)
+    for t0, t1 in _chunks(T, progress):
+        _greedy_future_steps(A, topk, t0, t1, budgets, suffix, GREEDY_BLOCK, r.pos, r.length, r.mass, r.recall,
+                             r.stamp, r.gather, future, kept_hist, r.victims)
+    return r.result(scores=False)
+
+
+def _run_planned(A, topk, T, budgets, plan, by_slot, progress, record, b0, kept_hist):
+    r = _Run.alloc(T, budgets, record, b0)
+    for t0, t1 in _chunks(T, progress):
+        _planned_steps(A, topk, t0, t1, budgets, plan, by_slot, r.pos, r.length, r.mass, r.recall, r.stamp, r.gather,
+                       kept_hist, r.victims)
+    return r.result(scores=False)
+
+
+def _run_random(A, topk, T, budgets, policies, progress, record, b0, kept_hist):
+    """random's victims, drawn before the replay with the very calls its ``evict`` makes, in the
+    same order: the draws depend on the cache's length only, which is ``min(t, budget) + 1`` after
+    admitting t, so step t >= budget draws one slot of ``budget + 1`` (kept order, as SlotPolicy
+    holds them) from the policy's own generator, which is left where the reference leaves it."""
+    plan = np.full((budgets.size, T), -1, dtype=np.int64)
+    for c, p in enumerate(policies):
+        b = p.budget
+        for t in range(b, T + 1):
+            plan[c, t - 1] = p.rng.choice(b + 1, size=1, replace=False)[0]
+    return _run_planned(A, topk, T, budgets, plan, True, progress, record, b0, kept_hist)
+
+
+def _run_optimal(A, topk, T, budgets, policies, progress, record, b0, kept_hist):
+    """optimal's schedule (solved, or read from the disk cache, as the reference does on its first
+    eviction) replayed: step ``budget + i`` evicts ``victims[i]``. A schedule that is not legal
+    (a victim after its step, or one evicted twice: only a damaged cache could hold one) is
+    refused as the reference's victims check would refuse it."""
+    plan = np.full((budgets.size, T), -1, dtype=np.int64)
+    for c, p in enumerate(policies):
+        if p.budget > T:  # never evicts: the reference never asks for the schedule either
+            continue
+        v = p.schedule.victims
+        steps = np.arange(p.budget, T + 1)
+        if v.shape != steps.shape or (v.size and (v.min() < 0 or np.any(v > steps) or np.unique(v).size != v.size)):
+            raise ContractError(f"{p!r}: its schedule is not a legal eviction schedule for this trace")
+        plan[c, p.budget - 1 :] = v
+    return _run_planned(A, topk, T, budgets, plan, False, progress, record, b0, kept_hist)
 
 
 #: the policies the engine replays itself, each with its runner; every other registered policy is
@@ -693,6 +818,9 @@ FAST = {
     "h2o_normalized": _run_h2o_normalized,
     "snapkv": _run_snapkv,
     "tova": _run_tova,
+    "random": _run_random,
+    "greedy_future": _run_greedy_future,
+    "optimal": _run_optimal,
 }
 
 
@@ -713,7 +841,7 @@ def _run(trace: Trace, policies: list[Policy], top_k: int, progress=None, record
     b0 = int(budgets[0])
     kept_hist = np.full((T, b0), -1, dtype=np.int32) if record else _none(np.int32, 2)
     runner = FAST[policies[0].name]
-    mass, recall, records = runner(A, topk, T, budgets, [p.params for p in policies], progress, record, b0, kept_hist)
+    mass, recall, records = runner(A, topk, T, budgets, policies, progress, record, b0, kept_hist)
     records["kept_history"] = kept_hist
     return mass, recall, records
 

@@ -7,6 +7,7 @@ reference with itself, so those tests are skipped (and say why) rather than pass
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -115,12 +116,60 @@ def test_engine_batches_match_the_reference_per_configuration(name, trace, data)
     the reference's, bit for bit."""
     budgets = data.draw(st.lists(st.integers(1, trace.steps + 2), min_size=1, max_size=6), label="budgets")
     configs = [(b, draw_params(data, name, b)) for b in budgets]
-    built = [kvsim.make_policy(name, budget=b, **p) for b, p in configs]
+    built = [kvsim.make_policy(name, budget=b, trace=trace, **p) for b, p in configs]  # offline ones read it
     mass, recall, _ = engine._run(trace, built, 32)
     for i, (b, p) in enumerate(configs):
         ref = reference(trace, name, b, **p)
         assert np.array_equal(mass[i], ref.retained_mass_series), (b, p)
         assert np.array_equal(recall[i], ref.top_k_recall_series), (b, p)
+
+
+@needs_engine
+@pytest.mark.parametrize("name", sorted(engine.FAST))
+@SETTINGS
+@given(trace=traces, data=st.data())
+def test_engine_budget_sweeps_match_the_reference(name, trace, data):
+    """A sweep over budgets through ``kvsim.sweep`` (batches on several threads when there are
+    enough of them): each summary is the reference's."""
+    budgets = data.draw(st.lists(st.integers(1, trace.steps + 2), min_size=1, max_size=20), label="budgets")
+    low = min(budgets)
+    params = draw_params(data, name, low)  # within the bounds of every budget swept
+    got = kvsim.sweep(trace, name, low, "budget", budgets, **params)
+    assert got == [reference(trace, name, b, **params).summary() for b in budgets]
+
+
+@needs_engine
+def test_random_draws_from_the_generator_it_is_given():
+    """random's victims come from the generator handed to make_policy, drawn with the reference's
+    own calls: same victims for the same seed, and the generator left where the reference leaves it."""
+    trace = random_trace(3, 60, 2, 0.3)
+    for budget in (1, 7, 30):
+        fast, ref = (kvsim.make_policy("random", budget=budget, rng=np.random.default_rng(11)) for _ in range(2))
+        got = engine.replay(trace, fast, top_k=32, record_kept=True, record_victims=True)
+        want = kvsim.replay(trace, ref, top_k=32, record_kept=True, record_victims=True)
+        assert_same(got, want)
+        assert fast.rng.bit_generator.state == ref.rng.bit_generator.state
+    other = engine.replay(trace, kvsim.make_policy("random", budget=7, rng=np.random.default_rng(12)), top_k=32,
+                          record_victims=True)
+    assert other.victims_history != engine.replay(trace, kvsim.make_policy("random", budget=7), top_k=32,
+                                                  record_victims=True).victims_history
+
+
+@needs_engine
+def test_optimal_refuses_an_illegal_schedule(monkeypatch):
+    """A schedule that evicts a position twice (only a damaged cache could give one) is refused,
+    as the reference's victims check refuses it, not replayed."""
+    from kvsim.harness import ContractError
+    from kvsim.policies import optimal
+
+    trace = random_trace(5, 30, 3, 0.0)
+    good = optimal.solve(trace, 10)
+    bad = optimal.OptimalSchedule(good.steps, good.budget, np.full_like(good.victims, good.victims[0]),
+                                  good.objective, good.u, good.w)
+    monkeypatch.setattr(optimal, "optimal_schedule", lambda *a, **k: bad)
+    for use_reference in (True, False):
+        with pytest.raises(ContractError):
+            kvsim.replay(trace, "optimal", budget=10, reference=use_reference)
 
 
 @needs_engine
@@ -183,6 +232,17 @@ def test_canonical_windows_bit_identical(canonical_trace):
         assert np.array_equal(fast.retained_mass_series, ref.retained_mass_series)
         assert np.array_equal(fast.top_k_recall_series, ref.top_k_recall_series)
     assert swept[2]["retained_mass"] == pytest.approx(0.9562, abs=5e-4)
+
+
+@needs_engine
+@pytest.mark.parametrize("name", ["greedy_future", "random", "optimal"])
+def test_canonical_offline_and_random_bit_identical(canonical_trace, name, tmp_path, monkeypatch):
+    """The table's rows that the engine took over from the reference: same victims, kept sets and
+    series at budget 256 on the canonical trace (the optimum solved into a scratch cache)."""
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path))
+    kw = dict(budget=256, record_kept=True, record_victims=True)
+    fast, ref = kvsim.replay(canonical_trace, name, **kw), kvsim.replay(canonical_trace, name, reference=True, **kw)
+    assert_same(fast, ref)
 
 
 @needs_engine
@@ -253,6 +313,17 @@ def test_cache_round_trip(cache_dir):
     assert np.array_equal(again.attention, fresh.attention) and np.array_equal(first.attention, fresh.attention)
     assert not again.attention.flags.writeable  # the memory map, not a copy
     assert again.meta == fresh.meta and again.name == "canonical"
+    # the fingerprint (the optimum's cache key) is read from beside the trace, not hashed again,
+    # and is the one the data hashes to
+    assert "fingerprint" in again._cache and again.fingerprint == fresh.fingerprint
+    # a sidecar written before it held the fingerprint gets it added on the next read, once
+    record = json.loads(path.with_suffix(".json").read_text())
+    del record["fingerprint"]
+    path.with_suffix(".json").write_text(json.dumps(record))
+    assert "fingerprint" not in cache._read(path, SMALL)._cache
+    upgraded = cache.canonical_trace(SMALL)
+    assert upgraded.fingerprint == fresh.fingerprint and np.array_equal(upgraded.attention, fresh.attention)
+    assert "fingerprint" in cache._read(path, SMALL)._cache
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "json", "no-json"])
