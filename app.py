@@ -249,31 +249,37 @@ def sweep_store() -> dict:
     return {}
 
 
-#: the curve costs about this many replays per policy at any budget (``sweep_coarse_to_fine``)
-CURVE_POINTS = 32
+def curve_points(budget: int) -> int:
+    """Windows on a curve's even grid. A replay costs about the budget, so above 512 the grid is
+    halved; the refinement around the peak (``sweep_coarse_to_fine``) still finds it exactly."""
+    return 32 if budget <= 512 else 16
 
 
-def sweep_rows(trace: kvsim.Trace, policy: str, budget: int, fixed: dict, marks: tuple = ()) -> list[dict]:
-    """The policy's curve over recent_window 1 .. budget - 1: an even grid refined around the peak
-    (found exactly), plus ``marks`` (the default, the band, the current setting), each window
-    replayed once per server however many sessions ask."""
+def sweep_curves(trace: kvsim.Trace, budget: int, wanted: dict[str, tuple[dict, tuple]]) -> dict[str, list[dict]]:
+    """Each policy's curve over recent_window 1 .. budget - 1 (``wanted``: policy -> (fixed params,
+    marks)): an even grid refined around the peak (found exactly), plus the marks (the default, the
+    band, the current setting), each window replayed once per server however many sessions ask.
+    (The policies are swept one after another: each sweep already keeps every core busy.)"""
     store = sweep_store()
-    key = (trace.fingerprint, policy, budget, tuple(sorted(fixed.items())), TOP_K)
-    rows = store.get(key)
-    if rows is None:
-        bar = st.progress(0.0, text=f"replaying {policy} over recent_window 1 .. {budget - 1}")
-        found = kvsim.simulate.sweep_coarse_to_fine(
-            trace, policy, budget, "recent_window", 1, budget - 1, marks=marks, points=CURVE_POINTS, top_k=TOP_K,
-            progress=lambda f: bar.progress(min(1.0, f)), **fixed)
-        bar.empty()
-        if len(store) >= 64:
-            store.pop(next(iter(store)))
-        rows = store[key] = {r["recent_window"]: r for r in found}
-    missing = [m for m in marks if 1 <= m <= budget - 1 and m not in rows]
-    if missing:  # a mark the first sweep did not include (a new current setting): one replay each
-        for r in kvsim.sweep(trace, policy, budget, "recent_window", missing, top_k=TOP_K, **fixed):
-            rows[r["recent_window"]] = r
-    return [rows[w] for w in sorted(rows)]
+    out = {}
+    for name, (fixed, marks) in wanted.items():
+        key = (trace.fingerprint, name, budget, tuple(sorted(fixed.items())), TOP_K)
+        rows = store.get(key)
+        if rows is None:
+            bar = st.progress(0.0, text=f"replaying {name} over recent_window 1 .. {budget - 1}")
+            found = kvsim.simulate.sweep_coarse_to_fine(
+                trace, name, budget, "recent_window", 1, budget - 1, marks=marks, points=curve_points(budget),
+                top_k=TOP_K, progress=lambda f, bar=bar: bar.progress(min(1.0, f)), **fixed)
+            bar.empty()
+            while len(store) >= 64:
+                store.pop(next(iter(store)))
+            rows = store[key] = {r["recent_window"]: r for r in found}
+        missing = [m for m in marks if 1 <= m <= budget - 1 and m not in rows]
+        if missing:  # a mark the first sweep did not include (a new current setting): one replay each
+            for r in kvsim.sweep(trace, name, budget, "recent_window", missing, top_k=TOP_K, **fixed):
+                rows[r["recent_window"]] = r
+        out[name] = [rows[w] for w in sorted(rows)]
+    return out
 
 
 @st.cache_resource
@@ -682,16 +688,15 @@ def curve_view(trace: kvsim.Trace, budget: int, features) -> None:
         st.error(f"the curve needs a budget of at least 2 (recent_window runs from 1 to budget - 1); budget is {budget}.")
         return
     # the chosen policy first: it is the primary curve, the others are drawn beside it
-    curves, fixed_by = {}, {}
+    wanted = {}
     for name in [policy] + [n for n in curve_policies if n != policy]:
         fixed = {k: v for k, v in params_for(name).items() if k != "recent_window"}
         problem = check(name, budget, {"recent_window": 1, **fixed}, trace)
         if problem:
             st.error(f"{problem}. Change the setting in the sidebar to draw {name}'s curve.")
             continue
-        marks = (kvsim.policy_params(name)["recent_window"], features.band, rw)
-        curves[name] = sweep_rows(trace, name, budget, fixed, marks)
-        fixed_by[name] = fixed
+        wanted[name] = (fixed, (kvsim.policy_params(name)["recent_window"], features.band, rw))
+    curves = sweep_curves(trace, budget, wanted)
     if policy not in curves:
         return
     rows = curves[policy]
@@ -701,9 +706,9 @@ def curve_view(trace: kvsim.Trace, budget: int, features) -> None:
     explain.markdown(
         story.window_text(policy, features.band, info["recent_share"], features.band_known)
         + "\n\n" + story.curve_verdict(rows, features.band, features.band_known)
-        + f"\n\nEach point of a curve is a full replay at budget {budget}: about {CURVE_POINTS} windows evenly "
+        + f"\n\nEach point of a curve is a full replay at budget {budget}: about {curve_points(budget)} windows evenly "
         "spaced, every window next to the peak, and the marked ones (with fewer than "
-        f"{CURVE_POINTS} windows in all, every one). The markers and notes follow {policy}. **Click a point** (or "
+        f"{curve_points(budget)} windows in all, every one). The markers and notes follow {policy}. **Click a point** (or "
         "use the box below) to set recent_window everywhere."
     )
     fig = figures.recent_window_curve(
