@@ -600,11 +600,11 @@ def kept_view(trace: kvsim.Trace, budget: int, runs: list, features) -> None:
         counts = cached_difference(trace, tuple(runs[:2]), budget)
         st.markdown(story.difference_text(a.policy, b.policy, a.retained_mass, b.retained_mass, counts))
     st.caption(f"The dashed line is the sidebar's **step** ({step}).")
-    table = figures.per_step_table(results)
     c1, c2 = st.columns(2)
     with c1:
         st.download_button(
-            "per-step metrics (CSV)", data=lambda: table.to_csv(index=False), file_name=f"{stem(trace)}-per-step.csv",
+            "per-step metrics (CSV)", data=lambda: figures.per_step_table(results).to_csv(index=False),
+            file_name=f"{stem(trace)}-per-step.csv",
             mime="text/csv", key="csv_steps",
         )
     with c2:

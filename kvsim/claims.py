@@ -26,14 +26,17 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from .metrics import describe
 from .policies import POLICIES, make_policy
 from .simulate import replay, sweep
 from .trace import Trace, from_array
+
+if TYPE_CHECKING:  # pandas is imported where a table is built: the app's default page needs none
+    import pandas as pd
 
 VERDICTS = ("holds", "fails", "not applicable", "not measured")
 SCOPES = ("canonical", "trace", "policy", "model")
@@ -664,6 +667,8 @@ def ledger(trace: Trace, budget: int = BUDGET) -> list[dict]:
 
 def ledger_frame(records: list[dict]) -> pd.DataFrame:
     """The ledger as a table for the app: one row per (claim, trace), the figures as ``k=v`` text."""
+    import pandas as pd
+
     rows = [{"id": r["id"], "card": r["card"], "trace": r["trace"], "verdict": r["verdict"], "scope": r["scope"],
              "words": r["words"], "measured": _figures_text(r["figures"]), "note": r["note"],
              "measurement": r["measurement"], "view": r["view"]} for r in records]

@@ -65,9 +65,10 @@ class ReplayResult:
         if self.kept_history is None:
             raise ValueError("replay was run without record_kept=True")
         T = self.steps
+        kept = self.kept_history
         mask = np.zeros((T, T + 1), dtype=np.uint8)
-        rows, cols = np.nonzero(self.kept_history >= 0)
-        mask[rows, self.kept_history[rows, cols]] = 1
+        flat = (np.arange(T, dtype=np.int64)[:, None] * (T + 1) + kept)[kept >= 0]  # row t's cells, -1 left out
+        mask.reshape(-1)[flat] = 1
         return mask
 
 

@@ -15,14 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import plotly.graph_objects as go
 
 from .harness import Step, steps
 from .policies import Policy, make_policy
 from .trace import Trace, TraceError, from_array
+
+if TYPE_CHECKING:  # pandas is imported where a table is built: the app's default page needs none
+    import pandas as pd
 
 #: a lab trace is for reading cell by cell; longer ones belong in the main views
 MAX_LAB_STEPS = 24
@@ -151,6 +154,8 @@ def trace_from_rows(rows: Sequence[Sequence[float]], name: str = "lab", source: 
 def preset_table(trace: Trace) -> pd.DataFrame:
     """A trace as the lab's editable table: one row per step ("step 1" ..), one column per position
     ("0" ..), the attention weights below the diagonal and blanks (NaN) elsewhere."""
+    import pandas as pd
+
     T = trace.steps
     a = trace.attention[1:, :T].astype(np.float64)
     a[np.triu_indices(T, k=1)] = np.nan
@@ -161,6 +166,8 @@ def trace_from_table(table: pd.DataFrame, name: str = "edited", source: str = "l
     """The inverse of ``preset_table``: read an edited table back into a trace. Cells on or above the
     diagonal are ignored; each row is normalised to sum to 1. One-line ``TraceError`` on a table
     that is not one (a missing column, a non-number, a negative weight, a row of zeros)."""
+    import pandas as pd
+
     T = len(table)
     if not 1 <= T <= MAX_LAB_STEPS:
         raise TraceError(f"{source}: a lab trace has 1 to {MAX_LAB_STEPS} steps, got {T}")
@@ -234,6 +241,8 @@ def step_table(step: LabStep, side: int | None = None) -> pd.DataFrame:
     whether the position was held, what the policy was shown, its score, and its fate. With
     ``side`` (0 or 1), that side's columns only, under short headers: narrow enough to sit
     beside the other side's table."""
+    import pandas as pd
+
     t = step.t
     data: dict[str, list] = {"position": list(range(t + 1)), "weight": [*step.row.tolist(), None]}
     if side is not None:

@@ -477,3 +477,12 @@ def test_per_step_table(story):
     assert len(table) == 4096 and table["step"].iloc[-1] == 4096
     assert table["h2o (recent_window=32) retained_mass"].mean() == pytest.approx(story[2].retained_mass)
     assert "streaming_llm (sinks=4) top_32_recall" in table
+
+
+def test_kept_mask_marks_exactly_the_recorded_kept_positions(story):
+    for result in story:
+        mask = result.kept_mask()
+        assert mask.shape == (result.steps, result.steps + 1) and mask.dtype == np.uint8
+        for t in (0, 1, 255, 256, 1000, result.steps - 1):
+            held = result.kept_history[t][result.kept_history[t] >= 0]
+            assert np.flatnonzero(mask[t]).tolist() == sorted(held.tolist())
