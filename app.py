@@ -214,6 +214,19 @@ def cached_layers(trace: kvsim.Trace, runs: tuple, budget: int, region: tuple, a
     return figures.panel_layers(masks, figures.Region(*region), cached_features(trace).sinks, ages, size)
 
 
+@st.cache_resource(max_entries=32, show_spinner=False, hash_funcs=BY_TRACE)
+def cached_kept_figure(trace: kvsim.Trace, runs: tuple, budget: int, step: int, region: tuple, ages: int, size: int,
+                       compare: bool):
+    """The kept view's figure, built once per server for these settings: a new session, or a view
+    opened again, sends it without rebuilding (read-only: Streamlit copies it to send it)."""
+    panels = [tuple(runs[:2])] if compare else [(r,) for r in runs]
+    layers = [cached_layers(trace, panel, budget, region, ages, size) for panel in panels]
+    masks = None if compare else [cached_mask(trace, n, budget, p) for n, p in runs]
+    results = replays(trace, budget, list(runs))
+    return figures.kept_heatmap(results, cached_features(trace), step=step, masks=masks, region=figures.Region(*region),
+                                size=size, compare=compare, layers=layers)
+
+
 @st.cache_resource(max_entries=4, show_spinner=False, hash_funcs=BY_TRACE)
 def cached_features(trace: kvsim.Trace) -> figures.TraceFeatures:
     return figures.trace_features(trace)
@@ -581,8 +594,7 @@ def kept_view(trace: kvsim.Trace, budget: int, runs: list, features) -> None:
         "**One panel: what the first two chosen policies keep differently**, pooled so that a single differing "
         "column stays visible. Drag a box to zoom (double-click to reset)."
     )
-    fig = figures.kept_heatmap(results, features, step=step, masks=masks, region=region, size=size,
-                               compare=compare, layers=layers)
+    fig = cached_kept_figure(trace, tuple(runs), budget, step, box, ages, size, compare)
     # a box drawn with the select tool re-draws that region from the replay, at full resolution
     # once it is narrow enough; the zoom tool (the default) only magnifies the pooled picture
     st.plotly_chart(fig, key="kept_chart", config={"scrollZoom": True}, on_select=lambda: zoom_to_box(T),
