@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
+import threading
 from pathlib import Path
 
 import streamlit as st
@@ -255,6 +256,12 @@ def cached_summary(trace: kvsim.Trace, policy: str, budget: int, params: tuple) 
 
 
 @st.cache_resource
+def sweep_locks() -> dict:
+    """A lock per sweep key: a session that asks for a sweep another is computing waits for it."""
+    return {}
+
+
+@st.cache_resource
 def sweep_store() -> dict:
     """Sweeps by (trace, policy, budget, fixed params): a dict of recent_window -> row that grows as
     views ask for more windows. A plain dict rather than st.cache_data so that the progress bar is
@@ -273,25 +280,34 @@ def sweep_curves(trace: kvsim.Trace, budget: int, wanted: dict[str, tuple[dict, 
     marks)): an even grid refined around the peak (found exactly), plus the marks (the default, the
     band, the current setting), each window replayed once per server however many sessions ask.
     (The policies are swept one after another: each sweep already keeps every core busy.)"""
-    store = sweep_store()
+    store, locks = sweep_store(), sweep_locks()
     out = {}
     for name, (fixed, marks) in wanted.items():
         key = (trace.fingerprint, name, budget, tuple(sorted(fixed.items())), TOP_K)
-        rows = store.get(key)
-        if rows is None:
-            bar = st.progress(0.0, text=f"replaying {name} over recent_window 1 .. {budget - 1}")
-            found = kvsim.simulate.sweep_coarse_to_fine(
-                trace, name, budget, "recent_window", 1, budget - 1, marks=marks, points=curve_points(budget),
-                top_k=TOP_K, progress=lambda f, bar=bar: bar.progress(min(1.0, f)), **fixed)
-            bar.empty()
-            while len(store) >= 64:
-                store.pop(next(iter(store)))
-            rows = store[key] = {r["recent_window"]: r for r in found}
-        missing = [m for m in marks if 1 <= m <= budget - 1 and m not in rows]
-        if missing:  # a mark the first sweep did not include (a new current setting): one replay each
-            for r in kvsim.sweep(trace, name, budget, "recent_window", missing, top_k=TOP_K, **fixed):
-                rows[r["recent_window"]] = r
-        out[name] = [rows[w] for w in sorted(rows)]
+        lock = locks.setdefault(key, threading.Lock())  # one sweep per key, however many sessions ask at once
+        if not lock.acquire(blocking=False):
+            with st.spinner(f"another session is replaying {name} over recent_window 1 .. {budget - 1}"):
+                lock.acquire()
+        try:
+            rows = store.get(key)
+            if rows is None:
+                bar = st.progress(0.0, text=f"replaying {name} over recent_window 1 .. {budget - 1}")
+                found = kvsim.simulate.sweep_coarse_to_fine(
+                    trace, name, budget, "recent_window", 1, budget - 1, marks=marks, points=curve_points(budget),
+                    top_k=TOP_K, progress=lambda f, bar=bar: bar.progress(min(1.0, f)), **fixed)
+                bar.empty()
+                while len(store) >= 64:
+                    oldest = next(iter(store))
+                    store.pop(oldest)
+                    locks.pop(oldest, None)
+                rows = store[key] = {r["recent_window"]: r for r in found}
+            missing = [m for m in marks if 1 <= m <= budget - 1 and m not in rows]
+            if missing:  # a mark the first sweep did not include (a new current setting): one replay each
+                for r in kvsim.sweep(trace, name, budget, "recent_window", missing, top_k=TOP_K, **fixed):
+                    rows[r["recent_window"]] = r
+            out[name] = [rows[w] for w in sorted(rows)]
+        finally:
+            lock.release()
     return out
 
 
@@ -309,14 +325,18 @@ def optimal_line(trace: kvsim.Trace, budget: int) -> tuple[dict | None, float]:
 
     jobs = optimal_jobs()
     key = (trace.fingerprint, budget)
-    job = jobs.get(key)
+    with optimal_lock():  # sessions asking at once start one solve, not one each
+        job = jobs.get(key)
+        if job is None:
+            if trace.steps < optimal.CACHE_MIN_STEPS or optimal.cached(trace, budget) is not None:
+                job = None
+            else:
+                progress = [0.0]
+                solve = optimal_pool().submit(optimal.optimal_schedule, trace, budget,
+                                              progress=lambda f: progress.__setitem__(0, f))
+                job = jobs[key] = (solve, progress)
     if job is None:
-        if trace.steps < optimal.CACHE_MIN_STEPS or optimal.cached(trace, budget) is not None:
-            return cached_summary(trace, "optimal", budget, ()), 1.0
-        progress = [0.0]
-        pool = optimal_pool()
-        job = jobs[key] = (pool.submit(optimal.optimal_schedule, trace, budget, progress=lambda f: progress.__setitem__(0, f)),
-                           progress)
+        return cached_summary(trace, "optimal", budget, ()), 1.0
     future, progress = job
     if not future.done():
         return None, progress[0]
@@ -324,6 +344,11 @@ def optimal_line(trace: kvsim.Trace, budget: int) -> tuple[dict | None, float]:
         jobs.pop(key, None)
         raise ValueError(f"the exact optimum could not be solved: {' '.join(str(future.exception()).split())}")
     return cached_summary(trace, "optimal", budget, ()), 1.0
+
+
+@st.cache_resource
+def optimal_lock():
+    return threading.Lock()
 
 
 @st.cache_resource
