@@ -967,9 +967,9 @@ def recent_window_curve(
     """
     if not rows:
         raise ValueError("recent_window_curve needs at least one sweep row")
-    df = _sweep_frame(rows)
-    x = df["recent_window"].to_numpy()
-    others = {name: _sweep_frame(r) for name, r in (companions or {}).items() if r}
+    df = _sweep_columns(rows)
+    x = df["recent_window"]
+    others = {name: _sweep_columns(r) for name, r in (companions or {}).items() if r}
     offline = [line for line in lines if line.offline]
     # streaming_llm is the line the story compares against: the boldest style goes to it
     references = sorted((line for line in lines if not line.offline), key=lambda line: line.policy != "streaming_llm")
@@ -979,7 +979,7 @@ def recent_window_curve(
     )
     lo, hi = float(x.min()), float(x.max())
     for r, (key, label) in enumerate(metrics, start=1):
-        y = df[key].to_numpy()
+        y = df[key]
         # the lines first, so the curves and the markers lie on top of them; the policies' lines wide
         # and pale under the offline references' thin dotted ones, so a policy that matches a
         # reference (tova and the upper bound, on the canonical trace) shows as both
@@ -998,10 +998,10 @@ def recent_window_curve(
             )
         for j, (name, other) in enumerate(others.items()):
             colour, dash = COMPANION_STYLES[j % len(COMPANION_STYLES)]
-            ox = other["recent_window"].to_numpy()
+            ox = other["recent_window"]
             fig.add_trace(
                 go.Scatter(
-                    x=ox, y=other[key].to_numpy(), mode="lines", name=name, legendgroup=name, showlegend=(r == 1),
+                    x=ox, y=other[key], mode="lines", name=name, legendgroup=name, showlegend=(r == 1),
                     legendrank=10 + j,
                     line=dict(color=colour, width=2, dash=dash), customdata=ox,
                     hovertemplate="recent_window %{x}<br>" + label + " %{y:.4f}<extra>" + name + "</extra>",
@@ -1045,7 +1045,7 @@ def recent_window_curve(
     for mark, colour in ((default, "#ff7f0e"), *(((band, "#17becf"),) if band_known else ())):
         if x.min() <= mark <= x.max():
             fig.add_vline(x=mark, line=dict(color=colour, width=1, dash="dot"))
-    _annotate_story(fig, df, references, default=default, band=band if band_known else None, policy=policy)
+    _annotate_story(fig, rows, references, default=default, band=band if band_known else None, policy=policy)
     fig.update_xaxes(title_text="recent_window", row=2, col=1)
     # three legends stacked under the chart: policies, offline references, marks on the primary curve
     legend = dict(orientation="h", x=0, xanchor="left", yanchor="top", font=dict(size=13))
@@ -1066,6 +1066,12 @@ COINCIDE = 0.003
 def coinciding(references: Sequence[Line], offline: Sequence[Line], key: str) -> list[tuple[Line, Line]]:
     """The pairs (policy's line, offline reference) that the chart would draw on top of each other."""
     return [(a, b) for a in references for b in offline if abs(getattr(a, key) - getattr(b, key)) < COINCIDE]
+
+
+def _sweep_columns(rows: Sequence[Mapping]) -> dict[str, np.ndarray]:
+    """The rows as columns sorted by recent_window (what the chart reads; no pandas on the way)."""
+    rows = sorted(rows, key=lambda r: r["recent_window"])
+    return {k: np.array([r[k] for r in rows]) for k in ("recent_window", "retained_mass", "top_k_recall")}
 
 
 def _sweep_frame(rows: Sequence[Mapping]) -> pd.DataFrame:
@@ -1116,19 +1122,20 @@ def curve_peak(rows: Sequence[Mapping]) -> tuple[int, float]:
     return int(best["recent_window"]), float(best["retained_mass"])
 
 
-def _annotate_story(fig, df: pd.DataFrame, references: Sequence[Line], *, default: int, band: int | None, policy: str) -> None:
+def _annotate_story(fig, rows: Sequence[Mapping], references: Sequence[Line], *, default: int, band: int | None,
+                    policy: str) -> None:
     """Say in words what the curve shows, computed from the data (never a fixed sentence)."""
-    peak, top = curve_peak(df.to_dict("records"))
+    peak, top = curve_peak(rows)
     where = " = the trace's band: the gain saturates here" if peak == band else ""
     fig.add_annotation(
         x=peak, y=top, xref="x", yref="y", text=f"peak at {peak}: {top:.3f}{where}",
         showarrow=True, arrowhead=2, ax=60, ay=-30, bgcolor="rgba(255,255,255,0.85)", xanchor="left",
         font=dict(size=13, color="#222"),
     )
-    at_default = df[df["recent_window"] == default]
+    at_default = [r["retained_mass"] for r in rows if r["recent_window"] == default]
     streaming = next((line for line in references if line.policy == "streaming_llm"), None)
-    if len(at_default) and streaming is not None:
-        v = float(at_default["retained_mass"].iloc[0])
+    if at_default and streaming is not None:
+        v = float(at_default[0])
         s = streaming.retained_mass
         word = "less than" if v < s else "at least as much as"
         fig.add_annotation(
