@@ -479,21 +479,7 @@ def main() -> None:
     )
     for problem in st.session_state.pop("_link_problems", []):
         st.warning(problem)
-    # A page's first run: a small chart goes out before any replay, so the browser fetches and
-    # parses its charting code (about a second here) while the server computes; removed at the end
-    loading = st.empty()
-    if not st.session_state.get("_charts_loaded"):
-        loading.plotly_chart(figures.loading_figure(), key="loading_chart", config={"staticPlot": True})
 
-    try:
-        page()
-    finally:  # whatever ends the run, the placeholder goes
-        loading.empty()
-    st.session_state["_charts_loaded"] = True
-
-
-def page() -> None:
-    """The sidebar and the views, under the title."""
     tour_box()
     st.sidebar.header("settings")
     trace = choose_trace()

@@ -538,17 +538,6 @@ def age_span(features: TraceFeatures, windows: Sequence[int], budget: int) -> in
     return max(1, min(2 * widest, max(64, budget), features.steps))
 
 
-def loading_figure() -> go.Figure:
-    """A small, blank chart with a word of what is coming: drawn while a page's first figures are
-    computed, so the browser loads its charting code in the meantime."""
-    fig = go.Figure()
-    fig.add_annotation(text="computing the figures...", showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
-                       font={"color": "#888"})
-    fig.update_layout(height=60, margin={"l": 0, "r": 0, "t": 0, "b": 0}, xaxis={"visible": False},
-                      yaxis={"visible": False}, plot_bgcolor="rgba(0,0,0,0)", paper_bgcolor="rgba(0,0,0,0)")
-    return fig
-
-
 def kept_heatmap(
     results: Sequence[ReplayResult],
     features: TraceFeatures,
