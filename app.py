@@ -197,9 +197,11 @@ def load_uploaded_trace(digest: str, filename: str, _data: bytes) -> kvsim.Trace
 
 
 @st.cache_resource(max_entries=24, show_spinner="replaying", hash_funcs=BY_TRACE)
-def cached_replay(trace: kvsim.Trace, policy: str, budget: int, params: tuple):
-    """One replay with everything recorded. Treated as read-only by every view."""
-    return kvsim.replay(trace, policy, budget=budget, top_k=TOP_K, record_kept=True, record_scores=True, **dict(params))
+def cached_replay(trace: kvsim.Trace, policy: str, budget: int, params: tuple, scores: bool = False):
+    """One replay with its kept sets recorded, and its scores too with ``scores`` (the score view's:
+    T x budget floats that the kept view never reads). Treated as read-only by every view."""
+    return kvsim.replay(trace, policy, budget=budget, top_k=TOP_K, record_kept=True, record_scores=scores,
+                        **dict(params))
 
 
 @st.cache_resource(max_entries=24, show_spinner=False, hash_funcs=BY_TRACE)
@@ -549,8 +551,8 @@ def tour_box() -> None:
         cols[3].caption(f"Link to this step, for a slide: add `?tour={key}` to the app's address.")
 
 
-def replays(trace: kvsim.Trace, budget: int, runs: list):
-    return [cached_replay(trace, name, budget, params) for name, params in runs]
+def replays(trace: kvsim.Trace, budget: int, runs: list, scores: bool = False):
+    return [cached_replay(trace, name, budget, params, scores) for name, params in runs]
 
 
 def html_button(label: str, fig, filename: str, key: str) -> None:
@@ -675,7 +677,7 @@ def score_view(trace: kvsim.Trace, budget: int, runs: list, features) -> None:
         st.info(f"None of the chosen policies keeps a score. Add one of: {names}.")
         return
     step = int(st.session_state["step"])
-    for (name, _), result in zip(scoring, replays(trace, budget, scoring), strict=True):
+    for (name, _), result in zip(scoring, replays(trace, budget, scoring, scores=True), strict=True):
         fig = figures.score_distribution(result, step, features)
         st.plotly_chart(fig, key=f"score_{name}")
         html_button(f"{name} scores at step {step} (HTML)", fig, f"{stem(trace)}-{name}-scores-{step}.html", f"html_score_{name}")

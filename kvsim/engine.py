@@ -655,8 +655,9 @@ class _Run:
     victims: np.ndarray
 
     @classmethod
-    def alloc(cls, T: int, budgets: np.ndarray, record: bool, b0: int) -> _Run:
+    def alloc(cls, T: int, budgets: np.ndarray, record: frozenset, b0: int) -> _Run:
         n_cfg, width = budgets.size, int(budgets.max()) + 1
+        scores, victims = "scores" in record, "victims" in record
         return cls(
             mass=np.empty((n_cfg, T), dtype=np.float64),
             recall=np.empty((n_cfg, T), dtype=np.float64),
@@ -664,9 +665,9 @@ class _Run:
             pos=np.zeros((n_cfg, width), dtype=np.int32),
             length=np.ones(n_cfg, dtype=np.int64),
             gather=np.empty(width, dtype=np.float64),
-            score_hist=np.full((T, b0 + 1), np.nan) if record else _none(np.float64, 2),
-            score_pos=np.full((T, b0 + 1), -1, dtype=np.int32) if record else _none(np.int32, 2),
-            victims=np.full(T, -1, dtype=np.int64) if record else _none(np.int64, 1),
+            score_hist=np.full((T, b0 + 1), np.nan) if scores else _none(np.float64, 2),
+            score_pos=np.full((T, b0 + 1), -1, dtype=np.int32) if scores else _none(np.int32, 2),
+            victims=np.full(T, -1, dtype=np.int64) if victims else _none(np.int64, 1),
         )
 
     def result(self, scores: bool = True):
@@ -750,7 +751,7 @@ def _run_tova(A, topk, T, budgets, policies, progress, record, b0, kept_hist):
 
 
 def _run_window(A, topk, T, budgets, policies, progress, record, b0, kept_hist):
-    r = _Run.alloc(T, budgets, False, b0)
+    r = _Run.alloc(T, budgets, frozenset(), b0)
     sinks = np.array([p.params.get("sinks", 0) for p in policies], dtype=np.int64)  # sliding_window: no sinks
     for t0, t1 in _chunks(T, progress):
         _window_steps(A, topk, t0, t1, budgets, sinks, r.mass, r.recall, r.stamp, kept_hist)
@@ -829,7 +830,7 @@ def covers(trace: Trace, name: str) -> bool:
     return AVAILABLE and name in FAST and trace.attention.dtype in (np.float32, np.float64) and trace.steps >= 1
 
 
-def _run(trace: Trace, policies: list[Policy], top_k: int, progress=None, record=False):
+def _run(trace: Trace, policies: list[Policy], top_k: int, progress=None, record: frozenset = frozenset()):
     """Replay the configurations ``policies`` (built, all of one registered name) in one pass.
 
     Returns ``(mass, recall, records)``: float64 ``(configs, T)`` series and, with ``record``, the
@@ -839,7 +840,7 @@ def _run(trace: Trace, policies: list[Policy], top_k: int, progress=None, record
     T = trace.steps
     budgets = np.array([p.budget for p in policies], dtype=np.int64)
     b0 = int(budgets[0])
-    kept_hist = np.full((T, b0), -1, dtype=np.int32) if record else _none(np.int32, 2)
+    kept_hist = np.full((T, b0), -1, dtype=np.int32) if "kept" in record else _none(np.int32, 2)
     runner = FAST[policies[0].name]
     mass, recall, records = runner(A, topk, T, budgets, policies, progress, record, b0, kept_hist)
     records["kept_history"] = kept_hist
@@ -857,7 +858,8 @@ def replay(
     progress: Callable[[float], None] | None = None,
 ) -> ReplayResult:
     """The reference's ``ReplayResult`` for a freshly built ``policy`` whose name ``covers``."""
-    record = record_kept or record_scores or record_victims
+    record = frozenset(name for name, on in (("kept", record_kept), ("scores", record_scores), ("victims", record_victims))
+                       if on)
     mass, recall, rec = _run(trace, [policy], top_k, progress=progress, record=record)
     keeps_scores = record_scores and policy.keeps_scores
     victims = [[int(v)] if v >= 0 else [] for v in rec["victims"]] if record_victims else []
