@@ -204,10 +204,18 @@ def cached_replay(trace: kvsim.Trace, policy: str, budget: int, params: tuple, s
                         **dict(params))
 
 
-@st.cache_resource(max_entries=24, show_spinner=False, hash_funcs=BY_TRACE)
+@st.cache_resource(max_entries=8, show_spinner=False, hash_funcs=BY_TRACE)
 def cached_mask(trace: kvsim.Trace, policy: str, budget: int, params: tuple):
-    """The replay's kept mask, (T, T + 1), 1 where a position is held after a step."""
+    """The replay's kept mask, (T, T + 1), 1 where a position is held after a step: 17 MB at 4096
+    steps, so only a few are kept; what the views draw from it (pooled images, heavy-hitter fates,
+    the difference counts) is cached on its own."""
     return cached_replay(trace, policy, budget, params).kept_mask()
+
+
+@st.cache_resource(max_entries=64, show_spinner=False, hash_funcs=BY_TRACE)
+def cached_fates(trace: kvsim.Trace, policy: str, budget: int, params: tuple) -> list:
+    """When the replay held and lost each heavy hitter of the trace (the kept view's notes)."""
+    return figures.heavy_fates(cached_mask(trace, policy, budget, params), cached_features(trace))
 
 
 @st.cache_resource(max_entries=48, show_spinner="drawing the kept positions", hash_funcs=BY_TRACE)
@@ -224,10 +232,10 @@ def cached_kept_figure(trace: kvsim.Trace, runs: tuple, budget: int, step: int, 
     opened again, sends it without rebuilding (read-only: Streamlit copies it to send it)."""
     panels = [tuple(runs[:2])] if compare else [(r,) for r in runs]
     layers = [cached_layers(trace, panel, budget, region, ages, size) for panel in panels]
-    masks = None if compare else [cached_mask(trace, n, budget, p) for n, p in runs]
+    fates = None if compare else [cached_fates(trace, n, budget, p) for n, p in runs]
     results = replays(trace, budget, list(runs))
-    return figures.kept_heatmap(results, cached_features(trace), step=step, masks=masks, region=figures.Region(*region),
-                                size=size, compare=compare, layers=layers)
+    return figures.kept_heatmap(results, cached_features(trace), step=step, region=figures.Region(*region), size=size,
+                                compare=compare, layers=layers, fates=fates)
 
 
 @st.cache_resource(max_entries=4, show_spinner=False, hash_funcs=BY_TRACE)
@@ -595,7 +603,6 @@ def kept_view(trace: kvsim.Trace, budget: int, runs: list, features) -> None:
     size = KEPT_PIXELS // cols
     box = (region.p0, region.p1, region.t0, region.t1)
     layers = [cached_layers(trace, panel, budget, box, ages, size) for panel in panels]
-    masks = None if compare else [cached_mask(trace, n, budget, p) for n, p in runs]
     st.markdown(
         "**Each panel is one policy's cache over the whole run.** Row *t* is what the cache holds after decode step "
         "*t*: dark is kept, mid-grey a block of positions where some are kept, white evicted, light grey not "
@@ -617,7 +624,7 @@ def kept_view(trace: kvsim.Trace, budget: int, runs: list, features) -> None:
     sinks.markdown(story.sink_text(features, info, difference=compare))
     band.markdown(story.band_text(features, info, ages))
     fates = {} if compare else {
-        figures.policy_label(r): figures.heavy_fates(m, features) for r, m in zip(results, masks, strict=True)
+        figures.policy_label(r): cached_fates(trace, n, budget, p) for r, (n, p) in zip(results, runs, strict=True)
     }
     heavy.markdown(story.heavy_text(features, fates))
     if compare:

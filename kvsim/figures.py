@@ -549,6 +549,7 @@ def kept_heatmap(
     size: int | None = None,
     compare: bool = False,
     layers: Sequence[dict] | None = None,
+    fates: Sequence[Sequence[HeavyFate]] | None = None,
 ) -> go.Figure:
     """One panel per replay (wrapping after ``max_cols``), decode step down, position across, or
     with ``compare`` one panel of what the first two replays keep differently.
@@ -560,7 +561,8 @@ def kept_heatmap(
     positions of every step by age (the policy's protected window, and the trace's band, as
     stripes). ``region`` draws only part of the run, pooled afresh (at full resolution once it is
     no wider than ``size``): that is how single positions are reached. ``layers``, if given, are
-    the panels' ``panel_layers`` already computed (the app keeps them). Heavy hitters are marked
+    the panels' ``panel_layers`` already computed (the app keeps them), ``fates`` each replay's
+    ``heavy_fates`` (with both, no mask is needed). Heavy hitters are marked
     beside their column, never over it: a solid red line while the policy holds a live heavy
     hitter, an x where it evicts one still live and dotted while it is missed.
     """
@@ -572,7 +574,7 @@ def kept_heatmap(
     for result in results:
         if result.steps != T:
             raise ValueError(f"{result.policy}: replay has {result.steps} steps, the trace has {T}")
-    if masks is None and (layers is None or not compare):
+    if masks is None and (layers is None or (not compare and fates is None)):
         masks = [r.kept_mask() for r in results]
     region = (region or Region.whole(T)).clip(T)
     windows = [int(r.params.get("recent_window", 0) or 0) for r in results]
@@ -637,7 +639,8 @@ def kept_heatmap(
                        region, y_top, legend=(i == 0))
         _strip_labels(fig, row, col, features, region, x_lo, sink_w, gap, age_w, ages, y_top, header)
         if not compare:
-            _fates(fig, row, col, heavy_fates(pm[0], features), features, region, gap, legend=(i == 0))
+            fate = fates[results.index(panel[0])] if fates is not None else heavy_fates(pm[0], features)
+            _fates(fig, row, col, fate, features, region, gap, legend=(i == 0))
         _heavy_heads(fig, row, col, features, region, y_top, header, legend=(i == 0))
         if step is not None and region.t0 <= step <= region.t1:
             fig.add_trace(go.Scatter(
