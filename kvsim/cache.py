@@ -68,6 +68,22 @@ def canonical_trace(config: canonical.CanonicalConfig | None = None) -> Trace:
 def _read(path: Path, config: canonical.CanonicalConfig) -> Trace | None:
     """The cached trace, or None when it is missing or damaged in any way."""
     n = config.steps + 1
+
+    def same(record: dict, attention: np.ndarray) -> bool:
+        meta = record["meta"]
+        return (attention.shape == (n, n) and meta.get("generator_version") == canonical.VERSION
+                and meta.get("config") == _jsonable(asdict(config)))
+
+    trace = _read_checked(path, same)
+    if trace is not None:
+        trace.meta["config"] = asdict(config)  # as the generator gives it (JSON turned its tuples into lists)
+        trace.name = str(trace.meta.get("name", "canonical"))
+    return trace
+
+
+def _read_checked(path: Path, same) -> Trace | None:
+    """A cached attention file and its ``.json``, when both load, the record is what ``same`` expects
+    and the CRC holds; else None."""
     try:
         record = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
         attention = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -75,29 +91,45 @@ def _read(path: Path, config: canonical.CanonicalConfig) -> Trace | None:
         return None
     if not isinstance(record, dict) or not isinstance(record.get("meta"), dict):
         return None
-    meta = record["meta"]
-    if attention.shape != (n, n) or attention.dtype != np.float32:
-        return None
-    if meta.get("generator_version") != canonical.VERSION or meta.get("config") != _jsonable(asdict(config)):
+    if attention.ndim != 2 or attention.dtype != np.float32 or not same(record, attention):
         return None
     attention = np.asarray(attention)  # a plain read-only ndarray view of the map
     if record.get("crc32") != zlib.crc32(attention):
         return None
-    meta["config"] = asdict(config)  # as the generator gives it (JSON turned its tuples into lists)
-    trace = Trace(attention, name=str(meta.get("name", "canonical")), meta=meta)
+    trace = Trace(attention, name=str(record.get("name") or "trace"), meta=record["meta"])
     if isinstance(record.get("fingerprint"), str):  # of these very bytes (the CRC says so); else hashed on demand
         trace._cache["fingerprint"] = record["fingerprint"]
     return trace
 
 
-def _write(trace: Trace, path: Path, meta_only: bool = False) -> None:
+def file_trace(path: Path, load) -> Trace:
+    """The trace in the file ``path`` (a shipped ``.npz``: compressed, packed, float16), read by
+    ``load`` once and then from the cache, where its validated float32 attention is kept as a plain
+    ``.npy`` beside a ``.json``, like the canonical trace's. The cache entry is named by the file's
+    resolved path, size and modification time, so a changed file is read afresh; a damaged entry is
+    rewritten. Decoding and validating a 4096-step shipped trace costs about 0.3 s; this, ~0.03 s."""
+    path = Path(path)
+    st = path.stat()
+    source = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    key = hashlib.sha256(source.encode()).hexdigest()[:16]
+    where = cache_dir() / f"file-{path.stem}-{key}.npy"
+    trace = _read_checked(where, lambda record, attention: record.get("source") == source)
+    if trace is None:
+        trace = load(path)
+        _write(trace, where, extra={"source": source, "name": trace.name})
+    trace._cache["disk_stem"] = where.with_suffix("")
+    return trace
+
+
+def _write(trace: Trace, path: Path, meta_only: bool = False, extra: dict | None = None) -> None:
     """Write atomically (temporary file, then rename); an unwritable cache is silently skipped.
-    ``meta_only``: the attention file is already there and intact; rewrite the ``.json`` alone."""
+    ``meta_only``: the attention file is already there and intact; rewrite the ``.json`` alone.
+    ``extra``: more fields for the ``.json`` (what the entry was made from)."""
     attention = np.ascontiguousarray(trace.attention, dtype=np.float32)
     fingerprint = Trace(attention).fingerprint  # of the float32 bytes stored, whatever dtype the trace had
     if trace.attention.dtype == np.float32:  # the very bytes stored: no second hash when it is asked for
         trace._cache["fingerprint"] = fingerprint
-    record = {"meta": trace.meta, "crc32": zlib.crc32(attention), "fingerprint": fingerprint}
+    record = {"meta": trace.meta, "crc32": zlib.crc32(attention), "fingerprint": fingerprint, **(extra or {})}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not meta_only:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .bundle import MANIFEST, Bundle, BundleError, is_bundle, load_bundle, parse_selector
-from .cache import canonical_trace  # generated once, then read from the user cache directory
+from .cache import canonical_trace, file_trace  # generated (or decoded) once, then read from the user cache directory
 from .trace import Trace, TraceError, load_npz
 
 CANONICAL = "canonical"
@@ -67,8 +67,8 @@ def resolve_trace(spec: str) -> Trace:
     if spec == CANONICAL:
         return canonical_trace()
     shipped = shipped_traces()
-    if spec in shipped:
-        return load_npz(shipped[spec])
+    if spec in shipped:  # decoded once into the cache directory, then read from there
+        return file_trace(shipped[spec], load_npz)
     selector = parse_selector(spec)
     if selector is not None and _bundle_spec(selector[0]):
         base, layer, head = selector

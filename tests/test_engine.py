@@ -462,3 +462,29 @@ def test_snapkv_victims_found_through_running_sums_on_long_tied_traces(levels):
         ref = reference(trace, "snapkv", b, recent_window=r, observation_window=w)
         assert np.array_equal(mass[i], ref.retained_mass_series), configs[i]
         assert np.array_equal(recall[i], ref.top_k_recall_series), configs[i]
+
+
+def test_a_shipped_trace_is_decoded_once_into_the_cache(cache_dir, tmp_path):
+    """A trace file read through the cache is the file's trace (same bits, name, meta and
+    fingerprint); a damaged entry is rewritten, and a changed file is read afresh."""
+    src = tmp_path / "small.npz"
+    save_npz(random_trace(3, 30, 5, 0.2), src)
+    calls = []
+
+    def load(path):
+        calls.append(path)
+        return load_npz(path)
+
+    direct = load_npz(src)
+    for _ in range(2):
+        got = cache.file_trace(src, load)
+        assert np.array_equal(got.attention, direct.attention) and got.attention.dtype == np.float32
+        assert (got.name, got.meta, got.fingerprint) == (direct.name, direct.meta, direct.fingerprint)
+    assert len(calls) == 1  # the second read came from the cache
+    (entry,) = cache_dir.glob("file-small-*.npy")
+    data = bytearray(entry.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # damaged: the CRC no longer holds
+    entry.write_bytes(bytes(data))
+    assert np.array_equal(cache.file_trace(src, load).attention, direct.attention) and len(calls) == 2
+    save_npz(random_trace(4, 30, 5, 0.2), src)  # the file itself changed
+    assert np.array_equal(cache.file_trace(src, load).attention, load_npz(src).attention) and len(calls) == 3
