@@ -295,10 +295,11 @@ def sweep_curves(trace: kvsim.Trace, budget: int, wanted: dict[str, tuple[dict, 
     for name, (fixed, marks) in wanted.items():
         key = (trace.fingerprint, name, budget, tuple(sorted(fixed.items())), TOP_K)
         lock = locks.setdefault(key, threading.Lock())  # one sweep per key, however many sessions ask at once
-        if not lock.acquire(blocking=False):
-            with st.spinner(f"another session is replaying {name} over recent_window 1 .. {budget - 1}"):
-                lock.acquire()
+        held = lock.acquire(blocking=False)
         try:
+            if not held:  # any Streamlit call may end the run (a rerun): the lock is released below, whatever happens
+                with st.spinner(f"another session is replaying {name} over recent_window 1 .. {budget - 1}"):
+                    held = lock.acquire()
             rows = store.get(key)
             if rows is None:
                 bar = st.progress(0.0, text=f"replaying {name} over recent_window 1 .. {budget - 1}")
@@ -317,7 +318,8 @@ def sweep_curves(trace: kvsim.Trace, budget: int, wanted: dict[str, tuple[dict, 
                     rows[r["recent_window"]] = r
             out[name] = [rows[w] for w in sorted(rows)]
         finally:
-            lock.release()
+            if held:
+                lock.release()
     return out
 
 

@@ -386,6 +386,13 @@ JS_IDLE = """([minFigures, minImages]) => {
   return true;
 }"""
 JS_TWO_FRAMES = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r(true))))"
+JS_STATE = """() => ({
+  exception: (document.querySelector('[data-testid="stException"]') || {}).innerText || '',
+  stale: [...document.querySelectorAll('[data-stale="true"]')].map(e => e.getAttribute('data-testid') || e.tagName).join(','),
+  status: (document.querySelector('[data-testid="stStatusWidget"]') || {}).innerText || '',
+  figures: document.querySelectorAll('.js-plotly-plot').length,
+  spinners: document.querySelectorAll('[data-testid="stSpinner"]').length,
+})"""
 JS_EXCEPTION = "() => { const e = document.querySelector('[data-testid=\"stException\"]'); return e ? e.innerText : null; }"
 
 
@@ -469,11 +476,20 @@ class Session:
             await self.page.evaluate(JS_TWO_FRAMES)
             seconds = time.perf_counter() - t0
         except Exception as e:  # a timeout or a broken page is this run's result, not the benchmark's end
-            return Timing(None, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
+            return Timing(None, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}{await self._state()}")
         shown = await self.page.evaluate(JS_EXCEPTION)
         if shown:
             return Timing(None, "the app shows an exception: " + " ".join(shown.split())[:200])
         return Timing(seconds, server_s=server_s, sent_mb=(self.received - received) / 2**20)
+
+    async def _state(self) -> str:
+        """What the page showed when a step failed (an exception, stale elements, the status, the
+        figures), so that a miss says why; empty when the page cannot be read."""
+        try:
+            state = await self.page.evaluate(JS_STATE)
+        except Exception:  # the page itself is gone
+            return ""
+        return " (page: " + "; ".join(f"{k} {' '.join(str(v).split())[:160]}" for k, v in state.items() if v) + ")"
 
     async def text(self) -> str:
         return await self.page.locator("body").inner_text()
