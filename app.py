@@ -209,7 +209,7 @@ def cached_mask(trace: kvsim.Trace, policy: str, budget: int, params: tuple):
     """The replay's kept mask, (T, T + 1), 1 where a position is held after a step: 17 MB at 4096
     steps, so only a few are kept; what the views draw from it (pooled images, heavy-hitter fates,
     the difference counts) is cached on its own."""
-    return cached_replay(trace, policy, budget, params).kept_mask()
+    return cached_replay(trace, policy, budget, params, False).kept_mask()
 
 
 @st.cache_resource(max_entries=64, show_spinner=False, hash_funcs=BY_TRACE)
