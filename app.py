@@ -745,11 +745,7 @@ def curve_view(trace: kvsim.Trace, budget: int, features) -> None:
         f"{curve_points(budget)} windows in all, every one). The markers and notes follow {policy}. **Click a point** (or "
         "use the box below) to set recent_window everywhere."
     )
-    fig = figures.recent_window_curve(
-        rows, lines, current=rw, default=kvsim.policy_params(policy)["recent_window"], band=features.band,
-        top_k=TOP_K, policy=policy, band_known=features.band_known,
-        companions={n: r for n, r in curves.items() if n != policy},
-    )
+    fig = curve_figure(curves, policy, tuple(lines), rw, features)
     with chart:
         st.plotly_chart(fig, key="curve", on_select=pick_from_curve, selection_mode=("points", "box"))
         st.markdown(story.lines_story(policy, curves, lines, budget))
@@ -761,6 +757,32 @@ def curve_view(trace: kvsim.Trace, budget: int, features) -> None:
             )
         with c2:
             html_button("this figure (HTML)", fig, f"{stem(trace)}-budget{budget}-curve.html", "html_curve")
+
+
+@st.cache_resource
+def curve_figures() -> dict:
+    """Built curve figures by what they draw, shared by every session: under load the figure's
+    Plotly validation, not the sweep, was most of a redraw."""
+    return {}
+
+
+def curve_figure(curves: dict[str, list[dict]], policy: str, lines: tuple, rw: int, features):
+    """The recent_window chart of these curves and lines, built once per server for what it draws
+    (read-only: Streamlit copies a figure to send it)."""
+    default = kvsim.policy_params(policy)["recent_window"]
+    key = (policy, rw, default, features.band, features.band_known, lines,
+           tuple((n, tuple(tuple(sorted(r.items())) for r in rows)) for n, rows in curves.items()))  # flat rows
+    store = curve_figures()
+    fig = store.get(key)
+    if fig is None:
+        fig = figures.recent_window_curve(
+            curves[policy], list(lines), current=rw, default=default, band=features.band, top_k=TOP_K, policy=policy,
+            band_known=features.band_known, companions={n: r for n, r in curves.items() if n != policy},
+        )
+        while len(store) >= 32:
+            store.pop(next(iter(store)))
+        store[key] = fig
+    return fig
 
 
 def reference_lines(trace: kvsim.Trace, budget: int) -> list[figures.Line]:
