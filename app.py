@@ -14,6 +14,12 @@ import tempfile
 import threading
 from pathlib import Path
 
+# Imported here, at the top of every run, and never first inside a view: Plotly's JSON encoder reads
+# ``sys.modules["pandas"]`` without importing it, so a session that serialises a figure while another
+# is halfway through importing pandas fails ("partially initialized module 'pandas' has no attribute
+# 'Series'": seen under the eight-session load). Every run passes this line before it draws anything,
+# and a second importer waits here for the first to finish.
+import pandas  # noqa: F401
 import streamlit as st
 
 import kvsim
