@@ -22,8 +22,8 @@ Exactness, the reference's rules restated where the engine relies on them:
   and read no observed attention: random the slot (kept order) its generator draws, greedy_future
   the first minimum of the attention still to come (the policy's own block suffix sums plus the
   rows up to the next block, added in numpy's order), optimal the solver's schedule (solved or read
-  from the disk cache, as the reference does). random's draws and optimal's schedule are known
-  before the replay, so one kernel replays both (``_planned_steps``);
+  from the disk cache, as the reference does). The three differ only in how the victim is picked,
+  so one kernel replays them all (``_one_victim_steps``);
 - top-k recall counts ``kept`` against the k largest weights of the row (lower position first on
   ties, ``Trace.topk_mask``) and divides by ``min(k, t)``; the means are numpy's, over the series.
 
@@ -516,13 +516,21 @@ def _future_attention(A, suffix, block, t, p_c, n, out):
         out[i] = suffix[c, p_c[i]] + out[i]
 
 
+#: how ``_one_victim_steps`` picks a victim: the slot the plan names (random's draws), the position
+#: it names (optimal's schedule), or the least attention still to come (greedy_future)
+PLAN_SLOT, PLAN_POSITION, LEAST_FUTURE = 0, 1, 2
+
+
 @_kernel
-def _greedy_future_steps(A, topk, t0, t1, budgets, suffix, block, pos, length, mass, recall, stamp, gather, future,
-                         kept_hist, victims):
-    """Steps t0 .. t1-1 of greedy_future for every configuration c (budget ``budgets[c]``): the
-    victim is the first minimum of the future attention over every slot, the newcomer's included
-    (the reference's ``_evict_lowest`` over all ``_len`` slots). ``suffix``: the policy's own block
-    suffix sums (one trace, so one array for every configuration)."""
+def _one_victim_steps(A, topk, t0, t1, budgets, pick, plan, suffix, block, pos, length, mass, recall, stamp, gather,
+                      future, kept_hist, victims):
+    """Steps t0 .. t1-1 of a policy that holds nothing per slot but its positions and evicts one
+    whenever admitting t puts the cache over its budget, for every configuration c (budget
+    ``budgets[c]``). ``pick``: PLAN_SLOT, ``plan[c, t - 1]`` is a slot in kept order after admitting
+    t; PLAN_POSITION, it is a position held; LEAST_FUTURE, the first minimum of the attention still
+    to come over every slot, the newcomer's included (the reference's ``_evict_lowest`` over all
+    ``_len`` slots), from ``suffix``, the policy's own block suffix sums (one trace: one array for
+    every configuration). The plan is only read at the steps that evict."""
     k = topk.shape[1]
     rec_kept = kept_hist.shape[0] > 0
     rec_victims = victims.shape[0] > 0
@@ -539,38 +547,13 @@ def _greedy_future_steps(A, topk, t0, t1, budgets, suffix, block, pos, length, m
             p_c[n] = t
             n += 1
             if n > budgets[c]:
-                _future_attention(A, suffix, block, t, p_c, n, future)
-                n = _evict(p_c, n, _first_min(future, n), t, c == 0 and rec_victims, victims)
-            length[c] = n
-            if c == 0 and rec_kept:
-                kept_hist[t - 1, :n] = p_c[:n]
-
-
-@_kernel
-def _planned_steps(A, topk, t0, t1, budgets, plan, by_slot, pos, length, mass, recall, stamp, gather, kept_hist,
-                   victims):
-    """Steps t0 .. t1-1 of a policy whose victims are known before the replay starts: configuration
-    c evicts ``plan[c, t - 1]`` at step t, a slot in kept order (after admitting t) when ``by_slot``
-    (random's draws), else a position it holds (optimal's schedule). The plan is only read at the
-    steps that evict, which are those that put the cache over its budget."""
-    k = topk.shape[1]
-    rec_kept = kept_hist.shape[0] > 0
-    rec_victims = victims.shape[0] > 0
-    for t in range(t0, t1):
-        _mark_topk(topk, t, stamp)
-        denom = min(k, t)
-        row = A[t]
-        for c in range(budgets.shape[0]):
-            n = length[c]
-            p_c = pos[c]
-            total, hits = _measure(row, p_c, n, stamp, t, gather)
-            mass[c, t - 1] = total
-            recall[c, t - 1] = hits / denom
-            p_c[n] = t
-            n += 1
-            if n > budgets[c]:
-                v = plan[c, t - 1]
-                best = v if by_slot else np.searchsorted(p_c[:n], v)  # kept is ascending
+                if pick == LEAST_FUTURE:
+                    _future_attention(A, suffix, block, t, p_c, n, future)
+                    best = _first_min(future, n)
+                elif pick == PLAN_SLOT:
+                    best = plan[c, t - 1]
+                else:
+                    best = np.searchsorted(p_c[:n], plan[c, t - 1])  # kept is ascending
                 n = _evict(p_c, n, best, t, c == 0 and rec_victims, victims)
             length[c] = n
             if c == 0 and rec_kept:
@@ -760,23 +743,24 @@ def _run_window(A, topk, T, budgets, policies, progress, record, b0, kept_hist):
     return r.mass, r.recall, {"victims": np.where(t >= b0, t - (b0 - int(sinks[0])), -1)}
 
 
-def _run_greedy_future(A, topk, T, budgets, policies, progress, record, b0, kept_hist):
+def _run_one_victim(A, topk, T, budgets, pick, plan, suffix, progress, record, b0, kept_hist):
     r = _Run.alloc(T, budgets, record, b0)
-    # the block suffix sums the policy built from the trace (one trace: the first policy's serve all)
-    suffix = np.ascontiguousarray(policies[0]._suffix)
     future = np.empty(r.pos.shape[1], dtype=np.float64)
     for t0, t1 in _chunks(T, progress):
-        _greedy_future_steps(A, topk, t0, t1, budgets, suffix, GREEDY_BLOCK, r.pos, r.length, r.mass, r.recall,
-                             r.stamp, r.gather, future, kept_hist, r.victims)
+        _one_victim_steps(A, topk, t0, t1, budgets, pick, plan, suffix, GREEDY_BLOCK, r.pos, r.length, r.mass,
+                          r.recall, r.stamp, r.gather, future, kept_hist, r.victims)
     return r.result(scores=False)
 
 
-def _run_planned(A, topk, T, budgets, plan, by_slot, progress, record, b0, kept_hist):
-    r = _Run.alloc(T, budgets, record, b0)
-    for t0, t1 in _chunks(T, progress):
-        _planned_steps(A, topk, t0, t1, budgets, plan, by_slot, r.pos, r.length, r.mass, r.recall, r.stamp, r.gather,
-                       kept_hist, r.victims)
-    return r.result(scores=False)
+#: what a pick that reads no plan or no suffix sums is given in their place
+_NO_PLAN = np.zeros((0, 0), dtype=np.int64)
+_NO_SUFFIX = np.zeros((0, 0), dtype=np.float64)
+
+
+def _run_greedy_future(A, topk, T, budgets, policies, progress, record, b0, kept_hist):
+    # the block suffix sums the policy built from the trace (one trace: the first policy's serve all)
+    suffix = np.ascontiguousarray(policies[0]._suffix)
+    return _run_one_victim(A, topk, T, budgets, LEAST_FUTURE, _NO_PLAN, suffix, progress, record, b0, kept_hist)
 
 
 def _run_random(A, topk, T, budgets, policies, progress, record, b0, kept_hist):
@@ -789,7 +773,7 @@ def _run_random(A, topk, T, budgets, policies, progress, record, b0, kept_hist):
         b = p.budget
         for t in range(b, T + 1):
             plan[c, t - 1] = p.rng.choice(b + 1, size=1, replace=False)[0]
-    return _run_planned(A, topk, T, budgets, plan, True, progress, record, b0, kept_hist)
+    return _run_one_victim(A, topk, T, budgets, PLAN_SLOT, plan, _NO_SUFFIX, progress, record, b0, kept_hist)
 
 
 def _run_optimal(A, topk, T, budgets, policies, progress, record, b0, kept_hist):
@@ -806,7 +790,7 @@ def _run_optimal(A, topk, T, budgets, policies, progress, record, b0, kept_hist)
         if v.shape != steps.shape or (v.size and (v.min() < 0 or np.any(v > steps) or np.unique(v).size != v.size)):
             raise ContractError(f"{p!r}: its schedule is not a legal eviction schedule for this trace")
         plan[c, p.budget - 1 :] = v
-    return _run_planned(A, topk, T, budgets, plan, False, progress, record, b0, kept_hist)
+    return _run_one_victim(A, topk, T, budgets, PLAN_POSITION, plan, _NO_SUFFIX, progress, record, b0, kept_hist)
 
 
 #: the policies the engine replays itself, each with its runner; every other registered policy is
