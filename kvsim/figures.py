@@ -378,6 +378,35 @@ def _pool_panel(masks: Sequence[np.ndarray], region: Region, sinks: int, ages: i
 
 
 @_kernel
+def _count_kept(a, b, two, row, lo, hi, counts, R, j):
+    """Add to block (R, j) of ``counts`` the positions lo .. hi of mask row ``row`` that are kept:
+    ``counts[0]`` by ``a`` (one mask), or by ``a`` only, ``counts[1]`` by ``b`` only and
+    ``counts[2]`` by both (``two``)."""
+    if two:
+        na = 0
+        nb = 0
+        nab = 0
+        for p in range(lo, hi + 1):
+            x = a[row, p] != 0
+            y = b[row, p] != 0
+            if x and y:
+                nab += 1
+            elif x:
+                na += 1
+            elif y:
+                nb += 1
+        counts[0, R, j] += na
+        counts[1, R, j] += nb
+        counts[2, R, j] += nab
+    else:
+        n = 0
+        for p in range(lo, hi + 1):
+            if a[row, p] != 0:
+                n += 1
+        counts[0, R, j] += n
+
+
+@_kernel
 def _pool_columns(a, b, two, t0, t1, p0, p1, br, bc):
     """Block sums over rows ``t0 - 1 .. t1 - 1`` (steps t0 .. t1) and columns ``p0 .. p1`` of the
     kept masks ``a`` (and ``b`` when ``two``), counting only positions that exist (``p <= t``):
@@ -396,28 +425,7 @@ def _pool_columns(a, b, two, t0, t1, p0, p1, br, bc):
                 break
             c1 = min(c0 + bc - 1, last)
             exists[R, j] += c1 - c0 + 1
-            if two:
-                na = 0
-                nb = 0
-                nab = 0
-                for c in range(c0, c1 + 1):
-                    x = a[t - 1, c] != 0
-                    y = b[t - 1, c] != 0
-                    if x and y:
-                        nab += 1
-                    elif x:
-                        na += 1
-                    elif y:
-                        nb += 1
-                counts[0, R, j] += na
-                counts[1, R, j] += nb
-                counts[2, R, j] += nab
-            else:
-                n = 0
-                for c in range(c0, c1 + 1):
-                    if a[t - 1, c] != 0:
-                        n += 1
-                counts[0, R, j] += n
+            _count_kept(a, b, two, t - 1, c0, c1, counts, R, j)
     return counts, exists
 
 
@@ -438,28 +446,7 @@ def _pool_ages(a, b, two, t0, t1, ages, br, ba):
                 break
             k1 = min(k0 + ba - 1, last)
             exists[R, j] += k1 - k0 + 1
-            if two:
-                na = 0
-                nb = 0
-                nab = 0
-                for k in range(k0, k1 + 1):
-                    x = a[t - 1, t - k - 1] != 0
-                    y = b[t - 1, t - k - 1] != 0
-                    if x and y:
-                        nab += 1
-                    elif x:
-                        na += 1
-                    elif y:
-                        nb += 1
-                counts[0, R, j] += na
-                counts[1, R, j] += nb
-                counts[2, R, j] += nab
-            else:
-                n = 0
-                for k in range(k0, k1 + 1):
-                    if a[t - 1, t - k - 1] != 0:
-                        n += 1
-                counts[0, R, j] += n
+            _count_kept(a, b, two, t - 1, t - k1 - 1, t - k0 - 1, counts, R, j)  # ages k0 .. k1: positions
     return counts, exists
 
 
