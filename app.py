@@ -231,13 +231,19 @@ def cached_layers(trace: kvsim.Trace, runs: tuple, budget: int, region: tuple, a
     return figures.panel_layers(masks, figures.Region(*region), cached_features(trace).sinks, ages, size)
 
 
+def kept_layers(trace: kvsim.Trace, runs: tuple, budget: int, region: tuple, ages: int, size: int,
+                compare: bool) -> list[dict]:
+    """Each kept panel's pooled images: one panel per run, or one for the first two's difference."""
+    panels = [tuple(runs[:2])] if compare else [(r,) for r in runs]
+    return [cached_layers(trace, panel, budget, region, ages, size) for panel in panels]
+
+
 @st.cache_resource(max_entries=32, show_spinner=False, hash_funcs=BY_TRACE)
 def cached_kept_figure(trace: kvsim.Trace, runs: tuple, budget: int, step: int, region: tuple, ages: int, size: int,
                        compare: bool):
     """The kept view's figure, built once per server for these settings: a new session, or a view
     opened again, sends it without rebuilding (read-only: Streamlit copies it to send it)."""
-    panels = [tuple(runs[:2])] if compare else [(r,) for r in runs]
-    layers = [cached_layers(trace, panel, budget, region, ages, size) for panel in panels]
+    layers = kept_layers(trace, runs, budget, region, ages, size, compare)
     fates = None if compare else [cached_fates(trace, n, budget, p) for n, p in runs]
     results = replays(trace, budget, list(runs))
     return figures.kept_heatmap(results, cached_features(trace), step=step, region=figures.Region(*region), size=size,
@@ -606,11 +612,10 @@ def kept_view(trace: kvsim.Trace, budget: int, runs: list, features) -> None:
             region = zoom_controls(T)
     windows = [int(dict(p).get("recent_window", 0)) for _, p in runs]
     ages = figures.age_span(features, windows, budget)
-    panels = [tuple(runs[:2])] if compare else [(r,) for r in runs]
     cols = 1 if compare else min(len(runs), 3)
     size = KEPT_PIXELS // cols
     box = (region.p0, region.p1, region.t0, region.t1)
-    layers = [cached_layers(trace, panel, budget, box, ages, size) for panel in panels]
+    layers = kept_layers(trace, tuple(runs), budget, box, ages, size, compare)
     st.markdown(
         "**Each panel is one policy's cache over the whole run.** Row *t* is what the cache holds after decode step "
         "*t*: dark is kept, mid-grey a block of positions where some are kept, white evicted, light grey not "
