@@ -8,6 +8,7 @@ the diagonal are ignored on load and stored as zeros.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import zipfile
@@ -108,7 +109,6 @@ def from_array(attention: np.ndarray, name: str = "trace", meta: dict | None = N
 
 #: rows validated and normalised per block: a few ``_CHUNK x T`` float64 temporaries, not one per row
 _CHUNK = 256
-_F16 = []
 
 
 def _float64(block: np.ndarray) -> np.ndarray:
@@ -116,10 +116,14 @@ def _float64(block: np.ndarray) -> np.ndarray:
     several times faster than it converts half floats."""
     if block.dtype != np.float16 or block.strides[-1] != block.itemsize:  # big-endian or strided: NumPy's cast
         return block.astype(np.float64, order="C")
-    if not _F16:
-        with np.errstate(invalid="ignore"):
-            _F16.append(np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float64))
-    return _F16[0][block.view(np.uint16)]
+    return _float16_table()[block.view(np.uint16)]
+
+
+@functools.cache
+def _float16_table() -> np.ndarray:
+    """Every float16 bit pattern as float64, built on first use."""
+    with np.errstate(invalid="ignore"):
+        return np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float64)
 
 
 def _normalise_rows(a: np.ndarray, out: np.ndarray, t0: int, t1: int, source: str) -> None:
