@@ -1,11 +1,15 @@
 """The browser's floor on this machine: the same timing as ``python -m kvsim bench --browser``,
-on a Streamlit page that holds nothing but one three-point Plotly chart.
+on a Streamlit page that holds nothing but one Plotly chart.
 
-    python bench/browser_floor.py [--runs 3]
+    python bench/browser_floor.py [--runs 3] [--figure small|kept3|kept6]
 
 Prints each run of two steps: a new browser context opening the page (a new user: Streamlit's and
 Plotly's JavaScript fetched, parsed and run from nothing) and a link opened in the same tab (the
-page reloaded). What kvsim's own steps take beyond these figures is its script and its drawing.
+page reloaded). The chart is a three-point line (``small``, the default) or kvsim's own kept-position
+figure of the canonical trace at budget 256 with three or six policies (``kept3``, ``kept6``), built
+once before the server starts and only read by the page, so the figures are Streamlit and the
+browser drawing that chart, nothing else. What kvsim's own steps take beyond them is its script
+and the rest of its page.
 """
 
 from __future__ import annotations
@@ -22,19 +26,47 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvsim import bench_browser as bb  # noqa: E402
 
-APP = """import plotly.graph_objects as go
+APP = """import json
+from pathlib import Path
+
+import plotly.graph_objects as go
 import streamlit as st
 
 st.title("one chart")
-st.plotly_chart(go.Figure(go.Scatter(x=[1, 2, 3], y=[1, 3, 2])))
+spec = Path(__file__).with_name("figure.json")
+if spec.exists():  # read as it was built, not validated again: the server's share stays near nothing
+    fig = go.Figure(json.loads(spec.read_text()), _validate=False)
+    st.plotly_chart(fig, config={"scrollZoom": True})
+else:
+    st.plotly_chart(go.Figure(go.Scatter(x=[1, 2, 3], y=[1, 3, 2])))
 """
+POLICIES = {"kept3": ("sliding_window", "streaming_llm", "h2o"), "kept6": bb.SIX_POLICIES}
 
 
-async def main(runs: int) -> None:
+def kept_figure_json(policies: tuple[str, ...]) -> tuple[str, int]:
+    """The kept view's figure of ``policies`` at the app's defaults, as JSON, and its image count."""
+    import plotly.io as pio
+
+    import kvsim
+    from kvsim import figures
+    from kvsim.catalog import resolve_trace
+
+    trace = resolve_trace("canonical")
+    features = figures.trace_features(trace)
+    results = [kvsim.replay(trace, name, budget=256, top_k=8, record_kept=True) for name in policies]
+    fig = figures.kept_heatmap(results, features, step=trace.steps, size=1024 // min(3, len(policies)))
+    return pio.to_json(fig), sum(1 for t in fig.data if t.type == "image")
+
+
+async def main(runs: int, figure: str) -> None:
     from playwright.async_api import async_playwright
 
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "app.py").write_text(APP)
+        images = 0
+        if figure != "small":
+            spec, images = kept_figure_json(POLICIES[figure])
+            (Path(tmp) / "figure.json").write_text(spec)
         bb.ROOT = Path(tmp)  # the server runs `streamlit run app.py` in ROOT
         server = bb.Server(dict(os.environ), Path(tmp) / "server.log")
         try:
@@ -43,15 +75,16 @@ async def main(runs: int) -> None:
                 fresh, link = [], []
                 for i in range(runs + 1):  # the first new context warms the server: not counted
                     session = bb.Session(browser, server.url)
-                    t = await session.timed(bb.Step("new", bb.Open(f"?run={i}", new_session=True), 2.0))
+                    t = await session.timed(bb.Step("new", bb.Open(f"?run={i}", new_session=True), 2.0, min_images=images))
                     if i:
                         fresh.append(t.seconds)
-                        t = await session.timed(bb.Step("link", bb.Open(f"?link={i}"), 1.0))
+                        t = await session.timed(bb.Step("link", bb.Open(f"?link={i}"), 1.0, min_images=images))
                         link.append(t.seconds)
                     await session.close()
                 await browser.close()
         finally:
             server.stop()
+    print(f"chart: {figure}" + (f" ({images} images)" if images else ""))
     for name, xs in (("a new browser context", fresh), ("a link in the same tab", link)):
         shown = ", ".join(f"{x:.2f}" if x is not None else "missed" for x in xs)
         done = [x for x in xs if x is not None]
@@ -61,4 +94,7 @@ async def main(runs: int) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
-    asyncio.run(main(ap.parse_args().runs))
+    ap.add_argument("--figure", choices=("small", *POLICIES), default="small",
+                    help="the chart: a three-point line, or kvsim's kept figure with 3 or 6 policies")
+    args = ap.parse_args()
+    asyncio.run(main(args.runs, args.figure))
