@@ -12,7 +12,7 @@ import base64
 import io
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -595,71 +595,125 @@ def kept_heatmap(
     x_hi = region.p1 + 0.5 + gap + age_w
     header = 0.07 * region.height
     y_top = region.t0 - 0.5 - header
-    for i, panel in enumerate(panels):
-        row, col = i // cols + 1, i % cols + 1
-        pm = None if masks is None else [masks[results.index(r)] for r in panel]
-        lay = layers[i] if layers is not None else panel_layers(pm, region, features.sinks, ages, size)
-        br, bc, ba = lay["block"]
-        name = " vs ".join(r.policy for r in panel)
-        hover = "<extra>" + name + "</extra>"
-        fig.add_trace(go.Image(
-            source=lay["main"], x0=region.p0 + (bc - 1) / 2, dx=bc, y0=region.t0 + (br - 1) / 2, dy=br,
-            name=name, hovertemplate=f"position %{{x:.0f}}<br>after step %{{y:.0f}}<br>block of {bc} x {br}" + hover,
-        ), row=row, col=col)
-        if lay["sink"] is not None:
-            source, s = lay["sink"]
-            dx = sink_w / s
-            fig.add_trace(go.Image(
-                source=source, x0=x_lo + dx / 2, dx=dx, y0=region.t0 + (br - 1) / 2, dy=br,
-                name="sinks", hovertemplate="a sink column, widened<br>after step %{y:.0f}" + hover,
-            ), row=row, col=col)
-        if lay["age"] is not None:
-            source, na = lay["age"]
-            dx = age_w / na
-            a0 = region.p1 + 0.5 + gap
-            fig.add_trace(go.Image(
-                source=source, x0=a0 + dx / 2, dx=dx, y0=region.t0 + (br - 1) / 2, dy=br,
-                name="newest positions", hovertemplate=f"the newest {ages} positions by age, widened"
-                "<br>after step %{y:.0f}" + hover,
-            ), row=row, col=col)
-            _age_marks(fig, row, col, a0, age_w / ages, ages, features, [windows[results.index(r)] for r in panel],
-                       region, y_top, legend=(i == 0))
-        _strip_labels(fig, row, col, features, region, x_lo, sink_w, gap, age_w, ages, y_top, header)
-        if not compare:
-            fate = fates[results.index(panel[0])] if fates is not None else heavy_fates(pm[0], features)
-            _fates(fig, row, col, fate, features, region, gap, legend=(i == 0))
-        _heavy_heads(fig, row, col, features, region, y_top, header, legend=(i == 0))
-        if step is not None and region.t0 <= step <= region.t1:
-            fig.add_trace(go.Scatter(
-                x=[x_lo, x_hi], y=[step, step], mode="lines", line=dict(color="black", width=1, dash="dash"),
-                name=f"step {step}", legendgroup="step", showlegend=(i == 0), hoverinfo="skip",
-            ), row=row, col=col)
-    if compare:
-        for colour, label in ((ONLY_A, f"kept by {results[0].policy} only"), (ONLY_B, f"kept by {results[1].policy} only"),
-                              (BOTH, "kept by both"), (MIXED, "both kinds in one block")):
-            fig.add_trace(go.Scatter(
-                x=[None], y=[None], mode="markers", name=label,
-                marker=dict(symbol="square", size=12, color=f"rgb{colour}", line=dict(color="black", width=1)),
-            ))
-    fig.update_xaxes(matches="x", range=[x_lo, x_hi], showgrid=False, zeroline=False)
-    # images pin the aspect ratio by default; the strips make the panel wider than tall, so let it fill
-    fig.update_yaxes(matches="y", range=[region.t1 + 0.5, y_top], showgrid=False, zeroline=False, scaleanchor=False)
-    # ticks on the positions only: the strips beside them have their own labels
-    fig.update_xaxes(tickvals=_ticks(region.p0, region.p1))
-    for c in range(1, cols + 1):
-        fig.update_xaxes(title_text="position", row=rows, col=c)
-    for r in range(1, rows + 1):
-        fig.update_yaxes(title_text="decode step", row=r, col=1)
-        for c in range(2, cols + 1):
-            fig.update_yaxes(showticklabels=False, row=r, col=c)
-    fig.update_layout(
+    refs = [_refs(fig, r, c) for r in range(1, rows + 1) for c in range(1, cols + 1)]
+    frame = fig.to_dict()  # the axes and the layout set as plain dicts: through Plotly's objects, most of the time
+    layout = frame["layout"]
+    ticks = _ticks(region.p0, region.p1)  # on the positions only: the strips beside them have their own labels
+    for j, (xref, yref) in enumerate(refs):
+        r, c = j // cols + 1, j % cols + 1
+        xaxis, yaxis = layout["xaxis" + xref[1:]], layout["yaxis" + yref[1:]]
+        xaxis.update(matches="x", range=[x_lo, x_hi], showgrid=False, zeroline=False, tickvals=ticks)
+        if r == rows:
+            xaxis["title"] = dict(text="position")
+        # images pin the aspect ratio by default; the strips make the panel wider than tall, so let it fill
+        yaxis.update(matches="y", range=[region.t1 + 0.5, y_top], showgrid=False, zeroline=False, scaleanchor=False)
+        if c == 1:
+            yaxis["title"] = dict(text="decode step")
+        else:
+            yaxis["showticklabels"] = False
+    layout.update(
         height=height + 150,
         margin=dict(l=60, r=20, t=70, b=110),
         legend=dict(orientation="h", yanchor="top", y=-60 / height, x=0, font=dict(size=13)),
         plot_bgcolor="white",
         dragmode="zoom",  # zoom by default; the box-select tool asks for a full-resolution region
     )
-    return fig
+    d = _Drawing()
+    for i, panel in enumerate(panels):
+        d.at(*refs[i])
+        pm = None if masks is None else [masks[results.index(r)] for r in panel]
+        lay = layers[i] if layers is not None else panel_layers(pm, region, features.sinks, ages, size)
+        br, bc, ba = lay["block"]
+        name = " vs ".join(r.policy for r in panel)
+        hover = "<extra>" + name + "</extra>"
+        d.trace(type="image", source=lay["main"], x0=region.p0 + (bc - 1) / 2, dx=bc, y0=region.t0 + (br - 1) / 2, dy=br,
+                name=name, hovertemplate=f"position %{{x:.0f}}<br>after step %{{y:.0f}}<br>block of {bc} x {br}" + hover)
+        if lay["sink"] is not None:
+            source, s = lay["sink"]
+            dx = sink_w / s
+            d.trace(type="image", source=source, x0=x_lo + dx / 2, dx=dx, y0=region.t0 + (br - 1) / 2, dy=br,
+                    name="sinks", hovertemplate="a sink column, widened<br>after step %{y:.0f}" + hover)
+        if lay["age"] is not None:
+            source, na = lay["age"]
+            dx = age_w / na
+            a0 = region.p1 + 0.5 + gap
+            d.trace(type="image", source=source, x0=a0 + dx / 2, dx=dx, y0=region.t0 + (br - 1) / 2, dy=br,
+                    name="newest positions",
+                    hovertemplate=f"the newest {ages} positions by age, widened<br>after step %{{y:.0f}}" + hover)
+            _age_marks(d, a0, age_w / ages, ages, features, [windows[results.index(r)] for r in panel], region, y_top)
+        _strip_labels(d, features, region, x_lo, sink_w, gap, age_w, ages, y_top, header)
+        if not compare:
+            fate = fates[results.index(panel[0])] if fates is not None else heavy_fates(pm[0], features)
+            _fates(d, fate, features, region, gap)
+        _heavy_heads(d, features, region, y_top, header)
+        if step is not None and region.t0 <= step <= region.t1:
+            d.line(x_lo, step, x_hi, step, dict(color="black", width=1, dash="dash"), f"step {step}", "step")
+    if compare:
+        d.at("x", "y")
+        for colour, label in ((ONLY_A, f"kept by {results[0].policy} only"), (ONLY_B, f"kept by {results[1].policy} only"),
+                              (BOTH, "kept by both"), (MIXED, "both kinds in one block")):
+            d.trace(type="scatter", x=[None], y=[None], mode="markers", name=label,
+                    marker=dict(symbol="square", size=12, color=f"rgb{colour}", line=dict(color="black", width=1)))
+    return d.figure(frame)
+
+
+@dataclass
+class _Drawing:
+    """What ``kept_heatmap`` draws on its panels, gathered as plain dicts and turned into a figure
+    once (``figure``): built through Plotly's objects, each property checked as it is set, the
+    figure of six panels took longer than pooling them. The lines are layout shapes, not traces:
+    a browser draws a shape far more cheaply than a trace of its own (the six-panel figure opened
+    as a link: 1.2 s with its lines as traces, 0.9 s as shapes, ``bench/browser_floor.py``). A
+    legend group is shown once, on the first trace or shape that has it, whichever panel that is."""
+
+    traces: list = field(default_factory=list)
+    shapes: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    refs: tuple = ("x", "y")
+    seen: set = field(default_factory=set)
+
+    def at(self, xref: str, yref: str) -> None:
+        """Draw on the subplot of these axes from now on."""
+        self.refs = (xref, yref)
+
+    def _legend(self, group: str | None) -> dict:
+        if group is None:
+            return {}
+        first = group not in self.seen
+        self.seen.add(group)
+        return dict(legendgroup=group, showlegend=first)
+
+    def trace(self, group: str | None = None, **props) -> None:
+        self.traces.append(dict(props, xaxis=self.refs[0], yaxis=self.refs[1], **self._legend(group)))
+
+    def line(self, x0, y0, x1, y1, line: dict, name: str, group: str) -> None:
+        self.shapes.append(dict(type="line", x0=x0, y0=y0, x1=x1, y1=y1, xref=self.refs[0], yref=self.refs[1],
+                                line=line, name=name, **self._legend(group)))
+
+    def path(self, segments: Sequence[tuple], line: dict, name: str, group: str) -> None:
+        """Line segments ``(x0, y0, x1, y1)`` of one style as one shape (an SVG path in data
+        coordinates): a panel's heavy hitters are one shape each way, not one per hitter. The
+        legend entry is a trace of no points in the same group, so that it shows a line (a path
+        shape's own entry is drawn as an outline)."""
+        if not segments:
+            return
+        if group not in self.seen:
+            self.trace(type="scatter", x=[None], y=[None], mode="lines", line=line, name=name, group=group, hoverinfo="skip")
+        path = "".join(f"M{x0!r},{y0!r}L{x1!r},{y1!r}" for x0, y0, x1, y1 in segments)
+        self.shapes.append(dict(type="path", path=path, xref=self.refs[0], yref=self.refs[1], line=line, name=name,
+                                legendgroup=group, showlegend=False))
+
+    def note(self, **props) -> None:
+        self.notes.append(dict(props, xref=self.refs[0], yref=self.refs[1]))
+
+    def figure(self, frame: dict) -> go.Figure:
+        """``frame`` (the subplots, axes and layout, as a figure's dict) with everything drawn
+        added; not validated again (the tests validate the result once, so a misspelt property
+        still fails there)."""
+        layout = frame["layout"]
+        layout["annotations"] = layout.get("annotations", []) + self.notes
+        layout["shapes"] = layout.get("shapes", []) + self.shapes
+        return go.Figure(dict(data=frame.get("data", []) + self.traces, layout=layout), _validate=False)
 
 
 def _ticks(lo: int, hi: int, n: int = 5) -> list[int]:
@@ -672,7 +726,7 @@ def _ticks(lo: int, hi: int, n: int = 5) -> list[int]:
     return list(range(int(first), int(hi) + 1, int(step)))
 
 
-def _age_marks(fig, row, col, a0, per_age, ages, f: TraceFeatures, windows, region: Region, y_top, legend) -> None:
+def _age_marks(d: _Drawing, a0, per_age, ages, f: TraceFeatures, windows, region: Region, y_top) -> None:
     """In the age strip: the trace's band edge (orange) and each policy's protected window (green)."""
     marks = []
     if f.band_known and f.band <= ages:
@@ -681,20 +735,15 @@ def _age_marks(fig, row, col, a0, per_age, ages, f: TraceFeatures, windows, regi
         marks.append((w, RECENT_COLOUR, "dash", f"protected window edge (age {w})", f"window{w}"))
     for age, colour, dash, name, group in marks:
         x = a0 + age * per_age
-        fig.add_trace(go.Scatter(
-            x=[x, x], y=[y_top, region.t1 + 0.5], mode="lines", line=dict(color=colour, width=2.5, dash=dash),
-            name=name, legendgroup=group, showlegend=legend, hovertemplate=name + "<extra></extra>",
-        ), row=row, col=col)
+        d.line(x, y_top, x, region.t1 + 0.5, dict(color=colour, width=2.5, dash=dash), name, group)
 
 
-def _strip_labels(fig, row, col, f: TraceFeatures, region: Region, x_lo, sink_w, gap, age_w, ages, y_top, header):
+def _strip_labels(d: _Drawing, f: TraceFeatures, region: Region, x_lo, sink_w, gap, age_w, ages, y_top, header):
     y = y_top + header / 2
     note = dict(showarrow=False, font=dict(size=10, color="#333"), yanchor="middle")
-    xref, yref = _refs(fig, row, col)
     if f.sinks:
-        fig.add_annotation(x=x_lo + sink_w / 2, y=y, text="sinks", xref=xref, yref=yref, **note)
-    fig.add_annotation(x=region.p1 + 0.5 + gap + age_w / 2, y=y, text=f"newest {ages} →",
-                       xref=xref, yref=yref, **note)
+        d.note(x=x_lo + sink_w / 2, y=y, text="sinks", **note)
+    d.note(x=region.p1 + 0.5 + gap + age_w / 2, y=y, text=f"newest {ages} →", **note)
 
 
 def _refs(fig, row, col) -> tuple[str, str]:
@@ -702,51 +751,38 @@ def _refs(fig, row, col) -> tuple[str, str]:
     return sub.xaxis.plotly_name.replace("axis", ""), sub.yaxis.plotly_name.replace("axis", "")
 
 
-def _heavy_heads(fig, row, col, f: TraceFeatures, region: Region, y_top, header, legend) -> None:
+def _heavy_heads(d: _Drawing, f: TraceFeatures, region: Region, y_top, header) -> None:
     """A red triangle above each heavy hitter's column, in the header: where to look."""
     inside = [p for p, _, _ in f.heavy if region.p0 <= p <= region.p1]
     if not inside:
         return
-    fig.add_trace(go.Scatter(
-        x=inside, y=[y_top + header * 0.75] * len(inside), mode="markers", name="heavy hitter (its column)",
-        marker=dict(symbol="triangle-down", size=9, color=HEAVY_COLOUR), legendgroup="heavyhead", showlegend=legend,
-        hovertemplate="heavy hitter at position %{x}<extra></extra>",
-    ), row=row, col=col)
+    d.trace(type="scatter", x=inside, y=[y_top + header * 0.75] * len(inside), mode="markers",
+            name="heavy hitter (its column)", marker=dict(symbol="triangle-down", size=9, color=HEAVY_COLOUR),
+            group="heavyhead", hovertemplate="heavy hitter at position %{x}<extra></extra>")
 
 
-def _fates(fig, row, col, fates: Sequence[HeavyFate], f: TraceFeatures, region: Region, gap, legend) -> None:
+def _fates(d: _Drawing, fates: Sequence[HeavyFate], f: TraceFeatures, region: Region, gap) -> None:
     """Beside each heavy hitter's column (offset so the column itself stays visible): solid while
     the policy holds it and it is live, an x where it is evicted while live, dotted while missed."""
     off = gap * 0.6
-    kept_x, kept_y, miss_x, miss_y, ex, ey, text = [], [], [], [], [], [], []
+    held = f"heavy hitter held {'while live' if f.live_known else ''}".strip()
+    missed = "heavy hitter evicted, still live" if f.live_known else "heavy hitter evicted"
+    ex, ey, text, kept, lost = [], [], [], [], []
     for h in fates:
         if not region.p0 <= h.position <= region.p1:
             continue
         x = h.position + off
-        end = h.last if not h.lost_while_live else h.evicted_at - 1
-        kept_x += [x, x, None]
-        kept_y += [h.first, end, None]
+        kept.append((x, h.first, x, h.last if not h.lost_while_live else h.evicted_at - 1))
         if h.lost_while_live:
             ex.append(x)
             ey.append(h.evicted_at)
             text.append(f"heavy hitter {h.position} evicted at step {h.evicted_at}, live until {h.last}")
-            miss_x += [x, x, None]
-            miss_y += [h.evicted_at, h.last, None]
-    common = dict(row=row, col=col)
-    live = "while live" if f.live_known else ""
-    fig.add_trace(go.Scatter(
-        x=kept_x, y=kept_y, mode="lines", line=dict(color=HEAVY_COLOUR, width=2.5), name=f"heavy hitter held {live}".strip(),
-        legendgroup="held", showlegend=legend, hoverinfo="skip",
-    ), **common)
-    fig.add_trace(go.Scatter(
-        x=miss_x, y=miss_y, mode="lines", line=dict(color=HEAVY_COLOUR, width=1.5, dash="dot"),
-        name="heavy hitter evicted, still live" if f.live_known else "heavy hitter evicted",
-        legendgroup="missed", showlegend=legend, hoverinfo="skip",
-    ), **common)
-    fig.add_trace(go.Scatter(
-        x=ex, y=ey, mode="markers", marker=dict(symbol="x", size=10, color=HEAVY_COLOUR, line=dict(width=1, color="white")),
-        name="evicted here", legendgroup="evicted", showlegend=legend, text=text, hovertemplate="%{text}<extra></extra>",
-    ), **common)
+            lost.append((x, h.evicted_at, x, h.last))
+    d.path(kept, dict(color=HEAVY_COLOUR, width=2.5), held, "held")
+    d.path(lost, dict(color=HEAVY_COLOUR, width=1.5, dash="dot"), missed, "missed")
+    d.trace(type="scatter", x=ex, y=ey, mode="markers", name="evicted here", group="evicted", text=text,
+            marker=dict(symbol="x", size=10, color=HEAVY_COLOUR, line=dict(width=1, color="white")),
+            hovertemplate="%{text}<extra></extra>")
 
 
 # --------------------------------------------------------------------------------------------

@@ -132,10 +132,26 @@ def test_kept_heatmap_pools_to_the_pixels_shown_and_keeps_thin_columns(canonical
     lo, hi = fig.layout.xaxis.range
     assert -0.1 * 4096 < lo < 0 and 4096 < hi < 1.3 * 4096
     assert all(0 <= v <= 4096 for v in fig.layout.xaxis.tickvals)
-    names = {t.name for t in fig.data}
-    assert {"heavy hitter (its column)", "step 1000", "recency band edge (age 64)", "protected window edge (age 32)"} <= names
+    # the markers are traces, the lines shapes; each legend entry is shown once, on its first use
+    # (the window edge first appears in the third panel: sliding_window and streaming_llm have none)
+    shown = [x.name for x in [*fig.data, *fig.layout.shapes] if getattr(x, "showlegend", None) and x.name]
+    assert len(shown) == len(set(shown))
+    assert {"heavy hitter (its column)", "step 1000", "recency band edge (age 64)", "protected window edge (age 32)",
+            "heavy hitter held while live", "heavy hitter evicted, still live", "evicted here"} <= set(shown)
+    windows = [s for s in fig.layout.shapes if s.name == "protected window edge (age 32)"]
+    assert [(s.xref, s.yref) for s in windows] == [("x3", "y3")]
     titles = " ".join(a.text for a in fig.layout.annotations)
     assert "streaming_llm (sinks=4)" in titles and f"{story[1].retained_mass:.3f}" in titles
+
+
+def test_the_kept_figure_is_valid_plotly(canonical, story):
+    """The figure is put together from plain dicts and not validated as it is built: Plotly's own
+    validation of the result must change nothing (a misspelt property would raise here)."""
+    f = figures.trace_features(canonical)
+    for fig in (figures.kept_heatmap(story, f, step=1000), figures.kept_heatmap(story[:2], f, compare=True),
+                figures.kept_heatmap(story[2:], f, region=figures.Region(1000, 1199, 1100, 1299), size=1024)):
+        spec = fig.to_dict()
+        assert go.Figure(spec).to_dict() == spec
 
 
 def test_a_zoomed_region_is_drawn_at_full_resolution(canonical, story):
