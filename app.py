@@ -27,7 +27,7 @@ from kvsim import figures, lab, model_figures, quality_figures, story, tour, vie
 from kvsim.catalog import CANONICAL, available_bundles, available_traces, resolve_bundle, resolve_trace
 from kvsim.claims import BUDGET as CLAIMS_BUDGET
 from kvsim.claims import VERDICTS, ledger
-from kvsim.metrics import describe
+from kvsim.metrics import describe_cached
 from kvsim.policies import all_tunables, describe_policy
 from kvsim.policies.upper_bound import upper_bound_summary
 from kvsim.tune import tune
@@ -252,12 +252,15 @@ def cached_kept_figure(trace: kvsim.Trace, runs: tuple, budget: int, step: int, 
 
 @st.cache_resource(max_entries=4, show_spinner=False, hash_funcs=BY_TRACE)
 def cached_features(trace: kvsim.Trace) -> figures.TraceFeatures:
-    return figures.trace_features(trace)
+    """The trace's features, held per server; a fresh server reads them from beside the trace's disk
+    cache entry (a shipped or canonical trace) instead of measuring the attention again."""
+    return figures.trace_features_cached(trace)
 
 
 @st.cache_resource(max_entries=4, show_spinner=False, hash_funcs=BY_TRACE)
 def cached_describe(trace: kvsim.Trace, band: int, sinks: int) -> dict:
-    return describe(trace, band=band, top_k=TOP_K, sinks=max(1, sinks))
+    """The trace's statistics, held per server and, for a trace with a disk cache entry, on disk."""
+    return describe_cached(trace, band=band, top_k=TOP_K, sinks=max(1, sinks))
 
 
 @st.cache_resource(max_entries=4, show_spinner="drawing the attention matrix", hash_funcs=BY_TRACE)

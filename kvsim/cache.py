@@ -14,22 +14,32 @@ of the whole attention, about 0.1 s at 4096 steps). Each is written to a tempora
 directory and renamed into place, the ``.json`` last, so a reader never sees half a file. A file
 that does not load with ``allow_pickle=False``, has the wrong shape or dtype, or fails its CRC is
 regenerated; if the directory cannot be written the trace is generated in memory and nothing fails.
+
+Analyses of a trace alone are kept beside its entry, under its stem: the engine's top-k positions
+(``<key>-topk<k>.npy``) and, through ``derived``, its features and ``describe``
+(``<key>-<name>-<digest>.json``, the digest covering the arguments and a hash of the analysing
+module's source, so an edited analysis is computed afresh).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import tempfile
 import zlib
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 from . import canonical
 from .trace import Trace
+
+V = TypeVar("V")
 
 
 def cache_dir() -> Path:
@@ -119,6 +129,63 @@ def file_trace(path: Path, load) -> Trace:
         _write(trace, where, extra={"source": source, "name": trace.name})
     trace._cache["disk_stem"] = where.with_suffix("")
     return trace
+
+
+def derived(
+    trace: Trace,
+    name: str,
+    params: dict,
+    version: str,
+    compute: Callable[[], V],
+    encode: Callable[[V], dict] = lambda value: value,
+    decode: Callable[[dict], V] = lambda record: record,
+) -> V:
+    """``compute()``, kept on disk beside the trace's cache entry when it has one, the way the engine
+    keeps each trace's top-k positions: for analyses that depend on the trace alone (its features,
+    its ``describe``), so that a fresh process (a new app server) reads them instead of recomputing.
+
+    A trace without a ``disk_stem`` (an upload, a generated trace) gets ``compute()`` and the disk is
+    never touched. Otherwise the value is read from ``{stem}-{name}-{digest}.json``, ``digest`` a hash
+    of ``params`` (the analysis's arguments, JSON) and ``version``. ``version`` says which code made
+    the value: callers pass a hash of the source of the module that defines the analysis (see
+    ``source_version``), so any edit of that module reads as a different file and the value is
+    computed afresh; the trace's own changes are already in its stem.
+
+    ``encode`` turns the value into a JSON record (a dict), ``decode`` turns a record back and raises
+    ``ValueError`` (or ``TypeError``/``KeyError``) on anything that is not one. A missing, truncated,
+    damaged or wrong-typed file is computed again and rewritten; a value whose record does not decode
+    back to an equal value is returned but never written; an unwritable cache only costs the
+    computation next time (writes are atomic, errors ignored)."""
+    stem = trace._cache.get("disk_stem")
+    if stem is None:
+        return compute()
+    head = {"name": name, "params": _jsonable(params), "version": version}
+    digest = hashlib.sha256(json.dumps(head, sort_keys=True).encode()).hexdigest()[:16]
+    path = Path(stem).with_name(f"{Path(stem).name}-{name}-{digest}.json")
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(stored, dict) and {k: stored.get(k) for k in head} == head and isinstance(stored.get("record"), dict):
+            return decode(stored["record"])
+    except (OSError, ValueError, TypeError, KeyError, UnicodeDecodeError, RecursionError):
+        pass  # missing or damaged: computed again and rewritten
+    value = compute()
+    try:
+        record = encode(value)
+        text = json.dumps({**head, "record": record}, allow_nan=False)
+        if decode(json.loads(text)["record"]) != value:  # only what reads back exactly is kept
+            return value
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+    except (OSError, ValueError, TypeError, KeyError):
+        pass  # unwritable, or not a JSON record: computed again next time
+    return value
+
+
+@functools.cache
+def source_version(module_file: str) -> str:
+    """A hash of a module's source file, read once per process: the ``version`` of the analyses that
+    module defines, so an edited module never reads a value its old code stored."""
+    return hashlib.sha256(Path(module_file).read_bytes()).hexdigest()[:16]
 
 
 def _write(trace: Trace, path: Path, meta_only: bool = False, extra: dict | None = None) -> None:

@@ -69,5 +69,48 @@ def describe(
     }
 
 
+def describe_cached(
+    trace: Trace, band: int = DEFAULT_BAND, top_k: int = DEFAULT_TOP_K, sinks: int = DEFAULT_SINKS
+) -> dict:
+    """``describe(trace, band=band, top_k=top_k, sinks=sinks)``, kept on disk beside the trace's
+    cache entry when it has one (the canonical trace, a shipped trace), so a fresh process reads it
+    instead of passing over the whole attention (~0.13-0.19 s at 4096 steps). Keyed by the
+    arguments and a hash of this module's source (``describe_version``): an edit of the analysis
+    never reads a stale value. A trace without a cache entry is described and nothing is stored."""
+    from . import cache
+
+    params = {"band": band, "top_k": top_k, "sinks": sinks}
+    for name, value in params.items():  # refused as ``describe`` refuses them, before any file is named
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    params = {k: int(v) for k, v in params.items()}
+    want = {"steps": trace.steps, "sinks": params["sinks"], "band": params["band"], "top_k": params["top_k"]}
+
+    def decode(record: dict) -> dict:
+        if not isinstance(record, dict) or set(record) != _DESCRIBE_KEYS:
+            raise ValueError("not a describe record: wrong keys")
+        if any(type(record[k]) is not int or record[k] != v for k, v in want.items()):
+            raise ValueError("not a describe record of this trace and these arguments")
+        if not all(record[k] is None or type(record[k]) is float for k in _DESCRIBE_KEYS - set(want)):
+            raise ValueError("not a describe record: a share is neither a float nor None")
+        return record
+
+    return cache.derived(trace, "describe", params, describe_version(), lambda: describe(trace, **params),
+                         decode=decode)
+
+
+#: the keys of ``describe``'s dict
+_DESCRIBE_KEYS = frozenset(
+    ("steps", "sinks", "sink_share", "band", "recent_share", "top_k", "top_k_share", "effective_positions")
+)
+
+
+def describe_version() -> str:
+    """The version of ``describe`` kept on disk: a hash of this file."""
+    from . import cache
+
+    return cache.source_version(__file__)
+
+
 def _mean(x: np.ndarray) -> float | None:
     return float(x.mean()) if x.size else None
