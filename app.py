@@ -210,25 +210,23 @@ def cached_replay(trace: kvsim.Trace, policy: str, budget: int, params: tuple, s
                         **dict(params))
 
 
-@st.cache_resource(max_entries=8, show_spinner=False, hash_funcs=BY_TRACE)
-def cached_mask(trace: kvsim.Trace, policy: str, budget: int, params: tuple):
-    """The replay's kept mask, (T, T + 1), 1 where a position is held after a step: 17 MB at 4096
-    steps, so only a few are kept; what the views draw from it (pooled images, heavy-hitter fates,
-    the difference counts) is cached on its own."""
-    return cached_replay(trace, policy, budget, params, False).kept_mask()
+def kept_history(trace: kvsim.Trace, policy: str, budget: int, params: tuple):
+    """The replay's kept positions after each step, ``(T, budget)``: what the kept view's images,
+    heavy-hitter fates and difference counts are all drawn from (no ``(T, T + 1)`` mask is built)."""
+    return cached_replay(trace, policy, budget, params, False).kept_history
 
 
 @st.cache_resource(max_entries=64, show_spinner=False, hash_funcs=BY_TRACE)
 def cached_fates(trace: kvsim.Trace, policy: str, budget: int, params: tuple) -> list:
     """When the replay held and lost each heavy hitter of the trace (the kept view's notes)."""
-    return figures.heavy_fates(cached_mask(trace, policy, budget, params), cached_features(trace))
+    return figures.heavy_fates(kept_history(trace, policy, budget, params), cached_features(trace))
 
 
 @st.cache_resource(max_entries=48, show_spinner="drawing the kept positions", hash_funcs=BY_TRACE)
 def cached_layers(trace: kvsim.Trace, runs: tuple, budget: int, region: tuple, ages: int, size: int) -> dict:
     """One panel's pooled images (``runs``: one run, or two for the difference), encoded once."""
-    masks = [cached_mask(trace, name, budget, params) for name, params in runs]
-    return figures.panel_layers(masks, figures.Region(*region), cached_features(trace).sinks, ages, size)
+    kept = [kept_history(trace, name, budget, params) for name, params in runs]
+    return figures.panel_layers(kept, figures.Region(*region), cached_features(trace).sinks, ages, size)
 
 
 def kept_layers(trace: kvsim.Trace, runs: tuple, budget: int, region: tuple, ages: int, size: int,
@@ -689,7 +687,7 @@ def zoom_controls(T: int) -> figures.Region:
 @st.cache_resource(max_entries=8, show_spinner=False, hash_funcs=BY_TRACE)
 def cached_difference(trace: kvsim.Trace, runs: tuple, budget: int) -> tuple[float, float]:
     (a, pa), (b, pb) = runs
-    return figures.difference_counts(cached_mask(trace, a, budget, pa), cached_mask(trace, b, budget, pb))
+    return figures.difference_counts(kept_history(trace, a, budget, pa), kept_history(trace, b, budget, pb))
 
 
 def score_view(trace: kvsim.Trace, budget: int, runs: list, features) -> None:

@@ -22,7 +22,7 @@ from plotly.colors import hex_to_rgb, sequential
 from plotly.subplots import make_subplots
 
 from .engine import AVAILABLE, _kernel
-from .harness import ReplayResult
+from .harness import ReplayResult, kept_mask_of
 from .trace import Trace
 
 if TYPE_CHECKING:  # imported where a table is built: ``import kvsim.figures`` stays ~0.3 s lighter
@@ -345,25 +345,31 @@ class HeavyFate:
         return self.evicted_at is not None and self.evicted_at <= self.last
 
 
-def heavy_fates(mask: np.ndarray, features: TraceFeatures) -> list[HeavyFate]:
-    """Each heavy hitter's fate under the policy whose kept mask (``(T, T + 1)``, row t - 1 after
-    step t) is ``mask``. A position is held from its birth without a gap until it is evicted
-    (nothing evicted comes back), so the count of rows holding it says when it went."""
-    T = mask.shape[0]
+def heavy_fates(kept_history: np.ndarray, features: TraceFeatures) -> list[HeavyFate]:
+    """Each heavy hitter's fate under the policy whose kept history (``(T, budget)``, row t - 1 the
+    positions held after step t, -1 padded) is ``kept_history``. A position is held from its birth
+    without a gap until it is evicted (nothing evicted comes back), so the number of steps that
+    hold it says when it went."""
+    kept = np.asarray(kept_history)
+    T = kept.shape[0]
+    held = np.bincount(kept[kept >= 0].astype(np.int64), minlength=T + 1)  # steps holding each position
     out = []
     for p, first, last in features.heavy:
-        born = max(p, 1)
-        held = int(np.count_nonzero(mask[born - 1 :, p]))
-        until = born + held - 1
+        until = max(p, 1) + int(held[p]) - 1
         out.append(HeavyFate(p, first, last, None if until >= T else until + 1))
     return out
 
 
-def difference_counts(mask_a: np.ndarray, mask_b: np.ndarray) -> tuple[float, float]:
+def difference_counts(history_a: np.ndarray, history_b: np.ndarray) -> tuple[float, float]:
     """Mean over steps of how many positions the first cache holds that the second does not, and
-    the reverse."""
-    a, b = mask_a.astype(bool), mask_b.astype(bool)
-    return float((a & ~b).sum(axis=1).mean()), float((b & ~a).sum(axis=1).mean())
+    the reverse, from the two replays' kept histories."""
+    T = history_a.shape[0]
+    if AVAILABLE:  # one block per step over every position: each step's counts
+        only_a, only_b, _ = _pool_kept(history_a, history_b, True, 1, T, 0, T + 1, 1, T + 1, False)
+    else:
+        masks = [kept_mask_of(history_a), kept_mask_of(history_b)]
+        only_a, only_b, _ = _pool_panel(masks, Region.whole(T), 0, 0, 1, T + 1, 1)[0][0]
+    return float(only_a.sum(axis=1).mean()), float(only_b.sum(axis=1).mean())
 
 
 def _pool(a: np.ndarray, br: int, bc: int) -> np.ndarray:
@@ -409,7 +415,8 @@ def _pool_panel(masks: Sequence[np.ndarray], region: Region, sinks: int, ages: i
     """The reference pooling of one panel, in NumPy: for the main image, the sink strip and the age
     strip, ``(counts, exists)`` pooled over blocks, ``counts`` being ``(kept,)`` for one mask and
     ``(only_a, only_b, both)`` for two; None for a strip that is not drawn. ``panel_layers`` uses the
-    kernels below (``_pool_columns``, ``_pool_ages``), which give the same sums in one pass."""
+    kernels below (``_pool_kept``, ``_exists``), which give the same sums from the kept histories,
+    never building a mask (the tests hold them to this)."""
     r = region
     steps = np.arange(r.t0, r.t1 + 1)
     bands = [m[r.t0 - 1 : r.t1].astype(bool) for m in masks]
@@ -432,109 +439,93 @@ def _pool_panel(masks: Sequence[np.ndarray], region: Region, sinks: int, ages: i
 
 
 @_kernel
-def _count_kept(a, b, two, row, lo, hi, counts, R, j):
-    """Add to block (R, j) of ``counts`` the positions lo .. hi of mask row ``row`` that are kept:
-    ``counts[0]`` by ``a`` (one mask), or by ``a`` only, ``counts[1]`` by ``b`` only and
-    ``counts[2]`` by both (``two``)."""
+def _pool_kept(a, b, two, t0, t1, lo, width, br, bw, by_age):
+    """Block counts of kept positions straight from kept histories (``(T, budget)`` int, row t - 1
+    the positions held after step t, -1 padded): ``a``, and ``b`` when ``two``. Steps t0 .. t1 are
+    pooled br to a block row; a position's column is ``p - lo`` (positions lo .. lo + width - 1) or,
+    ``by_age``, its age less one (``t - p - 1``, ages 1 .. width), bw columns to a block.
+    ``counts[0]`` is kept (one history) or kept by ``a`` only, ``counts[1]`` by ``b`` only,
+    ``counts[2]`` by both. A step costs its held positions, not the trace's length: no
+    ``(T, T + 1)`` mask is ever built."""
+    H = (t1 - t0 + br) // br
+    W = (width + bw - 1) // bw
+    counts = np.zeros((3, H, W), dtype=np.int64)
+    stamp = np.full(max(a.shape[0], b.shape[0]) + 2, -1, dtype=np.int64)  # stamp[p] == t: a holds p after step t
+    for t in range(t0, t1 + 1):
+        R = (t - t0) // br
+        for i in range(a.shape[1]):
+            p = a[t - 1, i]
+            if p < 0:
+                continue
+            stamp[p] = t
+            c = t - p - 1 if by_age else p - lo
+            if 0 <= c < width:
+                counts[0, R, c // bw] += 1
+        if two:
+            for i in range(b.shape[1]):
+                p = b[t - 1, i]
+                if p < 0:
+                    continue
+                c = t - p - 1 if by_age else p - lo
+                if 0 <= c < width:
+                    counts[2 if stamp[p] == t else 1, R, c // bw] += 1
     if two:
-        na = 0
-        nb = 0
-        nab = 0
-        for p in range(lo, hi + 1):
-            x = a[row, p] != 0
-            y = b[row, p] != 0
-            if x and y:
-                nab += 1
-            elif x:
-                na += 1
-            elif y:
-                nb += 1
-        counts[0, R, j] += na
-        counts[1, R, j] += nb
-        counts[2, R, j] += nab
-    else:
-        n = 0
-        for p in range(lo, hi + 1):
-            if a[row, p] != 0:
-                n += 1
-        counts[0, R, j] += n
+        counts[0] -= counts[2]  # held by a, less those b holds too
+    return counts
 
 
 @_kernel
-def _pool_columns(a, b, two, t0, t1, p0, p1, br, bc):
-    """Block sums over rows ``t0 - 1 .. t1 - 1`` (steps t0 .. t1) and columns ``p0 .. p1`` of the
-    kept masks ``a`` (and ``b`` when ``two``), counting only positions that exist (``p <= t``):
-    ``counts[0]`` kept (one mask) or kept by ``a`` only, ``counts[1]`` by ``b`` only, ``counts[2]``
-    by both; ``exists`` the existing positions per block. One pass, no temporaries."""
+def _exists(t0, t1, lo, width, br, bw, by_age):
+    """How many of each block's cells exist (a position exists after step t once p <= t): the
+    geometry of ``_pool_kept``'s blocks, whatever is kept."""
     H = (t1 - t0 + br) // br
-    W = (p1 - p0 + bc) // bc
-    counts = np.zeros((3, H, W), dtype=np.int64)
+    W = (width + bw - 1) // bw
     exists = np.zeros((H, W), dtype=np.int64)
     for t in range(t0, t1 + 1):
         R = (t - t0) // br
-        last = min(p1, t)
+        last = min(width, t) - 1 if by_age else min(lo + width - 1, t) - lo  # the last column that exists
         for j in range(W):
-            c0 = p0 + j * bc
+            c0 = j * bw
             if c0 > last:
                 break
-            c1 = min(c0 + bc - 1, last)
-            exists[R, j] += c1 - c0 + 1
-            _count_kept(a, b, two, t - 1, c0, c1, counts, R, j)
-    return counts, exists
+            exists[R, j] += min(c0 + bw - 1, last) - c0 + 1
+    return exists
 
 
-@_kernel
-def _pool_ages(a, b, two, t0, t1, ages, br, ba):
-    """``_pool_columns`` for the age strip: column ``k`` (age k + 1) of step t is position
-    t - k - 1, which exists while that is not negative."""
-    H = (t1 - t0 + br) // br
-    W = (ages + ba - 1) // ba
-    counts = np.zeros((3, H, W), dtype=np.int64)
-    exists = np.zeros((H, W), dtype=np.int64)
-    for t in range(t0, t1 + 1):
-        R = (t - t0) // br
-        last = min(ages, t) - 1  # the oldest age column that exists
-        for j in range(W):
-            k0 = j * ba
-            if k0 > last:
-                break
-            k1 = min(k0 + ba - 1, last)
-            exists[R, j] += k1 - k0 + 1
-            _count_kept(a, b, two, t - 1, t - k1 - 1, t - k0 - 1, counts, R, j)  # ages k0 .. k1: positions
-    return counts, exists
-
-
-def _pool_panel_fast(masks: Sequence[np.ndarray], region: Region, sinks: int, ages: int, br: int, bc: int, ba: int):
-    """``_pool_panel`` by the kernels: the same sums, one pass over the rows the panel shows."""
+def _pool_panel_fast(histories: Sequence[np.ndarray], region: Region, sinks: int, ages: int, br: int, bc: int, ba: int):
+    """``_pool_panel`` of the histories' masks, by the kernels: the same sums, from the kept
+    histories themselves."""
     r = region
-    two = len(masks) == 2
-    # the kernels read the masks as bytes; a bool mask is viewed as such, anything else is compared to 0 as is
-    a, b = (m.view(np.uint8) if m.dtype == np.bool_ else m for m in (masks[0], masks[-1]))
+    two = len(histories) == 2
+    a, b = histories[0], histories[-1]
     n = 3 if two else 1
 
-    def split(out):
-        counts, exists = out
-        return tuple(counts[:n]), exists
+    def pool(lo, width, bw, by_age):
+        counts = _pool_kept(a, b, two, r.t0, r.t1, lo, width, br, bw, by_age)
+        return tuple(counts[:n]), _exists(r.t0, r.t1, lo, width, br, bw, by_age)
 
-    main = split(_pool_columns(a, b, two, r.t0, r.t1, r.p0, r.p1, br, bc))
+    main = pool(r.p0, r.p1 - r.p0 + 1, bc, False)
     s = min(sinks, r.t1 + 1)
-    sink = split(_pool_columns(a, b, two, r.t0, r.t1, 0, s - 1, br, 1)) if s else None
-    age = split(_pool_ages(a, b, two, r.t0, r.t1, ages, br, ba)) if ages else None
+    sink = pool(0, s, 1, False) if s else None
+    age = pool(0, ages, ba, True) if ages else None
     return main, sink, age
 
 
-def panel_layers(masks: Sequence[np.ndarray], region: Region, sinks: int, ages: int, size: int) -> dict:
+def panel_layers(histories: Sequence[np.ndarray], region: Region, sinks: int, ages: int, size: int) -> dict:
     """The three images of one panel, pooled to about ``size`` pixels across the main image: the
     main image (the region), the sink strip (positions 0 .. sinks-1, one column each, widened) and
-    the age strip (the newest ``ages`` positions of every step, by age, widened). One mask: grey
-    levels; two: the difference's colours. Returns the blocks and each image as a PNG data URI
-    (with its column count for the strips): small, and cheap to keep per replay and region."""
+    the age strip (the newest ``ages`` positions of every step, by age, widened). One kept history
+    (a replay's ``kept_history``): grey levels; two: the difference's colours. Returns the blocks
+    and each image as a PNG data URI (with its column count for the strips): small, and cheap to
+    keep per replay and region."""
     r = region
     br = max(1, math.ceil(r.height / size))
     bc = max(1, math.ceil(r.width / size))
     ba = max(1, math.ceil(ages / max(1, size // 4)))
-    pool = _pool_panel_fast if AVAILABLE else _pool_panel
-    main, sink, age = pool(masks, r, sinks, ages, br, bc, ba)
+    if AVAILABLE:
+        main, sink, age = _pool_panel_fast(histories, r, sinks, ages, br, bc, ba)
+    else:
+        main, sink, age = _pool_panel([kept_mask_of(h) for h in histories], r, sinks, ages, br, bc, ba)
 
     def image(pooled):
         counts, exists = pooled
@@ -585,7 +576,6 @@ def kept_heatmap(
     *,
     step: int | None = None,
     max_cols: int = 3,
-    masks: Sequence[np.ndarray] | None = None,
     region: Region | None = None,
     size: int | None = None,
     compare: bool = False,
@@ -603,7 +593,7 @@ def kept_heatmap(
     stripes). ``region`` draws only part of the run, pooled afresh (at full resolution once it is
     no wider than ``size``): that is how single positions are reached. ``layers``, if given, are
     the panels' ``panel_layers`` already computed (the app keeps them), ``fates`` each replay's
-    ``heavy_fates`` (with both, no mask is needed). Heavy hitters are marked
+    ``heavy_fates`` (with both, the replays need no kept history). Heavy hitters are marked
     beside their column, never over it: a solid red line while the policy holds a live heavy
     hitter, an x where it evicts one still live and dotted while it is missed.
     """
@@ -615,8 +605,11 @@ def kept_heatmap(
     for result in results:
         if result.steps != T:
             raise ValueError(f"{result.policy}: replay has {result.steps} steps, the trace has {T}")
-    if masks is None and (layers is None or (not compare and fates is None)):
-        masks = [r.kept_mask() for r in results]
+    kept = None
+    if layers is None or (not compare and fates is None):
+        if any(r.kept_history is None for r in results):
+            raise ValueError("kept_heatmap needs replays run with record_kept=True")
+        kept = [r.kept_history for r in results]
     region = (region or Region.whole(T)).clip(T)
     windows = [int(r.params.get("recent_window", 0) or 0) for r in results]
     ages = age_span(features, windows, max(r.budget for r in results))
@@ -675,8 +668,8 @@ def kept_heatmap(
     d = _Drawing()
     for i, panel in enumerate(panels):
         d.at(*refs[i])
-        pm = None if masks is None else [masks[results.index(r)] for r in panel]
-        lay = layers[i] if layers is not None else panel_layers(pm, region, features.sinks, ages, size)
+        pk = None if kept is None else [kept[results.index(r)] for r in panel]
+        lay = layers[i] if layers is not None else panel_layers(pk, region, features.sinks, ages, size)
         br, bc, ba = lay["block"]
         name = " vs ".join(r.policy for r in panel)
         hover = "<extra>" + name + "</extra>"
@@ -697,7 +690,7 @@ def kept_heatmap(
             _age_marks(d, a0, age_w / ages, ages, features, [windows[results.index(r)] for r in panel], region, y_top)
         _strip_labels(d, features, region, x_lo, sink_w, gap, age_w, ages, y_top, header)
         if not compare:
-            fate = fates[results.index(panel[0])] if fates is not None else heavy_fates(pm[0], features)
+            fate = fates[results.index(panel[0])] if fates is not None else heavy_fates(pk[0], features)
             _fates(d, fate, features, region, gap)
         _heavy_heads(d, features, region, y_top, header)
         if step is not None and region.t0 <= step <= region.t1:

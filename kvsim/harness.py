@@ -64,12 +64,18 @@ class ReplayResult:
         """uint8 ``(T, T + 1)``: 1 where position p is held after step t (row t - 1)."""
         if self.kept_history is None:
             raise ValueError("replay was run without record_kept=True")
-        T = self.steps
-        kept = self.kept_history
-        mask = np.zeros((T, T + 1), dtype=np.uint8)
-        flat = (np.arange(T, dtype=np.int64)[:, None] * (T + 1) + kept)[kept >= 0]  # row t's cells, -1 left out
-        mask.reshape(-1)[flat] = 1
-        return mask
+        return kept_mask_of(self.kept_history)
+
+
+def kept_mask_of(kept_history: np.ndarray) -> np.ndarray:
+    """uint8 ``(T, T + 1)``, 1 where position p is held after step t (row t - 1), from a kept
+    history (``(T, budget)``, -1 padded)."""
+    kept = np.asarray(kept_history)
+    T = kept.shape[0]
+    mask = np.zeros((T, T + 1), dtype=np.uint8)
+    flat = (np.arange(T, dtype=np.int64)[:, None] * (T + 1) + kept)[kept >= 0]  # row t's cells, -1 left out
+    mask.reshape(-1)[flat] = 1
+    return mask
 
 
 def kept_sum(row: np.ndarray, kept: np.ndarray) -> float:

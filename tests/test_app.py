@@ -277,7 +277,7 @@ def test_the_kept_and_trace_views_quote_the_trace(name):
     fates = {}
     for policy, params in (("sliding_window", {}), ("streaming_llm", {"sinks": 4}), ("h2o", {"recent_window": 32})):
         r = kvsim.replay(trace, policy, budget=256, record_kept=True, **params)
-        fates[figures.policy_label(r)] = figures.heavy_fates(r.kept_mask(), f)
+        fates[figures.policy_label(r)] = figures.heavy_fates(r.kept_history, f)
     assert story.heavy_text(f, fates) in text
     if name != "canonical":
         assert "No sharp recency band" in text and "stale" not in text

@@ -12,6 +12,7 @@ from PIL import Image
 
 import kvsim
 from kvsim import figures, replay, sweep
+from kvsim.harness import kept_mask_of
 
 
 @pytest.fixture(scope="module")
@@ -168,13 +169,13 @@ def test_heavy_fates_say_when_each_was_evicted(canonical, story):
     f = figures.trace_features(canonical)
     for result in story:
         mask = result.kept_mask()
-        for fate in figures.heavy_fates(mask, f):
+        for fate in figures.heavy_fates(result.kept_history, f):
             p, ev = fate.position, fate.evicted_at
             if ev is None:
                 assert mask[-1, p] == 1
             else:
                 assert mask[ev - 2, p] == 1 and mask[ev - 1:, p].sum() == 0
-    sliding = figures.heavy_fates(story[0].kept_mask(), f)
+    sliding = figures.heavy_fates(story[0].kept_history, f)
     assert all(x.lost_while_live and x.evicted_at == x.position + 256 for x in sliding)  # out of the window
     fig = figures.kept_heatmap(story[:1], f)
     (marks,) = [t for t in fig.data if t.name == "evicted here"]
@@ -189,8 +190,11 @@ def test_the_difference_shows_what_one_keeps_and_the_other_does_not(canonical, s
     assert tuple(strip[-1, 0]) == figures.ONLY_A  # the sinks: streaming_llm's, not sliding_window's
     assert tuple(strip[0, 0]) == figures.BOTH  # before the cache fills, both hold them
     assert "kept by streaming_llm only" in {t.name for t in fig.data}
-    a, b = figures.difference_counts(story[1].kept_mask(), story[0].kept_mask())
+    a, b = figures.difference_counts(story[1].kept_history, story[0].kept_history)
     assert 3 < a < 4 and a == pytest.approx(b)  # four sinks for the four newest, once full
+    # what the masks say, step by step
+    ma, mb = story[1].kept_mask().astype(bool), story[0].kept_mask().astype(bool)
+    assert (a, b) == (float((ma & ~mb).sum(axis=1).mean()), float((mb & ~ma).sum(axis=1).mean()))
     with pytest.raises(ValueError, match="two replays"):
         figures.kept_heatmap(story[:1], f, compare=True)
 
@@ -213,7 +217,7 @@ def test_selected_region_clips_the_box_to_the_run(event, expected):
 
 def test_kept_heatmap_reuses_given_layers(canonical, story):
     f = figures.trace_features(canonical)
-    lay = figures.panel_layers([story[0].kept_mask()], figures.Region.whole(4096), 4, 128, 300)
+    lay = figures.panel_layers([story[0].kept_history], figures.Region.whole(4096), 4, 128, 300)
     fig = figures.kept_heatmap(story[:1], f, layers=[lay])
     assert images(fig, "sliding_window")[0].source == lay["main"]
 
@@ -225,35 +229,55 @@ def _pooled_equal(x, y):
     return len(cx) == len(cy) and all(map(np.array_equal, cx, cy)) and np.array_equal(ex, ey)
 
 
+def _random_history(rng, T: int, budget: int) -> np.ndarray:
+    """A kept history as a replay records one: row t - 1 holds distinct positions 0 .. t (at most
+    ``budget``), in no particular order, -1 padded."""
+    out = np.full((T, budget), -1, dtype=np.int32)
+    for t in range(1, T + 1):
+        held = rng.permutation(t + 1)[: int(rng.integers(0, min(budget, t + 1) + 1))]
+        out[t - 1, : held.size] = held
+    return out
+
+
 @pytest.mark.skipif(not kvsim.engine.AVAILABLE, reason="the pooling kernels need numba")
 def test_pooling_kernels_give_the_reference_sums():
-    """The one-pass kernels and the NumPy reference pool the same blocks to the same counts: one mask
-    and two, bool and uint8 masks, regions with ragged edge blocks, sinks past the region, no strips."""
+    """The kernels, reading kept histories, and the NumPy reference, reading the masks built from
+    them, pool the same blocks to the same counts: one history and two, regions with ragged edge
+    blocks, sinks past the region, no strips, budgets from 1 to past the trace."""
     rng = np.random.default_rng(11)
     T = 57
-    future = np.arange(T + 1)[None, :] > np.arange(1, T + 1)[:, None]
     for trial in range(60):
-        masks = [(rng.random((T, T + 1)) < rng.uniform(0.1, 0.9)) & ~future for _ in range(2)]
-        if trial % 2:
-            masks = [m.astype(np.uint8) for m in masks]
+        budget = int(rng.integers(1, T + 3))
+        histories = [_random_history(rng, T, budget) for _ in range(2)]
         p0, t0 = int(rng.integers(0, T)), int(rng.integers(1, T))
         region = figures.Region(p0, int(rng.integers(p0, T + 1)), t0, int(rng.integers(t0, T + 1)))
         sinks, ages = int(rng.integers(0, 8)), int(rng.integers(0, 70))
         br, bc, ba = (int(v) for v in rng.integers(1, 9, size=3))
-        for chosen in (masks[:1], masks):
-            want = figures._pool_panel(chosen, region, sinks, ages, br, bc, ba)
+        for chosen in (histories[:1], histories):
+            want = figures._pool_panel([kept_mask_of(h) for h in chosen], region, sinks, ages, br, bc, ba)
             got = figures._pool_panel_fast(chosen, region, sinks, ages, br, bc, ba)
             assert all(_pooled_equal(w, g) for w, g in zip(want, got, strict=True)), (trial, region, len(chosen))
+        a, b = histories
+        ma, mb = kept_mask_of(a).astype(bool), kept_mask_of(b).astype(bool)
+        assert figures.difference_counts(a, b) == (float((ma & ~mb).sum(axis=1).mean()), float((mb & ~ma).sum(axis=1).mean()))
+        f = figures.TraceFeatures(steps=T, sinks=0, band=4, heavy=tuple((p, p + 1, T) for p in range(0, T + 1, 5)),
+                                  heavy_source="", live_known=True, band_known=True, band_source="", sink_source="")
+        for fate in figures.heavy_fates(a, f):  # held from birth for as many steps as the mask says
+            held = int(ma[max(fate.position, 1) - 1 :, fate.position].sum())
+            until = max(fate.position, 1) + held - 1
+            assert fate.evicted_at == (None if until >= T else until + 1)
 
 
 @pytest.mark.skipif(not kvsim.engine.AVAILABLE, reason="the pooling kernels need numba")
 def test_panel_layers_draws_the_same_images_with_and_without_the_kernels(story, monkeypatch):
-    masks = [r.kept_mask() for r in story]
-    cases = [([masks[0]], figures.Region.whole(4096), 4, 128, 341), (masks[1:], figures.Region.whole(4096), 4, 512, 1024),
-             ([masks[2]], figures.Region(1000, 1300, 2000, 2400), 4, 64, 341), (masks[:2], figures.Region(3, 900, 5, 4000), 1, 0, 77)]
+    kept = [r.kept_history for r in story]
+    cases = [([kept[0]], figures.Region.whole(4096), 4, 128, 341), (kept[1:], figures.Region.whole(4096), 4, 512, 1024),
+             ([kept[2]], figures.Region(1000, 1300, 2000, 2400), 4, 64, 341), (kept[:2], figures.Region(3, 900, 5, 4000), 1, 0, 77)]
     fast = [figures.panel_layers(*case) for case in cases]
+    fast_counts = figures.difference_counts(kept[0], kept[1])
     monkeypatch.setattr(figures, "AVAILABLE", False)
     assert [figures.panel_layers(*case) for case in cases] == fast
+    assert figures.difference_counts(kept[0], kept[1]) == fast_counts
 
 
 def test_kept_heatmap_refuses_a_replay_of_another_trace(canonical, small):

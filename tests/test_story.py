@@ -127,7 +127,7 @@ def test_a_trace_without_features_says_so(make_trace):
 def test_heavy_text_counts_each_policys_losses(canonical):
     f = figures.trace_features(canonical)
     results = {n: kvsim.replay(canonical, n, budget=256, record_kept=True) for n in ("sliding_window", "h2o")}
-    fates = {n: figures.heavy_fates(r.kept_mask(), f) for n, r in results.items()}
+    fates = {n: figures.heavy_fates(r.kept_history, f) for n, r in results.items()}
     text = story.heavy_text(f, fates)
     n = len(f.heavy)
     lost = [x for x in fates["sliding_window"] if x.lost_while_live]
