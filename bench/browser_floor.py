@@ -3,9 +3,9 @@ on a Streamlit page that holds nothing but one Plotly chart.
 
     python bench/browser_floor.py [--runs 3] [--figure small|kept3|kept6]
 
-Prints each run of two steps: a new browser context opening the page (a new user: Streamlit's and
-Plotly's JavaScript fetched, parsed and run from nothing) and a link opened in the same tab (the
-page reloaded). The chart is a three-point line (``small``, the default) or kvsim's own kept-position
+Prints each run of three steps: a new browser context opening the page (a new user: Streamlit's and
+Plotly's JavaScript fetched, parsed and run from nothing), a new tab of that context (a new session,
+the JavaScript from the browser's cache) and a link opened in that tab (the page reloaded). The chart is a three-point line (``small``, the default) or kvsim's own kept-position
 figure of the canonical trace at budget 256 with three or six policies (``kept3``, ``kept6``), built
 once before the server starts and only read by the page, so the figures are Streamlit and the
 browser drawing that chart, nothing else. What kvsim's own steps take beyond them is its script
@@ -72,12 +72,14 @@ async def main(runs: int, figure: str) -> None:
         try:
             async with async_playwright() as p:
                 browser = await p.chromium.launch(executable_path=bb.CHROMIUM, args=bb.CHROMIUM_ARGS)
-                fresh, link = [], []
+                fresh, tab, link = [], [], []
                 for i in range(runs + 1):  # the first new context warms the server: not counted
                     session = bb.Session(browser, server.url)
                     t = await session.timed(bb.Step("new", bb.Open(f"?run={i}", new_session=True), 2.0, min_images=images))
                     if i:
                         fresh.append(t.seconds)
+                        t = await session.timed(bb.Step("tab", bb.Open(f"?tab={i}", new_tab=True), 2.0, min_images=images))
+                        tab.append(t.seconds)
                         t = await session.timed(bb.Step("link", bb.Open(f"?link={i}"), 1.0, min_images=images))
                         link.append(t.seconds)
                     await session.close()
@@ -85,7 +87,7 @@ async def main(runs: int, figure: str) -> None:
         finally:
             server.stop()
     print(f"chart: {figure}" + (f" ({images} images)" if images else ""))
-    for name, xs in (("a new browser context", fresh), ("a link in the same tab", link)):
+    for name, xs in (("a new browser context", fresh), ("a new tab, same context", tab), ("a link in the same tab", link)):
         shown = ", ".join(f"{x:.2f}" if x is not None else "missed" for x in xs)
         done = [x for x in xs if x is not None]
         print(f"{name:24s} {shown} s" + (f"  (median {statistics.median(done):.2f} s)" if done else ""))

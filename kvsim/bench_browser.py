@@ -16,7 +16,7 @@ What "idle" means here, all of it, in this order:
 
 The steps are data (``ROUND``, ``EXPLORATION``): a name, an action and a target in seconds, so they
 follow the app's controls when those change. Each round starts a fresh server and runs ``ROUND`` in
-order (the first page of that server, a new session, the control changes, links), so every round
+order (the first page of that server, a new session, a new tab, the control changes, links), so every round
 sees the same caches; a step's figures are the median and the worst of the rounds. Then eight
 sessions at once (one Chromium, eight contexts) each run ``EXPLORATION`` on one more fresh server;
 one of them uploads a small trace and the others must not see it; the server's peak memory is
@@ -65,14 +65,17 @@ REAL_TRACE = "gemma3-270m-L11"
 
 @dataclass(frozen=True)
 class Open:
-    """Open the app at ``query`` (a link). ``new_session``: in a new browser context (a new user),
-    else in the same tab."""
+    """Open the app at ``query`` (a link). ``new_session``: in a new browser context (a new user,
+    whose browser has cached nothing); ``new_tab``: in a new tab of the same context (a new
+    Streamlit session, the JavaScript from the browser's cache); else in the same tab."""
 
     query: str = ""
     new_session: bool = False
+    new_tab: bool = False
 
     def describe(self) -> str:
-        return f"open /{self.query}" + (" (new browser session)" if self.new_session else "")
+        where = " (new browser session)" if self.new_session else " (new tab)" if self.new_tab else ""
+        return f"open /{self.query}" + where
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,7 @@ def _query(**params) -> str:
 ROUND: list[Step] = [
     Step("first page of a fresh server", Open(new_session=True), 5.0, min_images=3),
     Step("a new session, default view", Open(new_session=True), 2.0, min_images=3),
+    Step("a new tab of the same browser, default view", Open(new_tab=True), 2.0, min_images=3),
     Step("sidebar recent_window 32 -> 64", SetNumber("recent_window", 64), 1.0, min_images=3),
     Step("budget 256 -> 128", SetNumber("budget", 128), 1.0, min_images=3),
     Step("budget back to 256 (cached)", SetNumber("budget", 256), 1.0, min_images=3),
@@ -408,13 +412,17 @@ class Session:
         self._changed = asyncio.Event()
         self.upload: Path | None = None  # the file ``Upload`` gives the uploader
 
-    async def _new_page(self, new_context: bool) -> None:
+    async def _new_page(self, new_context: bool, new_tab: bool = False) -> None:
         if new_context or self.context is None:
             if self.context is not None:
                 await self.context.close()
             self.context = await self.browser.new_context(viewport=VIEWPORT)
-            self.page = await self.context.new_page()
-            self.page.on("websocket", self._watch)
+        elif new_tab:
+            await self.page.close()
+        else:
+            return
+        self.page = await self.context.new_page()
+        self.page.on("websocket", self._watch)
 
     def _watch(self, ws) -> None:
         from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
@@ -448,7 +456,7 @@ class Session:
 
     async def act(self, action) -> None:
         if isinstance(action, Open):
-            await self._new_page(action.new_session)
+            await self._new_page(action.new_session, action.new_tab)
             await self.page.goto(self.base_url + "/" + action.query, wait_until="commit")
         elif isinstance(action, SetNumber):
             scope = '[data-testid="stSidebar"] ' if action.sidebar else ""
