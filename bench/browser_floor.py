@@ -5,11 +5,13 @@ on a Streamlit page that holds nothing but one Plotly chart.
 
 Prints each run of three steps: a new browser context opening the page (a new user: Streamlit's and
 Plotly's JavaScript fetched, parsed and run from nothing), a new tab of that context (a new session,
-the JavaScript from the browser's cache) and a link opened in that tab (the page reloaded). The chart is a three-point line (``small``, the default) or kvsim's own kept-position
-figure of the canonical trace at budget 256 with three or six policies (``kept3``, ``kept6``), built
-once before the server starts and only read by the page, so the figures are Streamlit and the
-browser drawing that chart, nothing else. What kvsim's own steps take beyond them is its script
-and the rest of its page.
+the JavaScript from the browser's cache) and a link opened in that tab (the page reloaded).
+
+The chart is a three-point line (``small``, the default) or kvsim's own kept-position figure of the
+canonical trace at budget 256 with three or six policies (``kept3``, ``kept6``), built once before
+the server starts and only read by the page, so the figures are Streamlit and the browser drawing
+that chart, nothing else. What kvsim's own steps take beyond them is its script and the rest of its
+page.
 """
 
 from __future__ import annotations
