@@ -16,11 +16,12 @@ What "idle" means here, all of it, in this order:
 
 The steps are data (``ROUND``, ``EXPLORATION``): a name, an action and a target in seconds, so they
 follow the app's controls when those change. Each round starts a fresh server and runs ``ROUND`` in
-order (the first page of that server, a new session, a new tab, the control changes, links), so every round
-sees the same caches; a step's figures are the median and the worst of the rounds. Then eight
-sessions at once (one Chromium, eight contexts) each run ``EXPLORATION`` on one more fresh server;
-one of them uploads a small trace and the others must not see it; the server's peak memory is
-sampled throughout (resident set of the server and its children) and read at the end (VmHWM).
+order (the first page of that server, a new session, a new tab, the control changes, links), so
+every round sees the same caches; a step's figures are the median and the worst of the rounds.
+Then eight sessions at once (one Chromium, eight contexts) each run ``EXPLORATION`` on one more
+fresh server; one of them uploads a small trace and the others must not see it; the server's peak
+memory is sampled throughout (resident set of the server and its children) and read at the end
+(VmHWM).
 
 A step PASSES when its worst run is within its target; a run that times out or raises counts as a
 miss (reported, never a crash). Nothing here is a test: the figures depend on the machine.
