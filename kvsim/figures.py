@@ -746,7 +746,7 @@ class _Drawing:
             return
         if group not in self.seen:
             self.trace(type="scatter", x=[None], y=[None], mode="lines", line=line, name=name, group=group, hoverinfo="skip")
-        path = "".join(f"M{x0!r},{y0!r}L{x1!r},{y1!r}" for x0, y0, x1, y1 in segments)
+        path = "".join("M{!r},{!r}L{!r},{!r}".format(*map(float, seg)) for seg in segments)  # plain floats, whatever the type
         self.shapes.append(dict(type="path", path=path, xref=self.refs[0], yref=self.refs[1], line=line, name=name,
                                 legendgroup=group, showlegend=False))
 
