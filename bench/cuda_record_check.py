@@ -25,33 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from kvsim.record import record_bundle  # noqa: E402
 from kvsim.trace import load_npz  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from tiny_models import config, tokenizer  # noqa: E402  (the recorder's tests build the same tiny models)
+
 TEXT = (Path(__file__).resolve().parent.parent / "traces" / "README.md").read_text() * 4
-
-
-def tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<pad>", "<bos>", "<eos>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([TEXT], trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
-    return fast, tok.get_vocab_size()
-
-
-def config(family: str, vocab: int):
-    from transformers import Gemma3TextConfig, LlamaConfig
-
-    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                  max_position_embeddings=4096, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    if family == "llama":
-        return LlamaConfig(num_hidden_layers=2, **common)
-    return Gemma3TextConfig(num_hidden_layers=3, head_dim=16, sliding_window=64,
-                            layer_types=["sliding_attention", "full_attention", "sliding_attention"], **common)
 
 
 def main() -> int:
@@ -67,13 +44,14 @@ def main() -> int:
     out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "steps": args.steps, "models": {}}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        tok, vocab = tokenizer()
+        tok, vocab = tokenizer(TEXT, 400)
         text = root / "text.txt"
         text.write_text(TEXT)
         for i, family in enumerate(("llama", "gemma3")):
             torch.manual_seed(i)
             folder = root / family
-            AutoModelForCausalLM.from_config(config(family, vocab)).save_pretrained(folder)
+            tiny = config(family, vocab, hidden=64, intermediate=128, max_positions=4096, head_dim=16, window=64)
+            AutoModelForCausalLM.from_config(tiny).save_pretrained(folder)
             tok.save_pretrained(folder)
             runs = {}
             for device in ("cpu", "cuda"):

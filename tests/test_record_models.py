@@ -19,6 +19,8 @@ torch = pytest.importorskip("torch", reason="the recorder's extra is not install
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
+import tiny_models  # noqa: E402  (tests/, beside this file)
+
 from kvsim import cli  # noqa: E402
 from kvsim.bundle import load_bundle  # noqa: E402
 from kvsim.record import RecordError, kv_head_rows, record_bundle  # noqa: E402
@@ -34,36 +36,11 @@ CHUNK = 4 * 11 * (STEPS + 1)
 
 
 def _tokenizer():
-    """A byte-level BPE trained here on the test's text (no download). Byte-level, because transformers
-    loads a Qwen2 folder's tokenizer through its own byte-level class whatever the file says."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<bos>", "<eos>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([TEXT], trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
-    return fast, tok.get_vocab_size()
+    return tiny_models.tokenizer(TEXT, 300)
 
 
 def _config(family: str, vocab: int):
-    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config
-
-    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-                  max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    if family == "llama":
-        return LlamaConfig(num_hidden_layers=2, **common)
-    if family == "qwen2":  # layers from max_window_layers on use the sliding window
-        return Qwen2Config(num_hidden_layers=3, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1,
-                           **common)
-    if family == "gemma3":
-        return Gemma3TextConfig(num_hidden_layers=3, head_dim=8, sliding_window=WINDOW,
-                                layer_types=["sliding_attention", "full_attention", "sliding_attention"], **common)
-    raise AssertionError(family)
+    return tiny_models.config(family, vocab, hidden=32, intermediate=64, max_positions=256, head_dim=8, window=WINDOW)
 
 
 FAMILIES = {"llama": ([0, 1], []), "qwen2": ([0], [1, 2]), "gemma3": ([1], [0, 2])}  # global, sliding layers
