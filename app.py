@@ -2,7 +2,7 @@
 
     streamlit run app.py
 
-UI only: widgets in, calls into ``kvsim``, figures (from ``kvsim.figures``) out. Every replay and
+UI only: widgets in, calls into ``kvsim``, figures (from ``kvsim.views.figures``) out. Every replay and
 sweep is cached by trace and parameters, so moving a control re-draws from results already computed.
 The state of the controls lives in the URL's query parameters: a link reopens the same view.
 """
@@ -23,14 +23,16 @@ import pandas  # noqa: F401
 import streamlit as st
 
 import kvsim
-from kvsim import figures, lab, model_figures, quality_figures, story, tour, views
-from kvsim.catalog import CANONICAL, available_bundles, available_traces, resolve_bundle, resolve_trace
-from kvsim.claims import BUDGET as CLAIMS_BUDGET
-from kvsim.claims import VERDICTS, ledger
-from kvsim.metrics import describe_cached
+from kvsim.analysis import lab
+from kvsim.analysis.claims import BUDGET as CLAIMS_BUDGET
+from kvsim.analysis.claims import VERDICTS, ledger
+from kvsim.analysis.metrics import describe_cached
+from kvsim.analysis.tune import tune
+from kvsim.data.catalog import CANONICAL, available_bundles, available_traces, resolve_bundle, resolve_trace
 from kvsim.policies import all_tunables, describe_policy
 from kvsim.policies.upper_bound import upper_bound_summary
-from kvsim.tune import tune
+from kvsim.views import figures, model_figures, quality_figures, story, tour
+from kvsim.views import support as views
 
 TOP_K = kvsim.DEFAULT_TOP_K
 #: the largest upload, refused by Streamlit before any of it is held, so one file cannot take the
@@ -316,7 +318,7 @@ def sweep_curves(trace: kvsim.Trace, budget: int, wanted: dict[str, tuple[dict, 
             rows = store.get(key)
             if rows is None:
                 bar = st.progress(0.0, text=f"replaying {name} over recent_window 1 .. {budget - 1}")
-                found = kvsim.simulate.sweep_coarse_to_fine(
+                found = kvsim.sim.simulate.sweep_coarse_to_fine(
                     trace, name, budget, "recent_window", 1, budget - 1, marks=marks, points=curve_points(budget),
                     top_k=TOP_K, progress=lambda f, bar=bar: bar.progress(min(1.0, f)), **fixed)
                 bar.empty()

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvsim import bench_browser as bb  # noqa: E402
+from kvsim.bench import browser as bb  # noqa: E402
 
 APP = """import json
 from pathlib import Path
@@ -50,8 +50,8 @@ def kept_figure_json(policies: tuple[str, ...]) -> tuple[str, int]:
     import plotly.io as pio
 
     import kvsim
-    from kvsim import figures
-    from kvsim.catalog import resolve_trace
+    from kvsim.data.catalog import resolve_trace
+    from kvsim.views import figures
 
     trace = resolve_trace("canonical")
     features = figures.trace_features(trace)

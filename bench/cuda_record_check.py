@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, nothing installed
-from kvsim.record import record_bundle  # noqa: E402
-from kvsim.trace import load_npz  # noqa: E402
+from kvsim.data.trace import load_npz  # noqa: E402
+from kvsim.models.record import record_bundle  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from tiny_models import config, tokenizer  # noqa: E402  (the recorder's tests build the same tiny models)

@@ -12,16 +12,16 @@ Public API (no import side effects)::
     kvsim.describe(trace)                   # sink share, recent share, concentration
 """
 
-from .cache import canonical_trace
-from .canonical import CanonicalConfig
-from .canonical import generate as generate_canonical
-from .catalog import available_traces, resolve_trace
-from .harness import DEFAULT_TOP_K, ContractError, ReplayResult
-from .metrics import describe
+from .analysis.metrics import describe
+from .data.canonical import CanonicalConfig
+from .data.canonical import generate as generate_canonical
+from .data.catalog import available_traces, resolve_trace
+from .data.store import canonical_trace
+from .data.trace import Trace, TraceError, from_array, save_npz
+from .data.trace import load_npz as load_trace
 from .policies import DEFAULT_BUDGET, POLICIES, Param, Policy, make_policy, policy_params, tunables
-from .simulate import best, replay, sweep
-from .trace import Trace, TraceError, from_array, save_npz
-from .trace import load_npz as load_trace
+from .sim.harness import DEFAULT_TOP_K, ContractError, ReplayResult
+from .sim.simulate import best, replay, sweep
 
 __all__ = [
     "DEFAULT_BUDGET",

@@ -5,7 +5,7 @@ quality, from the command line.
 the same figures print as aligned tables. Every error exits non-zero with one line on stderr,
 ``kvsim: error: ...``, never a traceback: outside checks parse both.
 
-The table's rows are ``kvsim.table.ROWS``. Policy parameters become flags (``recent_window`` ->
+The table's rows are ``kvsim.analysis.table.ROWS``. Policy parameters become flags (``recent_window`` ->
 ``--recent-window``) from the registry itself, so a policy that joins the registry gets its flags for
 free; a flag is only passed to a policy that takes that parameter, and giving it to one that does not
 is an error naming the flag.
@@ -22,14 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundle import is_bundle
-from .catalog import available_bundles, available_traces, resolve_trace
-from .harness import DEFAULT_TOP_K
-from .metrics import DEFAULT_BAND, describe
+from .analysis.metrics import DEFAULT_BAND, describe
+from .analysis.table import TABLE_BUDGET, build_table, params_label
+from .data.bundle import is_bundle
+from .data.catalog import available_bundles, available_traces, resolve_trace
+from .data.trace import save_npz
 from .policies import DEFAULT_BUDGET, POLICIES, all_tunables, make_policy, policy_params
-from .simulate import best, replay, sweep
-from .table import TABLE_BUDGET, build_table, params_label
-from .trace import save_npz
+from .sim.harness import DEFAULT_TOP_K
+from .sim.simulate import best, replay, sweep
 
 PROG = "kvsim"
 
@@ -251,7 +251,7 @@ def cmd_export(args: argparse.Namespace) -> object:
 
 def cmd_record(args: argparse.Namespace) -> object:
     # the recorder's extra (torch, transformers) is optional: nothing of it is imported until asked for
-    from .record import RecordError, record_bundle, require_extra
+    from .models.record import RecordError, record_bundle, require_extra
 
     layers = args.layers.strip()
     try:
@@ -268,8 +268,8 @@ def cmd_record(args: argparse.Namespace) -> object:
 
 
 def cmd_tune(args: argparse.Namespace) -> object:
-    from .catalog import resolve_bundle, shipped_bundles
-    from .tune import LOCAL, dask_available, tune
+    from .analysis.tune import LOCAL, dask_available, tune
+    from .data.catalog import resolve_bundle, shipped_bundles
 
     spec = args.trace.strip()
     source = resolve_bundle(spec) if spec in shipped_bundles() or is_bundle(spec) else resolve_trace(spec)
@@ -292,7 +292,7 @@ def cmd_tune(args: argparse.Namespace) -> object:
 
 
 def cmd_claims(args: argparse.Namespace) -> object:
-    from .claims import ledger  # the ledger runs its own replays; nothing of it loads until asked for
+    from .analysis.claims import ledger  # the ledger runs its own replays; nothing of it loads until asked for
 
     names = available_traces() if args.trace.strip() == "all" else [args.trace]
     return [record for name in names for record in ledger(resolve_trace(name))]
@@ -308,13 +308,13 @@ def cmd_bench(args: argparse.Namespace) -> object:
             raise CLIError("--full-reference does not apply to --browser")
         if args.no_load and args.only_load:
             raise CLIError("--no-load and --only-load exclude each other")
-        from . import bench_browser
+        from .bench import browser as bench_browser
 
         return bench_browser.run(rounds=args.rounds, sessions=args.sessions, cold_cache=args.cold_cache,
                                  load=not args.no_load, single=not args.only_load, progress=say)
     if browser_only:
         raise CLIError(f"{', '.join(browser_only)} only apply with --browser")
-    from . import bench
+    from .bench import speed as bench
 
     return bench.run(full_reference=args.full_reference, progress=say)
 
@@ -400,14 +400,14 @@ def render(command: str, doc) -> str:
         return _render_table(doc)
     if command == "bench":
         if doc.get("kind") == "browser":
-            from . import bench_browser
+            from .bench import browser as bench_browser
 
             return bench_browser.render(doc)
-        from . import bench
+        from .bench import speed as bench
 
         return bench.render(doc)
     if command == "claims":
-        from .claims import render_ledger
+        from .analysis.claims import render_ledger
 
         return render_ledger(doc)
     if command == "quality":
@@ -486,8 +486,8 @@ def _add_quality_parser(sub, specs: dict) -> None:
 
 
 def cmd_quality(args: argparse.Namespace) -> object:
-    # torch and transformers are imported by kvsim.quality's functions only when a measurement runs
-    from . import quality
+    # torch and transformers are imported by kvsim.models.quality's functions only when a measurement runs
+    from .models import quality
 
     names = [args.policy] if args.policy else [x.strip() for x in args.policies.split(",") if x.strip()]
     unknown = [x for x in names if x not in POLICIES]
@@ -514,7 +514,7 @@ def cmd_quality(args: argparse.Namespace) -> object:
         make_policy(args.policy, budget=budgets[0], **params)  # refuse bad parameters before loading a model
     modes = ["closed", "open"] if args.mode == "both" else [args.mode]
     say = None if args.quiet else (lambda m: print(f"quality: {m}", file=sys.stderr, flush=True))
-    from .record import RecordError, read_text, require_extra
+    from .models.record import RecordError, read_text, require_extra
 
     try:
         text = quality.resolve_text(args.text)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import kvsim
-from kvsim.catalog import resolve_trace
+from kvsim.data.catalog import resolve_trace
 
 
 def random_trace(steps: int, seed: int = 0, ties: bool = False, name: str = "random") -> kvsim.Trace:

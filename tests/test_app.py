@@ -257,7 +257,7 @@ def shown(at: AppTest) -> str:
 
 
 def expected(trace: kvsim.Trace):
-    from kvsim import figures, story
+    from kvsim.views import figures, story
 
     f = figures.trace_features(trace)
     info = kvsim.describe(trace, band=f.band, sinks=max(1, f.sinks))
@@ -328,7 +328,7 @@ def test_the_difference_mode_is_a_link():
 
 @pytest.mark.parametrize("step", ["sinks", "heavy-hitters", "window"])
 def test_each_tour_step_is_a_link_that_sets_the_controls_and_the_view(step):
-    from kvsim import tour
+    from kvsim.views import tour
 
     s = tour.BY_KEY[step]
     at = run({"tour": step})
@@ -367,10 +367,12 @@ def test_starting_the_tour_over_an_upload_shows_the_tour_trace():
 
 # --- the claims ledger, your model, proxy against truth ----------------------------------------------
 
-from kvsim import claims, lab, quality_figures, views  # noqa: E402
-from kvsim.catalog import resolve_bundle, resolve_trace  # noqa: E402
+from kvsim.analysis import claims, lab  # noqa: E402
+from kvsim.analysis.tune import tune  # noqa: E402
+from kvsim.data.catalog import resolve_bundle, resolve_trace  # noqa: E402
 from kvsim.policies import all_tunables  # noqa: E402
-from kvsim.tune import tune  # noqa: E402
+from kvsim.views import quality_figures  # noqa: E402
+from kvsim.views import support as views  # noqa: E402
 
 LINK = re.compile(r"\]\((\?[^)\s]+)\)")
 #: every query parameter the app reads (read_link, the tabs' view, the tour, the lab's preset)

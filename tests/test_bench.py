@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from conftest import random_trace
 
-from kvsim import bench, replay
+from kvsim import replay
+from kvsim.bench import speed as bench
 
 
 @pytest.mark.parametrize("seed, budget, recent_window", [(0, 16, 4), (1, 24, 1), (2, 8, 7), (3, 40, 12)])

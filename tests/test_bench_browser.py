@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from kvsim import bench_browser as bb
 from kvsim import cli
+from kvsim.bench import browser as bb
 
 
 def T(seconds, error=None):

@@ -284,7 +284,7 @@ def test_the_app_in_a_real_browser(server):
             shoot(page, "screenshot-lab.png")
 
             # 7. the guided tour: every step is a link that opens its view with its words
-            from kvsim import tour
+            from kvsim.views import tour
 
             for n, step in enumerate(tour.TOUR, start=1):
                 stop = browser.new_page(viewport=VIEWPORT)

@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 
 import kvsim
-from kvsim import catalog, cli
-from kvsim import tune as tune_mod
-from kvsim.bundle import BundleError, load_bundle, parse_selector, write_manifest
-from kvsim.canonical import CanonicalConfig, generate
-from kvsim.model_figures import tune_curve, tune_heatmap
-from kvsim.trace import TraceError, save_npz
-from kvsim.tune import TuneError, tune
+from kvsim import cli
+from kvsim.analysis import tune as tune_mod
+from kvsim.analysis.tune import TuneError, tune
+from kvsim.data import catalog
+from kvsim.data.bundle import BundleError, load_bundle, parse_selector, write_manifest
+from kvsim.data.canonical import CanonicalConfig, generate
+from kvsim.data.trace import TraceError, save_npz
+from kvsim.views.model_figures import tune_curve, tune_heatmap
 
 BANDS = {(0, 0): 8, (0, 1): 24, (1, 0): 40}  # (layer, KV head) -> recency band width of its trace
 BUDGET = 64
@@ -212,7 +213,7 @@ def test_cli_tune_runs_serially_when_dask_is_not_installed(bundle_dir, capsys, m
 
 
 def test_the_core_cli_and_figures_import_without_dask_or_torch():
-    code = ("import sys, kvsim, kvsim.cli, kvsim.tune, kvsim.bundle, kvsim.model_figures, kvsim.catalog; "
+    code = ("import sys, kvsim, kvsim.cli, kvsim.analysis.tune, kvsim.data.bundle, kvsim.views.model_figures, kvsim.data.catalog; "
             "kvsim.cli.build_parser(); bad = [m for m in ('dask', 'distributed', 'torch') if m in sys.modules]; "
             "print(','.join(bad)); sys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -8,8 +8,9 @@ import json
 import pandas as pd
 import pytest
 
-from kvsim import claims, cli
-from kvsim.catalog import resolve_trace, shipped_traces
+from kvsim import cli
+from kvsim.analysis import claims
+from kvsim.data.catalog import resolve_trace, shipped_traces
 
 IDS = [c.id for c in claims.CLAIMS]
 
@@ -114,7 +115,7 @@ def test_canonical_verdicts_agree_with_their_figures(canonical_ledger):
 
 
 def test_canonical_ledger_agrees_with_the_table(canonical_ledger):
-    from kvsim.table import build_table
+    from kvsim.analysis.table import build_table
 
     doc = build_table(resolve_trace("canonical"))
     rows = {(r["policy"], tuple(r["params"].items())): r for r in doc["rows"]}

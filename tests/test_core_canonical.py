@@ -9,7 +9,7 @@ import pytest
 
 import kvsim
 from kvsim import best, sweep
-from kvsim.metrics import describe
+from kvsim.analysis.metrics import describe
 
 BUDGET = 256
 GOLDEN = {  # retained mass at budget 256, to 1e-6

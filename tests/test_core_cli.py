@@ -14,7 +14,7 @@ import pytest
 
 import kvsim
 from kvsim import cli
-from kvsim.metrics import describe
+from kvsim.analysis.metrics import describe
 
 REPO = Path(__file__).resolve().parent.parent
 SUMMARY_KEYS = {"trace", "policy", "budget", "retained_mass", "top_k_recall", "top_k", "steps"}

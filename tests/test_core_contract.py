@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import kvsim
-from kvsim.harness import observed_attention
+from kvsim.sim.harness import observed_attention
 
 NAMES = list(kvsim.POLICIES)
 BUDGETS = [1, 2, 3, 5, 16, 40]

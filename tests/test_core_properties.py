@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvsim
-from kvsim.harness import observed_attention
+from kvsim.sim.harness import observed_attention
 
 NAMES = list(kvsim.POLICIES)
 SETTINGS = settings(max_examples=300, deadline=None)

@@ -18,8 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvsim
-from kvsim import cache, canonical, engine
-from kvsim.trace import Trace, from_array, load_npz, save_npz
+from kvsim.data import canonical
+from kvsim.data import store as cache
+from kvsim.data.trace import Trace, from_array, load_npz, save_npz
+from kvsim.sim import engine
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 needs_engine = pytest.mark.skipif(
@@ -166,8 +168,8 @@ def test_random_draws_from_the_generator_it_is_given():
 def test_optimal_refuses_an_illegal_schedule(monkeypatch):
     """A schedule that evicts a position twice (only a damaged cache could give one) is refused,
     as the reference's victims check refuses it, not replayed."""
-    from kvsim.harness import ContractError
     from kvsim.policies import optimal
+    from kvsim.sim.harness import ContractError
 
     trace = random_trace(5, 30, 3, 0.0)
     good = optimal.solve(trace, 10)
@@ -391,7 +393,7 @@ def test_unwritable_cache_generates_in_memory(tmp_path, monkeypatch):
 
 
 def test_bench_times_a_whole_cli_process(tmp_path, monkeypatch):
-    from kvsim import bench
+    from kvsim.bench import speed as bench
 
     monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "cache"))
     path = tmp_path / "small.npz"

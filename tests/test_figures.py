@@ -11,8 +11,9 @@ import pytest
 from PIL import Image
 
 import kvsim
-from kvsim import figures, replay, sweep
-from kvsim.harness import kept_mask_of
+from kvsim import replay, sweep
+from kvsim.sim.harness import kept_mask_of
+from kvsim.views import figures
 
 
 @pytest.fixture(scope="module")
@@ -239,7 +240,7 @@ def _random_history(rng, T: int, budget: int) -> np.ndarray:
     return out
 
 
-@pytest.mark.skipif(not kvsim.engine.AVAILABLE, reason="the pooling kernels need numba")
+@pytest.mark.skipif(not kvsim.sim.engine.AVAILABLE, reason="the pooling kernels need numba")
 def test_pooling_kernels_give_the_reference_sums():
     """The kernels, reading kept histories, and the NumPy reference, reading the masks built from
     them, pool the same blocks to the same counts: one history and two, regions with ragged edge
@@ -268,7 +269,7 @@ def test_pooling_kernels_give_the_reference_sums():
             assert fate.evicted_at == (None if until >= T else until + 1)
 
 
-@pytest.mark.skipif(not kvsim.engine.AVAILABLE, reason="the pooling kernels need numba")
+@pytest.mark.skipif(not kvsim.sim.engine.AVAILABLE, reason="the pooling kernels need numba")
 def test_panel_layers_draws_the_same_images_with_and_without_the_kernels(story, monkeypatch):
     kept = [r.kept_history for r in story]
     cases = [([kept[0]], figures.Region.whole(4096), 4, 128, 341), (kept[1:], figures.Region.whole(4096), 4, 512, 1024),

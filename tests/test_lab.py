@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 import kvsim
-from kvsim import lab
+from kvsim.analysis import lab
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 

@@ -74,7 +74,7 @@ def test_core_imports_without_optional_extras():
 def test_figures_imports_pandas_and_plotly_express_only_when_a_table_or_the_trace_matrix_is_built():
     """The kept view (the first page) draws with graph_objects alone; pandas and plotly.express
     (~0.3-0.4 s of imports) load inside the few builders that use them."""
-    code = ("import sys, kvsim.figures; "
+    code = ("import sys, kvsim.views.figures; "
             "print(','.join(m for m in ('pandas', 'plotly.express') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=PACKAGE.parent)

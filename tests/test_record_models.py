@@ -22,9 +22,9 @@ tokenizers = pytest.importorskip("tokenizers")
 import tiny_models  # noqa: E402  (tests/, beside this file)
 
 from kvsim import cli  # noqa: E402
-from kvsim.bundle import load_bundle  # noqa: E402
-from kvsim.record import RecordError, kv_head_rows, record_bundle  # noqa: E402
-from kvsim.trace import load_npz, unpack_lower  # noqa: E402
+from kvsim.data.bundle import load_bundle  # noqa: E402
+from kvsim.data.trace import load_npz, unpack_lower  # noqa: E402
+from kvsim.models.record import RecordError, kv_head_rows, record_bundle  # noqa: E402
 
 WORDS = ("the a cache that holds every token grows without bound so serving stack keeps only some of them "
          "which ones first few tokens soak up attention last carry local context handful in between matter").split()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import kvsim
-from kvsim import figures, story
+from kvsim.views import figures, story
 
 
 def rows(policy, values):

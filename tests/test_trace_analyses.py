@@ -9,8 +9,11 @@ import json
 import pytest
 from conftest import random_trace
 
-from kvsim import cache, canonical, figures, metrics
-from kvsim.trace import from_array, load_npz, save_npz
+from kvsim.analysis import metrics
+from kvsim.data import canonical
+from kvsim.data import store as cache
+from kvsim.data.trace import from_array, load_npz, save_npz
+from kvsim.views import figures
 
 SMALL = canonical.CanonicalConfig(steps=96)
 

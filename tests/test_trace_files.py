@@ -11,16 +11,7 @@ import numpy as np
 import pytest
 
 from kvsim import cli
-from kvsim.trace import (
-    MAX_META_BYTES,
-    MAX_STEPS,
-    TraceError,
-    from_array,
-    load_npz,
-    pack_lower,
-    save_npz,
-    unpack_lower,
-)
+from kvsim.data.trace import MAX_META_BYTES, MAX_STEPS, TraceError, from_array, load_npz, pack_lower, save_npz, unpack_lower
 
 
 def _rows(steps: int, seed: int = 0) -> np.ndarray:

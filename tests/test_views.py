@@ -1,4 +1,4 @@
-"""kvsim.views: the logic of the app's claims, model and quality views, without Streamlit."""
+"""kvsim.views.support: the logic of the app's claims, model and quality views, without Streamlit."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import math
 import numpy as np
 import pytest
 
-from kvsim import claims, views
-from kvsim.catalog import resolve_trace
-from kvsim.quality_figures import spearman
-from kvsim.tune import tune
+from kvsim.analysis import claims
+from kvsim.analysis.tune import tune
+from kvsim.data.catalog import resolve_trace
+from kvsim.views import support as views
+from kvsim.views.quality_figures import spearman
 
 
 def test_claim_links_carry_the_view_and_the_apps_trace_name():

@@ -17,9 +17,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, nothing installed
-from kvsim.catalog import resolve_bundle
-from kvsim.model_figures import tune_heatmap
-from kvsim.tune import tune
+from kvsim.analysis.tune import tune
+from kvsim.data.catalog import resolve_bundle
+from kvsim.views.model_figures import tune_heatmap
 
 BUNDLE, POLICY, BUDGET = "gemma3-270m-heapq", "h2o", 256
 

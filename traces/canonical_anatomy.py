@@ -21,10 +21,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, nothing installed
-from kvsim import (
-    canonical,  # noqa: E402
-    replay,  # noqa: E402
-)
+from kvsim import replay  # noqa: E402
+from kvsim.data import canonical  # noqa: E402
 
 BUDGET, FROM = 256, 600  # the table's budget; "steady state" figures average steps FROM .. T
 KINDS = ["sinks", "ages 1-32", "ages 33-64", "ages 65-256", "old heavy hitters", "opening (< 256)", "other"]

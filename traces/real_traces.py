@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, nothing installed
-from kvsim.catalog import resolve_trace
-from kvsim.metrics import describe
-from kvsim.simulate import sweep
-from kvsim.table import build_table
+from kvsim.analysis.metrics import describe
+from kvsim.analysis.table import build_table
+from kvsim.data.catalog import resolve_trace
+from kvsim.sim.simulate import sweep
 
 TRACES = ["canonical", "gemma3-270m-L05", "gemma3-270m-L11", "gemma3-270m-L17"]
 BUDGETS = [128, 256, 512]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..trace import Trace
+from ..data.trace import Trace
 from .base import DEFAULT_BUDGET, SlotPolicy
 
 #: rows per block of the precomputed suffix sums (memory ~ (T / BLOCK) * T * 8 bytes)

@@ -45,7 +45,7 @@ any assignment solver. Measured at budget 256 and 4096 steps: k is about 25 on t
 Ties: among optimal schedules, the one this solver finds (the search takes the lowest position
 among equal distances); the policy's victims come back in ascending order (one per step).
 
-Results are cached on disk (``kvsim.cache.cache_dir()``), keyed by a hash of the attention's bytes,
+Results are cached on disk (``kvsim.data.store.cache_dir()``), keyed by a hash of the attention's bytes,
 the budget and ``SOLVER_VERSION``, so the app and the CLI solve a trace at a budget once.
 """
 
@@ -58,7 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..trace import Trace
+from ..data.trace import Trace
 from .base import DEFAULT_BUDGET, Policy, check_budget
 
 try:
@@ -314,7 +314,7 @@ def certify(trace: Trace, schedule: OptimalSchedule) -> float:
 
 
 def cache_file(trace: Trace, budget: int) -> Path:
-    from ..cache import cache_dir
+    from ..data.store import cache_dir
 
     return cache_dir() / f"optimal-v{SOLVER_VERSION}-{trace.fingerprint}-b{budget}.npz"
 
@@ -344,7 +344,7 @@ def _load(path: Path, steps: int, budget: int) -> OptimalSchedule | None:
 
 
 def _save(path: Path, s: OptimalSchedule) -> None:
-    from ..cache import _atomic_write
+    from ..data.store import _atomic_write
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

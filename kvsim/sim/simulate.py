@@ -2,7 +2,7 @@
 
 Both build their policies through the registry (so a bad parameter fails before any work, with a
 ``ValueError`` naming it) and then take the fast engine where it covers the policy
-(``kvsim.engine.FAST``) and the reference harness (``kvsim.harness``) otherwise: same results, bit
+(``kvsim.sim.engine.FAST``) and the reference harness (``kvsim.sim.harness``) otherwise: same results, bit
 for bit. ``progress(fraction_done)`` is the one progress signature, a float in 0..1.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from ..data.trace import Trace
+from ..policies import DEFAULT_BUDGET, Policy, make_policy, policy_params
 from . import engine
 from .harness import DEFAULT_TOP_K, ReplayResult, replay_reference
-from .policies import DEFAULT_BUDGET, Policy, make_policy, policy_params
-from .trace import Trace
 
 Progress = Callable[[float], None]
 

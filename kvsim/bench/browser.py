@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -522,8 +522,8 @@ def _server_env(cache_dir: Path | None) -> dict:
 
 
 def _small_trace(path: Path) -> Path:
-    from . import canonical
-    from .trace import save_npz
+    from ..data import canonical
+    from ..data.trace import save_npz
 
     save_npz(canonical.generate(canonical.CanonicalConfig(steps=300)), path)
     return path

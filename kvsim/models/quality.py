@@ -45,10 +45,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .cache import _atomic_write, cache_dir
-from .policies import POLICIES, make_policy
-from .simulate import replay
-from .trace import Trace, from_array
+from ..data.store import _atomic_write, cache_dir
+from ..data.trace import Trace, from_array
+from ..policies import POLICIES, make_policy
+from ..sim.simulate import replay
 
 #: the version of what a cached result means; bump it when the figures change meaning
 VERSION = 1
@@ -109,7 +109,7 @@ def resolve_text(text: str | Path) -> Path:
 def load(model: str | Path | None = None, progress: Progress | None = _stderr):
     """(model, tokenizer, model_id), float32 on the CPU, eager attention.
 
-    ``model`` None: the shipped Gemma-3-270M (``kvsim.record.load_model``). Otherwise a local
+    ``model`` None: the shipped Gemma-3-270M (``kvsim.models.record.load_model``). Otherwise a local
     Hugging Face folder, read with ``local_files_only`` (nothing is fetched from a hub).
     """
     if model is None:
@@ -623,7 +623,7 @@ def grid(session: Session, policies: Sequence[str], budgets: Sequence[int], mode
     """Every (policy, budget, mode), with ``params`` passed to the policies that take them, and, if
     ``sweep = (param, values)``, one point per value for the policies that take ``param``. A point a
     policy refuses (recent_window >= budget) is skipped with a line on ``progress``."""
-    from .policies import policy_params
+    from ..policies import policy_params
 
     say = progress or (lambda _m: None)
     jobs = []

@@ -39,9 +39,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cache, canonical, engine
-from .simulate import replay, sweep
-from .trace import Trace, save_npz
+from ..data import canonical
+from ..data import store as cache
+from ..data.trace import Trace, save_npz
+from ..sim import engine
+from ..sim.simulate import replay, sweep
 
 BUDGET = 256
 WINDOWS = list(range(1, BUDGET))  # every valid recent_window at budget 256
@@ -91,7 +93,7 @@ runpy.run_module('kvsim', run_name='__main__', alter_sys=True)
 
 def _cli_run(env_extra: dict, args: list[str] = CLI_ARGS) -> dict:
     """Time one whole ``python -m kvsim ...`` process, and its peak RSS where /proc tells it."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, **env_extra, "PYTHONPATH": path}
     with tempfile.TemporaryDirectory(prefix="kvsim-bench-run-") as tmp:

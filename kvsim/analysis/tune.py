@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .bundle import Bundle
-from .harness import DEFAULT_TOP_K
-from .policies import POLICIES, policy_params
-from .simulate import sweep
-from .trace import Trace, load_npz
+from ..data.bundle import Bundle
+from ..data.trace import Trace, load_npz
+from ..policies import POLICIES, policy_params
+from ..sim.harness import DEFAULT_TOP_K
+from ..sim.simulate import sweep
 
 #: a window is recommended when its retained mass is within this much of the trace's best
 TOLERANCE = 0.005

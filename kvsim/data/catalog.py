@@ -11,12 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from .bundle import MANIFEST, Bundle, BundleError, is_bundle, load_bundle, parse_selector
-from .cache import canonical_trace, file_trace  # generated (or decoded) once, then read from the user cache directory
+from .store import canonical_trace, file_trace  # generated (or decoded) once, then read from the user cache directory
 from .trace import Trace, TraceError, load_npz
 
 CANONICAL = "canonical"
 #: the shipped traces; read at call time so tests can point it elsewhere
-TRACES_DIR = Path(__file__).resolve().parent.parent / "traces"
+TRACES_DIR = Path(__file__).resolve().parents[2] / "traces"
 
 
 def shipped_traces() -> dict[str, Path]:

@@ -1,4 +1,4 @@
-"""Figures for the proxy against the truth: pure functions from ``kvsim.quality`` results (the dicts of
+"""Figures for the proxy against the truth: pure functions from ``kvsim.models.quality`` results (the dicts of
 ``python -m kvsim quality --json``) to Plotly figures, so they are tested without a browser.
 
 - ``curve_figure``: delta NLL, KL and retained mass over a swept parameter (recent_window), side by

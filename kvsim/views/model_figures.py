@@ -1,4 +1,4 @@
-"""Pure figure functions for a recorded model (a bundle) tuned by ``kvsim.tune``: results in, Plotly
+"""Pure figure functions for a recorded model (a bundle) tuned by ``kvsim.analysis.tune``: results in, Plotly
 figures out, no I/O, so they are tested without a browser and the app only lays them out.
 
 - ``tune_heatmap``: layer (and KV head) x recent_window, coloured by retained mass, each row's
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from .tune import TuneResult
+from ..analysis.tune import TuneResult
 
 
 def _labels(result: TuneResult) -> list[str]:

@@ -6,7 +6,7 @@ admit position t; evict to budget and check the victims contract.
 
 ``steps`` is that loop, one ``Step`` per decode step: ``replay_reference`` totals it into a
 ``ReplayResult`` and the policy lab walks two of them side by side. It is the authority the fast
-engine (``kvsim.engine``) is held to bit for bit; callers use ``kvsim.replay``, which picks the
+engine (``kvsim.sim.engine``) is held to bit for bit; callers use ``kvsim.replay``, which picks the
 engine where it covers the policy and this loop otherwise.
 """
 
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .policies import Policy
-from .trace import Trace
+from ..data.trace import Trace
+from ..policies import Policy
 
 DEFAULT_TOP_K = 32
 

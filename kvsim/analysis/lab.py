@@ -6,7 +6,7 @@ presets are the policy cards' distinguishing vectors and the h2o ``recent_window
 any tiny trace can be typed in as a table (``trace_from_table``) and is validated by
 ``kvsim.from_array`` like any other trace.
 
-The stepping is the harness's own loop (``kvsim.harness.steps``, with its contract checks), two
+The stepping is the harness's own loop (``kvsim.sim.harness.steps``, with its contract checks), two
 policies walked side by side, so what the lab shows is what ``replay`` measures. Figures are pure builders: lab
 steps in, Plotly figures out; no Streamlit here.
 """
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import plotly.graph_objects as go
 
-from .harness import Step, steps
-from .policies import Policy, make_policy
-from .trace import Trace, TraceError, from_array
+from ..data.trace import Trace, TraceError, from_array
+from ..policies import Policy, make_policy
+from ..sim.harness import Step, steps
 
 if TYPE_CHECKING:  # pandas is imported where a table is built: the app's default page needs none
     import pandas as pd

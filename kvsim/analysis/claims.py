@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..data.trace import Trace, from_array
+from ..policies import POLICIES, make_policy
+from ..sim.simulate import replay, sweep
 from .metrics import describe
-from .policies import POLICIES, make_policy
-from .simulate import replay, sweep
-from .trace import Trace, from_array
 
 if TYPE_CHECKING:  # pandas is imported where a table is built: the app's default page needs none
     import pandas as pd
@@ -473,7 +473,7 @@ def check_sw_space(m: Measurer):
 
 
 #: the shipped real-model measurements (``python -m kvsim quality``, see traces/README.md)
-QUALITY_RESULTS = Path(__file__).resolve().parent.parent / "traces" / "quality-heapq.json"
+QUALITY_RESULTS = Path(__file__).resolve().parents[2] / "traces" / "quality-heapq.json"
 #: "sharply": without its sinks the model's perplexity at least doubles against the same cache with them
 SHARP_PPL_RATIO = 2.0
 

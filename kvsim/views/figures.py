@@ -21,11 +21,11 @@ from PIL import Image
 from plotly.colors import hex_to_rgb, sequential
 from plotly.subplots import make_subplots
 
-from .engine import AVAILABLE, _kernel
-from .harness import ReplayResult, kept_mask_of
-from .trace import Trace
+from ..data.trace import Trace
+from ..sim.engine import AVAILABLE, _kernel
+from ..sim.harness import ReplayResult, kept_mask_of
 
-if TYPE_CHECKING:  # imported where a table is built: ``import kvsim.figures`` stays ~0.3 s lighter
+if TYPE_CHECKING:  # imported where a table is built: ``import kvsim.views.figures`` stays ~0.3 s lighter
     import pandas as pd
 
 #: grey levels of the kept-position image: kept cells dark, evicted white, not-yet-generated light
@@ -254,7 +254,7 @@ def trace_features_cached(trace: Trace) -> TraceFeatures:
     it has one (the canonical trace, a shipped trace): a fresh process reads it instead of measuring
     the whole attention again (~0.13 s on a 4096-step real trace). Keyed by a hash of this module's
     source (``features_version``), so an edit of the analysis never reads a stale value."""
-    from . import cache
+    from ..data import store as cache
 
     return cache.derived(
         trace, "features", {}, features_version(), lambda: trace_features(trace),
@@ -264,7 +264,7 @@ def trace_features_cached(trace: Trace) -> TraceFeatures:
 
 def features_version() -> str:
     """The version of ``trace_features`` kept on disk: a hash of this file."""
-    from . import cache
+    from ..data import store as cache
 
     return cache.source_version(__file__)
 

@@ -45,11 +45,11 @@ try:
 except ImportError:  # numba is in requirements.txt; without it every call takes the reference path
     njit = None
 
+from ..data.trace import Trace
+from ..policies import Policy
+from ..policies.greedy_future import BLOCK as GREEDY_BLOCK
+from ..policies.tova import UNSEEN
 from .harness import ContractError, ReplayResult
-from .policies import Policy
-from .policies.greedy_future import BLOCK as GREEDY_BLOCK
-from .policies.tova import UNSEEN
-from .trace import Trace
 
 #: True when the kernels can be compiled; False means every call is a reference replay (slower,
 #: identical results), so ``import kvsim`` and the CLI still work where numba is missing
@@ -591,7 +591,7 @@ def _topk_on_disk(trace: Trace, k: int) -> np.ndarray:
     except (OSError, EOFError, ValueError):
         pass  # missing or damaged: computed again and rewritten
     top = _topk_positions(_attention(trace), k)
-    from .cache import _atomic_write
+    from ..data.store import _atomic_write
 
     try:
         _atomic_write(path, lambda f: np.save(f, top, allow_pickle=False))

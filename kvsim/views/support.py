@@ -16,9 +16,9 @@ import math
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from . import catalog
+from ..analysis.tune import TuneResult
+from ..data import catalog
 from .quality_figures import spearman
-from .tune import TuneResult
 
 # --- claims --------------------------------------------------------------------------------------
 
@@ -121,7 +121,7 @@ def cached_quality_results(folder: str | Path | None = None) -> list[dict]:
     """Every result in the quality disk cache (``<cache_dir>/quality/*.json``, written by
     ``python -m kvsim quality``), for the text, model and steps that most of them share (points of
     different runs are not comparable). Damaged files are skipped."""
-    from .cache import cache_dir
+    from ..data.store import cache_dir
 
     folder = Path(cache_dir() / "quality" if folder is None else folder)
     if not folder.is_dir():

@@ -59,7 +59,7 @@ def cache_path(config: canonical.CanonicalConfig | None = None) -> Path:
 
 
 def canonical_trace(config: canonical.CanonicalConfig | None = None) -> Trace:
-    """The canonical trace (``kvsim.canonical.generate(config)``), from the disk cache when it is
+    """The canonical trace (``kvsim.data.canonical.generate(config)``), from the disk cache when it is
     there and intact. Its attention is then a read-only memory map."""
     config = canonical.CanonicalConfig() if config is None else config
     path = cache_path(config)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .trace import Trace
+from ..data.trace import Trace
 
 DEFAULT_BAND = 64
 DEFAULT_SINKS = 4
@@ -77,7 +77,7 @@ def describe_cached(
     instead of passing over the whole attention (~0.13-0.19 s at 4096 steps). Keyed by the
     arguments and a hash of this module's source (``describe_version``): an edit of the analysis
     never reads a stale value. A trace without a cache entry is described and nothing is stored."""
-    from . import cache
+    from ..data import store as cache
 
     params = {"band": band, "top_k": top_k, "sinks": sinks}
     for name, value in params.items():  # refused as ``describe`` refuses them, before any file is named
@@ -107,7 +107,7 @@ _DESCRIBE_KEYS = frozenset(
 
 def describe_version() -> str:
     """The version of ``describe`` kept on disk: a hash of this file."""
-    from . import cache
+    from ..data import store as cache
 
     return cache.source_version(__file__)
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .harness import DEFAULT_TOP_K
+from ..data.trace import Trace
+from ..policies.upper_bound import upper_bound_summary
+from ..sim.harness import DEFAULT_TOP_K
+from ..sim.simulate import best, replay, sweep
 from .metrics import describe
-from .policies.upper_bound import upper_bound_summary
-from .simulate import best, replay, sweep
-from .trace import Trace
 
 TABLE_BUDGET = 256
 
