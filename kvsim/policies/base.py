@@ -17,22 +17,40 @@ import numpy as np
 DEFAULT_BUDGET = 512
 
 
+class ParamError(ValueError):
+    """A policy parameter (or the budget) out of its bounds. Its fields name what was wrong, so an
+    entry point can say it in its own terms (the CLI: ``--recent-window 32 must be below --budget 16``)
+    while the message stays readable on its own."""
+
+    def __init__(self, message: str, *, param: str, value, problem: str, limit: int | None = None,
+                 limit_name: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param  # "budget" or the parameter's name
+        self.value = value
+        self.problem = problem  # "not an integer", "negative", "below 1", "not below"
+        self.limit = limit
+        self.limit_name = limit_name
+
+
 def check_budget(budget: int) -> int:
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
-        raise ValueError(f"budget must be an integer, got {budget!r}")
+        raise ParamError(f"budget must be an integer, got {budget!r}", param="budget", value=budget,
+                         problem="not an integer")
     if budget < 1:
-        raise ValueError(f"budget must be at least 1, got {budget}")
+        raise ParamError(f"budget must be at least 1, got {budget}", param="budget", value=budget, problem="below 1",
+                         limit=1)
     return int(budget)
 
 
 def check_param(name: str, value: int, *, below: int | None = None, below_name: str = "budget") -> int:
     """Validate a non-negative integer parameter, optionally strictly below ``below``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
+        raise ParamError(f"{name} must be an integer, got {value!r}", param=name, value=value, problem="not an integer")
     if value < 0:
-        raise ValueError(f"{name} must be non-negative, got {value}")
+        raise ParamError(f"{name} must be non-negative, got {value}", param=name, value=value, problem="negative")
     if below is not None and value >= below:
-        raise ValueError(f"{name} must be less than {below_name} ({below}), got {value}")
+        raise ParamError(f"{name} must be less than {below_name} ({below}), got {value}", param=name, value=value,
+                         problem="not below", limit=below, limit_name=below_name)
     return int(value)
 
 

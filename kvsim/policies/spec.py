@@ -1,0 +1,70 @@
+"""``PolicySpec``: one value for "policy, budget, parameters", made once from a control or a flag.
+
+It is validated when it is made (the registry name, the budget, every parameter against its
+``Param`` bounds, unknown parameters refused), so nothing downstream builds a policy only to check
+its arguments. It is frozen and hashable: the app keys its caches by it, the replay builds the
+policy from it (``build``), and the result carries it back to the figure (``ReplayResult.spec``).
+Parameters the caller leaves out take their defaults, so two specs that replay the same thing are
+equal however they were asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .base import DEFAULT_BUDGET, Policy, check_budget
+from .registry import policy_class
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    name: str
+    budget: int
+    #: every tunable of the policy, in the order it declares them, with its value
+    params: tuple[tuple[str, int], ...] = ()
+
+    @classmethod
+    def of(cls, name: str, budget: int = DEFAULT_BUDGET, **params) -> PolicySpec:
+        """The validated spec; a ``ValueError`` (``ParamError`` for a value out of bounds) names
+        what is wrong."""
+        policy = policy_class(name)
+        budget = check_budget(budget)
+        declared = {p.name: p for p in policy.tunables}
+        unknown = sorted(set(params) - set(declared))
+        if unknown:
+            raise ValueError(
+                f"{name} does not take parameter(s) {', '.join(unknown)}; it takes: {', '.join(declared) or 'none beyond budget'}"
+            )
+        values = tuple((p.name, p.check(params.get(p.name, p.default), budget)) for p in policy.tunables)
+        return cls(name, budget, values)
+
+    @property
+    def kwargs(self) -> dict[str, int]:
+        """The parameters as keyword arguments (``make_policy(spec.name, spec.budget, **spec.kwargs)``)."""
+        return dict(self.params)
+
+    def __getitem__(self, param: str) -> int:
+        for name, value in self.params:
+            if name == param:
+                return value
+        raise KeyError(f"{self.name} has no parameter {param!r}")
+
+    def get(self, param: str, default: int | None = None) -> int | None:
+        return dict(self.params).get(param, default)
+
+    def replace(self, *, budget: int | None = None, **params) -> PolicySpec:
+        """The same policy with some values changed, validated again."""
+        return PolicySpec.of(self.name, self.budget if budget is None else budget, **{**self.kwargs, **params})
+
+    def build(self, trace=None, rng: np.random.Generator | None = None) -> Policy:
+        """A fresh policy in its starting state (offline references are handed ``trace``)."""
+        cls = policy_class(self.name)
+        extra = {"trace": trace} if cls.needs_trace else {}
+        return cls(budget=self.budget, rng=rng, **self.kwargs, **extra)
+
+    @property
+    def label(self) -> str:
+        """``h2o recent_window=32`` (the budget is said apart, where a view shows it)."""
+        return " ".join([self.name, *(f"{k}={v}" for k, v in self.params)])
