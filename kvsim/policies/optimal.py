@@ -59,12 +59,8 @@ from pathlib import Path
 import numpy as np
 
 from ..data.trace import Trace
+from ..jit import kernel
 from .base import DEFAULT_BUDGET, Policy, check_budget
-
-try:
-    from numba import njit
-except ImportError:  # without numba the same code runs as plain Python: exact, much slower
-    njit = None
 
 #: bump when the solver's output for a given trace and budget could change (invalidates the cache)
 SOLVER_VERSION = 1
@@ -73,11 +69,6 @@ _CHUNK = 64
 #: traces shorter than this are solved in milliseconds and never written to the disk cache (the
 #: contract tests would otherwise leave a file per random trace)
 CACHE_MIN_STEPS = 512
-
-
-def _kernel(fn):
-    # nogil: a solve in a background thread (the app's, with progress) leaves the UI thread running
-    return njit(cache=True, nogil=True)(fn) if njit is not None else fn
 
 
 def _row_offsets(first: int, n: int) -> np.ndarray:
@@ -91,7 +82,7 @@ def _row_offsets(first: int, n: int) -> np.ndarray:
     return off
 
 
-@_kernel
+@kernel
 def _suffix_costs(A, first, off, R, diag):
     """Row s of ``R`` (packed, for s >= first): ``R[s, p] = sum(A[s + 1 .. T, p])`` in float64 for
     ``p <= s``, the attention still to come on p after step s, which evicting p at step s forfeits;
@@ -110,7 +101,7 @@ def _suffix_costs(A, first, off, R, diag):
                 R[o + p] = cur[p]
 
 
-@_kernel
+@kernel
 def _augment(R, off, t0, t1, match_col, match_row, u, w, dist, pred, todo):
     """Add steps t0 .. t1-1 (each evicts one position) to the optimal assignment, one shortest
     augmenting path each. ``match_row[t]``: the victim of step t; ``match_col[p]``: the step that

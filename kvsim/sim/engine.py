@@ -40,26 +40,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-try:
-    from numba import njit
-except ImportError:  # numba is in requirements.txt; without it every call takes the reference path
-    njit = None
-
 from ..data.trace import Trace
+from ..jit import AVAILABLE, kernel
 from ..policies import Policy
 from ..policies.greedy_future import BLOCK as GREEDY_BLOCK
 from ..policies.tova import UNSEEN
 from .harness import ContractError, ReplayResult
-
-#: True when the kernels can be compiled; False means every call is a reference replay (slower,
-#: identical results), so ``import kvsim`` and the CLI still work where numba is missing
-AVAILABLE = njit is not None
-
-
-def _kernel(fn):
-    # nogil: a sweep runs its batches on several threads at once (``sweep``), one kernel call each
-    return njit(cache=True, nogil=True)(fn) if AVAILABLE else fn
-
 
 #: threads a sweep runs its batches on: one per core
 _WORKERS = os.cpu_count() or 1
@@ -76,7 +62,7 @@ _BATCH = 64
 # kernels
 
 
-@_kernel
+@kernel
 def _topk_positions(A, k):
     """int32 ``(T + 1, k)``, -1 padded: the positions of the k largest weights of every row,
     lower position first on ties. Same set as ``trace.topk_mask(k)``, O(T * k) memory."""
@@ -103,7 +89,7 @@ def _topk_positions(A, k):
     return out
 
 
-@_kernel
+@kernel
 def _mark_topk(topk, t, stamp):
     for j in range(topk.shape[1]):
         p = topk[t, j]
@@ -111,7 +97,7 @@ def _mark_topk(topk, t, stamp):
             stamp[p] = t
 
 
-@_kernel
+@kernel
 def _measure(row, p_c, n, stamp, t, gather):
     """One configuration's view of row t: the kept weights as float64 into ``gather``, their sum
     added strictly in kept order (the reference's ``kept_sum``), and how many are in the row's top k
@@ -128,7 +114,7 @@ def _measure(row, p_c, n, stamp, t, gather):
     return total, hits
 
 
-@_kernel
+@kernel
 def _first_min(values, count):
     """The slot of the smallest of ``values[:count]``, the first one on ties: the lower position,
     since slots are in kept order (the reference's repeated argmin, one victim per step)."""
@@ -141,14 +127,14 @@ def _first_min(values, count):
     return best
 
 
-@_kernel
+@kernel
 def _drop(slots, best, n):
     """Close the gap that evicting slot ``best`` of the ``n`` in use leaves (kept order is kept)."""
     for i in range(best, n - 1):
         slots[i] = slots[i + 1]
 
 
-@_kernel
+@kernel
 def _evict(p_c, n, best, t, record, victims):
     """Evict slot ``best`` of the ``n`` held (the new length); ``victims[t - 1]`` gets its position
     when ``record``."""
@@ -158,7 +144,7 @@ def _evict(p_c, n, best, t, record, victims):
     return n - 1
 
 
-@_kernel
+@kernel
 def _h2o_steps(A, topk, t0, t1, budgets, windows, pos, score, length, mass, recall, stamp, gather,
                kept_hist, score_hist, score_pos, victims):
     """Steps t0 .. t1-1 of h2o for every configuration c (budget ``budgets[c]``, recent window
@@ -199,7 +185,7 @@ def _h2o_steps(A, topk, t0, t1, budgets, windows, pos, score, length, mass, reca
                 kept_hist[t - 1, :n] = p_c[:n]
 
 
-@_kernel
+@kernel
 def _tova_steps(A, topk, t0, t1, budgets, pos, weight, length, mass, recall, stamp, gather, kept_hist, victims):
     """Steps t0 .. t1-1 of tova for every configuration c (budget ``budgets[c]``): each kept
     position's weight is its observed weight in the latest row (zeros when the kept part of the row
@@ -234,7 +220,7 @@ def _tova_steps(A, topk, t0, t1, budgets, pos, weight, length, mass, recall, sta
                 kept_hist[t - 1, :n] = p_c[:n]
 
 
-@_kernel
+@kernel
 def _scissorhands_steps(A, topk, t0, t1, budgets, windows, histories, pos, votes, length, observed,
                         ring, ring_len, mass, recall, stamp, gather, kept_hist, score_hist, score_pos, victims):
     """Steps t0 .. t1-1 of scissorhands for every configuration c (budget ``budgets[c]``, recent
@@ -295,7 +281,7 @@ def _scissorhands_steps(A, topk, t0, t1, budgets, windows, histories, pos, votes
                 kept_hist[t - 1, :n] = p_c[:n]
 
 
-@_kernel
+@kernel
 def _h2o_normalized_steps(A, topk, t0, t1, budgets, windows, pos, total_, count, length, mass, recall, stamp, gather,
                           kept_hist, score_hist, score_pos, victims):
     """Steps t0 .. t1-1 of h2o_normalized: h2o's loop, with a per-slot count of the steps shown
@@ -347,7 +333,7 @@ def _h2o_normalized_steps(A, topk, t0, t1, budgets, windows, pos, total_, count,
                 kept_hist[t - 1, :n] = p_c[:n]
 
 
-@_kernel
+@kernel
 def _window_sum(ring_c, r, w, start):
     """Ring row r's weights over the last w observed rows, added oldest to newest (the reference's
     cumsum over the ring in chronological order): columns start .. w-1, then 0 .. start-1."""
@@ -359,7 +345,7 @@ def _window_sum(ring_c, r, w, start):
     return acc
 
 
-@_kernel
+@kernel
 def _window_first_min(ring_c, row_c, approx_c, count, w, start, tol):
     """``_first_min`` over the exact window sums of slots ``0 .. count-1``, computing an exact sum
     only for a slot whose running sum (``approx_c``, within ``tol`` of the exact sum) says it could
@@ -382,7 +368,7 @@ def _window_first_min(ring_c, row_c, approx_c, count, w, start, tol):
     return best
 
 
-@_kernel
+@kernel
 def _snapkv_steps(A, topk, t0, t1, budgets, windows, obs_windows, tols, pos, ring, row_of, approx, running, length,
                   observed, mass, recall, stamp, gather, scores, kept_hist, score_hist, score_pos, victims):
     """Steps t0 .. t1-1 of snapkv. With ``obs_windows[c] == w > 0`` each slot keeps its last w
@@ -459,7 +445,7 @@ def _snapkv_steps(A, topk, t0, t1, budgets, windows, obs_windows, tols, pos, rin
                 kept_hist[t - 1, :n] = p_c[:n]
 
 
-@_kernel
+@kernel
 def _window_steps(A, topk, t0, t1, budgets, sinks, mass, recall, stamp, kept_hist):
     """Steps t0 .. t1-1 of streaming_llm (``sinks[c]`` pinned positions) and sliding_window
     (``sinks[c] == 0``), closed form: before step t the cache holds everything when t <= budget,
@@ -498,7 +484,7 @@ def _window_steps(A, topk, t0, t1, budgets, sinks, mass, recall, stamp, kept_his
                     j += 1
 
 
-@_kernel
+@kernel
 def _future_attention(A, suffix, block, t, p_c, n, out):
     """``GreedyFuture.future_attention`` of the n slots after step t, into ``out[:n]``, bit for bit:
     the rows t+1 .. min(c * block, T) (c = ceil(t / block)) added one after another from 0.0 (numpy's
@@ -521,7 +507,7 @@ def _future_attention(A, suffix, block, t, p_c, n, out):
 PLAN_SLOT, PLAN_POSITION, LEAST_FUTURE = 0, 1, 2
 
 
-@_kernel
+@kernel
 def _one_victim_steps(A, topk, t0, t1, budgets, pick, plan, suffix, block, pos, length, mass, recall, stamp, gather,
                       future, kept_hist, victims):
     """Steps t0 .. t1-1 of a policy that holds nothing per slot but its positions and evicts one

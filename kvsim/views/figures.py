@@ -22,7 +22,7 @@ from plotly.colors import hex_to_rgb, sequential
 from plotly.subplots import make_subplots
 
 from ..data.trace import Trace
-from ..sim.engine import AVAILABLE, _kernel
+from ..jit import AVAILABLE, kernel
 from ..sim.harness import ReplayResult, kept_mask_of
 
 if TYPE_CHECKING:  # imported where a table is built: ``import kvsim.views.figures`` stays ~0.3 s lighter
@@ -438,7 +438,7 @@ def _pool_panel(masks: Sequence[np.ndarray], region: Region, sinks: int, ages: i
     return main, sink, age
 
 
-@_kernel
+@kernel
 def _pool_kept(a, b, two, t0, t1, lo, width, br, bw, by_age):
     """Block counts of kept positions straight from kept histories (``(T, budget)`` int, row t - 1
     the positions held after step t, -1 padded): ``a``, and ``b`` when ``two``. Steps t0 .. t1 are
@@ -474,7 +474,7 @@ def _pool_kept(a, b, two, t0, t1, lo, width, br, bw, by_age):
     return counts
 
 
-@_kernel
+@kernel
 def _exists(t0, t1, lo, width, br, bw, by_age):
     """How many of each block's cells exist (a position exists after step t once p <= t): the
     geometry of ``_pool_kept``'s blocks, whatever is kept."""
