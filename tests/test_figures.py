@@ -16,6 +16,7 @@ from kvsim import replay, sweep
 from kvsim.analysis import features
 from kvsim.sim.harness import kept_mask_of
 from kvsim.views import figures
+from kvsim.views.figures import pooling
 
 
 @pytest.fixture(scope="module")
@@ -102,11 +103,11 @@ def test_kept_image_is_uint8_with_three_levels(story):
     img = figures.kept_image(result)
     T = result.steps
     assert img.dtype == np.uint8 and img.shape == (T, T + 1)
-    assert set(np.unique(img)) == {figures.KEPT, figures.EVICTED, figures.FUTURE}
-    kept_per_row = (img == figures.KEPT).sum(axis=1)
+    assert set(np.unique(img)) == {pooling.KEPT, pooling.EVICTED, pooling.FUTURE}
+    kept_per_row = (img == pooling.KEPT).sum(axis=1)
     assert np.array_equal(kept_per_row, np.minimum(np.arange(1, T + 1) + 1, result.budget))
     future = np.arange(T + 1)[None, :] > np.arange(1, T + 1)[:, None]
-    assert np.all((img == figures.FUTURE) == future)
+    assert np.all((img == pooling.FUTURE) == future)
 
 
 def images(fig, name=None):
@@ -123,14 +124,14 @@ def test_kept_heatmap_pools_to_the_pixels_shown_and_keeps_thin_columns(canonical
     sliding, streaming, _ = (np.asarray(png) for png in mains)
     # the four sink columns share one block with other positions: held by streaming_llm, the block
     # is still not white at the last step; sliding_window's is
-    assert streaming[-1, 0] != figures.EVICTED and sliding[-1, 0] == figures.EVICTED
+    assert streaming[-1, 0] != pooling.EVICTED and sliding[-1, 0] == pooling.EVICTED
     # the widened sink strip: one column per sink, held to the end by streaming_llm only
     strips = [np.asarray(png_of(t.source)) for t in images(fig, "sinks")]
     assert [s.shape[1] for s in strips] == [4, 4, 4]
-    assert (strips[1][-1] == figures.KEPT).all() and (strips[0][-1] == figures.EVICTED).all()
+    assert (strips[1][-1] == pooling.KEPT).all() and (strips[0][-1] == pooling.EVICTED).all()
     # the age strip: the newest positions of every step; sliding_window holds all of them
     ages = [np.asarray(png_of(t.source)) for t in images(fig, "newest positions")]
-    assert (ages[0][-1] == figures.KEPT).all()
+    assert (ages[0][-1] == pooling.KEPT).all()
     # the axes span the data, plus the header and the strips, and no more
     assert tuple(fig.layout.yaxis.range)[0] == 4096.5 and -400 < fig.layout.yaxis.range[1] < 0.5
     lo, hi = fig.layout.xaxis.range
@@ -190,8 +191,8 @@ def test_the_difference_shows_what_one_keeps_and_the_other_does_not(canonical, s
     f = features.trace_features(canonical)
     fig = figures.kept_heatmap([story[1], story[0]], f, compare=True)
     (strip,) = [np.asarray(png_of(t.source)) for t in images(fig, "sinks")]
-    assert tuple(strip[-1, 0]) == figures.ONLY_A  # the sinks: streaming_llm's, not sliding_window's
-    assert tuple(strip[0, 0]) == figures.BOTH  # before the cache fills, both hold them
+    assert tuple(strip[-1, 0]) == pooling.ONLY_A  # the sinks: streaming_llm's, not sliding_window's
+    assert tuple(strip[0, 0]) == pooling.BOTH  # before the cache fills, both hold them
     assert "kept by streaming_llm only" in {t.name for t in fig.data}
     a, b = figures.difference_counts(story[1].kept_history, story[0].kept_history)
     assert 3 < a < 4 and a == pytest.approx(b)  # four sinks for the four newest, once full
@@ -257,8 +258,8 @@ def test_pooling_kernels_give_the_reference_sums():
         sinks, ages = int(rng.integers(0, 8)), int(rng.integers(0, 70))
         br, bc, ba = (int(v) for v in rng.integers(1, 9, size=3))
         for chosen in (histories[:1], histories):
-            want = figures._pool_panel([kept_mask_of(h) for h in chosen], region, sinks, ages, br, bc, ba)
-            got = figures._pool_panel_fast(chosen, region, sinks, ages, br, bc, ba)
+            want = pooling._pool_panel([kept_mask_of(h) for h in chosen], region, sinks, ages, br, bc, ba)
+            got = pooling._pool_panel_fast(chosen, region, sinks, ages, br, bc, ba)
             assert all(_pooled_equal(w, g) for w, g in zip(want, got, strict=True)), (trial, region, len(chosen))
         a, b = histories
         ma, mb = kept_mask_of(a).astype(bool), kept_mask_of(b).astype(bool)
@@ -278,7 +279,7 @@ def test_panel_layers_draws_the_same_images_with_and_without_the_kernels(story, 
              ([kept[2]], figures.Region(1000, 1300, 2000, 2400), 4, 64, 341), (kept[:2], figures.Region(3, 900, 5, 4000), 1, 0, 77)]
     fast = [figures.panel_layers(*case) for case in cases]
     fast_counts = figures.difference_counts(kept[0], kept[1])
-    monkeypatch.setattr(figures, "AVAILABLE", False)
+    monkeypatch.setattr(pooling, "AVAILABLE", False)
     assert [figures.panel_layers(*case) for case in cases] == fast
     assert figures.difference_counts(kept[0], kept[1]) == fast_counts
 
@@ -497,7 +498,7 @@ def test_attention_image_is_log_scaled_and_block_averaged():
     rgb, block, (lo, hi) = figures.attention_image(a, size=4)
     assert rgb.dtype == np.uint8 and rgb.shape == (4, 4, 3) and block == 2
     assert np.all(rgb[0, 3] == 255)  # the future: nothing there, white
-    lut = figures._lut(sequential.Viridis)
+    lut = figures.trace._lut(sequential.Viridis)
     assert np.array_equal(rgb[3, 3], lut[255])  # the brightest block at the top of the scale
     assert hi == pytest.approx(np.log10(0.25))  # block mean of one 1.0 among four cells
 

@@ -5,6 +5,9 @@ analysis code changed, never stored for a trace without an entry, harmless when 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import random_trace
@@ -235,3 +238,15 @@ def test_a_value_that_does_not_read_back_exactly_is_not_stored(cache_dir, tmp_pa
     for i, value in enumerate(({"x": (1, 2)}, {"x": float("nan")}, {"x": {1, 2}})):  # a tuple, NaN, a set
         assert cache.derived(trace, f"odd{i}", {}, "1", lambda value=value: value) is value
     assert not list(cache_dir.glob("*-odd*"))
+
+
+def test_the_features_are_analysis_and_the_selection_parsers_plain_python():
+    """``kvsim.analysis.features`` loads no view and no Plotly (it is the analysis layer), and the
+    selection parsers load neither Plotly nor Streamlit: both are usable, and testable, on their own."""
+    code = ("import sys, kvsim.analysis.features, kvsim.views.selection; "
+            "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in ('plotly', 'streamlit') "
+            "or m.startswith('kvsim.views.figures'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(features.__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ""

@@ -53,7 +53,6 @@ def selected_region(selection, steps: int) -> Region | None:
     return region if region.width > 1 and region.height > 1 else None
 
 
-
 def selected_recent_window(selection) -> int | None:
     """The recent_window of the first chosen point of ``recent_window_curve`` in a Plotly selection
     event (Streamlit's ``on_select`` state), or None when no curve point was chosen."""

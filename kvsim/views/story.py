@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ..analysis.features import HeavyFate, TraceFeatures, curve_peak
-from .figures import COINCIDE, Line
+from .figures.curve import COINCIDE, Line
 
 
 def gap(value: float, other: float, whose: str) -> str:
