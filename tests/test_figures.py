@@ -9,11 +9,14 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 from PIL import Image
+from plotly.colors import sequential
 
 import kvsim
 from kvsim import replay, sweep
+from kvsim.analysis import features
 from kvsim.sim.harness import kept_mask_of
 from kvsim.views import figures
+from kvsim.views.figures import pooling
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +53,7 @@ def png_of(source: str) -> Image.Image:
 
 
 def test_features_of_the_canonical_trace_come_from_its_metadata(canonical):
-    f = figures.trace_features(canonical)
+    f = features.trace_features(canonical)
     assert (f.sinks, f.band, f.steps) == (4, 64, 4096)
     assert [p for p, _, _ in f.heavy] == sorted(canonical.meta["heavy_hitters"])
     p, first, last = f.heavy[0]
@@ -61,15 +64,15 @@ def test_features_of_the_canonical_trace_come_from_its_metadata(canonical):
 
 def test_the_band_and_heavy_hitters_are_measured_when_the_metadata_is_silent(canonical):
     bare = kvsim.Trace(canonical.attention, name="bare", meta={})
-    f = figures.trace_features(bare)
+    f = features.trace_features(bare)
     assert f.band_known and f.band == 64 and f.band_source.startswith("measured")  # the generator's width
-    assert figures.detect_band(canonical.attention)[1] > 20  # a cliff, not a slope
+    assert features.detect_band(canonical.attention)[1] > 20  # a cliff, not a slope
     assert f.heavy and f.live_known
 
 
 def test_a_real_trace_has_one_sink_no_band_and_persistent_heavy_hitters():
     real = kvsim.resolve_trace("gemma3-270m-L11")
-    f = figures.trace_features(real)
+    f = features.trace_features(real)
     assert f.sinks == 1 and not f.band_known and f.band_source.startswith("no sharp recency band")
     assert len(f.heavy) == 8 and f.stale == () and all(p > 0 for p, _, _ in f.heavy)
     col = real.attention[1:, :].astype(np.float64).mean(axis=0)
@@ -77,18 +80,18 @@ def test_a_real_trace_has_one_sink_no_band_and_persistent_heavy_hitters():
 
 
 def test_features_are_measured_and_found_absent_on_a_random_trace(small, make_trace):
-    f = figures.trace_features(small, n_heavy=3)
+    f = features.trace_features(small, n_heavy=3)
     assert [p for p, _, _ in f.heavy] == [9]  # the one position drawing far more than the rest
     assert f.sinks == 0 and not f.band_known
-    noise = figures.trace_features(make_trace(300, seed=1))
+    noise = features.trace_features(make_trace(300, seed=1))
     assert (noise.sinks, noise.heavy, noise.band_known) == (0, (), False)
-    given = figures.trace_features(small, sinks=2, band=8)
+    given = features.trace_features(small, sinks=2, band=8)
     assert (given.sinks, given.band, given.band_known) == (2, 8, True)
 
 
 def test_malformed_heavy_hitter_metadata_is_ignored(small):
     odd = kvsim.Trace(small.attention, name="odd", meta={"heavy_hitters": ["x", 10**9]})
-    assert figures.trace_features(odd).heavy_source.startswith("measured")
+    assert features.trace_features(odd).heavy_source.startswith("measured")
 
 
 # --------------------------------------------------------------------------------------------
@@ -100,11 +103,11 @@ def test_kept_image_is_uint8_with_three_levels(story):
     img = figures.kept_image(result)
     T = result.steps
     assert img.dtype == np.uint8 and img.shape == (T, T + 1)
-    assert set(np.unique(img)) == {figures.KEPT, figures.EVICTED, figures.FUTURE}
-    kept_per_row = (img == figures.KEPT).sum(axis=1)
+    assert set(np.unique(img)) == {pooling.KEPT, pooling.EVICTED, pooling.FUTURE}
+    kept_per_row = (img == pooling.KEPT).sum(axis=1)
     assert np.array_equal(kept_per_row, np.minimum(np.arange(1, T + 1) + 1, result.budget))
     future = np.arange(T + 1)[None, :] > np.arange(1, T + 1)[:, None]
-    assert np.all((img == figures.FUTURE) == future)
+    assert np.all((img == pooling.FUTURE) == future)
 
 
 def images(fig, name=None):
@@ -112,7 +115,7 @@ def images(fig, name=None):
 
 
 def test_kept_heatmap_pools_to_the_pixels_shown_and_keeps_thin_columns(canonical, story):
-    f = figures.trace_features(canonical)
+    f = features.trace_features(canonical)
     fig = figures.kept_heatmap(story, f, step=1000, size=341)
     mains = [png_of(t.source) for t in fig.data if isinstance(t, go.Image) and t.name in ("sliding_window", "streaming_llm", "h2o")]
     assert len(mains) == 3
@@ -121,14 +124,14 @@ def test_kept_heatmap_pools_to_the_pixels_shown_and_keeps_thin_columns(canonical
     sliding, streaming, _ = (np.asarray(png) for png in mains)
     # the four sink columns share one block with other positions: held by streaming_llm, the block
     # is still not white at the last step; sliding_window's is
-    assert streaming[-1, 0] != figures.EVICTED and sliding[-1, 0] == figures.EVICTED
+    assert streaming[-1, 0] != pooling.EVICTED and sliding[-1, 0] == pooling.EVICTED
     # the widened sink strip: one column per sink, held to the end by streaming_llm only
     strips = [np.asarray(png_of(t.source)) for t in images(fig, "sinks")]
     assert [s.shape[1] for s in strips] == [4, 4, 4]
-    assert (strips[1][-1] == figures.KEPT).all() and (strips[0][-1] == figures.EVICTED).all()
+    assert (strips[1][-1] == pooling.KEPT).all() and (strips[0][-1] == pooling.EVICTED).all()
     # the age strip: the newest positions of every step; sliding_window holds all of them
     ages = [np.asarray(png_of(t.source)) for t in images(fig, "newest positions")]
-    assert (ages[0][-1] == figures.KEPT).all()
+    assert (ages[0][-1] == pooling.KEPT).all()
     # the axes span the data, plus the header and the strips, and no more
     assert tuple(fig.layout.yaxis.range)[0] == 4096.5 and -400 < fig.layout.yaxis.range[1] < 0.5
     lo, hi = fig.layout.xaxis.range
@@ -149,7 +152,7 @@ def test_kept_heatmap_pools_to_the_pixels_shown_and_keeps_thin_columns(canonical
 def test_the_kept_figure_is_valid_plotly(canonical, story):
     """The figure is put together from plain dicts and not validated as it is built: Plotly's own
     validation of the result must change nothing (a misspelt property would raise here)."""
-    f = figures.trace_features(canonical)
+    f = features.trace_features(canonical)
     for fig in (figures.kept_heatmap(story, f, step=1000), figures.kept_heatmap(story[:2], f, compare=True),
                 figures.kept_heatmap(story[2:], f, region=figures.Region(1000, 1199, 1100, 1299), size=1024)):
         spec = fig.to_dict()
@@ -157,7 +160,7 @@ def test_the_kept_figure_is_valid_plotly(canonical, story):
 
 
 def test_a_zoomed_region_is_drawn_at_full_resolution(canonical, story):
-    f = figures.trace_features(canonical)
+    f = features.trace_features(canonical)
     region = figures.Region(1000, 1199, 1100, 1299)
     fig = figures.kept_heatmap(story[2:], f, region=region, size=1024)
     (main,) = images(fig, "h2o")
@@ -167,16 +170,16 @@ def test_a_zoomed_region_is_drawn_at_full_resolution(canonical, story):
 
 
 def test_heavy_fates_say_when_each_was_evicted(canonical, story):
-    f = figures.trace_features(canonical)
+    f = features.trace_features(canonical)
     for result in story:
         mask = result.kept_mask()
-        for fate in figures.heavy_fates(result.kept_history, f):
+        for fate in features.heavy_fates(result.kept_history, f):
             p, ev = fate.position, fate.evicted_at
             if ev is None:
                 assert mask[-1, p] == 1
             else:
                 assert mask[ev - 2, p] == 1 and mask[ev - 1:, p].sum() == 0
-    sliding = figures.heavy_fates(story[0].kept_history, f)
+    sliding = features.heavy_fates(story[0].kept_history, f)
     assert all(x.lost_while_live and x.evicted_at == x.position + 256 for x in sliding)  # out of the window
     fig = figures.kept_heatmap(story[:1], f)
     (marks,) = [t for t in fig.data if t.name == "evicted here"]
@@ -185,11 +188,11 @@ def test_heavy_fates_say_when_each_was_evicted(canonical, story):
 
 
 def test_the_difference_shows_what_one_keeps_and_the_other_does_not(canonical, story):
-    f = figures.trace_features(canonical)
+    f = features.trace_features(canonical)
     fig = figures.kept_heatmap([story[1], story[0]], f, compare=True)
     (strip,) = [np.asarray(png_of(t.source)) for t in images(fig, "sinks")]
-    assert tuple(strip[-1, 0]) == figures.ONLY_A  # the sinks: streaming_llm's, not sliding_window's
-    assert tuple(strip[0, 0]) == figures.BOTH  # before the cache fills, both hold them
+    assert tuple(strip[-1, 0]) == pooling.ONLY_A  # the sinks: streaming_llm's, not sliding_window's
+    assert tuple(strip[0, 0]) == pooling.BOTH  # before the cache fills, both hold them
     assert "kept by streaming_llm only" in {t.name for t in fig.data}
     a, b = figures.difference_counts(story[1].kept_history, story[0].kept_history)
     assert 3 < a < 4 and a == pytest.approx(b)  # four sinks for the four newest, once full
@@ -217,7 +220,7 @@ def test_selected_region_clips_the_box_to_the_run(event, expected):
 
 
 def test_kept_heatmap_reuses_given_layers(canonical, story):
-    f = figures.trace_features(canonical)
+    f = features.trace_features(canonical)
     lay = figures.panel_layers([story[0].kept_history], figures.Region.whole(4096), 4, 128, 300)
     fig = figures.kept_heatmap(story[:1], f, layers=[lay])
     assert images(fig, "sliding_window")[0].source == lay["main"]
@@ -255,15 +258,15 @@ def test_pooling_kernels_give_the_reference_sums():
         sinks, ages = int(rng.integers(0, 8)), int(rng.integers(0, 70))
         br, bc, ba = (int(v) for v in rng.integers(1, 9, size=3))
         for chosen in (histories[:1], histories):
-            want = figures._pool_panel([kept_mask_of(h) for h in chosen], region, sinks, ages, br, bc, ba)
-            got = figures._pool_panel_fast(chosen, region, sinks, ages, br, bc, ba)
+            want = pooling._pool_panel([kept_mask_of(h) for h in chosen], region, sinks, ages, br, bc, ba)
+            got = pooling._pool_panel_fast(chosen, region, sinks, ages, br, bc, ba)
             assert all(_pooled_equal(w, g) for w, g in zip(want, got, strict=True)), (trial, region, len(chosen))
         a, b = histories
         ma, mb = kept_mask_of(a).astype(bool), kept_mask_of(b).astype(bool)
         assert figures.difference_counts(a, b) == (float((ma & ~mb).sum(axis=1).mean()), float((mb & ~ma).sum(axis=1).mean()))
-        f = figures.TraceFeatures(steps=T, sinks=0, band=4, heavy=tuple((p, p + 1, T) for p in range(0, T + 1, 5)),
+        f = features.TraceFeatures(steps=T, sinks=0, band=4, heavy=tuple((p, p + 1, T) for p in range(0, T + 1, 5)),
                                   heavy_source="", live_known=True, band_known=True, band_source="", sink_source="")
-        for fate in figures.heavy_fates(a, f):  # held from birth for as many steps as the mask says
+        for fate in features.heavy_fates(a, f):  # held from birth for as many steps as the mask says
             held = int(ma[max(fate.position, 1) - 1 :, fate.position].sum())
             until = max(fate.position, 1) + held - 1
             assert fate.evicted_at == (None if until >= T else until + 1)
@@ -276,7 +279,7 @@ def test_panel_layers_draws_the_same_images_with_and_without_the_kernels(story, 
              ([kept[2]], figures.Region(1000, 1300, 2000, 2400), 4, 64, 341), (kept[:2], figures.Region(3, 900, 5, 4000), 1, 0, 77)]
     fast = [figures.panel_layers(*case) for case in cases]
     fast_counts = figures.difference_counts(kept[0], kept[1])
-    monkeypatch.setattr(figures, "AVAILABLE", False)
+    monkeypatch.setattr(pooling, "AVAILABLE", False)
     assert [figures.panel_layers(*case) for case in cases] == fast
     assert figures.difference_counts(kept[0], kept[1]) == fast_counts
 
@@ -284,11 +287,11 @@ def test_panel_layers_draws_the_same_images_with_and_without_the_kernels(story, 
 def test_kept_heatmap_refuses_a_replay_of_another_trace(canonical, small):
     other = kvsim.replay(small, "sliding_window", budget=8, record_kept=True)
     with pytest.raises(ValueError, match="steps"):
-        figures.kept_heatmap([other], figures.trace_features(canonical))
+        figures.kept_heatmap([other], features.trace_features(canonical))
 
 
 def test_more_than_three_panels_leave_room_for_the_second_row_titles(canonical, story):
-    f = figures.trace_features(canonical)
+    f = features.trace_features(canonical)
     fig = figures.kept_heatmap(story + story[:1], f)
     top_row_bottom = fig.layout.yaxis.domain[0]
     second_row_top = fig.layout.yaxis4.domain[1]
@@ -301,7 +304,7 @@ def test_more_than_three_panels_leave_room_for_the_second_row_titles(canonical, 
 
 def test_score_snapshot_tells_positions_apart(canonical, story):
     h2o = story[2]
-    f = figures.trace_features(canonical)
+    f = features.trace_features(canonical)
     snap = figures.score_snapshot(h2o, 4096, f)
     assert len(snap) == 257  # budget + 1 before eviction
     assert snap["evicted"].sum() == 1
@@ -315,12 +318,12 @@ def test_score_snapshot_tells_positions_apart(canonical, story):
 
 
 def test_score_snapshot_before_the_cache_fills_has_no_threshold(canonical, story):
-    snap = figures.score_snapshot(story[2], 100, figures.trace_features(canonical))
+    snap = figures.score_snapshot(story[2], 100, features.trace_features(canonical))
     assert not snap["evicted"].any() and figures.eviction_threshold(snap) is None
 
 
 def test_score_distribution_marks_threshold_and_categories(canonical, story):
-    fig = figures.score_distribution(story[2], 3000, figures.trace_features(canonical))
+    fig = figures.score_distribution(story[2], 3000, features.trace_features(canonical))
     names = {t.name for t in fig.data}
     assert {"sink", "recent window", "other", "evicted at this step (ringed ×)"} <= names
     assert any(n.startswith("eviction threshold") for n in names)
@@ -333,8 +336,8 @@ def test_score_axis_spans_the_scores_for_votes_too(canonical):
     """scissorhands counts votes (0 .. thousands): the axis, in log10 units, spans exactly those,
     and the threshold's label sits at the threshold (plotly reads log-axis annotations in log10)."""
     result = replay(canonical, "scissorhands", budget=256, record_kept=True, record_scores=True)
-    fig = figures.score_distribution(result, 4000, figures.trace_features(canonical))
-    snap = figures.score_snapshot(result, 4000, figures.trace_features(canonical))
+    fig = figures.score_distribution(result, 4000, features.trace_features(canonical))
+    snap = figures.score_snapshot(result, 4000, features.trace_features(canonical))
     lo, hi = fig.layout.yaxis.range
     positive = snap["score"][snap["score"] > 0]
     assert lo <= np.log10(positive.min() / 10) and hi >= np.log10(snap["score"].max()) and hi < 4.5
@@ -344,7 +347,7 @@ def test_score_axis_spans_the_scores_for_votes_too(canonical):
 
 
 def test_score_view_refuses_what_it_cannot_show(canonical, story):
-    f = figures.trace_features(canonical)
+    f = features.trace_features(canonical)
     with pytest.raises(ValueError, match="no scores"):
         figures.score_snapshot(story[0], 100, f)
     with pytest.raises(ValueError, match="step"):
@@ -463,7 +466,7 @@ def test_canonical_curve_tells_the_cards_story(canonical, story):
     assert "peak at 64" in text and "gain saturates here" in text
     assert "at 32, h2o keeps less than streaming_llm" in text
     # both curves peak at the band; no deployable policy passes the bound
-    assert figures.curve_peak(scissors)[0] == 64
+    assert features.curve_peak(scissors)[0] == 64
     bound = lines[-1].retained_mass
     lines = [t for t in fig.data if t.yaxis == "y" and t.name in ("h2o", "scissorhands", "tova", "streaming_llm (sinks=4)")]
     assert len(lines) == 4 and all(max(t.y) <= bound + 1e-12 for t in lines)
@@ -495,13 +498,13 @@ def test_attention_image_is_log_scaled_and_block_averaged():
     rgb, block, (lo, hi) = figures.attention_image(a, size=4)
     assert rgb.dtype == np.uint8 and rgb.shape == (4, 4, 3) and block == 2
     assert np.all(rgb[0, 3] == 255)  # the future: nothing there, white
-    lut = figures._lut(figures.sequential.Viridis)
+    lut = figures.trace._lut(sequential.Viridis)
     assert np.array_equal(rgb[3, 3], lut[255])  # the brightest block at the top of the scale
     assert hi == pytest.approx(np.log10(0.25))  # block mean of one 1.0 among four cells
 
 
 def test_trace_matrix_is_an_image_with_features_named(canonical):
-    f = figures.trace_features(canonical)
+    f = features.trace_features(canonical)
     fig = figures.trace_matrix(canonical, f)
     img = fig.data[0]
     assert isinstance(img, go.Image)

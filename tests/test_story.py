@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import kvsim
+from kvsim.analysis import features
 from kvsim.views import figures, story
 
 
@@ -59,8 +60,8 @@ def test_lines_story_on_the_canonical_trace_quotes_its_sweeps(canonical):
     tova = kvsim.replay(canonical, "tova", budget=256).summary()
     lines = [figures.Line.of(tova, "tova", policy="tova")]
     text = story.lines_story("h2o", curves, lines, 256)
-    peak, top = figures.curve_peak(curves["h2o"])
-    speak, stop = figures.curve_peak(curves["scissorhands"])
+    peak, top = features.curve_peak(curves["h2o"])
+    speak, stop = features.curve_peak(curves["scissorhands"])
     assert peak == 64
     assert f"**scissorhands** {'also ' if speak == peak else ''}peaks at {speak}, at {stop:.3f}" in text
     assert f"one line: {tova['retained_mass']:.3f}" in text
@@ -87,7 +88,7 @@ def real():
 
 
 def facts(trace):
-    f = figures.trace_features(trace)
+    f = features.trace_features(trace)
     return f, kvsim.describe(trace, band=f.band, sinks=max(1, f.sinks))
 
 
@@ -125,9 +126,9 @@ def test_a_trace_without_features_says_so(make_trace):
 
 
 def test_heavy_text_counts_each_policys_losses(canonical):
-    f = figures.trace_features(canonical)
+    f = features.trace_features(canonical)
     results = {n: kvsim.replay(canonical, n, budget=256, record_kept=True) for n in ("sliding_window", "h2o")}
-    fates = {n: figures.heavy_fates(r.kept_history, f) for n, r in results.items()}
+    fates = {n: features.heavy_fates(r.kept_history, f) for n, r in results.items()}
     text = story.heavy_text(f, fates)
     n = len(f.heavy)
     lost = [x for x in fates["sliding_window"] if x.lost_while_live]
@@ -160,7 +161,7 @@ def test_curve_verdict_without_a_band_or_flat_past_it():
 def test_curve_verdict_at_a_large_budget_on_the_canonical_trace(canonical):
     windows = [*range(16, 1024, 48), 64]
     rs = kvsim.sweep(canonical, "h2o", 1024, "recent_window", windows)
-    peak, top = figures.curve_peak(rs)
+    peak, top = features.curve_peak(rs)
     text = story.curve_verdict(rs, 64)
     at64 = next(r["retained_mass"] for r in rs if r["recent_window"] == 64)
     assert "not one clean band" not in text

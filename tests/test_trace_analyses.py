@@ -5,15 +5,17 @@ analysis code changed, never stored for a trace without an entry, harmless when 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import random_trace
 
-from kvsim.analysis import metrics
+from kvsim.analysis import features, metrics
 from kvsim.data import canonical
 from kvsim.data import store as cache
 from kvsim.data.trace import from_array, load_npz, save_npz
-from kvsim.views import figures
 
 SMALL = canonical.CanonicalConfig(steps=96)
 
@@ -28,17 +30,17 @@ def cache_dir(tmp_path, monkeypatch):
 def counted(monkeypatch):
     """How many times each analysis was computed: ``counted["features"]``, ``counted["describe"]``."""
     calls = {"features": 0, "describe": 0}
-    features, describe = figures.trace_features, metrics.describe
+    trace_features, describe = features.trace_features, metrics.describe
 
     def count_features(trace, **kw):
         calls["features"] += 1
-        return features(trace, **kw)
+        return trace_features(trace, **kw)
 
     def count_describe(trace, **kw):
         calls["describe"] += 1
         return describe(trace, **kw)
 
-    monkeypatch.setattr(figures, "trace_features", count_features)
+    monkeypatch.setattr(features, "trace_features", count_features)
     monkeypatch.setattr(metrics, "describe", count_describe)
     return calls
 
@@ -58,12 +60,12 @@ def opened(kind: str, tmp_path):
 
 
 def analyses(trace) -> tuple:
-    f = figures.trace_features_cached(trace)
+    f = features.trace_features_cached(trace)
     return f, metrics.describe_cached(trace, band=f.band, top_k=32, sinks=max(1, f.sinks))
 
 
 def direct(trace) -> tuple:
-    f = figures.trace_features(trace)
+    f = features.trace_features(trace)
     return f, metrics.describe(trace, band=f.band, top_k=32, sinks=max(1, f.sinks))
 
 
@@ -84,16 +86,16 @@ def test_a_second_process_reads_the_analyses_from_disk_and_they_equal_the_direct
     def refuse(*args, **kw):
         raise AssertionError("computed again instead of read from disk")
 
-    monkeypatch.setattr(figures, "trace_features", refuse)
+    monkeypatch.setattr(features, "trace_features", refuse)
     monkeypatch.setattr(metrics, "describe", refuse)
     again = opened(kind, tmp_path)
     assert again is not trace and "disk_stem" in again._cache
     assert analyses(again) == want
-    features = figures.trace_features_cached(again)
-    assert type(features.heavy) is tuple and all(type(h) is tuple and len(h) == 3 for h in features.heavy)
-    assert features.heavy == want[0].heavy and features.heavy and features.sinks and features.band_known
+    f = features.trace_features_cached(again)
+    assert type(f.heavy) is tuple and all(type(h) is tuple and len(h) == 3 for h in f.heavy)
+    assert f.heavy == want[0].heavy and f.heavy and f.sinks and f.band_known
     if kind == "file":  # every feature measured on the attention, none read from metadata
-        assert all(s.startswith("measured") for s in (features.sink_source, features.band_source, features.heavy_source))
+        assert all(s.startswith("measured") for s in (f.sink_source, f.band_source, f.heavy_source))
     with pytest.raises(AssertionError, match="computed again"):  # other arguments: not on disk yet
         metrics.describe_cached(again, band=want[0].band + 1, top_k=32, sinks=1)
 
@@ -138,7 +140,7 @@ def _edit(text: str, drop: str | None = None, **fields) -> str:
 @pytest.mark.parametrize("damage", sorted(FEATURE_DAMAGE))
 def test_damaged_features_are_computed_again_and_rewritten(cache_dir, tmp_path, counted, damage):
     trace = file_trace(tmp_path)
-    want = figures.trace_features_cached(trace)
+    want = features.trace_features_cached(trace)
     (path,) = stored(cache_dir, "features")
     text = FEATURE_DAMAGE[damage](path.read_text())
     if damage == "not utf-8":
@@ -146,9 +148,9 @@ def test_damaged_features_are_computed_again_and_rewritten(cache_dir, tmp_path, 
     else:
         path.write_text(text)
     counted["features"] = 0
-    assert figures.trace_features_cached(file_trace(tmp_path)) == want and counted["features"] == 1
-    assert figures.TraceFeatures.from_record(json.loads(path.read_text())["record"]) == want  # rewritten whole
-    assert figures.trace_features_cached(file_trace(tmp_path)) == want and counted["features"] == 1
+    assert features.trace_features_cached(file_trace(tmp_path)) == want and counted["features"] == 1
+    assert features.TraceFeatures.from_record(json.loads(path.read_text())["record"]) == want  # rewritten whole
+    assert features.trace_features_cached(file_trace(tmp_path)) == want and counted["features"] == 1
 
 
 DESCRIBE_DAMAGE = {
@@ -188,8 +190,8 @@ def test_an_edited_analysis_module_is_computed_afresh(cache_dir, tmp_path, count
     assert counted == {"features": 1, "describe": 1}
     assert analyses(file_trace(tmp_path)) == want and counted == {"features": 1, "describe": 1}
     # the versions are hashes of the modules' source files: another hash stands for an edit
-    assert figures.features_version() == cache.source_version(figures.__file__) != metrics.describe_version()
-    monkeypatch.setattr(figures, "features_version", lambda: "edited")
+    assert features.features_version() == cache.source_version(features.__file__) != metrics.describe_version()
+    monkeypatch.setattr(features, "features_version", lambda: "edited")
     assert analyses(file_trace(tmp_path)) == want and counted == {"features": 2, "describe": 1}
     monkeypatch.setattr(metrics, "describe_version", lambda: "edited")
     assert analyses(file_trace(tmp_path)) == want and counted == {"features": 2, "describe": 2}
@@ -221,14 +223,14 @@ def test_an_unwritable_cache_still_gives_the_analyses(cache_dir, tmp_path, count
 
 
 def test_features_record_round_trip_and_refusals():
-    f = figures.TraceFeatures(steps=10, sinks=2, band=4, heavy=((3, 4, 9), (5, 6, 10)), heavy_source="s",
+    f = features.TraceFeatures(steps=10, sinks=2, band=4, heavy=((3, 4, 9), (5, 6, 10)), heavy_source="s",
                               live_known=True, band_known=True, band_source="b", sink_source="k")
     record = f.to_record()
-    assert set(figures._RECORD_TYPES) | {"heavy"} == set(record)  # every field type-checked on the way back
-    assert figures.TraceFeatures.from_record(json.loads(json.dumps(record))) == f
+    assert set(features._RECORD_TYPES) | {"heavy"} == set(record)  # every field type-checked on the way back
+    assert features.TraceFeatures.from_record(json.loads(json.dumps(record))) == f
     for bad in ([], {**record, "heavy": [[3, 4, True]]}, {**record, "band_known": "yes"}, {**record, "x": 1}):
         with pytest.raises(ValueError):
-            figures.TraceFeatures.from_record(bad)
+            features.TraceFeatures.from_record(bad)
 
 
 def test_a_value_that_does_not_read_back_exactly_is_not_stored(cache_dir, tmp_path):
@@ -236,3 +238,15 @@ def test_a_value_that_does_not_read_back_exactly_is_not_stored(cache_dir, tmp_pa
     for i, value in enumerate(({"x": (1, 2)}, {"x": float("nan")}, {"x": {1, 2}})):  # a tuple, NaN, a set
         assert cache.derived(trace, f"odd{i}", {}, "1", lambda value=value: value) is value
     assert not list(cache_dir.glob("*-odd*"))
+
+
+def test_the_features_are_analysis_and_the_selection_parsers_plain_python():
+    """``kvsim.analysis.features`` loads no view and no Plotly (it is the analysis layer), and the
+    selection parsers load neither Plotly nor Streamlit: both are usable, and testable, on their own."""
+    code = ("import sys, kvsim.analysis.features, kvsim.views.selection; "
+            "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in ('plotly', 'streamlit') "
+            "or m.startswith('kvsim.views.figures'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(features.__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ""

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .figures import COINCIDE, HeavyFate, Line, TraceFeatures, curve_peak
+from ..analysis.features import HeavyFate, TraceFeatures, curve_peak
+from .figures.curve import COINCIDE, Line
 
 
 def gap(value: float, other: float, whose: str) -> str:

@@ -1,0 +1,241 @@
+"""The recent_window curve: retained mass and top-k recall against recent_window for one policy's
+sweep, other policies' sweeps beside it, and the figures that do not move with recent_window
+(deployable policies, offline references, the upper bound) as horizontal lines."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ...analysis.features import curve_peak
+from .common import CURRENT_COLOUR
+
+#: styles of the curve's lines. Deployable policies get colours; the offline references are drawn
+#: in black and grey, dotted, so nobody reads them as one more policy to deploy.
+PRIMARY_COLOUR = "#1f77b4"
+COMPANION_STYLES = (("#9467bd", "solid"), ("#8c564b", "solid"), ("#e377c2", "solid"))
+REFERENCE_STYLES = (("#2ca02c", "dash"), ("#bcbd22", "dashdot"), ("#e377c2", "longdash"), ("#8c564b", "dash"))
+#: (colour, dash, width): the upper bound in black, any other offline reference in grey
+BOUND_STYLE = ("black", "dot", 2)
+OFFLINE_STYLES = (("#7f7f7f", "dot", 3), ("#b0b0b0", "dot", 3))
+OFFLINE_TITLE = "<b>offline references</b> (they read the future)"
+
+
+@dataclass(frozen=True)
+class Line:
+    """A horizontal line on the recent_window chart: a figure that does not move with recent_window."""
+
+    label: str
+    retained_mass: float
+    top_k_recall: float
+    #: "policy": a deployable policy with no recent_window; "offline": an offline reference that
+    #: reads the future; "bound": the per-step upper bound no cache can pass
+    kind: str = "policy"
+    #: the registry name when the line is a policy's replay (the notes compare against streaming_llm)
+    policy: str | None = None
+    #: what the line's policy does, in one line (its class's ``summary``): the notes quote it
+    note: str = ""
+
+    @classmethod
+    def of(cls, summary: Mapping, label: str, kind: str = "policy", policy: str | None = None, note: str = "") -> Line:
+        return cls(label, float(summary["retained_mass"]), float(summary["top_k_recall"]), kind, policy, note)
+
+    @property
+    def offline(self) -> bool:
+        return self.kind in ("offline", "bound")
+
+
+def recent_window_curve(
+    rows: Sequence[Mapping],
+    lines: Sequence[Line] = (),
+    *,
+    current: int | None,
+    default: int = 32,
+    band: int = 64,
+    top_k: int = 32,
+    policy: str = "h2o",
+    band_known: bool = True,
+    companions: Mapping[str, Sequence[Mapping]] | None = None,
+) -> go.Figure:
+    """Retained mass (top) and top-k recall (bottom) against recent_window.
+
+    ``policy``'s sweep (``rows``) is the primary curve: it carries the markers at the shipped
+    ``default`` and at the trace's ``band`` (labelled as assumed unless ``band_known``), the
+    ``current`` recent_window, and the notes computed from the data. ``companions`` are other
+    policies swept over the same recent_windows, drawn beside it without markers. ``lines`` are the
+    horizontal ones (``Line``): deployable policies in the policies legend, offline references
+    dotted under a legend of their own, the upper bound black and the others grey. Curve points
+    carry their recent_window as ``customdata`` so a selection can set it.
+    """
+    if not rows:
+        raise ValueError("recent_window_curve needs at least one sweep row")
+    df = _sweep_columns(rows)
+    x = df["recent_window"]
+    others = {name: _sweep_columns(r) for name, r in (companions or {}).items() if r}
+    offline = [line for line in lines if line.offline]
+    # streaming_llm is the line the story compares against: the boldest style goes to it
+    references = sorted((line for line in lines if not line.offline), key=lambda line: line.policy != "streaming_llm")
+    metrics = (("retained_mass", "retained mass"), ("top_k_recall", f"top-{top_k} recall"))
+    fig = make_subplots(
+        rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=[m[1] for m in metrics]
+    )
+    lo, hi = float(x.min()), float(x.max())
+    for r, (key, label) in enumerate(metrics, start=1):
+        y = df[key]
+        # the lines first, so the curves and the markers lie on top of them
+        _lines(fig, r, key, label, references, offline, lo, hi)
+        _curves(fig, r, key, label, x, y, others, policy)
+        # a trace without a band gets no band mark: there is no width to point at
+        marks = [(default, f"shipped default ({default})", "#ff7f0e", "circle")]
+        if band_known:
+            marks.append((band, f"trace band ({band})", "#17becf", "square"))
+        _marks(fig, r, label, x, y, marks, current)
+    # a dotted line down both panels at each mark, set at once (``add_vline`` re-validates every
+    # shape it adds, which was most of the figure's cost)
+    fig.update_layout(shapes=[
+        dict(type="line", x0=mark, x1=mark, xref=xref, y0=0, y1=1, yref=f"{yref} domain",
+             line=dict(color=colour, width=1, dash="dot"))
+        for mark, colour in ((default, "#ff7f0e"), *(((band, "#17becf"),) if band_known else ()))
+        if x.min() <= mark <= x.max()
+        for xref, yref in (("x", "y"), ("x2", "y2"))
+    ])
+    _annotate_story(fig, rows, references, default=default, band=band if band_known else None, policy=policy)
+    fig.update_xaxes(title_text="recent_window", row=2, col=1)
+    # three legends stacked under the chart: policies, offline references, marks on the primary curve
+    legend = dict(orientation="h", x=0, xanchor="left", yanchor="top", font=dict(size=13))
+    fig.update_layout(
+        height=760, margin=dict(l=60, r=20, t=40, b=40), hovermode="closest",
+        # titles sized explicitly: a theme styles the first legend's title, never the extra legends'
+        legend=dict(legend, y=-0.08, title=dict(text="<b>policies</b>", side="left", font=dict(size=13))),
+        legend2=dict(legend, y=-0.135, title=dict(text=OFFLINE_TITLE, side="left", font=dict(size=13))),
+        legend3=dict(legend, y=-0.19, title=dict(text=f"<b>marks on {policy}</b>", side="left", font=dict(size=13))),
+    )
+    return fig
+
+
+def _lines(fig, r: int, key: str, label: str, references: Sequence[Line], offline: Sequence[Line], lo: float,
+           hi: float) -> None:
+    """Panel ``r``'s horizontal lines, and a note where a policy's and an offline reference's are one.
+    The policies' lines wide and pale under the offline references' thin dotted ones, so a policy
+    that matches a reference (tova and the upper bound, on the canonical trace) shows as both."""
+    for j, line in enumerate(references):
+        colour, dash = REFERENCE_STYLES[j % len(REFERENCE_STYLES)]
+        _hline(fig, r, line.label, getattr(line, key), label, lo, hi, colour, dash, 4, legend="legend", rank=100 + j)
+    for j, line in enumerate(offline):
+        colour, dash, width = BOUND_STYLE if line.kind == "bound" else OFFLINE_STYLES[j % len(OFFLINE_STYLES)]
+        _hline(fig, r, line.label, getattr(line, key), label, lo, hi, colour, dash, width, legend="legend2", rank=200 + j)
+    for ref, off in coinciding(references, offline, key):
+        fig.add_annotation(
+            x=hi, y=getattr(off, key), xref=f"x{'' if r == 1 else r}", yref=f"y{'' if r == 1 else r}",
+            text=f"{ref.label} {getattr(ref, key):.4f} and {off.label.split(' (')[0]} {getattr(off, key):.4f}: one line",
+            showarrow=True, arrowhead=2, ax=-20, ay=28, xanchor="right", bgcolor="rgba(255,255,255,0.85)",
+            font=dict(size=12, color="#222"),
+        )
+
+
+def _curves(fig, r: int, key: str, label: str, x: np.ndarray, y: np.ndarray, others: Mapping[str, dict],
+            policy: str) -> None:
+    """Panel ``r``'s curves: the companions', then the primary policy's on top, each point carrying
+    its recent_window as ``customdata``."""
+    for j, (name, other) in enumerate(others.items()):
+        colour, dash = COMPANION_STYLES[j % len(COMPANION_STYLES)]
+        ox = other["recent_window"]
+        fig.add_trace(
+            go.Scatter(
+                x=ox, y=other[key], mode="lines", name=name, legendgroup=name, showlegend=(r == 1),
+                legendrank=10 + j,
+                line=dict(color=colour, width=2, dash=dash), customdata=ox,
+                hovertemplate="recent_window %{x}<br>" + label + " %{y:.4f}<extra>" + name + "</extra>",
+            ),
+            row=r, col=1,
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=x, y=y, mode="lines+markers", name=policy, legendgroup=policy, showlegend=(r == 1), legendrank=1,
+            line=dict(color=PRIMARY_COLOUR, width=2.5), marker=dict(size=4, color=PRIMARY_COLOUR),
+            customdata=x, hovertemplate="recent_window %{x}<br>" + label + " %{y:.4f}<extra>" + policy + "</extra>",
+        ),
+        row=r, col=1,
+    )
+
+
+def _marks(fig, r: int, label: str, x: np.ndarray, y: np.ndarray, marks: Sequence[tuple], current: int | None) -> None:
+    """On panel ``r``'s primary curve: each of ``marks`` ``(recent_window, name, colour, symbol)``
+    that the sweep reached, and the current recent_window as a star."""
+    for mark, text, colour, symbol in marks:
+        hit = x == mark
+        if hit.any():
+            fig.add_trace(
+                go.Scatter(
+                    x=x[hit], y=y[hit], mode="markers", name=text, legendgroup=text, showlegend=(r == 1),
+                    legend="legend3",
+                    marker=dict(size=12, color=colour, symbol=symbol, line=dict(color="black", width=1)),
+                    hovertemplate=text + "<br>" + label + " %{y:.4f}<extra></extra>",
+                ),
+                row=r, col=1,
+            )
+    if current is not None and (x == current).any():
+        fig.add_trace(
+            go.Scatter(
+                x=[current], y=y[x == current], mode="markers", name=f"current recent_window ({current})",
+                legendgroup="current", showlegend=(r == 1), legend="legend3",
+                marker=dict(size=18, color=CURRENT_COLOUR, symbol="star", line=dict(color="black", width=1)),
+                hovertemplate="current recent_window %{x}<br>" + label + " %{y:.4f}<extra></extra>",
+            ),
+            row=r, col=1,
+        )
+
+
+#: two horizontal lines closer than this (in mass or recall) are drawn on top of each other
+COINCIDE = 0.003
+
+
+def coinciding(references: Sequence[Line], offline: Sequence[Line], key: str) -> list[tuple[Line, Line]]:
+    """The pairs (policy's line, offline reference) that the chart would draw on top of each other."""
+    return [(a, b) for a in references for b in offline if abs(getattr(a, key) - getattr(b, key)) < COINCIDE]
+
+
+def _sweep_columns(rows: Sequence[Mapping]) -> dict[str, np.ndarray]:
+    """The rows as columns sorted by recent_window (what the chart reads; no pandas on the way)."""
+    rows = sorted(rows, key=lambda r: r["recent_window"])
+    return {k: np.array([r[k] for r in rows]) for k in ("recent_window", "retained_mass", "top_k_recall")}
+
+
+def _hline(fig, row, name, value, label, lo, hi, colour, dash, width, *, legend, rank) -> None:
+    """A reference as a two-point line across the swept range, hoverable, listed in ``legend``."""
+    fig.add_trace(
+        go.Scatter(
+            x=[lo, hi], y=[value, value], mode="lines", name=name, legendgroup=name, showlegend=(row == 1),
+            legend=legend, legendrank=rank, line=dict(color=colour, dash=dash, width=width),
+            hovertemplate=f"{name}<br>{label} {value:.4f}<extra></extra>",
+        ),
+        row=row, col=1,
+    )
+
+
+def _annotate_story(fig, rows: Sequence[Mapping], references: Sequence[Line], *, default: int, band: int | None,
+                    policy: str) -> None:
+    """Say in words what the curve shows, computed from the data (never a fixed sentence)."""
+    peak, top = curve_peak(rows)
+    where = " = the trace's band: the gain saturates here" if peak == band else ""
+    fig.add_annotation(
+        x=peak, y=top, xref="x", yref="y", text=f"peak at {peak}: {top:.3f}{where}",
+        showarrow=True, arrowhead=2, ax=60, ay=-30, bgcolor="rgba(255,255,255,0.85)", xanchor="left",
+        font=dict(size=13, color="#222"),
+    )
+    at_default = [r["retained_mass"] for r in rows if r["recent_window"] == default]
+    streaming = next((line for line in references if line.policy == "streaming_llm"), None)
+    if at_default and streaming is not None:
+        v = float(at_default[0])
+        s = streaming.retained_mass
+        word = "less than" if v < s else "at least as much as"
+        fig.add_annotation(
+            x=default, y=v, xref="x", yref="y", text=f"at {default}, {policy} keeps {word} streaming_llm ({v:.3f} vs {s:.3f})",
+            # low and to the right: under the curves there, clear of the reference lines' labels
+            showarrow=True, arrowhead=2, ax=40, ay=75, bgcolor="rgba(255,255,255,0.85)", xanchor="left",
+            font=dict(size=13, color="#222"),
+        )

@@ -1,0 +1,354 @@
+"""The kept view: one panel per replay (or one of what two replays keep differently), decode step
+down, position across, the pooled images of ``pooling`` between a strip of the sink columns and a
+strip of the newest positions by age, with the heavy hitters' fates beside their columns.
+
+The figure is gathered as plain dicts (``_Drawing``) and built once, unvalidated: through Plotly's
+objects, each property checked as it is set, the six-panel figure took longer than its pooling.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ...analysis.features import HeavyFate, TraceFeatures, heavy_fates
+from ...sim.harness import ReplayResult
+from ..selection import Region
+from .common import BAND_COLOUR, HEAVY_COLOUR, RECENT_COLOUR, policy_label
+from .pooling import BOTH, MIXED, ONLY_A, ONLY_B, panel_layers
+
+
+def age_span(features: TraceFeatures, windows: Sequence[int], budget: int) -> int:
+    """How many of the newest positions the age strip shows: twice the widest of the band and the
+    policies' windows, at least 64, and never more than the budget or the trace."""
+    widest = max([features.band if features.band_known else 0, *windows, 32])
+    return max(1, min(2 * widest, max(64, budget), features.steps))
+
+
+def kept_heatmap(
+    results: Sequence[ReplayResult],
+    features: TraceFeatures,
+    *,
+    step: int | None = None,
+    max_cols: int = 3,
+    region: Region | None = None,
+    size: int | None = None,
+    compare: bool = False,
+    layers: Sequence[dict] | None = None,
+    fates: Sequence[Sequence[HeavyFate]] | None = None,
+) -> go.Figure:
+    """One panel per replay (wrapping after ``max_cols``), decode step down, position across, or
+    with ``compare`` one panel of what the first two replays keep differently.
+
+    The images are pooled to about the pixels shown (``size`` across the main image; by default
+    1024 shared among the columns), never sent at 4096 x 4097: a block is dark when all of its
+    existing positions are held, mid-grey when some are, so one kept column stays visible. Two
+    strips widen what is too thin to see: at the left the sink columns, at the right the newest
+    positions of every step by age (the policy's protected window, and the trace's band, as
+    stripes). ``region`` draws only part of the run, pooled afresh (at full resolution once it is
+    no wider than ``size``): that is how single positions are reached. ``layers``, if given, are
+    the panels' ``panel_layers`` already computed (the app keeps them), ``fates`` each replay's
+    ``heavy_fates`` (with both, the replays need no kept history). Heavy hitters are marked
+    beside their column, never over it: a solid red line while the policy holds a live heavy
+    hitter, an x where it evicts one still live and dotted while it is missed.
+    """
+    kept = _kept_histories(results, features, compare, layers, fates)
+    T = features.steps
+    region = (region or Region.whole(T)).clip(T)
+    windows = [int(r.params.get("recent_window", 0) or 0) for r in results]
+    at = _Geometry.of(region, features, age_span(features, windows, max(r.budget for r in results)))
+    panels = [(results[0], results[1])] if compare else [(r,) for r in results]
+    cols = min(len(panels), max_cols)
+    rows = math.ceil(len(panels) / cols)
+    size = size or max(128, 1024 // cols)
+    frame, refs = _frame(_titles(results, compare), rows, cols, (560 if compare else 500) * rows, at)
+    d = _Drawing()
+    for i, panel in enumerate(panels):
+        d.at(*refs[i])
+        pk = None if kept is None else [kept[results.index(r)] for r in panel]
+        lay = layers[i] if layers is not None else panel_layers(pk, region, features.sinks, at.ages, size)
+        if compare:
+            fate = None
+        else:
+            fate = fates[results.index(panel[0])] if fates is not None else heavy_fates(pk[0], features)
+        _panel(d, lay, panel, [windows[results.index(r)] for r in panel], fate, features, at, step)
+    if compare:
+        _difference_legend(d, results[0], results[1])
+    return d.figure(frame)
+
+
+def _kept_histories(results: Sequence[ReplayResult], features: TraceFeatures, compare: bool,
+                    layers: Sequence[dict] | None, fates: Sequence | None) -> list | None:
+    """The replays' kept histories when the figure must pool or follow heavy hitters itself (None
+    when ``layers`` and the fates are given); raises ValueError on replays it cannot draw."""
+    if not results:
+        raise ValueError("kept_heatmap needs at least one replay")
+    if compare and len(results) < 2:
+        raise ValueError("the difference view needs two replays")
+    T = features.steps
+    for result in results:
+        if result.steps != T:
+            raise ValueError(f"{result.policy}: replay has {result.steps} steps, the trace has {T}")
+    if layers is not None and (compare or fates is not None):
+        return None
+    if any(r.kept_history is None for r in results):
+        raise ValueError("kept_heatmap needs replays run with record_kept=True")
+    return [r.kept_history for r in results]
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """Where a panel's parts lie, in data coordinates: the region's image between the sink strip
+    (at the left, ``sink_w`` wide, only when the trace has sinks) and the age strip (at the right,
+    ``age_w`` wide, the newest ``ages`` positions), ``gap`` apart, under a ``header`` that holds the
+    strips' labels and the heavy hitters' heads. Every panel shares it."""
+
+    region: Region
+    ages: int
+    gap: float
+    sink_w: float
+    age_w: float
+    x_lo: float
+    x_hi: float
+    header: float
+    y_top: float
+
+    @classmethod
+    def of(cls, region: Region, features: TraceFeatures, ages: int) -> _Geometry:
+        W = region.width
+        gap = max(1.0, 0.015 * W)
+        sink_w = 0.05 * W if features.sinks else 0.0
+        age_w = 0.22 * W
+        header = 0.07 * region.height
+        return cls(
+            region, ages, gap, sink_w, age_w, x_lo=region.p0 - 0.5 - (gap + sink_w if features.sinks else 0),
+            x_hi=region.p1 + 0.5 + gap + age_w, header=header, y_top=region.t0 - 0.5 - header,
+        )
+
+    @property
+    def a0(self) -> float:
+        """Where the age strip starts."""
+        return self.region.p1 + 0.5 + self.gap
+
+
+def _titles(results: Sequence[ReplayResult], compare: bool) -> list[str]:
+    """Each panel's title: its policy and what it keeps, or, comparing, what the colours mean."""
+    if compare:
+        a, b = results[0], results[1]
+        return [
+            f"<b>blue: kept by {policy_label(a)}</b> (mass {a.retained_mass:.3f}) <b>and not by {policy_label(b)}</b> "
+            f"(mass {b.retained_mass:.3f}); orange: the reverse"
+        ]
+    return [
+        f"<b>{policy_label(r)}</b><br>mass {r.retained_mass:.3f} · top-{r.top_k} recall {r.top_k_recall:.3f}"
+        for r in results
+    ]
+
+
+def _frame(titles: list[str], rows: int, cols: int, height: int, at: _Geometry) -> tuple[dict, list[tuple[str, str]]]:
+    """The subplots, their axes and the layout, as a figure's dict, and each panel's axes."""
+    region = at.region
+    fig = make_subplots(
+        rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.035,
+        vertical_spacing=min(0.3, 130 / (height + 120)) if rows > 1 else 0.0,
+    )
+    refs = [_refs(fig, r, c) for r in range(1, rows + 1) for c in range(1, cols + 1)]
+    frame = fig.to_dict()  # the axes and the layout set as plain dicts: through Plotly's objects, most of the time
+    layout = frame["layout"]
+    ticks = _ticks(region.p0, region.p1)  # on the positions only: the strips beside them have their own labels
+    for j, (xref, yref) in enumerate(refs):
+        r, c = j // cols + 1, j % cols + 1
+        xaxis, yaxis = layout["xaxis" + xref[1:]], layout["yaxis" + yref[1:]]
+        xaxis.update(matches="x", range=[at.x_lo, at.x_hi], showgrid=False, zeroline=False, tickvals=ticks)
+        if r == rows:
+            xaxis["title"] = dict(text="position")
+        # images pin the aspect ratio by default; the strips make the panel wider than tall, so let it fill
+        yaxis.update(matches="y", range=[region.t1 + 0.5, at.y_top], showgrid=False, zeroline=False, scaleanchor=False)
+        if c == 1:
+            yaxis["title"] = dict(text="decode step")
+        else:
+            yaxis["showticklabels"] = False
+    layout.update(
+        height=height + 150,
+        margin=dict(l=60, r=20, t=70, b=110),
+        legend=dict(orientation="h", yanchor="top", y=-60 / height, x=0, font=dict(size=13)),
+        plot_bgcolor="white",
+        dragmode="zoom",  # zoom by default; the box-select tool asks for a full-resolution region
+    )
+    return frame, refs
+
+
+def _panel(d: _Drawing, lay: dict, panel: Sequence[ReplayResult], windows: Sequence[int],
+           fate: Sequence[HeavyFate] | None, f: TraceFeatures, at: _Geometry, step: int | None) -> None:
+    """One panel: its images (``lay``, ``panel_layers``), the edges in its age strip, the strips'
+    labels, the heavy hitters' fates (``fate``; None in the difference view) and the step line."""
+    region = at.region
+    br, bc, ba = lay["block"]
+    name = " vs ".join(r.policy for r in panel)
+    hover = "<extra>" + name + "</extra>"
+    d.trace(type="image", source=lay["main"], x0=region.p0 + (bc - 1) / 2, dx=bc, y0=region.t0 + (br - 1) / 2, dy=br,
+            name=name, hovertemplate=f"position %{{x:.0f}}<br>after step %{{y:.0f}}<br>block of {bc} x {br}" + hover)
+    if lay["sink"] is not None:
+        source, s = lay["sink"]
+        dx = at.sink_w / s
+        d.trace(type="image", source=source, x0=at.x_lo + dx / 2, dx=dx, y0=region.t0 + (br - 1) / 2, dy=br,
+                name="sinks", hovertemplate="a sink column, widened<br>after step %{y:.0f}" + hover)
+    if lay["age"] is not None:
+        source, na = lay["age"]
+        dx = at.age_w / na
+        d.trace(type="image", source=source, x0=at.a0 + dx / 2, dx=dx, y0=region.t0 + (br - 1) / 2, dy=br,
+                name="newest positions",
+                hovertemplate=f"the newest {at.ages} positions by age, widened<br>after step %{{y:.0f}}" + hover)
+        _age_marks(d, at, f, windows)
+    _strip_labels(d, f, at)
+    if fate is not None:
+        _fates(d, fate, f, at)
+    _heavy_heads(d, f, at)
+    if step is not None and region.t0 <= step <= region.t1:
+        d.line(at.x_lo, step, at.x_hi, step, dict(color="black", width=1, dash="dash"), f"step {step}", "step")
+
+
+def _difference_legend(d: _Drawing, a: ReplayResult, b: ReplayResult) -> None:
+    """The difference view's colours, as legend entries of no points."""
+    d.at("x", "y")
+    for colour, label in ((ONLY_A, f"kept by {a.policy} only"), (ONLY_B, f"kept by {b.policy} only"),
+                          (BOTH, "kept by both"), (MIXED, "both kinds in one block")):
+        d.trace(type="scatter", x=[None], y=[None], mode="markers", name=label,
+                marker=dict(symbol="square", size=12, color=f"rgb{colour}", line=dict(color="black", width=1)))
+
+
+@dataclass
+class _Drawing:
+    """What ``kept_heatmap`` draws on its panels, gathered as plain dicts and turned into a figure
+    once (``figure``): built through Plotly's objects, each property checked as it is set, the
+    figure of six panels took longer than pooling them. The lines are layout shapes, not traces:
+    a browser draws a shape far more cheaply than a trace of its own (the six-panel figure opened
+    as a link: 1.2 s with its lines as traces, 0.9 s as shapes, ``bench/browser_floor.py``). A
+    legend group is shown once, on the first trace or shape that has it, whichever panel that is."""
+
+    traces: list = field(default_factory=list)
+    shapes: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    refs: tuple = ("x", "y")
+    seen: set = field(default_factory=set)
+
+    def at(self, xref: str, yref: str) -> None:
+        """Draw on the subplot of these axes from now on."""
+        self.refs = (xref, yref)
+
+    def _legend(self, group: str | None) -> dict:
+        if group is None:
+            return {}
+        first = group not in self.seen
+        self.seen.add(group)
+        return dict(legendgroup=group, showlegend=first)
+
+    def trace(self, group: str | None = None, **props) -> None:
+        self.traces.append(dict(props, xaxis=self.refs[0], yaxis=self.refs[1], **self._legend(group)))
+
+    def line(self, x0, y0, x1, y1, line: dict, name: str, group: str) -> None:
+        self.shapes.append(dict(type="line", x0=x0, y0=y0, x1=x1, y1=y1, xref=self.refs[0], yref=self.refs[1],
+                                line=line, name=name, **self._legend(group)))
+
+    def path(self, segments: Sequence[tuple], line: dict, name: str, group: str) -> None:
+        """Line segments ``(x0, y0, x1, y1)`` of one style as one shape (an SVG path in data
+        coordinates): a panel's heavy hitters are one shape each way, not one per hitter. The
+        legend entry is a trace of no points in the same group, so that it shows a line (a path
+        shape's own entry is drawn as an outline)."""
+        if not segments:
+            return
+        if group not in self.seen:
+            self.trace(type="scatter", x=[None], y=[None], mode="lines", line=line, name=name, group=group, hoverinfo="skip")
+        path = "".join("M{!r},{!r}L{!r},{!r}".format(*map(float, seg)) for seg in segments)  # plain floats, whatever the type
+        self.shapes.append(dict(type="path", path=path, xref=self.refs[0], yref=self.refs[1], line=line, name=name,
+                                legendgroup=group, showlegend=False))
+
+    def note(self, **props) -> None:
+        self.notes.append(dict(props, xref=self.refs[0], yref=self.refs[1]))
+
+    def figure(self, frame: dict) -> go.Figure:
+        """``frame`` (the subplots, axes and layout, as a figure's dict) with everything drawn
+        added; not validated again (the tests validate the result once, so a misspelt property
+        still fails there)."""
+        layout = frame["layout"]
+        layout["annotations"] = layout.get("annotations", []) + self.notes
+        layout["shapes"] = layout.get("shapes", []) + self.shapes
+        return go.Figure(dict(data=frame.get("data", []) + self.traces, layout=layout), _validate=False)
+
+
+def _ticks(lo: int, hi: int, n: int = 5) -> list[int]:
+    """Round tick values from ``lo`` to ``hi``: steps of 1, 2 or 5 times a power of ten."""
+    span = max(1, hi - lo)
+    raw = span / n
+    power = 10 ** math.floor(math.log10(raw)) if raw >= 1 else 1
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    first = math.ceil(lo / step) * step
+    return list(range(int(first), int(hi) + 1, int(step)))
+
+
+def _age_marks(d: _Drawing, at: _Geometry, f: TraceFeatures, windows: Sequence[int]) -> None:
+    """In the age strip: the trace's band edge (orange) and each policy's protected window (green)."""
+    ages = at.ages
+    per_age = at.age_w / ages
+    marks = []
+    if f.band_known and f.band <= ages:
+        marks.append((f.band, BAND_COLOUR, "dot", f"recency band edge (age {f.band})", "band"))
+    for w in sorted(set(w for w in windows if 0 < w <= ages)):
+        marks.append((w, RECENT_COLOUR, "dash", f"protected window edge (age {w})", f"window{w}"))
+    for age, colour, dash, name, group in marks:
+        x = at.a0 + age * per_age
+        d.line(x, at.y_top, x, at.region.t1 + 0.5, dict(color=colour, width=2.5, dash=dash), name, group)
+
+
+def _strip_labels(d: _Drawing, f: TraceFeatures, at: _Geometry) -> None:
+    """The strips' names, in the header above them."""
+    y = at.y_top + at.header / 2
+    note = dict(showarrow=False, font=dict(size=10, color="#333"), yanchor="middle")
+    if f.sinks:
+        d.note(x=at.x_lo + at.sink_w / 2, y=y, text="sinks", **note)
+    d.note(x=at.a0 + at.age_w / 2, y=y, text=f"newest {at.ages} →", **note)
+
+
+def _refs(fig, row, col) -> tuple[str, str]:
+    sub = fig.get_subplot(row, col)
+    return sub.xaxis.plotly_name.replace("axis", ""), sub.yaxis.plotly_name.replace("axis", "")
+
+
+def _heavy_heads(d: _Drawing, f: TraceFeatures, at: _Geometry) -> None:
+    """A red triangle above each heavy hitter's column, in the header: where to look."""
+    inside = [p for p, _, _ in f.heavy if at.region.p0 <= p <= at.region.p1]
+    if not inside:
+        return
+    d.trace(type="scatter", x=inside, y=[at.y_top + at.header * 0.75] * len(inside), mode="markers",
+            name="heavy hitter (its column)", marker=dict(symbol="triangle-down", size=9, color=HEAVY_COLOUR),
+            group="heavyhead", hovertemplate="heavy hitter at position %{x}<extra></extra>")
+
+
+def _fates(d: _Drawing, fates: Sequence[HeavyFate], f: TraceFeatures, at: _Geometry) -> None:
+    """Beside each heavy hitter's column (offset so the column itself stays visible): solid while
+    the policy holds it and it is live, an x where it is evicted while live, dotted while missed."""
+    region = at.region
+    off = at.gap * 0.6
+    held = f"heavy hitter held {'while live' if f.live_known else ''}".strip()
+    missed = "heavy hitter evicted, still live" if f.live_known else "heavy hitter evicted"
+    ex, ey, text, kept, lost = [], [], [], [], []
+    for h in fates:
+        if not region.p0 <= h.position <= region.p1:
+            continue
+        x = h.position + off
+        kept.append((x, h.first, x, h.last if not h.lost_while_live else h.evicted_at - 1))
+        if h.lost_while_live:
+            ex.append(x)
+            ey.append(h.evicted_at)
+            text.append(f"heavy hitter {h.position} evicted at step {h.evicted_at}, live until {h.last}")
+            lost.append((x, h.evicted_at, x, h.last))
+    d.path(kept, dict(color=HEAVY_COLOUR, width=2.5), held, "held")
+    d.path(lost, dict(color=HEAVY_COLOUR, width=1.5, dash="dot"), missed, "missed")
+    d.trace(type="scatter", x=ex, y=ey, mode="markers", name="evicted here", group="evicted", text=text,
+            marker=dict(symbol="x", size=10, color=HEAVY_COLOUR, line=dict(width=1, color="white")),
+            hovertemplate="%{text}<extra></extra>")
+

@@ -1,0 +1,95 @@
+"""The trace view: the attention matrix itself, log-scaled and block-averaged, with its sinks, band
+and heavy hitters pointed at."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.colors import hex_to_rgb, sequential
+
+from ...analysis.features import TraceFeatures
+from ...data.trace import Trace
+from .common import HEAVY_COLOUR
+
+
+def _lut(scale: Sequence[str]) -> np.ndarray:
+    """A 256-entry uint8 RGB lookup table interpolated along a Plotly hex colour scale."""
+    stops = np.array([hex_to_rgb(c) for c in scale], dtype=np.float64)
+    at = np.linspace(0, 1, len(stops))
+    u = np.linspace(0, 1, 256)
+    return np.stack([np.interp(u, at, stops[:, k]) for k in range(3)], axis=1).round().astype(np.uint8)
+
+
+def attention_image(attention: np.ndarray, size: int = 1024) -> tuple[np.ndarray, int, tuple[float, float]]:
+    """Block-average the trace's rows 1..T over positions 0..T-1 into at most ``size`` x ``size``
+    blocks, take log10 and colour it (Viridis). Returns ``(rgb uint8 (n, n, 3), block, (lo, hi))``
+    with lo/hi the log10 range the colours span. Cells with no attention (the future) are white."""
+    A = np.asarray(attention)[1:, :-1]
+    T = A.shape[0]
+    block = max(1, math.ceil(T / size))
+    n = math.ceil(T / block)
+    padded = np.zeros((n * block, n * block), dtype=np.float64)
+    padded[:T, :T] = A
+    means = padded.reshape(n, block, n, block).mean(axis=(1, 3))
+    positive = means > 0
+    logs = np.full(means.shape, np.nan)
+    np.log10(means, out=logs, where=positive)
+    vals = logs[positive]
+    lo = float(np.percentile(vals, 1)) if vals.size else 0.0
+    hi = float(vals.max()) if vals.size else 1.0
+    if hi <= lo:
+        hi = lo + 1.0
+    idx = np.clip((np.nan_to_num(logs, nan=lo) - lo) / (hi - lo) * 255, 0, 255).astype(np.uint8)
+    rgb = _lut(sequential.Viridis)[idx]
+    rgb[~positive] = 255
+    return rgb, block, (lo, hi)
+
+
+def trace_matrix(trace: Trace, features: TraceFeatures, size: int = 1024) -> go.Figure:
+    """The attention matrix, log-scaled and block-averaged to at most ``size`` x ``size``, with the
+    sinks and heavy hitters pointed at from the top edge (the stripes themselves are the data)."""
+    rgb, block, (lo, hi) = attention_image(trace.attention, size)
+    import plotly.express as px  # here only: the kept view, the first page, never needs it
+
+    fig = px.imshow(rgb, binary_string=True)
+    centre = (block - 1) / 2
+    fig.update_traces(
+        x0=centre, dx=block, y0=1 + centre, dy=block,
+        hovertemplate="positions from %{x:.0f}<br>steps from %{y:.0f}<extra>" + f"{block} x {block} block</extra>",
+    )
+    T = trace.steps
+    if features.heavy:
+        fig.add_trace(
+            go.Scatter(
+                x=[p for p, _, _ in features.heavy], y=[first for _, first, _ in features.heavy], mode="markers",
+                name="heavy hitter (born here)", marker=dict(symbol="triangle-left", size=9, color=HEAVY_COLOUR),
+                hovertemplate="heavy hitter at position %{x}<extra></extra>",
+            )
+        )
+    note = dict(showarrow=True, arrowhead=2, bgcolor="rgba(255,255,255,0.85)", font=dict(size=12, color="#222"))
+    if features.sinks:
+        where = "position 0" if features.sinks == 1 else f"positions 0-{features.sinks - 1}"
+        fig.add_annotation(x=0, y=0.8 * T, ax=60, ay=0, text=f"sinks ({where})", **note)
+    if features.band_known:
+        fig.add_annotation(
+            x=0.45 * T, y=0.45 * T + features.band / 2, ax=70, ay=-30, text=f"recency band ({features.band})", **note
+        )
+    # a colour bar for the image, carried by an invisible marker
+    fig.add_trace(
+        go.Scatter(
+            x=[0, 0], y=[1, 1], mode="markers", showlegend=False, hoverinfo="skip",
+            marker=dict(
+                color=[lo, hi], colorscale="Viridis", showscale=True, opacity=0, size=1,
+                colorbar=dict(title=dict(text="log10<br>attention"), thickness=12, len=0.8),
+            ),
+        )
+    )
+    fig.update_xaxes(title_text="position", range=[-0.5, T + 0.5])
+    fig.update_yaxes(title_text="decode step", range=[T + 0.5, 0.5])
+    fig.update_layout(
+        height=720, margin=dict(l=60, r=20, t=30, b=40), legend=dict(orientation="h", yanchor="top", y=-0.08, x=0)
+    )
+    return fig
