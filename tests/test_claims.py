@@ -78,8 +78,8 @@ def test_canonical_verdicts(canonical_ledger):
 
 
 def test_the_sink_claim_says_not_measured_without_the_measurements(tmp_path, monkeypatch):
-    monkeypatch.setattr(claims, "QUALITY_RESULTS", tmp_path / "absent.json")
-    verdict, figures, note = claims.check_deprived(None)
+    monkeypatch.setattr(claims.sliding_window, "QUALITY_RESULTS", tmp_path / "absent.json")
+    verdict, figures, note = claims.sliding_window.check_deprived(None)
     assert verdict == "not measured" and figures == {} and "python -m kvsim quality" in note
 
 
