@@ -6,19 +6,7 @@ import numpy as np
 
 from ...policies import POLICIES, make_policy
 from ...sim.simulate import replay
-from .measure import (
-    BAND_TOLERANCE,
-    BUDGET,
-    FIGURE_TOLERANCE,
-    SPIKE_ROWS,
-    Measurer,
-    canonical_only,
-    rounded,
-    rows_trace,
-    step,
-    steps_from,
-    verdict,
-)
+from .measure import BAND_TOLERANCE, BUDGET, FIGURE_TOLERANCE, Measurer, canonical_only, rounded, spike_trace, step, steps_from, verdict
 
 
 def _attention_blind() -> list[str]:
@@ -129,7 +117,7 @@ def check_heavy_hitters_epoch(m: Measurer):
 
 
 def check_h2o_vector(m: Measurer):
-    tr = rows_trace(SPIKE_ROWS, "spike")
+    tr = spike_trace()
     h = replay(tr, "h2o", budget=4, recent_window=2, record_victims=True, record_kept=True, record_scores=True)
     s = replay(tr, "scissorhands", budget=4, recent_window=2, record_victims=True, record_kept=True, record_scores=True)
     first = int(np.flatnonzero([len(v) > 0 for v in h.victims_history])[0])

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...data.trace import Trace, from_array
+from ...data.trace import Trace
 from ...policies import make_policy
 from ...sim.simulate import sweep
+from ..lab import SPIKE_ROWS, trace_from_rows
 from ..metrics import describe
 
 VERDICTS = ("holds", "fails", "not applicable", "not measured")
@@ -93,15 +94,11 @@ def steps_from(trace: Trace, t0: int) -> np.ndarray:
 
 # --- the small vectors the policy claims run (the cards' own cases) -------------------------------
 
-#: position 0 takes the whole of step 1 and 0.98 of step 2, then 0.01 of every row after
-SPIKE_ROWS = [[1.0], [0.98, 0.02]] + [[0.01] + [0.99 / (t - 1)] * (t - 1) for t in range(3, 13)]
 
-
-def rows_trace(rows: list[list[float]], name: str) -> Trace:
-    A = np.zeros((len(rows) + 1, len(rows) + 1))
-    for t, row in enumerate(rows, start=1):
-        A[t, :t] = row
-    return from_array(A, name=name)
+def spike_trace() -> Trace:
+    """The H2O card's vector (the lab's ``SPIKE_ROWS``: position 0 takes the whole of step 1 and
+    0.98 of step 2, then 0.01 of every row after) as a 12-step trace."""
+    return trace_from_rows(SPIKE_ROWS, name="spike")
 
 
 def step(policy, t: int, attn=None) -> list[int]:
@@ -114,7 +111,7 @@ def step(policy, t: int, attn=None) -> list[int]:
 
 def check_deterministic(name: str, params: dict):
     def check(m: Measurer):
-        tr = rows_trace(SPIKE_ROWS, "spike")
+        tr = spike_trace()
         victims = []
         for seed in (1, 2):
             policy = make_policy(name, budget=4, rng=np.random.default_rng(seed), **params)
