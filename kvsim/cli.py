@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import progress
 from .analysis.metrics import DEFAULT_BAND, describe
 from .analysis.table import TABLE_BUDGET, build_table, params_label
 from .data.bundle import is_bundle
@@ -281,13 +282,8 @@ def cmd_tune(args: argparse.Namespace) -> object:
         scheduler = None
     else:
         scheduler = LOCAL
-    if args.quiet:
-        say = None
-    else:
-        def say(done, total, name):
-            print(f"tune: {done}/{total} traces swept ({name})", file=sys.stderr, flush=True)
     result = tune(source, args.policy, args.budget, tolerance=args.tolerance, top_k=args.top_k, scheduler=scheduler,
-                  workers=args.workers, progress=say)
+                  workers=args.workers, progress=None if args.quiet else progress.stderr("tune"))
     return result.to_dict(curves=args.curves)
 
 

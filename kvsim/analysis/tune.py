@@ -22,7 +22,7 @@ from __future__ import annotations
 import io
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +30,7 @@ import numpy as np
 from ..data.bundle import Bundle
 from ..data.trace import Trace, load_npz
 from ..policies import POLICIES, policy_params
+from ..progress import Progress
 from ..sim.harness import DEFAULT_TOP_K
 from ..sim.simulate import sweep
 
@@ -39,8 +40,6 @@ TOLERANCE = 0.005
 BASELINES = ("sliding_window", "streaming_llm")
 PARAM = "recent_window"
 LOCAL = "local"
-
-Progress = Callable[[int, int, str], None]
 
 
 class TuneError(ValueError):
@@ -237,7 +236,8 @@ def tune(
 
     ``scheduler``: ``None`` runs here, one trace after another; ``"local"`` starts a Dask cluster of
     ``workers`` local processes (default: one per core); anything else is the address of a running
-    Dask scheduler (``tcp://host:8786``). ``progress(done, total, label)`` is called as traces finish.
+    Dask scheduler (``tcp://host:8786``). ``progress(fraction, note)`` (``kvsim.progress``) is told
+    the share of traces swept as each finishes, the note naming it (``3/18 traces swept (...-L02)``).
     """
     windows = list(range(1, budget)) if windows is None else [int(w) for w in windows]
     _check(policy, budget, windows, tolerance, params)
@@ -246,13 +246,16 @@ def tune(
         raise TuneError("nothing to tune: no traces")
     name = source.name if isinstance(source, Bundle) else ", ".join(u.name for u in units[:3]) + (
         "" if len(units) <= 3 else f" and {len(units) - 3} more")
-    say = progress or (lambda *_a: None)
+    def say(done: int, name: str) -> None:
+        if progress is not None:
+            progress(done / len(units), f"{done}/{len(units)} traces swept ({name})")
+
     t0 = time.perf_counter()
     if scheduler is None:
         results = []
         for i, u in enumerate(units):
             results.append(_run_unit(u.payload, u.name, policy, budget, windows, top_k, params))
-            say(i + 1, len(units), u.name)
+            say(i + 1, u.name)
         run = {"executor": "serial", "workers": 1}
     else:
         results, run = _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, params)
@@ -315,7 +318,7 @@ def _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, pa
         results: list[dict | None] = [None] * len(futures)
         for done, fut in enumerate(as_completed(futures), start=1):
             results[index[fut.key]] = fut.result()
-            say(done, len(units), units[index[fut.key]].name)
+            say(done, units[index[fut.key]].name)
         address = "local" if scheduler == LOCAL else scheduler
     return results, {"executor": "dask", "workers": n_workers, "scheduler": address}
 
