@@ -46,6 +46,13 @@ class TuneError(ValueError):
     """Tuning cannot run as asked; one line."""
 
 
+def _best_and_recommended(mass: np.ndarray, tolerance: float) -> tuple[int, int]:
+    """Indices into the windows: the best (the first of equal masses, so the smallest window) and the
+    recommended, the smallest window within ``tolerance`` of the best."""
+    best = int(np.argmax(mass))
+    return best, int(np.flatnonzero(mass >= mass[best] - tolerance)[0])
+
+
 @dataclass(frozen=True)
 class TraceTuning:
     """One (layer, KV head): its curve over the windows and what it recommends."""
@@ -88,8 +95,7 @@ class TuneResult:
         return np.stack([t.retained_mass for t in self.traces])
 
     def _pick(self, mass: np.ndarray, recall: np.ndarray) -> dict:
-        best = int(np.argmax(mass))  # the first of equal masses: the smallest window
-        rec = int(np.flatnonzero(mass >= mass[best] - self.tolerance)[0])
+        best, rec = _best_and_recommended(mass, self.tolerance)
         return {"best_window": self.windows[best], "best_mass": float(mass[best]), "best_recall": float(recall[best]),
                 "recommended_window": self.windows[rec], "recommended_mass": float(mass[rec]),
                 "recommended_recall": float(recall[rec])}
@@ -267,8 +273,7 @@ def tune(
 
 def _tuning(u: _Unit, r: dict, windows: list[int], tolerance: float) -> TraceTuning:
     mass, recall = np.asarray(r["retained_mass"], dtype=np.float64), np.asarray(r["top_k_recall"], dtype=np.float64)
-    best = int(np.argmax(mass))  # the first of equal masses
-    rec = int(np.flatnonzero(mass >= mass[best] - tolerance)[0])
+    best, rec = _best_and_recommended(mass, tolerance)
     return TraceTuning(
         layer=u.layer, head=u.head, name=u.name, attention=u.attention, retained_mass=mass, top_k_recall=recall,
         best_window=windows[best], best_mass=float(mass[best]), recommended_window=windows[rec],
