@@ -114,3 +114,19 @@ def test_the_cli_refuses_flags_that_do_not_go_together(argv, message, capsys):
 
 def test_the_cli_renders_a_browser_document_with_the_browser_table():
     assert cli.render("bench", _doc()) == bb.render(_doc())
+
+
+def test_the_run_reports_progress_as_the_share_of_steps_timed():
+    from kvsim.bench.browser.driver import _Tally
+
+    calls = []
+    say = _Tally(lambda f, note="": calls.append((f, note)), total=4)
+    say("round 1 of 2: a fresh server")
+    say("  first page", step_done=True)
+    say("  second page", step_done=True)
+    say("under load", step_done=True)
+    say("under load: done", step_done=True)
+    say("past the end", step_done=True)  # never over 1
+    assert [f for f, _ in calls] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+    assert calls[0][1] == "round 1 of 2: a fresh server"
+    _Tally(None, total=0)("nobody listens")  # no callback, no steps: nothing to divide or call
