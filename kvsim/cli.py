@@ -295,7 +295,7 @@ def cmd_claims(args: argparse.Namespace) -> object:
 
 
 def cmd_bench(args: argparse.Namespace) -> object:
-    say = None if args.json else (lambda m: print(f"bench: {m} ...", file=sys.stderr, flush=True))
+    say = None if args.json else progress.stderr("bench")
     browser_only = [f for f, on in (("--rounds", args.rounds != 3), ("--sessions", args.sessions != 8),
                                     ("--no-load", args.no_load), ("--only-load", args.only_load),
                                     ("--cold-cache", args.cold_cache)) if on]
