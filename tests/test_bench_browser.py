@@ -122,11 +122,11 @@ def test_the_run_reports_progress_as_the_share_of_steps_timed():
     calls = []
     say = _Tally(lambda f, note="": calls.append((f, note)), total=4)
     say("round 1 of 2: a fresh server")
-    say("  first page", step_done=True)
-    say("  second page", step_done=True)
-    say("under load", step_done=True)
-    say("under load: done", step_done=True)
-    say("past the end", step_done=True)  # never over 1
-    assert [f for f, _ in calls] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
-    assert calls[0][1] == "round 1 of 2: a fresh server"
+    for name in ("  first page", "  second page", "under load", "past the end"):
+        say(name)
+        say.advance()
+    say.advance()
+    say("after every step")  # never over 1
+    assert calls == [(0.0, "round 1 of 2: a fresh server"), (0.0, "  first page"), (0.25, "  second page"),
+                     (0.5, "under load"), (0.75, "past the end"), (1.0, "after every step")]
     _Tally(None, total=0)("nobody listens")  # no callback, no steps: nothing to divide or call

@@ -34,15 +34,18 @@ def _small_trace(path: Path) -> Path:
 
 
 class _Tally:
-    """The run's progress as the share of its steps timed (the load counts as one step)."""
+    """The run's progress as the share of its steps timed (the load counts as one step): each step is
+    announced as it starts, with the share done before it."""
 
     def __init__(self, progress: Progress | None, total: int):
         self.progress, self.total, self.done = progress, max(1, total), 0
 
-    def __call__(self, note: str, step_done: bool = False) -> None:
-        self.done += step_done
+    def __call__(self, note: str) -> None:
         if self.progress is not None:
             self.progress(min(1.0, self.done / self.total), note)
+
+    def advance(self) -> None:
+        self.done += 1
 
 
 async def _round(browser, server: Server, steps: list[Step], say: _Tally) -> list[Timing]:
@@ -52,7 +55,7 @@ async def _round(browser, server: Server, steps: list[Step], say: _Tally) -> lis
         for step in steps:
             say(f"  {step.name}")
             out.append(await session.timed(step))
-            say(f"  {step.name}", step_done=True)
+            say.advance()
     finally:
         await session.close()
     return out
@@ -181,7 +184,7 @@ async def _load(browser, tmp: Path, cache_dir: Path | None, upload: Path, sessio
         reports.append(rep)
     uploader, others = results[0]["shows_upload"], [r["shows_upload"] for r in results[1:]]
     isolation = upload_isolation(uploader, others)
-    say(f"under load: {sessions} sessions done", step_done=True)
+    say.advance()
     return {"sessions": sessions, "steps": [r.to_dict() for r in reports], "upload_isolation": isolation,
             "server_peak_rss_mb": {"sampled_tree": sampler.peak, "sample_interval_s": sampler.interval_s,
                                    "vmhwm": vmhwm, "before_load": before}}
