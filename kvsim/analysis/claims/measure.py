@@ -33,7 +33,7 @@ class Claim:
     id: str
     card: str  # "h2o" or "sliding_window": the card the words come from
     words: str  # the card's words, quoted as written
-    scope: str  # one of SCOPES (see the module docstring)
+    scope: str  # one of SCOPES (see the package docstring)
     measurement: str  # what is measured, and the rule that turns it into a verdict
     view: dict  # the app's URL query parameters that show it
     check: Callable[[Measurer], tuple[str, dict, str]] = field(repr=False, compare=False)
@@ -74,6 +74,7 @@ class Measurer:
 
 
 def rounded(x: float | None) -> float | None:
+    """A figure as the ledger shows it: four decimals, None for a missing or non-finite one."""
     return None if x is None or not np.isfinite(x) else round(float(x), 4)
 
 
@@ -82,6 +83,7 @@ def verdict(ok: bool) -> str:
 
 
 def canonical_only(m: Measurer, ok: bool, figures: dict, note: str) -> tuple[str, dict, str]:
+    """The verdict of a figure the card pins on the canonical trace: decided there, for reference elsewhere."""
     if m.is_canonical:
         return verdict(ok), figures, note
     return ("not applicable", figures,
@@ -102,6 +104,8 @@ def spike_trace() -> Trace:
 
 
 def step(policy, t: int, attn=None) -> list[int]:
+    """One decode step of a policy driven by hand (the cards' vectors give each step's attention, or
+    None), then its eviction to budget: the victims."""
     policy.on_decode_step(t, None if attn is None else np.asarray(attn, dtype=np.float32))
     return policy.evict(policy.budget)
 
