@@ -12,6 +12,7 @@ import pytest
 
 import kvsim
 from kvsim.analysis import lab
+from kvsim.policies import PolicySpec
 from kvsim.views import lab as lab_figures
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
@@ -90,6 +91,17 @@ def test_side_by_side_runs_every_registry_policy_including_the_offline_ones():
         assert all(s.sides[0].kept_after.size == min(s.t + 1, 5) for s in steps)
     with pytest.raises(ValueError, match="^h2o: recent_window"):
         lab.side_by_side(tr, lab.LabPolicy("h2o", {"recent_window": 3}), lab.LabPolicy("tova"), budget=3)
+
+
+def test_a_lab_policy_is_the_house_spec_at_the_labs_budget():
+    side = lab.LabPolicy("scissorhands", {"recent_window": 2})
+    assert side.spec(4) == PolicySpec.of("scissorhands", 4, recent_window=2)
+    assert side.spec(4).kwargs == {"recent_window": 2, "history_window": 0}  # the defaults filled in
+    assert side.label == "scissorhands (recent_window=2)"  # the label names only what the controls set
+    with pytest.raises(ValueError, match=r"^scissorhands: recent_window must be less than budget \(2\), got 2$"):
+        side.spec(2)
+    with pytest.raises(ValueError, match="^tova: tova does not take parameter"):
+        lab.LabPolicy("tova", {"recent_window": 1}).spec(4)
 
 
 # --- the editable trace --------------------------------------------------------------------------

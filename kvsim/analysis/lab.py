@@ -30,7 +30,6 @@ if TYPE_CHECKING:  # pandas is imported where a table is built: the app's defaul
 MAX_LAB_STEPS = 24
 
 
-
 @dataclass(frozen=True)
 class LabPolicy:
     """A policy as the lab's controls name it: a registry name and the parameters set beyond the
