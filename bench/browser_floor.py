@@ -69,8 +69,7 @@ async def main(runs: int, figure: str) -> None:
         if figure != "small":
             spec, images = kept_figure_json(POLICIES[figure])
             (Path(tmp) / "figure.json").write_text(spec)
-        bb.ROOT = Path(tmp)  # the server runs `streamlit run app.py` in ROOT
-        server = bb.Server(dict(os.environ), Path(tmp) / "server.log")
+        server = bb.Server(dict(os.environ), Path(tmp) / "server.log", root=Path(tmp))  # runs tmp's app.py
         try:
             async with async_playwright() as p:
                 browser = await p.chromium.launch(executable_path=bb.CHROMIUM, args=bb.CHROMIUM_ARGS)

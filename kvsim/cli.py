@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import progress
 from .analysis.metrics import DEFAULT_BAND, describe
 from .analysis.table import TABLE_BUDGET, build_table, params_label
 from .data.bundle import is_bundle
@@ -281,13 +282,8 @@ def cmd_tune(args: argparse.Namespace) -> object:
         scheduler = None
     else:
         scheduler = LOCAL
-    if args.quiet:
-        say = None
-    else:
-        def say(done, total, name):
-            print(f"tune: {done}/{total} traces swept ({name})", file=sys.stderr, flush=True)
     result = tune(source, args.policy, args.budget, tolerance=args.tolerance, top_k=args.top_k, scheduler=scheduler,
-                  workers=args.workers, progress=say)
+                  workers=args.workers, progress=None if args.quiet else progress.stderr("tune"))
     return result.to_dict(curves=args.curves)
 
 
@@ -299,7 +295,7 @@ def cmd_claims(args: argparse.Namespace) -> object:
 
 
 def cmd_bench(args: argparse.Namespace) -> object:
-    say = None if args.json else (lambda m: print(f"bench: {m} ...", file=sys.stderr, flush=True))
+    say = None if args.json else progress.stderr("bench")
     browser_only = [f for f, on in (("--rounds", args.rounds != 3), ("--sessions", args.sessions != 8),
                                     ("--no-load", args.no_load), ("--only-load", args.only_load),
                                     ("--cold-cache", args.cold_cache)) if on]

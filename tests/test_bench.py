@@ -26,3 +26,25 @@ def test_the_card_pseudo_code_tells_windows_apart():
     topk = [set(int(p) for p in row.nonzero()[0]) for row in trace.topk_mask(32)]
     got = {w: bench.card_h2o(trace.attention, 16, w, topk)[0] for w in (1, 8, 15)}
     assert len(set(got.values())) == 3
+
+
+def _figures(warm_s=0.9, cli_speedup=60.0, table_s=1.2, replay_s=0.04, identical=True):
+    return {"cli": {"warm_seconds": warm_s}, "card": {"cli_warm_speedup": cli_speedup},
+            "table_cli": {"median_seconds": table_s}, "replay": {"engine_seconds": replay_s, "identical": identical},
+            "sweep": {"identical": True}}
+
+
+def test_each_target_passes_or_fails_on_its_own_figure():
+    assert all(bench.targets(_figures()).values())
+    assert bench.targets(_figures(warm_s=1.0))["cli_sweep_within_1_s"]  # "within": the target itself is met
+    missed = {
+        "cli_sweep_within_1_s": _figures(warm_s=1.01),
+        "cli_sweep_50x_faster_than_card_pseudo_code": _figures(cli_speedup=49.9),
+        "table_within_1_5_s": _figures(table_s=1.51),
+        "one_replay_under_50_ms": _figures(replay_s=0.05),  # "under": 50 ms itself misses
+        "results_identical": _figures(identical=False),
+    }
+    for name, doc in missed.items():
+        got = bench.targets(doc)
+        assert [k for k, ok in got.items() if not ok] == [name]
+    assert set(bench.targets(_figures())) == set(missed)

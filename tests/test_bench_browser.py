@@ -114,3 +114,19 @@ def test_the_cli_refuses_flags_that_do_not_go_together(argv, message, capsys):
 
 def test_the_cli_renders_a_browser_document_with_the_browser_table():
     assert cli.render("bench", _doc()) == bb.render(_doc())
+
+
+def test_the_run_reports_progress_as_the_share_of_steps_timed():
+    from kvsim.bench.browser.driver import _Tally
+
+    calls = []
+    say = _Tally(lambda f, note="": calls.append((f, note)), total=4)
+    say("round 1 of 2: a fresh server")
+    for name in ("  first page", "  second page", "under load", "past the end"):
+        say(name)
+        say.advance()
+    say.advance()
+    say("after every step")  # never over 1
+    assert calls == [(0.0, "round 1 of 2: a fresh server"), (0.0, "  first page"), (0.25, "  second page"),
+                     (0.5, "under load"), (0.75, "past the end"), (1.0, "after every step")]
+    _Tally(None, total=0)("nobody listens")  # no callback, no steps: nothing to divide or call

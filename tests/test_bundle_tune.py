@@ -181,6 +181,16 @@ def test_model_wide_figures_one_window_for_all_against_per_layer_windows(serial)
     assert mw["baselines"]["streaming_llm"]["retained_mass"] > mw["baselines"]["sliding_window"]["retained_mass"]
 
 
+def test_tune_reports_progress_as_the_share_of_traces_swept(bundle_dir):
+    """The house protocol, progress(fraction, note): one call per trace, the fraction rising to 1,
+    the note naming the trace just swept."""
+    calls = []
+    tune(load_bundle(bundle_dir), "h2o", BUDGET, windows=[4, 8], progress=lambda f, note="": calls.append((f, note)))
+    assert [f for f, _ in calls] == pytest.approx([1 / 3, 2 / 3, 1.0])
+    assert [n for _, n in calls] == [f"{i}/3 traces swept (toy-L{layer:02d}-kv{head})"
+                                     for i, (layer, head) in enumerate(BANDS, start=1)]
+
+
 def test_tune_refuses_what_it_cannot_sweep(bundle_dir):
     b = load_bundle(bundle_dir)
     with pytest.raises(TuneError, match="policy streaming_llm does not take it"):

@@ -44,7 +44,7 @@ def test_every_claim_is_listed_once_with_the_card_it_comes_from():
     assert len(IDS) == len(set(IDS))
     assert {c.card for c in claims.CLAIMS} == {"h2o", "sliding_window"}
     assert all(c.scope in claims.SCOPES and c.words and c.measurement for c in claims.CLAIMS)
-    # the claims the issue names, each present
+    # the claims the ledger was made to check, each present
     for needed in ("h2o-streaming-0.7367", "sw-0.7367-against-0.5966", "h2o-saturates-at-64",
                    "h2o-scissorhands-within-a-hundredth", "sw-quarter-looks-alike", "h2o-recall-beats-attention-blind",
                    "h2o-defends-a-stale-spike", "sw-distinguishing-vector", "sw-deprived-degrades-sharply"):
@@ -78,8 +78,8 @@ def test_canonical_verdicts(canonical_ledger):
 
 
 def test_the_sink_claim_says_not_measured_without_the_measurements(tmp_path, monkeypatch):
-    monkeypatch.setattr(claims, "QUALITY_RESULTS", tmp_path / "absent.json")
-    verdict, figures, note = claims.check_deprived(None)
+    monkeypatch.setattr(claims.sliding_window, "QUALITY_RESULTS", tmp_path / "absent.json")
+    verdict, figures, note = claims.sliding_window.check_deprived(None)
     assert verdict == "not measured" and figures == {} and "python -m kvsim quality" in note
 
 

@@ -12,6 +12,8 @@ import pytest
 
 import kvsim
 from kvsim.analysis import lab
+from kvsim.policies import PolicySpec
+from kvsim.views import lab as lab_figures
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
@@ -57,7 +59,7 @@ def test_tova_drops_a_position_after_one_quiet_step_h2o_remembers():
 
 def test_first_divergence_is_the_step_the_preset_is_about():
     assert [lab.first_divergence(lab.run_preset(n)) for n in lab.PRESETS] == [5, 4, 4, 4]
-    same = lab.side_by_side(lab.PRESETS["tova vs h2o"].trace(), lab.PolicySpec("tova"), lab.PolicySpec("tova"), 4)
+    same = lab.side_by_side(lab.PRESETS["tova vs h2o"].trace(), lab.LabPolicy("tova"), lab.LabPolicy("tova"), 4)
     assert lab.first_divergence(same) == 1
 
 
@@ -84,11 +86,22 @@ def test_side_by_side_runs_every_registry_policy_including_the_offline_ones():
     tr = lab.PRESETS["h2o vs scissorhands"].trace()
     for name in kvsim.POLICIES:
         params = {"recent_window": 1} if "recent_window" in kvsim.policy_params(name) else {}
-        steps = lab.side_by_side(tr, lab.PolicySpec(name, params), lab.PolicySpec("greedy_future"), budget=5)
+        steps = lab.side_by_side(tr, lab.LabPolicy(name, params), lab.LabPolicy("greedy_future"), budget=5)
         assert [s.t for s in steps] == list(range(1, 13))
         assert all(s.sides[0].kept_after.size == min(s.t + 1, 5) for s in steps)
     with pytest.raises(ValueError, match="^h2o: recent_window"):
-        lab.side_by_side(tr, lab.PolicySpec("h2o", {"recent_window": 3}), lab.PolicySpec("tova"), budget=3)
+        lab.side_by_side(tr, lab.LabPolicy("h2o", {"recent_window": 3}), lab.LabPolicy("tova"), budget=3)
+
+
+def test_a_lab_policy_is_the_house_spec_at_the_labs_budget():
+    side = lab.LabPolicy("scissorhands", {"recent_window": 2})
+    assert side.spec(4) == PolicySpec.of("scissorhands", 4, recent_window=2)
+    assert side.spec(4).kwargs == {"recent_window": 2, "history_window": 0}  # the defaults filled in
+    assert side.label == "scissorhands (recent_window=2)"  # the label names only what the controls set
+    with pytest.raises(ValueError, match=r"^scissorhands: recent_window must be less than budget \(2\), got 2$"):
+        side.spec(2)
+    with pytest.raises(ValueError, match="^tova: tova does not take parameter"):
+        lab.LabPolicy("tova", {"recent_window": 1}).spec(4)
 
 
 # --- the editable trace --------------------------------------------------------------------------
@@ -136,7 +149,7 @@ def test_table_size_is_refused_by_name():
 
 def test_step_figure_colours_each_position_by_what_the_policy_did():
     steps = lab.run_preset("h2o vs scissorhands")
-    fig = lab.step_figure(steps[4], side=1)  # scissorhands at step 5: 0 gone, 3 the victim
+    fig = lab_figures.step_figure(steps[4], side=1)  # scissorhands at step 5: 0 gone, 3 the victim
     bars = {tr.name: tr for tr in fig.data if tr.type == "bar"}
     assert list(bars["evicted earlier"].x) == [0]
     assert list(bars["victim (evicted this step)"].x) == [3]
@@ -150,16 +163,16 @@ def test_step_figure_colours_each_position_by_what_the_policy_did():
 
 def test_step_figure_marks_the_newest_evicted_at_once():
     steps = lab.run_preset("h2o recent_window 0 pitfall")
-    fig = lab.step_figure(steps[6], side=0)
+    fig = lab_figures.step_figure(steps[6], side=0)
     new = next(tr for tr in fig.data if tr.type == "scatter" and tr.name.startswith("new position"))
     assert new.name == "new position 7 (evicted at once)" and list(new.x) == [7]
-    no_scores = lab.step_figure(lab.run_preset("tova vs h2o")[6], side=0)
+    no_scores = lab_figures.step_figure(lab.run_preset("tova vs h2o")[6], side=0)
     assert not any(getattr(tr, "mode", None) == "text" for tr in no_scores.data)  # tova keeps none
 
 
 def test_timeline_figure_grid():
     steps = lab.run_preset("sliding_window vs streaming_llm")
-    fig = lab.timeline_figure(steps, side=1, current=5)
+    fig = lab_figures.timeline_figure(steps, side=1, current=5)
     z = np.asarray(fig.data[0].z)
     assert z.shape == (12, 13)
     assert z[4, 4] == 3 and z[4, :4].tolist() == [2, 2, 2, 2]  # step 5: 4 the victim, sinks held

@@ -7,8 +7,8 @@ any tiny trace can be typed in as a table (``trace_from_table``) and is validate
 ``kvsim.from_array`` like any other trace.
 
 The stepping is the harness's own loop (``kvsim.sim.harness.steps``, with its contract checks), two
-policies walked side by side, so what the lab shows is what ``replay`` measures. Figures are pure builders: lab
-steps in, Plotly figures out; no Streamlit here.
+policies walked side by side, so what the lab shows is what ``replay`` measures. The lab's figures
+are drawn from its steps by ``kvsim.views.lab``; nothing here draws.
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
-import plotly.graph_objects as go
 
 from ..data.trace import Trace, TraceError, from_array
-from ..policies import Policy, make_policy
+from ..policies import Policy, PolicySpec
 from ..sim.harness import Step, steps
 
 if TYPE_CHECKING:  # pandas is imported where a table is built: the app's default page needs none
@@ -30,16 +29,13 @@ if TYPE_CHECKING:  # pandas is imported where a table is built: the app's defaul
 #: a lab trace is for reading cell by cell; longer ones belong in the main views
 MAX_LAB_STEPS = 24
 
-#: bar colours of the step figure, one per state of a position at that step
-HELD_COLOUR = "rgba(31, 119, 180, 0.9)"  # held: the query saw it
-VICTIM_COLOUR = "rgba(214, 39, 40, 0.9)"  # held, evicted at the end of this step
-GONE_COLOUR = "rgba(190, 190, 190, 0.9)"  # evicted before this step: the query wanted it in vain
-NEW_COLOUR = "rgba(44, 160, 44, 0.9)"  # admitted this step (the query's own position)
-
 
 @dataclass(frozen=True)
-class PolicySpec:
-    """A policy of the lab: registry name, parameters beyond budget."""
+class LabPolicy:
+    """A policy as the lab's controls name it: a registry name and the parameters set beyond the
+    budget. It is not a ``PolicySpec``: the lab's budget is one control shared by both sides, given
+    when the lab steps (``spec``), and the label names only the parameters set, as the controls show
+    them."""
 
     name: str
     params: dict = field(default_factory=dict)
@@ -49,6 +45,14 @@ class PolicySpec:
         args = ", ".join(f"{k}={v}" for k, v in self.params.items())
         return f"{self.name} ({args})" if args else self.name
 
+    def spec(self, budget: int) -> PolicySpec:
+        """The house's one validated value for this policy at ``budget``; a ``ValueError`` naming the
+        side and the parameter when it does not fit."""
+        try:
+            return PolicySpec.of(self.name, budget, **self.params)
+        except ValueError as e:  # say which side refused
+            raise ValueError(f"{self.name}: {e}") from None
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -57,22 +61,21 @@ class Preset:
     title: str
     rows: tuple  # row t-1 = attention of the query at position t over positions 0 .. t-1
     budget: int
-    left: PolicySpec
-    right: PolicySpec
+    left: LabPolicy
+    right: LabPolicy
     watch: str  # what to look for, one or two sentences
 
     def trace(self) -> Trace:
         return trace_from_rows(self.rows, name=self.title)
 
 
+#: the H2O card's vector: position 0 takes all of step 1 and 0.98 of step 2, then 0.01 of every later row
+SPIKE_ROWS = ((1.0,), (0.98, 0.02), *((0.01, *[0.99 / (t - 1)] * (t - 1)) for t in range(3, 13)))
+
+
 def _recency_rows(steps: int) -> list[list[float]]:
     # every position gets some attention, leaning toward the recent: weight of p in row t ~ p + 1
     return [(np.arange(1, t + 1) / (t * (t + 1) / 2)).tolist() for t in range(1, steps + 1)]
-
-
-def _spike_rows() -> list[list[float]]:
-    # position 0 takes all of step 1 and 0.98 of step 2, then 0.01 of every later row
-    return [[1.0], [0.98, 0.02]] + [[0.01] + [0.99 / (t - 1)] * (t - 1) for t in range(3, 13)]
 
 
 def _sink_rows() -> list[list[float]]:
@@ -96,17 +99,17 @@ PRESETS: dict[str, Preset] = {
         title="sliding_window vs streaming_llm: the sinks",
         rows=tuple(map(tuple, _sink_rows())),
         budget=5,
-        left=PolicySpec("sliding_window"),
-        right=PolicySpec("streaming_llm", {"sinks": 4}),
+        left=LabPolicy("sliding_window"),
+        right=LabPolicy("streaming_llm", {"sinks": 4}),
         watch="The same steps at the same budget: sliding_window evicts positions 0, 1 and 2 in turn "
         "(the oldest, sink included); streaming_llm keeps them pinned and evicts 4 instead.",
     ),
     "h2o vs scissorhands": Preset(
         title="h2o vs scissorhands: a stale early spike",
-        rows=tuple(map(tuple, _spike_rows())),
+        rows=SPIKE_ROWS,
         budget=4,
-        left=PolicySpec("h2o", {"recent_window": 2}),
-        right=PolicySpec("scissorhands", {"recent_window": 2}),
+        left=LabPolicy("h2o", {"recent_window": 2}),
+        right=LabPolicy("scissorhands", {"recent_window": 2}),
         watch="Position 0 takes almost all of steps 1 and 2 and nearly nothing after. At step 4, the "
         "first eviction, it has h2o's highest score (about 2.0) but a single scissorhands vote: "
         "h2o defends it and evicts 2; scissorhands evicts it.",
@@ -115,8 +118,8 @@ PRESETS: dict[str, Preset] = {
         title="h2o with recent_window 0: the cache never advances",
         rows=tuple(map(tuple, _recency_rows(12))),
         budget=4,
-        left=PolicySpec("h2o", {"recent_window": 0}),
-        right=PolicySpec("h2o", {"recent_window": 2}),
+        left=LabPolicy("h2o", {"recent_window": 0}),
+        right=LabPolicy("h2o", {"recent_window": 2}),
         watch="A position admitted this step has score 0 while everything older has gained some "
         "attention, so without a recent window h2o evicts the newest position at once, every "
         "step: it holds 0, 1, 2, 3 forever. With recent_window 2 the cache moves on.",
@@ -125,8 +128,8 @@ PRESETS: dict[str, Preset] = {
         title="tova vs h2o: one quiet step",
         rows=tuple(map(tuple, _flicker_rows())),
         budget=4,
-        left=PolicySpec("tova"),
-        right=PolicySpec("h2o", {"recent_window": 1}),
+        left=LabPolicy("tova"),
+        right=LabPolicy("h2o", {"recent_window": 1}),
         watch="Position 1 is central at every step but step 6. tova reads only the latest row, so "
         "at step 6 it evicts 1; h2o's sum remembers and keeps it for the steps after, which "
         "want it again.",
@@ -195,6 +198,17 @@ class PolicyStep(Step):
 
     label: str = ""
 
+    def state(self, p: int) -> str:
+        """What this policy did with position ``p`` at this step: new, evicted at once, victim, held
+        or gone (evicted before)."""
+        if p == self.t:
+            return "evicted at once" if p in self.victims else "new"
+        if p in self.victims:
+            return "victim"
+        if p in self.kept:
+            return "held"
+        return "gone"
+
 
 @dataclass(frozen=True)
 class LabStep:
@@ -203,16 +217,13 @@ class LabStep:
     sides: tuple[PolicyStep, PolicyStep]
 
 
-def _build(spec: PolicySpec | Policy, trace: Trace, budget: int) -> tuple[str, Policy]:
-    if isinstance(spec, Policy):
-        return repr(spec), spec
-    try:
-        return spec.label, make_policy(spec.name, budget=budget, trace=trace, **spec.params)
-    except ValueError as e:  # say which side refused
-        raise ValueError(f"{spec.name}: {e}") from None
+def _build(side: LabPolicy | Policy, trace: Trace, budget: int) -> tuple[str, Policy]:
+    if isinstance(side, Policy):
+        return repr(side), side
+    return side.label, side.spec(budget).build(trace)
 
 
-def side_by_side(trace: Trace, left: PolicySpec | Policy, right: PolicySpec | Policy, budget: int) -> list[LabStep]:
+def side_by_side(trace: Trace, left: LabPolicy | Policy, right: LabPolicy | Policy, budget: int) -> list[LabStep]:
     """Step both policies through ``trace`` together, each through the harness's own loop; one
     ``LabStep`` per decode step. Bad parameters raise ``ValueError`` naming the parameter."""
     (left_label, left_policy), (right_label, right_policy) = _build(left, trace, budget), _build(right, trace, budget)
@@ -253,98 +264,9 @@ def step_table(step: LabStep, side: int | None = None) -> pd.DataFrame:
     for each in step.sides:
         seen = {} if each.observed is None else dict(zip(each.kept.tolist(), each.observed.tolist(), strict=True))
         scored = {} if each.scores is None else dict(zip(each.score_positions.tolist(), each.scores.tolist(), strict=True))
-        data[f"{each.label}: state"] = [_state(each, p, t) for p in range(t + 1)]
+        data[f"{each.label}: state"] = [each.state(p) for p in range(t + 1)]
         if each.observed is not None:
             data[f"{each.label}: shown"] = [seen.get(p) for p in range(t + 1)]
         if each.scores is not None:
             data[f"{each.label}: score"] = [scored.get(p) for p in range(t + 1)]
     return pd.DataFrame(data)
-
-
-def _state(side: PolicyStep, p: int, t: int) -> str:
-    if p == t:
-        return "evicted at once" if p in side.victims else "new"
-    if p in side.victims:
-        return "victim"
-    if p in side.kept:
-        return "held"
-    return "gone"
-
-
-# --- figures -------------------------------------------------------------------------------------
-
-
-def step_figure(step: LabStep, side: int) -> go.Figure:
-    """Row t's attention over positions 0 .. t-1 as bars, coloured by what this policy did with
-    each position (held, victim this step, gone before); the new position t as a marker on the
-    axis; the policy's score or vote count above each bar where it keeps one."""
-    s = step.sides[side]
-    t = step.t
-    positions = np.arange(t)
-    states = [_state(s, p, t) for p in range(t)]
-    colour = {"held": HELD_COLOUR, "victim": VICTIM_COLOUR, "gone": GONE_COLOUR}
-    fig = go.Figure()
-    for state, name in (("held", "held"), ("victim", "victim (evicted this step)"), ("gone", "evicted earlier")):
-        mask = np.array([st == state for st in states])
-        fig.add_bar(
-            x=positions[mask], y=step.row[mask], name=name, marker_color=colour[state],
-            hovertemplate="position %{x}<br>weight %{y:.3f}<extra>" + name + "</extra>",
-        )
-    new_state = _state(s, t, t)
-    fig.add_scatter(
-        x=[t], y=[0], mode="markers", name=f"new position {t}" + (" (evicted at once)" if new_state != "new" else ""),
-        marker={"symbol": "triangle-up", "size": 14, "color": VICTIM_COLOUR if new_state != "new" else NEW_COLOUR},
-        hovertemplate=f"position {t}: admitted this step<extra></extra>",
-    )
-    if s.scores is not None:
-        at = dict(zip(s.score_positions.tolist(), s.scores.tolist(), strict=True))
-        xs = [p for p in range(t + 1) if p in at]
-        ys = [step.row[p] if p < t else 0.0 for p in xs]
-        fig.add_scatter(
-            x=xs, y=ys, mode="text", text=[_fmt_score(at[p]) for p in xs], textposition="top center",
-            name="score", showlegend=False, hoverinfo="skip",
-        )
-    fig.update_layout(
-        title=f"{s.label}, step {t}: retained {s.retained_mass:.3f}"
-        + (f", evicts {', '.join(map(str, s.victims))}" if s.victims else ", evicts nothing"),
-        barmode="overlay", bargap=0.15, height=320, margin={"l": 40, "r": 10, "t": 50, "b": 40},
-        legend={"orientation": "h", "y": -0.25},
-    )
-    fig.update_xaxes(title="position", range=[-0.6, t + 0.6], dtick=1)
-    fig.update_yaxes(title=f"attention of query {t}", range=[0, max(1.0, float(step.row.max())) * 1.15])
-    return fig
-
-
-def _fmt_score(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:.2f}"
-
-
-def timeline_figure(steps: list[LabStep], side: int, current: int | None = None) -> go.Figure:
-    """The whole lab run for one policy: a grid of step (rows) by position (columns), each cell
-    held / victim / gone / not yet generated, with the current step outlined."""
-    T = len(steps)
-    # 0 not yet generated, 1 gone, 2 held, 3 victim this step (codes index the colour scale)
-    grid = np.zeros((T, T + 1))
-    for i, step in enumerate(steps):
-        s = step.sides[side]
-        for p in range(step.t + 1):
-            state = _state(s, p, step.t)
-            grid[i, p] = {"gone": 1, "held": 2, "new": 2, "victim": 3, "evicted at once": 3}[state]
-    colours = ["white", GONE_COLOUR, HELD_COLOUR, VICTIM_COLOUR]
-    scale = [[v, c] for i, c in enumerate(colours) for v in (i / 4, (i + 1) / 4)]
-    labels = np.array(["not yet", "gone", "held", "victim"])[grid.astype(int)]
-    fig = go.Figure(
-        go.Heatmap(
-            z=grid, x=list(range(T + 1)), y=[s.t for s in steps], zmin=0, zmax=4, colorscale=scale,
-            showscale=False, xgap=1, ygap=1, customdata=labels,
-            hovertemplate="step %{y}, position %{x}: %{customdata}<extra></extra>",
-        )
-    )
-    if current is not None:
-        fig.add_shape(type="rect", x0=-0.5, x1=T + 0.5, y0=current - 0.5, y1=current + 0.5,
-                      line={"color": "black", "width": 2})
-    fig.update_layout(title=f"{steps[0].sides[side].label}: the cache after every step", height=320,
-                      margin={"l": 40, "r": 10, "t": 50, "b": 40})
-    fig.update_xaxes(title="position", dtick=1)
-    fig.update_yaxes(title="step", autorange="reversed", dtick=1)
-    return fig

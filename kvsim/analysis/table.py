@@ -35,7 +35,7 @@ ROWS: list[Row] = [
     Row("scissorhands", {"recent_window": 32}),
     Row("scissorhands", {"recent_window": 64}),
     Row("tova"),
-    # baselines from practice (issue 15): rows after the cards' own, which the targets do not read
+    # baselines from practice, beyond the cards: rows after the cards' own, which the targets do not read
     Row("h2o_normalized", {"recent_window": 32}),
     Row("snapkv", {"recent_window": 32, "observation_window": 32}),
     Row("random"),

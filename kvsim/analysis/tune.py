@@ -22,7 +22,7 @@ from __future__ import annotations
 import io
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +30,7 @@ import numpy as np
 from ..data.bundle import Bundle
 from ..data.trace import Trace, load_npz
 from ..policies import POLICIES, policy_params
+from ..progress import Progress
 from ..sim.harness import DEFAULT_TOP_K
 from ..sim.simulate import sweep
 
@@ -40,11 +41,16 @@ BASELINES = ("sliding_window", "streaming_llm")
 PARAM = "recent_window"
 LOCAL = "local"
 
-Progress = Callable[[int, int, str], None]
-
 
 class TuneError(ValueError):
     """Tuning cannot run as asked; one line."""
+
+
+def _best_and_recommended(mass: np.ndarray, tolerance: float) -> tuple[int, int]:
+    """Indices into the windows: the best (the first of equal masses, so the smallest window) and the
+    recommended, the smallest window within ``tolerance`` of the best."""
+    best = int(np.argmax(mass))
+    return best, int(np.flatnonzero(mass >= mass[best] - tolerance)[0])
 
 
 @dataclass(frozen=True)
@@ -89,8 +95,7 @@ class TuneResult:
         return np.stack([t.retained_mass for t in self.traces])
 
     def _pick(self, mass: np.ndarray, recall: np.ndarray) -> dict:
-        best = int(np.argmax(mass))  # the first of equal masses: the smallest window
-        rec = int(np.flatnonzero(mass >= mass[best] - self.tolerance)[0])
+        best, rec = _best_and_recommended(mass, self.tolerance)
         return {"best_window": self.windows[best], "best_mass": float(mass[best]), "best_recall": float(recall[best]),
                 "recommended_window": self.windows[rec], "recommended_mass": float(mass[rec]),
                 "recommended_recall": float(recall[rec])}
@@ -237,7 +242,8 @@ def tune(
 
     ``scheduler``: ``None`` runs here, one trace after another; ``"local"`` starts a Dask cluster of
     ``workers`` local processes (default: one per core); anything else is the address of a running
-    Dask scheduler (``tcp://host:8786``). ``progress(done, total, label)`` is called as traces finish.
+    Dask scheduler (``tcp://host:8786``). ``progress(fraction, note)`` (``kvsim.progress``) is told
+    the share of traces swept as each finishes, the note naming it (``3/18 traces swept (...-L02)``).
     """
     windows = list(range(1, budget)) if windows is None else [int(w) for w in windows]
     _check(policy, budget, windows, tolerance, params)
@@ -246,13 +252,16 @@ def tune(
         raise TuneError("nothing to tune: no traces")
     name = source.name if isinstance(source, Bundle) else ", ".join(u.name for u in units[:3]) + (
         "" if len(units) <= 3 else f" and {len(units) - 3} more")
-    say = progress or (lambda *_a: None)
+    def say(done: int, name: str) -> None:
+        if progress is not None:
+            progress(done / len(units), f"{done}/{len(units)} traces swept ({name})")
+
     t0 = time.perf_counter()
     if scheduler is None:
         results = []
         for i, u in enumerate(units):
             results.append(_run_unit(u.payload, u.name, policy, budget, windows, top_k, params))
-            say(i + 1, len(units), u.name)
+            say(i + 1, u.name)
         run = {"executor": "serial", "workers": 1}
     else:
         results, run = _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, params)
@@ -264,8 +273,7 @@ def tune(
 
 def _tuning(u: _Unit, r: dict, windows: list[int], tolerance: float) -> TraceTuning:
     mass, recall = np.asarray(r["retained_mass"], dtype=np.float64), np.asarray(r["top_k_recall"], dtype=np.float64)
-    best = int(np.argmax(mass))  # the first of equal masses
-    rec = int(np.flatnonzero(mass >= mass[best] - tolerance)[0])
+    best, rec = _best_and_recommended(mass, tolerance)
     return TraceTuning(
         layer=u.layer, head=u.head, name=u.name, attention=u.attention, retained_mass=mass, top_k_recall=recall,
         best_window=windows[best], best_mass=float(mass[best]), recommended_window=windows[rec],
@@ -315,7 +323,7 @@ def _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, pa
         results: list[dict | None] = [None] * len(futures)
         for done, fut in enumerate(as_completed(futures), start=1):
             results[index[fut.key]] = fut.result()
-            say(done, len(units), units[index[fut.key]].name)
+            say(done, units[index[fut.key]].name)
         address = "local" if scheduler == LOCAL else scheduler
     return results, {"executor": "dask", "workers": n_workers, "scheduler": address}
 

@@ -1,0 +1,17 @@
+"""Benchmarks, imported only by ``python -m kvsim bench``: ``speed`` (the reference path against the
+fast engine, and whole CLI processes) and ``browser`` (the app in headless Chromium)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: the checkout whose kvsim and app.py the benchmarks' child processes run
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def checkout_env(**extra: str) -> dict:
+    """This process's environment with ``extra`` set and the checkout first on PYTHONPATH, so a child
+    process (``python -m kvsim``, ``streamlit run app.py``) imports this checkout's kvsim."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, **extra, "PYTHONPATH": path}

@@ -42,8 +42,10 @@ import numpy as np
 from ..data import canonical
 from ..data import store as cache
 from ..data.trace import Trace, save_npz
+from ..progress import Progress
 from ..sim import engine
 from ..sim.simulate import replay, sweep
+from . import checkout_env
 
 BUDGET = 256
 WINDOWS = list(range(1, BUDGET))  # every valid recent_window at budget 256
@@ -52,11 +54,13 @@ SAMPLE = 16  # reference replays actually run when extrapolating the sweep
 SCALING_STEPS = (2048, 4096)
 SCALING_BUDGETS = (128, 256)
 SCALING_WINDOWS = list(range(1, 65))  # the same 64 configurations at every size
+SCALING_ROUNDS = 5
 CLI_ARGS = ["sweep", "--trace", "canonical", "--policy", "h2o", "--budget", str(BUDGET),
             "--recent-window", f"1:{BUDGET - 1}", "--json"]
 TABLE_ARGS = ["table", "--json"]
 CARD_SAMPLE = 4  # windows the plain-Python pseudo-code replays (about a second each); the rest is extrapolated
-#: issue 11: the warm sweep process within 1 s and 50x the card's pseudo-code; the table within 1.5 s
+#: the targets: the warm sweep process within 1 s and 50x the card's pseudo-code, the table within 1.5 s,
+#: one replay under 50 ms (``targets`` says PASS or FAIL for each, with the results identical)
 TARGETS = {"cli_sweep_seconds": 1.0, "cli_speedup": 50.0, "replay_ms": 50.0, "table_seconds": 1.5}
 
 
@@ -93,9 +97,7 @@ runpy.run_module('kvsim', run_name='__main__', alter_sys=True)
 
 def _cli_run(env_extra: dict, args: list[str] = CLI_ARGS) -> dict:
     """Time one whole ``python -m kvsim ...`` process, and its peak RSS where /proc tells it."""
-    root = Path(__file__).resolve().parents[2]
-    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, **env_extra, "PYTHONPATH": path}
+    env = checkout_env(**env_extra)
     with tempfile.TemporaryDirectory(prefix="kvsim-bench-run-") as tmp:
         hwm = Path(tmp) / "hwm"
         t0 = time.perf_counter()
@@ -166,23 +168,40 @@ def card_h2o(A: np.ndarray, budget: int, recent_window: int, topk: list[set]) ->
     return mass_total / T, recall_total / T
 
 
-def run(full_reference: bool = False, progress=None) -> dict:
+def run(full_reference: bool = False, progress: Progress | None = None) -> dict:
+    """Every measurement above, in one document; ``progress(None, note)`` names each phase as it
+    starts (the phases have no common measure of their extent)."""
     if not engine.AVAILABLE:
         raise RuntimeError("the benchmark times the numba engine, and numba is not installed (pip install -r requirements.txt)")
-    say = progress or (lambda _msg: None)
-    doc: dict = {"budget": BUDGET, "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
 
+    def say(note: str) -> None:
+        if progress is not None:
+            progress(None, note)
+
+    doc: dict = {"budget": BUDGET, "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
     say("loading the canonical trace")
     load_s, trace = _timed(cache.canonical_trace)
     doc["trace"] = {"steps": trace.steps, "bytes": int(trace.attention.nbytes), "load_seconds": load_s,
                     "cache": str(cache.cache_path())}
-
-    # 1. one h2o replay
     say("one h2o replay")
+    doc["replay"] = _replay(trace)
+    doc["sweep"], by_window = _sweeps(trace, full_reference, say)
+    doc["cli"] = _processes(doc["sweep"]["reference_seconds"], say)
+    doc["card"], doc["table_cli"] = _card(trace, by_window, doc["sweep"]["engine_seconds"], doc["cli"]["warm_seconds"], say)
+    say("engine sweep under tracemalloc")
+    doc["memory"] = _memory(trace)
+    say(f"scaling: {len(SCALING_STEPS)} trace lengths x {len(SCALING_BUDGETS)} budgets, {SCALING_ROUNDS} rounds")
+    doc["scaling"] = _scaling(trace)
+    doc["targets"] = targets(doc)
+    return doc
+
+
+def _replay(trace: Trace) -> dict:
+    """1. one h2o replay: the reference, the engine's first call in this process, its steady state."""
     ref_s, ref = _timed(lambda: replay(trace, "h2o", budget=BUDGET, recent_window=REPLAY_WINDOW, reference=True))
     first_s, fast = _timed(lambda: replay(trace, "h2o", budget=BUDGET, recent_window=REPLAY_WINDOW))
     warm_s, fast = _timed(lambda: replay(trace, "h2o", budget=BUDGET, recent_window=REPLAY_WINDOW), repeat=5)
-    doc["replay"] = {
+    return {
         "recent_window": REPLAY_WINDOW,
         "reference_seconds": ref_s,
         "engine_first_call_seconds": first_s,
@@ -192,7 +211,9 @@ def run(full_reference: bool = False, progress=None) -> dict:
         and np.array_equal(fast.retained_mass_series, ref.retained_mass_series),
     }
 
-    # 2. the sweep, reference against engine
+
+def _sweeps(trace: Trace, full_reference: bool, say) -> tuple[dict, dict[int, dict]]:
+    """2. the sweep, reference against engine; and the engine's rows by window."""
     windows = WINDOWS if full_reference else _sample(WINDOWS, SAMPLE)
     say(f"reference sweep: {len(windows)} of {len(WINDOWS)} windows")
     per = []
@@ -205,7 +226,7 @@ def run(full_reference: bool = False, progress=None) -> dict:
     say("engine sweep")
     eng_s, rows = _timed(lambda: sweep(trace, "h2o", BUDGET, "recent_window", WINDOWS))
     by_window = {r["recent_window"]: r for r in rows}
-    doc["sweep"] = {
+    return {
         "configurations": len(WINDOWS),
         "reference_replayed": len(windows),
         "reference_extrapolated": not full_reference,
@@ -214,9 +235,12 @@ def run(full_reference: bool = False, progress=None) -> dict:
         "speedup": ref_total / eng_s,
         "identical": all(by_window[w] == ref_rows[w] for w in windows),
         "best_recent_window": max(rows, key=lambda r: r["retained_mass"])["recent_window"],
-    }
+    }, by_window
 
-    # 3. the whole process
+
+def _processes(ref_total: float, say) -> dict:
+    """3. the whole CLI process: empty trace cache, warm caches, nothing cached, and a 64-step trace
+    (the memory baseline)."""
     with tempfile.TemporaryDirectory(prefix="kvsim-bench-") as tmp:
         say("whole process, empty trace cache")
         cold = _cli_run({"KVSIM_CACHE_DIR": str(Path(tmp) / "trace")})
@@ -230,7 +254,7 @@ def run(full_reference: bool = False, progress=None) -> dict:
         save_npz(canonical.generate(canonical.CanonicalConfig(steps=64)), tiny)
         baseline = _cli_run({}, ["sweep", "--trace", str(tiny), "--policy", "h2o", "--budget", "16",
                                  "--recent-window", "1:15", "--json"])
-    doc["cli"] = {
+    return {
         "command": "python -m kvsim " + " ".join(CLI_ARGS),
         "cold_trace_cache_seconds": cold["seconds"],
         "warm_seconds": warm["seconds"],  # the best of three
@@ -243,7 +267,10 @@ def run(full_reference: bool = False, progress=None) -> dict:
         "rows": warm["rows"],
     }
 
-    # 6. the card's pseudo-code in plain Python, on a sample of windows, beside the engine's rows
+
+def _card(trace: Trace, by_window: dict[int, dict], eng_s: float, cli_warm_s: float, say) -> tuple[dict, dict]:
+    """6. the card's pseudo-code in plain Python, on a sample of windows, beside the engine's rows;
+    and the whole ``python -m kvsim table`` process."""
     say(f"the H2O card's pseudo-code in plain Python: {CARD_SAMPLE} of {len(WINDOWS)} windows")
     top = engine.topk_positions(trace, 32)
     topk = [set(int(p) for p in r if p >= 0) for r in top]
@@ -256,37 +283,39 @@ def run(full_reference: bool = False, progress=None) -> dict:
     card_total = statistics.mean(card_times) * len(WINDOWS)
     say("whole process: python -m kvsim table")
     table = [_cli_run({}, TABLE_ARGS) for _ in range(3)]
-    doc["card"] = {
+    card = {
         "windows": card_windows,
         "seconds_per_window": card_times,
         "sweep_seconds_extrapolated": card_total,
         "max_abs_diff_vs_engine": max(diffs),
         "engine_speedup": card_total / eng_s,
-        "cli_warm_speedup": card_total / doc["cli"]["warm_seconds"],
+        "cli_warm_speedup": card_total / cli_warm_s,
     }
-    doc["table_cli"] = {
+    return card, {
         "command": "python -m kvsim " + " ".join(TABLE_ARGS),
         "seconds": [r["seconds"] for r in table],
         "median_seconds": statistics.median(r["seconds"] for r in table),
     }
 
-    # 4. memory of the engine sweep, on a fresh Trace so its top-k is computed inside the window
-    say("engine sweep under tracemalloc")
+
+def _memory(trace: Trace) -> dict:
+    """4. memory of the engine sweep, on a fresh Trace so its top-k is computed inside the window."""
     fresh = Trace(trace.attention, name=trace.name, meta=trace.meta)
     tracemalloc.start()
     sweep(fresh, "h2o", BUDGET, "recent_window", WINDOWS)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    doc["memory"] = {
+    return {
         "trace_mb": trace.attention.nbytes / 2**20,
         "engine_peak_mb": peak / 2**20,
         "engine_peak_share_of_trace": peak / trace.attention.nbytes,
         "bench_process_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
-    # 5. scaling: rounds over the four sizes, best of each, so a burst of load elsewhere on the
-    # machine does not land on one size only
-    say("scaling: 2 trace lengths x 2 budgets, 5 rounds")
+
+def _scaling(trace: Trace) -> list[dict]:
+    """5. scaling: rounds over the four sizes, best of each, so a burst of load elsewhere on the
+    machine does not land on one size only."""
     traces = {}
     for steps in SCALING_STEPS:
         t = trace if steps == trace.steps else cache.canonical_trace(canonical.CanonicalConfig(steps=steps))
@@ -294,7 +323,7 @@ def run(full_reference: bool = False, progress=None) -> dict:
         traces[steps] = t
     sizes = [(steps, budget) for steps in SCALING_STEPS for budget in SCALING_BUDGETS]
     best = dict.fromkeys(sizes, float("inf"))
-    for _ in range(5):
+    for _ in range(SCALING_ROUNDS):
         for steps, budget in sizes:
             s, _ = _timed(lambda t=traces[steps], b=budget: sweep(t, "h2o", b, "recent_window", SCALING_WINDOWS))
             best[steps, budget] = min(best[steps, budget], s)
@@ -305,16 +334,18 @@ def run(full_reference: bool = False, progress=None) -> dict:
         s = best[steps, budget]
         scaling.append({"steps": steps, "budget": budget, "configurations": len(SCALING_WINDOWS), "seconds": s,
                         "kept_slot_steps": slots, "ns_per_kept_slot_step": s / slots * 1e9})
-    doc["scaling"] = scaling
+    return scaling
 
-    doc["targets"] = {
+
+def targets(doc: dict) -> dict[str, bool]:
+    """Each target (``TARGETS``) met or not, by the document's figures."""
+    return {
         "cli_sweep_within_1_s": doc["cli"]["warm_seconds"] <= TARGETS["cli_sweep_seconds"],
         "cli_sweep_50x_faster_than_card_pseudo_code": doc["card"]["cli_warm_speedup"] >= TARGETS["cli_speedup"],
         "table_within_1_5_s": doc["table_cli"]["median_seconds"] <= TARGETS["table_seconds"],
         "one_replay_under_50_ms": doc["replay"]["engine_seconds"] * 1e3 < TARGETS["replay_ms"],
         "results_identical": doc["replay"]["identical"] and doc["sweep"]["identical"],
     }
-    return doc
 
 
 def render(doc: dict) -> str:

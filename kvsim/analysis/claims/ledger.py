@@ -1,0 +1,68 @@
+"""The ledger: every claim measured on one trace, as JSON-ready records, a DataFrame for the app, or text."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...data.trace import Trace
+from .cards import CLAIMS
+from .measure import BUDGET, VERDICTS, Measurer
+
+if TYPE_CHECKING:  # pandas is imported where a table is built: the app's default page needs none
+    import pandas as pd
+
+
+def ledger(trace: Trace, budget: int = BUDGET) -> list[dict]:
+    """Every claim measured on ``trace``: one JSON-ready record per claim, in ``CLAIMS`` order."""
+    m = Measurer(trace, budget)
+    out = []
+    for claim in CLAIMS:
+        if claim.scope == "trace" and trace.steps <= budget and claim.id != "sw-quarter-looks-alike":
+            verdict, figures, note = "not applicable", {}, f"the trace has {trace.steps} steps: at budget {budget} nothing is evicted"
+        else:
+            verdict, figures, note = claim.check(m)
+        assert verdict in VERDICTS, (claim.id, verdict)
+        view = {k: str(v).format(trace=trace.name, quarter=max(1, trace.steps // 4)) for k, v in claim.view.items()}
+        out.append({"id": claim.id, "card": claim.card, "words": claim.words, "scope": claim.scope,
+                    "measurement": claim.measurement, "trace": trace.name, "verdict": verdict,
+                    "figures": figures, "note": note, "view": view})
+    return out
+
+
+def ledger_frame(records: list[dict]) -> pd.DataFrame:
+    """The ledger as a table for the app: one row per (claim, trace), the figures as ``k=v`` text."""
+    import pandas as pd
+
+    rows = [{"id": r["id"], "card": r["card"], "trace": r["trace"], "verdict": r["verdict"], "scope": r["scope"],
+             "words": r["words"], "measured": _figures_text(r["figures"]), "note": r["note"],
+             "measurement": r["measurement"], "view": r["view"]} for r in records]
+    return pd.DataFrame(rows, columns=["id", "card", "trace", "verdict", "scope", "words", "measured", "note",
+                                       "measurement", "view"])
+
+
+def _figures_text(figures: dict) -> str:
+    return "; ".join(f"{k}={v}" for k, v in figures.items())
+
+
+def render_ledger(records: list[dict]) -> str:
+    """The ledger as text: per trace, one line per claim (verdict and figures), then the cards' words
+    and the notes, so the table stays readable and nothing is cut."""
+    parts = []
+    for trace in dict.fromkeys(r["trace"] for r in records):
+        rows = [r for r in records if r["trace"] == trace]
+        counts = ", ".join(f"{sum(r['verdict'] == v for r in rows)} {v}" for v in VERDICTS)
+        parts.append(f"Claims of the two cards on the {trace} trace ({counts}):\n")
+        width = {k: max(len(k), *(len(str(r[k])) for r in rows)) for k in ("id", "card", "scope", "verdict")}
+        head = "  ".join(k.ljust(width[k]) for k in width) + "  measured"
+        parts.append(head)
+        parts.append("  ".join("-" * width[k] for k in width) + "  " + "-" * 8)
+        for r in rows:
+            parts.append(("  ".join(str(r[k]).ljust(width[k]) for k in width) + "  " + _figures_text(r["figures"])).rstrip())
+        parts.append("")
+        for r in rows:
+            parts.append(f"{r['id']} ({r['card']} card): \"{r['words']}\"")
+            parts.append(f"    measured: {r['measurement']}")
+            if r["note"]:
+                parts.append(f"    note: {r['note']}")
+        parts.append("")
+    return "\n".join(parts).rstrip()
