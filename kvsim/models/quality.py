@@ -55,7 +55,6 @@ DEFAULT_STEPS = 1024
 MODES = ("closed", "open")
 #: sha256 of CPython 3.11.7's Lib/heapq.py, the text of the shipped traces (REAL_TRACES.md)
 HEAPQ_SHA256 = "6d43277e5c76fc0f073cd388fcff852d14d068f6bb6d4886c340f8b75a1229a9"
-HEAPQ_SOURCE = "CPython 3.11.7 standard library, Lib/heapq.py (PSF-2.0)"
 #: rows of the output layer scored at once (262k words x 128 rows x 4 bytes = 134 MB)
 _CHUNK = 128
 #: the default progress: lines on stderr

@@ -177,13 +177,12 @@ def record(config: RecordConfig, *, device: str = "cpu", progress: Progress | No
         lm, tokenizer = model_and_tokenizer
     else:
         lm, tokenizer = _load(config.model, device, progress)
-    writer = _BundleWriter(config, lm, say)
-    ids = writer.tokenize(tokenizer, text)
+    writer = _BundleWriter(config, lm, tokenizer, text, say)
     config.out.mkdir(parents=True, exist_ok=True)
     say(0.0, f"recording {len(writer.layers)} of {lm.config.num_hidden_layers} layers x {writer.kv_heads} KV head(s) "
              f"over {writer.n} tokens")
     writer.start()
-    record_attention(lm, ids.to(writer.device), writer.layers, config.gqa, config.chunk_elements, writer)
+    record_attention(lm, writer.ids.to(writer.device), writer.layers, config.gqa, config.chunk_elements, writer)
     seconds = time.perf_counter() - writer.t0
     say(1.0, f"forward pass and writing took {seconds:.1f} s")
     manifest = write_manifest(config.out, writer.manifest(round(seconds, 1)))
@@ -207,9 +206,18 @@ class _BundleWriter:
     """One recording's files: what the model is (heads, layers, provenance), the tokens, and the sink
     that writes each layer's traces as the recorder finishes it, collecting the manifest's entries."""
 
-    def __init__(self, config: RecordConfig, lm, say: Progress):
+    def __init__(self, config: RecordConfig, lm, tokenizer, text: str, say: Progress):
         self.config, self.say = config, say
-        cfg = lm.config
+        self._describe(lm)
+        self.ids = self._tokenize(tokenizer, text)
+        self.source = config.source or config.text.name
+        self.licence = config.licence or "not stated"
+        self.files: list[dict] = []
+        self.entries: list[dict] = []
+
+    def _describe(self, lm) -> None:
+        """Heads, layers and provenance; refuses a model without attention heads or an uneven grouping."""
+        config, cfg = self.config, lm.config
         q_heads = getattr(cfg, "num_attention_heads", None)
         if not q_heads:
             raise RecordError(f"{config.model or type(lm).__name__}: {cfg.model_type} has no attention heads "
@@ -229,12 +237,8 @@ class _BundleWriter:
         self.model_licence = config.model_licence or (MODEL_LICENCE if shipped else "not stated (see the model's card)")
         self.prefix = config.prefix or (DEFAULT_PREFIX if shipped else _default_prefix(label))
         self.device = next(lm.parameters()).device
-        self.source = config.source or config.text.name
-        self.licence = config.licence or "not stated"
-        self.files: list[dict] = []
-        self.entries: list[dict] = []
 
-    def tokenize(self, tokenizer, text: str):
+    def _tokenize(self, tokenizer, text: str):
         """The first ``steps + 1`` token ids, ``<bos>`` first; refuses a text too short for the steps."""
         config = self.config
         ids = token_ids(tokenizer, text)
