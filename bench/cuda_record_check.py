@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, nothing installed
 from kvsim.data.trace import load_npz  # noqa: E402
-from kvsim.models.record import record_bundle  # noqa: E402
+from kvsim.models.record import RecordConfig, record  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from tiny_models import config, tokenizer  # noqa: E402  (the recorder's tests build the same tiny models)
@@ -56,8 +56,8 @@ def main() -> int:
             runs = {}
             for device in ("cpu", "cuda"):
                 start = time.perf_counter()
-                done = record_bundle(text, root / f"{family}-{device}", model=folder, steps=args.steps, layers="all",
-                                     device=device, progress=None)
+                what = RecordConfig(text, root / f"{family}-{device}", model=folder, steps=args.steps, layers="all")
+                done = record(what, device=device, progress=None)
                 runs[device] = (time.perf_counter() - start,
                                 {Path(f["path"]).name: load_npz(f["path"]).attention for f in done["files"]})
             diffs = {name: float(np.abs(a.astype(np.float64) - runs["cuda"][1][name].astype(np.float64)).max())

@@ -509,7 +509,7 @@ def cmd_quality(args: argparse.Namespace) -> object:
     if args.policy and not sweep and len(budgets) == 1 and not POLICIES[args.policy].needs_trace:
         make_policy(args.policy, budget=budgets[0], **params)  # refuse bad parameters before loading a model
     modes = ["closed", "open"] if args.mode == "both" else [args.mode]
-    say = None if args.quiet else (lambda m: print(f"quality: {m}", file=sys.stderr, flush=True))
+    say = None if args.quiet else quality.QUALITY_STDERR  # kvsim.progress.stderr("kvsim quality")
     from .models.record import RecordError, read_text, require_extra
 
     try:

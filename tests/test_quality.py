@@ -228,13 +228,17 @@ def test_results_are_cached_on_disk_and_keyed_by_what_was_measured(session, tmp_
 
 @needs_torch
 def test_grid_sweeps_the_policies_that_take_the_parameter_and_skips_refused_points(session):
-    said = []
+    heard = []
     rows = kvsim.models.quality.grid(session, ["h2o", "streaming_llm"], [10], ["open"], {"sinks": 1},
-                              ("recent_window", [2, 6, 10]), progress=said.append)
+                              ("recent_window", [2, 6, 10]), progress=lambda fraction, note="": heard.append((fraction, note)))
+    said = [note for _, note in heard]
     assert [(r["policy"], r["params"]) for r in rows] == [
         ("h2o", {"recent_window": 2}), ("h2o", {"recent_window": 6}), ("streaming_llm", {"sinks": 1})]
     assert any("recent_window=10" in m and "skipped" in m and "recent_window must be less than budget" in m for m in said)
     assert sum("delta NLL" in m for m in said) == 2 + 1
+    fractions = [f for f, _ in heard if f is not None]  # the grid's share done: rising to 1 with the last result
+    assert fractions == sorted(fractions) and fractions[0] == 0.0 and fractions[-1] == 1.0
+    assert [f for f, m in heard if "delta NLL" in m] == pytest.approx([1 / 3, 2 / 3, 1.0])
 
 
 @needs_torch
@@ -290,7 +294,8 @@ def test_cli_refuses_bad_input_in_one_line_before_loading_a_model(capsys, tmp_pa
 
 
 def test_quality_modules_import_without_torch():
-    code = ("import sys, kvsim.models.quality, kvsim.views.quality_figures, kvsim.cli; kvsim.cli.build_parser(); "
+    code = ("import sys, kvsim.models.quality, kvsim.models.decode, kvsim.views.quality_figures, kvsim.cli; "
+            "kvsim.cli.build_parser(); "
             "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; print(','.join(bad)); "
             "sys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

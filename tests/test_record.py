@@ -5,18 +5,23 @@ importable)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-import kvsim.models.record as rec
+import kvsim.models.loading as loading
 from kvsim import cli
 from kvsim.data.trace import load_npz, unpack_lower
-from kvsim.models.record import RecordError, kv_head_rows
+from kvsim.models.errors import RecordError
+from kvsim.models.record import RecordConfig
+from kvsim.models.recorder import kv_head_rows
 
 # written for this test (no licence question): about 60 tokens of prose
 TEXT = (
@@ -64,12 +69,48 @@ def test_kv_head_rows_refuses_a_row_with_nothing_before_the_diagonal():
         kv_head_rows(softmax, 1)
 
 
+# --- what to record, checked once -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"steps": 0}, "--steps must be an integer of at least 1, got 0"),
+        ({"steps": 2.5}, "--steps must be an integer of at least 1, got 2.5"),
+        ({"gqa": "sum"}, "--gqa must be one of mean, max, got 'sum'"),
+        ({"layers": "x"}, "--layers must be all, global or comma-separated integers, got 'x'"),
+        ({"layers": [0, "y"]}, "--layers must be all, global or comma-separated integers, got [0, 'y']"),
+        ({"layers": ""}, "--layers: no layers given"),
+        ({"layers": []}, "--layers: no layers given"),
+        ({"dtype": "int8"}, "dtype must be a NumPy float type, got 'int8'"),
+        ({"dtype": "nonsense"}, "dtype must be a NumPy float type, got 'nonsense'"),
+        ({"chunk_elements": 0}, "chunk_elements must be an integer of at least 1, got 0"),
+    ],
+)
+def test_record_config_refuses_a_bad_value_in_one_line_naming_the_flag(options, message):
+    with pytest.raises(RecordError, match=re.escape(message) + "$"):
+        RecordConfig("t.txt", "out", **options)
+
+
+def test_record_config_is_normalised_once_frozen_and_hashable():
+    config = RecordConfig("t.txt", "out", layers=" 3, 1,3 ", dtype=np.float32, steps=np.int64(8))
+    assert (config.text, config.out, config.layers, config.dtype) == (Path("t.txt"), Path("out"), (1, 3), "float32")
+    assert config.steps == 8 and type(config.steps) is int
+    same = RecordConfig(Path("t.txt"), Path("out"), layers=[3, 1], dtype="float32", steps=8)
+    assert config == same and hash(config) == hash(same)
+    assert [RecordConfig("t", "o", layers=x).layers for x in (None, "global", " all")] == ["global", "global", "all"]
+    assert RecordConfig("t", "o").dtype == "float16" and RecordConfig("t", "o").steps == 4096
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.steps = 9
+
+
 # --- the extra stays optional -----------------------------------------------------------------
 
 
 def test_core_cli_and_recorder_module_never_import_torch():
     code = (
-        "import sys, kvsim, kvsim.cli, kvsim.data.catalog, kvsim.models.record; kvsim.cli.build_parser(); "
+        "import sys, kvsim, kvsim.cli, kvsim.data.catalog, kvsim.models.record, kvsim.models.loading, "
+        "kvsim.models.recorder; kvsim.cli.build_parser(); "
         "bad = [m for m in ('torch', 'transformers', 'gguf') if m in sys.modules]; "
         "print(','.join(bad)); sys.exit(1 if bad else 0)"
     )
@@ -81,7 +122,7 @@ def test_cli_record_without_the_extra_says_so_in_one_line(monkeypatch, capsys, t
     text = tmp_path / "t.txt"
     text.write_text(TEXT)
     # listed first, so it is the one reported whether or not the real extra is installed
-    monkeypatch.setattr(rec, "_EXTRA", {"kvsim_test_absent_module": "kvsim-test-absent-package", **rec._EXTRA})
+    monkeypatch.setattr(loading, "_EXTRA", {"kvsim_test_absent_module": "kvsim-test-absent-package", **loading._EXTRA})
     assert cli.main(["record", str(text), "--out", str(tmp_path / "out")]) == 2
     out, err = capsys.readouterr()
     assert out == ""
@@ -139,7 +180,7 @@ def test_record_meta_names_the_text_the_model_and_the_layer(recorded):
         assert trace.name == f"gemma3-270m-L{layer:02d}" and trace.steps == STEPS
         assert m["layer"] == layer and m["head"] == 0 and m["query_heads"] == [0, 1, 2, 3]
         assert m["source"] == "kvsim's test suite" and m["licence"] == "written for the test"
-        assert m["model"] == rec.MODEL and "Gemma Terms of Use" in m["model_licence"]
+        assert m["model"] == loading.MODEL and "Gemma Terms of Use" in m["model_licence"]
         assert m["attention"].startswith("global")
         assert len(m["tokens"]) == STEPS + 1 and m["tokens"][0] == "<bos>"
         assert TEXT.startswith("".join(m["tokens"][1:]))  # the positions are the text's own tokens

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -24,7 +25,9 @@ import tiny_models  # noqa: E402  (tests/, beside this file)
 from kvsim import cli  # noqa: E402
 from kvsim.data.bundle import load_bundle  # noqa: E402
 from kvsim.data.trace import load_npz, unpack_lower  # noqa: E402
-from kvsim.models.record import RecordError, kv_head_rows, record_bundle  # noqa: E402
+from kvsim.models.errors import RecordError  # noqa: E402
+from kvsim.models.record import RecordConfig, record  # noqa: E402
+from kvsim.models.recorder import kv_head_rows  # noqa: E402
 
 WORDS = ("the a cache that holds every token grows without bound so serving stack keeps only some of them "
          "which ones first few tokens soak up attention last carry local context handful in between matter").split()
@@ -86,8 +89,8 @@ def _raw(path) -> np.ndarray:
 @pytest.mark.parametrize("gqa", ["mean", "max"])
 def test_every_layer_and_kv_head_matches_a_plain_eager_forward(tiny, tmp_path, family, gqa):
     folders, text = tiny
-    doc = record_bundle(text, tmp_path, model=folders[family], steps=STEPS, layers="all", gqa=gqa,
-                        dtype=np.float32, chunk_elements=CHUNK, progress=None)
+    doc = record(RecordConfig(text, tmp_path, model=folders[family], steps=STEPS, layers="all", gqa=gqa,
+                              dtype=np.float32, chunk_elements=CHUNK), progress=None)
     n_layers = len(FAMILIES[family][0]) + len(FAMILIES[family][1])
     assert [(f["layer"], f["head"]) for f in doc["files"]] == [(x, h) for x in range(n_layers) for h in (0, 1)]
     for layer in range(n_layers):
@@ -102,7 +105,7 @@ def test_llama_layer_0_matches_attention_computed_by_hand_from_the_weights(tiny,
     folders, text = tiny
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    record_bundle(text, tmp_path, model=folders["llama"], steps=STEPS, layers=[0], dtype=np.float32, progress=None)
+    record(RecordConfig(text, tmp_path, model=folders["llama"], steps=STEPS, layers=[0], dtype=np.float32), progress=None)
     model = AutoModelForCausalLM.from_pretrained(folders["llama"])
     cfg = model.config
     ids = AutoTokenizer.from_pretrained(folders["llama"])(text.read_text()).input_ids[: STEPS + 1]
@@ -137,7 +140,7 @@ def test_llama_layer_0_matches_attention_computed_by_hand_from_the_weights(tiny,
 @pytest.mark.parametrize("family", ["qwen2", "gemma3"])
 def test_sliding_layers_are_recorded_as_they_attend_and_say_so(tiny, tmp_path, family):
     folders, text = tiny
-    record_bundle(text, tmp_path, model=folders[family], steps=STEPS, layers="all", progress=None)
+    record(RecordConfig(text, tmp_path, model=folders[family], steps=STEPS, layers="all"), progress=None)
     global_, sliding = FAMILIES[family]
     bundle = load_bundle(tmp_path)
     for layer in global_ + sliding:
@@ -159,15 +162,15 @@ def test_sliding_layers_are_recorded_as_they_attend_and_say_so(tiny, tmp_path, f
 
 def test_layers_global_is_the_default_and_the_forward_stops_after_the_last_recorded_layer(tiny, tmp_path):
     folders, text = tiny
-    doc = record_bundle(text, tmp_path / "g", model=folders["gemma3"], steps=STEPS, progress=None)
+    doc = record(RecordConfig(text, tmp_path / "g", model=folders["gemma3"], steps=STEPS), progress=None)
     assert [(f["layer"], f["head"]) for f in doc["files"]] == [(1, 0), (1, 1)]
     seen = []
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(folders["gemma3"], attn_implementation="eager").eval()
     model.model.layers[2].register_forward_hook(lambda *_a: seen.append(2))
-    doc = record_bundle(text, tmp_path / "o", model_and_tokenizer=(model, AutoTokenizer.from_pretrained(folders["gemma3"])),
-                        steps=STEPS, layers=[0], dtype=np.float32, progress=None)
+    doc = record(RecordConfig(text, tmp_path / "o", steps=STEPS, layers=[0], dtype=np.float32), progress=None,
+                 model_and_tokenizer=(model, AutoTokenizer.from_pretrained(folders["gemma3"])))
     assert seen == [] and [f["layer"] for f in doc["files"]] == [0, 0]
     assert doc["files"][1]["path"].endswith("gemma3-L00-kv1.npz")  # named after the model's folder
     np.testing.assert_allclose(_raw(doc["files"][1]["path"]),
@@ -177,8 +180,8 @@ def test_layers_global_is_the_default_and_the_forward_stops_after_the_last_recor
 
 def test_manifest_and_meta_name_model_layer_heads_tokens_text_and_licences(tiny, tmp_path):
     folders, text = tiny
-    record_bundle(text, tmp_path, model=folders["qwen2"], steps=STEPS, layers="all", source="the test's own words",
-                  licence="CC0", model_licence="random weights, no licence needed", progress=None)
+    record(RecordConfig(text, tmp_path, model=folders["qwen2"], steps=STEPS, layers="all", source="the test's own words",
+                        licence="CC0", model_licence="random weights, no licence needed"), progress=None)
     bundle = load_bundle(tmp_path)
     m = bundle.manifest
     assert bundle.name == "qwen2" and bundle.steps == STEPS and bundle.layers == [0, 1, 2]
@@ -208,6 +211,7 @@ def test_cli_record_json_lists_every_file_with_layer_and_head(tiny, tmp_path, ca
     assert all(f["bytes"] > 0 and (out / f["path"].rsplit("/", 1)[-1]).is_file() for f in doc["files"])
     assert doc["steps"] == 20 and doc["manifest"].endswith("manifest.json")
     assert "layer 1 recorded" in stderr  # progress on stderr, one JSON document on stdout
+    assert "layer 0 recorded (1/2 layers" in stderr and re.search(r"layer 1 recorded \(2/2 layers, .* s\) 100%", stderr)
     assert load_bundle(out).manifest["gqa"] == "max"
     assert load_npz(out / "llama-L01-kv1.npz").meta["gqa"] == "max"
 
@@ -238,13 +242,13 @@ def test_missing_tokenizer_missing_folder_and_uncached_hub_id_are_one_line_error
         if "token" in f.name or f.name == "special_tokens_map.json":
             f.unlink()
     with pytest.raises(RecordError, match=r"bare: no usable tokenizer"):
-        record_bundle(text, tmp_path / "o", model=bare, steps=8, progress=None)
+        record(RecordConfig(text, tmp_path / "o", model=bare, steps=8), progress=None)
     with pytest.raises(RecordError, match=r"no such model folder"):
-        record_bundle(text, tmp_path / "o", model=tmp_path / "nowhere", steps=8, progress=None)
+        record(RecordConfig(text, tmp_path / "o", model=tmp_path / "nowhere", steps=8), progress=None)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(RecordError, match=r"kvsim-test/absent-model: \(a hub id, looked up in the local Hugging Face cache only\)"):
-        record_bundle(text, tmp_path / "o", model="kvsim-test/absent-model", steps=8, progress=None)
+        record(RecordConfig(text, tmp_path / "o", model="kvsim-test/absent-model", steps=8), progress=None)
 
 
 def test_a_model_without_attention_is_refused_in_one_line(tiny, tmp_path):
@@ -255,7 +259,7 @@ def test_a_model_without_attention_is_refused_in_one_line(tiny, tmp_path):
     MambaForCausalLM(MambaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, state_size=4)).save_pretrained(folder)
     _tokenizer()[0].save_pretrained(folder)
     with pytest.raises(RecordError, match="mamba has no attention heads"):
-        record_bundle(text, tmp_path / "o", model=folder, steps=8, progress=None)
+        record(RecordConfig(text, tmp_path / "o", model=folder, steps=8), progress=None)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")

@@ -1,0 +1,242 @@
+"""How a quality measurement runs the model: one attention function, registered with transformers'
+``AttentionInterface``, serving either a masked teacher-forced pass or token-by-token decoding.
+
+The function computes what the model's eager attention computes (scaling, optional logit
+soft-capping, the sliding window of local layers: key p is visible to query t when
+``p > t - window``), with a mask of our own instead of the model's:
+
+- ``MaskedPass``: every position at once, each query seeing what a schedule lets it see (the
+  open loop: the policy's replay of the full-cache traces), or the whole causal past (the
+  full-cache pass, which also captures the traces);
+- ``ClosedLoopDecoder``: one token per forward pass, for a batch of configurations at once, each
+  (configuration, layer, KV head) holding the keys and values its own policy keeps, and its policy
+  fed the attention the model computes over them.
+
+torch and transformers are imported inside the functions: ``import kvsim`` never needs them.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import numpy as np
+
+from ..progress import Progress
+from ..sim.simulate import replay
+from .errors import QualityError
+from .loading import no_progress
+
+#: the name under which our attention function is registered with transformers
+ATTN = "kvsim_quality"
+
+#: what the registered attention function serves; set only for the duration of a forward pass
+_ACTIVE: MaskedPass | ClosedLoopDecoder | None = None
+
+
+def _kept_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
+                    sliding_window=None, **kwargs):
+    """transformers' attention-function signature; the model's own mask is ignored (we build ours)."""
+    if _ACTIVE is None:
+        raise QualityError("the kvsim quality attention ran outside a measurement")
+    scale = module.head_dim ** -0.5 if scaling is None else scaling
+    return _ACTIVE.attend(module.layer_idx, query, key, value, scale, softcap, sliding_window)
+
+
+class MaskedPass:
+    """A teacher-forced pass: query t sees key p when ``p <= t`` (and inside its layer's window), and,
+    with ``allowed`` (``{layer: bool (kv_heads, n, n)}``), when the schedule kept p for it. With
+    ``capture``, each layer's rows per KV head (the recorder's arithmetic) are kept in ``captured``."""
+
+    def __init__(self, *, allowed=None, capture=False):
+        self.allowed = allowed
+        self.captured = {} if capture else None
+
+    def attend(self, layer, query, key, value, scale, softcap, window):
+        import torch
+
+        from .recorder import kv_head_rows
+
+        _, hq, n, _ = query.shape
+        hkv = key.shape[1]
+        group = hq // hkv
+        key = key.repeat_interleave(group, dim=1)  # what transformers' repeat_kv does
+        value = value.repeat_interleave(group, dim=1)
+        scores = torch.matmul(query, key.transpose(2, 3)) * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        t = torch.arange(n)
+        visible = t[None, :] <= t[:, None]
+        if window is not None:
+            visible &= t[None, :] > t[:, None] - window
+        if self.allowed is not None:
+            visible = visible[None] & self.allowed[layer]
+            visible = visible.repeat_interleave(group, dim=0)[None]
+        scores = scores.masked_fill(~visible, float("-inf"))
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        if self.captured is not None:
+            self.captured[layer] = kv_head_rows(weights[0].float().numpy(), hkv)
+        out = torch.matmul(weights, value).transpose(1, 2).contiguous()
+        return out, None
+
+
+def replay_masks(traces, policy: str, budget: int, params: dict, n: int):
+    """The open loop's schedule: per layer, what each query sees when ``policy`` replays the
+    full-cache traces (``traces[layer][kv head]``), as ``MaskedPass``'s ``allowed``; and the retained
+    mass of each replay (layers x KV heads)."""
+    import torch
+
+    layers, kv_heads = len(traces), len(traces[0])
+    allowed, mass = {}, np.zeros((layers, kv_heads))
+    for layer in range(layers):
+        masks = torch.zeros(kv_heads, n, n, dtype=torch.bool)
+        for h in range(kv_heads):
+            res = replay(traces[layer][h], policy, budget=budget, record_kept=True, **params)
+            mass[layer, h] = res.retained_mass
+            hist = res.kept_history  # row s - 1: kept after step s, which query s + 1 sees
+            rows, cols = np.nonzero(hist[: n - 2] >= 0)
+            m = np.zeros((n, n), dtype=bool)
+            m[rows + 2, hist[rows, cols]] = True
+            m[1, 0] = True  # query 1 sees the starting cache, [0]
+            m[np.arange(n), np.arange(n)] = True  # and every query its own key
+            masks[h] = torch.from_numpy(m)
+        allowed[layer] = masks
+    return allowed, mass
+
+
+class ClosedLoopDecoder:
+    """Token-by-token decoding of a batch of configurations at once, each (configuration, layer, KV
+    head) holding what its own policy keeps.
+
+    Decoding one token at a time on a CPU is bound by reading the weights, once per step; a batch
+    reads them once for all its configurations. Nothing is shared between batch rows but the weights.
+    """
+
+    def __init__(self, model, policies, budgets, full_rows, n):
+        import torch
+
+        cfg = model.config
+        self.model = model
+        self.policies = policies  # [config][layer][kv head]
+        self.budgets = budgets  # [config]
+        self.full_rows = full_rows  # [layer][kv head] float32 (n, n): the full-cache trace, for the mass
+        batch, layers, hkv = len(policies), len(policies[0]), len(policies[0][0])
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.keys = [torch.zeros(batch, hkv, n, head_dim) for _ in range(layers)]
+        self.values = [torch.zeros(batch, hkv, n, head_dim) for _ in range(layers)]
+        self.mass = np.zeros((batch, layers, hkv, n))  # retained mass per step (index t), on the full trace
+        self.n = n
+        self.t = 0
+
+    def attend(self, layer, query, key, value, scale, softcap, window):
+        import torch
+
+        t = self.t
+        batch, hq, q_len, head_dim = query.shape
+        if q_len != 1:
+            raise QualityError("closed-loop decoding takes one token per forward pass")
+        hkv = key.shape[1]
+        group = hq // hkv
+        self.keys[layer][:, :, t] = key[:, :, 0]
+        self.values[layer][:, :, t] = value[:, :, 0]
+        out = torch.empty(batch, 1, hq, head_dim, dtype=query.dtype)
+        for c in range(batch):
+            for h in range(hkv):
+                policy = self.policies[c][layer][h]
+                kept = np.asarray(policy.kept, dtype=np.int64) if t else np.zeros(0, dtype=np.int64)
+                seen = kept > t - window if window is not None else np.ones(kept.size, dtype=bool)
+                idx = torch.from_numpy(np.append(kept[seen], t))
+                q = query[c, h * group : (h + 1) * group, 0]  # (group, head_dim)
+                scores = torch.matmul(q, self.keys[layer][c, h, idx].T) * scale
+                if softcap is not None:
+                    scores = torch.tanh(scores / softcap) * softcap
+                weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+                out[c, 0, h * group : (h + 1) * group] = torch.matmul(weights, self.values[layer][c, h, idx])
+                if t:
+                    self._step_policy(c, layer, h, kept, seen, weights)
+        return out, None
+
+    def _step_policy(self, c, layer, h, kept, seen, weights) -> None:
+        """Step t's retained mass on the full trace, then the policy's decision on what the model computed."""
+        t, policy = self.t, self.policies[c][layer][h]
+        self.mass[c, layer, h, t] = self.full_rows[layer][h][t, kept].astype(np.float64).sum()
+        attn = None
+        if policy.reads_attention:
+            # the recorder's arithmetic (mean of the group in float64, own weight dropped),
+            # then the harness's: renormalised over the kept set, float32; zeros if none left
+            row = np.zeros(kept.size)
+            row[seen] = weights[:, :-1].double().mean(dim=0).numpy()
+            total = row.sum()
+            attn = (row / total).astype(np.float32) if total > 0 else np.zeros(kept.size, dtype=np.float32)
+        policy.on_decode_step(t, attn)
+        policy.evict(self.budgets[c])
+
+    def decode(self, ids, width: int, progress: Progress | None = None) -> list:
+        """Decode ``ids`` (``(1, n)``) token by token; per configuration the final hidden states
+        ``(n, width)`` and the retained mass (layers x KV heads) of the schedule it followed.
+        ``progress`` hears every 128 steps (the fraction is steps done)."""
+        import torch
+
+        say = progress or no_progress
+        batch = len(self.policies)
+        hidden = torch.zeros(batch, self.n, width)
+        t0 = time.perf_counter()
+        last = self.n - 1  # step N's output predicts nothing; only its cache (for the mass) matters
+        # one thread: each step is a few hundred tiny matrix-vector products, which a second thread
+        # only slows down (7x measured for a 640 x 2048 product on a busy 2-core machine)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with attached(self.model, self):
+                for t in range(last):
+                    self.t = t
+                    step = ids[:, t : t + 1].expand(batch, 1)
+                    hidden[:, t] = hidden_states(self.model, step, position=t, batch=True)[:, 0]
+                    if t and t % 128 == 0:
+                        say(t / last, f"closed loop ({batch} at once): step {t}/{last - 1} ({time.perf_counter() - t0:.0f} s)")
+        finally:
+            torch.set_num_threads(threads)
+        for c, per_layer in enumerate(self.policies):  # the cache that step N would see
+            for layer, per_head in enumerate(per_layer):
+                for h, policy in enumerate(per_head):
+                    kept = np.asarray(policy.kept, dtype=np.int64)
+                    self.mass[c, layer, h, last] = self.full_rows[layer][h][last, kept].astype(np.float64).sum()
+        return [(hidden[c], self.mass[c, :, :, 1:].mean(axis=2)) for c in range(batch)]
+
+
+@contextmanager
+def attached(model, serving: MaskedPass | ClosedLoopDecoder):
+    """The model runs our attention function, serving ``serving``, inside this block."""
+    global _ACTIVE
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN, _kept_attention)
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(ATTN)
+    if model.config._attn_implementation != ATTN:
+        raise QualityError(f"{type(model).__name__} does not accept a custom attention function")
+    _ACTIVE = serving
+    try:
+        yield
+    finally:
+        _ACTIVE = None
+        model.set_attn_implementation(previous)
+
+
+def hidden_states(model, ids, serving: MaskedPass | None = None, *, position=None, batch=False):
+    """Final hidden states (after the decoder's last norm) of ``ids``, of the first row unless
+    ``batch``; ``serving`` None means the caller has attached one already."""
+    import torch
+
+    if serving is not None:
+        with attached(model, serving):
+            return hidden_states(model, ids, position=position, batch=batch)
+    kwargs = {"use_cache": False}
+    if position is not None:
+        kwargs["position_ids"] = torch.full((ids.shape[0], 1), position)
+    with torch.no_grad():
+        out = model.base_model(input_ids=ids, **kwargs)
+    return out.last_hidden_state if batch else out.last_hidden_state[0]
+
+
+__all__ = ["ATTN", "ClosedLoopDecoder", "MaskedPass", "attached", "hidden_states", "replay_masks"]

