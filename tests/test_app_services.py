@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from kvsim.app.services import Background, BoundedStore, Shared, SweepStore
+from kvsim.app.services import Background, BoundedStore, Shared, Status, SweepStore
 
 
 def test_the_app_package_and_its_services_import_without_streamlit():
@@ -153,15 +153,15 @@ def test_the_solver_pool_solves_once_reports_progress_and_says_a_failure_once():
         return "schedule"
 
     deadline = time.monotonic() + 5
-    assert pool.poll("a", solve)[0] is False
-    while pool.poll("a", solve) != (False, 0.5) and time.monotonic() < deadline:
+    assert pool.poll("a", solve).done is False
+    while pool.poll("a", solve).fraction != 0.5 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert pool.poll("a", solve) == (False, 0.5)  # asked again while running: the same job, not a second
+    assert pool.poll("a", solve) == Status(False, 0.5)  # asked again while running: the same job, not a second
     go.set()
-    while pool.poll("a", solve) != (True, 1.0) and time.monotonic() < deadline:
+    while not pool.poll("a", solve).done and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert solved == [1]
-    assert pool.poll("b", lambda p: pytest.fail("not needed"), needed=lambda: False) == (True, 1.0)
+    assert pool.poll("a", solve) == Status(True, 1.0, "schedule") and solved == [1]
+    assert pool.poll("b", lambda p: pytest.fail("not needed"), needed=lambda: False) == Status(True, 1.0)
 
     def fail(progress):
         raise MemoryError("no room for the forfeit costs")
@@ -176,4 +176,6 @@ def test_the_solver_pool_solves_once_reports_progress_and_says_a_failure_once():
         time.sleep(0.01)
     else:
         pytest.fail("the failure was never reported")
-    assert pool.poll("c", lambda p: "ok")[0] in (False, True)  # started again, not the old failure
+    while not (status := pool.poll("c", lambda p: "ok")).done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert status.value == "ok"  # started again, not the old failure

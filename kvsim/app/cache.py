@@ -107,10 +107,17 @@ def cached_upper_bound(trace: kvsim.Trace, budget: int) -> dict:
 
 
 @st.cache_resource
+def background() -> services.Background:
+    """Replays too slow to wait for on a redraw (a curve's refinement, a reference line at a large
+    budget), one at a time: each already keeps every core busy."""
+    return services.Background(workers=1, bound=128, name="kvsim-background")
+
+
+@st.cache_resource
 def sweeps() -> services.SweepStore:
     """The recent_window curves by (trace, policy spec, top_k): a store rather than st.cache_data
     so that the progress bar is drawn by the run that sweeps, never replayed from a cache."""
-    return services.SweepStore(bound=64)
+    return services.SweepStore(bound=64, background=background())
 
 
 @st.cache_resource

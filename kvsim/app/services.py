@@ -115,18 +115,27 @@ class Shared:
             return entry.value
 
 
+@dataclass(frozen=True)
+class Status:
+    """A background job as the page sees it: whether it is done, how far it got, its result."""
+
+    done: bool
+    fraction: float
+    value: Any = None
+
+
 class Background:
-    """Jobs by key on a pool of ``workers`` threads; at most ``bound`` remembered."""
+    """Jobs by key on a pool of ``workers`` threads; at most ``bound`` remembered (with their results)."""
 
     def __init__(self, workers: int = 1, bound: int = 64, name: str = "kvsim-background") -> None:
         self._jobs = BoundedStore(bound)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
 
     def poll(self, key: Hashable, work: Callable[[Callable[[float], None]], Any],
-             needed: Callable[[], bool] = lambda: True) -> tuple[bool, float]:
-        """``(done, fraction)`` of the key's job, started as ``work(progress)`` the first time it is
-        asked for and ``needed()``. A job that failed raises its exception here, once: the next
-        poll starts it again."""
+             needed: Callable[[], bool] = lambda: True) -> Status:
+        """The key's job, started as ``work(progress)`` the first time it is asked for and
+        ``needed()`` (a job not needed is done, with no result). A job that failed raises its
+        exception here, once: the next poll starts it again."""
         def start():
             if not needed():
                 return None
@@ -136,14 +145,19 @@ class Background:
         job = self._jobs.setdefault(key, start)
         if job is None:
             self._jobs.pop(key)
-            return True, 1.0
+            return Status(True, 1.0)
         future, progress = job
         if not future.done():
-            return False, progress[0]
+            return Status(False, progress[0])
         if future.exception() is not None:
             self._jobs.pop(key)
             raise future.exception()
-        return True, 1.0
+        return Status(True, 1.0, future.result())
+
+    def busy(self, key: Hashable) -> bool:
+        """Whether the key's job is running (False once it has ended, or when there is none)."""
+        job = self._jobs.get(key)
+        return job is not None and not job[0].done()
 
     def submit(self, work: Callable[[], Any]) -> Future:
         return self._pool.submit(work)
@@ -201,6 +215,11 @@ class SweepStore:
         """Whether the key's rows hold the whole sweep (False while it is refined or not begun)."""
         with self._shared.holding(key) as entry:
             return entry.value is not None and entry.value.exact
+
+    def busy(self, key: Hashable) -> bool:
+        """Whether the key's refinement is running in the background."""
+        with self._shared.holding(key) as entry:
+            return entry.value is not None and entry.value.refining is not None
 
 
 @dataclass
