@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +17,7 @@ from kvsim.app.services import Background, BoundedStore, Shared, Status, SweepSt
 def test_the_app_package_and_its_services_import_without_streamlit():
     code = ("import sys; sys.modules['streamlit'] = None; import kvsim.app, kvsim.app.services; "
             "assert 'streamlit' not in [m for m in sys.modules if sys.modules[m] is not None]")
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
 
 
 def test_the_bounded_store_drops_the_oldest_first_and_keeps_its_bound():

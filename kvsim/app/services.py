@@ -1,7 +1,7 @@
 """The work the app's sessions share, with no Streamlit in it (so it is tested without widgets):
 
 - ``BoundedStore``: a dict of at most ``bound`` entries, the oldest dropped first, behind one lock.
-  The sweeps, the tunings, the optimum's solves and the built curve figures are each one of these.
+  The sweeps, the tunings, the background jobs and the built curve figures are each held in one.
 - ``Shared``: results by key, each computed once however many sessions ask at once (a session that
   asks while another computes waits for it, told so through ``waiting``).
 - ``SweepStore``: the recent_window curves, by key: rows that grow as views ask for more windows,
