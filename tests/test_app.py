@@ -408,9 +408,9 @@ def test_claims_view_lists_every_claim_with_the_ledgers_verdict(trace):
 
 
 def app_tabs() -> list[str]:
-    source = Path(APP).read_text()
-    block = re.search(r"TABS = \((.*?)\)\n", source, re.S).group(1)
-    return re.findall(r'"([^"]+)"', block)
+    from kvsim.app.state import TABS
+
+    return list(TABS)
 
 
 def test_a_claims_link_opens_its_view_with_its_settings():
@@ -515,3 +515,34 @@ def test_a_failed_optimum_solve_is_one_line_not_a_traceback(monkeypatch, tmp_pat
         at.run()
     assert problems(at) == []
     assert any("the exact optimum could not be solved: no room for the forfeit costs" in e.value for e in at.error)
+
+
+def test_a_slow_curve_is_drawn_coarse_first_then_refined_in_the_background(monkeypatch):
+    from kvsim.app import curve
+    from kvsim.sim.simulate import sweep_coarse_to_fine
+
+    monkeypatch.setattr(curve, "PROGRESSIVE_COST", 0)  # every budget counts as slow (as 1024 is on the shipped traces)
+    at = run({"budget": "96"}, view="Choosing recent_window")
+    assert problems(at) == [] and [e.value for e in at.error] == []
+
+    def peak_note(fig):
+        (note,) = [a["text"] for a in fig["layout"]["annotations"] if "peak" in a["text"]]
+        return note
+
+    (fig,) = charts(at)
+    assert peak_note(fig).startswith("peak so far at ")
+    assert len(values(named(fig, "h2o")[0]["x"])) <= 8 and not named(fig, "scissorhands")  # the coarse grid alone
+    assert any("Still replaying in the background" in c.value for c in at.caption)
+    for _ in range(480):  # each background replay that ends draws the page again
+        if not any("Still replaying" in c.value for c in at.caption):
+            break
+        time.sleep(0.25)
+        at.run()
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    (fig,) = charts(at)
+    exact = sweep_coarse_to_fine(resolve_trace("canonical"), "h2o", 96, "recent_window", 1, 95, marks=(32, 64),
+                                 points=curve.curve_points(96))
+    assert values(named(fig, "h2o")[0]["x"]) == [r["recent_window"] for r in exact]
+    best = max(exact, key=lambda r: r["retained_mass"])
+    assert peak_note(fig).startswith(f"peak at {best['recent_window']}: {best['retained_mass']:.3f}")
+    assert named(fig, "scissorhands") and named(fig, "tova") and named(fig, "upper bound")

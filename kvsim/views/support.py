@@ -1,5 +1,5 @@
-"""What the app's claims, model and quality views need besides their figures, kept out of ``app.py``
-(which is UI only) so that it is tested without Streamlit:
+"""What the app's claims, model and quality views need besides their figures, kept out of
+``kvsim.app`` (which is UI only) so that it is tested without Streamlit:
 
 - claims: a mark per verdict, and the link (``?`` + the claim's URL query parameters) that opens the
   view and settings showing a claim, with the trace the app is on;

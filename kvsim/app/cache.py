@@ -1,0 +1,140 @@
+"""The work the views share, cached per server: a trace is hashed by its fingerprint (a digest of its
+data, computed once per trace), and a policy by its ``PolicySpec`` (frozen, validated once per run),
+so equal data and settings share results across sessions. Results are treated as read-only.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import streamlit as st
+
+import kvsim
+from kvsim.analysis.metrics import describe_cached
+from kvsim.data.catalog import resolve_bundle, resolve_trace
+from kvsim.policies import PolicySpec
+from kvsim.policies.upper_bound import upper_bound_summary
+from kvsim.views import figures
+from kvsim.views import support as views
+
+from . import services
+
+TOP_K = kvsim.DEFAULT_TOP_K
+BY_TRACE = {kvsim.Trace: lambda trace: trace.fingerprint}
+
+
+def replay(trace: kvsim.Trace, spec: PolicySpec, **record) -> kvsim.ReplayResult:
+    """The one way the app replays: the spec's policy, budget and parameters, at the app's top_k."""
+    return kvsim.replay(trace, spec.name, budget=spec.budget, top_k=TOP_K, **record, **spec.kwargs)
+
+
+@st.cache_resource(max_entries=4, show_spinner="loading the trace")
+def load_named_trace(spec: str) -> kvsim.Trace:
+    return resolve_trace(spec)
+
+
+@st.cache_resource(max_entries=2, show_spinner="reading the uploaded trace")
+def load_uploaded_trace(digest: str, filename: str, _data: bytes) -> kvsim.Trace:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / (Path(filename).name or "upload.npz")
+        path.write_bytes(_data)
+        try:
+            return kvsim.load_trace(path)
+        except kvsim.TraceError as e:  # name the file as the user knows it, not our temp path
+            raise kvsim.TraceError(str(e).replace(str(path), filename)) from None
+
+
+@st.cache_resource
+def bundle_traces() -> list[str]:
+    return views.bundle_trace_names()
+
+
+@st.cache_resource(max_entries=4, show_spinner="reading the bundle")
+def cached_bundle(name: str):
+    return resolve_bundle(name)
+
+
+@st.cache_resource(max_entries=24, show_spinner="replaying", hash_funcs=BY_TRACE)
+def cached_replay(trace: kvsim.Trace, spec: PolicySpec, scores: bool = False) -> kvsim.ReplayResult:
+    """One replay with its kept sets recorded, and its scores too with ``scores`` (the score view's:
+    T x budget floats that the kept view never reads)."""
+    return replay(trace, spec, record_kept=True, record_scores=scores)
+
+
+def replays(trace: kvsim.Trace, runs, scores: bool = False) -> list[kvsim.ReplayResult]:
+    return [cached_replay(trace, spec, scores) for spec in runs]
+
+
+def kept_history(trace: kvsim.Trace, spec: PolicySpec):
+    """The replay's kept positions after each step, ``(T, budget)``: what the kept view's images,
+    heavy-hitter fates and difference counts are all drawn from (no ``(T, T + 1)`` mask is built)."""
+    return cached_replay(trace, spec, False).kept_history
+
+
+@st.cache_resource(max_entries=64, show_spinner=False, hash_funcs=BY_TRACE)
+def cached_summary(trace: kvsim.Trace, spec: PolicySpec) -> dict:
+    """One replay's summary, nothing recorded: what a line on the curve needs (a fraction of the
+    memory and time of ``cached_replay``), shared by every session."""
+    return replay(trace, spec).summary()
+
+
+@st.cache_resource(max_entries=4, show_spinner=False, hash_funcs=BY_TRACE)
+def cached_features(trace: kvsim.Trace) -> figures.TraceFeatures:
+    """The trace's features, held per server; a fresh server reads them from beside the trace's disk
+    cache entry (a shipped or canonical trace) instead of measuring the attention again."""
+    return figures.trace_features_cached(trace)
+
+
+@st.cache_resource(max_entries=4, show_spinner=False, hash_funcs=BY_TRACE)
+def cached_describe(trace: kvsim.Trace, band: int, sinks: int) -> dict:
+    """The trace's statistics, held per server and, for a trace with a disk cache entry, on disk."""
+    return describe_cached(trace, band=band, top_k=TOP_K, sinks=max(1, sinks))
+
+
+def describe(trace: kvsim.Trace, features: figures.TraceFeatures) -> dict:
+    """The statistics the views quote, measured at the trace's own band and sinks."""
+    return cached_describe(trace, features.band, max(1, features.sinks))
+
+
+@st.cache_resource(max_entries=8, show_spinner="computing the upper bound", hash_funcs=BY_TRACE)
+def cached_upper_bound(trace: kvsim.Trace, budget: int) -> dict:
+    return upper_bound_summary(trace, budget, TOP_K)
+
+
+# --------------------------------------------------------------------------------------------
+# the shared services, one per server
+
+
+@st.cache_resource
+def background() -> services.Background:
+    """Replays too slow to wait for on a redraw (a curve's refinement, a reference line at a large
+    budget), one at a time: each already keeps every core busy."""
+    return services.Background(workers=1, bound=128, name="kvsim-background")
+
+
+@st.cache_resource
+def sweeps() -> services.SweepStore:
+    """The recent_window curves by (trace, policy spec, top_k): a store rather than st.cache_data
+    so that the progress bar is drawn by the run that sweeps, never replayed from a cache."""
+    return services.SweepStore(bound=64, background=background())
+
+
+@st.cache_resource
+def solves() -> services.Background:
+    """Background solves of the exact optimum, by (trace, budget): one at a time (a solve holds a
+    large table), shared by all sessions, so a slow solve never blocks a page."""
+    return services.Background(workers=1, name="kvsim-optimal")
+
+
+@st.cache_resource
+def tunings() -> services.Shared:
+    """Tunings by (bundle, policy, budget): the progress bar is drawn by the run that computes one."""
+    return services.Shared(bound=16)
+
+
+@st.cache_resource
+def curve_figures() -> services.BoundedStore:
+    """Built curve figures by what they draw, shared by every session: under load the figure's
+    Plotly validation, not the sweep, was most of a redraw."""
+    return services.BoundedStore(32)

@@ -1,0 +1,102 @@
+"""The sidebar: the controls, read once per run into ``Settings`` (each chosen policy a validated
+``PolicySpec``), and the guided tour's box.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import streamlit as st
+
+import kvsim
+from kvsim.policies import PolicySpec, all_tunables
+from kvsim.views import tour
+
+from .state import MAX_VALUE, apply_tour
+
+
+def params_for(name: str, **override) -> dict[str, int]:
+    """The sidebar's value of each of the policy's parameters (``override`` replaces some)."""
+    return {k: int(override.get(k, st.session_state[k])) for k in kvsim.policy_params(name)}
+
+
+def spec_for(name: str, budget: int, **override) -> PolicySpec | str:
+    """The policy at the sidebar's settings, validated; or, where they are refused (recent_window
+    >= budget, ...), the one-line reason, ``"h2o: recent_window must be less than budget (256), got 300"``."""
+    try:
+        return PolicySpec.of(name, budget, **params_for(name, **override))
+    except ValueError as e:
+        return f"{name}: {e}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The sidebar's values for this run. ``specs``: every registered policy at the sidebar's
+    settings (a spec, or why there is none); ``runs``: the chosen policies that have a spec."""
+
+    budget: int
+    step: int
+    specs: dict[str, PolicySpec | str]
+    chosen: tuple[str, ...]
+
+    @classmethod
+    def read(cls) -> Settings:
+        budget = int(st.session_state["budget"])
+        specs = {name: spec_for(name, budget) for name in kvsim.POLICIES}
+        return cls(budget, int(st.session_state["step"]), specs, tuple(st.session_state["policies"]))
+
+    @property
+    def runs(self) -> tuple[PolicySpec, ...]:
+        return tuple(s for n in self.chosen if isinstance(s := self.specs[n], PolicySpec))
+
+    @property
+    def problems(self) -> list[str]:
+        return [s for n in self.chosen if isinstance(s := self.specs[n], str)]
+
+
+def controls(trace: kvsim.Trace) -> None:
+    side = st.sidebar
+    side.multiselect(
+        "policies", list(kvsim.POLICIES), key="policies",
+        help="every policy in kvsim's registry; each gets a panel in the views that apply to it",
+    )
+    side.number_input("budget", min_value=1, max_value=MAX_VALUE, step=1, key="budget",
+                      help="positions the cache holds after each eviction")
+    extra = {k: p for k, p in all_tunables().items() if k not in ("recent_window", "sinks")}
+    side.number_input("recent_window", min_value=0, max_value=MAX_VALUE, step=1, key="recent_window",
+                      help="h2o (and its relatives) never evict the newest recent_window positions")
+    side.number_input("sinks", min_value=0, max_value=MAX_VALUE, step=1, key="sinks",
+                      help="streaming_llm pins the first sinks positions forever")
+    if extra:
+        with side.expander("more policy parameters"):
+            for k, param in extra.items():
+                owners = ", ".join(n for n in kvsim.POLICIES if k in kvsim.policy_params(n))
+                st.number_input(k, min_value=0, max_value=MAX_VALUE, step=1, key=k, help=f"{param.help} ({owners})")
+    T = trace.steps
+    step = st.session_state.get("step")
+    st.session_state["step"] = T if step is None else min(max(1, int(step)), T)
+    side.slider("step", min_value=1, max_value=T, key="step",
+                help="the decode step the score view shows, drawn as a dashed line on the kept positions")
+
+
+def tour_box() -> None:
+    """The guided tour: a start button in the sidebar; while a step is open, its text and the way on."""
+    side = st.sidebar
+    key = st.session_state.get("tour")
+    if key not in tour.BY_KEY:
+        side.button("start the guided tour", on_click=apply_tour, args=(tour.TOUR[0].key,),
+                    help="a few steps, each a link: sinks, heavy hitters, the recent window")
+        return
+    step = tour.BY_KEY[key]
+    before, after = tour.neighbours(key)
+    number = [s.key for s in tour.TOUR].index(key) + 1
+    with st.container(border=True):
+        st.markdown(f"**Guided tour, step {number} of {len(tour.TOUR)}: {step.title}** (view: *{step.view}*). "
+                    f"{step.look}")
+        cols = st.columns([1, 1, 1, 3])
+        if before is not None:
+            cols[0].button(f"← {before.title}", on_click=apply_tour, args=(before.key,), key="tour_back")
+        if after is not None:
+            cols[1].button(f"{after.title} →", on_click=apply_tour, args=(after.key,), key="tour_next")
+        cols[2].button("leave the tour", on_click=lambda: st.session_state.update(tour=None), key="tour_leave")
+        cols[3].caption(f"Link to this step, for a slide: add `?tour={key}` to the app's address.")

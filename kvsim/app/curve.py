@@ -1,0 +1,302 @@
+"""Choosing recent_window: every policy with a recent_window swept over 1 .. budget - 1 at the
+sidebar's budget, beside the reference lines (the policies without one, the offline references, the
+per-step upper bound), with a click on a point setting recent_window everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import streamlit as st
+
+import kvsim
+from kvsim.policies import PolicySpec, describe_policy
+from kvsim.policies.upper_bound import upper_bound_summary
+from kvsim.sim.simulate import sweep_coarse_to_fine
+from kvsim.views import figures, story
+
+from . import cache, services
+from .cache import TOP_K, cached_features, cached_summary, cached_upper_bound, describe
+from .controls import Settings, spec_for
+from .downloads import csv_button, html_button, stem
+from .state import curve_policies, mirrored
+
+#: the per-step upper bound's line on the curve: not a policy, so not in the registry
+UPPER_BOUND = "upper bound (offline reference)"
+#: above this cost of one replay (steps x budget; the shipped traces' at budget 512) a curve is drawn
+#: from a coarse grid first, and the rest is replayed in the background while the page waits for it
+PROGRESSIVE_COST = 4096 * 512
+#: windows on that first coarse grid (the marks besides)
+COARSE_POINTS = 4
+#: how often a page with replays in the background looks whether one has ended
+REFRESH_S = 0.5
+
+
+def curve_points(budget: int) -> int:
+    """Windows on a curve's even grid. A replay costs about the budget, so above 512 the grid is
+    halved; the refinement around the peak (``sweep_coarse_to_fine``) still finds it exactly."""
+    return 32 if budget <= 512 else 16
+
+
+def progressive(trace: kvsim.Trace, budget: int) -> bool:
+    """Whether the curve at this budget is drawn coarse first (its replays are too slow to wait for)."""
+    return trace.steps * budget > PROGRESSIVE_COST
+
+
+@dataclass
+class Pending:
+    """What the curve view left to the background: names for the page, and checks that say when
+    one has ended (then the page is drawn again)."""
+
+    names: list[str] = field(default_factory=list)
+    busy: list[Callable[[], bool]] = field(default_factory=list)
+
+    def add(self, name: str, busy: Callable[[], bool]) -> None:
+        self.names.append(name)
+        self.busy.append(busy)
+
+
+def sweep_curve(trace: kvsim.Trace, spec: PolicySpec, marks: tuple[int, ...], pending: Pending,
+                primary: bool = True) -> services.Curve:
+    """The policy's curve over recent_window 1 .. budget - 1 (``spec``: its other parameters): an
+    even grid refined around the peak (found exactly), plus the marks (the default, the band, the
+    current setting), each window replayed once per server however many sessions ask. Where that is
+    slow (``progressive``) the primary curve is first a coarse grid and a companion is left out;
+    the exact sweep runs in the background and is said in ``pending``."""
+    name, budget = spec.name, spec.budget
+    fixed = {k: v for k, v in spec.kwargs.items() if k != "recent_window"}
+    span = f"{name} over recent_window 1 .. {budget - 1}"
+    store, key = cache.sweeps(), (trace.fingerprint, spec.replace(recent_window=1), TOP_K)
+
+    def exact(progress=None) -> list[dict]:
+        return sweep_coarse_to_fine(trace, name, budget, "recent_window", 1, budget - 1, marks=marks,
+                                    points=curve_points(budget), top_k=TOP_K, progress=progress, **fixed)
+
+    def drawn() -> list[dict]:  # the exact sweep with its progress bar, drawn by the run that sweeps
+        bar = st.progress(0.0, text=f"replaying {span}")
+        rows = exact(lambda f: bar.progress(min(1.0, f)))
+        bar.empty()
+        return rows
+
+    def coarse() -> list[dict]:  # a companion is drawn once its exact sweep is known
+        if not primary:
+            return []
+        return sweep_coarse_to_fine(trace, name, budget, "recent_window", 1, budget - 1, marks=marks,
+                                    points=COARSE_POINTS, refine=False, top_k=TOP_K, **fixed)
+
+    def add(missing: list[int]) -> list[dict]:  # a mark the first sweep did not include (a new current setting)
+        return kvsim.sweep(trace, name, budget, "recent_window", missing, top_k=TOP_K, **fixed)
+
+    within = [m for m in marks if 1 <= m <= budget - 1]
+    waiting = lambda: st.spinner(f"another session is replaying {span}")  # noqa: E731
+    if not progressive(trace, budget):
+        return store.curve(key, drawn, marks=within, add=add, waiting=waiting)
+    curve = store.curve(key, exact, marks=within, add=add if primary or store.exact(key) else None, coarse=coarse,
+                        waiting=waiting)
+    if not curve.exact:
+        pending.add(f"{story.possessive(name)} curve", lambda: store.busy(key))
+    return curve
+
+
+def background_summary(trace: kvsim.Trace, key: tuple, work: Callable[[], dict], label: str, pending: Pending) -> dict | None:
+    """A line's summary from the background: None, said in ``pending``, until it is known."""
+    status = cache.background().poll((trace.fingerprint, *key), lambda _progress: work())
+    if not status.done:
+        pending.add(label, lambda: cache.background().busy((trace.fingerprint, *key)))
+    return status.value
+
+
+def optimal_line(trace: kvsim.Trace, spec: PolicySpec) -> tuple[dict | None, float]:
+    """The optimum's summary when it is known (from the disk cache or a finished background solve),
+    else ``(None, fraction solved)`` with the solve started in the background."""
+    from kvsim.policies import optimal
+
+    def needed() -> bool:
+        return trace.steps >= optimal.CACHE_MIN_STEPS and optimal.cached(trace, spec.budget) is None
+
+    try:
+        solve = cache.solves().poll(
+            (trace.fingerprint, spec.budget), lambda progress: optimal.optimal_schedule(trace, spec.budget, progress=progress),
+            needed=needed)
+    except Exception as e:  # said on the page in one line, and tried again on the next redraw
+        raise ValueError(f"the exact optimum could not be solved: {' '.join(str(e).split())}") from None
+    if not solve.done:
+        return None, solve.fraction
+    return cached_summary(trace, spec), 1.0
+
+
+def reference_lines(trace: kvsim.Trace, settings: Settings, pending: Pending) -> list[figures.Line]:
+    """The curve's horizontal lines: every registered policy without a recent_window (the ones that
+    read the trace as offline references), plus the per-step upper bound. The exact optimum is
+    solved in the background where that is slow, and so is every line where the curve is drawn
+    coarse first (``progressive``); until one is known the page says so."""
+    lines = []
+    for name, cls in kvsim.POLICIES.items():
+        if "recent_window" in kvsim.policy_params(name):
+            continue
+        spec = settings.specs[name]
+        if isinstance(spec, str):
+            st.error(f"{spec}; its reference line is left out.")
+            continue
+        inner = ", ".join(f"{k}={v}" for k, v in spec.params)
+        label = f"{name} ({inner})" if inner else name
+        summary = _optimal(trace, spec) if name == "optimal" else _summary(trace, spec, pending)
+        if summary is None:
+            continue
+        if cls.needs_trace:
+            lines.append(figures.Line.of(summary, f"{label} (offline reference)", "offline", name, note=describe_policy(cls)))
+        else:
+            lines.append(figures.Line.of(summary, label, "policy", name))
+    budget = settings.budget
+    if progressive(trace, budget):
+        bound = background_summary(trace, ("upper bound", budget, TOP_K), lambda: upper_bound_summary(trace, budget, TOP_K),
+                                   "the upper bound", pending)
+    else:
+        bound = cached_upper_bound(trace, budget)
+    if bound is not None:
+        lines.append(figures.Line.of(bound, UPPER_BOUND, "bound"))
+    return lines
+
+
+def _summary(trace: kvsim.Trace, spec: PolicySpec, pending: Pending) -> dict | None:
+    if not progressive(trace, spec.budget):
+        return cached_summary(trace, spec)
+    return background_summary(trace, ("summary", spec, TOP_K), lambda: cache.replay(trace, spec).summary(), spec.name,
+                              pending)
+
+
+def _optimal(trace: kvsim.Trace, spec: PolicySpec) -> dict | None:
+    """The optimum's line, or None with the page saying why (a failed solve, or one still running)."""
+    try:
+        summary, done = optimal_line(trace, spec)
+    except (ValueError, MemoryError) as e:
+        st.error(f"{e}; its line is left out.")
+        return None
+    if summary is None:
+        st.info(f"The exact optimum at budget {spec.budget} is being solved in the background ({done:.0%} done); "
+                "its line appears on the next redraw once it is known.")
+    return summary
+
+
+def curve_figure(curves: dict[str, list[dict]], policy: str, lines: tuple, rw: int, features, exact: bool = True):
+    """The recent_window chart of these curves and lines, built once per server for what it draws
+    (read-only: Streamlit copies a figure to send it). Not ``exact``: the primary curve is a coarse
+    grid, and its peak is marked as the peak so far."""
+    default = kvsim.policy_params(policy)["recent_window"]
+    key = (policy, rw, default, features.band, features.band_known, lines, exact,
+           tuple((n, tuple(tuple(sorted(r.items())) for r in rows)) for n, rows in curves.items()))  # flat rows
+    store = cache.curve_figures()
+    fig = store.get(key)
+    if fig is None:
+        fig = figures.recent_window_curve(
+            curves[policy], list(lines), current=rw, default=default, band=features.band, top_k=TOP_K, policy=policy,
+            band_known=features.band_known, companions={n: r for n, r in curves.items() if n != policy},
+        )
+        if not exact:
+            for note in fig.layout.annotations:
+                if str(note.text).startswith("peak at "):
+                    note.text = "peak so far at " + note.text[len("peak at "):]
+        store.put(key, fig)
+    return fig
+
+
+def pick_from_curve() -> None:
+    chosen = figures.selected_recent_window(st.session_state.get("curve"))
+    if chosen is not None:
+        st.session_state["recent_window"] = chosen
+
+
+def sync_recent_window(source: str) -> None:
+    st.session_state["recent_window"] = int(st.session_state[source])
+
+
+def curve_view(trace: kvsim.Trace, settings: Settings) -> None:
+    policies = curve_policies()
+    if not policies:
+        st.info("No registered policy takes a recent_window.")
+        return
+    features = cached_features(trace)
+    info = describe(trace, features)
+    budget, rw = settings.budget, int(st.session_state["recent_window"])
+    text, chart = st.columns([1, 3])
+    with text:
+        policy = mirrored(
+            st.selectbox, "policy the markers follow", policies, "curve_policy", "curve_policy_choice",
+            help="every policy with a recent_window is drawn; this one carries the markers and the notes",
+        )
+        explain = st.empty()  # filled once the sweeps say what this trace does
+        explain.markdown(story.window_text(policy, features.band, info["recent_share"], features.band_known))
+        if budget >= 2:
+            st.session_state["rw_curve"] = min(max(1, rw), budget - 1)
+            st.number_input("recent_window", min_value=1, max_value=budget - 1, step=1, key="rw_curve",
+                            on_change=sync_recent_window, args=("rw_curve",))
+    if budget < 2:
+        st.error(f"the curve needs a budget of at least 2 (recent_window runs from 1 to budget - 1); budget is {budget}.")
+        return
+    pending = Pending()
+    curves = _curves(trace, budget, policy, policies, rw, pending)
+    if policy not in curves:
+        return
+    if not curves[policy].rows:  # chosen while its sweep waits behind the others' in the background
+        _waiting(pending, exact=False)
+        return
+    exact = curves[policy].exact
+    rows = {n: c.rows for n, c in curves.items() if c.rows}
+    lines = reference_lines(trace, settings, pending)
+    if not 1 <= rw <= budget - 1:
+        st.error(f"recent_window {rw} is outside 1..{budget - 1} (it must be below the budget); no point is marked.")
+    explain.markdown(
+        story.window_text(policy, features.band, info["recent_share"], features.band_known)
+        + "\n\n" + story.curve_verdict(rows[policy], features.band, features.band_known)
+        + f"\n\nEach point of a curve is a full replay at budget {budget}: about {curve_points(budget)} windows evenly "
+        "spaced, every window next to the peak, and the marked ones (with fewer than "
+        f"{curve_points(budget)} windows in all, every one). The markers and notes follow {policy}. **Click a point** (or "
+        "use the box below) to set recent_window everywhere."
+    )
+    fig = curve_figure(rows, policy, tuple(lines), rw, features, exact)
+    with chart:
+        if pending.names:
+            _waiting(pending, exact)
+        st.plotly_chart(fig, key="curve", on_select=pick_from_curve, selection_mode=("points", "box"))
+        st.markdown(story.lines_story(policy, rows, lines, budget))
+        c1, c2 = st.columns(2)
+        with c1:
+            csv_button(f"sweep of {', '.join(rows)} (CSV)", lambda: figures.sweep_table(rows, top_k=TOP_K),
+                       f"{stem(trace)}-budget{budget}-recent_window-sweep.csv", "csv_sweep")
+        with c2:
+            html_button("this figure (HTML)", fig, f"{stem(trace)}-budget{budget}-curve.html", "html_curve")
+
+
+def _curves(trace: kvsim.Trace, budget: int, policy: str, policies: list[str], rw: int,
+            pending: Pending) -> dict[str, services.Curve]:
+    """Each policy's curve, the chosen one first (the primary curve; the others are drawn beside
+    it). A policy whose other settings are refused is said in one line and left out. (The policies
+    are swept one after another: each sweep already keeps every core busy.)"""
+    band = cached_features(trace).band
+    curves = {}
+    for name in [policy] + [n for n in policies if n != policy]:
+        spec = spec_for(name, budget, recent_window=1)
+        if isinstance(spec, str):
+            st.error(f"{spec}. Change the setting in the sidebar to draw {name}'s curve.")
+            continue
+        marks = (kvsim.policy_params(name)["recent_window"], band, rw)
+        curves[name] = sweep_curve(trace, spec, marks, pending, primary=name == policy)
+    return curves
+
+
+def _waiting(pending: Pending, exact: bool) -> None:
+    """Say what is still replayed in the background, and draw the page again each time one ends."""
+    first = ("A coarse grid first: every window next to the peak is being replayed in the background, so the peak "
+             "marked is the **peak so far**; the exact one replaces it when known. " if not exact else "")
+    st.caption(f"{first}Still replaying in the background: {', '.join(pending.names)}; each appears once known.")
+
+    drawn = [False]  # the fragment's first call is this run's own: the page was just drawn, so it waits a tick
+
+    @st.fragment(run_every=REFRESH_S)
+    def watch() -> None:
+        if drawn[0] and not all(busy() for busy in pending.busy):
+            st.rerun()
+        drawn[0] = True
+
+    watch()

@@ -1,0 +1,161 @@
+"""The kept-positions view: each policy's cache over the whole run, pooled to the pixels on screen,
+with a box select re-drawing a region at full resolution, and the notes on sinks, band and heavy hitters.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+import kvsim
+from kvsim.policies import PolicySpec
+from kvsim.views import figures, story
+
+from .cache import BY_TRACE, TOP_K, cached_features, describe, kept_history, replays
+from .controls import Settings
+from .downloads import csv_button, html_button, stem
+from .state import KEPT_MODES, mirrored
+
+#: pixels across the kept images, shared among the panels of a row
+KEPT_PIXELS = 1024
+
+
+@st.cache_resource(max_entries=64, show_spinner=False, hash_funcs=BY_TRACE)
+def cached_fates(trace: kvsim.Trace, spec: PolicySpec) -> list:
+    """When the replay held and lost each heavy hitter of the trace (the kept view's notes)."""
+    return figures.heavy_fates(kept_history(trace, spec), cached_features(trace))
+
+
+@st.cache_resource(max_entries=48, show_spinner="drawing the kept positions", hash_funcs=BY_TRACE)
+def cached_layers(trace: kvsim.Trace, runs: tuple[PolicySpec, ...], region: tuple, ages: int, size: int) -> dict:
+    """One panel's pooled images (``runs``: one run, or two for the difference), encoded once."""
+    kept = [kept_history(trace, spec) for spec in runs]
+    return figures.panel_layers(kept, figures.Region(*region), cached_features(trace).sinks, ages, size)
+
+
+def kept_layers(trace: kvsim.Trace, runs: tuple[PolicySpec, ...], region: tuple, ages: int, size: int,
+                compare: bool) -> list[dict]:
+    """Each kept panel's pooled images: one panel per run, or one for the first two's difference."""
+    panels = [tuple(runs[:2])] if compare else [(r,) for r in runs]
+    return [cached_layers(trace, panel, region, ages, size) for panel in panels]
+
+
+@st.cache_resource(max_entries=32, show_spinner=False, hash_funcs=BY_TRACE)
+def cached_kept_figure(trace: kvsim.Trace, runs: tuple[PolicySpec, ...], step: int, region: tuple, ages: int,
+                       size: int, compare: bool):
+    """The kept view's figure, built once per server for these settings: a new session, or a view
+    opened again, sends it without rebuilding (read-only: Streamlit copies it to send it)."""
+    layers = kept_layers(trace, runs, region, ages, size, compare)
+    fates = None if compare else [cached_fates(trace, spec) for spec in runs]
+    return figures.kept_heatmap(replays(trace, runs), cached_features(trace), step=step, region=figures.Region(*region),
+                                size=size, compare=compare, layers=layers, fates=fates)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False, hash_funcs=BY_TRACE)
+def cached_difference(trace: kvsim.Trace, a: PolicySpec, b: PolicySpec) -> tuple[float, float]:
+    return figures.difference_counts(kept_history(trace, a), kept_history(trace, b))
+
+
+def kept_view(trace: kvsim.Trace, settings: Settings) -> None:
+    runs = settings.runs
+    if not runs:
+        st.info("Choose at least one policy (with valid settings) in the sidebar.")
+        return
+    note = story.budget_note(trace.steps, settings.budget)
+    if note:
+        st.warning(note)
+    features = cached_features(trace)
+    T = trace.steps
+    top = st.columns([2, 3])
+    with top[0]:
+        compare = _mode(len(runs))
+    with top[1]:
+        with st.expander("zoom to single positions (re-drawn from the replay at full resolution)"):
+            region = zoom_controls(T)
+    ages = figures.age_span(features, [spec.get("recent_window", 0) for spec in runs], settings.budget)
+    size = KEPT_PIXELS // (1 if compare else min(len(runs), 3))
+    box = (region.p0, region.p1, region.t0, region.t1)
+    layers = kept_layers(trace, runs, box, ages, size, compare)
+    st.markdown(_intro(layers[0]["block"], compare))
+    fig = cached_kept_figure(trace, runs, settings.step, box, ages, size, compare)
+    # a box drawn with the select tool re-draws that region from the replay, at full resolution
+    # once it is narrow enough; the zoom tool (the default) only magnifies the pooled picture
+    st.plotly_chart(fig, key="kept_chart", config={"scrollZoom": True}, on_select=lambda: zoom_to_box(T),
+                    selection_mode="box")
+    results = replays(trace, runs)
+    _notes(trace, runs, results, ages, compare)
+    st.caption(f"The dashed line is the sidebar's **step** ({settings.step}).")
+    c1, c2 = st.columns(2)
+    with c1:
+        csv_button("per-step metrics (CSV)", lambda: figures.per_step_table(results), f"{stem(trace)}-per-step.csv",
+                   "csv_steps")
+    with c2:
+        html_button("this figure (HTML)", fig, f"{stem(trace)}-kept.html", "html_kept")
+    st.markdown(
+        f"| policy | retained_mass | top_{TOP_K}_recall |\n| --- | ---: | ---: |\n"
+        + "\n".join(f"| {figures.policy_label(r)} | {r.retained_mass:.4f} | {r.top_k_recall:.4f} |" for r in results)
+    )
+
+
+def _mode(runs: int) -> bool:
+    """The mode's radio; True for the difference (which needs two policies: else each is shown)."""
+    mirrored(st.radio, "show", list(KEPT_MODES), "kept_mode", "kept_mode_choice", format_func=KEPT_MODES.get,
+             horizontal=True, help="the difference colours what the first two chosen policies keep differently")
+    compare = st.session_state["kept_mode"] == "difference"
+    if compare and runs < 2:
+        st.info("The difference needs two policies: choose a second one in the sidebar. Showing each policy instead.")
+        return False
+    return compare
+
+
+def _intro(block: tuple[int, int], compare: bool) -> str:
+    if compare:
+        return ("**One panel: what the first two chosen policies keep differently**, pooled so that a single differing "
+                "column stays visible. Drag a box to zoom (double-click to reset).")
+    return (
+        "**Each panel is one policy's cache over the whole run.** Row *t* is what the cache holds after decode step "
+        "*t*: dark is kept, mid-grey a block of positions where some are kept, white evicted, light grey not "
+        f"generated yet. The picture is pooled to about the pixels on screen (blocks of "
+        f"{block[1]} positions x {block[0]} steps here). For single positions, draw a box "
+        "with the chart's **box select** tool (or set the ranges under *zoom*): that region is re-drawn from the "
+        "replay, one pixel per position once it is narrow enough."
+    )
+
+
+def _notes(trace: kvsim.Trace, runs: tuple[PolicySpec, ...], results: list, ages: int, compare: bool) -> None:
+    """What to look for, under the picture: each note quotes this trace, or says it lacks the feature."""
+    features = cached_features(trace)
+    info = describe(trace, features)
+    sinks, band, heavy = st.columns(3)
+    sinks.markdown(story.sink_text(features, info, difference=compare))
+    band.markdown(story.band_text(features, info, ages))
+    fates = {} if compare else {
+        figures.policy_label(r): cached_fates(trace, spec) for r, spec in zip(results, runs, strict=True)
+    }
+    heavy.markdown(story.heavy_text(features, fates))
+    if compare:
+        a, b = results[0], results[1]
+        counts = cached_difference(trace, runs[0], runs[1])
+        st.markdown(story.difference_text(a.policy, b.policy, a.retained_mass, b.retained_mass, counts))
+
+
+def zoom_to_box(T: int) -> None:
+    """Set the zoom ranges to the box drawn on the kept chart (clipped to the run)."""
+    region = figures.selected_region(st.session_state.get("kept_chart"), T)
+    if region is not None:
+        st.session_state["zoom_positions"] = (region.p0, region.p1)
+        st.session_state["zoom_steps"] = (region.t0, region.t1)
+
+
+def zoom_controls(T: int) -> figures.Region:
+    """Two ranges: the positions and the steps the kept view draws. Below KEPT_PIXELS positions
+    across, every position has its own pixel column."""
+    st.caption(f"At most {KEPT_PIXELS} positions across (fewer with several panels) show each position on its "
+               "own; wider regions are pooled.")
+    for key, low in (("zoom_positions", 0), ("zoom_steps", 1)):  # a shorter trace than the last one
+        a, b = st.session_state.get(key, (low, T))
+        st.session_state[key] = (min(max(low, a), T), min(max(low, b), T))
+    p = st.slider("positions", 0, T, key="zoom_positions")
+    s = st.slider("steps", 1, T, key="zoom_steps")
+    st.button("the whole run", key="zoom_reset",
+              on_click=lambda: st.session_state.update(zoom_positions=(0, T), zoom_steps=(1, T)))
+    return figures.Region(p[0], p[1], s[0], s[1]).clip(T)

@@ -1,0 +1,62 @@
+"""The page: the title, the tour, the sidebar, and one tab per view (only the open tab is drawn).
+
+UI only: widgets in, calls into ``kvsim``, figures (from ``kvsim.views``) out. Every replay and sweep
+is cached by trace and policy spec, so moving a control re-draws from results already computed. The
+state of the controls lives in the URL's query parameters: a link reopens the same view.
+"""
+
+from __future__ import annotations
+
+# Imported here, at the top of every run, and never first inside a view: Plotly's JSON encoder reads
+# ``sys.modules["pandas"]`` without importing it, so a session that serialises a figure while another
+# is halfway through importing pandas fails ("partially initialized module 'pandas' has no attribute
+# 'Series'": seen under the eight-session load). Every run passes this line before it draws anything,
+# and a second importer waits here for the first to finish.
+import pandas  # noqa: F401
+import streamlit as st
+
+from . import state
+from .claims import claims_view
+from .controls import Settings, controls, tour_box
+from .curve import curve_view
+from .kept import kept_view
+from .lab import lab_view
+from .model import model_view
+from .quality import quality_view
+from .scores import score_view
+from .trace import trace_view
+
+
+def run() -> None:
+    st.set_page_config(page_title="kvsim: KV-cache eviction, step by step", layout="wide")
+    if "_link_read" not in st.session_state:
+        st.session_state["_link_problems"] = state.read_link()
+        st.session_state["_link_read"] = True
+    st.title("kvsim: what a KV cache keeps")
+    st.caption(
+        "Replay one attention trace through KV-cache eviction policies and see, step by step, which "
+        "positions each keeps and how much of the model's attention that cache still holds."
+    )
+    for problem in st.session_state.pop("_link_problems", []):
+        st.warning(problem)
+
+    tour_box()
+    st.sidebar.header("settings")
+    trace = state.choose_trace()
+    controls(trace)
+    state.write_link()
+
+    settings = Settings.read()
+    for problem in settings.problems:
+        st.error(f"{problem}. Change the setting in the sidebar; this policy is left out until then.")
+
+    views = (
+        lambda: kept_view(trace, settings), lambda: score_view(trace, settings), lambda: curve_view(trace, settings),
+        lambda: trace_view(trace), lab_view, lambda: claims_view(trace), lambda: model_view(settings.budget),
+        quality_view,
+    )
+    tabs = st.tabs(list(state.TABS), key="view", bind="query-params")
+    for tab, view in zip(tabs, views, strict=True):
+        with tab:
+            if tab.open:
+                view()

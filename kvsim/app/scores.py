@@ -1,0 +1,28 @@
+"""The cumulative-score view: what each scoring policy (h2o, scissorhands, ...) holds at the sidebar's step."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+import kvsim
+from kvsim.views import figures, story
+
+from .cache import cached_features, replays
+from .controls import Settings
+from .downloads import html_button, stem
+
+
+def score_view(trace: kvsim.Trace, settings: Settings) -> None:
+    features = cached_features(trace)
+    scoring = [spec for spec in settings.runs if getattr(kvsim.POLICIES[spec.name], "keeps_scores", False)]
+    st.markdown(story.score_text(features, scoring[0].name if scoring else "h2o"))
+    if not scoring:
+        names = ", ".join(n for n, c in kvsim.POLICIES.items() if getattr(c, "keeps_scores", False))
+        st.info(f"None of the chosen policies keeps a score. Add one of: {names}.")
+        return
+    step = settings.step
+    for spec, result in zip(scoring, replays(trace, scoring, scores=True), strict=True):
+        name = spec.name
+        fig = figures.score_distribution(result, step, features)
+        st.plotly_chart(fig, key=f"score_{name}")
+        html_button(f"{name} scores at step {step} (HTML)", fig, f"{stem(trace)}-{name}-scores-{step}.html", f"html_score_{name}")

@@ -1,0 +1,182 @@
+"""kvsim.app.services: the work the app's sessions share, tested with threads and no Streamlit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from kvsim.app.services import Background, BoundedStore, Shared, Status, SweepStore
+
+
+def test_the_app_package_and_its_services_import_without_streamlit():
+    code = ("import sys; sys.modules['streamlit'] = None; import kvsim.app, kvsim.app.services; "
+            "assert 'streamlit' not in [m for m in sys.modules if sys.modules[m] is not None]")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
+
+
+def test_the_bounded_store_drops_the_oldest_first_and_keeps_its_bound():
+    store = BoundedStore(3)
+    for k in "abcd":
+        store.put(k, k.upper())
+    assert store.keys() == ["b", "c", "d"] and len(store) == 3 and "a" not in store
+    store.put("b", "B2")  # put again: now the newest
+    store.put("e", "E")
+    assert store.keys() == ["d", "b", "e"] and store.get("b") == "B2"
+    assert store.setdefault("d", lambda: "never") == "D"
+    assert store.setdefault("f", lambda: "F") == "F" and store.keys() == ["b", "e", "f"]
+    assert store.pop("e") == "E" and store.pop("e", "gone") == "gone"
+    with pytest.raises(ValueError, match="at least one entry"):
+        BoundedStore(0)
+
+
+def test_shared_work_is_done_once_when_two_threads_ask_at_once():
+    shared = Shared(bound=4)
+    calls, waited = [], []
+    started = threading.Event()
+
+    def compute():
+        calls.append(threading.current_thread().name)
+        started.set()
+        time.sleep(0.2)
+        return "rows"
+
+    @contextmanager
+    def waiting():
+        waited.append(threading.current_thread().name)
+        yield
+
+    out = {}
+    first = threading.Thread(target=lambda: out.setdefault("first", shared.get("k", compute, waiting)), name="first")
+    first.start()
+    started.wait(5)
+    second = threading.Thread(target=lambda: out.setdefault("second", shared.get("k", compute, waiting)), name="second")
+    second.start()
+    first.join(5)
+    second.join(5)
+    assert out == {"first": "rows", "second": "rows"}
+    assert calls == ["first"] and waited == ["second"]  # the second waited for the first's result
+
+
+def test_shared_releases_its_lock_when_the_work_fails():
+    shared = Shared(bound=2)
+
+    def fail():
+        raise RuntimeError("a rerun ended the run")
+
+    with pytest.raises(RuntimeError):
+        shared.get("k", fail)
+    assert shared.get("k", lambda: 7) == 7  # not left locked, nothing stored by the failure
+
+
+def rows(*windows: int) -> list[dict]:
+    return [{"recent_window": w, "retained_mass": w / 100} for w in windows]
+
+
+def test_the_sweep_store_sweeps_once_and_adds_only_the_missing_marks():
+    store = SweepStore(bound=4)
+    full_calls, added = [], []
+
+    def full():
+        full_calls.append(1)
+        time.sleep(0.1)
+        return rows(1, 9, 17)
+
+    def add(missing):
+        added.append(missing)
+        return rows(*missing)
+
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(store.curve("k", full, marks=[9], add=add)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert len(full_calls) == 1 and added == []
+    assert all(c.exact and [r["recent_window"] for r in c.rows] == [1, 9, 17] for c in results)
+    curve = store.curve("k", full, marks=[5, 9], add=add)
+    assert added == [[5]] and [r["recent_window"] for r in curve.rows] == [1, 5, 9, 17] and len(full_calls) == 1
+
+
+def test_a_coarse_curve_is_drawn_first_and_refined_in_the_background():
+    store = SweepStore(bound=4)
+    release = threading.Event()
+
+    def full():
+        release.wait(5)
+        return rows(1, 8, 9, 10, 17)
+
+    first = store.curve("k", full, coarse=lambda: rows(1, 17))
+    assert not first.exact and [r["recent_window"] for r in first.rows] == [1, 17]
+    assert not store.exact("k")
+    release.set()
+    deadline = time.monotonic() + 5
+    while not store.exact("k") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    later = store.curve("k", full, coarse=lambda: pytest.fail("the coarse grid is not swept again"))
+    assert later.exact and [r["recent_window"] for r in later.rows] == [1, 8, 9, 10, 17]
+
+
+def test_a_failed_refinement_is_tried_again_on_the_next_ask():
+    store = SweepStore(bound=2)
+    attempts = []
+
+    def full():
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise MemoryError("no room")
+        return rows(1, 2, 3)
+
+    first = store.curve("k", full, coarse=lambda: rows(1, 3))
+    assert not first.exact
+    deadline = time.monotonic() + 5
+    while not store.exact("k") and time.monotonic() < deadline:  # each ask after the failure starts it again
+        store.curve("k", full, coarse=lambda: rows(1, 3))
+        time.sleep(0.01)
+    assert store.exact("k") and len(attempts) == 2
+
+
+def test_the_solver_pool_solves_once_reports_progress_and_says_a_failure_once():
+    pool = Background(workers=1, bound=4)
+    go = threading.Event()
+    solved = []
+
+    def solve(progress):
+        progress(0.5)
+        go.wait(5)
+        solved.append(1)
+        return "schedule"
+
+    deadline = time.monotonic() + 5
+    assert pool.poll("a", solve).done is False
+    while pool.poll("a", solve).fraction != 0.5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.poll("a", solve) == Status(False, 0.5)  # asked again while running: the same job, not a second
+    go.set()
+    while not pool.poll("a", solve).done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.poll("a", solve) == Status(True, 1.0, "schedule") and solved == [1]
+    assert pool.poll("b", lambda p: pytest.fail("not needed"), needed=lambda: False) == Status(True, 1.0)
+
+    def fail(progress):
+        raise MemoryError("no room for the forfeit costs")
+
+    pool.poll("c", fail)
+    while time.monotonic() < deadline:
+        try:
+            pool.poll("c", fail)
+        except MemoryError as e:
+            assert "forfeit" in str(e)
+            break
+        time.sleep(0.01)
+    else:
+        pytest.fail("the failure was never reported")
+    while not (status := pool.poll("c", lambda p: "ok")).done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert status.value == "ok"  # started again, not the old failure
