@@ -6,18 +6,19 @@ import streamlit as st
 
 import kvsim
 from kvsim.analysis import lab
+from kvsim.views import lab as lab_figures
 
 from .state import lab_reset, lasting
 
 
-def lab_policy(side: str, preset: lab.Preset) -> lab.PolicySpec:
+def lab_policy(side: str, preset: lab.Preset) -> lab.LabPolicy:
     spec = preset.left if side == "left" else preset.right
     name = lasting(st.selectbox, f"{side} policy", f"lab_{side}", spec.name, options=list(kvsim.POLICIES))
     params = dict(spec.params) if name == spec.name else {}
     if "recent_window" in kvsim.policy_params(name):
         params["recent_window"] = int(lasting(st.number_input, "recent_window", f"lab_{side}_rw",
                                               spec.params.get("recent_window", 0), min_value=0, step=1))
-    return lab.PolicySpec(name, params)
+    return lab.LabPolicy(name, params)
 
 
 def lab_view() -> None:
@@ -54,7 +55,7 @@ def lab_view() -> None:
     t = int(lasting(st.slider, "lab step", "lab_step", 1, min_value=1, max_value=len(steps)))
     for i, col in enumerate(st.columns(2)):
         with col:
-            st.plotly_chart(lab.step_figure(steps[t - 1], i), key=f"lab_step_{i}")
-            st.plotly_chart(lab.timeline_figure(steps, i, current=t), key=f"lab_timeline_{i}")
+            st.plotly_chart(lab_figures.step_figure(steps[t - 1], i), key=f"lab_step_{i}")
+            st.plotly_chart(lab_figures.timeline_figure(steps, i, current=t), key=f"lab_timeline_{i}")
             # one table per side, under its own figures: the two side by side fit their columns
             st.dataframe(lab.step_table(steps[t - 1], side=i), hide_index=True, width="stretch")

@@ -20,7 +20,7 @@ def tuned(name: str, policy: str, budget: int):
         bundle = cached_bundle(name)
         bar = st.progress(0.0, text=f"tuning {policy}'s recent_window (1 .. {budget - 1}) on {bundle.describe()}")
         result = tune(bundle, policy, budget, top_k=TOP_K,
-                      progress=lambda done, total, label: bar.progress(done / total, text=f"tuned {label} ({done} of {total})"))
+                      progress=lambda fraction, note="": bar.progress(fraction or 0.0, text=note))
         bar.empty()
         return result
 
