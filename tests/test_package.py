@@ -117,3 +117,16 @@ def test_the_console_script_is_the_cli_and_every_folder_is_a_package():
     assert meta["tool"]["setuptools"]["packages"]["find"]["include"] == ["kvsim*"]
     folders = {p.parent for p in PACKAGE.rglob("*.py")}
     assert [f for f in folders if not (f / "__init__.py").is_file()] == []
+
+
+def readme_command(section: str) -> str:
+    """The one command in the README's code block under ``## section``."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split(f"## {section}\n", 1)[1].split("```", 2)[1]
+    (command,) = [line for line in block.splitlines() if line.strip()]
+    return command
+
+
+def test_ci_runs_exactly_the_readmes_test_command_and_the_setup_installs_the_package():
+    assert readme_command("Run all the tests") in (ROOT / ".ci" / "run").read_text().splitlines()
+    assert "pip install -e ." in readme_command("Start the app (fresh machine, Python 3.11)")
