@@ -116,8 +116,10 @@ def cmd_claims(args: argparse.Namespace) -> object:
         report.prepare(POLICIES, progress)
         for i, name in enumerate(names):
             trace = load(name)
-            if progress is not None:
-                progress(i / len(names), f"measuring the cards' claims on {trace.name} ({i + 1}/{len(names)})")
+            if progress is not None:  # a share only when there are several traces to go through
+                several = len(names) > 1
+                progress(i / len(names) if several else None,
+                         f"measuring the cards' claims on {trace.name}" + (f" ({i + 1}/{len(names)})" if several else ""))
             records += ledger(trace)
     return records
 
