@@ -26,8 +26,8 @@ exit status:
   0  done
   {USAGE}  the command line is wrong: an unknown command or flag, a value out of its bounds
      (--recent-window 32 must be below --budget 16), flags that do not go together; bare `kvsim`
-  {BAD_INPUT}  the command line is fine but what it names is not: a trace that is missing or malformed,
-     an output that cannot be written, a failed measurement
+  {BAD_INPUT}  the command line is fine but what it names is not: a trace or bundle that is missing or
+     malformed, an output that cannot be written
 Every error is one line on stderr, `kvsim: error: ...`, never a traceback.
 
 `kvsim COMMAND --help` lists a command's flags."""
