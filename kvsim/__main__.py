@@ -1,4 +1,4 @@
-"""``python -m kvsim``: see ``kvsim.cli``."""
+"""``python -m kvsim``, the same as the ``kvsim`` command: see ``kvsim.cli``."""
 
 import sys
 

@@ -7,7 +7,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ import pytest
 import kvsim
 from kvsim import cli
 from kvsim.analysis.metrics import describe
+from kvsim.cli import commands, errors, report
 
 REPO = Path(__file__).resolve().parent.parent
 SUMMARY_KEYS = {"trace", "policy", "budget", "retained_mass", "top_k_recall", "top_k", "steps"}
@@ -70,8 +73,8 @@ def test_replay_defaults_and_readable_table(small):
     header, rule, row = proc.stdout.splitlines()
     assert header.split() == ["trace", "policy", "params", "budget", "steps", "retained_mass", "top_8_recall"]
     assert set(rule.replace(" ", "")) == {"-"}
-    expected = kvsim.replay(trace, "streaming_llm", budget=512, top_k=8)  # the default budget is 512
-    assert row.split() == ["small", "streaming_llm", "sinks=4", "512", "80", f"{expected.retained_mass:.4f}",
+    expected = kvsim.replay(trace, "streaming_llm", budget=256, top_k=8)  # the default budget is 256
+    assert row.split() == ["small", "streaming_llm", "sinks=4", "256", "80", f"{expected.retained_mass:.4f}",
                            f"{expected.top_k_recall:.4f}"]
 
 
@@ -168,10 +171,10 @@ def test_policy_flags_come_from_the_registry():
     ("args", "fragments"),
     [
         (["replay", "--policy", "h2o", "--trace", "/no/such/trace.npz"], ["/no/such/trace.npz", "no such file"]),
-        (["replay", "--policy", "h2o", "--budget", "64", "--recent-window", "64"], ["recent_window", "budget"]),
+        (["replay", "--policy", "h2o", "--budget", "64", "--recent-window", "64"], ["--recent-window 64 must be below --budget 64"]),
         (["replay", "--policy", "h2o", "--sinks", "4"], ["--sinks", "h2o"]),
         (["replay", "--policy", "sliding_window", "--recent-window", "4"], ["--recent-window", "sliding_window"]),
-        (["replay", "--policy", "h2o", "--budget", "0"], ["budget"]),
+        (["replay", "--policy", "h2o", "--budget", "0"], ["--budget 0 must be at least 1"]),
         (["replay", "--policy", "no_such_policy"], ["--policy", "no_such_policy"]),
         (["replay", "--trace", "no_such_trace", "--policy", "h2o"], ["no_such_trace", "canonical"]),
         (["sweep", "--policy", "h2o", "--recent-window", "8:x"], ["--recent-window", "8:x"]),
@@ -180,7 +183,6 @@ def test_policy_flags_come_from_the_registry():
         (["sweep", "--policy", "h2o", "--recent-window", "8"], ["exactly one range"]),
         (["describe", "--band", "0"], ["--band"]),
         (["table", "--no-such-flag"], ["--no-such-flag"]),
-        ([], ["COMMAND"]),
     ],
 )
 def test_usage_errors_are_one_line(args, fragments, capsys):
@@ -197,11 +199,11 @@ def test_errors_from_a_real_process_are_one_line(small, tmp_path):
     assert_one_line_error(kvsim_cmd("replay", "--policy", "h2o", "--trace", str(tmp_path / "missing.npz")), "no such file")
     assert_one_line_error(
         kvsim_cmd("replay", "--trace", str(path), "--policy", "h2o", "--budget", "16", "--recent-window", "16", "--json"),
-        "recent_window must be less than budget",
+        "--recent-window 16 must be below --budget 16",
     )
     assert_one_line_error(
         kvsim_cmd("sweep", "--trace", str(path), "--policy", "h2o", "--budget", "16", "--recent-window", "8:24:8"),
-        "recent_window",
+        "--recent-window 16 must be below --budget 16",
     )
     garbage = tmp_path / "garbage.npz"
     garbage.write_bytes(b"PK\x03\x04 this is not really a zip archive")
@@ -230,3 +232,117 @@ def test_parse_range():
     assert cli.parse_range("--recent-window", "8:12:5") == [8]
     with pytest.raises(cli.CLIError, match="A:B"):
         cli.parse_range("--recent-window", "1:2:3:4")
+
+
+def test_a_bound_is_said_in_the_flags_terms_and_exits_2():
+    proc = kvsim_cmd("replay", "--trace", "canonical", "--policy", "h2o", "--budget", "16")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == "kvsim: error: --recent-window 32 must be below --budget 16\n"
+
+
+@pytest.mark.parametrize(
+    ("problem", "limit", "limit_name", "said"),
+    [
+        ("not below", 16, "budget", "--recent-window 32 must be below --budget 16"),
+        ("not below", 8, "observation_window", "--recent-window 32 must be below --observation-window 8"),
+        ("below 1", 1, None, "--recent-window 32 must be at least 1"),
+        ("negative", None, None, "--recent-window 32 must be 0 or more"),
+    ],
+)
+def test_param_message_names_the_flags(problem, limit, limit_name, said):
+    e = kvsim.policies.ParamError("the policy's own words", param="recent_window", value=32, problem=problem, limit=limit,
+                                  limit_name=limit_name)
+    assert errors.param_message(e) == said
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (["replay", "--policy", "h2o", "--budget", "0"], 2),
+        (["replay", "--policy", "h2o", "--budget", "8", "--recent-window", "8"], 2),
+        (["replay", "--policy", "h2o", "--sinks", "4"], 2),
+        (["sweep", "--policy", "h2o", "--recent-window", "8:x"], 2),
+        (["table", "--no-such-flag"], 2),
+        (["no-such-command"], 2),
+        (["export", "--out", "canonical.txt"], 2),
+        (["replay", "--policy", "h2o", "--trace", "/no/such/trace.npz"], 1),
+        (["describe", "--trace", "no_such_trace"], 1),
+    ],
+)
+def test_exit_2_for_the_command_line_1_for_the_data(args, code, capsys):
+    assert cli.main(args) == code
+    assert capsys.readouterr().err.startswith("kvsim: error: ")
+
+
+def test_bad_files_exit_1(small, tmp_path):
+    path, _ = small
+    garbage = tmp_path / "garbage.npz"
+    garbage.write_bytes(b"PK\x03\x04 not a zip archive")
+    assert kvsim_cmd("describe", "--trace", str(garbage)).returncode == 1
+    assert kvsim_cmd("export", "--trace", str(path), "--out", str(tmp_path / "no" / "dir.npz")).returncode == 1
+
+
+def test_bare_kvsim_prints_the_whole_usage_and_exits_2():
+    proc = kvsim_cmd()
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("usage: kvsim")
+    for command in ("replay", "sweep", "describe", "export", "table", "claims", "bench", "tune", "record", "quality", "app"):
+        assert f"    {command} " in proc.stderr, command
+    assert "exit status" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_help_documents_the_exit_codes_and_has_no_stale_references(capsys):
+    assert cli.main(["--help"]) == 0
+    text = capsys.readouterr().out
+    assert "exit status:" in text and "  2  the command line is wrong" in text and "  1  the command line is fine" in text
+    parser = cli.build_parser()
+    for name, sub in parser._subparsers._group_actions[0].choices.items():
+        assert "issue" not in sub.format_help(), name
+
+
+def test_one_default_budget_256_everywhere(small):
+    assert kvsim.DEFAULT_BUDGET == 256
+    path, trace = small
+    doc = json_of(kvsim_cmd("replay", "--trace", str(path), "--policy", "h2o", "--json"))
+    assert doc["budget"] == 256 and doc["retained_mass"] == kvsim.replay(trace, "h2o", budget=256).retained_mass
+    rows = json_of(kvsim_cmd("sweep", "--trace", str(path), "--policy", "h2o", "--recent-window", "4:5", "--json"))
+    assert [r["budget"] for r in rows] == [256, 256]
+    choices = cli.build_parser()._subparsers._group_actions[0].choices
+    for command in ("replay", "sweep", "table", "tune", "quality"):
+        assert "(default: 256)" in " ".join(choices[command].format_help().split()), command
+
+
+def test_a_long_step_reports_on_a_terminal_and_a_short_one_says_nothing(capsys):
+    with report.step("replay", "replaying h2o", quiet=False, after=0.05) as progress:
+        progress(0.5)
+    assert capsys.readouterr().err == ""
+    with report.step("replay", "replaying h2o", quiet=False, after=0.05) as progress:
+        said, deadline = "", time.monotonic() + 30
+        while not said and time.monotonic() < deadline:  # a step that blocks without reporting (a compile)
+            time.sleep(0.05)                             # still shows its note
+            said = capsys.readouterr().err
+        progress(1.0)
+    assert (said + capsys.readouterr().err).splitlines() == ["replay: replaying h2o", "replay: replaying h2o 100%"]
+    with report.step("replay", "replaying h2o") as progress:  # stderr is not a terminal here: a script reads it
+        assert progress is None
+
+
+def test_replay_and_sweep_prepare_the_engine_first(small, monkeypatch, capsys):
+    path, _ = small
+    calls = []
+    monkeypatch.setattr(report.engine, "prepare", lambda name, progress: calls.append((name, progress)),
+                        raising=False)
+    assert cli.main(["replay", "--trace", str(path), "--policy", "tova", "--json"]) == 0
+    assert cli.main(["sweep", "--trace", str(path), "--policy", "h2o", "--budget", "16", "--recent-window", "2:4", "--json"]) == 0
+    assert calls == [("tova", None), ("h2o", None)]  # no progress: stderr is not a terminal here
+    assert capsys.readouterr().err == ""
+
+
+def test_app_runs_streamlit_on_the_one_app_script(monkeypatch, tmp_path):
+    ran = []
+    monkeypatch.setattr(commands.subprocess, "run", lambda argv, check: ran.append(argv) or SimpleNamespace(returncode=3))
+    assert commands.APP_SCRIPT.is_file()
+    assert cli.main(["app", "--server.port", "8502"]) == 3
+    assert ran == [[sys.executable, "-m", "streamlit", "run", str(commands.APP_SCRIPT), "--server.port", "8502"]]
+    monkeypatch.setattr(commands, "APP_SCRIPT", tmp_path / "app.py")
+    assert cli.main(["app"]) == 1 and len(ran) == 1

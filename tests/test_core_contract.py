@@ -238,8 +238,8 @@ def test_largest_legal_parameters_are_accepted():
 
 
 def test_defaults_are_the_cards():
-    assert kvsim.DEFAULT_BUDGET == 512
-    assert kvsim.make_policy("sliding_window").budget == 512
+    assert kvsim.DEFAULT_BUDGET == 256
+    assert kvsim.make_policy("sliding_window").budget == 256
     assert kvsim.policy_params("h2o") == {"recent_window": 32}
     assert kvsim.policy_params("streaming_llm") == {"sinks": 4}
     assert kvsim.policy_params("sliding_window") == {}

@@ -404,7 +404,7 @@ def test_bench_times_a_whole_cli_process(tmp_path, monkeypatch):
     rows = kvsim.sweep(load_npz(path), "h2o", 16, "recent_window", range(1, 16))
     assert run["best_recent_window"] == max(rows, key=lambda r: r["retained_mass"])["recent_window"]
     assert run["peak_rss_mb"] is None or 10 < run["peak_rss_mb"] < 4096
-    with pytest.raises(RuntimeError, match="recent_window"):
+    with pytest.raises(RuntimeError, match="--recent-window 16 must be below --budget 16"):
         bench._cli_run({}, [*args[:-3], "--recent-window", "1:16", "--json"])
     assert bench._sample(list(range(1, 256)), 16)[::15] == [1, 255]
 

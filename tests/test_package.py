@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "kvsim"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "kvsim"
 
 
 def module_name(path: Path) -> str:
@@ -15,14 +18,12 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path) -> set[str]:
-    """The package modules ``path`` imports, at the top or inside a function: a lazy import that
-    closes a cycle still ties the modules into one knot."""
-    tree = ast.parse(path.read_text())
+def import_statements(path: Path):
+    """``(line, module, names)`` for every import of a kvsim module in ``path``, at the top or inside a
+    function, relative imports resolved: ``from ..sim import engine`` is ``("kvsim.sim", ["engine"])``."""
     me = module_name(path)
     package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
-    out = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -31,10 +32,20 @@ def imports(path: Path) -> set[str]:
             else:
                 target = node.module or ""
             if target.startswith("kvsim"):
-                out.add(target)
-                out.update(f"{target}.{a.name}" for a in node.names)
+                yield node.lineno, target, [a.name for a in node.names]
         elif isinstance(node, ast.Import):
-            out.update(a.name for a in node.names if a.name.startswith("kvsim"))
+            for a in node.names:
+                if a.name.startswith("kvsim"):
+                    yield node.lineno, a.name, []
+
+
+def imports(path: Path) -> set[str]:
+    """The package modules ``path`` imports, at the top or inside a function: a lazy import that
+    closes a cycle still ties the modules into one knot."""
+    out = set()
+    for _, target, names in import_statements(path):
+        out.add(target)
+        out.update(f"{target}.{name}" for name in names)
     return out
 
 
@@ -80,3 +91,42 @@ def test_figures_imports_pandas_and_plotly_express_only_when_a_table_or_the_trac
                           cwd=PACKAGE.parent)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ""
+
+
+def pins(requirements: Path) -> list[str]:
+    """A requirements file's ``name==version`` lines, comments and ``-r`` includes left out."""
+    lines = (re.sub(r"#.*", "", line).strip() for line in requirements.read_text().splitlines())
+    return [line for line in lines if line and not line.startswith("-r")]
+
+
+def test_pyproject_declares_the_requirements_files_pins():
+    """``pip install .[record,dev]`` and the requirements files install the same versions."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["dependencies"] == pins(ROOT / "requirements.txt")
+    assert project["optional-dependencies"]["record"] == pins(ROOT / "requirements-record.txt")
+    assert project["optional-dependencies"]["dev"] == pins(ROOT / "requirements-dev.txt")
+    assert all("==" in pin for group in (project["dependencies"], *project["optional-dependencies"].values()) for pin in group)
+
+
+def test_the_console_script_is_the_cli_and_every_folder_is_a_package():
+    """setuptools' discovery (``kvsim*``) finds only folders with an ``__init__.py``: one without it would
+    be left out of a built wheel while every test here still passed."""
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert meta["project"]["scripts"] == {"kvsim": "kvsim.cli:main"}
+    assert meta["build-system"]["build-backend"] == "setuptools.build_meta"
+    assert meta["tool"]["setuptools"]["packages"]["find"]["include"] == ["kvsim*"]
+    folders = {p.parent for p in PACKAGE.rglob("*.py")}
+    assert [f for f in folders if not (f / "__init__.py").is_file()] == []
+
+
+def readme_command(section: str) -> str:
+    """The one command in the README's code block under ``## section``."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split(f"## {section}\n", 1)[1].split("```", 2)[1]
+    (command,) = [line for line in block.splitlines() if line.strip()]
+    return command
+
+
+def test_ci_runs_exactly_the_readmes_test_command_and_the_setup_installs_the_package():
+    assert readme_command("Run all the tests") in (ROOT / ".ci" / "run").read_text().splitlines()
+    assert "pip install -e ." in readme_command("Start the app (fresh machine, Python 3.11)")

@@ -281,7 +281,7 @@ def test_cli_refuses_bad_input_in_one_line_before_loading_a_model(capsys, tmp_pa
         (["quality", str(tmp_path / "missing.txt"), "--policy", "tova"], "missing.txt: no such file"),
         (["quality", str(text), "--policy", "sliding_window", "--recent-window", "8"], "--recent-window does not apply"),
         (["quality", str(text), "--policy", "h2o", "--budget", "16", "--recent-window", "16"],
-         "recent_window must be less than budget"),
+         "--recent-window 16 must be below --budget 16"),
         (["quality", str(text), "--policies", "h2o,lru"], "unknown policy 'lru'"),
         (["quality", str(text), "--policy", "tova", "--budget", "0"], "--budget: expected a positive integer"),
         (["quality", str(text), "--policy", "tova", "--sweep", "sinks", "1:4"], "no policy among tova takes 'sinks'"),

@@ -347,14 +347,6 @@ def _default_prefix(model_spec) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "model"
 
 
-def record_bundle(text_path: str | Path, out_dir: str | Path, *, device: str = "cpu",
-                  progress: Progress | None = RECORD_STDERR, model_and_tokenizer=None, **options) -> dict:
-    """``record(RecordConfig(text_path, out_dir, **options), ...)``: the keyword form ``kvsim record``
-    calls (its flags are ``RecordConfig``'s fields)."""
-    return record(RecordConfig(text_path, out_dir, **options), device=device, progress=progress,
-                  model_and_tokenizer=model_and_tokenizer)
-
-
 __all__ = [
     "DEFAULT_PREFIX",
     "DEFAULT_STEPS",
@@ -365,6 +357,5 @@ __all__ = [
     "layer_kinds",
     "read_text",
     "record",
-    "record_bundle",
     "require_extra",
 ]

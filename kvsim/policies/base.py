@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import numpy as np
 
-DEFAULT_BUDGET = 512
+DEFAULT_BUDGET = 256
 
 
 class ParamError(ValueError):

@@ -1,0 +1,17 @@
+"""``kvsim`` on the command line: replay, sweep, describe, export, the cards' table and their claims,
+bench, tune, record, quality, and ``app`` (the Streamlit app).
+
+``--json`` on any subcommand prints exactly one JSON document on stdout and nothing else; without it
+the same figures print as aligned tables. Every error is one line on stderr, ``kvsim: error: ...``,
+never a traceback: exit 2 for a wrong command line, 1 for bad data (outside checks parse both).
+
+``parser`` holds the grammar, ``commands`` what each command does (``bench_command`` the one that
+imports ``kvsim.bench``), ``render`` the readable tables, ``entry`` the ``main`` that ties them.
+"""
+
+from .entry import main
+from .errors import CLIError
+from .parser import build_parser, parse_range
+from .render import render
+
+__all__ = ["CLIError", "build_parser", "main", "parse_range", "render"]

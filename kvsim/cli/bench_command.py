@@ -1,0 +1,40 @@
+"""``kvsim bench``: the one place outside ``kvsim/bench/`` that imports it (tests/test_layers.py holds
+that), so the measurement code never loads for any other command."""
+
+from __future__ import annotations
+
+import argparse
+
+from .. import progress as protocol
+from .errors import CLIError
+
+
+def cmd_bench(args: argparse.Namespace) -> object:
+    say = None if args.json else protocol.stderr("bench")
+    browser_only = [f for f, on in (("--rounds", args.rounds != 3), ("--sessions", args.sessions != 8),
+                                    ("--no-load", args.no_load), ("--only-load", args.only_load),
+                                    ("--cold-cache", args.cold_cache)) if on]
+    if args.browser:
+        if args.full_reference:
+            raise CLIError("--full-reference does not apply to --browser")
+        if args.no_load and args.only_load:
+            raise CLIError("--no-load and --only-load exclude each other")
+        from ..bench import browser
+
+        return browser.run(rounds=args.rounds, sessions=args.sessions, cold_cache=args.cold_cache,
+                           load=not args.no_load, single=not args.only_load, progress=say)
+    if browser_only:
+        raise CLIError(f"{', '.join(browser_only)} only apply with --browser")
+    from ..bench import speed
+
+    return speed.run(full_reference=args.full_reference, progress=say)
+
+
+def render_bench(doc: dict) -> str:
+    if doc.get("kind") == "browser":
+        from ..bench import browser
+
+        return browser.render(doc)
+    from ..bench import speed
+
+    return speed.render(doc)

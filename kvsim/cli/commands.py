@@ -1,0 +1,230 @@
+"""What each command does: parse its flags into calls of the package, return a JSON-ready document.
+
+``kvsim.cli.render`` turns the document into text; ``--json`` prints it as it is. A flag is only passed
+to a policy that takes that parameter, and giving it to one that does not is an error naming the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .. import progress as protocol
+from ..analysis.metrics import describe
+from ..analysis.table import TABLE_BUDGET, build_table
+from ..data.bundle import is_bundle
+from ..data.catalog import available_traces, resolve_trace
+from ..data.trace import Trace, save_npz
+from ..policies import DEFAULT_BUDGET, POLICIES, make_policy, policy_params
+from ..sim.simulate import replay, sweep
+from . import report
+from .errors import CLIError, InputError, flag
+from .parser import parse_range, positive_int
+
+#: the Streamlit script ``kvsim app`` runs: the thin entry at the checkout's root (a non-editable
+#: install does not carry it; the app runs from a checkout)
+APP_SCRIPT = Path(__file__).resolve().parents[2] / "app.py"
+
+
+def load(spec: str) -> Trace:
+    """``--trace`` resolved; a first decode or build of a big trace says so once it passes a few seconds."""
+    with report.step("trace", f"loading {spec.strip()}"):
+        return resolve_trace(spec)
+
+
+def _policy_args(args: argparse.Namespace) -> dict:
+    """The policy-specific flags that were given, checked against what ``args.policy`` takes."""
+    accepted = policy_params(args.policy)
+    given = {name[len("param_"):]: value for name, value in vars(args).items() if name.startswith("param_") and value is not None}
+    for param in given:
+        if param not in accepted:
+            takes = ", ".join(flag(p) for p in accepted) or "nothing beyond --budget"
+            raise CLIError(f"{flag(param)} does not apply to policy {args.policy} (it takes {takes})")
+    return given
+
+
+def cmd_replay(args: argparse.Namespace) -> object:
+    params = _policy_args(args)
+    budget = DEFAULT_BUDGET if args.budget is None else args.budget
+    if not POLICIES[args.policy].needs_trace:
+        make_policy(args.policy, budget=budget, **params)  # refuse bad parameters before loading the trace
+    trace = load(args.trace)
+    with report.step("replay", f"replaying {args.policy} on {trace.name}") as progress:
+        report.prepare([args.policy], progress)
+        result = replay(trace, args.policy, budget=budget, top_k=args.top_k, progress=progress, **params)
+    return {"trace": trace.name, **result.summary()}
+
+
+def cmd_sweep(args: argparse.Namespace) -> object:
+    given = _policy_args(args)
+    if args.budget is not None:
+        given["budget"] = args.budget
+    ranges = {p: parse_range(flag(p), text) for p, text in given.items()}
+    swept = [p for p in ranges if ":" in given[p]]
+    if len(swept) != 1:
+        flags = [flag(p) for p in policy_params(args.policy)] + ["--budget"]
+        what = "none was" if not swept else f"{len(swept)} were ({', '.join(flag(p) for p in swept)})"
+        raise CLIError(f"sweep needs exactly one range A:B[:STEP] among {', '.join(flags)}; {what} given")
+    param = swept[0]
+    fixed = {p: values[0] for p, values in ranges.items() if p != param}
+    budget = fixed.pop("budget", DEFAULT_BUDGET)
+    trace = load(args.trace)
+    note = f"sweeping {args.policy} over {flag(param)} ({len(ranges[param])} values) on {trace.name}"
+    with report.step("sweep", note) as progress:
+        report.prepare([args.policy], progress)
+        rows = sweep(trace, args.policy, budget, param, ranges[param], top_k=args.top_k, progress=progress, **fixed)
+    return [{"trace": trace.name, **r} for r in rows]
+
+
+def cmd_describe(args: argparse.Namespace) -> object:
+    trace = load(args.trace)
+    return {"trace": trace.name, **describe(trace, band=args.band, top_k=args.top_k)}
+
+
+def cmd_export(args: argparse.Namespace) -> object:
+    out = Path(args.out)
+    if out.suffix != ".npz":
+        raise CLIError(f"--out: {args.out} must end in .npz")
+    trace = load(args.trace)
+    try:
+        save_npz(trace, out, dtype=np.float32)
+    except OSError as e:
+        raise InputError(f"cannot write {args.out}: {e.strerror or type(e).__name__}") from None
+    return {"trace": trace.name, "out": str(out), "steps": trace.steps, "dtype": "float32", "bytes": out.stat().st_size}
+
+
+def cmd_table(args: argparse.Namespace) -> object:
+    budget = TABLE_BUDGET if args.budget is None else args.budget
+    if budget < 1:
+        raise CLIError(f"--budget {budget} must be at least 1")
+    trace = load(args.trace)
+    with report.step("table", f"measuring every row at budget {budget} on {trace.name}") as progress:
+        report.prepare(POLICIES, progress)
+        return build_table(trace, budget=budget, top_k=args.top_k)
+
+
+def cmd_claims(args: argparse.Namespace) -> object:
+    from ..analysis.claims import ledger  # the ledger runs its own replays; nothing of it loads until asked for
+
+    names = available_traces() if args.trace.strip() == "all" else [args.trace]
+    records = []
+    with report.step("claims", "measuring the cards' claims") as progress:
+        report.prepare(POLICIES, progress)
+        for i, name in enumerate(names):
+            trace = load(name)
+            if progress is not None:  # a share only when there are several traces to go through
+                several = len(names) > 1
+                progress(i / len(names) if several else None,
+                         f"measuring the cards' claims on {trace.name}" + (f" ({i + 1}/{len(names)})" if several else ""))
+            records += ledger(trace)
+    return records
+
+
+def cmd_tune(args: argparse.Namespace) -> object:
+    from ..analysis.tune import LOCAL, dask_available, tune
+    from ..data.catalog import resolve_bundle, shipped_bundles
+
+    spec = args.trace.strip()
+    source = resolve_bundle(spec) if spec in shipped_bundles() or is_bundle(spec) else load(spec)
+    if args.workers is not None and (args.serial or args.scheduler):
+        raise CLIError("--workers is for local Dask processes; it does not go with --serial or --scheduler")
+    if args.scheduler:
+        scheduler = args.scheduler
+    elif args.serial or not dask_available():
+        scheduler = None
+    else:
+        scheduler = LOCAL
+    result = tune(source, args.policy, args.budget, tolerance=args.tolerance, top_k=args.top_k, scheduler=scheduler,
+                  workers=args.workers, progress=None if args.quiet else protocol.stderr("tune"))
+    return result.to_dict(curves=args.curves)
+
+
+def cmd_record(args: argparse.Namespace) -> object:
+    # the recorder's extra (torch, transformers) is optional: nothing of it is imported until asked for
+    from ..models.errors import RecordError
+    from ..models.loading import RECORD_STDERR, require_extra
+    from ..models.record import RecordConfig, record
+
+    try:
+        if args.model is None:
+            require_extra()  # the shipped model's packages; load_hf_model checks torch and transformers itself
+        config = RecordConfig(args.text, args.out, model=args.model, steps=args.steps, layers=args.layers.strip(),
+                              gqa=args.gqa, prefix=args.prefix, source=args.source, licence=args.licence,
+                              model_licence=args.model_licence)
+        doc = record(config, device=args.device, progress=None if args.quiet else RECORD_STDERR)
+    except RecordError as e:
+        raise CLIError(str(e)) from None
+    return {"text": args.text, **doc}
+
+
+def cmd_app(streamlit_args: list[str]) -> int:
+    """``streamlit run`` on the app's script with this interpreter (the one kvsim is installed in), the
+    rest of the command line passed on; streamlit's exit status is the command's."""
+    if not APP_SCRIPT.is_file():
+        raise InputError(f"kvsim app runs the app from a checkout of kvsim (pip install -e . in it); there is no {APP_SCRIPT}")
+    return subprocess.run([sys.executable, "-m", "streamlit", "run", str(APP_SCRIPT), *streamlit_args], check=False).returncode
+
+
+def _budgets(text: str) -> list[int]:
+    try:
+        return [positive_int(part.strip()) for part in text.split(",")]
+    except argparse.ArgumentTypeError as e:
+        raise CLIError(f"--budget: {e}") from None
+
+
+def _quality_plan(args: argparse.Namespace) -> tuple[list[str], list[int], dict, tuple | None]:
+    """The policies, budgets, fixed parameters and sweep of ``kvsim quality``, each checked."""
+    names = [args.policy] if args.policy else [x.strip() for x in args.policies.split(",") if x.strip()]
+    unknown = [x for x in names if x not in POLICIES]
+    if unknown or not names:
+        raise CLIError(f"--policies: unknown policy {unknown[0]!r}; known: {', '.join(POLICIES)}" if unknown
+                       else "--policies: no policy given")
+    budgets = _budgets(args.budget)
+    params = {name[len("param_"):]: v for name, v in vars(args).items() if name.startswith("param_") and v is not None}
+    taken = {p for n in names for p in policy_params(n)}
+    swept = None
+    if args.sweep:
+        param, text = args.sweep
+        if param not in taken:
+            raise CLIError(f"--sweep: no policy among {', '.join(names)} takes {param!r}")
+        swept = (param, parse_range("--sweep", text))
+    for param in params:
+        if param not in taken:
+            raise CLIError(f"{flag(param)} does not apply to {', '.join(names)}")
+    if args.policy and not swept and len(budgets) == 1 and not POLICIES[args.policy].needs_trace:
+        make_policy(args.policy, budget=budgets[0], **params)  # refuse bad parameters before loading a model
+    return names, budgets, params, swept
+
+
+def cmd_quality(args: argparse.Namespace) -> object:
+    # torch and transformers are imported by kvsim.models.quality's functions only when a measurement runs
+    from ..models import quality
+    from ..models.errors import RecordError
+    from ..models.loading import read_text, require_extra
+
+    names, budgets, params, swept = _quality_plan(args)
+    modes = ["closed", "open"] if args.mode == "both" else [args.mode]
+    say = None if args.quiet else quality.QUALITY_STDERR
+    try:
+        text = quality.resolve_text(args.text)
+        read_text(text)  # refuse a missing or empty text before loading a model
+        if args.model is None:
+            require_extra()
+        session = quality.open_session(text, args.steps, args.model, progress=say)
+        rows = quality.grid(session, names, budgets, modes, params, swept, use_cache=not args.no_cache,
+                            batch=args.batch, progress=say)
+    except (quality.QualityError, RecordError) as e:
+        raise CLIError(str(e)) from None
+    if args.policy and not swept and len(budgets) == 1 and len(modes) == 1:
+        if not rows:
+            raise CLIError(f"{args.policy} cannot run at budget {budgets[0]} with these parameters")
+        return rows[0]
+    return rows
+
+
+COMMANDS = {"replay": cmd_replay, "sweep": cmd_sweep, "describe": cmd_describe, "export": cmd_export, "table": cmd_table,
+            "claims": cmd_claims, "tune": cmd_tune, "record": cmd_record, "quality": cmd_quality}

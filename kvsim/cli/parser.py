@@ -1,0 +1,225 @@
+"""The command line's grammar: one sub-parser per command, the policies' parameters as flags.
+
+Policy parameters become flags (``recent_window`` -> ``--recent-window``) from the registry itself, so
+a policy that joins the registry gets its flags for free.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..analysis.metrics import DEFAULT_BAND
+from ..analysis.table import TABLE_BUDGET
+from ..data.catalog import available_bundles, available_traces
+from ..policies import DEFAULT_BUDGET, POLICIES, all_tunables, policy_params
+from ..sim.harness import DEFAULT_TOP_K
+from .errors import BAD_INPUT, USAGE, CLIError, flag
+
+PROG = "kvsim"
+
+EPILOG = f"""\
+output: --json prints exactly one JSON document on stdout and nothing else; without it the same
+figures print as aligned tables. On a terminal, a step that takes more than a couple of seconds
+reports its progress on stderr.
+
+exit status:
+  0  done
+  {USAGE}  the command line is wrong: an unknown command or flag, a value out of its bounds
+     (--recent-window 32 must be below --budget 16), flags that do not go together; bare `kvsim`
+  {BAD_INPUT}  the command line is fine but what it names is not: a trace or bundle that is missing or
+     malformed, an output that cannot be written
+Every error is one line on stderr, `kvsim: error: ...`, never a traceback.
+
+`kvsim COMMAND --help` lists a command's flags."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse prints the usage block and the error on several lines; the contract is one line."""
+
+    def error(self, message: str):
+        raise CLIError(message)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def parse_range(flag: str, text: str) -> list[int]:
+    """``A:B[:STEP]`` (inclusive) or a single integer, into the list of values."""
+    parts = text.split(":")
+    try:
+        nums = [int(p) for p in parts]
+    except ValueError:
+        raise CLIError(f"{flag}: expected an integer or A:B[:STEP], got {text!r}") from None
+    if len(nums) == 1:
+        return nums
+    if len(nums) > 3:
+        raise CLIError(f"{flag}: expected A:B[:STEP], got {text!r}")
+    start, stop, step = nums[0], nums[1], nums[2] if len(nums) == 3 else 1
+    if step < 1:
+        raise CLIError(f"{flag}: STEP must be at least 1, got {step}")
+    if stop < start:
+        raise CLIError(f"{flag}: range {text!r} is empty (B < A)")
+    return list(range(start, stop + 1, step))
+
+
+def trace_help() -> str:
+    traces, bundles = available_traces()[1:], available_bundles()
+    return (f"canonical, a shipped trace ({', '.join(traces) or 'none here'}), a path to an .npz, or one trace of a "
+            f"bundle as BUNDLE:L05 or BUNDLE:L05H1 (shipped bundles: {', '.join(bundles) or 'none here'})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Replay attention traces through KV-cache eviction policies.",
+                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    traces = trace_help()
+    _add_replay_and_sweep(sub, traces)
+    _add_trace_commands(sub, traces)
+    _add_bench(sub)
+    _add_tune(sub, traces)
+    _add_record(sub)
+    _add_quality(sub)
+    sub.add_parser("app", help="start the Streamlit app; any further options go to streamlit run",
+                   usage=f"{PROG} app [STREAMLIT RUN OPTIONS, e.g. --server.port 8502]")
+    return parser
+
+
+def _json(p: argparse.ArgumentParser, what: str = "one JSON document") -> None:
+    p.add_argument("--json", action="store_true", help=f"print {what} on stdout and nothing else")
+
+
+def _common(p: argparse.ArgumentParser, traces: str, budget_default: int | None, budget_type=int) -> None:
+    p.add_argument("--trace", default="canonical", help=f"{traces} (default: canonical)")
+    if budget_default is not None:
+        p.add_argument("--budget", type=budget_type, default=None, help=f"cache budget (default: {budget_default})")
+    p.add_argument("--top-k", type=positive_int, default=DEFAULT_TOP_K, help=f"k of top-k recall (default: {DEFAULT_TOP_K})")
+    _json(p)
+
+
+def _policy_flags(p: argparse.ArgumentParser, ranges: bool) -> None:
+    p.add_argument("--policy", required=True, choices=list(POLICIES), help="registry name")
+    for param, spec in all_tunables().items():
+        owners = ", ".join(n for n, cls in POLICIES.items() if spec in cls.tunables)
+        p.add_argument(flag(param), dest=f"param_{param}", type=str if ranges else int, default=None,
+                       metavar="A:B[:STEP]" if ranges else "N", help=f"{spec.help} (default {spec.default}; {owners})")
+
+
+def _add_replay_and_sweep(sub, traces: str) -> None:
+    p = sub.add_parser("replay", help="replay one policy; mean retained mass and top-k recall")
+    _common(p, traces, DEFAULT_BUDGET)
+    _policy_flags(p, ranges=False)
+    p = sub.add_parser("sweep", help="one replay per value of a parameter given as A:B[:STEP] (inclusive)")
+    _common(p, traces, DEFAULT_BUDGET, budget_type=str)
+    _policy_flags(p, ranges=True)
+
+
+def _add_trace_commands(sub, traces: str) -> None:
+    p = sub.add_parser("describe", help="statistics of the trace alone: sinks, recency band, concentration")
+    _common(p, traces, None)
+    p.add_argument("--band", type=positive_int, default=DEFAULT_BAND, help=f"recency band width (default: {DEFAULT_BAND})")
+
+    p = sub.add_parser("export", help="write a trace in the interchange .npz format (float32)")
+    p.add_argument("--trace", default="canonical", help=f"{traces} (default: canonical)")
+    p.add_argument("--out", required=True, help="path of the .npz to write")
+    _json(p)
+
+    p = sub.add_parser("table", help="the policy cards' comparison and the calibration targets")
+    _common(p, traces, TABLE_BUDGET)
+
+    p = sub.add_parser("claims", help="every checkable claim of the two policy cards, measured, with its verdict")
+    p.add_argument("--trace", default="canonical", help=f"{traces}, or all (canonical and every shipped "
+                   "trace) (default: canonical)")
+    _json(p, "one JSON document (a list of claim records)")
+
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="time the reference path against the fast engine on the canonical trace")
+    p.add_argument("--full-reference", action="store_true", help="replay all 255 windows on the reference path "
+                   "(about a minute and a half) instead of extrapolating from 16")
+    p.add_argument("--browser", action="store_true", help="instead: drive the app in headless Chromium through "
+                   "its timed steps and an eight-session load, each step's median and worst against its target")
+    p.add_argument("--rounds", type=positive_int, default=3, help="with --browser: rounds, each on a fresh server (default: 3)")
+    p.add_argument("--sessions", type=positive_int, default=8, help="with --browser: concurrent sessions of the load (default: 8)")
+    p.add_argument("--no-load", action="store_true", help="with --browser: skip the concurrent sessions")
+    p.add_argument("--only-load", action="store_true", help="with --browser: only the concurrent sessions")
+    p.add_argument("--cold-cache", action="store_true", help="with --browser: every server gets a fresh, empty "
+                   "KVSIM_CACHE_DIR (the canonical trace is generated again, as on a machine that never ran it)")
+    _json(p)
+
+
+def _add_tune(sub, traces: str) -> None:
+    tunable = [name for name in POLICIES if "recent_window" in policy_params(name)]
+    p = sub.add_parser("tune", help="per layer and KV head of a bundle: the smallest recent_window within 0.005 "
+                       "of the best retained mass, and the model-wide figures")
+    p.add_argument("--trace", required=True, help="a bundle (a shipped bundle's name or a folder with a manifest.json), "
+                   f"or any one trace ({traces})")
+    p.add_argument("--policy", default="h2o", choices=tunable, help="a policy with a recent_window (default: h2o)")
+    p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET, help=f"cache budget (default: {DEFAULT_BUDGET}); "
+                   "recent_window is swept over 1 .. budget - 1")
+    p.add_argument("--top-k", type=positive_int, default=DEFAULT_TOP_K, help=f"k of top-k recall (default: {DEFAULT_TOP_K})")
+    p.add_argument("--tolerance", type=float, default=0.005, help="recommend the smallest window within this much "
+                   "of the best retained mass (default: 0.005)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--serial", action="store_true", help="sweep here, one trace after another (the default "
+                       "when Dask is not installed)")
+    where.add_argument("--scheduler", default=None, metavar="ADDRESS", help="the address of a running Dask "
+                       "scheduler (tcp://host:8786); default: local Dask processes on every core")
+    p.add_argument("--workers", type=positive_int, default=None, help="local Dask worker processes (default: one "
+                   "per core)")
+    p.add_argument("--curves", action="store_true", help="with --json, add every trace's curve over the windows")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _json(p)
+
+
+def _add_record(sub) -> None:
+    p = sub.add_parser("record", help="record a bundle of real traces from a causal LM (needs the record extra)")
+    p.add_argument("text", help="a UTF-8 text file; its first --steps + 1 tokens are read")
+    p.add_argument("--model", default=None, help="a local Hugging Face model folder or a hub id already in the local "
+                   "cache (nothing is downloaded); default: the shipped Gemma-3-270M")
+    p.add_argument("--out", required=True, help="the bundle folder to write (traces + manifest.json)")
+    p.add_argument("--steps", type=positive_int, default=4096, help="decode steps per trace (default: 4096)")
+    p.add_argument("--layers", default="global", help="all, global (default: the layers without a sliding window) "
+                   "or comma-separated layer numbers")
+    p.add_argument("--gqa", choices=["mean", "max"], default="mean", help="how the query heads that share a KV head "
+                   "are combined (default: mean)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model runs (default: cpu)")
+    p.add_argument("--prefix", default=None, help="file name prefix (default: gemma3-270m, or the model folder's name)")
+    p.add_argument("--source", default=None, help="where the text comes from, for the traces' meta")
+    p.add_argument("--licence", default=None, help="the text's licence, for the traces' meta")
+    p.add_argument("--model-licence", default=None, help="the model's licence, for the traces' meta")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _json(p)
+
+
+def _add_quality(sub) -> None:
+    p = sub.add_parser("quality", help="a real model's loss and KL on a text with its KV cache evicted by a policy "
+                                       "(needs the record extra)")
+    p.add_argument("text", help="a UTF-8 text file, or heapq for the shipped traces' text (CPython 3.11.7 Lib/heapq.py)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--policy", choices=list(POLICIES), help="registry name")
+    which.add_argument("--policies", help="comma-separated registry names: a grid")
+    p.add_argument("--budget", default=str(DEFAULT_BUDGET), metavar="B[,B...]",
+                   help=f"cache budget per layer (default: {DEFAULT_BUDGET})")
+    for param, spec in all_tunables().items():
+        p.add_argument(flag(param), dest=f"param_{param}", type=int, default=None, metavar="N",
+                       help=f"{spec.help} (passed to the policies that take it)")
+    p.add_argument("--sweep", nargs=2, metavar=("PARAM", "A:B[:STEP]"), help="one measurement per value of a "
+                   "policy parameter, e.g. --sweep recent_window 8:248:16")
+    p.add_argument("--steps", type=positive_int, default=1024, help="decode steps N (default: 1024)")
+    p.add_argument("--model", default=None, help="a local Hugging Face model folder (default: the shipped Gemma-3-270M)")
+    p.add_argument("--mode", choices=["closed", "open", "both"], default="closed",
+                   help="closed: token-by-token decoding with the real cache evicted (the truth); open: one "
+                        "teacher-forced pass masked by the replay of the full-cache traces (default: closed)")
+    p.add_argument("--batch", type=positive_int, default=8, help="closed loops decoded together, sharing each "
+                   "step's read of the weights (default: 8)")
+    p.add_argument("--no-cache", action="store_true", help="measure again instead of reading cached results")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _json(p)

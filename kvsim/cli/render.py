@@ -1,0 +1,226 @@
+"""The readable form of each command's document: aligned tables, numbers right-aligned on the point.
+
+``--json`` prints the document itself instead (``as_json``), with NaN and infinities as null.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from ..analysis.table import params_label
+from ..sim.simulate import best
+
+
+def aligned(headers: list[str], rows: list[list], text: bool = False) -> str:
+    """Columns padded to their widest cell; ``text`` left-aligns everything."""
+    cells = [[_cell(c) for c in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+
+    def line(items):
+        # text left, numbers right, so columns of figures line up on the decimal point
+        return "  ".join(
+            s.rjust(w) if _numeric(s) and not text else s.ljust(w) for s, w in zip(items, widths, strict=True)
+        ).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in cells)])
+
+
+def _cell(x) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, float):
+        return f"{x:.4f}"
+    return str(x)
+
+
+def _numeric(s: str) -> bool:
+    if s == "n/a":
+        return True
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def _summary_params(r: dict) -> dict:
+    skip = {"trace", "policy", "budget", "retained_mass", "top_k_recall", "top_k", "steps"}
+    return {k: v for k, v in r.items() if k not in skip}
+
+
+def _replay(doc: dict) -> str:
+    return aligned(
+        ["trace", "policy", "params", "budget", "steps", "retained_mass", f"top_{doc['top_k']}_recall"],
+        [[doc["trace"], doc["policy"], params_label(_summary_params(doc)), doc["budget"], doc["steps"],
+          doc["retained_mass"], doc["top_k_recall"]]],
+    )
+
+
+def _sweep(doc: list[dict]) -> str:
+    top = best(doc)
+    return aligned(
+        ["trace", "policy", "params", "budget", "retained_mass", f"top_{doc[0]['top_k']}_recall", "best"],
+        [[r["trace"], r["policy"], params_label(_summary_params(r)), r["budget"], r["retained_mass"],
+          r["top_k_recall"], "*" if r is top else ""] for r in doc],
+    )
+
+
+def _describe(doc: dict) -> str:
+    labels = {
+        "trace": "trace",
+        "steps": "steps",
+        "sink_share": f"sink share (positions 0-{doc['sinks'] - 1}, steps t > {doc['sinks']})",
+        "recent_share": f"recent share (last {doc['band']} positions, steps t > {doc['band']})",
+        "top_k_share": f"top-{doc['top_k']} share (steps t > {doc['top_k']})",
+        "effective_positions": "effective positions, exp(entropy) per row",
+    }
+    return aligned(["figure", "value"], [[label, doc[k]] for k, label in labels.items()])
+
+
+def _record(doc: dict) -> str:
+    return "\n".join([*(f"wrote {f['path']} (layer {f['layer']}, KV head {f['head']}, {f['bytes']} bytes)" for f in doc["files"]),
+                      f"bundle {doc['bundle']}: {len(doc['files'])} traces, {doc['steps']} steps"])
+
+
+def _export(doc: dict) -> str:
+    return f"wrote {doc['out']}: trace {doc['trace']}, {doc['steps']} steps, {doc['dtype']}, {doc['bytes']} bytes"
+
+
+def _claims(doc: list[dict]) -> str:
+    from ..analysis.claims import render_ledger
+
+    return render_ledger(doc)
+
+
+def _bench(doc: dict) -> str:
+    from .bench_command import render_bench
+
+    return render_bench(doc)
+
+
+def _table(doc: dict) -> str:
+    k = doc["top_k"]
+    parts = [
+        f"Measured at budget {doc['budget']} on the {doc['trace']} trace ({doc['steps']} steps):",
+        "",
+        aligned(
+            ["policy", "params", "retained_mass", f"top_{k}_recall"],
+            [[r["policy"], params_label(r["params"]), r["retained_mass"], r["top_k_recall"]] for r in doc["rows"]],
+        ),
+        *(f"{r['policy']} {params_label(r['params'])}: refused at this budget ({r['refused']})"
+          for r in doc["rows"] if "refused" in r),
+    ]
+    s = doc["sweep"]
+    if s["rows"]:
+        parts += [
+            "",
+            f"{s['policy']} over {s['param']} (budget {doc['budget']}); * marks the largest retained mass:",
+            "",
+            aligned(
+                [s["param"], "retained_mass", f"top_{k}_recall", "best"],
+                [[r[s["param"]], r["retained_mass"], r["top_k_recall"], "*" if r[s["param"]] == s["argmax"] else ""]
+                 for r in s["rows"]],
+            ),
+        ]
+    if doc["targets"] is not None:
+        parts += [
+            "",
+            "Calibration targets (docs/domain.md, the canonical trace):",
+            "",
+            aligned(
+                ["figure", "target", "measured", "result"],
+                [[t["figure"], t["target"], t["measured"], "PASS" if t["pass"] else "FAIL"] for t in doc["targets"]],
+                text=True,
+            ),
+        ]
+    else:
+        parts += ["", "Calibration targets: not checked (they are for the canonical trace at budget 256)."]
+    return "\n".join(parts)
+
+
+def _quality(doc) -> str:
+    rows = [doc] if isinstance(doc, dict) else doc
+    return aligned(
+        ["policy", "params", "budget", "mode", "steps", "nll_full", "nll", "delta_nll", "ppl", "kl", "retained_mass",
+         "seconds"],
+        [[r["policy"], params_label(r["params"]), r["budget"], r["mode"], r["steps"], r["nll_full"], r["nll"],
+          r["delta_nll"], r["ppl"], r["kl"], r["retained_mass"], round(r["seconds"], 1)] for r in rows],
+    )
+
+
+def _tune_per_layer(doc: dict, k: int) -> tuple[list[str], list[list]]:
+    """The one-window-per-layer table and its model-wide row, shown only where KV heads share a layer."""
+    if not any(r["kv_heads"] > 1 for r in doc["per_layer"]):
+        return [], []
+    head = doc["model"]["per_head_windows"]
+    table = [
+        "",
+        "One window per layer, shared by its KV heads (on the mean of their curves):",
+        "",
+        aligned(["layer", "kv_heads", "recommended", "retained_mass", f"top_{k}_recall", "best", "best_mass"],
+                [[r["layer"], r["kv_heads"], r["recommended_window"], r["recommended_mass"], r["recommended_recall"],
+                  r["best_window"], r["best_mass"]] for r in doc["per_layer"]]),
+    ]
+    return table, [["per-KV-head recommended windows", "per head", head["recommended_mass"], head["recommended_recall"]]]
+
+
+def _tune(doc: dict) -> str:
+    k, tol = doc["top_k"], doc["tolerance"]
+    rows = [[r["layer"], r["head"], r["attention"], r["recommended_window"], r["recommended_mass"], r["recommended_recall"],
+             r["best_window"], r["best_mass"], r["sliding_window"]["retained_mass"], r["streaming_llm"]["retained_mass"]]
+            for r in doc["layers"]]
+    m = doc["model"]
+    one, per, base = m["one_window"], m["per_layer_windows"], m["baselines"]
+    per_layer, by_head = _tune_per_layer(doc, k)
+    run = doc["run"]
+    how = "serially" if run["executor"] == "serial" else f"on Dask ({run['workers']} workers, {run['scheduler']})"
+    return "\n".join([
+        f"{doc['policy']} on {doc['trace']} at budget {doc['budget']}: recent_window {doc['windows'][0]}..{doc['windows'][1]}; "
+        f"recommended = the smallest window within {tol} of the trace's best retained mass",
+        "",
+        aligned(["layer", "kv_head", "attention", "recommended", "retained_mass", f"top_{k}_recall", "best",
+                 "best_mass", "sliding_window", "streaming_llm"], rows),
+        *per_layer,
+        "",
+        "Model-wide (mean over every layer and KV head):",
+        "",
+        aligned(["setting", "recent_window", "retained_mass", f"top_{k}_recall"], [
+            ["per-layer recommended windows", "per layer", per["recommended_mass"], per["recommended_recall"]],
+            *by_head,
+            ["one window for all layers (recommended)", one["recommended_window"], one["recommended_mass"],
+             one["recommended_recall"]],
+            ["one window for all layers (best)", one["best_window"], one["best_mass"], one["best_recall"]],
+            ["sliding_window", "n/a", base["sliding_window"]["retained_mass"], base["sliding_window"]["top_k_recall"]],
+            ["streaming_llm sinks=4", "n/a", base["streaming_llm"]["retained_mass"], base["streaming_llm"]["top_k_recall"]],
+        ], text=False),
+        "",
+        f"{len(doc['layers'])} traces swept {how} in {run['seconds']:.1f} s",
+    ])
+
+
+RENDERERS = {"replay": _replay, "sweep": _sweep, "describe": _describe, "record": _record, "export": _export,
+             "table": _table, "bench": _bench, "claims": _claims, "quality": _quality, "tune": _tune}
+
+
+def render(command: str, doc) -> str:
+    """``doc`` (what ``command`` returned) as the text the command prints without ``--json``."""
+    return RENDERERS[command](doc)
+
+
+def _jsonable(x):
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def as_json(doc) -> str:
+    return json.dumps(_jsonable(doc), indent=2, allow_nan=False)
