@@ -490,3 +490,27 @@ def test_a_shipped_trace_is_decoded_once_into_the_cache(cache_dir, tmp_path):
     assert np.array_equal(cache.file_trace(src, load).attention, direct.attention) and len(calls) == 2
     save_npz(random_trace(4, 30, 5, 0.2), src)  # the file itself changed
     assert np.array_equal(cache.file_trace(src, load).attention, load_npz(src).attention) and len(calls) == 3
+
+
+@needs_engine
+def test_prepare_says_so_only_when_it_compiles(tmp_path):
+    """``engine.prepare`` reports one note when numba compiles the policy's kernels (a fresh cache)
+    and nothing when a later process loads them from disk; a policy the engine does not replay is
+    a no-op."""
+    root = Path(__file__).resolve().parent.parent
+    script = ("import sys; from kvsim.sim import engine; seen = []; "
+              "engine.prepare('tova', lambda f, note='': seen.append((f, note))); print(seen)")
+    env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+
+    def run():
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root, env=env,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip()
+
+    first = run()
+    assert first.startswith("[(None, 'compiling the tova engine (once per install") and first.count("None") == 1
+    assert run() == "[]"
+    seen = []
+    engine.prepare("no_such_policy", lambda f, note="": seen.append(note))
+    assert seen == []

@@ -40,11 +40,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..data.trace import Trace
+from ..data.trace import Trace, from_array
 from ..jit import AVAILABLE, kernel
-from ..policies import Policy
+from ..policies import Policy, PolicySpec, tunables
 from ..policies.greedy_future import BLOCK as GREEDY_BLOCK
 from ..policies.tova import UNSEEN
+from ..progress import Progress
 from .harness import ContractError, ReplayResult
 
 #: threads a sweep runs its batches on: one per core
@@ -879,3 +880,48 @@ def sweep(
             if progress is not None:
                 progress(done / len(batches))
     return [pair for part in results for pair in part]
+
+
+#: roughly how long numba takes to compile one policy's kernels from nothing (two shared cores),
+#: what ``prepare`` tells the user to expect
+_COMPILE_SECONDS = 15
+
+
+def prepare(name: str, progress: Progress | None = None) -> None:
+    """Compile the kernels policy ``name`` replays with (or load them from numba's disk cache), by
+    replaying it once on a tiny trace, so that the first real replay starts at once and a first run
+    after an install is never silent. ``progress(None, note)`` is called, once, only when numba
+    actually compiles (a cache miss: numba's ``numba:compile`` event), not when the kernels load
+    from disk. A policy the engine does not replay, or no numba: nothing to do."""
+    if not AVAILABLE or name not in FAST:
+        return
+    from numba.core import event
+
+    note = f"compiling the {name} engine (once per install, ~{_COMPILE_SECONDS} s)"
+    listener = _first_compile(None if progress is None else (lambda: progress(None, note)))
+    trace = from_array(np.tril(np.ones((9, 9)), -1), name="prepare")
+    # every tunable at 1 (below the budget of 4): the kernels' windowed paths are taken too
+    spec = PolicySpec.of(name, 4, **{p.name: 1 for p in tunables(name)})
+    with event.install_listener("numba:compile", listener):
+        replay(trace, spec.build(trace), top_k=2, record_kept=True, record_scores=True, record_victims=True)
+        replay(trace, spec.build(trace), top_k=2)  # snapkv's unrecorded path finds victims another way
+
+
+def _first_compile(report: Callable[[], None] | None):
+    """A numba event listener that calls ``report`` at the start of the first compilation it sees
+    (the kernel a replay calls first; the ones it calls inside are compiled with it)."""
+    from numba.core import event
+
+    class FirstCompile(event.Listener):
+        fired = False
+
+        def on_start(self, ev) -> None:
+            if not self.fired:
+                self.fired = True
+                if report is not None:
+                    report()
+
+        def on_end(self, ev) -> None:
+            pass
+
+    return FirstCompile()
