@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvsim
-from kvsim.data import canonical
+from kvsim.data import canonical, derived
 from kvsim.data import store as cache
 from kvsim.data.trace import Trace, from_array, load_npz, save_npz
 from kvsim.sim import engine
@@ -256,7 +256,7 @@ def test_canonical_offline_and_random_bit_identical(canonical_trace, name, tmp_p
 
 @needs_engine
 def test_topk_positions_match_the_mask(canonical_trace):
-    tops = engine.topk_positions(canonical_trace, 32)
+    tops = canonical_trace.derived.topk(32)
     mask = canonical_trace.topk_mask(32)
     for t in range(1, canonical_trace.steps + 1):
         row = np.zeros(canonical_trace.steps + 1, dtype=np.uint8)
@@ -324,15 +324,15 @@ def test_cache_round_trip(cache_dir):
     assert again.meta == fresh.meta and again.name == "canonical"
     # the fingerprint (the optimum's cache key) is read from beside the trace, not hashed again,
     # and is the one the data hashes to
-    assert "fingerprint" in again._cache and again.fingerprint == fresh.fingerprint
+    assert again.derived.has_fingerprint and again.fingerprint == fresh.fingerprint
     # a sidecar written before it held the fingerprint gets it added on the next read, once
     record = json.loads(path.with_suffix(".json").read_text())
     del record["fingerprint"]
     path.with_suffix(".json").write_text(json.dumps(record))
-    assert "fingerprint" not in cache._read(path, SMALL)._cache
+    assert not cache._read(path, SMALL).derived.has_fingerprint
     upgraded = cache.canonical_trace(SMALL)
     assert upgraded.fingerprint == fresh.fingerprint and np.array_equal(upgraded.attention, fresh.attention)
-    assert "fingerprint" in cache._read(path, SMALL)._cache
+    assert cache._read(path, SMALL).derived.has_fingerprint
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "json", "no-json"])
@@ -438,16 +438,16 @@ def test_without_numba_kvsim_and_the_cli_fall_back_to_the_reference(tmp_path):
 @needs_engine
 def test_topk_positions_are_kept_beside_the_cached_trace_and_survive_damage(cache_dir):
     trace = cache.canonical_trace(SMALL)
-    fresh = engine._topk_positions(engine._attention(trace), 32)
-    assert np.array_equal(engine.topk_positions(trace, 32), fresh)
+    fresh = derived._topk_positions(trace.derived.kernel_attention(), 32)
+    assert np.array_equal(trace.derived.topk(32), fresh)
     path = cache.cache_path(SMALL).with_suffix("")
     path = path.with_name(path.name + "-topk32.npy")
     assert path.is_file() and np.array_equal(np.load(path), fresh)
     again = cache.canonical_trace(SMALL)  # a new process's view: read from disk, same positions
-    assert np.array_equal(engine.topk_positions(again, 32), fresh)
+    assert np.array_equal(again.derived.topk(32), fresh)
     path.write_bytes(b"damaged")
     third = cache.canonical_trace(SMALL)
-    assert np.array_equal(engine.topk_positions(third, 32), fresh) and np.array_equal(np.load(path), fresh)
+    assert np.array_equal(third.derived.topk(32), fresh) and np.array_equal(np.load(path), fresh)
 
 
 @needs_engine

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.store import _atomic_write, cache_dir
+from ..data.store import atomic_write, cache_dir
 from ..data.trace import Trace, from_array
 from ..policies import POLICIES, make_policy
 from ..sim.simulate import replay
@@ -599,7 +599,7 @@ class Session:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             blob = json.dumps({"key": key, "result": result}).encode("utf-8")
-            _atomic_write(path, lambda f: f.write(blob))
+            atomic_write(path, lambda f: f.write(blob))
         except OSError:
             pass  # an unwritable cache costs a measurement next time, nothing else
 

@@ -204,20 +204,13 @@ class OptimalSchedule:
         return out
 
 
-def _attention(trace: Trace) -> np.ndarray:
-    A = trace.attention
-    if A.dtype not in (np.float32, np.float64):
-        A = A.astype(np.float32)
-    return np.ascontiguousarray(A)
-
-
 def solve(trace: Trace, budget: int, progress: Callable[[float], None] | None = None) -> OptimalSchedule:
     """The optimal schedule of ``trace`` at ``budget``, computed now (no cache). ``progress(fraction)``
     is called with the share of the evicting steps done, between chunks of steps (the package's one
     progress signature)."""
     budget = check_budget(budget)
     start = time.perf_counter()
-    A = _attention(trace)
+    A = trace.derived.kernel_attention()
     T = trace.steps
     n = T + 1
     first = budget  # the first step that evicts
@@ -266,7 +259,7 @@ def certify(trace: Trace, schedule: OptimalSchedule) -> float:
     reduced cost ``R[t, p] - u[t] - w[p]`` is non-negative up to rounding. By weak duality every
     legal schedule forfeits at least ``sum(u) + sum(w) - rows * max(0, -min reduced cost)``.
     Raises ``ValueError`` naming what fails."""
-    A = _attention(trace)
+    A = trace.derived.kernel_attention()
     T, B = trace.steps, schedule.budget
     if schedule.steps != T:
         raise ValueError(f"certificate: schedule is for {schedule.steps} steps, trace has {T}")
@@ -335,11 +328,11 @@ def _load(path: Path, steps: int, budget: int) -> OptimalSchedule | None:
 
 
 def _save(path: Path, s: OptimalSchedule) -> None:
-    from ..data.store import _atomic_write
+    from ..data.store import atomic_write
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(path, lambda f: np.savez(f, victims=s.victims, u=s.u, w=s.w, objective=np.float64(s.objective),
+        atomic_write(path, lambda f: np.savez(f, victims=s.victims, u=s.u, w=s.w, objective=np.float64(s.objective),
                                                steps=np.int64(s.steps), budget=np.int64(s.budget)))
     except OSError:  # an unwritable cache costs a re-solve next time, nothing else
         pass

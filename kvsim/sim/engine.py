@@ -25,7 +25,7 @@ Exactness, the reference's rules restated where the engine relies on them:
   from the disk cache, as the reference does). The three differ only in how the victim is picked,
   so one kernel replays them all (``_one_victim_steps``);
 - top-k recall counts ``kept`` against the k largest weights of the row (lower position first on
-  ties, ``Trace.topk_mask``) and divides by ``min(k, t)``; the means are numpy's, over the series.
+  ties, ``TraceStore.topk``) and divides by ``min(k, t)``; the means are numpy's, over the series.
 
 ``FAST``, next to the kernels, is the one table of the policies the engine replays; ``kvsim.replay``
 and ``kvsim.sweep`` use it when ``covers`` says so and the reference harness otherwise.
@@ -61,33 +61,6 @@ _BATCH = 64
 
 # --------------------------------------------------------------------------------------------
 # kernels
-
-
-@kernel
-def _topk_positions(A, k):
-    """int32 ``(T + 1, k)``, -1 padded: the positions of the k largest weights of every row,
-    lower position first on ties. Same set as ``trace.topk_mask(k)``, O(T * k) memory."""
-    n = A.shape[0]
-    out = np.full((n, k), -1, dtype=np.int32)
-    for t in range(1, n):
-        if t <= k:
-            for p in range(t):
-                out[t, p] = p
-            continue
-        row = A[t, :t]
-        kth = np.partition(row, t - k)[t - k]  # the k-th largest value, whatever the algorithm
-        j = 0
-        for p in range(t):
-            if row[p] > kth:
-                out[t, j] = p
-                j += 1
-        for p in range(t):  # ties at the k-th value fill up from the lowest position
-            if j == k:
-                break
-            if row[p] == kth:
-                out[t, j] = p
-                j += 1
-    return out
 
 
 @kernel
@@ -552,49 +525,6 @@ def _one_victim_steps(A, topk, t0, t1, budgets, pick, plan, suffix, block, pos, 
 # that ``progress`` can be told between chunks
 
 
-def topk_positions(trace: Trace, k: int) -> np.ndarray:
-    """The k largest positions of every row (``_topk_positions``); depends on the trace alone, so
-    computed once per trace and kept in its cache (O(T * k), where the mask would be O(T ** 2))."""
-    if k < 1:
-        raise ValueError(f"top_k must be at least 1, got {k}")
-    key = ("topk_positions", k)
-    if key not in trace._cache:
-        trace._cache[key] = _topk_on_disk(trace, k)
-    return trace._cache[key]
-
-
-def _topk_on_disk(trace: Trace, k: int) -> np.ndarray:
-    """The top-k positions, read from beside the trace's disk cache when it has one (the canonical
-    trace: about 0.2 s saved per process), else computed (and written there for next time)."""
-    stem = trace._cache.get("disk_stem")
-    if stem is None:
-        return _topk_positions(_attention(trace), k)
-    path = stem.with_name(f"{stem.name}-topk{k}.npy")
-    T = trace.steps
-    try:
-        top = np.load(path, allow_pickle=False)
-        if top.shape == (T + 1, k) and top.dtype == np.int32 and top.min() >= -1 and top.max() <= T:
-            return top
-    except (OSError, EOFError, ValueError):
-        pass  # missing or damaged: computed again and rewritten
-    top = _topk_positions(_attention(trace), k)
-    from ..data.store import _atomic_write
-
-    try:
-        _atomic_write(path, lambda f: np.save(f, top, allow_pickle=False))
-    except OSError:  # an unwritable cache costs the computation next time, nothing else
-        pass
-    return top
-
-
-def _attention(trace: Trace) -> np.ndarray:
-    """The attention as the kernels take it: C-contiguous and read-only, so that a trace read from
-    the memory-mapped cache and one built in memory share one compiled signature per dtype."""
-    A = np.ascontiguousarray(trace.attention).view()
-    A.flags.writeable = False
-    return A
-
-
 def _chunks(T: int, progress: Callable[[float], None] | None):
     for t0 in range(1, T + 1, _CHUNK):
         t1 = min(t0 + _CHUNK, T + 1)
@@ -806,8 +736,8 @@ def _run(trace: Trace, policies: list[Policy], top_k: int, progress=None, record
 
     Returns ``(mass, recall, records)``: float64 ``(configs, T)`` series and, with ``record``, the
     kept/score/victim histories of configuration 0."""
-    A = _attention(trace)
-    topk = topk_positions(trace, top_k)
+    A = trace.derived.kernel_attention()
+    topk = trace.derived.topk(top_k)
     T = trace.steps
     budgets = np.array([p.budget for p in policies], dtype=np.int64)
     b0 = int(budgets[0])
@@ -859,7 +789,8 @@ def sweep(
     each configuration's arithmetic is the same sequence whichever thread runs it, so the results
     are the serial run's bit for bit. ``progress`` is called from the calling thread only (a
     Streamlit progress bar must be), after each chunk when one thread works and after each batch
-    when several do."""
+    when several do. The trace's top-k positions are computed once, by whichever thread asks
+    first (the trace's store holds the others until they are there)."""
     workers = max(1, min(_WORKERS, -(-len(policies) // 8)))  # a thread earns its start-up from ~8 configs
     size = min(_BATCH, -(-len(policies) // workers))
     batches = [policies[i : i + size] for i in range(0, len(policies), size)]
@@ -870,7 +801,6 @@ def sweep(
             mass, recall, _ = _run(trace, batch, top_k, report)
             out += list(zip(mass, recall, strict=True))
         return out
-    topk_positions(trace, top_k)  # computed once, before the threads share the trace's cache
     results: list = [None] * len(batches)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {pool.submit(_run, trace, batch, top_k): j for j, batch in enumerate(batches)}
