@@ -7,6 +7,7 @@ reference with itself, so those tests are skipped (and say why) rather than pass
 
 from __future__ import annotations
 
+import inspect
 import json
 import subprocess
 import sys
@@ -126,7 +127,7 @@ def test_engine_batches_match_the_reference_per_configuration(name, trace, data)
     budgets = data.draw(st.lists(st.integers(1, trace.steps + 2), min_size=1, max_size=6), label="budgets")
     configs = [(b, draw_params(data, name, b)) for b in budgets]
     built = [kvsim.make_policy(name, budget=b, trace=trace, **p) for b, p in configs]  # offline ones read it
-    mass, recall, _ = engine._run(trace, built, 32)
+    mass, recall, _ = engine.run(trace, built, 32)
     for i, (b, p) in enumerate(configs):
         ref = reference(trace, name, b, **p)
         assert np.array_equal(mass[i], ref.retained_mass_series), (b, p)
@@ -162,6 +163,22 @@ def test_random_draws_from_the_generator_it_is_given():
                           record_victims=True)
     assert other.victims_history != engine.replay(trace, kvsim.make_policy("random", budget=7), top_k=32,
                                                   record_victims=True).victims_history
+
+
+@pytest.mark.parametrize("name", sorted(engine.FAST))
+def test_every_engine_policy_gives_what_its_runner_takes(name):
+    """A policy's ``engine_inputs`` names exactly the keyword arguments of its runner, one row per
+    configuration where the input is per configuration."""
+    trace = random_trace(2, 30, 3, 0.3)
+    budgets = [4, 9]
+    built = [kvsim.make_policy(name, budget=b, trace=trace, **{p.name: 1 for p in kvsim.tunables(name)}) for b in budgets]
+    inputs = type(built[0]).engine_inputs(built, trace.steps)
+    runner = inspect.signature(engine.FAST[name])
+    assert set(inputs) == set(list(runner.parameters)[1:])
+    for key, value in inputs.items():
+        assert isinstance(value, np.ndarray), key
+        if key != "suffix":  # greedy_future's suffix sums belong to the trace, not a configuration
+            assert value.shape[0] == len(budgets), key
 
 
 @needs_engine
@@ -459,7 +476,7 @@ def test_snapkv_victims_found_through_running_sums_on_long_tied_traces(levels):
     trace = random_trace(7, 400, levels, 0.3)
     configs = [(64, 8, 5), (64, 0, 1), (130, 32, 40), (17, 3, 400)]  # budget, recent_window, observation_window
     built = [kvsim.make_policy("snapkv", budget=b, recent_window=r, observation_window=w) for b, r, w in configs]
-    mass, recall, _ = engine._run(trace, built, 32)
+    mass, recall, _ = engine.run(trace, built, 32)
     for i, (b, r, w) in enumerate(configs):
         ref = reference(trace, "snapkv", b, recent_window=r, observation_window=w)
         assert np.array_equal(mass[i], ref.retained_mass_series), configs[i]

@@ -60,7 +60,7 @@ import numpy as np
 
 from ..data.trace import Trace
 from ..jit import kernel
-from .base import DEFAULT_BUDGET, Policy, check_budget
+from .base import DEFAULT_BUDGET, ContractError, Policy, check_budget
 
 #: bump when the solver's output for a given trace and budget could change (invalidates the cache)
 SOLVER_VERSION = 1
@@ -245,6 +245,13 @@ def solve(trace: Trace, budget: int, progress: Callable[[float], None] | None = 
                            time.perf_counter() - start, visited)
 
 
+def _legal(victims: np.ndarray, budget: int) -> bool:
+    """Whether ``victims`` (one per step ``budget ..``) is a legal schedule: each victim a position
+    already admitted at its step, none evicted twice."""
+    steps = np.arange(budget, budget + victims.size)
+    return not victims.size or bool(victims.min() >= 0 and np.all(victims <= steps) and np.unique(victims).size == victims.size)
+
+
 def _column_totals(A: np.ndarray) -> np.ndarray:
     """Per position p, the attention rows p + 1 .. T put on it (float64)."""
     return np.tril(A.astype(np.float64), -1).sum(axis=0)
@@ -267,7 +274,7 @@ def certify(trace: Trace, schedule: OptimalSchedule) -> float:
     v = np.asarray(schedule.victims, dtype=np.int64)
     if v.shape != steps.shape:
         raise ValueError(f"certificate: {v.size} victims for {steps.size} evicting steps")
-    if v.size and (v.min() < 0 or np.any(v > steps) or np.unique(v).size != v.size):
+    if not _legal(v, B):
         raise ValueError("certificate: victims are not a legal schedule (a victim after its step, or evicted twice)")
     n = T + 1
     first = min(B, n)
@@ -387,6 +394,22 @@ class Optimal(Policy):
         self._steps = trace.steps
         self._kept = np.zeros(1, dtype=np.int64)
         self._step = 0
+
+    @classmethod
+    def engine_inputs(cls, policies, steps):
+        """The schedules, as ``plan[c, t - 1]``: the position step t evicts (-1 before ``budget``),
+        solved or read from the disk cache as the reference does on its first eviction. A schedule
+        that is not legal (only a damaged cache could hold one) is refused as the reference's
+        victims check would refuse it."""
+        plan = np.full((len(policies), steps), -1, dtype=np.int64)
+        for c, p in enumerate(policies):
+            if p.budget > steps:  # never evicts: the reference never asks for the schedule either
+                continue
+            v = p.schedule.victims
+            if v.shape != (steps - p.budget + 1,) or not _legal(v, p.budget):
+                raise ContractError(f"{p!r}: its schedule is not a legal eviction schedule for this trace")
+            plan[c, p.budget - 1 :] = v
+        return {"plan": plan}
 
     @property
     def schedule(self) -> OptimalSchedule:

@@ -19,12 +19,9 @@ import numpy as np
 
 from ..data.trace import Trace
 from ..policies import Policy
+from ..policies.base import ContractError
 
 DEFAULT_TOP_K = 32
-
-
-class ContractError(AssertionError):
-    """A policy broke the victims contract (docs/domain.md, "The harness")."""
 
 
 @dataclass(eq=False)
