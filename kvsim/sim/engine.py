@@ -256,8 +256,10 @@ def replay(
     record_scores: bool = False,
     record_victims: bool = False,
     progress: Progress | None = None,
+    spec: PolicySpec | None = None,
 ) -> ReplayResult:
-    """The reference's ``ReplayResult`` for a freshly built ``policy`` whose name ``covers``."""
+    """The reference's ``ReplayResult`` for a freshly built ``policy`` whose name ``covers``
+    (``spec``: what it was built from, carried by the result)."""
     record = frozenset(name for name, on in (("kept", record_kept), ("scores", record_scores), ("victims", record_victims))
                        if on)
     mass, recall, rec = run(trace, [policy], top_k, progress=progress, record=record)
@@ -275,6 +277,7 @@ def replay(
         score_history=rec["score_history"] if keeps_scores else None,
         score_positions=rec["score_positions"] if keeps_scores else None,
         victims_history=victims,
+        spec=spec,
     )
 
 
