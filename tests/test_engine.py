@@ -517,10 +517,17 @@ def test_prepare_says_so_only_when_it_compiles(tmp_path):
     root = Path(__file__).resolve().parent.parent
     script = ("import sys; from kvsim.sim import engine; seen = []; "
               "engine.prepare('tova', lambda f, note='': seen.append((f, note))); print(seen)")
+    # and what it compiled is all a later replay or sweep of the policy calls
+    after = ("import kvsim, numpy as np; from kvsim.sim import engine; from numba.core import event; "
+             "engine.prepare('tova'); rec = event.RecordingListener(); "
+             "trace = kvsim.from_array(np.tril(np.random.default_rng(0).random((50, 50)), -1)); "
+             "ctx = event.install_listener('numba:compile', rec); ctx.__enter__(); "
+             "kvsim.replay(trace, 'tova', budget=8, record_kept=True); kvsim.sweep(trace, 'tova', 4, 'budget', range(4, 40)); "
+             "print(len(rec.buffer))")
     env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
 
-    def run():
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root, env=env,
+    def run(code=script):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, env=env,
                               timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         return done.stdout.strip()
@@ -528,6 +535,7 @@ def test_prepare_says_so_only_when_it_compiles(tmp_path):
     first = run()
     assert first.startswith("[(None, 'compiling the tova engine (once per install") and first.count("None") == 1
     assert run() == "[]"
+    assert run(after) == "0"
     seen = []
     engine.prepare("no_such_policy", lambda f, note="": seen.append(note))
     assert seen == []

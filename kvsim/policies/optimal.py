@@ -58,6 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.store import atomic_write, cache_dir
 from ..data.trace import Trace
 from ..jit import kernel
 from .base import DEFAULT_BUDGET, ContractError, Policy, check_budget
@@ -305,8 +306,6 @@ def certify(trace: Trace, schedule: OptimalSchedule) -> float:
 
 
 def cache_file(trace: Trace, budget: int) -> Path:
-    from ..data.store import cache_dir
-
     return cache_dir() / f"optimal-v{SOLVER_VERSION}-{trace.fingerprint}-b{budget}.npz"
 
 
@@ -335,8 +334,6 @@ def _load(path: Path, steps: int, budget: int) -> OptimalSchedule | None:
 
 
 def _save(path: Path, s: OptimalSchedule) -> None:
-    from ..data.store import atomic_write
-
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, lambda f: np.savez(f, victims=s.victims, u=s.u, w=s.w, objective=np.float64(s.objective),

@@ -324,7 +324,9 @@ def prepare(name: str, progress: Progress | None = None) -> None:
     replaying it once on a tiny trace, so that the first real replay starts at once and a first run
     after an install is never silent. ``progress(None, note)`` is called, once, only when numba
     actually compiles (a cache miss: numba's ``numba:compile`` event), not when the kernels load
-    from disk. A policy the engine does not replay, or no numba: nothing to do."""
+    from disk. Empty record arrays have the types of full ones, so one recorded replay compiles
+    what every later replay and sweep of the policy calls. A policy the engine does not replay, or
+    no numba: nothing to do."""
     if not AVAILABLE or name not in FAST:
         return
     from numba.core import event
@@ -334,9 +336,8 @@ def prepare(name: str, progress: Progress | None = None) -> None:
     trace = from_array(np.tril(np.ones((9, 9)), -1), name="prepare")
     # every tunable at 1 (below the budget of 4): the kernels' windowed paths are taken too
     spec = PolicySpec.of(name, 4, **{p.name: 1 for p in tunables(name)})
-    with event.install_listener("numba:compile", listener):
+    with event.install_listener("numba:compile", listener):  # process-wide: another thread's compile counts too
         replay(trace, spec.build(trace), top_k=2, record_kept=True, record_scores=True, record_victims=True)
-        replay(trace, spec.build(trace), top_k=2)  # snapkv's unrecorded path finds victims another way
 
 
 def _first_compile(report: Callable[[], None] | None):
