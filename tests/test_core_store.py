@@ -11,7 +11,7 @@ import pytest
 
 import kvsim
 from kvsim.data import derived
-from kvsim.data import store as cache
+from kvsim.data.files import atomic_write
 
 
 @pytest.fixture
@@ -60,12 +60,12 @@ def test_a_trace_pickles_with_its_store(trace):
 
 def test_atomic_write_leaves_the_old_file_or_the_new_one(tmp_path):
     path = tmp_path / "file.bin"
-    cache.atomic_write(path, lambda f: f.write(b"old"))
+    atomic_write(path, lambda f: f.write(b"old"))
 
     def fails(f):
         f.write(b"half")
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        cache.atomic_write(path, fails)
+        atomic_write(path, fails)
     assert path.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["file.bin"]

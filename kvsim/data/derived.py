@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..jit import kernel
+from .files import atomic_write
 
 
 class TraceStore:
@@ -97,8 +98,6 @@ class TraceStore:
         return _topk_positions(self.kernel_attention(), k)
 
     def _topk_on_disk(self, k: int) -> np.ndarray:
-        from .store import atomic_write  # the store reads traces, so it is imported when first needed
-
         path = self.disk_stem.with_name(f"{self.disk_stem.name}-topk{k}.npy")
         T = self._attention.shape[0] - 1
         try:

@@ -27,7 +27,6 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 import zlib
 from collections.abc import Callable
 from dataclasses import asdict
@@ -37,6 +36,7 @@ from typing import TypeVar
 import numpy as np
 
 from . import canonical
+from .files import atomic_write
 from .trace import Trace
 
 V = TypeVar("V")
@@ -204,19 +204,6 @@ def _write(trace: Trace, path: Path, meta_only: bool = False, extra: dict | None
         atomic_write(path.with_suffix(".json"), lambda f: f.write(json.dumps(record).encode("utf-8")))
     except OSError:
         pass
-
-
-def atomic_write(path: Path, write: Callable) -> None:
-    """``write(f)`` into a temporary file beside ``path``, then renamed onto it: a reader sees the old
-    file or the whole new one, never half of one. The temporary file is removed on any failure."""
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _jsonable(value):

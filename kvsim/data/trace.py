@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .derived import TraceStore
+from .files import atomic_write
 
 #: dtypes the interchange format may carry the attention in
 ATTENTION_DTYPES = (np.float16, np.float32, np.float64)
@@ -299,8 +300,6 @@ def save_npz(trace: Trace, path: str | Path, dtype=np.float32, *, packed: bool =
     (``attention_packed`` + ``steps``), which with ``dtype=np.float16`` is a quarter of the float32
     interchange file before compression. Both load with ``load_npz``.
     """
-    path = Path(path)
-    tmp = path.with_name(path.name + ".part")
     meta = {"name": trace.name, **trace.meta}
     if packed:
         arrays = {
@@ -309,6 +308,4 @@ def save_npz(trace: Trace, path: str | Path, dtype=np.float32, *, packed: bool =
         }
     else:
         arrays = {FULL_KEY: trace.attention.astype(dtype)}
-    with open(tmp, "wb") as f:
-        np.savez_compressed(f, **arrays, meta=np.array(json.dumps(meta)))
-    tmp.replace(path)
+    atomic_write(Path(path), lambda f: np.savez_compressed(f, **arrays, meta=np.array(json.dumps(meta))))

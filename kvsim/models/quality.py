@@ -45,7 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.store import atomic_write, cache_dir
+from ..data.files import atomic_write
+from ..data.store import cache_dir
 from ..data.trace import Trace, from_array
 from ..policies import POLICIES, make_policy
 from ..sim.simulate import replay

@@ -58,7 +58,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.store import atomic_write, cache_dir
+from ..data.files import atomic_write
+from ..data.store import cache_dir
 from ..data.trace import Trace
 from ..jit import kernel
 from .base import DEFAULT_BUDGET, ContractError, Policy, check_budget
