@@ -2,8 +2,10 @@
 
 Public API (no import side effects)::
 
-    kvsim.make_policy(name, budget=512, rng=None, trace=None, **params)
+    kvsim.make_policy(name, budget=DEFAULT_BUDGET, rng=None, trace=None, **params)
     kvsim.tunables(name)                    # its parameters: defaults, bounds, help
+    kvsim.PolicySpec.of("h2o", 256, recent_window=64)   # policy, budget, parameters: validated once
+    kvsim.replay(trace, spec)                            # a spec, or a name with budget= and params
     kvsim.replay(trace, "h2o", budget=256, recent_window=64)          # fast engine where it covers
     kvsim.sweep(trace, "h2o", 256, "recent_window", range(1, 256))   # the policy, reference otherwise
     kvsim.canonical_trace()                 # the calibrated synthetic trace (cached on disk)
@@ -19,7 +21,7 @@ from .data.catalog import available_traces, resolve_trace
 from .data.store import canonical_trace
 from .data.trace import Trace, TraceError, from_array, save_npz
 from .data.trace import load_npz as load_trace
-from .policies import DEFAULT_BUDGET, POLICIES, Param, Policy, make_policy, policy_params, tunables
+from .policies import DEFAULT_BUDGET, POLICIES, Param, Policy, PolicySpec, make_policy, policy_params, tunables
 from .sim.harness import DEFAULT_TOP_K, ContractError, ReplayResult
 from .sim.simulate import best, replay, sweep
 
@@ -31,6 +33,7 @@ __all__ = [
     "ContractError",
     "Param",
     "Policy",
+    "PolicySpec",
     "ReplayResult",
     "Trace",
     "TraceError",

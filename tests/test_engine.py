@@ -7,6 +7,7 @@ reference with itself, so those tests are skipped (and say why) rather than pass
 
 from __future__ import annotations
 
+import inspect
 import json
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvsim
-from kvsim.data import canonical
+from kvsim.data import canonical, derived
 from kvsim.data import store as cache
 from kvsim.data.trace import Trace, from_array, load_npz, save_npz
 from kvsim.sim import engine
@@ -126,7 +127,7 @@ def test_engine_batches_match_the_reference_per_configuration(name, trace, data)
     budgets = data.draw(st.lists(st.integers(1, trace.steps + 2), min_size=1, max_size=6), label="budgets")
     configs = [(b, draw_params(data, name, b)) for b in budgets]
     built = [kvsim.make_policy(name, budget=b, trace=trace, **p) for b, p in configs]  # offline ones read it
-    mass, recall, _ = engine._run(trace, built, 32)
+    mass, recall, _ = engine.run(trace, built, 32)
     for i, (b, p) in enumerate(configs):
         ref = reference(trace, name, b, **p)
         assert np.array_equal(mass[i], ref.retained_mass_series), (b, p)
@@ -162,6 +163,22 @@ def test_random_draws_from_the_generator_it_is_given():
                           record_victims=True)
     assert other.victims_history != engine.replay(trace, kvsim.make_policy("random", budget=7), top_k=32,
                                                   record_victims=True).victims_history
+
+
+@pytest.mark.parametrize("name", sorted(engine.FAST))
+def test_every_engine_policy_gives_what_its_runner_takes(name):
+    """A policy's ``engine_inputs`` names exactly the keyword arguments of its runner, one row per
+    configuration where the input is per configuration."""
+    trace = random_trace(2, 30, 3, 0.3)
+    budgets = [4, 9]
+    built = [kvsim.make_policy(name, budget=b, trace=trace, **{p.name: 1 for p in kvsim.tunables(name)}) for b in budgets]
+    inputs = type(built[0]).engine_inputs(built, trace.steps)
+    runner = inspect.signature(engine.FAST[name])
+    assert set(inputs) == set(list(runner.parameters)[1:])
+    for key, value in inputs.items():
+        assert isinstance(value, np.ndarray), key
+        if key != "suffix":  # greedy_future's suffix sums belong to the trace, not a configuration
+            assert value.shape[0] == len(budgets), key
 
 
 @needs_engine
@@ -256,7 +273,7 @@ def test_canonical_offline_and_random_bit_identical(canonical_trace, name, tmp_p
 
 @needs_engine
 def test_topk_positions_match_the_mask(canonical_trace):
-    tops = engine.topk_positions(canonical_trace, 32)
+    tops = canonical_trace.derived.topk(32)
     mask = canonical_trace.topk_mask(32)
     for t in range(1, canonical_trace.steps + 1):
         row = np.zeros(canonical_trace.steps + 1, dtype=np.uint8)
@@ -324,15 +341,15 @@ def test_cache_round_trip(cache_dir):
     assert again.meta == fresh.meta and again.name == "canonical"
     # the fingerprint (the optimum's cache key) is read from beside the trace, not hashed again,
     # and is the one the data hashes to
-    assert "fingerprint" in again._cache and again.fingerprint == fresh.fingerprint
+    assert again.derived.has_fingerprint and again.fingerprint == fresh.fingerprint
     # a sidecar written before it held the fingerprint gets it added on the next read, once
     record = json.loads(path.with_suffix(".json").read_text())
     del record["fingerprint"]
     path.with_suffix(".json").write_text(json.dumps(record))
-    assert "fingerprint" not in cache._read(path, SMALL)._cache
+    assert not cache._read(path, SMALL).derived.has_fingerprint
     upgraded = cache.canonical_trace(SMALL)
     assert upgraded.fingerprint == fresh.fingerprint and np.array_equal(upgraded.attention, fresh.attention)
-    assert "fingerprint" in cache._read(path, SMALL)._cache
+    assert cache._read(path, SMALL).derived.has_fingerprint
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "json", "no-json"])
@@ -438,16 +455,16 @@ def test_without_numba_kvsim_and_the_cli_fall_back_to_the_reference(tmp_path):
 @needs_engine
 def test_topk_positions_are_kept_beside_the_cached_trace_and_survive_damage(cache_dir):
     trace = cache.canonical_trace(SMALL)
-    fresh = engine._topk_positions(engine._attention(trace), 32)
-    assert np.array_equal(engine.topk_positions(trace, 32), fresh)
+    fresh = derived._topk_positions(trace.derived.kernel_attention(), 32)
+    assert np.array_equal(trace.derived.topk(32), fresh)
     path = cache.cache_path(SMALL).with_suffix("")
     path = path.with_name(path.name + "-topk32.npy")
     assert path.is_file() and np.array_equal(np.load(path), fresh)
     again = cache.canonical_trace(SMALL)  # a new process's view: read from disk, same positions
-    assert np.array_equal(engine.topk_positions(again, 32), fresh)
+    assert np.array_equal(again.derived.topk(32), fresh)
     path.write_bytes(b"damaged")
     third = cache.canonical_trace(SMALL)
-    assert np.array_equal(engine.topk_positions(third, 32), fresh) and np.array_equal(np.load(path), fresh)
+    assert np.array_equal(third.derived.topk(32), fresh) and np.array_equal(np.load(path), fresh)
 
 
 @needs_engine
@@ -459,7 +476,7 @@ def test_snapkv_victims_found_through_running_sums_on_long_tied_traces(levels):
     trace = random_trace(7, 400, levels, 0.3)
     configs = [(64, 8, 5), (64, 0, 1), (130, 32, 40), (17, 3, 400)]  # budget, recent_window, observation_window
     built = [kvsim.make_policy("snapkv", budget=b, recent_window=r, observation_window=w) for b, r, w in configs]
-    mass, recall, _ = engine._run(trace, built, 32)
+    mass, recall, _ = engine.run(trace, built, 32)
     for i, (b, r, w) in enumerate(configs):
         ref = reference(trace, "snapkv", b, recent_window=r, observation_window=w)
         assert np.array_equal(mass[i], ref.retained_mass_series), configs[i]
@@ -490,3 +507,35 @@ def test_a_shipped_trace_is_decoded_once_into_the_cache(cache_dir, tmp_path):
     assert np.array_equal(cache.file_trace(src, load).attention, direct.attention) and len(calls) == 2
     save_npz(random_trace(4, 30, 5, 0.2), src)  # the file itself changed
     assert np.array_equal(cache.file_trace(src, load).attention, load_npz(src).attention) and len(calls) == 3
+
+
+@needs_engine
+def test_prepare_says_so_only_when_it_compiles(tmp_path):
+    """``engine.prepare`` reports one note when numba compiles the policy's kernels (a fresh cache)
+    and nothing when a later process loads them from disk; a policy the engine does not replay is
+    a no-op."""
+    root = Path(__file__).resolve().parent.parent
+    script = ("import sys; from kvsim.sim import engine; seen = []; "
+              "engine.prepare('tova', lambda f, note='': seen.append((f, note))); print(seen)")
+    # and what it compiled is all a later replay or sweep of the policy calls
+    after = ("import kvsim, numpy as np; from kvsim.sim import engine; from numba.core import event; "
+             "engine.prepare('tova'); rec = event.RecordingListener(); "
+             "trace = kvsim.from_array(np.tril(np.random.default_rng(0).random((50, 50)), -1)); "
+             "ctx = event.install_listener('numba:compile', rec); ctx.__enter__(); "
+             "kvsim.replay(trace, 'tova', budget=8, record_kept=True); kvsim.sweep(trace, 'tova', 4, 'budget', range(4, 40)); "
+             "print(len(rec.buffer))")
+    env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+
+    def run(code=script):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, env=env,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip()
+
+    first = run()
+    assert first.startswith("[(None, 'compiling the tova engine (once per install") and first.count("None") == 1
+    assert run() == "[]"
+    assert run(after) == "0"
+    seen = []
+    engine.prepare("no_such_policy", lambda f, note="": seen.append(note))
+    assert seen == []

@@ -89,7 +89,7 @@ def test_a_second_process_reads_the_analyses_from_disk_and_they_equal_the_direct
     monkeypatch.setattr(features, "trace_features", refuse)
     monkeypatch.setattr(metrics, "describe", refuse)
     again = opened(kind, tmp_path)
-    assert again is not trace and "disk_stem" in again._cache
+    assert again is not trace and again.derived.disk_stem is not None
     assert analyses(again) == want
     f = features.trace_features_cached(again)
     assert type(f.heavy) is tuple and all(type(h) is tuple and len(h) == 3 for h in f.heavy)
@@ -201,8 +201,8 @@ def test_an_edited_analysis_module_is_computed_afresh(cache_dir, tmp_path, count
 
 def test_a_trace_without_a_cache_entry_never_touches_the_disk(cache_dir, counted, monkeypatch):
     trace = random_trace(200, seed=5)  # built in memory, like an upload
-    assert "disk_stem" not in trace._cache
-    monkeypatch.setattr(cache, "_atomic_write", lambda *a, **kw: pytest.fail("wrote to disk"))
+    assert trace.derived.disk_stem is None
+    monkeypatch.setattr(cache, "atomic_write", lambda *a, **kw: pytest.fail("wrote to disk"))
     want = direct(trace)
     counted.update(features=0, describe=0)
     assert analyses(trace) == want and analyses(trace) == want
@@ -215,7 +215,7 @@ def test_an_unwritable_cache_still_gives_the_analyses(cache_dir, tmp_path, count
     want = direct(trace)
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    trace._cache["disk_stem"] = blocker / "cache" / "file-small"  # mkdir under a file fails, even as root
+    trace.derived.disk_stem = blocker / "cache" / "file-small"  # mkdir under a file fails, even as root
     counted.update(features=0, describe=0)
     assert analyses(trace) == want and analyses(trace) == want
     assert counted == {"features": 2, "describe": 2}

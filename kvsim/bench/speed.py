@@ -272,7 +272,7 @@ def _card(trace: Trace, by_window: dict[int, dict], eng_s: float, cli_warm_s: fl
     """6. the card's pseudo-code in plain Python, on a sample of windows, beside the engine's rows;
     and the whole ``python -m kvsim table`` process."""
     say(f"the H2O card's pseudo-code in plain Python: {CARD_SAMPLE} of {len(WINDOWS)} windows")
-    top = engine.topk_positions(trace, 32)
+    top = trace.derived.topk(32)
     topk = [set(int(p) for p in r if p >= 0) for r in top]
     card_windows = _sample(WINDOWS, CARD_SAMPLE)
     card_times, diffs = [], []
@@ -319,7 +319,7 @@ def _scaling(trace: Trace) -> list[dict]:
     traces = {}
     for steps in SCALING_STEPS:
         t = trace if steps == trace.steps else cache.canonical_trace(canonical.CanonicalConfig(steps=steps))
-        engine.topk_positions(t, 32)  # the per-trace top-k is outside the sweep's cost model
+        t.derived.topk(32)  # the per-trace top-k is outside the sweep's cost model
         traces[steps] = t
     sizes = [(steps, budget) for steps in SCALING_STEPS for budget in SCALING_BUDGETS]
     best = dict.fromkeys(sizes, float("inf"))

@@ -59,11 +59,7 @@ def step(prefix: str, note: str, quiet: bool | None = None, after: float = PATIE
 
 
 def prepare(policies, progress: protocol.Progress | None) -> None:
-    """Compile the engine's kernels for each policy now, so the first run after installing says so
-    instead of sitting silent inside the first replay. ``kvsim.sim.engine.prepare`` is the engine's
-    own; an engine without it compiles inside the replay, as before."""
-    hook = getattr(engine, "prepare", None)
-    if hook is None:
-        return
+    """Compile the engine's kernels for each policy now (``kvsim.sim.engine.prepare``), so the first
+    run after installing says so instead of sitting silent inside the first replay."""
     for name in policies:
-        hook(name, progress)
+        engine.prepare(name, progress)

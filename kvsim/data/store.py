@@ -15,7 +15,7 @@ directory and renamed into place, the ``.json`` last, so a reader never sees hal
 that does not load with ``allow_pickle=False``, has the wrong shape or dtype, or fails its CRC is
 regenerated; if the directory cannot be written the trace is generated in memory and nothing fails.
 
-Analyses of a trace alone are kept beside its entry, under its stem: the engine's top-k positions
+Analyses of a trace alone are kept beside its entry, under its stem: its top-k positions
 (``<key>-topk<k>.npy``) and, through ``derived``, its features and ``describe``
 (``<key>-<name>-<digest>.json``, the digest covering the arguments and a hash of the analysing
 module's source, so an edited analysis is computed afresh).
@@ -27,7 +27,6 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 import zlib
 from collections.abc import Callable
 from dataclasses import asdict
@@ -37,6 +36,7 @@ from typing import TypeVar
 import numpy as np
 
 from . import canonical
+from .files import atomic_write
 from .trace import Trace
 
 V = TypeVar("V")
@@ -67,11 +67,11 @@ def canonical_trace(config: canonical.CanonicalConfig | None = None) -> Trace:
     if trace is None:
         trace = canonical.generate(config)
         _write(trace, path)
-    elif "fingerprint" not in trace._cache:  # a sidecar from before it held one: add it, once
+    elif not trace.derived.has_fingerprint:  # a sidecar from before it held one: add it, once
         _write(trace, path, meta_only=True)
     # per-trace figures that depend on the trace alone (the engine's top-k positions) may be kept on
     # disk beside it, under this stem: the trace's file name is its version and config
-    trace._cache["disk_stem"] = path.with_suffix("")
+    trace.derived.disk_stem = path.with_suffix("")
     return trace
 
 
@@ -108,7 +108,7 @@ def _read_checked(path: Path, same) -> Trace | None:
         return None
     trace = Trace(attention, name=str(record.get("name") or "trace"), meta=record["meta"])
     if isinstance(record.get("fingerprint"), str):  # of these very bytes (the CRC says so); else hashed on demand
-        trace._cache["fingerprint"] = record["fingerprint"]
+        trace.derived.set_fingerprint(record["fingerprint"])
     return trace
 
 
@@ -127,7 +127,7 @@ def file_trace(path: Path, load) -> Trace:
     if trace is None:
         trace = load(path)
         _write(trace, where, extra={"source": source, "name": trace.name})
-    trace._cache["disk_stem"] = where.with_suffix("")
+    trace.derived.disk_stem = where.with_suffix("")
     return trace
 
 
@@ -156,7 +156,7 @@ def derived(
     damaged or wrong-typed file is computed again and rewritten; a value whose record does not decode
     back to an equal value is returned but never written; an unwritable cache only costs the
     computation next time (writes are atomic, errors ignored)."""
-    stem = trace._cache.get("disk_stem")
+    stem = trace.derived.disk_stem
     if stem is None:
         return compute()
     head = {"name": name, "params": _jsonable(params), "version": version}
@@ -175,7 +175,7 @@ def derived(
         if decode(json.loads(text)["record"]) != value:  # only what reads back exactly is kept
             return value
         path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+        atomic_write(path, lambda f: f.write(text.encode("utf-8")))
     except (OSError, ValueError, TypeError, KeyError):
         pass  # unwritable, or not a JSON record: computed again next time
     return value
@@ -195,26 +195,15 @@ def _write(trace: Trace, path: Path, meta_only: bool = False, extra: dict | None
     attention = np.ascontiguousarray(trace.attention, dtype=np.float32)
     fingerprint = Trace(attention).fingerprint  # of the float32 bytes stored, whatever dtype the trace had
     if trace.attention.dtype == np.float32:  # the very bytes stored: no second hash when it is asked for
-        trace._cache["fingerprint"] = fingerprint
+        trace.derived.set_fingerprint(fingerprint)
     record = {"meta": trace.meta, "crc32": zlib.crc32(attention), "fingerprint": fingerprint, **(extra or {})}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not meta_only:
-            _atomic_write(path, lambda f: np.save(f, attention, allow_pickle=False))
-        _atomic_write(path.with_suffix(".json"), lambda f: f.write(json.dumps(record).encode("utf-8")))
+            atomic_write(path, lambda f: np.save(f, attention, allow_pickle=False))
+        atomic_write(path.with_suffix(".json"), lambda f: f.write(json.dumps(record).encode("utf-8")))
     except OSError:
         pass
-
-
-def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _jsonable(value):

@@ -9,7 +9,6 @@ the diagonal are ignored on load and stored as zeros.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import zipfile
 import zlib
@@ -17,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from .derived import TraceStore
+from .files import atomic_write
 
 #: dtypes the interchange format may carry the attention in
 ATTENTION_DTYPES = (np.float16, np.float32, np.float64)
@@ -39,7 +41,11 @@ class Trace:
     attention: np.ndarray
     name: str = "trace"
     meta: dict = field(default_factory=dict)
-    _cache: dict = field(default_factory=dict, repr=False)
+    #: what is derived from the attention alone, computed once (``kvsim.data.derived``)
+    derived: TraceStore = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.derived = TraceStore(self.attention)
 
     @property
     def steps(self) -> int:
@@ -47,42 +53,13 @@ class Trace:
 
     @property
     def fingerprint(self) -> str:
-        """A digest of the attention's bytes: what caches key a trace by (equal data, equal key),
-        computed once per trace (about 0.1 s for 4096 steps)."""
-        if "fingerprint" not in self._cache:
-            A = np.ascontiguousarray(self.attention)
-            digest = hashlib.blake2b(str((A.shape, A.dtype.str)).encode(), digest_size=16)
-            digest.update(A.data)
-            self._cache["fingerprint"] = digest.hexdigest()
-        return self._cache["fingerprint"]
+        """A digest of the attention's bytes: what caches key a trace by (``TraceStore.fingerprint``)."""
+        return self.derived.fingerprint
 
     def topk_mask(self, k: int) -> np.ndarray:
-        """uint8 ``(T + 1, T + 1)``: 1 where p is among the k largest weights of row t (lower
-        position first on ties). Depends on the trace alone, so computed once and cached."""
-        key = ("topk", k)
-        if key not in self._cache:
-            self._cache[key] = topk_mask(self.attention, k)
-        return self._cache[key]
-
-
-def topk_mask(attention: np.ndarray, k: int) -> np.ndarray:
-    if k < 1:
-        raise ValueError(f"top_k must be at least 1, got {k}")
-    n = attention.shape[0]
-    mask = np.zeros((n, n), dtype=np.uint8)
-    for t in range(1, n):
-        row = attention[t, :t]
-        if t <= k:
-            mask[t, :t] = 1
-            continue
-        # k-th largest value; everything above it is in, ties at it fill up from the lowest position
-        kth = np.partition(row, t - k)[t - k]
-        above = row > kth
-        need = k - int(above.sum())
-        tied = np.flatnonzero(row == kth)[:need]
-        mask[t, :t] = above
-        mask[t, tied] = 1
-    return mask
+        """uint8 ``(T + 1, T + 1)``: 1 where p is among the k largest weights of row t
+        (``TraceStore.topk_mask``)."""
+        return self.derived.topk_mask(k)
 
 
 def from_array(attention: np.ndarray, name: str = "trace", meta: dict | None = None, *, source: str = "array") -> Trace:
@@ -323,8 +300,6 @@ def save_npz(trace: Trace, path: str | Path, dtype=np.float32, *, packed: bool =
     (``attention_packed`` + ``steps``), which with ``dtype=np.float16`` is a quarter of the float32
     interchange file before compression. Both load with ``load_npz``.
     """
-    path = Path(path)
-    tmp = path.with_name(path.name + ".part")
     meta = {"name": trace.name, **trace.meta}
     if packed:
         arrays = {
@@ -333,6 +308,4 @@ def save_npz(trace: Trace, path: str | Path, dtype=np.float32, *, packed: bool =
         }
     else:
         arrays = {FULL_KEY: trace.attention.astype(dtype)}
-    with open(tmp, "wb") as f:
-        np.savez_compressed(f, **arrays, meta=np.array(json.dumps(meta)))
-    tmp.replace(path)
+    atomic_write(Path(path), lambda f: np.savez_compressed(f, **arrays, meta=np.array(json.dumps(meta))))

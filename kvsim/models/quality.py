@@ -41,7 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.store import _atomic_write, cache_dir
+from ..data.files import atomic_write
+from ..data.store import cache_dir
 from ..data.trace import Trace, from_array
 from ..policies import POLICIES, make_policy
 from ..progress import Progress, scaled, stderr
@@ -391,7 +392,7 @@ def _write_cached(key: dict, result: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         blob = json.dumps({"key": key, "result": result}).encode("utf-8")
-        _atomic_write(path, lambda f: f.write(blob))
+        atomic_write(path, lambda f: f.write(blob))
     except OSError:
         pass  # an unwritable cache costs a measurement next time, nothing else
 

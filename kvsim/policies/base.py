@@ -9,12 +9,18 @@ information"), then ``evict(budget)``, which returns the victims in ascending po
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
 DEFAULT_BUDGET = 256
+
+
+class ContractError(AssertionError):
+    """A policy broke the victims contract (docs/domain.md, "The harness"), or holds a schedule
+    that would (an offline reference's, from a damaged cache)."""
 
 
 class ParamError(ValueError):
@@ -101,6 +107,14 @@ class Policy:
         value, read from the attribute of the same name."""
         return {p.name: getattr(self, p.name) for p in self.tunables}
 
+    @classmethod
+    def engine_inputs(cls, policies: Sequence[Policy], steps: int) -> dict[str, np.ndarray]:
+        """What the fast engine (``kvsim.sim.engine``) reads from ``policies``, configurations of
+        this class built on one trace of ``steps`` steps, to replay them all in one pass: arrays
+        named after the keyword arguments of the policy's runner there (h2o's ``windows``, one
+        recent window per configuration). A policy without engine inputs has none."""
+        return {}
+
     @property
     def kept(self) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -123,6 +137,11 @@ def describe_policy(cls: type[Policy]) -> str:
     doc = cls.__doc__ or getattr(sys.modules.get(cls.__module__), "__doc__", None) or ""
     first = " ".join(doc.strip().split("\n\n")[0].split())
     return first.split(". ")[0].rstrip(".") if first else cls.name
+
+
+def per_config(values) -> np.ndarray:
+    """One int64 per configuration: the shape ``engine_inputs`` gives a parameter in."""
+    return np.fromiter(values, dtype=np.int64)
 
 
 class SlotPolicy(Policy):

@@ -52,6 +52,11 @@ class GreedyFuture(SlotPolicy):
             self._suffix[c] = self._suffix[c + 1] + rows.sum(axis=0)
         self._step = 0
 
+    @classmethod
+    def engine_inputs(cls, policies, steps):
+        """The block suffix sums: one trace, so the first configuration's serve them all."""
+        return {"suffix": np.ascontiguousarray(policies[0]._suffix)}
+
     def future_attention(self, positions: np.ndarray, after: int) -> np.ndarray:
         """Sum of the trace's weights on ``positions`` over rows ``after + 1 .. T`` (float64)."""
         positions = np.asarray(positions, dtype=np.int64)

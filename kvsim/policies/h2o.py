@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import DEFAULT_BUDGET, Param, SlotPolicy
+from .base import DEFAULT_BUDGET, Param, SlotPolicy, per_config
 
 #: shared with the policies that protect the newest positions the same way (scissorhands)
 RECENT_WINDOW = Param(
@@ -39,6 +39,10 @@ class H2O(SlotPolicy):
         super().__init__(budget, rng)
         self.recent_window = RECENT_WINDOW.check(recent_window, self.budget)
         self._score = np.zeros(self.budget + 1, dtype=np.float64)  # position 0 starts at 0
+
+    @classmethod
+    def engine_inputs(cls, policies, steps):
+        return {"windows": per_config(p.recent_window for p in policies)}
 
     def _slot_arrays(self) -> list[np.ndarray]:
         return [self._score]

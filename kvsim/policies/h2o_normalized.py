@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import DEFAULT_BUDGET, SlotPolicy
+from .base import DEFAULT_BUDGET, SlotPolicy, per_config
 from .h2o import RECENT_WINDOW
 
 
@@ -40,6 +40,10 @@ class H2ONormalized(SlotPolicy):
         self.recent_window = RECENT_WINDOW.check(recent_window, self.budget)
         self._sum = np.zeros(self.budget + 1, dtype=np.float64)
         self._count = np.zeros(self.budget + 1, dtype=np.int64)  # steps shown to a query since admission
+
+    @classmethod
+    def engine_inputs(cls, policies, steps):
+        return {"windows": per_config(p.recent_window for p in policies)}
 
     def _slot_arrays(self) -> list[np.ndarray]:
         return [self._sum, self._count]

@@ -58,9 +58,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.files import atomic_write
+from ..data.store import cache_dir
 from ..data.trace import Trace
 from ..jit import kernel
-from .base import DEFAULT_BUDGET, Policy, check_budget
+from .base import DEFAULT_BUDGET, ContractError, Policy, check_budget
 
 #: bump when the solver's output for a given trace and budget could change (invalidates the cache)
 SOLVER_VERSION = 1
@@ -204,20 +206,13 @@ class OptimalSchedule:
         return out
 
 
-def _attention(trace: Trace) -> np.ndarray:
-    A = trace.attention
-    if A.dtype not in (np.float32, np.float64):
-        A = A.astype(np.float32)
-    return np.ascontiguousarray(A)
-
-
 def solve(trace: Trace, budget: int, progress: Callable[[float], None] | None = None) -> OptimalSchedule:
     """The optimal schedule of ``trace`` at ``budget``, computed now (no cache). ``progress(fraction)``
     is called with the share of the evicting steps done, between chunks of steps (the package's one
     progress signature)."""
     budget = check_budget(budget)
     start = time.perf_counter()
-    A = _attention(trace)
+    A = trace.derived.kernel_attention()
     T = trace.steps
     n = T + 1
     first = budget  # the first step that evicts
@@ -252,6 +247,13 @@ def solve(trace: Trace, budget: int, progress: Callable[[float], None] | None = 
                            time.perf_counter() - start, visited)
 
 
+def _legal(victims: np.ndarray, budget: int) -> bool:
+    """Whether ``victims`` (one per step ``budget ..``) is a legal schedule: each victim a position
+    already admitted at its step, none evicted twice."""
+    steps = np.arange(budget, budget + victims.size)
+    return not victims.size or bool(victims.min() >= 0 and np.all(victims <= steps) and np.unique(victims).size == victims.size)
+
+
 def _column_totals(A: np.ndarray) -> np.ndarray:
     """Per position p, the attention rows p + 1 .. T put on it (float64)."""
     return np.tril(A.astype(np.float64), -1).sum(axis=0)
@@ -266,7 +268,7 @@ def certify(trace: Trace, schedule: OptimalSchedule) -> float:
     reduced cost ``R[t, p] - u[t] - w[p]`` is non-negative up to rounding. By weak duality every
     legal schedule forfeits at least ``sum(u) + sum(w) - rows * max(0, -min reduced cost)``.
     Raises ``ValueError`` naming what fails."""
-    A = _attention(trace)
+    A = trace.derived.kernel_attention()
     T, B = trace.steps, schedule.budget
     if schedule.steps != T:
         raise ValueError(f"certificate: schedule is for {schedule.steps} steps, trace has {T}")
@@ -274,7 +276,7 @@ def certify(trace: Trace, schedule: OptimalSchedule) -> float:
     v = np.asarray(schedule.victims, dtype=np.int64)
     if v.shape != steps.shape:
         raise ValueError(f"certificate: {v.size} victims for {steps.size} evicting steps")
-    if v.size and (v.min() < 0 or np.any(v > steps) or np.unique(v).size != v.size):
+    if not _legal(v, B):
         raise ValueError("certificate: victims are not a legal schedule (a victim after its step, or evicted twice)")
     n = T + 1
     first = min(B, n)
@@ -305,8 +307,6 @@ def certify(trace: Trace, schedule: OptimalSchedule) -> float:
 
 
 def cache_file(trace: Trace, budget: int) -> Path:
-    from ..data.store import cache_dir
-
     return cache_dir() / f"optimal-v{SOLVER_VERSION}-{trace.fingerprint}-b{budget}.npz"
 
 
@@ -335,11 +335,9 @@ def _load(path: Path, steps: int, budget: int) -> OptimalSchedule | None:
 
 
 def _save(path: Path, s: OptimalSchedule) -> None:
-    from ..data.store import _atomic_write
-
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(path, lambda f: np.savez(f, victims=s.victims, u=s.u, w=s.w, objective=np.float64(s.objective),
+        atomic_write(path, lambda f: np.savez(f, victims=s.victims, u=s.u, w=s.w, objective=np.float64(s.objective),
                                                steps=np.int64(s.steps), budget=np.int64(s.budget)))
     except OSError:  # an unwritable cache costs a re-solve next time, nothing else
         pass
@@ -394,6 +392,22 @@ class Optimal(Policy):
         self._steps = trace.steps
         self._kept = np.zeros(1, dtype=np.int64)
         self._step = 0
+
+    @classmethod
+    def engine_inputs(cls, policies, steps):
+        """The schedules, as ``plan[c, t - 1]``: the position step t evicts (-1 before ``budget``),
+        solved or read from the disk cache as the reference does on its first eviction. A schedule
+        that is not legal (only a damaged cache could hold one) is refused as the reference's
+        victims check would refuse it."""
+        plan = np.full((len(policies), steps), -1, dtype=np.int64)
+        for c, p in enumerate(policies):
+            if p.budget > steps:  # never evicts: the reference never asks for the schedule either
+                continue
+            v = p.schedule.victims
+            if v.shape != (steps - p.budget + 1,) or not _legal(v, p.budget):
+                raise ContractError(f"{p!r}: its schedule is not a legal eviction schedule for this trace")
+            plan[c, p.budget - 1 :] = v
+        return {"plan": plan}
 
     @property
     def schedule(self) -> OptimalSchedule:

@@ -31,6 +31,24 @@ class RandomEviction(SlotPolicy):
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:
         super().__init__(budget, np.random.default_rng(DEFAULT_SEED) if rng is None else rng)
 
+    @classmethod
+    def engine_inputs(cls, policies, steps):
+        """Each configuration's victims, drawn before the replay with the very calls ``evict`` makes,
+        in the same order: the draws depend on the cache's length only, which is
+        ``min(t, budget) + 1`` after admitting t, so step t >= budget draws one slot of
+        ``budget + 1`` (kept order). ``plan[c, t - 1]`` is that slot (-1 where nothing is evicted);
+        each generator is left where the reference leaves it."""
+        plan = np.full((len(policies), steps), -1, dtype=np.int64)
+        for c, p in enumerate(policies):
+            for t in range(p.budget, steps + 1):
+                plan[c, t - 1] = p._draw(p.budget + 1, 1)[0]
+        return {"plan": plan}
+
+    def _draw(self, held: int, n_evict: int) -> np.ndarray:
+        """The slots (kept order) of ``n_evict`` victims among ``held``: one uniform sample without
+        replacement from the policy's generator."""
+        return self.rng.choice(held, size=n_evict, replace=False)
+
     def on_decode_step(self, pos: int, attn: np.ndarray | None) -> None:
         self._step_attention(None)  # the free-slot check only: attention is never read
         self._admit(pos)
@@ -40,5 +58,5 @@ class RandomEviction(SlotPolicy):
         if n_evict <= 0:
             return []
         values = np.ones(self._len)
-        values[self.rng.choice(self._len, size=n_evict, replace=False)] = 0.0  # the chosen go first
+        values[self._draw(self._len, n_evict)] = 0.0  # the chosen go first
         return self._evict_lowest(budget, values)

@@ -1,17 +1,13 @@
 """The one registry of eviction policies. The CLI, the app and the contract tests all read it.
 
-``make_policy`` builds any of them from (name, budget, params, trace): an offline reference that
-reads the whole trace is handed it here and nowhere else. ``tunables`` lists each policy's integer
-parameters with their defaults and bounds, which is what the CLI's flags and the app's controls
-are made from.
+``tunables`` lists each policy's integer parameters with their defaults and bounds, which is what
+the CLI's flags and the app's controls are made from; ``kvsim.policies.spec`` validates a choice of
+them once (``PolicySpec``) and builds the policy from it (``make_policy``).
 """
 
 from __future__ import annotations
 
-import numpy as np
-
-from ..data.trace import Trace
-from .base import DEFAULT_BUDGET, Param, Policy
+from .base import Param, Policy
 from .greedy_future import GreedyFuture
 from .h2o import H2O
 from .h2o_normalized import H2ONormalized
@@ -56,28 +52,3 @@ def all_tunables() -> dict[str, Param]:
         for p in cls.tunables:
             out.setdefault(p.name, p)
     return out
-
-
-def make_policy(
-    name: str,
-    budget: int = DEFAULT_BUDGET,
-    rng: np.random.Generator | None = None,
-    *,
-    trace: Trace | None = None,
-    **params,
-) -> Policy:
-    """Build a policy by registry name, e.g. ``make_policy("h2o", budget=256, recent_window=64)``.
-
-    ``trace`` is passed on to the offline references that read it (``needs_trace``) and ignored by
-    every other policy, so a caller can always give it."""
-    cls = policy_class(name)
-    accepted = policy_params(name)
-    unknown = sorted(set(params) - set(accepted))
-    if unknown:
-        raise ValueError(
-            f"{name} does not take parameter(s) {', '.join(unknown)}; "
-            f"it takes: {', '.join(accepted) or 'none beyond budget'}"
-        )
-    if cls.needs_trace:
-        params = {**params, "trace": trace}
-    return cls(budget=budget, rng=rng, **params)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import DEFAULT_BUDGET, Param, SlotPolicy
+from .base import DEFAULT_BUDGET, Param, SlotPolicy, per_config
 from .h2o import RECENT_WINDOW
 
 HISTORY_WINDOW = Param("history_window", 0, "votes of the last history_window observed steps count (0: the whole run)")
@@ -61,6 +61,11 @@ class Scissorhands(SlotPolicy):
         # indexed by observed step), so the vote that leaves the window can be taken back
         self._ring = np.zeros((self.budget + 1, self.history_window), dtype=bool) if self.history_window else None
         self._observed = 0  # steps with attention so far: the ring's clock
+
+    @classmethod
+    def engine_inputs(cls, policies, steps):
+        return {"windows": per_config(p.recent_window for p in policies),
+                "histories": per_config(p.history_window for p in policies)}
 
     def _slot_arrays(self) -> list[np.ndarray]:
         return [self._count] if self._ring is None else [self._count, self._ring]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import DEFAULT_BUDGET, Param, SlotPolicy
+from .base import DEFAULT_BUDGET, Param, SlotPolicy, per_config
 from .h2o import RECENT_WINDOW
 
 OBSERVATION_WINDOW = Param("observation_window", 32, "the score is the attention of the last observation_window queries")
@@ -54,6 +54,11 @@ class SnapKV(SlotPolicy):
         self._ring = np.zeros((self.budget + 1, w), dtype=np.float64) if w else None
         self._sum = np.zeros(self.budget + 1, dtype=np.float64) if not w else None
         self._observed = 0  # steps with attention so far: the ring's clock
+
+    @classmethod
+    def engine_inputs(cls, policies, steps):
+        return {"windows": per_config(p.recent_window for p in policies),
+                "obs_windows": per_config(p.observation_window for p in policies)}
 
     def _slot_arrays(self) -> list[np.ndarray]:
         return [self._ring] if self._ring is not None else [self._sum]

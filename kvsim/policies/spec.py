@@ -68,3 +68,13 @@ class PolicySpec:
     def label(self) -> str:
         """``h2o recent_window=32`` (the budget is said apart, where a view shows it)."""
         return " ".join([self.name, *(f"{k}={v}" for k, v in self.params)])
+
+
+def make_policy(name: str, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None, *, trace=None,
+                **params) -> Policy:
+    """Build a policy by registry name, e.g. ``make_policy("h2o", budget=256, recent_window=64)``:
+    ``PolicySpec.of(...).build(trace, rng)``, so a bad value fails with the spec's message.
+
+    ``trace`` is passed on to the offline references that read it (``needs_trace``) and ignored by
+    every other policy, so a caller can always give it."""
+    return PolicySpec.of(name, budget, **params).build(trace, rng)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import DEFAULT_BUDGET, Param, Policy
+from .base import DEFAULT_BUDGET, Param, Policy, per_config
 
 SINKS = Param("sinks", 4, "the first sinks positions are pinned forever", below_budget=True)
 
@@ -27,6 +27,10 @@ class StreamingLLM(Policy):
     ) -> None:
         super().__init__(budget, rng)
         self._init_ring(SINKS.check(sinks, self.budget))
+
+    @classmethod
+    def engine_inputs(cls, policies, steps):
+        return {"sinks": per_config(p.sinks for p in policies)}  # sliding_window's are 0
 
     def _init_ring(self, sinks: int) -> None:
         self.sinks = sinks

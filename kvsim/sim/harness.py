@@ -18,13 +18,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..data.trace import Trace
-from ..policies import Policy
+from ..policies import Policy, PolicySpec
+from ..policies.base import ContractError
+from ..progress import Progress
 
 DEFAULT_TOP_K = 32
-
-
-class ContractError(AssertionError):
-    """A policy broke the victims contract (docs/domain.md, "The harness")."""
 
 
 @dataclass(eq=False)
@@ -40,6 +38,9 @@ class ReplayResult:
     score_history: np.ndarray | None = None  # float64 (T, budget + 1), scores before eviction
     score_positions: np.ndarray | None = None  # int32 (T, budget + 1), positions of those scores
     victims_history: list = field(default_factory=list)
+    #: what was replayed, as one validated value (None when a built policy was handed in: it may be
+    #: one the registry does not know); ``policy``, ``budget`` and ``params`` say the same in plain terms
+    spec: PolicySpec | None = None
 
     @property
     def retained_mass(self) -> float:
@@ -144,9 +145,11 @@ def replay_reference(
     record_kept: bool = False,
     record_scores: bool = False,
     record_victims: bool = False,
-    progress=None,
+    progress: Progress | None = None,
+    spec: PolicySpec | None = None,
 ) -> ReplayResult:
-    """Replay ``trace`` through a built ``policy`` on the reference path: ``steps``, totalled."""
+    """Replay ``trace`` through a built ``policy`` on the reference path: ``steps``, totalled
+    (``spec``: what it was built from, carried by the result)."""
     if top_k < 1:
         raise ValueError(f"top_k must be at least 1, got {top_k}")
     budget = policy.budget if budget is None else budget
@@ -184,6 +187,7 @@ def replay_reference(
         score_history=score_hist,
         score_positions=score_pos,
         victims_history=victims_hist,
+        spec=spec,
     )
 
 

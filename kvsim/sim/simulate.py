@@ -1,26 +1,27 @@
 """``replay`` and ``sweep``: the one entry point for each, used by the app, the CLI and the table.
 
-Both build their policies through the registry (so a bad parameter fails before any work, with a
-``ValueError`` naming it) and then take the fast engine where it covers the policy
-(``kvsim.sim.engine.FAST``) and the reference harness (``kvsim.sim.harness``) otherwise: same results, bit
-for bit. ``progress(fraction_done)`` is the one progress signature, a float in 0..1.
+Both take what to replay as a ``PolicySpec`` or as a registry name with ``budget`` and parameters,
+from which they make the spec once (so a bad parameter fails before any work, with a
+``ValueError`` naming it) and the policy from the spec once. They then take the fast engine where
+it covers the policy (``kvsim.sim.engine.FAST``) and the reference harness (``kvsim.sim.harness``)
+otherwise: same results, bit for bit. Progress is ``kvsim.progress``'s protocol; these report the
+fraction done.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from ..data.trace import Trace
-from ..policies import DEFAULT_BUDGET, Policy, make_policy, policy_params
+from ..policies import DEFAULT_BUDGET, Policy, PolicySpec, policy_params
+from ..progress import Progress
 from . import engine
 from .harness import DEFAULT_TOP_K, ReplayResult, replay_reference
-
-Progress = Callable[[float], None]
 
 
 def replay(
     trace: Trace,
-    policy: Policy | str,
+    policy: Policy | PolicySpec | str,
     *,
     budget: int | None = None,
     top_k: int = DEFAULT_TOP_K,
@@ -31,30 +32,30 @@ def replay(
     progress: Progress | None = None,
     **params,
 ) -> ReplayResult:
-    """Replay ``trace`` through ``policy``: a registry name with ``budget`` (default 512) and its
-    parameters, or a built instance (always the reference harness, which steps that very object).
-    ``reference=True`` forces the reference harness for a name too."""
+    """Replay ``trace`` through ``policy``: a ``PolicySpec``, a registry name with ``budget``
+    (default ``DEFAULT_BUDGET``) and its parameters, or a built instance (always the reference
+    harness, which steps that very object). ``reference=True`` forces the reference harness for a
+    spec or a name too. The result carries the spec (``ReplayResult.spec``)."""
+    kw = dict(top_k=top_k, record_kept=record_kept, record_scores=record_scores, record_victims=record_victims,
+              progress=progress)
     if isinstance(policy, Policy):
         if params:
             raise ValueError("params are only accepted with a policy name")
-        return replay_reference(trace, policy, budget, top_k=top_k, record_kept=record_kept,
-                                record_scores=record_scores, record_victims=record_victims, progress=progress)
-    built = make_policy(policy, budget=DEFAULT_BUDGET if budget is None else budget, trace=trace, **params)
-    if top_k < 1:
-        raise ValueError(f"top_k must be at least 1, got {top_k}")
-    kw = dict(top_k=top_k, record_kept=record_kept, record_scores=record_scores, record_victims=record_victims,
-              progress=progress)
-    if not reference and engine.covers(trace, built.name):
-        return engine.replay(trace, built, **kw)
-    return replay_reference(trace, built, **kw)
+        return replay_reference(trace, policy, budget, **kw)
+    spec = _spec(policy, budget, params)
+    _check_top_k(top_k)
+    built = spec.build(trace)
+    if not reference and engine.covers(trace, spec.name):
+        return engine.replay(trace, built, spec=spec, **kw)
+    return replay_reference(trace, built, spec=spec, **kw)
 
 
 def sweep(
     trace: Trace,
-    policy: str,
-    budget: int,
-    param: str | None,
-    values: Iterable[int],
+    policy: PolicySpec | str,
+    budget: int | None = None,
+    param: str | None = None,
+    values: Iterable[int] = (),
     *,
     top_k: int = DEFAULT_TOP_K,
     reference: bool = False,
@@ -62,19 +63,19 @@ def sweep(
     **params,
 ) -> list[dict]:
     """One ``ReplayResult.summary()`` per value of ``param`` (a policy parameter, or ``"budget"``),
-    in the order of ``values``, the other parameters at ``params`` or their defaults; ``param=None``
-    replays the one configuration. Every value is checked (by building its policy) before any
-    replay, so a bad value fails at once rather than after minutes of work.
+    in the order of ``values``, the other parameters those of the spec ``policy``, or of ``params``
+    (their defaults where left out) with a name; ``param=None`` replays the one configuration. Every
+    value's spec is made (and so checked) before any replay, so a bad value fails at once rather
+    than after minutes of work.
 
     Where the engine covers the policy every configuration advances together, one pass over the
     trace per batch; otherwise each is a reference replay."""
-    configs = _configs(policy, budget, param, values, params)
-    if top_k < 1:
-        raise ValueError(f"top_k must be at least 1, got {top_k}")
-    built = [make_policy(policy, budget=b, trace=trace, **p) for b, p in configs]
-    if not reference and engine.covers(trace, policy):
+    specs = _specs(policy, budget, param, values, params)
+    _check_top_k(top_k)
+    built = [s.build(trace) for s in specs]
+    if not reference and engine.covers(trace, specs[0].name):
         series = engine.sweep(trace, built, top_k=top_k, progress=progress)
-        return [_summary(b, trace, top_k, mass, recall) for b, (mass, recall) in zip(built, series, strict=True)]
+        return [_summary(s, trace, top_k, mass, recall) for s, (mass, recall) in zip(specs, series, strict=True)]
     out = []
     for i, b in enumerate(built):
         out.append(replay_reference(trace, b, top_k=top_k).summary())
@@ -139,22 +140,41 @@ def best(rows: list[dict], metric: str = "retained_mass") -> dict:
     return max(rows, key=lambda r: r[metric])  # max keeps the first of equal keys
 
 
-def _summary(policy: Policy, trace: Trace, top_k: int, mass, recall) -> dict:
-    return ReplayResult(policy.name, policy.budget, dict(policy.params), trace.steps, top_k, mass, recall).summary()
+def _check_top_k(top_k: int) -> None:
+    if top_k < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k}")
 
 
-def _configs(policy: str, budget: int, param: str | None, values, params: dict) -> list[tuple[int, dict]]:
-    """The (budget, params) of each configuration a sweep replays."""
+def _spec(policy: PolicySpec | str, budget: int | None, params: dict) -> PolicySpec:
+    """The spec a replay was asked for: the one given, or one made from a name."""
+    if isinstance(policy, PolicySpec):
+        if budget is not None or params:
+            raise ValueError("budget and params are only accepted with a policy name; a PolicySpec carries its own")
+        return policy
+    return PolicySpec.of(policy, DEFAULT_BUDGET if budget is None else budget, **params)
+
+
+def _summary(spec: PolicySpec, trace: Trace, top_k: int, mass, recall) -> dict:
+    return ReplayResult(spec.name, spec.budget, spec.kwargs, trace.steps, top_k, mass, recall).summary()
+
+
+def _specs(policy: PolicySpec | str, budget: int | None, param: str | None, values, params: dict) -> list[PolicySpec]:
+    """The spec of each configuration a sweep replays (a spec's own values, or a name's ``params``,
+    with ``param`` at each of ``values``)."""
     if param is None:
-        return [(budget, dict(params))]
+        return [_spec(policy, budget, params)]
     values = list(values)
     if not values:
         raise ValueError(f"sweep over {param} needs at least one value")
+    if isinstance(policy, PolicySpec):
+        base = _spec(policy, budget, params)
+        return [base.replace(budget=v) if param == "budget" else base.replace(**{param: v}) for v in values]
     if param == "budget":
-        return [(v, dict(params)) for v in values]
+        return [PolicySpec.of(policy, v, **params) for v in values]
     if param in params:
         raise ValueError(f"{param} is both swept and fixed")
     accepted = policy_params(policy)
     if param not in accepted:
         raise ValueError(f"{policy} does not take parameter {param}; it takes: {', '.join(accepted) or 'none beyond budget'}")
-    return [(budget, {**params, param: v}) for v in values]
+    budget = DEFAULT_BUDGET if budget is None else budget
+    return [PolicySpec.of(policy, budget, **{**params, param: v}) for v in values]
