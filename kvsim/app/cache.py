@@ -26,7 +26,7 @@ BY_TRACE = {kvsim.Trace: lambda trace: trace.fingerprint}
 
 def replay(trace: kvsim.Trace, spec: PolicySpec, **record) -> kvsim.ReplayResult:
     """The one way the app replays: the spec's policy, budget and parameters, at the app's top_k."""
-    return kvsim.replay(trace, spec.name, budget=spec.budget, top_k=TOP_K, **record, **spec.kwargs)
+    return kvsim.replay(trace, spec, top_k=TOP_K, **record)
 
 
 @st.cache_resource(max_entries=4, show_spinner="loading the trace")
