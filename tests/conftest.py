@@ -2,28 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from random_traces import random_trace
 
 import kvsim
 from kvsim.data.catalog import resolve_trace
-
-
-def random_trace(steps: int, seed: int = 0, ties: bool = False, name: str = "random") -> kvsim.Trace:
-    """A valid trace of ``steps`` steps. ``ties=True`` draws small integer weights (zeros and
-    exact ties everywhere), which is what exercises the lower-position-first rules."""
-    rng = np.random.default_rng(seed)
-    n = steps + 1
-    if ties:
-        # mostly zeros, the rest 1 or 2: many positions share a score exactly
-        a = np.tril(rng.choice([0.0, 0.0, 0.0, 1.0, 2.0], size=(n, n)), k=-1)
-        empty = np.flatnonzero(a.sum(axis=1) == 0)[1:]
-        a[empty, empty - 1] = 1.0  # a row must have some weight: put it on the newest position
-    else:
-        # heavy-tailed rows, like attention: a few large weights and a long thin tail
-        a = np.tril(rng.gamma(0.3, size=(n, n)) + 1e-6, k=-1)
-        a[np.arange(1, n), np.arange(n - 1)] += 1.0  # and most of it on the newest position
-    return kvsim.from_array(a, name=name)
 
 
 def policy_args(name: str, budget: int, trace: kvsim.Trace | None = None, **params) -> dict:

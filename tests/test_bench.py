@@ -4,7 +4,7 @@ reference computes, or the speed-up it is measured against means nothing. Not ti
 from __future__ import annotations
 
 import pytest
-from conftest import random_trace
+from random_traces import random_trace
 
 from kvsim import replay
 from kvsim.bench import speed as bench

@@ -11,17 +11,19 @@ import inspect
 import json
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from random_traces import random_trace
 
 import kvsim
 from kvsim.data import canonical, derived
 from kvsim.data import store as cache
-from kvsim.data.trace import Trace, from_array, load_npz, save_npz
+from kvsim.data.trace import Trace, load_npz, save_npz
 from kvsim.sim import engine
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -30,38 +32,15 @@ needs_engine = pytest.mark.skipif(
 )
 
 
-def random_trace(seed: int, steps: int, levels: int, zero_share: float) -> Trace:
-    """A trace whose weights take only ``levels`` distinct values before normalisation (so rows
-    and cumulative scores tie exactly), with a share of exact zeros."""
-    rng = np.random.default_rng(seed)
-    n = steps + 1
-    a = rng.integers(1, levels + 1, size=(n, n)).astype(np.float64)
-    a[rng.random((n, n)) < zero_share] = 0.0
-    for t in range(1, n):  # from_array refuses an all-zero row; keep one weight
-        if a[t, :t].sum() == 0:
-            a[t, rng.integers(0, t)] = 1.0
-    return from_array(np.tril(a, -1), name=f"random-{seed}")
-
-
-def heavy_tailed_trace(seed: int, steps: int, zero_share: float) -> Trace:
-    """Real-valued weights with a heavy tail (few large, many tiny) and a share of exact zeros, so
-    the kept part of a row is often all but empty: the other corner of the engine's arithmetic."""
-    rng = np.random.default_rng(seed)
-    a = rng.exponential(size=(steps + 1, steps + 1)) ** 3
-    a[rng.random(a.shape) < zero_share] = 0.0
-    a[np.arange(1, steps + 1), 0] += 1e-3
-    return from_array(np.tril(a, -1), name=f"heavy-{seed}")
-
-
 traces = st.one_of(
     st.builds(
-        random_trace,
+        partial(random_trace, shape="levels"),
         seed=st.integers(0, 2**32 - 1),
         steps=st.integers(1, 80),
         levels=st.sampled_from([1, 2, 3, 1000]),
         zero_share=st.sampled_from([0.0, 0.3, 0.9]),
     ),
-    st.builds(heavy_tailed_trace, seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 40),
+    st.builds(partial(random_trace, shape="heavy"), seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 40),
               zero_share=st.sampled_from([0.0, 0.5, 0.95])),
 )
 
@@ -152,7 +131,7 @@ def test_engine_budget_sweeps_match_the_reference(name, trace, data):
 def test_random_draws_from_the_generator_it_is_given():
     """random's victims come from the generator handed to make_policy, drawn with the reference's
     own calls: same victims for the same seed, and the generator left where the reference leaves it."""
-    trace = random_trace(3, 60, 2, 0.3)
+    trace = random_trace(60, 3, shape="levels", levels=2, zero_share=0.3)
     for budget in (1, 7, 30):
         fast, ref = (kvsim.make_policy("random", budget=budget, rng=np.random.default_rng(11)) for _ in range(2))
         got = engine.replay(trace, fast, top_k=32, record_kept=True, record_victims=True)
@@ -169,7 +148,7 @@ def test_random_draws_from_the_generator_it_is_given():
 def test_every_engine_policy_gives_what_its_runner_takes(name):
     """A policy's ``engine_inputs`` names exactly the keyword arguments of its runner, one row per
     configuration where the input is per configuration."""
-    trace = random_trace(2, 30, 3, 0.3)
+    trace = random_trace(30, 2, shape="levels", levels=3, zero_share=0.3)
     budgets = [4, 9]
     built = [kvsim.make_policy(name, budget=b, trace=trace, **{p.name: 1 for p in kvsim.tunables(name)}) for b in budgets]
     inputs = type(built[0]).engine_inputs(built, trace.steps)
@@ -188,7 +167,7 @@ def test_optimal_refuses_an_illegal_schedule(monkeypatch):
     from kvsim.policies import optimal
     from kvsim.sim.harness import ContractError
 
-    trace = random_trace(5, 30, 3, 0.0)
+    trace = random_trace(30, 5, shape="levels", levels=3, zero_share=0.0)
     good = optimal.solve(trace, 10)
     bad = optimal.OptimalSchedule(good.steps, good.budget, np.full_like(good.victims, good.victims[0]),
                                   good.objective, good.u, good.w)
@@ -283,7 +262,7 @@ def test_topk_positions_match_the_mask(canonical_trace):
 
 @needs_engine
 def test_sweep_batches_progress_and_fallback(monkeypatch):
-    trace = random_trace(7, 40, 3, 0.3)
+    trace = random_trace(40, 7, shape="levels", levels=3, zero_share=0.3)
     seen = []
     monkeypatch.setattr(engine, "_BATCH", 3)  # 8 values: three passes, the last one short
     fast = kvsim.sweep(trace, "h2o", 8, "recent_window", range(8), progress=seen.append)
@@ -305,7 +284,7 @@ def test_sweep_batches_progress_and_fallback(monkeypatch):
 def test_sweep_refuses_bad_values(use_engine, monkeypatch):
     if not use_engine:
         monkeypatch.setattr(engine, "FAST", {})
-    trace = random_trace(1, 20, 3, 0.0)
+    trace = random_trace(20, 1, shape="levels", levels=3, zero_share=0.0)
     with pytest.raises(ValueError, match="recent_window"):
         kvsim.sweep(trace, "h2o", 8, "recent_window", [3, 8])
     with pytest.raises(ValueError, match="sinks"):
@@ -431,7 +410,7 @@ def test_without_numba_kvsim_and_the_cli_fall_back_to_the_reference(tmp_path):
     and the benchmark (which times the engine) refuses in one line."""
     import json
 
-    trace = random_trace(3, 40, 6, 0.1)
+    trace = random_trace(40, 3, shape="levels", levels=6, zero_share=0.1)
     path = tmp_path / "small.npz"
     save_npz(trace, path)
     block = "import sys, runpy; sys.modules['numba'] = None; sys.argv = ['kvsim', *sys.argv[1:]]; "
@@ -473,7 +452,7 @@ def test_snapkv_victims_found_through_running_sums_on_long_tied_traces(levels):
     """Unrecorded snapkv configurations pick each victim through a running sum of its window and
     sum exactly only the slots that could be smallest; over hundreds of steps of exact ties (and
     of near-ties) the series are still the reference's, bit for bit."""
-    trace = random_trace(7, 400, levels, 0.3)
+    trace = random_trace(400, 7, shape="levels", levels=levels, zero_share=0.3)
     configs = [(64, 8, 5), (64, 0, 1), (130, 32, 40), (17, 3, 400)]  # budget, recent_window, observation_window
     built = [kvsim.make_policy("snapkv", budget=b, recent_window=r, observation_window=w) for b, r, w in configs]
     mass, recall, _ = engine.run(trace, built, 32)
@@ -487,7 +466,7 @@ def test_a_shipped_trace_is_decoded_once_into_the_cache(cache_dir, tmp_path):
     """A trace file read through the cache is the file's trace (same bits, name, meta and
     fingerprint); a damaged entry is rewritten, and a changed file is read afresh."""
     src = tmp_path / "small.npz"
-    save_npz(random_trace(3, 30, 5, 0.2), src)
+    save_npz(random_trace(30, 3, shape="levels", levels=5, zero_share=0.2), src)
     calls = []
 
     def load(path):
@@ -505,7 +484,7 @@ def test_a_shipped_trace_is_decoded_once_into_the_cache(cache_dir, tmp_path):
     data[len(data) // 2] ^= 0xFF  # damaged: the CRC no longer holds
     entry.write_bytes(bytes(data))
     assert np.array_equal(cache.file_trace(src, load).attention, direct.attention) and len(calls) == 2
-    save_npz(random_trace(4, 30, 5, 0.2), src)  # the file itself changed
+    save_npz(random_trace(30, 4, shape="levels", levels=5, zero_share=0.2), src)  # the file itself changed
     assert np.array_equal(cache.file_trace(src, load).attention, load_npz(src).attention) and len(calls) == 3
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from random_traces import random_trace
 
 import kvsim
 from kvsim.policies.greedy_future import BLOCK, GreedyFuture
@@ -23,13 +24,6 @@ def trace_from_rows(rows) -> kvsim.Trace:
     for t, row in enumerate(rows, start=1):
         A[t, :t] = row
     return kvsim.from_array(A)
-
-
-def random_trace(rng: np.random.Generator, steps: int, zero_share: float = 0.3) -> kvsim.Trace:
-    A = rng.exponential(size=(steps + 1, steps + 1)) ** 3  # heavy-tailed, like attention
-    A[rng.random(A.shape) < zero_share] = 0.0
-    A[np.arange(1, steps + 1), 0] += 1e-3  # every row needs some mass
-    return kvsim.from_array(np.tril(A, -1))
 
 
 def step(policy, pos, attn, budget=None):
@@ -94,7 +88,7 @@ def test_scissorhands_none_adds_no_votes_and_keeps_the_window():
 
 
 def test_scissorhands_whole_run_equals_a_window_longer_than_the_run():
-    tr = random_trace(np.random.default_rng(3), 40)
+    tr = random_trace(40, 3, shape="heavy")
     whole = kvsim.replay(tr, "scissorhands", budget=8, recent_window=2, record_kept=True)
     longer = kvsim.replay(tr, "scissorhands", budget=8, recent_window=2, history_window=40, record_kept=True)
     short = kvsim.replay(tr, "scissorhands", budget=8, recent_window=2, history_window=3, record_kept=True)
@@ -153,7 +147,7 @@ def test_tova_none_keeps_weights_and_unweighted_positions_rank_above_weighted():
 
 
 def test_tova_budget_one_keeps_only_the_newest():
-    tr = random_trace(np.random.default_rng(5), 10)
+    tr = random_trace(10, 5, shape="heavy")
     r = kvsim.replay(tr, "tova", budget=1, record_kept=True)
     assert r.kept_history[:, 0].tolist() == list(range(1, 11))
 
@@ -178,7 +172,7 @@ def test_greedy_future_evicts_least_attention_still_to_come():
 
 
 def test_greedy_future_attention_matches_brute_force_across_blocks():
-    tr = random_trace(np.random.default_rng(7), 2 * BLOCK + 17)
+    tr = random_trace(2 * BLOCK + 17, 7, shape="heavy")
     o = GreedyFuture(budget=8, trace=tr)
     A = tr.attention.astype(np.float64)
     positions = np.arange(tr.steps + 1)
@@ -187,7 +181,7 @@ def test_greedy_future_attention_matches_brute_force_across_blocks():
 
 
 def test_upper_bound_is_the_top_budget_sum_of_each_row():
-    tr = random_trace(np.random.default_rng(11), 30)
+    tr = random_trace(30, 11, shape="heavy")
     ub = upper_bound_series(tr, 5)
     for t in range(1, 31):
         row = np.sort(tr.attention[t, :t].astype(np.float64))[::-1]
@@ -198,7 +192,7 @@ def test_upper_bound_is_the_top_budget_sum_of_each_row():
 def test_greedy_future_at_the_last_step_holds_the_best_of_its_candidates():
     # after step T-1 the attention still to come is row T alone, so greedy_future's last eviction
     # keeps the best `budget` of the positions it held: the one step where greedy is optimal
-    tr = random_trace(np.random.default_rng(13), 25)
+    tr = random_trace(25, 13, shape="heavy")
     o = GreedyFuture(budget=6, trace=tr)
     for t in range(1, 25):
         o.on_decode_step(t, None)
@@ -250,7 +244,7 @@ FAMILY = [
     zero_share=st.sampled_from([0.0, 0.5, 0.9]),
 )
 def test_no_policy_passes_the_upper_bound(seed, steps, budget, zero_share):
-    tr = random_trace(np.random.default_rng(seed), steps, zero_share)
+    tr = random_trace(steps, seed, shape="heavy", zero_share=zero_share)
     ub = upper_bound_series(tr, budget)
     assert ub.shape == (steps,) and np.all(ub <= 1 + 1e-6)
     for name, params in FAMILY:
@@ -267,7 +261,7 @@ def test_no_policy_passes_the_upper_bound(seed, steps, budget, zero_share):
 def test_scissorhands_counts_are_votes(seed, steps, budget):
     """Counts are whole numbers no larger than the observed steps a position has been held for,
     and a window of N never lets a count pass N."""
-    tr = random_trace(np.random.default_rng(seed), steps)
+    tr = random_trace(steps, seed, shape="heavy")
     for window in (0, 2):
         r = kvsim.replay(tr, "scissorhands", budget=budget, recent_window=1, history_window=window, record_scores=True)
         for t in range(1, steps + 1):
@@ -281,7 +275,7 @@ def test_scissorhands_counts_are_votes(seed, steps, budget):
 
 
 def test_upper_bound_summary_recall_is_what_budget_positions_can_hold():
-    tr = random_trace(np.random.default_rng(17), 12)
+    tr = random_trace(12, 17, shape="heavy")
     # top_k 4: steps 1..4 want t positions, the rest want 4; a budget of 2 holds 2 of them
     want = np.minimum(4, np.arange(1, 13))
     s = upper_bound_summary(tr, budget=2, top_k=4)

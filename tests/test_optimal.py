@@ -8,21 +8,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from random_traces import random_trace
 
 import kvsim
 from kvsim.policies import optimal
 from kvsim.policies.optimal import OptimalSchedule, certify, optimal_schedule, solve
 from kvsim.policies.upper_bound import upper_bound_series
-
-
-def random_trace(rng: np.random.Generator, steps: int, zero_share: float = 0.3, ties: bool = False) -> kvsim.Trace:
-    if ties:  # small integers: exact ties everywhere, the case where a wrong tie rule would show
-        A = rng.choice([0.0, 0.0, 1.0, 2.0], size=(steps + 1, steps + 1))
-    else:
-        A = rng.exponential(size=(steps + 1, steps + 1)) ** 3  # heavy-tailed, like attention
-        A[rng.random(A.shape) < zero_share] = 0.0
-    A[np.arange(1, steps + 1), 0] += 1e-3  # every row needs some mass
-    return kvsim.from_array(np.tril(A, -1))
 
 
 def exhaustive(trace: kvsim.Trace, budget: int) -> float:
@@ -56,7 +47,8 @@ CASES = [(steps, budget, seed) for steps in range(1, 10) for budget in (1, 2, 3,
 @pytest.mark.parametrize(("steps", "budget", "seed"), CASES)
 def test_equals_exhaustive_search_and_carries_a_certificate(steps, budget, seed):
     rng = np.random.default_rng(1000 * steps + 10 * budget + seed)
-    for tr in (random_trace(rng, steps, zero_share=[0.0, 0.5, 0.9][seed]), random_trace(rng, steps, ties=True)):
+    zero_share = [0.0, 0.5, 0.9][seed]
+    for tr in (random_trace(steps, rng, shape="heavy", zero_share=zero_share), random_trace(steps, rng, shape="heavy", ties=True)):
         s = solve(tr, budget)
         assert s.objective == pytest.approx(exhaustive(tr, budget), abs=1e-12)
         assert certify(tr, s) <= 1e-12  # the duals prove it, without the search
@@ -70,7 +62,7 @@ def test_a_suboptimal_schedule_fails_the_certificate():
     """The certificate is not a formality: the optimum's duals with any worse schedule leave a gap,
     and a schedule whose objective does not match its victims, or an illegal one, is refused."""
     rng = np.random.default_rng(5)
-    tr = random_trace(rng, 30)
+    tr = random_trace(30, rng, shape="heavy")
     s = solve(tr, 4)
     greedy = kvsim.replay(tr, "greedy_future", budget=4, record_victims=True)
     victims = np.array([v[0] for v in greedy.victims_history if v])
@@ -96,7 +88,7 @@ def test_a_suboptimal_schedule_fails_the_certificate():
     zero_share=st.sampled_from([0.0, 0.5, 0.9]),
 )
 def test_no_registry_policy_passes_it_and_it_stays_under_the_bound(seed, steps, budget, zero_share, fit_args):
-    tr = random_trace(np.random.default_rng(seed), steps, zero_share)
+    tr = random_trace(steps, seed, shape="heavy", zero_share=zero_share)
     best = kvsim.replay(tr, "optimal", budget=budget)
     ub = upper_bound_series(tr, budget)
     assert np.all(best.retained_mass_series <= ub + 1e-12)
@@ -133,7 +125,7 @@ def test_beats_the_bound_never_and_the_greedy_reference_on_the_canonical_shape()
 
 
 def test_budget_above_the_trace_evicts_nothing():
-    tr = random_trace(np.random.default_rng(3), 8)
+    tr = random_trace(8, 3, shape="heavy")
     s = solve(tr, 9)  # holds all 9 positions at the end: nothing to evict
     assert s.victims.size == 0 and s.retained_mass == pytest.approx(1.0, abs=1e-6)
     assert kvsim.replay(tr, "optimal", budget=9).retained_mass == pytest.approx(s.retained_mass, abs=1e-12)
@@ -141,7 +133,7 @@ def test_budget_above_the_trace_evicts_nothing():
 
 
 def test_progress_reports_the_fraction_of_the_evicting_steps_done():
-    tr = random_trace(np.random.default_rng(2), 300)
+    tr = random_trace(300, 2, shape="heavy")
     seen = []
     solve(tr, 20, progress=seen.append)
     assert seen[0] == 0.0 and seen[-1] == 1.0
@@ -151,7 +143,7 @@ def test_progress_reports_the_fraction_of_the_evicting_steps_done():
 def test_disk_cache_round_trips_and_survives_damage(tmp_path, monkeypatch):
     monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(optimal, "CACHE_MIN_STEPS", 0)
-    tr = random_trace(np.random.default_rng(8), 60)
+    tr = random_trace(60, 8, shape="heavy")
     assert optimal.cached(tr, 7) is None  # not yet known
     first = optimal_schedule(tr, 7)
     path = optimal.cache_file(tr, 7)
@@ -160,7 +152,7 @@ def test_disk_cache_round_trips_and_survives_damage(tmp_path, monkeypatch):
     assert again is not None and np.array_equal(again.victims, first.victims) and again.objective == first.objective
     assert certify(tr, again) <= 1e-12
     assert optimal.cache_file(tr, 8) != path  # keyed by budget...
-    other = random_trace(np.random.default_rng(9), 60)
+    other = random_trace(60, 9, shape="heavy")
     assert optimal.cache_file(other, 7) != path  # ...and by the attention's bytes
     path.write_bytes(b"not an npz")
     assert optimal.cached(tr, 7) is None
@@ -174,12 +166,12 @@ def test_disk_cache_round_trips_and_survives_damage(tmp_path, monkeypatch):
 
 def test_small_traces_are_not_written_to_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path))
-    optimal_schedule(random_trace(np.random.default_rng(8), 30), 4)
+    optimal_schedule(random_trace(30, 8, shape="heavy"), 4)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_policy_refuses_what_it_cannot_do():
-    tr = random_trace(np.random.default_rng(4), 10)
+    tr = random_trace(10, 4, shape="heavy")
     with pytest.raises(ValueError, match="trace"):
         kvsim.make_policy("optimal", budget=4)
     p = kvsim.make_policy("optimal", budget=4, trace=tr)

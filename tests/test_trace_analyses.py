@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import random_trace
+from random_traces import random_trace
 
 from kvsim.analysis import features, metrics
 from kvsim.data import canonical
