@@ -10,12 +10,13 @@ import sys
 
 from ..policies import ParamError
 from .bench_command import cmd_bench
+from .cache_command import cmd_cache
 from .commands import COMMANDS, cmd_app
 from .errors import BAD_INPUT, USAGE, CLIError, param_message
 from .parser import PROG, build_parser
 from .render import as_json, render
 
-RUNS = {**COMMANDS, "bench": cmd_bench}
+RUNS = {**COMMANDS, "bench": cmd_bench, "cache": cmd_cache}
 
 
 def main(argv: list[str] | None = None) -> int:
