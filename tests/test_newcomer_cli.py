@@ -12,9 +12,14 @@ import pytest
 
 from kvsim import cli
 from kvsim.bench import speed
-from kvsim.data import caches
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _caches():
+    from kvsim.data import caches  # imported per test, so each test fails on its own where the module is missing
+
+    return caches
 
 
 # --- 9a: what the app's server watches ----------------------------------------------------------
@@ -136,8 +141,8 @@ def test_cache_refuses_the_root_or_home_as_its_directory(where, monkeypatch, cap
         assert cli.main(argv) == 1
         err = capsys.readouterr().err
         assert err.startswith("kvsim: error: the cache directory") and err.count("\n") == 1
-    with pytest.raises(caches.CacheError):
-        caches.clear("all", Path(os.path.expanduser(where)))
+    with pytest.raises(_caches().CacheError):
+        _caches().clear("all", Path(os.path.expanduser(where)))
 
 
 def test_cache_of_an_empty_or_missing_directory(tmp_path, monkeypatch, capsys):
@@ -153,7 +158,7 @@ def test_the_dequantised_model_goes_to_models(tmp_path, monkeypatch):
 
     monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path))
     assert model_cache("ab" * 32, "4.57.0") == tmp_path / "models" / "gemma3-270m-abababababababab-transformers-4.57.0"
-    assert caches.kind_of("models") == "models"
+    assert _caches().kind_of("models") == "models"
     legacy = tmp_path / "gemma3-270m-abababababababab-transformers-4.57.0"
     (legacy / "complete").parent.mkdir()
     (legacy / "complete").write_text("ok\n")
@@ -162,7 +167,7 @@ def test_the_dequantised_model_goes_to_models(tmp_path, monkeypatch):
 
 def test_docs_describe_every_cache_kind():
     text = (ROOT / "docs" / "caches.md").read_text()
-    for word in (*caches.KINDS, "kvsim cache list", "kvsim cache clear", "KVSIM_CACHE_DIR", "1.1 GB", "NUMBA_CACHE_DIR"):
+    for word in (*_caches().KINDS, "kvsim cache list", "kvsim cache clear", "KVSIM_CACHE_DIR", "1.1 GB", "NUMBA_CACHE_DIR"):
         assert word in text, word
 
 
@@ -226,3 +231,96 @@ def test_bench_help_documents_check(capsys):
     assert cli.main(["bench", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "--check" in text and "1 with --check: at least one target was missed" in text
+
+
+# --- 9a, for real: a server started by `kvsim app` puts no inotify watch on the checkout ---------------
+
+def _inotify_inodes(pid: int) -> set[int]:
+    """The inodes every inotify watch of process ``pid`` and its descendants is on (``/proc/PID/fdinfo``)."""
+    import re
+
+    inodes: set[int] = set()
+    pending = [pid]
+    while pending:
+        p = pending.pop()
+        for fd in Path(f"/proc/{p}/fd").iterdir() if Path(f"/proc/{p}/fd").is_dir() else ():
+            try:
+                if os.readlink(fd) != "anon_inode:inotify":
+                    continue
+                info = Path(f"/proc/{p}/fdinfo/{fd.name}").read_text()
+            except OSError:
+                continue
+            inodes |= {int(m, 16) for m in re.findall(r"^inotify wd:\S+ ino:([0-9a-f]+)", info, re.MULTILINE)}
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            try:
+                pending += [int(c) for c in task.read_text().split()]
+            except OSError:
+                pass
+    return inodes
+
+
+def _checkout_dirs() -> dict[int, str]:
+    """Inode -> path of every folder of the checkout (a .venv inside it too), links not followed."""
+    found = {}
+    for root, dirs, _files in os.walk(ROOT):
+        found[os.lstat(root).st_ino] = root
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
+    return found
+
+
+@pytest.mark.browser
+def test_a_server_started_by_kvsim_app_watches_no_folder_of_the_checkout(tmp_path):
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    if not os.path.exists("/usr/bin/chromium") or not Path("/proc/self/fdinfo").is_dir():
+        pytest.skip("needs Debian's chromium at /usr/bin/chromium and /proc")
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "server.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KVSIM_CACHE_DIR": os.environ.get("KVSIM_CACHE_DIR", "")}
+    env = {k: v for k, v in env.items() if v}
+    cmd = [sys.executable, "-m", "kvsim", "app", "--server.headless", "true", "--server.port", str(port),
+           "--server.address", "127.0.0.1"]
+    with open(log, "wb") as out:  # started from elsewhere, as a user would: the config beside app.py must apply
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, log.read_text()[-2000:]
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.read().strip() == b"ok":
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"no server on {url}: {log.read_text()[-2000:]}"
+            time.sleep(0.3)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--headless", "--no-sandbox"])
+            try:
+                page = browser.new_page()
+                page.goto(url)
+                page.wait_for_selector("[data-testid='stApp']", timeout=60_000)
+                time.sleep(4)  # the session's source watcher is set up when it connects
+                watched = _inotify_inodes(proc.pid)
+            finally:
+                browser.close()
+        dirs = _checkout_dirs()
+        on_checkout = sorted(dirs[i] for i in watched & set(dirs))
+        assert on_checkout == [], f"{len(on_checkout)} folders of the checkout watched, e.g. {on_checkout[:5]}"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
