@@ -31,16 +31,3 @@ def cmd_cache(args: argparse.Namespace) -> dict:
     root, rows = caches.clear(args.kind)
     return {"action": "clear", "cache_dir": str(root), "kind": args.kind, "cleared": [r.to_dict() for r in rows],
             "bytes": sum(r.bytes for r in rows)}
-
-
-def render_cache(doc: dict) -> str:
-    from .render import aligned
-
-    if doc["action"] == "list":
-        rows = [[r["kind"], r["entries"], caches.human(r["bytes"])] for r in doc["kinds"]]
-        return "\n".join([f"cache directory: {doc['cache_dir']}", "",
-                          aligned(["kind", "files", "size"], rows + [["total", sum(r["entries"] for r in doc["kinds"]),
-                                                                      caches.human(doc["bytes"])]]),
-                          "", "kvsim cache clear [--kind KIND] deletes them; other is never deleted (docs/caches.md)"])
-    done = [f"{r['kind']}: {r['entries']} files, {caches.human(r['bytes'])}" for r in doc["cleared"]]
-    return "\n".join([f"cleared {doc['kind']} from {doc['cache_dir']}:", *(f"  {line}" for line in done)])

@@ -103,9 +103,16 @@ def _bench(doc: dict) -> str:
 
 
 def _cache(doc: dict) -> str:
-    from .cache_command import render_cache
+    """``kvsim cache list``: the directory and a row per kind; ``clear``: what went."""
+    from ..data.caches import human
 
-    return render_cache(doc)
+    if doc["action"] == "list":
+        rows = [[r["kind"], r["entries"], human(r["bytes"])] for r in doc["kinds"]]
+        total = ["total", sum(r["entries"] for r in doc["kinds"]), human(doc["bytes"])]
+        return "\n".join([f"cache directory: {doc['cache_dir']}", "", aligned(["kind", "files", "size"], [*rows, total]),
+                          "", "kvsim cache clear [--kind KIND] deletes them; other is never deleted (docs/caches.md)"])
+    done = [f"  {r['kind']}: {r['entries']} files, {human(r['bytes'])}" for r in doc["cleared"]]
+    return "\n".join([f"cleared {doc['kind']} from {doc['cache_dir']}:", *done])
 
 
 def _table(doc: dict) -> str:
