@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..data.trace import Trace
+from ..data.trace import RENORMALISED_KEY, Trace
 
 DEFAULT_BAND = 64
 DEFAULT_SINKS = 4
@@ -114,3 +114,39 @@ def describe_version() -> str:
 
 def _mean(x: np.ndarray) -> float | None:
     return float(x.mean()) if x.size else None
+
+
+def renormalised(trace: Trace) -> dict | None:
+    """What the loader renormalised (``kvsim.data.trace.from_array``): ``{"rows", "min_sum", "max_sum",
+    "tolerance"}`` over the rows whose sum was further than the tolerance from 1, or None for a trace
+    whose rows already summed to 1 (or whose record is not one the loader writes)."""
+    meta = trace.meta if isinstance(trace.meta, dict) else {}
+    record = meta.get(RENORMALISED_KEY)
+    if not isinstance(record, dict):
+        return None
+    try:
+        rows, lo, hi = int(record["rows"]), float(record["min_sum"]), float(record["max_sum"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return {"rows": rows, "min_sum": lo, "max_sum": hi, "tolerance": float(record.get("tolerance", 0.0))} if rows > 0 else None
+
+
+def repair_note(trace: Trace) -> str | None:
+    """One sentence for a trace whose rows the loader renormalised, None for one it took as it was:
+    how many of the rows and how far their sums were from 1, e.g. "Renormalised 4096 of 4096 rows:
+    their weights summed to 1.5-315, not 1; every figure uses the rows divided by their sums."
+    The app and ``kvsim describe`` print it."""
+    record = renormalised(trace)
+    if record is None:
+        return None
+    lo, hi = _sum_text(record["min_sum"]), _sum_text(record["max_sum"])
+    span = lo if lo == hi else f"{lo}-{hi}"
+    n = record["rows"]
+    return (f"Renormalised {n} of {trace.steps} rows: {'its weights' if n == 1 else 'their weights'} summed to "
+            f"{span}, not 1; every figure uses the rows divided by their sums.")
+
+
+def _sum_text(x: float) -> str:
+    """A row sum in four significant figures (0.25, 1.5, 315, 1.002, 1.2e+04): enough to differ from 1
+    at the tolerance."""
+    return f"{x:.4g}"

@@ -193,7 +193,7 @@ def run(full_reference: bool = False, progress: Progress | None = None) -> dict:
     say(f"scaling: {len(SCALING_STEPS)} trace lengths x {len(SCALING_BUDGETS)} budgets, {SCALING_ROUNDS} rounds")
     doc["scaling"] = _scaling(trace)
     doc["targets"] = targets(doc)
-    return doc
+    return verdict(doc)
 
 
 def _replay(trace: Trace) -> dict:
@@ -348,7 +348,27 @@ def targets(doc: dict) -> dict[str, bool]:
     }
 
 
+def verdict(doc: dict) -> dict:
+    """The document's overall result from its targets: ``result`` PASS when every target is met, else
+    FAIL, with ``failed_targets`` and ``total_targets`` (what ``kvsim bench --check`` exits on)."""
+    missed = [name for name, ok in doc["targets"].items() if not ok]
+    doc.update(failed_targets=len(missed), total_targets=len(doc["targets"]),
+               result="PASS" if doc["targets"] and not missed else "FAIL")
+    return doc
+
+
 def render(doc: dict) -> str:
+    return "\n".join([_figures_text(doc), "", *verdict_lines(doc)])
+
+
+def verdict_lines(doc: dict) -> list[str]:
+    """One line per target, PASS or FAIL, and the overall result."""
+    width = max(map(len, doc["targets"]), default=0)
+    return ["targets:", *(f"  {name:<{width}}  {'PASS' if ok else 'FAIL'}" for name, ok in doc["targets"].items()),
+            f"overall: {doc['result']} ({doc['failed_targets']} of {doc['total_targets']} targets missed)"]
+
+
+def _figures_text(doc: dict) -> str:
     r, s, c, m = doc["replay"], doc["sweep"], doc["cli"], doc["memory"]
     d, tc = doc["card"], doc["table_cli"]
     ms = 1e3
@@ -393,7 +413,5 @@ def render(doc: dict) -> str:
         *(f"  {x['steps']:>6} {x['budget']:>7} {x['seconds']:>9.3f} {x['kept_slot_steps']:>16,} "
           f"{x['ns_per_kept_slot_step']:>22.2f}"
           for x in doc["scaling"]),
-        "",
-        "targets: " + ", ".join(f"{k} {'PASS' if v else 'FAIL'}" for k, v in doc["targets"].items()),
     ]
     return "\n".join(lines)

@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 
 from .. import progress as protocol
-from .errors import CLIError
+from .errors import BAD_INPUT, CLIError
+
+#: ``kvsim bench --check``: a target was missed
+MISSED = BAD_INPUT
 
 
 def cmd_bench(args: argparse.Namespace) -> object:
@@ -28,6 +31,12 @@ def cmd_bench(args: argparse.Namespace) -> object:
     from ..bench import speed
 
     return speed.run(full_reference=args.full_reference, progress=say)
+
+
+def bench_status(args: argparse.Namespace, doc: dict) -> int:
+    """The exit status of ``kvsim bench``: with ``--check``, 1 (``MISSED``) when any target was missed (the
+    document's ``result`` is not PASS), else 0; without ``--check`` always 0, the figures being a report."""
+    return MISSED if args.check and doc.get("result") != "PASS" else 0
 
 
 def render_bench(doc: dict) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import progress as protocol
-from ..analysis.metrics import describe
+from ..analysis.metrics import describe, renormalised, repair_note
 from ..analysis.table import TABLE_BUDGET, build_table
 from ..data.bundle import is_bundle
 from ..data.catalog import available_traces, resolve_trace
@@ -81,8 +81,14 @@ def cmd_sweep(args: argparse.Namespace) -> object:
 
 
 def cmd_describe(args: argparse.Namespace) -> object:
+    """The trace's statistics; a trace whose rows the loader renormalised also carries ``renormalised``
+    (rows, min_sum, max_sum, tolerance) and ``note`` (``repair_note``'s sentence)."""
     trace = load(args.trace)
-    return {"trace": trace.name, **describe(trace, band=args.band, top_k=args.top_k)}
+    doc = {"trace": trace.name, **describe(trace, band=args.band, top_k=args.top_k)}
+    repaired = renormalised(trace)
+    if repaired is not None:
+        doc |= {"renormalised": repaired, "note": repair_note(trace)}
+    return doc
 
 
 def cmd_export(args: argparse.Namespace) -> object:

@@ -9,13 +9,14 @@ import os
 import sys
 
 from ..policies import ParamError
-from .bench_command import cmd_bench
+from .bench_command import bench_status, cmd_bench
+from .cache_command import cmd_cache
 from .commands import COMMANDS, cmd_app
 from .errors import BAD_INPUT, USAGE, CLIError, param_message
 from .parser import PROG, build_parser
 from .render import as_json, render
 
-RUNS = {**COMMANDS, "bench": cmd_bench}
+RUNS = {**COMMANDS, "bench": cmd_bench, "cache": cmd_cache}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = RUNS[args.command](args)
         sys.stdout.write((as_json(doc) if args.json else render(args.command, doc)) + "\n")
         sys.stdout.flush()
-        return 0
+        return bench_status(args, doc) if args.command == "bench" else 0
     except KeyboardInterrupt:
         _fail("interrupted")
         return 130

@@ -13,6 +13,7 @@ from ..analysis.table import TABLE_BUDGET
 from ..data.catalog import available_bundles, available_traces
 from ..policies import DEFAULT_BUDGET, POLICIES, all_tunables, policy_params
 from ..sim.harness import DEFAULT_TOP_K
+from .cache_command import add_cache
 from .errors import BAD_INPUT, USAGE, CLIError, flag
 
 PROG = "kvsim"
@@ -27,7 +28,7 @@ exit status:
   {USAGE}  the command line is wrong: an unknown command or flag, a value out of its bounds
      (--recent-window 32 must be below --budget 16), flags that do not go together; bare `kvsim`
   {BAD_INPUT}  the command line is fine but what it names is not: a trace or bundle that is missing or
-     malformed, an output that cannot be written
+     malformed, an output that cannot be written; `kvsim bench --check`: a target was missed
 Every error is one line on stderr, `kvsim: error: ...`, never a traceback.
 
 `kvsim COMMAND --help` lists a command's flags."""
@@ -87,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tune(sub, traces)
     _add_record(sub)
     _add_quality(sub)
+    add_cache(sub)
     sub.add_parser("app", help="start the Streamlit app; any further options go to streamlit run",
                    usage=f"{PROG} app [STREAMLIT RUN OPTIONS, e.g. --server.port 8502]")
     return parser
@@ -140,8 +142,21 @@ def _add_trace_commands(sub, traces: str) -> None:
     _json(p, "one JSON document (a list of claim records)")
 
 
+BENCH_EPILOG = """\
+Each target is reported PASS or FAIL, then "overall: PASS" or "overall: FAIL (N of M ... missed)"; --json
+carries the same as "result" (and each target's or step's verdict).
+
+exit status:
+  0  done: the figures are printed, whatever the verdict (without --check, a missed target is a report)
+  1  with --check: at least one target was missed (overall: FAIL); also a trace or output that cannot be used
+  2  the command line is wrong"""
+
+
 def _add_bench(sub) -> None:
-    p = sub.add_parser("bench", help="time the reference path against the fast engine on the canonical trace")
+    p = sub.add_parser("bench", help="time the reference path against the fast engine on the canonical trace",
+                       epilog=BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check", action="store_true", help="exit with status 1 when any target is missed, so a "
+                   "script can use the verdict (default: exit 0 and only report)")
     p.add_argument("--full-reference", action="store_true", help="replay all 255 windows on the reference path "
                    "(about a minute and a half) instead of extrapolating from 16")
     p.add_argument("--browser", action="store_true", help="instead: drive the app in headless Chromium through "

@@ -77,7 +77,8 @@ def _describe(doc: dict) -> str:
         "top_k_share": f"top-{doc['top_k']} share (steps t > {doc['top_k']})",
         "effective_positions": "effective positions, exp(entropy) per row",
     }
-    return aligned(["figure", "value"], [[label, doc[k]] for k, label in labels.items()])
+    table = aligned(["figure", "value"], [[label, doc[k]] for k, label in labels.items()])
+    return f"{table}\n\nnote: {doc['note']}" if doc.get("note") else table
 
 
 def _record(doc: dict) -> str:
@@ -99,6 +100,19 @@ def _bench(doc: dict) -> str:
     from .bench_command import render_bench
 
     return render_bench(doc)
+
+
+def _cache(doc: dict) -> str:
+    """``kvsim cache list``: the directory and a row per kind; ``clear``: what went."""
+    from ..data.caches import human
+
+    if doc["action"] == "list":
+        rows = [[r["kind"], r["entries"], human(r["bytes"])] for r in doc["kinds"]]
+        total = ["total", sum(r["entries"] for r in doc["kinds"]), human(doc["bytes"])]
+        return "\n".join([f"cache directory: {doc['cache_dir']}", "", aligned(["kind", "files", "size"], [*rows, total]),
+                          "", "kvsim cache clear [--kind KIND] deletes them; other is never deleted (docs/caches.md)"])
+    done = [f"  {r['kind']}: {r['entries']} files, {human(r['bytes'])}" for r in doc["cleared"]]
+    return "\n".join([f"cleared {doc['kind']} from {doc['cache_dir']}:", *done])
 
 
 def _table(doc: dict) -> str:
@@ -202,7 +216,7 @@ def _tune(doc: dict) -> str:
 
 
 RENDERERS = {"replay": _replay, "sweep": _sweep, "describe": _describe, "record": _record, "export": _export,
-             "table": _table, "bench": _bench, "claims": _claims, "quality": _quality, "tune": _tune}
+             "table": _table, "bench": _bench, "claims": _claims, "quality": _quality, "tune": _tune, "cache": _cache}
 
 
 def render(command: str, doc) -> str:

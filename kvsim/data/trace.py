@@ -28,6 +28,12 @@ MAX_STEPS = 16384
 FULL_KEY, PACKED_KEY, STEPS_KEY, META_KEY = "attention", "attention_packed", "steps", "meta"
 #: refuse a ``meta`` string longer than this before reading it (token lists for 16k steps fit well inside)
 MAX_META_BYTES = 8 * 1024 * 1024
+#: a row whose sum is further than this from 1 counts as repaired (``meta["renormalised"]``): twice the
+#: worst a float16 rounding can move a row that summed to 1 (each weight by at most 2^-11 of itself), so
+#: a faithfully stored trace never counts; the shipped real traces sit below 3.4e-4
+ROW_SUM_TOLERANCE = 1e-3
+#: the meta key the loader owns: what it renormalised, or absent when every row already summed to 1
+RENORMALISED_KEY = "renormalised"
 
 
 class TraceError(ValueError):
@@ -65,6 +71,12 @@ class Trace:
 def from_array(attention: np.ndarray, name: str = "trace", meta: dict | None = None, *, source: str = "array") -> Trace:
     """Validate and normalise a ``(T + 1, T + 1)`` attention matrix into a Trace.
 
+    Every row is divided by its sum. When some row's sum was further than ``ROW_SUM_TOLERANCE`` from 1
+    (a file that was not a softmax, or was scaled), ``meta["renormalised"]`` says so:
+    ``{"rows": n, "min_sum": a, "max_sum": b, "tolerance": ROW_SUM_TOLERANCE}``, over those rows
+    only (``kvsim.analysis.metrics.repair_note`` words it). The loader owns that key: it is set or
+    removed on every load, so a file saved after a repair (now clean) never claims one.
+
     Raises TraceError with one line naming ``source``, the step and the problem.
     """
     a = np.asarray(attention)
@@ -78,10 +90,18 @@ def from_array(attention: np.ndarray, name: str = "trace", meta: dict | None = N
     if n - 1 > MAX_STEPS:
         raise TraceError(f"{source}: attention has {n - 1} steps, more than the limit of {MAX_STEPS}")
     out = np.zeros((n, n), dtype=np.float32)
+    off = []  # per block, the sums of the rows that were not within the tolerance of 1
     for t0 in range(1, n, _CHUNK):
         t1 = min(t0 + _CHUNK, n)
-        _normalise_rows(a, out, t0, t1, source)
-    return Trace(out, name=name, meta=dict(meta or {}))
+        sums = _normalise_rows(a, out, t0, t1, source)
+        off.append(sums[np.abs(sums - 1.0) > ROW_SUM_TOLERANCE])
+    meta = dict(meta or {})
+    meta.pop(RENORMALISED_KEY, None)
+    repaired = np.concatenate(off)
+    if repaired.size:
+        meta[RENORMALISED_KEY] = {"rows": int(repaired.size), "min_sum": float(repaired.min()),
+                                  "max_sum": float(repaired.max()), "tolerance": ROW_SUM_TOLERANCE}
+    return Trace(out, name=name, meta=meta)
 
 
 #: rows validated and normalised per block: a few ``_CHUNK x T`` float64 temporaries, not one per row
@@ -103,12 +123,13 @@ def _float16_table() -> np.ndarray:
         return np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float64)
 
 
-def _normalise_rows(a: np.ndarray, out: np.ndarray, t0: int, t1: int, source: str) -> None:
+def _normalise_rows(a: np.ndarray, out: np.ndarray, t0: int, t1: int, source: str) -> np.ndarray:
     """Rows ``t0 .. t1 - 1`` of ``from_array``: each row ``[t, :t]`` in float64 must be finite, then
     non-negative, then sum (``row.sum()``, NumPy's pairwise order) above zero; the first row that
     fails names its step. ``out[t, :t]`` is ``float32(row / sum)``. One block of rows at a time:
     the checks are whole-block operations, only the sums go row by row (their order is NumPy's
-    1-D pairwise sum, which a sum over a longer padded row would not reproduce bit for bit)."""
+    1-D pairwise sum, which a sum over a longer padded row would not reproduce bit for bit).
+    Returns the rows' sums (float64), for ``from_array`` to tell which were repaired."""
     w = t1 - 1  # rows t0 .. t1-1 reach at most position t1-2
     block = _float64(a[t0:t1, :w])
     upper = np.arange(w)[None, :] >= np.arange(t0, t1)[:, None]
@@ -125,6 +146,7 @@ def _normalise_rows(a: np.ndarray, out: np.ndarray, t0: int, t1: int, source: st
         problem = "has NaN or infinite weights" if not finite[stop] else "has negative weights"
         raise TraceError(f"{source}: step {t0 + stop}: attention {problem}")
     np.divide(block, sums[:, None], out=out[t0:t1, :w], casting="same_kind")
+    return sums
 
 
 def load_npz(path, *, source: str | None = None) -> Trace:

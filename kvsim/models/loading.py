@@ -73,8 +73,9 @@ def load_model(progress: Progress | None = RECORD_STDERR, cache: bool = True):
     """(model, tokenizer): the shipped Gemma-3-270M, float32 on the CPU, eager attention.
 
     Dequantising the GGUF and converting its tokenizer takes most of a minute; the result is saved
-    once as safetensors under ``kvsim.data.store.cache_dir()`` (about 1.1 GB), keyed by the GGUF's
-    sha256 and the transformers version, and later loads take seconds. The attention from a cached
+    once as safetensors under ``kvsim.data.store.cache_dir() / "models"`` (about 1.1 GB, ``model_cache``;
+    ``kvsim cache clear --kind models`` deletes it), keyed by the GGUF's sha256 and the transformers
+    version, and later loads take seconds. The attention from a cached
     load is bit-identical to a load from the GGUF.
     """
     require_extra()
@@ -85,8 +86,7 @@ def load_model(progress: Progress | None = RECORD_STDERR, cache: bool = True):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _quiet_transformers()
-    key = f"gemma3-270m-{EXPECTED_SHA256[:16]}-transformers-{transformers.__version__}"
-    cached = cache_dir() / key
+    cached = model_cache(EXPECTED_SHA256, transformers.__version__)
     t0 = time.perf_counter()
     if cache and (cached / "complete").is_file():
         say(None, f"loading the model from the cache {cached}")
@@ -105,6 +105,21 @@ def load_model(progress: Progress | None = RECORD_STDERR, cache: bool = True):
     model._kvsim_shipped = True  # so the recorder names it MODEL, with its licence
     say(None, f"model ready in {time.perf_counter() - t0:.1f} s")
     return model, tokenizer
+
+
+#: the dequantised models' folder inside the cache directory (docs/caches.md)
+MODELS_DIR = "models"
+
+
+def model_cache(sha256: str, transformers_version: str) -> Path:
+    """Where the dequantised model is kept: ``<cache_dir>/models/gemma3-270m-<sha>-transformers-<version>``.
+    A complete copy at the top of the cache directory, where versions before ``models/`` put it, is read
+    rather than made again (``kvsim cache list`` counts both as models)."""
+    key = f"gemma3-270m-{sha256[:16]}-transformers-{transformers_version}"
+    legacy = cache_dir() / key
+    if (legacy / "complete").is_file():
+        return legacy
+    return cache_dir() / MODELS_DIR / key
 
 
 def _save_cache(model, tokenizer, target: Path, say: Progress) -> None:

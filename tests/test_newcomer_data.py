@@ -1,0 +1,103 @@
+"""Issue 21, item 5: a trace whose rows the loader renormalised says so (``meta["renormalised"]``,
+``kvsim.analysis.metrics.repair_note``, ``kvsim describe`` in text and ``--json``); a clean one says nothing."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import kvsim
+from kvsim import cli
+from kvsim.analysis import metrics
+from kvsim.data import trace as trace_module
+from kvsim.data.catalog import resolve_trace
+
+
+def renormalised(trace):
+    return metrics.renormalised(trace)
+
+
+def repair_note(trace):
+    return metrics.repair_note(trace)
+
+
+ROW_SUM_TOLERANCE = getattr(trace_module, "ROW_SUM_TOLERANCE", 1e-3)
+
+
+def scaled_file(tmp_path, make_trace, steps: int = 60, lo: float = 1.5, hi: float = 315.0):
+    """A trace file whose rows sum from ``lo`` (row 1) to ``hi`` (the last row), not 1."""
+    trace = make_trace(steps, seed=5, name="scaled")
+    scale = np.geomspace(lo, hi, steps)
+    attention = trace.attention.astype(np.float64)
+    attention[1:] *= scale[:, None]
+    path = tmp_path / "scaled.npz"
+    np.savez_compressed(path, attention=attention)
+    return path, trace
+
+
+def test_a_scaled_upload_records_what_was_renormalised(tmp_path, make_trace):
+    path, clean = scaled_file(tmp_path, make_trace)
+    trace = kvsim.load_trace(path)
+    record = trace.meta["renormalised"]
+    assert record["rows"] == 60 and record["tolerance"] == ROW_SUM_TOLERANCE
+    assert record["min_sum"] == pytest.approx(1.5) and record["max_sum"] == pytest.approx(315.0)
+    assert renormalised(trace) == record
+    note = repair_note(trace)
+    assert note == ("Renormalised 60 of 60 rows: their weights summed to 1.5-315, not 1; "
+                    "every figure uses the rows divided by their sums.")
+    np.testing.assert_allclose(trace.attention, clean.attention, rtol=1e-6, atol=1e-9)  # the repair itself
+
+
+def test_only_the_rows_that_were_off_count(tmp_path, make_trace):
+    trace = make_trace(40, seed=2)
+    attention = trace.attention.astype(np.float64)
+    attention[7] *= 2.0
+    attention[30] *= 1 + 3 * ROW_SUM_TOLERANCE
+    attention[12] *= 1 + ROW_SUM_TOLERANCE / 4  # float16-sized rounding: not a repair
+    got = kvsim.from_array(attention)
+    assert got.meta["renormalised"]["rows"] == 2
+    assert got.meta["renormalised"]["min_sum"] == pytest.approx(1.003)
+    assert "2 of 40 rows" in repair_note(got) and "1.003-2" in repair_note(got)
+
+
+def test_clean_traces_say_nothing(tmp_path, make_trace, monkeypatch):
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "cache"))
+    normalised = kvsim.from_array(make_trace(50, seed=1).attention)  # rows that sum to 1 in float32
+    for trace in (normalised, resolve_trace("canonical"), resolve_trace("gemma3-270m-L11")):
+        assert "renormalised" not in trace.meta, trace.name
+        assert renormalised(trace) is None and repair_note(trace) is None
+
+
+def test_a_repaired_trace_saved_and_read_again_is_clean(tmp_path, make_trace):
+    """The loader owns the key: the saved file holds normalised rows, so it claims no repair (nor can a
+    file's own meta forge one)."""
+    path, _ = scaled_file(tmp_path, make_trace)
+    repaired = kvsim.load_trace(path)
+    again = tmp_path / "again.npz"
+    kvsim.save_npz(repaired, again)
+    assert "renormalised" not in kvsim.load_trace(again).meta
+    assert repair_note(kvsim.load_trace(again)) is None
+
+
+def test_describe_says_it_in_text_and_json(tmp_path, make_trace, capsys):
+    path, _ = scaled_file(tmp_path, make_trace)
+    assert cli.main(["describe", "--trace", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["renormalised"]["rows"] == 60
+    assert doc["renormalised"]["min_sum"] == pytest.approx(1.5) and doc["renormalised"]["max_sum"] == pytest.approx(315.0)
+    assert doc["note"].startswith("Renormalised 60 of 60 rows")
+    assert cli.main(["describe", "--trace", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "note: Renormalised 60 of 60 rows: their weights summed to 1.5-315, not 1" in text
+
+
+def test_describe_of_a_clean_trace_has_no_note(tmp_path, make_trace, capsys):
+    path = tmp_path / "clean.npz"
+    kvsim.save_npz(kvsim.from_array(make_trace(30, seed=3).attention), path)
+    assert cli.main(["describe", "--trace", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert "renormalised" not in doc and "note" not in doc
+    assert cli.main(["describe", "--trace", str(path)]) == 0
+    assert "note:" not in capsys.readouterr().out
