@@ -13,7 +13,7 @@ from kvsim.views import figures, story
 from .cache import BY_TRACE, TOP_K, cached_features, describe, kept_history, replays
 from .controls import Settings
 from .downloads import csv_button, html_button, stem
-from .state import KEPT_MODES, mirrored
+from .state import KEPT_MODES, mirrored, zoom_reset
 
 #: pixels across the kept images, shared among the panels of a row
 KEPT_PIXELS = 1024
@@ -71,6 +71,7 @@ def kept_view(trace: kvsim.Trace, settings: Settings) -> None:
     with top[1]:
         with st.expander("zoom to single positions (re-drawn from the replay at full resolution)"):
             region = zoom_controls(T)
+    _zoom_note(region, T)
     ages = figures.age_span(features, [spec.get("recent_window", 0) for spec in runs], settings.budget)
     size = KEPT_PIXELS // (1 if compare else min(len(runs), 3))
     box = (region.p0, region.p1, region.t0, region.t1)
@@ -146,6 +147,17 @@ def zoom_to_box(T: int) -> None:
         st.session_state["zoom_steps"] = (region.t0, region.t1)
 
 
+def _zoom_note(region: figures.Region, T: int) -> None:
+    """Said above the figure whenever a zoom applies (the zoom's panel may be folded away), with the
+    way back to the whole run."""
+    if region == figures.Region.whole(T):
+        return
+    text, button = st.columns([5, 1])
+    text.caption(f"**zoomed to positions {region.p0}..{region.p1}, steps {region.t0}..{region.t1} of {T}**: the "
+                 "picture shows that region only; the masses in the titles are over the whole run.")
+    button.button("reset: the whole run", key="zoom_note_reset", on_click=zoom_reset, args=(T,))
+
+
 def zoom_controls(T: int) -> figures.Region:
     """Two ranges: the positions and the steps the kept view draws. Below KEPT_PIXELS positions
     across, every position has its own pixel column."""
@@ -156,6 +168,5 @@ def zoom_controls(T: int) -> figures.Region:
         st.session_state[key] = (min(max(low, a), T), min(max(low, b), T))
     p = st.slider("positions", 0, T, key="zoom_positions")
     s = st.slider("steps", 1, T, key="zoom_steps")
-    st.button("the whole run", key="zoom_reset",
-              on_click=lambda: st.session_state.update(zoom_positions=(0, T), zoom_steps=(1, T)))
+    st.button("the whole run", key="zoom_reset", on_click=zoom_reset, args=(T,))
     return figures.Region(p[0], p[1], s[0], s[1]).clip(T)

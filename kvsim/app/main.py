@@ -43,6 +43,7 @@ def run() -> None:
     tour_box()
     st.sidebar.header("settings")
     trace = state.choose_trace()
+    state.follow_trace(trace)
     controls(trace)
     state.write_link()
 
