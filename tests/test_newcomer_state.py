@@ -4,10 +4,13 @@ they were set on (item 1), and the policy lab says what it did and what it measu
 from __future__ import annotations
 
 import io
+import json
 
 import numpy as np
 from streamlit.testing.v1 import AppTest
 from test_app import problems, run, widget
+
+from kvsim.analysis import lab
 
 LAYER = "gemma3-270m-heapq:L00"  # a 1024-step layer of the shipped bundle
 
@@ -85,3 +88,52 @@ def test_a_tour_step_over_another_trace_keeps_its_own_step():
 def test_a_link_keeps_its_step():
     at = run({"trace": "canonical", "step": "1500"})
     assert step(at) == 1500 and problems(at) == []
+
+
+# --- item 7: the policy lab says what it set, what its note is about, and when a step is measured ----
+
+
+def lab_app() -> AppTest:
+    return run(view="Policy lab")
+
+
+def lab_text(at: AppTest) -> str:
+    return " ".join(e.value for kind in ("markdown", "caption", "info", "warning") for e in getattr(at, kind))
+
+
+def test_switching_a_lab_side_to_h2o_keeps_a_sensible_recent_window_and_says_so():
+    at = lab_app()
+    assert at.number_input(key="lab_budget").value == 5
+    at.selectbox(key="lab_left").set_value("h2o").run()
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    assert at.number_input(key="lab_left_rw").value == 2  # h2o's default 32 does not fit budget 5: half of it
+    assert "recent_window set to 2 for h2o" in lab_text(at)
+    assert "h2o (recent_window=2), step" in json.loads(at.get("plotly_chart")[0].proto.spec)["layout"]["title"]["text"]
+
+
+def test_the_lab_says_when_recent_window_0_evicts_each_new_position():
+    at = lab_app()
+    at.selectbox(key="lab_left").set_value("h2o").run()
+    at.number_input(key="lab_left_rw").set_value(0).run()
+    assert "recent_window set to" not in lab_text(at)  # the user's own value now
+    assert "With recent_window 0, h2o evicts each new position at once" in lab_text(at)
+
+
+def test_the_presets_note_is_marked_when_the_policies_change():
+    at = lab_app()
+    preset = lab.PRESETS["sliding_window vs streaming_llm"]
+    assert preset.watch in [i.value for i in at.info]
+    at.selectbox(key="lab_right").set_value("h2o").run()
+    assert preset.watch not in [i.value for i in at.info]
+    assert "no longer applies" in lab_text(at) and "sliding_window vs streaming_llm (sinks=4) at budget 5" in lab_text(at)
+    at.selectbox(key="lab_right").set_value("streaming_llm").run()
+    assert preset.watch in [i.value for i in at.info]  # the preset's own pair again
+    at.number_input(key="lab_budget").set_value(6).run()
+    assert preset.watch not in [i.value for i in at.info] and "no longer applies" in lab_text(at)
+
+
+def test_a_lab_steps_figure_says_it_is_measured_before_the_steps_eviction():
+    at = lab_app()
+    title = json.loads(at.get("plotly_chart")[0].proto.spec)["layout"]["title"]["text"]
+    assert title.startswith("sliding_window, step 5: retained 1.000 before its eviction, then evicts 0")
+    assert "in the cache query 5 found" in title

@@ -215,6 +215,8 @@ def lab_reset() -> None:
     for side, spec in (("left", p.left), ("right", p.right)):
         st.session_state[f"_lab_{side}"] = spec.name
         st.session_state[f"_lab_{side}_rw"] = spec.params.get("recent_window", 0)
+    for side in ("left", "right"):
+        st.session_state.pop(f"_lab_{side}_rw_note", None)
     st.session_state.pop("_lab_step", None)  # the view opens at the first step where they differ
 
 
