@@ -137,3 +137,50 @@ def test_a_lab_steps_figure_says_it_is_measured_before_the_steps_eviction():
     title = json.loads(at.get("plotly_chart")[0].proto.spec)["layout"]["title"]["text"]
     assert title.startswith("sliding_window, step 5: retained 1.000 before its eviction, then evicts 0")
     assert "in the cache query 5 found" in title
+
+
+# --- item 6: a tour step is a slide whose words match its figure --------------------------------------
+
+
+def kept_figure(at: AppTest) -> dict:
+    (spec,) = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    return spec
+
+
+def shapes(spec: dict, prefix: str) -> list[dict]:
+    return [s for s in spec["layout"].get("shapes", []) if str(s.get("name", "")).startswith(prefix)]
+
+
+def test_the_sinks_step_describes_only_marks_its_difference_figure_draws():
+    at = run({"tour": "sinks"})
+    spec = kept_figure(at)
+    text = " ".join(m.value for m in at.markdown)
+    # the difference draws no heavy-hitter fates and no protected window (neither policy has one) ...
+    assert not [t for t in spec["data"] if t.get("name") == "evicted here"] and not shapes(spec, "protected window")
+    # ... and so its notes name neither (before: "a red line runs ...; an × marks ..." and "a dashed green line")
+    assert "a red line runs while the policy holds it" not in text and "dashed green line" not in text
+    assert "*a panel per policy* shows which each keeps" in text
+    assert not at.title  # a slide: the tour box is the heading, the figure fits under it
+
+
+def test_the_heavy_hitters_step_says_what_its_panels_draw():
+    at = run({"tour": "heavy-hitters"})
+    spec = kept_figure(at)
+    text = " ".join(m.value for m in at.markdown)
+    assert [t for t in spec["data"] if t.get("name") == "evicted here"] and shapes(spec, "protected window edge (age 32)")
+    assert "a red line runs while the policy holds it" in text and "dashed green line" in text
+    # the step's words and the notes under its figure tell the same story: h2o loses two of them
+    assert "h2o's cumulative scores keep all but two" in text and "h2o (recent_window=32) loses 2 of" in text
+
+
+def test_the_window_step_rings_the_default_under_the_current_star():
+    at = run({"tour": "window"})
+    (curve,) = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    star = [t for t in curve["data"] if t.get("name") == "current recent_window (32)"][0]["marker"]
+    default = [t for t in curve["data"] if t.get("name") == "shipped default (32)"][0]["marker"]
+    assert default["symbol"].endswith("-open") and default["size"] > star["size"]  # visible round the star
+    assert "orange ring round the red star" in " ".join(m.value for m in at.markdown)
+    at = run({"recent_window": "64"}, view="Choosing recent_window")  # apart from the star: a plain disc
+    (curve,) = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    default = [t for t in curve["data"] if t.get("name") == "shipped default (32)"][0]["marker"]
+    assert default["symbol"] == "circle" and default["size"] == 12
