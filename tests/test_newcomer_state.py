@@ -74,6 +74,7 @@ def test_a_zoom_in_force_is_said_above_the_figure_and_can_be_reset():
     assert "zoomed to" not in captions(at)
     zoom_to(at, (100, 300), (200, 400))
     assert "zoomed to positions 100..300, steps 200..400 of 4096" in captions(at)
+    assert "**Each panel is one policy's cache over the region zoomed to.**" in " ".join(m.value for m in at.markdown)
     [b for b in at.button if b.label == "reset: the whole run"][0].click().run()
     assert zoom(at) == ((0, 4096), (1, 4096)) and "zoomed to" not in captions(at)
 
@@ -135,8 +136,8 @@ def test_the_presets_note_is_marked_when_the_policies_change():
 def test_a_lab_steps_figure_says_it_is_measured_before_the_steps_eviction():
     at = lab_app()
     title = json.loads(at.get("plotly_chart")[0].proto.spec)["layout"]["title"]["text"]
-    assert title.startswith("sliding_window, step 5: retained 1.000 before its eviction, then evicts 0")
-    assert "in the cache query 5 found" in title
+    assert title.startswith("sliding_window, step 5: retained 1.000, then evicts 0<br>")
+    assert "query 5's attention on the cache it found, measured before this step's eviction" in title
 
 
 # --- item 6: a tour step is a slide whose words match its figure --------------------------------------

@@ -78,7 +78,7 @@ def kept_view(trace: kvsim.Trace, settings: Settings) -> None:
     size = KEPT_PIXELS // (1 if compare else min(len(runs), 3))
     box = (region.p0, region.p1, region.t0, region.t1)
     layers = kept_layers(trace, runs, box, ages, size, compare)
-    intro = _intro(layers[0]["block"], compare)
+    intro = _intro(layers[0]["block"], compare, zoomed=region != figures.Region.whole(T))
     if slot is None:
         st.markdown(intro)
     fig = cached_kept_figure(trace, runs, settings.step, box, ages, size, compare)
@@ -114,12 +114,13 @@ def _mode(runs: int) -> bool:
     return compare
 
 
-def _intro(block: tuple[int, int], compare: bool) -> str:
+def _intro(block: tuple[int, int], compare: bool, zoomed: bool = False) -> str:
     if compare:
         return ("**One panel: what the first two chosen policies keep differently**, pooled so that a single differing "
                 "column stays visible. Drag a box to zoom (double-click to reset).")
     return (
-        "**Each panel is one policy's cache over the whole run.** Row *t* is what the cache holds after decode step "
+        f"**Each panel is one policy's cache over {'the region zoomed to' if zoomed else 'the whole run'}.** "
+        "Row *t* is what the cache holds after decode step "
         "*t*: dark is kept, mid-grey a block of positions where some are kept, white evicted, light grey not "
         f"generated yet. The picture is pooled to about the pixels on screen (blocks of "
         f"{block[1]} positions x {block[0]} steps here). For single positions, draw a box "

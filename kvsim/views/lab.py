@@ -65,8 +65,8 @@ def step_title(step: LabStep, side: int) -> str:
     victim bar beside "retained 1.000" is no contradiction), then what the policy evicts."""
     s, t = step.sides[side], step.t
     victims = ", ".join(map(str, s.victims)) if s.victims else "nothing"
-    return (f"{s.label}, step {t}: retained {s.retained_mass:.3f} before its eviction, then evicts {victims}"
-            f"<br><sup>retained: query {t}'s attention on the positions in the cache query {t} found</sup>")
+    return (f"{s.label}, step {t}: retained {s.retained_mass:.3f}, then evicts {victims}"
+            f"<br><sup>retained: query {t}'s attention on the cache it found, measured before this step's eviction</sup>")
 
 
 def _fmt_score(x: float) -> str:
