@@ -372,3 +372,42 @@ def test_the_claims_model_and_quality_views_in_a_real_browser(server):
             assert page_errors == []
         finally:
             browser.close()
+
+
+# --- issue 21, item 6: a tour step is a slide: its figure and legends fit the window ----------------
+
+JS_FIGURE_BOXES = """() => [...document.querySelectorAll('.js-plotly-plot')].map(d => {
+  const box = r => { const b = r.getBoundingClientRect(); return {top: b.top, bottom: b.bottom, left: b.left, right: b.right}; };
+  return {kinds: (d.data || []).map(t => t.type + ':' + (t.name || '')), figure: box(d),
+          legends: [...d.querySelectorAll('.legend')].map(box)};
+})"""
+
+
+@pytest.mark.parametrize("key", ["sinks", "heavy-hitters", "window"])
+def test_each_tour_step_fits_the_window_with_its_legend(server, key):
+    """At 1500 x 1100, with nothing scrolled, the step's figure and every legend of it lie inside
+    the window (before: step 1's legend and step 2's last thousand steps were below the fold)."""
+    from kvsim.views import tour
+
+    step = tour.BY_KEY[key]
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport=VIEWPORT)
+            page.goto(f"{server}/?tour={key}", wait_until="domcontentloaded")
+            if step.view == "Kept positions":
+                page.wait_for_function(f"() => ({JS_IMAGES})() >= 3", timeout=LOAD_TIMEOUT_MS)
+            else:
+                wait_marker(page, step.settings["recent_window"])
+            page.wait_for_timeout(1500)  # fonts and legends settle
+            no_exceptions(page)
+            page.screenshot(path=str(ARTIFACTS / f"tour-fit-{key}.png"))  # the window only, as a slide shows
+            kind = "image:" if step.view == "Kept positions" else "scatter:current recent_window"
+            (chart,) = [c for c in page.evaluate(JS_FIGURE_BOXES) if any(k.startswith(kind) for k in c["kinds"])]
+            assert chart["legends"], "the step's figure has no legend on the page"
+            for what, b in [("figure", chart["figure"]), *(("legend", b) for b in chart["legends"])]:
+                assert 0 <= b["top"] and b["bottom"] <= VIEWPORT["height"], (key, what, b)
+                assert 0 <= b["left"] and b["right"] <= VIEWPORT["width"], (key, what, b)
+        finally:
+            browser.close()

@@ -200,14 +200,17 @@ def test_app_lab_tab_steps_a_preset_and_reports_refusals():
     assert [e.value for e in at.exception] == [] and [e.value for e in at.error] == []
     assert at.selectbox(key="lab_preset").value == "sliding_window vs streaming_llm"
     assert at.slider(key="lab_step").value == 5  # opens where the two first evict differently
-    assert titles(at)[0] == "sliding_window, step 5: retained 1.000, evicts 0"
-    assert titles(at)[2] == "streaming_llm (sinks=4), step 5: retained 1.000, evicts 4"
+    # each step is measured before its eviction, and says so (issue 21, item 7: the old "retained 1.000,
+    # evicts 0" beside a red victim bar did not)
+    assert titles(at)[0] == ("sliding_window, step 5: retained 1.000, then evicts 0<br><sup>retained: query 5's "
+                             "attention on the cache it found, measured before this step's eviction</sup>")
+    assert titles(at)[2].startswith("streaming_llm (sinks=4), step 5: retained 1.000, then evicts 4<br>")
 
     at.selectbox(key="lab_preset").set_value("h2o vs scissorhands").run()
     assert at.number_input(key="lab_budget").value == 4 and at.slider(key="lab_step").value == 4
-    assert [titles(at)[0], titles(at)[2]] == [
-        "h2o (recent_window=2), step 4: retained 1.000, evicts 2",
-        "scissorhands (recent_window=2), step 4: retained 1.000, evicts 0",
+    assert [titles(at)[0].split("<br>")[0], titles(at)[2].split("<br>")[0]] == [
+        "h2o (recent_window=2), step 4: retained 1.000, then evicts 2",
+        "scissorhands (recent_window=2), step 4: retained 1.000, then evicts 0",
     ]
     at.slider(key="lab_step").set_value(6).run()
     assert titles(at)[0].startswith("h2o (recent_window=2), step 6:")

@@ -91,12 +91,12 @@ def tour_box() -> None:
     before, after = tour.neighbours(key)
     number = [s.key for s in tour.TOUR].index(key) + 1
     with st.container(border=True):
-        st.markdown(f"**Guided tour, step {number} of {len(tour.TOUR)}: {step.title}** (view: *{step.view}*). "
-                    f"{step.look}")
-        cols = st.columns([1, 1, 1, 3])
+        # the heading shares its row with the way on, so the step's figure fits the screen below it
+        head, *cols = st.columns([5, 2, 2, 1.6], vertical_alignment="center")
+        head.markdown(f"**kvsim guided tour, step {number} of {len(tour.TOUR)}: {step.title}**")
         if before is not None:
             cols[0].button(f"← {before.title}", on_click=apply_tour, args=(before.key,), key="tour_back")
         if after is not None:
             cols[1].button(f"{after.title} →", on_click=apply_tour, args=(after.key,), key="tour_next")
         cols[2].button("leave the tour", on_click=lambda: st.session_state.update(tour=None), key="tour_leave")
-        cols[3].caption(f"Link to this step, for a slide: add `?tour={key}` to the app's address.")
+        st.markdown(f"{step.look} :small[(view: *{step.view}* · link: `?tour={key}`)]")

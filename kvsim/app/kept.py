@@ -13,7 +13,7 @@ from kvsim.views import figures, story
 from .cache import BY_TRACE, TOP_K, cached_features, describe, kept_history, replays
 from .controls import Settings
 from .downloads import csv_button, html_button, stem
-from .state import KEPT_MODES, mirrored
+from .state import KEPT_MODES, mirrored, touring, zoom_reset
 
 #: pixels across the kept images, shared among the panels of a row
 KEPT_PIXELS = 1024
@@ -65,22 +65,29 @@ def kept_view(trace: kvsim.Trace, settings: Settings) -> None:
         st.warning(note)
     features = cached_features(trace)
     T = trace.steps
+    # on a tour step the figure comes first, then its controls and the words: a slide fits the screen
+    slot = st.container() if touring() else None
     top = st.columns([2, 3])
     with top[0]:
         compare = _mode(len(runs))
     with top[1]:
         with st.expander("zoom to single positions (re-drawn from the replay at full resolution)"):
             region = zoom_controls(T)
+    _zoom_note(region, T)
     ages = figures.age_span(features, [spec.get("recent_window", 0) for spec in runs], settings.budget)
     size = KEPT_PIXELS // (1 if compare else min(len(runs), 3))
     box = (region.p0, region.p1, region.t0, region.t1)
     layers = kept_layers(trace, runs, box, ages, size, compare)
-    st.markdown(_intro(layers[0]["block"], compare))
+    intro = _intro(layers[0]["block"], compare, zoomed=region != figures.Region.whole(T))
+    if slot is None:
+        st.markdown(intro)
     fig = cached_kept_figure(trace, runs, settings.step, box, ages, size, compare)
     # a box drawn with the select tool re-draws that region from the replay, at full resolution
     # once it is narrow enough; the zoom tool (the default) only magnifies the pooled picture
-    st.plotly_chart(fig, key="kept_chart", config={"scrollZoom": True}, on_select=lambda: zoom_to_box(T),
-                    selection_mode="box")
+    (slot or st).plotly_chart(fig, key="kept_chart", config={"scrollZoom": True}, on_select=lambda: zoom_to_box(T),
+                              selection_mode="box")
+    if slot is not None:
+        st.markdown(intro)
     results = replays(trace, runs)
     _notes(trace, runs, results, ages, compare)
     st.caption(f"The dashed line is the sidebar's **step** ({settings.step}).")
@@ -107,12 +114,13 @@ def _mode(runs: int) -> bool:
     return compare
 
 
-def _intro(block: tuple[int, int], compare: bool) -> str:
+def _intro(block: tuple[int, int], compare: bool, zoomed: bool = False) -> str:
     if compare:
         return ("**One panel: what the first two chosen policies keep differently**, pooled so that a single differing "
                 "column stays visible. Drag a box to zoom (double-click to reset).")
     return (
-        "**Each panel is one policy's cache over the whole run.** Row *t* is what the cache holds after decode step "
+        f"**Each panel is one policy's cache over {'the region zoomed to' if zoomed else 'the whole run'}.** "
+        "Row *t* is what the cache holds after decode step "
         "*t*: dark is kept, mid-grey a block of positions where some are kept, white evicted, light grey not "
         f"generated yet. The picture is pooled to about the pixels on screen (blocks of "
         f"{block[1]} positions x {block[0]} steps here). For single positions, draw a box "
@@ -127,15 +135,37 @@ def _notes(trace: kvsim.Trace, runs: tuple[PolicySpec, ...], results: list, ages
     info = describe(trace, features)
     sinks, band, heavy = st.columns(3)
     sinks.markdown(story.sink_text(features, info, difference=compare))
-    band.markdown(story.band_text(features, info, ages))
-    fates = {} if compare else {
-        figures.policy_label(r): cached_fates(trace, spec) for r, spec in zip(results, runs, strict=True)
-    }
-    heavy.markdown(story.heavy_text(features, fates))
+    windows = [w for spec in runs[: 2 if compare else None] if 0 < (w := spec.get("recent_window", 0)) <= ages]
+    band.markdown(_as_drawn(story.band_text(features, info, ages), windows))
+    if compare:  # the difference draws where heavy hitters are, not what each policy does with them
+        heavy.markdown(_difference_heavy_text(features) if features.heavy else story.heavy_text(features, {}))
+    else:
+        fates = {figures.policy_label(r): cached_fates(trace, spec) for r, spec in zip(results, runs, strict=True)}
+        heavy.markdown(story.heavy_text(features, fates))
     if compare:
         a, b = results[0], results[1]
         counts = cached_difference(trace, runs[0], runs[1])
         st.markdown(story.difference_text(a.policy, b.policy, a.retained_mass, b.retained_mass, counts))
+
+
+#: the band note's last sentence names a mark drawn only where a shown policy protects a window
+GREEN_EDGE = ", its edge a dashed green line."
+
+
+def _as_drawn(band_note: str, windows: list[int]) -> str:
+    """The band note, naming the protected window's dashed green edge only where the figure draws
+    one (a shown policy with a recent window inside the strip)."""
+    if windows or GREEN_EDGE not in band_note:
+        return band_note
+    return band_note.replace(GREEN_EDGE, " (none of the policies shown protects one).")
+
+
+def _difference_heavy_text(features) -> str:
+    """The difference view's note on heavy hitters: it marks their columns and nothing more."""
+    return (f"**Heavy hitters** (red ▼ over their columns; {features.heavy_source}): older positions that draw a "
+            "large share for a stretch. The difference marks only where they are; *a panel per policy* shows which "
+            "each keeps, with a red "
+            "line while it is held and an × where it is evicted while still wanted.")
 
 
 def zoom_to_box(T: int) -> None:
@@ -144,6 +174,17 @@ def zoom_to_box(T: int) -> None:
     if region is not None:
         st.session_state["zoom_positions"] = (region.p0, region.p1)
         st.session_state["zoom_steps"] = (region.t0, region.t1)
+
+
+def _zoom_note(region: figures.Region, T: int) -> None:
+    """Said above the figure whenever a zoom applies (the zoom's panel may be folded away), with the
+    way back to the whole run."""
+    if region == figures.Region.whole(T):
+        return
+    text, button = st.columns([5, 1])
+    text.caption(f"**zoomed to positions {region.p0}..{region.p1}, steps {region.t0}..{region.t1} of {T}**: the "
+                 "picture shows that region only; the masses in the titles are over the whole run.")
+    button.button("reset: the whole run", key="zoom_note_reset", on_click=zoom_reset, args=(T,))
 
 
 def zoom_controls(T: int) -> figures.Region:
@@ -156,6 +197,5 @@ def zoom_controls(T: int) -> figures.Region:
         st.session_state[key] = (min(max(low, a), T), min(max(low, b), T))
     p = st.slider("positions", 0, T, key="zoom_positions")
     s = st.slider("steps", 1, T, key="zoom_steps")
-    st.button("the whole run", key="zoom_reset",
-              on_click=lambda: st.session_state.update(zoom_positions=(0, T), zoom_steps=(1, T)))
+    st.button("the whole run", key="zoom_reset", on_click=zoom_reset, args=(T,))
     return figures.Region(p[0], p[1], s[0], s[1]).clip(T)

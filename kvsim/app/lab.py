@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import streamlit as st
 
 import kvsim
@@ -13,12 +14,58 @@ from .state import lab_reset, lasting
 
 def lab_policy(side: str, preset: lab.Preset) -> lab.LabPolicy:
     spec = preset.left if side == "left" else preset.right
-    name = lasting(st.selectbox, f"{side} policy", f"lab_{side}", spec.name, options=list(kvsim.POLICIES))
+    name = lasting(st.selectbox, f"{side} policy", f"lab_{side}", spec.name, options=list(kvsim.POLICIES),
+                   then=lambda: _switched(side))
     params = dict(spec.params) if name == spec.name else {}
     if "recent_window" in kvsim.policy_params(name):
-        params["recent_window"] = int(lasting(st.number_input, "recent_window", f"lab_{side}_rw",
-                                              spec.params.get("recent_window", 0), min_value=0, step=1))
+        rw = int(lasting(st.number_input, "recent_window", f"lab_{side}_rw", spec.params.get("recent_window", 0),
+                         min_value=0, step=1, then=lambda: st.session_state.pop(f"_lab_{side}_rw_note", None)))
+        params["recent_window"] = rw
+        if note := st.session_state.get(f"_lab_{side}_rw_note"):
+            st.caption(note)
+        if rw == 0:
+            st.caption(f":orange[With recent_window 0, {name} evicts each new position at once whenever its score is "
+                       "the lowest, and a new position has scored nothing yet] (the preset *h2o recent_window 0 "
+                       "pitfall* shows it).")
     return lab.LabPolicy(name, params)
+
+
+def _switched(side: str) -> None:
+    """A side's policy changed: its recent_window is the preset's where the preset has this policy
+    on this side, else the registry's default, or half the budget where the default does not fit;
+    the value set is said under the control (until the user sets one)."""
+    preset = lab.PRESETS[st.session_state["_lab_preset"]]
+    spec = preset.left if side == "left" else preset.right
+    name, budget = st.session_state[f"lab_{side}"], int(st.session_state.get("_lab_budget", preset.budget))
+    st.session_state.pop(f"_lab_{side}_rw_note", None)
+    param = next((p for p in kvsim.tunables(name) if p.name == "recent_window"), None)
+    if name == spec.name:
+        st.session_state[f"_lab_{side}_rw"] = spec.params.get("recent_window", 0)
+    elif param is not None:
+        upper = param.upper(budget)
+        fits = upper is None or param.default <= upper
+        value = param.default if fits else max(0, budget // 2)
+        st.session_state[f"_lab_{side}_rw"] = value
+        st.session_state[f"_lab_{side}_rw_note"] = (
+            f"recent_window set to {value} for {name}: "
+            + ("its default." if fits else f"its default, {param.default}, does not fit the lab budget of {budget}, "
+               "so half the budget."))
+
+
+def _preset_note(slot, preset: lab.Preset, specs: list[lab.LabPolicy], budget: int, trace: kvsim.Trace) -> None:
+    """The preset's note where its own pair, budget and trace are on screen; else what it was about
+    and that it no longer applies."""
+    changed = [what for what, same in (
+        ("the left policy", specs[0] == preset.left), ("the right policy", specs[1] == preset.right),
+        ("the budget", budget == preset.budget),
+        ("the trace", np.allclose(trace.attention, preset.trace().attention)),
+    ) if not same]
+    if not changed:
+        slot.info(preset.watch)
+        return
+    slot.caption(f"The preset's note is about {preset.left.label} vs {preset.right.label} at budget {preset.budget} "
+                 f"on its own trace; {' and '.join(changed)} changed, so it no longer applies: read the bars and the "
+                 "tables below.")
 
 
 def lab_view() -> None:
@@ -33,7 +80,7 @@ def lab_view() -> None:
         preset = lab.PRESETS[lasting(st.selectbox, "preset", "lab_preset", names[0], then=lab_reset, options=names)]
     with top[1]:
         budget = int(lasting(st.number_input, "lab budget", "lab_budget", preset.budget, min_value=1, step=1))
-    st.info(preset.watch)
+    note = st.empty()  # the preset's note, once the sides are read
     with st.expander("edit the trace (row t: the attention of step t over positions 0 .. t-1; rows are normalised)"):
         table = st.data_editor(lab.preset_table(preset.trace()), key=f"lab_table_{preset.title}")
     try:
@@ -46,6 +93,7 @@ def lab_view() -> None:
     for col, side in zip(sides, ("left", "right"), strict=True):
         with col:
             specs.append(lab_policy(side, preset))
+    _preset_note(note, preset, specs, budget, trace)
     try:
         steps = lab.side_by_side(trace, specs[0], specs[1], budget)
     except ValueError as e:

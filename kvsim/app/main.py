@@ -32,17 +32,19 @@ def run() -> None:
     if "_link_read" not in st.session_state:
         st.session_state["_link_problems"] = state.read_link()
         st.session_state["_link_read"] = True
-    st.title("kvsim: what a KV cache keeps")
-    st.caption(
-        "Replay one attention trace through KV-cache eviction policies and see, step by step, which "
-        "positions each keeps and how much of the model's attention that cache still holds."
-    )
+    if not state.touring():  # a tour step is a slide: its box is the heading, so the figure fits the screen
+        st.title("kvsim: what a KV cache keeps")
+        st.caption(
+            "Replay one attention trace through KV-cache eviction policies and see, step by step, which "
+            "positions each keeps and how much of the model's attention that cache still holds."
+        )
     for problem in st.session_state.pop("_link_problems", []):
         st.warning(problem)
 
     tour_box()
     st.sidebar.header("settings")
     trace = state.choose_trace()
+    state.follow_trace(trace)
     controls(trace)
     state.write_link()
 

@@ -29,6 +29,8 @@ TABS = ("Kept positions", "Cumulative scores", "Choosing recent_window", "The tr
         "Your model", "Proxy against truth")
 #: the kept view's two modes: a panel per policy, or one panel of what the first two keep differently
 KEPT_MODES = {"each": "a panel per policy", "difference": "difference of the first two"}
+#: the settings that belong to one trace: the kept view's zoom into its positions and steps
+ZOOM_KEYS = ("zoom_positions", "zoom_steps")
 
 
 def all_params() -> dict[str, int]:
@@ -149,8 +151,38 @@ def apply_tour(key: str) -> None:
                 continue
             drop_upload()  # the step is about this trace: an upload in use would replace it
         st.session_state[name] = value
+    for name in ZOOM_KEYS:  # a slide shows the whole run
+        st.session_state.pop(name, None)
+    if "step" in step.settings:
+        st.session_state["_step_given"] = True  # the step is the tour's, whatever trace was on screen before
     st.session_state["view"] = step.view  # the tabs are bound to the URL's view; set through the state
     st.session_state["tour"] = key
+
+
+def follow_trace(trace: kvsim.Trace) -> bool:
+    """When the trace on screen is another one than the last run's (another shipped trace, an upload,
+    a refused upload's fallback), the settings that belong to a trace start again on the new one: the
+    zoom is the whole run and the step its last, unless the change brought its own step (a tour step).
+    Returns True when the trace changed."""
+    seen = st.session_state.get("_trace_seen")
+    given = st.session_state.pop("_step_given", False)
+    st.session_state["_trace_seen"] = trace.fingerprint
+    if seen is None or seen == trace.fingerprint:  # the first run keeps the link's step
+        return False
+    zoom_reset(trace.steps)
+    if not given:
+        st.session_state["step"] = trace.steps
+    return True
+
+
+def zoom_reset(T: int) -> None:
+    """The kept view's zoom back to the whole run of ``T`` steps."""
+    st.session_state.update(zoom_positions=(0, T), zoom_steps=(1, T))
+
+
+def touring() -> bool:
+    """True while a tour step is open: the page is then laid out as a slide (its figure on screen)."""
+    return st.session_state.get("tour") in tour.BY_KEY
 
 
 def drop_upload() -> None:
@@ -188,6 +220,8 @@ def lab_reset() -> None:
     for side, spec in (("left", p.left), ("right", p.right)):
         st.session_state[f"_lab_{side}"] = spec.name
         st.session_state[f"_lab_{side}_rw"] = spec.params.get("recent_window", 0)
+    for side in ("left", "right"):
+        st.session_state.pop(f"_lab_{side}_rw_note", None)
     st.session_state.pop("_lab_step", None)  # the view opens at the first step where they differ
 
 

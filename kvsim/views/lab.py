@@ -51,14 +51,22 @@ def step_figure(step: LabStep, side: int) -> go.Figure:
             name="score", showlegend=False, hoverinfo="skip",
         )
     fig.update_layout(
-        title=f"{s.label}, step {t}: retained {s.retained_mass:.3f}"
-        + (f", evicts {', '.join(map(str, s.victims))}" if s.victims else ", evicts nothing"),
-        barmode="overlay", bargap=0.15, height=320, margin={"l": 40, "r": 10, "t": 50, "b": 40},
+        title=step_title(step, side), barmode="overlay", bargap=0.15, height=320,
+        margin={"l": 40, "r": 10, "t": 70, "b": 40},
         legend={"orientation": "h", "y": -0.25},
     )
     fig.update_xaxes(title="position", range=[-0.6, t + 0.6], dtick=1)
     fig.update_yaxes(title=f"attention of query {t}", range=[0, max(1.0, float(step.row.max())) * 1.15])
     return fig
+
+
+def step_title(step: LabStep, side: int) -> str:
+    """The step figure's title: what the query found, measured before this step's eviction (so a red
+    victim bar beside "retained 1.000" is no contradiction), then what the policy evicts."""
+    s, t = step.sides[side], step.t
+    victims = ", ".join(map(str, s.victims)) if s.victims else "nothing"
+    return (f"{s.label}, step {t}: retained {s.retained_mass:.3f}, then evicts {victims}"
+            f"<br><sup>retained: query {t}'s attention on the cache it found, measured before this step's eviction</sup>")
 
 
 def _fmt_score(x: float) -> str:

@@ -33,16 +33,15 @@ TOUR = (
         "heavy-hitters", "Heavy hitters", "Kept positions",
         "Red triangles mark the heavy hitters: older positions that draw a large share for a stretch. Beside each "
         "column a red line runs while the policy holds it; an × marks where it is evicted while still wanted. "
-        "streaming_llm loses every one as it slides past; h2o's cumulative scores keep them.",
+        "streaming_llm loses every one as it slides past; h2o's cumulative scores keep all but two.",
         {"trace": "canonical", "policies": ["streaming_llm", "h2o"], "budget": 256, "recent_window": 32,
          "kept_mode": "each", "step": 2048},
     ),
     TourStep(
         "window", "The recent window", "Choosing recent_window",
-        "Each point is a full replay of h2o at one recent_window. At the shipped default (orange) it keeps less "
-        "than streaming_llm; the gain stops where the window reaches the trace's band. Click a point to set "
-        "recent_window everywhere, then look at the kept positions again: the strip at each panel's right shows the "
-        "protected window growing to cover the band.",
+        "Each point is a replay of h2o at one recent_window. At the default, 32 (orange ring round the red star), "
+        "it keeps less than streaming_llm (green dashes); the gain stops at the band (the square). Click a point "
+        "to set recent_window everywhere.",
         {"trace": "canonical", "policies": ["streaming_llm", "h2o"], "budget": 256, "recent_window": 32,
          "curve_policy": "h2o", "step": 2048},
     ),

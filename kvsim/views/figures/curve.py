@@ -169,11 +169,13 @@ def _marks(fig, r: int, label: str, x: np.ndarray, y: np.ndarray, marks: Sequenc
     for mark, text, colour, symbol in marks:
         hit = x == mark
         if hit.any():
+            # a mark at the current value would hide under its star: it rings the star instead
+            ring = dict(size=28, symbol=f"{symbol}-open", line=dict(color=colour, width=3)) if mark == current else {}
             fig.add_trace(
                 go.Scatter(
                     x=x[hit], y=y[hit], mode="markers", name=text, legendgroup=text, showlegend=(r == 1),
                     legend="legend3",
-                    marker=dict(size=12, color=colour, symbol=symbol, line=dict(color="black", width=1)),
+                    marker=dict(size=12, color=colour, symbol=symbol, line=dict(color="black", width=1)) | ring,
                     hovertemplate=text + "<br>" + label + " %{y:.4f}<extra></extra>",
                 ),
                 row=r, col=1,
