@@ -1,0 +1,130 @@
+"""Issue 21, what a newcomer trips on where the text and the picture meet: every series of the
+recent_window curve told apart and labelled (its legends inside the figure, none over another), and
+the sentences beside a figure saying what the figure draws.
+
+The layout checks draw the figure in headless Chromium (Debian's ``chromium``, driven by Playwright
+through ``executable_path``) at the width the app gives it at 1500 x 1100, and read where plotly put
+each legend, label and point; they are skipped where there is no Chromium.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+
+import kvsim
+from kvsim.views import figures
+from kvsim.views.figures import curve as curve_figures
+
+CHROMIUM = "/usr/bin/chromium"
+#: the chart column's width in the app at 1500 x 1100 (three quarters of the main area)
+CHART_WIDTH = 770
+
+
+def boxes(fig, width: int = CHART_WIDTH, selectors: dict[str, str] | None = None) -> dict[str, list[dict]]:
+    """The figure drawn in headless Chromium ``width`` px wide: for each name in ``selectors`` (CSS
+    selectors inside the plot) the bounding boxes of what matches, plus the whole figure's ("svg")."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no chromium at {CHROMIUM}")
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    html = fig.to_html(include_plotlyjs=True, full_html=True, default_width=f"{width}px",
+                       default_height=f"{fig.layout.height or 500}px", config={"responsive": False})
+    wanted = {"svg": ".main-svg", **(selectors or {})}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": width + 40, "height": 1100})
+            page.set_content(html, wait_until="load")
+            page.wait_for_selector(".main-svg")
+            page.wait_for_timeout(300)
+            return {name: page.eval_on_selector_all(sel, """els => els.map(e => {
+                const r = e.getBoundingClientRect();
+                return {x0: r.left, x1: r.right, y0: r.top, y1: r.bottom, text: e.textContent};
+            })""") for name, sel in wanted.items()}
+        finally:
+            browser.close()
+
+
+def overlap(a: dict, b: dict, pad: float = 0.0) -> bool:
+    return a["x0"] < b["x1"] - pad and b["x0"] < a["x1"] - pad and a["y0"] < b["y1"] - pad and b["y0"] < a["y1"] - pad
+
+
+def inside(a: dict, b: dict, tol: float = 0.5) -> bool:
+    return a["x0"] >= b["x0"] - tol and a["x1"] <= b["x1"] + tol and a["y0"] >= b["y0"] - tol and a["y1"] <= b["y1"] + tol
+
+
+# --------------------------------------------------------------------------------------------
+# item 2: the recent_window curve's legend
+
+
+def whole_registry_curve():
+    """The curve as the app draws it on the canonical trace's shape: every policy with a
+    recent_window a curve (h2o the primary), every other one a line, the upper bound."""
+    rows = [dict(policy="h2o", recent_window=w, retained_mass=0.4 + w / 600, top_k_recall=0.5 + w / 600)
+            for w in sorted({*range(1, 256, 8), 32, 64})]
+    curves = [n for n in kvsim.POLICIES if "recent_window" in kvsim.policy_params(n)]
+    companions = {n: [dict(r, policy=n, retained_mass=r["retained_mass"] - 0.01 * i) for r in rows]
+                  for i, n in enumerate(curves) if n != "h2o"}
+    lines = []
+    for i, (name, cls) in enumerate(kvsim.POLICIES.items()):
+        if name in curves:
+            continue
+        label = "streaming_llm (sinks=4)" if name == "streaming_llm" else name
+        if cls.needs_trace:
+            lines.append(figures.Line(f"{label} (offline reference)", 0.9 - 0.01 * i, 0.9, "offline", name))
+        else:
+            lines.append(figures.Line(label, 0.5 + 0.04 * i, 0.6, policy=name))
+    lines.append(figures.Line("upper bound (offline reference)", 0.97, 1.0, "bound"))
+    fig = figures.recent_window_curve(rows, lines, current=32, default=32, band=64, companions=companions)
+    return fig, curves, lines
+
+
+def test_every_registered_policy_has_a_colour_and_a_line_of_its_own():
+    styles = {name: curve_figures.style_of(name) for name in kvsim.POLICIES}
+    assert set(kvsim.POLICIES) <= set(curve_figures.POLICY_STYLES)  # none falls back to a spare style
+    every = [*styles.values(), curve_figures.style_of(None, "bound")]
+    colours = [s.colour.lower() for s in every]
+    assert len(set(colours)) == len(colours), colours
+    # nor the colour of a mark on the primary curve (orange default, cyan band, red current)
+    assert not {"#ff7f0e", "#17becf", curve_figures.CURRENT_COLOUR.lower()} & set(colours)
+    lines = [(s.dash, s.width, s.symbol) for s in every]
+    assert len(set(lines)) == len(lines), lines
+    # a curve (a policy with a recent_window) carries a marker; a horizontal line does not need one
+    for name, s in styles.items():
+        assert (s.symbol is not None) == ("recent_window" in kvsim.policy_params(name)), name
+
+
+def test_every_series_of_the_curve_is_drawn_apart():
+    fig, curves, lines = whole_registry_curve()
+    series = {t.name: t for t in fig.data if t.showlegend is not False and t.legend != "legend3"}
+    assert set(series) == {*curves, *(line.label for line in lines)}
+    colours = [t.line.color for t in series.values()]
+    assert len(set(colours)) == len(colours), colours
+    looks = [(t.line.dash, t.line.width, t.marker.symbol if "markers" in t.mode else None) for t in series.values()]
+    assert len(set(looks)) == len(looks), looks
+
+
+LEGENDS = "g.legend, g.legend2, g.legend3"
+ENTRIES = "g.legend g.traces, g.legend2 g.traces, g.legend3 g.traces"
+
+
+def test_the_curve_legends_stay_inside_the_figure_and_apart():
+    fig, curves, lines = whole_registry_curve()
+    got = boxes(fig, selectors={"legends": LEGENDS, "entries": ENTRIES, "plot": "g.cartesianlayer",
+                                "xtitle": "g.g-xtitle"})
+    (svg,) = got["svg"][:1]
+    legends = got["legends"]
+    assert len(legends) == 3
+    for a in legends:
+        assert inside(a, svg), a  # no label cut at the figure's edge
+        assert not overlap(a, got["plot"][0]) and not overlap(a, got["xtitle"][0]), a
+    for a, b in itertools.combinations(legends, 2):
+        assert not overlap(a, b), (a, b)
+    # every series is labelled: one legend row each, none over another
+    labels = [e["text"] for e in got["entries"]]
+    for name in [*curves, *(line.label for line in lines)]:
+        assert name in labels
+    for a, b in itertools.combinations(got["entries"], 2):
+        assert not overlap(a, b, pad=1), (a, b)
