@@ -10,12 +10,14 @@ each legend, label and point; they are skipped where there is no Chromium.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 
 import pytest
 
 import kvsim
-from kvsim.views import figures
+from kvsim.analysis import features
+from kvsim.views import figures, story
 from kvsim.views.figures import curve as curve_figures
 
 CHROMIUM = "/usr/bin/chromium"
@@ -23,15 +25,14 @@ CHROMIUM = "/usr/bin/chromium"
 CHART_WIDTH = 770
 
 
-def boxes(fig, width: int = CHART_WIDTH, selectors: dict[str, str] | None = None) -> dict[str, list[dict]]:
-    """The figure drawn in headless Chromium ``width`` px wide: for each name in ``selectors`` (CSS
-    selectors inside the plot) the bounding boxes of what matches, plus the whole figure's ("svg")."""
+def drawn(fig, script: str, width: int = CHART_WIDTH):
+    """The figure drawn in headless Chromium ``width`` px wide, and what ``script`` (a JavaScript
+    function of the plot's element) returns there."""
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"no chromium at {CHROMIUM}")
     sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
     html = fig.to_html(include_plotlyjs=True, full_html=True, default_width=f"{width}px",
                        default_height=f"{fig.layout.height or 500}px", config={"responsive": False})
-    wanted = {"svg": ".main-svg", **(selectors or {})}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
         try:
@@ -39,12 +40,23 @@ def boxes(fig, width: int = CHART_WIDTH, selectors: dict[str, str] | None = None
             page.set_content(html, wait_until="load")
             page.wait_for_selector(".main-svg")
             page.wait_for_timeout(300)
-            return {name: page.eval_on_selector_all(sel, """els => els.map(e => {
-                const r = e.getBoundingClientRect();
-                return {x0: r.left, x1: r.right, y0: r.top, y1: r.bottom, text: e.textContent};
-            })""") for name, sel in wanted.items()}
+            return page.evaluate(script)
         finally:
             browser.close()
+
+
+BOXES = """(wanted) => Object.fromEntries(Object.entries(wanted).map(([name, sel]) => [name,
+    [...document.querySelectorAll(sel)].map(e => {
+        const r = e.getBoundingClientRect();
+        return {x0: r.left, x1: r.right, y0: r.top, y1: r.bottom, text: e.textContent};
+    })]))"""
+
+
+def boxes(fig, width: int = CHART_WIDTH, selectors: dict[str, str] | None = None) -> dict[str, list[dict]]:
+    """The bounding boxes of what each of ``selectors`` (CSS) matches in the drawn figure, plus the
+    whole figure's ("svg")."""
+    wanted = {"svg": ".main-svg", **(selectors or {})}
+    return drawn(fig, f"({BOXES})({json.dumps(wanted)})", width)
 
 
 def overlap(a: dict, b: dict, pad: float = 0.0) -> bool:
@@ -128,3 +140,50 @@ def test_the_curve_legends_stay_inside_the_figure_and_apart():
         assert name in labels
     for a, b in itertools.combinations(got["entries"], 2):
         assert not overlap(a, b, pad=1), (a, b)
+
+
+# --------------------------------------------------------------------------------------------
+# item 8: the sentences beside a figure say what it draws
+
+#: the kept view's width in the app at 1500 x 1100 (the main area)
+KEPT_WIDTH = 1100
+#: the x pixel of every point of the traces named ``name``, one list per trace
+PIXELS = """(name) => {
+    const gd = document.querySelector('.js-plotly-plot');
+    return gd._fullData.filter(t => t.name === name).map(t => {
+        const ax = gd._fullLayout['xaxis' + t.xaxis.slice(1)];
+        return Array.from(t.x, x => ax._offset + ax.l2p(x));
+    });
+}"""
+
+
+def seen(pixels: list[float], size: float) -> int:
+    """How many marks ``size`` px wide a reader tells apart at these x pixels."""
+    out, last = 0, None
+    for x in sorted(pixels):
+        if last is None or x - last > size:
+            out += 1
+        last = x
+    return out
+
+
+@pytest.fixture(scope="module")
+def canonical_story():
+    trace = kvsim.generate_canonical()
+    results = [kvsim.replay(trace, name, budget=256, record_kept=True) for name in ("sliding_window", "streaming_llm", "h2o")]
+    return trace, results
+
+
+def test_the_heavy_hitters_count_said_is_the_count_drawn(canonical_story):
+    trace, results = canonical_story
+    f = features.trace_features(trace)
+    fig = figures.kept_heatmap(results, f, step=1000)
+    heads = drawn(fig, f"({PIXELS})('heavy hitter (its column)')", KEPT_WIDTH)
+    assert len(heads) == 3 and all(len(h) == 24 for h in heads)  # every heavy hitter is drawn, in each panel
+    visible = seen(heads[0], 9)  # the triangles are 9 px wide
+    text = story.heavy_text(f, {figures.policy_label(r): features.heavy_fates(r.kept_history, f) for r in results})
+    assert visible == 8 and "24 here, drawn as 8 ▼" in text
+    # zoomed on the first 300 positions: 3 heavy hitters there, and the text says which ones it counts
+    zoom = figures.Region(0, 300, 1, trace.steps)
+    text = story.heavy_text(f, {}, region=zoom, panels=3)
+    assert "24 here (3 of them in the zoomed positions 0-300" in text
