@@ -12,6 +12,9 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +23,7 @@ from kvsim.analysis import features
 from kvsim.views import figures, story
 from kvsim.views.figures import curve as curve_figures
 
+ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 #: the chart column's width in the app at 1500 x 1100 (three quarters of the main area)
 CHART_WIDTH = 770
@@ -187,3 +191,23 @@ def test_the_heavy_hitters_count_said_is_the_count_drawn(canonical_story):
     zoom = figures.Region(0, 300, 1, trace.steps)
     text = story.heavy_text(f, {}, region=zoom, panels=3)
     assert "24 here (3 of them in the zoomed positions 0-300" in text
+
+
+@pytest.mark.parametrize("name", ["gemma3-270m-L11", "canonical"])
+def test_the_app_and_describe_name_the_same_sinks_with_the_same_figure(name):
+    from kvsim.app import cache
+    from kvsim.data.catalog import resolve_trace
+
+    trace = resolve_trace(name)
+    proc = subprocess.run([sys.executable, "-m", "kvsim", "describe", "--trace", name, "--json"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    cli = json.loads(proc.stdout)
+    f = cache.cached_features(trace)
+    info = cache.describe(trace, f)  # what the kept view and the trace view quote
+    assert cli["sinks"] == info["sinks"] == max(1, f.sinks)  # L11: position 0 alone, as the kept view draws it
+    assert cli["sink_share"] == pytest.approx(info["sink_share"], abs=1e-12)
+    text = story.sink_text(f, info)
+    positions = "position 0" if f.sinks == 1 else f"positions 0-{f.sinks - 1}"
+    assert f"**Sinks** ({positions}," in text
+    assert f"sink share {cli['sink_share']:.4f}: {positions}, steps t > {cli['sinks']}" in text

@@ -127,9 +127,19 @@ def sink_text(features: TraceFeatures, info: Mapping, difference: bool = False) 
                 "pinning the first positions (streaming_llm's sinks) buys nothing here.")
     return (f"**Sinks** ({_positions(features.sinks)}, widened in the strip at each panel's left): the first "
             "tokens. Trained models send a steady share of every row to them whatever they say, a place to park "
-            f"attention that is needed nowhere else; here they take {_share(info.get('sink_share'))} of each row. "
+            f"attention that is needed nowhere else; here they take {_share(info.get('sink_share'))} of each row"
+            + _sink_figure(info) + ". "
             + ("In the strip, blue: held by the first policy only; grey: by both." if difference
                else "Dark in the strip: held; white: evicted."))
+
+
+def _sink_figure(info: Mapping) -> str:
+    """`` (sink share 0.3812: positions 0-3, steps t > 4, as `describe` reports it)``: the figure the
+    note rounds, named as ``python -m kvsim describe`` names it, so the two are seen to be one."""
+    share, sinks = info.get("sink_share"), info.get("sinks")
+    if share is None or not sinks:
+        return ""
+    return f" (sink share {share:.4f}: {_positions(int(sinks))}, steps t > {int(sinks)}, as `describe` reports it)"
 
 
 def band_text(features: TraceFeatures, info: Mapping, ages: int) -> str:
