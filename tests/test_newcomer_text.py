@@ -211,3 +211,22 @@ def test_the_app_and_describe_name_the_same_sinks_with_the_same_figure(name):
     positions = "position 0" if f.sinks == 1 else f"positions 0-{f.sinks - 1}"
     assert f"**Sinks** ({positions}," in text
     assert f"sink share {cli['sink_share']:.4f}: {positions}, steps t > {cli['sinks']}" in text
+
+
+def test_a_claim_the_card_pins_on_the_canonical_trace_is_not_applicable_elsewhere():
+    from kvsim.analysis import claims
+    from kvsim.data.catalog import resolve_trace
+
+    def pins_canonical(c):  # the card's words say which trace they are about
+        return " ".join(c.words.split()).lower().startswith(("on the canonical trace", "the canonical trace"))
+
+    pinned = [c for c in claims.CLAIMS if pins_canonical(c)]
+    assert "h2o-recall-beats-attention-blind" in {c.id for c in pinned}
+    assert all(c.scope == "canonical" for c in pinned), [c.id for c in pinned if c.scope != "canonical"]
+    real = {r["id"]: r for r in claims.ledger(resolve_trace("gemma3-270m-L11"))}
+    for c in pinned:
+        r = real[c.id]
+        assert r["verdict"] == "not applicable" and "canonical trace" in r["note"], (c.id, r["verdict"], r["note"])
+    # and on the canonical trace it is decided
+    assert claims.ledger(kvsim.generate_canonical())[[c.id for c in claims.CLAIMS].index("h2o-recall-beats-attention-blind")][
+        "verdict"] == "holds"
