@@ -29,24 +29,46 @@ CHROMIUM = "/usr/bin/chromium"
 CHART_WIDTH = 770
 
 
-def drawn(fig, script: str, width: int = CHART_WIDTH):
-    """The figure drawn in headless Chromium ``width`` px wide, and what ``script`` (a JavaScript
-    function of the plot's element) returns there."""
+_BROWSER: list = []  # one Chromium page for the module's figures, plotly.js loaded once: (playwright, browser, page)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_browser():
+    yield
+    while _BROWSER:
+        playwright, browser, _ = _BROWSER.pop()
+        browser.close()
+        playwright.stop()
+
+
+def _page():
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"no chromium at {CHROMIUM}")
     sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
-    html = fig.to_html(include_plotlyjs=True, full_html=True, default_width=f"{width}px",
-                       default_height=f"{fig.layout.height or 500}px", config={"responsive": False})
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
-        try:
-            page = browser.new_page(viewport={"width": width + 40, "height": 1100})
-            page.set_content(html, wait_until="load")
-            page.wait_for_selector(".main-svg")
-            page.wait_for_timeout(300)
-            return page.evaluate(script)
-        finally:
-            browser.close()
+    if not _BROWSER:
+        from plotly.offline import get_plotlyjs
+
+        playwright = sync_playwright().start()
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1600, "height": 1100})
+        page.set_content("<html><body style='margin:0'><div id='plot'></div></body></html>")
+        page.add_script_tag(content=get_plotlyjs())
+        _BROWSER.append((playwright, browser, page))
+    return _BROWSER[0][2]
+
+
+def drawn(fig, script: str, width: int = CHART_WIDTH):
+    """The figure drawn by plotly.js in headless Chromium ``width`` px wide, and what ``script`` (a
+    JavaScript expression, run in the page) gives there."""
+    page = _page()
+    page.evaluate("""([spec, width]) => {
+        const old = document.getElementById('plot'); Plotly.purge(old); old.remove();
+        const div = document.createElement('div'); div.id = 'plot'; div.style.width = width + 'px';
+        document.body.appendChild(div);
+        const fig = JSON.parse(spec);
+        return Plotly.newPlot(div, fig.data, {...fig.layout, width: width}, {responsive: false}).then(() => true);
+    }""", [fig.to_json(), width])
+    return page.evaluate(script)
 
 
 BOXES = """(wanted) => Object.fromEntries(Object.entries(wanted).map(([name, sel]) => [name,
@@ -153,7 +175,7 @@ def test_the_curve_legends_stay_inside_the_figure_and_apart():
 KEPT_WIDTH = 1100
 #: the x pixel of every point of the traces named ``name``, one list per trace
 PIXELS = """(name) => {
-    const gd = document.querySelector('.js-plotly-plot');
+    const gd = document.getElementById('plot');
     return gd._fullData.filter(t => t.name === name).map(t => {
         const ax = gd._fullLayout['xaxis' + t.xaxis.slice(1)];
         return Array.from(t.x, x => ax._offset + ax.l2p(x));
@@ -230,3 +252,28 @@ def test_a_claim_the_card_pins_on_the_canonical_trace_is_not_applicable_elsewher
     # and on the canonical trace it is decided
     assert claims.ledger(kvsim.generate_canonical())[[c.id for c in claims.CLAIMS].index("h2o-recall-beats-attention-blind")][
         "verdict"] == "holds"
+
+
+@pytest.fixture(scope="module")
+def scored():
+    from kvsim.data.catalog import resolve_trace
+
+    out = {}
+    for name in ("canonical", "gemma3-270m-L11"):
+        trace = resolve_trace(name)
+        out[name] = (kvsim.replay(trace, "h2o", budget=256, record_kept=True, record_scores=True),
+                     features.trace_features(trace))
+    return out
+
+
+@pytest.mark.parametrize("name", ["canonical", "gemma3-270m-L11"])
+@pytest.mark.parametrize("step", [300, 3000])
+def test_the_eviction_threshold_label_covers_no_point(scored, name, step):
+    result, f = scored[name]
+    fig = figures.score_distribution(result, step, f)
+    for width in (KEPT_WIDTH, 900):  # the score view takes the main area; a narrower window too
+        got = boxes(fig, width, {"labels": "g.annotation", "points": ".cartesianlayer .subplot.xy path.point"})
+        (label,) = [a for a in got["labels"] if a["text"].startswith("eviction threshold")]
+        assert got["points"] and inside(label, got["svg"][0])
+        hit = [p for p in got["points"] if overlap(label, p, pad=0.5)]
+        assert not hit, (width, label, hit[:3])
