@@ -20,7 +20,7 @@ import pytest
 
 import kvsim
 from kvsim.analysis import features
-from kvsim.views import figures, story
+from kvsim.views import figures, model_figures, story
 from kvsim.views.figures import curve as curve_figures
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -277,3 +277,30 @@ def test_the_eviction_threshold_label_covers_no_point(scored, name, step):
         assert got["points"] and inside(label, got["svg"][0])
         hit = [p for p in got["points"] if overlap(label, p, pad=0.5)]
         assert not hit, (width, label, hit[:3])
+
+
+def close_baselines_tuning():
+    """A tuning of one layer whose two baselines lie 0.004 apart (as on a layer where the sinks
+    weigh little): their labels must not land on each other."""
+    import numpy as np
+
+    from kvsim.analysis.tune import TraceTuning, TuneResult
+
+    windows = list(range(1, 256))
+    mass = np.array([0.5 + 0.2 * min(w, 64) / 64 for w in windows])
+    t = TraceTuning(0, 0, "L00", "sliding", mass, mass - 0.05, 64, float(mass[63]), 40, float(mass[39]),
+                    float(mass[39] - 0.05), {"sliding_window": (0.612, 0.6), "streaming_llm": (0.616, 0.61)})
+    return TuneResult("gemma3-270m", "h2o", 256, windows, 0.01, 32, {}, (t,))
+
+
+def test_the_model_views_line_labels_do_not_overlap():
+    fig = model_figures.tune_curve(close_baselines_tuning(), 0)
+    got = boxes(fig, CHART_WIDTH, {"labels": "g.annotation", "entries": "g.legend g.traces"})
+    texts = [*got["labels"], *got["entries"]]
+    for a, b in itertools.combinations(texts, 2):
+        assert not overlap(a, b, pad=1), (a["text"], b["text"])
+    for a in texts:
+        assert inside(a, got["svg"][0]), a["text"]
+    # each baseline still named, with its figure
+    named = " ".join(a["text"] for a in texts)
+    assert "sliding_window 0.612" in named and "streaming_llm 0.616" in named
