@@ -304,3 +304,15 @@ def test_the_model_views_line_labels_do_not_overlap():
     # each baseline still named, with its figure
     named = " ".join(a["text"] for a in texts)
     assert "sliding_window 0.612" in named and "streaming_llm 0.616" in named
+
+
+def test_on_a_real_trace_the_heavy_hitters_note_counts_what_is_drawn():
+    from kvsim.data.catalog import resolve_trace
+
+    trace = resolve_trace("gemma3-270m-L11")
+    f = features.trace_features(trace)
+    results = [kvsim.replay(trace, name, budget=256, record_kept=True) for name in ("sliding_window", "streaming_llm", "h2o")]
+    heads = drawn(figures.kept_heatmap(results, f, step=1000), f"({PIXELS})('heavy hitter (its column)')", KEPT_WIDTH)
+    visible, n = seen(heads[0], 9), len(f.heavy)
+    text = story.heavy_text(f, {figures.policy_label(r): features.heavy_fates(r.kept_history, f) for r in results})
+    assert (f"{n} here, drawn as {visible} ▼" in text) if visible < n else (f"{n} here;" in text or f"{n} here." in text)

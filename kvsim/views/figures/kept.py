@@ -319,8 +319,9 @@ def _refs(fig, row, col) -> tuple[str, str]:
 
 
 #: a heavy hitter's mark (a 9 px triangle) takes about this share of a panel's width of positions:
-#: heavy hitters closer than that are drawn as one mark (the canonical trace's 24 as 8 at the whole run)
-MARK_SHARE = 0.015
+#: heavy hitters closer than that are drawn as one mark (the canonical trace's 24 as 8 at the whole run;
+#: three panels across the app's 1100 px at 1500 x 1100 give each main image about 250 px)
+MARK_SHARE = 0.012
 
 
 def heavy_marks(positions: Sequence[int], span: int, panels: int = 1) -> list[list[int]]:
