@@ -149,7 +149,7 @@ def recent_window_curve(
 
 #: the chart's plotting height (two panels), and what a legend's row takes, title rows included (13 px
 #: text): the legends are placed by these, in pixels, so none can run into another or off the figure
-PLOT_HEIGHT = 640
+PLOT_HEIGHT = 580
 LEGEND_ROW = 21
 #: room under the lower panel for its tick labels and the axis title
 AXIS_ROOM = 48
