@@ -412,9 +412,11 @@ def test_curve_draws_companions_and_offline_references_apart():
     by_name = {}
     for t in fig.data:
         by_name.setdefault(t.name, []).append(t)
-    # scissorhands: a curve on both panels, clickable like h2o's, without markers
+    # scissorhands: a curve on both panels, clickable like h2o's, with a marker of its own (issue 21: a
+    # companion told apart by its colour alone was lost where colours repeated), never the marks'
     sc = by_name["scissorhands"]
-    assert len(sc) == 2 and all(t.mode == "lines" for t in sc)
+    assert len(sc) == 2 and all(t.mode.startswith("lines") for t in sc)
+    assert {t.marker.symbol for t in sc} == {"diamond"} and by_name["h2o"][0].marker.symbol == "circle"
     assert list(sc[0].customdata) == [1, 2, 3, 4] and list(sc[0].y) == pytest.approx([0.4, 0.5, 0.8, 0.7])
     assert [t.yaxis for t in sc] == ["y", "y2"]
     # the markers and the current point stay on h2o's values, never scissorhands'

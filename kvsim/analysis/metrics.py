@@ -19,14 +19,16 @@ DEFAULT_TOP_K = 32
 
 
 def describe(
-    trace: Trace, band: int = DEFAULT_BAND, top_k: int = DEFAULT_TOP_K, sinks: int = DEFAULT_SINKS, chunk: int = 256
+    trace: Trace, band: int = DEFAULT_BAND, top_k: int = DEFAULT_TOP_K, sinks: int | None = None, chunk: int = 256
 ) -> dict:
-    """steps, sink_share, recent_share (the last ``band`` positions), top_k_share (the mass held by
+    """steps, sinks, sink_share (the share of each row on positions 0 .. sinks - 1: by default the
+    trace's own sinks, as the app finds them, ``trace_sinks``), recent_share (the last ``band`` positions), top_k_share (the mass held by
     each row's ``top_k`` largest weights) and effective_positions (exp of each row's entropy: how many
     positions a row spreads over; uniform over n positions gives n).
 
     Vectorised over blocks of ``chunk`` rows, so memory stays at a few ``chunk x T`` float64 blocks.
     """
+    sinks = trace_sinks(trace) if sinks is None else sinks
     for name, value in (("band", band), ("top_k", top_k), ("sinks", sinks)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -69,8 +71,17 @@ def describe(
     }
 
 
+def trace_sinks(trace: Trace) -> int:
+    """The positions ``describe`` counts as sinks by default: the trace's own (its metadata's, or
+    those measured, ``trace_features``), at least one, so the app's sink share and ``describe``'s name
+    the same positions (a trace's first position on a real model; 4 on the canonical trace)."""
+    from .features import trace_features_cached
+
+    return max(1, trace_features_cached(trace).sinks)
+
+
 def describe_cached(
-    trace: Trace, band: int = DEFAULT_BAND, top_k: int = DEFAULT_TOP_K, sinks: int = DEFAULT_SINKS
+    trace: Trace, band: int = DEFAULT_BAND, top_k: int = DEFAULT_TOP_K, sinks: int | None = None
 ) -> dict:
     """``describe(trace, band=band, top_k=top_k, sinks=sinks)``, kept on disk beside the trace's
     cache entry when it has one (the canonical trace, a shipped trace), so a fresh process reads it
@@ -79,7 +90,7 @@ def describe_cached(
     never reads a stale value. A trace without a cache entry is described and nothing is stored."""
     from ..data import store as cache
 
-    params = {"band": band, "top_k": top_k, "sinks": sinks}
+    params = {"band": band, "top_k": top_k, "sinks": trace_sinks(trace) if sinks is None else sinks}
     for name, value in params.items():  # refused as ``describe`` refuses them, before any file is named
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")

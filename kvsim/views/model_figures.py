@@ -15,6 +15,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from ..analysis.tune import TuneResult
+from .figures.curve import style_of
 
 
 def _labels(result: TuneResult) -> list[str]:
@@ -90,13 +91,19 @@ def tune_curve(result: TuneResult, layer: int, head: int = 0) -> go.Figure:
                              name=f"recommended {t.recommended_window}", marker={"symbol": "circle", "size": 11}))
     fig.add_trace(go.Scatter(x=np.asarray([t.best_window]), y=np.asarray([t.best_mass]), mode="markers",
                              name=f"best {t.best_window}", marker={"symbol": "x", "size": 10}))
+    # each baseline a line across the chart in its policy's style (the curve view's), named in the
+    # legend, not by a label on the line: two baselines close together had their labels on each other
     for policy, (mass, _recall) in t.baselines.items():
-        fig.add_hline(y=mass, line={"dash": "dash", "width": 1}, annotation={"text": f"{policy} {mass:.3f}"},
-                      annotation_position="bottom right")
+        style = style_of(policy)
+        line = {"color": style.colour, "dash": style.dash, "width": 2}
+        fig.add_hline(y=mass, line=line)
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", line=line, name=f"{policy} {mass:.3f}",
+                                 hoverinfo="skip"))
     fig.update_xaxes(title_text="recent_window")
     fig.update_yaxes(title_text="mean over steps")
     fig.update_layout(title=f"{t.name} ({t.attention}): {result.policy} at budget {result.budget}",
-                      template="plotly_white", height=420)
+                      template="plotly_white", height=460, margin={"l": 60, "r": 20, "t": 60, "b": 110},
+                      legend={"orientation": "h", "x": 0.0, "y": -0.2, "yanchor": "top"})
     return fig
 
 

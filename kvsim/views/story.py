@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 
 from ..analysis.features import HeavyFate, TraceFeatures, curve_peak
 from .figures.curve import COINCIDE, Line
+from .figures.kept import heavy_marks
+from .selection import Region
 
 
 def gap(value: float, other: float, whose: str) -> str:
@@ -125,9 +127,19 @@ def sink_text(features: TraceFeatures, info: Mapping, difference: bool = False) 
                 "pinning the first positions (streaming_llm's sinks) buys nothing here.")
     return (f"**Sinks** ({_positions(features.sinks)}, widened in the strip at each panel's left): the first "
             "tokens. Trained models send a steady share of every row to them whatever they say, a place to park "
-            f"attention that is needed nowhere else; here they take {_share(info.get('sink_share'))} of each row. "
+            f"attention that is needed nowhere else; here they take {_share(info.get('sink_share'))} of each row"
+            + _sink_figure(info) + ". "
             + ("In the strip, blue: held by the first policy only; grey: by both." if difference
                else "Dark in the strip: held; white: evicted."))
+
+
+def _sink_figure(info: Mapping) -> str:
+    """`` (sink share 0.3812: positions 0-3, steps t > 4, as `describe` reports it)``: the figure the
+    note rounds, named as ``python -m kvsim describe`` names it, so the two are seen to be one."""
+    share, sinks = info.get("sink_share"), info.get("sinks")
+    if share is None or not sinks:
+        return ""
+    return f" (sink share {share:.4f}: {_positions(int(sinks))}, steps t > {int(sinks)}, as `describe` reports it)"
 
 
 def band_text(features: TraceFeatures, info: Mapping, ages: int) -> str:
@@ -143,8 +155,12 @@ def band_text(features: TraceFeatures, info: Mapping, ages: int) -> str:
             "attention. " + strip)
 
 
-def heavy_text(features: TraceFeatures, fates: Mapping[str, Sequence[HeavyFate]]) -> str:
-    """The kept view's note on heavy hitters, with what each policy shown did with them."""
+def heavy_text(features: TraceFeatures, fates: Mapping[str, Sequence[HeavyFate]], region: Region | None = None,
+               panels: int | None = None) -> str:
+    """The kept view's note on heavy hitters, with what each policy shown did with them. The count
+    is the heavy hitters'; where the figure shows part of them (a zoomed ``region``) or their marks
+    merge at the scale drawn (``panels`` side by side; by default one per policy in ``fates``), it
+    says how many there are to see."""
     n = len(features.heavy)
     if n == 0:
         return ("**Heavy hitters**: none on this trace. No position past the sinks keeps drawing much more than an "
@@ -156,7 +172,8 @@ def heavy_text(features: TraceFeatures, fates: Mapping[str, Sequence[HeavyFate]]
         life = f"; {stale} of them go stale (stop drawing attention) before the end"
     else:
         life = "; all of them still draw attention at the end of the trace"
-    out = [f"**Heavy hitters** (red ▼ over their columns; {features.heavy_source}): {n} here{life}. Beside each "
+    drawn = _heavy_drawn(features, region, panels or max(1, len(fates)))
+    out = [f"**Heavy hitters** (red ▼ over their columns; {features.heavy_source}): {n} here{drawn}{life}. Beside each "
            "column a red line runs while the policy holds it" + (" and it is live" if features.live_known else "")
            + "; an × marks where the policy evicts it while still wanted, dotted after."]
     for name, fs in fates.items():
@@ -177,6 +194,20 @@ def budget_note(steps: int, budget: int) -> str | None:
     return (f"This trace has {steps} steps, so at most {steps + 1} positions ever exist, within the budget of "
             f"{budget}: nothing is ever evicted, every policy keeps everything, and retained mass and recall are "
             f"1.000 everywhere. Set the budget below {steps + 1} to see the policies differ.")
+
+
+def _heavy_drawn(features: TraceFeatures, region: Region | None, panels: int) -> str:
+    """What of the heavy hitters the kept figure shows: ", drawn as 8 ▼ at this scale ..." where
+    neighbours' marks merge, "; 3 of them in the zoomed positions ..." where it shows part of the run."""
+    region = (region or Region.whole(features.steps)).clip(features.steps)
+    inside = [p for p, _, _ in features.heavy if region.p0 <= p <= region.p1]
+    marks = len(heavy_marks(inside, region.p1 - region.p0 + 1, panels))
+    merged = (f"drawn as {marks} ▼ at this scale (neighbours closer than a mark's width share one: zoom in to tell "
+              "them apart)")
+    if len(inside) < len(features.heavy):
+        return (f" ({len(inside)} of them in the zoomed positions {region.p0}-{region.p1}"
+                + (f", {merged}" if inside and marks < len(inside) else "") + ")")
+    return "" if marks == len(inside) else f", {merged}"
 
 
 def difference_text(a: str, b: str, mass_a: float, mass_b: float, counts: tuple[float, float]) -> str:

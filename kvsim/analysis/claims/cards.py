@@ -21,7 +21,7 @@ QUALITY = "Proxy against truth"
 CLAIMS: list[Claim] = [
     Claim("h2o-recall-beats-attention-blind", "h2o",
           "On the canonical trace it recovers more of the top-32 attended positions than any policy here that does "
-          "not read attention.", "trace",
+          "not read attention.", "canonical",
           "top-32 recall at budget 256: h2o (recent_window 32, the default) against every registry policy that "
           "neither reads attention nor reads the whole trace (sliding_window, streaming_llm)",
           _view(KEPT, policies=["sliding_window", "streaming_llm", "h2o"], recent_window=32), h.check_h2o_recall_vs_blind),

@@ -20,7 +20,8 @@ def check_h2o_recall_vs_blind(m: Measurer):
     best = max(others, key=others.get)
     figures = {"h2o_recent_window_32_top_32_recall": rounded(h["top_k_recall"]),
                **{f"{n}_top_32_recall": rounded(v) for n, v in others.items()}}
-    return verdict(h["top_k_recall"] > others[best]), figures, f"best policy that does not read attention: {best}"
+    # the card says "On the canonical trace": decided there, for reference on any other trace
+    return canonical_only(m, h["top_k_recall"] > others[best], figures, f"best policy that does not read attention: {best}")
 
 
 def check_h2o_32_less_mass(m: Measurer):

@@ -21,12 +21,21 @@ def ledger(trace: Trace, budget: int = BUDGET) -> list[dict]:
             verdict, figures, note = "not applicable", {}, f"the trace has {trace.steps} steps: at budget {budget} nothing is evicted"
         else:
             verdict, figures, note = claim.check(m)
+        if verdict in ("holds", "fails") and pins_canonical(claim) and not m.is_canonical:
+            verdict, note = "not applicable", (f"the card's words are about the canonical trace; on {trace.name} the "
+                                               "figures are for reference only" + (f" ({note})" if note else ""))
         assert verdict in VERDICTS, (claim.id, verdict)
         view = {k: str(v).format(trace=trace.name, quarter=max(1, trace.steps // 4)) for k, v in claim.view.items()}
         out.append({"id": claim.id, "card": claim.card, "words": claim.words, "scope": claim.scope,
                     "measurement": claim.measurement, "trace": trace.name, "verdict": verdict,
                     "figures": figures, "note": note, "view": view})
     return out
+
+
+def pins_canonical(claim) -> bool:
+    """Whether the card's words pin the claim on the canonical trace ("On the canonical trace ...",
+    "The canonical trace puts ..."): such a claim is decided there and not applicable anywhere else."""
+    return " ".join(claim.words.split()).lower().startswith(("on the canonical trace", "the canonical trace"))
 
 
 def ledger_frame(records: list[dict]) -> pd.DataFrame:

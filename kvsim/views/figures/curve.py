@@ -14,14 +14,52 @@ from plotly.subplots import make_subplots
 from ...analysis.features import curve_peak
 from .common import CURRENT_COLOUR
 
-#: styles of the curve's lines. Deployable policies get colours; the offline references are drawn
-#: in black and grey, dotted, so nobody reads them as one more policy to deploy.
-PRIMARY_COLOUR = "#1f77b4"
-COMPANION_STYLES = (("#9467bd", "solid"), ("#8c564b", "solid"), ("#e377c2", "solid"))
-REFERENCE_STYLES = (("#2ca02c", "dash"), ("#bcbd22", "dashdot"), ("#e377c2", "longdash"), ("#8c564b", "dash"))
-#: (colour, dash, width): the upper bound in black, any other offline reference in grey
-BOUND_STYLE = ("black", "dot", 2)
-OFFLINE_STYLES = (("#7f7f7f", "dot", 3), ("#b0b0b0", "dot", 3))
+
+#: one style per registered policy, whatever its role on the chart, so a series is told apart by
+#: its colour and by its line (dash, width, marker) alike: the policies with a recent_window are curves
+#: with a marker each (the primary curve marks every point, a companion a few); the others are
+#: horizontal lines, deployable ones wide and dashed, the offline references (they read the future)
+#: dotted and grey, the upper bound thin dotted black. No colour is the marks' (orange default, cyan
+#: band, red current).
+@dataclass(frozen=True)
+class Style:
+    colour: str
+    dash: str
+    width: float
+    #: the marker on a curve; None for a horizontal line
+    symbol: str | None = None
+
+
+POLICY_STYLES: dict[str, Style] = {
+    "h2o": Style("#1f77b4", "solid", 2, "circle"),
+    "scissorhands": Style("#9467bd", "solid", 2, "diamond"),
+    "h2o_normalized": Style("#8c564b", "solid", 2, "triangle-up"),
+    "snapkv": Style("#e377c2", "solid", 2, "x"),
+    "streaming_llm": Style("#2ca02c", "dash", 4),
+    "sliding_window": Style("#bcbd22", "dashdot", 4),
+    "tova": Style("#00796b", "longdash", 4),
+    "random": Style("#f5c400", "longdashdot", 4),
+    "greedy_future": Style("#7f7f7f", "dot", 3),
+    "optimal": Style("#4d4d4d", "3px,9px", 3),
+}
+#: the per-step upper bound: not a policy
+BOUND_STYLE = Style("black", "dot", 2)
+#: a policy the table does not know (registered by a user): these in turn, then these colours again
+SPARE_STYLES = (Style("#393b79", "solid", 2, "pentagon"), Style("#637939", "dash", 3, "hexagon"),
+                Style("#843c39", "longdash", 3, "star-triangle-up"), Style("#7b4173", "dashdot", 3, "hourglass"))
+#: how many points of a companion curve carry its marker (all of them would hide the lines under it)
+COMPANION_MARKERS = 14
+
+
+def style_of(name: str | None, kind: str = "policy") -> Style:
+    """The style of ``name``'s series (``kind`` "bound": the upper bound's)."""
+    if kind == "bound":
+        return BOUND_STYLE
+    if name in POLICY_STYLES:
+        return POLICY_STYLES[name]
+    return SPARE_STYLES[sum(map(ord, name or "")) % len(SPARE_STYLES)]
+
+
 OFFLINE_TITLE = "<b>offline references</b> (they read the future)"
 
 
@@ -105,16 +143,45 @@ def recent_window_curve(
     ])
     _annotate_story(fig, rows, references, default=default, band=band if band_known else None, policy=policy)
     fig.update_xaxes(title_text="recent_window", row=2, col=1)
-    # three legends stacked under the chart: policies, offline references, marks on the primary curve
-    legend = dict(orientation="h", x=0, xanchor="left", yanchor="top", font=dict(size=13))
-    fig.update_layout(
-        height=760, margin=dict(l=60, r=20, t=40, b=40), hovermode="closest",
-        # titles sized explicitly: a theme styles the first legend's title, never the extra legends'
-        legend=dict(legend, y=-0.08, title=dict(text="<b>policies</b>", side="left", font=dict(size=13))),
-        legend2=dict(legend, y=-0.135, title=dict(text=OFFLINE_TITLE, side="left", font=dict(size=13))),
-        legend3=dict(legend, y=-0.19, title=dict(text=f"<b>marks on {policy}</b>", side="left", font=dict(size=13))),
-    )
+    _legends(fig, policy)
     return fig
+
+
+#: the chart's plotting height (two panels), and what a legend's row takes, title rows included (13 px
+#: text): the legends are placed by these, in pixels, so none can run into another or off the figure
+PLOT_HEIGHT = 580
+LEGEND_ROW = 21
+#: room under the lower panel for its tick labels and the axis title
+AXIS_ROOM = 48
+
+
+def _legends(fig, policy: str) -> None:
+    """Three legends under the chart, one entry per row so each one's height is known: the policies
+    on the left; the offline references, and under them the marks on ``policy``'s curve, on the right.
+    The figure is made as tall as the taller column needs, so no legend overlaps another, the plot or
+    the figure's edge, whatever width the figure is drawn at (a label is never cut)."""
+    entries = {"legend": 0, "legend2": 0, "legend3": 0}
+    for t in fig.data:
+        if t.showlegend is not False:
+            entries[t.legend or "legend"] += 1
+    left = (1 + entries["legend"]) * LEGEND_ROW
+    right = (1 + entries["legend2"]) * LEGEND_ROW + LEGEND_ROW // 2
+    bottom = AXIS_ROOM + max(left, right + (1 + entries["legend3"]) * LEGEND_ROW) + 12
+    height = PLOT_HEIGHT + 40 + bottom
+    top = (bottom - AXIS_ROOM) / height  # container coordinates: 0 at the figure's foot
+
+    def legend(x: float, anchor: str, y: float, title: str) -> dict:
+        # titles sized explicitly: a theme styles the first legend's title, never the extra legends'
+        return dict(orientation="v", xref="container", yref="container", x=x, xanchor=anchor, y=y, yanchor="top",
+                    font=dict(size=13), tracegroupgap=0, itemsizing="constant",
+                    title=dict(text=title, side="top", font=dict(size=13)))
+
+    fig.update_layout(
+        height=height, margin=dict(l=60, r=20, t=40, b=bottom, autoexpand=False), hovermode="closest",
+        legend=legend(0.01, "left", top, "<b>policies</b>"),
+        legend2=legend(0.99, "right", top, OFFLINE_TITLE),
+        legend3=legend(0.99, "right", top - right / height, f"<b>marks on {policy}</b>"),
+    )
 
 
 def _lines(fig, r: int, key: str, label: str, references: Sequence[Line], offline: Sequence[Line], lo: float,
@@ -123,11 +190,9 @@ def _lines(fig, r: int, key: str, label: str, references: Sequence[Line], offlin
     The policies' lines wide and pale under the offline references' thin dotted ones, so a policy
     that matches a reference (tova and the upper bound, on the canonical trace) shows as both."""
     for j, line in enumerate(references):
-        colour, dash = REFERENCE_STYLES[j % len(REFERENCE_STYLES)]
-        _hline(fig, r, line.label, getattr(line, key), label, lo, hi, colour, dash, 4, legend="legend", rank=100 + j)
+        _hline(fig, r, line, key, label, lo, hi, legend="legend", rank=100 + j)
     for j, line in enumerate(offline):
-        colour, dash, width = BOUND_STYLE if line.kind == "bound" else OFFLINE_STYLES[j % len(OFFLINE_STYLES)]
-        _hline(fig, r, line.label, getattr(line, key), label, lo, hi, colour, dash, width, legend="legend2", rank=200 + j)
+        _hline(fig, r, line, key, label, lo, hi, legend="legend2", rank=200 + j)
     for ref, off in coinciding(references, offline, key):
         fig.add_annotation(
             x=hi, y=getattr(off, key), xref=f"x{'' if r == 1 else r}", yref=f"y{'' if r == 1 else r}",
@@ -142,21 +207,23 @@ def _curves(fig, r: int, key: str, label: str, x: np.ndarray, y: np.ndarray, oth
     """Panel ``r``'s curves: the companions', then the primary policy's on top, each point carrying
     its recent_window as ``customdata``."""
     for j, (name, other) in enumerate(others.items()):
-        colour, dash = COMPANION_STYLES[j % len(COMPANION_STYLES)]
+        style = style_of(name)
         ox = other["recent_window"]
         fig.add_trace(
             go.Scatter(
-                x=ox, y=other[key], mode="lines", name=name, legendgroup=name, showlegend=(r == 1),
-                legendrank=10 + j,
-                line=dict(color=colour, width=2, dash=dash), customdata=ox,
-                hovertemplate="recent_window %{x}<br>" + label + " %{y:.4f}<extra>" + name + "</extra>",
+                x=ox, y=other[key], mode="lines+markers" if style.symbol else "lines", name=name, legendgroup=name,
+                showlegend=(r == 1), legendrank=10 + j, line=dict(color=style.colour, width=style.width, dash=style.dash),
+                marker=dict(symbol=style.symbol, size=7, color=style.colour, maxdisplayed=COMPANION_MARKERS),
+                customdata=ox, hovertemplate="recent_window %{x}<br>" + label + " %{y:.4f}<extra>" + name + "</extra>",
             ),
             row=r, col=1,
         )
+    style = style_of(policy)
     fig.add_trace(
         go.Scatter(
             x=x, y=y, mode="lines+markers", name=policy, legendgroup=policy, showlegend=(r == 1), legendrank=1,
-            line=dict(color=PRIMARY_COLOUR, width=2.5), marker=dict(size=4, color=PRIMARY_COLOUR),
+            line=dict(color=style.colour, width=style.width + 1, dash=style.dash),
+            marker=dict(symbol=style.symbol or "circle", size=6, color=style.colour),
             customdata=x, hovertemplate="recent_window %{x}<br>" + label + " %{y:.4f}<extra>" + policy + "</extra>",
         ),
         row=r, col=1,
@@ -207,12 +274,15 @@ def _sweep_columns(rows: Sequence[Mapping]) -> dict[str, np.ndarray]:
     return {k: np.array([r[k] for r in rows]) for k in ("recent_window", "retained_mass", "top_k_recall")}
 
 
-def _hline(fig, row, name, value, label, lo, hi, colour, dash, width, *, legend, rank) -> None:
-    """A reference as a two-point line across the swept range, hoverable, listed in ``legend``."""
+def _hline(fig, row, line: Line, key: str, label: str, lo: float, hi: float, *, legend: str, rank: int) -> None:
+    """A line as a two-point line across the swept range, hoverable, listed in ``legend``, in its
+    policy's style (a line without ``policy``: the one its label starts with)."""
+    name, value = line.label, getattr(line, key)
+    style = style_of(line.policy or line.label.split(" ")[0], line.kind)
     fig.add_trace(
         go.Scatter(
             x=[lo, hi], y=[value, value], mode="lines", name=name, legendgroup=name, showlegend=(row == 1),
-            legend=legend, legendrank=rank, line=dict(color=colour, dash=dash, width=width),
+            legend=legend, legendrank=rank, line=dict(color=style.colour, dash=style.dash, width=style.width),
             hovertemplate=f"{name}<br>{label} {value:.4f}<extra></extra>",
         ),
         row=row, col=1,

@@ -123,7 +123,7 @@ def score_distribution(result: ReplayResult, step: int, features: TraceFeatures)
     # below is placed in those units, from the data, so the axis spans the scores and no more
     y_lo, y_hi = float(logs.min()) - 0.15, float(logs.max()) + 0.25
     if threshold is not None:
-        _mark_threshold(fig, snap, threshold, floor)
+        _mark_threshold(fig, snap, threshold, floor, (y_lo, y_hi))
         title = f"{policy_label(result)}: {len(snap)} held before eviction at step {step}, {len(victims)} evicted"
     else:
         title = f"{policy_label(result)}: step {step}, the cache is not full yet, nothing is evicted"
@@ -142,9 +142,44 @@ def score_distribution(result: ReplayResult, step: int, features: TraceFeatures)
     return fig
 
 
-def _mark_threshold(fig: go.Figure, snap: pd.DataFrame, threshold: float, floor: float) -> None:
-    """The eviction threshold: a dashed line across the held positions, labelled, and down the
-    distribution (at ``floor`` when it is below what the log axis shows)."""
+#: the score-by-position panel at its narrowest in the app (px; about 580 at 1500 x 1100), and the
+#: threshold label's height and its text's width per character (12 px text): where the label may go
+PANEL_PX = (480, 340)
+LABEL_PX = (18, 7.0)
+#: a point's marker radius (px) and the label's margin around it
+POINT_PX = 6
+
+
+def label_spot(x: np.ndarray, y: np.ndarray, level: float, y_range: tuple[float, float], chars: int) -> tuple[float, bool]:
+    """Where the threshold's label goes on its line: the x of its centre, and whether above the line
+    (else below), chosen so that the label covers no point (``x`` positions, ``y`` log10 scores, on an
+    axis spanning ``y_range``); failing that, the fewest, as far from the rest as can be."""
+    w_px, h_px = PANEL_PX
+    lo, hi = float(x.min()), float(x.max())
+    span = max(hi - lo, 1.0)
+    # in pixels of the narrowest panel, origin at the line's left end
+    px = (x - lo) / span * w_px
+    py = (y - level) / max(y_range[1] - y_range[0], 1e-9) * h_px
+    half = (LABEL_PX[1] * chars + 8) / 2
+    best = None
+    for centre in np.linspace(half, max(half, w_px - half), 41)[::-1]:  # rightmost first: beside the newest
+        for above in (False, True):
+            y0, y1 = (2, 2 + LABEL_PX[0]) if above else (-2 - LABEL_PX[0], -2)
+            dx = np.maximum(np.abs(px - centre) - half, 0)
+            dy = np.maximum(np.maximum(y0 - py, py - y1), 0)
+            gap = np.hypot(dx, dy) - POINT_PX
+            key = (int((gap < 0).sum()), -float(gap.min()) if gap.size else 0.0)
+            if best is None or key < best[0]:
+                best = (key, centre, above)
+    _, centre, above = best
+    return lo + centre / w_px * span, above
+
+
+def _mark_threshold(fig: go.Figure, snap: pd.DataFrame, threshold: float, floor: float,
+                    y_range: tuple[float, float]) -> None:
+    """The eviction threshold: a dashed line across the held positions, labelled where the label
+    covers no point (``label_spot``), and down the distribution (at ``floor`` when it is below what
+    the log axis shows)."""
     t_shown = max(threshold, floor)
     x0, x1 = float(snap["position"].min()), float(snap["position"].max())
     fig.add_trace(
@@ -154,8 +189,12 @@ def _mark_threshold(fig: go.Figure, snap: pd.DataFrame, threshold: float, floor:
         ),
         row=1, col=1,
     )
+    text = f"eviction threshold {threshold:.4g}"
+    x, above = label_spot(snap["position"].to_numpy(float), np.log10(snap["score"].clip(lower=floor).to_numpy(float)),
+                          math.log10(t_shown), y_range, len(text))
     fig.add_annotation(
-        x=x1, y=math.log10(t_shown), xref="x", yref="y", text=f"eviction threshold {threshold:.4g}",
-        showarrow=False, xanchor="right", yanchor="top", bgcolor="rgba(255,255,255,0.8)", font=dict(size=12),
+        x=x, y=math.log10(t_shown), xref="x", yref="y", text=text, showarrow=False, xanchor="center",
+        yanchor="bottom" if above else "top", yshift=2 if above else -2, bgcolor="rgba(255,255,255,0.8)",
+        font=dict(size=12),
     )
     fig.add_vline(x=math.log10(t_shown), line=dict(color="black", dash="dash"), row=1, col=2)

@@ -1,0 +1,318 @@
+"""Issue 21, what a newcomer trips on where the text and the picture meet: every series of the
+recent_window curve told apart and labelled (its legends inside the figure, none over another), and
+the sentences beside a figure saying what the figure draws.
+
+The layout checks draw the figure in headless Chromium (Debian's ``chromium``, driven by Playwright
+through ``executable_path``) at the width the app gives it at 1500 x 1100, and read where plotly put
+each legend, label and point; they are skipped where there is no Chromium.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import kvsim
+from kvsim.analysis import features
+from kvsim.views import figures, model_figures, story
+from kvsim.views.figures import curve as curve_figures
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+#: the chart column's width in the app at 1500 x 1100 (three quarters of the main area)
+CHART_WIDTH = 770
+
+
+_BROWSER: list = []  # one Chromium page for the module's figures, plotly.js loaded once: (playwright, browser, page)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_browser():
+    yield
+    while _BROWSER:
+        playwright, browser, _ = _BROWSER.pop()
+        browser.close()
+        playwright.stop()
+
+
+def _page():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no chromium at {CHROMIUM}")
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    if not _BROWSER:
+        from plotly.offline import get_plotlyjs
+
+        playwright = sync_playwright().start()
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1600, "height": 1100})
+        page.set_content("<html><body style='margin:0'><div id='plot'></div></body></html>")
+        page.add_script_tag(content=get_plotlyjs())
+        _BROWSER.append((playwright, browser, page))
+    return _BROWSER[0][2]
+
+
+def drawn(fig, script: str, width: int = CHART_WIDTH):
+    """The figure drawn by plotly.js in headless Chromium ``width`` px wide, and what ``script`` (a
+    JavaScript expression, run in the page) gives there."""
+    page = _page()
+    page.evaluate("""([spec, width]) => {
+        const old = document.getElementById('plot'); Plotly.purge(old); old.remove();
+        const div = document.createElement('div'); div.id = 'plot'; div.style.width = width + 'px';
+        document.body.appendChild(div);
+        const fig = JSON.parse(spec);
+        return Plotly.newPlot(div, fig.data, {...fig.layout, width: width}, {responsive: false}).then(() => true);
+    }""", [fig.to_json(), width])
+    return page.evaluate(script)
+
+
+BOXES = """(wanted) => Object.fromEntries(Object.entries(wanted).map(([name, sel]) => [name,
+    [...document.querySelectorAll(sel)].map(e => {
+        const r = e.getBoundingClientRect();
+        return {x0: r.left, x1: r.right, y0: r.top, y1: r.bottom, text: e.textContent};
+    })]))"""
+
+
+def boxes(fig, width: int = CHART_WIDTH, selectors: dict[str, str] | None = None) -> dict[str, list[dict]]:
+    """The bounding boxes of what each of ``selectors`` (CSS) matches in the drawn figure, plus the
+    whole figure's ("svg")."""
+    wanted = {"svg": ".main-svg", **(selectors or {})}
+    return drawn(fig, f"({BOXES})({json.dumps(wanted)})", width)
+
+
+def overlap(a: dict, b: dict, pad: float = 0.0) -> bool:
+    return a["x0"] < b["x1"] - pad and b["x0"] < a["x1"] - pad and a["y0"] < b["y1"] - pad and b["y0"] < a["y1"] - pad
+
+
+def inside(a: dict, b: dict, tol: float = 0.5) -> bool:
+    return a["x0"] >= b["x0"] - tol and a["x1"] <= b["x1"] + tol and a["y0"] >= b["y0"] - tol and a["y1"] <= b["y1"] + tol
+
+
+# --------------------------------------------------------------------------------------------
+# item 2: the recent_window curve's legend
+
+
+def whole_registry_curve():
+    """The curve as the app draws it on the canonical trace's shape: every policy with a
+    recent_window a curve (h2o the primary), every other one a line, the upper bound."""
+    rows = [dict(policy="h2o", recent_window=w, retained_mass=0.4 + w / 600, top_k_recall=0.5 + w / 600)
+            for w in sorted({*range(1, 256, 8), 32, 64})]
+    curves = [n for n in kvsim.POLICIES if "recent_window" in kvsim.policy_params(n)]
+    companions = {n: [dict(r, policy=n, retained_mass=r["retained_mass"] - 0.01 * i) for r in rows]
+                  for i, n in enumerate(curves) if n != "h2o"}
+    lines = []
+    for i, (name, cls) in enumerate(kvsim.POLICIES.items()):
+        if name in curves:
+            continue
+        label = "streaming_llm (sinks=4)" if name == "streaming_llm" else name
+        if cls.needs_trace:
+            lines.append(figures.Line(f"{label} (offline reference)", 0.9 - 0.01 * i, 0.9, "offline", name))
+        else:
+            lines.append(figures.Line(label, 0.5 + 0.04 * i, 0.6, policy=name))
+    lines.append(figures.Line("upper bound (offline reference)", 0.97, 1.0, "bound"))
+    fig = figures.recent_window_curve(rows, lines, current=32, default=32, band=64, companions=companions)
+    return fig, curves, lines
+
+
+def test_every_registered_policy_has_a_colour_and_a_line_of_its_own():
+    styles = {name: curve_figures.style_of(name) for name in kvsim.POLICIES}
+    assert set(kvsim.POLICIES) <= set(curve_figures.POLICY_STYLES)  # none falls back to a spare style
+    every = [*styles.values(), curve_figures.style_of(None, "bound")]
+    colours = [s.colour.lower() for s in every]
+    assert len(set(colours)) == len(colours), colours
+    # nor the colour of a mark on the primary curve (orange default, cyan band, red current)
+    assert not {"#ff7f0e", "#17becf", curve_figures.CURRENT_COLOUR.lower()} & set(colours)
+    lines = [(s.dash, s.width, s.symbol) for s in every]
+    assert len(set(lines)) == len(lines), lines
+    # a curve (a policy with a recent_window) carries a marker; a horizontal line does not need one
+    for name, s in styles.items():
+        assert (s.symbol is not None) == ("recent_window" in kvsim.policy_params(name)), name
+
+
+def test_every_series_of_the_curve_is_drawn_apart():
+    fig, curves, lines = whole_registry_curve()
+    series = {t.name: t for t in fig.data if t.showlegend is not False and t.legend != "legend3"}
+    assert set(series) == {*curves, *(line.label for line in lines)}
+    colours = [t.line.color for t in series.values()]
+    assert len(set(colours)) == len(colours), colours
+    looks = [(t.line.dash, t.line.width, t.marker.symbol if "markers" in t.mode else None) for t in series.values()]
+    assert len(set(looks)) == len(looks), looks
+
+
+LEGENDS = "g.legend, g.legend2, g.legend3"
+ENTRIES = "g.legend g.traces, g.legend2 g.traces, g.legend3 g.traces"
+
+
+def test_the_curve_legends_stay_inside_the_figure_and_apart():
+    fig, curves, lines = whole_registry_curve()
+    got = boxes(fig, selectors={"legends": LEGENDS, "entries": ENTRIES, "plot": "g.cartesianlayer",
+                                "xtitle": "g.g-xtitle"})
+    (svg,) = got["svg"][:1]
+    legends = got["legends"]
+    assert len(legends) == 3
+    for a in legends:
+        assert inside(a, svg), a  # no label cut at the figure's edge
+        assert not overlap(a, got["plot"][0]) and not overlap(a, got["xtitle"][0]), a
+    for a, b in itertools.combinations(legends, 2):
+        assert not overlap(a, b), (a, b)
+    # every series is labelled: one legend row each, none over another
+    labels = [e["text"] for e in got["entries"]]
+    for name in [*curves, *(line.label for line in lines)]:
+        assert name in labels
+    for a, b in itertools.combinations(got["entries"], 2):
+        assert not overlap(a, b, pad=1), (a, b)
+
+
+# --------------------------------------------------------------------------------------------
+# item 8: the sentences beside a figure say what it draws
+
+#: the kept view's width in the app at 1500 x 1100 (the main area)
+KEPT_WIDTH = 1100
+#: the x pixel of every point of the traces named ``name``, one list per trace
+PIXELS = """(name) => {
+    const gd = document.getElementById('plot');
+    return gd._fullData.filter(t => t.name === name).map(t => {
+        const ax = gd._fullLayout['xaxis' + t.xaxis.slice(1)];
+        return Array.from(t.x, x => ax._offset + ax.l2p(x));
+    });
+}"""
+
+
+def seen(pixels: list[float], size: float) -> int:
+    """How many marks ``size`` px wide a reader tells apart at these x pixels."""
+    out, last = 0, None
+    for x in sorted(pixels):
+        if last is None or x - last > size:
+            out += 1
+        last = x
+    return out
+
+
+@pytest.fixture(scope="module")
+def canonical_story():
+    trace = kvsim.generate_canonical()
+    results = [kvsim.replay(trace, name, budget=256, record_kept=True) for name in ("sliding_window", "streaming_llm", "h2o")]
+    return trace, results
+
+
+def test_the_heavy_hitters_count_said_is_the_count_drawn(canonical_story):
+    trace, results = canonical_story
+    f = features.trace_features(trace)
+    fig = figures.kept_heatmap(results, f, step=1000)
+    heads = drawn(fig, f"({PIXELS})('heavy hitter (its column)')", KEPT_WIDTH)
+    assert len(heads) == 3 and all(len(h) == 24 for h in heads)  # every heavy hitter is drawn, in each panel
+    visible = seen(heads[0], 9)  # the triangles are 9 px wide
+    text = story.heavy_text(f, {figures.policy_label(r): features.heavy_fates(r.kept_history, f) for r in results})
+    assert visible == 8 and "24 here, drawn as 8 ▼" in text
+    # zoomed on the first 300 positions: 3 heavy hitters there, and the text says which ones it counts
+    zoom = figures.Region(0, 300, 1, trace.steps)
+    text = story.heavy_text(f, {}, region=zoom, panels=3)
+    assert "24 here (3 of them in the zoomed positions 0-300" in text
+
+
+@pytest.mark.parametrize("name", ["gemma3-270m-L11", "canonical"])
+def test_the_app_and_describe_name_the_same_sinks_with_the_same_figure(name):
+    from kvsim.app import cache
+    from kvsim.data.catalog import resolve_trace
+
+    trace = resolve_trace(name)
+    proc = subprocess.run([sys.executable, "-m", "kvsim", "describe", "--trace", name, "--json"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    cli = json.loads(proc.stdout)
+    f = cache.cached_features(trace)
+    info = cache.describe(trace, f)  # what the kept view and the trace view quote
+    assert cli["sinks"] == info["sinks"] == max(1, f.sinks)  # L11: position 0 alone, as the kept view draws it
+    assert cli["sink_share"] == pytest.approx(info["sink_share"], abs=1e-12)
+    text = story.sink_text(f, info)
+    positions = "position 0" if f.sinks == 1 else f"positions 0-{f.sinks - 1}"
+    assert f"**Sinks** ({positions}," in text
+    assert f"sink share {cli['sink_share']:.4f}: {positions}, steps t > {cli['sinks']}" in text
+
+
+def test_a_claim_the_card_pins_on_the_canonical_trace_is_not_applicable_elsewhere():
+    from kvsim.analysis import claims
+    from kvsim.data.catalog import resolve_trace
+
+    def pins_canonical(c):  # the card's words say which trace they are about
+        return " ".join(c.words.split()).lower().startswith(("on the canonical trace", "the canonical trace"))
+
+    pinned = [c for c in claims.CLAIMS if pins_canonical(c)]
+    assert "h2o-recall-beats-attention-blind" in {c.id for c in pinned}
+    assert all(c.scope == "canonical" for c in pinned), [c.id for c in pinned if c.scope != "canonical"]
+    real = {r["id"]: r for r in claims.ledger(resolve_trace("gemma3-270m-L11"))}
+    for c in pinned:
+        r = real[c.id]
+        assert r["verdict"] == "not applicable" and "canonical trace" in r["note"], (c.id, r["verdict"], r["note"])
+    # and on the canonical trace it is decided
+    assert claims.ledger(kvsim.generate_canonical())[[c.id for c in claims.CLAIMS].index("h2o-recall-beats-attention-blind")][
+        "verdict"] == "holds"
+
+
+@pytest.fixture(scope="module")
+def scored():
+    from kvsim.data.catalog import resolve_trace
+
+    out = {}
+    for name in ("canonical", "gemma3-270m-L11"):
+        trace = resolve_trace(name)
+        out[name] = (kvsim.replay(trace, "h2o", budget=256, record_kept=True, record_scores=True),
+                     features.trace_features(trace))
+    return out
+
+
+@pytest.mark.parametrize("name", ["canonical", "gemma3-270m-L11"])
+@pytest.mark.parametrize("step", [300, 3000])
+def test_the_eviction_threshold_label_covers_no_point(scored, name, step):
+    result, f = scored[name]
+    fig = figures.score_distribution(result, step, f)
+    for width in (KEPT_WIDTH, 900):  # the score view takes the main area; a narrower window too
+        got = boxes(fig, width, {"labels": "g.annotation", "points": ".cartesianlayer .subplot.xy path.point"})
+        (label,) = [a for a in got["labels"] if a["text"].startswith("eviction threshold")]
+        assert got["points"] and inside(label, got["svg"][0])
+        hit = [p for p in got["points"] if overlap(label, p, pad=0.5)]
+        assert not hit, (width, label, hit[:3])
+
+
+def close_baselines_tuning():
+    """A tuning of one layer whose two baselines lie 0.004 apart (as on a layer where the sinks
+    weigh little): their labels must not land on each other."""
+    import numpy as np
+
+    from kvsim.analysis.tune import TraceTuning, TuneResult
+
+    windows = list(range(1, 256))
+    mass = np.array([0.5 + 0.2 * min(w, 64) / 64 for w in windows])
+    t = TraceTuning(0, 0, "L00", "sliding", mass, mass - 0.05, 64, float(mass[63]), 40, float(mass[39]),
+                    float(mass[39] - 0.05), {"sliding_window": (0.612, 0.6), "streaming_llm": (0.616, 0.61)})
+    return TuneResult("gemma3-270m", "h2o", 256, windows, 0.01, 32, {}, (t,))
+
+
+def test_the_model_views_line_labels_do_not_overlap():
+    fig = model_figures.tune_curve(close_baselines_tuning(), 0)
+    got = boxes(fig, CHART_WIDTH, {"labels": "g.annotation", "entries": "g.legend g.traces"})
+    texts = [*got["labels"], *got["entries"]]
+    for a, b in itertools.combinations(texts, 2):
+        assert not overlap(a, b, pad=1), (a["text"], b["text"])
+    for a in texts:
+        assert inside(a, got["svg"][0]), a["text"]
+    # each baseline still named, with its figure
+    named = " ".join(a["text"] for a in texts)
+    assert "sliding_window 0.612" in named and "streaming_llm 0.616" in named
+
+
+def test_on_a_real_trace_the_heavy_hitters_note_counts_what_is_drawn():
+    from kvsim.data.catalog import resolve_trace
+
+    trace = resolve_trace("gemma3-270m-L11")
+    f = features.trace_features(trace)
+    results = [kvsim.replay(trace, name, budget=256, record_kept=True) for name in ("sliding_window", "streaming_llm", "h2o")]
+    heads = drawn(figures.kept_heatmap(results, f, step=1000), f"({PIXELS})('heavy hitter (its column)')", KEPT_WIDTH)
+    visible, n = seen(heads[0], 9), len(f.heavy)
+    text = story.heavy_text(f, {figures.policy_label(r): features.heavy_fates(r.kept_history, f) for r in results})
+    assert (f"{n} here, drawn as {visible} ▼" in text) if visible < n else (f"{n} here;" in text or f"{n} here." in text)
