@@ -374,7 +374,7 @@ def test_the_claims_model_and_quality_views_in_a_real_browser(server):
             browser.close()
 
 
-# --- issue 21, item 6: a tour step is a slide: its figure and legends fit the window ----------------
+# --- a tour step is a slide: its figure and legends fit the window -------------------------------
 
 JS_FIGURE_BOXES = """() => [...document.querySelectorAll('.js-plotly-plot')].map(d => {
   const box = r => { const b = r.getBoundingClientRect(); return {top: b.top, bottom: b.bottom, left: b.left, right: b.right}; };

@@ -412,7 +412,7 @@ def test_curve_draws_companions_and_offline_references_apart():
     by_name = {}
     for t in fig.data:
         by_name.setdefault(t.name, []).append(t)
-    # scissorhands: a curve on both panels, clickable like h2o's, with a marker of its own (issue 21: a
+    # scissorhands: a curve on both panels, clickable like h2o's, with a marker of its own (a
     # companion told apart by its colour alone was lost where colours repeated), never the marks'
     sc = by_name["scissorhands"]
     assert len(sc) == 2 and all(t.mode.startswith("lines") for t in sc)

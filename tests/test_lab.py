@@ -200,8 +200,8 @@ def test_app_lab_tab_steps_a_preset_and_reports_refusals():
     assert [e.value for e in at.exception] == [] and [e.value for e in at.error] == []
     assert at.selectbox(key="lab_preset").value == "sliding_window vs streaming_llm"
     assert at.slider(key="lab_step").value == 5  # opens where the two first evict differently
-    # each step is measured before its eviction, and says so (issue 21, item 7: the old "retained 1.000,
-    # evicts 0" beside a red victim bar did not)
+    # each step is measured before its eviction, and says so (a bare "retained 1.000, evicts 0" beside a
+    # red victim bar read as if the eviction came first)
     assert titles(at)[0] == ("sliding_window, step 5: retained 1.000, then evicts 0<br><sup>retained: query 5's "
                              "attention on the cache it found, measured before this step's eviction</sup>")
     assert titles(at)[2].startswith("streaming_llm (sinks=4), step 5: retained 1.000, then evicts 4<br>")
