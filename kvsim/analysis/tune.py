@@ -5,9 +5,9 @@ of a bundle, ``tune`` sweeps ``recent_window`` over ``1 .. budget - 1`` with ``k
 engine) and reports:
 
 - per trace, the best window and the *recommended* one (``kvsim.analysis.windows``, the rule every view
-  uses): the smallest window whose retained mass is within ``tolerance`` (0.005) of that trace's best (past it the curve is flat, and a smaller window
-  leaves more of the cache to the heavy hitters); per layer, the same on the mean of its KV heads'
-  curves (one window per layer, as a serving stack sets it);
+  uses): the smallest window whose retained mass is within ``tolerance`` (0.005) of that trace's best
+  (past it the curve is flat, and a smaller window leaves more of the cache to the heavy hitters); per
+  layer, the same on the mean of its KV heads' curves (one window per layer, as a serving stack sets it);
 - model-wide, the mean over all traces for one window shared by every layer (the best shared window
   and the smallest within ``tolerance`` of it), for per-layer windows and for per-KV-head windows;
 - sliding_window and streaming_llm at the same budget beside them.
