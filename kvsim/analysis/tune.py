@@ -33,7 +33,7 @@ from ..policies import POLICIES, policy_params
 from ..progress import Progress
 from ..sim.harness import DEFAULT_TOP_K
 from ..sim.simulate import sweep
-from .windows import TOLERANCE, pick
+from .windows import TOLERANCE, WindowChoice, covers, pick
 
 #: the policies measured beside the tuned one, each at its defaults and the same budget
 BASELINES = ("sliding_window", "streaming_llm")
@@ -81,6 +81,13 @@ class TuneResult:
     traces: tuple[TraceTuning, ...]
     #: how it ran: {"executor": "serial" | "dask", "workers": n, "scheduler": address, "seconds": s}
     run: dict = field(default_factory=dict)
+
+    def choice(self, t: TraceTuning) -> WindowChoice:
+        """One trace's best and recommended windows as ``kvsim.analysis.windows`` names them everywhere
+        (exact when the windows swept are every one 1 .. budget - 1, as by default)."""
+        return WindowChoice(best=t.best_window, best_mass=t.best_mass, recommended=t.recommended_window,
+                            recommended_mass=t.recommended_mass, tolerance=self.tolerance,
+                            exact=covers(self.windows, self.budget))
 
     def mass_matrix(self) -> np.ndarray:
         """float64 ``(traces, windows)``: retained mass of each trace at each window."""

@@ -12,8 +12,11 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ...analysis.features import curve_peak
+from ...analysis.windows import WindowChoice, choose_window
 from .common import CURRENT_COLOUR
 
+#: the recommended window's mark (a colour no policy and no other mark has)
+RECOMMENDED_COLOUR = "#111111"
 
 #: one style per registered policy, whatever its role on the chart, so a series is told apart by
 #: its colour and by its line (dash, width, marker) alike: the policies with a recent_window are curves
@@ -98,6 +101,7 @@ def recent_window_curve(
     policy: str = "h2o",
     band_known: bool = True,
     companions: Mapping[str, Sequence[Mapping]] | None = None,
+    budget: int | None = None,
 ) -> go.Figure:
     """Retained mass (top) and top-k recall (bottom) against recent_window.
 
@@ -107,7 +111,10 @@ def recent_window_curve(
     policies swept over the same recent_windows, drawn beside it without markers. ``lines`` are the
     horizontal ones (``Line``): deployable policies in the policies legend, offline references
     dotted under a legend of their own, the upper bound black and the others grey. Curve points
-    carry their recent_window as ``customdata`` so a selection can set it.
+    carry their recent_window as ``customdata`` so a selection can set it. With ``budget``, the
+    primary curve's best and recommended windows (``kvsim.analysis.windows``) are marked and named as
+    such when ``rows`` hold every window 1 .. budget - 1; otherwise its peak is the peak so far, of
+    the windows sampled (without ``budget``: its peak).
     """
     if not rows:
         raise ValueError("recent_window_curve needs at least one sweep row")
@@ -122,6 +129,7 @@ def recent_window_curve(
         rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=[m[1] for m in metrics]
     )
     lo, hi = float(x.min()), float(x.max())
+    choice = None if budget is None else choose_window(rows, budget=budget)
     for r, (key, label) in enumerate(metrics, start=1):
         y = df[key]
         # the lines first, so the curves and the markers lie on top of them
@@ -131,6 +139,9 @@ def recent_window_curve(
         marks = [(default, f"shipped default ({default})", "#ff7f0e", "circle")]
         if band_known:
             marks.append((band, f"trace band ({band})", "#17becf", "square"))
+        if choice is not None and choice.exact:
+            marks.append((choice.recommended, f"recommended ({choice.recommended}): the smallest within "
+                          f"{choice.tolerance:g} of the best", RECOMMENDED_COLOUR, "hexagon"))
         _marks(fig, r, label, x, y, marks, current)
     # a dotted line down both panels at each mark, set at once (``add_vline`` re-validates every
     # shape it adds, which was most of the figure's cost)
@@ -141,7 +152,7 @@ def recent_window_curve(
         if x.min() <= mark <= x.max()
         for xref, yref in (("x", "y"), ("x2", "y2"))
     ])
-    _annotate_story(fig, rows, references, default=default, band=band if band_known else None, policy=policy)
+    _annotate_story(fig, rows, references, default=default, band=band if band_known else None, policy=policy, choice=choice)
     fig.update_xaxes(title_text="recent_window", row=2, col=1)
     _legends(fig, policy)
     return fig
@@ -290,12 +301,27 @@ def _hline(fig, row, line: Line, key: str, label: str, lo: float, hi: float, *, 
 
 
 def _annotate_story(fig, rows: Sequence[Mapping], references: Sequence[Line], *, default: int, band: int | None,
-                    policy: str) -> None:
-    """Say in words what the curve shows, computed from the data (never a fixed sentence)."""
+                    policy: str, choice: WindowChoice | None = None) -> None:
+    """Say in words what the curve shows, computed from the data (never a fixed sentence): the best
+    and recommended windows where ``choice`` is exact, the peak so far where it is of a sample."""
     peak, top = curve_peak(rows)
     where = " = the trace's band: the gain saturates here" if peak == band else ""
+    if choice is None:
+        text = f"peak at {peak}: {top:.3f}{where}"
+    elif not choice.exact:
+        text = f"peak so far at {peak}: {top:.3f}, of the windows sampled{where}"
+    elif choice.recommended == choice.best:
+        text = f"best and recommended {peak}: {top:.3f}{where}"
+    else:
+        text = f"best {peak}: {top:.3f}{where}"
+        fig.add_annotation(
+            x=choice.recommended, y=choice.recommended_mass, xref="x", yref="y",
+            text=f"recommended {choice.recommended}: {choice.recommended_mass:.3f}, the smallest within {choice.tolerance:g}",
+            showarrow=True, arrowhead=2, ax=-30, ay=-55, bgcolor="rgba(255,255,255,0.85)", xanchor="right",
+            font=dict(size=13, color="#222"),
+        )
     fig.add_annotation(
-        x=peak, y=top, xref="x", yref="y", text=f"peak at {peak}: {top:.3f}{where}",
+        x=peak, y=top, xref="x", yref="y", text=text,
         showarrow=True, arrowhead=2, ax=60, ay=-30, bgcolor="rgba(255,255,255,0.85)", xanchor="left",
         font=dict(size=13, color="#222"),
     )
