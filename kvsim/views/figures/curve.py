@@ -309,7 +309,7 @@ def _annotate_story(fig, rows: Sequence[Mapping], references: Sequence[Line], *,
     if choice is None:
         text = f"peak at {peak}: {top:.3f}{where}"
     elif not choice.exact:
-        text = f"peak so far at {peak}: {top:.3f}, of the windows sampled{where}"
+        text = f"peak so far at {peak}: {top:.3f}{where} (of the windows sampled)"
     elif choice.recommended == choice.best:
         text = f"best and recommended {peak}: {top:.3f}{where}"
     else:
