@@ -141,7 +141,7 @@ def recent_window_curve(
             marks.append((band, f"trace band ({band})", "#17becf", "square"))
         if choice is not None and choice.exact:
             marks.append((choice.recommended, f"recommended ({choice.recommended}): the smallest within "
-                          f"{choice.tolerance:g} of the best", RECOMMENDED_COLOUR, "hexagon"))
+                          f"{choice.tolerance:g} of the best", RECOMMENDED_COLOUR, "hexagon-open"))
         _marks(fig, r, label, x, y, marks, current)
     # a dotted line down both panels at each mark, set at once (``add_vline`` re-validates every
     # shape it adds, which was most of the figure's cost)
@@ -248,7 +248,9 @@ def _marks(fig, r: int, label: str, x: np.ndarray, y: np.ndarray, marks: Sequenc
         hit = x == mark
         if hit.any():
             # a mark at the current value would hide under its star: it rings the star instead
-            ring = dict(size=28, symbol=f"{symbol}-open", line=dict(color=colour, width=3)) if mark == current else {}
+            ring = dict(size=28, symbol=f"{symbol.removesuffix('-open')}-open", line=dict(color=colour, width=3)) if mark == current else {}
+            if symbol.endswith("-open") and not ring:  # an open mark rings its point: a mark under it stays seen
+                ring = dict(size=22, line=dict(color=colour, width=2.5))
             fig.add_trace(
                 go.Scatter(
                     x=x[hit], y=y[hit], mode="markers", name=text, legendgroup=text, showlegend=(r == 1),
