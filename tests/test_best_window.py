@@ -155,3 +155,22 @@ def test_the_model_view_labels_its_windows_by_the_same_rule():
     assert f"recommended {t.recommended_window} (the smallest within 0.005 of the best)" in names
     assert f"best {t.best_window}" in names
     assert np.isclose(t.best_mass, float(np.max(t.retained_mass)))
+
+
+def test_the_recommended_mark_rides_on_a_mark_already_there_else_rings_its_own_point():
+    from kvsim.views import figures
+
+    curve = [{"recent_window": w, "retained_mass": m, "top_k_recall": m} for w, m in
+             zip(range(1, 10), [0.5, 0.7, 0.9, 0.9, 0.9, 0.9, 0.9, 0.95, 0.9], strict=True)]
+    fig = figures.recent_window_curve(curve, current=1, default=2, band=3, budget=10)
+    names = [t.name for t in fig.data]
+    assert "recommended (8): the smallest within 0.005 of the best" in names  # best 8 alone: its own ring
+    assert [a.text for a in fig.layout.annotations if a.text.startswith(("best", "recommended"))] == [
+        "best and recommended 8: 0.950"]
+    curve[2]["retained_mass"] = 0.949  # now window 3, the band, is within 0.005 of the best
+    fig = figures.recent_window_curve(curve, current=1, default=2, band=3, budget=10)
+    names = [t.name for t in fig.data]
+    assert "trace band (3), recommended: the smallest within 0.005 of the best" in names
+    assert not any(n.startswith("recommended (") for n in names)  # said on the band's mark, not drawn over it
+    assert [a.text for a in fig.layout.annotations if a.text.startswith(("best", "recommended"))] == [
+        "recommended 3: 0.949, the smallest within 0.005", "best 8: 0.950"]

@@ -140,8 +140,7 @@ def recent_window_curve(
         if band_known:
             marks.append((band, f"trace band ({band})", "#17becf", "square"))
         if choice is not None and choice.exact:
-            marks.append((choice.recommended, f"recommended ({choice.recommended}): the smallest within "
-                          f"{choice.tolerance:g} of the best", RECOMMENDED_COLOUR, "hexagon-open"))
+            marks = _with_recommended(marks, choice)
         _marks(fig, r, label, x, y, marks, current)
     # a dotted line down both panels at each mark, set at once (``add_vline`` re-validates every
     # shape it adds, which was most of the figure's cost)
@@ -239,6 +238,16 @@ def _curves(fig, r: int, key: str, label: str, x: np.ndarray, y: np.ndarray, oth
         ),
         row=r, col=1,
     )
+
+
+def _with_recommended(marks: list[tuple], choice: WindowChoice) -> list[tuple]:
+    """The marks with the recommended window's: said on the mark already there (the band's, on the
+    canonical trace) rather than drawn over it, else a ring of its own."""
+    said = f"recommended: the smallest within {choice.tolerance:g} of the best"
+    if any(mark == choice.recommended for mark, *_ in marks):
+        return [(m, f"{text}, {said}" if m == choice.recommended else text, c, sym) for m, text, c, sym in marks]
+    return [*marks, (choice.recommended, f"recommended ({choice.recommended}): the smallest within {choice.tolerance:g} "
+                     "of the best", RECOMMENDED_COLOUR, "hexagon-open")]
 
 
 def _marks(fig, r: int, label: str, x: np.ndarray, y: np.ndarray, marks: Sequence[tuple], current: int | None) -> None:
