@@ -151,7 +151,7 @@ def _table(doc: dict) -> str:
             "largest retained mass of these (the calibration target's):",
             "",
             aligned(
-                [s["param"], "retained_mass", f"top_{k}_recall", "best"],
+                [s["param"], "retained_mass", f"top_{k}_recall", "largest sampled"],
                 [[r[s["param"]], r["retained_mass"], r["top_k_recall"], "*" if r[s["param"]] == s["argmax"] else ""]
                  for r in s["rows"]],
             ),
