@@ -15,6 +15,7 @@ from ..policies.upper_bound import upper_bound_summary
 from ..sim.harness import DEFAULT_TOP_K
 from ..sim.simulate import best, replay, sweep
 from .metrics import describe
+from .windows import choose_window
 
 TABLE_BUDGET = 256
 
@@ -114,7 +115,19 @@ def build_table(trace: Trace, budget: int = TABLE_BUDGET, top_k: int = DEFAULT_T
         targets = trace.name == "canonical" and trace.steps == 4096 and budget == TABLE_BUDGET
     if targets:
         out["targets"] = calibration_targets(trace, budget, top_k, lambda p, params: measure(Row(p, params)), sweep_rows)
+    out["window"] = best_window(trace, budget, top_k)
     return out
+
+
+def best_window(trace: Trace, budget: int, top_k: int = DEFAULT_TOP_K) -> dict | None:
+    """h2o's exact best and recommended recent_window (``kvsim.analysis.windows``): every window 1 ..
+    budget - 1 replayed, unlike the sweep above (8 .. 192 step 8, the calibration target's, whose
+    ``argmax`` is the largest of those sampled windows only). None below budget 2 (no window fits)."""
+    if budget < 2:
+        return None
+    rows = sweep(trace, SWEEP_POLICY, budget, SWEEP_PARAM, list(range(1, budget)), top_k=top_k)
+    return {"policy": SWEEP_POLICY, "param": SWEEP_PARAM, "windows": [1, budget - 1],
+            **choose_window(rows, budget=budget).to_dict()}
 
 
 def calibration_targets(

@@ -4,10 +4,10 @@ The H2O card's advice is "tune it to your model, not to this table". For every (
 of a bundle, ``tune`` sweeps ``recent_window`` over ``1 .. budget - 1`` with ``kvsim.sweep`` (the fast
 engine) and reports:
 
-- per trace, the best window and the *recommended* one: the smallest window whose retained mass is
-  within ``tolerance`` (0.005) of that trace's best (past it the curve is flat, and a smaller window
-  leaves more of the cache to the heavy hitters); per layer, the same on the mean of its KV heads'
-  curves (one window per layer, as a serving stack sets it);
+- per trace, the best window and the *recommended* one (``kvsim.analysis.windows``, the rule every view
+  uses): the smallest window whose retained mass is within ``tolerance`` (0.005) of that trace's best
+  (past it the curve is flat, and a smaller window leaves more of the cache to the heavy hitters); per
+  layer, the same on the mean of its KV heads' curves (one window per layer, as a serving stack sets it);
 - model-wide, the mean over all traces for one window shared by every layer (the best shared window
   and the smallest within ``tolerance`` of it), for per-layer windows and for per-KV-head windows;
 - sliding_window and streaming_llm at the same budget beside them.
@@ -33,9 +33,8 @@ from ..policies import POLICIES, policy_params
 from ..progress import Progress
 from ..sim.harness import DEFAULT_TOP_K
 from ..sim.simulate import sweep
+from .windows import TOLERANCE, WindowChoice, covers, pick
 
-#: a window is recommended when its retained mass is within this much of the trace's best
-TOLERANCE = 0.005
 #: the policies measured beside the tuned one, each at its defaults and the same budget
 BASELINES = ("sliding_window", "streaming_llm")
 PARAM = "recent_window"
@@ -44,13 +43,6 @@ LOCAL = "local"
 
 class TuneError(ValueError):
     """Tuning cannot run as asked; one line."""
-
-
-def _best_and_recommended(mass: np.ndarray, tolerance: float) -> tuple[int, int]:
-    """Indices into the windows: the best (the first of equal masses, so the smallest window) and the
-    recommended, the smallest window within ``tolerance`` of the best."""
-    best = int(np.argmax(mass))
-    return best, int(np.flatnonzero(mass >= mass[best] - tolerance)[0])
 
 
 @dataclass(frozen=True)
@@ -90,12 +82,19 @@ class TuneResult:
     #: how it ran: {"executor": "serial" | "dask", "workers": n, "scheduler": address, "seconds": s}
     run: dict = field(default_factory=dict)
 
+    def choice(self, t: TraceTuning) -> WindowChoice:
+        """One trace's best and recommended windows as ``kvsim.analysis.windows`` names them everywhere
+        (exact when the windows swept are every one 1 .. budget - 1, as by default)."""
+        return WindowChoice(best=t.best_window, best_mass=t.best_mass, recommended=t.recommended_window,
+                            recommended_mass=t.recommended_mass, tolerance=self.tolerance,
+                            exact=covers(self.windows, self.budget))
+
     def mass_matrix(self) -> np.ndarray:
         """float64 ``(traces, windows)``: retained mass of each trace at each window."""
         return np.stack([t.retained_mass for t in self.traces])
 
     def _pick(self, mass: np.ndarray, recall: np.ndarray) -> dict:
-        best, rec = _best_and_recommended(mass, self.tolerance)
+        best, rec = pick(mass, self.tolerance)
         return {"best_window": self.windows[best], "best_mass": float(mass[best]), "best_recall": float(recall[best]),
                 "recommended_window": self.windows[rec], "recommended_mass": float(mass[rec]),
                 "recommended_recall": float(recall[rec])}
@@ -273,7 +272,7 @@ def tune(
 
 def _tuning(u: _Unit, r: dict, windows: list[int], tolerance: float) -> TraceTuning:
     mass, recall = np.asarray(r["retained_mass"], dtype=np.float64), np.asarray(r["top_k_recall"], dtype=np.float64)
-    best, rec = _best_and_recommended(mass, tolerance)
+    best, rec = pick(mass, tolerance)
     return TraceTuning(
         layer=u.layer, head=u.head, name=u.name, attention=u.attention, retained_mass=mass, top_k_recall=recall,
         best_window=windows[best], best_mass=float(mass[best]), recommended_window=windows[rec],

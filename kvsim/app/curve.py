@@ -35,7 +35,8 @@ REFRESH_S = 0.5
 
 def curve_points(budget: int) -> int:
     """Windows on a curve's even grid. A replay costs about the budget, so above 512 the grid is
-    halved; the refinement around the peak (``sweep_coarse_to_fine``) still finds it exactly."""
+    halved; the refinement around the peak (``sweep_coarse_to_fine``) finds a peak (on a flat top, not
+    always the best: ``every_window`` says which curves have every window)."""
     return 32 if budget <= 512 else 16
 
 
@@ -57,19 +58,32 @@ class Pending:
         self.busy.append(busy)
 
 
+def every_window(trace: kvsim.Trace, budget: int, primary: bool) -> bool:
+    """Whether the curve replays every window 1 .. budget - 1 (so its best and recommended windows are
+    exact, ``kvsim.analysis.windows``): the primary curve where its replays are quick enough to wait
+    for. The others, and every curve where that is slow, are a sample (refined around the peak)."""
+    return primary and not progressive(trace, budget)
+
+
 def sweep_curve(trace: kvsim.Trace, spec: PolicySpec, marks: tuple[int, ...], pending: Pending,
                 primary: bool = True) -> services.Curve:
-    """The policy's curve over recent_window 1 .. budget - 1 (``spec``: its other parameters): an
-    even grid refined around the peak (found exactly), plus the marks (the default, the band, the
-    current setting), each window replayed once per server however many sessions ask. Where that is
-    slow (``progressive``) the primary curve is first a coarse grid and a companion is left out;
-    the exact sweep runs in the background and is said in ``pending``."""
+    """The policy's curve over recent_window 1 .. budget - 1 (``spec``: its other parameters), each
+    window replayed once per server however many sessions ask. The primary curve, where it is quick
+    (``every_window``), replays every window; otherwise an even grid refined around the peak, plus
+    the marks (the default, the band, the current setting). Where that is slow (``progressive``) the
+    primary curve is first a coarse grid and a companion is left out; the refined sweep runs in the
+    background and is said in ``pending``."""
     name, budget = spec.name, spec.budget
     fixed = {k: v for k, v in spec.kwargs.items() if k != "recent_window"}
     span = f"{name} over recent_window 1 .. {budget - 1}"
-    store, key = cache.sweeps(), (trace.fingerprint, spec.replace(recent_window=1), TOP_K)
+    every = every_window(trace, budget, primary)
+    store = cache.sweeps()
+    key = (trace.fingerprint, spec.replace(recent_window=1), TOP_K, "every" if every else "sampled")
 
     def exact(progress=None) -> list[dict]:
+        if every:
+            return kvsim.sweep(trace, name, budget, "recent_window", range(1, budget), top_k=TOP_K, progress=progress,
+                               **fixed)
         return sweep_coarse_to_fine(trace, name, budget, "recent_window", 1, budget - 1, marks=marks,
                                     points=curve_points(budget), top_k=TOP_K, progress=progress, **fixed)
 
@@ -179,24 +193,21 @@ def _optimal(trace: kvsim.Trace, spec: PolicySpec) -> dict | None:
     return summary
 
 
-def curve_figure(curves: dict[str, list[dict]], policy: str, lines: tuple, rw: int, features, exact: bool = True):
+def curve_figure(curves: dict[str, list[dict]], policy: str, lines: tuple, rw: int, features, budget: int):
     """The recent_window chart of these curves and lines, built once per server for what it draws
-    (read-only: Streamlit copies a figure to send it). Not ``exact``: the primary curve is a coarse
-    grid, and its peak is marked as the peak so far."""
+    (read-only: Streamlit copies a figure to send it). Where the primary curve has every window its
+    best and recommended windows are marked (``kvsim.analysis.windows``); otherwise its peak, as the
+    peak so far of the windows sampled."""
     default = kvsim.policy_params(policy)["recent_window"]
-    key = (policy, rw, default, features.band, features.band_known, lines, exact,
+    key = (policy, rw, default, features.band, features.band_known, lines, budget,
            tuple((n, tuple(tuple(sorted(r.items())) for r in rows)) for n, rows in curves.items()))  # flat rows
     store = cache.curve_figures()
     fig = store.get(key)
     if fig is None:
         fig = figures.recent_window_curve(
             curves[policy], list(lines), current=rw, default=default, band=features.band, top_k=TOP_K, policy=policy,
-            band_known=features.band_known, companions={n: r for n, r in curves.items() if n != policy},
+            band_known=features.band_known, companions={n: r for n, r in curves.items() if n != policy}, budget=budget,
         )
-        if not exact:
-            for note in fig.layout.annotations:
-                if str(note.text).startswith("peak at "):
-                    note.text = "peak so far at " + note.text[len("peak at "):]
         store.put(key, fig)
     return fig
 
@@ -248,13 +259,10 @@ def curve_view(trace: kvsim.Trace, settings: Settings) -> None:
         st.error(f"recent_window {rw} is outside 1..{budget - 1} (it must be below the budget); no point is marked.")
     explain.markdown(
         story.window_text(policy, features.band, info["recent_share"], features.band_known)
-        + "\n\n" + story.curve_verdict(rows[policy], features.band, features.band_known)
-        + f"\n\nEach point of a curve is a full replay at budget {budget}: about {curve_points(budget)} windows evenly "
-        "spaced, every window next to the peak, and the marked ones (with fewer than "
-        f"{curve_points(budget)} windows in all, every one). The markers and notes follow {policy}. **Click a point** (or "
-        "use the box below) to set recent_window everywhere."
+        + "\n\n" + story.curve_verdict(rows[policy], features.band, features.band_known, budget=budget)
+        + "\n\n" + _points_text(trace, budget, policy)
     )
-    fig = curve_figure(rows, policy, tuple(lines), rw, features, exact)
+    fig = curve_figure(rows, policy, tuple(lines), rw, features, budget)
     with chart:
         if pending.names:
             _waiting(pending, exact)
@@ -266,6 +274,19 @@ def curve_view(trace: kvsim.Trace, settings: Settings) -> None:
                        f"{stem(trace)}-budget{budget}-recent_window-sweep.csv", "csv_sweep")
         with c2:
             html_button("this figure (HTML)", fig, f"{stem(trace)}-budget{budget}-curve.html", "html_curve")
+
+
+def _points_text(trace: kvsim.Trace, budget: int, policy: str) -> str:
+    """What the curves' points are: every window (the primary curve, where quick), or a sample."""
+    sample = (f"about {curve_points(budget)} windows evenly spaced, every window next to the peak, and the marked ones "
+              f"(with fewer than {curve_points(budget)} windows in all, every one)")
+    if every_window(trace, budget, True):
+        what = (f"{policy}'s curve has every window 1 .. {budget - 1}, so its best and recommended windows are exact; "
+                f"the other curves are a sample: {sample}")
+    else:
+        what = f"{sample}; so the peak marked is the peak so far, of the windows sampled"
+    return (f"Each point of a curve is a full replay at budget {budget}: {what}. The markers and notes follow {policy}. "
+            "**Click a point** (or use the box below) to set recent_window everywhere.")
 
 
 def _curves(trace: kvsim.Trace, budget: int, policy: str, policies: list[str], rw: int,
@@ -288,7 +309,7 @@ def _curves(trace: kvsim.Trace, budget: int, policy: str, policies: list[str], r
 def _waiting(pending: Pending, exact: bool) -> None:
     """Say what is still replayed in the background, and draw the page again each time one ends."""
     first = ("A coarse grid first: every window next to the peak is being replayed in the background, so the peak "
-             "marked is the **peak so far**; the exact one replaces it when known. " if not exact else "")
+             "marked is the **peak so far**; the refined one replaces it when known. " if not exact else "")
     st.caption(f"{first}Still replaying in the background: {', '.join(pending.names)}; each appears once known.")
 
     drawn = [False]  # the fragment's first call is this run's own: the page was just drawn, so it waits a tick

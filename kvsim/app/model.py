@@ -91,10 +91,11 @@ def _layer(result, name: str, policy: str, labels: dict, one: bool) -> None:
             "layer", rows, key="model_layer_choice", format_func=labels.get,
             on_change=lambda: st.session_state.update(model_layer=st.session_state["model_layer_choice"]))
         t = next(x for x in result.traces if (x.layer, x.head) == (layer, head))
-        st.markdown(f"**{labels[(layer, head)]}** ({t.attention} attention): recommended recent_window "
-                    f"**{t.recommended_window}** (retained mass {t.recommended_mass:.4f}); best {t.best_window} "
-                    f"({t.best_mass:.4f}). " + ", ".join(f"{p} {m:.4f}" for p, (m, _r) in t.baselines.items())
-                    + " at the same budget.")
+        choice = result.choice(t)
+        st.markdown(f"**{labels[(layer, head)]}** ({t.attention} attention): **recommended** recent_window "
+                    f"**{choice.recommended}** (retained mass {choice.recommended_mass:.4f}), the smallest within "
+                    f"{choice.tolerance:g} of the **best**, {choice.best} ({choice.best_mass:.4f}). "
+                    + ", ".join(f"{p} {m:.4f}" for p, (m, _r) in t.baselines.items()) + " at the same budget.")
         selector = views.trace_selector(name, layer, head, one)
         st.button(f"open {labels[(layer, head)]} in the kept-position views", key="open_layer", on_click=open_layer,
                   args=(selector, t.recommended_window, policy),

@@ -16,6 +16,7 @@ import numpy as np
 from .. import progress as protocol
 from ..analysis.metrics import describe, renormalised, repair_note
 from ..analysis.table import TABLE_BUDGET, build_table
+from ..analysis.windows import choose_window
 from ..data.bundle import is_bundle
 from ..data.catalog import available_traces, resolve_trace
 from ..data.trace import Trace, save_npz
@@ -77,7 +78,16 @@ def cmd_sweep(args: argparse.Namespace) -> object:
     with report.step("sweep", note) as progress:
         report.prepare([args.policy], progress)
         rows = sweep(trace, args.policy, budget, param, ranges[param], top_k=args.top_k, progress=progress, **fixed)
-    return [{"trace": trace.name, **r} for r in rows]
+    return mark_choice([{"trace": trace.name, **r} for r in rows], param)
+
+
+def mark_choice(rows: list[dict], param: str) -> list[dict]:
+    """The sweep's rows, each told whether it is the best (the largest retained mass, the smallest
+    value on ties) and whether it is the recommended one (the smallest value within ``TOLERANCE`` of
+    the best): ``kvsim.analysis.windows``, the rule every view names its windows by. The document stays
+    a list of rows; the two keys are added to each."""
+    choice = choose_window(rows, param=param)
+    return [{**r, "best": r[param] == choice.best, "recommended": r[param] == choice.recommended} for r in rows]
 
 
 def cmd_describe(args: argparse.Namespace) -> object:

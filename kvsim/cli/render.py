@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from ..analysis.table import params_label
-from ..sim.simulate import best
+from ..analysis.windows import TOLERANCE, covers
 
 
 def aligned(headers: list[str], rows: list[list], text: bool = False) -> str:
@@ -47,7 +47,7 @@ def _numeric(s: str) -> bool:
 
 
 def _summary_params(r: dict) -> dict:
-    skip = {"trace", "policy", "budget", "retained_mass", "top_k_recall", "top_k", "steps"}
+    skip = {"trace", "policy", "budget", "retained_mass", "top_k_recall", "top_k", "steps", "best", "recommended"}
     return {k: v for k, v in r.items() if k not in skip}
 
 
@@ -59,13 +59,29 @@ def _replay(doc: dict) -> str:
     )
 
 
+def _swept(doc: list[dict]) -> str:
+    """The parameter the rows vary: the first that differs between them (a one-row sweep: its first)."""
+    names = ["budget", *_summary_params(doc[0])]
+    return next((k for k in names if len({r[k] for r in doc}) > 1), names[-1])
+
+
 def _sweep(doc: list[dict]) -> str:
-    top = best(doc)
-    return aligned(
-        ["trace", "policy", "params", "budget", "retained_mass", f"top_{doc[0]['top_k']}_recall", "best"],
-        [[r["trace"], r["policy"], params_label(_summary_params(r)), r["budget"], r["retained_mass"],
-          r["top_k_recall"], "*" if r is top else ""] for r in doc],
+    """The rows, the best and the recommended one marked (``cmd_sweep`` says which), and the choice in
+    words under them: exact over recent_window only when every window 1..budget - 1 was swept."""
+    param = _swept(doc)
+    table = aligned(
+        ["trace", "policy", "params", "budget", "retained_mass", f"top_{doc[0]['top_k']}_recall", "choice"],
+        [[r["trace"], r["policy"], params_label(_summary_params(r)), r["budget"], r["retained_mass"], r["top_k_recall"],
+          ", ".join(w for w in ("best", "recommended") if r.get(w))] for r in doc],
     )
+    best = next((r for r in doc if r.get("best")), None)
+    rec = next((r for r in doc if r.get("recommended")), None)
+    if best is None or rec is None:
+        return table
+    every = param == "recent_window" and covers((r[param] for r in doc), doc[0]["budget"])
+    what = "every window 1..budget - 1" if every else f"the {len(doc)} values swept"
+    return (f"{table}\n\nbest {param} {best[param]} (retained mass {best['retained_mass']:.4f}); recommended "
+            f"{rec[param]} ({rec['retained_mass']:.4f}): the smallest within {TOLERANCE:g} of the best, of {what}")
 
 
 def _describe(doc: dict) -> str:
@@ -131,14 +147,20 @@ def _table(doc: dict) -> str:
     if s["rows"]:
         parts += [
             "",
-            f"{s['policy']} over {s['param']} (budget {doc['budget']}); * marks the largest retained mass:",
+            f"{s['policy']} over {s['param']} (budget {doc['budget']}), sampled at {len(s['rows'])} windows; * marks the "
+            "largest retained mass of these (the calibration target's):",
             "",
             aligned(
-                [s["param"], "retained_mass", f"top_{k}_recall", "best"],
+                [s["param"], "retained_mass", f"top_{k}_recall", "largest sampled"],
                 [[r[s["param"]], r["retained_mass"], r["top_k_recall"], "*" if r[s["param"]] == s["argmax"] else ""]
                  for r in s["rows"]],
             ),
         ]
+    w = doc.get("window")
+    if w is not None:
+        parts += ["", f"{w['policy']} over every {w['param']} {w['windows'][0]}..{w['windows'][1]}: best {w['best']} "
+                  f"(retained mass {w['best_mass']:.4f}); recommended {w['recommended']} ({w['recommended_mass']:.4f}): "
+                  f"the smallest within {w['tolerance']:g} of the best"]
     if doc["targets"] is not None:
         parts += [
             "",

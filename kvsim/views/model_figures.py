@@ -88,7 +88,8 @@ def tune_curve(result: TuneResult, layer: int, head: int = 0) -> go.Figure:
     fig.add_trace(go.Scatter(x=x, y=t.top_k_recall.astype(np.float32), mode="lines", name=f"top-{result.top_k} recall",
                              line={"dash": "dot"}))
     fig.add_trace(go.Scatter(x=np.asarray([t.recommended_window]), y=np.asarray([t.recommended_mass]), mode="markers",
-                             name=f"recommended {t.recommended_window}", marker={"symbol": "circle", "size": 11}))
+                             name=f"recommended {t.recommended_window} (the smallest within {result.tolerance:g} of the best)",
+                             marker={"symbol": "circle", "size": 11}))
     fig.add_trace(go.Scatter(x=np.asarray([t.best_window]), y=np.asarray([t.best_mass]), mode="markers",
                              name=f"best {t.best_window}", marker={"symbol": "x", "size": 10}))
     # each baseline a line across the chart in its policy's style (the curve view's), named in the

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ..analysis.features import HeavyFate, TraceFeatures, curve_peak
+from ..analysis.windows import choose_window, covers
 from .figures.curve import COINCIDE, Line
 from .figures.kept import heavy_marks
 from .selection import Region
@@ -50,24 +51,39 @@ def window_text(policy: str, band: int, share: float | None, band_known: bool = 
     )
 
 
-def curve_verdict(rows: Sequence[Mapping], band: int, band_known: bool = True) -> str:
+def curve_verdict(rows: Sequence[Mapping], band: int, band_known: bool = True, budget: int | None = None) -> str:
     """Where the primary curve stops gaining, in words computed from its sweep: at the band, near
-    it (the curve is flat past it), elsewhere, or, on a trace without a band, simply where."""
+    it (the curve is flat past it), elsewhere, or, on a trace without a band, simply where. With
+    ``budget``: when the rows hold every window 1 .. budget - 1 the best and recommended windows
+    (``kvsim.analysis.windows``) are quoted after it; otherwise the peak is the peak so far, of the
+    windows sampled."""
+    choice = None if budget is None else choose_window(rows, budget=budget)
+    sampled = choice is not None and not choice.exact
+    peaks = "peaks so far (of the windows sampled) at" if sampled else "peaks at"
+    verdict = _verdict(rows, band, band_known, peaks, "its highest point so far" if sampled else "its highest point")
+    if choice is None or sampled:
+        return verdict
+    return (f"{verdict} Over every window 1 .. {budget - 1}: the **best** is {choice.best} ({choice.best_mass:.3f}); "
+            f"the **recommended** is {choice.recommended} ({choice.recommended_mass:.3f}), the smallest within "
+            f"{choice.tolerance:g} of the best.")
+
+
+def _verdict(rows: Sequence[Mapping], band: int, band_known: bool, peaks: str, highest: str) -> str:
     peak, top = curve_peak(rows)
     at = {int(r["recent_window"]): float(r["retained_mass"]) for r in rows}
     if not band_known:
-        return (f"This trace has no sharp recency band, so there is no width to match: retained mass peaks at "
+        return (f"This trace has no sharp recency band, so there is no width to match: retained mass {peaks} "
                 f"recent_window {peak} ({top:.3f}). Read the curve rather than a rule.")
     if peak == band:
         return (f"On this trace the gain stops at {peak}, the band's width: past it the extra protected slots "
                 "go to positions little looked at any more, taken from heavy hitters.")
     if band in at and top - at[band] <= 0.002:
         return (f"On this trace the gain all but stops at the band's width, {band} ({at[band]:.3f}); the curve is "
-                f"flat past it, with its highest point at {peak} ({top:.3f}), {top - at[band]:.4f} more.")
+                f"flat past it, with {highest} at {peak} ({top:.3f}), {top - at[band]:.4f} more.")
     if band in at:
-        return (f"On this trace retained mass peaks at recent_window {peak} ({top:.3f}), not at the band's {band} "
+        return (f"On this trace retained mass {peaks} recent_window {peak} ({top:.3f}), not at the band's {band} "
                 f"({at[band]:.3f}): at this budget, protecting more than the band still pays.")
-    return (f"On this trace retained mass peaks at recent_window {peak} ({top:.3f}); the band's width, {band}, is "
+    return (f"On this trace retained mass {peaks} recent_window {peak} ({top:.3f}); the band's width, {band}, is "
             "outside the swept range.")
 
 
@@ -81,7 +97,8 @@ def lines_story(policy: str, curves: Mapping[str, Sequence[Mapping]], lines: Seq
             continue
         p, v = curve_peak(rows)
         where = f"also peaks at {p}" if p == peak else f"peaks at {p}"
-        out.append(f"**{name}** {where}, at {v:.3f}: {gap(v, top, peak_of)}.")
+        sampled = " of the windows sampled" if budget and not covers((r["recent_window"] for r in rows), budget) else ""
+        out.append(f"**{name}** {where}{sampled}, at {v:.3f}: {gap(v, top, peak_of)}.")
     bound = next((line for line in lines if line.kind == "bound"), None)
     for line in lines:
         if line.kind == "policy" and line.policy not in ("sliding_window", "streaming_llm"):  # the cards' baselines

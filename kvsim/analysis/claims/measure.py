@@ -14,6 +14,7 @@ from ...policies import make_policy
 from ...sim.simulate import sweep
 from ..lab import SPIKE_ROWS, trace_from_rows
 from ..metrics import describe
+from ..windows import WindowChoice, choose_window
 
 VERDICTS = ("holds", "fails", "not applicable", "not measured")
 SCOPES = ("canonical", "trace", "policy", "model")
@@ -50,6 +51,7 @@ class Measurer:
         self._runs: dict[tuple, dict] = {}
         self._sweep: dict[int, dict] | None = None
         self._describe: dict | None = None
+        self._choice: WindowChoice | None = None
 
     def run(self, policy: str, budget: int | None = None, **params) -> dict:
         budget = self.budget if budget is None else budget
@@ -66,6 +68,14 @@ class Measurer:
             for w, r in self._sweep.items():
                 self._runs[("h2o", self.budget, (("recent_window", w),))] = r
         return self._sweep
+
+    def h2o_choice(self) -> WindowChoice | None:
+        """h2o's exact best and recommended recent_window (``kvsim.analysis.windows``): every window 1 ..
+        budget - 1, not the sampled ``WINDOWS``. None below budget 2."""
+        if self._choice is None and self.budget >= 2:
+            rows = sweep(self.trace, "h2o", self.budget, "recent_window", list(range(1, self.budget)))
+            self._choice = choose_window(rows, budget=self.budget)
+        return self._choice
 
     def describe(self) -> dict:
         if self._describe is None:

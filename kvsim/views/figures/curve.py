@@ -12,8 +12,11 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ...analysis.features import curve_peak
+from ...analysis.windows import WindowChoice, choose_window
 from .common import CURRENT_COLOUR
 
+#: the recommended window's mark (a colour no policy and no other mark has)
+RECOMMENDED_COLOUR = "#111111"
 
 #: one style per registered policy, whatever its role on the chart, so a series is told apart by
 #: its colour and by its line (dash, width, marker) alike: the policies with a recent_window are curves
@@ -98,6 +101,7 @@ def recent_window_curve(
     policy: str = "h2o",
     band_known: bool = True,
     companions: Mapping[str, Sequence[Mapping]] | None = None,
+    budget: int | None = None,
 ) -> go.Figure:
     """Retained mass (top) and top-k recall (bottom) against recent_window.
 
@@ -107,7 +111,10 @@ def recent_window_curve(
     policies swept over the same recent_windows, drawn beside it without markers. ``lines`` are the
     horizontal ones (``Line``): deployable policies in the policies legend, offline references
     dotted under a legend of their own, the upper bound black and the others grey. Curve points
-    carry their recent_window as ``customdata`` so a selection can set it.
+    carry their recent_window as ``customdata`` so a selection can set it. With ``budget``, the
+    primary curve's best and recommended windows (``kvsim.analysis.windows``) are marked and named as
+    such when ``rows`` hold every window 1 .. budget - 1; otherwise its peak is the peak so far, of
+    the windows sampled (without ``budget``: its peak).
     """
     if not rows:
         raise ValueError("recent_window_curve needs at least one sweep row")
@@ -122,6 +129,7 @@ def recent_window_curve(
         rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=[m[1] for m in metrics]
     )
     lo, hi = float(x.min()), float(x.max())
+    choice = None if budget is None else choose_window(rows, budget=budget)
     for r, (key, label) in enumerate(metrics, start=1):
         y = df[key]
         # the lines first, so the curves and the markers lie on top of them
@@ -131,6 +139,8 @@ def recent_window_curve(
         marks = [(default, f"shipped default ({default})", "#ff7f0e", "circle")]
         if band_known:
             marks.append((band, f"trace band ({band})", "#17becf", "square"))
+        if choice is not None and choice.exact:
+            marks = _with_recommended(marks, choice)
         _marks(fig, r, label, x, y, marks, current)
     # a dotted line down both panels at each mark, set at once (``add_vline`` re-validates every
     # shape it adds, which was most of the figure's cost)
@@ -141,7 +151,7 @@ def recent_window_curve(
         if x.min() <= mark <= x.max()
         for xref, yref in (("x", "y"), ("x2", "y2"))
     ])
-    _annotate_story(fig, rows, references, default=default, band=band if band_known else None, policy=policy)
+    _annotate_story(fig, rows, references, default=default, band=band if band_known else None, policy=policy, choice=choice)
     fig.update_xaxes(title_text="recent_window", row=2, col=1)
     _legends(fig, policy)
     return fig
@@ -230,6 +240,16 @@ def _curves(fig, r: int, key: str, label: str, x: np.ndarray, y: np.ndarray, oth
     )
 
 
+def _with_recommended(marks: list[tuple], choice: WindowChoice) -> list[tuple]:
+    """The marks with the recommended window's: said on the mark already there (the band's, on the
+    canonical trace) rather than drawn over it, else a ring of its own."""
+    said = f"recommended: the smallest within {choice.tolerance:g} of the best"
+    if any(mark == choice.recommended for mark, *_ in marks):
+        return [(m, f"{text}, {said}" if m == choice.recommended else text, c, sym) for m, text, c, sym in marks]
+    return [*marks, (choice.recommended, f"recommended ({choice.recommended}): the smallest within {choice.tolerance:g} "
+                     "of the best", RECOMMENDED_COLOUR, "hexagon-open")]
+
+
 def _marks(fig, r: int, label: str, x: np.ndarray, y: np.ndarray, marks: Sequence[tuple], current: int | None) -> None:
     """On panel ``r``'s primary curve: each of ``marks`` ``(recent_window, name, colour, symbol)``
     that the sweep reached, and the current recent_window as a star."""
@@ -237,7 +257,9 @@ def _marks(fig, r: int, label: str, x: np.ndarray, y: np.ndarray, marks: Sequenc
         hit = x == mark
         if hit.any():
             # a mark at the current value would hide under its star: it rings the star instead
-            ring = dict(size=28, symbol=f"{symbol}-open", line=dict(color=colour, width=3)) if mark == current else {}
+            ring = dict(size=28, symbol=f"{symbol.removesuffix('-open')}-open", line=dict(color=colour, width=3)) if mark == current else {}
+            if symbol.endswith("-open") and not ring:  # an open mark rings its point: a mark under it stays seen
+                ring = dict(size=22, line=dict(color=colour, width=2.5))
             fig.add_trace(
                 go.Scatter(
                     x=x[hit], y=y[hit], mode="markers", name=text, legendgroup=text, showlegend=(r == 1),
@@ -290,12 +312,27 @@ def _hline(fig, row, line: Line, key: str, label: str, lo: float, hi: float, *, 
 
 
 def _annotate_story(fig, rows: Sequence[Mapping], references: Sequence[Line], *, default: int, band: int | None,
-                    policy: str) -> None:
-    """Say in words what the curve shows, computed from the data (never a fixed sentence)."""
+                    policy: str, choice: WindowChoice | None = None) -> None:
+    """Say in words what the curve shows, computed from the data (never a fixed sentence): the best
+    and recommended windows where ``choice`` is exact, the peak so far where it is of a sample."""
     peak, top = curve_peak(rows)
     where = " = the trace's band: the gain saturates here" if peak == band else ""
+    if choice is None:
+        text = f"peak at {peak}: {top:.3f}{where}"
+    elif not choice.exact:
+        text = f"peak so far at {peak}: {top:.3f}{where} (of the windows sampled)"
+    elif choice.recommended == choice.best:
+        text = f"best and recommended {peak}: {top:.3f}{where}"
+    else:
+        text = f"best {peak}: {top:.3f}{where}"
+        fig.add_annotation(
+            x=choice.recommended, y=choice.recommended_mass, xref="x", yref="y",
+            text=f"recommended {choice.recommended}: {choice.recommended_mass:.3f}, the smallest within {choice.tolerance:g}",
+            showarrow=True, arrowhead=2, ax=-30, ay=-55, bgcolor="rgba(255,255,255,0.85)", xanchor="right",
+            font=dict(size=13, color="#222"),
+        )
     fig.add_annotation(
-        x=peak, y=top, xref="x", yref="y", text=f"peak at {peak}: {top:.3f}{where}",
+        x=peak, y=top, xref="x", yref="y", text=text,
         showarrow=True, arrowhead=2, ax=60, ay=-30, bgcolor="rgba(255,255,255,0.85)", xanchor="left",
         font=dict(size=13, color="#222"),
     )

@@ -1,0 +1,97 @@
+"""The one rule that names a recent_window "best" and "recommended", wherever one is shown (the app's
+curve, ``kvsim sweep``, ``table``, ``claims``, ``tune`` and the model view).
+
+- **best**: the window with the largest retained mass, the smallest of equal ones;
+- **recommended**: the smallest window whose retained mass is within ``tolerance`` (``TOLERANCE``,
+  0.005) of the best's. Past it the curve is flat, and a smaller window leaves more of the cache to
+  the heavy hitters.
+
+Both are *exact* only when every window ``1 .. budget - 1`` was measured: the top of a curve is often
+flat and noisy, so a grid (even one refined around its peak) can stop on a local maximum. A choice
+made from a sample says so (``exact`` False; ``sentence`` calls its best the peak so far).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+#: a window is recommended when its retained mass is within this much of the best's
+TOLERANCE = 0.005
+
+
+@dataclass(frozen=True)
+class WindowChoice:
+    best: int
+    best_mass: float
+    recommended: int
+    recommended_mass: float
+    tolerance: float
+    #: every window 1 .. budget - 1 was measured (else the choice is of the windows sampled)
+    exact: bool
+
+    def sentence(self, digits: int = 3) -> str:
+        """The choice in words, labelled: ``best 196 (0.776); recommended 134 (0.771): the smallest
+        within 0.005 of it``, or for a sample ``peak so far 211 (0.775), of the windows sampled``."""
+        if not self.exact:
+            return (f"peak so far {self.best} ({self.best_mass:.{digits}f}), of the windows sampled; "
+                    f"the smallest sampled within {self.tolerance:g} of it: {self.recommended}")
+        return (f"best {self.best} ({self.best_mass:.{digits}f}); recommended {self.recommended} "
+                f"({self.recommended_mass:.{digits}f}): the smallest within {self.tolerance:g} of it")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def pick(mass: Sequence[float] | np.ndarray, tolerance: float = TOLERANCE) -> tuple[int, int]:
+    """Indices into ``mass`` (ordered by ascending window): the best (the first of equal masses) and
+    the recommended (the first within ``tolerance`` of the best)."""
+    m = np.asarray(mass, dtype=np.float64)
+    if m.size == 0:
+        raise ValueError("no windows to choose from")
+    if not tolerance >= 0:
+        raise ValueError(f"tolerance must be at least 0, got {tolerance}")
+    best = int(np.argmax(m))
+    return best, int(np.flatnonzero(m >= m[best] - tolerance)[0])
+
+
+def covers(windows: Iterable[int], budget: int) -> bool:
+    """Whether ``windows`` hold every recent_window a budget allows (1 .. budget - 1)."""
+    return set(range(1, budget)) <= {int(w) for w in windows}
+
+
+def choose_window(
+    rows: Sequence[Mapping] | None = None,
+    *,
+    windows: Sequence[int] | None = None,
+    mass: Sequence[float] | np.ndarray | None = None,
+    tolerance: float = TOLERANCE,
+    budget: int | None = None,
+    exact: bool | None = None,
+    param: str = "recent_window",
+    metric: str = "retained_mass",
+) -> WindowChoice:
+    """The best and recommended windows of a sweep: ``rows`` (dicts with ``param`` and ``metric``) or
+    ``windows`` with their ``mass``. ``exact``: as given, else whether the windows cover ``1 .. budget
+    - 1`` (False without a ``budget``)."""
+    if rows is not None:
+        windows = [int(r[param]) for r in rows]
+        mass = [float(r[metric]) for r in rows]
+    if windows is None or mass is None:
+        raise ValueError("choose_window needs rows, or windows with their mass")
+    w = np.asarray(windows, dtype=np.int64)
+    m = np.asarray(mass, dtype=np.float64)
+    if w.shape != m.shape:
+        raise ValueError(f"{w.size} windows but {m.size} masses")
+    order = np.argsort(w, kind="stable")
+    w, m = w[order], m[order]
+    best, rec = pick(m, tolerance)
+    if exact is None:
+        exact = budget is not None and covers(w.tolist(), budget)
+    return WindowChoice(best=int(w[best]), best_mass=float(m[best]), recommended=int(w[rec]),
+                        recommended_mass=float(m[rec]), tolerance=float(tolerance), exact=bool(exact))
+
+
+__all__ = ["TOLERANCE", "WindowChoice", "choose_window", "covers", "pick"]
