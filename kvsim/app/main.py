@@ -66,12 +66,14 @@ def run() -> None:
     needs = [*settings.chosen, "pooling", st.session_state.get("curve_policy", "h2o")]
     compile_later = warm_up(needs)
     tabs = st.tabs(list(state.TABS), key="view", bind="query-params")
-    with jit.compiled_only():
-        for tab, view in zip(tabs, views, strict=True):
-            with tab:
-                if tab.open:
-                    view()
-    compile_later()
+    try:
+        with jit.compiled_only():
+            for tab, view in zip(tabs, views, strict=True):
+                with tab:
+                    if tab.open:
+                        view()
+    finally:  # also when a rerun cuts this one short: the compile is in another process, never in the way
+        compile_later()
 
 
 def warm_up(needs: list[str]):
