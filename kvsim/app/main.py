@@ -3,6 +3,10 @@
 UI only: widgets in, calls into ``kvsim``, figures (from ``kvsim.views``) out. Every replay and sweep
 is cached by trace and policy spec, so moving a control re-draws from results already computed. The
 state of the controls lives in the URL's query parameters: a link reopens the same view.
+
+The views are drawn with compiled kernels only (``kvsim.jit.compiled_only``): on a brand-new install
+numba compiles the fast engine in the background (``cache.warmup``) while the page is drawn on the
+reference path (the same results), and one line says so.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from __future__ import annotations
 import pandas  # noqa: F401
 import streamlit as st
 
-from . import state
+from kvsim import jit
+
+from . import cache, state
 from .claims import claims_view
 from .controls import Settings, controls, tour_box
 from .curve import curve_view
@@ -57,8 +63,29 @@ def run() -> None:
         lambda: trace_view(trace), lab_view, lambda: claims_view(trace), lambda: model_view(settings.budget),
         quality_view,
     )
+    needs = [*settings.chosen, "pooling", st.session_state.get("curve_policy", "h2o")]
+    compile_later = warm_up(needs)
     tabs = st.tabs(list(state.TABS), key="view", bind="query-params")
-    for tab, view in zip(tabs, views, strict=True):
-        with tab:
-            if tab.open:
-                view()
+    try:
+        with jit.compiled_only():
+            for tab, view in zip(tabs, views, strict=True):
+                with tab:
+                    if tab.open:
+                        view()
+    finally:  # also when a rerun cuts this one short: the compile is in another process, never in the way
+        compile_later()
+
+
+def warm_up(needs: list[str]):
+    """The kernels this page may use (``needs``: the policies shown, the kept view's pooling, the
+    curve's policy): loaded now where numba's disk cache holds them (a fraction of a second), else
+    said in one line above the views and, once the page is drawn, compiled in the background (the
+    views meanwhile take the reference path). Returns what starts that compile."""
+    warm = cache.warmup()
+    if warm.cached(needs):
+        warm.load(needs)
+        return lambda: None
+    note = warm.note(needs)
+    if note:
+        st.info(note, icon=":material/hourglass_top:")
+    return lambda: warm.want(needs)

@@ -8,6 +8,8 @@
   and that can be drawn from a coarse grid first while the refinement runs in the background.
 - ``Background``: jobs by key on a small thread pool, polled by the page, so a slow solve never
   blocks a redraw and is done once per server.
+- ``Warmup``: the compiling of the fast engine's kernels, once per server, in order of need on one
+  thread, so that a brand-new install draws its page on the reference path meanwhile.
 
 A session's run may be ended at any Streamlit call (a rerun): every lock here is released whatever
 happens, and the background threads never call Streamlit.
@@ -16,6 +18,7 @@ happens, and the background threads never call Streamlit.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -231,3 +234,107 @@ class _Sweep:
     def merge(self, rows: list[dict], param: str, exact: bool = False) -> None:
         self.rows.update({int(r[param]): r for r in rows})
         self.exact = self.exact or exact
+
+
+@dataclass(frozen=True)
+class Job:
+    """One family of kernels: ``prepare(progress)`` compiles or loads them (``progress(None, note)``
+    when numba really compiles), ``cached()`` says cheaply whether numba's disk cache holds them
+    (then ``prepare`` only loads them, a fraction of a second), ``estimate_s`` how long its own
+    compile takes; ``shared``: it also compiles what the warm-up's ``shared_s`` stands for (code
+    that every such job calls, compiled by whichever runs first)."""
+
+    prepare: Callable[[Callable], None]
+    cached: Callable[[], bool]
+    estimate_s: float
+    shared: bool = False
+
+
+class Warmup:
+    """Jobs by name, each run once per server: loaded at once in the page's thread when numba's disk
+    cache holds them (``load``), else compiled on one daemon thread in the order asked for (``want``)
+    while the pages take the reference paths, and said in one line (``note``). A job that fails is
+    remembered in ``failed``: its callers keep the reference path, which gives the same results.
+
+    ``elsewhere(names)``, when given, compiles the jobs not on disk first in another process (into
+    numba's disk cache), so that the server's threads keep the interpreter while numba works: the
+    job then only loads them here. Should it fail, the job compiles them here."""
+
+    def __init__(self, jobs: dict[str, Job], shared_s: float = 0.0, name: str = "kvsim-warmup",
+                 elsewhere: Callable[[list[str]], None] | None = None) -> None:
+        self._jobs, self._shared_s, self._name, self._elsewhere = jobs, shared_s, name, elsewhere
+        self._queue: list[str] = []
+        self._done: set[str] = set()
+        self._asked: set[str] = set()  # queued once, whether run, running or waiting
+        self._lock = threading.Lock()
+        self._running = False  # a thread is on the queue (set and cleared under the lock)
+        self.compiling_since: float | None = None  # when the thread began (None: it has not)
+        self.failed: dict[str, str] = {}
+
+    def pending(self, names: Iterable[str]) -> list[str]:
+        """The jobs among ``names`` not run yet, in order, once each."""
+        with self._lock:
+            return list(dict.fromkeys(n for n in names if n in self._jobs and n not in self._done and n not in self.failed))
+
+    def cached(self, names: Iterable[str]) -> bool:
+        """Whether every pending job among ``names`` is in numba's disk cache (loading, not compiling)."""
+        return all(self._jobs[n].cached() for n in self.pending(names))
+
+    def load(self, names: Iterable[str]) -> None:
+        """Run the pending jobs among ``names`` in this thread: for jobs ``cached`` says are on disk."""
+        for n in self.pending(names):
+            self._run_one(n)
+
+    def want(self, names: Iterable[str]) -> None:
+        """Queue the pending jobs among ``names`` for the thread, and start it."""
+        with self._lock:
+            new = [n for n in dict.fromkeys(names) if n in self._jobs and n not in self._done and n not in self._asked]
+            self._asked.update(new)
+            self._queue += new
+            if new and not self._running:
+                self._running = True
+                self.compiling_since = self.compiling_since or time.monotonic()
+                threading.Thread(target=self._run, name=self._name, daemon=True).start()
+
+    def busy(self) -> bool:
+        with self._lock:
+            return self._running
+
+    def note(self, names: Iterable[str]) -> str | None:
+        """One line while jobs among ``names`` are compiling or about to (none on disk), else None."""
+        compiling = [n for n in self.pending(names) if not self._jobs[n].cached()]
+        if not compiling:
+            return None
+        spent = 0.0 if self.compiling_since is None else time.monotonic() - self.compiling_since
+        total = sum(self._jobs[n].estimate_s for n in compiling)
+        if any(self._jobs[n].shared for n in compiling) and not any(self._jobs[n].shared for n in self._done):
+            total += self._shared_s
+        left = max(5, 5 * round((total - spent) / 5))
+        return (f"Compiling the fast engine once for this install (about {left} s); the views already drawn use "
+                "the reference path, with the same results, and a change made once it is done uses the engine.")
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._running = False
+                    return
+                names, self._queue = self._queue, []
+            todo = [n for n in names if not self._jobs[n].cached()]
+            if todo and self._elsewhere is not None:
+                try:
+                    self._elsewhere(todo)
+                except Exception:  # noqa: S110 -- then each job compiles here instead
+                    pass
+            for name in names:
+                self._run_one(name)
+
+    def _run_one(self, name: str) -> None:
+        try:
+            self._jobs[name].prepare(lambda fraction, note="": None)
+        except Exception as e:  # kept for the page; the reference path stays in use
+            with self._lock:
+                self.failed[name] = f"{type(e).__name__}: {e}"
+            return
+        with self._lock:
+            self._done.add(name)

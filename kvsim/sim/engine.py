@@ -16,7 +16,9 @@ name, rather than reading a parameter that is not there.
 
 ``FAST`` is the one table of the policies the engine replays, each with its runner; ``kvsim.replay``
 and ``kvsim.sweep`` use it when ``covers`` says so and the reference harness otherwise. ``prepare``
-compiles one policy's kernels ahead of its first replay.
+compiles one policy's kernels ahead of its first replay; ``ready`` says whether they are compiled in
+this process (a caller inside ``kvsim.jit.compiled_only()``, the app's page, replays on the reference
+path until they are, rather than wait for numba).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import jit
 from ..data.trace import Trace, from_array
 from ..jit import AVAILABLE
 from ..policies import Policy, PolicySpec, tunables
@@ -236,6 +239,35 @@ def covers(trace: Trace, name: str) -> bool:
     return AVAILABLE and name in FAST and trace.attention.dtype in (np.float32, np.float64) and trace.steps >= 1
 
 
+#: the kernel each policy's runner calls (with ``_topk_positions``, which every pass reads)
+_KERNEL = {"sliding_window": "window_steps", "streaming_llm": "window_steps", "h2o": "h2o_steps",
+           "scissorhands": "scissorhands_steps", "h2o_normalized": "h2o_normalized_steps", "snapkv": "snapkv_steps",
+           "tova": "tova_steps", "random": "one_victim_steps", "greedy_future": "one_victim_steps",
+           "optimal": "one_victim_steps"}
+
+
+def on_disk(name: str) -> bool:
+    """Whether numba's disk cache holds policy ``name``'s kernels, fresh (``prepare`` would load them
+    in a fraction of a second rather than compile them): a cheap check, a few small files read."""
+    if not AVAILABLE or name not in FAST:
+        return True
+    from ..data.derived import _topk_positions
+
+    return jit.on_disk(getattr(kernels, _KERNEL[name]), _topk_positions)
+
+
+def _group(name: str, dtype) -> str:
+    """The name ``kvsim.jit`` knows policy ``name``'s kernels by, for attention of ``dtype``."""
+    return f"engine.{name}.{np.dtype(dtype).name}"
+
+
+def ready(trace: Trace, name: str) -> bool:
+    """Whether replaying ``name`` on ``trace`` with the engine should be done now (``kvsim.jit.use``):
+    its kernels are compiled in this process (by ``prepare`` or an earlier replay), or the caller is
+    not inside ``kvsim.jit.compiled_only()``. A cheap check: no compiling, no disk."""
+    return jit.use(_group(name, trace.attention.dtype))
+
+
 def run(trace: Trace, policies: list[Policy], top_k: int, progress: Progress | None = None,
         record: frozenset = frozenset()) -> tuple[np.ndarray, np.ndarray, dict]:
     """Replay the configurations ``policies`` (freshly built, all of one name in ``FAST``) in one pass.
@@ -244,6 +276,7 @@ def run(trace: Trace, policies: list[Policy], top_k: int, progress: Progress | N
     of "kept", "scores", "victims"), the kept/score/victim histories of configuration 0."""
     r = _Pass.of(trace, np.array([p.budget for p in policies], dtype=np.int64), top_k, record, progress)
     records = FAST[policies[0].name](r, **policies[0].engine_inputs(policies, trace.steps))
+    jit.mark_compiled(_group(policies[0].name, r.A.dtype))
     return r.mass, r.recall, records
 
 
@@ -325,9 +358,10 @@ def prepare(name: str, progress: Progress | None = None) -> None:
     after an install is never silent. ``progress(None, note)`` is called, once, only when numba
     actually compiles (a cache miss: numba's ``numba:compile`` event), not when the kernels load
     from disk. Empty record arrays have the types of full ones, so one recorded replay compiles
-    what every later replay and sweep of the policy calls. A policy the engine does not replay, or
-    no numba: nothing to do."""
-    if not AVAILABLE or name not in FAST:
+    what every later replay and sweep of the policy calls (every trace's attention is float32, as
+    the loader makes it). A policy the engine does not replay, no numba, or kernels already
+    compiled in this process: nothing to do."""
+    if not AVAILABLE or name not in FAST or jit.compiled(_group(name, np.float32)):
         return
     from numba.core import event
 

@@ -35,7 +35,9 @@ def replay(
     """Replay ``trace`` through ``policy``: a ``PolicySpec``, a registry name with ``budget``
     (default ``DEFAULT_BUDGET``) and its parameters, or a built instance (always the reference
     harness, which steps that very object). ``reference=True`` forces the reference harness for a
-    spec or a name too. The result carries the spec (``ReplayResult.spec``)."""
+    spec or a name too, and so does a caller inside ``kvsim.jit.compiled_only()`` while the engine's
+    kernels for the policy are not compiled yet (``engine.ready``): the same result, without waiting
+    for numba. The result carries the spec (``ReplayResult.spec``)."""
     kw = dict(top_k=top_k, record_kept=record_kept, record_scores=record_scores, record_victims=record_victims,
               progress=progress)
     if isinstance(policy, Policy):
@@ -45,7 +47,7 @@ def replay(
     spec = _spec(policy, budget, params)
     _check_top_k(top_k)
     built = spec.build(trace)
-    if not reference and engine.covers(trace, spec.name):
+    if not reference and engine.covers(trace, spec.name) and engine.ready(trace, spec.name):
         return engine.replay(trace, built, spec=spec, **kw)
     return replay_reference(trace, built, spec=spec, **kw)
 

@@ -17,7 +17,9 @@ What "idle" means here, all of it, in this order:
 The steps are data (``ROUND``, ``EXPLORATION``): a name, an action and a target in seconds, so they
 follow the app's controls when those change. Each round starts a fresh server and runs ``ROUND`` in
 order (the first page of that server, a new session, a new tab, the control changes, links), so
-every round sees the same caches; a step's figures are the median and the worst of the rounds.
+every round sees the same caches; before it, ``INSTALL`` is the first page of one more server whose
+numba and trace caches are empty (a brand-new install: every kernel and trace still to build). A
+step's figures are the median and the worst of the rounds.
 Then eight sessions at once (one Chromium, eight contexts) each run ``EXPLORATION`` on one more
 fresh server; one of them uploads a small trace and the others must not see it; the server's peak
 memory is sampled throughout (resident set of the server and its children) and read at the end
@@ -34,11 +36,11 @@ and ``report`` (verdicts and the table, pure functions tested without a browser)
 from .driver import CHROMIUM, CHROMIUM_ARGS, run
 from .page import Session
 from .report import StepReport, Timing, dumps, overall, render, summarize, upload_isolation
-from .server import ROOT, PeakSampler, Server
-from .steps import EXPLORATION, LOAD_SESSIONS, REAL_TRACE, ROUND, SIX_POLICIES, UPLOAD_STEP, Open, SetNumber, Step, Tab, Upload
+from .server import ROOT, PeakSampler, Server, install_env
+from .steps import EXPLORATION, INSTALL, LOAD_SESSIONS, REAL_TRACE, ROUND, SIX_POLICIES, UPLOAD_STEP, Open, SetNumber, Step, Tab, Upload
 
 __all__ = [
-    "CHROMIUM", "CHROMIUM_ARGS", "EXPLORATION", "LOAD_SESSIONS", "REAL_TRACE", "ROOT", "ROUND", "SIX_POLICIES", "UPLOAD_STEP",
-    "Open", "PeakSampler", "Server", "Session", "SetNumber", "Step", "StepReport", "Tab", "Timing", "Upload", "dumps", "overall",
-    "render", "run", "summarize", "upload_isolation",
+    "CHROMIUM", "CHROMIUM_ARGS", "EXPLORATION", "INSTALL", "LOAD_SESSIONS", "REAL_TRACE", "ROOT", "ROUND", "SIX_POLICIES", "UPLOAD_STEP",
+    "Open", "PeakSampler", "Server", "Session", "SetNumber", "Step", "StepReport", "Tab", "Timing", "Upload", "dumps", "install_env",
+    "overall", "render", "run", "summarize", "upload_isolation",
 ]

@@ -15,8 +15,8 @@ from pathlib import Path
 from ...progress import Progress
 from .page import Session
 from .report import StepReport, Timing, overall, upload_isolation
-from .server import PeakSampler, Server, server_env
-from .steps import EXPLORATION, LOAD_SESSIONS, ROUND, UPLOAD_STEP, Step
+from .server import PeakSampler, Server, install_env, server_env
+from .steps import EXPLORATION, INSTALL, LOAD_SESSIONS, ROUND, UPLOAD_STEP, Step
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -78,16 +78,24 @@ async def _explore(browser, url: str, steps: list[Step], upload: Path | None, up
 
 
 async def _rounds(browser, tmp: Path, cache_dir: Path | None, rounds: int, doc: dict, say: _Tally) -> None:
-    """``ROUND`` ``rounds`` times, each on a fresh server; the step reports go into ``doc``."""
-    reports = [StepReport(s.name, s.target_s) for s in ROUND]
+    """``INSTALL`` then ``ROUND``, ``rounds`` times, each on a fresh server (``INSTALL``'s with empty
+    numba and trace caches); the step reports go into ``doc``."""
+    reports = [StepReport(s.name, s.target_s) for s in (INSTALL, *ROUND)]
     for i in range(rounds):
+        say(f"round {i + 1} of {rounds}: a brand-new install")
+        server = Server(install_env(tmp / "install"), tmp / f"server-install-{i}.log")
+        doc["install_server_start_s"].append(server.start_s)
+        try:
+            reports[0].runs += await _round(browser, server, [INSTALL], say)
+        finally:
+            server.stop()
         if cache_dir is not None:  # every round as cold as the first
             shutil.rmtree(cache_dir, ignore_errors=True)
         say(f"round {i + 1} of {rounds}: a fresh server")
         server = Server(server_env(cache_dir), tmp / f"server-{i}.log")
         doc["server_start_s"].append(server.start_s)
         try:
-            for rep, timing in zip(reports, await _round(browser, server, ROUND, say), strict=True):
+            for rep, timing in zip(reports[1:], await _round(browser, server, ROUND, say), strict=True):
                 rep.runs.append(timing)
         finally:
             server.stop()
@@ -112,9 +120,9 @@ def run(rounds: int = 3, sessions: int = LOAD_SESSIONS, cold_cache: bool = False
         raise RuntimeError("the browser benchmark needs playwright (pip install -r requirements-dev.txt)") from None
     if not os.path.exists(CHROMIUM):
         raise RuntimeError(f"the browser benchmark needs Debian's chromium at {CHROMIUM} (apt-get install chromium)")
-    say = _Tally(progress, (rounds * len(ROUND) if single else 0) + (1 if load else 0))
+    say = _Tally(progress, (rounds * (1 + len(ROUND)) if single else 0) + (1 if load else 0))
     doc: dict = {"kind": "browser", "cold_cache": cold_cache, "steps": [], "load": None, "rounds": 0,
-                 "server_start_s": [], "machine": _machine()}
+                 "server_start_s": [], "install_server_start_s": [], "machine": _machine()}
     with tempfile.TemporaryDirectory(prefix="kvsim-bench-browser-") as tmp:
         tmp = Path(tmp)
         cache_dir = tmp / "cache" if cold_cache else None

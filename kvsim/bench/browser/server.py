@@ -4,6 +4,7 @@ its own process group, and a sampler of its memory."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -118,3 +119,13 @@ class PeakSampler:
 def server_env(cache_dir: Path | None) -> dict:
     """The checkout's environment (``checkout_env``) and, when given, the server's own trace cache."""
     return checkout_env(**({} if cache_dir is None else {"KVSIM_CACHE_DIR": str(cache_dir)}))
+
+
+def install_env(folder: Path) -> dict:
+    """A brand-new install's environment: the checkout's, with an empty numba cache and an empty trace
+    cache (made under ``folder``), so the server compiles every kernel and builds every trace."""
+    dirs = {"NUMBA_CACHE_DIR": folder / "numba", "KVSIM_CACHE_DIR": folder / "kvsim"}
+    for d in dirs.values():
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+    return checkout_env(**{k: str(v) for k, v in dirs.items()})

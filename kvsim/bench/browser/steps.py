@@ -72,6 +72,11 @@ def _query(**params) -> str:
     return "?" + urllib.parse.urlencode(params)
 
 
+#: before each round, on a server of its own whose numba cache (``NUMBA_CACHE_DIR``) and trace cache
+#: (``KVSIM_CACHE_DIR``) are empty: what a brand-new install shows first (the page is drawn while the
+#: fast engine compiles in the background)
+INSTALL = Step("first page of a brand-new install", Open(new_session=True), 10.0, min_images=3)
+
 #: one round, in order, on a fresh server; every control change starts from the state before it
 ROUND: list[Step] = [
     Step("first page of a fresh server", Open(new_session=True), 5.0, min_images=3),

@@ -3,7 +3,9 @@ pixels the screen shows and sent as PNGs (a few kilobytes a panel, never a 4096 
 
 The kernels (``_pool_kept``, ``_exists``) count straight from a replay's kept history, a step
 costing its held positions; ``_pool_panel`` is the same pooling in NumPy over full masks, the
-reference the tests hold the kernels to and the path taken without numba.
+reference the tests hold the kernels to and the path taken without numba, or while the kernels are
+not compiled yet for a caller that will not wait for numba (``kvsim.jit.compiled_only``: the app's
+page on a brand-new install; ``prepare`` compiles them meanwhile).
 """
 
 from __future__ import annotations
@@ -16,9 +18,33 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image
 
-from ...jit import AVAILABLE, kernel
+from ... import jit
+from ...jit import AVAILABLE, kernel, mark_compiled, use
 from ...sim.harness import ReplayResult, kept_mask_of
 from ..selection import Region
+
+#: the name ``kvsim.jit`` knows these kernels by
+KERNELS = "figures.pooling"
+
+
+def _fast() -> bool:
+    """Pool with the kernels (numba there and, for a ``compiled_only`` caller, compiled), else in NumPy."""
+    return AVAILABLE and use(KERNELS)
+
+
+def prepare() -> None:
+    """Compile (or load from numba's disk cache) the kernels, on tiny histories, outside any page."""
+    if AVAILABLE:
+        h = np.array([[0, -1], [0, 1], [1, 2]], dtype=np.int32)
+        panel_layers([h], Region.whole(3), 1, 2, 8)
+        panel_layers([h, h], Region.whole(3), 1, 2, 8)
+        difference_counts(h, h)
+
+
+def on_disk() -> bool:
+    """Whether numba's disk cache holds the kernels (``prepare`` would only load them)."""
+    return jit.on_disk(_pool_kept, _exists)
+
 
 #: grey levels of the kept-position image: kept cells dark, evicted white, not-yet-generated light
 KEPT, EVICTED, FUTURE = 30, 255, 222
@@ -47,7 +73,7 @@ def difference_counts(history_a: np.ndarray, history_b: np.ndarray) -> tuple[flo
     """Mean over steps of how many positions the first cache holds that the second does not, and
     the reverse, from the two replays' kept histories."""
     T = history_a.shape[0]
-    if AVAILABLE:  # one block per step over every position: each step's counts
+    if _fast():  # one block per step over every position: each step's counts
         only_a, only_b, _ = _pool_kept(history_a, history_b, True, 1, T, 0, T + 1, 1, T + 1, False)
     else:
         masks = [kept_mask_of(history_a), kept_mask_of(history_b)]
@@ -205,8 +231,9 @@ def panel_layers(histories: Sequence[np.ndarray], region: Region, sinks: int, ag
     br = max(1, math.ceil(r.height / size))
     bc = max(1, math.ceil(r.width / size))
     ba = max(1, math.ceil(ages / max(1, size // 4)))
-    if AVAILABLE:
+    if _fast():
         main, sink, age = _pool_panel_fast(histories, r, sinks, ages, br, bc, ba)
+        mark_compiled(KERNELS)  # both kernels have run: compiled (the histories are always int32)
     else:
         main, sink, age = _pool_panel([kept_mask_of(h) for h in histories], r, sinks, ages, br, bc, ba)
 
