@@ -16,7 +16,7 @@ from kvsim.policies.upper_bound import upper_bound_summary
 from kvsim.sim.simulate import sweep_coarse_to_fine
 from kvsim.views import figures, story
 
-from . import cache, services
+from . import cache, services, state
 from .cache import TOP_K, cached_features, cached_summary, cached_upper_bound, describe
 from .controls import Settings, spec_for
 from .downloads import csv_button, html_button, stem
@@ -24,6 +24,8 @@ from .state import curve_policies, mirrored
 
 #: the per-step upper bound's line on the curve: not a policy, so not in the registry
 UPPER_BOUND = "upper bound (offline reference)"
+#: the two panels' height on a tour step (580 elsewhere): the step's chart and its legends fit 1500 x 1100
+TOUR_PLOT_HEIGHT = 470
 #: above this cost of one replay (steps x budget; the shipped traces' at budget 512) a curve is drawn
 #: from a coarse grid first, and the rest is replayed in the background while the page waits for it
 PROGRESSIVE_COST = 4096 * 512
@@ -199,7 +201,9 @@ def curve_figure(curves: dict[str, list[dict]], policy: str, lines: tuple, rw: i
     best and recommended windows are marked (``kvsim.analysis.windows``); otherwise its peak, as the
     peak so far of the windows sampled."""
     default = kvsim.policy_params(policy)["recent_window"]
-    key = (policy, rw, default, features.band, features.band_known, lines, budget,
+    # a tour step is a slide: its chart is shorter, so the figure and its legends fit one screen
+    plot_height = TOUR_PLOT_HEIGHT if state.touring() else None
+    key = (policy, rw, default, features.band, features.band_known, lines, budget, plot_height,
            tuple((n, tuple(tuple(sorted(r.items())) for r in rows)) for n, rows in curves.items()))  # flat rows
     store = cache.curve_figures()
     fig = store.get(key)
@@ -207,6 +211,7 @@ def curve_figure(curves: dict[str, list[dict]], policy: str, lines: tuple, rw: i
         fig = figures.recent_window_curve(
             curves[policy], list(lines), current=rw, default=default, band=features.band, top_k=TOP_K, policy=policy,
             band_known=features.band_known, companions={n: r for n, r in curves.items() if n != policy}, budget=budget,
+            plot_height=plot_height,
         )
         store.put(key, fig)
     return fig

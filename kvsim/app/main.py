@@ -79,13 +79,13 @@ def run() -> None:
 def warm_up(needs: list[str]):
     """The kernels this page may use (``needs``: the policies shown, the kept view's pooling, the
     curve's policy): loaded now where numba's disk cache holds them (a fraction of a second), else
-    said in one line above the views and, once the page is drawn, compiled in the background (the
+    said in one line above the views (in the sidebar on a tour step) and, once the page is drawn, compiled in the background (the
     views meanwhile take the reference path). Returns what starts that compile."""
     warm = cache.warmup()
     if warm.cached(needs):
         warm.load(needs)
         return lambda: None
     note = warm.note(needs)
-    if note:
-        st.info(note, icon=":material/hourglass_top:")
+    if note:  # on a tour step (a slide) the note goes to the sidebar, so the step's figure still fits the screen
+        (st.sidebar if state.touring() else st).info(note, icon=":material/hourglass_top:")
     return lambda: warm.want(needs)

@@ -102,6 +102,7 @@ def recent_window_curve(
     band_known: bool = True,
     companions: Mapping[str, Sequence[Mapping]] | None = None,
     budget: int | None = None,
+    plot_height: int | None = None,
 ) -> go.Figure:
     """Retained mass (top) and top-k recall (bottom) against recent_window.
 
@@ -153,7 +154,7 @@ def recent_window_curve(
     ])
     _annotate_story(fig, rows, references, default=default, band=band if band_known else None, policy=policy, choice=choice)
     fig.update_xaxes(title_text="recent_window", row=2, col=1)
-    _legends(fig, policy)
+    _legends(fig, policy, PLOT_HEIGHT if plot_height is None else plot_height)
     return fig
 
 
@@ -165,7 +166,7 @@ LEGEND_ROW = 21
 AXIS_ROOM = 48
 
 
-def _legends(fig, policy: str) -> None:
+def _legends(fig, policy: str, plot_height: int = PLOT_HEIGHT) -> None:
     """Three legends under the chart, one entry per row so each one's height is known: the policies
     on the left; the offline references, and under them the marks on ``policy``'s curve, on the right.
     The figure is made as tall as the taller column needs, so no legend overlaps another, the plot or
@@ -177,7 +178,7 @@ def _legends(fig, policy: str) -> None:
     left = (1 + entries["legend"]) * LEGEND_ROW
     right = (1 + entries["legend2"]) * LEGEND_ROW + LEGEND_ROW // 2
     bottom = AXIS_ROOM + max(left, right + (1 + entries["legend3"]) * LEGEND_ROW) + 12
-    height = PLOT_HEIGHT + 40 + bottom
+    height = plot_height + 40 + bottom
     top = (bottom - AXIS_ROOM) / height  # container coordinates: 0 at the figure's foot
 
     def legend(x: float, anchor: str, y: float, title: str) -> dict:
