@@ -101,3 +101,22 @@ def test_describe_of_a_clean_trace_has_no_note(tmp_path, make_trace, capsys):
     assert "renormalised" not in doc and "note" not in doc
     assert cli.main(["describe", "--trace", str(path)]) == 0
     assert "note:" not in capsys.readouterr().out
+
+
+def test_the_app_says_what_it_renormalised_in_an_upload():
+    """An upload whose rows sum to 1.5-315 is used divided by its sums, and the sidebar and the trace
+    view say so with the range (before, it loaded as if clean)."""
+    from test_app import npz_bytes, run
+
+    n = 301
+    a = np.tril(np.ones((n, n)), k=-1)
+    a[1:] *= np.linspace(1.5, 315.0, n - 1)[:, None] / np.maximum(a[1:].sum(axis=1, keepdims=True), 1)
+    at = run({"budget": "64"}, view="The trace")
+    at.sidebar.file_uploader[0].set_value(("scaled.npz", npz_bytes(attention=a.astype(np.float32)),
+                                           "application/octet-stream")).run()
+    assert [e.value for e in at.error] == []
+    side = [w.value for w in at.sidebar.warning]
+    assert any(w.startswith("scaled.npz: Renormalised 300 of 300 rows") and "1.5-315" in w for w in side), side
+    assert any(w.value.startswith("Renormalised 300 of 300 rows") for w in at.main.warning)
+    at = run({"budget": "64"}, view="The trace")  # the canonical trace: nothing was repaired, nothing is said
+    assert not any("Renormalised" in w.value for w in [*at.warning, *at.sidebar.warning])

@@ -11,6 +11,7 @@ import streamlit as st
 
 import kvsim
 from kvsim.analysis import lab
+from kvsim.analysis.metrics import repair_note
 from kvsim.data.catalog import CANONICAL, available_bundles, available_traces
 from kvsim.policies import all_tunables
 from kvsim.views import tour
@@ -261,6 +262,9 @@ def choose_trace() -> kvsim.Trace:
     )
     if uploaded is not None:
         side.caption(f"using the uploaded file {upload.name} ({uploaded.steps} steps); links cannot carry it")
+        repaired = repair_note(uploaded)
+        if repaired:  # a file whose rows did not sum to 1 is used divided by their sums: say so, every view
+            side.warning(f"{upload.name}: {repaired}")
         return uploaded
     try:
         return cache.load_named_trace(st.session_state["trace"])

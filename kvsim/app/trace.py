@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 import kvsim
+from kvsim.analysis.metrics import repair_note
 from kvsim.views import figures, story
 
 from .cache import BY_TRACE, cached_features, describe
@@ -26,6 +27,9 @@ def trace_view(trace: kvsim.Trace) -> None:
         html_button("this figure (HTML)", fig, f"{stem(trace)}-attention.html", "html_trace")
     with text:
         st.markdown(story.trace_text(features, info))
+        repaired = repair_note(trace)
+        if repaired:
+            st.warning(repaired)
         st.dataframe(
             {
                 "figure": [
