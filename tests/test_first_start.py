@@ -96,8 +96,9 @@ def test_once_compiled_the_page_uses_the_engine_and_says_nothing(monkeypatch):
 
 def test_a_replay_inside_compiled_only_takes_the_reference_path_until_the_engine_is_compiled(monkeypatch):
     """``kvsim.replay`` inside ``jit.compiled_only()``: the reference harness while the policy's
-    kernels are not compiled in this process, the engine once they are; outside it, the engine
-    always. The two results are the same, bit for bit, in every array the views read."""
+    kernels are neither compiled in this process nor in numba's disk cache, the engine once they are
+    either; outside it, the engine always. The two results are the same, bit for bit, in every array
+    the views read."""
     from kvsim import jit
     from kvsim.sim import engine, simulate
 
@@ -105,6 +106,8 @@ def test_a_replay_inside_compiled_only_takes_the_reference_path_until_the_engine
         pytest.skip("no numba: every replay is a reference one")
     trace = kvsim.from_array(np.tril(np.random.default_rng(3).random((120, 120)), -1))
     monkeypatch.setattr(jit, "_compiled", set())
+    on_disk = {"h2o": False}
+    monkeypatch.setattr(engine, "on_disk", lambda name: on_disk.get(name, True))
     paths = []
     real = simulate.replay_reference
     monkeypatch.setattr(simulate, "replay_reference", lambda *a, **k: paths.append("reference") or real(*a, **k))
@@ -118,6 +121,10 @@ def test_a_replay_inside_compiled_only_takes_the_reference_path_until_the_engine
         assert engine.ready(trace, "h2o")
         again = kvsim.replay(trace, "h2o", budget=16, recent_window=4, record_kept=True, record_scores=True)
     assert paths == ["reference"]
+    monkeypatch.setattr(jit, "_compiled", set())  # not compiled here, but on disk: loading is cheap, so the engine
+    on_disk["h2o"] = True
+    with jit.compiled_only():
+        assert engine.ready(trace, "h2o")
     for name in ("retained_mass_series", "top_k_recall_series", "kept_history", "score_history", "score_positions"):
         a, b, c = (getattr(r, name) for r in (ref, fast, again))
         assert a.dtype == b.dtype and a.shape == b.shape

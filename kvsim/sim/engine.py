@@ -263,9 +263,11 @@ def _group(name: str, dtype) -> str:
 
 def ready(trace: Trace, name: str) -> bool:
     """Whether replaying ``name`` on ``trace`` with the engine should be done now (``kvsim.jit.use``):
-    its kernels are compiled in this process (by ``prepare`` or an earlier replay), or the caller is
-    not inside ``kvsim.jit.compiled_only()``. A cheap check: no compiling, no disk."""
-    return jit.use(_group(name, trace.attention.dtype))
+    its kernels are compiled in this process (by ``prepare`` or an earlier replay), or numba's disk
+    cache holds them (loading takes a fraction of a second; only a compile is worth the reference
+    path's detour), or the caller is not inside ``kvsim.jit.compiled_only()``. No compiling; at most
+    a few small files read."""
+    return jit.use(_group(name, trace.attention.dtype)) or on_disk(name)
 
 
 def run(trace: Trace, policies: list[Policy], top_k: int, progress: Progress | None = None,
