@@ -26,9 +26,10 @@ from .state import curve_policies, mirrored
 UPPER_BOUND = "upper bound (offline reference)"
 #: the two panels' height on a tour step (580 elsewhere): the step's chart and its legends fit 1500 x 1100
 TOUR_PLOT_HEIGHT = 470
-#: above this cost of one replay (steps x budget; the shipped traces' at budget 512) a curve is drawn
-#: from a coarse grid first, and the rest is replayed in the background while the page waits for it
-PROGRESSIVE_COST = 4096 * 512
+#: above this cost of one replay (steps x budget; the shipped traces' at budget 256) a curve is drawn
+#: from a coarse grid first, and the rest is replayed in the background while the page waits for it:
+#: at budget 512 every window of snapkv took 5 s before the page drew anything
+PROGRESSIVE_COST = 4096 * 256
 #: windows on that first coarse grid (the marks besides)
 COARSE_POINTS = 4
 #: how often a page with replays in the background looks whether one has ended
