@@ -13,15 +13,12 @@ the app's behaviour).
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from browser_support import CHROMIUM, CHROMIUM_ARGS, free_port, serving
 
 pytestmark = pytest.mark.browser
 
@@ -35,11 +32,6 @@ README_SHOTS = {
     "screenshot.png", "screenshot-curve.png", "screenshot-scores.png", "screenshot-trace.png",
     "screenshot-tour-sinks.png", "screenshot-real.png",
 }
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]
 LOAD_TIMEOUT_MS = 180_000  # a cold first render on a busy two-core machine, JIT compile included
 STEP_TIMEOUT_MS = 60_000
 #: the window the issue's screenshots were judged at: every view must read at this size
@@ -53,12 +45,6 @@ if not os.path.exists(CHROMIUM):
 sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     port = free_port()
@@ -68,32 +54,8 @@ def server(tmp_path_factory):
         "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
         "--server.fileWatcherType", "none",
     ]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"streamlit exited with {proc.returncode}:\n{log.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.read().strip() == b"ok":
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"streamlit did not answer on {url} within 90 s:\n{log.read_text()[-2000:]}")
-            time.sleep(0.5)
+    with serving(cmd, port, log, cwd=ROOT) as (url, _):
         yield url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
 
 
 # what the page's Plotly charts hold, read from the plotly.js graph divs themselves

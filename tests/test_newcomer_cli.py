@@ -270,41 +270,23 @@ def _checkout_dirs() -> dict[int, str]:
 
 @pytest.mark.browser
 def test_a_server_started_by_kvsim_app_watches_no_folder_of_the_checkout(tmp_path):
-    import signal
-    import socket
-    import subprocess
     import sys
     import time
-    import urllib.request
 
-    if not os.path.exists("/usr/bin/chromium") or not Path("/proc/self/fdinfo").is_dir():
-        pytest.skip("needs Debian's chromium at /usr/bin/chromium and /proc")
+    from browser_support import CHROMIUM, CHROMIUM_ARGS, free_port, serving
+
+    if not os.path.exists(CHROMIUM) or not Path("/proc/self/fdinfo").is_dir():
+        pytest.skip(f"needs Debian's chromium at {CHROMIUM} and /proc")
     sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = tmp_path / "server.log"
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "KVSIM_CACHE_DIR": os.environ.get("KVSIM_CACHE_DIR", "")}
     env = {k: v for k, v in env.items() if v}
     cmd = [sys.executable, "-m", "kvsim", "app", "--server.headless", "true", "--server.port", str(port),
            "--server.address", "127.0.0.1"]
-    with open(log, "wb") as out:  # started from elsewhere, as a user would: the config beside app.py must apply
-        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, log.read_text()[-2000:]
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.read().strip() == b"ok":
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"no server on {url}: {log.read_text()[-2000:]}"
-            time.sleep(0.3)
+    # started from elsewhere, as a user would: the config beside app.py must apply
+    with serving(cmd, port, tmp_path / "server.log", cwd=tmp_path, env=env) as (url, proc):
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--headless", "--no-sandbox"])
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
                 page = browser.new_page()
                 page.goto(url)
@@ -316,11 +298,3 @@ def test_a_server_started_by_kvsim_app_watches_no_folder_of_the_checkout(tmp_pat
         dirs = _checkout_dirs()
         on_checkout = sorted(dirs[i] for i in watched & set(dirs))
         assert on_checkout == [], f"{len(on_checkout)} folders of the checkout watched, e.g. {on_checkout[:5]}"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()

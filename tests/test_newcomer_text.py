@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from browser_support import CHROMIUM, CHROMIUM_ARGS
 
 import kvsim
 from kvsim.analysis import features
@@ -24,7 +25,6 @@ from kvsim.views import figures, model_figures, story
 from kvsim.views.figures import curve as curve_figures
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
 #: the chart column's width in the app at 1500 x 1100 (three quarters of the main area)
 CHART_WIDTH = 770
 
@@ -49,7 +49,7 @@ def _page():
         from plotly.offline import get_plotlyjs
 
         playwright = sync_playwright().start()
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1600, "height": 1100})
         page.set_content("<html><body style='margin:0'><div id='plot'></div></body></html>")
         page.add_script_tag(content=get_plotlyjs())

@@ -1,0 +1,64 @@
+"""What the tests that drive a real server or browser share: Debian's Chromium and the flags it runs
+with here, a free localhost port, and a Streamlit server started, waited for and stopped (its own
+process group, so the whole server goes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+#: without the background-networking flags Chromium's own connections are refused by this machine's closed network
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serving(cmd: list[str], port: int, log: Path, *, cwd: Path, env: dict | None = None,
+            timeout_s: float = 90) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Start ``cmd`` (a Streamlit server on ``port``), yield its URL and process once its health check
+    answers "ok", and stop it (SIGTERM to its group, SIGKILL after 15 s). The test fails, with the
+    end of ``log``, if the server exits or does not answer within ``timeout_s``."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"streamlit exited with {proc.returncode}:\n{log.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.read().strip() == b"ok":
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"streamlit did not answer on {url} within {timeout_s} s:\n{log.read_text()[-2000:]}")
+            time.sleep(0.3)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
