@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -16,18 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from kvsim.bench.browser.server import free_port  # noqa: F401  (the benchmark's server picks its port the same way)
+
 CHROMIUM = "/usr/bin/chromium"
 #: without the background-networking flags Chromium's own connections are refused by this machine's closed network
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
