@@ -1,0 +1,116 @@
+"""A whole-process CPU profile of the app's server, for ``kvsim bench --load N --profile FILE``:
+
+    python -m kvsim.bench.sampler FILE run app.py [streamlit options]
+
+runs ``streamlit`` in this process with a thread that, from the first SIGUSR1 on (the benchmark
+sends it once the server is warm), every few milliseconds reads each Python thread's CPU time
+(Linux's ``/proc/self/task/ID/schedstat``, nanoseconds) and charges what it used since the last
+look to the stack it is in now; on exit the charges are written to ``FILE`` as collapsed stacks
+(``frame;frame;frame microseconds``, the format flame-graph tools read); ``summary`` reads them.
+pyinstrument and cProfile follow one thread; a Streamlit server runs each session's script in its
+own thread and sends from its event loop, so its cost per session is only seen across threads.
+Weighting by CPU time, not by samples, leaves out a thread that waits (for a lock, a socket, the
+interpreter lock): only what runs is counted. CPU of threads Python does not know (numba's
+workers) is charged to ``(threads outside Python)``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import os
+import runpy
+import signal
+import sys
+import threading
+import time
+
+INTERVAL_S = 0.01
+
+
+def frame_name(code) -> str:
+    path = code.co_filename
+    for marker in ("site-packages/", "kvsim/", "lib/python3"):
+        if marker in path:
+            path = path[path.index(marker) + len(marker) if marker != "kvsim/" else path.index(marker):]
+            break
+    return f"{path}:{code.co_name}"
+
+
+class Sampler:
+    def __init__(self, out: str):
+        self.out, self.counts = out, collections.Counter()
+        self._stop, self.on = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kvsim-sampler", daemon=True)
+
+    def _loop(self) -> None:
+        me, last = threading.get_ident(), {}
+        self.on.wait()
+        process0, own0 = _process_ns(), time.thread_time_ns()
+        while not self._stop.wait(INTERVAL_S):
+            frames = sys._current_frames()
+            for thread in threading.enumerate():
+                if thread.ident == me or thread.native_id is None:
+                    continue
+                used = _thread_ns(thread.native_id)
+                spent, last[thread.native_id] = used - last.get(thread.native_id, used), used
+                frame = frames.get(thread.ident)
+                if spent <= 0 or frame is None:
+                    continue
+                stack = []
+                while frame is not None:
+                    stack.append(frame_name(frame.f_code))
+                    frame = frame.f_back
+                self.counts[";".join(reversed(stack))] += spent // 1000
+        python, own = sum(self.counts.values()), (time.thread_time_ns() - own0) // 1000  # the sampler's own is left out
+        self.counts["(threads outside Python)"] += max(0, (_process_ns() - process0) // 1000 - python - own)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def write(self) -> None:
+        self._stop.set()
+        self.on.set()
+        self._thread.join(timeout=5)
+        with open(self.out, "w") as f:
+            for stack, n in self.counts.most_common():
+                f.write(f"{stack} {n}\n")
+
+
+def summary(path: str, top: int = 40) -> str:
+    """The frames that most CPU passes through (inclusive), each as a share of all the server's CPU."""
+    inclusive, total = collections.Counter(), 0
+    with open(path) as f:
+        for line in f:
+            stack, n = line.rsplit(" ", 1)
+            total += int(n)
+            for name in set(stack.split(";")):
+                inclusive[name] += int(n)
+    rows = [f"{n / total:6.1%}  {name}" for name, n in inclusive.most_common(top)] if total else []
+    return "\n".join([f"{total / 1e6:.1f} CPU seconds, charged every {INTERVAL_S * 1000:.0f} ms", *rows])
+
+
+def _thread_ns(native_id: int) -> int:
+    try:
+        with open(f"/proc/self/task/{native_id}/schedstat") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):  # the thread has ended
+        return 0
+
+
+def _process_ns() -> int:
+    return time.process_time_ns()
+
+
+def main(argv: list[str]) -> None:
+    sampler = Sampler(argv[0])
+    atexit.register(sampler.write)
+    signal.signal(signal.SIGUSR1, lambda *_: sampler.on.set())
+    sampler.start()
+    sys.argv = ["streamlit", *argv[1:]]
+    runpy.run_module("streamlit", run_name="__main__")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main(sys.argv[1:])
