@@ -117,6 +117,8 @@ class Student:
         self.session_id = ""
         self.upload_urls: asyncio.Future | None = None
         self.files_bytes, self.files_s = 0, None
+        self.cpu = None  # the server's CPU seconds so far, for a session alone on it (its files' share is then its own)
+        self.files_cpu_s = None
         self.xsrf = ""  # the XSRF cookie the page was given: an upload sends it back
         self._changed = asyncio.Event()
 
@@ -125,7 +127,7 @@ class Student:
     async def fetch_page(self) -> None:
         """GET the page, every file it names, and Plotly's chunk, gzip accepted, as a browser with
         an empty cache does (in threads: the reads are blocking)."""
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), self.cpu() if self.cpu else None
         index = await asyncio.to_thread(self._get, "/")
         names = re.findall(r'(?:src|href)="\./([^"]+\.(?:js|css|woff2))"', index.decode())
         names += [f"static/js/{p.name}" for p in _static().glob("PlotlyChart.*.js")]
@@ -134,6 +136,7 @@ class Student:
         for path in ("/_stcore/health", "/_stcore/host-config"):  # the health check sets the XSRF cookie
             await asyncio.to_thread(self._get, path)
         self.files_s = time.perf_counter() - t0
+        self.files_cpu_s = None if cpu0 is None else self.cpu() - cpu0
 
     def _get(self, path: str) -> bytes:
         req = urllib.request.Request(self.url + path, headers={"Accept-Encoding": "gzip, deflate"})
@@ -385,6 +388,8 @@ class StepFigures:
     cpu_per_session_s: float
     #: for the first step: each session's seconds spent on the page's files (the rest is its first run)
     files_s: list[float | None] | None = None
+    #: for the first step of a session alone on the server: the server's CPU for its page's files
+    files_cpu_s: float | None = None
 
     def doc(self) -> dict:
         doc = {"step": self.name, "target_s": self.target_s, **spread(self.seconds), "cpu_per_session_s": self.cpu_per_session_s,
@@ -392,7 +397,9 @@ class StepFigures:
         doc["result"] = "PASS" if doc["worst_s"] is not None and doc["worst_s"] <= self.target_s else "FAIL"
         if self.files_s is not None:  # the first step in two parts: the page's files, then the first run
             runs = [None if t is None or f is None else t - f for t, f in zip(self.seconds, self.files_s, strict=True)]
-            doc["parts"] = {"the page's files (index, scripts, Plotly)": spread(self.files_s), "its first run": spread(runs)}
+            doc["parts"] = {"the page's files": spread(self.files_s), "its first run": spread(runs)}
+            if self.files_cpu_s is not None:
+                doc["files_cpu_s"] = self.files_cpu_s
         return doc
 
 
@@ -406,6 +413,8 @@ def spread(seconds: list[float | None]) -> dict:
 async def lesson(url: str, n: int, pid: int, progress=None) -> tuple[list[StepFigures], str]:
     """``n`` students through ``LESSON`` in step, then the upload's isolation (with two or more)."""
     students = [Student(url) for _ in range(n)]
+    if n == 1:  # alone on the server: the CPU of its page's files is told apart from its first run's
+        students[0].cpu = lambda: server_cpu_s(pid)
     figures = []
     try:
         for step in LESSON:
@@ -415,7 +424,8 @@ async def lesson(url: str, n: int, pid: int, progress=None) -> tuple[list[StepFi
             timings = await asyncio.gather(*(s.timed(step) for s in students))
             cpu = (server_cpu_s(pid) - cpu0) / n
             files = [s.files_s for s in students] if isinstance(step.action, Open) else None
-            figures.append(StepFigures(step.name, step.target_s, [t for t, _ in timings], [e for _, e in timings if e], cpu, files))
+            figures.append(StepFigures(step.name, step.target_s, [t for t, _ in timings], [e for _, e in timings if e], cpu, files,
+                                       students[0].files_cpu_s if files and n == 1 else None))
             if progress:
                 done = [t for t, _ in timings if t is not None]
                 progress(None, f"{n} sessions: {step.name}: worst {max(done, default=float('nan')):.2f} s, "
@@ -508,8 +518,10 @@ def render(doc: dict) -> str:
             miss = f" ({s['misses']} missed: {'; '.join(s['errors'])})" if s["misses"] else ""
             lines.append(f"  {s['step']:40} {_s(s['median_s']):>7} {_s(s['worst_s']):>7} {s['target_s']:>7.1f} "
                          f"{s['cpu_per_session_s']:>11.2f}s  {s['result']}{miss}")
-            for part, t in s.get("parts", {}).items():
-                lines.append(f"    {'of which ' + part:38} {_s(t['median_s']):>7} {_s(t['worst_s']):>7}")
+            for i, (part, t) in enumerate(s.get("parts", {}).items()):
+                cpu = s.get("files_cpu_s") if i == 0 else None if "files_cpu_s" not in s else s["cpu_per_session_s"] - s["files_cpu_s"]
+                lines.append(f"    {'of which ' + part:38} {_s(t['median_s']):>7} {_s(t['worst_s']):>7} {'':>7} "
+                             f"{'' if cpu is None else f'{cpu:11.2f}s'}".rstrip())
         if c["isolation"] is not None:
             lines.append(f"  one session's upload offered in that session only: {c['isolation']}")
         if "profile" in c:
