@@ -11,7 +11,7 @@ import time
 import pytest
 
 from kvsim import cli
-from kvsim.bench import load, sampler
+from kvsim.bench import client, load, sampler
 from kvsim.bench.browser.server import Server, server_env
 
 
@@ -59,8 +59,8 @@ def test_the_cli_refuses_load_flags_that_do_not_go_together(argv, message, capsy
 
 
 def test_the_lesson_is_well_formed():
-    assert isinstance(load.LESSON[0].action, load.Open) and load.LESSON[0].target_s == load.OPEN_TARGET_S
-    assert all(s.target_s == load.STEP_TARGET_S and not isinstance(s.action, load.Open) for s in load.LESSON[1:])
+    assert isinstance(load.LESSON[0].action, client.Open) and load.LESSON[0].target_s == load.OPEN_TARGET_S
+    assert all(s.target_s == load.STEP_TARGET_S and not isinstance(s.action, client.Open) for s in load.LESSON[1:])
     assert len({s.name for s in load.LESSON}) == len(load.LESSON) and all(s.expect for s in load.LESSON)
 
 
@@ -70,16 +70,16 @@ def test_two_sessions_on_a_real_server_keep_their_settings_and_uploads_to_themse
     server = Server(server_env(None), tmp_path / "server.log")
 
     async def lesson():
-        a, b = load.Student(server.url), load.Student(server.url)
+        a, b = client.Student(server.url), client.Student(server.url)
         try:
             for s in (a, b):
-                seconds, error = await s.timed(load.LESSON[0])
+                seconds, error = await s.timed(load.LESSON[0].action, load.LESSON[0].expect)
                 assert seconds is not None, error
             assert "budget=256" in a.query and a.files_bytes > 1_000_000  # the page's scripts came too
-            seconds, error = await a.timed(load.LessonStep("budget 128", load.Number("budget", 128), 60, "budget=128"))
+            seconds, error = await a.timed(client.Number("budget", 128), "budget=128")
             assert seconds is not None, error
             assert await load.isolation([a, b]) == ""
-            assert "budget=256" in b.query and f"uploaded: {load.UPLOAD_NAME}" not in b.texts
+            assert "budget=256" in b.query and f"uploaded: {client.UPLOAD_NAME}" not in b.texts
         finally:
             await asyncio.gather(a.close(), b.close(), return_exceptions=True)
 

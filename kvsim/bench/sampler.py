@@ -10,8 +10,12 @@ look to the stack it is in now; on exit the charges are written to ``FILE`` as c
 pyinstrument and cProfile follow one thread; a Streamlit server runs each session's script in its
 own thread and sends from its event loop, so its cost per session is only seen across threads.
 Weighting by CPU time, not by samples, leaves out a thread that waits (for a lock, a socket, the
-interpreter lock): only what runs is counted. CPU of threads Python does not know (numba's
-workers) is charged to ``(threads outside Python)``.
+interpreter lock): only what runs is counted. What a thread used after its last look (a script
+run's thread ends right after its last work) is read as it ends and charged to the stack last seen,
+or, for a thread never seen, to ``(a thread that ended before it was seen: NAME)``; CPU of threads
+Python does not know (numba's workers) is charged to ``(threads outside Python)``. The CPU between
+two looks is charged to the stack seen at the second: a thread that works and then waits is charged
+at its wait (the event loop at its ``select``), so read small shares as approximate.
 """
 
 from __future__ import annotations
@@ -42,26 +46,59 @@ class Sampler:
         self.out, self.counts = out, collections.Counter()
         self._stop, self.on = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kvsim-sampler", daemon=True)
+        self.ended: dict[int, tuple[str, int]] = {}  # native id -> (name, CPU ns) of each thread as it ended
+        self.stacks: dict[int, str] = {}  # native id -> the stack last seen
+        self.last: dict[int, int] = {}  # native id -> its CPU ns at the last look
+        self._watch_thread_ends()
+
+    def _watch_thread_ends(self) -> None:
+        """Every thread started from now on reports its CPU time as it ends."""
+        inner, ended = threading.Thread._bootstrap_inner, self.ended
+
+        def bootstrap_inner(thread):
+            try:
+                inner(thread)
+            finally:
+                ended[threading.get_native_id()] = (thread.name, time.thread_time_ns())
+
+        threading.Thread._bootstrap_inner = bootstrap_inner
+
+    def _charge_ended(self) -> None:
+        for nid in list(self.ended):
+            name, used = self.ended.pop(nid)
+            stack = self.stacks.pop(nid, f"(a thread that ended before it was seen: {name.split('-')[0]})")
+            spent = used - self.last.pop(nid, 0)
+            if spent > 0 and self.on.is_set():
+                self.counts[stack] += spent // 1000
 
     def _loop(self) -> None:
-        me, last = threading.get_ident(), {}
+        me, last = threading.get_ident(), self.last
         self.on.wait()
+        self.ended.clear()  # threads of the warm-up
         process0, own0 = _process_ns(), time.thread_time_ns()
+        for thread in threading.enumerate():  # what ran before the start is not the lesson's
+            if thread.native_id is not None:
+                last[thread.native_id] = _thread_ns(thread.native_id)
         while not self._stop.wait(INTERVAL_S):
             frames = sys._current_frames()
             for thread in threading.enumerate():
-                if thread.ident == me or thread.native_id is None:
+                nid = thread.native_id
+                if thread.ident == me or nid is None or nid in self.ended:
                     continue
-                used = _thread_ns(thread.native_id)
-                spent, last[thread.native_id] = used - last.get(thread.native_id, used), used
+                used = _thread_ns(nid)
+                spent, last[nid] = used - last.get(nid, 0), used
                 frame = frames.get(thread.ident)
-                if spent <= 0 or frame is None:
+                if frame is None:
                     continue
                 stack = []
                 while frame is not None:
                     stack.append(frame_name(frame.f_code))
                     frame = frame.f_back
-                self.counts[";".join(reversed(stack))] += spent // 1000
+                self.stacks[nid] = ";".join(reversed(stack))
+                if spent > 0:
+                    self.counts[self.stacks[nid]] += spent // 1000
+            self._charge_ended()
+        self._charge_ended()
         python, own = sum(self.counts.values()), (time.thread_time_ns() - own0) // 1000  # the sampler's own is left out
         self.counts["(threads outside Python)"] += max(0, (_process_ns() - process0) // 1000 - python - own)
 
