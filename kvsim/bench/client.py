@@ -120,7 +120,6 @@ class Student:
         with urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers, method="PUT"), timeout=60):
             pass
 
-
     # --- the websocket ------------------------------------------------------------------------
 
     async def connect(self) -> None:

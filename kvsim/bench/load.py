@@ -11,12 +11,13 @@ so a lesson that went astray is a failure, not a fast figure. Every student does
 moment; between steps all wait for every session to be quiet.
 
 For each N (``--load 1,8,30``: each on a fresh server that one student's whole lesson warmed first,
-as a teacher's rehearsal would) it prints each step's median and worst latency against its
-target (the first step also in its two parts: the page's files, then the first run), the server's
-CPU seconds per session for that step (psutil, the server process and its children, from the
-step's start to its last finish, divided by N), and the server's peak resident memory (sampled,
-and VmHWM at the end). After the lesson one student uploads a small trace; the step checks that the
-upload is offered in that session and in no other.
+as a teacher's rehearsal would, and then left until it is quiet, its background work done) it
+prints each step's median and worst latency against its target (the first step also in its two
+parts: the page's files, then the first run), the server's CPU seconds per session for that step
+(psutil, the server process and its children, from the step's start to its last finish, divided by
+N), and the server's peak resident memory (sampled, and VmHWM at the end). After the lesson one
+student uploads a small trace; the step checks that the upload is offered in that session and in
+no other.
 """
 
 from __future__ import annotations
@@ -174,6 +175,17 @@ async def warm(url: str, pid: int, timeout_s: float = 300) -> float:
     return time.perf_counter() - t0
 
 
+def settle(pid: int, timeout_s: float = 120, idle_share: float = 0.05) -> None:
+    """Wait until the server uses under ``idle_share`` of a core over a second (the warm-up's
+    background work, a refinement or a compile, done), so the lesson's CPU is the lesson's."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        before = server_cpu_s(pid)
+        time.sleep(1.0)
+        if server_cpu_s(pid) - before < idle_share:
+            return
+
+
 def one_class(n: int, progress=None, profile: Path | None = None) -> dict:
     """A fresh server, warmed by one lesson, then ``n`` students at once; its figures as a dict. With
     ``profile``, the server runs under ``sampler`` and its stacks are written there."""
@@ -182,6 +194,7 @@ def one_class(n: int, progress=None, profile: Path | None = None) -> dict:
         server = Server(server_env(None), Path(tmp) / "server.log", launcher=launcher)
         try:
             warm_s = asyncio.run(warm(server.url, server.proc.pid))
+            settle(server.proc.pid)
             idle_mb = server.rss_mb()
             if profile is not None:
                 os.kill(server.proc.pid, signal.SIGUSR1)  # the sampler starts now: the lesson, not the warm-up

@@ -114,17 +114,36 @@ class Sampler:
                 f.write(f"{stack} {n}\n")
 
 
-def summary(path: str, top: int = 40) -> str:
-    """The frames that most CPU passes through (inclusive), each as a share of all the server's CPU."""
-    inclusive, total = collections.Counter(), 0
+#: where a stack passes, the first that matches: the groups ``summary`` adds up (a stack that matches
+#: none is "the rest": the event loop, the background replays, the executor)
+GROUPS = (
+    ("Streamlit's gc.collect(2) after a script run", lambda s: s.endswith("script_runner.py:_on_script_finished")
+     or "_on_script_finished;.11/weakref.py" in s),
+    ("threads that ended before they were seen, and threads outside Python", lambda s: s.startswith("(")),
+    ("st.plotly_chart (the figure to a dict, JSON, its id)", lambda s: "plotly_chart.py:plotly_chart" in s),
+    ("the rest of the app's script", lambda s: "kvsim/app/main.py:run" in s),
+    ("HTTP: the page's files and requests", lambda s: any(k in s for k in ("staticfiles", "static_routes", "responses.py", "h11"))),
+    ("websocket: receive and send", lambda s: "websocket" in s.lower()),
+)
+
+
+def summary(path: str, top: int = 30) -> str:
+    """The server's CPU by ``GROUPS``, then the frames that most CPU passes through (inclusive), each
+    as a share of all the server's CPU."""
+    inclusive, groups, total = collections.Counter(), collections.Counter(), 0
     with open(path) as f:
         for line in f:
             stack, n = line.rsplit(" ", 1)
             total += int(n)
+            groups[next((label for label, match in GROUPS if match(stack)), "the rest")] += int(n)
             for name in set(stack.split(";")):
                 inclusive[name] += int(n)
-    rows = [f"{n / total:6.1%}  {name}" for name, n in inclusive.most_common(top)] if total else []
-    return "\n".join([f"{total / 1e6:.1f} CPU seconds, charged every {INTERVAL_S * 1000:.0f} ms", *rows])
+    if not total:
+        return "no CPU charged"
+    head = [f"{total / 1e6:.1f} CPU seconds, charged every {INTERVAL_S * 1000:.0f} ms; by where the stack passes:"]
+    head += [f"{n / 1e6:7.2f} s {n / total:6.1%}  {label}" for label, n in groups.most_common()]
+    frames = [f"{n / total:6.1%}  {name}" for name, n in inclusive.most_common(top)]
+    return "\n".join([*head, "the frames most CPU passes through:", *frames])
 
 
 def _thread_ns(native_id: int) -> int:
