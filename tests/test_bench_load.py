@@ -110,3 +110,13 @@ def test_the_sampler_charges_a_busy_thread_cpu_to_its_stack(tmp_path):
     text = sampler.summary(str(out))
     share = next(float(line.split("%")[0]) for line in text.splitlines() if "spin_for_the_test" in line)
     assert share > 50 and "sleep" not in text
+
+
+def test_the_app_server_does_not_collect_all_its_garbage_after_every_run():
+    """Streamlit's default gc.collect(2) after each script run was a third of the server's CPU under a
+    class of thirty (docs/classroom.md): the app's server settings turn it off."""
+    import tomllib
+    from pathlib import Path
+
+    config = tomllib.loads((Path(__file__).resolve().parents[1] / ".streamlit" / "config.toml").read_text())
+    assert config["runner"]["postScriptGC"] is False
