@@ -148,7 +148,7 @@ async def lesson(url: str, n: int, pid: int, progress=None) -> tuple[list[StepFi
                                        students[0].files_cpu_s if files and n == 1 else None))
             if progress:
                 done = [t for t, _ in timings if t is not None]
-                progress(None, f"{n} sessions: {step.name}: worst {max(done, default=float('nan')):.2f} s, "
+                progress(None, f"{n} session{'s' if n > 1 else ''}: {step.name}: worst {max(done, default=float('nan')):.2f} s, "
                                f"{len(timings) - len(done)} missed")
         separate = (await isolation(students) or "PASS") if n > 1 else None
     finally:
@@ -224,7 +224,7 @@ def run(sizes=SIZES, progress=None, profile: Path | None = None) -> dict:
     classes = []
     for i, n in enumerate(sizes):
         if progress:
-            progress(None, f"{n} sessions: a fresh server, warmed by one lesson")
+            progress(None, f"{n} session{'s' if n > 1 else ''}: a fresh server, warmed by one lesson")
         classes.append(one_class(n, progress, profile if i == len(sizes) - 1 else None))
     if profile is not None:
         from .sampler import summary
