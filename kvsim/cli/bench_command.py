@@ -17,6 +17,14 @@ def cmd_bench(args: argparse.Namespace) -> object:
     browser_only = [f for f, on in (("--rounds", args.rounds != 3), ("--sessions", args.sessions != 8),
                                     ("--no-load", args.no_load), ("--only-load", args.only_load),
                                     ("--cold-cache", args.cold_cache)) if on]
+    if args.profile is not None and not args.load:
+        raise CLIError("--profile only applies with --load")
+    if args.load:
+        if args.browser or args.full_reference or browser_only:
+            raise CLIError("--load runs alone: without --browser, --full-reference or the browser's flags")
+        from ..bench import load
+
+        return load.run(sizes=args.load, progress=say, profile=args.profile)
     if args.browser:
         if args.full_reference:
             raise CLIError("--full-reference does not apply to --browser")
@@ -40,6 +48,10 @@ def bench_status(args: argparse.Namespace, doc: dict) -> int:
 
 
 def render_bench(doc: dict) -> str:
+    if doc.get("kind") == "load":
+        from ..bench import load
+
+        return load.render(doc)
     if doc.get("kind") == "browser":
         from ..bench import browser
 

@@ -7,6 +7,7 @@ a policy that joins the registry gets its flags for free.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..analysis.metrics import DEFAULT_BAND
 from ..analysis.table import TABLE_BUDGET
@@ -49,6 +50,14 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def size_list(text: str) -> list[int]:
+    """``N[,N...]``: the class sizes of ``bench --load``, each a positive integer."""
+    try:
+        return [positive_int(part) for part in text.split(",")]
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"expected N[,N...]: {e}") from None
 
 
 def parse_range(flag: str, text: str) -> list[int]:
@@ -161,6 +170,10 @@ def _add_bench(sub) -> None:
                    "(about a minute and a half) instead of extrapolating from 16")
     p.add_argument("--browser", action="store_true", help="instead: drive the app in headless Chromium through "
                    "its timed steps and an eight-session load, each step's median and worst against its target")
+    p.add_argument("--load", type=size_list, default=None, metavar="N[,N...]", help="instead: N students at once "
+                   "run a lesson against a real server (Streamlit's websocket protocol, no browser), e.g. 1,8,30")
+    p.add_argument("--profile", type=Path, default=None, metavar="FILE", help="with --load: sample the last class's "
+                   "server (every thread's stack) during the lesson, write the collapsed stacks to FILE, print a summary")
     p.add_argument("--rounds", type=positive_int, default=3, help="with --browser: rounds, each on a fresh server (default: 3)")
     p.add_argument("--sessions", type=positive_int, default=8, help="with --browser: concurrent sessions of the load (default: 8)")
     p.add_argument("--no-load", action="store_true", help="with --browser: skip the concurrent sessions")
