@@ -248,8 +248,9 @@ def test_without_out_the_bundle_is_recorded_once_into_the_cache(tiny, tmp_path, 
 
 
 def test_auto_store_is_the_smaller_file():
-    # Gemma-3-270M: 4 query heads per KV head, head_dim 256: 6 x 256 floats per token against steps / 2
-    assert [choose_store("auto", s, 4, 256) for s in (1024, 3072, 3073, 4096, 20000)] == ["dense", "dense", "qk", "qk", "qk"]
+    # Gemma-3-270M: 4 query heads per KV head, head_dim 256: dense up to 4096 steps, qk above
+    assert [choose_store("auto", s, 4, 256) for s in (1024, 3073, 4096, 4097, 20000)] == ["dense", "dense", "dense", "qk", "qk"]
+    assert choose_store("auto", 8192, 64, 256) == "dense"  # 66 x 256 floats per position: larger than the rows at 8192
     assert choose_store("auto", 20000, 64, 4096) == "qk"  # beyond the dense format's 16384 steps whatever the size
     assert choose_store("dense", 10**4, 4, 256) == "dense" and choose_store("qk", 8, 4, 256) == "qk"
 
@@ -262,3 +263,23 @@ def test_a_block_holds_at_most_chunk_elements_of_weights(heads, n, window):
     assert rows >= 1 and heads * rows * seen <= max(chunk, heads * seen)
     if window is not None and window < n // 4:
         assert rows > block_rows(heads, n, None, chunk)  # a sliding layer takes more rows per block
+
+
+@pytest.mark.parametrize("window", [None, 5, 64])
+@pytest.mark.parametrize("use_vmap", [False, True])
+def test_a_blocks_keys_are_every_key_its_mask_shows(window, use_vmap):
+    from transformers.masking_utils import causal_mask_function, sdpa_mask, sliding_window_causal_mask_function
+
+    from kvsim.models.qkv_capture import LazyMask, stripes
+
+    n = 50
+    fn = causal_mask_function if window is None else sliding_window_causal_mask_function(window)
+    args = dict(batch_size=1, q_length=n, kv_length=n, mask_function=fn, attention_mask=None, local_size=window,
+                device="cpu", dtype=torch.float32, use_vmap=use_vmap)
+    full = sdpa_mask(**{**args, "allow_is_causal_skip": False})[0, 0]
+    blocks = list(stripes(LazyMask(args), n, 7))
+    assert [b[0] for b in blocks] == list(range(0, n, 7))
+    for i, j, stripe, lo, hi in blocks:
+        seen = torch.nonzero(full[i:j].any(dim=0)).flatten()
+        assert (lo, hi) == (int(seen[0]), int(seen[-1]) + 1)
+        assert torch.equal(stripe, full[i:j, lo:hi]) and not full[i:j, :lo].any() and not full[i:j, hi:].any()

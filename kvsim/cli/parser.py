@@ -198,9 +198,10 @@ RECORD_EPILOG = """\
 stores (--store): qk keeps, per (layer, KV head), the post-norm, post-RoPE queries of its query heads,
 its keys and values and the attention's constants (O(T x head_dim)); every row is computed from them on
 demand, equal to the dense rows within float16 rounding. dense keeps the rows (a packed lower triangle,
-O(T^2), at most 16384 steps). auto (the default) writes whichever file is smaller for the model: for
-Gemma-3-270M dense up to 3072 steps, qk from 3073 on, so short recordings stay as they were and long ones
-fit on a disk (a 32k dense trace is 1 GB per layer, its qk trace 100 MB).
+O(T^2), at most 16384 steps). auto (the default) is dense up to 4096 steps, as every shipped trace (its
+compressed files are the smaller there: Gemma-3-270M's 18 layers at 4096 steps are 94 MB dense, 227 MB
+qk), and qk above where its file is the smaller (always for Gemma-3-270M: a dense global layer grows as
+T^2, 1 GB at 32k steps against 100 MB qk, and the dense format stops at 16384 steps).
 
 cache: without --out the bundle goes to the cache directory, keyed by the text's sha256, the model and
 the settings, and is recorded only when it is not there yet (kvsim cache list / clear --kind recordings).

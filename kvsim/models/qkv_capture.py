@@ -41,9 +41,16 @@ CONSTANTS_TOLERANCE = 1e-5
 
 class LazyMask:
     """What one of transformers' mask builders (``create_causal_mask``, ``create_sliding_window_causal_mask``)
-    asked the mask interface for, kept as its arguments: ``stripe(i, j)`` is the boolean mask of query rows
-    ``i .. j-1`` over every key, made by transformers' own ``sdpa_mask``, so whatever the pattern (causal,
-    sliding, chunked, padded) the blocks see exactly what the eager mask would hold."""
+    asked the mask interface for, kept as its arguments: ``stripe(i, j, lo, hi)`` is the boolean mask of
+    query rows ``i .. j-1`` over keys ``lo .. hi-1``, made by transformers' own ``sdpa_mask``, so whatever
+    the pattern (causal, sliding, chunked, padded) the blocks see exactly what the eager mask would hold.
+
+    ``candidates(i, j)`` bounds the keys those rows can see without evaluating the rest. When the builder
+    made the mask from its own pattern alone (``use_vmap`` false: no custom ``or``/``and`` mask function),
+    that pattern is causal, within ``local_size`` for the sliding builder, and anything else it holds
+    (padding, packed sequences) is AND-ed onto it, so nothing outside ``[i - local_size + 1, j)`` (or
+    ``[0, j)``) is visible; otherwise every key is a candidate. This keeps a sliding layer's mask work
+    O(n x window) too; ``capture_qkv`` still checks the first and last blocks at full width."""
 
     def __init__(self, kwargs: dict):
         self.kwargs = kwargs
@@ -52,17 +59,27 @@ class LazyMask:
         self.local_size = kwargs.get("local_size")  # the sliding window, when a sliding-window builder made it
         self.dtype = kwargs.get("dtype")
 
-    def stripe(self, i: int, j: int):
-        """``(j - i, kv_length)`` bool: True where query row ``t`` (``i <= t < j``) may see key ``p``."""
+    def stripe(self, i: int, j: int, lo: int = 0, hi: int | None = None):
+        """``(j - i, hi - lo)`` bool: True where query row ``t`` (``i <= t < j``) may see key ``p`` (``lo <= p < hi``)."""
         from transformers.masking_utils import sdpa_mask
 
-        args = {k: v for k, v in self.kwargs.items() if k not in ("q_length", "q_offset", "dtype", "allow_is_causal_skip")}
-        mask = sdpa_mask(q_length=j - i, q_offset=self.q_offset + i, allow_is_causal_skip=False, **args)
+        hi = self.kv_length if hi is None else hi
+        skip = ("q_length", "q_offset", "kv_length", "kv_offset", "dtype", "allow_is_causal_skip")
+        args = {k: v for k, v in self.kwargs.items() if k not in skip}
+        mask = sdpa_mask(q_length=j - i, q_offset=self.q_offset + i, kv_length=hi - lo, kv_offset=self.kv_offset + lo,
+                         allow_is_causal_skip=False, **args)
         if mask is None:  # a bidirectional mask with nothing to hide
             import torch
 
-            return torch.ones((j - i, self.kv_length), dtype=torch.bool, device=args.get("device", "cpu"))
+            return torch.ones((j - i, hi - lo), dtype=torch.bool, device=args.get("device", "cpu"))
         return mask[0, 0]
+
+    def candidates(self, i: int, j: int) -> tuple[int, int]:
+        """Keys ``lo .. hi-1`` that rows ``i .. j-1`` may see, at most (class docstring)."""
+        if self.kwargs.get("use_vmap", True) or self.q_offset or self.kv_offset:
+            return 0, self.kv_length
+        lo = 0 if self.local_size is None else max(0, i - int(self.local_size) + 1)
+        return lo, min(self.kv_length, j)
 
 
 def _lazy_mask(**kwargs) -> LazyMask:
@@ -85,20 +102,22 @@ def eager_function(module):
 def block_rows(heads: int, kv_length: int, window: int | None, chunk_elements: int) -> int:
     """Query rows per block so that one block's weights (heads x rows x keys seen) stay within
     ``chunk_elements``: a block of ``r`` rows sees at most ``kv_length`` keys, or ``r + window - 1``
-    under a sliding window."""
+    under a sliding window (then no more than ``window`` rows, so the scores computed and masked away
+    are at most as many as those kept)."""
     budget = max(1, chunk_elements // heads)
     full = max(1, budget // kv_length)
     if window is None or window >= kv_length:
         return full
     sliding = int((-(window - 1) + math.sqrt((window - 1) ** 2 + 4 * budget)) / 2)  # r (r + window - 1) <= budget
-    return max(1, full, min(sliding, kv_length))
+    # at most a window's worth of rows: a block then computes at most twice the scores its rows need
+    return max(1, full, min(sliding, window, kv_length))
 
 
 @dataclass(frozen=True)
 class Block:
     """Query rows ``i .. j-1`` of one layer over keys ``lo .. hi-1`` (every key they see): the eager
     ``output`` ``(1, j - i, heads, d)`` and ``weights`` ``(1, heads, j - i, hi - lo)``, and the boolean
-    ``stripe`` ``(j - i, kv_length)`` they were masked by."""
+    ``stripe`` ``(j - i, hi - lo)`` they were masked by."""
 
     i: int
     j: int
@@ -110,15 +129,17 @@ class Block:
 
 
 def stripes(mask: LazyMask, q_length: int, rows: int) -> Iterator[tuple[int, int, object, int, int]]:
-    """``(i, j, stripe, lo, hi)`` per block of ``rows`` query rows: the keys ``lo .. hi-1`` the block sees."""
+    """``(i, j, stripe, lo, hi)`` per block of ``rows`` query rows: the keys ``lo .. hi-1`` the block
+    sees (the first to the last seen of its candidates) and its mask over them."""
     import torch
 
     for i in range(0, q_length, rows):
         j = min(q_length, i + rows)
-        stripe = mask.stripe(i, j)
-        seen = torch.nonzero(stripe.any(dim=0)).flatten()
+        first, last = mask.candidates(i, j)
+        stripe = mask.stripe(i, j, first, last)
+        seen = torch.nonzero(stripe.any(dim=0)).flatten()  # relative to first
         lo, hi = (int(seen[0]), int(seen[-1]) + 1) if seen.numel() else (0, 1)
-        yield i, j, stripe, lo, hi
+        yield i, j, stripe[:, lo:hi], first + lo, first + hi
 
 
 def attention_blocks(module, query, key, value, mask: LazyMask, kwargs: dict, rows: int) -> Iterator[Block]:
@@ -130,7 +151,7 @@ def attention_blocks(module, query, key, value, mask: LazyMask, kwargs: dict, ro
     eager = eager_function(module)
     for i, j, stripe, lo, hi in stripes(mask, query.shape[2], rows):
         floor = torch.finfo(query.dtype).min
-        block_mask = torch.where(stripe[:, lo:hi], torch.zeros((), dtype=query.dtype, device=query.device), floor)
+        block_mask = torch.where(stripe, torch.zeros((), dtype=query.dtype, device=query.device), floor)
         out, weights = eager(module, query[:, :, i:j], key[:, :, lo:hi], value[:, :, lo:hi], block_mask[None, None],
                              **kwargs)
         yield Block(i, j, lo, hi, stripe, out, weights)
@@ -260,7 +281,8 @@ def capture_qkv(lm, ids, layers: list[int], sink: Callable[[LayerQKV], None], ch
     """One pass of ``ids`` through ``lm``, handing each of ``layers`` to ``sink`` as a ``LayerQKV``.
 
     The layer is checked to be what the query/key trace can state: every block's mask is causal (within
-    the sliding window the mask builder declared), and the eager weights of the first block equal
+    the sliding window the mask builder declared) over the keys it may see, the first and last blocks'
+    over every key, and the eager weights of the first block equal
     ``softmax(softcap(scale q.k))`` computed from the constants within ``CONSTANTS_TOLERANCE``; a layer
     that is not (attention sinks, a bias, another pattern) is refused in one line, since its rows could
     not be computed again from what is stored (``--store dense`` records it).
@@ -273,16 +295,19 @@ def capture_qkv(lm, ids, layers: list[int], sink: Callable[[LayerQKV], None], ch
         window = mask.local_size
         constants = {"scale": _scale(module, kwargs), "softcap": kwargs.get("softcap"), "sliding_window": window}
         rows = block_rows(heads, key.shape[2], window, chunk_elements)
+        n = query.shape[2]
+        for i in sorted({0, (n - 1) // rows * rows}):  # the first and last blocks over every key
+            _check_pattern(layer, mask.stripe(i, min(n, i + rows)), i, 0, window)
         outputs = []
         if need_output:
             for b in attention_blocks(module, query, key, value, mask, kwargs, rows):
-                _check_pattern(layer, b.stripe, b.i, window)
+                _check_pattern(layer, b.stripe, b.i, b.lo, window)
                 if b.i == 0:
                     _check_constants(layer, query, key, b, constants)
                 outputs.append(b.output)
-        else:  # the last layer: its output is never read, so only its mask and first block are checked
-            for i, _, stripe, _, _ in stripes(mask, query.shape[2], rows):
-                _check_pattern(layer, stripe, i, window)
+        else:  # the last layer: its output is never read, so only its masks and first block are checked
+            for i, _, stripe, lo, _ in stripes(mask, n, rows):
+                _check_pattern(layer, stripe, i, lo, window)
             first = next(attention_blocks(module, query, key, value, mask, kwargs, rows))
             _check_constants(layer, query, key, first, constants)
         sink(LayerQKV(layer, query[0], key[0], value[0], **constants))
@@ -302,12 +327,13 @@ def _scale(module, kwargs: dict) -> float:
     return float(module.head_dim ** -0.5 if scaling is None else scaling)
 
 
-def _check_pattern(layer: int, stripe, i: int, window: int | None) -> None:
-    """Refuse a block whose mask is not causal (within ``window``): the trace states only that pattern."""
+def _check_pattern(layer: int, stripe, i: int, lo: int, window: int | None) -> None:
+    """Refuse a block (rows from ``i``, keys from ``lo``) whose mask is not causal (within ``window``):
+    the trace states only that pattern."""
     import torch
 
     t = torch.arange(i, i + stripe.shape[0], device=stripe.device)[:, None]
-    p = torch.arange(stripe.shape[1], device=stripe.device)[None, :]
+    p = torch.arange(lo, lo + stripe.shape[1], device=stripe.device)[None, :]
     expected = (p <= t) if window is None else ((p <= t) & (p > t - window))
     if not torch.equal(stripe, expected):
         what = "causal" if window is None else f"causal within a sliding window of {window}"
@@ -324,7 +350,7 @@ def _check_constants(layer: int, query, key, block: Block, constants: dict) -> N
     s = torch.matmul(query[0, :, block.i : block.j], k.transpose(1, 2)) * constants["scale"]
     if constants["softcap"] is not None:
         s = torch.tanh(s / constants["softcap"]) * constants["softcap"]
-    s = s.masked_fill(~block.stripe[:, block.lo : block.hi], float("-inf"))
+    s = s.masked_fill(~block.stripe, float("-inf"))
     gap = float((torch.softmax(s, dim=-1) - block.weights[0].to(s.dtype)).abs().max())
     if not gap <= CONSTANTS_TOLERANCE:
         raise RecordError(f"layer {layer}: the model's eager attention is not softmax(softcap(scale q.k)) over its mask "

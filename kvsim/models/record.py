@@ -14,9 +14,12 @@ two stores:
 - ``qk``: the query/key trace (``/work/tools/qk_format.md``, DOMAIN.md section 7): the post-norm,
   post-RoPE queries of the KV head's query heads, its keys and values, and the attention's constants,
   O(T x head_dim) per trace, from which every row is computed again on demand;
-- ``auto`` (the default): whichever file is smaller for the model's shapes at the steps asked
-  (``choose_store``). For Gemma-3-270M (4 query heads, head_dim 256) that is dense up to 3072 steps and
-  qk from 3073 on; a dense trace above 16,384 steps cannot be read at all (``kvsim.data.trace.MAX_STEPS``).
+- ``auto`` (the default): dense up to ``DENSE_UP_TO`` steps (4096, the length of every shipped trace),
+  above it qk where its file is the smaller (``choose_store``; for Gemma-3-270M always). Measured on
+  Gemma-3-270M at 4096 steps (docs/long-recording.md): the compressed dense bundle is 94 MB, the qk one
+  227 MB (a sliding layer's zeros compress away); a global layer is 13.3 MB either way. Above that the
+  dense file grows as T^2 (a global layer about 4 x larger at 8192 steps, against 2 x for qk), and a
+  dense trace above 16,384 steps cannot be read at all (``kvsim.data.trace.MAX_STEPS``).
 
 A layer with a native sliding window (Gemma-3's local layers, Qwen2's upper layers) is recorded as it
 attends: positions beyond the window get zero (dense) or its window is in the meta (qk). A finished
@@ -68,6 +71,8 @@ DEFAULT_PREFIX = "gemma3-270m"
 DEFAULT_STEPS = 4096
 #: what a trace keeps (module docstring): ``auto`` picks the smaller file
 STORES = ("auto", "qk", "dense")
+#: ``auto`` records dense up to this many steps (module docstring)
+DENSE_UP_TO = 4096
 #: the query/key trace file (``/work/tools/qk_format.md``): its format name, version and file suffix
 QK_FORMAT, QK_VERSION, QK_SUFFIX = "kvsim-qk", 1, ".qk.npz"
 
@@ -263,13 +268,14 @@ def peak_rss_mb() -> float:
 
 
 def choose_store(store: str, steps: int, group: int, head_dim: int) -> str:
-    """``store`` itself, or for ``auto`` the smaller file per (layer, KV head), uncompressed: ``qk`` holds
-    ``(group + 2) x (steps + 1) x head_dim`` floats (queries of the group, keys, values), ``dense`` the
-    ``steps (steps + 1) / 2`` weights of the packed rows; dense only up to ``MAX_STEPS``."""
+    """``store`` itself, or for ``auto``: dense up to ``DENSE_UP_TO`` steps; above, qk when its file per
+    (layer, KV head) is the smaller uncompressed (``(group + 2) x (steps + 1) x head_dim`` floats: the
+    group's queries, keys, values; against the ``steps (steps + 1) / 2`` weights of the packed rows), and
+    always beyond ``MAX_STEPS``, where a dense trace cannot be read."""
     if store != "auto":
         return store
     n = steps + 1
-    if steps > MAX_STEPS or (group + 2) * n * head_dim < steps * n // 2:
+    if steps > MAX_STEPS or (steps > DENSE_UP_TO and (group + 2) * n * head_dim < steps * n // 2):
         return "qk"
     return "dense"
 
@@ -480,6 +486,7 @@ __all__ = [
     "QK_FORMAT",
     "QK_SUFFIX",
     "QK_VERSION",
+    "DENSE_UP_TO",
     "STORES",
     "RecordConfig",
     "RecordError",
