@@ -283,3 +283,14 @@ def test_a_blocks_keys_are_every_key_its_mask_shows(window, use_vmap):
         seen = torch.nonzero(full[i:j].any(dim=0)).flatten()
         assert (lo, hi) == (int(seen[0]), int(seen[-1]) + 1)
         assert torch.equal(stripe, full[i:j, lo:hi]) and not full[i:j, :lo].any() and not full[i:j, hi:].any()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_device_cuda_without_a_cuda_device_is_one_line_before_anything_is_loaded(tiny, tmp_path, capsys, monkeypatch):
+    folders, text = tiny
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "cache"))
+    code = cli.main(["record", str(text), "--model", str(folders["gemma3"]), "--store", "qk", "--steps", "20",
+                     "--device", "cuda"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err == "kvsim: error: --device cuda: torch sees no CUDA device\n"
+    assert list(tmp_path.iterdir()) == []  # no cache folder, no temporary bundle

@@ -462,7 +462,8 @@ class _BundleWriter:
             "sliding_window": self.window,
             "traces": sorted(self.entries, key=lambda e: (e["layer"], e["head"])),
             "recorder": {"torch": torch.__version__, "transformers": transformers.__version__,
-                         "device": str(self.device), "seconds": seconds},
+                         "device": str(self.device), "seconds": seconds,
+                         "peak_rss_mb": round(peak_rss_mb(), 1)},
         }
 
 

@@ -93,7 +93,7 @@ def cached(config: RecordConfig) -> dict | None:
     files = [{"path": str(t.path), "bytes": t.path.stat().st_size, "layer": t.layer, "head": t.head} for t in bundle.traces]
     return {"bundle": str(config.out), "manifest": str(config.out / MANIFEST), "model": m["model"], "steps": m["steps"],
             "store": m.get("store", "dense"), "files": files, "seconds": m.get("recorder", {}).get("seconds"),
-            "cached": True}
+            "peak_rss_mb": m.get("recorder", {}).get("peak_rss_mb"), "cached": True}
 
 
 __all__ = ["LONG_TEXT", "PRESETS", "RECORDINGS_DIR", "cache_key", "cached", "in_cache", "preset", "recording_path"]
