@@ -2,12 +2,13 @@
 
 Run on a machine with a CUDA GPU and the recorder's extra (torch, transformers, tokenizers):
 
-    python bench/cuda_record_check.py [--steps 512]
+    python bench/cuda_record_check.py [--steps 512] [--store dense|qk]
 
 Builds tiny Llama- and Gemma3-style models from configs (random weights, grouped-query attention, a
 sliding-window layer) with a tokenizer trained here on CPython's heapq.py if it can be found (any text
 works), records every layer and KV head on the CPU and on the GPU, and prints the largest difference
-between the two per trace, and the time of each. Nothing is downloaded.
+between the two per trace (the rows for dense, the stored queries and keys for qk), and the time of
+each. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -37,11 +38,13 @@ def main() -> int:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=512)
+    ap.add_argument("--store", choices=["dense", "qk"], default="dense")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device", file=sys.stderr)
         return 2
-    out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "steps": args.steps, "models": {}}
+    out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "steps": args.steps, "store": args.store,
+           "models": {}}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         tok, vocab = tokenizer(TEXT, 400)
@@ -56,10 +59,11 @@ def main() -> int:
             runs = {}
             for device in ("cpu", "cuda"):
                 start = time.perf_counter()
-                what = RecordConfig(text, root / f"{family}-{device}", model=folder, steps=args.steps, layers="all")
+                what = RecordConfig(text, root / f"{family}-{device}", model=folder, steps=args.steps, layers="all",
+                                    store=args.store)
                 done = record(what, device=device, progress=None)
-                runs[device] = (time.perf_counter() - start,
-                                {Path(f["path"]).name: load_npz(f["path"]).attention for f in done["files"]})
+                runs[device] = (time.perf_counter() - start, {Path(f["path"]).name: _stored(f["path"], args.store)
+                                                              for f in done["files"]})
             diffs = {name: float(np.abs(a.astype(np.float64) - runs["cuda"][1][name].astype(np.float64)).max())
                      for name, a in runs["cpu"][1].items()}
             out["models"][family] = {"traces": len(diffs), "max_abs_difference": max(diffs.values()),
@@ -67,6 +71,14 @@ def main() -> int:
                                      "per_trace": diffs}
     print(json.dumps(out, indent=1))
     return 0
+
+
+def _stored(path: str, store: str) -> np.ndarray:
+    """What a trace file holds to compare: the rows (dense), or its queries and keys side by side (qk)."""
+    if store == "dense":
+        return load_npz(path).attention
+    with np.load(path, allow_pickle=False) as z:
+        return np.concatenate([z["q"].reshape(-1), z["k"].reshape(-1)])
 
 
 if __name__ == "__main__":

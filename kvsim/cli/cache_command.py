@@ -9,7 +9,7 @@ from ..data import caches
 
 
 def add_cache(sub) -> None:
-    p = sub.add_parser("cache", help="what the cache directory holds (traces, models, quality, optimal) and clearing it",
+    p = sub.add_parser("cache", help="what the cache directory holds (traces, models, quality, optimal, recordings) and clearing it",
                        description="The cache directory is $KVSIM_CACHE_DIR, else $XDG_CACHE_HOME/kvsim, else "
                        "~/.cache/kvsim; docs/caches.md says what each kind is and how big it gets.")
     which = p.add_subparsers(dest="cache_command", metavar="ACTION", parser_class=type(p))

@@ -9,6 +9,8 @@ Every entry is named by a pattern its writer uses (docs/caches.md says which wri
 - ``quality``: ``kvsim quality`` results (``quality/*.json``);
 - ``models``: the dequantised Gemma-3-270M (``kvsim.models.loading``, ``models/<key>/``, about 1.1 GB; older
   versions put it at the top as ``gemma3-270m-<sha>-transformers-<version>/``).
+- ``recordings``: bundles ``kvsim record`` wrote without ``--out`` (``kvsim.models.record_cache``,
+  ``recordings/<prefix>-<steps>-<store>-<key>/``; the long bundle is about 2 GB).
 
 Anything else in the directory is listed as ``other`` and never deleted: ``KVSIM_CACHE_DIR`` may name
 a folder that holds other things too. Clearing deletes only entries directly inside the cache directory
@@ -32,6 +34,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "optimal": ("optimal-v*",),
     "quality": ("quality",),
     "models": ("models", "gemma3-270m-*"),
+    "recordings": ("recordings",),
 }
 OTHER = "other"
 
