@@ -10,6 +10,8 @@ transformers built, so a model left on this function still works as before.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from .cache import HFError
@@ -59,3 +61,14 @@ def attach(model) -> None:
     if getattr(model.config, "_attn_implementation", None) != ATTN:
         raise HFError(f"{name} has no eager-compatible attention: it does not take an attention function from "
                       "transformers' AttentionInterface")
+
+
+@contextmanager
+def attention_of(model):
+    """``attach`` for the duration of a block, the model's own attention setting restored after."""
+    previous = model.config._attn_implementation
+    attach(model)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)
