@@ -11,7 +11,7 @@ import argparse
 import time
 from pathlib import Path
 
-from ..policies import POLICIES, PolicySpec
+from ..policies import POLICIES, ParamError, PolicySpec
 from .errors import CLIError, flag
 
 SHIPPED = "gemma"
@@ -45,16 +45,31 @@ def check(args: argparse.Namespace) -> tuple[dict, str]:
     if POLICIES[args.policy].needs_trace:
         raise CLIError(f"--policy {args.policy} is an offline reference (it reads the future) and cannot be deployed")
     params = _params(args)
-    PolicySpec.of(args.policy, args.budget, **params)  # a ParamError says it in the flags' terms
-    if args.windows is not None:
-        from ..hf.windows import read_tune
-
-        read_tune(args.windows)
-    elif args.by != "layer":
-        raise CLIError("--by applies with --windows")
+    if args.windows is None:
+        if args.by != "layer":
+            raise CLIError("--by applies with --windows")
+        PolicySpec.of(args.policy, args.budget, **params)  # a ParamError says it in the flags' terms
+    else:
+        _check_windows(args, params)
     if args.model != SHIPPED and not (Path(args.model) / "config.json").is_file():
         raise CLIError(f"--model {args.model}: not a local Hugging Face model folder (no config.json), nor {SHIPPED}")
     return params, _prompt(args)
+
+
+def _check_windows(args: argparse.Namespace, params: dict) -> None:
+    """The tune file's own form and every window in it against the budget (the model is checked later)."""
+    from ..hf.windows import PARAM, read_tune, tune_windows
+
+    if PARAM in params:
+        raise CLIError(f"{flag(PARAM)} and --windows exclude each other (the file sets it per layer)")
+    if PARAM not in {p.name for p in POLICIES[args.policy].tunables}:
+        raise CLIError(f"--windows: {args.policy} has no {PARAM}")
+    for where, w in tune_windows(read_tune(args.windows), args.by, source=args.windows).items():
+        try:
+            PolicySpec.of(args.policy, args.budget, **params, **{PARAM: w})
+        except ParamError:
+            layer = f"layer {where[0]} KV head {where[1]}" if isinstance(where, tuple) else f"layer {where}"
+            raise CLIError(f"--windows {args.windows}: {layer}'s {PARAM} {w} must be below --budget {args.budget}") from None
 
 
 def cmd_generate(args: argparse.Namespace) -> dict:

@@ -2,7 +2,7 @@
 
     import kvsim.hf
     cache = kvsim.hf.cache(model, "h2o", 256, recent_window=32)           # or windows="tune.json"
-    out = model.generate(ids, past_key_values=cache, max_new_tokens=200, do_sample=False)
+    out = model.generate(ids, cache=cache, max_new_tokens=200, do_sample=False)  # past_key_values= before 5.x
 
 Every decoder layer holds at most ``budget`` positions per KV head, chosen by one policy per (layer, KV
 head) from the registry's online policies, fed the attention the model computes (``kvsim.hf.cache``,

@@ -240,8 +240,9 @@ class EvictingLayer(CacheLayerMixin):
 
 
 class EvictingCache(Cache):
-    """One ``EvictingLayer`` per decoder layer. ``model.generate(..., past_key_values=cache)`` and a
-    plain forward loop (``model(ids, past_key_values=cache, use_cache=True)``) both step it."""
+    """One ``EvictingLayer`` per decoder layer. ``model.generate(..., cache=cache)`` and a plain forward
+    loop (``model(ids, cache=cache, use_cache=True)``) both step it (``past_key_values=``, the name
+    transformers 5.24 still accepts with a deprecation warning, too)."""
 
     def __init__(self, layers: list[EvictingLayer]):
         super().__init__(layers=layers)
