@@ -124,6 +124,7 @@ def run(lengths=LENGTHS, decode_tokens: int = DECODE, budgets=BUDGETS, policies=
         model.set_attn_implementation("eager")
         full = decode(model, ids, prompt, DynamicCache(config=model.config))
         doc["rows"].append({"length": length, "cache": "full", **full, "delta_nll": 0.0})
+        say(_row(doc["rows"][-1]))
         for budget in budgets:
             for policy in policies:
                 say(f"L={length}: kvsim {policy} at budget {budget}")
@@ -131,6 +132,7 @@ def run(lengths=LENGTHS, decode_tokens: int = DECODE, budgets=BUDGETS, policies=
                 doc["rows"].append({"length": length, "cache": f"{policy}@{budget}", "policy": policy, "budget": budget,
                                     **r, "delta_nll": r["nll"] - full["nll"],
                                     "speed_vs_full": r["tokens_per_second"] / full["tokens_per_second"]})
+                say(_row(doc["rows"][-1]))
     doc["targets"] = targets(doc)
     doc["result"] = "PASS" if all(doc["targets"].values()) else "FAIL"
     return doc
@@ -150,18 +152,22 @@ def targets(doc: dict) -> dict:
     return out
 
 
+def _row(r: dict) -> str:
+    """One measured row, as the table prints it (and the progress note says it when it is measured, so a
+    run stopped early still leaves its figures in the log)."""
+    vs = f"{r['speed_vs_full']:.2f}x" if "speed_vs_full" in r else ""
+    return (f"{r['length']:>6}  {r['cache']:<20}{r['prefill_seconds']:>10.1f}{r['tokens_per_second']:>8.2f}{vs:>9}"
+            f"{r['cache_bytes'] / (1 << 20):>11.1f}{r['peak_positions']:>10}{r['nll']:>8.3f}{r['delta_nll']:>+9.3f}")
+
+
 def render(doc: dict) -> str:
-    mib = 1 << 20
     lines = [f"kvsim bench --generate: {doc['model']}, {doc['threads']} thread ({doc['machine']['cpus']} CPUs, "
              f"torch {doc['machine']['torch']}); prompt L - {doc['decode_tokens']}, then {doc['decode_tokens']} tokens "
              f"decoded teacher-forced on the text ({' + '.join(doc['text'])}); kvsim prefill {doc['prefill']}",
              "",
              f"{'L':>6}  {'cache':<20}{'prefill s':>10}{'tok/s':>8}{'vs full':>9}{'cache MiB':>11}{'peak pos':>10}"
              f"{'NLL':>8}{'dNLL':>9}"]
-    for r in doc["rows"]:
-        vs = f"{r['speed_vs_full']:.2f}x" if "speed_vs_full" in r else ""
-        lines.append(f"{r['length']:>6}  {r['cache']:<20}{r['prefill_seconds']:>10.1f}{r['tokens_per_second']:>8.2f}{vs:>9}"
-                     f"{r['cache_bytes'] / mib:>11.1f}{r['peak_positions']:>10}{r['nll']:>8.3f}{r['delta_nll']:>+9.3f}")
+    lines += [_row(r) for r in doc["rows"]]
     lines += ["", "targets:", *(f"  {k}  {'PASS' if ok else 'FAIL'}" for k, ok in doc["targets"].items()),
               f"overall: {doc['result']}"]
     return "\n".join(lines)

@@ -10,7 +10,8 @@ DOMAIN.md section 8, docs/deploy.md). The model is put on kvsim's attention func
 arithmetic, which exposes the weights); with transformers' own caches it still computes eager
 attention.
 
-Importing this package needs torch and transformers (the model extra); ``kvsim.hf.windows`` does not.
+Importing this package needs torch and transformers (the model extra); ``import kvsim``, the CLI and
+the app never import it until a command or a measurement decodes.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ fields added later (``model_window``, ``by``) are accepted and, where they say s
 (the model's own sliding window), checked. A file tuned on another model (other layer count, KV heads,
 or layer kinds) is refused in one line before anything runs.
 
-No torch here: the CLI and the app read a tune file without the model extra.
+Nothing here uses torch, but importing it runs ``kvsim/hf/__init__.py``, which loads torch and
+transformers: ``kvsim generate`` checks a tune file with them loaded, before the model is.
 """
 
 from __future__ import annotations
