@@ -187,6 +187,8 @@ def test_bad_input_is_one_clear_line_before_anything_runs(tmp_path):
         hf.cache(model, "h2o", 64, windows={2: 64})
     with pytest.raises(hf.HFError, match="recent_window must be less than budget"):
         hf.cache(model, "h2o", 16, recent_window=16)
+    with pytest.raises(hf.HFError, match=r"windows for \(1, 2\): the model has layers 0-3 and 2 KV head"):
+        hf.cache(model, "h2o", 64, windows={(1, 2): 4})
     other = tmp_path / "other.json"
     other.write_text(json.dumps(_tune_doc(["sliding"] * 5 + ["global"], [4] * 6, heads=1)))
     with pytest.raises(hf.WindowsError, match=r"other.json: tuned on 6 layers \(tiny\), Gemma3ForCausalLM has 4; it is for another model"):

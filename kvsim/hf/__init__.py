@@ -61,6 +61,10 @@ def layer_specs(model, policy: str, budget: int, windows=None, by: str = "layer"
             raise WindowsError(f"{windows}: tuned for {doc['policy']}, --policy is {policy}")
         windows = tune_windows(doc, by, source=str(windows))
     windows = dict(windows or {})
+    outside = [k for k in windows if (k[0] if isinstance(k, tuple) else k) not in range(len(kinds))
+               or (isinstance(k, tuple) and k[1] not in range(kv_heads))]
+    if outside:
+        raise HFError(f"windows for {outside[0]}: the model has layers 0-{len(kinds) - 1} and {kv_heads} KV head(s)")
     if windows and PARAM not in {p.name for p in cls.tunables}:
         raise HFError(f"{policy} has no {PARAM}; windows are for a policy that takes one")
     specs = []

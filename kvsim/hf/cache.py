@@ -57,7 +57,7 @@ class EvictingLayer(CacheLayerMixin):
             raise HFError(f"prefill must be one of {', '.join(PREFILL)}, got {prefill!r}")
         self.specs = specs
         self.policies = policies
-        self.budgets = budgets
+        self.budgets = budgets if budgets is not None or policies is None else [row[0].budget for row in policies]
         self.prefill = prefill
         self.rng_seed = rng_seed
         self.seen = 0  # positions processed: the next one's position
@@ -222,20 +222,19 @@ class EvictingLayer(CacheLayerMixin):
             for i, t in enumerate(ts.tolist()):
                 for b in range(batch):
                     for h in range(hkv):
-                        self._admit_fast(b, h, t, shown[b, h, i], cols[b, h], key[b, h, t - t0], value[b, h, t - t0])
+                        self._admit_fast(b, h, t, t0, shown[b, h, i], key[b, h, t - t0], value[b, h, t - t0])
         self.seen = t0 + n
         return out.reshape(batch, hq, n, head_dim).transpose(1, 2)
 
-    def _admit_fast(self, b, h, t, row, cols, key, value) -> None:
-        """``_admit`` for a row over (slots held before the chunk, the chunk): the weights on the held
-        positions, picked by position."""
+    def _admit_fast(self, b, h, t, t0, row, key, value) -> None:
+        """``_admit`` for a row over (the slots as they were when the chunk starting at ``t0`` came, the
+        chunk): a held position from the chunk finds its weight in the chunk's columns, one held from
+        before in its slot's (a slot keeps its position until that position is evicted)."""
         order = self.order[b][h]
         held = self.pos[b, h, order]
         shown = np.zeros(self.pos.shape[2])
         if t and held.size:
-            where = np.where(held >= self.seen, self.pos.shape[2] + held - self.seen, order)
-            # a held chunk position's weight sits in the chunk's columns; a slot's in its own
-            shown[order] = row[where]
+            shown[order] = row[np.where(held >= t0, self.pos.shape[2] + held - t0, order)]
         self._admit(b, h, t, shown, key, value)
 
 
