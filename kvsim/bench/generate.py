@@ -3,7 +3,8 @@
 The shipped Gemma-3-270M (float32, eager attention) on one CPU thread, at each context length L: the
 first ``L - G`` tokens of a text are the prompt, then the next ``G`` tokens are decoded one forward pass
 each, teacher-forced on the text, so every cache is scored on the same continuation (the text's own:
-its NLL is known). For each cache it reports the prefill time, decoding tokens per second (one over the
+its NLL is known). The caches decode in lockstep (``lockstep``): on a shared machine the ratios are
+then measured under one load. For each cache it reports the prefill time, decoding tokens per second (one over the
 median time of a decoding step's forward pass: the machine is shared), the bytes of
 keys and values held at the end (the full cache's only grows, so that is its peak; kvsim's is
 allocated once at the budget), the most positions any layer held, and the continuation's NLL against
@@ -58,31 +59,41 @@ def text_ids(tokenizer, tokens: int):
     return torch.tensor([[tokenizer.bos_token_id, *ids[: tokens - 1]]]), used
 
 
-def decode(model, ids, prompt: int, cache) -> dict:
-    """Prefill ``ids[:, :prompt]`` into ``cache`` (``kvsim.hf.decoding.CHUNK`` tokens per pass), then
-    feed the rest one token per forward pass; the timings, the NLL of every token after the prompt,
-    and what the cache held."""
+def lockstep(model, ids, prompt: int, caches: dict) -> dict:
+    """Prefill ``ids[:, :prompt]`` into every cache of ``caches`` (``{name: cache}``; ``"full"`` runs on
+    transformers' eager attention, the rest on kvsim's), then decode the rest one token per forward
+    pass, every cache taking its step before any takes the next (in an order that rotates), so a load
+    that comes and goes on a shared machine falls on all of them alike. Per cache: the prompt's
+    seconds, decoding tokens per second (one over the median step), the continuation's NLL and what the
+    cache held."""
     import torch
 
+    from ..hf.attention import attach
     from ..hf.decoding import prefill as feed_prompt
 
-    n = ids.shape[1]
-    nll = []
+    def use(name: str) -> None:
+        model.set_attn_implementation("eager") if name == "full" else attach(model)
+
+    names, n = list(caches), ids.shape[1]
+    out, prefill_s, steps, nll = {}, {}, {k: [] for k in names}, {k: [] for k in names}
     with torch.no_grad():
-        t0 = time.perf_counter()
-        out = feed_prompt(model, ids[:, :prompt], cache)
-        prefill_s = time.perf_counter() - t0
-        steps = []
-        for t in range(prompt, n):
-            lp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
-            nll.append(-float(lp[ids[0, t]]))
-            if t + 1 < n:
-                t0 = time.perf_counter()
-                out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
-                steps.append(time.perf_counter() - t0)
-    # the median step: the machine is shared, and a neighbour's burst would otherwise decide the ratio
-    return {"prefill_seconds": prefill_s, "decode_seconds": sum(steps), "tokens_per_second": 1 / statistics.median(steps),
-            "nll": sum(nll) / len(nll), "cache_bytes": cache_bytes(cache), "peak_positions": max(held(cache))}
+        for name in names:
+            use(name)
+            t0 = time.perf_counter()
+            out[name] = feed_prompt(model, ids[:, :prompt], caches[name])
+            prefill_s[name] = time.perf_counter() - t0
+        for i, t in enumerate(range(prompt, n)):
+            for name in names[i % len(names):] + names[: i % len(names)]:
+                lp = torch.log_softmax(out[name].logits[0, -1].float(), dim=-1)
+                nll[name].append(-float(lp[ids[0, t]]))
+                if t + 1 < n:
+                    use(name)
+                    t0 = time.perf_counter()
+                    out[name] = model(ids[:, t : t + 1], cache=caches[name], use_cache=True)
+                    steps[name].append(time.perf_counter() - t0)
+    return {k: {"prefill_seconds": prefill_s[k], "decode_seconds": sum(steps[k]),
+                "tokens_per_second": 1 / statistics.median(steps[k]), "nll": sum(nll[k]) / len(nll[k]),
+                "cache_bytes": cache_bytes(caches[k]), "peak_positions": max(held(caches[k]))} for k in names}
 
 
 def cache_bytes(cache) -> int:
@@ -120,19 +131,20 @@ def run(lengths=LENGTHS, decode_tokens: int = DECODE, budgets=BUDGETS, policies=
            "torch": torch.__version__}, "rows": []}
     for length in lengths:
         ids, prompt = ids_all[:, : length + 1], length - decode_tokens
-        say(f"L={length}: full cache")
-        model.set_attn_implementation("eager")
-        full = decode(model, ids, prompt, DynamicCache(config=model.config))
+        configs = [(p, b) for b in budgets for p in policies]
+        say(f"L={length}: the full cache and kvsim's {', '.join(f'{p}@{b}' for p, b in configs)}, in lockstep")
+        caches = {"full": DynamicCache(config=model.config),
+                  **{f"{p}@{b}": hf.cache(model, p, b, prefill=prefill) for p, b in configs}}
+        measured = lockstep(model, ids, prompt, caches)
+        full = measured["full"]
         doc["rows"].append({"length": length, "cache": "full", **full, "delta_nll": 0.0})
         say(_row(doc["rows"][-1]))
-        for budget in budgets:
-            for policy in policies:
-                say(f"L={length}: kvsim {policy} at budget {budget}")
-                r = decode(model, ids, prompt, hf.cache(model, policy, budget, prefill=prefill))
-                doc["rows"].append({"length": length, "cache": f"{policy}@{budget}", "policy": policy, "budget": budget,
-                                    **r, "delta_nll": r["nll"] - full["nll"],
-                                    "speed_vs_full": r["tokens_per_second"] / full["tokens_per_second"]})
-                say(_row(doc["rows"][-1]))
+        for p, b in configs:
+            r = measured[f"{p}@{b}"]
+            doc["rows"].append({"length": length, "cache": f"{p}@{b}", "policy": p, "budget": b, **r,
+                                "delta_nll": r["nll"] - full["nll"],
+                                "speed_vs_full": r["tokens_per_second"] / full["tokens_per_second"]})
+            say(_row(doc["rows"][-1]))
     doc["targets"] = targets(doc)
     doc["result"] = "PASS" if all(doc["targets"].values()) else "FAIL"
     return doc
