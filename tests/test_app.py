@@ -453,7 +453,9 @@ def test_model_view_shows_the_command_and_the_python_that_deploy_the_recommended
     assert "kvsim tune --trace gemma3-270m-heapq --policy h2o --budget 64 --serial --json > tune.json" in shell
     assert "kvsim generate --model gemma --policy h2o --budget 64 --windows tune.json" in shell
     windows = {r["layer"]: r["recommended_window"] for r in expected.per_layer()}
-    assert f"windows = {windows}" in python and 'kvsim.hf.cache(model, "h2o", 64, windows=windows)' in python
+    namespace: dict = {}
+    exec(python.split("windows = ", 1)[1].split("\ncache")[0].join(["windows = ", ""]), namespace)  # the dict, as printed
+    assert namespace["windows"] == windows and 'kvsim.hf.cache(model, "h2o", 64, windows=windows)' in python
 
 
 def test_model_view_opens_a_layer_in_the_kept_views():

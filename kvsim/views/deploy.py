@@ -23,7 +23,9 @@ def deploy_snippets(result, bundle: str, model: str) -> tuple[str, str]:
     python = "\n".join([
         "import kvsim.hf",
         load,
-        f"windows = {windows}  # recommended recent_window per layer",
+        "windows = {  # recommended recent_window per layer",
+        *("    " + " ".join(f"{k}: {v}," for k, v in list(windows.items())[i : i + 8]) for i in range(0, len(windows), 8)),
+        "}",
         f'cache = kvsim.hf.cache(model, "{result.policy}", {result.budget}, windows=windows)',
         'ids = tokenizer("def heappush(heap, item):", return_tensors="pt").input_ids',
         "out = model.generate(ids, cache=cache, max_new_tokens=200, do_sample=False)",
