@@ -1,7 +1,7 @@
 """The issue's held-out check for kvsim.hf on the shipped Gemma-3-270M (tests/test_hf.py runs it on tiny
 models): the first 16 tokens of heapq.py, streaming_llm with 4 sinks at budget 32, 96 greedy tokens
 through ``model.generate(cache=kvsim.hf.cache(...))`` against a loop that recomputes the whole sequence
-every step with the full cache masked to StreamingLLM's schedule. About 10 minutes on one busy core.
+every step with the full cache masked to StreamingLLM's schedule. About 2 minutes on one core here.
 
     python bench/hf_heldout_check.py
 """
