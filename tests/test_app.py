@@ -445,6 +445,19 @@ def test_model_view_shows_every_layer_and_the_tuned_windows():
                for s in charts(at))  # the first layer's curve
 
 
+def test_model_view_shows_the_command_and_the_python_that_deploy_the_recommended_windows():
+    at = run({"budget": "64"}, view="Your model")
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    expected = tune(resolve_bundle("gemma3-270m-heapq"), "h2o", 64)
+    shell, python = [c.value for c in at.code][-2:]
+    assert "kvsim tune --trace gemma3-270m-heapq --policy h2o --budget 64 --serial --json > tune.json" in shell
+    assert "kvsim generate --model gemma --policy h2o --budget 64 --windows tune.json" in shell
+    windows = {r["layer"]: r["recommended_window"] for r in expected.per_layer()}
+    namespace: dict = {}
+    exec(python.split("windows = ", 1)[1].split("\ncache")[0].join(["windows = ", ""]), namespace)  # the dict, as printed
+    assert namespace["windows"] == windows and 'kvsim.hf.cache(model, "h2o", 64, windows=windows)' in python
+
+
 def test_model_view_opens_a_layer_in_the_kept_views():
     at = run({"budget": "64"}, view="Your model")
     at.selectbox(key="model_layer_choice").set_value((5, 0)).run()

@@ -1,7 +1,8 @@
 """The layers of docs/architecture.md, held: no module of kvsim imports a layer above its own, and
 ``kvsim.bench`` is imported by the CLI's bench command alone.
 
-The order is data < policies < sim < analysis = models < views < app = cli. Modules of one layer import
+The order is data < policies < sim < hf < analysis = models < views < app = cli (kvsim.hf, the evicting
+transformers cache, sits under models, whose closed loop decodes through it). Modules of one layer import
 each other freely; two packages on one level (analysis and models, app and cli) import neither.
 ``kvsim.progress`` and ``kvsim.jit`` are the foundations every layer may use; ``kvsim`` itself (the
 public API of ``kvsim/__init__.py``) re-exports up to analysis, so only views and above import it.
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 from test_package import PACKAGE, ROOT, import_statements, module_name
 
-RANK = {"data": 1, "policies": 2, "sim": 3, "analysis": 4, "models": 4, "views": 5, "app": 6, "cli": 6}
+RANK = {"data": 1, "policies": 2, "sim": 3, "hf": 3.5, "analysis": 4, "models": 4, "views": 5, "app": 6, "cli": 6}
 FOUNDATIONS = {"kvsim.progress", "kvsim.jit"}
 FACADE = "kvsim"
 FACADE_RANK = RANK["analysis"]

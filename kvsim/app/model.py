@@ -9,6 +9,7 @@ from kvsim.analysis.tune import tune
 from kvsim.data.catalog import available_bundles
 from kvsim.views import model_figures
 from kvsim.views import support as views
+from kvsim.views.deploy import deploy_snippets
 
 from .cache import TOP_K, cached_bundle, tunings
 from .state import TABS, curve_policies, drop_upload, mirrored
@@ -75,6 +76,7 @@ def model_view(budget: int) -> None:
     labels = {(t.layer, t.head): views.trace_selector(name, t.layer, t.head, one).split(":")[1] for t in result.traces}
     _layer(result, name, policy, labels, one)
     _table(result, labels)
+    _deploy(result, name, bundle.model)
     st.caption(f"Computed once per server ({result.run.get('seconds', 0):.0f} s). The same from the command line: "
                f"`python -m kvsim tune --trace {name} --policy {policy} --budget {budget} --serial`.")
 
@@ -102,6 +104,15 @@ def _layer(result, name: str, policy: str, labels: dict, one: bool) -> None:
                   help=f"sets the trace to {selector} and recent_window to {t.recommended_window}")
     with right:
         st.plotly_chart(model_figures.tune_curve(result, layer, head), key="tune_curve")
+
+
+def _deploy(result, name: str, model: str) -> None:
+    """The recommended windows, deployed: the commands and the Python lines (docs/deploy.md)."""
+    shell, python = deploy_snippets(result, name, model)
+    st.markdown(f"**Deploy these windows.** A transformers KV cache that holds {result.budget} positions per layer and "
+                f"evicts by {result.policy}, each layer at its recommended recent_window (kvsim.hf):")
+    st.code(shell, language="bash")
+    st.code(python, language="python")
 
 
 def _table(result, labels: dict) -> None:

@@ -14,6 +14,12 @@ MISSED = BAD_INPUT
 
 def cmd_bench(args: argparse.Namespace) -> object:
     say = None if args.json else protocol.stderr("bench")
+    generate_only = [f for f, on in (("--lengths", args.lengths is not None), ("--decode", args.decode is not None),
+                                     ("--prefill", args.prefill != "exact")) if on]
+    if args.generate:
+        return _generate(args, say)
+    if generate_only:
+        raise CLIError(f"{', '.join(generate_only)} only apply with --generate")
     browser_only = [f for f, on in (("--rounds", args.rounds != 3), ("--sessions", args.sessions != 8),
                                     ("--no-load", args.no_load), ("--only-load", args.only_load),
                                     ("--cold-cache", args.cold_cache)) if on]
@@ -41,6 +47,23 @@ def cmd_bench(args: argparse.Namespace) -> object:
     return speed.run(full_reference=args.full_reference, progress=say)
 
 
+def _generate(args: argparse.Namespace, say) -> dict:
+    if args.browser or args.full_reference:
+        raise CLIError("--generate excludes --browser and --full-reference")
+    from ..bench import generate
+
+    lengths = generate.LENGTHS
+    if args.lengths is not None:
+        try:
+            lengths = tuple(int(x) for x in args.lengths.split(","))
+        except ValueError:
+            raise CLIError(f"--lengths: expected comma-separated integers, got {args.lengths!r}") from None
+    decode = generate.DECODE if args.decode is None else args.decode
+    if min(lengths) <= decode + 1:
+        raise CLIError(f"--lengths: every length must exceed --decode + 1 ({decode + 1}), got {min(lengths)}")
+    return generate.run(lengths, decode, prefill=args.prefill, progress=say)
+
+
 def bench_status(args: argparse.Namespace, doc: dict) -> int:
     """The exit status of ``kvsim bench``: with ``--check``, 1 (``MISSED``) when any target was missed (the
     document's ``result`` is not PASS), else 0; without ``--check`` always 0, the figures being a report."""
@@ -52,6 +75,10 @@ def render_bench(doc: dict) -> str:
         from ..bench import load
 
         return load.render(doc)
+    if doc.get("kind") == "generate":
+        from ..bench import generate
+
+        return generate.render(doc)
     if doc.get("kind") == "browser":
         from ..bench import browser
 

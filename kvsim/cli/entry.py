@@ -13,10 +13,11 @@ from .bench_command import bench_status, cmd_bench
 from .cache_command import cmd_cache
 from .commands import COMMANDS, cmd_app
 from .errors import BAD_INPUT, USAGE, CLIError, param_message
+from .generate_command import cmd_generate
 from .parser import PROG, build_parser
 from .render import as_json, render
 
-RUNS = {**COMMANDS, "bench": cmd_bench, "cache": cmd_cache}
+RUNS = {**COMMANDS, "bench": cmd_bench, "cache": cmd_cache, "generate": cmd_generate}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -97,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tune(sub, traces)
     _add_record(sub)
     _add_quality(sub)
+    _add_generate(sub)
     add_cache(sub)
     sub.add_parser("app", help="start the Streamlit app; any further options go to streamlit run",
                    usage=f"{PROG} app [STREAMLIT RUN OPTIONS, e.g. --server.port 8502]")
@@ -180,6 +181,15 @@ def _add_bench(sub) -> None:
     p.add_argument("--only-load", action="store_true", help="with --browser: only the concurrent sessions")
     p.add_argument("--cold-cache", action="store_true", help="with --browser: every server gets a fresh, empty "
                    "KVSIM_CACHE_DIR (the canonical trace is generated again, as on a machine that never ran it)")
+    p.add_argument("--generate", action="store_true", help="instead: decode with Gemma-3-270M on one CPU thread, "
+                   "transformers' full cache against kvsim.hf's at budgets 256 and 1024 (h2o, streaming_llm); long "
+                   "(about an hour at the default lengths)")
+    p.add_argument("--lengths", type=str, default=None, metavar="L[,L...]", help="with --generate: context lengths "
+                   "(default: 2048,4096,8192)")
+    p.add_argument("--decode", type=positive_int, default=None, metavar="G", help="with --generate: tokens decoded "
+                   "after each prompt of L - G (default: 256)")
+    p.add_argument("--prefill", choices=["exact", "fast"], default="exact", help="with --generate: how kvsim's cache "
+                   "takes the prompt (default: exact)")
     _json(p)
 
 
@@ -221,6 +231,30 @@ the settings, and is recorded only when it is not there yet (kvsim cache list / 
 --preset long is Gemma-3-270M over its whole 32,768-token context, every layer, as qk traces, on the
 shipped text traces/long/ (CPython 3.11.7 standard library, PSF licence); flags given beside it win.
 """
+def _add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="greedy generation with every layer's KV cache held to --budget by a policy "
+                       "(kvsim.hf; needs the record extra)")
+    p.add_argument("prompt", nargs="?", default=None, help="the prompt text (or --prompt-file)")
+    p.add_argument("--prompt-file", default=None, metavar="F", help="read the prompt from a UTF-8 file")
+    p.add_argument("--model", default="gemma", metavar="DIR|gemma", help="a local Hugging Face model folder, or gemma "
+                   "for the shipped Gemma-3-270M (default)")
+    online = ", ".join(n for n, c in POLICIES.items() if not c.needs_trace)
+    p.add_argument("--policy", required=True, help=f"an online registry policy ({online})")
+    p.add_argument("--budget", type=positive_int, required=True, help="positions each layer holds per KV head")
+    for param, spec in all_tunables().items():
+        p.add_argument(flag(param), dest=f"param_{param}", type=int, default=None, metavar="N",
+                       help=f"{spec.help} (passed to the policies that take it)")
+    p.add_argument("--windows", default=None, metavar="TUNE_JSON", help="per-layer recent_window from "
+                   "python -m kvsim tune --json (recorded on this model)")
+    p.add_argument("--by", choices=["layer", "head"], default="layer", help="with --windows: one window per layer "
+                   "(its per_layer rows, default) or per KV head (its layers rows)")
+    p.add_argument("--prefill", choices=["exact", "fast"], default="exact", help="exact (default): a prompt is fed "
+                   "position by position, each layer's policy seeing it as decoding would; fast: the prompt attends "
+                   "with nothing evicted, the policies are stepped through its attention, then the cache is cut")
+    p.add_argument("--max-new-tokens", type=positive_int, required=True, metavar="N", help="tokens to generate "
+                   "(fewer if the model ends the text)")
+    p.add_argument("--seed", type=int, default=None, help="the generator the random policy draws from")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
 
 
 def _add_record(sub) -> None:

@@ -8,9 +8,10 @@ soft-capping, the sliding window of local layers: key p is visible to query t wh
 - ``MaskedPass``: every position at once, each query seeing what a schedule lets it see (the
   open loop: the policy's replay of the full-cache traces), or the whole causal past (the
   full-cache pass, which also captures the traces);
-- ``ClosedLoopDecoder``: one token per forward pass, for a batch of configurations at once, each
-  (configuration, layer, KV head) holding the keys and values its own policy keeps, and its policy
-  fed the attention the model computes over them.
+- ``ClosedLoopDecoder``: one token per forward pass, for a batch of configurations at once, through
+  kvsim.hf's evicting cache (its own attention function, the same arithmetic): each (configuration,
+  layer, KV head) holding the keys and values its own policy keeps, and its policy fed the attention
+  the model computes over them.
 
 torch and transformers are imported inside the functions: ``import kvsim`` never needs them.
 """
@@ -31,7 +32,7 @@ from .loading import no_progress
 ATTN = "kvsim_quality"
 
 #: what the registered attention function serves; set only for the duration of a forward pass
-_ACTIVE: MaskedPass | ClosedLoopDecoder | None = None
+_ACTIVE: MaskedPass | None = None
 
 
 def _kept_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
@@ -105,71 +106,30 @@ def replay_masks(traces, policy: str, budget: int, params: dict, n: int):
 
 
 class ClosedLoopDecoder:
-    """Token-by-token decoding of a batch of configurations at once, each (configuration, layer, KV
-    head) holding what its own policy keeps.
+    """Token-by-token decoding of a batch of configurations at once through kvsim.hf's evicting cache,
+    each (configuration, layer, KV head) holding what its own policy keeps: the cache a deployed user
+    runs (``kvsim.hf.cache``), so the truth measured here is what they get.
 
     Decoding one token at a time on a CPU is bound by reading the weights, once per step; a batch
-    reads them once for all its configurations. Nothing is shared between batch rows but the weights.
+    reads them once for all its configurations (each a row of the cache, with its own budget).
+    Nothing is shared between batch rows but the weights.
     """
 
     def __init__(self, model, policies, budgets, full_rows, n):
-        import torch
-
-        cfg = model.config
         self.model = model
         self.policies = policies  # [config][layer][kv head]
         self.budgets = budgets  # [config]
         self.full_rows = full_rows  # [layer][kv head] float32 (n, n): the full-cache trace, for the mass
         batch, layers, hkv = len(policies), len(policies[0]), len(policies[0][0])
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.keys = [torch.zeros(batch, hkv, n, head_dim) for _ in range(layers)]
-        self.values = [torch.zeros(batch, hkv, n, head_dim) for _ in range(layers)]
         self.mass = np.zeros((batch, layers, hkv, n))  # retained mass per step (index t), on the full trace
         self.n = n
-        self.t = 0
 
-    def attend(self, layer, query, key, value, scale, softcap, window):
-        import torch
-
-        t = self.t
-        batch, hq, q_len, head_dim = query.shape
-        if q_len != 1:
-            raise QualityError("closed-loop decoding takes one token per forward pass")
-        hkv = key.shape[1]
-        group = hq // hkv
-        self.keys[layer][:, :, t] = key[:, :, 0]
-        self.values[layer][:, :, t] = value[:, :, 0]
-        out = torch.empty(batch, 1, hq, head_dim, dtype=query.dtype)
-        for c in range(batch):
-            for h in range(hkv):
-                policy = self.policies[c][layer][h]
-                kept = np.asarray(policy.kept, dtype=np.int64) if t else np.zeros(0, dtype=np.int64)
-                seen = kept > t - window if window is not None else np.ones(kept.size, dtype=bool)
-                idx = torch.from_numpy(np.append(kept[seen], t))
-                q = query[c, h * group : (h + 1) * group, 0]  # (group, head_dim)
-                scores = torch.matmul(q, self.keys[layer][c, h, idx].T) * scale
-                if softcap is not None:
-                    scores = torch.tanh(scores / softcap) * softcap
-                weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-                out[c, 0, h * group : (h + 1) * group] = torch.matmul(weights, self.values[layer][c, h, idx])
-                if t:
-                    self._step_policy(c, layer, h, kept, seen, weights)
-        return out, None
-
-    def _step_policy(self, c, layer, h, kept, seen, weights) -> None:
-        """Step t's retained mass on the full trace, then the policy's decision on what the model computed."""
-        t, policy = self.t, self.policies[c][layer][h]
-        self.mass[c, layer, h, t] = self.full_rows[layer][h][t, kept].astype(np.float64).sum()
-        attn = None
-        if policy.reads_attention:
-            # the recorder's arithmetic (mean of the group in float64, own weight dropped),
-            # then the harness's: renormalised over the kept set, float32; zeros if none left
-            row = np.zeros(kept.size)
-            row[seen] = weights[:, :-1].double().mean(dim=0).numpy()
-            total = row.sum()
-            attn = (row / total).astype(np.float32) if total > 0 else np.zeros(kept.size, dtype=np.float32)
-        policy.on_decode_step(t, attn)
-        policy.evict(self.budgets[c])
+    def _mass(self, t: int) -> None:
+        """Step t's retained mass on the full trace: the share of full row t on what each policy holds."""
+        for c, per_layer in enumerate(self.policies):
+            for layer, per_head in enumerate(per_layer):
+                for h, policy in enumerate(per_head):
+                    self.mass[c, layer, h, t] = self.full_rows[layer][h][t, policy.kept].astype(np.float64).sum()
 
     def decode(self, ids, width: int, progress: Progress | None = None) -> list:
         """Decode ``ids`` (``(1, n)``) token by token; per configuration the final hidden states
@@ -177,8 +137,13 @@ class ClosedLoopDecoder:
         ``progress`` hears every 128 steps (the fraction is steps done)."""
         import torch
 
+        from ..hf import EvictingCache, EvictingLayer
+        from ..hf.attention import attention_of
+
         say = progress or no_progress
         batch = len(self.policies)
+        cache = EvictingCache([EvictingLayer(policies=[config[layer] for config in self.policies], budgets=self.budgets)
+                               for layer in range(len(self.policies[0]))])
         hidden = torch.zeros(batch, self.n, width)
         t0 = time.perf_counter()
         last = self.n - 1  # step N's output predicts nothing; only its cache (for the mass) matters
@@ -187,25 +152,24 @@ class ClosedLoopDecoder:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            with attached(self.model, self):
+            with attention_of(self.model), torch.no_grad():
                 for t in range(last):
-                    self.t = t
+                    if t:
+                        self._mass(t)
                     step = ids[:, t : t + 1].expand(batch, 1)
-                    hidden[:, t] = hidden_states(self.model, step, position=t, batch=True)[:, 0]
+                    out = self.model.base_model(input_ids=step, cache=cache, use_cache=True,
+                                                position_ids=torch.full((batch, 1), t))
+                    hidden[:, t] = out.last_hidden_state[:, 0]
                     if t and t % 128 == 0:
                         say(t / last, f"closed loop ({batch} at once): step {t}/{last - 1} ({time.perf_counter() - t0:.0f} s)")
         finally:
             torch.set_num_threads(threads)
-        for c, per_layer in enumerate(self.policies):  # the cache that step N would see
-            for layer, per_head in enumerate(per_layer):
-                for h, policy in enumerate(per_head):
-                    kept = np.asarray(policy.kept, dtype=np.int64)
-                    self.mass[c, layer, h, last] = self.full_rows[layer][h][last, kept].astype(np.float64).sum()
+        self._mass(last)  # the cache that step N would see
         return [(hidden[c], self.mass[c, :, :, 1:].mean(axis=2)) for c in range(batch)]
 
 
 @contextmanager
-def attached(model, serving: MaskedPass | ClosedLoopDecoder):
+def attached(model, serving: MaskedPass):
     """The model runs our attention function, serving ``serving``, inside this block."""
     global _ACTIVE
     from transformers import AttentionInterface

@@ -1,0 +1,54 @@
+"""quality --mode closed on a few configurations, as JSON; run it on two commits and compare the files.
+
+    python bench/closed_loop_check.py OUT.json [--real]
+    python bench/closed_loop_check.py --compare A.json B.json
+
+Tiny Gemma 3, Gemma 2 and Llama (tests/test_quality.py's, random weights) at 32 steps with six
+policies; with ``--real`` also the shipped Gemma-3-270M on 192 steps of heapq.py with four. Run at
+ea250c1 (the closed loop that masked a full cache) and at the commit that made it decode through
+kvsim.hf (docs/deploy.md, "One truth"); ``--compare`` prints the largest difference per figure.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+import tempfile
+
+TINY_JOBS = [("h2o", 8, {"recent_window": 2}), ("tova", 6, {}), ("streaming_llm", 8, {"sinks": 2}),
+             ("snapkv", 10, {"recent_window": 4, "observation_window": 4}), ("scissorhands", 8, {"recent_window": 3}),
+             ("random", 5, {})]
+REAL_JOBS = [("h2o", 64, {"recent_window": 16}), ("tova", 48, {}), ("streaming_llm", 32, {}),
+             ("snapkv", 64, {"recent_window": 16})]
+FIGURES = ("nll", "kl", "retained_mass")
+
+
+def measure(real: bool) -> dict:
+    root = pathlib.Path(__file__).resolve().parents[1]
+    sys.path[:0] = [str(root), str(root / "tests")]
+    from test_quality import TEXT, ByteTokenizer, _tiny
+
+    from kvsim.models import quality
+
+    text = pathlib.Path(tempfile.mkdtemp()) / "text.txt"
+    text.write_text(TEXT)
+    out = {}
+    for kind in ("gemma3", "gemma2", "llama"):
+        s = quality.Session(_tiny(kind), ByteTokenizer(), text, 32, model_id=f"tiny-{kind}", progress=None)
+        out[kind] = [{k: r[k] for k in FIGURES} for r in s.evaluate_many(TINY_JOBS, "closed")]
+    if real:
+        s = quality.open_session(quality.heapq_path(), 192, progress=None)
+        out["gemma"] = [{k: r[k] for k in FIGURES} for r in s.evaluate_many(REAL_JOBS, "closed")]
+    return out
+
+
+def compare(a: dict, b: dict) -> dict:
+    return {f: max(abs(x[f] - y[f]) for k in a for x, y in zip(a[k], b[k], strict=True)) for f in FIGURES}
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--compare":
+        print(compare(*(json.loads(pathlib.Path(p).read_text()) for p in sys.argv[2:4])))
+    else:
+        pathlib.Path(sys.argv[1]).write_text(json.dumps(measure("--real" in sys.argv), indent=1))

@@ -1,0 +1,109 @@
+"""``kvsim generate``: greedy generation with kvsim.hf's evicting cache, every layer held to the budget.
+
+Every check that needs no model runs before the model loads (the policy, its parameters against the
+budget, the prompt, the tune file's own form); the checks that need it (a tune file for another model,
+attention that is not eager-compatible) run when it has loaded, before the first token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from ..policies import POLICIES, ParamError, PolicySpec
+from .errors import CLIError, flag
+
+SHIPPED = "gemma"
+
+
+def _params(args: argparse.Namespace) -> dict:
+    taken = {p.name for p in POLICIES[args.policy].tunables}
+    given = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}
+    foreign = sorted(set(given) - taken)
+    if foreign:
+        raise CLIError(f"{args.policy} does not take {', '.join(flag(k) for k in foreign)}")
+    return given
+
+
+def _prompt(args: argparse.Namespace) -> str:
+    if (args.prompt is None) == (args.prompt_file is None):
+        raise CLIError("give the prompt as text or --prompt-file F, one of them")
+    if args.prompt_file is None:
+        if not args.prompt.strip():
+            raise CLIError("the prompt is empty")
+        return args.prompt
+    from ..models.loading import read_text
+
+    return read_text(args.prompt_file)
+
+
+def check(args: argparse.Namespace) -> tuple[dict, str]:
+    """Everything that needs no model: the parameters and the prompt (raises, one line)."""
+    if args.policy not in POLICIES:
+        raise CLIError(f"--policy {args.policy!r}: unknown; known: {', '.join(POLICIES)}")
+    if POLICIES[args.policy].needs_trace:
+        raise CLIError(f"--policy {args.policy} is an offline reference (it reads the future) and cannot be deployed")
+    params = _params(args)
+    if args.windows is None:
+        if args.by != "layer":
+            raise CLIError("--by applies with --windows")
+        PolicySpec.of(args.policy, args.budget, **params)  # a ParamError says it in the flags' terms
+    else:
+        _check_windows(args, params)
+    if args.model != SHIPPED and not (Path(args.model) / "config.json").is_file():
+        raise CLIError(f"--model {args.model}: not a local Hugging Face model folder (no config.json), nor {SHIPPED}")
+    return params, _prompt(args)
+
+
+def _check_windows(args: argparse.Namespace, params: dict) -> None:
+    """The tune file's own form and every window in it against the budget (the model is checked later)."""
+    from ..hf.windows import PARAM, read_tune, tune_windows
+
+    if PARAM in params:
+        raise CLIError(f"{flag(PARAM)} and --windows exclude each other (the file sets it per layer)")
+    if PARAM not in {p.name for p in POLICIES[args.policy].tunables}:
+        raise CLIError(f"--windows: {args.policy} has no {PARAM}")
+    for where, w in tune_windows(read_tune(args.windows), args.by, source=args.windows).items():
+        try:
+            PolicySpec.of(args.policy, args.budget, **params, **{PARAM: w})
+        except ParamError:
+            layer = f"layer {where[0]} KV head {where[1]}" if isinstance(where, tuple) else f"layer {where}"
+            raise CLIError(f"--windows {args.windows}: {layer}'s {PARAM} {w} must be below --budget {args.budget}") from None
+
+
+def cmd_generate(args: argparse.Namespace) -> dict:
+    params, text = check(args)
+    from .. import progress as protocol
+    from ..models.loading import load_hf_model, load_model, token_ids
+
+    say = None if args.json else protocol.stderr("generate")
+    model, tokenizer = load_model(say) if args.model == SHIPPED else load_hf_model(args.model, progress=say)
+    import kvsim.hf as hf
+    from kvsim.hf.decoding import greedy
+
+    cache = hf.cache(model, args.policy, args.budget, windows=args.windows, by=args.by, prefill=args.prefill,
+                     seed=args.seed, **params)
+    ids = token_ids(tokenizer, text)
+    n = ids.shape[1]
+    if say is not None and n > args.budget:
+        say(None, f"the prompt's {n} tokens exceed the budget {args.budget}: "
+            + ("each layer takes them one position at a time, as decoding would show them to the policy"
+               if args.prefill == "exact" else "they attend with nothing evicted, then each layer's cache is cut to the budget"))
+    t0 = time.perf_counter()
+    run = greedy(model, ids, cache, args.max_new_tokens, tokenizer.eos_token_id)
+    steps = len(run["tokens"]) - 1
+    return {"model": args.model, "policy": args.policy, "budget": args.budget, "params": params,
+            "windows": args.windows, "by": args.by if args.windows else None, "prefill": args.prefill,
+            "prompt_tokens": n, "token_ids": run["tokens"], "text": tokenizer.decode(run["tokens"], skip_special_tokens=True),
+            "peak_positions": cache.peak_positions, "cache_bytes": cache.nbytes,
+            "prefill_seconds": run["prefill_seconds"], "decode_seconds": run["decode_seconds"],
+            "tokens_per_second": steps / run["decode_seconds"] if steps and run["decode_seconds"] > 0 else None,
+            "seconds": time.perf_counter() - t0}
+
+
+def render_generate(doc: dict) -> str:
+    tps = f"{doc['tokens_per_second']:.1f} tokens/s" if doc["tokens_per_second"] else "one token"
+    return (f"{doc['text']}\n\n[{len(doc['token_ids'])} tokens after a {doc['prompt_tokens']}-token prompt; {doc['policy']} "
+            f"at budget {doc['budget']}: at most {max(doc['peak_positions'])} positions per layer, cache "
+            f"{doc['cache_bytes'] / (1 << 20):.1f} MiB; prompt {doc['prefill_seconds']:.1f} s ({doc['prefill']}), {tps}]")

@@ -1,0 +1,103 @@
+"""kvsim.hf: kvsim's eviction policies as a transformers KV cache that really drops what they evict.
+
+    import kvsim.hf
+    cache = kvsim.hf.cache(model, "h2o", 256, recent_window=32)           # or windows="tune.json"
+    out = model.generate(ids, cache=cache, max_new_tokens=200, do_sample=False)  # past_key_values= before 5.x
+
+Every decoder layer holds at most ``budget`` positions per KV head, chosen by one policy per (layer, KV
+head) from the registry's online policies, fed the attention the model computes (``kvsim.hf.cache``,
+DOMAIN.md section 8, docs/deploy.md). The model is put on kvsim's attention function (eager
+arithmetic, which exposes the weights); with transformers' own caches it still computes eager
+attention.
+
+Importing this package needs torch and transformers (the model extra); ``import kvsim``, the CLI and
+the app never import it until a command or a measurement decodes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..policies import POLICIES, ParamError, PolicySpec, policy_class
+from .attention import ATTN, attach
+from .cache import PREFILL, EvictingCache, EvictingLayer, HFError
+from .windows import PARAM, WindowsError, check_model, read_tune, tune_windows
+
+#: the policies a deployed cache can run: the registry's online ones (the offline references read the future)
+ONLINE = tuple(name for name, cls in POLICIES.items() if not cls.needs_trace)
+
+
+def model_layout(model) -> tuple[list[str], int, int | None]:
+    """The model's attention per decoder layer (``global`` / ``sliding``), its KV heads and its sliding
+    window; HFError when a layer is not attention kvsim can hold (linear attention, shared KV)."""
+    cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    n = cfg.num_hidden_layers
+    types = list(getattr(cfg, "layer_types", None) or ["full_attention"] * n)[:n]
+    kinds = {"full_attention": "global", "sliding_attention": "sliding"}
+    odd = sorted({t for t in types if t not in kinds})
+    if odd or getattr(cfg, "kv_sharing_modes", None):
+        raise HFError(f"{type(model).__name__} has no eager-compatible attention in every layer "
+                      f"({', '.join(odd) or 'shared KV'}); kvsim.hf holds full and sliding attention layers only")
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    window = getattr(cfg, "sliding_window", None) if "sliding_attention" in types else None
+    return [kinds[t] for t in types], int(kv_heads), window
+
+
+def layer_specs(model, policy: str, budget: int, windows=None, by: str = "layer", **params) -> list[list[PolicySpec]]:
+    """One validated spec per (layer, KV head): ``params`` everywhere, ``recent_window`` per layer or per
+    (layer, KV head) from ``windows`` (``{layer: w}``, ``{(layer, head): w}``, or a tune file's path,
+    read by ``by``). HFError / WindowsError, one line, for anything that cannot run."""
+    try:
+        cls = policy_class(policy)
+    except ValueError as e:
+        raise HFError(str(e)) from None
+    if cls.needs_trace:
+        raise HFError(f"{policy} is an offline reference (it reads the future); deployable: {', '.join(ONLINE)}")
+    kinds, kv_heads, model_window = model_layout(model)
+    if isinstance(windows, (str, Path)):
+        doc = read_tune(windows)
+        check_model(doc, kinds, kv_heads, model_window, source=str(windows), model=type(model).__name__)
+        if doc.get("policy") not in (None, policy):
+            raise WindowsError(f"{windows}: tuned for {doc['policy']}, --policy is {policy}")
+        windows = tune_windows(doc, by, source=str(windows))
+    windows = dict(windows or {})
+    outside = [k for k in windows if (k[0] if isinstance(k, tuple) else k) not in range(len(kinds))
+               or (isinstance(k, tuple) and k[1] not in range(kv_heads))]
+    if outside:
+        raise HFError(f"windows for {outside[0]}: the model has layers 0-{len(kinds) - 1} and {kv_heads} KV head(s)")
+    if windows and PARAM not in {p.name for p in cls.tunables}:
+        raise HFError(f"{policy} has no {PARAM}; windows are for a policy that takes one")
+    specs = []
+    for layer in range(len(kinds)):
+        row = []
+        for head in range(kv_heads):
+            w = windows.get((layer, head), windows.get(layer))
+            extra = {} if w is None else {PARAM: w}
+            try:
+                row.append(PolicySpec.of(policy, budget, **{**params, **extra}))
+            except ParamError as e:
+                where = f"layer {layer}{f' KV head {head}' if (layer, head) in windows else ''}: " if w is not None else ""
+                raise HFError(f"{where}{e}") from None
+            except ValueError as e:
+                raise HFError(str(e)) from None
+        specs.append(row)
+    return specs
+
+
+def cache(model, policy: str, budget: int, *, windows=None, by: str = "layer", prefill: str = "exact",
+          seed: int | None = None, **params) -> EvictingCache:
+    """An ``EvictingCache`` for ``model``: ``policy`` at ``budget`` in every layer with ``params``, and
+    ``windows`` (see ``layer_specs``) per layer. Puts ``model`` on kvsim's attention function. Every
+    check runs here, before any token: an unknown or offline policy, a parameter out of bounds (a
+    window not below the budget), a tune file for another model, a model without eager-compatible
+    attention. ``prefill``: ``exact`` (a prompt stepped position by position, as decoding would) or
+    ``fast`` (prefill-then-evict). ``seed``: the generator the random policy draws from."""
+    if prefill not in PREFILL:
+        raise HFError(f"prefill must be one of {', '.join(PREFILL)}, got {prefill!r}")
+    specs = layer_specs(model, policy, budget, windows, by, **params)
+    attach(model)
+    return EvictingCache([EvictingLayer(row, prefill=prefill, rng_seed=seed) for row in specs])
+
+
+__all__ = ["ATTN", "ONLINE", "EvictingCache", "EvictingLayer", "HFError", "WindowsError", "attach", "cache",
+           "layer_specs", "model_layout"]

@@ -1,0 +1,257 @@
+"""A transformers ``Cache`` that really evicts: each decoder layer holds at most ``budget`` positions
+per KV head, and a kvsim policy decides which (docs/deploy.md, DOMAIN.md section 8).
+
+The order is the harness's (``kvsim.sim.harness``): the query at position t attends to the positions
+its layer holds (those inside the layer's own sliding window, if it has one) and to itself; then, for
+t >= 1, the policy is shown that attention and admits t (``on_decode_step``) and evicts down to the
+budget (``evict``). The policy starts holding ``[0]``, so position 0 is simply stored. What it shows
+the policy is what ``kvsim.models.decode``'s closed loop showed it: per KV head, the mean in float64 of
+the weights of the query heads sharing it (the recorder's combination), the query's own weight
+dropped, renormalised over the held set, float32.
+
+Storage is a fixed block of ``budget + 1`` slots per row and KV head (the budget of the largest row,
+when rows differ): the new position's key goes into the spare last slot for its step (the query
+attends to it there), and then into the slot its victim left, so a step writes two keys and moves
+nothing. Keys keep the rotary positions they were encoded at. A chunk of several tokens (a prompt) is
+taken one position at a time through the same step, so a prompt longer than the budget is seen by the
+policy exactly as decoding would show it (``prefill="exact"``); ``prefill="fast"`` attends over the
+whole chunk at once and steps the policy through those rows afterwards (the prompt's own outputs are
+then the full cache's).
+
+torch and transformers are imported here at module level: ``kvsim.hf`` is the optional torch extra.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from ..policies import Policy, PolicySpec
+
+PREFILL = ("exact", "fast")
+
+
+class HFError(ValueError):
+    """kvsim.hf cannot run as asked; one line, said before any generation starts."""
+
+
+class EvictingLayer(CacheLayerMixin):
+    """One decoder layer's cache: ``budget + 1`` slots per (row, KV head), one policy each.
+
+    Either ``specs`` (one per KV head: every row gets fresh policies built from them when the first
+    tokens arrive and the batch size is known) or ``policies`` (``[row][kv head]``, built by the caller, with
+    ``budgets`` per row: the quality measurement's batch of configurations)."""
+
+    is_sliding = False  # a model's own window is applied in ``attend``; the policy decides what is held
+    is_croppable = False
+    is_compileable = False
+    supports_early_init = False
+
+    def __init__(self, specs: list[PolicySpec] | None = None, *, policies: list[list[Policy]] | None = None,
+                 budgets: list[int] | None = None, prefill: str = "exact", rng_seed: int | None = None):
+        super().__init__()
+        if (specs is None) == (policies is None):
+            raise HFError("an evicting layer takes policy specs or built policies, not both or neither")
+        if prefill not in PREFILL:
+            raise HFError(f"prefill must be one of {', '.join(PREFILL)}, got {prefill!r}")
+        self.specs = specs
+        self.policies = policies
+        self.budgets = budgets if budgets is not None or policies is None else [row[0].budget for row in policies]
+        self.prefill = prefill
+        self.rng_seed = rng_seed
+        self.seen = 0  # positions processed: the next one's position
+        self.peak = 0  # the most positions any (row, KV head) held after a step
+
+    # --- transformers' layer API --------------------------------------------------------------------
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        batch, hkv, _, head_dim = key_states.shape
+        if self.policies is None:
+            if len(self.specs) != hkv:
+                raise HFError(f"the cache was built for {len(self.specs)} KV head(s), the model gives {hkv}")
+            rng = None if self.rng_seed is None else np.random.default_rng(self.rng_seed)
+            self.policies = [[spec.build(rng=rng) for spec in self.specs] for _ in range(batch)]
+            self.budgets = [max(spec.budget for spec in self.specs)] * batch
+        if len(self.policies) != batch or any(len(row) != hkv for row in self.policies):
+            raise HFError(f"the cache was built for {len(self.policies)} row(s) x {len(self.policies[0])} KV head(s), "
+                          f"the model gives {batch} x {hkv}")
+        cap = max(self.budgets)  # held slots; one more, the last, takes the new position during a step
+        self.device = key_states.device
+        self.keys = torch.zeros(batch, hkv, cap + 1, head_dim, dtype=key_states.dtype, device=self.device)
+        self.values = torch.zeros(batch, hkv, cap + 1, head_dim, dtype=value_states.dtype, device=self.device)
+        self.pos = np.full((batch, hkv, cap + 1), -1, dtype=np.int64)  # position held in each slot, -1 free
+        self.order = [[np.zeros(0, dtype=np.int64) for _ in range(hkv)] for _ in range(batch)]  # slots, ascending position
+        self.free = [[list(range(cap - 1, -1, -1)) for _ in range(hkv)] for _ in range(batch)]
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        """Hand the new keys and values to the attention function, which stores what the policy keeps;
+        the returned keys carry this layer so that function finds it."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        key_states.kvsim_layer = self
+        return key_states, value_states
+
+    def get_seq_length(self) -> int:
+        """Positions processed (not held): the model derives the next token's position from it."""
+        return self.seen
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        # the mask transformers builds is not read (``attend`` builds its own from the held positions);
+        # keep it the size of the new tokens alone
+        return query_length, self.seen
+
+    def reset(self) -> None:
+        raise HFError("an evicting cache cannot be reset; build a new one with kvsim.hf.cache")
+
+    def reorder_cache(self, beam_idx) -> None:
+        raise HFError("an evicting cache does not support beam search")
+
+    # --- what it holds ------------------------------------------------------------------------------
+
+    def held(self, row: int = 0, head: int = 0) -> np.ndarray:
+        """Positions held by (row, KV head), ascending."""
+        return self.pos[row, head, self.order[row][head]] if self.is_initialized else np.zeros(0, dtype=np.int64)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the key and value storage (allocated once, at the budget)."""
+        return 0 if not self.is_initialized else self.keys.nbytes + self.values.nbytes
+
+    # --- attention ----------------------------------------------------------------------------------
+
+    def attend(self, query, key, value, scale: float, softcap: float | None, window: int | None):
+        """The attention output ``(batch, n, query heads, head_dim)`` for ``n`` new tokens, the cache
+        stepped through each; the weights of the last step (``(batch, query heads, 1, slots + 1)``,
+        the own key last) when ``n`` is 1, else None."""
+        n = query.shape[2]
+        if n > 1 and self.prefill == "fast":
+            return self._attend_fast(query, key, value, scale, softcap, window), None
+        outs, weights = [], None
+        for i in range(n):
+            out, weights = self._step(query[:, :, i : i + 1], key[:, :, i : i + 1], value[:, :, i : i + 1],
+                                      scale, softcap, window)
+            outs.append(out)
+        return torch.stack(outs, dim=1), (weights if n == 1 else None)
+
+    def _step(self, query, key, value, scale, softcap, window):
+        """One position: its key goes into the spare last slot, the query attends over the held slots
+        and that one, then every policy is stepped and the key moves to a free slot if it stays."""
+        t = self.seen
+        batch, hq, _, head_dim = query.shape
+        hkv = key.shape[1]
+        self.keys[:, :, -1] = key[:, :, 0]
+        self.values[:, :, -1] = value[:, :, 0]
+        q = query.reshape(batch, hkv, hq // hkv, head_dim)
+        scores = torch.matmul(q, self.keys.transpose(2, 3)) * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        visible = self.pos >= 0
+        if window is not None:
+            visible &= self.pos > t - window
+        visible[:, :, -1] = True
+        scores.masked_fill_(torch.from_numpy(~visible)[:, :, None, :], float("-inf"))
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        out = torch.matmul(weights, self.values)
+        shown = weights[..., :-1].double().mean(dim=2).numpy() if t else None  # (batch, hkv, slots)
+        for b in range(batch):
+            for h in range(hkv):
+                self._admit(b, h, t, None if shown is None else shown[b, h], key[b, h, 0], value[b, h, 0])
+        self.seen = t + 1
+        return out.reshape(batch, hq, head_dim), weights.reshape(batch, hq, 1, -1)
+
+    def _admit(self, b: int, h: int, t: int, shown, key, value) -> None:
+        """Show (row b, KV head h)'s policy the attention of step t, let it admit t and evict, and
+        store t's key in a free slot if it stays."""
+        policy, order = self.policies[b][h], self.order[b][h]
+        held = self.pos[b, h, order]
+        victims = []
+        if t:
+            attn = None
+            if policy.reads_attention:
+                row = shown[order]
+                total = row.sum()
+                attn = (row / total).astype(np.float32) if total > 0 else np.zeros(order.size, dtype=np.float32)
+            policy.on_decode_step(t, attn)
+            victims = policy.evict(self.budgets[b])
+        slots = np.append(order, -1)  # -1 stands for t, not stored yet
+        if len(victims):
+            at = np.searchsorted(np.append(held, t), np.asarray(victims, dtype=np.int64))
+            for s in slots[at].tolist():
+                if s >= 0:
+                    self.pos[b, h, s] = -1
+                    self.free[b][h].append(s)
+            slots = np.delete(slots, at)
+        if slots.size and slots[-1] == -1:
+            s = self.free[b][h].pop()
+            self.keys[b, h, s] = key
+            self.values[b, h, s] = value
+            self.pos[b, h, s] = t
+            slots[-1] = s
+        self.order[b][h] = slots
+        self.peak = max(self.peak, slots.size)
+
+    def _attend_fast(self, query, key, value, scale, softcap, window):
+        """Prefill-then-evict: every query of the chunk attends causally over the held slots and the
+        chunk (as a full cache would), then each policy is stepped through those rows, position by
+        position, and only what it keeps is stored. Blocks of 256 queries bound the score matrix."""
+        t0, n = self.seen, query.shape[2]
+        batch, hq, _, head_dim = query.shape
+        hkv = key.shape[1]
+        q = query.reshape(batch, hkv, hq // hkv, n, head_dim)
+        keys = torch.cat([self.keys, key], dim=2)[:, :, None]  # (batch, hkv, 1, slots + n, d)
+        values = torch.cat([self.values, value], dim=2)[:, :, None]
+        cols = np.concatenate([self.pos, np.broadcast_to(t0 + np.arange(n), (batch, hkv, n))], axis=2)
+        out = torch.empty(batch, hkv, hq // hkv, n, head_dim, dtype=query.dtype)
+        for a in range(0, n, 256):
+            ts = t0 + np.arange(a, min(a + 256, n))
+            scores = torch.matmul(q[:, :, :, a : a + ts.size], keys.transpose(3, 4)) * scale
+            if softcap is not None:
+                scores = torch.tanh(scores / softcap) * softcap
+            visible = (cols[:, :, None, :] >= 0) & (cols[:, :, None, :] <= ts[None, None, :, None])
+            if window is not None:
+                visible &= cols[:, :, None, :] > ts[None, None, :, None] - window
+            scores.masked_fill_(torch.from_numpy(~visible)[:, :, None], float("-inf"))
+            weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+            out[:, :, :, a : a + ts.size] = torch.matmul(weights, values)
+            shown = weights.double().mean(dim=2).numpy()  # (batch, hkv, block, slots + n)
+            for i, t in enumerate(ts.tolist()):
+                for b in range(batch):
+                    for h in range(hkv):
+                        self._admit_fast(b, h, t, t0, shown[b, h, i], key[b, h, t - t0], value[b, h, t - t0])
+        self.seen = t0 + n
+        return out.reshape(batch, hq, n, head_dim).transpose(1, 2)
+
+    def _admit_fast(self, b, h, t, t0, row, key, value) -> None:
+        """``_admit`` for a row over (the slots as they were when the chunk starting at ``t0`` came, the
+        chunk): a held position from the chunk finds its weight in the chunk's columns, one held from
+        before in its slot's (a slot keeps its position until that position is evicted)."""
+        order = self.order[b][h]
+        held = self.pos[b, h, order]
+        shown = np.zeros(self.pos.shape[2])
+        if t and held.size:
+            shown[order] = row[np.where(held >= t0, self.pos.shape[2] + held - t0, order)]
+        self._admit(b, h, t, shown, key, value)
+
+
+class EvictingCache(Cache):
+    """One ``EvictingLayer`` per decoder layer. ``model.generate(..., cache=cache)`` and a plain forward
+    loop (``model(ids, cache=cache, use_cache=True)``) both step it (``past_key_values=``, the name
+    transformers 5.24 still accepts with a deprecation warning, too)."""
+
+    def __init__(self, layers: list[EvictingLayer]):
+        super().__init__(layers=layers)
+
+    @property
+    def peak_positions(self) -> list[int]:
+        """Per layer, the most positions one (row, KV head) held after any step."""
+        return [layer.peak for layer in self.layers]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every layer's key and value storage: fixed by the budget, whatever the length."""
+        return sum(layer.nbytes for layer in self.layers)
