@@ -34,6 +34,19 @@ class TraceStore:
         self._topk: dict[int, np.ndarray] = {}
         self._masks: dict[int, np.ndarray] = {}
 
+    @property
+    def steps(self) -> int:
+        return self._attention.shape[0] - 1
+
+    def row(self, t: int, positions: np.ndarray) -> np.ndarray:
+        """Row t, indexable by position: the reference harness reads ``row[kept]`` (a query/key trace
+        fills only ``positions``)."""
+        return self._attention[t]
+
+    def topk_row(self, t: int, k: int) -> np.ndarray:
+        """uint8, 1 at row t's top-k positions (``topk_mask(k)[t]``)."""
+        return self.topk_mask(k)[t]
+
     def __getstate__(self) -> dict:  # a trace sent to another process (a Dask worker): the lock stays here
         return {k: v for k, v in self.__dict__.items() if k != "_lock"}
 
@@ -99,7 +112,7 @@ class TraceStore:
 
     def _topk_on_disk(self, k: int) -> np.ndarray:
         path = self.disk_stem.with_name(f"{self.disk_stem.name}-topk{k}.npy")
-        T = self._attention.shape[0] - 1
+        T = self.steps
         try:
             top = np.load(path, allow_pickle=False)
             if top.shape == (T + 1, k) and top.dtype == np.int32 and top.min() >= -1 and top.max() <= T:
@@ -145,21 +158,28 @@ def _topk_positions(A, k):
     n = A.shape[0]
     out = np.full((n, k), -1, dtype=np.int32)
     for t in range(1, n):
-        if t <= k:
-            for p in range(t):
-                out[t, p] = p
-            continue
-        row = A[t, :t]
-        kth = np.partition(row, t - k)[t - k]  # the k-th largest value, whatever the algorithm
-        j = 0
-        for p in range(t):
-            if row[p] > kth:
-                out[t, j] = p
-                j += 1
-        for p in range(t):  # ties at the k-th value fill up from the lowest position
-            if j == k:
-                break
-            if row[p] == kth:
-                out[t, j] = p
-                j += 1
+        _topk_row(A[t, :t], k, out[t])
     return out
+
+
+@kernel
+def _topk_row(row, k, out):
+    """The positions of the k largest of ``row`` (row t's weights on ``0 .. t-1``) into ``out``
+    (``-1`` left where the row is shorter than k), lower position first on ties."""
+    t = row.shape[0]
+    if t <= k:
+        for p in range(t):
+            out[p] = p
+        return
+    kth = np.partition(row, t - k)[t - k]  # the k-th largest value, whatever the algorithm
+    j = 0
+    for p in range(t):
+        if row[p] > kth:
+            out[j] = p
+            j += 1
+    for p in range(t):  # ties at the k-th value fill up from the lowest position
+        if j == k:
+            break
+        if row[p] == kth:
+            out[j] = p
+            j += 1
