@@ -34,13 +34,21 @@ class TraceStore:
         self._topk: dict[int, np.ndarray] = {}
         self._masks: dict[int, np.ndarray] = {}
 
+    #: whether rows are computed on demand (a query/key trace) rather than read from a matrix
+    on_demand = False
+
     @property
     def steps(self) -> int:
         return self._attention.shape[0] - 1
 
-    def row(self, t: int, positions: np.ndarray) -> np.ndarray:
+    @property
+    def dtype(self) -> np.dtype:
+        """The dtype of the weights the kernels read."""
+        return self._attention.dtype
+
+    def row(self, t: int, positions: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Row t, indexable by position: the reference harness reads ``row[kept]`` (a query/key trace
-        fills only ``positions``)."""
+        fills only ``positions``, into ``out``, ``(1, T + 1)`` float32)."""
         return self._attention[t]
 
     def topk_row(self, t: int, k: int) -> np.ndarray:

@@ -105,7 +105,9 @@ class QKStore(TraceStore):
         self.data, self.name = data, name
         self._norm: tuple[np.ndarray, np.ndarray] | None = None
         self._dense: np.ndarray | None = None
-        self._row = np.zeros((1, data.positions), dtype=np.float32)
+
+    on_demand = True
+    dtype = np.dtype(np.float32)
 
     @property
     def steps(self) -> int:
@@ -174,10 +176,12 @@ class QKStore(TraceStore):
         qk_rows.weights_block(d.Q, Kc, positions, lse, denom, *d.constants, t0, t1, out)
         return out
 
-    def row(self, t: int, positions: np.ndarray) -> np.ndarray:
-        """A length-N float32 buffer holding row t's weights at ``positions`` (the rest stale): what the
-        reference harness indexes by its kept positions. One buffer per store, reused every call."""
-        return self.weights_block(t, t + 1, positions, self._row)[0]
+    def row(self, t: int, positions: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """A length-N float32 row holding row t's weights at ``positions`` (the rest stale): what the
+        reference harness indexes by its kept positions; ``out`` ``(1, N)`` is written (a new one
+        when None)."""
+        out = np.zeros((1, self.data.positions), dtype=np.float32) if out is None else out
+        return self.weights_block(t, t + 1, positions, out)[0]
 
     def topk_row(self, t: int, k: int) -> np.ndarray:
         mask = np.zeros(self.data.positions, dtype=np.uint8)
