@@ -296,33 +296,27 @@ def save_qk(path, q, k, v, meta: dict) -> None:
     atomic_write(Path(path), lambda f: np.savez(f, q=q, k=k, v=v, meta=raw))
 
 
-def load_qk(path, *, expect: dict | None = None) -> QKTrace:
+def load_qk(path, *, expect: dict | None = None, source: str | None = None) -> QKTrace:
     """Load a query/key trace file, validated (``allow_pickle=False``; every header and the meta checked
-    before any array data is read). ``expect``: fields the caller knows (a bundle's manifest entry:
-    ``layer``, ``head``, ``query_heads``, ``sliding_window``) that the file must agree with. The trace's
-    normalisers are kept beside its cache entry. Raises TraceError, one line naming the file."""
-    path = Path(path)
-    src = str(path)
-    if path.is_dir():
-        raise TraceError(f"{src}: is a folder, not a trace file")
-    if not path.is_file():
-        raise TraceError(f"{src}: no such file")
+    before any array data is read). ``path`` may be a binary file object (a Dask worker's bytes;
+    ``source`` names it). ``expect``: fields the caller knows (a bundle's manifest entry: ``layer``,
+    ``head``, ``query_heads``, ``sliding_window``) that the file must agree with. The trace's
+    normalisers are kept in the cache directory under a digest of the file's bytes, so a second load of
+    the same recording (from any path, or as bytes) reads them back. Raises TraceError, one line."""
+    is_file_object = hasattr(path, "read")
+    src = source or (getattr(path, "name", None) if is_file_object else None) or str(path)
+    if not is_file_object:
+        path = Path(path)
+        if path.is_dir():
+            raise TraceError(f"{src}: is a folder, not a trace file")
+        if not path.is_file():
+            raise TraceError(f"{src}: no such file")
     if not zipfile.is_zipfile(path):
         raise TraceError(f"{src}: not a .npz file (no zip directory: not a zip archive, or truncated)")
+    if is_file_object:
+        path.seek(0)
     try:
-        with np.load(path, allow_pickle=False) as z:
-            members = set(z.zip.namelist())
-            for key in ("q", "k", "v", "meta"):
-                if f"{key}.npy" not in members:
-                    raise TraceError(f"{src}: missing key '{key}' of a {FORMAT} file; found: {', '.join(sorted(z.files))}")
-            headers = {key: _npy_header(z, members, key, src) for key in ("q", "k", "v", "meta")}
-            _check_shapes(src, *headers["q"], *headers["k"], *headers["v"])
-            meta = _read_meta_bytes(z, headers["meta"], src)
-            _check_meta(src, meta, headers["q"][0])
-            for key, want in (expect or {}).items():
-                if meta.get(key) != want and not (key == "query_heads" and list(meta.get(key) or []) == list(want)):
-                    raise TraceError(f"{src}: meta '{key}' is {meta.get(key)!r} but the bundle's manifest says {want!r}")
-            arrays = {key: z[key] for key in ("q", "k", "v")}
+        meta, arrays = _read_qk(path, src, expect)
     except TraceError:
         raise
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:  # short data, a damaged member
@@ -331,17 +325,36 @@ def load_qk(path, *, expect: dict | None = None) -> QKTrace:
     for key, a in arrays.items():
         if not np.isfinite(a).all():
             raise TraceError(f"{src}: '{key}' has NaN or infinite values")
+    name = str(meta.get("name") or _stem(Path(src)))
     trace = from_qk(arrays["q"], arrays["k"], arrays["v"], scale=meta["scale"], softcap=meta.get("softcap"),
-                    sliding_window=meta.get("sliding_window"), gqa=meta["gqa"],
-                    name=str(meta.get("name") or _stem(path)), meta=meta)
-    st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{source_version(qk_rows.__file__)}".encode())
-    trace.derived.disk_stem = cache_dir() / f"qk-{trace.name}-{key.hexdigest()[:16]}"
-    try:
-        cache_dir().mkdir(parents=True, exist_ok=True)
-    except OSError:
-        trace.derived.disk_stem = None
+                    sliding_window=meta.get("sliding_window"), gqa=meta["gqa"], name=name, meta=meta)
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(source_version(qk_rows.__file__).encode())
+    if is_file_object:
+        path.seek(0)
+        digest.update(path.read())
+    else:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                digest.update(block)
+    trace.derived.disk_stem = cache_dir() / f"qk-{name}-{digest.hexdigest()}"
     return trace
+
+
+def _read_qk(path, src: str, expect: dict | None) -> tuple[dict, dict]:
+    with np.load(path, allow_pickle=False) as z:
+        members = set(z.zip.namelist())
+        for key in ("q", "k", "v", "meta"):
+            if f"{key}.npy" not in members:
+                raise TraceError(f"{src}: missing key '{key}' of a {FORMAT} file; found: {', '.join(sorted(z.files))}")
+        headers = {key: _npy_header(z, members, key, src) for key in ("q", "k", "v", "meta")}
+        _check_shapes(src, *headers["q"], *headers["k"], *headers["v"])
+        meta = _read_meta_bytes(z, headers["meta"], src)
+        _check_meta(src, meta, headers["q"][0])
+        for key, want in (expect or {}).items():
+            if meta.get(key) != want:
+                raise TraceError(f"{src}: meta '{key}' is {meta.get(key)!r} but the bundle's manifest says {want!r}")
+        return meta, {key: z[key] for key in ("q", "k", "v")}
 
 
 def _stem(path: Path) -> str:
