@@ -160,6 +160,7 @@ class QKStore(TraceStore):
                 progress(t1 / N, "normalisers")
         if path is not None:
             try:
+                path.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write(path, lambda f: np.savez(f, lse=lse, denom=denom, topk=top))
             except OSError:  # an unwritable cache costs the pass next time, nothing else
                 pass
@@ -168,6 +169,9 @@ class QKStore(TraceStore):
     def weights_block(self, t0: int, t1: int, positions: np.ndarray, out: np.ndarray) -> np.ndarray:
         """``out[t - t0, p]`` = weight ``[t, p]`` for rows ``t0 .. t1-1`` at ``positions`` (the rest of
         ``out`` untouched): the keys of ``positions`` gathered once, then every row against them."""
+        if not 0 <= t0 < t1 <= self.data.positions:
+            raise TraceError(f"{self.name}: step {t1 - 1 if t1 > self.data.positions else t0} is beyond the recording "
+                             f"({self.steps} steps)")
         lse, denom = self.normalisers()
         d = self.data
         positions = np.ascontiguousarray(positions, dtype=np.int64)
