@@ -267,6 +267,22 @@ class QKTrace(Trace):
         """The values ``v`` ``(N, d_v)`` as stored: what value-aware measures read."""
         return self.qk.v
 
+    def prefix(self, steps: int) -> QKTrace:
+        """The first ``steps`` steps of the recording, as a trace of its own. Rows 0 .. steps read only
+        positions 0 .. steps, so the normalisers and top-k positions computed for this trace are the
+        prefix's too, and are handed over rather than computed again."""
+        if not 1 <= steps <= self.steps:
+            raise TraceError(f"{self.name}: step {steps} is beyond the recording ({self.steps} steps)")
+        d, n = self.qk, steps + 1
+        data = QKData(d.Q[:, :n], d.Kt[:, :n].T, d.v[:n], scale=d.scale, softcap=d.softcap, window=d.window, gqa=d.gqa)
+        out = QKTrace(data, name=f"{self.name}[:{steps}]", meta={**self.meta, "steps": steps})
+        src = self.derived
+        with src._lock:
+            if src._norm is not None:
+                out.derived._norm = (src._norm[0][:, :n].copy(), src._norm[1][:n].copy())
+            out.derived._topk = {k: top[:n].copy() for k, top in src._topk.items()}
+        return out
+
     def __reduce__(self):  # to a Dask worker: the arrays and constants, not the caches
         d = self.qk
         return (_rebuild, (d.Q, d.Kt.T, d.v, d.scale, d.softcap, d.window, d.gqa,

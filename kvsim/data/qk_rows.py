@@ -104,27 +104,37 @@ def _finish(comb, m0, m1, G, gqa):
 @kernel
 def weights_block(Q, Kc, positions, lse, denom, scale, softcap, window, gqa, t0, t1, out):
     """``out[t - t0, p]`` = weight ``[t, p]`` of the trace for rows t0 .. t1-1 and every p of
-    ``positions`` below t, ``Kc`` holding their keys as columns (``gather_columns``): per head
+    ``positions`` (ascending) below t, ``Kc`` holding their keys as columns (``gather_columns``): per head
     ``exp(logit - lse[g, t])`` combined in head order, then ``float32(combined / denom[t])``; 0 outside
-    the sliding window. The other entries of ``out`` are left as they are."""
+    the sliding window (and not computed: a sliding layer costs its window, not its history). The other
+    entries of ``out`` are left as they are."""
     G, n = Q.shape[0], positions.shape[0]
     acc = np.empty(n, dtype=np.float32)
     comb = np.empty(n, dtype=np.float64)
     for m0 in range(0, n, TILE):
         m1 = min(n, m0 + TILE)
+        first = m0  # the first column in the window (positions ascend): the ones before it are 0, not computed
         for t in range(t0, t1):
-            for m in range(m0, m1):
+            lo = _first_visible(t, window)
+            while first < m1 and positions[first] < lo:
+                out[t - t0, positions[first]] = np.float32(0.0)
+                first += 1
+            for m in range(m0, first):
+                if positions[m] < t:
+                    out[t - t0, positions[m]] = np.float32(0.0)
+            if first == m1:
+                continue
+            for m in range(first, m1):
                 comb[m] = 0.0
             for g in range(G):
-                _dots(Q, g, t, Kc, m0, m1, acc)
-                for m in range(m0, m1):
+                _dots(Q, g, t, Kc, first, m1, acc)
+                for m in range(first, m1):
                     comb[m] = _mix(comb[m], np.exp(_logit(acc[m], scale, softcap) - lse[g, t]), gqa)
-            _finish(comb, m0, m1, G, gqa)
-            lo = _first_visible(t, window)
-            for m in range(m0, m1):
+            _finish(comb, first, m1, G, gqa)
+            for m in range(first, m1):
                 p = positions[m]
                 if p < t:
-                    out[t - t0, p] = np.float32(comb[m] / denom[t]) if p >= lo else np.float32(0.0)
+                    out[t - t0, p] = np.float32(comb[m] / denom[t])
 
 
 @kernel
