@@ -17,6 +17,15 @@ def cmd_bench(args: argparse.Namespace) -> object:
     browser_only = [f for f, on in (("--rounds", args.rounds != 3), ("--sessions", args.sessions != 8),
                                     ("--no-load", args.no_load), ("--only-load", args.only_load),
                                     ("--cold-cache", args.cold_cache)) if on]
+    long_only = [f for f, on in (("--trace", args.trace is not None), ("--no-tune", args.no_tune)) if on]
+    if args.long:
+        if args.browser or browser_only or args.full_reference:
+            raise CLIError("--long takes only --trace, --no-tune, --check and --json")
+        from ..bench import long
+
+        return long.run(args.trace, with_tune=not args.no_tune, progress=say)
+    if long_only:
+        raise CLIError(f"{', '.join(long_only)} only apply with --long")
     if args.browser:
         if args.full_reference:
             raise CLIError("--full-reference does not apply to --browser")
@@ -44,6 +53,10 @@ def render_bench(doc: dict) -> str:
         from ..bench import browser
 
         return browser.render(doc)
+    if doc.get("kind") == "long":
+        from ..bench import long
+
+        return long.render(doc)
     from ..bench import speed
 
     return speed.render(doc)

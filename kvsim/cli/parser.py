@@ -167,6 +167,10 @@ def _add_bench(sub) -> None:
     p.add_argument("--only-load", action="store_true", help="with --browser: only the concurrent sessions")
     p.add_argument("--cold-cache", action="store_true", help="with --browser: every server gets a fresh, empty "
                    "KVSIM_CACHE_DIR (the canonical trace is generated again, as on a machine that never ran it)")
+    p.add_argument("--long", action="store_true", help="instead: query/key traces at length (4k-32k steps): h2o replays "
+                   "at budget 1024, a 64-window sweep, tune of the whole bundle serial and on Dask, storage")
+    p.add_argument("--trace", help="with --long: a bundle of query/key traces (default: the shipped one of 32768 steps)")
+    p.add_argument("--no-tune", action="store_true", help="with --long: skip tuning the whole bundle")
     _json(p)
 
 
