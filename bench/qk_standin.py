@@ -65,8 +65,9 @@ def capture(lm, ids):
     return got
 
 
-def write_bundle(folder: Path, name: str, layers: dict, steps: int, text: dict) -> None:
-    """One ``.qk.npz`` per (layer, KV head) and a manifest with ``"store": "qk"``."""
+def write_bundle(folder: Path, name: str, layers: dict, steps: int, text: dict, dtype=np.float16) -> None:
+    """One ``.qk.npz`` per (layer, KV head), queries, keys and values as ``dtype``, and a manifest with
+    ``"store": "qk"``."""
     from kvsim.data.bundle import write_manifest
     from kvsim.data.qk import save_qk
 
@@ -83,11 +84,11 @@ def write_bundle(folder: Path, name: str, layers: dict, steps: int, text: dict) 
                     "sliding_window": window, "gqa": "mean", "model": "google/gemma-3-270m (Q4_K_M GGUF, float32)",
                     "text": text, "name": file.removesuffix(".qk.npz"),
                     "attention": f"sliding (window {window})" if window else "global (whole context)"}
-            save_qk(folder / file, q[heads].astype(np.float16), k[h].astype(np.float16), v[h].astype(np.float16), meta)
+            save_qk(folder / file, q[heads].astype(dtype), k[h].astype(dtype), v[h].astype(dtype), meta)
             entries.append({"file": file, "layer": layer, "head": h, "query_heads": heads,
                             "attention": "sliding" if window else "global", "sliding_window": window})
     write_manifest(folder, {"name": name, "model": "google/gemma-3-270m", "model_licence": "Gemma Terms of Use",
-                            "text": text, "steps": steps, "gqa": "mean", "dtype": "float16", "store": "qk",
+                            "text": text, "steps": steps, "gqa": "mean", "dtype": np.dtype(dtype).name, "store": "qk",
                             "layers": sorted(layers), "traces": entries})
 
 
