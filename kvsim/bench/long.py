@@ -16,6 +16,12 @@ one (layer, KV head) of a global layer (the first), and the whole bundle:
 
 Targets (``--check`` exits 1 on a miss): the replay at the longest length at most 2 s, the sweep at
 most 30 s, and per-step cost at the longest within 1.5x of the shortest (linear growth).
+
+``--study`` measures instead what length changes (issue 23, item 5; docs/long-context.md): ``tune`` of
+every layer at budget 256 over every window 1..255 on the first 1024, 2048, 8192 and 32768 steps, the
+best and recommended window and the sink share (the mean weight of positions 0..3 over steps t > 4) of
+every global layer at each length, and the per-layer windows of 1024 steps against those of the longest:
+the retained mass at the longest length with each.
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ import os
 import sys
 import time
 
+import numpy as np
+
 from ..analysis.tune import dask_available, tune
 from ..data.bundle import Bundle, BundleError
 from ..data.catalog import resolve_bundle, shipped_bundles
-from ..data.qk import QKTrace
+from ..data.qk import ROW_BLOCK, QKTrace
 from ..progress import Progress
 from ..sim.simulate import replay, sweep
 
@@ -35,6 +43,7 @@ LENGTHS = (4096, 8192, 16384, 32768)
 BUDGET = 1024
 WINDOWS = list(range(15, BUDGET, 16))  # 64 windows
 REPLAY_SECONDS, SWEEP_SECONDS, LINEAR_RATIO = 2.0, 30.0, 1.5
+STUDY_LENGTHS, STUDY_BUDGET, SINKS = (1024, 2048, 8192, 32768), 256, 4
 
 
 def long_bundle(spec: str | None) -> Bundle:
@@ -163,4 +172,63 @@ def render(doc: dict) -> str:
     width = max(len(k) for k in doc["targets"])
     lines += [f"  {k:<{width}}  {'PASS' if ok else 'FAIL'}" for k, ok in doc["targets"].items()]
     lines.append(f"overall: {doc['result']} ({doc['failed_targets']} of {doc['total_targets']} targets missed)")
+    return "\n".join(lines)
+
+
+def sink_share(trace: QKTrace, sinks: int = SINKS) -> float:
+    """The mean over steps t > ``sinks`` of row t's weight on positions 0 .. sinks-1, computed a block of
+    rows at a time at those positions only (O(T x sinks))."""
+    T, cols = trace.steps, np.arange(sinks, dtype=np.int64)
+    total = 0.0
+    for t0 in range(sinks + 1, T + 1, ROW_BLOCK):
+        t1 = min(T + 1, t0 + ROW_BLOCK)
+        out = np.zeros((t1 - t0, sinks), dtype=np.float32)
+        trace.derived.weights_block(t0, t1, cols, out)
+        total += float(out.astype(np.float64).sum())
+    return total / (T - sinks)
+
+
+def study(spec: str | None = None, progress: Progress | None = None) -> dict:
+    """What length changes (the module docstring's ``--study``), in one document (``kind: "long-study"``)."""
+    bundle = long_bundle(spec)
+    lengths = [T for T in STUDY_LENGTHS if T <= bundle.steps]
+    traces = [e.load() for e in bundle.traces]
+    doc: dict = {"kind": "long-study", "bundle": bundle.name, "budget": STUDY_BUDGET, "lengths": lengths,
+                 "global": [], "per_layer": {}}
+    tuned = {}
+    for T in lengths:
+        if progress is not None:
+            progress(None, f"tune of {len(traces)} traces on their first {T} steps, budget {STUDY_BUDGET}")
+        parts = [tr.prefix(T) for tr in traces]
+        tuned[T] = tune(parts, "h2o", STUDY_BUDGET)
+        doc["per_layer"][T] = {r["layer"]: r["recommended_window"] for r in tuned[T].per_layer()}
+        for e, part, t in zip(bundle.traces, parts, tuned[T].traces, strict=True):
+            if e.attention == "global":
+                doc["global"].append({"layer": e.layer, "head": e.head, "steps": T, "best_window": t.best_window,
+                                      "best_mass": t.best_mass, "recommended_window": t.recommended_window,
+                                      "recommended_mass": t.recommended_mass, "sink_share": sink_share(part)})
+    short, long_ = lengths[0], lengths[-1]
+    held = []
+    for r in tuned[long_].per_layer():
+        ts = [t for t in tuned[long_].traces if t.layer == r["layer"]]
+        w_short = doc["per_layer"][short][r["layer"]]
+        held.append({"layer": r["layer"], f"window_{short}": w_short, f"window_{long_}": r["recommended_window"],
+                     f"mass_{long_}_with_window_{short}": float(np.mean([t.retained_mass[w_short - 1] for t in ts])),
+                     f"mass_{long_}_with_own_window": r["recommended_mass"]})
+    doc["windows_held"] = held
+    return doc
+
+
+def render_study(doc: dict) -> str:
+    lines = [f"what length changes: {doc['bundle']}, h2o at budget {doc['budget']}, every recent_window 1..{doc['budget'] - 1}",
+             "", "global layers:", f"{'layer':>5}  {'steps':>6}  {'best':>5}  {'mass':>7}  {'recommended':>11}  {'mass':>7}  "
+             f"{'sink share':>10}"]
+    lines += [f"{r['layer']:>5}  {r['steps']:>6}  {r['best_window']:>5}  {r['best_mass']:>7.4f}  {r['recommended_window']:>11}  "
+              f"{r['recommended_mass']:>7.4f}  {r['sink_share']:>10.4f}" for r in doc["global"]]
+    short, long_ = doc["lengths"][0], doc["lengths"][-1]
+    lines += ["", f"per-layer recommended windows: {short} steps against {long_} (retained mass at {long_} steps with each)",
+              f"{'layer':>5}  {'w@' + str(short):>7}  {'w@' + str(long_):>8}  {'mass, w@' + str(short):>12}  {'mass, own':>10}"]
+    lines += [f"{r['layer']:>5}  {r[f'window_{short}']:>7}  {r[f'window_{long_}']:>8}  "
+              f"{r[f'mass_{long_}_with_window_{short}']:>12.4f}  {r[f'mass_{long_}_with_own_window']:>10.4f}"
+              for r in doc["windows_held"]]
     return "\n".join(lines)

@@ -17,12 +17,15 @@ def cmd_bench(args: argparse.Namespace) -> object:
     browser_only = [f for f, on in (("--rounds", args.rounds != 3), ("--sessions", args.sessions != 8),
                                     ("--no-load", args.no_load), ("--only-load", args.only_load),
                                     ("--cold-cache", args.cold_cache)) if on]
-    long_only = [f for f, on in (("--trace", args.trace is not None), ("--no-tune", args.no_tune)) if on]
+    long_only = [f for f, on in (("--trace", args.trace is not None), ("--no-tune", args.no_tune), ("--study", args.study))
+                 if on]
     if args.long:
         if args.browser or browser_only or args.full_reference:
-            raise CLIError("--long takes only --trace, --no-tune, --check and --json")
+            raise CLIError("--long takes only --trace, --no-tune, --study, --check and --json")
         from ..bench import long
 
+        if args.study:
+            return long.study(args.trace, progress=say)
         return long.run(args.trace, with_tune=not args.no_tune, progress=say)
     if long_only:
         raise CLIError(f"{', '.join(long_only)} only apply with --long")
@@ -45,7 +48,7 @@ def cmd_bench(args: argparse.Namespace) -> object:
 def bench_status(args: argparse.Namespace, doc: dict) -> int:
     """The exit status of ``kvsim bench``: with ``--check``, 1 (``MISSED``) when any target was missed (the
     document's ``result`` is not PASS), else 0; without ``--check`` always 0, the figures being a report."""
-    return MISSED if args.check and doc.get("result") != "PASS" else 0
+    return MISSED if args.check and doc.get("result", "PASS") != "PASS" else 0
 
 
 def render_bench(doc: dict) -> str:
@@ -53,10 +56,10 @@ def render_bench(doc: dict) -> str:
         from ..bench import browser
 
         return browser.render(doc)
-    if doc.get("kind") == "long":
+    if doc.get("kind") in ("long", "long-study"):
         from ..bench import long
 
-        return long.render(doc)
+        return long.render(doc) if doc["kind"] == "long" else long.render_study(doc)
     from ..bench import speed
 
     return speed.render(doc)

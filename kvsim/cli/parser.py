@@ -171,6 +171,8 @@ def _add_bench(sub) -> None:
                    "at budget 1024, a 64-window sweep, tune of the whole bundle serial and on Dask, storage")
     p.add_argument("--trace", help="with --long: a bundle of query/key traces (default: the shipped one of 32768 steps)")
     p.add_argument("--no-tune", action="store_true", help="with --long: skip tuning the whole bundle")
+    p.add_argument("--study", action="store_true", help="with --long: instead, what length changes: the best window and "
+                   "sink share of the global layers at 1k-32k steps, and whether the per-layer windows of 1024 steps hold")
     _json(p)
 
 
