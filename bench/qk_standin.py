@@ -2,6 +2,8 @@
 long recording exists (issue 23). Not the long recording: see docs/long-context.md for what each is.
 
     python bench/qk_standin.py OUT [--windows 8]
+    python bench/qk_standin.py OUT --check
+    python bench/qk_standin.py OUT --check-float32
 
 writes two bundles of every layer (one KV head each, float16):
 
@@ -92,11 +94,79 @@ def write_bundle(folder: Path, name: str, layers: dict, steps: int, text: dict, 
                             "layers": sorted(layers), "traces": entries})
 
 
+def check(out: Path, budgets=(256, 1024)) -> dict:
+    """The 4096-step check: the heapq query/key bundle against the shipped dense traces of the same
+    recording (layers 5, 11, 17, 4096 steps) and the shipped dense bundle (every layer, its 1024 steps):
+    the largest difference of any weight, and each registered policy's retained mass at ``budgets``."""
+    from kvsim.data.catalog import resolve_bundle, resolve_trace
+    from kvsim.policies.registry import POLICIES
+    from kvsim.sim.simulate import replay
+
+    qkb = resolve_bundle(str(out / "gemma3-270m-heapq4k-qk"))
+    rows = []
+    pairs = [(qkb.load(layer), resolve_trace(f"gemma3-270m-L{layer:02d}"), budgets) for layer in (5, 11, 17)]
+    pairs += [(qkb.load(e.layer).prefix(1024), e.load(), (256,)) for e in resolve_bundle("gemma3-270m-heapq").traces]
+    for qtr, dtr, bs in pairs:
+        row = {"trace": dtr.name, "steps": dtr.steps, "max_abs_weight_difference": float(abs(qtr.attention - dtr.attention).max())}
+        for b in bs:
+            diffs = {}
+            for name in POLICIES:
+                kw = {"budget": b}
+                diffs[name] = abs(replay(qtr, name, **kw).retained_mass - replay(dtr, name, **kw).retained_mass)
+            row[f"max_mass_difference_b{b}"] = max(diffs.values())
+            row[f"worst_policy_b{b}"] = max(diffs, key=diffs.get)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return {"rows": rows}
+
+
+def check_float32(out: Path) -> None:
+    """The same comparison with nothing rounded to float16 on either side: a float32 dense recording of
+    layers 5, 11 and 17 (``kvsim record``'s arithmetic, ``dtype=float32``) against the float32 queries
+    and keys of the same pass."""
+    import torch
+
+    from kvsim.data.bundle import load_bundle
+    from kvsim.models.loading import load_model, token_ids
+    from kvsim.models.record import RecordConfig, record
+    from kvsim.policies.registry import POLICIES
+    from kvsim.sim.simulate import replay
+
+    torch.set_num_threads(1)
+    text = out / "heapq.py"
+    text.write_text((STDLIB / "heapq.py").read_text(encoding="utf-8"), encoding="utf-8")
+    lm, tok = load_model()
+    lm.eval()
+    record(RecordConfig(text, out / "dense32", steps=WINDOW, layers=[5, 11, 17], dtype=np.float32), progress=None,
+           model_and_tokenizer=(lm, tok))
+    got = capture(lm, token_ids(tok, text.read_text(encoding="utf-8"))[:, : WINDOW + 1])
+    write_bundle(out / "qk32", "heapq4k-qk32", {x: got[x] for x in (5, 11, 17)}, WINDOW, {"source": "heapq.py"}, np.float32)
+    dense, qkb = load_bundle(out / "dense32"), load_bundle(out / "qk32")
+    for a, b in zip(dense.traces, qkb.traces, strict=True):
+        d, q = a.load(), b.load()
+        row = {"trace": b.name, "dtype": "float32", "max_abs_weight_difference": float(abs(q.attention - d.attention).max())}
+        for budget in (256, 1024):
+            diffs = {n: abs(replay(q, n, budget=budget).retained_mass - replay(d, n, budget=budget).retained_mass)
+                     for n in POLICIES}
+            row[f"max_mass_difference_b{budget}"] = max(diffs.values())
+            row[f"worst_policy_b{budget}"] = max(diffs, key=diffs.get)
+        print(json.dumps(row), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
     ap.add_argument("--windows", type=int, default=8)
+    ap.add_argument("--check", action="store_true", help="compare OUT's heapq bundle with the shipped dense traces")
+    ap.add_argument("--check-float32", action="store_true", help="record heapq's layers 5, 11, 17 dense and as "
+                    "queries/keys, both float32, into OUT, and compare them")
     args = ap.parse_args()
+    if args.check:
+        check(args.out)
+        return
+    if args.check_float32:
+        check_float32(args.out)
+        return
     import torch
 
     from kvsim.models.loading import load_model, token_ids

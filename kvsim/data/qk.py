@@ -275,7 +275,8 @@ class QKTrace(Trace):
             raise TraceError(f"{self.name}: step {steps} is beyond the recording ({self.steps} steps)")
         d, n = self.qk, steps + 1
         data = QKData(d.Q[:, :n], d.Kt[:, :n].T, d.v[:n], scale=d.scale, softcap=d.softcap, window=d.window, gqa=d.gqa)
-        out = QKTrace(data, name=f"{self.name}[:{steps}]", meta={**self.meta, "steps": steps})
+        recorded = self.meta.get("recorded_steps", self.steps)
+        out = QKTrace(data, name=f"{self.name}[:{steps}]", meta={**self.meta, "steps": steps, "recorded_steps": recorded})
         src = self.derived
         with src._lock:
             if src._norm is not None:
