@@ -25,9 +25,12 @@ modification time and this arithmetic's source, so a second process reads them i
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +54,8 @@ QK_DTYPES = (np.float16, np.float32)
 ROW_BLOCK = 64
 #: the top-k the normaliser pass takes along (the harness's default, ``kvsim.sim.harness.DEFAULT_TOP_K``)
 PASS_TOP_K = 32
+#: threads a block of rows is split over (one per core)
+_WORKERS = os.cpu_count() or 1
 _META_FIELDS = ("format", "version", "steps", "layer", "head", "query_heads", "scale", "gqa")
 
 
@@ -177,7 +182,14 @@ class QKStore(TraceStore):
         positions = np.ascontiguousarray(positions, dtype=np.int64)
         Kc = np.empty((d.head_dim, positions.size), dtype=np.float32)
         qk_rows.gather_columns(d.Kt, positions, Kc)
-        qk_rows.weights_block(d.Q, Kc, positions, lse, denom, *d.constants, t0, t1, out)
+        parts = min(_WORKERS, max(1, (t1 - t0) // 16))  # the kernel releases the GIL: rows split over the cores
+        cuts = np.linspace(t0, t1, parts + 1).astype(int)
+        jobs = [(a, b, out[a - t0 :]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+        run = lambda job: qk_rows.weights_block(d.Q, Kc, positions, lse, denom, *d.constants, *job)  # noqa: E731
+        if parts == 1:
+            run(jobs[0])
+        else:
+            list(_pool().map(run, jobs))
         return out
 
     def row(self, t: int, positions: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -224,6 +236,11 @@ class QKStore(TraceStore):
                 mask[rows, top[top >= 0]] = 1
                 self._masks[k] = mask
             return self._masks[k]
+
+
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="kvsim-qk")
 
 
 def _read_pass(path: Path | None, data: QKData, k: int):
