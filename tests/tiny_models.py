@@ -25,10 +25,11 @@ def tokenizer(text: str, vocab_size: int):
 
 
 def config(family: str, vocab: int, *, hidden: int, intermediate: int, max_positions: int, head_dim: int, window: int):
-    """The config of a tiny ``family`` model ("llama", "qwen2" or "gemma3"): 4 query heads over 2 KV
-    heads. Llama has 2 global layers; Qwen2 3 layers, the last two sliding (``window``); Gemma 3 3 layers,
-    sliding, global, sliding."""
-    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config
+    """The config of a tiny ``family`` model ("llama", "qwen2", "gemma3" or "gemma2"): 4 query heads over
+    2 KV heads. Llama has 2 global layers; Qwen2 3 layers, the last two sliding (``window``); Gemma 3 3 layers,
+    sliding, global, sliding; Gemma 2 2 layers, sliding then global, its attention logits soft-capped at 0.5
+    (tight, so that the cap changes the weights of a tiny random model)."""
+    from transformers import Gemma2Config, Gemma3TextConfig, LlamaConfig, Qwen2Config
 
     common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=max_positions, pad_token_id=0, bos_token_id=1,
@@ -41,4 +42,7 @@ def config(family: str, vocab: int, *, hidden: int, intermediate: int, max_posit
     if family == "gemma3":
         return Gemma3TextConfig(num_hidden_layers=3, head_dim=head_dim, sliding_window=window,
                                 layer_types=["sliding_attention", "full_attention", "sliding_attention"], **common)
+    if family == "gemma2":
+        return Gemma2Config(num_hidden_layers=2, head_dim=head_dim, sliding_window=window, attn_logit_softcapping=0.5,
+                            layer_types=["sliding_attention", "full_attention"], **common)
     raise ValueError(f"no tiny config for the family {family!r}")

@@ -167,18 +167,46 @@ def cmd_record(args: argparse.Namespace) -> object:
     # the recorder's extra (torch, transformers) is optional: nothing of it is imported until asked for
     from ..models.errors import RecordError
     from ..models.loading import RECORD_STDERR, require_extra
-    from ..models.record import RecordConfig, record
+    from ..models.record import record
+    from ..models.record_cache import cached
 
     try:
-        if args.model is None:
-            require_extra()  # the shipped model's packages; load_hf_model checks torch and transformers itself
-        config = RecordConfig(args.text, args.out, model=args.model, steps=args.steps, layers=args.layers.strip(),
-                              gqa=args.gqa, prefix=args.prefix, source=args.source, licence=args.licence,
-                              model_licence=args.model_licence)
-        doc = record(config, device=args.device, progress=None if args.quiet else RECORD_STDERR)
+        config = _record_config(args)
+        doc = cached(config) if args.out is None else None
+        progress = None if args.quiet else RECORD_STDERR
+        if doc is not None:
+            if progress is not None:
+                progress(1.0, f"already recorded: {config.out}")
+        else:
+            if args.model is None:
+                require_extra()  # the shipped model's packages; load_hf_model checks torch and transformers itself
+            if args.threads is not None:
+                import torch
+
+                torch.set_num_threads(args.threads)
+            doc = record(config, device=args.device, progress=progress)
     except RecordError as e:
         raise CLIError(str(e)) from None
-    return {"text": args.text, **doc}
+    return {"text": str(config.text), **doc}
+
+
+def _record_config(args: argparse.Namespace):
+    """The ``RecordConfig`` of ``kvsim record``: a preset's with the flags given winning, or the flags'
+    own; without ``--out``, in the cache (``kvsim.models.record_cache``)."""
+    from ..models.record import RecordConfig
+    from ..models.record_cache import in_cache, preset
+
+    fields = {"model": args.model, "steps": args.steps, "layers": args.layers.strip() if args.layers else None,
+              "store": args.store, "dtype": args.dtype, "gqa": args.gqa, "prefix": args.prefix, "source": args.source,
+              "licence": args.licence, "model_licence": args.model_licence, "out": args.out}
+    if args.preset is not None:
+        if args.text is not None:
+            raise CLIError(f"--preset {args.preset} records its own text; give a TEXT or --preset, not both")
+        return preset(args.preset, **fields)
+    if args.text is None:
+        raise CLIError("record needs a TEXT file (or --preset)")
+    config = RecordConfig(args.text, args.out or ".", **{k: v for k, v in fields.items() if v is not None and k != "out"})
+    return config if args.out is not None else in_cache(config)
 
 
 def cmd_app(streamlit_args: list[str]) -> int:

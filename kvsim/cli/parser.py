@@ -200,22 +200,44 @@ def _add_tune(sub, traces: str) -> None:
     _json(p)
 
 
+RECORD_EPILOG = """\
+stores (--store): qk keeps, per (layer, KV head), the post-norm, post-RoPE queries of its query heads,
+its keys and values and the attention's constants (O(T x head_dim)); every row is computed from them on
+demand, equal to the dense rows within float16 rounding. dense keeps the rows (a packed lower triangle,
+O(T^2), at most 16384 steps). auto (the default) writes whichever file is smaller for the model: for
+Gemma-3-270M dense up to 3072 steps, qk from 3073 on, so short recordings stay as they were and long ones
+fit on a disk (a 32k dense trace is 1 GB per layer, its qk trace 100 MB).
+
+cache: without --out the bundle goes to the cache directory, keyed by the text's sha256, the model and
+the settings, and is recorded only when it is not there yet (kvsim cache list / clear --kind recordings).
+--preset long is Gemma-3-270M over its whole 32,768-token context, every layer, as qk traces, on the
+shipped text traces/long/ (CPython 3.11.7 standard library, PSF licence); flags given beside it win.
+"""
+
+
 def _add_record(sub) -> None:
-    p = sub.add_parser("record", help="record a bundle of real traces from a causal LM (needs the record extra)")
-    p.add_argument("text", help="a UTF-8 text file; its first --steps + 1 tokens are read")
+    p = sub.add_parser("record", help="record a bundle of real traces from a causal LM (needs the record extra)",
+                       epilog=RECORD_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("text", nargs="?", help="a UTF-8 text file; its first --steps + 1 tokens are read (not with --preset)")
+    p.add_argument("--preset", choices=["long"], default=None, help="a named recording (see below); into the cache")
     p.add_argument("--model", default=None, help="a local Hugging Face model folder or a hub id already in the local "
                    "cache (nothing is downloaded); default: the shipped Gemma-3-270M")
-    p.add_argument("--out", required=True, help="the bundle folder to write (traces + manifest.json)")
-    p.add_argument("--steps", type=positive_int, default=4096, help="decode steps per trace (default: 4096)")
-    p.add_argument("--layers", default="global", help="all, global (default: the layers without a sliding window) "
+    p.add_argument("--out", default=None, help="the bundle folder to write (traces + manifest.json); it must not exist "
+                   "or be empty (default: the cache directory, reused when there)")
+    p.add_argument("--steps", type=positive_int, default=None, help="decode steps per trace (default: 4096)")
+    p.add_argument("--layers", default=None, help="all, global (default: the layers without a sliding window) "
                    "or comma-separated layer numbers")
-    p.add_argument("--gqa", choices=["mean", "max"], default="mean", help="how the query heads that share a KV head "
+    p.add_argument("--store", choices=["auto", "qk", "dense"], default=None, help="what a trace keeps: query/key "
+                   "vectors or dense rows (default: auto, the smaller file; see below)")
+    p.add_argument("--dtype", choices=["float16", "float32"], default=None, help="the stored float type (default: float16)")
+    p.add_argument("--gqa", choices=["mean", "max"], default=None, help="how the query heads that share a KV head "
                    "are combined (default: mean)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model runs (default: cpu)")
     p.add_argument("--prefix", default=None, help="file name prefix (default: gemma3-270m, or the model folder's name)")
     p.add_argument("--source", default=None, help="where the text comes from, for the traces' meta")
     p.add_argument("--licence", default=None, help="the text's licence, for the traces' meta")
     p.add_argument("--model-licence", default=None, help="the model's licence, for the traces' meta")
+    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads for torch (default: torch's own)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     _json(p)
 

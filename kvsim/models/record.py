@@ -6,20 +6,35 @@ this module (or not) without them.
 
 A recording is a ``RecordConfig`` (validated once, when it is made) run by ``record``: the model
 (``kvsim.models.loading``: the shipped Gemma-3-270M, or any decoder-only causal LM that transformers
-runs with eager attention) reads the text in one teacher-forced pass, and ``kvsim.models.recorder``
-reduces every chosen layer's softmax to one trace per KV head as it is produced.
+runs with eager attention) reads the text in one teacher-forced pass (``kvsim.models.qkv_capture``:
+blockwise, no ``(n, n)`` matrix built), and every chosen layer becomes one trace per KV head in one of
+two stores:
+
+- ``dense``: the rows themselves (``kvsim.models.recorder``), a packed lower triangle, O(T^2) per trace;
+- ``qk``: the query/key trace (``/work/tools/qk_format.md``, DOMAIN.md section 7): the post-norm,
+  post-RoPE queries of the KV head's query heads, its keys and values, and the attention's constants,
+  O(T x head_dim) per trace, from which every row is computed again on demand;
+- ``auto`` (the default): whichever file is smaller for the model's shapes at the steps asked
+  (``choose_store``). For Gemma-3-270M (4 query heads, head_dim 256) that is dense up to 3072 steps and
+  qk from 3073 on; a dense trace above 16,384 steps cannot be read at all (``kvsim.data.trace.MAX_STEPS``).
 
 A layer with a native sliding window (Gemma-3's local layers, Qwen2's upper layers) is recorded as it
-attends: positions beyond the window get zero, and its meta says so. A finished layer is written at
-once (packed lower triangle, float16 by default) and freed; a ``manifest.json`` at the end makes the
-folder a bundle (``kvsim.data.bundle``).
+attends: positions beyond the window get zero (dense) or its window is in the meta (qk). A finished
+layer is written at once and freed; the bundle is written into a temporary folder beside ``out`` and
+renamed onto it when its ``manifest.json`` is written (``kvsim.data.bundle``), so a failed recording
+leaves nothing behind, and an existing non-empty ``out`` is refused.
 """
 
 from __future__ import annotations
 
 import json
 import numbers
+import os
 import re
+import resource
+import shutil
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +42,8 @@ from pathlib import Path
 import numpy as np
 
 from ..data.bundle import write_manifest
-from ..data.trace import META_KEY, PACKED_KEY, STEPS_KEY
+from ..data.files import atomic_write
+from ..data.trace import MAX_STEPS, META_KEY, PACKED_KEY, STEPS_KEY
 from ..progress import Progress
 from .errors import RecordError
 from .loading import (
@@ -43,12 +59,17 @@ from .loading import (
     require_extra,
     token_ids,
 )
-from .recorder import CHUNK_ELEMENTS, GQA, record_attention
+from .qkv_capture import CHUNK_ELEMENTS, LayerQKV, capture_qkv
+from .recorder import GQA, record_attention
 
 #: stems of the files written: <prefix>-L05.npz (and -kv<h> when a layer has several KV heads)
 DEFAULT_PREFIX = "gemma3-270m"
 #: 4096 decode steps, the canonical trace's length: 4097 tokens counting <bos> at position 0
 DEFAULT_STEPS = 4096
+#: what a trace keeps (module docstring): ``auto`` picks the smaller file
+STORES = ("auto", "qk", "dense")
+#: the query/key trace file (``/work/tools/qk_format.md``): its format name, version and file suffix
+QK_FORMAT, QK_VERSION, QK_SUFFIX = "kvsim-qk", 1, ".qk.npz"
 
 
 @dataclass(frozen=True)
@@ -61,8 +82,10 @@ class RecordConfig:
     without a sliding window), ``"all"``, or layer numbers (a list, or a comma-separated string),
     kept as a sorted tuple. ``gqa``: how the query heads that share a KV head are combined (``mean``
     or ``max``). ``prefix``, ``source``, ``licence``, ``model_licence`` and ``notes`` name the files
-    and go into the traces' meta; ``dtype`` is the stored float type; ``chunk_elements`` bounds the
-    attention weights one block of query rows may hold.
+    and go into the traces' meta; ``dtype`` is the stored float type (float16 by default: rows
+    computed from float16 queries and keys are within 8e-4 of the float32 rows on Gemma-3-270M's layers
+    0, 5 and 11 at 1024 steps, docs/long-recording.md); ``store`` is ``auto``, ``qk`` or ``dense``;
+    ``chunk_elements`` bounds the attention weights one block of query rows may hold.
     """
 
     text: Path
@@ -79,6 +102,7 @@ class RecordConfig:
     dtype: str = "float16"
     allow_short: bool = False
     chunk_elements: int = CHUNK_ELEMENTS
+    store: str = "auto"
 
     def __post_init__(self):
         # frozen: the normalised values are set the way dataclasses set them
@@ -87,6 +111,11 @@ class RecordConfig:
         object.__setattr__(self, "steps", _count("--steps", self.steps))
         if self.gqa not in GQA:
             raise RecordError(f"--gqa must be one of {', '.join(GQA)}, got {self.gqa!r}")
+        if self.store not in STORES:
+            raise RecordError(f"--store must be one of {', '.join(STORES)}, got {self.store!r}")
+        if self.store == "dense" and self.steps > MAX_STEPS:
+            raise RecordError(f"--store dense: {self.steps} steps is more than the dense format's {MAX_STEPS} "
+                              "(a dense trace that long could not be read); use --store qk")
         object.__setattr__(self, "layers", _parse_layers(self.layers))
         try:
             dtype = np.dtype(self.dtype)
@@ -162,33 +191,87 @@ def record(config: RecordConfig, *, device: str = "cpu", progress: Progress | No
            model_and_tokenizer=None) -> dict:
     """Record a bundle: one trace per (chosen layer, KV head) of the model over the first
     ``config.steps + 1`` tokens of the text, plus ``manifest.json`` (``kvsim.data.bundle``), in
-    ``config.out``.
+    ``config.out`` (refused if it exists and is not empty; written into a temporary folder beside it
+    and renamed, so a failure leaves nothing).
 
     ``device`` is where a model loaded here runs (cpu or cuda); ``model_and_tokenizer`` is one
     already loaded, used as it is. ``progress`` hears of the loading, then of each layer recorded
     (the fraction is layers done over layers chosen).
 
-    Returns ``{"bundle", "manifest", "model", "steps", "files": [{"path", "bytes", "layer", "head"}],
-    "seconds"}``.
+    Returns ``{"bundle", "manifest", "model", "steps", "store", "files": [{"path", "bytes", "layer",
+    "head"}], "seconds", "peak_rss_mb"}`` (``peak_rss_mb``: the process's peak resident memory so far,
+    model loading included).
     """
     say = progress or no_progress
+    out = config.out
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise RecordError(f"--out {out}: already exists; give a new folder (a recording never writes into an old one)")
     text = read_text(config.text)
+    check_device(device)
     if model_and_tokenizer is not None:
         lm, tokenizer = model_and_tokenizer
     else:
         lm, tokenizer = _load(config.model, device, progress)
-    writer = _BundleWriter(config, lm, tokenizer, text, say)
-    config.out.mkdir(parents=True, exist_ok=True)
-    say(0.0, f"recording {len(writer.layers)} of {lm.config.num_hidden_layers} layers x {writer.kv_heads} KV head(s) "
-             f"over {writer.n} tokens")
-    writer.start()
-    record_attention(lm, writer.ids.to(writer.device), writer.layers, config.gqa, config.chunk_elements, writer)
-    seconds = time.perf_counter() - writer.t0
-    say(1.0, f"forward pass and writing took {seconds:.1f} s")
-    manifest = write_manifest(config.out, writer.manifest(round(seconds, 1)))
-    files = sorted(writer.files, key=lambda f: (f["layer"], f["head"]))
-    return {"bundle": str(config.out), "manifest": str(manifest), "model": writer.model_name, "steps": writer.n - 1,
-            "files": files, "seconds": round(seconds, 1)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent))
+    try:
+        writer = _BundleWriter(config, lm, tokenizer, text, say, tmp)
+        say(0.0, f"recording {len(writer.layers)} of {lm.config.num_hidden_layers} layers x {writer.kv_heads} KV head(s) "
+                 f"over {writer.n} tokens, store {writer.store}")
+        writer.start()
+        ids = writer.ids.to(writer.device)
+        if writer.store == "qk":
+            capture_qkv(lm, ids, writer.layers, writer.qk_sink, config.chunk_elements)
+        else:
+            record_attention(lm, ids, writer.layers, config.gqa, config.chunk_elements, writer.dense_sink)
+        seconds = time.perf_counter() - writer.t0
+        say(1.0, f"forward pass and writing took {seconds:.1f} s")
+        write_manifest(tmp, writer.manifest(round(seconds, 1)))
+        _publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    files = sorted(({**f, "path": str(out / f["name"])} for f in writer.files), key=lambda f: (f["layer"], f["head"]))
+    for f in files:
+        del f["name"]
+    peak = peak_rss_mb()
+    say(None, f"peak resident memory {peak:.0f} MB")
+    return {"bundle": str(out), "manifest": str(out / "manifest.json"), "model": writer.model_name, "steps": writer.n - 1,
+            "store": writer.store, "files": files, "seconds": round(seconds, 1), "peak_rss_mb": round(peak, 1)}
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Rename the finished bundle onto ``out`` (an empty ``out`` is replaced), readable as the umask allows
+    (the temporary folder and files were made private)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in (tmp, *tmp.iterdir()):
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
+    try:
+        if out.is_dir():
+            out.rmdir()  # empty (checked before recording)
+        tmp.rename(out)
+    except OSError as e:
+        raise RecordError(f"--out {out}: cannot put the finished bundle there ({e.strerror or type(e).__name__}; "
+                          "did another recording finish there first?)") from None
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MB (``getrusage``: kilobytes on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1e6 if sys.platform == "darwin" else 1e3)
+
+
+def choose_store(store: str, steps: int, group: int, head_dim: int) -> str:
+    """``store`` itself, or for ``auto`` the smaller file per (layer, KV head), uncompressed: ``qk`` holds
+    ``(group + 2) x (steps + 1) x head_dim`` floats (queries of the group, keys, values), ``dense`` the
+    ``steps (steps + 1) / 2`` weights of the packed rows; dense only up to ``MAX_STEPS``."""
+    if store != "auto":
+        return store
+    n = steps + 1
+    if steps > MAX_STEPS or (group + 2) * n * head_dim < steps * n // 2:
+        return "qk"
+    return "dense"
 
 
 def _load(model, device: str, progress: Progress | None):
@@ -203,13 +286,15 @@ def _load(model, device: str, progress: Progress | None):
 
 
 class _BundleWriter:
-    """One recording's files: what the model is (heads, layers, provenance), the tokens, and the sink
-    that writes each layer's traces as the recorder finishes it, collecting the manifest's entries."""
+    """One recording's files: what the model is (heads, layers, provenance), the tokens, and the sinks
+    that write each layer's traces into ``folder`` as the pass finishes it (``dense_sink`` for the
+    recorder's rows, ``qk_sink`` for the captured queries and keys), collecting the manifest's entries."""
 
-    def __init__(self, config: RecordConfig, lm, tokenizer, text: str, say: Progress):
-        self.config, self.say = config, say
+    def __init__(self, config: RecordConfig, lm, tokenizer, text: str, say: Progress, folder: Path):
+        self.config, self.say, self.folder = config, say, folder
         self._describe(lm)
         self.ids = self._tokenize(tokenizer, text)
+        self.store = choose_store(config.store, self.n - 1, self.group, self.head_dim)
         self.source = config.source or config.text.name
         self.licence = config.licence or "not stated"
         self.files: list[dict] = []
@@ -227,6 +312,8 @@ class _BundleWriter:
         if q_heads % self.kv_heads:
             raise RecordError(f"{q_heads} query heads cannot be shared evenly by {self.kv_heads} KV heads")
         self.group = q_heads // self.kv_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // q_heads
+        self.context = getattr(cfg, "max_position_embeddings", None)
         self.layers = _chosen_layers(config.layers, lm)
         self.kinds = layer_kinds(lm)
         self.window = getattr(cfg, "sliding_window", None)
@@ -235,7 +322,7 @@ class _BundleWriter:
         archs = ", ".join(getattr(cfg, "architectures", None) or [type(lm).__name__])
         self.model_name = MODEL if shipped else f"{label} ({cfg.model_type}, {archs})"
         self.model_licence = config.model_licence or (MODEL_LICENCE if shipped else "not stated (see the model's card)")
-        self.prefix = config.prefix or (DEFAULT_PREFIX if shipped else _default_prefix(label))
+        self.prefix = config.prefix or (DEFAULT_PREFIX if shipped else default_prefix(label))
         self.device = next(lm.parameters()).device
 
     def _tokenize(self, tokenizer, text: str):
@@ -248,6 +335,9 @@ class _BundleWriter:
         if available < config.steps and not config.allow_short:
             raise RecordError(f"{config.text}: the text has {available} tokens after position 0, fewer than the "
                               f"{config.steps} steps asked for (use --steps {available} or a longer text)")
+        if self.context and config.steps + 1 > self.context:
+            raise RecordError(f"--steps {config.steps}: the model's context is {self.context} tokens (max_position_embeddings), "
+                              f"so at most --steps {self.context - 1} (position 0 is <bos>)")
         ids = ids[:, : config.steps + 1]
         self.n = ids.shape[1]
         if self.n < config.steps + 1:
@@ -259,30 +349,66 @@ class _BundleWriter:
     def start(self) -> None:
         self.t0 = time.perf_counter()
 
-    def __call__(self, layer: int, rows: np.ndarray) -> None:
-        """The recorder's sink: write ``layer``'s traces, one per KV head, and report the layer done."""
-        done = len({e["layer"] for e in self.entries})
+    def dense_sink(self, layer: int, rows: np.ndarray) -> None:
+        """The recorder's sink: write ``layer``'s dense traces, one per KV head."""
         for h in range(rows.shape[0]):
-            stem = f"{self.prefix}-L{layer:02d}" + (f"-kv{h}" if self.kv_heads > 1 else "")
+            stem = self._stem(layer, h)
             meta = self._meta(stem, layer, h)
-            path = self.config.out / f"{stem}.npz"
+            path = self.folder / f"{stem}.npz"
             _save_packed(path, rows[h], self.n - 1, meta, self.config.dtype)
-            size = path.stat().st_size
-            self.files.append({"path": str(path), "bytes": size, "layer": layer, "head": h})
-            self.say(done / len(self.layers), f"wrote {path} ({size / 1e6:.1f} MB)")
-            self.entries.append({"file": path.name, "layer": layer, "head": h, "query_heads": meta["query_heads"],
-                                 "attention": self.kinds[layer], "sliding_window": meta["sliding_window"]})
-        done += 1
-        self.say(done / len(self.layers), f"layer {layer} recorded ({done}/{len(self.layers)} layers, "
-                                          f"{time.perf_counter() - self.t0:.1f} s)")
+            self._written(path, meta, layer, h)
+        self._layer_done(layer)
 
-    def _meta(self, stem: str, layer: int, h: int) -> dict:
+    def qk_sink(self, qkv: LayerQKV) -> None:
+        """``capture_qkv``'s sink: write the layer's query/key traces, one per KV head (qk_format.md)."""
+        window = qkv.sliding_window
+        for h in range(qkv.key.shape[0]):
+            stem = self._stem(qkv.layer, h)
+            meta = self._meta(stem, qkv.layer, h, window)
+            meta.update({"format": QK_FORMAT, "version": QK_VERSION, "scale": qkv.scale, "softcap": qkv.softcap,
+                         "dtype": self.config.dtype, "text": self._text()})
+            g = qkv.group
+            arrays = {"q": qkv.query[h * g : (h + 1) * g], "k": qkv.key[h], "v": qkv.value[h]}
+            arrays = {k: v.detach().to("cpu").numpy().astype(self.config.dtype) for k, v in arrays.items()}
+            path = self.folder / f"{stem}{QK_SUFFIX}"
+            blob = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+            atomic_write(path, lambda f, a=arrays, b=blob: np.savez(f, **a, meta=b))
+            self._written(path, meta, qkv.layer, h)
+        self._layer_done(qkv.layer)
+
+    def _stem(self, layer: int, h: int) -> str:
+        return f"{self.prefix}-L{layer:02d}" + (f"-kv{h}" if self.kv_heads > 1 else "")
+
+    def _written(self, path: Path, meta: dict, layer: int, h: int) -> None:
+        size = path.stat().st_size
+        self.files.append({"name": path.name, "bytes": size, "layer": layer, "head": h})
+        done = len({e["layer"] for e in self.entries})
+        self.say(done / len(self.layers), f"wrote {path.name} ({size / 1e6:.1f} MB)")
+        window = meta["sliding_window"]
+        self.entries.append({"file": path.name, "layer": layer, "head": h, "query_heads": meta["query_heads"],
+                             "attention": "global" if window is None else "sliding", "sliding_window": window})
+
+    def _layer_done(self, layer: int) -> None:
+        done = len({e["layer"] for e in self.entries})
+        self.say(done / len(self.layers), f"layer {layer} recorded ({done}/{len(self.layers)} layers, "
+                                          f"peak resident {peak_rss_mb():.0f} MB, {time.perf_counter() - self.t0:.1f} s)")
+
+    def _text(self) -> dict:
+        return {"source": self.source, "licence": self.licence, "sha256": self.sha, "file": self.config.text.name}
+
+    def _meta(self, stem: str, layer: int, h: int, window: int | None | str = "config") -> dict:
+        """The trace's meta; ``window`` is the layer's sliding window as the pass saw it, or by default
+        the config's for a sliding layer."""
         import torch
         import transformers
 
-        kind, n, gqa = self.kinds[layer], self.n, self.config.gqa
-        scope = "global (whole context)" if kind == "global" else (
-            f"sliding window of {self.window} tokens (the model's own mask): older positions get zero")
+        n, gqa = self.n, self.config.gqa
+        if window == "config":
+            window = self.window if self.kinds[layer] == "sliding" else None
+        scope = "global (whole context)" if window is None else (
+            f"sliding window of {window} tokens (the model's own mask): older positions get zero")
+        stored = ("stored as the queries of its query heads, its keys and values (post-norm, post-RoPE) and the "
+                  "attention's constants; rows are computed from them") if self.store == "qk" else "stored as a packed lower triangle."
         combine = f"{'mean' if gqa == 'mean' else 'maximum'} of the {self.group} query heads that share KV head {h}"
         return {
             "name": stem,
@@ -297,12 +423,13 @@ class _BundleWriter:
             "query_heads": list(range(h * self.group, (h + 1) * self.group)),
             "gqa": gqa,
             "attention": scope,
-            "sliding_window": self.window if kind == "sliding" else None,
+            "sliding_window": window,
             "steps": n - 1,
+            "store": self.store,
             "notes": " ".join(filter(None, [
                 f"Teacher-forced pass over the first {n} tokens (position 0 = {self.tokens[0]!r}), float32, eager attention;",
                 f"{combine}; the self-attention weight is dropped",
-                "and each row renormalised over earlier positions; stored as a packed lower triangle.",
+                "and each row renormalised over earlier positions;", stored,
                 self.config.notes,
             ])),
             "recorder": {"torch": torch.__version__, "transformers": transformers.__version__,
@@ -318,8 +445,9 @@ class _BundleWriter:
             "name": self.prefix,
             "model": self.model_name,
             "model_licence": self.model_licence,
-            "text": {"source": self.source, "licence": self.licence, "sha256": self.sha, "file": self.config.text.name},
+            "text": self._text(),
             "steps": self.n - 1,
+            "store": self.store,
             "gqa": self.config.gqa,
             "dtype": self.config.dtype,
             "layers": self.layers,
@@ -334,15 +462,13 @@ class _BundleWriter:
 
 def _save_packed(path: Path, packed: np.ndarray, steps: int, meta: dict, dtype: str) -> None:
     """The packed trace layout of ``kvsim.data.trace.save_npz``, written from packed rows directly (the
-    ``(T + 1, T + 1)`` matrix of a long trace is never built); atomically, via a ``.part`` file."""
-    tmp = path.with_name(path.name + ".part")
-    with open(tmp, "wb") as f:
-        np.savez_compressed(f, **{PACKED_KEY: packed.astype(dtype), STEPS_KEY: np.array(steps, dtype=np.int64),
-                                  META_KEY: np.array(json.dumps(meta))})
-    tmp.replace(path)
+    ``(T + 1, T + 1)`` matrix of a long trace is never built); atomically."""
+    arrays = {PACKED_KEY: packed.astype(dtype), STEPS_KEY: np.array(steps, dtype=np.int64), META_KEY: np.array(json.dumps(meta))}
+    atomic_write(path, lambda f: np.savez_compressed(f, **arrays))
 
 
-def _default_prefix(model_spec) -> str:
+def default_prefix(model_spec) -> str:
+    """The files' prefix for a model given by folder or hub id: its last path part, made file-name safe."""
     name = Path(str(model_spec).rstrip("/")).name or "model"
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "model"
 
@@ -351,10 +477,17 @@ __all__ = [
     "DEFAULT_PREFIX",
     "DEFAULT_STEPS",
     "MODEL",
+    "QK_FORMAT",
+    "QK_SUFFIX",
+    "QK_VERSION",
+    "STORES",
     "RecordConfig",
     "RecordError",
+    "choose_store",
+    "default_prefix",
     "global_layers",
     "layer_kinds",
+    "peak_rss_mb",
     "read_text",
     "record",
     "require_extra",

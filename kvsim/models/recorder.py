@@ -2,10 +2,10 @@
 is produced, so no layer's full ``(heads, n, n)`` softmax, let alone every layer's, is ever held.
 
 One teacher-forced pass gives every layer's softmax; that equals what each query sees when decoding
-token by token with nothing evicted, which is what a trace is (docs/domain.md, "Traces"). The pass runs
-through an attention function registered with transformers (``ATTN_IMPLEMENTATION``) that calls the
-model family's own eager attention a block of query rows at a time and reduces each block at once. For
-each (layer, KV head):
+token by token with nothing evicted, which is what a trace is (docs/domain.md, "Traces"). The pass is
+``kvsim.models.qkv_capture.run_pass`` (shared with the query/key store): the model family's own eager
+attention a block of query rows at a time, no ``(n, n)`` mask ever built; each block of weights is
+reduced at once. For each (layer, KV head):
 
 1. the query heads that share that KV head are combined (``gqa``: their mean by default, since they
    read the same cache entries and one eviction decision serves them all; or their maximum);
@@ -17,21 +17,15 @@ torch and transformers are imported inside the functions, never at module level.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 
 import numpy as np
 
 from .errors import RecordError
+from .qkv_capture import CHUNK_ELEMENTS, attention_blocks, block_rows, run_pass
 
 #: how the query heads that share a KV head are combined
 GQA = ("mean", "max")
-#: the attention implementation the recorder registers with transformers: eager attention, computed a
-#: block of query rows at a time, each block reduced to its KV heads' rows as soon as it is produced
-ATTN_IMPLEMENTATION = "kvsim_record"
-#: float32 attention weights one block may hold (heads x rows x keys): 16M = 64 MB, so at 8192 tokens
-#: a 4-head layer is done in blocks of 512 rows instead of one 1 GB matrix (and its copies)
-CHUNK_ELEMENTS = 1 << 24
 #: where a finished layer's rows go: (layer, rows per KV head as packed float32 lower triangles)
 LayerSink = Callable[[int, np.ndarray], None]
 
@@ -65,109 +59,50 @@ def kv_head_rows(softmax: np.ndarray, kv_heads: int, gqa: str = "mean") -> list[
 
 
 def record_attention(lm, ids, layers: list[int], gqa: str, chunk_elements: int, sink: LayerSink) -> None:
-    """One teacher-forced pass of ``ids`` through ``lm``'s decoder stack, handing each of ``layers`` to
-    ``sink`` as soon as it is recorded. The pass stops after the last recorded layer, and the model's
-    attention setting is restored whatever happens."""
-    import torch
-
-    recorder = _Recorder(layers, gqa, chunk_elements, sink)
-    decoder = lm.base_model  # the decoder stack alone: the output layer (262k words for Gemma) changes no attention
-    stack = getattr(decoder, "layers", None)
-    hooks = []
-    if stack is not None and len(stack) == lm.config.num_hidden_layers and max(layers) < len(stack) - 1:
-        def stop(*_a):
-            raise _StopForward
-        hooks.append(stack[max(layers)].register_forward_hook(stop))
-    previous = lm.config._attn_implementation
-    _register_attention(recorder)
-    try:
-        if not lm._can_set_attn_implementation():
-            raise RecordError(f"{type(lm).__name__} does not route its attention through transformers' "
-                              "AttentionInterface, so its eager attention cannot be recorded layer by layer")
-        lm.set_attn_implementation(ATTN_IMPLEMENTATION)
-        with torch.no_grad():
-            try:
-                decoder(input_ids=ids, use_cache=False)
-            except _StopForward:
-                pass
-    finally:
-        for h in hooks:
-            h.remove()
-        _register_attention(None)
-        try:
-            lm.set_attn_implementation(previous)
-        except Exception:  # noqa: BLE001 - best effort: restoring must not hide the real error
-            lm.config._attn_implementation = previous
-    missing = [x for x in layers if x not in recorder.done]
-    if missing:
-        raise RecordError(f"layer {missing[0]}'s attention never reached the recorder: the model does not compute "
-                          "it through transformers' attention interface (no eager weights to record)")
-
-
-def _eager_function(module):
-    """The eager attention function of the module's own modelling file (each family has its own:
-    softcapping, attention sinks, scaling)."""
-    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
-    if fn is None:
-        raise RecordError(f"{type(module).__name__} has no eager_attention_forward in {type(module).__module__}: "
-                          "its attention weights cannot be recorded")
-    return fn
+    """One teacher-forced pass of ``ids`` through ``lm``'s decoder stack (``qkv_capture.run_pass``),
+    handing each of ``layers`` to ``sink`` as soon as it is recorded. The pass stops inside the last
+    recorded layer, and the model's attention setting is restored whatever happens."""
+    run_pass(lm, ids, layers, _Recorder(gqa, chunk_elements, sink), chunk_elements)
 
 
 class _Recorder:
-    """Computes eager attention a block of query rows at a time (the same function, the same numbers,
-    since each query row's softmax is independent) and reduces each block of weights at once to one
-    row per KV head: combined over the query heads that share it, the diagonal dropped, renormalised
-    over the earlier positions. Per recorded layer it holds only the packed rows of its KV heads; a
-    finished layer goes to ``sink`` and is freed, so peak memory is one block plus one layer."""
+    """A ``run_pass`` handler: the layer's eager attention a block of query rows at a time
+    (``qkv_capture.attention_blocks``: the same function, the same numbers, since each query row's
+    softmax is independent), each block of weights reduced at once to one row per KV head: combined
+    over the query heads that share it, the diagonal dropped, renormalised over the earlier positions.
+    It holds only the packed rows of the layer's KV heads; a finished layer goes to ``sink`` and is
+    freed, so peak memory is one block plus one layer."""
 
-    def __init__(self, layers: list[int], gqa: str, chunk_elements: int, sink: LayerSink):
-        self.layers, self.gqa, self.chunk_elements, self.sink = set(layers), gqa, chunk_elements, sink
-        self.buffers: dict[int, np.ndarray] = {}
-        self.done: set[int] = set()
+    def __init__(self, gqa: str, chunk_elements: int, sink: LayerSink):
+        self.gqa, self.chunk_elements, self.sink = gqa, chunk_elements, sink
 
-    def __call__(self, module, query, key, value, attention_mask, **kwargs):
+    def __call__(self, layer, module, query, key, value, mask, kwargs, need_output):
         import torch
 
-        layer = getattr(module, "layer_idx", None)
-        if layer is None:
-            raise RecordError(f"{type(module).__name__} does not say which layer it is (no layer_idx)")
-        eager = _eager_function(module)
-        _, heads, q_len, _ = query.shape
-        k_len = key.shape[2]
-        recorded = layer in self.layers
-        if recorded and (query.shape[0] != 1 or q_len != k_len):
-            raise RecordError(f"layer {layer}: expected one sequence attending to itself, got query {tuple(query.shape)}")
-        if recorded and attention_mask is None and q_len > 1:
-            raise RecordError(f"layer {layer}: no causal mask reached the attention; cannot record it")
-        rows = max(1, self.chunk_elements // (heads * k_len))
+        heads, n = query.shape[1], key.shape[2]
+        # blocks as wide as the whole row, whatever the window: each block's weights are placed in full rows
+        rows = block_rows(heads, n, None, self.chunk_elements)
+        buf = np.zeros((key.shape[1], n * (n - 1) // 2), dtype=np.float32)
         outputs = []
-        for i in range(0, q_len, rows):
-            j = min(q_len, i + rows)
-            mask = attention_mask
-            if mask is not None and mask.shape[-2] == q_len:
-                mask = mask[..., i:j, :]
-            out, weights = eager(module, query[:, :, i:j], key, value, mask, **kwargs)
-            outputs.append(out)
-            if recorded:
-                if weights is None:
-                    raise RecordError(f"layer {layer}: the eager attention returned no weights")
-                self._reduce(layer, i, weights, key.shape[1])
-            del weights
-        if recorded:
-            self.sink(layer, self.buffers.pop(layer))
-            self.done.add(layer)
-        return torch.cat(outputs, dim=1), None
+        for b in attention_blocks(module, query, key, value, mask, kwargs, rows):
+            if b.weights is None:
+                raise RecordError(f"layer {layer}: the eager attention returned no weights")
+            self._reduce(layer, b, key.shape[1], n, buf)
+            if need_output:
+                outputs.append(b.output)
+        self.sink(layer, buf)
+        return torch.cat(outputs, dim=1) if need_output else None
 
-    def _reduce(self, layer: int, i: int, weights, kv_heads: int) -> None:
+    def _reduce(self, layer: int, b, kv_heads: int, n: int, buf: np.ndarray) -> None:
         import torch
 
-        w = weights[0].to(torch.float64)  # (heads, rows, keys)
-        heads, rows, n = w.shape
+        w = torch.nn.functional.pad(b.weights[0].to(torch.float64), (b.lo, n - b.hi))  # (heads, rows, n)
+        heads, rows, _ = w.shape
         if heads % kv_heads:
             raise RecordError(f"layer {layer}: {heads} query heads cannot be shared evenly by {kv_heads} KV heads")
         grouped = w.reshape(kv_heads, heads // kv_heads, rows, n)
         comb = grouped.mean(dim=1) if self.gqa == "mean" else grouped.amax(dim=1)  # (kv, rows, n)
+        i = b.i
         t = torch.arange(i, i + rows, device=w.device).unsqueeze(1)
         below = torch.arange(n, device=w.device).unsqueeze(0) < t  # p < t: what the trace keeps of row t
         bad = (~torch.isfinite(comb)) & below
@@ -182,38 +117,8 @@ class _Recorder:
             raise RecordError(f"layer {layer} KV head {h}: step {i + r} puts all its attention on itself")
         comb = comb / sums.clamp_min(torch.finfo(torch.float64).tiny).unsqueeze(-1)
         values = comb[:, below].to(torch.float32).cpu().numpy()  # rows i .. i+rows-1, each [:t], concatenated
-        buf = self.buffers.get(layer)
-        if buf is None:
-            buf = self.buffers[layer] = np.zeros((kv_heads, n * (n - 1) // 2), dtype=np.float32)
         start = i * (i - 1) // 2 if i > 0 else 0
         buf[:, start : start + values.shape[1]] = values
 
 
-class _StopForward(Exception):
-    """Raised after the last recorded layer: the layers above it cannot change what was recorded."""
-
-
-#: the recorder the registered attention function serves; set only for the duration of a pass
-_ACTIVE: _Recorder | None = None
-
-
-def _dispatch(module, query, key, value, attention_mask, **kwargs):
-    if _ACTIVE is None:
-        raise RecordError(f"the {ATTN_IMPLEMENTATION!r} attention runs only inside kvsim.models.recorder")
-    return _ACTIVE(module, query, key, value, attention_mask, **kwargs)
-
-
-def _register_attention(recorder: _Recorder | None) -> None:
-    """Point the registered attention at ``recorder`` (registering it with transformers on first use:
-    the eager mask, and ``_dispatch`` as the attention function)."""
-    global _ACTIVE
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, eager_mask
-
-    if ATTN_IMPLEMENTATION not in ALL_MASK_ATTENTION_FUNCTIONS:
-        AttentionInterface.register(ATTN_IMPLEMENTATION, _dispatch)
-        AttentionMaskInterface.register(ATTN_IMPLEMENTATION, eager_mask)
-    _ACTIVE = recorder
-
-
-__all__ = ["ATTN_IMPLEMENTATION", "CHUNK_ELEMENTS", "GQA", "LayerSink", "kv_head_rows", "record_attention"]
+__all__ = ["CHUNK_ELEMENTS", "GQA", "LayerSink", "kv_head_rows", "record_attention"]
