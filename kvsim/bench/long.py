@@ -1,12 +1,13 @@
 """``python -m kvsim bench --long [--trace BUNDLE]``: query/key traces at length (issue 23, item 4).
 
-On a bundle of query/key traces (``"store": "qk"``; by default the shipped one of at least 32,768 steps),
-one (layer, KV head) of a global layer (the first), and the whole bundle:
+On a bundle of query/key traces (``"store": "qk"``; by default the long recording, ``python -m kvsim
+record --preset long``: Gemma-3-270M over 32,768 tokens, 32,767 steps), one (layer, KV head) of a
+global layer (the first), and the whole bundle:
 
 1. the normaliser pass (every row's log-sum-exp per query head, its denominator and top-32 positions),
    timed on this trace, or read back when the cache holds it;
-2. one h2o replay at budget 1024 on the first T steps, T = 4096, 8192, 16384, 32768 (those the bundle
-   has; ``QKTrace.prefix``, which shares the normalisers), best of two after a warm-up: seconds, and
+2. one h2o replay at budget 1024 on the first T steps, T = 4096, 8192, 16384 and the whole recording
+   (``QKTrace.prefix``, which shares the normalisers), best of two after a warm-up: seconds, and
    microseconds per step, which stay flat when the cost is linear in T at a fixed budget;
 3. an h2o sweep of 64 recent windows (15, 31, .., 1023) at budget 1024 on the longest;
 4. ``tune`` of the whole bundle (h2o, budget 1024, the same 64 windows, every trace's normalisers
@@ -18,7 +19,7 @@ Targets (``--check`` exits 1 on a miss): the replay at the longest length at mos
 most 30 s, and per-step cost at the longest within 1.5x of the shortest (linear growth).
 
 ``--study`` measures instead what length changes (issue 23, item 5; docs/long-context.md): ``tune`` of
-every layer at budget 256 over every window 1..255 on the first 1024, 2048, 8192 and 32768 steps, the
+every layer at budget 256 over every window 1..255 on the first 1024, 2048, 8192 steps and all of them, the
 best and recommended window and the sink share (the mean weight of positions 0..3 over steps t > 4) of
 every global layer at each length, and the per-layer windows of 1024 steps against those of the longest:
 the retained mass at the longest length with each.
@@ -33,9 +34,10 @@ import time
 import numpy as np
 
 from ..analysis.tune import dask_available, tune
-from ..data.bundle import Bundle, BundleError
+from ..data.bundle import MANIFEST, Bundle, BundleError
 from ..data.catalog import resolve_bundle, shipped_bundles
 from ..data.qk import ROW_BLOCK, QKTrace
+from ..models.record_cache import preset
 from ..progress import Progress
 from ..sim.simulate import replay, sweep
 
@@ -47,19 +49,27 @@ STUDY_LENGTHS, STUDY_BUDGET, SINKS = (1024, 2048, 8192, 32768), 256, 4
 
 
 def long_bundle(spec: str | None) -> Bundle:
-    """The bundle named, or the shipped query/key bundle of at least 32,768 steps."""
+    """The bundle named, else the long recording ``kvsim record --preset long`` keeps in the cache, else
+    a shipped query/key bundle of at least 16,385 steps."""
     if spec:
         bundle = resolve_bundle(spec)
     else:
-        found = [b for b in (resolve_bundle(str(p)) for p in shipped_bundles().values())
-                 if b.manifest.get("store") == "qk" and b.steps >= LENGTHS[-1]]
+        folders = [preset("long").out, *shipped_bundles().values()]
+        found = [b for b in (resolve_bundle(str(p)) for p in folders if (p / MANIFEST).is_file())
+                 if b.manifest.get("store") == "qk" and b.steps > LENGTHS[-2]]
         if not found:
-            raise BundleError("no shipped query/key bundle of 32768 steps: build it (docs/long-context.md) or name one "
-                              "with --trace")
+            raise BundleError("no long query/key recording: make it with `python -m kvsim record --preset long` "
+                              "(docs/long-context.md) or name a bundle with --trace")
         bundle = found[0]
     if bundle.manifest.get("store") != "qk":
         raise BundleError(f"{bundle.name}: not a bundle of query/key traces (its manifest's 'store' is not 'qk')")
     return bundle
+
+
+def measured_lengths(wanted: tuple[int, ...], steps: int) -> list[int]:
+    """The lengths of ``wanted`` shorter than the recording, then the recording's own (32,767 steps for
+    the long preset stands for 32k)."""
+    return [t for t in wanted if t < steps] + [steps]
 
 
 def _timed(fn, repeat: int = 1):
@@ -98,7 +108,7 @@ def run(spec: str | None = None, with_tune: bool = True, progress: Progress | No
 
 def _replays(trace: QKTrace, say) -> list[dict]:
     rows = []
-    for T in [t for t in LENGTHS if t <= trace.steps] or [trace.steps]:
+    for T in measured_lengths(LENGTHS, trace.steps):
         say(f"h2o replay at budget {BUDGET}, {T} steps")
         part = trace.prefix(T)
         replay(part, "h2o", budget=BUDGET)  # the first call: kernels loaded, top-k handed over
@@ -191,7 +201,7 @@ def sink_share(trace: QKTrace, sinks: int = SINKS) -> float:
 def study(spec: str | None = None, progress: Progress | None = None) -> dict:
     """What length changes (the module docstring's ``--study``), in one document (``kind: "long-study"``)."""
     bundle = long_bundle(spec)
-    lengths = [T for T in STUDY_LENGTHS if T <= bundle.steps]
+    lengths = measured_lengths(STUDY_LENGTHS, bundle.steps)
     traces = [e.load() for e in bundle.traces]
     doc: dict = {"kind": "long-study", "bundle": bundle.name, "budget": STUDY_BUDGET, "lengths": lengths,
                  "global": [], "per_layer": {}}
