@@ -1,6 +1,6 @@
 """A recording stored as queries and keys is the dense recording: tiny Gemma-3- and Llama-style models built
 here from configs (grouped-query attention, sliding-window layers; nothing downloaded), their own queries
-and keys caught as their attention receives them (``bench/qk_standin.py``'s capture), against the dense
+and keys as ``kvsim record --store qk`` writes them and as ``bench/qk_standin.py`` catches them, against the dense
 recorder (``kvsim record``) on the same tokens: every row within float32 tolerance, every registered
 policy's retained mass within 1e-5. Needs the recorder's extra; skipped with that reason without it."""
 
@@ -36,8 +36,9 @@ def _standin():
     return module
 
 
+@pytest.mark.parametrize("writer", ["record --store qk", "capture"])
 @pytest.mark.parametrize("family", ["gemma3", "llama"])
-def test_queries_and_keys_give_the_dense_recording_and_its_replays(tmp_path, family, fit_args, monkeypatch):
+def test_queries_and_keys_give_the_dense_recording_and_its_replays(tmp_path, family, writer, fit_args, monkeypatch):
     from transformers import AutoModelForCausalLM
 
     from kvsim.models.loading import token_ids
@@ -53,10 +54,14 @@ def test_queries_and_keys_give_the_dense_recording_and_its_replays(tmp_path, fam
     (tmp_path / "text.txt").write_text(TEXT)
     record(RecordConfig(tmp_path / "text.txt", tmp_path / "dense", model=folder, steps=STEPS, layers="all",
                         dtype=np.float32), progress=None)
-    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32).eval()
-    ids = token_ids(tokenizer, TEXT)[:, : STEPS + 1]
-    standin = _standin()
-    standin.write_bundle(tmp_path / "qk", "tinyqk", standin.capture(model, ids), STEPS, {"source": "test"}, np.float32)
+    if writer == "capture":
+        model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32).eval()
+        ids = token_ids(tokenizer, TEXT)[:, : STEPS + 1]
+        standin = _standin()
+        standin.write_bundle(tmp_path / "qk", "tinyqk", standin.capture(model, ids), STEPS, {"source": "test"}, np.float32)
+    else:
+        record(RecordConfig(tmp_path / "text.txt", tmp_path / "qk", model=folder, steps=STEPS, layers="all", store="qk",
+                            dtype=np.float32), progress=None)
     dense, qkb = load_bundle(tmp_path / "dense"), load_bundle(tmp_path / "qk")
     assert qkb.manifest["store"] == "qk" and len(qkb.traces) == len(dense.traces)
     windows = set()

@@ -18,6 +18,7 @@ from kvsim.data.bundle import load_bundle, write_manifest
 from kvsim.data.catalog import resolve_trace
 from kvsim.data.trace import Trace, TraceError, load_npz
 from kvsim.policies.registry import POLICIES
+from kvsim.policies.upper_bound import upper_bound_series
 from kvsim.sim.simulate import replay, sweep
 
 G, N, D = 2, 200, 12
@@ -68,6 +69,7 @@ def test_every_policy_replays_the_same_from_queries_and_keys_as_from_the_matrix(
             assert np.array_equal(runs[0].top_k_recall_series, other.top_k_recall_series), name
             assert np.array_equal(runs[0].kept_history, other.kept_history), name
     assert sweep(trace, "h2o", 24, "recent_window", range(1, 24)) == sweep(dense, "h2o", 24, "recent_window", range(1, 24))
+    assert np.array_equal(upper_bound_series(trace, 24), upper_bound_series(dense, 24))  # its rows a block at a time
 
 
 def test_a_file_round_trips_and_its_normalisers_are_read_back_not_recomputed(tmp_path, monkeypatch):

@@ -51,6 +51,11 @@ class TraceStore:
         fills only ``positions``, into ``out``, ``(1, T + 1)`` float32)."""
         return self._attention[t]
 
+    def rows(self, t0: int, t1: int) -> np.ndarray:
+        """Rows ``t0 .. t1-1`` over positions ``0 .. t1-2`` (at least), float32: whole rows a block at
+        a time, for the references that read every weight (a query/key trace computes them now)."""
+        return self._attention[t0:t1]
+
     def topk_row(self, t: int, k: int) -> np.ndarray:
         """uint8, 1 at row t's top-k positions (``topk_mask(k)[t]``)."""
         return self.topk_mask(k)[t]

@@ -199,6 +199,10 @@ class QKStore(TraceStore):
         out = np.zeros((1, self.data.positions), dtype=np.float32) if out is None else out
         return self.weights_block(t, t + 1, positions, out)[0]
 
+    def rows(self, t0: int, t1: int) -> np.ndarray:
+        out = np.zeros((t1 - t0, t1), dtype=np.float32)
+        return self.weights_block(t0, t1, np.arange(t1 - 1, dtype=np.int64), out)
+
     def topk_row(self, t: int, k: int) -> np.ndarray:
         mask = np.zeros(self.data.positions, dtype=np.uint8)
         top = self.topk(k)[t]
