@@ -30,7 +30,7 @@ def shipped_qk(tmp_path, monkeypatch):
 def test_a_query_key_trace_longer_than_the_app_draws_opens_as_its_first_steps(shipped_qk, monkeypatch, view):
     monkeypatch.setattr(qk, "DENSE_LIMIT", 150)
     at = AppTest.from_file(APP, default_timeout=180)
-    at.query_params.update({"trace": "toyqk:L01", "view": view, "budget": "32"})
+    at.query_params.update({"trace": "toyqk:L01", "view": view, "budget": "64"})
     at.run()
     assert [e.value for e in at.exception] == [] and [e.value for e in at.error] == []
     captions = " ".join(c.value for c in at.sidebar.caption)

@@ -28,7 +28,8 @@ from kvsim.views.figures import pooling
 from . import services
 
 TOP_K = kvsim.DEFAULT_TOP_K
-BY_TRACE = {kvsim.Trace: lambda trace: trace.fingerprint}
+#: the caches key a trace by its fingerprint; Streamlit matches hash_funcs by exact type, so each kind is named
+BY_TRACE = {kind: lambda trace: trace.fingerprint for kind in (kvsim.Trace, qk.QKTrace)}
 
 
 def replay(trace: kvsim.Trace, spec: PolicySpec, **record) -> kvsim.ReplayResult:
