@@ -18,11 +18,11 @@ global layer (the first), and the whole bundle:
 Targets (``--check`` exits 1 on a miss): the replay at the longest length at most 2 s, the sweep at
 most 30 s, and per-step cost at the longest within 1.5x of the shortest (linear growth).
 
-``--study`` measures instead what length changes (issue 23, item 5; docs/long-context.md): ``tune`` of
-every layer at budget 256 over every window 1..255 on the first 1024, 2048, 8192 steps and all of them, the
-best and recommended window and the sink share (the mean weight of positions 0..3 over steps t > 4) of
-every global layer at each length, and the per-layer windows of 1024 steps against those of the longest:
-the retained mass at the longest length with each.
+``--study`` measures instead what length changes (issue 23, item 5; docs/long-context.md): ``tune`` at
+budget 256 over every window 1..255 of the global layers on the first 1024, 2048, 8192 steps and all of
+them (of every layer at the shortest and the longest): each global layer's best and recommended window
+and sink share (the mean weight of positions 0..3 over steps t > 4) at each length, and the per-layer
+windows of 1024 steps against those of the longest, with the retained mass at the longest with each.
 """
 
 from __future__ import annotations
@@ -206,13 +206,15 @@ def study(spec: str | None = None, progress: Progress | None = None) -> dict:
     doc: dict = {"kind": "long-study", "bundle": bundle.name, "budget": STUDY_BUDGET, "lengths": lengths,
                  "global": [], "per_layer": {}}
     tuned = {}
-    for T in lengths:
+    for T in lengths:  # every layer at the shortest and the longest (the per-layer windows), the global ones between
+        chosen = [i for i, e in enumerate(bundle.traces) if T in (lengths[0], lengths[-1]) or e.attention == "global"]
         if progress is not None:
-            progress(None, f"tune of {len(traces)} traces on their first {T} steps, budget {STUDY_BUDGET}")
-        parts = [tr.prefix(T) for tr in traces]
+            progress(None, f"tune of {len(chosen)} traces on their first {T} steps, budget {STUDY_BUDGET}")
+        parts = [traces[i].prefix(T) for i in chosen]
         tuned[T] = tune(parts, "h2o", STUDY_BUDGET)
         doc["per_layer"][T] = {r["layer"]: r["recommended_window"] for r in tuned[T].per_layer()}
-        for e, part, t in zip(bundle.traces, parts, tuned[T].traces, strict=True):
+        for i, part, t in zip(chosen, parts, tuned[T].traces, strict=True):
+            e = bundle.traces[i]
             if e.attention == "global":
                 doc["global"].append({"layer": e.layer, "head": e.head, "steps": T, "best_window": t.best_window,
                                       "best_mass": t.best_mass, "recommended_window": t.recommended_window,
