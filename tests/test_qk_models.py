@@ -75,3 +75,18 @@ def test_queries_and_keys_give_the_dense_recording_and_its_replays(tmp_path, fam
             assert abs(replay(q, name, budget=BUDGET, **kw).retained_mass
                        - replay(d, name, budget=BUDGET, **kw).retained_mass) < 1e-5, (b.name, name)
     assert windows == ({None, WINDOW} if family == "gemma3" else {None})
+
+
+def test_the_open_loop_schedule_is_the_same_from_queries_and_keys(fit_args):
+    from kvsim.data import qk
+    from kvsim.data.trace import Trace
+    from kvsim.models.decode import replay_masks
+
+    rng = np.random.default_rng(0)
+    q, k = rng.normal(size=(2, 80, 8)).astype(np.float16), rng.normal(size=(80, 8)).astype(np.float16)
+    trace = qk.from_qk(q, k, k, scale=0.5)
+    dense = Trace(np.array(trace.attention))
+    for name in ("h2o", "tova", "sliding_window"):
+        a, mass_a = replay_masks([[trace]], name, 16, fit_args(name, 16), 80)
+        b, mass_b = replay_masks([[dense]], name, 16, fit_args(name, 16), 80)
+        assert torch.equal(a[0], b[0]) and np.array_equal(mass_a, mass_b)
