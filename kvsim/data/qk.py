@@ -291,9 +291,11 @@ class QKTrace(Trace):
     def prefix(self, steps: int) -> QKTrace:
         """The first ``steps`` steps of the recording, as a trace of its own. Rows 0 .. steps read only
         positions 0 .. steps, so the normalisers and top-k positions computed for this trace are the
-        prefix's too, and are handed over rather than computed again."""
+        prefix's too, and are handed over rather than computed again. All of the steps: this trace."""
         if not 1 <= steps <= self.steps:
             raise TraceError(f"{self.name}: step {steps} is beyond the recording ({self.steps} steps)")
+        if steps == self.steps:
+            return self
         d, n = self.qk, steps + 1
         data = QKData(d.Q[:, :n], d.Kt[:, :n].T, d.v[:n], scale=d.scale, softcap=d.softcap, window=d.window, gqa=d.gqa)
         recorded = self.meta.get("recorded_steps", self.steps)
