@@ -45,7 +45,7 @@ def capture(lm, ids):
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-    from kvsim.models.recorder import _eager_function
+    from kvsim.models.qkv_capture import eager_function
 
     got = {}
 
@@ -53,7 +53,7 @@ def capture(lm, ids):
         got[module.layer_idx] = (query[0].float().numpy().copy(), key[0].float().numpy().copy(),
                                  value[0].float().numpy().copy(), float(kwargs["scaling"]), kwargs.get("softcap"),
                                  kwargs.get("sliding_window"))
-        return _eager_function(module)(module, query, key, value, attention_mask, **kwargs)
+        return eager_function(module)(module, query, key, value, attention_mask, **kwargs)
 
     AttentionInterface.register("kvsim_qk_capture", grab)
     AttentionMaskInterface.register("kvsim_qk_capture", eager_mask)
