@@ -153,16 +153,24 @@ class QKStore(TraceStore):
         lse = np.zeros((d.Q.shape[0], N), dtype=np.float64)
         denom = np.ones(N, dtype=np.float64)
         top = np.full((N, k), -1, dtype=np.int32)
-        bad = np.zeros(1, dtype=np.int64)
-        S = np.empty((ROW_BLOCK, d.Q.shape[0], N), dtype=np.float64)
-        for t0 in range(0, N, ROW_BLOCK):
-            t1 = min(N, t0 + ROW_BLOCK)
-            qk_rows.row_pass(d.Q, d.Kt, *d.constants, k, t0, t1, lse, denom, top, bad, S)
-            if bad[0]:
-                raise TraceError(f"{self.name}: step {int(bad[0])} puts all its attention on itself (nothing left "
-                                 "to renormalise over the earlier positions)")
-            if progress is not None:
-                progress(t1 / N, "normalisers")
+        bad = np.zeros(_WORKERS, dtype=np.int64)
+        blocks = list(range(0, N, ROW_BLOCK))
+
+        def worker(w: int) -> None:  # every _WORKERS-th block, with its own scratch: each row is computed alone
+            S = np.empty((ROW_BLOCK, d.Q.shape[0], N), dtype=np.float64)
+            for t0 in blocks[w::_WORKERS]:
+                qk_rows.row_pass(d.Q, d.Kt, *d.constants, k, t0, min(N, t0 + ROW_BLOCK), lse, denom, top, bad[w:], S)
+                if bad[w]:
+                    return
+
+        futures = [_pool().submit(worker, w) for w in range(_WORKERS)]
+        for f in futures:
+            f.result()
+        if bad.any():
+            raise TraceError(f"{self.name}: step {int(bad[bad > 0].min())} puts all its attention on itself (nothing left "
+                             "to renormalise over the earlier positions)")
+        if progress is not None:
+            progress(1.0, "normalisers")
         if path is not None:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
