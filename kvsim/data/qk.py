@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..jit import kernel
 from . import qk_rows
 from .derived import TraceStore, _check_k
 from .files import atomic_write
@@ -65,17 +66,18 @@ def is_qk_path(path) -> bool:
 
 
 class QKData:
-    """The arrays and constants of one (layer, KV head): ``Q`` float32 ``(G, N, d)`` and ``Kt`` float32
-    ``(d, N)`` (the keys as columns) as the kernels take them, the values ``v`` as stored, and
+    """The arrays and constants of one (layer, KV head): ``Q`` float32 ``(G, N, d)``, ``K`` float32
+    ``(N, d)`` and ``Kt`` ``(d, N)`` (the keys as rows and as columns) as the kernels take them, the values ``v`` as stored, and
     ``scale``, ``softcap`` (0: none), ``window`` (0: none), ``gqa``."""
 
     def __init__(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float, softcap: float | None,
                  window: int | None, gqa: str) -> None:
         self.Q = np.ascontiguousarray(q, dtype=np.float32)
-        self.Kt = np.ascontiguousarray(np.asarray(k, dtype=np.float32).T)
+        self.K = np.ascontiguousarray(k, dtype=np.float32)  # a key per row: what a gather of held positions reads
+        self.Kt = np.ascontiguousarray(self.K.T)  # the keys as columns: what whole rows read
         self.v = v
         self.scale, self.softcap, self.window, self.gqa = float(scale), float(softcap or 0.0), int(window or 0), gqa
-        for a in (self.Q, self.Kt):
+        for a in (self.Q, self.K, self.Kt):
             a.flags.writeable = False
 
     @property
@@ -189,7 +191,7 @@ class QKStore(TraceStore):
         d = self.data
         positions = np.ascontiguousarray(positions, dtype=np.int64)
         Kc = np.empty((d.head_dim, positions.size), dtype=np.float32)
-        qk_rows.gather_columns(d.Kt, positions, Kc)
+        _gather(d.K, positions, Kc)
         parts = min(_WORKERS, max(1, (t1 - t0) // 16))  # the kernel releases the GIL: rows split over the cores
         cuts = np.linspace(t0, t1, parts + 1).astype(int)
         jobs = [(a, b, out[a - t0 :]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
@@ -250,6 +252,16 @@ class QKStore(TraceStore):
             return self._masks[k]
 
 
+@kernel
+def _gather(K, positions, out):
+    """``out[:, i] = K[positions[i]]``: the keys of ``positions`` as columns, read a whole key at a time
+    (from the transposed keys these reads were scattered over the head dim's rows: 3x slower at 32k)."""
+    for i in range(positions.shape[0]):
+        p = positions[i]
+        for j in range(K.shape[1]):
+            out[j, i] = K[p, j]
+
+
 @functools.cache
 def _pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="kvsim-qk")
@@ -305,7 +317,7 @@ class QKTrace(Trace):
         if steps == self.steps:
             return self
         d, n = self.qk, steps + 1
-        data = QKData(d.Q[:, :n], d.Kt[:, :n].T, d.v[:n], scale=d.scale, softcap=d.softcap, window=d.window, gqa=d.gqa)
+        data = QKData(d.Q[:, :n], d.K[:n], d.v[:n], scale=d.scale, softcap=d.softcap, window=d.window, gqa=d.gqa)
         recorded = self.meta.get("recorded_steps", self.steps)
         out = QKTrace(data, name=f"{self.name}[:{steps}]", meta={**self.meta, "steps": steps, "recorded_steps": recorded})
         src = self.derived
@@ -317,7 +329,7 @@ class QKTrace(Trace):
 
     def __reduce__(self):  # to a Dask worker: the arrays and constants, not the caches
         d = self.qk
-        return (_rebuild, (d.Q, d.Kt.T, d.v, d.scale, d.softcap, d.window, d.gqa,
+        return (_rebuild, (d.Q, d.K, d.v, d.scale, d.softcap, d.window, d.gqa,
                            self.name, self.meta, self.derived.disk_stem))
 
 

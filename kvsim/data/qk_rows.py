@@ -104,8 +104,8 @@ def _finish(comb, m0, m1, G, gqa):
 @kernel
 def weights_block(Q, Kc, positions, lse, denom, scale, softcap, window, gqa, t0, t1, out):
     """``out[t - t0, p]`` = weight ``[t, p]`` of the trace for rows t0 .. t1-1 and every p of
-    ``positions`` (ascending) below t, ``Kc`` holding their keys as columns (``gather_columns``): per head
-    ``exp(logit - lse[g, t])`` combined in head order, then ``float32(combined / denom[t])``; 0 outside
+    ``positions`` (ascending) below t, ``Kc`` holding their keys as columns (``QKStore.weights_block``
+    gathers them): per head ``exp(logit - lse[g, t])`` combined in head order, then ``float32(combined / denom[t])``; 0 outside
     the sliding window (and not computed: a sliding layer costs its window, not its history). The other
     entries of ``out`` are left as they are."""
     G, n = Q.shape[0], positions.shape[0]
@@ -184,11 +184,3 @@ def row_pass(Q, Kt, scale, softcap, window, gqa, k, t0, t1, lse, denom, topk, ba
         for p in range(t):
             w[p] = np.float32(comb[p] / total) if p >= lo else np.float32(0.0)
         _topk_row(w[:t], k, topk[t])
-
-
-@kernel
-def gather_columns(Kt, positions, out):
-    """``out[:, i] = Kt[:, positions[i]]``: the keys of ``positions`` as columns (``out``: (d, >= n))."""
-    for j in range(Kt.shape[0]):
-        for i in range(positions.shape[0]):
-            out[j, i] = Kt[j, positions[i]]
