@@ -22,12 +22,14 @@ from __future__ import annotations
 import io
 import os
 import time
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..data.bundle import Bundle
+from ..data.qk import is_qk_path, load_qk
 from ..data.trace import Trace, load_npz
 from ..policies import POLICIES, policy_params
 from ..progress import Progress
@@ -172,7 +174,7 @@ class _Unit:
 
 def _units(source: Bundle | Trace | Sequence[Trace]) -> list[_Unit]:
     if isinstance(source, Bundle):
-        return [_Unit(t.layer, t.head, t.path.stem, t.attention, str(t.path)) for t in source.traces]
+        return [_Unit(t.layer, t.head, t.name, t.attention, str(t.path)) for t in source.traces]
     traces = [source] if isinstance(source, Trace) else list(source)
     units = []
     for i, tr in enumerate(traces):
@@ -186,9 +188,10 @@ def _units(source: Bundle | Trace | Sequence[Trace]) -> list[_Unit]:
 def _load(payload: bytes | Trace | str, name: str) -> Trace:
     if isinstance(payload, Trace):
         return payload
-    if isinstance(payload, bytes):
-        return load_npz(io.BytesIO(payload), source=name)
-    return load_npz(payload)
+    if isinstance(payload, bytes):  # a query/key file is a zip holding 'q.npy'
+        qk = zipfile.is_zipfile(io.BytesIO(payload)) and "q.npy" in zipfile.ZipFile(io.BytesIO(payload)).namelist()
+        return (load_qk if qk else load_npz)(io.BytesIO(payload), source=name)
+    return load_qk(payload) if is_qk_path(payload) else load_npz(payload)
 
 
 def tune_trace(trace: Trace, policy: str, budget: int, windows: list[int], top_k: int = DEFAULT_TOP_K,

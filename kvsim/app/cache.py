@@ -16,6 +16,7 @@ import streamlit as st
 
 import kvsim
 from kvsim.analysis.metrics import describe_cached
+from kvsim.data import qk
 from kvsim.data.catalog import resolve_bundle, resolve_trace
 from kvsim.policies import PolicySpec
 from kvsim.policies.upper_bound import upper_bound_summary
@@ -27,7 +28,8 @@ from kvsim.views.figures import pooling
 from . import services
 
 TOP_K = kvsim.DEFAULT_TOP_K
-BY_TRACE = {kvsim.Trace: lambda trace: trace.fingerprint}
+#: the caches key a trace by its fingerprint; Streamlit matches hash_funcs by exact type, so each kind is named
+BY_TRACE = {kind: lambda trace: trace.fingerprint for kind in (kvsim.Trace, qk.QKTrace)}
 
 
 def replay(trace: kvsim.Trace, spec: PolicySpec, **record) -> kvsim.ReplayResult:
@@ -37,7 +39,13 @@ def replay(trace: kvsim.Trace, spec: PolicySpec, **record) -> kvsim.ReplayResult
 
 @st.cache_resource(max_entries=4, show_spinner="loading the trace")
 def load_named_trace(spec: str) -> kvsim.Trace:
-    return resolve_trace(spec)
+    """The trace ``spec`` names; of a query/key trace longer than the app draws (its views read whole
+    rows: ``qk.DENSE_LIMIT`` steps), the first ``DENSE_LIMIT`` steps (``meta["recorded_steps"]`` says
+    how many the recording has; the CLI replays, sweeps and tunes all of them)."""
+    trace = resolve_trace(spec)
+    if trace.derived.on_demand and trace.steps > qk.DENSE_LIMIT:
+        return trace.prefix(qk.DENSE_LIMIT)
+    return trace
 
 
 @st.cache_resource(max_entries=2, show_spinner="reading the uploaded trace")

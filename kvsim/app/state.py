@@ -267,10 +267,15 @@ def choose_trace() -> kvsim.Trace:
             side.warning(f"{upload.name}: {repaired}")
         return uploaded
     try:
-        return cache.load_named_trace(st.session_state["trace"])
+        trace = cache.load_named_trace(st.session_state["trace"])
     except kvsim.TraceError as e:
         st.error(f"{e}; showing {CANONICAL} instead")
         return cache.load_named_trace(CANONICAL)
+    recorded = trace.meta.get("recorded_steps", trace.steps)
+    if recorded > trace.steps:
+        side.caption(f"showing the first {trace.steps} of the recording's {recorded} steps (the views read whole rows); "
+                     f"`python -m kvsim replay --trace {st.session_state['trace']}` and `tune` take them all")
+    return trace
 
 
 def _read_upload(upload) -> kvsim.Trace | None:

@@ -31,6 +31,18 @@ def cmd_bench(args: argparse.Namespace) -> object:
         from ..bench import load
 
         return load.run(sizes=args.load, progress=say, profile=args.profile)
+    long_only = [f for f, on in (("--trace", args.trace is not None), ("--no-tune", args.no_tune), ("--study", args.study))
+                 if on]
+    if args.long:
+        if args.browser or browser_only or args.full_reference:
+            raise CLIError("--long takes only --trace, --no-tune, --study, --check and --json")
+        from ..bench import long
+
+        if args.study:
+            return long.study(args.trace, progress=say)
+        return long.run(args.trace, with_tune=not args.no_tune, progress=say)
+    if long_only:
+        raise CLIError(f"{', '.join(long_only)} only apply with --long")
     if args.browser:
         if args.full_reference:
             raise CLIError("--full-reference does not apply to --browser")
@@ -67,7 +79,7 @@ def _generate(args: argparse.Namespace, say) -> dict:
 def bench_status(args: argparse.Namespace, doc: dict) -> int:
     """The exit status of ``kvsim bench``: with ``--check``, 1 (``MISSED``) when any target was missed (the
     document's ``result`` is not PASS), else 0; without ``--check`` always 0, the figures being a report."""
-    return MISSED if args.check and doc.get("result") != "PASS" else 0
+    return MISSED if args.check and doc.get("result", "PASS") != "PASS" else 0
 
 
 def render_bench(doc: dict) -> str:
@@ -83,6 +95,10 @@ def render_bench(doc: dict) -> str:
         from ..bench import browser
 
         return browser.render(doc)
+    if doc.get("kind") in ("long", "long-study"):
+        from ..bench import long
+
+        return long.render(doc) if doc["kind"] == "long" else long.render_study(doc)
     from ..bench import speed
 
     return speed.render(doc)

@@ -19,6 +19,7 @@ from ..analysis.table import TABLE_BUDGET, build_table
 from ..analysis.windows import choose_window
 from ..data.bundle import is_bundle
 from ..data.catalog import available_traces, resolve_trace
+from ..data.qk import DENSE_LIMIT
 from ..data.trace import Trace, save_npz
 from ..policies import DEFAULT_BUDGET, POLICIES, make_policy, policy_params
 from ..sim.simulate import replay, sweep
@@ -106,6 +107,9 @@ def cmd_export(args: argparse.Namespace) -> object:
     if out.suffix != ".npz":
         raise CLIError(f"--out: {args.out} must end in .npz")
     trace = load(args.trace)
+    if trace.derived.on_demand and trace.steps > DENSE_LIMIT:
+        raise InputError(f"--trace {args.trace}: a query/key trace of {trace.steps} steps; export writes the dense "
+                         f"interchange format only up to {DENSE_LIMIT} steps ({DENSE_LIMIT + 1}^2 weights)")
     try:
         save_npz(trace, out, dtype=np.float32)
     except OSError as e:

@@ -190,6 +190,12 @@ def _add_bench(sub) -> None:
                    "after each prompt of L - G (default: 256)")
     p.add_argument("--prefill", choices=["exact", "fast"], default="exact", help="with --generate: how kvsim's cache "
                    "takes the prompt (default: exact)")
+    p.add_argument("--long", action="store_true", help="instead: query/key traces at length (4k-32k steps): h2o replays "
+                   "at budget 1024, a 64-window sweep, tune of the whole bundle serial and on Dask, storage")
+    p.add_argument("--trace", help="with --long: a bundle of query/key traces (default: the shipped one of 32768 steps)")
+    p.add_argument("--no-tune", action="store_true", help="with --long: skip tuning the whole bundle")
+    p.add_argument("--study", action="store_true", help="with --long: instead, what length changes: the best window and "
+                   "sink share of the global layers at 1k-32k steps, and whether the per-layer windows of 1024 steps hold")
     _json(p)
 
 

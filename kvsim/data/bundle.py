@@ -9,7 +9,7 @@ from file names::
       "name": "gemma3-270m-heapq",
       "model": "...", "model_licence": "...",
       "text": {"source": "...", "licence": "...", "sha256": "...", "file": "heapq.py"},
-      "steps": 1024, "gqa": "mean", "dtype": "float16",
+      "steps": 1024, "gqa": "mean", "dtype": "float16", "store": "dense",
       "layers": [0, 1, ...],
       "traces": [
         {"file": "gemma3-270m-heapq-L00.npz", "layer": 0, "head": 0, "query_heads": [0, 1, 2, 3],
@@ -18,7 +18,8 @@ from file names::
       ]
     }
 
-Every trace file is an ordinary trace (``kvsim.load_trace`` reads it alone). One trace of a bundle is
+Every trace file is an ordinary trace (``kvsim.load_trace`` reads it alone). ``"store": "qk"`` says the
+files are query/key traces (``*.qk.npz``, ``kvsim.data.qk``); ``"dense"`` (or nothing) that they are not. One trace of a bundle is
 named ``BUNDLE:L05`` (layer 5, when the layer has one KV head) or ``BUNDLE:L05H1`` (layer 5, KV head
 1); ``kvsim.resolve_trace`` accepts that wherever it accepts a trace. Only the standard library and
 the trace loader are imported here: no torch.
@@ -31,6 +32,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .qk import is_qk_path, load_qk
 from .trace import Trace, TraceError, load_npz
 
 MANIFEST = "manifest.json"
@@ -63,7 +65,20 @@ class BundleTrace:
         """``L05H0``: the selector suffix that names this trace."""
         return f"L{self.layer:02d}H{self.head}"
 
+    @property
+    def name(self) -> str:
+        """The file's name without ``.npz`` (or ``.qk.npz``)."""
+        return self.path.name.removesuffix(".npz").removesuffix(".qk")
+
     def load(self) -> Trace:
+        """The trace: a dense file through ``load_npz``; a query/key file (``*.qk.npz``) through
+        ``kvsim.data.qk.load_qk``, which must agree with this entry's layer, KV head, query heads and
+        sliding window."""
+        if is_qk_path(self.path):
+            expect = {"layer": self.layer, "head": self.head, "sliding_window": self.sliding_window}
+            if self.query_heads:
+                expect["query_heads"] = list(self.query_heads)
+            return load_qk(self.path, expect=expect)
         return load_npz(self.path)
 
 
@@ -174,6 +189,9 @@ def load_bundle(path: str | Path) -> Bundle:
     entries = m.get("traces")
     if not isinstance(entries, list) or not entries:
         raise BundleError(f"{src}: 'traces' must be a non-empty list")
+    store = m.get("store", "dense")
+    if store not in ("dense", "qk"):
+        raise BundleError(f"{src}: 'store' must be 'dense' or 'qk', got {store!r}")
     traces, seen = [], set()
     for i, e in enumerate(entries):
         where = f"{src}: traces[{i}]"
@@ -188,6 +206,9 @@ def load_bundle(path: str | Path) -> Bundle:
             raise BundleError(f"{where}: 'file' must be the name of an .npz in the bundle's folder, got {name!r}")
         if not (folder / name).is_file():
             raise BundleError(f"{where}: {name} is missing from {folder}")
+        if is_qk_path(name) != (store == "qk"):
+            want = "a query/key file (*.qk.npz)" if store == "qk" else "a dense trace file, not *.qk.npz"
+            raise BundleError(f"{where}: the manifest's 'store' is {store!r}, so {name!r} must be {want}")
         qh = e.get("query_heads", [])
         if not isinstance(qh, list) or not all(_is_int(q) and q >= 0 for q in qh):
             raise BundleError(f"{where}: 'query_heads' must be a list of non-negative integers")

@@ -1,7 +1,8 @@
 """Where a trace comes from, by name: the one place the CLI and the app turn ``--trace`` into a Trace.
 
 A spec is ``canonical`` (the calibrated synthetic trace), the stem of a file shipped in the repo's
-``traces/`` folder (``traces/<stem>.npz``), or a path to an interchange ``.npz``. A bundle (a recorded
+``traces/`` folder (``traces/<stem>.npz``), a path to an interchange ``.npz`` or to a query/key trace
+(``*.qk.npz``, ``kvsim.data.qk``). A bundle (a recorded
 model: ``traces/<name>/manifest.json`` when shipped, or any folder with a manifest) is named by its
 name or path; one of its traces by ``BUNDLE:L05`` (layer 5) or ``BUNDLE:L05H1`` (layer 5, KV head 1).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .bundle import MANIFEST, Bundle, BundleError, is_bundle, load_bundle, parse_selector
+from .qk import is_qk_path, load_qk
 from .store import canonical_trace, file_trace  # generated (or decoded) once, then read from the user cache directory
 from .trace import Trace, TraceError, load_npz
 
@@ -79,6 +81,8 @@ def resolve_trace(spec: str) -> Trace:
         raise TraceError(f"{spec} is a bundle of {bundle.describe()}: name one trace, e.g. {spec}:L{first.layer:02d} "
                          f"or {spec}:{first.label} (layer, KV head), or use a command that takes a bundle (tune)")
     path = Path(spec)
+    if is_qk_path(spec):
+        return load_qk(path)
     # anything that looks like a path goes to the loader, whose error names the file and the problem
     if path.exists() or path.suffix == ".npz" or "/" in spec or "\\" in spec:
         return load_npz(path)

@@ -34,6 +34,32 @@ class TraceStore:
         self._topk: dict[int, np.ndarray] = {}
         self._masks: dict[int, np.ndarray] = {}
 
+    #: whether rows are computed on demand (a query/key trace) rather than read from a matrix
+    on_demand = False
+
+    @property
+    def steps(self) -> int:
+        return self._attention.shape[0] - 1
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The dtype of the weights the kernels read."""
+        return self._attention.dtype
+
+    def row(self, t: int, positions: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Row t, indexable by position: the reference harness reads ``row[kept]`` (a query/key trace
+        fills only ``positions``, into ``out``, ``(1, T + 1)`` float32)."""
+        return self._attention[t]
+
+    def rows(self, t0: int, t1: int) -> np.ndarray:
+        """Rows ``t0 .. t1-1`` over positions ``0 .. t1-2`` (at least), float32: whole rows a block at
+        a time, for the references that read every weight (a query/key trace computes them now)."""
+        return self._attention[t0:t1]
+
+    def topk_row(self, t: int, k: int) -> np.ndarray:
+        """uint8, 1 at row t's top-k positions (``topk_mask(k)[t]``)."""
+        return self.topk_mask(k)[t]
+
     def __getstate__(self) -> dict:  # a trace sent to another process (a Dask worker): the lock stays here
         return {k: v for k, v in self.__dict__.items() if k != "_lock"}
 
@@ -99,7 +125,7 @@ class TraceStore:
 
     def _topk_on_disk(self, k: int) -> np.ndarray:
         path = self.disk_stem.with_name(f"{self.disk_stem.name}-topk{k}.npy")
-        T = self._attention.shape[0] - 1
+        T = self.steps
         try:
             top = np.load(path, allow_pickle=False)
             if top.shape == (T + 1, k) and top.dtype == np.int32 and top.min() >= -1 and top.max() <= T:
@@ -145,21 +171,28 @@ def _topk_positions(A, k):
     n = A.shape[0]
     out = np.full((n, k), -1, dtype=np.int32)
     for t in range(1, n):
-        if t <= k:
-            for p in range(t):
-                out[t, p] = p
-            continue
-        row = A[t, :t]
-        kth = np.partition(row, t - k)[t - k]  # the k-th largest value, whatever the algorithm
-        j = 0
-        for p in range(t):
-            if row[p] > kth:
-                out[t, j] = p
-                j += 1
-        for p in range(t):  # ties at the k-th value fill up from the lowest position
-            if j == k:
-                break
-            if row[p] == kth:
-                out[t, j] = p
-                j += 1
+        _topk_row(A[t, :t], k, out[t])
     return out
+
+
+@kernel
+def _topk_row(row, k, out):
+    """The positions of the k largest of ``row`` (row t's weights on ``0 .. t-1``) into ``out``
+    (``-1`` left where the row is shorter than k), lower position first on ties."""
+    t = row.shape[0]
+    if t <= k:
+        for p in range(t):
+            out[p] = p
+        return
+    kth = np.partition(row, t - k)[t - k]  # the k-th largest value, whatever the algorithm
+    j = 0
+    for p in range(t):
+        if row[p] > kth:
+            out[j] = p
+            j += 1
+    for p in range(t):  # ties at the k-th value fill up from the lowest position
+        if j == k:
+            break
+        if row[p] == kth:
+            out[j] = p
+            j += 1

@@ -13,6 +13,9 @@ import numpy as np
 from ..data.trace import Trace
 from .base import check_budget
 
+#: rows read per block
+ROWS = 256
+
 
 def upper_bound_series(trace: Trace, budget: int) -> np.ndarray:
     """Per step t = 1..T (float64): the sum of the ``budget`` largest weights of row t.
@@ -21,11 +24,12 @@ def upper_bound_series(trace: Trace, budget: int) -> np.ndarray:
     positions, so no policy's retained mass at step t exceeds this.
     """
     budget = check_budget(budget)
-    A = trace.attention
     T = trace.steps
     out = np.empty(T, dtype=np.float64)
     for t in range(1, T + 1):
-        row = A[t, :t].astype(np.float64)
+        if (t - 1) % ROWS == 0:  # whole rows a block at a time (a query/key trace computes them)
+            A, a0 = trace.derived.rows(t, min(T + 1, t + ROWS)), t
+        row = A[t - a0, :t].astype(np.float64)
         if t > budget:
             # the top set, summed in position order like the harness's kept_sum, so a policy
             # that holds exactly this set scores exactly this number

@@ -44,6 +44,12 @@ from .harness import ReplayResult
 _WORKERS = os.cpu_count() or 1
 #: steps per kernel call: the granularity of ``progress`` reports
 _CHUNK = 256
+#: steps per kernel call on a query/key trace: each call's rows are computed for it, at the positions
+#: held when it starts plus those it admits, so a shorter chunk computes fewer weights that nobody reads
+_QK_CHUNK = 64
+#: the policies whose kernels read rows other than the current one (greedy_future: the attention still
+#: to come): on a query/key trace they read its dense matrix
+_WHOLE_ROWS = frozenset({"greedy_future"})
 #: configurations per pass of a sweep. The per-step series (16 bytes per configuration and step)
 #: are kept only for one batch, so a sweep holds the trace, O(configurations x budget) of cache
 #: state and O(_BATCH x steps) of series, whatever the number of values; a pass re-reads only the
@@ -78,13 +84,20 @@ class _Pass:
     score_hist: np.ndarray
     score_pos: np.ndarray
     victims: np.ndarray
+    #: the step ``A``'s first row stands for: 0 (the whole matrix) or the chunk's first step
+    a0: int = 0
+    #: where a query/key trace's rows come from, a chunk of steps at a time (None: ``A`` is the matrix)
+    store: object = None
+    #: sliding_window and streaming_llm keep no slots: their runner says their sinks, which fix what they hold
+    sinks: np.ndarray | None = None
 
     @classmethod
-    def of(cls, trace: Trace, budgets: np.ndarray, top_k: int, record: frozenset, progress) -> _Pass:
+    def of(cls, trace: Trace, name: str, budgets: np.ndarray, top_k: int, record: frozenset, progress) -> _Pass:
         T, n_cfg, width, b0 = trace.steps, budgets.size, int(budgets.max()) + 1, int(budgets[0])
         scores = "scores" in record
+        store = trace.derived if getattr(trace.derived, "on_demand", False) and name not in _WHOLE_ROWS else None
         return cls(
-            A=trace.derived.kernel_attention(),
+            A=trace.derived.kernel_attention() if store is None else np.zeros((_QK_CHUNK, T + 1), dtype=np.float32),
             topk=trace.derived.topk(top_k),
             budgets=budgets,
             progress=progress,
@@ -98,6 +111,7 @@ class _Pass:
             score_hist=np.full((T, b0 + 1), np.nan) if scores else _none(np.float64, 2),
             score_pos=np.full((T, b0 + 1), -1, dtype=np.int32) if scores else _none(np.int32, 2),
             victims=np.full(T, -1, dtype=np.int64) if "victims" in record else _none(np.int64, 1),
+            store=store,
         )
 
     @property
@@ -105,13 +119,30 @@ class _Pass:
         return self.mass.shape[1]
 
     def chunks(self):
-        """``(t0, t1)`` per kernel call, telling ``progress`` the share done after each."""
+        """``(t0, t1)`` per kernel call, telling ``progress`` the share done after each; for a
+        query/key trace, ``A`` then holds rows ``t0 .. t1-1`` at every position a configuration may
+        read in them (``_fill``)."""
         T = self.steps
-        for t0 in range(1, T + 1, _CHUNK):
-            t1 = min(t0 + _CHUNK, T + 1)
+        size = _CHUNK if self.store is None else _QK_CHUNK
+        for t0 in range(1, T + 1, size):
+            t1 = min(t0 + size, T + 1)
+            if self.store is not None:
+                self._fill(t0, t1)
             yield t0, t1
             if self.progress is not None:
                 self.progress((t1 - 1) / T)
+
+    def _fill(self, t0: int, t1: int) -> None:
+        """Rows ``t0 .. t1-1`` of a query/key trace into ``A`` at the positions held before step t0
+        by any configuration, and those admitted in the chunk: O(chunk x positions x heads x head dim)."""
+        if self.sinks is not None:  # the sinks, and the newest budget - sinks positions (all, until the cache fills)
+            b, s = int(self.budgets.max()), int(self.sinks.max())
+            cand = np.union1d(np.arange(min(s, t0)), np.arange(max(0, t0 - b), t1 - 1))
+        else:
+            held = self.pos[np.arange(self.pos.shape[1])[None, :] < self.length[:, None]]
+            cand = np.union1d(held, np.arange(t0, t1 - 1))
+        self.store.weights_block(t0, t1, cand.astype(np.int64), self.A)
+        self.a0 = t0
 
     def records(self, scores: bool = True) -> dict:
         out = {"victims": self.victims, "kept_history": self.kept_hist}
@@ -128,7 +159,7 @@ class _Pass:
 def _run_h2o(r: _Pass, windows):
     score = np.zeros(r.pos.shape, dtype=np.float64)  # position 0 starts with score 0
     for t0, t1 in r.chunks():
-        kernels.h2o_steps(r.A, r.topk, t0, t1, r.budgets, windows, r.pos, score, r.length, r.mass, r.recall, r.stamp,
+        kernels.h2o_steps(r.A, r.a0, r.topk, t0, t1, r.budgets, windows, r.pos, score, r.length, r.mass, r.recall, r.stamp,
                           r.gather, r.kept_hist, r.score_hist, r.score_pos, r.victims)
     return r.records()
 
@@ -143,7 +174,7 @@ def _run_scissorhands(r: _Pass, windows, histories):
     ring = np.zeros((n_cfg, max(1, h), width if h else 1), dtype=np.int32)
     ring_len = np.zeros(ring.shape[:2], dtype=np.int64)
     for t0, t1 in r.chunks():
-        kernels.scissorhands_steps(r.A, r.topk, t0, t1, r.budgets, windows, histories, r.pos, votes, r.length, observed,
+        kernels.scissorhands_steps(r.A, r.a0, r.topk, t0, t1, r.budgets, windows, histories, r.pos, votes, r.length, observed,
                                    ring, ring_len, r.mass, r.recall, r.stamp, r.gather, r.kept_hist, r.score_hist,
                                    r.score_pos, r.victims)
     return r.records()
@@ -153,7 +184,7 @@ def _run_h2o_normalized(r: _Pass, windows):
     total_ = np.zeros(r.pos.shape, dtype=np.float64)
     count = np.zeros(r.pos.shape, dtype=np.int64)
     for t0, t1 in r.chunks():
-        kernels.h2o_normalized_steps(r.A, r.topk, t0, t1, r.budgets, windows, r.pos, total_, count, r.length, r.mass,
+        kernels.h2o_normalized_steps(r.A, r.a0, r.topk, t0, t1, r.budgets, windows, r.pos, total_, count, r.length, r.mass,
                                      r.recall, r.stamp, r.gather, r.kept_hist, r.score_hist, r.score_pos, r.victims)
     return r.records()
 
@@ -171,7 +202,7 @@ def _run_snapkv(r: _Pass, windows, obs_windows):
     observed = np.zeros(n_cfg, dtype=np.int64)
     scores = np.empty(width, dtype=np.float64)
     for t0, t1 in r.chunks():
-        kernels.snapkv_steps(r.A, r.topk, t0, t1, r.budgets, windows, obs_windows, tols, r.pos, ring, row_of, approx,
+        kernels.snapkv_steps(r.A, r.a0, r.topk, t0, t1, r.budgets, windows, obs_windows, tols, r.pos, ring, row_of, approx,
                              running, r.length, observed, r.mass, r.recall, r.stamp, r.gather, scores, r.kept_hist,
                              r.score_hist, r.score_pos, r.victims)
     return r.records()
@@ -180,14 +211,15 @@ def _run_snapkv(r: _Pass, windows, obs_windows):
 def _run_tova(r: _Pass):
     weight = np.full(r.pos.shape, UNSEEN, dtype=np.float64)  # position 0: no row has shown it yet
     for t0, t1 in r.chunks():
-        kernels.tova_steps(r.A, r.topk, t0, t1, r.budgets, r.pos, weight, r.length, r.mass, r.recall, r.stamp, r.gather,
+        kernels.tova_steps(r.A, r.a0, r.topk, t0, t1, r.budgets, r.pos, weight, r.length, r.mass, r.recall, r.stamp, r.gather,
                            r.kept_hist, r.victims)
     return r.records(scores=False)
 
 
 def _run_window(r: _Pass, sinks):
+    r.sinks = sinks
     for t0, t1 in r.chunks():
-        kernels.window_steps(r.A, r.topk, t0, t1, r.budgets, sinks, r.mass, r.recall, r.stamp, r.kept_hist)
+        kernels.window_steps(r.A, r.a0, r.topk, t0, t1, r.budgets, sinks, r.mass, r.recall, r.stamp, r.kept_hist)
     # the oldest unpinned position leaves once the cache is full: t - (budget - sinks)
     t, b0 = np.arange(1, r.steps + 1), int(r.budgets[0])
     return {"victims": np.where(t >= b0, t - (b0 - int(sinks[0])), -1), "kept_history": r.kept_hist}
@@ -201,7 +233,7 @@ _NO_SUFFIX = np.zeros((0, 0), dtype=np.float64)
 def _run_one_victim(r: _Pass, pick: int, plan: np.ndarray = _NO_PLAN, suffix: np.ndarray = _NO_SUFFIX):
     future = np.empty(r.pos.shape[1], dtype=np.float64)
     for t0, t1 in r.chunks():
-        kernels.one_victim_steps(r.A, r.topk, t0, t1, r.budgets, pick, plan, suffix, GREEDY_BLOCK, r.pos, r.length,
+        kernels.one_victim_steps(r.A, r.a0, r.topk, t0, t1, r.budgets, pick, plan, suffix, GREEDY_BLOCK, r.pos, r.length,
                                  r.mass, r.recall, r.stamp, r.gather, future, r.kept_hist, r.victims)
     return r.records(scores=False)
 
@@ -236,7 +268,7 @@ FAST = {
 
 def covers(trace: Trace, name: str) -> bool:
     """Whether the engine replays policy ``name`` on ``trace`` (else the reference harness does)."""
-    return AVAILABLE and name in FAST and trace.attention.dtype in (np.float32, np.float64) and trace.steps >= 1
+    return AVAILABLE and name in FAST and trace.derived.dtype in (np.float32, np.float64) and trace.steps >= 1
 
 
 #: the kernel each policy's runner calls (with ``_topk_positions``, which every pass reads)
@@ -267,7 +299,7 @@ def ready(trace: Trace, name: str) -> bool:
     cache holds them (loading takes a fraction of a second; only a compile is worth the reference
     path's detour), or the caller is not inside ``kvsim.jit.compiled_only()``. No compiling; at most
     a few small files read."""
-    return jit.use(_group(name, trace.attention.dtype)) or on_disk(name)
+    return jit.use(_group(name, trace.derived.dtype)) or on_disk(name)
 
 
 def run(trace: Trace, policies: list[Policy], top_k: int, progress: Progress | None = None,
@@ -276,7 +308,7 @@ def run(trace: Trace, policies: list[Policy], top_k: int, progress: Progress | N
 
     Returns ``(mass, recall, records)``: float64 ``(configs, T)`` series and, with ``record`` (a set
     of "kept", "scores", "victims"), the kept/score/victim histories of configuration 0."""
-    r = _Pass.of(trace, np.array([p.budget for p in policies], dtype=np.int64), top_k, record, progress)
+    r = _Pass.of(trace, policies[0].name, np.array([p.budget for p in policies], dtype=np.int64), top_k, record, progress)
     records = FAST[policies[0].name](r, **policies[0].engine_inputs(policies, trace.steps))
     jit.mark_compiled(_group(policies[0].name, r.A.dtype))
     return r.mass, r.recall, records

@@ -115,16 +115,18 @@ class Step:
 
 def steps(trace: Trace, policy: Policy, budget: int | None = None, *, top_k: int | None = None) -> Iterator[Step]:
     """Step ``policy`` through ``trace``, checking the victims contract after every eviction.
-    ``top_k`` counts the hits of each row's k largest weights (lower position first on ties)."""
+    ``top_k`` counts the hits of each row's k largest weights (lower position first on ties). Rows
+    come through ``trace.derived.row``: a query/key trace computes only the kept weights, with the
+    engine's arithmetic."""
     budget = policy.budget if budget is None else budget
-    A = trace.attention
-    topk = trace.topk_mask(top_k) if top_k is not None else None
+    store = trace.derived
+    out = np.zeros((1, trace.steps + 1), dtype=np.float32) if store.on_demand else None
     scored = policy.keeps_scores
     for t in range(1, trace.steps + 1):
         kept = policy.kept
-        row = A[t]
+        row = store.row(t, kept, out)  # the whole row of a dense trace; a query/key trace's at kept
         total = kept_sum(row, kept)
-        hits = int(topk[t, kept].sum(dtype=np.int64)) if topk is not None else 0
+        hits = int(store.topk_row(t, top_k)[kept].sum(dtype=np.int64)) if top_k is not None else 0
         observed = observed_attention(row, kept, total) if policy.reads_attention else None
         policy.on_decode_step(t, observed)
         scores = policy.scores if scored else None

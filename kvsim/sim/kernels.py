@@ -26,9 +26,11 @@ Exactness, the reference's rules restated where the kernels rely on them:
 - top-k recall counts ``kept`` against the k largest weights of the row (lower position first on
   ties, ``TraceStore.topk``) and divides by ``min(k, t)``; the means are numpy's, over the series.
 
-Every step kernel takes the attention, the top-k positions, the step range ``t0 .. t1-1``, one
-budget per configuration, its state arrays and the per-step outputs; the record arrays (kept,
-scores, victims) are filled for configuration 0 only, and only when they are not empty.
+Every step kernel takes the attention and the step its first row stands for (``A[t - a0]`` is row t:
+0 for a dense trace's whole matrix, ``t0`` for a block of rows computed for these steps from a
+query/key trace), the top-k positions, the step range ``t0 .. t1-1``, one budget per configuration,
+its state arrays and the per-step outputs; the record arrays (kept, scores, victims) are filled for
+configuration 0 only, and only when they are not empty.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def _evict(p_c, n, best, t, record, victims):
 
 
 @kernel
-def h2o_steps(A, topk, t0, t1, budgets, windows, pos, score, length, mass, recall, stamp, gather,
+def h2o_steps(A, a0, topk, t0, t1, budgets, windows, pos, score, length, mass, recall, stamp, gather,
                kept_hist, score_hist, score_pos, victims):
     """Steps t0 .. t1-1 of h2o for every configuration c (budget ``budgets[c]``, recent window
     ``windows[c]``), state in ``pos``/``score``/``length``. The record arrays are filled for
@@ -108,7 +110,7 @@ def h2o_steps(A, topk, t0, t1, budgets, windows, pos, score, length, mass, recal
     for t in range(t0, t1):
         _mark_topk(topk, t, stamp)
         denom = min(k, t)
-        row = A[t]
+        row = A[t - a0]
         for c in range(n_cfg):
             n = length[c]
             p_c = pos[c]
@@ -136,7 +138,7 @@ def h2o_steps(A, topk, t0, t1, budgets, windows, pos, score, length, mass, recal
 
 
 @kernel
-def tova_steps(A, topk, t0, t1, budgets, pos, weight, length, mass, recall, stamp, gather, kept_hist, victims):
+def tova_steps(A, a0, topk, t0, t1, budgets, pos, weight, length, mass, recall, stamp, gather, kept_hist, victims):
     """Steps t0 .. t1-1 of tova for every configuration c (budget ``budgets[c]``): each kept
     position's weight is its observed weight in the latest row (zeros when the kept part of the row
     is all zeros), a newcomer's is ``UNSEEN``, and the victim is the first minimum over every slot
@@ -148,7 +150,7 @@ def tova_steps(A, topk, t0, t1, budgets, pos, weight, length, mass, recall, stam
     for t in range(t0, t1):
         _mark_topk(topk, t, stamp)
         denom = min(k, t)
-        row = A[t]
+        row = A[t - a0]
         for c in range(n_cfg):
             n = length[c]
             p_c = pos[c]
@@ -171,7 +173,7 @@ def tova_steps(A, topk, t0, t1, budgets, pos, weight, length, mass, recall, stam
 
 
 @kernel
-def scissorhands_steps(A, topk, t0, t1, budgets, windows, histories, pos, votes, length, observed,
+def scissorhands_steps(A, a0, topk, t0, t1, budgets, windows, histories, pos, votes, length, observed,
                         ring, ring_len, mass, recall, stamp, gather, kept_hist, score_hist, score_pos, victims):
     """Steps t0 .. t1-1 of scissorhands for every configuration c (budget ``budgets[c]``, recent
     window ``windows[c]``, history window ``histories[c]``, 0 for the whole run). Vote counts live
@@ -186,7 +188,7 @@ def scissorhands_steps(A, topk, t0, t1, budgets, windows, histories, pos, votes,
     for t in range(t0, t1):
         _mark_topk(topk, t, stamp)
         denom = min(k, t)
-        row = A[t]
+        row = A[t - a0]
         for c in range(n_cfg):
             n = length[c]
             p_c = pos[c]
@@ -232,7 +234,7 @@ def scissorhands_steps(A, topk, t0, t1, budgets, windows, histories, pos, votes,
 
 
 @kernel
-def h2o_normalized_steps(A, topk, t0, t1, budgets, windows, pos, total_, count, length, mass, recall, stamp, gather,
+def h2o_normalized_steps(A, a0, topk, t0, t1, budgets, windows, pos, total_, count, length, mass, recall, stamp, gather,
                           kept_hist, score_hist, score_pos, victims):
     """Steps t0 .. t1-1 of h2o_normalized: h2o's loop, with a per-slot count of the steps shown
     (a row of zeros counts: it was shown) and eviction by ``sum / count`` (0 while the count is 0),
@@ -245,7 +247,7 @@ def h2o_normalized_steps(A, topk, t0, t1, budgets, windows, pos, total_, count, 
     for t in range(t0, t1):
         _mark_topk(topk, t, stamp)
         denom = min(k, t)
-        row = A[t]
+        row = A[t - a0]
         for c in range(n_cfg):
             n = length[c]
             p_c = pos[c]
@@ -319,7 +321,7 @@ def _window_first_min(ring_c, row_c, approx_c, count, w, start, tol):
 
 
 @kernel
-def snapkv_steps(A, topk, t0, t1, budgets, windows, obs_windows, tols, pos, ring, row_of, approx, running, length,
+def snapkv_steps(A, a0, topk, t0, t1, budgets, windows, obs_windows, tols, pos, ring, row_of, approx, running, length,
                   observed, mass, recall, stamp, gather, scores, kept_hist, score_hist, score_pos, victims):
     """Steps t0 .. t1-1 of snapkv. With ``obs_windows[c] == w > 0`` each slot keeps its last w
     observed weights in ring row ``row_of[c, slot]`` (``ring[c, row, :w]``; a row of zeros is
@@ -338,7 +340,7 @@ def snapkv_steps(A, topk, t0, t1, budgets, windows, obs_windows, tols, pos, ring
     for t in range(t0, t1):
         _mark_topk(topk, t, stamp)
         denom = min(k, t)
-        row = A[t]
+        row = A[t - a0]
         for c in range(n_cfg):
             n = length[c]
             p_c = pos[c]
@@ -396,7 +398,7 @@ def snapkv_steps(A, topk, t0, t1, budgets, windows, obs_windows, tols, pos, ring
 
 
 @kernel
-def window_steps(A, topk, t0, t1, budgets, sinks, mass, recall, stamp, kept_hist):
+def window_steps(A, a0, topk, t0, t1, budgets, sinks, mass, recall, stamp, kept_hist):
     """Steps t0 .. t1-1 of streaming_llm (``sinks[c]`` pinned positions) and sliding_window
     (``sinks[c] == 0``), closed form: before step t the cache holds everything when t <= budget,
     else positions ``0 .. sinks-1`` and the newest ``budget - sinks`` ones."""
@@ -405,7 +407,7 @@ def window_steps(A, topk, t0, t1, budgets, sinks, mass, recall, stamp, kept_hist
     for t in range(t0, t1):
         _mark_topk(topk, t, stamp)
         denom = min(k, t)
-        row = A[t]
+        row = A[t - a0]
         for c in range(budgets.shape[0]):
             b = budgets[c]
             s = sinks[c] if t > b else t
@@ -458,7 +460,7 @@ PLAN_SLOT, PLAN_POSITION, LEAST_FUTURE = 0, 1, 2
 
 
 @kernel
-def one_victim_steps(A, topk, t0, t1, budgets, pick, plan, suffix, block, pos, length, mass, recall, stamp, gather,
+def one_victim_steps(A, a0, topk, t0, t1, budgets, pick, plan, suffix, block, pos, length, mass, recall, stamp, gather,
                       future, kept_hist, victims):
     """Steps t0 .. t1-1 of a policy that holds nothing per slot but its positions and evicts one
     whenever admitting t puts the cache over its budget, for every configuration c (budget
@@ -473,7 +475,7 @@ def one_victim_steps(A, topk, t0, t1, budgets, pick, plan, suffix, block, pos, l
     for t in range(t0, t1):
         _mark_topk(topk, t, stamp)
         denom = min(k, t)
-        row = A[t]
+        row = A[t - a0]
         for c in range(budgets.shape[0]):
             n = length[c]
             p_c = pos[c]
