@@ -94,4 +94,39 @@ def choose_window(
                         recommended_mass=float(m[rec]), tolerance=float(tolerance), exact=bool(exact))
 
 
-__all__ = ["TOLERANCE", "WindowChoice", "choose_window", "covers", "pick"]
+def ranks(x: Sequence[float] | np.ndarray) -> np.ndarray:
+    """1-based ranks, ties given their mean rank (as Spearman's rho needs)."""
+    a = np.asarray(x, dtype=np.float64)
+    order = np.argsort(a, kind="stable")
+    r = np.empty(a.size)
+    r[order] = np.arange(1, a.size + 1)
+    for v in np.unique(a):
+        tie = a == v
+        if tie.sum() > 1:
+            r[tie] = r[tie].mean()
+    return r
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Spearman's rank correlation of ``x`` and ``y``; None when either is constant or has under 3 values."""
+    rx, ry = ranks(x), ranks(y)
+    if rx.size < 3 or rx.std() == 0 or ry.std() == 0:
+        return None
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def regret(score: Sequence[float], truth: Sequence[float]) -> float:
+    """DOMAIN.md section 6: ``truth(the window the proxy recommends) / best truth - 1``, where the proxy
+    recommends the window with the largest ``score`` (the first of equal ones: windows ascending) and
+    the truth is a loss (KL: smaller is better, never negative). 0 when the best truth is 0 and the
+    proxy found it; infinite when it is 0 and the proxy did not."""
+    s, t = np.asarray(score, dtype=np.float64), np.asarray(truth, dtype=np.float64)
+    if s.size == 0 or s.shape != t.shape:
+        raise ValueError("regret needs one truth per score, at least one")
+    picked, best = float(t[int(np.argmax(s))]), float(t.min())
+    if best <= 0:
+        return 0.0 if picked <= best else float("inf")
+    return picked / best - 1.0
+
+
+__all__ = ["TOLERANCE", "WindowChoice", "choose_window", "covers", "pick", "ranks", "regret", "spearman"]

@@ -14,9 +14,10 @@ from .cache_command import cmd_cache
 from .commands import COMMANDS, cmd_app
 from .errors import BAD_INPUT, USAGE, CLIError, param_message
 from .parser import PROG, build_parser
+from .proxies_command import cmd_proxies
 from .render import as_json, render
 
-RUNS = {**COMMANDS, "bench": cmd_bench, "cache": cmd_cache}
+RUNS = {**COMMANDS, "bench": cmd_bench, "cache": cmd_cache, "proxies": cmd_proxies}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ from ..policies import DEFAULT_BUDGET, POLICIES, all_tunables, policy_params
 from ..sim.harness import DEFAULT_TOP_K
 from .cache_command import add_cache
 from .errors import BAD_INPUT, USAGE, CLIError, flag
+from .proxies_command import add_proxies
 
 PROG = "kvsim"
 
@@ -88,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tune(sub, traces)
     _add_record(sub)
     _add_quality(sub)
+    add_proxies(sub)
     add_cache(sub)
     sub.add_parser("app", help="start the Streamlit app; any further options go to streamlit run",
                    usage=f"{PROG} app [STREAMLIT RUN OPTIONS, e.g. --server.port 8502]")

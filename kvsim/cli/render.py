@@ -12,6 +12,7 @@ import numpy as np
 
 from ..analysis.table import params_label
 from ..analysis.windows import TOLERANCE, covers
+from .proxies_command import render_proxies
 
 
 def aligned(headers: list[str], rows: list[list], text: bool = False) -> str:
@@ -238,7 +239,8 @@ def _tune(doc: dict) -> str:
 
 
 RENDERERS = {"replay": _replay, "sweep": _sweep, "describe": _describe, "record": _record, "export": _export,
-             "table": _table, "bench": _bench, "claims": _claims, "quality": _quality, "tune": _tune, "cache": _cache}
+             "table": _table, "bench": _bench, "claims": _claims, "quality": _quality, "tune": _tune, "cache": _cache,
+             "proxies": render_proxies}
 
 
 def render(command: str, doc) -> str:
