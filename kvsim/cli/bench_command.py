@@ -18,6 +18,8 @@ def cmd_bench(args: argparse.Namespace) -> object:
                                     ("--no-load", args.no_load), ("--only-load", args.only_load),
                                     ("--cold-cache", args.cold_cache)) if on]
     if args.browser:
+        if args.truth:
+            raise CLIError("--truth and --browser are separate benchmarks; run one at a time")
         if args.full_reference:
             raise CLIError("--full-reference does not apply to --browser")
         if args.no_load and args.only_load:
@@ -28,6 +30,12 @@ def cmd_bench(args: argparse.Namespace) -> object:
                            load=not args.no_load, single=not args.only_load, progress=say)
     if browser_only:
         raise CLIError(f"{', '.join(browser_only)} only apply with --browser")
+    if args.truth:
+        if args.full_reference:
+            raise CLIError("--full-reference does not apply to --truth")
+        from ..bench import speed, truth
+
+        return speed.verdict(truth.run(progress=say))
     from ..bench import speed
 
     return speed.run(full_reference=args.full_reference, progress=say)
@@ -44,6 +52,10 @@ def render_bench(doc: dict) -> str:
         from ..bench import browser
 
         return browser.render(doc)
+    if doc.get("kind") == "truth":
+        from ..bench import truth
+
+        return truth.render(doc)
     from ..bench import speed
 
     return speed.render(doc)

@@ -14,7 +14,6 @@ from ..data.files import atomic_write
 from ..progress import stderr
 from .errors import CLIError
 
-TEXTS_DIR = Path(__file__).resolve().parents[2] / "traces" / "texts"
 DEFAULT_TEXTS = ("code-heapq.py", "prose-rust-book-introduction.txt", "legal-gpl-3.0.txt")
 DEFAULT_MODELS = ("gemma3-270m", "smollm2-135m")
 
@@ -46,6 +45,8 @@ def _list(text: str, flag: str) -> list[str]:
 
 
 def _plan(args: argparse.Namespace) -> tuple[list[Path], list[int], dict]:
+    from ..models.truth import TEXTS_DIR
+
     texts = [Path(t) if Path(t).exists() or "/" in t else TEXTS_DIR / t for t in _list(args.texts, "--texts")]
     for t in texts:
         if not t.is_file():

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..data.bundle import write_manifest
-from ..data.trace import META_KEY, PACKED_KEY, STEPS_KEY
+from ..data.trace import META_KEY, PACKED_KEY, STEPS_KEY, VALUES_KEY
 from ..progress import Progress
 from .errors import RecordError
 from .loading import (
@@ -259,14 +259,15 @@ class _BundleWriter:
     def start(self) -> None:
         self.t0 = time.perf_counter()
 
-    def __call__(self, layer: int, rows: np.ndarray) -> None:
-        """The recorder's sink: write ``layer``'s traces, one per KV head, and report the layer done."""
+    def __call__(self, layer: int, rows: np.ndarray, values: np.ndarray) -> None:
+        """The recorder's sink: write ``layer``'s traces, one per KV head with its values, and report the
+        layer done."""
         done = len({e["layer"] for e in self.entries})
         for h in range(rows.shape[0]):
             stem = f"{self.prefix}-L{layer:02d}" + (f"-kv{h}" if self.kv_heads > 1 else "")
             meta = self._meta(stem, layer, h)
             path = self.config.out / f"{stem}.npz"
-            _save_packed(path, rows[h], self.n - 1, meta, self.config.dtype)
+            _save_packed(path, rows[h], self.n - 1, meta, self.config.dtype, values[h])
             size = path.stat().st_size
             self.files.append({"path": str(path), "bytes": size, "layer": layer, "head": h})
             self.say(done / len(self.layers), f"wrote {path} ({size / 1e6:.1f} MB)")
@@ -332,13 +333,14 @@ class _BundleWriter:
         }
 
 
-def _save_packed(path: Path, packed: np.ndarray, steps: int, meta: dict, dtype: str) -> None:
+def _save_packed(path: Path, packed: np.ndarray, steps: int, meta: dict, dtype: str, values: np.ndarray) -> None:
     """The packed trace layout of ``kvsim.data.trace.save_npz``, written from packed rows directly (the
-    ``(T + 1, T + 1)`` matrix of a long trace is never built); atomically, via a ``.part`` file."""
+    ``(T + 1, T + 1)`` matrix of a long trace is never built), with the KV head's values ``(T + 1, d)``
+    in the trace's dtype; atomically, via a ``.part`` file."""
     tmp = path.with_name(path.name + ".part")
     with open(tmp, "wb") as f:
         np.savez_compressed(f, **{PACKED_KEY: packed.astype(dtype), STEPS_KEY: np.array(steps, dtype=np.int64),
-                                  META_KEY: np.array(json.dumps(meta))})
+                                  VALUES_KEY: values.astype(dtype), META_KEY: np.array(json.dumps(meta))})
     tmp.replace(path)
 
 

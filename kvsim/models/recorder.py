@@ -32,8 +32,9 @@ ATTN_IMPLEMENTATION = "kvsim_record"
 #: float32 attention weights one block may hold (heads x rows x keys): 16M = 64 MB, so at 8192 tokens
 #: a 4-head layer is done in blocks of 512 rows instead of one 1 GB matrix (and its copies)
 CHUNK_ELEMENTS = 1 << 24
-#: where a finished layer's rows go: (layer, rows per KV head as packed float32 lower triangles)
-LayerSink = Callable[[int, np.ndarray], None]
+#: where a finished layer's rows go: (layer, rows per KV head as packed float32 lower triangles, the
+#: layer's values per KV head ``(kv heads, n, d)`` float32, what the value-aware proxies read)
+LayerSink = Callable[[int, np.ndarray, np.ndarray], None]
 
 
 def kv_head_rows(softmax: np.ndarray, kv_heads: int, gqa: str = "mean") -> list[np.ndarray]:
@@ -155,7 +156,7 @@ class _Recorder:
                 self._reduce(layer, i, weights, key.shape[1])
             del weights
         if recorded:
-            self.sink(layer, self.buffers.pop(layer))
+            self.sink(layer, self.buffers.pop(layer), value[0].to(torch.float32).cpu().numpy())
             self.done.add(layer)
         return torch.cat(outputs, dim=1), None
 

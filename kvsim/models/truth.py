@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -105,16 +106,53 @@ def window_truth(session: Session, policy: str, budget: int, windows: Sequence[i
     return rows
 
 
+def recording_source(meta: dict, folder: Path | None = None, *, text: str | Path | None = None,
+                     model: str | None = None) -> tuple[str | None, Path, int]:
+    """(model spec for ``quality.load``, text path, steps) of a recording (a bundle's manifest or a
+    trace's meta), for measuring its truth; ``text`` and ``model`` override what the recording names.
+    QualityError, one line, when the text or the model is not at hand."""
+    from .loading import MODEL, SMOLLM2, file_sha256
+    from .quality import HEAPQ_SHA256, QualityError, heapq_path
+
+    steps = int(meta.get("steps") or 0)
+    if steps < 2:
+        raise QualityError("the recording does not say how many steps it has")
+    named = str(meta.get("model") or "")
+    if model is None:
+        if named == MODEL:
+            model = "gemma3-270m"
+        elif named == SMOLLM2:
+            model = "smollm2-135m"
+        else:
+            spec = named.split(" (")[0]
+            if not spec or not Path(spec).is_dir():
+                raise QualityError(f"the recording's model ({named or 'not named'}) is not at hand; pass --model FOLDER")
+            model = spec
+    if text is not None:
+        return model, Path(text), steps
+    info = meta.get("text") if isinstance(meta.get("text"), dict) else {}
+    sha = info.get("sha256") or meta.get("source_sha256")
+    name = info.get("file") or ""
+    candidates = [folder / name] if folder is not None and name else []
+    candidates += sorted(TEXTS_DIR.glob("*")) if TEXTS_DIR.is_dir() else []
+    if sha == HEAPQ_SHA256:
+        try:
+            candidates.insert(0, heapq_path())
+        except QualityError:
+            pass
+    for c in candidates:
+        if c.is_file() and (sha is None or file_sha256(c) == sha):
+            return model, c, steps
+    raise QualityError(f"the recording's text ({name or 'not named'}, sha256 {str(sha)[:12]}...) is not at hand; "
+                       "pass --text FILE")
+
+
+#: the shipped texts (traces/texts/README.md)
+TEXTS_DIR = Path(__file__).resolve().parents[2] / "traces" / "texts"
+
 #: the study's policies: every online policy at its defaults, and the four with a recent_window swept
 STUDY_FIXED = ("sliding_window", "streaming_llm", "tova")
 STUDY_SWEPT = ("h2o", "scissorhands", "snapkv", "h2o_normalized")
-
-
-def study_windows(budget: int, count: int) -> list[int]:
-    """``count`` recent_windows evenly spaced over the budget, centred in equal bins: budget 64 and 8
-    windows give 4, 12, .., 60; budget 256 gives 16, 48, .., 240."""
-    step = budget / count
-    return sorted({max(1, min(budget - 1, int(round(step * (i + 0.5))))) for i in range(count)})
 
 
 def study_jobs(budget: int, windows: Sequence[int]) -> list[tuple[str, int, dict, str | None]]:
@@ -135,7 +173,7 @@ def study(sessions, budgets: Sequence[int], windows: int, closed: dict | None = 
     rows = []
     for session in sessions:
         for budget in budgets:
-            jobs = study_jobs(budget, study_windows(budget, windows))
+            jobs = study_jobs(budget, px.even_windows(budget, windows))
             say(None, f"{session.model_id} on {session.text_path.name}, budget {budget}: {len(jobs)} configurations")
             part = measure(session, [j[:3] for j in jobs], ("open",), use_cache=use_cache, progress=progress)
             for row, job in zip(part, jobs, strict=True):
@@ -150,5 +188,6 @@ def study(sessions, budgets: Sequence[int], windows: int, closed: dict | None = 
     return rows
 
 
-__all__ = ["FIGURES", "STUDY_FIXED", "STUDY_SWEPT", "aggregate", "configuration_proxies", "measure", "study",
-           "study_jobs", "study_windows", "window_truth"]
+__all__ = ["TEXTS_DIR", "FIGURES", "recording_source",
+           "STUDY_FIXED", "STUDY_SWEPT", "aggregate", "configuration_proxies", "measure", "study",
+           "study_jobs", "window_truth"]

@@ -141,6 +141,14 @@ def score(row: dict, proxy: str) -> float:
     return p.sign * float(value)
 
 
+def even_windows(budget: int, count: int) -> list[int]:
+    """``count`` recent_windows evenly spaced over the budget, centred in equal bins: the candidates a
+    costly figure (the truth, a value proxy) is measured at. Budget 64 and 8 windows give 4, 12, ..,
+    60; budget 256 and 16 give 8, 24, .., 248."""
+    step = budget / count
+    return sorted({max(1, min(budget - 1, int(round(step * (i + 0.5))))) for i in range(count)})
+
+
 def sweep(trace: Trace, policy: str, budget: int, param: str, values, *, reference: bool = False,
           progress=None, **params) -> list[dict]:
     """``summary`` of one replay per value of ``param``: a sweep with the proxies (each replay records
@@ -156,5 +164,5 @@ def sweep(trace: Trace, policy: str, budget: int, param: str, values, *, referen
     return out
 
 
-__all__ = ["PROXIES", "VALUE_PROXIES", "Proxy", "check_proxy", "fallback_note", "kept_before", "score",
+__all__ = ["PROXIES", "VALUE_PROXIES", "Proxy", "check_proxy", "even_windows", "fallback_note", "kept_before", "score",
            "step_proxies", "summary", "sweep"]
