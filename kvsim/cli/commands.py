@@ -179,7 +179,7 @@ def _tune_truth(args: argparse.Namespace, source, say):
         try:
             session = quality.open_session(text, steps, model, progress=say, use_cache=not args.no_cache)
             rows = truth.window_truth(session, args.policy, args.budget, windows, use_cache=not args.no_cache,
-                                      progress=say)
+                                      progress=say, recording=str(meta.get("model") or model))
         except (quality.QualityError, RecordError) as e:
             raise CLIError(f"{args.trace}: {e}") from None
         return [r[key] for r in rows]

@@ -95,15 +95,55 @@ def measure(session: Session, jobs: Sequence[tuple[str, int, dict]], modes: Sequ
 
 
 def window_truth(session: Session, policy: str, budget: int, windows: Sequence[int], params: dict | None = None, *,
-                 mode: str = "open", use_cache: bool = True, progress: Progress | None = None) -> list[dict]:
+                 mode: str = "open", use_cache: bool = True, progress: Progress | None = None,
+                 recording: str | None = None) -> list[dict]:
     """The truth and proxies of ``policy`` at each recent_window of ``windows`` (one row each, with
-    ``recent_window``), for ``tune --by kl`` and the curve view."""
+    ``recent_window``), for ``tune --by kl`` and the curve view. ``recording``: the model as the
+    recording names it (its manifest's ``model``); with it the rows are also kept in the truth
+    document the views read (``save_truth``)."""
     base = {k: v for k, v in (params or {}).items() if k != "recent_window"}
     jobs = [(policy, budget, {**base, "recent_window": int(w)}) for w in windows]
     rows = measure(session, jobs, (mode,), use_cache=use_cache, progress=progress)
     for row, w in zip(rows, windows, strict=True):
         row["recent_window"] = int(w)
+    if recording is not None:
+        save_truth(session, rows, recording, mode)
     return rows
+
+
+#: what a truth document is (the views read it: ``kvsim.views.truth``)
+TRUTH_FORMAT = "kvsim-truth"
+
+
+def truth_path(model_id: str, text_sha256: str, steps: int) -> Path:
+    return cache_dir() / "truth" / f"{model_id}-{text_sha256[:16]}-{steps}.json"
+
+
+def save_truth(session: Session, rows: list[dict], recording: str, mode: str = "open") -> Path:
+    """Merge ``rows`` into the truth document of the session's model, text and steps (atomically; a
+    row measured again replaces the old one): ``{"format", "meta": {model, model_id, text,
+    text_sha256, steps, mode}, "results": [...]}``, what ``traces/truth-*.json`` ship."""
+    from .loading import file_sha256
+
+    sha = file_sha256(session.text_path)
+    path = truth_path(session.model_id, sha, session.steps)
+    try:
+        old = json.loads(path.read_text(encoding="utf-8")).get("results", [])
+    except (OSError, ValueError, AttributeError):
+        old = []
+    ident = lambda r: (r["policy"], r["budget"], json.dumps(r["params"], sort_keys=True))  # noqa: E731
+    merged = {ident(r): r for r in [*old, *rows] if isinstance(r, dict) and "params" in r}
+    doc = {"format": TRUTH_FORMAT, "version": 1,
+           "meta": {"model": recording, "model_id": session.model_id, "text": session.text_path.name,
+                    "text_sha256": sha, "steps": session.steps, "mode": mode},
+           "results": sorted(merged.values(), key=lambda r: (r["policy"], r["budget"], r.get("recent_window", 0)))}
+    blob = json.dumps(doc, indent=1).encode()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda f: f.write(blob))
+    except OSError:
+        pass
+    return path
 
 
 def recording_source(meta: dict, folder: Path | None = None, *, text: str | Path | None = None,
@@ -188,6 +228,6 @@ def study(sessions, budgets: Sequence[int], windows: int, closed: dict | None = 
     return rows
 
 
-__all__ = ["TEXTS_DIR", "FIGURES", "recording_source",
+__all__ = ["TEXTS_DIR", "TRUTH_FORMAT", "FIGURES", "recording_source", "save_truth", "truth_path",
            "STUDY_FIXED", "STUDY_SWEPT", "aggregate", "configuration_proxies", "measure", "study",
            "study_jobs", "window_truth"]

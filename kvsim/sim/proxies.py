@@ -101,8 +101,8 @@ def step_proxies(attention: np.ndarray, values: np.ndarray, kept_history: np.nda
         rows = A[t0:t1].astype(np.float64)
         kept = kept_before(kept_history, t0, t1)
         w = np.where(kept, rows, 0.0)
-        o_full = rows @ V
-        held = w.sum(axis=1)
+        total, held = rows.sum(axis=1), w.sum(axis=1)  # a float32 row sums to 1 only to 1e-7: divide both
+        o_full = (rows @ V) / np.where(total > 0, total, 1.0)[:, None]
         o_kept = (w @ V) / np.where(held > 0, held, 1.0)[:, None]
         shift = np.linalg.norm(o_kept - o_full, axis=1)
         full_norm = np.linalg.norm(o_full, axis=1)
