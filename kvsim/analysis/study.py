@@ -71,7 +71,7 @@ def _rhos(groups: dict, proxy: str, truth: str) -> list[float]:
     for members in groups.values():
         have = [r for r in members if r.get(truth) is not None and r.get(proxy) is not None]
         rho = spearman([_score(r, proxy) for r in have], [-float(r[truth]) for r in have]) if len(have) >= 3 else None
-        if rho is not None:
+        if rho is not None and rho == rho:  # NaN: constant, or under 3 points
             rhos.append(rho)
     return rhos
 
@@ -108,7 +108,8 @@ def agreement(rows: list[dict]) -> dict | None:
     if not both:
         return None
     ratio = [r["kl_open"] / r["kl_closed"] for r in both if r["kl_closed"] > 0]
-    return {"configurations": len(both), "spearman": spearman([r["kl_open"] for r in both], [r["kl_closed"] for r in both]),
+    rho = spearman([r["kl_open"] for r in both], [r["kl_closed"] for r in both])
+    return {"configurations": len(both), "spearman": None if rho != rho else rho,
             "open_over_closed_mean": float(np.mean(ratio)) if ratio else None,
             "open_over_closed_range": [float(min(ratio)), float(max(ratio))] if ratio else None}
 

@@ -13,6 +13,7 @@ made from a sample says so (``exact`` False; ``sentence`` calls its best the pea
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
@@ -95,23 +96,29 @@ def choose_window(
 
 
 def ranks(x: Sequence[float] | np.ndarray) -> np.ndarray:
-    """1-based ranks, ties given their mean rank (as Spearman's rho needs)."""
-    a = np.asarray(x, dtype=np.float64)
-    order = np.argsort(a, kind="stable")
-    r = np.empty(a.size)
-    r[order] = np.arange(1, a.size + 1)
-    for v in np.unique(a):
-        tie = a == v
-        if tie.sum() > 1:
-            r[tie] = r[tie].mean()
+    """Ranks 1..n, ties sharing the mean of the ranks they span."""
+    x = np.asarray(x, dtype=np.float64)
+    order = np.argsort(x, kind="stable")
+    r = np.empty(x.size, dtype=np.float64)
+    r[order] = np.arange(1, x.size + 1)
+    values, inverse = np.unique(x, return_inverse=True)
+    if values.size < x.size:
+        r = (np.bincount(inverse, weights=r) / np.bincount(inverse))[inverse]
     return r
 
 
-def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
-    """Spearman's rank correlation of ``x`` and ``y``; None when either is constant or has under 3 values."""
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation (ties take their mean rank); NaN with fewer than 3 points or when
+    either side is constant."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"spearman needs two 1-D sequences of one length, got {x.shape} and {y.shape}")
+    if x.size < 3:
+        return math.nan
     rx, ry = ranks(x), ranks(y)
-    if rx.size < 3 or rx.std() == 0 or ry.std() == 0:
-        return None
+    if rx.std() == 0 or ry.std() == 0:
+        return math.nan
     return float(np.corrcoef(rx, ry)[0, 1])
 
 

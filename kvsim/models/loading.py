@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import shutil
 import tempfile
 import time
@@ -241,6 +242,33 @@ def _first_line(e: BaseException) -> str:
     return (text[0] if text else type(e).__name__)[:300]
 
 
+def check_fits(path: Path, available: int | None = None) -> None:
+    """Refuse, in one line, a model folder whose weights in float32 (what the measurements run in)
+    would not fit in the memory free now (``available`` bytes; default: MemAvailable), before loading
+    it: a load that runs out of memory takes the machine down with it."""
+    weights = sum(f.stat().st_size for f in path.iterdir() if f.suffix in (".safetensors", ".bin", ".pt", ".pth"))
+    try:
+        dtype = json.loads((path / "config.json").read_text(encoding="utf-8")).get("torch_dtype") or "float32"
+    except (OSError, ValueError, AttributeError):
+        dtype = "float32"
+    need = weights * (2 if str(dtype) in ("bfloat16", "float16") else 1)
+    if available is None:
+        available = _mem_available()
+    if available is not None and need > available:
+        raise RecordError(f"--model {path}: needs about {need / 2**30:.1f} GB in float32, {available / 2**30:.1f} GB "
+                           "are free: it does not fit")
+
+
+def _mem_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def read_text(path: str | Path) -> str:
     """A text file's contents; RecordError (one line, naming the file) if it is missing, unreadable,
     not UTF-8 or empty."""
@@ -281,6 +309,7 @@ __all__ = [
     "MODEL_LICENCE",
     "RecordError",
     "check_device",
+    "check_fits",
     "file_sha256",
     "load_hf_model",
     "load_model",

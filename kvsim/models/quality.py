@@ -139,6 +139,12 @@ def model_id_of(model: str | Path | None) -> str:
     if not (path / "config.json").is_file():
         raise QualityError(f"--model {path}: not a local Hugging Face model folder (no config.json), "
                            f"nor one of {', '.join(SHIPPED_MODELS)}")
+    from .loading import check_fits
+
+    try:
+        check_fits(path)
+    except RecordError as e:
+        raise QualityError(str(e)) from None
     return _folder_id(path)
 
 
