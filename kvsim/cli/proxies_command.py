@@ -28,9 +28,9 @@ def add_proxies(sub) -> None:
     p.add_argument("--budgets", default="64,256", help="comma-separated cache budgets (default: 64,256)")
     p.add_argument("--steps", type=int, default=512, help="decode steps per text (default: 512)")
     p.add_argument("--windows", type=int, default=8, help="recent_windows per sweep, evenly spaced (default: 8)")
-    p.add_argument("--closed", default="code-heapq.py:64", metavar="TEXT:BUDGET[,...]", help="where the h2o sweep "
-                   "and the fixed policies also get the closed loop, the authority (default: code-heapq.py:64; "
-                   "'none' for none)")
+    p.add_argument("--closed", default="code-heapq.py:64", metavar="[MODEL@]TEXT:BUDGET[,...]", help="where the h2o "
+                   "sweep and the fixed policies also get the closed loop, the authority, for every model or MODEL "
+                   "only (default: code-heapq.py:64; 'none' for none)")
     p.add_argument("--out", default=None, help="write the rows and the verdict to this JSON file (atomically)")
     p.add_argument("--no-cache", action="store_true", help="measure again instead of reading cached results")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -60,10 +60,11 @@ def _plan(args: argparse.Namespace) -> tuple[list[Path], list[int], dict]:
     closed = {}
     if args.closed != "none":
         for item in _list(args.closed, "--closed"):
-            name, _, budget = item.rpartition(":")
+            where, _, budget = item.rpartition(":")
+            model, _, name = where.rpartition("@")
             if not name or not budget.isdigit():
-                raise CLIError(f"--closed: expected TEXT:BUDGET, got {item!r}")
-            closed[(Path(name).name, int(budget))] = ["h2o", None]
+                raise CLIError(f"--closed: expected [MODEL@]TEXT:BUDGET, got {item!r}")
+            closed[(model or None, Path(name).name, int(budget))] = ["h2o", None]
     return texts, budgets, closed
 
 
@@ -84,12 +85,13 @@ def cmd_proxies(args: argparse.Namespace) -> dict:
 
     try:
         ids = {m: quality.model_id_of(m) for m in models}
-        where = {(ids[m], t, b): w for m in models for (t, b), w in closed.items()}
+        where = {(ids[m], t, b): w for m in models for (only, t, b), w in closed.items() if only in (None, m)}
         rows = truth.study(sessions(), budgets, args.windows, where, use_cache=not args.no_cache, progress=say)
     except (quality.QualityError, RecordError) as e:
         raise CLIError(str(e)) from None
     doc = {"plan": {"models": models, "texts": [t.name for t in texts], "budgets": budgets, "steps": args.steps,
-                    "windows": args.windows, "closed": [f"{t}:{b}" for t, b in closed]},
+                    "windows": args.windows,
+                    "closed": [f"{m + '@' if m else ''}{t}:{b}" for m, t, b in closed]},
            "verdict": verdict(rows), "open_vs_closed": agreement(rows), "rows": rows}
     if args.out:
         blob = json.dumps(doc, indent=1).encode()
