@@ -33,6 +33,7 @@ def add_proxies(sub) -> None:
                    "only (default: code-heapq.py:64; 'none' for none)")
     p.add_argument("--out", default=None, help="write the rows and the verdict to this JSON file (atomically)")
     p.add_argument("--no-cache", action="store_true", help="measure again instead of reading cached results")
+    p.add_argument("--markdown", action="store_true", help="print the tables as Markdown (docs/proxies.md's)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
 
@@ -96,6 +97,7 @@ def cmd_proxies(args: argparse.Namespace) -> dict:
     if args.out:
         blob = json.dumps(doc, indent=1).encode()
         atomic_write(Path(args.out), lambda f: f.write(blob))
+    doc["markdown"] = args.markdown
     return doc
 
 
@@ -104,6 +106,8 @@ def _f(x, digits: int = 3) -> str:
 
 
 def render_proxies(doc: dict) -> str:
+    if doc.get("markdown"):
+        return markdown(doc)
     v = doc["verdict"]
     lines = [f"{v['configurations']} configurations, {v['cells']} model x text x budget, {v['sweeps']} window sweeps",
              "proxy                     rho all (mean/worst)  rho in sweeps (mean/worst)  KL regret (mean/worst)  "
@@ -122,6 +126,42 @@ def render_proxies(doc: dict) -> str:
         lines.append(f"open vs closed KL on {a['configurations']} configurations: Spearman {_f(a['spearman'])}, "
                      f"open/closed {_f(a['open_over_closed_mean'])} on average")
     return "\n".join(lines)
+
+
+def markdown(doc: dict) -> str:
+    """The study's tables in Markdown: per proxy, Spearman with the truth and its regret; per sweep, the
+    windows mass and the best proxy recommend against the truth's."""
+    v = doc["verdict"]
+    out = ["| proxy | rho KL open, all (mean / worst) | rho KL open, in sweeps (mean / worst) | rho delta NLL, in sweeps "
+           "(mean) | rho KL closed, in sweeps (mean) | KL regret in sweeps (mean / worst) | worst at |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for name, e in v["proxies"].items():
+        o, d, c = e.get("kl_open", {}), e.get("delta_nll_open", {}), e.get("kl_closed", {})
+        reg = o.get("regret", {})
+        at = reg.get("worst_at") or {}
+        out.append(f"| {name} | {_f(o['spearman_overall']['mean'])} / {_f(o['spearman_overall']['worst'])} | "
+                   f"{_f(o['spearman_within']['mean'])} / {_f(o['spearman_within']['worst'])} | "
+                   f"{_f(d.get('spearman_within', {}).get('mean'))} | {_f(c.get('spearman_within', {}).get('mean'))} | "
+                   f"{_pct(reg.get('mean'))} / {_pct(reg.get('worst'))} | "
+                   f"{' '.join(str(at[k]) for k in ('model', 'text', 'budget', 'sweep')) if at else '-'} |")
+    best = v["best"]
+    out += ["", f"Per window sweep: the window retained mass and {best} (the best proxy) recommend, against the truth's "
+            "(open-loop KL).", "",
+            "| model | text | budget | sweep | truth's best (KL) | mass picks | mass regret | "
+            f"{best} picks | {best} regret |", "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    mass = {(s["model"], s["text"], s["budget"], s["sweep"]): s
+            for s in v["proxies"]["retained_mass"]["kl_open"]["regret"]["sweeps"]}
+    for s in v["proxies"][best]["kl_open"]["regret"]["sweeps"]:
+        m = mass[(s["model"], s["text"], s["budget"], s["sweep"])]
+        out.append(f"| {s['model'].split('-')[0]} | {s['text']} | {s['budget']} | {s['sweep']} | {s['truth_window']} "
+                   f"({s['best_truth']:.4f}) | {m['proxy_window']} | {_pct(m['regret'])} | {s['proxy_window']} | "
+                   f"{_pct(s['regret'])} |")
+    a = doc.get("open_vs_closed")
+    if a:
+        out += ["", f"Open loop against closed (the authority) on {a['configurations']} configurations: Spearman of KL "
+                f"{_f(a['spearman'])}; open / closed KL {_f(a['open_over_closed_mean'])} on average "
+                f"({_f(a['open_over_closed_range'][0])} .. {_f(a['open_over_closed_range'][1])})."]
+    return "\n".join(out)
 
 
 def _pct(x) -> str:

@@ -339,10 +339,13 @@ class Session:
                 "policy": policy, "budget": budget, "mode": mode, "params": dict(sorted(params.items()))}
 
     def measure_many(self, jobs: list[tuple[str, int, dict]], mode: str = "closed", *, use_cache: bool = True,
-                     batch: int = 8, progress: Progress | None = None) -> list[dict]:
+                     batch: int = 8, progress: Progress | None = None, write_cache: bool | None = None) -> list[dict]:
         """``evaluate_many`` through the on-disk cache (``<cache_dir>/quality/<key>.json``, written
         atomically): what is cached is read, the rest is measured ``batch`` closed loops at a time.
-        ``progress`` hears of each result as it comes (the fraction is results over jobs)."""
+        ``progress`` hears of each result as it comes (the fraction is results over jobs).
+        ``write_cache`` (default: ``use_cache``): keep what was measured, even when nothing was read
+        (a benchmark measures afresh, and what it measured serves later runs)."""
+        write_cache = use_cache if write_cache is None else write_cache
         say = progress or no_progress
         keys = [self.cache_key(p, b, mode, self._check(p, b, mode, params)) for p, b, params in jobs]
         out: list[dict | None] = [None] * len(jobs)
@@ -360,7 +363,7 @@ class Session:
             chunk = todo[a : a + step]
             part = scaled(progress, done / len(jobs), (done + len(chunk)) / len(jobs))
             for i, result in zip(chunk, self.evaluate_many([jobs[i] for i in chunk], mode, progress=part), strict=True):
-                if use_cache:
+                if write_cache:
                     _write_cached(keys[i], result)
                 out[i] = {**result, "cached": False}
                 done += 1
