@@ -16,6 +16,8 @@ from .errors import CLIError
 
 DEFAULT_TEXTS = ("code-heapq.py", "prose-rust-book-introduction.txt", "legal-gpl-3.0.txt")
 DEFAULT_MODELS = ("gemma3-270m", "smollm2-135m")
+#: the study's window sweeps (kvsim.models.truth.STUDY_SWEPT, named here so the parser needs no torch-side import)
+SWEPT = ("h2o", "scissorhands", "snapkv", "h2o_normalized")
 
 
 def add_proxies(sub) -> None:
@@ -28,6 +30,8 @@ def add_proxies(sub) -> None:
     p.add_argument("--budgets", default="64,256", help="comma-separated cache budgets (default: 64,256)")
     p.add_argument("--steps", type=int, default=512, help="decode steps per text (default: 512)")
     p.add_argument("--windows", type=int, default=8, help="recent_windows per sweep, evenly spaced (default: 8)")
+    p.add_argument("--sweeps", default=",".join(SWEPT), help=f"the policies whose recent_window is swept (default: "
+                   f"{','.join(SWEPT)})")
     p.add_argument("--closed", default="code-heapq.py:64", metavar="[MODEL@]TEXT:BUDGET[,...]", help="where the h2o "
                    "sweep and the fixed policies also get the closed loop, the authority, for every model or MODEL "
                    "only (default: code-heapq.py:64; 'none' for none)")
@@ -74,6 +78,9 @@ def cmd_proxies(args: argparse.Namespace) -> dict:
     from ..models.errors import RecordError
 
     texts, budgets, closed = _plan(args)
+    sweeps = _list(args.sweeps, "--sweeps")
+    if set(sweeps) - set(SWEPT):
+        raise CLIError(f"--sweeps: each of {', '.join(SWEPT)}, got {args.sweeps!r}")
     say = None if args.quiet else stderr("kvsim proxies")
     models = _list(args.models, "--models")
 
@@ -87,11 +94,12 @@ def cmd_proxies(args: argparse.Namespace) -> dict:
     try:
         ids = {m: quality.model_id_of(m) for m in models}
         where = {(ids[m], t, b): w for m in models for (only, t, b), w in closed.items() if only in (None, m)}
-        rows = truth.study(sessions(), budgets, args.windows, where, use_cache=not args.no_cache, progress=say)
+        rows = truth.study(sessions(), budgets, args.windows, where, use_cache=not args.no_cache, progress=say,
+                           sweeps=sweeps)
     except (quality.QualityError, RecordError) as e:
         raise CLIError(str(e)) from None
     doc = {"plan": {"models": models, "texts": [t.name for t in texts], "budgets": budgets, "steps": args.steps,
-                    "windows": args.windows,
+                    "windows": args.windows, "sweeps": sweeps,
                     "closed": [f"{m + '@' if m else ''}{t}:{b}" for m, t, b in closed]},
            "verdict": verdict(rows), "open_vs_closed": agreement(rows), "rows": rows}
     if args.out:

@@ -195,16 +195,16 @@ STUDY_FIXED = ("sliding_window", "streaming_llm", "tova")
 STUDY_SWEPT = ("h2o", "scissorhands", "snapkv", "h2o_normalized")
 
 
-def study_jobs(budget: int, windows: Sequence[int]) -> list[tuple[str, int, dict, str | None]]:
+def study_jobs(budget: int, windows: Sequence[int], sweeps: Sequence[str] = STUDY_SWEPT) -> list[tuple[str, int, dict, str | None]]:
     """(policy, budget, params, sweep) of one model x text x budget of the study: ``sweep`` names the
     window sweep a configuration belongs to (None for the fixed policies)."""
     jobs = [(p, budget, {}, None) for p in STUDY_FIXED]
-    jobs += [(p, budget, {"recent_window": w}, p) for p in STUDY_SWEPT for w in windows]
+    jobs += [(p, budget, {"recent_window": w}, p) for p in sweeps for w in windows]
     return jobs
 
 
 def study(sessions, budgets: Sequence[int], windows: int, closed: dict | None = None, *, use_cache: bool = True,
-          progress: Progress | None = None) -> list[dict]:
+          progress: Progress | None = None, sweeps: Sequence[str] = STUDY_SWEPT) -> list[dict]:
     """The proxy study's rows: for each session (a model on a text, opened lazily: ``sessions`` yields
     them) and budget, every job of ``study_jobs`` with its proxies and open-loop truth; where
     ``closed`` (``{(model_id, text name, budget): [sweep names or None]}``) lists a sweep, its
@@ -213,7 +213,7 @@ def study(sessions, budgets: Sequence[int], windows: int, closed: dict | None = 
     rows = []
     for session in sessions:
         for budget in budgets:
-            jobs = study_jobs(budget, px.even_windows(budget, windows))
+            jobs = study_jobs(budget, px.even_windows(budget, windows), sweeps)
             say(None, f"{session.model_id} on {session.text_path.name}, budget {budget}: {len(jobs)} configurations")
             part = measure(session, [j[:3] for j in jobs], ("open",), use_cache=use_cache, progress=progress)
             for row, job in zip(part, jobs, strict=True):
