@@ -40,7 +40,7 @@ def test_a_cached_full_pass_gives_the_same_numbers_without_a_tokenizer(text_path
     again = Session(model, None, text_path, STEPS, model_id="tiny-g3", progress=None)
     assert np.array_equal(first.ids.numpy(), again.ids.numpy())
     for a, b in zip(first.traces, again.traces, strict=True):
-        assert all(np.array_equal(x.attention, y.attention) and np.array_equal(x.values, y.values) for x, y in zip(a, b))
+        assert all(np.array_equal(x.attention, y.attention) and np.array_equal(x.values, y.values) for x, y in zip(a, b, strict=True))
     assert first.traces[0][0].values.shape[0] == first.n  # one value row per position
     for mode in ("open", "closed"):
         assert first.evaluate("h2o", 8, mode, recent_window=3) | {"seconds": 0} == \

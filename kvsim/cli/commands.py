@@ -172,7 +172,7 @@ def _tune_truth(args: argparse.Namespace, source, say):
     try:
         model, text, steps = truth.recording_source(meta, folder, text=args.text, model=args.model)
     except (quality.QualityError, RecordError) as e:
-        raise CLIError(f"{args.trace}: {e}") from None
+        raise InputError(f"{args.trace}: {e}") from None
     key = "kl_open" if args.by == "kl" else "delta_nll_open"
 
     def measure(windows):
@@ -181,7 +181,7 @@ def _tune_truth(args: argparse.Namespace, source, say):
             rows = truth.window_truth(session, args.policy, args.budget, windows, use_cache=not args.no_cache,
                                       progress=say, recording=str(meta.get("model") or model))
         except (quality.QualityError, RecordError) as e:
-            raise CLIError(f"{args.trace}: {e}") from None
+            raise InputError(f"{args.trace}: {e}") from None
         return [r[key] for r in rows]
 
     return measure

@@ -180,6 +180,8 @@ def recording_source(meta: dict, folder: Path | None = None, *, text: str | Path
             candidates.insert(0, heapq_path())
         except QualityError:
             pass
+    if sha is None:  # nothing to recognise the text by: only the file the bundle names, beside it
+        candidates = candidates[:1] if folder is not None and name else []
     for c in candidates:
         if c.is_file() and (sha is None or file_sha256(c) == sha):
             return model, c, steps
