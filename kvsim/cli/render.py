@@ -235,6 +235,7 @@ def _tune(doc: dict) -> str:
         ], text=False),
         "",
         _model_window_line(doc),
+        *([f"({doc['by_caveat']})"] if doc.get("by_caveat") else []),
         f"{len(doc['layers'])} traces swept {how} in {run['seconds']:.1f} s",
     ])
 
