@@ -3,7 +3,7 @@ per window sweep, the truth (open-loop KL) against recent_window beside retained
 value-aware proxy, each curve scaled to its sweep's range so their optima can be compared; rendered
 by plotly in headless Chromium to a PNG (no kaleido here).
 
-    python bench/proxies_figure.py STUDY.json docs/proxies.png
+    PYTHONPATH=. python bench/proxies_figure.py STUDY.json docs/proxies.png
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ def figure(doc: dict, sweep: str = "h2o") -> go.Figure:
                             legendgroup=key, showlegend=i == 0, row=i // cols + 1, col=i % cols + 1,
                             marker=dict(size=[14 if j == best else 5 for j in range(len(x))],
                                         symbol=["star" if j == best else "circle" for j in range(len(x))]))
-    fig.update_layout(width=1400, height=300 * (-(-len(cells) // cols)) + 80, margin=dict(l=40, r=20, t=90, b=40),
+    fig.update_layout(width=1400, height=300 * (-(-len(cells) // cols)) + 130, margin=dict(l=40, r=20, t=130, b=40),
                       title=f"{sweep}: the truth and two proxies over recent_window, each scaled to its sweep "
-                            "(0 = its best, marked by a star)", legend=dict(orientation="h", y=1.08))
+                            "(0 = its best, marked by a star)", legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0))
     return fig
 
 

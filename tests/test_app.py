@@ -560,7 +560,8 @@ def test_the_curve_shows_the_truth_beside_the_proxy_and_its_sentence_holds_the_f
     assert not problems(at)
     trace = kvsim.resolve_trace("gemma3-270m-heapq:L11")
     truth = vt.truth_for(trace.meta, "h2o", 256)
-    assert truth is not None and truth.source == "shipped" and len(truth.windows) >= 16
+    # the shipped document, or one measured here that holds more windows of the same recording
+    assert truth is not None and truth.source in ("shipped", "measured here") and len(truth.windows) >= 16
     rows = kvsim.sweep(trace, "h2o", 256, "recent_window", range(1, 256))
     proxy = choose_window(rows, budget=256).recommended
     v = vt.verdict(truth, proxy)
