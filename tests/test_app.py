@@ -561,3 +561,34 @@ def test_a_slow_curve_is_drawn_coarse_first_then_refined_in_the_background(monke
     # (issue 21, item 3: a sample's peak is not called the best)
     assert peak_note(fig).startswith(f"peak so far at {best['recent_window']}: {best['retained_mass']:.3f}")
     assert named(fig, "scissorhands") and named(fig, "tova") and named(fig, "upper bound")
+
+
+def test_the_curve_shows_the_truth_beside_the_proxy_and_its_sentence_holds_the_figures():
+    """On the shipped bundle, the model's KL over the windows (shipped truth) under the curve, both
+    optima marked, and the sentence's figures those of the truth and of the curve's recommendation."""
+    from kvsim.analysis.windows import choose_window
+    from kvsim.views import truth as vt
+
+    at = run({"trace": "gemma3-270m-heapq:L11", "budget": "256", "policies": "h2o"}, view="Choosing recent_window")
+    assert not problems(at)
+    trace = kvsim.resolve_trace("gemma3-270m-heapq:L11")
+    truth = vt.truth_for(trace.meta, "h2o", 256)
+    # the shipped document, or one measured here that holds more windows of the same recording
+    assert truth is not None and truth.source in ("shipped", "measured here") and len(truth.windows) >= 16
+    rows = kvsim.sweep(trace, "h2o", 256, "recent_window", range(1, 256))
+    proxy = choose_window(rows, budget=256).recommended
+    v = vt.verdict(truth, proxy)
+    text = " ".join(m.value for m in at.markdown)
+    assert vt.sentence(truth, proxy) in text
+    assert f"recommends recent_window {proxy};" in text and f"least at {v['truth_window']} (KL {v['kl_best']:.4f})" in text
+    assert f"costs {100 * v['cost']:+.0f}% KL" in text and ("agree" if v["agree"] else "disagree") in text
+    fig = next(c for c in charts(at) if named(c, "KL (the truth)"))
+    assert values(named(fig, "truth's best")[0]["x"]) == [v["truth_window"]]
+    assert values(named(fig, "retained mass recommends")[0]["x"]) == [v["measured_window"]]
+
+
+def test_the_canonical_trace_keeps_its_story_and_says_why_it_has_no_truth():
+    at = run(view="Choosing recent_window")
+    assert not problems(at)
+    assert any("No truth for this trace: it names no model and text" in c.value for c in at.caption)
+    assert not any(named(c, "KL (the truth)") for c in charts(at))

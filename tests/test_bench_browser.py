@@ -100,9 +100,9 @@ def test_the_step_lists_are_well_formed():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["bench", "--rounds", "2"], "--rounds only apply with --browser"),
-    (["bench", "--cold-cache"], "--cold-cache only apply with --browser"),
-    (["bench", "--browser", "--full-reference"], "--full-reference does not apply to --browser"),
+    (["bench", "--rounds", "2"], "--rounds only applies with --browser"),
+    (["bench", "--cold-cache"], "--cold-cache only applies with --browser"),
+    (["bench", "--browser", "--full-reference"], "--full-reference applies to the speed benchmark, not to --browser"),
     (["bench", "--browser", "--no-load", "--only-load"], "exclude each other"),
     (["bench", "--browser", "--rounds", "0"], "positive integer"),
 ])

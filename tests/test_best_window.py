@@ -117,7 +117,8 @@ def test_tune_names_the_same_windows(capsys, exact):
 def test_the_app_marks_the_exact_best_and_recommended_window(exact):
     at = run({"trace": REAL, "budget": str(BUDGET), "curve_policy": "h2o"}, view="Choosing recent_window")
     assert problems(at) == [] and [e.value for e in at.error] == []
-    (fig,) = charts(at)
+    fig, truth = charts(at)  # the curve, then the model's KL under it (shipped truth for this recording)
+    assert named(truth, "KL (the truth)")
     assert values(curve_of(fig, "h2o")["x"]) == list(range(1, BUDGET))  # every window, so the choice is exact
     notes = [a["text"] for a in fig["layout"]["annotations"]]
     assert any(n.startswith(f"best {exact.best}: {exact.best_mass:.3f}") for n in notes), notes
@@ -136,7 +137,8 @@ def test_a_sampled_curve_in_the_app_calls_its_peak_the_peak_so_far(monkeypatch):
     monkeypatch.setattr(curve, "every_window", lambda trace, budget, primary: False)
     at = run({"trace": REAL, "budget": str(BUDGET), "curve_policy": "h2o"}, view="Choosing recent_window")
     assert problems(at) == [] and [e.value for e in at.error] == []
-    (fig,) = charts(at)
+    fig, truth = charts(at)  # the curve, then the model's KL under it (shipped truth for this recording)
+    assert named(truth, "KL (the truth)")
     assert len(values(curve_of(fig, "h2o")["x"])) < BUDGET - 1
     notes = [a["text"] for a in fig["layout"]["annotations"]]
     assert any(n.startswith("peak so far at ") and "of the windows sampled" in n for n in notes), notes

@@ -279,3 +279,22 @@ def test_an_unreachable_scheduler_is_one_line(bundle_dir, capsys):
                      "--quiet"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("kvsim: error: cannot reach the Dask scheduler at tcp://127.0.0.1:9") and err.count("\n") == 1
+
+
+def test_tune_says_the_one_window_for_the_model_and_what_chose_it(bundle_dir, capsys):
+    assert cli.main(["tune", "--trace", str(bundle_dir), "--budget", "64", "--serial", "--json", "--quiet"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["by"] == tune_mod.DEFAULT_BY and doc["model_window"] == doc["model"]["one_window"]["recommended_window"]
+    assert cli.main(["tune", "--trace", str(bundle_dir), "--budget", "64", "--serial", "--quiet", "--by", "value_mass"]) == 0
+    out = capsys.readouterr().out
+    assert "model_window" in out and "toy-L00-kv0: the trace carries no values" in out  # said, and labelled as mass
+
+
+def test_tune_by_the_truth_says_in_one_line_what_is_not_at_hand(bundle_dir, capsys):
+    assert cli.main(["tune", "--trace", str(bundle_dir), "--budget", "64", "--serial", "--quiet", "--by", "kl"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "the recording's model (synthetic (kvsim canonical generator)) is not at hand" in err
+    assert cli.main(["tune", "--trace", str(bundle_dir), "--budget", "64", "--serial", "--quiet", "--by", "kl",
+                     "--model", "smollm2-135m"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "the recording's text (not named" in err and "pass --text FILE" in err

@@ -159,9 +159,12 @@ def test_record_writes_one_packed_float16_trace_per_global_layer(recorded):
     assert "forward pass" in stderr and "wrote" in stderr  # progress went to stderr, not stdout
     for name in names:
         with np.load(out / name, allow_pickle=False) as z:
-            assert sorted(z.files) == ["attention_packed", "meta", "steps"]
+            assert sorted(z.files) == ["attention_packed", "meta", "steps", "values"]
             assert int(z["steps"]) == STEPS
             packed = z["attention_packed"]
+            # the KV head's values, one row per position, what the value-aware proxies read
+            assert z["values"].dtype == np.float16 and z["values"].shape == (STEPS + 1, 256)
+            assert np.isfinite(z["values"]).all() and np.abs(z["values"]).max() > 0
         assert packed.dtype == np.float16 and packed.shape == (STEPS * (STEPS + 1) // 2,)
         # the rows as written, before the loader renormalises: finite, non-negative, summing to 1
         # up to float16 rounding

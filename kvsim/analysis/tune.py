@@ -33,6 +33,7 @@ from ..data.qk import is_qk_path, load_qk
 from ..data.trace import Trace, load_npz
 from ..policies import POLICIES, policy_params
 from ..progress import Progress
+from ..sim import proxies as px
 from ..sim.harness import DEFAULT_TOP_K
 from ..sim.simulate import sweep
 from .windows import TOLERANCE, WindowChoice, covers, pick
@@ -41,6 +42,19 @@ from .windows import TOLERANCE, WindowChoice, covers, pick
 BASELINES = ("sliding_window", "streaming_llm")
 PARAM = "recent_window"
 LOCAL = "local"
+#: what ``model_window`` is chosen by when not told. The proxy study (docs/proxies.md) found no proxy whose
+#: worst within-sweep regret is under 5% on every model, text and budget (the best, output_error_late, reaches
+#: +89% KL; retained mass +222%; the best proxy changes with the model), so retained mass stays the
+#: default without a model and ``--by kl`` is the recommendation wherever one is at hand
+DEFAULT_BY = "retained_mass"
+#: what a recommendation by a proxy says of itself (the study's finding)
+PROXY_CAVEAT = ("no proxy's worst within-sweep regret is under 5% in the proxy study (docs/proxies.md); "
+                "with the model at hand, --by kl recommends by the truth")
+#: the truth: measured by a model (``tune(..., truth=...)``; ``kvsim tune --by kl`` opens one)
+TRUTH_BY = ("kl", "delta_nll")
+BY = (*px.PROXIES, *TRUTH_BY)
+#: how many candidate windows a costly figure (the truth, a value proxy) is measured at
+CANDIDATES = 16
 
 
 class TuneError(ValueError):
@@ -83,6 +97,8 @@ class TuneResult:
     traces: tuple[TraceTuning, ...]
     #: how it ran: {"executor": "serial" | "dask", "workers": n, "scheduler": address, "seconds": s}
     run: dict = field(default_factory=dict)
+    #: what ``model_window`` was chosen by, with its curve (``by_model_window``)
+    by: dict = field(default_factory=dict)
 
     def choice(self, t: TraceTuning) -> WindowChoice:
         """One trace's best and recommended windows as ``kvsim.analysis.windows`` names them everywhere
@@ -157,7 +173,18 @@ class TuneResult:
             "trace": self.source, "policy": self.policy, "budget": self.budget, "param": PARAM, "params": self.params,
             "windows": [self.windows[0], self.windows[-1]], "tolerance": self.tolerance, "top_k": self.top_k,
             "layers": rows, "per_layer": self.per_layer(), "model": self.model_wide(), "run": self.run,
+            "by": self.by.get("by", DEFAULT_BY), "model_window": self.model_window, "by_detail": self.by,
+            "by_caveat": None if self.by.get("by", DEFAULT_BY) in TRUTH_BY else PROXY_CAVEAT,
         }
+
+    @property
+    def model_window(self) -> int:
+        """The one recent_window recommended for every layer: by retained mass, the model-wide curve's
+        recommended window (the rule of ``kvsim.analysis.windows``); by any other figure, the best of
+        its model-wide curve over the candidate windows (``by``)."""
+        if self.by.get("windows"):
+            return int(self.by["model_window"])
+        return int(self.model_wide()["one_window"]["recommended_window"])
 
 
 @dataclass(frozen=True)
@@ -237,6 +264,8 @@ def tune(
     scheduler: str | None = None,
     workers: int | None = None,
     progress: Progress | None = None,
+    by: str = DEFAULT_BY,
+    truth=None,
     **params,
 ) -> TuneResult:
     """Sweep ``recent_window`` (default ``1 .. budget - 1``) on every trace of ``source`` (a bundle, a
@@ -246,7 +275,16 @@ def tune(
     ``workers`` local processes (default: one per core); anything else is the address of a running
     Dask scheduler (``tcp://host:8786``). ``progress(fraction, note)`` (``kvsim.progress``) is told
     the share of traces swept as each finishes, the note naming it (``3/18 traces swept (...-L02)``).
+
+    ``by`` (``BY``): what ``model_window`` is chosen by. ``kl`` and ``delta_nll`` need ``truth``, a
+    function from candidate windows to the model's loss at each (``kvsim.models.truth.window_truth``
+    behind ``kvsim tune --by kl``); a value proxy needs traces with values (else retained mass, said in
+    ``by_detail["note"]``).
     """
+    if by not in BY:
+        raise TuneError(f"--by must be one of {', '.join(BY)}, got {by!r}")
+    if by in TRUTH_BY and truth is None:
+        raise TuneError(f"--by {by} needs the model and the text the traces were recorded from")
     windows = list(range(1, budget)) if windows is None else [int(w) for w in windows]
     _check(policy, budget, windows, tolerance, params)
     units = _units(source)
@@ -269,8 +307,43 @@ def tune(
         results, run = _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, params)
     run["seconds"] = round(time.perf_counter() - t0, 2)
     tunings = tuple(_tuning(u, r, windows, tolerance) for u, r in zip(units, results, strict=True))
-    return TuneResult(source=name, policy=policy, budget=budget, windows=windows, tolerance=tolerance, top_k=top_k,
-                      params=dict(params), traces=tunings, run=run)
+    result = TuneResult(source=name, policy=policy, budget=budget, windows=windows, tolerance=tolerance, top_k=top_k,
+                        params=dict(params), traces=tunings, run=run)
+    if by != "retained_mass":
+        result.by.update(_by_curve(result, units, by, truth, params))
+    else:
+        result.by["by"] = by
+    return result
+
+
+def _by_curve(result: TuneResult, units: list[_Unit], by: str, truth, params: dict) -> dict:
+    """``model_window`` by ``by``: the model-wide curve of the figure over the candidate windows (every
+    window swept for top-k recall; ``CANDIDATES`` evenly spaced, plus retained mass's recommendation,
+    for the costly ones), and the best of it."""
+    mass_pick = result.model_wide()["one_window"]["recommended_window"]
+    if by == "top_k_recall":
+        windows = result.windows
+        curve = np.stack([t.top_k_recall for t in result.traces]).mean(axis=0).tolist()
+        return _best(by, windows, curve, +1, None)
+    windows = sorted(set(px.even_windows(result.budget, CANDIDATES)) | {mass_pick})
+    if by in TRUTH_BY:
+        losses = [float(x) for x in truth(windows)]
+        return _best(by, windows, losses, -1, None)
+    traces = [_load(u.payload, u.name) for u in units]
+    note = next((n for n in (px.fallback_note(t, by) for t in traces) if n), None)
+    if note is not None:
+        out = _best("retained_mass", result.windows, result.mass_matrix().mean(axis=0).tolist(), +1, note)
+        out.update(by=by, fell_back_to="retained_mass", model_window=mass_pick)
+        return out
+    rows = [px.sweep(t, result.policy, result.budget, PARAM, windows, **params) for t in traces]
+    curve = [float(np.mean([r[i][by] for r in rows])) for i in range(len(windows))]
+    return _best(by, windows, curve, px.PROXIES[by].sign, None)
+
+
+def _best(by: str, windows: list[int], curve: list[float], sign: int, note: str | None) -> dict:
+    i = int(np.argmax(sign * np.asarray(curve, dtype=np.float64)))
+    return {"by": by, "windows": list(windows), "curve": list(curve), "model_window": int(windows[i]),
+            "value": float(curve[i]), "note": note}
 
 
 def _tuning(u: _Unit, r: dict, windows: list[int], tolerance: float) -> TraceTuning:
@@ -330,4 +403,5 @@ def _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, pa
     return results, {"executor": "dask", "workers": n_workers, "scheduler": address}
 
 
-__all__ = ["BASELINES", "TOLERANCE", "TraceTuning", "TuneError", "TuneResult", "dask_available", "tune", "tune_trace"]
+__all__ = ["BASELINES", "BY", "DEFAULT_BY", "PROXY_CAVEAT", "TOLERANCE", "TRUTH_BY",
+           "TraceTuning", "TuneError", "TuneResult", "dask_available", "tune", "tune_trace"]

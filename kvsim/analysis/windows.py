@@ -13,6 +13,7 @@ made from a sample says so (``exact`` False; ``sentence`` calls its best the pea
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
@@ -94,4 +95,45 @@ def choose_window(
                         recommended_mass=float(m[rec]), tolerance=float(tolerance), exact=bool(exact))
 
 
-__all__ = ["TOLERANCE", "WindowChoice", "choose_window", "covers", "pick"]
+def ranks(x: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Ranks 1..n, ties sharing the mean of the ranks they span."""
+    x = np.asarray(x, dtype=np.float64)
+    order = np.argsort(x, kind="stable")
+    r = np.empty(x.size, dtype=np.float64)
+    r[order] = np.arange(1, x.size + 1)
+    values, inverse = np.unique(x, return_inverse=True)
+    if values.size < x.size:
+        r = (np.bincount(inverse, weights=r) / np.bincount(inverse))[inverse]
+    return r
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation (ties take their mean rank); NaN with fewer than 3 points or when
+    either side is constant."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"spearman needs two 1-D sequences of one length, got {x.shape} and {y.shape}")
+    if x.size < 3:
+        return math.nan
+    rx, ry = ranks(x), ranks(y)
+    if rx.std() == 0 or ry.std() == 0:
+        return math.nan
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def regret(score: Sequence[float], truth: Sequence[float]) -> float:
+    """DOMAIN.md section 6: ``truth(the window the proxy recommends) / best truth - 1``, where the proxy
+    recommends the window with the largest ``score`` (the first of equal ones: windows ascending) and
+    the truth is a loss (KL: smaller is better, never negative). 0 when the best truth is 0 and the
+    proxy found it; infinite when it is 0 and the proxy did not."""
+    s, t = np.asarray(score, dtype=np.float64), np.asarray(truth, dtype=np.float64)
+    if s.size == 0 or s.shape != t.shape:
+        raise ValueError("regret needs one truth per score, at least one")
+    picked, best = float(t[int(np.argmax(s))]), float(t.min())
+    if best <= 0:
+        return 0.0 if picked <= best else float("inf")
+    return picked / best - 1.0
+
+
+__all__ = ["TOLERANCE", "WindowChoice", "choose_window", "covers", "pick", "ranks", "regret", "spearman"]

@@ -21,6 +21,7 @@ from .cache import TOP_K, cached_features, cached_summary, cached_upper_bound, d
 from .controls import Settings, spec_for
 from .downloads import csv_button, html_button, stem
 from .state import curve_policies, mirrored
+from .truth import truth_panel
 
 #: the per-step upper bound's line on the curve: not a policy, so not in the registry
 UPPER_BOUND = "upper bound (offline reference)"
@@ -274,6 +275,7 @@ def curve_view(trace: kvsim.Trace, settings: Settings) -> None:
             _waiting(pending, exact)
         st.plotly_chart(fig, key="curve", on_select=pick_from_curve, selection_mode=("points", "box"))
         st.markdown(story.lines_story(policy, rows, lines, budget))
+        truth_panel(trace, policy, budget, rows[policy], exact)
         c1, c2 = st.columns(2)
         with c1:
             csv_button(f"sweep of {', '.join(rows)} (CSV)", lambda: figures.sweep_table(rows, top_k=TOP_K),

@@ -9,6 +9,7 @@ from kvsim.analysis.tune import tune
 from kvsim.data.catalog import available_bundles
 from kvsim.views import model_figures
 from kvsim.views import support as views
+from kvsim.views import truth as vt
 from kvsim.views.deploy import deploy_snippets
 
 from .cache import TOP_K, cached_bundle, tunings
@@ -70,6 +71,10 @@ def model_view(budget: int) -> None:
         f"smaller window leaves more of the cache to the heavy hitters. One window for all layers: "
         f"**{wide['one_window']['recommended_window']}**. **Click a layer's circle or cross** (or choose the layer below) for its curve."
     )
+    truth = vt.truth_for(bundle.manifest, policy, budget)  # the curve view's measurements, shipped or made here
+    if truth is not None:
+        st.markdown(vt.sentence(truth, wide["one_window"]["recommended_window"], "retained mass (one window for all layers)")
+                    + f" `python -m kvsim tune --trace {name} --policy {policy} --budget {budget} --by kl` recommends by it.")
     fig = model_figures.tune_heatmap(result)
     st.plotly_chart(fig, key="tune_chart", on_select=lambda: pick_layer(result), selection_mode="points")
     one = len(result.traces) == len(bundle.layers)

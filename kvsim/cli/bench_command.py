@@ -1,9 +1,13 @@
 """``kvsim bench``: the one place outside ``kvsim/bench/`` that imports it (tests/test_layers.py holds
-that), so the measurement code never loads for any other command."""
+that), so the measurement code never loads for any other command.
+
+Without a section flag it runs the speed benchmark (``kvsim.bench.speed``); each section flag runs one
+other benchmark instead, and the flags that only a section takes are refused beside any other."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 
 from .. import progress as protocol
 from .errors import BAD_INPUT, CLIError
@@ -11,57 +15,69 @@ from .errors import BAD_INPUT, CLIError
 #: ``kvsim bench --check``: a target was missed
 MISSED = BAD_INPUT
 
+#: each benchmark a flag selects instead of the speed one, with the flags only it takes: (dest, flag, default)
+SECTIONS = {
+    "browser": (("rounds", "--rounds", 3), ("sessions", "--sessions", 8), ("no_load", "--no-load", False),
+                ("only_load", "--only-load", False), ("cold_cache", "--cold-cache", False)),
+    "load": (("profile", "--profile", None),),
+    "long": (("trace", "--trace", None), ("no_tune", "--no-tune", False), ("study", "--study", False)),
+    "generate": (("lengths", "--lengths", None), ("decode", "--decode", None), ("prefill", "--prefill", "exact")),
+    "truth": (),
+}
+
+
+def _flag(section: str) -> str:
+    return f"--{section}"
+
+
+def chosen_section(args: argparse.Namespace) -> str | None:
+    """The one section the flags select (None: the speed benchmark), or CLIError naming the clash."""
+    chosen = [s for s in SECTIONS if getattr(args, s) not in (None, False)]
+    if len(chosen) > 1:
+        raise CLIError(f"{' and '.join(map(_flag, chosen))} are separate benchmarks; run one at a time")
+    section = chosen[0] if chosen else None
+    for other, flags in SECTIONS.items():
+        if other != section:
+            stray = [flag for dest, flag, default in flags if getattr(args, dest) != default]
+            if stray:
+                raise CLIError(f"{', '.join(stray)} only {'applies' if len(stray) == 1 else 'apply'} with {_flag(other)}")
+    if section and args.full_reference:
+        raise CLIError(f"--full-reference applies to the speed benchmark, not to {_flag(section)}")
+    return section
+
 
 def cmd_bench(args: argparse.Namespace) -> object:
+    section = chosen_section(args)
     say = None if args.json else protocol.stderr("bench")
-    generate_only = [f for f, on in (("--lengths", args.lengths is not None), ("--decode", args.decode is not None),
-                                     ("--prefill", args.prefill != "exact")) if on]
-    if args.generate:
+    if section == "generate":
         return _generate(args, say)
-    if generate_only:
-        raise CLIError(f"{', '.join(generate_only)} only apply with --generate")
-    browser_only = [f for f, on in (("--rounds", args.rounds != 3), ("--sessions", args.sessions != 8),
-                                    ("--no-load", args.no_load), ("--only-load", args.only_load),
-                                    ("--cold-cache", args.cold_cache)) if on]
-    if args.profile is not None and not args.load:
-        raise CLIError("--profile only applies with --load")
-    if args.load:
-        if args.browser or args.full_reference or browser_only:
-            raise CLIError("--load runs alone: without --browser, --full-reference or the browser's flags")
+    if section == "load":
         from ..bench import load
 
         return load.run(sizes=args.load, progress=say, profile=args.profile)
-    long_only = [f for f, on in (("--trace", args.trace is not None), ("--no-tune", args.no_tune), ("--study", args.study))
-                 if on]
-    if args.long:
-        if args.browser or browser_only or args.full_reference:
-            raise CLIError("--long takes only --trace, --no-tune, --study, --check and --json")
+    if section == "long":
         from ..bench import long
 
         if args.study:
             return long.study(args.trace, progress=say)
         return long.run(args.trace, with_tune=not args.no_tune, progress=say)
-    if long_only:
-        raise CLIError(f"{', '.join(long_only)} only apply with --long")
-    if args.browser:
-        if args.full_reference:
-            raise CLIError("--full-reference does not apply to --browser")
+    if section == "truth":
+        from ..bench import speed, truth
+
+        return speed.verdict(truth.run(progress=say))
+    if section == "browser":
         if args.no_load and args.only_load:
             raise CLIError("--no-load and --only-load exclude each other")
         from ..bench import browser
 
         return browser.run(rounds=args.rounds, sessions=args.sessions, cold_cache=args.cold_cache,
                            load=not args.no_load, single=not args.only_load, progress=say)
-    if browser_only:
-        raise CLIError(f"{', '.join(browser_only)} only apply with --browser")
     from ..bench import speed
 
     return speed.run(full_reference=args.full_reference, progress=say)
 
 
 def _generate(args: argparse.Namespace, say) -> dict:
-    if args.browser or args.full_reference:
-        raise CLIError("--generate excludes --browser and --full-reference")
     from ..bench import generate
 
     lengths = generate.LENGTHS
@@ -83,22 +99,11 @@ def bench_status(args: argparse.Namespace, doc: dict) -> int:
 
 
 def render_bench(doc: dict) -> str:
-    if doc.get("kind") == "load":
-        from ..bench import load
-
-        return load.render(doc)
-    if doc.get("kind") == "generate":
-        from ..bench import generate
-
-        return generate.render(doc)
-    if doc.get("kind") == "browser":
-        from ..bench import browser
-
-        return browser.render(doc)
-    if doc.get("kind") in ("long", "long-study"):
+    """The text of a benchmark's document: each section's module renders its own kind."""
+    kind = doc.get("kind")
+    if kind == "long-study":
         from ..bench import long
 
-        return long.render(doc) if doc["kind"] == "long" else long.render_study(doc)
-    from ..bench import speed
-
-    return speed.render(doc)
+        return long.render_study(doc)
+    module = importlib.import_module(f"..bench.{kind if kind in SECTIONS else 'speed'}", __package__)
+    return module.render(doc)

@@ -145,7 +145,7 @@ def cmd_claims(args: argparse.Namespace) -> object:
 
 
 def cmd_tune(args: argparse.Namespace) -> object:
-    from ..analysis.tune import LOCAL, dask_available, tune
+    from ..analysis.tune import LOCAL, TRUTH_BY, dask_available, tune
     from ..data.catalog import resolve_bundle, shipped_bundles
 
     spec = args.trace.strip()
@@ -158,9 +158,37 @@ def cmd_tune(args: argparse.Namespace) -> object:
         scheduler = None
     else:
         scheduler = LOCAL
+    say = None if args.quiet else protocol.stderr("tune")
+    truth = _tune_truth(args, source, say) if args.by in TRUTH_BY else None
     result = tune(source, args.policy, args.budget, tolerance=args.tolerance, top_k=args.top_k, scheduler=scheduler,
-                  workers=args.workers, progress=None if args.quiet else protocol.stderr("tune"))
+                  workers=args.workers, progress=say, by=args.by, truth=truth)
     return result.to_dict(curves=args.curves)
+
+
+def _tune_truth(args: argparse.Namespace, source, say):
+    """``tune --by kl``: a function from candidate windows to the model's loss there, open loop, cached,
+    the session (model load, full-cache pass) opened on first use."""
+    from ..data.bundle import Bundle
+    from ..models import quality, truth
+    from ..models.errors import RecordError
+
+    meta, folder = (source.manifest, source.path) if isinstance(source, Bundle) else (source.meta, None)
+    try:
+        model, text, steps = truth.recording_source(meta, folder, text=args.text, model=args.model)
+    except (quality.QualityError, RecordError) as e:
+        raise InputError(f"{args.trace}: {e}") from None
+    key = "kl_open" if args.by == "kl" else "delta_nll_open"
+
+    def measure(windows):
+        try:
+            session = quality.open_session(text, steps, model, progress=say, use_cache=not args.no_cache)
+            rows = truth.window_truth(session, args.policy, args.budget, windows, use_cache=not args.no_cache,
+                                      progress=say, recording=str(meta.get("model") or model))
+        except (quality.QualityError, RecordError) as e:
+            raise InputError(f"{args.trace}: {e}") from None
+        return [r[key] for r in rows]
+
+    return measure
 
 
 def cmd_record(args: argparse.Namespace) -> object:

@@ -15,9 +15,10 @@ from .commands import COMMANDS, cmd_app
 from .errors import BAD_INPUT, USAGE, CLIError, param_message
 from .generate_command import cmd_generate
 from .parser import PROG, build_parser
+from .proxies_command import cmd_proxies
 from .render import as_json, render
 
-RUNS = {**COMMANDS, "bench": cmd_bench, "cache": cmd_cache, "generate": cmd_generate}
+RUNS = {**COMMANDS, "bench": cmd_bench, "cache": cmd_cache, "generate": cmd_generate, "proxies": cmd_proxies}
 
 
 def main(argv: list[str] | None = None) -> int:

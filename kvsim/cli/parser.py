@@ -11,11 +11,14 @@ from pathlib import Path
 
 from ..analysis.metrics import DEFAULT_BAND
 from ..analysis.table import TABLE_BUDGET
+from ..analysis.tune import BY as TUNE_BY
+from ..analysis.tune import DEFAULT_BY as TUNE_DEFAULT_BY
 from ..data.catalog import available_bundles, available_traces
 from ..policies import DEFAULT_BUDGET, POLICIES, all_tunables, policy_params
 from ..sim.harness import DEFAULT_TOP_K
 from .cache_command import add_cache
 from .errors import BAD_INPUT, USAGE, CLIError, flag
+from .proxies_command import add_proxies
 
 PROG = "kvsim"
 
@@ -98,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_record(sub)
     _add_quality(sub)
     _add_generate(sub)
+    add_proxies(sub)
     add_cache(sub)
     sub.add_parser("app", help="start the Streamlit app; any further options go to streamlit run",
                    usage=f"{PROG} app [STREAMLIT RUN OPTIONS, e.g. --server.port 8502]")
@@ -175,6 +179,8 @@ def _add_bench(sub) -> None:
                    "run a lesson against a real server (Streamlit's websocket protocol, no browser), e.g. 1,8,30")
     p.add_argument("--profile", type=Path, default=None, metavar="FILE", help="with --load: sample the last class's "
                    "server (every thread's stack) during the lesson, write the collapsed stacks to FILE, print a summary")
+    p.add_argument("--truth", action="store_true", help="instead: what the truth costs (needs the record extra): "
+                   "Gemma-3-270M open loop at 1024 steps, one configuration and a 16-window sweep")
     p.add_argument("--rounds", type=positive_int, default=3, help="with --browser: rounds, each on a fresh server (default: 3)")
     p.add_argument("--sessions", type=positive_int, default=8, help="with --browser: concurrent sessions of the load (default: 8)")
     p.add_argument("--no-load", action="store_true", help="with --browser: skip the concurrent sessions")
@@ -219,6 +225,16 @@ def _add_tune(sub, traces: str) -> None:
     p.add_argument("--workers", type=positive_int, default=None, help="local Dask worker processes (default: one "
                    "per core)")
     p.add_argument("--curves", action="store_true", help="with --json, add every trace's curve over the windows")
+    p.add_argument("--by", default=TUNE_DEFAULT_BY, choices=list(TUNE_BY), help="what the one window for the whole "
+                   f"model (model_window) is chosen by: a proxy, or the truth (kl, delta_nll: measured by the model, "
+                   f"open loop, cached; needs the record extra) (default: {TUNE_DEFAULT_BY}, the proxy study's best; "
+                   "docs/proxies.md)")
+    p.add_argument("--model", default=None, help="with --by kl/delta_nll: the model (gemma3-270m, smollm2-135m or a "
+                   "local folder; default: the one the recording names)")
+    p.add_argument("--text", default=None, help="with --by kl/delta_nll: the text file (default: the one the recording "
+                   "names, found by its sha256)")
+    p.add_argument("--no-cache", action="store_true", help="with --by kl/delta_nll: measure again instead of reading "
+                   "cached results")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     _json(p)
 

@@ -13,6 +13,7 @@ import numpy as np
 from ..analysis.table import params_label
 from ..analysis.windows import TOLERANCE, covers
 from .generate_command import render_generate
+from .proxies_command import render_proxies
 
 
 def aligned(headers: list[str], rows: list[list], text: bool = False) -> str:
@@ -234,13 +235,26 @@ def _tune(doc: dict) -> str:
             ["streaming_llm sinks=4", "n/a", base["streaming_llm"]["retained_mass"], base["streaming_llm"]["top_k_recall"]],
         ], text=False),
         "",
+        _model_window_line(doc),
+        *([f"({doc['by_caveat']})"] if doc.get("by_caveat") else []),
         f"{len(doc['layers'])} traces swept {how} in {run['seconds']:.1f} s",
     ])
 
 
+def _model_window_line(doc: dict) -> str:
+    """The one window recommended for every layer, and what it was chosen by (``tune --by``)."""
+    d = doc.get("by_detail") or {}
+    if d.get("note"):
+        return f"model_window {doc['model_window']} (by retained mass: {d['note']})"
+    if d.get("windows"):
+        return (f"model_window {doc['model_window']} (by {doc['by']}, the best of {len(d['windows'])} candidate windows: "
+                f"{d['value']:.4g})")
+    return f"model_window {doc['model_window']} (by {doc['by']}: the one window for all layers, recommended)"
+
+
 RENDERERS = {"replay": _replay, "sweep": _sweep, "describe": _describe, "record": _record, "export": _export,
              "table": _table, "bench": _bench, "claims": _claims, "quality": _quality, "tune": _tune, "cache": _cache,
-             "generate": render_generate}
+             "generate": render_generate, "proxies": render_proxies}
 
 
 def render(command: str, doc) -> str:

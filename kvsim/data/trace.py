@@ -26,6 +26,8 @@ ATTENTION_DTYPES = (np.float16, np.float32, np.float64)
 MAX_STEPS = 16384
 #: the interchange layout's key, the packed layout's two keys, and the optional metadata
 FULL_KEY, PACKED_KEY, STEPS_KEY, META_KEY = "attention", "attention_packed", "steps", "meta"
+#: the optional member holding the KV head's value vectors, ``(T + 1, d)`` float16 or float32
+VALUES_KEY = "values"
 #: refuse a ``meta`` string longer than this before reading it (token lists for 16k steps fit well inside)
 MAX_META_BYTES = 8 * 1024 * 1024
 #: a row whose sum is further than this from 1 counts as repaired (``meta["renormalised"]``): twice the
@@ -47,6 +49,9 @@ class Trace:
     attention: np.ndarray
     name: str = "trace"
     meta: dict = field(default_factory=dict)
+    #: optional ``(T + 1, d)`` value vectors of the KV head, row p for position p (the value-aware
+    #: proxies read them, ``kvsim.sim.proxies``); None for a trace recorded without them
+    values: np.ndarray | None = None
     #: what is derived from the attention alone, computed once (``kvsim.data.derived``)
     derived: TraceStore = field(init=False, repr=False)
 
@@ -193,6 +198,7 @@ def load_npz(path, *, source: str | None = None) -> Trace:
                 _check_packed_header(shape, dtype, steps, src)
                 attention = unpack_lower(_read(z, members, PACKED_KEY, src), steps)
             meta = _read_meta(_read(z, members, META_KEY, src), src) if meta_header is not None else {}
+            values = _read_values(z, members, attention.shape[0], src) if _has(members, VALUES_KEY) else None
     except TraceError:
         raise
     except ValueError as e:  # malformed headers and short data land here; pickles are refused above
@@ -206,7 +212,21 @@ def load_npz(path, *, source: str | None = None) -> Trace:
         raise TraceError(f"{src}: unreadable or truncated ({kind}: {detail})") from None
     stem = Path(src).stem
     name = str(meta.get("name") or stem)
-    return from_array(attention, name=name, meta=meta, source=src)
+    trace = from_array(attention, name=name, meta=meta, source=src)
+    trace.values = values
+    return trace
+
+
+def _read_values(z, members: set[str], rows: int, src: str) -> np.ndarray:
+    """The optional ``values`` member: ``(T + 1, d)`` float16/32/64, one row per position."""
+    shape, dtype = _npy_header(z, members, VALUES_KEY, src)
+    if len(shape) != 2 or shape[0] != rows or dtype.type not in ATTENTION_DTYPES or not 0 < shape[1] <= 4096:
+        raise TraceError(f"{src}: {VALUES_KEY} must be ({rows}, d) float16/32/64 with 0 < d <= 4096, "
+                         f"got shape {shape} {dtype}")
+    values = _read(z, members, VALUES_KEY, src)
+    if not np.isfinite(values).all():
+        raise TraceError(f"{src}: {VALUES_KEY} holds NaN or infinite numbers")
+    return values
 
 
 
@@ -330,4 +350,6 @@ def save_npz(trace: Trace, path: str | Path, dtype=np.float32, *, packed: bool =
         }
     else:
         arrays = {FULL_KEY: trace.attention.astype(dtype)}
+    if trace.values is not None:
+        arrays[VALUES_KEY] = np.asarray(trace.values)
     atomic_write(Path(path), lambda f: np.savez_compressed(f, **arrays, meta=np.array(json.dumps(meta))))

@@ -47,11 +47,13 @@ def _kept_attention(module, query, key, value, attention_mask, scaling=None, dro
 class MaskedPass:
     """A teacher-forced pass: query t sees key p when ``p <= t`` (and inside its layer's window), and,
     with ``allowed`` (``{layer: bool (kv_heads, n, n)}``), when the schedule kept p for it. With
-    ``capture``, each layer's rows per KV head (the recorder's arithmetic) are kept in ``captured``."""
+    ``capture``, each layer's rows per KV head (the recorder's arithmetic) are kept in ``captured``,
+    and its values ``(kv heads, n, d)`` float32 in ``values`` (what the value-aware proxies read)."""
 
     def __init__(self, *, allowed=None, capture=False):
         self.allowed = allowed
         self.captured = {} if capture else None
+        self.values = {}
 
     def attend(self, layer, query, key, value, scale, softcap, window):
         import torch
@@ -61,6 +63,8 @@ class MaskedPass:
         _, hq, n, _ = query.shape
         hkv = key.shape[1]
         group = hq // hkv
+        if self.captured is not None:
+            self.values[layer] = value[0].float().numpy().copy()
         key = key.repeat_interleave(group, dim=1)  # what transformers' repeat_kv does
         value = value.repeat_interleave(group, dim=1)
         scores = torch.matmul(query, key.transpose(2, 3)) * scale

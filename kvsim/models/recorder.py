@@ -26,8 +26,9 @@ from .qkv_capture import CHUNK_ELEMENTS, attention_blocks, block_rows, run_pass
 
 #: how the query heads that share a KV head are combined
 GQA = ("mean", "max")
-#: where a finished layer's rows go: (layer, rows per KV head as packed float32 lower triangles)
-LayerSink = Callable[[int, np.ndarray], None]
+#: where a finished layer's rows go: (layer, rows per KV head as packed float32 lower triangles, the
+#: layer's values per KV head ``(kv heads, n, d)`` float32, what the value-aware proxies read)
+LayerSink = Callable[[int, np.ndarray, np.ndarray], None]
 
 
 def kv_head_rows(softmax: np.ndarray, kv_heads: int, gqa: str = "mean") -> list[np.ndarray]:
@@ -90,7 +91,7 @@ class _Recorder:
             self._reduce(layer, b, key.shape[1], n, buf)
             if need_output:
                 outputs.append(b.output)
-        self.sink(layer, buf)
+        self.sink(layer, buf, value[0].to(torch.float32).cpu().numpy())
         return torch.cat(outputs, dim=1) if need_output else None
 
     def _reduce(self, layer: int, b, kv_heads: int, n: int, buf: np.ndarray) -> None:

@@ -11,44 +11,16 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
-import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
+from ..analysis.windows import spearman
 
 #: one colour per policy, in registry order; modes differ by dash (lines) and symbol (markers)
 _COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 _DASH = {"closed": "solid", "open": "dash"}
 _SYMBOL = {"closed": "circle", "open": "circle-open"}
-
-
-def _ranks(x: np.ndarray) -> np.ndarray:
-    """Ranks 1..n, ties sharing the mean of the ranks they span."""
-    order = np.argsort(x, kind="stable")
-    ranks = np.empty(x.size, dtype=np.float64)
-    ranks[order] = np.arange(1, x.size + 1)
-    values, inverse = np.unique(x, return_inverse=True)
-    if values.size < x.size:
-        sums = np.bincount(inverse, weights=ranks)
-        counts = np.bincount(inverse)
-        ranks = (sums / counts)[inverse]
-    return ranks
-
-
-def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman's rank correlation (ties take their mean rank); NaN with fewer than 3 points or when
-    either side is constant."""
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    if x.shape != y.shape or x.ndim != 1:
-        raise ValueError(f"spearman needs two 1-D sequences of one length, got {x.shape} and {y.shape}")
-    if x.size < 3:
-        return math.nan
-    rx, ry = _ranks(x), _ranks(y)
-    if rx.std() == 0 or ry.std() == 0:
-        return math.nan
-    return float(np.corrcoef(rx, ry)[0, 1])
 
 
 def _label(params: dict) -> str:

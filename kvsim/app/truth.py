@@ -1,0 +1,111 @@
+"""The truth under the recent_window curve: the model's KL over the windows, with both optima and the
+sentence (``kvsim.views.truth``), where truth is known for the trace's recording; where it is not,
+one line saying how to get it, and for a recording whose model and text are at hand a button that
+measures it in the background (open loop, cached, with progress)."""
+
+from __future__ import annotations
+
+import threading
+
+import streamlit as st
+
+import kvsim
+from kvsim.analysis.windows import choose_window
+from kvsim.views import truth as vt
+
+#: measurements running in this server's background: (model, text sha, policy, budget) -> state
+_JOBS: dict[tuple, dict] = {}
+_LOCK = threading.Lock()
+#: candidate windows the background measurement takes (as ``tune --by kl``)
+CANDIDATES = 16
+
+
+def truth_panel(trace: kvsim.Trace, policy: str, budget: int, rows: list[dict], exact: bool) -> None:
+    """Below the curve: the truth beside the proxy, or why it is not there."""
+    choice = choose_window(rows, budget=budget, exact=exact)
+    truth = vt.truth_for(trace.meta, policy, budget)
+    if truth is not None:
+        st.plotly_chart(vt.truth_figure(truth, choice.recommended), key="truth_curve")
+        note = ""
+        if truth.meta.get("steps") != trace.steps:
+            note = f" The truth is of the first {truth.meta.get('steps')} steps of the text; this trace has {trace.steps}."
+        st.markdown(vt.sentence(truth, choice.recommended) + note, help="KL(full || evicted) of the next-token "
+                    "distributions, averaged over the text's positions, with every layer's cache held to the budget by "
+                    "the policy at that recent_window (open loop: the simulator's schedule as masks on one pass)")
+        return
+    who = vt.recording(trace.meta)
+    if who is None:
+        st.caption("No truth for this trace: it names no model and text to measure it with (the canonical trace "
+                   "teaches the shapes; a recording made by `kvsim record` carries both).")
+        return
+    _offer(trace, policy, budget, who)
+
+
+def _offer(trace: kvsim.Trace, policy: str, budget: int, who: tuple[str, str]) -> None:
+    key = (*who, policy, budget)
+    with _LOCK:
+        job = _JOBS.get(key)
+    if job is not None and job.get("error"):
+        st.warning(f"The truth could not be measured: {job['error']}")
+        return
+    if job is not None and not job.get("done"):
+        _watch(job)
+        return
+    if job is not None:  # done, yet truth_for found nothing: the document could not be written
+        st.warning("The truth was measured, but its document could not be written to the disk cache (truth/).")
+        return
+    st.caption(f"No truth measured yet for {policy} at budget {budget} on this recording. "
+               f"`python -m kvsim tune --trace BUNDLE --policy {policy} --budget {budget} --by kl` measures it "
+               f"({CANDIDATES} windows, open loop, cached), or:")
+    if st.button("measure the truth in the background", key="truth_measure"):
+        _start(key, trace.meta, policy, budget)
+        st.rerun()
+
+
+def _watch(job: dict) -> None:
+    """The background measurement's progress, redrawn every second; the page is drawn again when it ends."""
+
+    @st.fragment(run_every=1.0)
+    def watch() -> None:
+        if job.get("done") or job.get("error"):
+            st.rerun()
+        st.progress(job.get("fraction", 0.0), text=f"Measuring the truth in the background: {job.get('note', '')}")
+
+    watch()
+
+
+def _start(key: tuple, meta: dict, policy: str, budget: int) -> None:
+    state = {"fraction": 0.0, "note": "starting"}
+    with _LOCK:
+        if key in _JOBS and not _JOBS[key].get("error"):
+            return
+        _JOBS[key] = state
+
+    def progress(fraction, note=""):
+        if fraction is not None:
+            state["fraction"] = max(0.0, min(1.0, float(fraction)))
+        if note:
+            state["note"] = note
+
+    def work():
+        try:
+            from kvsim.models import quality, truth
+            from kvsim.models.errors import RecordError
+            from kvsim.sim.proxies import even_windows
+
+            try:
+                model, text, steps = truth.recording_source(meta)
+                session = quality.open_session(text, steps, model, progress=progress)
+                truth.window_truth(session, policy, budget, even_windows(budget, CANDIDATES), progress=progress,
+                                   recording=str(meta.get("model")))
+            except (quality.QualityError, RecordError, ValueError, OSError) as e:
+                state["error"] = str(e).splitlines()[0] if str(e) else type(e).__name__
+                return
+            state["done"] = True
+        except ImportError as e:
+            state["error"] = f"the truth needs the record extra (pip install -r requirements-record.txt): {e}"
+
+    threading.Thread(target=work, daemon=True, name=f"kvsim-truth-{policy}-{budget}").start()
+
+
+__all__ = ["truth_panel"]

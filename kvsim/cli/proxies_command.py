@@ -1,0 +1,179 @@
+"""``kvsim proxies``: the proxy study (docs/proxies.md). Every proxy of every configuration beside the
+model's own loss on real models and texts, reduced to Spearman and regret per proxy
+(``kvsim.analysis.study``). Everything measured is cached on disk, so a second run, or one that adds a
+model or a text, measures only what is new."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..analysis.study import agreement, verdict
+from ..data.files import atomic_write
+from ..progress import stderr
+from .errors import CLIError
+
+DEFAULT_TEXTS = ("code-heapq.py", "prose-rust-book-introduction.txt", "legal-gpl-3.0.txt")
+DEFAULT_MODELS = ("gemma3-270m", "smollm2-135m")
+#: the study's window sweeps (kvsim.models.truth.STUDY_SWEPT, named here so the parser needs no torch-side import)
+SWEPT = ("h2o", "scissorhands", "snapkv", "h2o_normalized")
+
+
+def add_proxies(sub) -> None:
+    p = sub.add_parser("proxies", help="the proxy study: each proxy of the loss against the truth (KL, delta NLL) on "
+                       "real models and texts, with Spearman and regret per proxy (needs the record extra)")
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated: gemma3-270m, smollm2-135m or "
+                   f"local model folders (default: {','.join(DEFAULT_MODELS)})")
+    p.add_argument("--texts", default=",".join(DEFAULT_TEXTS), help="comma-separated text files; a bare name is looked "
+                   f"up in traces/texts/ (default: {','.join(DEFAULT_TEXTS)})")
+    p.add_argument("--budgets", default="64,256", help="comma-separated cache budgets (default: 64,256)")
+    p.add_argument("--steps", type=int, default=512, help="decode steps per text (default: 512)")
+    p.add_argument("--windows", type=int, default=8, help="recent_windows per sweep, evenly spaced (default: 8)")
+    p.add_argument("--sweeps", default=",".join(SWEPT), help=f"the policies whose recent_window is swept (default: "
+                   f"{','.join(SWEPT)})")
+    p.add_argument("--closed", default="code-heapq.py:64", metavar="[MODEL@]TEXT:BUDGET[,...]", help="where the h2o "
+                   "sweep and the fixed policies also get the closed loop, the authority, for every model or MODEL "
+                   "only (default: code-heapq.py:64; 'none' for none)")
+    p.add_argument("--out", default=None, help="write the rows and the verdict to this JSON file (atomically)")
+    p.add_argument("--no-cache", action="store_true", help="measure again instead of reading cached results")
+    p.add_argument("--markdown", action="store_true", help="print the tables as Markdown (docs/proxies.md's)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
+
+
+def _list(text: str, flag: str) -> list[str]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise CLIError(f"{flag}: nothing listed")
+    return items
+
+
+def _plan(args: argparse.Namespace) -> tuple[list[Path], list[int], dict]:
+    from ..models.truth import TEXTS_DIR
+
+    texts = [Path(t) if Path(t).exists() or "/" in t else TEXTS_DIR / t for t in _list(args.texts, "--texts")]
+    for t in texts:
+        if not t.is_file():
+            raise CLIError(f"--texts: {t}: no such file")
+    try:
+        budgets = [int(b) for b in _list(args.budgets, "--budgets")]
+    except ValueError:
+        raise CLIError(f"--budgets: expected comma-separated integers, got {args.budgets!r}") from None
+    if min(budgets) < 4 or args.windows < 2 or args.steps < 16:
+        raise CLIError("--budgets must be at least 4, --windows at least 2 and --steps at least 16")
+    closed = {}
+    if args.closed != "none":
+        for item in _list(args.closed, "--closed"):
+            where, _, budget = item.rpartition(":")
+            model, _, name = where.rpartition("@")
+            if not name or not budget.isdigit():
+                raise CLIError(f"--closed: expected [MODEL@]TEXT:BUDGET, got {item!r}")
+            closed[(model or None, Path(name).name, int(budget))] = ["h2o", None]
+    return texts, budgets, closed
+
+
+def cmd_proxies(args: argparse.Namespace) -> dict:
+    from ..models import quality, truth
+    from ..models.errors import RecordError
+
+    texts, budgets, closed = _plan(args)
+    sweeps = _list(args.sweeps, "--sweeps")
+    if set(sweeps) - set(SWEPT):
+        raise CLIError(f"--sweeps: each of {', '.join(SWEPT)}, got {args.sweeps!r}")
+    say = None if args.quiet else stderr("kvsim proxies")
+    models = _list(args.models, "--models")
+
+    def sessions():
+        for model in models:
+            loaded = quality.load(model, say)
+            for text in texts:
+                yield quality.open_session(text, args.steps, model_and_tokenizer=loaded, progress=say,
+                                           use_cache=not args.no_cache)
+
+    try:
+        ids = {m: quality.model_id_of(m) for m in models}
+        where = {(ids[m], t, b): w for m in models for (only, t, b), w in closed.items() if only in (None, m)}
+        rows = truth.study(sessions(), budgets, args.windows, where, use_cache=not args.no_cache, progress=say,
+                           sweeps=sweeps)
+    except (quality.QualityError, RecordError) as e:
+        raise CLIError(str(e)) from None
+    doc = {"plan": {"models": models, "texts": [t.name for t in texts], "budgets": budgets, "steps": args.steps,
+                    "windows": args.windows, "sweeps": sweeps,
+                    "closed": [f"{m + '@' if m else ''}{t}:{b}" for m, t, b in closed]},
+           "verdict": verdict(rows), "open_vs_closed": agreement(rows), "rows": rows}
+    if args.out:
+        blob = json.dumps(doc, indent=1).encode()
+        atomic_write(Path(args.out), lambda f: f.write(blob))
+    doc["markdown"] = args.markdown
+    return doc
+
+
+def _f(x, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:+.{digits}f}" if digits < 0 else f"{x:.{digits}f}"
+
+
+def render_proxies(doc: dict) -> str:
+    if doc.get("markdown"):
+        return markdown(doc)
+    v = doc["verdict"]
+    lines = [f"{v['configurations']} configurations, {v['cells']} model x text x budget, {v['sweeps']} window sweeps",
+             "proxy                     rho all (mean/worst)  rho in sweeps (mean/worst)  KL regret (mean/worst)  "
+             "rho closed in sweeps"]
+    for name, e in v["proxies"].items():
+        o = e.get("kl_open", {})
+        c = e.get("kl_closed", {})
+        reg = o.get("regret", {})
+        lines.append(f"{name:<25} {_f(o.get('spearman_overall', {}).get('mean')):>8} / {_f(o.get('spearman_overall', {}).get('worst')):<8}"
+                     f"   {_f(o.get('spearman_within', {}).get('mean')):>8} / {_f(o.get('spearman_within', {}).get('worst')):<8}"
+                     f"     {_pct(reg.get('mean')):>7} / {_pct(reg.get('worst')):<8}"
+                     f"  {_f(c.get('spearman_within', {}).get('mean'))}")
+    lines.append(f"best proxy (least worst within-sweep KL regret): {v['best']}")
+    a = doc.get("open_vs_closed")
+    if a:
+        lines.append(f"open vs closed KL on {a['configurations']} configurations: Spearman {_f(a['spearman'])}, "
+                     f"open/closed {_f(a['open_over_closed_mean'])} on average")
+    return "\n".join(lines)
+
+
+def markdown(doc: dict) -> str:
+    """The study's tables in Markdown: per proxy, Spearman with the truth and its regret; per sweep, the
+    windows mass and the best proxy recommend against the truth's."""
+    v = doc["verdict"]
+    out = ["| proxy | rho KL open, all (mean / worst) | rho KL open, in sweeps (mean / worst) | rho delta NLL, in sweeps "
+           "(mean) | rho KL closed, in sweeps (mean) | KL regret in sweeps (mean / worst) | worst at |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for name, e in v["proxies"].items():
+        o, d, c = e.get("kl_open", {}), e.get("delta_nll_open", {}), e.get("kl_closed", {})
+        reg = o.get("regret", {})
+        at = reg.get("worst_at") or {}
+        out.append(f"| {name} | {_f(o['spearman_overall']['mean'])} / {_f(o['spearman_overall']['worst'])} | "
+                   f"{_f(o['spearman_within']['mean'])} / {_f(o['spearman_within']['worst'])} | "
+                   f"{_f(d.get('spearman_within', {}).get('mean'))} | {_f(c.get('spearman_within', {}).get('mean'))} | "
+                   f"{_pct(reg.get('mean'))} / {_pct(reg.get('worst'))} | "
+                   f"{' '.join(str(at[k]) for k in ('model', 'text', 'budget', 'sweep')) if at else '-'} |")
+    best = v["best"]
+    out += ["", f"Per window sweep: the window retained mass and {best} (the best proxy) recommend, against the truth's "
+            "(open-loop KL).", "",
+            "| model | text | budget | sweep | truth's best (KL) | mass picks | mass regret | "
+            f"{best} picks | {best} regret |", "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    mass = {(s["model"], s["text"], s["budget"], s["sweep"]): s
+            for s in v["proxies"]["retained_mass"]["kl_open"]["regret"]["sweeps"]}
+    for s in v["proxies"][best]["kl_open"]["regret"]["sweeps"]:
+        m = mass[(s["model"], s["text"], s["budget"], s["sweep"])]
+        out.append(f"| {s['model'].split('-')[0]} | {s['text']} | {s['budget']} | {s['sweep']} | {s['truth_window']} "
+                   f"({s['best_truth']:.4f}) | {m['proxy_window']} | {_pct(m['regret'])} | {s['proxy_window']} | "
+                   f"{_pct(s['regret'])} |")
+    a = doc.get("open_vs_closed")
+    if a:
+        out += ["", f"Open loop against closed (the authority) on {a['configurations']} configurations: Spearman of KL "
+                f"{_f(a['spearman'])}; open / closed KL {_f(a['open_over_closed_mean'])} on average "
+                f"({_f(a['open_over_closed_range'][0])} .. {_f(a['open_over_closed_range'][1])})."]
+    return "\n".join(out)
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+__all__ = ["DEFAULT_MODELS", "DEFAULT_TEXTS", "add_proxies", "cmd_proxies", "render_proxies"]

@@ -1,0 +1,235 @@
+"""The truth over candidate windows, and the proxies of the same configurations: what ``kvsim tune --by
+kl``, the curve view and the proxy study (``kvsim proxies``, docs/proxies.md) measure.
+
+A truth measurement is ``Session.measure_many`` (open loop by default: one masked teacher-forced pass
+per configuration, the output layer's full-cache half shared by all; cached on disk per
+configuration). The proxies of a configuration come from the same full-cache traces, replayed with
+their kept sets recorded (``kvsim.sim.proxies``), per layer and KV head, and are cached too (they
+cost a replay per trace: 90 of them for SmolLM2-135M).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..data.files import atomic_write
+from ..data.store import cache_dir
+from ..progress import Progress, scaled
+from ..sim import proxies as px
+from ..sim.simulate import replay
+from .loading import no_progress
+from .quality import Session
+
+#: what a cached proxy record means; bump it when the proxies change meaning
+PROXY_VERSION = 1
+#: the per-(layer, KV head) figures a configuration's record holds
+FIGURES = tuple(px.PROXIES)
+
+
+def configuration_proxies(session: Session, policy: str, budget: int, params: dict, *, use_cache: bool = True) -> dict:
+    """``{figure: (layers, kv heads) list}`` for every proxy in ``kvsim.sim.proxies.PROXIES``, from one
+    replay per (layer, KV head) of the session's full-cache traces (which carry their values)."""
+    key = {"version": PROXY_VERSION, "model": session.model_id, "tokens": session.tokens_id, "steps": session.steps,
+           "policy": policy, "budget": budget, "params": dict(sorted(params.items()))}
+    path = cache_dir() / "quality" / f"proxies-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]}.json"
+    if use_cache:
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            if record.get("key") == key:
+                return record["proxies"]
+        except (OSError, ValueError, AttributeError):
+            pass
+    grid = {f: np.zeros((session.layers, session.kv_heads)) for f in FIGURES}
+    for layer, heads in enumerate(session.traces):
+        for h, trace in enumerate(heads):
+            row = px.summary(trace, replay(trace, policy, budget=budget, record_kept=True, **params))
+            for f in FIGURES:
+                grid[f][layer, h] = row[f]
+    out = {f: g.tolist() for f, g in grid.items()}
+    if use_cache:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            blob = json.dumps({"key": key, "proxies": out}).encode()
+            atomic_write(path, lambda f: f.write(blob))
+        except OSError:
+            pass
+    return out
+
+
+def aggregate(per_head: dict) -> dict:
+    """One figure per proxy for the model: the mean over every layer and KV head, and, suffixed
+    ``_late``, over the deeper half of the layers only (early layers attend diffusely and may matter
+    least to the output)."""
+    out = {}
+    for f, grid in per_head.items():
+        g = np.asarray(grid, dtype=np.float64)
+        out[f] = float(g.mean())
+        out[f"{f}_late"] = float(g[g.shape[0] // 2 :].mean())
+    return out
+
+
+def measure(session: Session, jobs: Sequence[tuple[str, int, dict]], modes: Sequence[str] = ("open",), *,
+            use_cache: bool = True, batch: int = 8, progress: Progress | None = None) -> list[dict]:
+    """Per job: the truth in each of ``modes`` (``kl_open``, ``delta_nll_open``, ... and ``seconds_*``)
+    beside the model-level proxies (``aggregate``), one flat row. Closed loops decode ``batch`` at once."""
+    say = progress or no_progress
+    rows = []
+    for i, (policy, budget, params) in enumerate(jobs):
+        say(i / max(1, len(jobs)) * 0.05, f"proxies of {policy} {params} budget={budget}")
+        rows.append({"policy": policy, "budget": budget, "params": dict(params),
+                     **aggregate(configuration_proxies(session, policy, budget, params, use_cache=use_cache))})
+    for k, mode in enumerate(modes):
+        part = scaled(progress, 0.05 + 0.95 * k / len(modes), 0.05 + 0.95 * (k + 1) / len(modes))
+        for row, r in zip(rows, session.measure_many(list(jobs), mode, use_cache=use_cache, batch=batch, progress=part),
+                          strict=True):
+            row.update({f"kl_{mode}": r["kl"], f"delta_nll_{mode}": r["delta_nll"], f"seconds_{mode}": r["seconds"],
+                        f"cached_{mode}": r["cached"]})
+    for row in rows:
+        row.update(model=session.model_id, text=session.text_path.name, steps=session.steps)
+    return rows
+
+
+def window_truth(session: Session, policy: str, budget: int, windows: Sequence[int], params: dict | None = None, *,
+                 mode: str = "open", use_cache: bool = True, progress: Progress | None = None,
+                 recording: str | None = None) -> list[dict]:
+    """The truth and proxies of ``policy`` at each recent_window of ``windows`` (one row each, with
+    ``recent_window``), for ``tune --by kl`` and the curve view. ``recording``: the model as the
+    recording names it (its manifest's ``model``); with it the rows are also kept in the truth
+    document the views read (``save_truth``)."""
+    base = {k: v for k, v in (params or {}).items() if k != "recent_window"}
+    jobs = [(policy, budget, {**base, "recent_window": int(w)}) for w in windows]
+    rows = measure(session, jobs, (mode,), use_cache=use_cache, progress=progress)
+    for row, w in zip(rows, windows, strict=True):
+        row["recent_window"] = int(w)
+    if recording is not None:
+        save_truth(session, rows, recording, mode)
+    return rows
+
+
+#: what a truth document is (the views read it: ``kvsim.views.truth``)
+TRUTH_FORMAT = "kvsim-truth"
+
+
+def truth_path(model_id: str, text_sha256: str, steps: int) -> Path:
+    return cache_dir() / "truth" / f"{model_id}-{text_sha256[:16]}-{steps}.json"
+
+
+def save_truth(session: Session, rows: list[dict], recording: str, mode: str = "open") -> Path:
+    """Merge ``rows`` into the truth document of the session's model, text and steps (atomically; a
+    row measured again replaces the old one): ``{"format", "meta": {model, model_id, text,
+    text_sha256, steps, mode}, "results": [...]}``, what ``traces/truth-*.json`` ship."""
+    from .loading import file_sha256
+
+    sha = file_sha256(session.text_path)
+    path = truth_path(session.model_id, sha, session.steps)
+    try:
+        old = json.loads(path.read_text(encoding="utf-8")).get("results", [])
+    except (OSError, ValueError, AttributeError):
+        old = []
+    ident = lambda r: (r["policy"], r["budget"], json.dumps(r["params"], sort_keys=True))  # noqa: E731
+    merged = {ident(r): r for r in [*old, *rows] if isinstance(r, dict) and "params" in r}
+    doc = {"format": TRUTH_FORMAT, "version": 1,
+           "meta": {"model": recording, "model_id": session.model_id, "text": session.text_path.name,
+                    "text_sha256": sha, "steps": session.steps, "mode": mode},
+           "results": sorted(merged.values(), key=lambda r: (r["policy"], r["budget"], r.get("recent_window", 0)))}
+    blob = json.dumps(doc, indent=1).encode()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda f: f.write(blob))
+    except OSError:
+        pass
+    return path
+
+
+def recording_source(meta: dict, folder: Path | None = None, *, text: str | Path | None = None,
+                     model: str | None = None) -> tuple[str | None, Path, int]:
+    """(model spec for ``quality.load``, text path, steps) of a recording (a bundle's manifest or a
+    trace's meta), for measuring its truth; ``text`` and ``model`` override what the recording names.
+    QualityError, one line, when the text or the model is not at hand."""
+    from .loading import MODEL, SMOLLM2, file_sha256
+    from .quality import HEAPQ_SHA256, QualityError, heapq_path
+
+    steps = int(meta.get("steps") or 0)
+    if steps < 2:
+        raise QualityError("the recording does not say how many steps it has")
+    named = str(meta.get("model") or "")
+    if model is None:
+        if named == MODEL:
+            model = "gemma3-270m"
+        elif named == SMOLLM2:
+            model = "smollm2-135m"
+        else:
+            spec = named.split(" (")[0]
+            if not spec or not Path(spec).is_dir():
+                raise QualityError(f"the recording's model ({named or 'not named'}) is not at hand; pass --model FOLDER")
+            model = spec
+    if text is not None:
+        return model, Path(text), steps
+    info = meta.get("text") if isinstance(meta.get("text"), dict) else {}
+    sha = info.get("sha256") or meta.get("source_sha256")
+    name = info.get("file") or ""
+    candidates = [folder / name] if folder is not None and name else []
+    candidates += sorted(TEXTS_DIR.glob("*")) if TEXTS_DIR.is_dir() else []
+    if sha == HEAPQ_SHA256:
+        try:
+            candidates.insert(0, heapq_path())
+        except QualityError:
+            pass
+    if sha is None:  # nothing to recognise the text by: only the file the bundle names, beside it
+        candidates = candidates[:1] if folder is not None and name else []
+    for c in candidates:
+        if c.is_file() and (sha is None or file_sha256(c) == sha):
+            return model, c, steps
+    raise QualityError(f"the recording's text ({name or 'not named'}, sha256 {str(sha)[:12]}...) is not at hand; "
+                       "pass --text FILE")
+
+
+#: the shipped texts (traces/texts/README.md)
+TEXTS_DIR = Path(__file__).resolve().parents[2] / "traces" / "texts"
+
+#: the study's policies: every online policy at its defaults, and the four with a recent_window swept
+STUDY_FIXED = ("sliding_window", "streaming_llm", "tova")
+STUDY_SWEPT = ("h2o", "scissorhands", "snapkv", "h2o_normalized")
+
+
+def study_jobs(budget: int, windows: Sequence[int], sweeps: Sequence[str] = STUDY_SWEPT) -> list[tuple[str, int, dict, str | None]]:
+    """(policy, budget, params, sweep) of one model x text x budget of the study: ``sweep`` names the
+    window sweep a configuration belongs to (None for the fixed policies)."""
+    jobs = [(p, budget, {}, None) for p in STUDY_FIXED]
+    jobs += [(p, budget, {"recent_window": w}, p) for p in sweeps for w in windows]
+    return jobs
+
+
+def study(sessions, budgets: Sequence[int], windows: int, closed: dict | None = None, *, use_cache: bool = True,
+          progress: Progress | None = None, sweeps: Sequence[str] = STUDY_SWEPT) -> list[dict]:
+    """The proxy study's rows: for each session (a model on a text, opened lazily: ``sessions`` yields
+    them) and budget, every job of ``study_jobs`` with its proxies and open-loop truth; where
+    ``closed`` (``{(model_id, text name, budget): [sweep names or None]}``) lists a sweep, its
+    configurations get the closed loop too."""
+    say = progress or no_progress
+    rows = []
+    for session in sessions:
+        for budget in budgets:
+            jobs = study_jobs(budget, px.even_windows(budget, windows), sweeps)
+            say(None, f"{session.model_id} on {session.text_path.name}, budget {budget}: {len(jobs)} configurations")
+            part = measure(session, [j[:3] for j in jobs], ("open",), use_cache=use_cache, progress=progress)
+            for row, job in zip(part, jobs, strict=True):
+                row["sweep"] = job[3]
+            wanted = (closed or {}).get((session.model_id, session.text_path.name, budget), [])
+            pick = [i for i, j in enumerate(jobs) if j[3] in wanted]
+            if pick:
+                extra = measure(session, [jobs[i][:3] for i in pick], ("closed",), use_cache=use_cache, progress=progress)
+                for i, r in zip(pick, extra, strict=True):
+                    part[i].update({k: v for k, v in r.items() if k.endswith("_closed")})
+            rows += part
+    return rows
+
+
+__all__ = ["TEXTS_DIR", "TRUTH_FORMAT", "FIGURES", "recording_source", "save_truth", "truth_path",
+           "STUDY_FIXED", "STUDY_SWEPT", "aggregate", "configuration_proxies", "measure", "study",
+           "study_jobs", "window_truth"]

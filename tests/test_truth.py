@@ -1,0 +1,99 @@
+"""The truth, cheaply and where tuning happens: the full-cache pass kept on disk (bit-identical
+measurements, no tokenizer needed), the proxies of a configuration beside its truth, the truth
+documents the views read, finding a recording's model and text, and the one-line refusals (a text or
+model not at hand, a model that does not fit). Tiny random models built from configs, nothing
+downloaded."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+from test_quality import HAS_TORCH, STEPS, ByteTokenizer, _tiny
+
+pytestmark = pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not installed (requirements-record.txt)")
+
+TEXT = "Heaps are arrays for which a[k] <= a[2*k+1] and a[k] <= a[2*k+2] for all k. " * 2
+
+
+@pytest.fixture
+def text_path(tmp_path):
+    p = tmp_path / "text.txt"
+    p.write_text(TEXT)
+    return p
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_a_cached_full_pass_gives_the_same_numbers_without_a_tokenizer(text_path, cache):
+    from kvsim.models.quality import QualityError, Session
+
+    model = _tiny("gemma3")
+    first = Session(model, ByteTokenizer(), text_path, STEPS, model_id="tiny-g3", progress=None)
+    assert list(cache.glob("quality/fullpass-*.npz"))
+    again = Session(model, None, text_path, STEPS, model_id="tiny-g3", progress=None)
+    assert np.array_equal(first.ids.numpy(), again.ids.numpy())
+    for a, b in zip(first.traces, again.traces, strict=True):
+        assert all(np.array_equal(x.attention, y.attention) and np.array_equal(x.values, y.values) for x, y in zip(a, b, strict=True))
+    assert first.traces[0][0].values.shape[0] == first.n  # one value row per position
+    for mode in ("open", "closed"):
+        assert first.evaluate("h2o", 8, mode, recent_window=3) | {"seconds": 0} == \
+            again.evaluate("h2o", 8, mode, recent_window=3) | {"seconds": 0}
+    with pytest.raises(QualityError, match="not cached, and no tokenizer"):
+        Session(model, None, text_path, STEPS + 1, model_id="tiny-g3", progress=None)
+
+
+def test_window_truth_keeps_proxies_beside_the_truth_and_the_views_find_it(text_path, cache):
+    from kvsim.models import truth
+    from kvsim.models.quality import Session
+    from kvsim.views import truth as vt
+
+    session = Session(_tiny("llama"), ByteTokenizer(), text_path, STEPS, model_id="tiny-llama", progress=None)
+    rows = truth.window_truth(session, "h2o", 8, [1, 3, 5], recording="tiny llama (llama, LlamaForCausalLM)")
+    assert [r["recent_window"] for r in rows] == [1, 3, 5]
+    for r in rows:
+        assert r["kl_open"] >= 0 and 0 < r["retained_mass"] <= 1 and r["output_error"] >= 0 and "value_mass_late" in r
+    sha = hashlib.sha256(text_path.read_bytes()).hexdigest()
+    meta = {"model": "tiny llama (llama, LlamaForCausalLM)", "source_sha256": sha, "steps": STEPS}
+    found = vt.truth_for(meta, "h2o", 8)
+    assert found is not None and found.windows == (1, 3, 5) and found.kl == tuple(r["kl_open"] for r in rows)
+    assert vt.truth_for({**meta, "source_sha256": "0" * 64}, "h2o", 8) is None
+    v = vt.verdict(found, 4)
+    assert v["measured_window"] == 3 and v["kl_best"] == min(found.kl)
+    text = vt.sentence(found, 4)
+    assert f"least at {v['truth_window']} (KL {v['kl_best']:.4f})" in text and f"{100 * v['cost']:+.0f}% KL" in text
+    # the same figures read again from the cache, not measured: the proxies too
+    again = truth.window_truth(session, "h2o", 8, [1, 3, 5])
+    assert [r["output_error"] for r in again] == [r["output_error"] for r in rows] and all(r["cached_open"] for r in again)
+
+
+def test_a_recording_names_its_model_and_text_or_says_which_is_missing(tmp_path):
+    from kvsim.models.loading import MODEL, SMOLLM2
+    from kvsim.models.quality import HEAPQ_SHA256, QualityError
+    from kvsim.models.truth import recording_source
+
+    model, text, steps = recording_source({"model": MODEL, "text": {"sha256": HEAPQ_SHA256, "file": "heapq.py"},
+                                           "steps": 1024})
+    assert model == "gemma3-270m" and text.name.endswith("heapq.py") and steps == 1024
+    assert recording_source({"model": SMOLLM2, "source_sha256": HEAPQ_SHA256, "steps": 64})[0] == "smollm2-135m"
+    with pytest.raises(QualityError, match=r"the recording's text \(gone.txt, sha256 abcdef"):
+        recording_source({"model": MODEL, "text": {"sha256": "abcdef" * 10, "file": "gone.txt"}, "steps": 8}, tmp_path)
+    with pytest.raises(QualityError, match=r"model \(/nowhere \(llama, X\)\) is not at hand; pass --model"):
+        recording_source({"model": "/nowhere (llama, X)", "source_sha256": HEAPQ_SHA256, "steps": 8})
+
+
+def test_a_model_that_does_not_fit_is_refused_before_loading(tmp_path):
+    from kvsim.models.errors import RecordError
+    from kvsim.models.loading import check_fits
+
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 1000)
+    check_fits(tmp_path, available=2001)
+    with pytest.raises(RecordError, match=r"needs about 0.0 GB in float32, 0.0 GB are free: it does not fit"):
+        check_fits(tmp_path, available=1999)
