@@ -3,7 +3,7 @@
     python bench/qk_dense_check.py QK_BUNDLE DENSE_BUNDLE [--layers 0,5,11,17] [--tolerance 2e-3]
 
 Each row of each qk file is computed from its ``q``, ``k`` and the constants in its ``meta`` exactly as
-``/work/tools/qk_format.md`` states them (scale, softcap, sliding window, softmax per query head, the
+traces/README.md ("Query/key traces") states them (scale, softcap, sliding window, softmax per query head, the
 heads combined by ``gqa``, the self weight dropped, renormalised), 512 rows at a time in float64, and
 compared with the dense file's rows. Prints one JSON document: the largest absolute difference per
 trace and overall; exits 1 when it is above the tolerance (2e-3 by default: float16 rows of either

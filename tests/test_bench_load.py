@@ -49,7 +49,10 @@ def test_the_table_shows_each_step_its_page_files_and_the_server_memory():
 @pytest.mark.parametrize("argv, message", [
     (["bench", "--load", "0"], "positive integer"),
     (["bench", "--load", "8,x"], "expected N[,N...]"),
-    (["bench", "--load", "8", "--browser"], "--load runs alone"),
+    (["bench", "--load", "8", "--browser"], "--browser and --load are separate benchmarks; run one at a time"),
+    (["bench", "--load", "8", "--rounds", "2"], "--rounds only applies with --browser"),
+    (["bench", "--long", "--lengths", "2048"], "--lengths only applies with --generate"),
+    (["bench", "--generate", "--full-reference"], "--full-reference applies to the speed benchmark, not to --generate"),
     (["bench", "--profile", "p.txt"], "--profile only applies with --load"),
 ])
 def test_the_cli_refuses_load_flags_that_do_not_go_together(argv, message, capsys):

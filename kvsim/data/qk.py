@@ -7,7 +7,7 @@ at most ``budget`` weights a step, and those cost O(budget x heads x head dim) f
 (``kvsim.data.qk_rows``); only the references that need whole rows (top-k recall, the upper bound, the
 optimum, greedy_future) and the trace view read whole rows, computed a block at a time.
 
-The file (``/work/tools/qk_format.md``, format ``kvsim-qk`` version 1): one uncompressed ``.npz`` per
+The file (traces/README.md, "Query/key traces", format ``kvsim-qk`` version 1): one uncompressed ``.npz`` per
 (layer, KV head), named ``*.qk.npz``, holding ``q`` ``(G, N, d)``, ``k`` ``(N, d)``, ``v`` ``(N, d_v)``
 (float16 or float32; N = steps + 1 positions, 0 .. T, so the trace has the dense recording's steps) and
 ``meta`` (UTF-8 JSON bytes: format, version, steps, layer, head, query_heads, scale, softcap,

@@ -11,7 +11,7 @@ blockwise, no ``(n, n)`` matrix built), and every chosen layer becomes one trace
 two stores:
 
 - ``dense``: the rows themselves (``kvsim.models.recorder``), a packed lower triangle, O(T^2) per trace;
-- ``qk``: the query/key trace (``/work/tools/qk_format.md``, DOMAIN.md section 7): the post-norm,
+- ``qk``: the query/key trace (traces/README.md, "Query/key traces"; DOMAIN.md section 7): the post-norm,
   post-RoPE queries of the KV head's query heads, its keys and values, and the attention's constants,
   O(T x head_dim) per trace, from which every row is computed again on demand;
 - ``auto`` (the default): dense up to ``DENSE_UP_TO`` steps (4096, the length of every shipped trace),
@@ -73,7 +73,7 @@ DEFAULT_STEPS = 4096
 STORES = ("auto", "qk", "dense")
 #: ``auto`` records dense up to this many steps (module docstring)
 DENSE_UP_TO = 4096
-#: the query/key trace file (``/work/tools/qk_format.md``): its format name, version and file suffix
+#: the query/key trace file (traces/README.md, "Query/key traces"): its format name, version and file suffix
 QK_FORMAT, QK_VERSION, QK_SUFFIX = "kvsim-qk", 1, ".qk.npz"
 
 
