@@ -1,4 +1,4 @@
-"""A query/key recording against the dense recording of the same text (issue 23's done-when):
+"""A query/key recording against the dense recording of the same text:
 
     python -m kvsim record --preset long --steps 4096 --store qk
     python -m kvsim record --preset long --steps 4096 --store dense

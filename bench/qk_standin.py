@@ -1,5 +1,5 @@
 """Query/key bundles of Gemma-3-270M captured here, for checking and timing query/key traces before the
-long recording exists (issue 23). Not the long recording: see docs/long-context.md for what each is.
+long recording exists. Not the long recording: see docs/long-context.md for what each is.
 
     python bench/qk_standin.py OUT [--windows 8]
     python bench/qk_standin.py OUT --check

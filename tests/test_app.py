@@ -558,7 +558,7 @@ def test_a_slow_curve_is_drawn_coarse_first_then_refined_in_the_background(monke
     assert values(named(fig, "h2o")[0]["x"]) == [r["recent_window"] for r in exact]
     best = max(exact, key=lambda r: r["retained_mass"])
     # refined around its peak, the curve is still a sample (not every window): its peak is the peak so far
-    # (issue 21, item 3: a sample's peak is not called the best)
+    # (a sample's peak is not called the best)
     assert peak_note(fig).startswith(f"peak so far at {best['recent_window']}: {best['retained_mass']:.3f}")
     assert named(fig, "scissorhands") and named(fig, "tova") and named(fig, "upper bound")
 

@@ -250,7 +250,7 @@ def test_tune_heatmap_marks_each_layers_recommended_window(serial):
 def test_tune_curve_shows_one_trace_with_its_windows_and_baselines(serial):
     fig = tune_curve(serial, 0, 1)
     assert fig.data[0].y.dtype == np.float32 and len(fig.data[0].y) == BUDGET - 1
-    # labelled by the rule it follows (kvsim.analysis.windows; issue 21, item 3)
+    # labelled by the rule it follows (kvsim.analysis.windows)
     assert fig.data[2].name == "recommended 24 (the smallest within 0.005 of the best)" and len(fig.layout.shapes) == 2
     with pytest.raises(ValueError, match="no layer 5 KV head 0"):
         tune_curve(serial, 5)

@@ -1,4 +1,4 @@
-"""The first start of a brand-new install (issue 21, item 4): the page is drawn on the reference and
+"""The first start of a brand-new install: the page is drawn on the reference and
 NumPy paths while numba compiles the fast engine elsewhere, says so in one line, and uses the engine
 once it is compiled. Each test imports what it tests inside itself, so each fails on its own on the
 code before the fix."""

@@ -47,7 +47,7 @@ def test_lines_story_is_computed_from_the_lines():
                           "evicts the position with the least attention still to come"),
              figures.Line("upper bound (offline reference)", 0.97, 1.0, "bound")]
     text = story.lines_story("h2o", curves, lines, 10)
-    # windows 1..4 of 1..9: a sample, so its peak is said to be of the windows sampled (issue 21, item 3)
+    # windows 1..4 of 1..9: a sample, so its peak is said to be of the windows sampled
     assert "**scissorhands** also peaks at 3 of the windows sampled, at 0.800: 0.100 below h2o's peak 0.900." in text
     assert "**tova** has no recent_window, so it is one line: 0.950, 0.020 below the upper bound 0.970." in text
     assert "**upper bound** (0.970)" in text and "each row's 10 largest weights" in text

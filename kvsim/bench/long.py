@@ -1,4 +1,4 @@
-"""``python -m kvsim bench --long [--trace BUNDLE]``: query/key traces at length (issue 23, item 4).
+"""``python -m kvsim bench --long [--trace BUNDLE]``: query/key traces at length.
 
 On a bundle of query/key traces (``"store": "qk"``; by default the long recording, ``python -m kvsim
 record --preset long``: Gemma-3-270M over 32,768 tokens, 32,767 steps), one (layer, KV head) of a
@@ -18,7 +18,7 @@ global layer (the first), and the whole bundle:
 Targets (``--check`` exits 1 on a miss): the replay at the longest length at most 2 s, the sweep at
 most 30 s, and per-step cost at the longest within 1.5x of the shortest (linear growth).
 
-``--study`` measures instead what length changes (issue 23, item 5; docs/long-context.md): ``tune`` at
+``--study`` measures instead what length changes (docs/long-context.md): ``tune`` at
 budget 256 over every window 1..255 of the global layers on the first 1024, 2048, 8192 steps and all of
 them (of every layer at the shortest and the longest): each global layer's best and recommended window
 and sink share (the mean weight of positions 0..3 over steps t > 4) at each length, and the per-layer

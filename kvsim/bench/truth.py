@@ -1,4 +1,4 @@
-"""``kvsim bench --truth``: what the truth costs (issue 22 item 5), Gemma-3-270M on the shipped traces'
+"""``kvsim bench --truth``: what the truth costs, Gemma-3-270M on the shipped traces'
 text, open loop, measured in one process so the figures compare on a noisy machine.
 
 - the model's load (the tokenizer skipped when the full-cache pass is cached: it holds the token ids);
