@@ -40,6 +40,7 @@ from ..data.qk import ROW_BLOCK, QKTrace
 from ..models.record_cache import preset
 from ..progress import Progress
 from ..sim.simulate import replay, sweep
+from .speed import timed
 
 LENGTHS = (4096, 8192, 16384, 32768)
 BUDGET = 1024
@@ -72,15 +73,6 @@ def measured_lengths(wanted: tuple[int, ...], steps: int) -> list[int]:
     return [t for t in wanted if t < steps] + [steps]
 
 
-def _timed(fn, repeat: int = 1):
-    best, out = float("inf"), None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
-
-
 def run(spec: str | None = None, with_tune: bool = True, progress: Progress | None = None) -> dict:
     """Every measurement above, in one document (``kind: "long"``)."""
     def say(note: str) -> None:
@@ -95,11 +87,11 @@ def run(spec: str | None = None, with_tune: bool = True, progress: Progress | No
     say(f"loading {entry.name} and its normalisers")
     trace = entry.load()
     assert isinstance(trace, QKTrace)
-    doc["normalisers_seconds"], _ = _timed(trace.derived.normalisers)
+    doc["normalisers_seconds"], _ = timed(trace.derived.normalisers)
     doc["replay"] = _replays(trace, say)
     longest = trace.prefix(doc["replay"][-1]["steps"])
     say(f"h2o sweep of {len(WINDOWS)} windows at {longest.steps} steps")
-    doc["sweep_seconds"], _ = _timed(lambda: sweep(longest, "h2o", BUDGET, "recent_window", WINDOWS))
+    doc["sweep_seconds"], _ = timed(lambda: sweep(longest, "h2o", BUDGET, "recent_window", WINDOWS))
     if with_tune:
         doc["tune"] = _tune(bundle, say)
     doc["storage"] = _storage(bundle)
@@ -112,7 +104,7 @@ def _replays(trace: QKTrace, say) -> list[dict]:
         say(f"h2o replay at budget {BUDGET}, {T} steps")
         part = trace.prefix(T)
         replay(part, "h2o", budget=BUDGET)  # the first call: kernels loaded, top-k handed over
-        seconds, result = _timed(lambda p=part: replay(p, "h2o", budget=BUDGET), repeat=2)
+        seconds, result = timed(lambda p=part: replay(p, "h2o", budget=BUDGET), repeat=2)
         rows.append({"steps": T, "seconds": seconds, "us_per_step": seconds / T * 1e6,
                      "retained_mass": result.retained_mass})
     return rows
@@ -125,12 +117,12 @@ def _tune(bundle: Bundle, say) -> dict:
         entry.load().derived.normalisers()
     out = {"normalisers_seconds": time.perf_counter() - t0}
     say(f"tune of {len(bundle.traces)} traces, serial")
-    out["serial_seconds"], result = _timed(lambda: tune(bundle, "h2o", BUDGET, windows=WINDOWS))
+    out["serial_seconds"], result = timed(lambda: tune(bundle, "h2o", BUDGET, windows=WINDOWS))
     out["recommended_windows"] = {t.name: t.recommended_window for t in result.traces}
     if dask_available():
         workers = os.cpu_count() or 1
         say(f"tune of {len(bundle.traces)} traces on a local Dask cluster of {workers} processes")
-        out["dask_seconds"], _ = _timed(lambda: tune(bundle, "h2o", BUDGET, windows=WINDOWS, scheduler="local",
+        out["dask_seconds"], _ = timed(lambda: tune(bundle, "h2o", BUDGET, windows=WINDOWS, scheduler="local",
                                                      workers=workers))
         out["dask_workers"] = workers
     return out

@@ -64,7 +64,7 @@ CARD_SAMPLE = 4  # windows the plain-Python pseudo-code replays (about a second 
 TARGETS = {"cli_sweep_seconds": 1.0, "cli_speedup": 50.0, "replay_ms": 50.0, "table_seconds": 1.5}
 
 
-def _timed(fn, repeat: int = 1) -> tuple[float, object]:
+def timed(fn, repeat: int = 1) -> tuple[float, object]:
     """(best wall time in seconds, last result) over ``repeat`` calls."""
     best, out = float("inf"), None
     for _ in range(repeat):
@@ -180,7 +180,7 @@ def run(full_reference: bool = False, progress: Progress | None = None) -> dict:
 
     doc: dict = {"budget": BUDGET, "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
     say("loading the canonical trace")
-    load_s, trace = _timed(cache.canonical_trace)
+    load_s, trace = timed(cache.canonical_trace)
     doc["trace"] = {"steps": trace.steps, "bytes": int(trace.attention.nbytes), "load_seconds": load_s,
                     "cache": str(cache.cache_path())}
     say("one h2o replay")
@@ -198,9 +198,9 @@ def run(full_reference: bool = False, progress: Progress | None = None) -> dict:
 
 def _replay(trace: Trace) -> dict:
     """1. one h2o replay: the reference, the engine's first call in this process, its steady state."""
-    ref_s, ref = _timed(lambda: replay(trace, "h2o", budget=BUDGET, recent_window=REPLAY_WINDOW, reference=True))
-    first_s, fast = _timed(lambda: replay(trace, "h2o", budget=BUDGET, recent_window=REPLAY_WINDOW))
-    warm_s, fast = _timed(lambda: replay(trace, "h2o", budget=BUDGET, recent_window=REPLAY_WINDOW), repeat=5)
+    ref_s, ref = timed(lambda: replay(trace, "h2o", budget=BUDGET, recent_window=REPLAY_WINDOW, reference=True))
+    first_s, fast = timed(lambda: replay(trace, "h2o", budget=BUDGET, recent_window=REPLAY_WINDOW))
+    warm_s, fast = timed(lambda: replay(trace, "h2o", budget=BUDGET, recent_window=REPLAY_WINDOW), repeat=5)
     return {
         "recent_window": REPLAY_WINDOW,
         "reference_seconds": ref_s,
@@ -219,12 +219,12 @@ def _sweeps(trace: Trace, full_reference: bool, say) -> tuple[dict, dict[int, di
     per = []
     ref_rows = {}
     for w in windows:
-        s, r = _timed(lambda w=w: replay(trace, "h2o", budget=BUDGET, recent_window=w, reference=True))
+        s, r = timed(lambda w=w: replay(trace, "h2o", budget=BUDGET, recent_window=w, reference=True))
         per.append(s)
         ref_rows[w] = r.summary()
     ref_total = sum(per) if full_reference else statistics.mean(per) * len(WINDOWS)
     say("engine sweep")
-    eng_s, rows = _timed(lambda: sweep(trace, "h2o", BUDGET, "recent_window", WINDOWS))
+    eng_s, rows = timed(lambda: sweep(trace, "h2o", BUDGET, "recent_window", WINDOWS))
     by_window = {r["recent_window"]: r for r in rows}
     return {
         "configurations": len(WINDOWS),
@@ -277,7 +277,7 @@ def _card(trace: Trace, by_window: dict[int, dict], eng_s: float, cli_warm_s: fl
     card_windows = _sample(WINDOWS, CARD_SAMPLE)
     card_times, diffs = [], []
     for w in card_windows:
-        s, (m, r) = _timed(lambda w=w: card_h2o(trace.attention, BUDGET, w, topk))
+        s, (m, r) = timed(lambda w=w: card_h2o(trace.attention, BUDGET, w, topk))
         card_times.append(s)
         diffs.append(max(abs(m - by_window[w]["retained_mass"]), abs(r - by_window[w]["top_k_recall"])))
     card_total = statistics.mean(card_times) * len(WINDOWS)
@@ -325,7 +325,7 @@ def _scaling(trace: Trace) -> list[dict]:
     best = dict.fromkeys(sizes, float("inf"))
     for _ in range(SCALING_ROUNDS):
         for steps, budget in sizes:
-            s, _ = _timed(lambda t=traces[steps], b=budget: sweep(t, "h2o", b, "recent_window", SCALING_WINDOWS))
+            s, _ = timed(lambda t=traces[steps], b=budget: sweep(t, "h2o", b, "recent_window", SCALING_WINDOWS))
             best[steps, budget] = min(best[steps, budget], s)
     scaling = []
     for steps, budget in sizes:

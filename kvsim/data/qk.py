@@ -40,7 +40,7 @@ from . import qk_rows
 from .derived import TraceStore, _check_k
 from .files import atomic_write
 from .store import cache_dir, source_version
-from .trace import MAX_META_BYTES, RENORMALISED_KEY, Trace, TraceError, _npy_header
+from .trace import MAX_META_BYTES, RENORMALISED_KEY, Trace, TraceError, _npy_header, open_npz
 
 FORMAT, VERSION, SUFFIX = "kvsim-qk", 1, ".qk.npz"
 #: the dense matrix of a query/key trace is formed only up to this many steps (256 MB as float32):
@@ -367,18 +367,7 @@ def load_qk(path, *, expect: dict | None = None, source: str | None = None) -> Q
     ``head``, ``query_heads``, ``sliding_window``) that the file must agree with. The trace's
     normalisers are kept in the cache directory under a digest of the file's bytes, so a second load of
     the same recording (from any path, or as bytes) reads them back. Raises TraceError, one line."""
-    is_file_object = hasattr(path, "read")
-    src = source or (getattr(path, "name", None) if is_file_object else None) or str(path)
-    if not is_file_object:
-        path = Path(path)
-        if path.is_dir():
-            raise TraceError(f"{src}: is a folder, not a trace file")
-        if not path.is_file():
-            raise TraceError(f"{src}: no such file")
-    if not zipfile.is_zipfile(path):
-        raise TraceError(f"{src}: not a .npz file (no zip directory: not a zip archive, or truncated)")
-    if is_file_object:
-        path.seek(0)
+    path, src = open_npz(path, source)
     try:
         meta, arrays = _read_qk(path, src, expect)
     except TraceError:
@@ -394,7 +383,7 @@ def load_qk(path, *, expect: dict | None = None, source: str | None = None) -> Q
                     sliding_window=meta.get("sliding_window"), gqa=meta["gqa"], name=name, meta=meta)
     digest = hashlib.blake2b(digest_size=16)
     digest.update(source_version(qk_rows.__file__).encode())
-    if is_file_object:
+    if hasattr(path, "read"):
         path.seek(0)
         digest.update(path.read())
     else:

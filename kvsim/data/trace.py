@@ -154,15 +154,10 @@ def _normalise_rows(a: np.ndarray, out: np.ndarray, t0: int, t1: int, source: st
     return sums
 
 
-def load_npz(path, *, source: str | None = None) -> Trace:
-    """Load a ``.npz`` trace (``allow_pickle=False``), validated and normalised.
-
-    Reads the interchange layout (``attention``, ``(T + 1, T + 1)``) and the packed layout
-    (``attention_packed``, the rows ``t = 1 .. T`` concatenated, plus ``steps``). ``path`` may also
-    be a binary file object (an upload); ``source`` is then the name the error messages give it.
-    Every shape, dtype and size is checked from the ``.npy`` headers before any array data is read,
-    so a file that declares something absurd costs nothing. Raises TraceError, one line.
-    """
+def open_npz(path, source: str | None = None):
+    """``(path, name)`` of an ``.npz`` about to be read: a path (made a ``Path``) or a binary file
+    object (rewound), and the name errors give it (``source``, the object's name, or the path).
+    Raises TraceError, one line, for a folder, a missing file, or what is not a zip archive."""
     is_file_object = hasattr(path, "read")
     src = source or (getattr(path, "name", None) if is_file_object else None) or str(path)
     if not is_file_object:
@@ -175,6 +170,19 @@ def load_npz(path, *, source: str | None = None) -> Trace:
         raise TraceError(f"{src}: not a .npz file (no zip directory: not a zip archive, or truncated)")
     if is_file_object:
         path.seek(0)
+    return path, src
+
+
+def load_npz(path, *, source: str | None = None) -> Trace:
+    """Load a ``.npz`` trace (``allow_pickle=False``), validated and normalised.
+
+    Reads the interchange layout (``attention``, ``(T + 1, T + 1)``) and the packed layout
+    (``attention_packed``, the rows ``t = 1 .. T`` concatenated, plus ``steps``). ``path`` may also
+    be a binary file object (an upload); ``source`` is then the name the error messages give it.
+    Every shape, dtype and size is checked from the ``.npy`` headers before any array data is read,
+    so a file that declares something absurd costs nothing. Raises TraceError, one line.
+    """
+    path, src = open_npz(path, source)
     try:
         with np.load(path, allow_pickle=False) as z:
             members = set(z.zip.namelist())
