@@ -29,9 +29,7 @@ from kvsim.models.errors import RecordError  # noqa: E402
 from kvsim.models.record import RecordConfig, record  # noqa: E402
 from kvsim.models.recorder import kv_head_rows  # noqa: E402
 
-WORDS = ("the a cache that holds every token grows without bound so serving stack keeps only some of them "
-         "which ones first few tokens soak up attention last carry local context handful in between matter").split()
-TEXT = " ".join(WORDS[(i * 7) % len(WORDS)] for i in range(120))  # several hundred tokens
+TEXT = tiny_models.TEXT
 STEPS = 48
 WINDOW = 6  # the sliding window of the sliding layers: short, so it shows well inside 48 steps
 # a block of 4 query heads x 11 rows x 49 keys: layers are recorded in 5 blocks, so the block seams are tested

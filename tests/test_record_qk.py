@@ -32,9 +32,7 @@ from kvsim.models.errors import RecordError  # noqa: E402
 from kvsim.models.record import RecordConfig, record  # noqa: E402
 from kvsim.models.recorder import kv_head_rows  # noqa: E402
 
-WORDS = ("the a cache that holds every token grows without bound so serving stack keeps only some of them "
-         "which ones first few tokens soak up attention last carry local context handful in between matter").split()
-TEXT = " ".join(WORDS[(i * 7) % len(WORDS)] for i in range(120))
+TEXT = tiny_models.TEXT
 STEPS = 40
 WINDOW = 6
 CHUNK = 4 * 7 * (STEPS + 1)  # blocks of 7 rows (global) or more (sliding): block seams and key spans are tested

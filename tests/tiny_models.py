@@ -5,6 +5,11 @@ each at its own sizes. Needs the recorder's extra (transformers, tokenizers)."""
 
 from __future__ import annotations
 
+#: a few hundred tokens of plain words, what the recorder tests record
+WORDS = ("the a cache that holds every token grows without bound so serving stack keeps only some of them "
+         "which ones first few tokens soak up attention last carry local context handful in between matter").split()
+TEXT = " ".join(WORDS[(i * 7) % len(WORDS)] for i in range(120))
+
 
 def tokenizer(text: str, vocab_size: int):
     """``(tokenizer, vocabulary size)``: a byte-level BPE trained on ``text`` (no download). Byte-level,
