@@ -261,7 +261,7 @@ def test_tune_curve_shows_one_trace_with_its_windows_and_baselines(serial):
 
 def test_dask_with_two_local_worker_processes_gives_the_serial_results(bundle_dir, serial, capsys):
     distributed = pytest.importorskip("distributed", reason="Dask is an optional extra (requirements-record.txt)")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
         result = tune(load_bundle(bundle_dir), "h2o", BUDGET, scheduler=cluster.scheduler_address)
         assert result.run["executor"] == "dask" and result.run["workers"] == 2
         a, b = serial.to_dict(curves=True), result.to_dict(curves=True)

@@ -374,9 +374,10 @@ def _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, pa
     with contextlib.ExitStack() as stack:
         if scheduler == LOCAL:
             n = workers or os.cpu_count() or 1
-            # processes, one thread each: the sweeps are CPU-bound numba loops
+            # processes, one thread each: the sweeps are CPU-bound numba loops; the HTTP server on a free
+            # port (":0"), not 8787, which a second cluster on the machine (another tune) already holds
             cluster = stack.enter_context(LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                                       dashboard_address=None))
+                                                       dashboard_address=":0"))
             client = stack.enter_context(Client(cluster))
         else:
             try:
