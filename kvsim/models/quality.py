@@ -351,7 +351,7 @@ class Session:
         out: list[dict | None] = [None] * len(jobs)
         todo = []
         for i, key in enumerate(keys):
-            record = _read_cached(key) if use_cache else None
+            record = read_cached(key) if use_cache else None
             if record is not None:
                 out[i] = {**record, "cached": True}
                 say((i + 1 - len(todo)) / len(jobs), _line(out[i]))
@@ -364,7 +364,7 @@ class Session:
             part = scaled(progress, done / len(jobs), (done + len(chunk)) / len(jobs))
             for i, result in zip(chunk, self.evaluate_many([jobs[i] for i in chunk], mode, progress=part), strict=True):
                 if write_cache:
-                    _write_cached(keys[i], result)
+                    write_cached(keys[i], result)
                 out[i] = {**result, "cached": False}
                 done += 1
                 say(done / len(jobs), _line(out[i]))
@@ -376,29 +376,33 @@ class Session:
         return self.measure_many([(policy, budget, params)], mode, use_cache=use_cache, progress=progress)[0]
 
 
-def _cache_path(key: dict) -> Path:
+def cache_path(key: dict, kind: str = "") -> Path:
+    """Where a measurement keyed by ``key`` is kept: ``<cache>/quality/[kind-]<digest of key>.json``."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-    return cache_dir() / "quality" / f"{digest}.json"
+    return cache_dir() / "quality" / f"{kind + '-' if kind else ''}{digest}.json"
 
 
-def _read_cached(key: dict) -> dict | None:
+def read_cached(key: dict, kind: str = "", field: str = "result") -> dict | None:
+    """The ``field`` stored under ``key`` (the record's own key must equal it), or None when it is
+    missing or damaged (then it is measured again)."""
     try:
-        record = json.loads(_cache_path(key).read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):  # missing or damaged: measure again
+        record = json.loads(cache_path(key, kind).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
         return None
-    if isinstance(record, dict) and record.get("key") == key and isinstance(record.get("result"), dict):
-        return record["result"]
+    if isinstance(record, dict) and record.get("key") == key and isinstance(record.get(field), dict):
+        return record[field]
     return None
 
 
-def _write_cached(key: dict, result: dict) -> None:
-    path = _cache_path(key)
+def write_cached(key: dict, value: dict, kind: str = "", field: str = "result") -> None:
+    """Keep ``value`` under ``key``, atomically; an unwritable cache costs a measurement next time, nothing else."""
+    path = cache_path(key, kind)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        blob = json.dumps({"key": key, "result": result}).encode("utf-8")
+        blob = json.dumps({"key": key, field: value}).encode("utf-8")
         atomic_write(path, lambda f: f.write(blob))
     except OSError:
-        pass  # an unwritable cache costs a measurement next time, nothing else
+        pass
 
 
 def _line(r: dict) -> str:

@@ -10,7 +10,6 @@ cost a replay per trace: 90 of them for SmolLM2-135M).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +22,7 @@ from ..progress import Progress, scaled
 from ..sim import proxies as px
 from ..sim.simulate import replay
 from .loading import no_progress
-from .quality import Session
+from .quality import Session, read_cached, write_cached
 
 #: what a cached proxy record means; bump it when the proxies change meaning
 PROXY_VERSION = 1
@@ -36,14 +35,9 @@ def configuration_proxies(session: Session, policy: str, budget: int, params: di
     replay per (layer, KV head) of the session's full-cache traces (which carry their values)."""
     key = {"version": PROXY_VERSION, "model": session.model_id, "tokens": session.tokens_id, "steps": session.steps,
            "policy": policy, "budget": budget, "params": dict(sorted(params.items()))}
-    path = cache_dir() / "quality" / f"proxies-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]}.json"
-    if use_cache:
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-            if record.get("key") == key:
-                return record["proxies"]
-        except (OSError, ValueError, AttributeError):
-            pass
+    cached = read_cached(key, "proxies", "proxies") if use_cache else None
+    if cached is not None:
+        return cached
     grid = {f: np.zeros((session.layers, session.kv_heads)) for f in FIGURES}
     for layer, heads in enumerate(session.traces):
         for h, trace in enumerate(heads):
@@ -52,12 +46,7 @@ def configuration_proxies(session: Session, policy: str, budget: int, params: di
                 grid[f][layer, h] = row[f]
     out = {f: g.tolist() for f, g in grid.items()}
     if use_cache:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            blob = json.dumps({"key": key, "proxies": out}).encode()
-            atomic_write(path, lambda f: f.write(blob))
-        except OSError:
-            pass
+        write_cached(key, out, "proxies", "proxies")
     return out
 
 
