@@ -15,6 +15,7 @@ from contextlib import contextmanager
 import torch
 
 from .cache import HFError
+from .eager import weights
 
 #: the name under which the function (and eager's mask builder) is registered
 ATTN = "kvsim_evict"
@@ -35,14 +36,9 @@ def eager(query, key, value, attention_mask, scale: float, softcap: float | None
     group = query.shape[1] // key.shape[1]
     key = key.repeat_interleave(group, dim=1)
     value = value.repeat_interleave(group, dim=1)
-    scores = torch.matmul(query, key.transpose(2, 3)) * scale
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    if attention_mask is not None:
-        mask = attention_mask[:, :, :, : key.shape[-2]]
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+    mask = None if attention_mask is None else attention_mask[:, :, :, : key.shape[-2]]
+    w = weights(query, key, scale, softcap, mask)
+    return torch.matmul(w, value).transpose(1, 2).contiguous(), w
 
 
 def attach(model) -> None:

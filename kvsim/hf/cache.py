@@ -28,6 +28,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..policies import Policy, PolicySpec
+from . import eager
 
 PREFILL = ("exact", "fast")
 
@@ -147,15 +148,11 @@ class EvictingLayer(CacheLayerMixin):
         self.keys[:, :, -1] = key[:, :, 0]
         self.values[:, :, -1] = value[:, :, 0]
         q = query.reshape(batch, hkv, hq // hkv, head_dim)
-        scores = torch.matmul(q, self.keys.transpose(2, 3)) * scale
-        if softcap is not None:
-            scores = torch.tanh(scores / softcap) * softcap
         visible = self.pos >= 0
         if window is not None:
             visible &= self.pos > t - window
         visible[:, :, -1] = True
-        scores.masked_fill_(torch.from_numpy(~visible)[:, :, None, :], float("-inf"))
-        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        weights = eager.weights(q, self.keys, scale, softcap, torch.from_numpy(visible)[:, :, None, :])
         out = torch.matmul(weights, self.values)
         shown = weights[..., :-1].double().mean(dim=2).numpy() if t else None  # (batch, hkv, slots)
         for b in range(batch):
@@ -209,14 +206,10 @@ class EvictingLayer(CacheLayerMixin):
         out = torch.empty(batch, hkv, hq // hkv, n, head_dim, dtype=query.dtype)
         for a in range(0, n, 256):
             ts = t0 + np.arange(a, min(a + 256, n))
-            scores = torch.matmul(q[:, :, :, a : a + ts.size], keys.transpose(3, 4)) * scale
-            if softcap is not None:
-                scores = torch.tanh(scores / softcap) * softcap
             visible = (cols[:, :, None, :] >= 0) & (cols[:, :, None, :] <= ts[None, None, :, None])
             if window is not None:
                 visible &= cols[:, :, None, :] > ts[None, None, :, None] - window
-            scores.masked_fill_(torch.from_numpy(~visible)[:, :, None], float("-inf"))
-            weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+            weights = eager.weights(q[:, :, :, a : a + ts.size], keys, scale, softcap, torch.from_numpy(visible)[:, :, None])
             out[:, :, :, a : a + ts.size] = torch.matmul(weights, values)
             shown = weights.double().mean(dim=2).numpy()  # (batch, hkv, block, slots + n)
             for i, t in enumerate(ts.tolist()):

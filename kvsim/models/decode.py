@@ -58,6 +58,7 @@ class MaskedPass:
     def attend(self, layer, query, key, value, scale, softcap, window):
         import torch
 
+        from ..hf import eager
         from .recorder import kv_head_rows
 
         _, hq, n, _ = query.shape
@@ -67,9 +68,6 @@ class MaskedPass:
             self.values[layer] = value[0].float().numpy().copy()
         key = key.repeat_interleave(group, dim=1)  # what transformers' repeat_kv does
         value = value.repeat_interleave(group, dim=1)
-        scores = torch.matmul(query, key.transpose(2, 3)) * scale
-        if softcap is not None:
-            scores = torch.tanh(scores / softcap) * softcap
         t = torch.arange(n)
         visible = t[None, :] <= t[:, None]
         if window is not None:
@@ -77,8 +75,7 @@ class MaskedPass:
         if self.allowed is not None:
             visible = visible[None] & self.allowed[layer]
             visible = visible.repeat_interleave(group, dim=0)[None]
-        scores = scores.masked_fill(~visible, float("-inf"))
-        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        weights = eager.weights(query, key, scale, softcap, visible)
         if self.captured is not None:
             self.captured[layer] = kv_head_rows(weights[0].float().numpy(), hkv)
         out = torch.matmul(weights, value).transpose(1, 2).contiguous()
