@@ -10,9 +10,9 @@ the kernels to.
 The kernels compute the same thing one weight at a time, so that any subset of a row (the positions a
 cache holds) costs O(subset x heads x head_dim) and never the whole row:
 
-- every logit is ``_logit``: a float32 dot product with eight accumulators (a fixed order, the same
-  whichever positions are asked for together; head dims are padded to a multiple of eight with zeros,
-  which add nothing), times ``scale`` and soft-capped in float64;
+- every logit is ``_logit`` of ``_dots``: a float32 dot product summed over the head dim in order (the
+  same number whichever positions or heads are asked for together), times ``scale`` and soft-capped in
+  float64;
 - a row's normalisers (per head the log of its softmax's sum, and the sum over ``p < t`` of the
   combined weights) are computed once, for every row, by ``row_pass``, which also takes each row's
   top-k positions from the weights it has just formed (``kvsim.data.derived``'s rule, lower position
@@ -57,17 +57,40 @@ def reference_rows(q: np.ndarray, k: np.ndarray, scale: float, softcap: float | 
 
 
 @kernel
-def _dots(Q, g, t, Kc, m0, m1, acc):
-    """``acc[m] = Q[g, t] . Kc[:, m]`` for m in ``m0 .. m1-1`` (``Kc``: keys as columns, ``(d, M)``):
-    each a float32 sum over the head dim in order, so a logit is the same number whichever keys are
-    computed with it; the loop over m is the one that runs in SIMD lanes."""
-    a = acc[m0:m1]  # through slices: numba then runs the loop over m in SIMD lanes (indexing with m0 + m it did not)
+def _dots(Q, g, t, Kc, m0, m1, acc, acc2, pair):
+    """``acc[m] = Q[g, t] . Kc[:, m]`` for m in ``m0 .. m1-1`` (``Kc``: keys as columns, ``(d, M)``), and
+    when ``pair`` the same for head ``g + 1`` into ``acc2``: each a float32 sum over the head dim in
+    order (``((0 + q0 k0) + q1 k1) + ...``), so a logit is the same number whichever keys, or which
+    head beside it, are computed with it. The loop over m runs in SIMD lanes; taking four dims and two
+    heads per pass over it reads each key column once for two heads and writes the sums a quarter as
+    often (1.8x faster at 1087 keys, the numbers bit for bit those of one dim and one head a pass)."""
+    a, b = acc[m0:m1], acc2[m0:m1]  # through slices: numba then runs the loop over m in SIMD lanes
     a[:] = 0.0
-    for j in range(Kc.shape[0]):
-        qj = Q[g, t, j]
-        k = Kc[j, m0:m1]
+    if pair:
+        b[:] = 0.0
+    d, h = Kc.shape[0], g + 1 if pair else g
+    j = 0
+    while j + 4 <= d:
+        x0, x1, x2, x3 = Q[g, t, j], Q[g, t, j + 1], Q[g, t, j + 2], Q[g, t, j + 3]
+        y0, y1, y2, y3 = Q[h, t, j], Q[h, t, j + 1], Q[h, t, j + 2], Q[h, t, j + 3]
+        k0, k1, k2, k3 = Kc[j, m0:m1], Kc[j + 1, m0:m1], Kc[j + 2, m0:m1], Kc[j + 3, m0:m1]
+        if pair:
+            for m in range(a.shape[0]):
+                c0, c1, c2, c3 = k0[m], k1[m], k2[m], k3[m]
+                a[m] = (((a[m] + x0 * c0) + x1 * c1) + x2 * c2) + x3 * c3
+                b[m] = (((b[m] + y0 * c0) + y1 * c1) + y2 * c2) + y3 * c3
+        else:
+            for m in range(a.shape[0]):
+                a[m] = (((a[m] + x0 * k0[m]) + x1 * k1[m]) + x2 * k2[m]) + x3 * k3[m]
+        j += 4
+    while j < d:
+        x, y, k = Q[g, t, j], Q[h, t, j], Kc[j, m0:m1]
         for m in range(a.shape[0]):
-            a[m] += qj * k[m]
+            a[m] += x * k[m]
+        if pair:
+            for m in range(a.shape[0]):
+                b[m] += y * k[m]
+        j += 1
 
 
 @kernel
@@ -109,7 +132,7 @@ def weights_block(Q, Kc, positions, lse, denom, scale, softcap, window, gqa, t0,
     the sliding window (and not computed: a sliding layer costs its window, not its history). The other
     entries of ``out`` are left as they are."""
     G, n = Q.shape[0], positions.shape[0]
-    acc = np.empty(n, dtype=np.float32)
+    acc, acc2 = np.empty(n, dtype=np.float32), np.empty(n, dtype=np.float32)
     comb = np.empty(n, dtype=np.float64)
     for m0 in range(0, n, TILE):
         m1 = min(n, m0 + TILE)
@@ -126,10 +149,14 @@ def weights_block(Q, Kc, positions, lse, denom, scale, softcap, window, gqa, t0,
                 continue
             for m in range(first, m1):
                 comb[m] = 0.0
-            for g in range(G):
-                _dots(Q, g, t, Kc, first, m1, acc)
+            for g in range(0, G, 2):  # two heads a pass (the last alone when G is odd), mixed in head order
+                pair = g + 1 < G
+                _dots(Q, g, t, Kc, first, m1, acc, acc2, pair)
                 for m in range(first, m1):
                     comb[m] = _mix(comb[m], np.exp(_logit(acc[m], scale, softcap) - lse[g, t]), gqa)
+                if pair:
+                    for m in range(first, m1):
+                        comb[m] = _mix(comb[m], np.exp(_logit(acc2[m], scale, softcap) - lse[g + 1, t]), gqa)
             _finish(comb, first, m1, G, gqa)
             for m in range(first, m1):
                 p = positions[m]
@@ -145,17 +172,20 @@ def row_pass(Q, Kt, scale, softcap, window, gqa, k, t0, t1, lse, denom, topk, ba
     and the top-k positions of the row's float32 weights (``topk[t]``, -1 padded), with exactly
     ``weights_block``'s arithmetic. A row whose weight all sat on itself sets ``bad[0] = t`` and stops."""
     G, N = Q.shape[0], Q.shape[1]
-    acc = np.empty(N, dtype=np.float32)
+    acc, acc2 = np.empty(N, dtype=np.float32), np.empty(N, dtype=np.float32)
     comb = np.empty(N, dtype=np.float64)
     w = np.zeros(N, dtype=np.float32)
     for m0 in range(0, t1, TILE):  # the logits, a tile of keys at a time
         for t in range(t0, t1):
             a, b = max(m0, _first_visible(t, window)), min(m0 + TILE, t + 1)
-            for g in range(G):
+            for g in range(0, G, 2):
+                pair = g + 1 < G
                 if a < b:
-                    _dots(Q, g, t, Kt, a, b, acc)
+                    _dots(Q, g, t, Kt, a, b, acc, acc2, pair)
                 for m in range(a, b):
                     S[t - t0, g, m] = _logit(acc[m], scale, softcap)
+                    if pair:
+                        S[t - t0, g + 1, m] = _logit(acc2[m], scale, softcap)
     for t in range(t0, t1):
         lo = _first_visible(t, window)
         for g in range(G):
