@@ -284,7 +284,11 @@ def test_an_unreachable_scheduler_is_one_line(bundle_dir, capsys):
 def test_tune_says_the_one_window_for_the_model_and_what_chose_it(bundle_dir, capsys):
     assert cli.main(["tune", "--trace", str(bundle_dir), "--budget", "64", "--serial", "--json", "--quiet"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["by"] == tune_mod.DEFAULT_BY and doc["model_window"] == doc["model"]["one_window"]["recommended_window"]
+    # by default the truth where the model is at hand; this synthetic bundle names none, so the study's best
+    # proxy, which needs values this bundle lacks: retained mass, each step said
+    assert doc["by"] == tune_mod.BEST_PROXY and doc["by_detail"]["fell_back_to"] == "retained_mass"
+    assert "is not at hand" in doc["by_detail"]["auto"] and tune_mod.BEST_PROXY in doc["by_detail"]["auto"]
+    assert doc["model_window"] == doc["model"]["one_window"]["recommended_window"]
     assert cli.main(["tune", "--trace", str(bundle_dir), "--budget", "64", "--serial", "--quiet", "--by", "value_mass"]) == 0
     out = capsys.readouterr().out
     assert "model_window" in out and "toy-L00-kv0: the trace carries no values" in out  # said, and labelled as mass
@@ -298,3 +302,13 @@ def test_tune_by_the_truth_says_in_one_line_what_is_not_at_hand(bundle_dir, caps
                      "--model", "smollm2-135m"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "the recording's text (not named" in err and "pass --text FILE" in err
+
+
+def test_tune_by_default_without_the_record_extra_says_so_and_uses_the_best_proxy(bundle_dir, capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    assert cli.main(["tune", "--trace", str(bundle_dir), "--budget", "64", "--serial", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert f"(by default: the record extra is not installed (torch): {tune_mod.BEST_PROXY}, the proxy study's best)" in out

@@ -97,3 +97,25 @@ def test_a_model_that_does_not_fit_is_refused_before_loading(tmp_path):
     check_fits(tmp_path, available=2001)
     with pytest.raises(RecordError, match=r"needs about 0.0 GB in float32, 0.0 GB are free: it does not fit"):
         check_fits(tmp_path, available=1999)
+
+
+def test_tune_by_default_recommends_by_the_shipped_truth_without_running_the_model(cache, monkeypatch, capsys):
+    """``kvsim tune`` on the shipped bundle, nothing cached: the truth (kl) is the default wherever the
+    model is at hand, and every candidate window is read from the shipped truth document."""
+    from kvsim import cli
+    from kvsim.models import quality
+    from kvsim.models.truth import documents
+
+    def no_model(*a, **k):
+        raise AssertionError("the model was opened although the shipped truth holds every window")
+
+    monkeypatch.setattr(quality, "open_session", no_model)
+    assert cli.main(["tune", "--trace", "gemma3-270m-heapq", "--policy", "h2o", "--budget", "256", "--serial",
+                     "--json"]) == 0
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert doc["by"] == "kl" and doc["by_caveat"] is None and doc["by_detail"]["auto"].startswith("the truth: gemma3-270m")
+    assert "recommending by the truth" in out.err and "--by output_error_late" in out.err
+    shipped = next(d for p, d in documents() if p.name == "truth-gemma3-270m-heapq.json")
+    kl = {r["params"]["recent_window"]: r["kl_open"] for r in shipped["results"] if r["budget"] == 256}
+    assert doc["by_detail"]["windows"] == sorted(kl) and doc["model_window"] == min(kl, key=kl.get) == 104

@@ -42,17 +42,22 @@ from .windows import TOLERANCE, WindowChoice, covers, pick
 BASELINES = ("sliding_window", "streaming_llm")
 PARAM = "recent_window"
 LOCAL = "local"
-#: what ``model_window`` is chosen by when not told. The proxy study (docs/proxies.md) found no proxy whose
-#: worst within-sweep regret is under 5% on every model, text and budget (the best, output_error_late, reaches
-#: +89% KL; retained mass +222%; the best proxy changes with the model), so retained mass stays the
-#: default without a model and ``--by kl`` is the recommendation wherever one is at hand
-DEFAULT_BY = "retained_mass"
+#: the truth: measured by a model (``tune(..., truth=...)``; ``kvsim tune --by kl`` opens one)
+TRUTH_BY = ("kl", "delta_nll")
+#: the proxy the study ranks best (docs/proxies.md: the least worst-case and mean within-sweep regret
+#: over both models, three texts, two budgets and four swept policies); what ``auto`` falls back to
+BEST_PROXY = "output_error_late"
+#: the default: the truth (``kl``) when the caller hands ``tune`` one (``kvsim tune`` does whenever the
+#: recording's model and text are at hand), else ``BEST_PROXY``. No proxy's worst within-sweep regret is
+#: under 5% in the study, so the truth is the recommendation path wherever it can be measured
+AUTO = "auto"
+DEFAULT_BY = AUTO
 #: what a recommendation by a proxy says of itself (the study's finding)
 PROXY_CAVEAT = ("no proxy's worst within-sweep regret is under 5% in the proxy study (docs/proxies.md); "
                 "with the model at hand, --by kl recommends by the truth")
-#: the truth: measured by a model (``tune(..., truth=...)``; ``kvsim tune --by kl`` opens one)
-TRUTH_BY = ("kl", "delta_nll")
-BY = (*px.PROXIES, *TRUTH_BY)
+#: a proxy averaged over the deeper half of the layers only (``output_error_late``)
+LATE = "_late"
+BY = (AUTO, *(f"{p}{late}" for p in px.PROXIES for late in ("", LATE)), *TRUTH_BY)
 #: how many candidate windows a costly figure (the truth, a value proxy) is measured at
 CANDIDATES = 16
 
@@ -173,8 +178,8 @@ class TuneResult:
             "trace": self.source, "policy": self.policy, "budget": self.budget, "param": PARAM, "params": self.params,
             "windows": [self.windows[0], self.windows[-1]], "tolerance": self.tolerance, "top_k": self.top_k,
             "layers": rows, "per_layer": self.per_layer(), "model": self.model_wide(), "run": self.run,
-            "by": self.by.get("by", DEFAULT_BY), "model_window": self.model_window, "by_detail": self.by,
-            "by_caveat": None if self.by.get("by", DEFAULT_BY) in TRUTH_BY else PROXY_CAVEAT,
+            "by": self.by.get("by", "retained_mass"), "model_window": self.model_window, "by_detail": self.by,
+            "by_caveat": None if self.by.get("by") in TRUTH_BY else PROXY_CAVEAT,
         }
 
     @property
@@ -266,6 +271,7 @@ def tune(
     progress: Progress | None = None,
     by: str = DEFAULT_BY,
     truth=None,
+    why: str | None = None,
     **params,
 ) -> TuneResult:
     """Sweep ``recent_window`` (default ``1 .. budget - 1``) on every trace of ``source`` (a bundle, a
@@ -279,10 +285,14 @@ def tune(
     ``by`` (``BY``): what ``model_window`` is chosen by. ``kl`` and ``delta_nll`` need ``truth``, a
     function from candidate windows to the model's loss at each (``kvsim.models.truth.window_truth``
     behind ``kvsim tune --by kl``); a value proxy needs traces with values (else retained mass, said in
-    ``by_detail["note"]``).
+    ``by_detail["note"]``). ``auto`` is ``kl`` when ``truth`` is given, else ``BEST_PROXY``; ``why``
+    (one line: why the truth was or was not at hand) is kept as ``by_detail["auto"]``.
     """
     if by not in BY:
         raise TuneError(f"--by must be one of {', '.join(BY)}, got {by!r}")
+    asked = by
+    if by == AUTO:
+        by = "kl" if truth is not None else BEST_PROXY
     if by in TRUTH_BY and truth is None:
         raise TuneError(f"--by {by} needs the model and the text the traces were recorded from")
     windows = list(range(1, budget)) if windows is None else [int(w) for w in windows]
@@ -313,31 +323,45 @@ def tune(
         result.by.update(_by_curve(result, units, by, truth, params))
     else:
         result.by["by"] = by
+    if asked == AUTO:
+        result.by["auto"] = why or ("the truth: measured by the model" if by in TRUTH_BY else
+                                    f"no model at hand: {BEST_PROXY}, the proxy study's best")
     return result
 
 
 def _by_curve(result: TuneResult, units: list[_Unit], by: str, truth, params: dict) -> dict:
     """``model_window`` by ``by``: the model-wide curve of the figure over the candidate windows (every
-    window swept for top-k recall; ``CANDIDATES`` evenly spaced, plus retained mass's recommendation,
-    for the costly ones), and the best of it."""
+    window swept for retained mass and top-k recall; ``CANDIDATES`` evenly spaced, plus retained mass's
+    recommendation, for the costly ones), and the best of it. A ``_late`` figure is the mean over the
+    traces of the deeper half of the bundle's layers only, as the proxy study defines it."""
     mass_pick = result.model_wide()["one_window"]["recommended_window"]
-    if by == "top_k_recall":
-        windows = result.windows
-        curve = np.stack([t.top_k_recall for t in result.traces]).mean(axis=0).tolist()
-        return _best(by, windows, curve, +1, None)
     windows = sorted(set(px.even_windows(result.budget, CANDIDATES)) | {mass_pick})
     if by in TRUTH_BY:
         losses = [float(x) for x in truth(windows)]
         return _best(by, windows, losses, -1, None)
-    traces = [_load(u.payload, u.name) for u in units]
-    note = next((n for n in (px.fallback_note(t, by) for t in traces) if n), None)
+    base, late = (by[: -len(LATE)], True) if by.endswith(LATE) else (by, False)
+    keep = _deeper_half(result.traces) if late else [True] * len(result.traces)
+    chosen = [t for t, k in zip(result.traces, keep, strict=True) if k]
+    if base in ("retained_mass", "top_k_recall"):
+        curve = np.stack([getattr(t, base) for t in chosen]).mean(axis=0).tolist()
+        return _best(by, result.windows, curve, +1, None)
+    traces = [_load(u.payload, u.name) for u, k in zip(units, keep, strict=True) if k]
+    note = next((n for n in (px.fallback_note(t, base) for t in traces) if n), None)
     if note is not None:
         out = _best("retained_mass", result.windows, result.mass_matrix().mean(axis=0).tolist(), +1, note)
         out.update(by=by, fell_back_to="retained_mass", model_window=mass_pick)
         return out
     rows = [px.sweep(t, result.policy, result.budget, PARAM, windows, **params) for t in traces]
-    curve = [float(np.mean([r[i][by] for r in rows])) for i in range(len(windows))]
-    return _best(by, windows, curve, px.PROXIES[by].sign, None)
+    curve = [float(np.mean([r[i][base] for r in rows])) for i in range(len(windows))]
+    return _best(by, windows, curve, px.PROXIES[base].sign, None)
+
+
+def _deeper_half(traces: Sequence[TraceTuning]) -> list[bool]:
+    """Which traces are of the deeper half of the layers present (layers from the middle one on, as
+    ``kvsim.models.truth.aggregate`` takes them for the study)."""
+    layers = sorted({t.layer for t in traces})
+    first = layers[len(layers) // 2]
+    return [t.layer >= first for t in traces]
 
 
 def _best(by: str, windows: list[int], curve: list[float], sign: int, note: str | None) -> dict:
@@ -404,5 +428,5 @@ def _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, pa
     return results, {"executor": "dask", "workers": n_workers, "scheduler": address}
 
 
-__all__ = ["BASELINES", "BY", "DEFAULT_BY", "PROXY_CAVEAT", "TOLERANCE", "TRUTH_BY",
+__all__ = ["AUTO", "BASELINES", "BEST_PROXY", "BY", "DEFAULT_BY", "PROXY_CAVEAT", "TOLERANCE", "TRUTH_BY",
            "TraceTuning", "TuneError", "TuneResult", "dask_available", "tune", "tune_trace"]

@@ -21,7 +21,7 @@ def tuned(name: str, policy: str, budget: int):
     def compute():
         bundle = cached_bundle(name)
         bar = st.progress(0.0, text=f"tuning {policy}'s recent_window (1 .. {budget - 1}) on {bundle.describe()}")
-        result = tune(bundle, policy, budget, top_k=TOP_K,
+        result = tune(bundle, policy, budget, top_k=TOP_K, by="retained_mass",  # per layer; no model_window shown
                       progress=lambda fraction, note="": bar.progress(fraction or 0.0, text=note))
         bar.empty()
         return result

@@ -117,12 +117,12 @@ def _tune(bundle: Bundle, say) -> dict:
         entry.load().derived.normalisers()
     out = {"normalisers_seconds": time.perf_counter() - t0}
     say(f"tune of {len(bundle.traces)} traces, serial")
-    out["serial_seconds"], result = timed(lambda: tune(bundle, "h2o", BUDGET, windows=WINDOWS))
+    out["serial_seconds"], result = timed(lambda: tune(bundle, "h2o", BUDGET, windows=WINDOWS, by="retained_mass"))
     out["recommended_windows"] = {t.name: t.recommended_window for t in result.traces}
     if dask_available():
         workers = os.cpu_count() or 1
         say(f"tune of {len(bundle.traces)} traces on a local Dask cluster of {workers} processes")
-        out["dask_seconds"], _ = timed(lambda: tune(bundle, "h2o", BUDGET, windows=WINDOWS, scheduler="local",
+        out["dask_seconds"], _ = timed(lambda: tune(bundle, "h2o", BUDGET, windows=WINDOWS, by="retained_mass", scheduler="local",
                                                      workers=workers))
         out["dask_workers"] = workers
     return out
@@ -203,7 +203,7 @@ def study(spec: str | None = None, progress: Progress | None = None) -> dict:
         if progress is not None:
             progress(None, f"tune of {len(chosen)} traces on their first {T} steps, budget {STUDY_BUDGET}")
         parts = [traces[i].prefix(T) for i in chosen]
-        tuned[T] = tune(parts, "h2o", STUDY_BUDGET)
+        tuned[T] = tune(parts, "h2o", STUDY_BUDGET, by="retained_mass")
         doc["per_layer"][T] = {r["layer"]: r["recommended_window"] for r in tuned[T].per_layer()}
         for i, part, t in zip(chosen, parts, tuned[T].traces, strict=True):
             e = bundle.traces[i]

@@ -145,7 +145,7 @@ def cmd_claims(args: argparse.Namespace) -> object:
 
 
 def cmd_tune(args: argparse.Namespace) -> object:
-    from ..analysis.tune import LOCAL, TRUTH_BY, dask_available, tune
+    from ..analysis.tune import AUTO, LOCAL, TRUTH_BY, dask_available, tune
     from ..data.catalog import resolve_bundle, shipped_bundles
 
     spec = args.trace.strip()
@@ -159,15 +159,77 @@ def cmd_tune(args: argparse.Namespace) -> object:
     else:
         scheduler = LOCAL
     say = None if args.quiet else protocol.stderr("tune")
-    truth = _tune_truth(args, source, say) if args.by in TRUTH_BY else None
+    truth, why = None, None
+    if args.by in TRUTH_BY:
+        truth = _tune_truth(args, source, say, "kl_open" if args.by == "kl" else "delta_nll_open")
+    elif args.by == AUTO:
+        truth, why = _auto_truth(args, source, say)
     result = tune(source, args.policy, args.budget, tolerance=args.tolerance, top_k=args.top_k, scheduler=scheduler,
-                  workers=args.workers, progress=say, by=args.by, truth=truth)
+                  workers=args.workers, progress=say, by=args.by, truth=truth, why=why)
     return result.to_dict(curves=args.curves)
 
 
-def _tune_truth(args: argparse.Namespace, source, say):
-    """``tune --by kl``: a function from candidate windows to the model's loss there, open loop, cached,
-    the session (model load, full-cache pass) opened on first use."""
+def _auto_truth(args: argparse.Namespace, source, say):
+    """``tune``'s default: the truth (KL, open loop) when ``source`` is a bundle (a recording of the whole
+    model) whose model and text are at hand and the record extra is installed, with one line on stderr
+    saying so and how to skip it; else no truth and the reason (the study's best proxy then recommends)."""
+    import importlib.util
+
+    from ..analysis.tune import BEST_PROXY
+    from ..data.bundle import Bundle
+
+    if not isinstance(source, Bundle):  # model_window is every layer's window: the truth is the whole model's
+        return None, (f"one trace, not a recording of the whole model: {BEST_PROXY}, the proxy study's best "
+                      "(--by kl measures the model's truth)")
+    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        return None, f"the record extra is not installed ({', '.join(missing)}): {BEST_PROXY}, the proxy study's best"
+    try:
+        truth = _tune_truth(args, source, say, "kl_open")
+    except InputError as e:
+        return None, f"{str(e).split(': ', 1)[-1]}: {BEST_PROXY}, the proxy study's best"
+    if say is not None:
+        say(None, f"recommending by the truth, the model's KL ({truth.what}); each window is measured once and "
+                  f"cached; --by {BEST_PROXY} recommends by the proxy study's best proxy instead, in seconds")
+    return truth, f"the truth: {truth.what}"
+
+
+class _Truth:
+    """``tune --by kl``'s truth: a function from candidate windows to the model's loss there, open loop,
+    read from the truth documents (shipped, or measured here) where they have it, the rest measured
+    (cached on disk) by a session opened on first use."""
+
+    def __init__(self, args, meta: dict, model, text, steps: int, key: str, say) -> None:
+        from ..models.loading import file_sha256
+
+        self.args, self.model, self.text, self.steps, self.key, self.say = args, model, text, steps, key, say
+        self.recording = str(meta.get("model") or model)
+        self.sha = file_sha256(text)
+        self.what = f"{model} on {Path(text).name}, {steps} steps, open loop"
+
+    def __call__(self, windows):
+        from ..models import quality, truth
+        from ..models.errors import RecordError
+
+        args = self.args
+        jobs = [(args.policy, args.budget, {"recent_window": int(w)}) for w in windows]
+        rows = [None] * len(jobs) if args.no_cache else truth.known_rows(self.recording, self.sha, self.steps, jobs)
+        todo = [w for w, r in zip(windows, rows, strict=True) if r is None]
+        if todo:
+            say = self.say
+            try:
+                session = quality.open_session(self.text, self.steps, self.model, progress=say, use_cache=not args.no_cache)
+                got = iter(truth.window_truth(session, args.policy, args.budget, todo, use_cache=not args.no_cache,
+                                              progress=say, recording=self.recording))
+            except (quality.QualityError, RecordError) as e:
+                raise InputError(f"{args.trace}: {e}") from None
+            rows = [r if r is not None else next(got) for r in rows]
+        return [r[self.key] for r in rows]
+
+
+def _tune_truth(args: argparse.Namespace, source, say, key: str) -> _Truth:
+    """The truth of ``tune --by kl`` (``key``: the figure read, ``kl_open`` or ``delta_nll_open``) for the
+    recording ``source`` is; InputError, one line, when its model or text is not at hand."""
     from ..data.bundle import Bundle
     from ..models import quality, truth
     from ..models.errors import RecordError
@@ -177,18 +239,7 @@ def _tune_truth(args: argparse.Namespace, source, say):
         model, text, steps = truth.recording_source(meta, folder, text=args.text, model=args.model)
     except (quality.QualityError, RecordError) as e:
         raise InputError(f"{args.trace}: {e}") from None
-    key = "kl_open" if args.by == "kl" else "delta_nll_open"
-
-    def measure(windows):
-        try:
-            session = quality.open_session(text, steps, model, progress=say, use_cache=not args.no_cache)
-            rows = truth.window_truth(session, args.policy, args.budget, windows, use_cache=not args.no_cache,
-                                      progress=say, recording=str(meta.get("model") or model))
-        except (quality.QualityError, RecordError) as e:
-            raise InputError(f"{args.trace}: {e}") from None
-        return [r[key] for r in rows]
-
-    return measure
+    return _Truth(args, meta, model, text, steps, key, say)
 
 
 def cmd_record(args: argparse.Namespace) -> object:

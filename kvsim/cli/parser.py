@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..analysis.metrics import DEFAULT_BAND
 from ..analysis.table import TABLE_BUDGET
+from ..analysis.tune import BEST_PROXY as TUNE_BEST_PROXY
 from ..analysis.tune import BY as TUNE_BY
 from ..analysis.tune import DEFAULT_BY as TUNE_DEFAULT_BY
 from ..data.catalog import available_bundles, available_traces
@@ -226,14 +227,14 @@ def _add_tune(sub, traces: str) -> None:
                    "per core)")
     p.add_argument("--curves", action="store_true", help="with --json, add every trace's curve over the windows")
     p.add_argument("--by", default=TUNE_DEFAULT_BY, choices=list(TUNE_BY), help="what the one window for the whole "
-                   f"model (model_window) is chosen by: a proxy, or the truth (kl, delta_nll: measured by the model, "
-                   f"open loop, cached; needs the record extra) (default: {TUNE_DEFAULT_BY}, the proxy study's best; "
-                   "docs/proxies.md)")
-    p.add_argument("--model", default=None, help="with --by kl/delta_nll: the model (gemma3-270m, smollm2-135m or a "
+                   "model (model_window) is chosen by: the truth (kl, delta_nll: measured by the model, open loop, "
+                   "cached; needs the record extra) or a proxy. Default: auto, the truth (kl) when the recording's model "
+                   f"and text are at hand, else {TUNE_BEST_PROXY}, the proxy study's best (docs/proxies.md)")
+    p.add_argument("--model", default=None, help="with --by kl/delta_nll/auto: the model (gemma3-270m, smollm2-135m or a "
                    "local folder; default: the one the recording names)")
-    p.add_argument("--text", default=None, help="with --by kl/delta_nll: the text file (default: the one the recording "
+    p.add_argument("--text", default=None, help="with --by kl/delta_nll/auto: the text file (default: the one the recording "
                    "names, found by its sha256)")
-    p.add_argument("--no-cache", action="store_true", help="with --by kl/delta_nll: measure again instead of reading "
+    p.add_argument("--no-cache", action="store_true", help="with --by kl/delta_nll/auto: measure again instead of reading "
                    "cached results")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     _json(p)

@@ -236,6 +236,7 @@ def _tune(doc: dict) -> str:
         ], text=False),
         "",
         _model_window_line(doc),
+        *([f"(by default: {doc['by_detail']['auto']})"] if (doc.get("by_detail") or {}).get("auto") else []),
         *([f"({doc['by_caveat']})"] if doc.get("by_caveat") else []),
         f"{len(doc['layers'])} traces swept {how} in {run['seconds']:.1f} s",
     ])

@@ -135,6 +135,43 @@ def save_truth(session: Session, rows: list[dict], recording: str, mode: str = "
     return path
 
 
+def documents() -> list[tuple[Path, dict]]:
+    """Every readable truth document: the shipped ones (``traces/truth-*.json``) first, then those
+    measured here (the disk cache's ``truth/``); damaged ones are skipped."""
+    from ..data.catalog import TRACES_DIR
+
+    out = []
+    for path in sorted(TRACES_DIR.glob("truth-*.json")) + sorted((cache_dir() / "truth").glob("*.json")):
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            if doc.get("format") == TRUTH_FORMAT and isinstance(doc.get("results"), list):
+                out.append((path, doc))
+        except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+            continue
+    return out
+
+
+def known_rows(recording: str, text_sha256: str, steps: int, jobs: Sequence[tuple[str, int, dict]],
+               mode: str = "open") -> list[dict | None]:
+    """Per job ``(policy, budget, params)``: its row from a truth document of the same recording (the
+    model as the recording names it), text and steps, measured in ``mode``; None where none has it. What
+    lets ``tune --by kl`` on the shipped bundle answer from the shipped document, with no model run."""
+    found: dict[str, dict] = {}
+    for _, doc in documents():
+        m = doc.get("meta") or {}
+        if (str(m.get("model")), str(m.get("text_sha256")), m.get("steps"), m.get("mode", "open")) != (
+                recording, text_sha256, steps, mode):
+            continue
+        for r in doc["results"]:
+            if isinstance(r, dict) and isinstance(r.get("params"), dict) and f"kl_{mode}" in r:
+                found.setdefault(_ident(r["policy"], r["budget"], r["params"]), r)
+    return [found.get(_ident(*job)) for job in jobs]
+
+
+def _ident(policy: str, budget: int, params: dict) -> str:
+    return json.dumps([policy, int(budget), params], sort_keys=True)
+
+
 def recording_source(meta: dict, folder: Path | None = None, *, text: str | Path | None = None,
                      model: str | None = None) -> tuple[str | None, Path, int]:
     """(model spec for ``quality.load``, text path, steps) of a recording (a bundle's manifest or a

@@ -11,7 +11,6 @@ shipped truth without torch.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,6 @@ import numpy as np
 import plotly.graph_objects as go
 
 from ..data import catalog
-from ..data.store import cache_dir
 
 #: a proxy's recommendation "agrees" with the truth when it costs at most this much more KL
 AGREE = 0.05
@@ -57,17 +55,10 @@ def recording(meta: dict) -> tuple[str, str] | None:
 
 
 def truth_documents() -> list[tuple[Path, dict]]:
-    """Every readable truth document, the shipped ones first; damaged ones are skipped."""
-    paths = sorted(catalog.TRACES_DIR.glob("truth-*.json")) + sorted((cache_dir() / "truth").glob("*.json"))
-    out = []
-    for p in paths:
-        try:
-            doc = json.loads(p.read_text(encoding="utf-8"))
-            if doc.get("format") == "kvsim-truth" and isinstance(doc.get("results"), list):
-                out.append((p, doc))
-        except (OSError, ValueError, UnicodeDecodeError, AttributeError):
-            continue
-    return out
+    """Every readable truth document, the shipped ones first (``kvsim.models.truth.documents``)."""
+    from ..models.truth import documents
+
+    return documents()
 
 
 def truth_for(meta: dict, policy: str, budget: int) -> Truth | None:
