@@ -53,8 +53,9 @@ BEST_PROXY = "output_error_late"
 AUTO = "auto"
 DEFAULT_BY = AUTO
 #: what a recommendation by a proxy says of itself (the study's finding)
-PROXY_CAVEAT = ("no proxy's worst within-sweep regret is under 5% in the proxy study (docs/proxies.md); "
-                "with the model at hand, --by kl recommends by the truth")
+PROXY_CAVEAT = ("no proxy's worst within-sweep regret is under 5% in the proxy study (docs/proxies.md: the best, "
+                "output_error_late, +89% KL in its worst of 48 sweeps, +14% on average); with the model at hand, "
+                "--by kl recommends by the truth")
 #: a proxy averaged over the deeper half of the layers only (``output_error_late``)
 LATE = "_late"
 BY = (AUTO, *(f"{p}{late}" for p in px.PROXIES for late in ("", LATE)), *TRUTH_BY)
