@@ -389,3 +389,38 @@ def test_gemma_3_270m_on_the_shipped_text(tmp_path):
     opened = s.evaluate("streaming_llm", 16, "open")
     assert closed["delta_nll"] == pytest.approx(opened["delta_nll"], abs=1e-4) and opened["delta_nll"] != 0
     assert closed["kl"] == pytest.approx(opened["kl"], abs=1e-4) and opened["kl"] > 0
+
+
+@needs_torch
+@pytest.mark.parametrize("kind", ["gemma3", "gemma2", "llama"])
+def test_the_scorers_kl_is_the_plain_sum_over_the_vocabulary(kind):
+    """KL(full || evicted) through the full side's summary (its expected output embedding and log of
+    its softmax's sum, for logits linear in h) or its log-probabilities (soft-capped logits) equals
+    sum_v p_full (log p_full - log p) computed plainly, row by row; unchanged rows give exactly 0."""
+    import torch
+
+    from kvsim.models.scoring import Scorer
+
+    model = _tiny(kind)
+    torch.manual_seed(1)
+    n, width = 40, model.config.hidden_size
+    full = torch.randn(n, width)
+    moved = full + 0.3 * torch.randn(n, width)
+    moved[:5] = full[:5]  # rows the eviction did not reach
+    targets = torch.randint(0, model.config.vocab_size, (n - 2,))
+    scorer = Scorer(model, full, targets)
+    assert (scorer.summary["expect"] is None) == (kind == "gemma2")
+    (nll, kl), = scorer.score([moved])
+
+    def log_probs(h):
+        with torch.no_grad():
+            z = model.get_output_embeddings()(h).double()
+        cap = model.config.final_logit_softcapping if kind == "gemma2" else None
+        return torch.log_softmax(z if cap is None else cap * torch.tanh(z / cap), dim=-1)
+
+    ref_full, ref = log_probs(full[1 : n - 1]), log_probs(moved[1 : n - 1])
+    plain_kl = (ref_full.exp() * (ref_full - ref)).sum(dim=1).numpy()
+    plain_nll = -ref.gather(1, targets[:, None])[:, 0].numpy()
+    np.testing.assert_allclose(kl, plain_kl, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(nll, plain_nll, rtol=1e-5, atol=1e-5)
+    assert (kl[:4] == 0).all() and (kl[4:] > 0).all()

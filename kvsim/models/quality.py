@@ -237,7 +237,7 @@ class Session:
         self.full_seconds = time.perf_counter() - t0
         self.say(None, f"full-cache pass: NLL {scorer.nll_full_series.mean():.4f} in {self.full_seconds:.1f} s")
         return FullPass(self.ids[0].numpy().copy(), rows, [capture.values[layer] for layer in range(self.layers)],
-                        hidden.numpy(), scorer.nll_full_series)
+                        hidden.numpy(), scorer.summary)
 
     def _adopt(self, fp: FullPass) -> None:
         """The session's traces (``traces[layer][kv head]``, each with its values), hidden states and loss."""
@@ -250,7 +250,7 @@ class Session:
         ]
         self.hidden_full = torch.from_numpy(np.asarray(fp.hidden))
         if getattr(self, "_scorer", None) is None:
-            self._scorer = Scorer(self.model, self.hidden_full, self.ids[0, 2:], fp.nll_full_series)
+            self._scorer = Scorer(self.model, self.hidden_full, self.ids[0, 2:], fp.summary)
         self.nll_full_series = self._scorer.nll_full_series
         self.nll_full = float(self.nll_full_series.mean())
 
