@@ -130,3 +130,34 @@ def test_even_windows():
     assert px.even_windows(256, 16)[:3] == [8, 24, 40] and px.even_windows(3, 8) == [1, 2]
 
 
+
+
+def test_replay_sweep_and_table_report_the_proxies_when_asked(tmp_path, capsys):
+    """``--proxies``: the value-aware proxies beside retained mass in replay, sweep and table (JSON and
+    text), the same figures as ``kvsim.sim.proxies``; a trace without values says so in one line."""
+    import json
+
+    from kvsim import cli
+
+    trace = with_values(random_trace(48, 7), 7)
+    path = tmp_path / "v.npz"
+    save_npz(trace, path, packed=True)
+    trace = load_npz(path)  # what the commands read (float16 rows)
+    assert cli.main(["replay", "--trace", str(path), "--policy", "h2o", "--budget", "8", "--recent-window", "3",
+                     "--proxies", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    want = px.summary(trace, kvsim.replay(trace, "h2o", budget=8, recent_window=3, record_kept=True))
+    assert {k: doc[k] for k in px.VALUE_PROXIES} == {k: want[k] for k in px.VALUE_PROXIES} and doc["output_error"] > 0
+    assert cli.main(["sweep", "--trace", str(path), "--policy", "h2o", "--budget", "8", "--recent-window", "1:7:3",
+                     "--proxies", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    swept = px.sweep(trace, "h2o", 8, "recent_window", [1, 4, 7])
+    assert [r["output_error"] for r in rows] == [r["output_error"] for r in swept]
+    assert cli.main(["table", "--trace", str(path), "--budget", "16", "--proxies"]) == 0
+    text = capsys.readouterr().out
+    assert "output_error" in text.splitlines()[2] and "the trace carries no values" not in text
+    bare = tmp_path / "bare.npz"
+    save_npz(random_trace(48, 7), bare, packed=True)
+    assert cli.main(["replay", "--trace", str(bare), "--policy", "tova", "--budget", "8", "--proxies"]) == 0
+    out = capsys.readouterr().out
+    assert ": the trace carries no values" in out and out.splitlines()[2].split()[-3:] == ["n/a"] * 3

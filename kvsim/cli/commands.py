@@ -20,8 +20,9 @@ from ..analysis.windows import choose_window
 from ..data.bundle import is_bundle
 from ..data.catalog import available_traces, resolve_trace
 from ..data.qk import DENSE_LIMIT
-from ..data.trace import Trace, save_npz
+from ..data.trace import Trace, TraceError, save_npz
 from ..policies import DEFAULT_BUDGET, POLICIES, make_policy, policy_params
+from ..sim import proxies as px
 from ..sim.simulate import replay, sweep
 from . import report
 from .errors import CLIError, InputError, flag
@@ -57,8 +58,18 @@ def cmd_replay(args: argparse.Namespace) -> object:
     trace = load(args.trace)
     with report.step("replay", f"replaying {args.policy} on {trace.name}") as progress:
         report.prepare([args.policy], progress)
-        result = replay(trace, args.policy, budget=budget, top_k=args.top_k, progress=progress, **params)
-    return {"trace": trace.name, **result.summary()}
+        result = replay(trace, args.policy, budget=budget, top_k=args.top_k, progress=progress, record_kept=args.proxies,
+                        **params)
+    return {"trace": trace.name, **(_proxy_summary(trace, result) if args.proxies else result.summary())}
+
+
+def _proxy_summary(trace: Trace, result) -> dict:
+    """``result.summary()`` with the value-aware proxies (``kvsim.sim.proxies.summary``), or the one line
+    saying why they cannot be computed here."""
+    try:
+        return px.summary(trace, result)
+    except TraceError as e:  # a query/key trace longer than its dense rows
+        return {**result.summary(), **{name: None for name in px.VALUE_PROXIES}, "proxy_fallback": str(e)}
 
 
 def cmd_sweep(args: argparse.Namespace) -> object:
@@ -78,7 +89,10 @@ def cmd_sweep(args: argparse.Namespace) -> object:
     note = f"sweeping {args.policy} over {flag(param)} ({len(ranges[param])} values) on {trace.name}"
     with report.step("sweep", note) as progress:
         report.prepare([args.policy], progress)
-        rows = sweep(trace, args.policy, budget, param, ranges[param], top_k=args.top_k, progress=progress, **fixed)
+        if args.proxies:
+            rows = px.sweep(trace, args.policy, budget, param, ranges[param], top_k=args.top_k, progress=progress, **fixed)
+        else:
+            rows = sweep(trace, args.policy, budget, param, ranges[param], top_k=args.top_k, progress=progress, **fixed)
     return mark_choice([{"trace": trace.name, **r} for r in rows], param)
 
 
@@ -124,7 +138,14 @@ def cmd_table(args: argparse.Namespace) -> object:
     trace = load(args.trace)
     with report.step("table", f"measuring every row at budget {budget} on {trace.name}") as progress:
         report.prepare(POLICIES, progress)
-        return build_table(trace, budget=budget, top_k=args.top_k)
+        doc = build_table(trace, budget=budget, top_k=args.top_k)
+        if args.proxies:
+            for row in doc["rows"]:
+                if row["retained_mass"] is not None and row["policy"] in POLICIES:
+                    result = replay(trace, row["policy"], budget=budget, top_k=args.top_k, record_kept=True, **row["params"])
+                    extra = _proxy_summary(trace, result)
+                    row.update({k: extra[k] for k in (*px.VALUE_PROXIES, "proxy_fallback") if k in extra})
+        return doc
 
 
 def cmd_claims(args: argparse.Namespace) -> object:

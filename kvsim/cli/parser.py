@@ -133,9 +133,17 @@ def _add_replay_and_sweep(sub, traces: str) -> None:
     p = sub.add_parser("replay", help="replay one policy; mean retained mass and top-k recall")
     _common(p, traces, DEFAULT_BUDGET)
     _policy_flags(p, ranges=False)
+    _proxies_flag(p)
     p = sub.add_parser("sweep", help="one replay per value of a parameter given as A:B[:STEP] (inclusive)")
     _common(p, traces, DEFAULT_BUDGET, budget_type=str)
     _policy_flags(p, ranges=True)
+    _proxies_flag(p)
+
+
+def _proxies_flag(p) -> None:
+    p.add_argument("--proxies", action="store_true", help="add the value-aware proxies (value_mass, output_error, "
+                   "output_shift: docs/proxies.md) from each replay's kept sets; a trace without values says so and "
+                   "has none (needs the dense rows: up to 8192 steps for a query/key trace)")
 
 
 def _add_trace_commands(sub, traces: str) -> None:
@@ -150,6 +158,7 @@ def _add_trace_commands(sub, traces: str) -> None:
 
     p = sub.add_parser("table", help="the policy cards' comparison and the calibration targets")
     _common(p, traces, TABLE_BUDGET)
+    _proxies_flag(p)
 
     p = sub.add_parser("claims", help="every checkable claim of the two policy cards, measured, with its verdict")
     p.add_argument("--trace", default="canonical", help=f"{traces}, or all (canonical and every shipped "

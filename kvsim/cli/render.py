@@ -48,17 +48,33 @@ def _numeric(s: str) -> bool:
     return True
 
 
+#: the value-aware proxies a ``--proxies`` document carries (``kvsim.sim.proxies.VALUE_PROXIES``)
+PROXY_COLUMNS = ("value_mass", "output_error", "output_shift")
+
+
 def _summary_params(r: dict) -> dict:
-    skip = {"trace", "policy", "budget", "retained_mass", "top_k_recall", "top_k", "steps", "best", "recommended"}
+    skip = {"trace", "policy", "budget", "retained_mass", "top_k_recall", "top_k", "steps", "best", "recommended",
+            *PROXY_COLUMNS, "proxy_fallback"}
     return {k: v for k, v in r.items() if k not in skip}
 
 
+def _proxy_cols(rows: list[dict]) -> list[str]:
+    """The proxy columns to show: those the rows carry (``--proxies``), else none."""
+    return [c for c in PROXY_COLUMNS if any(c in r for r in rows)]
+
+
+def _proxy_note(rows: list[dict]) -> list[str]:
+    """The one line saying why the proxies are missing (a trace without values), once."""
+    return sorted({r["proxy_fallback"] for r in rows if r.get("proxy_fallback")})
+
+
 def _replay(doc: dict) -> str:
-    return aligned(
-        ["trace", "policy", "params", "budget", "steps", "retained_mass", f"top_{doc['top_k']}_recall"],
+    cols = _proxy_cols([doc])
+    return "\n".join([aligned(
+        ["trace", "policy", "params", "budget", "steps", "retained_mass", f"top_{doc['top_k']}_recall", *cols],
         [[doc["trace"], doc["policy"], params_label(_summary_params(doc)), doc["budget"], doc["steps"],
-          doc["retained_mass"], doc["top_k_recall"]]],
-    )
+          doc["retained_mass"], doc["top_k_recall"], *(doc[c] for c in cols)]],
+    ), *_proxy_note([doc])])
 
 
 def _swept(doc: list[dict]) -> str:
@@ -71,11 +87,12 @@ def _sweep(doc: list[dict]) -> str:
     """The rows, the best and the recommended one marked (``cmd_sweep`` says which), and the choice in
     words under them: exact over recent_window only when every window 1..budget - 1 was swept."""
     param = _swept(doc)
-    table = aligned(
-        ["trace", "policy", "params", "budget", "retained_mass", f"top_{doc[0]['top_k']}_recall", "choice"],
+    cols = _proxy_cols(doc)
+    table = "\n".join([aligned(
+        ["trace", "policy", "params", "budget", "retained_mass", f"top_{doc[0]['top_k']}_recall", *cols, "choice"],
         [[r["trace"], r["policy"], params_label(_summary_params(r)), r["budget"], r["retained_mass"], r["top_k_recall"],
-          ", ".join(w for w in ("best", "recommended") if r.get(w))] for r in doc],
-    )
+          *(r[c] for c in cols), ", ".join(w for w in ("best", "recommended") if r.get(w))] for r in doc],
+    ), *_proxy_note(doc)])
     best = next((r for r in doc if r.get("best")), None)
     rec = next((r for r in doc if r.get("recommended")), None)
     if best is None or rec is None:
@@ -139,9 +156,11 @@ def _table(doc: dict) -> str:
         f"Measured at budget {doc['budget']} on the {doc['trace']} trace ({doc['steps']} steps):",
         "",
         aligned(
-            ["policy", "params", "retained_mass", f"top_{k}_recall"],
-            [[r["policy"], params_label(r["params"]), r["retained_mass"], r["top_k_recall"]] for r in doc["rows"]],
+            ["policy", "params", "retained_mass", f"top_{k}_recall", *_proxy_cols(doc["rows"])],
+            [[r["policy"], params_label(r["params"]), r["retained_mass"], r["top_k_recall"],
+              *(r.get(c) for c in _proxy_cols(doc["rows"]))] for r in doc["rows"]],
         ),
+        *_proxy_note(doc["rows"]),
         *(f"{r['policy']} {params_label(r['params'])}: refused at this budget ({r['refused']})"
           for r in doc["rows"] if "refused" in r),
     ]

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..data.trace import Trace
 from ..policies import PolicySpec
-from .harness import ReplayResult
+from .harness import DEFAULT_TOP_K, ReplayResult
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ def even_windows(budget: int, count: int) -> list[int]:
 
 
 def sweep(trace: Trace, policy: str, budget: int, param: str, values, *, reference: bool = False,
-          progress=None, **params) -> list[dict]:
+          progress=None, top_k: int = DEFAULT_TOP_K, **params) -> list[dict]:
     """``summary`` of one replay per value of ``param``: a sweep with the proxies (each replay records
     its kept sets, so it runs alone rather than batched; at 1024 steps one takes milliseconds)."""
     from .simulate import replay
@@ -158,7 +158,7 @@ def sweep(trace: Trace, policy: str, budget: int, param: str, values, *, referen
     specs = [PolicySpec.of(policy, budget, **{**params, param: v}) for v in values]  # checked before any work
     out = []
     for i, spec in enumerate(specs):
-        out.append(summary(trace, replay(trace, spec, record_kept=True, reference=reference)))
+        out.append(summary(trace, replay(trace, spec, record_kept=True, reference=reference, top_k=top_k)))
         if progress is not None:
             progress((i + 1) / len(specs))
     return out
