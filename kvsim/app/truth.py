@@ -5,19 +5,52 @@ measures it in the background (open loop, cached, with progress)."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 
+import numpy as np
 import streamlit as st
 
 import kvsim
 from kvsim.analysis.windows import choose_window
 from kvsim.views import truth as vt
 
+from .cache import BY_TRACE
+
 #: measurements running in this server's background: (model, text sha, policy, budget) -> state
 _JOBS: dict[tuple, dict] = {}
 _LOCK = threading.Lock()
 #: candidate windows the background measurement takes (as ``tune --by kl``)
 CANDIDATES = 16
+#: the value-aware proxy drawn beside retained mass where the trace carries values
+VALUE_PROXY = "attention-output error"
+
+
+@st.cache_data(max_entries=16, show_spinner="the attention-output error at the truth's windows",
+               hash_funcs=BY_TRACE)
+def _output_error_pick(trace: kvsim.Trace, policy: str, budget: int, windows: tuple[int, ...],
+                       values_key: str | None) -> int | None:
+    """The window of ``windows`` with the least attention-output error on this trace (one replay per
+    window, kept sets recorded), or None when the trace carries no values or its rows are not at hand.
+    ``values_key`` (``_values_key``) keys the cache by the values too: a trace's fingerprint is of its
+    attention only."""
+    from kvsim.data.trace import TraceError
+    from kvsim.sim import proxies as px
+
+    if getattr(trace, "values", None) is None:
+        return None
+    try:
+        rows = px.sweep(trace, policy, budget, "recent_window", list(windows))
+    except (TraceError, ValueError):
+        return None
+    return int(windows[min(range(len(rows)), key=lambda i: rows[i]["output_error"])])
+
+
+def _values_key(trace: kvsim.Trace) -> str | None:
+    values = getattr(trace, "values", None)
+    if values is None:
+        return None
+    return hashlib.blake2b(np.ascontiguousarray(values).data, digest_size=16).hexdigest()
 
 
 def truth_panel(trace: kvsim.Trace, policy: str, budget: int, rows: list[dict], exact: bool) -> None:
@@ -25,13 +58,23 @@ def truth_panel(trace: kvsim.Trace, policy: str, budget: int, rows: list[dict], 
     choice = choose_window(rows, budget=budget, exact=exact)
     truth = vt.truth_for(trace.meta, policy, budget)
     if truth is not None:
-        st.plotly_chart(vt.truth_figure(truth, choice.recommended), key="truth_curve")
+        error = _output_error_pick(trace, policy, budget, truth.windows, _values_key(trace))
+        others = {} if error is None else {VALUE_PROXY: error}
+        st.plotly_chart(vt.truth_figure(truth, choice.recommended, others=others), key="truth_curve")
         note = ""
         if truth.meta.get("steps") != trace.steps:
             note = f" The truth is of the first {truth.meta.get('steps')} steps of the text; this trace has {trace.steps}."
         st.markdown(vt.sentence(truth, choice.recommended) + note, help="KL(full || evicted) of the next-token "
                     "distributions, averaged over the text's positions, with every layer's cache held to the budget by "
                     "the policy at that recent_window (open loop: the simulator's schedule as masks on one pass)")
+        if error is not None:
+            st.markdown(vt.sentence(truth, error, VALUE_PROXY), help="The relative error of this layer's attention output, "
+                        "the kept weights renormalised times the values, against the full cache's, averaged over the "
+                        "steps (kvsim.sim.proxies), at each window the truth was measured at: the value-aware proxy "
+                        "docs/proxies.md finds best (over the deeper half of a model's layers)")
+        elif getattr(trace, "values", None) is None:
+            st.caption("This trace carries no values, so the value-aware proxies (docs/proxies.md) fall back to "
+                       "retained mass; `kvsim record` stores them.")
         return
     who = vt.recording(trace.meta)
     if who is None:

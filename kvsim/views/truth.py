@@ -108,9 +108,11 @@ def sentence(truth: Truth, proxy_window: int, proxy: str = "retained mass") -> s
             f"trusting {proxy} costs {100 * v['cost']:+.0f}% KL.")
 
 
-def truth_figure(truth: Truth, proxy_window: int, proxy: str = "retained mass", height: int = 300) -> go.Figure:
+def truth_figure(truth: Truth, proxy_window: int, proxy: str = "retained mass", height: int = 300,
+                 others: dict[str, int] | None = None) -> go.Figure:
     """KL against recent_window, the truth's best marked (a star) and the proxy's recommendation (a
-    dashed line at its window, a ring on the measured window nearest it)."""
+    dashed line at its window, a ring on the measured window nearest it); ``others``: more proxies'
+    picks (label -> window), each a diamond on the truth at that window."""
     v = verdict(truth, proxy_window)
     fig = go.Figure()
     fig.add_scatter(x=list(truth.windows), y=list(truth.kl), mode="lines+markers", name="KL (the truth)",
@@ -121,6 +123,10 @@ def truth_figure(truth: Truth, proxy_window: int, proxy: str = "retained mass", 
                     name=f"{proxy} recommends {v['proxy_window']}",
                     marker=dict(symbol="circle-open", size=16, color="#111111", line=dict(width=3)))
     fig.add_vline(x=v["proxy_window"], line=dict(color="#111111", dash="dash", width=1))
+    for label, window in (others or {}).items():
+        near, kl = truth.at(window)
+        fig.add_scatter(x=[near], y=[kl], mode="markers", name=f"{label} recommends {window}",
+                        marker=dict(symbol="diamond-open", size=14, color="#2ca02c", line=dict(width=3)))
     fig.update_layout(height=height, margin=dict(l=60, r=20, t=40, b=40), title=dict(
         text=f"What the model loses: KL against recent_window ({truth.source})", font=dict(size=14)),
         xaxis_title="recent_window", yaxis_title="KL (nats per token)", legend=dict(orientation="h", y=-0.25))
