@@ -20,6 +20,7 @@ run. Dask is an optional extra (``requirements-record.txt``); nothing here impor
 from __future__ import annotations
 
 import io
+import logging
 import os
 import time
 import zipfile
@@ -401,8 +402,12 @@ def _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, pa
             n = workers or os.cpu_count() or 1
             # processes, one thread each: the sweeps are CPU-bound numba loops; the HTTP server on a free
             # port (":0"), not 8787, which a second cluster on the machine (another tune) already holds
+            # port (":0"), not 8787, which a second cluster on the machine (another tune) already holds; the
+            # workers' own logs silenced below CRITICAL: as the cluster closes, their heartbeats to the closing
+            # scheduler print CommClosedError tracebacks that mean nothing (a task's failure still reaches
+            # fut.result() below)
             cluster = stack.enter_context(LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                                       dashboard_address=":0"))
+                                                       dashboard_address=":0", silence_logs=logging.CRITICAL))
             client = stack.enter_context(Client(cluster))
         else:
             try:
@@ -418,7 +423,8 @@ def _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, pa
             if isinstance(payload, str):
                 with open(payload, "rb") as f:
                     payload = f.read()
-            futures.append(client.submit(_run_unit, payload, u.name, policy, budget, windows, top_k, params,
+            data = client.scatter(payload)  # sent to a worker once, not embedded in the task graph (64 MB at 4096 steps)
+            futures.append(client.submit(_run_unit, data, u.name, policy, budget, windows, top_k, params,
                                          pure=False, key=f"kvsim-tune-{u.name}-{os.getpid()}-{time.time_ns()}"))
         index = {f.key: i for i, f in enumerate(futures)}
         results: list[dict | None] = [None] * len(futures)
