@@ -237,11 +237,11 @@ class _Truth:
         rows = [None] * len(jobs) if args.no_cache else truth.known_rows(self.recording, self.sha, self.steps, jobs)
         todo = [w for w, r in zip(windows, rows, strict=True) if r is None]
         if todo:
-            say = self.say
             try:
-                session = quality.open_session(self.text, self.steps, self.model, progress=say, use_cache=not args.no_cache)
+                session = quality.open_session(self.text, self.steps, self.model, progress=self.say,
+                                               use_cache=not args.no_cache)
                 got = iter(truth.window_truth(session, args.policy, args.budget, todo, use_cache=not args.no_cache,
-                                              progress=say, recording=self.recording))
+                                              progress=self.say, recording=self.recording))
             except (quality.QualityError, RecordError) as e:
                 raise InputError(f"{args.trace}: {e}") from None
             rows = [r if r is not None else next(got) for r in rows]
