@@ -7,7 +7,8 @@
 - ``SweepStore``: the recent_window curves, by key: rows that grow as views ask for more windows,
   and that can be drawn from a coarse grid first while the refinement runs in the background.
 - ``Background``: jobs by key on a small thread pool, polled by the page, so a slow solve never
-  blocks a redraw and is done once per server.
+  blocks a redraw and is done once per server; at a lower priority than the pages, and, asked for
+  inside ``starting_after()`` (a page's run), started once that run has drawn its page.
 - ``Warmup``: the compiling of the fast engine's kernels, once per server, in order of need on one
   thread, so that a brand-new install draws its page on the reference path meanwhile.
 
@@ -17,6 +18,8 @@ happens, and the background threads never call Streamlit.
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator
@@ -118,6 +121,49 @@ class Shared:
             return entry.value
 
 
+#: the longest a job asked for inside ``starting_after()`` waits for that block to end (a run that
+#: hangs must not keep its background work, or another session's behind it, from ever starting)
+HOLD_S = 5.0
+_held = threading.local()
+
+
+@contextmanager
+def starting_after() -> Iterator[None]:
+    """Background jobs asked for by this thread inside the block start once it ends (at most
+    ``HOLD_S`` later): a page's run sends what it has drawn before its background work takes the
+    cores. (The curve at budget 1024 drew its coarse grid while its refinement was already replaying
+    on both cores of the machine, beside the run's own reference lines and figure.)"""
+    gate, previous = threading.Event(), getattr(_held, "gate", None)
+    _held.gate = gate
+    try:
+        yield
+    finally:
+        _held.gate = previous
+        gate.set()
+
+
+def _after_the_run(work: Callable) -> Callable:
+    """``work``, waiting first for the end of the ``starting_after()`` block it was asked for in (if any)."""
+    gate = getattr(_held, "gate", None)
+    if gate is None:
+        return work
+
+    def held(*args):
+        gate.wait(HOLD_S)
+        return work(*args)
+
+    return held
+
+
+def lower_priority(nice: int) -> None:
+    """Lower this thread's scheduling priority by ``nice`` (and so that of the threads it starts,
+    which inherit it): on Linux each thread has a nice value of its own. Elsewhere, nothing."""
+    if nice <= 0 or not sys.platform.startswith("linux"):
+        return
+    tid = threading.get_native_id()
+    os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+
+
 @dataclass(frozen=True)
 class Status:
     """A background job as the page sees it: whether it is done, how far it got, its result."""
@@ -128,11 +174,14 @@ class Status:
 
 
 class Background:
-    """Jobs by key on a pool of ``workers`` threads; at most ``bound`` remembered (with their results)."""
+    """Jobs by key on a pool of ``workers`` threads; at most ``bound`` remembered (with their results).
+    ``nice``: how much lower than the caller's the pool's threads (and the threads their jobs start)
+    are scheduled, so that the pages' runs and the server's own thread come first."""
 
-    def __init__(self, workers: int = 1, bound: int = 64, name: str = "kvsim-background") -> None:
+    def __init__(self, workers: int = 1, bound: int = 64, name: str = "kvsim-background", nice: int = 0) -> None:
         self._jobs = BoundedStore(bound)
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name, initializer=lower_priority,
+                                        initargs=(nice,))
 
     def poll(self, key: Hashable, work: Callable[[Callable[[float], None]], Any],
              needed: Callable[[], bool] = lambda: True) -> Status:
@@ -143,7 +192,7 @@ class Background:
             if not needed():
                 return None
             progress = [0.0]
-            return self._pool.submit(work, lambda f: progress.__setitem__(0, f)), progress
+            return self._pool.submit(_after_the_run(work), lambda f: progress.__setitem__(0, f)), progress
 
         job = self._jobs.setdefault(key, start)
         if job is None:
@@ -163,7 +212,7 @@ class Background:
         return job is not None and not job[0].done()
 
     def submit(self, work: Callable[[], Any]) -> Future:
-        return self._pool.submit(work)
+        return self._pool.submit(_after_the_run(work))
 
 
 @dataclass
