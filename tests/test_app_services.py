@@ -124,6 +124,42 @@ def test_a_coarse_curve_is_drawn_first_and_refined_in_the_background():
     assert later.exact and [r["recent_window"] for r in later.rows] == [1, 8, 9, 10, 17]
 
 
+def test_once_refined_the_next_ask_fills_in_every_value_behind_the_jobs_asked_for_meanwhile():
+    pool = Background(workers=1)
+    store = SweepStore(bound=4, background=pool)
+    order: list[str] = []
+
+    def add(values):
+        order.append(f"add {len(values)}")
+        return rows(*values)
+
+    def wait_idle():
+        deadline = time.monotonic() + 5
+        while store.busy("k") and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    release = threading.Event()
+
+    def full():
+        release.wait(5)
+        return rows(1, 8, 9, 10, 17)
+
+    ask = dict(full=full, coarse=lambda: rows(1, 17), add=add, every=range(1, 18))
+    first = store.curve("k", **ask)
+    assert not first.exact and not first.complete
+    pool.submit(lambda: order.append("another job"))  # asked for while the refinement runs
+    release.set()
+    wait_idle()
+    refined = store.curve("k", **ask)  # refined: this ask starts the fill, behind that job
+    assert refined.exact and not refined.complete and [r["recent_window"] for r in refined.rows] == [1, 8, 9, 10, 17]
+    pool.submit(lambda: None).result(5)
+    wait_idle()
+    done = store.curve("k", **ask)
+    assert done.complete and [r["recent_window"] for r in done.rows] == list(range(1, 18))
+    assert order == ["another job", "add 12"]  # the 12 windows missing, once, after the job asked for first
+    assert store.curve("k", full=ask["full"], coarse=ask["coarse"], add=add).complete  # nothing more asked: complete
+
+
 def test_a_failed_refinement_is_tried_again_on_the_next_ask():
     store = SweepStore(bound=2)
     attempts = []

@@ -5,7 +5,8 @@
 - ``Shared``: results by key, each computed once however many sessions ask at once (a session that
   asks while another computes waits for it, told so through ``waiting``).
 - ``SweepStore``: the recent_window curves, by key: rows that grow as views ask for more windows,
-  and that can be drawn from a coarse grid first while the refinement runs in the background.
+  and that can be drawn from a coarse grid first while the refinement, and then every window,
+  are replayed in the background.
 - ``Background``: jobs by key on a small thread pool, polled by the page, so a slow solve never
   blocks a redraw and is done once per server; at a lower priority than the pages, and, asked for
   inside ``starting_after()`` (a page's run), started once that run has drawn its page.
@@ -22,7 +23,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -217,11 +218,13 @@ class Background:
 
 @dataclass
 class Curve:
-    """What ``SweepStore.curve`` hands back: the rows by window, and whether the refinement around
-    the peak is in them (``exact``: the peak is the sweep's own; else it is the peak so far)."""
+    """What ``SweepStore.curve`` hands back: the rows by window, whether the refinement around the
+    peak is in them (``exact``: the peak is the sweep's own; else it is the peak so far), and whether
+    every value asked for is (``complete``: then the best is known, not only a peak)."""
 
     rows: list[dict]
     exact: bool
+    complete: bool = False
 
 
 class SweepStore:
@@ -234,34 +237,40 @@ class SweepStore:
 
     def curve(self, key: Hashable, full: Callable[[], list[dict]], *, marks: Iterable[int] = (),
               add: Callable[[list[int]], list[dict]] | None = None, coarse: Callable[[], list[dict]] | None = None,
-              waiting: Waiting | None = None) -> Curve:
+              every: Sequence[int] = (), waiting: Waiting | None = None) -> Curve:
         """The key's rows. ``full()``: the whole sweep, run once per key. With ``coarse``, a key
         not swept yet is first drawn from ``coarse()`` and ``full()`` runs in the background (the
-        rows are then the coarse ones until it ends). ``marks``: values that must be in the rows;
+        rows are then the coarse ones until it ends); once it has, the next ask starts ``add`` of
+        whichever of ``every`` the rows still miss in the background, behind the jobs asked for
+        meanwhile (``Curve.complete`` once it has ended). ``marks``: values that must be in the rows;
         any missing is computed by ``add(missing)``."""
         with self._shared.holding(key, waiting) as entry:
             state = entry.value = entry.value or _Sweep()
-            if not state.exact and state.refining is None:
+            if state.refining is None and not state.exact:
                 if coarse is None:
                     state.merge(full(), self.param, exact=True)
                 else:
                     state.merge(coarse(), self.param)
                     state.refining = self._background.submit(lambda: self._refine(key, state, full))
+            elif state.refining is None and coarse is not None and add is not None:
+                fill = [v for v in every if v not in state.rows]
+                if fill:
+                    state.refining = self._background.submit(lambda: self._refine(key, state, lambda: add(fill)))
             wanted = [m for m in marks if m not in state.rows]
             if wanted and add is not None:
                 state.merge(add(wanted), self.param)
-            return Curve([state.rows[v] for v in sorted(state.rows)], state.exact)
+            complete = state.exact and all(v in state.rows for v in every)
+            return Curve([state.rows[v] for v in sorted(state.rows)], state.exact, complete)
 
-    def _refine(self, key: Hashable, state: _Sweep, full: Callable[[], list[dict]]) -> None:
+    def _refine(self, key: Hashable, state: _Sweep, work: Callable[[], list[dict]]) -> None:
+        """``work()`` merged into the rows, which are then refined; on a failure the next ask starts again."""
         try:
-            rows = full()
-        except BaseException:
+            rows = work()
             with self._shared.holding(key):
-                state.refining = None  # the next ask starts it again
-            raise
-        with self._shared.holding(key):
-            state.merge(rows, self.param, exact=True)
-            state.refining = None
+                state.merge(rows, self.param, exact=True)
+        finally:
+            with self._shared.holding(key):
+                state.refining = None
 
     def exact(self, key: Hashable) -> bool:
         """Whether the key's rows hold the whole sweep (False while it is refined or not begun)."""
