@@ -457,6 +457,19 @@ def test_the_curve_figure_is_valid_plotly():
         assert json.loads(pio.to_json(go.Figure(fig.to_dict()), validate=True)) == json.loads(pio.to_json(fig, validate=False))
 
 
+def test_the_recommended_note_reads_away_from_the_nearer_edge():
+    """Plotly widens an axis to fit a note: the recommended window's, near the left edge and reading
+    leftwards, stretched the curve at budget 1024 to recent_window -600."""
+    def note(masses):
+        rows = fake_rows(list(zip(range(1, 10), masses, strict=True)))
+        fig = figures.recent_window_curve(rows, current=1, default=2, band=5, budget=10)
+        (a,) = [a for a in fig.layout.annotations if a.text.startswith("recommended")]
+        return a.x, a.xanchor, a.ax
+
+    assert note([0.5, 0.7, 0.949, 0.9, 0.9, 0.9, 0.9, 0.95, 0.9]) == (3, "left", 30)  # near the left edge: rightwards
+    assert note([0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.949, 0.9, 0.95]) == (7, "right", -30)
+
+
 def test_sweep_table_puts_the_curves_side_by_side():
     rows, scissors, _ = fake_family()
     table = figures.sweep_table({"h2o": rows, "scissorhands": scissors[:3]}, top_k=32)

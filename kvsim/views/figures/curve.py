@@ -351,11 +351,15 @@ def _annotate_story(fig, rows: Sequence[Mapping], references: Sequence[Line], *,
         text = f"best and recommended {peak}: {top:.3f}{where}"
     else:
         text = f"best {peak}: {top:.3f}{where}"
+        # the note reads away from the nearer edge: Plotly widens the axis to fit a note, and one at window
+        # 63 of 1 .. 1023 reading leftwards stretched the axis to -600
+        windows = [r["recent_window"] for r in rows]
+        rightwards = choice.recommended - min(windows) < (max(windows) - min(windows)) / 2
         fig.note(
             x=choice.recommended, y=choice.recommended_mass, xref="x", yref="y",
             text=f"recommended {choice.recommended}: {choice.recommended_mass:.3f}, the smallest within {choice.tolerance:g}",
-            showarrow=True, arrowhead=2, ax=-30, ay=-55, bgcolor="rgba(255,255,255,0.85)", xanchor="right",
-            font=dict(size=13, color="#222"),
+            showarrow=True, arrowhead=2, ax=30 if rightwards else -30, ay=-55, bgcolor="rgba(255,255,255,0.85)",
+            xanchor="left" if rightwards else "right", font=dict(size=13, color="#222"),
         )
     fig.note(
         x=peak, y=top, xref="x", yref="y", text=text,
