@@ -4,19 +4,15 @@ sweep, other policies' sweeps beside it, and the figures that do not move with r
 
 from __future__ import annotations
 
-import copy
-import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import plotly.graph_objects as go
-import plotly.io as pio
-from plotly.subplots import make_subplots
 
 from ...analysis.features import curve_peak
 from ...analysis.windows import WindowChoice, choose_window
-from .common import CURRENT_COLOUR
+from .common import CURRENT_COLOUR, subplots
 
 #: the recommended window's mark (a colour no policy and no other mark has)
 RECOMMENDED_COLOUR = "#111111"
@@ -129,7 +125,7 @@ def recent_window_curve(
     # streaming_llm is the line the story compares against: the boldest style goes to it
     references = sorted((line for line in lines if not line.offline), key=lambda line: line.policy != "streaming_llm")
     metrics = (("retained_mass", "retained mass"), ("top_k_recall", f"top-{top_k} recall"))
-    fig = _Chart(_frame(tuple(m[1] for m in metrics)))
+    fig = _Chart(subplots([m[1] for m in metrics], rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08))
     lo, hi = float(x.min()), float(x.max())
     choice = None if budget is None else choose_window(rows, budget=budget)
     for r, (key, label) in enumerate(metrics, start=1):
@@ -156,19 +152,6 @@ def recent_window_curve(
     fig.layout["xaxis2"]["title"] = dict(text="recent_window")
     _legends(fig, policy, PLOT_HEIGHT if plot_height is None else plot_height)
     return fig.figure()
-
-
-@functools.cache
-def _subplots(titles: tuple[str, ...], template: str) -> dict:
-    """The two panels' axes, titles and template as a figure's dict, made once per pair of titles and
-    default template (Streamlit sets its own on import): ``make_subplots`` validates every property it
-    sets, which took a fifth of the chart's time."""
-    return make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=list(titles)).to_dict()
-
-
-def _frame(titles: tuple[str, ...]) -> dict:
-    """A fresh copy of the panels' frame (the cached one is never drawn on)."""
-    return copy.deepcopy(_subplots(titles, str(pio.templates.default)))
 
 
 @dataclass
