@@ -200,6 +200,20 @@ def test_background_work_asked_for_in_a_run_starts_once_the_run_ends():
     assert sorted(started) == ["free", "held", "polled"]
 
 
+def test_a_runs_background_work_waits_a_moment_after_the_run_once_for_all_its_jobs(monkeypatch):
+    """After the block, its jobs wait ``SETTLE_S`` more (the page is sent and drawn meanwhile), measured
+    from the block's end: the second job in the queue does not wait it again."""
+    from kvsim.app import services
+
+    monkeypatch.setattr(services, "SETTLE_S", 0.3)
+    pool = Background(workers=1)
+    with starting_after():
+        jobs = [pool.submit(time.monotonic) for _ in range(2)]
+    ended = time.monotonic()
+    first, second = (j.result(5) for j in jobs)
+    assert first - ended >= 0.29 and second - first < 0.25
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")
 def test_background_threads_and_the_threads_they_start_run_below_the_pages():
     def nice() -> int:

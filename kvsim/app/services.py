@@ -125,32 +125,55 @@ class Shared:
 #: the longest a job asked for inside ``starting_after()`` waits for that block to end (a run that
 #: hangs must not keep its background work, or another session's behind it, from ever starting)
 HOLD_S = 5.0
+#: and how long after that end it waits still: the server sends what the run drew and the page draws
+#: it meanwhile. On the two-core machine the curve at budget 1024 is sent and drawn in about 0.5 s
+#: after its run; with the refinement replaying on both cores from the run's end that took 0.6-0.8 s,
+#: and the refined curve's rerun often began before the first paint was done
+SETTLE_S = 0.5
 _held = threading.local()
+
+
+class _Gate:
+    """When a run's block ended (None until it has), for the jobs it asked for."""
+
+    def __init__(self) -> None:
+        self._ended = threading.Event()
+        self.ended_at = 0.0
+
+    def end(self) -> None:
+        self.ended_at = time.monotonic()
+        self._ended.set()
+
+    def wait(self) -> None:
+        """Until the block ended and ``SETTLE_S`` more have passed (one wait for all its jobs, not one each)."""
+        if self._ended.wait(HOLD_S):
+            time.sleep(max(0.0, self.ended_at + SETTLE_S - time.monotonic()))
 
 
 @contextmanager
 def starting_after() -> Iterator[None]:
-    """Background jobs asked for by this thread inside the block start once it ends (at most
-    ``HOLD_S`` later): a page's run sends what it has drawn before its background work takes the
+    """Background jobs asked for by this thread inside the block start once it ends and
+    ``SETTLE_S`` more have passed (at most ``HOLD_S`` after they were asked for, should it not end):
+    a page's run sends what it has drawn, and the page draws it, before its background work takes the
     cores. (The curve at budget 1024 drew its coarse grid while its refinement was already replaying
     on both cores of the machine, beside the run's own reference lines and figure.)"""
-    gate, previous = threading.Event(), getattr(_held, "gate", None)
+    gate, previous = _Gate(), getattr(_held, "gate", None)
     _held.gate = gate
     try:
         yield
     finally:
         _held.gate = previous
-        gate.set()
+        gate.end()
 
 
 def _after_the_run(work: Callable) -> Callable:
-    """``work``, waiting first for the end of the ``starting_after()`` block it was asked for in (if any)."""
+    """``work``, waiting first for the ``starting_after()`` block it was asked for in (if any)."""
     gate = getattr(_held, "gate", None)
     if gate is None:
         return work
 
     def held(*args):
-        gate.wait(HOLD_S)
+        gate.wait()
         return work(*args)
 
     return held
