@@ -247,7 +247,8 @@ def curve_view(trace: kvsim.Trace, settings: Settings) -> None:
             help="every policy with a recent_window is drawn; this one carries the markers and the notes",
         )
         explain = st.empty()  # filled once the sweeps say what this trace does
-        explain.markdown(story.window_text(policy, features.band, info["recent_share"], features.band_known))
+        if not progressive(trace, budget):  # said while the sweep's progress bar runs (a coarse grid is quick)
+            explain.markdown(story.window_text(policy, features.band, info["recent_share"], features.band_known))
         if budget >= 2:
             st.session_state["rw_curve"] = min(max(1, rw), budget - 1)
             st.number_input("recent_window", min_value=1, max_value=budget - 1, step=1, key="rw_curve",
@@ -277,6 +278,8 @@ def curve_view(trace: kvsim.Trace, settings: Settings) -> None:
         if pending.names:
             _waiting(pending, exact, complete)
         st.plotly_chart(fig, key="curve", on_select=pick_from_curve, selection_mode=("points", "box"))
+        if not exact:  # the notes, the truth and the downloads come with the refined curve: the first paint is the chart
+            return
         st.markdown(story.lines_story(policy, rows, lines, budget))
         truth_panel(trace, policy, budget, rows[policy], exact)
         c1, c2 = st.columns(2)
@@ -322,7 +325,7 @@ def _waiting(pending: Pending, exact: bool, complete: bool) -> None:
     """Say what is still replayed in the background, and draw the page again each time one ends."""
     if not exact:
         first = ("A coarse grid first: every window next to the peak is being replayed in the background, so the peak "
-                 "marked is the **peak so far**; the refined one replaces it when known. ")
+                 "marked is the **peak so far**; the refined one replaces it when known, with the notes and downloads. ")
     elif not complete:
         first = ("Refined around the peak: the peak marked is the **peak so far**, of the windows sampled; every window "
                  "is being replayed in the background, and the exact best and recommended windows replace it when known. ")
