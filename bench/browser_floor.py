@@ -1,17 +1,18 @@
 """The browser's floor on this machine: the same timing as ``python -m kvsim bench --browser``,
 on a Streamlit page that holds nothing but one Plotly chart.
 
-    python bench/browser_floor.py [--runs 3] [--figure small|kept3|kept6]
+    python bench/browser_floor.py [--runs 3] [--figure small|kept3|kept6|curve]
 
 Prints each run of three steps: a new browser context opening the page (a new user: Streamlit's and
 Plotly's JavaScript fetched, parsed and run from nothing), a new tab of that context (a new session,
 the JavaScript from the browser's cache) and a link opened in that tab (the page reloaded).
 
-The chart is a three-point line (``small``, the default) or kvsim's own kept-position figure of the
-canonical trace at budget 256 with three or six policies (``kept3``, ``kept6``), built once before
-the server starts and only read by the page, so the figures are Streamlit and the browser drawing
-that chart, nothing else. What kvsim's own steps take beyond them is its script and the rest of its
-page.
+The chart is a three-point line (``small``, the default), kvsim's own kept-position figure of the
+canonical trace at budget 256 with three or six policies (``kept3``, ``kept6``), or the app's first
+paint of the recent_window curve at budget 1024 (``curve``: its coarse grid, the chart exactly as the
+app sends it), built once before the server starts and only read by the page, so the figures are
+Streamlit and the browser drawing that chart, nothing else. What kvsim's own steps take beyond them
+is its script and the rest of its page.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import asyncio
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvsim.bench import browser as bb  # noqa: E402
+from kvsim.bench import checkout_env  # noqa: E402
 
 APP = """import json
 from pathlib import Path
@@ -60,13 +63,37 @@ def kept_figure_json(policies: tuple[str, ...]) -> tuple[str, int]:
     return pio.to_json(fig), sum(1 for t in fig.data if t.type == "image")
 
 
+#: one run of the app's script on the curve at budget 1024 (AppTest), printing the chart's spec as the page
+#: receives it; it leaves at once (``os._exit``), not waiting for the refinement it started in the background
+CURVE_SPEC = """import os, sys
+from streamlit.testing.v1 import AppTest
+at = AppTest.from_file(sys.argv[1], default_timeout=120)
+at.query_params.update({"budget": "1024", "view": "Choosing recent_window"})
+at.run()
+(chart,) = at.get("plotly_chart")
+sys.stdout.write(chart.proto.spec)
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def curve_figure_json() -> str:
+    """The curve view's first paint at budget 1024 (the coarse grid and the lines known at once) as
+    the app sends it, from a run of the app's own script in a child process."""
+    out = subprocess.run([sys.executable, "-c", CURVE_SPEC, str(bb.ROOT / "app.py")], env=checkout_env(),
+                         cwd=bb.ROOT, check=True, capture_output=True, text=True, timeout=300)
+    return out.stdout
+
+
 async def main(runs: int, figure: str) -> None:
     from playwright.async_api import async_playwright
 
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "app.py").write_text(APP)
         images = 0
-        if figure != "small":
+        if figure == "curve":
+            (Path(tmp) / "figure.json").write_text(curve_figure_json())
+        elif figure != "small":
             spec, images = kept_figure_json(POLICIES[figure])
             (Path(tmp) / "figure.json").write_text(spec)
         server = bb.Server(dict(os.environ), Path(tmp) / "server.log", root=Path(tmp))  # runs tmp's app.py
@@ -97,7 +124,7 @@ async def main(runs: int, figure: str) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--figure", choices=("small", *POLICIES), default="small",
-                    help="the chart: a three-point line, or kvsim's kept figure with 3 or 6 policies")
+    ap.add_argument("--figure", choices=("small", *POLICIES, "curve"), default="small",
+                    help="the chart: a three-point line, kvsim's kept figure with 3 or 6 policies, or the curve's first paint at 1024")
     args = ap.parse_args()
     asyncio.run(main(args.runs, args.figure))

@@ -532,27 +532,46 @@ def test_a_failed_optimum_solve_is_one_line_not_a_traceback(monkeypatch, tmp_pat
 
 
 def test_a_slow_curve_is_drawn_coarse_first_then_refined_in_the_background(monkeypatch):
+    """Coarse first, then refined around the peak (its peak the peak so far), then every window (its
+    exact best marked), each drawn as it ends; the last stage is held here until the refined one is seen."""
+    import threading
+
+    from kvsim.analysis.windows import choose_window
     from kvsim.app import curve
     from kvsim.sim.simulate import sweep_coarse_to_fine
 
     monkeypatch.setattr(curve, "PROGRESSIVE_COST", 0)  # every budget counts as slow (as 1024 is on the shipped traces)
+    every_window = threading.Event()
+    sweep = kvsim.sweep
+
+    def held(trace, name, budget, param, values, **kw):  # the windows the refinement left, replayed once released
+        if len(values) > 8:
+            every_window.wait(60)
+        return sweep(trace, name, budget, param, values, **kw)
+
+    monkeypatch.setattr(kvsim, "sweep", held)
     at = run({"budget": "96"}, view="Choosing recent_window")
     assert problems(at) == [] and [e.value for e in at.error] == []
 
     def peak_note(fig):
-        (note,) = [a["text"] for a in fig["layout"]["annotations"] if "peak" in a["text"]]
+        (note,) = [a["text"] for a in fig["layout"]["annotations"] if "peak" in a["text"] or a["text"].startswith("best")]
         return note
+
+    def still(text):
+        return any(text in c.value for c in at.caption)
 
     (fig,) = charts(at)
     assert peak_note(fig).startswith("peak so far at ")
     assert len(values(named(fig, "h2o")[0]["x"])) <= 8 and not named(fig, "scissorhands")  # the coarse grid alone
-    assert any("Still replaying in the background" in c.value for c in at.caption)
+    assert still("Still replaying in the background")
+    assert not at.get("download_button")  # the first paint is the chart: the notes and downloads come refined
     for _ in range(480):  # each background replay that ends draws the page again
-        if not any("Still replaying" in c.value for c in at.caption):
+        if not still("Still replaying") or still("in the background: every window of h2o's curve; each"):  # only that left
             break
         time.sleep(0.25)
         at.run()
     assert problems(at) == [] and [e.value for e in at.error] == []
+    assert still("every window of h2o's curve") and still("Refined around the peak")
     (fig,) = charts(at)
     exact = sweep_coarse_to_fine(resolve_trace("canonical"), "h2o", 96, "recent_window", 1, 95, marks=(32, 64),
                                  points=curve.curve_points(96))
@@ -562,6 +581,21 @@ def test_a_slow_curve_is_drawn_coarse_first_then_refined_in_the_background(monke
     # (a sample's peak is not called the best)
     assert peak_note(fig).startswith(f"peak so far at {best['recent_window']}: {best['retained_mass']:.3f}")
     assert named(fig, "scissorhands") and named(fig, "tova") and named(fig, "upper bound")
+    assert len(at.get("download_button")) == 2
+    every_window.set()
+    for _ in range(480):
+        if not still("Still replaying"):
+            break
+        time.sleep(0.25)
+        at.run()
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    (fig,) = charts(at)
+    (h2o,) = [t for t in fig["data"] if t.get("name") == "h2o" and t.get("xaxis") == "x"]  # not h2o_normalized
+    assert values(h2o["x"]) == list(range(1, 96))  # every window: its best is exact
+    choice = choose_window(sweep(resolve_trace("canonical"), "h2o", 96, "recent_window", range(1, 96)), budget=96)
+    assert choice.exact and peak_note(fig).startswith(f"best {'and recommended ' if choice.recommended == choice.best else ''}"
+                                                      f"{choice.best}: {choice.best_mass:.3f}")
+    assert "has every window 1 .. 95" in " ".join(m.value for m in at.markdown)
 
 
 def test_the_curve_shows_the_truth_beside_the_proxy_and_its_sentence_holds_the_figures():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.app.services import Background, BoundedStore, Shared, Status, SweepStore
+from kvsim.app.services import Background, BoundedStore, Shared, Status, SweepStore, starting_after
 
 
 def test_the_app_package_and_its_services_import_without_streamlit():
@@ -123,6 +124,42 @@ def test_a_coarse_curve_is_drawn_first_and_refined_in_the_background():
     assert later.exact and [r["recent_window"] for r in later.rows] == [1, 8, 9, 10, 17]
 
 
+def test_once_refined_the_next_ask_fills_in_every_value_behind_the_jobs_asked_for_meanwhile():
+    pool = Background(workers=1)
+    store = SweepStore(bound=4, background=pool)
+    order: list[str] = []
+
+    def add(values):
+        order.append(f"add {len(values)}")
+        return rows(*values)
+
+    def wait_idle():
+        deadline = time.monotonic() + 5
+        while store.busy("k") and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    release = threading.Event()
+
+    def full():
+        release.wait(5)
+        return rows(1, 8, 9, 10, 17)
+
+    ask = dict(full=full, coarse=lambda: rows(1, 17), add=add, every=range(1, 18))
+    first = store.curve("k", **ask)
+    assert not first.exact and not first.complete
+    pool.submit(lambda: order.append("another job"))  # asked for while the refinement runs
+    release.set()
+    wait_idle()
+    refined = store.curve("k", **ask)  # refined: this ask starts the fill, behind that job
+    assert refined.exact and not refined.complete and [r["recent_window"] for r in refined.rows] == [1, 8, 9, 10, 17]
+    pool.submit(lambda: None).result(5)
+    wait_idle()
+    done = store.curve("k", **ask)
+    assert done.complete and [r["recent_window"] for r in done.rows] == list(range(1, 18))
+    assert order == ["another job", "add 12"]  # the 12 windows missing, once, after the job asked for first
+    assert store.curve("k", full=ask["full"], coarse=ask["coarse"], add=add).complete  # nothing more asked: complete
+
+
 def test_a_failed_refinement_is_tried_again_on_the_next_ask():
     store = SweepStore(bound=2)
     attempts = []
@@ -140,6 +177,60 @@ def test_a_failed_refinement_is_tried_again_on_the_next_ask():
         store.curve("k", full, coarse=lambda: rows(1, 3))
         time.sleep(0.01)
     assert store.exact("k") and len(attempts) == 2
+
+
+def test_background_work_asked_for_in_a_run_starts_once_the_run_ends():
+    """A page's run draws what it has before its background work takes the cores: a job asked for
+    inside ``starting_after()`` waits for the block's end, one asked for outside it does not (a held
+    job keeps its worker meanwhile: three here, so the third job has one)."""
+    pool = Background(workers=3)
+    started: list[str] = []
+    with starting_after():
+        held = pool.submit(lambda: started.append("held"))
+        polled = pool.poll("k", lambda progress: started.append("polled"))
+        free = threading.Thread(target=lambda: pool.submit(lambda: started.append("free")).result(5))
+        free.start()  # another thread (another session's run, not in this block): not held
+        free.join(5)
+        time.sleep(0.2)
+        assert started == ["free"] and not held.done() and not polled.done
+    held.result(5)
+    deadline = time.monotonic() + 5
+    while not pool.poll("k", lambda progress: None).done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(started) == ["free", "held", "polled"]
+
+
+def test_a_runs_background_work_waits_a_moment_after_the_run_once_for_all_its_jobs(monkeypatch):
+    """After the block, its jobs wait ``SETTLE_S`` more (the page is sent and drawn meanwhile), measured
+    from the block's end: the second job in the queue does not wait it again."""
+    from kvsim.app import services
+
+    monkeypatch.setattr(services, "SETTLE_S", 0.3)
+    pool = Background(workers=1)
+    with starting_after():
+        jobs = [pool.submit(time.monotonic) for _ in range(2)]
+    ended = time.monotonic()
+    first, second = (j.result(5) for j in jobs)
+    assert first - ended >= 0.29 and second - first < 0.25
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")
+def test_background_threads_and_the_threads_they_start_run_below_the_pages():
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    mine = nice()
+
+    def job() -> tuple[int, int]:
+        inner = []
+        t = threading.Thread(target=lambda: inner.append(nice()))  # as the engine's sweep threads are started
+        t.start()
+        t.join()
+        return nice(), inner[0]
+
+    assert Background(nice=5).submit(job).result(5) == (min(19, mine + 5),) * 2
+    assert Background().submit(job).result(5) == (mine, mine)
+    assert nice() == mine  # the caller's own priority is untouched
 
 
 def test_the_solver_pool_solves_once_reports_progress_and_says_a_failure_once():

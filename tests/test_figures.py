@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 
 import numpy as np
 import plotly.graph_objects as go
@@ -438,6 +439,35 @@ def test_curve_draws_companions_and_offline_references_apart():
     # the notes are about h2o
     text = " ".join(a.text for a in fig.layout.annotations)
     assert "peak at 3: 0.900" in text and "at 2, h2o keeps less than streaming_llm (0.600 vs 0.700)" in text
+
+
+def test_the_curve_figure_is_valid_plotly():
+    """The curve is put together from plain dicts and not validated as it is built: Plotly's own
+    validation of the result must change nothing (a misspelt property would raise here), with every
+    kind of series, mark and note drawn (companions, lines that coincide, the exact best and the
+    recommended window apart, a tour step's height)."""
+    import plotly.io as pio
+
+    rows, scissors, lines = fake_family()
+    every = fake_rows([(1, 0.5), (2, 0.9), (3, 0.905), (4, 0.91)])
+    coincide = [*lines, figures.Line("tova", 0.97, 1.0, policy="tova")]
+    for fig in (figures.recent_window_curve(rows, coincide, current=4, default=2, band=3, companions={"scissorhands": scissors}),
+                figures.recent_window_curve(every, lines, current=1, default=2, band=3, budget=5, plot_height=470),
+                figures.recent_window_curve(rows, (), current=None, default=2, band=3, band_known=False)):
+        assert json.loads(pio.to_json(go.Figure(fig.to_dict()), validate=True)) == json.loads(pio.to_json(fig, validate=False))
+
+
+def test_the_recommended_note_reads_away_from_the_nearer_edge():
+    """Plotly widens an axis to fit a note: the recommended window's, near the left edge and reading
+    leftwards, stretched the curve at budget 1024 to recent_window -600."""
+    def note(masses):
+        rows = fake_rows(list(zip(range(1, 10), masses, strict=True)))
+        fig = figures.recent_window_curve(rows, current=1, default=2, band=5, budget=10)
+        (a,) = [a for a in fig.layout.annotations if a.text.startswith("recommended")]
+        return a.x, a.xanchor, a.ax
+
+    assert note([0.5, 0.7, 0.949, 0.9, 0.9, 0.9, 0.9, 0.95, 0.9]) == (3, "left", 30)  # near the left edge: rightwards
+    assert note([0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.949, 0.9, 0.95]) == (7, "right", -30)
 
 
 def test_sweep_table_puts_the_curves_side_by_side():

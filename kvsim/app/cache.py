@@ -119,12 +119,16 @@ def cached_upper_bound(trace: kvsim.Trace, budget: int) -> dict:
 # --------------------------------------------------------------------------------------------
 # the shared services, one per server
 
+#: how much lower the background work is scheduled than the pages' runs (the compile child's ``nice -n 10``)
+BACKGROUND_NICE = 10
+
 
 @st.cache_resource
 def background() -> services.Background:
     """Replays too slow to wait for on a redraw (a curve's refinement, a reference line at a large
-    budget), one at a time: each already keeps every core busy."""
-    return services.Background(workers=1, bound=128, name="kvsim-background")
+    budget), one at a time: each already keeps every core busy. Below the pages' priority
+    (``BACKGROUND_NICE``)."""
+    return services.Background(workers=1, bound=128, name="kvsim-background", nice=BACKGROUND_NICE)
 
 
 @st.cache_resource
@@ -138,7 +142,7 @@ def sweeps() -> services.SweepStore:
 def solves() -> services.Background:
     """Background solves of the exact optimum, by (trace, budget): one at a time (a solve holds a
     large table), shared by all sessions, so a slow solve never blocks a page."""
-    return services.Background(workers=1, name="kvsim-optimal")
+    return services.Background(workers=1, name="kvsim-optimal", nice=BACKGROUND_NICE)
 
 
 @st.cache_resource

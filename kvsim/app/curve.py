@@ -76,7 +76,8 @@ def sweep_curve(trace: kvsim.Trace, spec: PolicySpec, marks: tuple[int, ...], pe
     (``every_window``), replays every window; otherwise an even grid refined around the peak, plus
     the marks (the default, the band, the current setting). Where that is slow (``progressive``) the
     primary curve is first a coarse grid and a companion is left out; the refined sweep runs in the
-    background and is said in ``pending``."""
+    background, then (the primary curve) every window, so that its exact best is marked once known;
+    what is still running is said in ``pending``."""
     name, budget = spec.name, spec.budget
     fixed = {k: v for k, v in spec.kwargs.items() if k != "recent_window"}
     span = f"{name} over recent_window 1 .. {budget - 1}"
@@ -111,9 +112,11 @@ def sweep_curve(trace: kvsim.Trace, spec: PolicySpec, marks: tuple[int, ...], pe
     if not progressive(trace, budget):
         return store.curve(key, drawn, marks=within, add=add, waiting=waiting)
     curve = store.curve(key, exact, marks=within, add=add if primary or store.exact(key) else None, coarse=coarse,
-                        waiting=waiting)
+                        every=range(1, budget) if primary else (), waiting=waiting)
     if not curve.exact:
         pending.add(f"{story.possessive(name)} curve", lambda: store.busy(key))
+    elif not curve.complete:
+        pending.add(f"every window of {story.possessive(name)} curve", lambda: store.busy(key))
     return curve
 
 
@@ -244,7 +247,8 @@ def curve_view(trace: kvsim.Trace, settings: Settings) -> None:
             help="every policy with a recent_window is drawn; this one carries the markers and the notes",
         )
         explain = st.empty()  # filled once the sweeps say what this trace does
-        explain.markdown(story.window_text(policy, features.band, info["recent_share"], features.band_known))
+        if not progressive(trace, budget):  # said while the sweep's progress bar runs (a coarse grid is quick)
+            explain.markdown(story.window_text(policy, features.band, info["recent_share"], features.band_known))
         if budget >= 2:
             st.session_state["rw_curve"] = min(max(1, rw), budget - 1)
             st.number_input("recent_window", min_value=1, max_value=budget - 1, step=1, key="rw_curve",
@@ -257,9 +261,9 @@ def curve_view(trace: kvsim.Trace, settings: Settings) -> None:
     if policy not in curves:
         return
     if not curves[policy].rows:  # chosen while its sweep waits behind the others' in the background
-        _waiting(pending, exact=False)
+        _waiting(pending, exact=False, complete=False)
         return
-    exact = curves[policy].exact
+    exact, complete = curves[policy].exact, curves[policy].complete
     rows = {n: c.rows for n, c in curves.items() if c.rows}
     lines = reference_lines(trace, settings, pending)
     if not 1 <= rw <= budget - 1:
@@ -267,13 +271,15 @@ def curve_view(trace: kvsim.Trace, settings: Settings) -> None:
     explain.markdown(
         story.window_text(policy, features.band, info["recent_share"], features.band_known)
         + "\n\n" + story.curve_verdict(rows[policy], features.band, features.band_known, budget=budget)
-        + "\n\n" + _points_text(trace, budget, policy)
+        + "\n\n" + _points_text(budget, policy, every_window(trace, budget, True) or complete)
     )
     fig = curve_figure(rows, policy, tuple(lines), rw, features, budget)
     with chart:
         if pending.names:
-            _waiting(pending, exact)
+            _waiting(pending, exact, complete)
         st.plotly_chart(fig, key="curve", on_select=pick_from_curve, selection_mode=("points", "box"))
+        if not exact:  # the notes, the truth and the downloads come with the refined curve: the first paint is the chart
+            return
         st.markdown(story.lines_story(policy, rows, lines, budget))
         truth_panel(trace, policy, budget, rows[policy], exact)
         c1, c2 = st.columns(2)
@@ -284,11 +290,12 @@ def curve_view(trace: kvsim.Trace, settings: Settings) -> None:
             html_button("this figure (HTML)", fig, f"{stem(trace)}-budget{budget}-curve.html", "html_curve")
 
 
-def _points_text(trace: kvsim.Trace, budget: int, policy: str) -> str:
-    """What the curves' points are: every window (the primary curve, where quick), or a sample."""
+def _points_text(budget: int, policy: str, every: bool) -> str:
+    """What the curves' points are: every window (``every``: the primary curve, where quick or once
+    replayed in the background), or a sample."""
     sample = (f"about {curve_points(budget)} windows evenly spaced, every window next to the peak, and the marked ones "
               f"(with fewer than {curve_points(budget)} windows in all, every one)")
-    if every_window(trace, budget, True):
+    if every:
         what = (f"{policy}'s curve has every window 1 .. {budget - 1}, so its best and recommended windows are exact; "
                 f"the other curves are a sample: {sample}")
     else:
@@ -314,10 +321,16 @@ def _curves(trace: kvsim.Trace, budget: int, policy: str, policies: list[str], r
     return curves
 
 
-def _waiting(pending: Pending, exact: bool) -> None:
+def _waiting(pending: Pending, exact: bool, complete: bool) -> None:
     """Say what is still replayed in the background, and draw the page again each time one ends."""
-    first = ("A coarse grid first: every window next to the peak is being replayed in the background, so the peak "
-             "marked is the **peak so far**; the refined one replaces it when known. " if not exact else "")
+    if not exact:
+        first = ("A coarse grid first: every window next to the peak is being replayed in the background, so the peak "
+                 "marked is the **peak so far**; the refined one replaces it when known, with the notes and downloads. ")
+    elif not complete:
+        first = ("Refined around the peak: the peak marked is the **peak so far**, of the windows sampled; every window "
+                 "is being replayed in the background, and the exact best and recommended windows replace it when known. ")
+    else:
+        first = ""
     st.caption(f"{first}Still replaying in the background: {', '.join(pending.names)}; each appears once known.")
 
     drawn = [False]  # the fragment's first call is this run's own: the page was just drawn, so it waits a tick

@@ -21,7 +21,7 @@ import streamlit as st
 
 from kvsim import jit
 
-from . import cache, state
+from . import cache, services, state
 from .claims import claims_view
 from .controls import Settings, controls, tour_box
 from .curve import curve_view
@@ -66,8 +66,8 @@ def run() -> None:
     needs = [*settings.chosen, "pooling", st.session_state.get("curve_policy", "h2o")]
     compile_later = warm_up(needs)
     tabs = st.tabs(list(state.TABS), key="view", bind="query-params")
-    try:
-        with jit.compiled_only():
+    try:  # the background work the view asks for starts once its page is drawn
+        with jit.compiled_only(), services.starting_after():
             for tab, view in zip(tabs, views, strict=True):
                 with tab:
                     if tab.open:

@@ -1,6 +1,14 @@
-"""What the figures share: the colours of the kinds of position, and a replay's label."""
+"""What the figures share: the colours of the kinds of position, a replay's label, and the subplots'
+frame."""
 
 from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Sequence
+
+import plotly.io as pio
+from plotly.subplots import make_subplots
 
 from ...sim.harness import ReplayResult
 
@@ -20,3 +28,20 @@ def policy_label(result: ReplayResult) -> str:
     inner = ", ".join(f"{k}={v}" for k, v in params.items())
     return f"{result.policy} ({inner})" if inner else result.policy
 
+
+
+def subplots(titles: Sequence[str], **grid) -> dict:
+    """``make_subplots(subplot_titles=titles, **grid)`` as a figure's dict, a fresh copy to draw on.
+    ``make_subplots`` validates every property it sets (30-50 ms a figure, a fifth of the curve's
+    time and of a new kept figure's), so the frame is made once per grid, number of titles and
+    default template (Streamlit sets its own on import), and the titles, which alone vary, are
+    written into it."""
+    frame = copy.deepcopy(_subplots(len(titles), tuple(sorted(grid.items())), str(pio.templates.default)))
+    for note, title in zip(frame["layout"]["annotations"], titles, strict=True):
+        note["text"] = title
+    return frame
+
+
+@functools.cache
+def _subplots(titles: int, grid: tuple, template: str) -> dict:
+    return make_subplots(subplot_titles=[f"title {i}" for i in range(titles)], **dict(grid)).to_dict()

@@ -13,12 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from ...analysis.features import HeavyFate, TraceFeatures, heavy_fates
 from ...sim.harness import ReplayResult
 from ..selection import Region
-from .common import BAND_COLOUR, HEAVY_COLOUR, RECENT_COLOUR, policy_label
+from .common import BAND_COLOUR, HEAVY_COLOUR, RECENT_COLOUR, policy_label, subplots
 from .pooling import BOTH, MIXED, ONLY_A, ONLY_B, panel_layers
 
 
@@ -152,12 +151,10 @@ def _titles(results: Sequence[ReplayResult], compare: bool) -> list[str]:
 def _frame(titles: list[str], rows: int, cols: int, height: int, at: _Geometry) -> tuple[dict, list[tuple[str, str]]]:
     """The subplots, their axes and the layout, as a figure's dict, and each panel's axes."""
     region = at.region
-    fig = make_subplots(
-        rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.035,
-        vertical_spacing=min(0.3, 130 / (height + 120)) if rows > 1 else 0.0,
-    )
-    refs = [_refs(fig, r, c) for r in range(1, rows + 1) for c in range(1, cols + 1)]
-    frame = fig.to_dict()  # the axes and the layout set as plain dicts: through Plotly's objects, most of the time
+    # the axes and the layout set as plain dicts: through Plotly's objects, most of the time
+    frame = subplots(titles, rows=rows, cols=cols, horizontal_spacing=0.035,
+                     vertical_spacing=min(0.3, 130 / (height + 120)) if rows > 1 else 0.0)
+    refs = [_refs(k) for k in range(1, rows * cols + 1)]
     layout = frame["layout"]
     ticks = _ticks(region.p0, region.p1)  # on the positions only: the strips beside them have their own labels
     for j, (xref, yref) in enumerate(refs):
@@ -313,9 +310,10 @@ def _strip_labels(d: _Drawing, f: TraceFeatures, at: _Geometry) -> None:
     d.note(x=at.a0 + at.age_w / 2, y=y, text=f"newest {at.ages} →", **note)
 
 
-def _refs(fig, row, col) -> tuple[str, str]:
-    sub = fig.get_subplot(row, col)
-    return sub.xaxis.plotly_name.replace("axis", ""), sub.yaxis.plotly_name.replace("axis", "")
+def _refs(k: int) -> tuple[str, str]:
+    """The axes of the ``k``-th subplot (from 1, row by row), as ``make_subplots`` numbers them."""
+    n = "" if k == 1 else k
+    return f"x{n}", f"y{n}"
 
 
 #: a heavy hitter's mark (a 9 px triangle) takes about this share of a panel's width of positions:
