@@ -210,3 +210,21 @@ def test_a_step_beyond_the_recording_is_refused():
     trace = qk.from_qk(q, k, v, scale=0.5, name="toy")
     with pytest.raises(TraceError, match="toy: step 200 is beyond the recording \\(199 steps\\)"):
         trace.derived.row(200, np.array([0, 1]))
+
+
+def test_tune_past_the_dense_limit_falls_back_to_mass_and_refuses_the_truth_in_one_line(tmp_path, capsys, monkeypatch):
+    """A query/key bundle longer than the dense rows: the value proxies (they read whole rows) give way
+    to retained mass, labelled, and the truth (a session holds every layer's rows, dense) is refused in
+    one line instead of being tried."""
+    from kvsim.analysis import tune as tune_mod
+
+    folder = _write_bundle(tmp_path / "toyqk")
+    monkeypatch.setattr(qk, "DENSE_LIMIT", 100)
+    monkeypatch.setattr(cli.commands, "DENSE_LIMIT", 100)
+    doc = tune(load_bundle(folder), "h2o", budget=40, by=tune_mod.BEST_PROXY).to_dict()
+    assert doc["by_detail"]["fell_back_to"] == "retained_mass" and "no dense matrix" in doc["by_detail"]["note"]
+    assert doc["model_window"] == doc["model"]["one_window"]["recommended_window"]
+    assert cli.main(["tune", "--trace", str(folder), "--budget", "40", "--serial", "--quiet", "--by", "kl",
+                     "--model", "gemma3-270m", "--text", str(tmp_path / "t.txt")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "the truth of 199 steps is out of reach here" in err and "at most 100 steps" in err

@@ -260,6 +260,9 @@ def _tune_truth(args: argparse.Namespace, source, say, key: str) -> _Truth:
         model, text, steps = truth.recording_source(meta, folder, text=args.text, model=args.model)
     except (quality.QualityError, RecordError) as e:
         raise InputError(f"{args.trace}: {e}") from None
+    if steps > DENSE_LIMIT:  # a session keeps every layer's full-cache rows: 77 GB for Gemma at 32k
+        raise InputError(f"{args.trace}: the truth of {steps} steps is out of reach here: a truth session holds every "
+                         f"layer's full-cache rows, dense, so at most {DENSE_LIMIT} steps")
     return _Truth(args, meta, model, text, steps, key, say)
 
 
