@@ -31,7 +31,7 @@ import numpy as np
 
 from ..data.bundle import Bundle
 from ..data.qk import is_qk_path, load_qk
-from ..data.trace import Trace, TraceError, load_npz
+from ..data.trace import Trace, load_npz
 from ..policies import POLICIES, policy_params
 from ..progress import Progress
 from ..sim import proxies as px
@@ -350,21 +350,12 @@ def _by_curve(result: TuneResult, units: list[_Unit], by: str, truth, params: di
     traces = [_load(u.payload, u.name) for u, k in zip(units, keep, strict=True) if k]
     note = next((n for n in (px.fallback_note(t, base) for t in traces) if n), None)
     if note is not None:
-        return _mass_instead(result, by, mass_pick, note)
-    try:
-        rows = [px.sweep(t, result.policy, result.budget, PARAM, windows, **params) for t in traces]
-    except TraceError as e:  # a query/key trace longer than its dense rows: the value proxies read whole rows
-        return _mass_instead(result, by, mass_pick, str(e))
+        out = _best("retained_mass", result.windows, result.mass_matrix().mean(axis=0).tolist(), +1, note)
+        out.update(by=by, fell_back_to="retained_mass", model_window=mass_pick)
+        return out
+    rows = [px.sweep(t, result.policy, result.budget, PARAM, windows, **params) for t in traces]
     curve = [float(np.mean([r[i][base] for r in rows])) for i in range(len(windows))]
     return _best(by, windows, curve, px.PROXIES[base].sign, None)
-
-
-def _mass_instead(result: TuneResult, by: str, mass_pick: int, note: str) -> dict:
-    """``by`` could not be computed (``note`` says why, in one line): retained mass's curve and its
-    recommended window instead, labelled."""
-    out = _best("retained_mass", result.windows, result.mass_matrix().mean(axis=0).tolist(), +1, note)
-    out.update(by=by, fell_back_to="retained_mass", model_window=mass_pick)
-    return out
 
 
 def _deeper_half(traces: Sequence[TraceTuning]) -> list[bool]:

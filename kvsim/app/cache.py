@@ -43,7 +43,7 @@ def load_named_trace(spec: str) -> kvsim.Trace:
     rows: ``qk.DENSE_LIMIT`` steps), the first ``DENSE_LIMIT`` steps (``meta["recorded_steps"]`` says
     how many the recording has; the CLI replays, sweeps and tunes all of them)."""
     trace = resolve_trace(spec)
-    if trace.derived.on_demand and trace.steps > qk.DENSE_LIMIT:
+    if not trace.derived.dense_at_hand:
         return trace.prefix(qk.DENSE_LIMIT)
     return trace
 

@@ -31,17 +31,16 @@ VALUE_PROXY = "attention-output error"
 def _output_error_pick(trace: kvsim.Trace, policy: str, budget: int, windows: tuple[int, ...],
                        values_key: str | None) -> int | None:
     """The window of ``windows`` with the least attention-output error on this trace (one replay per
-    window, kept sets recorded), or None when the trace carries no values or its rows are not at hand.
-    ``values_key`` (``_values_key``) keys the cache by the values too: a trace's fingerprint is of its
-    attention only."""
-    from kvsim.data.trace import TraceError
+    window, kept sets recorded), or None when it cannot be computed on the trace (``fallback_note``: no
+    values, or no whole rows) or a window is refused. ``values_key`` (``_values_key``) keys the cache by
+    the values too: a trace's fingerprint is of its attention only."""
     from kvsim.sim import proxies as px
 
-    if getattr(trace, "values", None) is None:
+    if px.fallback_note(trace, "output_error") is not None:
         return None
     try:
         rows = px.sweep(trace, policy, budget, "recent_window", list(windows))
-    except (TraceError, ValueError):
+    except ValueError:
         return None
     return int(windows[min(range(len(rows)), key=lambda i: rows[i]["output_error"])])
 

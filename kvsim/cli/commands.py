@@ -20,7 +20,7 @@ from ..analysis.windows import choose_window
 from ..data.bundle import is_bundle
 from ..data.catalog import available_traces, resolve_trace
 from ..data.qk import DENSE_LIMIT
-from ..data.trace import Trace, TraceError, save_npz
+from ..data.trace import Trace, save_npz
 from ..policies import DEFAULT_BUDGET, POLICIES, make_policy, policy_params
 from ..sim import proxies as px
 from ..sim.simulate import replay, sweep
@@ -60,16 +60,7 @@ def cmd_replay(args: argparse.Namespace) -> object:
         report.prepare([args.policy], progress)
         result = replay(trace, args.policy, budget=budget, top_k=args.top_k, progress=progress, record_kept=args.proxies,
                         **params)
-    return {"trace": trace.name, **(_proxy_summary(trace, result) if args.proxies else result.summary())}
-
-
-def _proxy_summary(trace: Trace, result) -> dict:
-    """``result.summary()`` with the value-aware proxies (``kvsim.sim.proxies.summary``), or the one line
-    saying why they cannot be computed here."""
-    try:
-        return px.summary(trace, result)
-    except TraceError as e:  # a query/key trace longer than its dense rows
-        return {**result.summary(), **{name: None for name in px.VALUE_PROXIES}, "proxy_fallback": str(e)}
+    return {"trace": trace.name, **(px.summary(trace, result) if args.proxies else result.summary())}
 
 
 def cmd_sweep(args: argparse.Namespace) -> object:
@@ -121,7 +112,7 @@ def cmd_export(args: argparse.Namespace) -> object:
     if out.suffix != ".npz":
         raise CLIError(f"--out: {args.out} must end in .npz")
     trace = load(args.trace)
-    if trace.derived.on_demand and trace.steps > DENSE_LIMIT:
+    if not trace.derived.dense_at_hand:
         raise InputError(f"--trace {args.trace}: a query/key trace of {trace.steps} steps; export writes the dense "
                          f"interchange format only up to {DENSE_LIMIT} steps ({DENSE_LIMIT + 1}^2 weights)")
     try:
@@ -143,7 +134,7 @@ def cmd_table(args: argparse.Namespace) -> object:
             for row in doc["rows"]:
                 if row["retained_mass"] is not None and row["policy"] in POLICIES:
                     result = replay(trace, row["policy"], budget=budget, top_k=args.top_k, record_kept=True, **row["params"])
-                    extra = _proxy_summary(trace, result)
+                    extra = px.summary(trace, result)
                     row.update({k: extra[k] for k in (*px.VALUE_PROXIES, "proxy_fallback") if k in extra})
         return doc
 

@@ -36,6 +36,9 @@ class TraceStore:
 
     #: whether rows are computed on demand (a query/key trace) rather than read from a matrix
     on_demand = False
+    #: whether the dense matrix can be had here (what whole-row readers need: the offline references,
+    #: the features, the value proxies, export); a query/key trace's only up to ``qk.DENSE_LIMIT`` steps
+    dense_at_hand = True
 
     @property
     def steps(self) -> int:

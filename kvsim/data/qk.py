@@ -127,6 +127,10 @@ class QKStore(TraceStore):
                 self._fingerprint = self.data.digest()
             return self._fingerprint
 
+    @property
+    def dense_at_hand(self) -> bool:
+        return self.steps <= DENSE_LIMIT
+
     def normalisers(self, progress=None) -> tuple[np.ndarray, np.ndarray]:
         """``(lse, denom)``: float64 ``(G, N)`` and ``(N,)``, every row's, from disk when kept there."""
         with self._lock:
@@ -224,7 +228,7 @@ class QKStore(TraceStore):
         ``DENSE_LIMIT`` steps)."""
         with self._lock:
             if self._dense is None:
-                if self.steps > DENSE_LIMIT:
+                if not self.dense_at_hand:
                     raise TraceError(f"{self.name}: a query/key trace of {self.steps} steps has no dense matrix here "
                                      f"(at most {DENSE_LIMIT} steps; its rows are computed on demand)")
                 N = self.data.positions

@@ -49,11 +49,11 @@ class Scorer:
 
         self.model, self.hidden_full, self.targets = model, hidden_full, targets
         self.n = hidden_full.shape[0]
-        self.capped = getattr(model.config, "final_logit_softcapping", None) is not None
+        capped = getattr(model.config, "final_logit_softcapping", None) is not None
         self._lp_full = {}  # chunk start -> full-cache log-probabilities (soft-capped models only)
         if summary is None:
             summary = {"nll": np.empty(self.n - 2), "lse": np.empty(self.n - 2),
-                       "expect": None if self.capped else np.empty((self.n - 2, hidden_full.shape[1]), dtype=np.float32)}
+                       "expect": None if capped else np.empty((self.n - 2, hidden_full.shape[1]), dtype=np.float32)}
             weight = self.model.get_output_embeddings().weight
             with torch.no_grad():
                 for a in range(0, self.n - 2, CHUNK):

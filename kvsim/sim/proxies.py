@@ -62,11 +62,17 @@ def check_proxy(name: str) -> Proxy:
 
 
 def fallback_note(trace: Trace, proxy: str) -> str | None:
-    """One line when ``proxy`` needs values that ``trace`` does not carry (the figure is then retained
-    mass, labelled so); None when the proxy can be computed."""
-    if check_proxy(proxy).needs_values and getattr(trace, "values", None) is None:
+    """One line when ``proxy`` cannot be computed on ``trace`` (the figure is then retained mass,
+    labelled so): it needs values the trace does not carry, or whole rows a long query/key trace does
+    not form here; None when it can be."""
+    if not check_proxy(proxy).needs_values:
+        return None
+    if getattr(trace, "values", None) is None:
         return (f"{trace.name}: the trace carries no values, so {PROXIES[proxy].label} falls back to retained mass "
                 f"(record it again with kvsim record to store them)")
+    if not trace.derived.dense_at_hand:
+        return (f"{trace.name}: a query/key trace of {trace.steps} steps has no dense matrix here, so "
+                f"{PROXIES[proxy].label} (it reads whole rows) falls back to retained mass")
     return None
 
 
@@ -116,17 +122,17 @@ def step_proxies(attention: np.ndarray, values: np.ndarray, kept_history: np.nda
 
 def summary(trace: Trace, result: ReplayResult) -> dict:
     """``result.summary()`` with the mean of each value proxy beside the mass (``result`` replayed
-    with ``record_kept``); without values, each value proxy is the retained mass, and
-    ``proxy_fallback`` says so."""
+    with ``record_kept``); where they cannot be computed (``fallback_note``), each is None (``score``
+    then ranks by retained mass) and ``proxy_fallback`` says why."""
     out = result.summary()
-    values = getattr(trace, "values", None)
-    if values is None:
+    note = fallback_note(trace, VALUE_PROXIES[0])
+    if note is not None:
         out.update({name: None for name in VALUE_PROXIES})
-        out["proxy_fallback"] = fallback_note(trace, VALUE_PROXIES[0])
+        out["proxy_fallback"] = note
         return out
     if result.kept_history is None:
         raise ValueError("proxies need a replay run with record_kept=True")
-    series = step_proxies(trace.attention, values, result.kept_history)
+    series = step_proxies(trace.attention, trace.values, result.kept_history)
     out.update({name: float(s.mean()) for name, s in series.items()})
     return out
 

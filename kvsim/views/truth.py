@@ -12,7 +12,6 @@ shipped truth without torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import plotly.graph_objects as go
@@ -54,13 +53,6 @@ def recording(meta: dict) -> tuple[str, str] | None:
     return (str(model), str(sha)) if model and sha else None
 
 
-def truth_documents() -> list[tuple[Path, dict]]:
-    """Every readable truth document, the shipped ones first (``kvsim.models.truth.documents``)."""
-    from ..models.truth import documents
-
-    return documents()
-
-
 def truth_for(meta: dict, policy: str, budget: int) -> Truth | None:
     """The truth for the recording ``meta`` names, ``policy`` at ``budget`` over recent_window (the
     document with the most windows measured; at least 3), or None."""
@@ -68,7 +60,9 @@ def truth_for(meta: dict, policy: str, budget: int) -> Truth | None:
     if who is None:
         return None
     found = []
-    for path, doc in truth_documents():
+    from ..models.truth import documents  # here, not at the top: the app's page does not load it until asked
+
+    for path, doc in documents():
         m = doc.get("meta") or {}
         if (str(m.get("model")), str(m.get("text_sha256"))) != who:
             continue
@@ -133,4 +127,4 @@ def truth_figure(truth: Truth, proxy_window: int, proxy: str = "retained mass", 
     return fig
 
 
-__all__ = ["AGREE", "Truth", "recording", "sentence", "truth_documents", "truth_figure", "truth_for", "verdict"]
+__all__ = ["AGREE", "Truth", "recording", "sentence", "truth_figure", "truth_for", "verdict"]
