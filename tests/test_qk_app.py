@@ -1,6 +1,7 @@
-"""The app on a bundle of query/key traces (Streamlit's AppTest): a layer of it opens in every view, and one
-longer than the app draws (its views read whole rows) opens as its first ``qk.DENSE_LIMIT`` steps with a
-line saying so. The limit is lowered for the test so a 300-step bundle stands for a 32k one."""
+"""The app on a bundle of query/key traces (Streamlit's AppTest): a layer of it opens in every view, one
+longer than its dense matrix (``qk.DENSE_LIMIT`` steps) opens whole, drawn from one pass over its rows, and
+a recording in the cache directory is offered. The limit is lowered for the test so a 199-step bundle
+stands for a 32k one."""
 
 from __future__ import annotations
 
@@ -26,12 +27,47 @@ def shipped_qk(tmp_path, monkeypatch):
     st.cache_resource.clear()
 
 
-@pytest.mark.parametrize("view", ["Kept positions", "Choosing recent_window", "The trace"])
-def test_a_query_key_trace_longer_than_the_app_draws_opens_as_its_first_steps(shipped_qk, monkeypatch, view):
+@pytest.mark.parametrize("view", ["Kept positions", "Cumulative scores", "Choosing recent_window", "The trace"])
+def test_a_query_key_trace_longer_than_its_dense_matrix_opens_whole_in_every_view(shipped_qk, monkeypatch, view):
     monkeypatch.setattr(qk, "DENSE_LIMIT", 150)
     at = AppTest.from_file(APP, default_timeout=180)
     at.query_params.update({"trace": "toyqk:L01", "view": view, "budget": "64"})
     at.run()
     assert [e.value for e in at.exception] == [] and [e.value for e in at.error] == []
     captions = " ".join(c.value for c in at.sidebar.caption)
-    assert "showing the first 150 of the recording's 199 steps" in captions
+    assert "199 steps, stored as queries and keys" in captions and "greedy_future and optimal need the whole matrix" in captions
+    assert at.sidebar.slider[0].max == 199  # every step, not a prefix
+    if view == "The trace":
+        table = at.dataframe[0].value
+        assert table["value"][0] == "199"
+    if view == "Choosing recent_window":  # the references that read the whole matrix are left out, quietly
+        assert not [i.value for i in at.info if "optimum" in i.value]
+
+
+def test_a_policy_that_reads_the_whole_matrix_is_left_out_of_a_long_trace_in_one_line(shipped_qk, monkeypatch):
+    monkeypatch.setattr(qk, "DENSE_LIMIT", 150)
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.query_params.update({"trace": "toyqk:L01", "budget": "64", "policies": "h2o,greedy_future"})
+    at.run()
+    assert [e.value for e in at.exception] == []
+    assert [e.value for e in at.error] == [
+        "greedy_future reads the whole attention matrix, which a trace of 199 steps stored as queries and keys does not "
+        "have here (at most 150 steps); it is left out on this trace."]
+    assert len(at.get("plotly_chart")) == 1  # h2o is drawn
+
+
+def test_a_recording_in_the_cache_directory_is_offered_and_opens(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(cache))
+    monkeypatch.setattr(catalog, "TRACES_DIR", tmp_path / "traces")  # nothing shipped
+    _write_bundle(cache / catalog.RECORDINGS_DIR / "toy-199-qk-0123456789abcdef")
+    st.cache_resource.clear()
+    try:
+        at = AppTest.from_file(APP, default_timeout=180)
+        at.query_params.update({"trace": "toy-199-qk-0123456789abcdef:L00", "budget": "64"})
+        at.run()
+        assert [e.value for e in at.exception] == [] and [e.value for e in at.error] == []
+        assert "toy-199-qk-0123456789abcdef:L01" in at.sidebar.selectbox[0].options
+        assert at.query_params["trace"] == "toy-199-qk-0123456789abcdef:L00" and not at.warning
+    finally:
+        st.cache_resource.clear()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from ..data import store
+from ..data.row_stats import RowStats
 from ..data.trace import Trace
 
 
@@ -84,6 +85,65 @@ SINK_SHARE, SINK_RATIO, MAX_SINKS = 0.02, 10.0, 16
 HEAVY_RATIO, LIVE_SMOOTH = 5.0, 64
 
 
+class _Matrix:
+    """What the detectors read of a dense attention matrix."""
+
+    def __init__(self, attention: np.ndarray) -> None:
+        self.A = np.asarray(attention)
+        self.steps = self.A.shape[0] - 1
+
+    def profile(self, max_age: int) -> np.ndarray:
+        return age_profile(self.A, max_age)
+
+    def late(self) -> np.ndarray:
+        T = self.steps
+        return self.A[T // 2 + 1 :, : T // 2].astype(np.float64).mean(axis=0)
+
+    def column_sums(self) -> np.ndarray:
+        return self.A.sum(axis=0, dtype=np.float64)
+
+    def column(self, p: int) -> np.ndarray:
+        return self.A[:, p]
+
+
+class _Sums:
+    """The same, finished from one pass over the rows (``kvsim.data.row_stats``): a trace too long for
+    its dense matrix. Equal to ``_Matrix``'s up to the order of float64 additions."""
+
+    def __init__(self, stats: RowStats) -> None:
+        self.stats, self.steps = stats, stats.steps
+
+    def profile(self, max_age: int) -> np.ndarray:
+        T = self.steps
+        skip = max_age if T > 2 * max_age else 0
+        out = np.zeros(max_age + 1)
+        for a in range(1, max_age + 1):
+            first = max(a, skip + 1)  # age_profile's rows: a + i for i >= skip - a + 1
+            out[a] = self.stats.diagonal_from(a, first) / (T - first + 1) if first <= T else 0.0
+        return out
+
+    def late(self) -> np.ndarray:
+        return self.stats.late / (self.steps - self.steps // 2)
+
+    def column_sums(self) -> np.ndarray:
+        return self.stats.column.copy()
+
+    def column(self, p: int) -> np.ndarray:
+        return self.stats.column_of(p)
+
+
+def attention_of(trace: Trace, progress=None):
+    """What the detectors read of ``trace``: its matrix, or, past the length where the matrix can be
+    had (a long query/key trace), the sums of one pass over its rows (``progress`` told during it)."""
+    if trace.derived.dense_at_hand:
+        return _Matrix(trace.attention)
+    return _Sums(trace.derived.row_stats(progress))
+
+
+def _read(attention):
+    return attention if isinstance(attention, (_Matrix, _Sums)) else _Matrix(attention)
+
+
 def age_profile(attention: np.ndarray, max_age: int) -> np.ndarray:
     """Mean weight at each age 1 .. ``max_age`` (index = age; index 0 is 0), over the rows where
     every such age exists once the trace is long enough, else over every row that has it."""
@@ -98,16 +158,18 @@ def age_profile(attention: np.ndarray, max_age: int) -> np.ndarray:
     return out
 
 
-def detect_band(attention: np.ndarray, max_width: int = 512) -> tuple[int, float] | None:
+def detect_band(attention, max_width: int = 512) -> tuple[int, float] | None:
     """``(width, drop)`` of the trace's recency band: the width ``w`` where the mean weight by age
     falls off a cliff, the last SHOULDER ages up to ``w`` holding ``drop`` >= CLIFF times what the
     next SHOULDER hold, per age. None when attention fades with age without one (a power law, as
-    in real models, falls by a few percent per age, nowhere near a cliff)."""
-    T = np.asarray(attention).shape[0] - 1
+    in real models, falls by a few percent per age, nowhere near a cliff). ``attention``: a matrix,
+    or what ``attention_of`` gives."""
+    source = _read(attention)
+    T = source.steps
     max_width = min(max_width, T // 4)
     if max_width < 2 * SHOULDER:
         return None
-    prof = age_profile(attention, max_width + SHOULDER)
+    prof = source.profile(max_width + SHOULDER)
     best, width = 0.0, 0
     for w in range(SHOULDER, max_width + 1):
         inside = prof[w - SHOULDER + 1 : w + 1].mean()
@@ -118,14 +180,13 @@ def detect_band(attention: np.ndarray, max_width: int = 512) -> tuple[int, float
     return (width, float(best)) if best >= CLIFF else None
 
 
-def detect_sinks(attention: np.ndarray) -> int:
+def detect_sinks(attention) -> int:
     """How many leading positions (0, 1, ...) each take at least SINK_SHARE of the late rows and
     SINK_RATIO times what the median early position takes: the trace's attention sinks."""
-    A = np.asarray(attention)
-    T = A.shape[0] - 1
-    if T < 8:
+    source = _read(attention)
+    if source.steps < 8:
         return 0
-    late = A[T // 2 + 1 :, : T // 2].astype(np.float64).mean(axis=0)
+    late = source.late()
     floor = max(SINK_SHARE, SINK_RATIO * float(np.median(late)))
     n = 0
     while n < min(MAX_SINKS, late.size) and late[n] >= floor:
@@ -133,14 +194,14 @@ def detect_sinks(attention: np.ndarray) -> int:
     return n
 
 
-def detect_heavy(attention: np.ndarray, sinks: int, band: int, n_heavy: int) -> tuple:
+def detect_heavy(attention, sinks: int, band: int, n_heavy: int) -> tuple:
     """Up to ``n_heavy`` heavy hitters, largest total attention first among the positions past the
     sinks that, outside the band, draw HEAVY_RATIO times a uniform row's weight on average. Each
     comes with its live span: from its birth to the last step its smoothed weight is still that
     high (the end of the trace if it never falls below it for good)."""
-    A = np.asarray(attention)
-    T = A.shape[0] - 1
-    col = A.sum(axis=0, dtype=np.float64)
+    source = _read(attention)
+    T = source.steps
+    col = source.column_sums()
     col[: min(sinks, col.size)] = -np.inf
     col[T:] = -np.inf
     found = []
@@ -150,10 +211,11 @@ def detect_heavy(attention: np.ndarray, sinks: int, band: int, n_heavy: int) -> 
         rows = np.arange(p + band + 1, T + 1)
         if rows.size < 16:
             continue
-        weight = A[rows, p].astype(np.float64)
+        column = source.column(p)
+        weight = column[rows].astype(np.float64)
         if weight.mean() < HEAVY_RATIO * float((1.0 / rows).mean()):
             continue
-        own = A[p + 1 :, p].astype(np.float64)
+        own = column[p + 1 :].astype(np.float64)
         k = min(LIVE_SMOOTH, own.size)
         smooth = np.convolve(own, np.ones(k) / k, mode="valid")  # smooth[i]: steps p+1+i .. p+i+k
         steps_at = np.arange(p + k, p + k + smooth.size)  # the last step of each average
@@ -164,17 +226,19 @@ def detect_heavy(attention: np.ndarray, sinks: int, band: int, n_heavy: int) -> 
 
 
 def trace_features(
-    trace: Trace, *, sinks: int | None = None, band: int | None = None, n_heavy: int = 8, assumed_band: int = 64
+    trace: Trace, *, sinks: int | None = None, band: int | None = None, n_heavy: int = 8, assumed_band: int = 64,
+    progress=None,
 ) -> TraceFeatures:
     """Sinks, band and heavy hitters of ``trace``.
 
     The canonical trace says what it was built from (``meta["config"]``, ``meta["heavy_hitters"]``):
     those are used as they are. Anything the metadata does not say is measured (``detect_sinks``,
     ``detect_band``, ``detect_heavy``), and may be found absent. ``sinks`` and ``band``, if given,
-    override both. Without a band, ``assumed_band`` is the width the controls and marks use.
+    override both. Without a band, ``assumed_band`` is the width the controls and marks use. A trace
+    too long for its dense matrix is read through one pass over its rows (``attention_of``).
     """
     T = trace.steps
-    A = trace.attention
+    A = attention_of(trace, progress)
     meta = trace.meta if isinstance(trace.meta, dict) else {}
     cfg = meta.get("config") if isinstance(meta.get("config"), dict) else {}
     if sinks is not None:

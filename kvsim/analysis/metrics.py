@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..data.row_stats import CORNER, MAX_AGE, TOP, RowStats
 from ..data.trace import RENORMALISED_KEY, Trace
 
 DEFAULT_BAND = 64
@@ -26,12 +27,15 @@ def describe(
     each row's ``top_k`` largest weights) and effective_positions (exp of each row's entropy: how many
     positions a row spreads over; uniform over n positions gives n).
 
-    Vectorised over blocks of ``chunk`` rows, so memory stays at a few ``chunk x T`` float64 blocks.
+    Vectorised over blocks of ``chunk`` rows, so memory stays at a few ``chunk x T`` float64 blocks. A
+    trace too long for its dense matrix is described from one pass over its rows (``described_from_sums``).
     """
     sinks = trace_sinks(trace) if sinks is None else sinks
     for name, value in (("band", band), ("top_k", top_k), ("sinks", sinks)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not trace.derived.dense_at_hand:
+        return described_from_sums(trace.derived.row_stats(), band, top_k, sinks)
     A = trace.attention
     n = A.shape[0]
     T = n - 1
@@ -68,6 +72,29 @@ def describe(
         "top_k": int(top_k),
         "top_k_share": _mean(top[steps > top_k]),
         "effective_positions": _mean(effective[1:]),
+    }
+
+
+def described_from_sums(stats: RowStats, band: int, top_k: int, sinks: int) -> dict:
+    """``describe``'s figures from the sums of one pass over the rows (``kvsim.data.row_stats``), equal
+    to it up to the order of float64 additions. The pass keeps what a band of up to ``MAX_AGE``,
+    ``TOP`` top weights and ``CORNER - 1`` sinks need; more is refused (ValueError, one line)."""
+    for name, value, most in (("band", band, MAX_AGE), ("top_k", top_k, TOP), ("sinks", sinks, CORNER - 1)):
+        if value > most:
+            raise ValueError(f"{name} {value} is more than a trace past its dense length is described at (at most {most})")
+    T = stats.steps
+    sink = float(stats.columns_from(sinks + 1, sinks).sum()) if T > sinks else 0.0
+    recent = sum(stats.diagonal_from(a, band + 1) for a in range(1, band + 1)) if T > band else 0.0
+    top = stats.top[top_k + 1 :, :top_k].astype(np.float64).sum(axis=1)
+    return {
+        "steps": T,
+        "sinks": int(sinks),
+        "sink_share": sink / (T - sinks) if T > sinks else None,
+        "band": int(band),
+        "recent_share": recent / (T - band) if T > band else None,
+        "top_k": int(top_k),
+        "top_k_share": _mean(top),
+        "effective_positions": _mean(stats.effective[1:]),
     }
 
 

@@ -39,13 +39,28 @@ def replay(trace: kvsim.Trace, spec: PolicySpec, **record) -> kvsim.ReplayResult
 
 @st.cache_resource(max_entries=4, show_spinner="loading the trace")
 def load_named_trace(spec: str) -> kvsim.Trace:
-    """The trace ``spec`` names; of a query/key trace longer than the app draws (its views read whole
-    rows: ``qk.DENSE_LIMIT`` steps), the first ``DENSE_LIMIT`` steps (``meta["recorded_steps"]`` says
-    how many the recording has; the CLI replays, sweeps and tunes all of them)."""
-    trace = resolve_trace(spec)
-    if not trace.derived.dense_at_hand:
-        return trace.prefix(qk.DENSE_LIMIT)
-    return trace
+    """The trace ``spec`` names, all of it: a query/key trace too long for its dense matrix is drawn
+    from one pass over its rows (``row_stats``), its replays compute only the weights they hold."""
+    return resolve_trace(spec)
+
+
+def row_stats(trace: kvsim.Trace) -> None:
+    """For a trace too long for its dense matrix, the one pass over its rows that its features,
+    statistics and picture are drawn from, with a progress bar the first time on this machine (about
+    a minute at 32k steps; then read from the disk cache). Other traces: nothing."""
+    if trace.derived.dense_at_hand:
+        return
+    bar = []
+
+    def progress(fraction, note=""):
+        if not bar:
+            bar.append(st.progress(0.0))
+        bar[0].progress(min(1.0, fraction or 0.0), text=f"{trace.steps} steps: reading every row once, kept on disk after "
+                                                         f"({note})")
+
+    trace.derived.row_stats(progress)
+    if bar:
+        bar[0].empty()
 
 
 @st.cache_resource(max_entries=2, show_spinner="reading the uploaded trace")
@@ -59,9 +74,11 @@ def load_uploaded_trace(digest: str, filename: str, _data: bytes) -> kvsim.Trace
             raise kvsim.TraceError(str(e).replace(str(path), filename)) from None
 
 
-@st.cache_resource
+@st.cache_resource(ttl=60)
 def bundle_traces() -> list[str]:
-    return views.bundle_trace_names()
+    """The shipped bundles' traces, then those of the recordings in the cache directory (looked for
+    again each minute: a recording made while the server runs is offered without a restart)."""
+    return views.bundle_trace_names(recorded=True)
 
 
 @st.cache_resource(max_entries=4, show_spinner="reading the bundle")

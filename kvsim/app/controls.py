@@ -9,10 +9,11 @@ from dataclasses import dataclass
 import streamlit as st
 
 import kvsim
+from kvsim.data.qk import DENSE_LIMIT
 from kvsim.policies import PolicySpec, all_tunables
 from kvsim.views import tour
 
-from .state import MAX_VALUE, apply_tour
+from .state import MAX_VALUE, apply_tour, dense_only
 
 
 def params_for(name: str, **override) -> dict[str, int]:
@@ -38,12 +39,18 @@ class Settings:
     step: int
     specs: dict[str, PolicySpec | str]
     chosen: tuple[str, ...]
+    #: the policies this trace cannot take: those that read the whole matrix, on a trace too long to have it
+    left_out: tuple[str, ...] = ()
 
     @classmethod
-    def read(cls) -> Settings:
+    def read(cls, trace: kvsim.Trace) -> Settings:
         budget = int(st.session_state["budget"])
+        left_out = () if trace.derived.dense_at_hand else tuple(dense_only())
         specs = {name: spec_for(name, budget) for name in kvsim.POLICIES}
-        return cls(budget, int(st.session_state["step"]), specs, tuple(st.session_state["policies"]))
+        for name in left_out:
+            specs[name] = (f"{name} reads the whole attention matrix, which a trace of {trace.steps} steps stored as queries "
+                           f"and keys does not have here (at most {DENSE_LIMIT} steps); it is left out on this trace")
+        return cls(budget, int(st.session_state["step"]), specs, tuple(st.session_state["policies"]), left_out)
 
     @property
     def runs(self) -> tuple[PolicySpec, ...]:
@@ -51,7 +58,9 @@ class Settings:
 
     @property
     def problems(self) -> list[str]:
-        return [s for n in self.chosen if isinstance(s := self.specs[n], str)]
+        """A sentence for each chosen policy left out, saying why and what to do."""
+        return [s + ("." if n in self.left_out else ". Change the setting in the sidebar; this policy is left out until then.")
+                for n in self.chosen if isinstance(s := self.specs[n], str)]
 
 
 def controls(trace: kvsim.Trace) -> None:

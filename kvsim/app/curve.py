@@ -154,7 +154,7 @@ def reference_lines(trace: kvsim.Trace, settings: Settings, pending: Pending) ->
     coarse first (``progressive``); until one is known the page says so."""
     lines = []
     for name, cls in kvsim.POLICIES.items():
-        if "recent_window" in kvsim.policy_params(name):
+        if "recent_window" in kvsim.policy_params(name) or name in settings.left_out:  # the sidebar says why
             continue
         spec = settings.specs[name]
         if isinstance(spec, str):

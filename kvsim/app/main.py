@@ -54,9 +54,9 @@ def run() -> None:
     controls(trace)
     state.write_link()
 
-    settings = Settings.read()
+    settings = Settings.read(trace)
     for problem in settings.problems:
-        st.error(f"{problem}. Change the setting in the sidebar; this policy is left out until then.")
+        st.error(problem)
 
     views = (
         lambda: kept_view(trace, settings), lambda: score_view(trace, settings), lambda: curve_view(trace, settings),

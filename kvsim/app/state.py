@@ -13,6 +13,7 @@ import kvsim
 from kvsim.analysis import lab
 from kvsim.analysis.metrics import repair_note
 from kvsim.data.catalog import CANONICAL, available_bundles, available_traces
+from kvsim.data.qk import DENSE_LIMIT
 from kvsim.policies import all_tunables
 from kvsim.views import tour
 
@@ -271,11 +272,18 @@ def choose_trace() -> kvsim.Trace:
     except kvsim.TraceError as e:
         st.error(f"{e}; showing {CANONICAL} instead")
         return cache.load_named_trace(CANONICAL)
-    recorded = trace.meta.get("recorded_steps", trace.steps)
-    if recorded > trace.steps:
-        side.caption(f"showing the first {trace.steps} of the recording's {recorded} steps (the views read whole rows); "
-                     f"`python -m kvsim replay --trace {st.session_state['trace']}` and `tune` take them all")
+    if not trace.derived.dense_at_hand:
+        cache.row_stats(trace)
+        side.caption(f"{trace.steps} steps, stored as queries and keys: replays compute the weights they hold, the "
+                     "picture and the statistics come from one pass over every row (kept on disk). "
+                     f"{' and '.join(dense_only())} need the whole matrix (at most {DENSE_LIMIT} steps) and are left out.")
     return trace
+
+
+def dense_only() -> list[str]:
+    """The registered policies that read the whole attention matrix (the offline references that look
+    ahead): left out on a trace too long to have it."""
+    return [name for name, cls in kvsim.POLICIES.items() if cls.needs_trace]
 
 
 def _read_upload(upload) -> kvsim.Trace | None:

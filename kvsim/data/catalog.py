@@ -13,10 +13,12 @@ from pathlib import Path
 
 from .bundle import MANIFEST, Bundle, BundleError, is_bundle, load_bundle, parse_selector
 from .qk import is_qk_path, load_qk
-from .store import canonical_trace, file_trace  # generated (or decoded) once, then read from the user cache directory
+from .store import cache_dir, canonical_trace, file_trace  # generated (or decoded) once, then read from the user cache directory
 from .trace import Trace, TraceError, load_npz
 
 CANONICAL = "canonical"
+#: the recordings' folder inside the cache directory (docs/caches.md)
+RECORDINGS_DIR = "recordings"
 #: the shipped traces; read at call time so tests can point it elsewhere
 TRACES_DIR = Path(__file__).resolve().parents[2] / "traces"
 
@@ -41,12 +43,24 @@ def shipped_bundles() -> dict[str, Path]:
 
 
 def available_bundles() -> list[str]:
-    """Every bundle name ``resolve_bundle`` accepts without a path."""
+    """Every shipped bundle's name (``resolve_bundle`` also takes the recorded ones, ``recorded_bundles``)."""
     return list(shipped_bundles())
 
 
+def recorded_bundles() -> dict[str, Path]:
+    """Name -> folder of every finished recording kept in the cache directory
+    (``<cache_dir>/recordings/<name>/manifest.json``: ``kvsim record --preset long`` and any ``kvsim
+    record`` without ``--out``), sorted by name. What this machine has recorded, so never in a test's
+    expectations unless the test points the cache directory elsewhere."""
+    root = cache_dir() / RECORDINGS_DIR
+    if not root.is_dir():
+        return {}
+    return {p.parent.name: p.parent for p in sorted(root.glob(f"*/{MANIFEST}")) if p.is_file()}
+
+
 def resolve_bundle(spec: str) -> Bundle:
-    """A shipped bundle's name or a bundle folder's path. Raises BundleError (one line)."""
+    """A shipped bundle's name, a recorded one's (``recorded_bundles``) or a bundle folder's path.
+    Raises BundleError (one line)."""
     spec = str(spec).strip()
     shipped = shipped_bundles()
     if spec in shipped:
@@ -54,12 +68,15 @@ def resolve_bundle(spec: str) -> Bundle:
     path = Path(spec)
     if path.is_dir() or "/" in spec or "\\" in spec:
         return load_bundle(path)
-    raise BundleError(f"unknown bundle {spec!r}: not a shipped bundle ({', '.join(shipped) or 'none shipped'}) "
-                      "or a folder holding a manifest.json")
+    recorded = recorded_bundles()
+    if spec in recorded:
+        return load_bundle(recorded[spec])
+    raise BundleError(f"unknown bundle {spec!r}: not a shipped bundle ({', '.join(shipped) or 'none shipped'}), "
+                      "a recording in the cache directory or a folder holding a manifest.json")
 
 
 def _bundle_spec(spec: str) -> bool:
-    return spec in shipped_bundles() or is_bundle(spec)
+    return spec in shipped_bundles() or is_bundle(spec) or spec in recorded_bundles()
 
 
 def resolve_trace(spec: str) -> Trace:

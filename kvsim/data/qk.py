@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ..jit import kernel
-from . import qk_rows
+from . import qk_rows, row_stats
 from .derived import TraceStore, _check_k
 from .files import atomic_write
 from .store import cache_dir, source_version
@@ -112,6 +112,7 @@ class QKStore(TraceStore):
         self.data, self.name = data, name
         self._norm: tuple[np.ndarray, np.ndarray] | None = None
         self._dense: np.ndarray | None = None
+        self._stats: row_stats.RowStats | None = None
 
     on_demand = True
     dtype = np.dtype(np.float32)
@@ -184,6 +185,20 @@ class QKStore(TraceStore):
             except OSError:  # an unwritable cache costs the pass next time, nothing else
                 pass
         return lse, denom, top
+
+    def row_stats(self, progress=None) -> row_stats.RowStats:
+        """The sums of one pass over every row (``kvsim.data.row_stats``): what the features, ``describe``
+        and the trace view read of a trace too long for its dense matrix. Kept beside the disk entry."""
+        with self._lock:
+            if self._stats is None:
+                path = None if self.disk_stem is None else row_stats.path_for(self.disk_stem)
+                found = None if path is None else row_stats.read(path, self.steps)
+                if found is None:
+                    found = row_stats.compute(self, progress)
+                    if path is not None:
+                        row_stats.write(path, found)
+                self._stats = found
+            return self._stats
 
     def weights_block(self, t0: int, t1: int, positions: np.ndarray, out: np.ndarray) -> np.ndarray:
         """``out[t - t0, p]`` = weight ``[t, p]`` for rows ``t0 .. t1-1`` at ``positions`` (the rest of

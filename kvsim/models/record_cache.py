@@ -17,14 +17,12 @@ import json
 from pathlib import Path
 
 from ..data.bundle import MANIFEST, load_bundle
-from ..data.catalog import TRACES_DIR
+from ..data.catalog import RECORDINGS_DIR, TRACES_DIR
 from ..data.store import cache_dir
 from .errors import RecordError
 from .loading import MODEL, file_sha256
 from .record import DEFAULT_PREFIX, RecordConfig, default_prefix
 
-#: the recordings' folder inside the cache directory (docs/caches.md)
-RECORDINGS_DIR = "recordings"
 #: the version of what a cached recording holds; bump it when the files change meaning
 VERSION = 1
 #: the shipped long text (traces/long/README.md)

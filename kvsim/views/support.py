@@ -48,11 +48,12 @@ def link_params(link: str) -> dict[str, str]:
 # --- model ---------------------------------------------------------------------------------------
 
 
-def bundle_trace_names() -> list[str]:
+def bundle_trace_names(recorded: bool = False) -> list[str]:
     """Every shipped bundle's traces as ``resolve_trace`` selectors: ``BUNDLE:L05`` where each layer
-    has one KV head, else ``BUNDLE:L05H1``."""
+    has one KV head, else ``BUNDLE:L05H1``; with ``recorded``, then those of the recordings kept in
+    the cache directory (``catalog.recorded_bundles``: the long recording, once made)."""
     names = []
-    for name in catalog.available_bundles():
+    for name in [*catalog.available_bundles(), *(catalog.recorded_bundles() if recorded else ())]:
         try:
             bundle = catalog.resolve_bundle(name)
         except catalog.TraceError:  # a damaged bundle is left out of the selector, not fatal

@@ -33,7 +33,22 @@ def attention_image(attention: np.ndarray, size: int = 1024) -> tuple[np.ndarray
     n = math.ceil(T / block)
     padded = np.zeros((n * block, n * block), dtype=np.float64)
     padded[:T, :T] = A
-    means = padded.reshape(n, block, n, block).mean(axis=(1, 3))
+    rgb, span = coloured(padded.reshape(n, block, n, block).mean(axis=(1, 3)))
+    return rgb, block, span
+
+
+def trace_image(trace: Trace, size: int = 1024) -> tuple[np.ndarray, int, tuple[float, float]]:
+    """``attention_image`` of the trace's matrix, or, for a trace too long for it, of the block sums
+    one pass over its rows kept (``kvsim.data.row_stats``, at its own size)."""
+    if trace.derived.dense_at_hand:
+        return attention_image(trace.attention, size)
+    stats = trace.derived.row_stats()
+    rgb, span = coloured(stats.block_means())
+    return rgb, stats.image_block, span
+
+
+def coloured(means: np.ndarray) -> tuple[np.ndarray, tuple[float, float]]:
+    """``(rgb, (lo, hi))``: the block means in log10, coloured; cells with no attention white."""
     positive = means > 0
     logs = np.full(means.shape, np.nan)
     np.log10(means, out=logs, where=positive)
@@ -45,13 +60,13 @@ def attention_image(attention: np.ndarray, size: int = 1024) -> tuple[np.ndarray
     idx = np.clip((np.nan_to_num(logs, nan=lo) - lo) / (hi - lo) * 255, 0, 255).astype(np.uint8)
     rgb = _lut(sequential.Viridis)[idx]
     rgb[~positive] = 255
-    return rgb, block, (lo, hi)
+    return rgb, (lo, hi)
 
 
 def trace_matrix(trace: Trace, features: TraceFeatures, size: int = 1024) -> go.Figure:
     """The attention matrix, log-scaled and block-averaged to at most ``size`` x ``size``, with the
     sinks and heavy hitters pointed at from the top edge (the stripes themselves are the data)."""
-    rgb, block, (lo, hi) = attention_image(trace.attention, size)
+    rgb, block, (lo, hi) = trace_image(trace, size)
     import plotly.express as px  # here only: the kept view, the first page, never needs it
 
     fig = px.imshow(rgb, binary_string=True)

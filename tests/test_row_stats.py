@@ -1,0 +1,90 @@
+"""A query/key trace too long for its dense matrix is analysed from one pass over its rows
+(``kvsim.data.row_stats``): its features, ``describe`` and the trace view's image must be what the
+dense matrix gives, and the pass must run once per trace and machine. Here the dense limit is
+lowered so a small trace takes the long path, and the same trace with the limit in place is the
+reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvsim.analysis import features, metrics
+from kvsim.data import qk, row_stats
+from kvsim.views.figures import trace as trace_figure
+
+G, D = 2, 16
+
+
+def _arrays(n=1400, seed=0):
+    """Queries and keys with a sink at 0 and two heavy hitters (n / 7, n / 2) that every query finds."""
+    rng = np.random.default_rng(seed)
+    q = (rng.normal(size=(G, n, D)) + 0.5).astype(np.float16)
+    k = rng.normal(size=(n, D)).astype(np.float16)
+    k[0], k[n // 7], k[n // 2] = 1.5, 1.2, 1.1
+    return q, k, rng.normal(size=(n, D)).astype(np.float16)
+
+
+def _trace(n=1400, window=None) -> qk.QKTrace:
+    return qk.from_qk(*_arrays(n), scale=D ** -0.5, softcap=None, sliding_window=window, gqa="mean")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("window", [None, 300])
+def test_the_long_path_gives_the_dense_features_statistics_and_image(window, monkeypatch):
+    dense = _trace(window=window)
+    want_features = features.trace_features(dense)
+    want_describe = [metrics.describe(dense, band=b, sinks=s) for b, s in ((64, 1), (want_features.band, 3))]
+    want_image = trace_figure.trace_image(dense)
+    monkeypatch.setattr(qk, "DENSE_LIMIT", 100)
+    long = _trace(window=window)
+    assert not long.derived.dense_at_hand
+    got = features.trace_features(long)
+    assert got == want_features
+    if window is None:  # a sink and both heavy hitters found (a window of 300 hides them from late rows)
+        assert got.sinks >= 1 and {p for p, _, _ in got.heavy} >= {200, 700}
+    for want, (b, s) in zip(want_describe, ((64, 1), (want_features.band, 3)), strict=True):
+        have = metrics.describe(long, band=b, sinks=s)
+        assert have.keys() == want.keys()
+        for key, value in want.items():
+            assert have[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+    rgb, block, span = trace_figure.trace_image(long)
+    assert block == want_image[1] and np.array_equal(rgb, want_image[0]) and span == pytest.approx(want_image[2])
+    with pytest.raises(qk.TraceError):  # and the dense matrix itself is still refused
+        _ = long.attention
+
+
+def test_the_pass_runs_once_and_is_read_back_from_disk(tmp_path, monkeypatch):
+    monkeypatch.setattr(qk, "DENSE_LIMIT", 100)
+    path = tmp_path / "t.qk.npz"
+    qk.save_qk(path, *_arrays(400), {"layer": 0, "head": 0, "query_heads": [0, 1], "scale": D ** -0.5, "softcap": None,
+               "sliding_window": None, "gqa": "mean", "model": "random", "text": {"source": "none"}})
+    first = qk.load_qk(path)
+    calls = []
+    stats = first.derived.row_stats(lambda f, note="": calls.append(f))
+    assert calls and calls[-1] == 1.0
+    stored = row_stats.path_for(first.derived.disk_stem)
+    assert stored.is_file()
+    again = qk.load_qk(path)
+    monkeypatch.setattr(row_stats, "compute", lambda *a, **k: pytest.fail("the pass ran again"))
+    back = again.derived.row_stats()
+    assert np.array_equal(back.column, stats.column) and np.array_equal(back.top, stats.top)
+    stored.write_bytes(stored.read_bytes()[:100])  # a damaged file is computed again, not trusted
+    monkeypatch.undo()
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(qk, "DENSE_LIMIT", 100)
+    third = qk.load_qk(path)
+    assert np.array_equal(third.derived.row_stats().column, stats.column)
+
+
+def test_what_the_pass_does_not_keep_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setattr(qk, "DENSE_LIMIT", 100)
+    long = _trace(n=400)
+    with pytest.raises(ValueError, match=r"^band 600 is more than .* \(at most 544\)$"):
+        metrics.describe(long, band=600, sinks=1)
+    with pytest.raises(ValueError, match=r"^top_k 65 is more than"):
+        metrics.describe(long, top_k=65, sinks=1)
