@@ -276,14 +276,14 @@ def choose_trace() -> kvsim.Trace:
         cache.row_stats(trace)
         side.caption(f"{trace.steps} steps, stored as queries and keys: replays compute the weights they hold, the "
                      "picture and the statistics come from one pass over every row (kept on disk). "
-                     f"{' and '.join(dense_only())} need the whole matrix (at most {DENSE_LIMIT} steps) and are left out.")
+                     f"{', '.join(dense_only())} read the whole matrix (at most {DENSE_LIMIT} steps) and are left out.")
     return trace
 
 
 def dense_only() -> list[str]:
-    """The registered policies that read the whole attention matrix (the offline references that look
-    ahead): left out on a trace too long to have it."""
-    return [name for name, cls in kvsim.POLICIES.items() if cls.needs_trace]
+    """The registered policies that read the whole attention matrix (``needs_matrix``: the exact
+    optimum): left out on a trace too long to have it."""
+    return [name for name, cls in kvsim.POLICIES.items() if cls.needs_matrix]
 
 
 def _read_upload(upload) -> kvsim.Trace | None:

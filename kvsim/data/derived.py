@@ -59,6 +59,11 @@ class TraceStore:
         a time, for the references that read every weight (a query/key trace computes them now)."""
         return self._attention[t0:t1]
 
+    def weights_at(self, t0: int, t1: int, positions: np.ndarray) -> np.ndarray:
+        """``(t1 - t0, len(positions))``: rows ``t0 .. t1-1`` at ``positions`` (a query/key trace
+        computes only those weights)."""
+        return self._attention[t0:t1][:, positions]
+
     def topk_row(self, t: int, k: int) -> np.ndarray:
         """uint8, 1 at row t's top-k positions (``topk_mask(k)[t]``)."""
         return self.topk_mask(k)[t]

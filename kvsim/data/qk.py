@@ -232,6 +232,13 @@ class QKStore(TraceStore):
         out = np.zeros((t1 - t0, t1), dtype=np.float32)
         return self.weights_block(t0, t1, np.arange(t1 - 1, dtype=np.int64), out)
 
+    def weights_at(self, t0: int, t1: int, positions: np.ndarray) -> np.ndarray:
+        positions = np.asarray(positions, dtype=np.int64)
+        if t1 <= t0 or not positions.size:
+            return np.zeros((max(0, t1 - t0), positions.size), dtype=np.float32)
+        out = np.zeros((t1 - t0, int(positions.max()) + 1), dtype=np.float32)
+        return self.weights_block(t0, t1, np.unique(positions), out)[:, positions]
+
     def topk_row(self, t: int, k: int) -> np.ndarray:
         mask = np.zeros(self.data.positions, dtype=np.uint8)
         top = self.topk(k)[t]

@@ -120,23 +120,10 @@ def compute(store, progress: Progress | None = None) -> RowStats:
 def _columns(store, positions: np.ndarray) -> np.ndarray:
     """``(T + 1, len(positions))`` float32: the weights of ``positions`` in every row."""
     N = store.steps + 1
-    out = np.zeros((N, positions.size), dtype=np.float32)
-    if not positions.size:
-        return out
-    order = np.argsort(positions)
-    wanted = positions[order]
-    width = int(wanted[-1]) + 1
-    step = max(1, (1 << 24) // max(width, 1))  # rows of ``width`` float32 at a time: 64 MB
-    for t0 in range(0, N, step):
-        t1 = min(N, t0 + step)
-        rows = np.zeros((t1 - t0, width), dtype=np.float32)
-        if hasattr(store, "weights_block"):  # a query/key trace: only these positions' weights are computed
-            store.weights_block(t0, t1, wanted, rows)
-        else:
-            got = store.rows(t0, t1)
-            rows[:, : min(width, got.shape[1])] = got[:, :width]
-        out[t0:t1, order] = rows[:, wanted]
-    return out
+    width = int(positions.max()) + 1 if positions.size else 1
+    step = max(1, (1 << 24) // width)  # rows of ``width`` float32 at a time: 64 MB
+    parts = [store.weights_at(t0, min(N, t0 + step), positions) for t0 in range(0, N, step)]
+    return np.concatenate(parts).astype(np.float32, copy=False)
 
 
 @kernel

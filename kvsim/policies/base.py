@@ -91,6 +91,9 @@ class Policy:
     #: True for offline references that read the whole trace (future rows included); they take
     #: a ``trace=`` parameter, which the registry's ``make_policy`` passes when it is given one.
     needs_trace: ClassVar[bool] = False
+    #: True for those that read the trace's dense matrix, which a query/key trace has only up to
+    #: ``kvsim.data.qk.DENSE_LIMIT`` steps (the others read rows a block at a time)
+    needs_matrix: ClassVar[bool] = False
     #: the policy's tunable parameters beyond budget, in the order the controls list them
     tunables: ClassVar[tuple[Param, ...]] = ()
     #: what the policy does, in one line the app and the CLI can quote (``describe_policy`` falls

@@ -40,16 +40,17 @@ class GreedyFuture(SlotPolicy):
         super().__init__(budget, rng)
         if not isinstance(trace, Trace):
             raise ValueError("trace: greedy_future is an offline reference and needs the whole trace (trace=...)")
-        self._attention = trace.attention
-        self._steps = trace.steps
+        self._rows = trace.derived  # whole rows a block at a time (a query/key trace computes them)
+        self._steps = T = trace.steps
         # _suffix[c] = sum of rows c*BLOCK+1 .. T in float64, added from the last block back, so
         # the attention still to come after step t is _suffix[ceil(t / BLOCK)] plus fewer than
         # BLOCK rows: O(T^2 / BLOCK) memory instead of the full (T+1)^2 suffix matrix
-        n_blocks = -(-self._steps // BLOCK)
-        self._suffix = np.zeros((n_blocks + 1, self._steps + 1), dtype=np.float64)
+        n_blocks = -(-T // BLOCK)
+        self._suffix = np.zeros((n_blocks + 1, T + 1), dtype=np.float64)
         for c in range(n_blocks - 1, -1, -1):
-            rows = self._attention[c * BLOCK + 1 : (c + 1) * BLOCK + 1].astype(np.float64)
-            self._suffix[c] = self._suffix[c + 1] + rows.sum(axis=0)
+            rows = self._rows.rows(c * BLOCK + 1, min(T, (c + 1) * BLOCK) + 1).astype(np.float64)
+            self._suffix[c] = self._suffix[c + 1]
+            self._suffix[c, : rows.shape[1]] += rows.sum(axis=0)  # the rows' width: at least the positions they reach
         self._step = 0
 
     @classmethod
@@ -61,7 +62,7 @@ class GreedyFuture(SlotPolicy):
         """Sum of the trace's weights on ``positions`` over rows ``after + 1 .. T`` (float64)."""
         positions = np.asarray(positions, dtype=np.int64)
         c = -(-after // BLOCK)
-        rows = self._attention[after + 1 : c * BLOCK + 1][:, positions].astype(np.float64)
+        rows = self._rows.weights_at(after + 1, min(c * BLOCK, self._steps) + 1, positions).astype(np.float64)
         return self._suffix[c, positions] + rows.sum(axis=0)
 
     def on_decode_step(self, pos: int, attn: np.ndarray | None) -> None:

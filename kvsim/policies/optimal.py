@@ -376,6 +376,7 @@ class Optimal(Policy):
     name = "optimal"
     summary = "the best eviction schedule under the cache's rules, solved exactly from the whole trace: the ceiling for any policy"
     needs_trace = True
+    needs_matrix = True  # the solver's suffix costs are O(T^2): 4 GB of float64 at 32k steps
 
     def __init__(
         self,

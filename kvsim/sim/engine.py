@@ -47,9 +47,6 @@ _CHUNK = 256
 #: steps per kernel call on a query/key trace: each call's rows are computed for it, at the positions
 #: held when it starts plus those it admits, so a shorter chunk computes fewer weights that nobody reads
 _QK_CHUNK = 64
-#: the policies whose kernels read rows other than the current one (greedy_future: the attention still
-#: to come): on a query/key trace they read its dense matrix
-_WHOLE_ROWS = frozenset({"greedy_future"})
 #: configurations per pass of a sweep. The per-step series (16 bytes per configuration and step)
 #: are kept only for one batch, so a sweep holds the trace, O(configurations x budget) of cache
 #: state and O(_BATCH x steps) of series, whatever the number of values; a pass re-reads only the
@@ -95,7 +92,7 @@ class _Pass:
     def of(cls, trace: Trace, name: str, budgets: np.ndarray, top_k: int, record: frozenset, progress) -> _Pass:
         T, n_cfg, width, b0 = trace.steps, budgets.size, int(budgets.max()) + 1, int(budgets[0])
         scores = "scores" in record
-        store = trace.derived if getattr(trace.derived, "on_demand", False) and name not in _WHOLE_ROWS else None
+        store = trace.derived if getattr(trace.derived, "on_demand", False) else None
         return cls(
             A=trace.derived.kernel_attention() if store is None else np.zeros((_QK_CHUNK, T + 1), dtype=np.float32),
             topk=trace.derived.topk(top_k),

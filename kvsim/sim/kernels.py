@@ -437,17 +437,19 @@ def window_steps(A, a0, topk, t0, t1, budgets, sinks, mass, recall, stamp, kept_
 
 
 @kernel
-def _future_attention(A, suffix, block, t, p_c, n, out):
+def _future_attention(A, a0, suffix, block, t, p_c, n, out):
     """``GreedyFuture.future_attention`` of the n slots after step t, into ``out[:n]``, bit for bit:
     the rows t+1 .. min(c * block, T) (c = ceil(t / block)) added one after another from 0.0 (numpy's
     ``sum(axis=0)`` over a (rows, n >= 2) array adds its rows in order), then added to the block
-    suffix ``suffix[c, p]``. Rows outer, slots inner: the same per-slot order, read along rows."""
-    T = A.shape[0] - 1
+    suffix ``suffix[c, p]``. Rows outer, slots inner: the same per-slot order, read along rows. ``A``'s
+    first row is step ``a0`` (a query/key trace's chunk, which holds the whole block: chunks and blocks
+    are both 64 steps from step 1)."""
+    T = suffix.shape[1] - 1
     c = (t + block - 1) // block
     for i in range(n):
         out[i] = 0.0
     for r in range(t + 1, min(c * block, T) + 1):
-        row = A[r]
+        row = A[r - a0]
         for i in range(n):
             out[i] += np.float64(row[p_c[i]])
     for i in range(n):
@@ -486,7 +488,7 @@ def one_victim_steps(A, a0, topk, t0, t1, budgets, pick, plan, suffix, block, po
             n += 1
             if n > budgets[c]:
                 if pick == LEAST_FUTURE:
-                    _future_attention(A, suffix, block, t, p_c, n, future)
+                    _future_attention(A, a0, suffix, block, t, p_c, n, future)
                     best = _first_min(future, n)
                 elif pick == PLAN_SLOT:
                     best = plan[c, t - 1]
