@@ -105,3 +105,33 @@ def test_greedy_future_reads_rows_a_block_at_a_time_at_any_length(window, monkey
     assert got.retained_mass == want.retained_mass and np.array_equal(got.kept_history, want.kept_history)
     ref = replay(long, "greedy_future", budget=48, reference=True, record_kept=True)
     assert ref.retained_mass == want.retained_mass and np.array_equal(ref.kept_history, want.kept_history)
+
+
+def test_a_stored_pass_of_another_shape_is_not_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(qk, "DENSE_LIMIT", 100)
+    stats = row_stats.compute(_trace(n=300).derived)
+    path = tmp_path / "s.npz"
+    row_stats.write(path, stats)
+    assert row_stats.read(path, 299) is not None and row_stats.read(path, 298) is None
+    arrays = {f: getattr(stats, f) for f in row_stats.RowStats.__dataclass_fields__}
+    np.savez(path, **{**arrays, "late": arrays["late"][:-1]})  # a sum of the wrong length
+    assert row_stats.read(path, 299) is None
+
+
+def test_describe_on_the_command_line_takes_a_long_trace_and_refuses_what_it_cannot_in_one_line(tmp_path, monkeypatch,
+                                                                                                capsys):
+    import json
+
+    from kvsim import cli
+
+    path = tmp_path / "t.qk.npz"
+    qk.save_qk(path, *_arrays(400), {"layer": 0, "head": 0, "query_heads": [0, 1], "scale": D ** -0.5, "softcap": None,
+                                      "sliding_window": None, "gqa": "mean", "model": "random", "text": {"source": "none"}})
+    want = metrics.describe(qk.load_qk(path), band=64)
+    monkeypatch.setattr(qk, "DENSE_LIMIT", 100)
+    assert cli.main(["describe", "--trace", str(path), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["steps"] == 399 and got["sink_share"] == pytest.approx(want["sink_share"], rel=1e-9)
+    assert cli.main(["describe", "--trace", str(path), "--band", "600"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["kvsim: error: --band 600 is more than a trace past its dense length is described at (at most 544)"]

@@ -100,7 +100,12 @@ def cmd_describe(args: argparse.Namespace) -> object:
     """The trace's statistics; a trace whose rows the loader renormalised also carries ``renormalised``
     (rows, min_sum, max_sum, tolerance) and ``note`` (``repair_note``'s sentence)."""
     trace = load(args.trace)
-    doc = {"trace": trace.name, **describe(trace, band=args.band, top_k=args.top_k)}
+    if not trace.derived.dense_at_hand:  # one pass over every row first, kept on disk: said on stderr
+        trace.derived.row_stats(protocol.stderr("kvsim describe"))
+    try:
+        doc = {"trace": trace.name, **describe(trace, band=args.band, top_k=args.top_k)}
+    except ValueError as e:  # what the row pass does not keep: said in the flag's terms
+        raise CLIError(f"--{str(e).replace('_', '-')}") from None
     repaired = renormalised(trace)
     if repaired is not None:
         doc |= {"renormalised": repaired, "note": repair_note(trace)}

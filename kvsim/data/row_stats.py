@@ -194,12 +194,22 @@ def read(path: Path, steps: int) -> RowStats | None:
             got = {name: z[name] for name in names}
     except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile):
         return None
-    got["steps"], got["image_block"] = int(got["steps"]), int(got["image_block"])
-    N = steps + 1
-    if got["steps"] != steps or got["column"].shape != (N,) or got["top"].shape != (N, TOP) \
-            or got["candidate_columns"].shape != (N, got["candidates"].size) or got["effective"].shape != (N,):
+    if got["steps"].shape != () or got["image_block"].shape != () or int(got["steps"]) != steps:
         return None
-    return RowStats(**got)
+    got["steps"], got["image_block"] = steps, int(got["image_block"])
+    return RowStats(**got) if {k: got[k].shape for k in _SHAPED} == _shapes(steps, got["candidates"].size) else None
+
+
+#: the arrays whose shapes follow from the steps (``_shapes``)
+_SHAPED = ("column", "late", "diagonal", "corner", "top", "effective", "image", "candidates", "candidate_columns")
+
+
+def _shapes(steps: int, candidates: int) -> dict:
+    N, c = steps + 1, min(steps + 1, CORNER)
+    block = max(1, math.ceil(steps / IMAGE))
+    n = math.ceil(steps / block) if steps else 0
+    return {"column": (N,), "late": (steps // 2,), "diagonal": (MAX_AGE + 1,), "corner": (c, c), "top": (N, TOP),
+            "effective": (N,), "image": (n, n), "candidates": (min(CANDIDATES, N),), "candidate_columns": (N, candidates)}
 
 
 def write(path: Path, stats: RowStats) -> None:
