@@ -68,6 +68,7 @@ def _fill(root: Path) -> dict[str, int]:
         "canonical-v2-0123456789abcdef.npy": ("traces", 4000), "canonical-v2-0123456789abcdef.json": ("traces", 100),
         "canonical-v2-0123456789abcdef-topk32.npy": ("traces", 300), "file-gemma3-270m-L11-aaaa.npy": ("traces", 2000),
         "file-gemma3-270m-L11-aaaa-describe-bbbb.json": ("traces", 50), "optimal-v3-cafe-b256.npz": ("optimal", 700),
+        "qk-gemma3-270m-long-L05-cccc-rows-k32.npz": ("traces", 30), "qk-gemma3-270m-long-L05-cccc-rowstats-dddd.npz": ("traces", 20),
         "quality/abc.json": ("quality", 60), "quality/def.json": ("quality", 40),
         "models/gemma3-270m-0011-transformers-4.57/model.safetensors": ("models", 9000),
         "models/gemma3-270m-0011-transformers-4.57/complete": ("models", 3),
@@ -93,7 +94,7 @@ def test_cache_list_counts_each_kind(tmp_path, monkeypatch, capsys):
     sizes = _fill(tmp_path)
     kinds = _list(capsys)
     assert {k: r["bytes"] for k, r in kinds.items()} == sizes
-    assert {k: r["entries"] for k, r in kinds.items()} == {"traces": 5, "optimal": 1, "quality": 2, "models": 3, "recordings": 1,
+    assert {k: r["entries"] for k, r in kinds.items()} == {"traces": 7, "optimal": 1, "quality": 2, "models": 3, "recordings": 1,
                                                              "other": 1}
     assert cli.main(["cache", "list"]) == 0
     text = capsys.readouterr().out

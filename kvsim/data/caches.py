@@ -30,7 +30,7 @@ from .store import cache_dir
 
 #: kind -> the glob patterns of its top-level entries, in the order ``list`` shows them
 KINDS: dict[str, tuple[str, ...]] = {
-    "traces": ("canonical-v*", "file-*"),
+    "traces": ("canonical-v*", "file-*", "qk-*"),
     "optimal": ("optimal-v*",),
     "quality": ("quality",),
     "models": ("models", "gemma3-270m-*"),
