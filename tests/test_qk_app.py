@@ -36,7 +36,8 @@ def test_a_query_key_trace_longer_than_its_dense_matrix_opens_whole_in_every_vie
     at.run()
     assert [e.value for e in at.exception] == [] and [e.value for e in at.error] == []
     captions = " ".join(c.value for c in at.sidebar.caption)
-    assert "199 steps, stored as queries and keys" in captions and "optimal read the whole matrix" in captions
+    assert "199 steps, stored as queries and keys" in captions
+    assert "optimal reads the whole matrix (at most 150 steps) and is left out" in captions
     assert at.sidebar.slider[0].max == 199  # every step, not a prefix
     if view == "The trace":
         table = at.dataframe[0].value

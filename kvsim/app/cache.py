@@ -55,8 +55,8 @@ def row_stats(trace: kvsim.Trace) -> None:
     def progress(fraction, note=""):
         if not bar:
             bar.append(st.progress(0.0))
-        bar[0].progress(min(1.0, fraction or 0.0), text=f"{trace.steps} steps: reading every row once, kept on disk after "
-                                                         f"({note})")
+        bar[0].progress(min(1.0, fraction or 0.0), text=f"{trace.steps} steps: reading every row once, for the picture and "
+                                                         "the statistics (kept on disk after: once per machine)")
 
     trace.derived.row_stats(progress)
     if bar:

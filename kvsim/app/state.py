@@ -274,9 +274,11 @@ def choose_trace() -> kvsim.Trace:
         return cache.load_named_trace(CANONICAL)
     if not trace.derived.dense_at_hand:
         cache.row_stats(trace)
+        out = dense_only()
+        left = (f" {' and '.join(out)} {'reads' if len(out) == 1 else 'read'} the whole matrix (at most {DENSE_LIMIT} steps) "
+                f"and {'is' if len(out) == 1 else 'are'} left out." if out else "")
         side.caption(f"{trace.steps} steps, stored as queries and keys: replays compute the weights they hold, the "
-                     "picture and the statistics come from one pass over every row (kept on disk). "
-                     f"{', '.join(dense_only())} read the whole matrix (at most {DENSE_LIMIT} steps) and are left out.")
+                     "picture and the statistics come from one pass over every row (kept on disk)." + left)
     return trace
 
 
