@@ -135,3 +135,12 @@ def test_describe_on_the_command_line_takes_a_long_trace_and_refuses_what_it_can
     assert cli.main(["describe", "--trace", str(path), "--band", "600"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["kvsim: error: --band 600 is more than a trace past its dense length is described at (at most 544)"]
+
+
+def test_the_long_benchmark_times_the_row_pass(tmp_path):
+    from test_qk_trace import _write_bundle
+
+    from kvsim.bench import long
+
+    doc = long.run(str(_write_bundle(tmp_path / "toyqk")), with_tune=False)
+    assert doc["row_pass_seconds"] > 0 and "row pass of toy-L01 (features, describe, the trace view)" in long.render(doc)

@@ -12,7 +12,9 @@ global layer (the first), and the whole bundle:
 3. an h2o sweep of 64 recent windows (15, 31, .., 1023) at budget 1024 on the longest;
 4. ``tune`` of the whole bundle (h2o, budget 1024, the same 64 windows, every trace's normalisers
    cached first), serially and on a local Dask cluster of one process per core;
-5. storage: each file's bytes against the dense equivalents (the packed float16 lower triangle, what
+5. the row pass the app's trace views and ``describe`` read past the dense limit (``kvsim.data.row_stats``),
+   timed on this trace, or read back when the cache holds it;
+6. storage: each file's bytes against the dense equivalents (the packed float16 lower triangle, what
    the shipped dense traces hold before compression, and the float32 interchange matrix).
 
 Targets (``--check`` exits 1 on a miss): the replay at the longest length at most 2 s, the sweep at
@@ -88,6 +90,8 @@ def run(spec: str | None = None, with_tune: bool = True, progress: Progress | No
     trace = entry.load()
     assert isinstance(trace, QKTrace)
     doc["normalisers_seconds"], _ = timed(trace.derived.normalisers)
+    say(f"the row pass of {entry.name} (what the app and describe read past the dense limit)")
+    doc["row_pass_seconds"], _ = timed(trace.derived.row_stats)
     doc["replay"] = _replays(trace, say)
     longest = trace.prefix(doc["replay"][-1]["steps"])
     say(f"h2o sweep of {len(WINDOWS)} windows at {longest.steps} steps")
@@ -154,7 +158,9 @@ def render(doc: dict) -> str:
     mb = 2 ** 20
     lines = [f"query/key bundle {doc['bundle']} ({doc['steps']} steps), trace {doc['trace']}, h2o at budget {doc['budget']}",
              f"machine: {doc['machine']['cpus']} CPUs, Python {doc['machine']['python']}",
-             f"normaliser pass of {doc['trace']}: {doc['normalisers_seconds']:.2f} s (0 when read from the cache)", "",
+             f"normaliser pass of {doc['trace']}: {doc['normalisers_seconds']:.2f} s (0 when read from the cache)",
+             f"row pass of {doc['trace']} (features, describe, the trace view): {doc.get('row_pass_seconds', 0.0):.2f} s "
+             "(0 when read from the cache)", "",
              f"{'steps':>6}  {'replay s':>9}  {'us/step':>8}  {'retained mass':>13}"]
     lines += [f"{r['steps']:>6}  {r['seconds']:>9.3f}  {r['us_per_step']:>8.1f}  {r['retained_mass']:>13.4f}" for r in doc["replay"]]
     lines += ["", f"sweep of {doc['windows'][2]} recent windows ({doc['windows'][0]}..{doc['windows'][1]}) at "
