@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import streamlit as st
 
 import kvsim
-from kvsim.data.qk import DENSE_LIMIT
+from kvsim.data import qk
 from kvsim.policies import PolicySpec, all_tunables
 from kvsim.views import tour
 
@@ -49,7 +49,7 @@ class Settings:
         specs = {name: spec_for(name, budget) for name in kvsim.POLICIES}
         for name in left_out:
             specs[name] = (f"{name} reads the whole attention matrix, which a trace of {trace.steps} steps stored as queries "
-                           f"and keys does not have here (at most {DENSE_LIMIT} steps); it is left out on this trace")
+                           f"and keys does not have here (at most {qk.DENSE_LIMIT} steps); it is left out on this trace")
         return cls(budget, int(st.session_state["step"]), specs, tuple(st.session_state["policies"]), left_out)
 
     @property

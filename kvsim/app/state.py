@@ -12,8 +12,8 @@ import streamlit as st
 import kvsim
 from kvsim.analysis import lab
 from kvsim.analysis.metrics import repair_note
+from kvsim.data import qk
 from kvsim.data.catalog import CANONICAL, available_bundles, available_traces
-from kvsim.data.qk import DENSE_LIMIT
 from kvsim.policies import all_tunables
 from kvsim.views import tour
 
@@ -275,7 +275,7 @@ def choose_trace() -> kvsim.Trace:
     if not trace.derived.dense_at_hand:
         cache.row_stats(trace)
         out = dense_only()
-        left = (f" {' and '.join(out)} {'reads' if len(out) == 1 else 'read'} the whole matrix (at most {DENSE_LIMIT} steps) "
+        left = (f" {' and '.join(out)} {'reads' if len(out) == 1 else 'read'} the whole matrix (at most {qk.DENSE_LIMIT} steps) "
                 f"and {'is' if len(out) == 1 else 'are'} left out." if out else "")
         side.caption(f"{trace.steps} steps, stored as queries and keys: replays compute the weights they hold, the "
                      "picture and the statistics come from one pass over every row (kept on disk)." + left)
