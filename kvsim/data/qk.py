@@ -191,13 +191,7 @@ class QKStore(TraceStore):
         and the trace view read of a trace too long for its dense matrix. Kept beside the disk entry."""
         with self._lock:
             if self._stats is None:
-                path = None if self.disk_stem is None else row_stats.path_for(self.disk_stem)
-                found = None if path is None else row_stats.read(path, self.steps)
-                if found is None:
-                    found = row_stats.compute(self, progress)
-                    if path is not None:
-                        row_stats.write(path, found)
-                self._stats = found
+                self._stats = row_stats.kept(self, progress)
             return self._stats
 
     def weights_block(self, t0: int, t1: int, positions: np.ndarray, out: np.ndarray) -> np.ndarray:

@@ -177,6 +177,18 @@ def _replace_min(heap, w, k):
 # --------------------------------------------------------------------------------------------
 # on disk
 
+def kept(store, progress: Progress | None = None) -> RowStats:
+    """``compute(store)``, read from beside the store's disk entry when kept there, else computed and
+    kept there (a store without an entry: computed)."""
+    path = None if store.disk_stem is None else path_for(store.disk_stem)
+    found = None if path is None else read(path, store.steps)
+    if found is None:
+        found = compute(store, progress)
+        if path is not None:
+            write(path, found)
+    return found
+
+
 def version() -> str:
     """What the stored sums depend on besides the trace: this module's source."""
     return source_version(__file__)
@@ -222,4 +234,4 @@ def write(path: Path, stats: RowStats) -> None:
         pass
 
 
-__all__ = ["CANDIDATES", "CORNER", "IMAGE", "MAX_AGE", "TOP", "RowStats", "compute", "path_for", "read", "write"]
+__all__ = ["CANDIDATES", "CORNER", "IMAGE", "MAX_AGE", "TOP", "RowStats", "compute", "kept", "path_for", "read", "write"]
