@@ -45,8 +45,10 @@ _WORKERS = os.cpu_count() or 1
 #: steps per kernel call: the granularity of ``progress`` reports
 _CHUNK = 256
 #: steps per kernel call on a query/key trace: each call's rows are computed for it, at the positions
-#: held when it starts plus those it admits, so a shorter chunk computes fewer weights that nobody reads
+#: held when it starts plus those it admits, so a shorter chunk computes fewer weights that nobody reads.
+#: A multiple of greedy_future's block: its kernel reads the rest of a block's rows from the chunk
 _QK_CHUNK = 64
+assert _QK_CHUNK % GREEDY_BLOCK == 0
 #: configurations per pass of a sweep. The per-step series (16 bytes per configuration and step)
 #: are kept only for one batch, so a sweep holds the trace, O(configurations x budget) of cache
 #: state and O(_BATCH x steps) of series, whatever the number of values; a pass re-reads only the
