@@ -2,7 +2,7 @@
 --figure kept3``: the kept figure of three policies, read from a file) with the app's own parts added,
 one part or a set of parts per page, timed as the floor is, the pages taken in turn in every run.
 
-    python bench/browser_parts.py [--runs 3] [PAGE ...]      e.g.  bare sidebar tabs text controls all
+    python bench/browser_parts.py [--runs 3] [--profile] [PAGE ...]   e.g.  bare sidebar tabs text controls all
 
 A page is a comma-separated list of parts (``bare``: none, the floor itself):
 
@@ -18,6 +18,7 @@ A page is a comma-separated list of parts (``bare``: none, the floor itself):
 - ``all``: every part but ``eager`` (the app's default view now); ``all,eager``: the app before.
 
 Prints each page's median new context, new tab and link, and what each adds to the first page given.
+With ``--profile``: instead, the renderer's CPU over one new tab of each page, by script.
 """
 
 from __future__ import annotations
@@ -145,7 +146,46 @@ async def measure(url: str, pages: list[str], runs: int, images: int) -> dict[st
     return times
 
 
-def main(pages: list[str], runs: int) -> None:
+async def profile(url: str, pages: list[str], images: int) -> dict[str, dict[str, float]]:
+    """Each page's renderer CPU over one new-tab step (Chrome's sampling profiler, through the DevTools
+    protocol), in ms by script (Streamlit's chunks by name; "(program)" is the browser's own work:
+    style, layout, paint; "(idle)" waiting), after one unprofiled new tab of the same page."""
+    from playwright.async_api import async_playwright
+
+    spent = {}
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=bb.CHROMIUM, args=bb.CHROMIUM_ARGS)
+        session = bb.Session(browser, url)
+        await session.timed(bb.Step("warm", bb.Open("?parts=all,eager", new_session=True), 2.0, min_images=images))
+        for page in pages:
+            q = f"?parts={'' if page == 'bare' else page}"
+            await session.timed(bb.Step("tab", bb.Open(f"{q}&warm=1", new_tab=True), 2.0, min_images=images))
+            await session.page.close()  # a new tab, its profiler started before it navigates
+            session.page = await session.context.new_page()
+            session.page.on("websocket", session._watch)
+            cdp = await session.context.new_cdp_session(session.page)
+            await cdp.send("Profiler.enable")
+            await cdp.send("Profiler.setSamplingInterval", {"interval": 200})
+            await cdp.send("Profiler.start")
+            await session.timed(bb.Step("tab", bb.Open(f"{q}&profiled=1"), 2.0, min_images=images))
+            spent[page] = by_script((await cdp.send("Profiler.stop"))["profile"])
+        await session.close()
+        await browser.close()
+    return spent
+
+
+def by_script(prof: dict) -> dict[str, float]:
+    """A CPU profile's self time in ms by script (its file name up to the first dot) or category."""
+    frames = {n["id"]: n["callFrame"] for n in prof["nodes"]}
+    spent: dict[str, float] = {}
+    for sample, dt in zip(prof["samples"], prof["timeDeltas"], strict=True):
+        frame = frames[sample]
+        name = frame["url"].rsplit("/", 1)[-1].split(".")[0] or frame["functionName"]
+        spent[name] = spent.get(name, 0.0) + dt / 1000
+    return spent
+
+
+def main(pages: list[str], runs: int, profiled: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         (folder / "app.py").write_text(PAGE)
@@ -154,6 +194,8 @@ def main(pages: list[str], runs: int) -> None:
         (folder / "figure.json").write_text(spec)
         server = bb.Server(dict(os.environ), folder / "server.log", root=folder)
         try:
+            if profiled:
+                return print_profiles(asyncio.run(profile(server.url, pages, images)))
             times = asyncio.run(measure(server.url, pages, runs, images))
         finally:
             server.stop()
@@ -167,9 +209,23 @@ def main(pages: list[str], runs: int) -> None:
     print(json.dumps(times))
 
 
+def print_profiles(spent: dict[str, dict[str, float]]) -> None:
+    """Each page's profiled total and its largest scripts, and what each script adds to the first page's."""
+    base = next(iter(spent.values()))
+    for page, by in spent.items():
+        top = sorted(by.items(), key=lambda kv: -kv[1])[:10]
+        more = sorted(((k, v - base.get(k, 0.0)) for k, v in by.items()), key=lambda kv: -kv[1])[:8]
+        busy = sum(v for k, v in by.items() if k != "(idle)")
+        print(f"{page}: {busy:.0f} ms busy of {sum(by.values()):.0f} profiled; " + ", ".join(f"{k} {v:.0f}" for k, v in top))
+        if by is not base:
+            print("   beyond the first page: " + ", ".join(f"{k} {v:+.0f}" for k, v in more))
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("pages", nargs="*", default=["bare", "sidebar", "tabs", "text", "controls", "all", "all,eager"])
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--profile", action="store_true",
+                    help="instead: the renderer's CPU over one new tab of each page, by script (one run, not timed)")
     args = ap.parse_args()
-    main(args.pages, args.runs)
+    main(args.pages, args.runs, args.profile)
