@@ -2,7 +2,7 @@
 --figure kept3``: the kept figure of three policies, read from a file) with the app's own parts added,
 one part or a set of parts per page, timed as the floor is, the pages taken in turn in every run.
 
-    python bench/browser_parts.py [--runs 3] [--profile] [PAGE ...]   e.g.  bare sidebar tabs text controls all
+    python bench/browser_parts.py [--runs 3] [--profile | --network] [PAGE ...]   e.g.  bare sidebar tabs text controls all
 
 A page is a comma-separated list of parts (``bare``: none, the floor itself):
 
@@ -18,7 +18,8 @@ A page is a comma-separated list of parts (``bare``: none, the floor itself):
 - ``all``: every part but ``eager`` (the app's default view now); ``all,eager``: the app before.
 
 Prints each page's median new context, new tab and link, and what each adds to the first page given.
-With ``--profile``: instead, the renderer's CPU over one new tab of each page, by script.
+With ``--profile``: instead, the renderer's CPU over one new tab of each page, by script; with
+``--network``: each page once as a new context, when Plotly's chunk was asked for and had arrived.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import browser_floor as floor
@@ -174,6 +176,34 @@ async def profile(url: str, pages: list[str], images: int) -> dict[str, dict[str
     return spent
 
 
+async def network(url: str, pages: list[str], images: int) -> dict[str, dict]:
+    """Each page as a new browser context, once: when Plotly's chunk (``PlotlyChart.*.js``) was asked
+    for and had arrived, how many files came before it, and when the page was idle (s from the action)."""
+    from playwright.async_api import async_playwright
+
+    seen = {}
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=bb.CHROMIUM, args=bb.CHROMIUM_ARGS)
+        session = bb.Session(browser, url)
+        await session.timed(bb.Step("warm", bb.Open("?parts=all,eager", new_session=True), 2.0, min_images=images))
+        for page in pages:
+            await session._new_page(new_context=True)
+            t0, log = time.perf_counter(), []
+            for event in ("request", "requestfinished"):
+                session.page.on(event, lambda r, e=event, log=log, t0=t0:
+                                log.append((e, r.url.rsplit("/", 1)[-1], time.perf_counter() - t0)))
+            q = f"?parts={'' if page == 'bare' else page}&network=1"
+            t = await session.timed(bb.Step("new", bb.Open(q), 2.0, min_images=images))
+            asked = next(at for e, name, at in log if e == "request" and name.startswith("PlotlyChart."))
+            came = next(at for e, name, at in log if e == "requestfinished" and name.startswith("PlotlyChart."))
+            before = sum(1 for e, name, at in log if e == "requestfinished" and at < came)
+            seen[page] = {"asked": asked, "arrived": came, "files_before": before, "idle": t.seconds,
+                          "files": sum(1 for e, *_ in log if e == "requestfinished")}
+        await session.close()
+        await browser.close()
+    return seen
+
+
 def by_script(prof: dict) -> dict[str, float]:
     """A CPU profile's self time in ms by script (its file name up to the first dot) or category."""
     frames = {n["id"]: n["callFrame"] for n in prof["nodes"]}
@@ -185,7 +215,7 @@ def by_script(prof: dict) -> dict[str, float]:
     return spent
 
 
-def main(pages: list[str], runs: int, profiled: bool) -> None:
+def main(pages: list[str], runs: int, mode: str | None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         (folder / "app.py").write_text(PAGE)
@@ -194,8 +224,13 @@ def main(pages: list[str], runs: int, profiled: bool) -> None:
         (folder / "figure.json").write_text(spec)
         server = bb.Server(dict(os.environ), folder / "server.log", root=folder)
         try:
-            if profiled:
+            if mode == "profile":
                 return print_profiles(asyncio.run(profile(server.url, pages, images)))
+            if mode == "network":
+                for page, n in asyncio.run(network(server.url, pages, images)).items():
+                    print(f"{page:24s} Plotly's chunk asked for at {n['asked']:.2f} s, arrived {n['arrived']:.2f} s "
+                          f"({n['files_before']} of {n['files']} files before it); idle at {n['idle']:.2f} s")
+                return None
             times = asyncio.run(measure(server.url, pages, runs, images))
         finally:
             server.stop()
@@ -225,7 +260,9 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("pages", nargs="*", default=["bare", "sidebar", "tabs", "text", "controls", "all", "all,eager"])
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--profile", action="store_true",
+    ap.add_argument("--profile", dest="mode", action="store_const", const="profile",
                     help="instead: the renderer's CPU over one new tab of each page, by script (one run, not timed)")
+    ap.add_argument("--network", dest="mode", action="store_const", const="network",
+                    help="instead: each page once as a new context, when Plotly's chunk was asked for and arrived")
     args = ap.parse_args()
-    main(args.pages, args.runs, args.profile)
+    main(args.pages, args.runs, args.mode)
