@@ -15,7 +15,9 @@ A page is a comma-separated list of parts (``bare``: none, the floor itself):
 - ``controls``: the mode radio, the folded zoom panel and the two download buttons;
 - ``eager``: the two folded panels' inputs built although folded, as the app did before issue 20's
   item 6 (the zoom's caption, two range sliders and button; two policy parameters);
-- ``all``: every part but ``eager`` (the app's default view now); ``all,eager``: the app before.
+- ``late``: the sidebar's widgets sent after the view instead of before it (the page looks the same;
+  a new context then asks for Plotly's chunk before the widgets' chunks);
+- ``all``: every part but ``eager`` and ``late`` (the app's default view now); ``all,eager``: the app before.
 
 Prints each page's median new context, new tab and link, and what each adds to the first page given.
 With ``--profile``: instead, the renderer's CPU over one new tab of each page, by script; with
@@ -61,26 +63,33 @@ HELP = "what the control does, as the app says it"
 st.title("kvsim: what a KV cache keeps")
 if "text" in parts:
     st.caption(text["caption"][0])
-side = st.sidebar
-if "s_basic" in parts:
-    side.button("start the guided tour", help=HELP)
-    side.header("settings")
-if "s_select" in parts:
-    side.selectbox("trace", ["canonical", "gemma3-270m-L11"], help=HELP)
-if "s_upload" in parts:
-    side.file_uploader("or upload a trace (.npz)", type=["npz"], help=HELP)
-if "s_multi" in parts:
-    side.multiselect("policies", POLICIES, default=POLICIES[:3], help=HELP)
-if "s_nums" in parts:
-    for name, value in (("budget", 256), ("recent_window", 32), ("sinks", 4)):
-        side.number_input(name, min_value=0, max_value=16384, step=1, value=value, help=HELP)
-if "s_more" in parts:
-    more = side.expander("more policy parameters")
-    if "eager" in parts:
-        for name, value in (("history_window", 0), ("observation_window", 32)):
-            more.number_input(name, min_value=0, max_value=16384, step=1, value=value, help=HELP)
-if "s_slider" in parts:
-    side.slider("step", min_value=1, max_value=4096, value=4096, help=HELP)
+
+
+def sidebar():
+    side = st.sidebar
+    if "s_basic" in parts:
+        side.button("start the guided tour", help=HELP)
+        side.header("settings")
+    if "s_select" in parts:
+        side.selectbox("trace", ["canonical", "gemma3-270m-L11"], help=HELP)
+    if "s_upload" in parts:
+        side.file_uploader("or upload a trace (.npz)", type=["npz"], help=HELP)
+    if "s_multi" in parts:
+        side.multiselect("policies", POLICIES, default=POLICIES[:3], help=HELP)
+    if "s_nums" in parts:
+        for name, value in (("budget", 256), ("recent_window", 32), ("sinks", 4)):
+            side.number_input(name, min_value=0, max_value=16384, step=1, value=value, help=HELP)
+    if "s_more" in parts:
+        more = side.expander("more policy parameters")
+        if "eager" in parts:
+            for name, value in (("history_window", 0), ("observation_window", 32)):
+                more.number_input(name, min_value=0, max_value=16384, step=1, value=value, help=HELP)
+    if "s_slider" in parts:
+        side.slider("step", min_value=1, max_value=4096, value=4096, help=HELP)
+
+
+if "late" not in parts:
+    sidebar()
 views = ("Kept positions", "Cumulative scores", "Choosing recent_window", "The trace", "Policy lab", "Claims",
          "Your model", "Proxy against truth")
 with st.tabs(list(views))[0] if "tabs" in parts else st.container():
@@ -107,6 +116,8 @@ with st.tabs(list(views))[0] if "tabs" in parts else st.container():
         html.download_button("this figure (HTML)", data="<html></html>", file_name="kept.html")
     if "text" in parts:
         st.markdown(text["markdown"][4])
+if "late" in parts:
+    sidebar()
 """
 
 #: one run of the app's script on its default view (AppTest), printing the view's markdown and captions
