@@ -22,11 +22,21 @@ def npz(steps: int, seed: int = 3) -> bytes:
     return buf.getvalue()
 
 
+def open_zoom(at: AppTest) -> AppTest:
+    """Open the kept view's zoom panel, as a user does: its sliders are drawn only while it is open."""
+    if not ("zoom_open" in at.session_state and at.session_state["zoom_open"]):
+        at.session_state["zoom_open"] = True
+        at.run()
+    return at
+
+
 def zoom(at: AppTest) -> tuple[tuple, tuple]:
+    open_zoom(at)
     return (widget(at, "slider", "positions", sidebar=False).value, widget(at, "slider", "steps", sidebar=False).value)
 
 
 def zoom_to(at: AppTest, positions: tuple, steps: tuple) -> AppTest:
+    open_zoom(at)
     widget(at, "slider", "positions", sidebar=False).set_value(positions)
     widget(at, "slider", "steps", sidebar=False).set_value(steps)
     return at.run()

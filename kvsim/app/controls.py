@@ -15,6 +15,9 @@ from kvsim.views import tour
 
 from .state import MAX_VALUE, apply_tour, dense_only
 
+#: the session key of the sidebar's "more policy parameters" expander: True while it is open
+MORE_PARAMS = "more_params_open"
+
 
 def params_for(name: str, **override) -> dict[str, int]:
     """The sidebar's value of each of the policy's parameters (``override`` replaces some)."""
@@ -77,10 +80,15 @@ def controls(trace: kvsim.Trace) -> None:
     side.number_input("sinks", min_value=0, max_value=MAX_VALUE, step=1, key="sinks",
                       help="streaming_llm pins the first sinks positions forever")
     if extra:
-        with side.expander("more policy parameters"):
-            for k, param in extra.items():
-                owners = ", ".join(n for n in kvsim.POLICIES if k in kvsim.policy_params(n))
-                st.number_input(k, min_value=0, max_value=MAX_VALUE, step=1, key=k, help=f"{param.help} ({owners})")
+        # drawn only while open (a first paint draws less): the values live in the session, not in the inputs
+        more = side.expander("more policy parameters", key=MORE_PARAMS, on_change="rerun")
+        for k in extra:  # kept past a run where the inputs are folded away (Streamlit drops a hidden input's value)
+            st.session_state[k] = st.session_state[k]
+        if more.open:
+            with more:
+                for k, param in extra.items():
+                    owners = ", ".join(n for n in kvsim.POLICIES if k in kvsim.policy_params(n))
+                    st.number_input(k, min_value=0, max_value=MAX_VALUE, step=1, key=k, help=f"{param.help} ({owners})")
     T = trace.steps
     step = st.session_state.get("step")
     st.session_state["step"] = T if step is None else min(max(1, int(step)), T)

@@ -17,6 +17,8 @@ from .state import KEPT_MODES, mirrored, touring, zoom_reset
 
 #: pixels across the kept images, shared among the panels of a row
 KEPT_PIXELS = 1024
+#: the session key of the zoom's expander: True while it is open
+ZOOM_OPEN = "zoom_open"
 
 
 @st.cache_resource(max_entries=64, show_spinner=False, hash_funcs=BY_TRACE)
@@ -70,9 +72,14 @@ def kept_view(trace: kvsim.Trace, settings: Settings) -> None:
     top = st.columns([2, 3])
     with top[0]:
         compare = _mode(len(runs))
-    with top[1]:
-        with st.expander("zoom to single positions (re-drawn from the replay at full resolution)"):
-            region = zoom_controls(T)
+    # the zoom's sliders are drawn only while its panel is open (a first paint draws less); the region
+    # lives in the session, where the sliders, a box drawn on the chart and the resets all put it
+    zoom = top[1].expander("zoom to single positions (re-drawn from the replay at full resolution)", key=ZOOM_OPEN,
+                           on_change="rerun")
+    region = zoom_region(T)
+    if zoom.open:
+        with zoom:
+            zoom_controls(T)
     _zoom_note(region, T)
     ages = figures.age_span(features, [spec.get("recent_window", 0) for spec in runs], settings.budget)
     size = KEPT_PIXELS // (1 if compare else min(len(runs), 3))
@@ -187,15 +194,22 @@ def _zoom_note(region: figures.Region, T: int) -> None:
     button.button("reset: the whole run", key="zoom_note_reset", on_click=zoom_reset, args=(T,))
 
 
-def zoom_controls(T: int) -> figures.Region:
-    """Two ranges: the positions and the steps the kept view draws. Below KEPT_PIXELS positions
-    across, every position has its own pixel column."""
-    st.caption(f"At most {KEPT_PIXELS} positions across (fewer with several panels) show each position on its "
-               "own; wider regions are pooled.")
-    for key, low in (("zoom_positions", 0), ("zoom_steps", 1)):  # a shorter trace than the last one
+def zoom_region(T: int) -> figures.Region:
+    """The region the kept view draws, from the session, each range clipped to a run of ``T`` steps
+    (the last trace may have been longer). Written back, so the ranges outlive a run where the zoom's
+    sliders are folded away (Streamlit drops a hidden slider's value)."""
+    for key, low in (("zoom_positions", 0), ("zoom_steps", 1)):
         a, b = st.session_state.get(key, (low, T))
         st.session_state[key] = (min(max(low, a), T), min(max(low, b), T))
-    p = st.slider("positions", 0, T, key="zoom_positions")
-    s = st.slider("steps", 1, T, key="zoom_steps")
+    (p0, p1), (t0, t1) = st.session_state["zoom_positions"], st.session_state["zoom_steps"]
+    return figures.Region(p0, p1, t0, t1).clip(T)
+
+
+def zoom_controls(T: int) -> None:
+    """Two ranges: the positions and the steps the kept view draws (``zoom_region`` has clipped
+    them to the run). Below KEPT_PIXELS positions across, every position has its own pixel column."""
+    st.caption(f"At most {KEPT_PIXELS} positions across (fewer with several panels) show each position on its "
+               "own; wider regions are pooled.")
+    st.slider("positions", 0, T, key="zoom_positions")
+    st.slider("steps", 1, T, key="zoom_steps")
     st.button("the whole run", key="zoom_reset", on_click=zoom_reset, args=(T,))
-    return figures.Region(p[0], p[1], s[0], s[1]).clip(T)

@@ -1,0 +1,50 @@
+"""Issue 20, item 6: what a first paint draws. The panels a user opens on demand (the sidebar's
+more policy parameters, the kept view's zoom) build their inputs only while open, and the values set
+in them outlive the panel being folded away."""
+
+from __future__ import annotations
+
+from test_app import problems, run, widget
+
+
+def labels(elements) -> list[str]:
+    return [e.label for e in elements]
+
+
+def test_the_first_paint_builds_no_folded_inputs():
+    at = run()
+    assert problems(at) == []
+    assert labels(at.sidebar.number_input) == ["budget", "recent_window", "sinks"]
+    assert labels(at.main.slider) == [] and "the whole run" not in labels(at.button)
+    assert {"more policy parameters", "zoom to single positions (re-drawn from the replay at full resolution)"} <= {
+        e.label for e in at.expander}
+
+
+def test_a_policy_parameter_set_in_the_panel_outlives_its_folding():
+    at = run({"policies": "snapkv"})
+    at.session_state["more_params_open"] = True
+    at.run()
+    assert labels(at.sidebar.number_input) == ["budget", "recent_window", "sinks", "history_window", "observation_window"]
+    widget(at, "number_input", "observation_window").set_value(16).run()
+    at.session_state["more_params_open"] = False
+    at.run()
+    at.run()  # a second run with the panel folded: Streamlit would have dropped a hidden input's value by now
+    assert problems(at) == [] and "observation_window" not in labels(at.sidebar.number_input)
+    assert at.session_state["observation_window"] == 16 and at.query_params["observation_window"] == "16"
+    assert "| snapkv (recent_window=32, observation_window=16) |" in " ".join(m.value for m in at.markdown)
+
+
+def test_a_zoom_set_in_the_panel_outlives_its_folding():
+    at = run()
+    at.session_state["zoom_open"] = True
+    at.run()
+    assert labels(at.main.slider) == ["positions", "steps"]
+    widget(at, "slider", "positions", sidebar=False).set_value((100, 300)).run()
+    at.session_state["zoom_open"] = False
+    at.run()
+    at.run()
+    assert problems(at) == [] and labels(at.main.slider) == []
+    assert "zoomed to positions 100..300, steps 1..4096 of 4096" in " ".join(c.value for c in at.caption)
+    at.session_state["zoom_open"] = True
+    at.run()
+    assert widget(at, "slider", "positions", sidebar=False).value == (100, 300)
