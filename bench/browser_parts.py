@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -136,26 +137,42 @@ def app_text() -> str:
     return out.stdout
 
 
-async def measure(url: str, pages: list[str], runs: int, images: int) -> dict[str, dict[str, list[float]]]:
-    """Each page's three steps (new context, new tab, link), the pages in turn within each run."""
+def _query(page: str) -> str:
+    """The link that serves ``page`` (``bare``: no parts)."""
+    return f"?parts={'' if page == 'bare' else page}"
+
+
+@contextlib.asynccontextmanager
+async def _warmed(url: str, images: int):
+    """Chromium, with a session that has opened the whole page once (it warms the server: not
+    counted); both closed on the way out."""
     from playwright.async_api import async_playwright
 
-    times = {page: {"new": [], "tab": [], "link": []} for page in pages}
     async with async_playwright() as p:
         browser = await p.chromium.launch(executable_path=bb.CHROMIUM, args=bb.CHROMIUM_ARGS)
-        session = bb.Session(browser, url)  # the first page warms the server: not counted
-        await session.timed(bb.Step("warm", bb.Open("?parts=all,eager", new_session=True), 2.0, min_images=images))
-        await session.close()
+        session = bb.Session(browser, url)
+        await session.timed(bb.Step("warm", bb.Open(_query("all,eager"), new_session=True), 2.0, min_images=images))
+        try:
+            yield browser, session
+        finally:
+            await session.close()
+            await browser.close()
+
+
+async def measure(url: str, pages: list[str], runs: int, images: int) -> dict[str, dict[str, list[float]]]:
+    """Each page's three steps (new context, new tab, link), the pages in turn within each run."""
+    times = {page: {"new": [], "tab": [], "link": []} for page in pages}
+    async with _warmed(url, images) as (browser, warm):
+        await warm.close()  # not left open beside the pages timed
         for i in range(runs):
             for page in pages:
                 session = bb.Session(browser, url)
-                q = f"?parts={'' if page == 'bare' else page}"
+                q = _query(page)
                 for step, action in (("new", bb.Open(f"{q}&run={i}", new_session=True)),
                                      ("tab", bb.Open(f"{q}&tab={i}", new_tab=True)), ("link", bb.Open(f"{q}&link={i}"))):
                     t = await session.timed(bb.Step(step, action, 2.0, min_images=images))
                     times[page][step].append(t.seconds)
                 await session.close()
-        await browser.close()
     return times
 
 
@@ -163,15 +180,10 @@ async def profile(url: str, pages: list[str], images: int) -> dict[str, dict[str
     """Each page's renderer CPU over one new-tab step (Chrome's sampling profiler, through the DevTools
     protocol), in ms by script (Streamlit's chunks by name; "(program)" is the browser's own work:
     style, layout, paint; "(idle)" waiting), after one unprofiled new tab of the same page."""
-    from playwright.async_api import async_playwright
-
     spent = {}
-    async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=bb.CHROMIUM, args=bb.CHROMIUM_ARGS)
-        session = bb.Session(browser, url)
-        await session.timed(bb.Step("warm", bb.Open("?parts=all,eager", new_session=True), 2.0, min_images=images))
+    async with _warmed(url, images) as (_, session):
         for page in pages:
-            q = f"?parts={'' if page == 'bare' else page}"
+            q = _query(page)
             await session.timed(bb.Step("tab", bb.Open(f"{q}&warm=1", new_tab=True), 2.0, min_images=images))
             await session.page.close()  # a new tab, its profiler started before it navigates
             session.page = await session.context.new_page()
@@ -182,36 +194,27 @@ async def profile(url: str, pages: list[str], images: int) -> dict[str, dict[str
             await cdp.send("Profiler.start")
             await session.timed(bb.Step("tab", bb.Open(f"{q}&profiled=1"), 2.0, min_images=images))
             spent[page] = by_script((await cdp.send("Profiler.stop"))["profile"])
-        await session.close()
-        await browser.close()
     return spent
 
 
 async def network(url: str, pages: list[str], images: int) -> dict[str, dict]:
     """Each page as a new browser context, once: when Plotly's chunk (``PlotlyChart.*.js``) was asked
     for and had arrived, how many files came before it, and when the page was idle (s from the action)."""
-    from playwright.async_api import async_playwright
-
     seen = {}
-    async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=bb.CHROMIUM, args=bb.CHROMIUM_ARGS)
-        session = bb.Session(browser, url)
-        await session.timed(bb.Step("warm", bb.Open("?parts=all,eager", new_session=True), 2.0, min_images=images))
+    async with _warmed(url, images) as (_, session):
         for page in pages:
             await session._new_page(new_context=True)
             t0, log = time.perf_counter(), []
             for event in ("request", "requestfinished"):
                 session.page.on(event, lambda r, e=event, log=log, t0=t0:
                                 log.append((e, r.url.rsplit("/", 1)[-1], time.perf_counter() - t0)))
-            q = f"?parts={'' if page == 'bare' else page}&network=1"
+            q = f"{_query(page)}&network=1"
             t = await session.timed(bb.Step("new", bb.Open(q), 2.0, min_images=images))
             asked = next(at for e, name, at in log if e == "request" and name.startswith("PlotlyChart."))
             came = next(at for e, name, at in log if e == "requestfinished" and name.startswith("PlotlyChart."))
             before = sum(1 for e, name, at in log if e == "requestfinished" and at < came)
             seen[page] = {"asked": asked, "arrived": came, "files_before": before, "idle": t.seconds,
                           "files": sum(1 for e, *_ in log if e == "requestfinished")}
-        await session.close()
-        await browser.close()
     return seen
 
 

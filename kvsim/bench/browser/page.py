@@ -154,5 +154,7 @@ class Session:
         return await self.page.locator("body").inner_text()
 
     async def close(self) -> None:
+        """Close the context (a second call does nothing)."""
         if self.context is not None:
             await self.context.close()
+            self.context = self.page = None
