@@ -14,16 +14,54 @@ Public API (no import side effects)::
     kvsim.describe(trace)                   # sink share, recent share, concentration
 """
 
-from .analysis.metrics import describe
-from .data.canonical import CanonicalConfig
-from .data.canonical import generate as generate_canonical
-from .data.catalog import available_traces, resolve_trace
-from .data.store import canonical_trace
-from .data.trace import Trace, TraceError, from_array, save_npz
-from .data.trace import load_npz as load_trace
-from .policies import DEFAULT_BUDGET, POLICIES, Param, Policy, PolicySpec, make_policy, policy_params, tunables
-from .sim.harness import DEFAULT_TOP_K, ContractError, ReplayResult
-from .sim.simulate import best, replay, sweep
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what the names are, for readers and checkers; at run time ``__getattr__`` imports each on first use
+    from .analysis.metrics import describe
+    from .data.canonical import CanonicalConfig
+    from .data.canonical import generate as generate_canonical
+    from .data.catalog import available_traces, resolve_trace
+    from .data.store import canonical_trace
+    from .data.trace import Trace, TraceError, from_array, save_npz
+    from .data.trace import load_npz as load_trace
+    from .policies import DEFAULT_BUDGET, POLICIES, Param, Policy, PolicySpec, make_policy, policy_params, tunables
+    from .sim.harness import DEFAULT_TOP_K, ContractError, ReplayResult
+    from .sim.simulate import best, replay, sweep
+
+#: each public name's module and name there, imported when the name is first read, so that ``import
+#: kvsim`` (and every ``kvsim`` command, whose package this is) loads none of them: ``kvsim --help`` and
+#: a usage error answer before the simulator's modules would have loaded (issue 36)
+_HOMES = {
+    "describe": ("analysis.metrics", "describe"),
+    "CanonicalConfig": ("data.canonical", "CanonicalConfig"),
+    "generate_canonical": ("data.canonical", "generate"),
+    "available_traces": ("data.catalog", "available_traces"),
+    "resolve_trace": ("data.catalog", "resolve_trace"),
+    "canonical_trace": ("data.store", "canonical_trace"),
+    **{name: ("data.trace", name) for name in ("Trace", "TraceError", "from_array", "save_npz")},
+    "load_trace": ("data.trace", "load_npz"),
+    **{name: ("policies", name) for name in ("DEFAULT_BUDGET", "POLICIES", "Param", "Policy", "PolicySpec", "make_policy",
+                                             "policy_params", "tunables")},
+    **{name: ("sim.harness", name) for name in ("DEFAULT_TOP_K", "ContractError", "ReplayResult")},
+    **{name: ("sim.simulate", name) for name in ("best", "replay", "sweep")},
+}
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attr = _HOMES[name]
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+    globals()[name] = value  # the next read is a plain lookup
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "DEFAULT_BUDGET",

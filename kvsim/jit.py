@@ -12,26 +12,128 @@ not wait (the app's page) can ask for the compiled paths only: inside ``compiled
 is true only for a group of kernels ``mark_compiled`` has named (compiled, or loaded from numba's disk
 cache, in this process); elsewhere it is simply ``AVAILABLE``. A caller that gets False takes its
 reference or NumPy path, which gives the same results.
+
+numba itself is imported only when a kernel is first called (or its disk cache asked about): importing
+it costs a process 0.3-0.5 s, which ``kvsim --help``, a usage error, ``cache list`` and every other
+command that runs no kernel do not pay (issue 36; tests/test_startup.py holds it). ``@kernel`` gives a
+stand-in that compiles on its first call; at that moment every stand-in in the module globals of the
+kernel (and, in turn, of those kernels) is swapped for its numba dispatcher, because numba compiles a
+kernel's call of another kernel only when the name resolves to a dispatcher.
 """
 
 from __future__ import annotations
 
 import contextvars
+import functools
+import importlib.util
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-try:
-    from numba import njit
-except ImportError:  # numba is in requirements.txt; without it every kernel runs as Python
-    njit = None
+#: True when kernels are compiled; False means the reference paths run instead (identical results).
+#: Asked of the import system without importing numba (numba is in requirements.txt; without it every
+#: kernel runs as Python)
+AVAILABLE = importlib.util.find_spec("numba") is not None
 
-#: True when kernels are compiled; False means the reference paths run instead (identical results)
-AVAILABLE = njit is not None
+
+class Kernel:
+    """A function that numba compiles (``njit``, cached on disk, without the GIL) on its first call,
+    importing numba then; until that call nothing of numba is loaded. Attributes other than calling
+    (``py_func``, ``signatures``...) are the dispatcher's."""
+
+    def __init__(self, fn) -> None:
+        self.py_func = fn
+        self._dispatcher = None
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args):
+        return (self._dispatcher or self.dispatcher)(*args)
+
+    @property
+    def dispatcher(self):
+        """numba's dispatcher of this kernel (made, not compiled, on first use)."""
+        if self._dispatcher is None:
+            with _swap_lock:
+                _dispatch(self)
+        return self._dispatcher
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name in ("py_func", "_dispatcher"):
+            raise AttributeError(name)
+        return getattr(self.dispatcher, name)
+
+    def __repr__(self) -> str:
+        return f"<kvsim kernel {self.py_func.__module__}.{self.py_func.__qualname__}>"
+
+
+_swap_lock = threading.RLock()
+_swapped: set[int] = set()  # ids of the module globals whose stand-ins are dispatchers now
+
+
+def _dispatch(k: Kernel) -> None:
+    """Give ``k`` its dispatcher, swapping first every stand-in in its module's globals (and in the
+    globals of the kernels found there) for its own: a thread that calls a dispatcher finds the
+    kernels it calls swapped already. Each module's globals change in one ``dict.update``, a callee's
+    module before its caller's; the stand-ins learn their dispatchers last."""
+    try:
+        from numba import njit
+    except ImportError:  # found but not importable (built for another numpy): the same results, as Python
+        njit = None
+    else:
+        _load_cached_code_only()
+    made: dict[Kernel, object] = {}
+    _make(k, made, njit)
+    for stand_in, dispatcher in made.items():
+        stand_in._dispatcher = dispatcher
+
+
+def _make(k: Kernel, made: dict, njit) -> None:
+    if k._dispatcher is not None or k in made:
+        return
+    made[k] = k.py_func if njit is None else njit(cache=True, nogil=True)(k.py_func)
+    names = k.py_func.__globals__
+    if id(names) in _swapped:
+        return
+    _swapped.add(id(names))
+    found = {name: value for name, value in list(names.items()) if isinstance(value, Kernel)}
+    for value in found.values():
+        _make(value, made, njit)
+    names.update({name: value._dispatcher or made[value] for name, value in found.items()})
+
+
+def _load_cached_code_only() -> None:
+    """Let numba load a kernel's compiled code from its disk cache without installing its typing first.
+
+    numba's ``Cache.load_overload`` refreshes the target context before it reads the cache, which imports
+    and installs every implementation registry numba has (a thousand typing templates: as long again as
+    ``import numba``, 0.2-0.3 s a process here, issue 36). Only a compile reads them; code read from disk
+    needs numba's runtime (NRT) alone. A cache miss still goes through numba's own method (it refreshes,
+    and the compile refreshes again), so what differs is only what a hit loads. Applied where numba's
+    cache is as this was written against (0.68); elsewhere, or if the short path fails, numba's own."""
+    try:
+        from numba.core.caching import Cache
+        from numba.core.runtime import rtsys
+    except ImportError:
+        return
+    original = Cache.load_overload
+    if getattr(original, "kvsim", False) or not hasattr(Cache, "_load_overload"):
+        return
+
+    def load_overload(self, sig, target_context):
+        try:
+            rtsys.initialize(target_context)
+            with self._guard_against_spurious_io_errors():
+                loaded = self._load_overload(sig, target_context)
+        except Exception:  # another numba's internals: its own path decides
+            loaded = None
+        return loaded if loaded is not None else original(self, sig, target_context)
+
+    load_overload.kvsim = True
+    Cache.load_overload = load_overload
 
 
 def kernel(fn):
-    return njit(cache=True, nogil=True)(fn) if AVAILABLE else fn
+    return Kernel(fn) if AVAILABLE else fn
 
 
 _compiled: set[str] = set()
@@ -75,6 +177,6 @@ def on_disk(*kernels) -> bool:
     if not AVAILABLE:
         return True
     try:
-        return all(bool(k._cache._cache_file._load_index()) for k in kernels)
+        return all(bool((k.dispatcher if isinstance(k, Kernel) else k)._cache._cache_file._load_index()) for k in kernels)
     except Exception:  # another numba's internals, an unreadable index: assume a compile
         return False

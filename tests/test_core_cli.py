@@ -327,15 +327,28 @@ def test_a_long_step_reports_on_a_terminal_and_a_short_one_says_nothing(capsys):
         assert progress is None
 
 
-def test_replay_and_sweep_prepare_the_engine_first(small, monkeypatch, capsys):
+def test_replay_and_sweep_replay_nothing_ahead_and_announce_only_a_compile(small, monkeypatch, capsys):
+    """A command loads only the kernels its replays run (issue 36): no tiny replay ahead of them
+    (``engine.prepare``), only a listener that says so if a replay compiles, gone when the step ends."""
     path, _ = small
-    calls = []
-    monkeypatch.setattr(report.engine, "prepare", lambda name, progress: calls.append((name, progress)),
-                        raising=False)
+    calls, announced = [], []
+    monkeypatch.setattr(report.engine, "prepare", lambda name, progress: calls.append((name, progress)))
+    monkeypatch.setattr(report.engine, "announce_compile", lambda say: announced.append(say) or say)
+    monkeypatch.setattr(report.engine, "stop_announcing", lambda say: announced.remove(say))
     assert cli.main(["replay", "--trace", str(path), "--policy", "tova", "--json"]) == 0
     assert cli.main(["sweep", "--trace", str(path), "--policy", "h2o", "--budget", "16", "--recent-window", "2:4", "--json"]) == 0
-    assert calls == [("tova", None), ("h2o", None)]  # no progress: stderr is not a terminal here
+    assert calls == [] and announced == []  # no progress: stderr is not a terminal here, nothing to say
     assert capsys.readouterr().err == ""
+    with report.step("replay", "replaying h2o", quiet=False, after=0.01) as progress:
+        report.prepare(["h2o", "upper_bound"], progress)
+        (say,) = announced
+        say()  # a compile started: the step's note from now on
+        said, deadline = "", time.monotonic() + 30
+        while not said and time.monotonic() < deadline:
+            time.sleep(0.05)
+            said = capsys.readouterr().err
+    assert announced == [] and calls == []
+    assert said == "replay: compiling the h2o engine (once per install, ~15 s)\n"
 
 
 def test_app_runs_streamlit_on_the_one_app_script(monkeypatch, tmp_path):

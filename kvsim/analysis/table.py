@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from ..data.trace import Trace
 from ..policies.upper_bound import upper_bound_summary
 from ..sim.harness import DEFAULT_TOP_K
-from ..sim.simulate import best, replay, sweep
 from .metrics import describe
 from .windows import choose_window
 
@@ -48,6 +47,8 @@ ROWS: list[Row] = [
 
 def _offline(trace: Trace, name: str, budget: int, top_k: int) -> dict:
     """An offline reference as a table row: a replay that hands it the trace."""
+    from ..sim.simulate import replay
+
     return replay(trace, name, budget=budget, top_k=top_k).summary()
 
 
@@ -64,6 +65,9 @@ def params_label(params: dict) -> str:
 def build_table(trace: Trace, budget: int = TABLE_BUDGET, top_k: int = DEFAULT_TOP_K, targets: bool | None = None) -> dict:
     """Measure every row of ``ROWS``, the h2o sweep and (on the canonical trace at budget 256, or when
     ``targets`` is True) the eight calibration targets. A JSON-ready dict."""
+    # the engine loads with the first measurement, not with this module (the CLI's --help reads TABLE_BUDGET)
+    from ..sim.simulate import best, replay, sweep
+
     measured: dict[tuple, dict] = {}
 
     def key(policy: str, params: dict) -> tuple:
@@ -125,6 +129,8 @@ def best_window(trace: Trace, budget: int, top_k: int = DEFAULT_TOP_K) -> dict |
     ``argmax`` is the largest of those sampled windows only). None below budget 2 (no window fits)."""
     if budget < 2:
         return None
+    from ..sim.simulate import sweep
+
     rows = sweep(trace, SWEEP_POLICY, budget, SWEEP_PARAM, list(range(1, budget)), top_k=top_k)
     return {"policy": SWEEP_POLICY, "param": SWEEP_PARAM, "windows": [1, budget - 1],
             **choose_window(rows, budget=budget).to_dict()}

@@ -26,18 +26,19 @@ import time
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..data.bundle import Bundle
-from ..data.qk import is_qk_path, load_qk
 from ..data.trace import Trace, load_npz
 from ..policies import POLICIES, policy_params
 from ..progress import Progress
 from ..sim import proxies as px
 from ..sim.harness import DEFAULT_TOP_K
-from ..sim.simulate import sweep
 from .windows import TOLERANCE, WindowChoice, covers, pick
+
+if TYPE_CHECKING:  # bundles, query/key files and the engine load when a tune runs: the CLI's parser reads BY
+    from ..data.bundle import Bundle
 
 #: the policies measured beside the tuned one, each at its defaults and the same budget
 BASELINES = ("sliding_window", "streaming_llm")
@@ -207,6 +208,8 @@ class _Unit:
 
 
 def _units(source: Bundle | Trace | Sequence[Trace]) -> list[_Unit]:
+    from ..data.bundle import Bundle
+
     if isinstance(source, Bundle):
         return [_Unit(t.layer, t.head, t.name, t.attention, str(t.path)) for t in source.traces]
     traces = [source] if isinstance(source, Trace) else list(source)
@@ -220,6 +223,8 @@ def _units(source: Bundle | Trace | Sequence[Trace]) -> list[_Unit]:
 
 
 def _load(payload: bytes | Trace | str, name: str) -> Trace:
+    from ..data.qk import is_qk_path, load_qk
+
     if isinstance(payload, Trace):
         return payload
     if isinstance(payload, bytes):  # a query/key file is a zip holding 'q.npy'
@@ -231,6 +236,8 @@ def _load(payload: bytes | Trace | str, name: str) -> Trace:
 def tune_trace(trace: Trace, policy: str, budget: int, windows: list[int], top_k: int = DEFAULT_TOP_K,
                **params) -> dict:
     """One trace's sweep and baselines as plain lists and floats (what a Dask worker sends back)."""
+    from ..sim.simulate import sweep
+
     rows = sweep(trace, policy, budget, PARAM, windows, top_k=top_k, **params)
     base = {}
     for p in BASELINES:  # a one-value sweep over budget: the fast engine, the policy's defaults
@@ -302,6 +309,8 @@ def tune(
     units = _units(source)
     if not units:
         raise TuneError("nothing to tune: no traces")
+    from ..data.bundle import Bundle
+
     name = source.name if isinstance(source, Bundle) else ", ".join(u.name for u in units[:3]) + (
         "" if len(units) <= 3 else f" and {len(units) - 3} more")
     def say(done: int, name: str) -> None:

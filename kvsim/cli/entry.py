@@ -5,20 +5,25 @@ stdout carries the result alone, so ``--json`` output can be piped; errors and p
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
 from ..policies import ParamError
-from .bench_command import bench_status, cmd_bench
-from .cache_command import cmd_cache
-from .commands import COMMANDS, cmd_app
 from .errors import BAD_INPUT, USAGE, CLIError, param_message
-from .generate_command import cmd_generate
 from .parser import PROG, build_parser
-from .proxies_command import cmd_proxies
-from .render import as_json, render
 
-RUNS = {**COMMANDS, "bench": cmd_bench, "cache": cmd_cache, "generate": cmd_generate, "proxies": cmd_proxies}
+#: the module of each command that has one of its own; ``commands`` holds the rest (``COMMANDS``). A
+#: command's module is imported when it runs, so --help, a usage error and ``cache list`` load none of
+#: the simulator (issue 36: tests/test_startup.py)
+OWN_MODULE = {"bench": "bench_command", "cache": "cache_command", "generate": "generate_command", "proxies": "proxies_command"}
+
+
+def command(name: str):
+    """The function that runs command ``name``, its module imported now."""
+    if name in OWN_MODULE:
+        return getattr(importlib.import_module(f".{OWN_MODULE[name]}", __package__), f"cmd_{name}")
+    return importlib.import_module(".commands", __package__).COMMANDS[name]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,13 +38,21 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit as e:  # --help and friends
             return int(e.code or 0)
         if args.command == "app":  # what follows is streamlit's
+            from .commands import cmd_app
+
             return cmd_app(extra)
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        doc = RUNS[args.command](args)
+        doc = command(args.command)(args)
+        from .render import as_json, render
+
         sys.stdout.write((as_json(doc) if args.json else render(args.command, doc)) + "\n")
         sys.stdout.flush()
-        return bench_status(args, doc) if args.command == "bench" else 0
+        if args.command == "bench":
+            from .bench_command import bench_status
+
+            return bench_status(args, doc)
+        return 0
     except KeyboardInterrupt:
         _fail("interrupted")
         return 130

@@ -1,5 +1,5 @@
 """Progress on stderr for the CLI's long steps, through ``kvsim.progress.stderr``, and the engine's
-first compile announced before a replay.
+compile announced when a replay of the step compiles.
 
 A step reports only to a person: when stderr is a terminal (a script that captures stderr reads an
 empty one after a success, however loaded the machine), and only once it has run ``PATIENCE`` seconds,
@@ -19,6 +19,9 @@ from .. import progress as protocol
 from ..sim import engine
 
 PATIENCE = 2.0
+
+#: the compile listeners ``prepare`` installed in the steps now open, removed as each step ends
+_listening: list = []
 
 
 @contextmanager
@@ -50,16 +53,25 @@ def step(prefix: str, note: str, quiet: bool | None = None, after: float = PATIE
     timer = threading.Timer(after, wake)
     timer.daemon = True
     timer.start()
+    opened = len(_listening)
     try:
         yield report
     finally:
         with lock:
             state["done"] = True
         timer.cancel()
+        while len(_listening) > opened:
+            engine.stop_announcing(_listening.pop())
 
 
 def prepare(policies, progress: protocol.Progress | None) -> None:
-    """Compile the engine's kernels for each policy now (``kvsim.sim.engine.prepare``), so the first
-    run after installing says so instead of sitting silent inside the first replay."""
-    for name in policies:
-        engine.prepare(name, progress)
+    """Say so on stderr when a replay of the step compiles kernels (the first run after an install, or
+    the first of a trace kind), instead of sitting silent inside it (``kvsim.sim.engine.announce_compile``).
+    Nothing is replayed ahead: a command loads only the kernels its replays run, from numba's disk cache
+    when they are there (issue 36)."""
+    names = [name for name in policies if name in engine.FAST]
+    if progress is None or not names or not engine.AVAILABLE:
+        return
+    what = f"the {names[0]} engine" if len(names) == 1 else "the engine's kernels"
+    note = f"compiling {what} (once per install, ~{engine.COMPILE_SECONDS * len(names)} s)"
+    _listening.append(engine.announce_compile(lambda: progress(None, note)))

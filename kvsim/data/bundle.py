@@ -32,7 +32,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .qk import is_qk_path, load_qk
 from .trace import Trace, TraceError, load_npz
 
 MANIFEST = "manifest.json"
@@ -74,6 +73,8 @@ class BundleTrace:
         """The trace: a dense file through ``load_npz``; a query/key file (``*.qk.npz``) through
         ``kvsim.data.qk.load_qk``, which must agree with this entry's layer, KV head, query heads and
         sliding window."""
+        from .qk import is_qk_path, load_qk  # the query/key reader loads with the first such trace
+
         if is_qk_path(self.path):
             expect = {"layer": self.layer, "head": self.head, "sliding_window": self.sliding_window}
             if self.query_heads:
@@ -158,6 +159,8 @@ def load_bundle(path: str | Path) -> Bundle:
 
     The traces themselves are read only when asked for (``Bundle.load``). Raises BundleError (one line).
     """
+    from .qk import is_qk_path
+
     folder = Path(path)
     src = folder / MANIFEST
     if not folder.is_dir():

@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from .bundle import MANIFEST, Bundle, BundleError, is_bundle, load_bundle, parse_selector
-from .qk import is_qk_path, load_qk
 from .store import cache_dir, canonical_trace, file_trace  # generated (or decoded) once, then read from the user cache directory
 from .trace import Trace, TraceError, load_npz
 
@@ -98,6 +97,8 @@ def resolve_trace(spec: str) -> Trace:
         raise TraceError(f"{spec} is a bundle of {bundle.describe()}: name one trace, e.g. {spec}:L{first.layer:02d} "
                          f"or {spec}:{first.label} (layer, KV head), or use a command that takes a bundle (tune)")
     path = Path(spec)
+    from .qk import is_qk_path, load_qk  # not loaded for canonical, the shipped traces or --help's list of them
+
     if is_qk_path(spec):
         return load_qk(path)
     # anything that looks like a path goes to the loader, whose error names the file and the problem

@@ -56,6 +56,12 @@ assert _QK_CHUNK % GREEDY_BLOCK == 0
 _BATCH = 64
 
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
 def _none(dtype, ndim: int) -> np.ndarray:
     """An empty record array: the kernels skip recording when given one."""
     return np.zeros((0,) * ndim, dtype=dtype)
@@ -87,6 +93,10 @@ class _Pass:
     a0: int = 0
     #: where a query/key trace's rows come from, a chunk of steps at a time (None: ``A`` is the matrix)
     store: object = None
+    #: the rows ``_fill`` writes for a query/key trace; ``A`` is a read-only view of it, so that the kernels
+    #: take it with the dense matrix's type (read-only, as ``kernel_attention`` makes it): one compiled
+    #: signature for both kinds of trace, and nothing to compile on a machine's first query/key replay
+    rows: np.ndarray | None = None
     #: sliding_window and streaming_llm keep no slots: their runner says their sinks, which fix what they hold
     sinks: np.ndarray | None = None
 
@@ -95,8 +105,9 @@ class _Pass:
         T, n_cfg, width, b0 = trace.steps, budgets.size, int(budgets.max()) + 1, int(budgets[0])
         scores = "scores" in record
         store = trace.derived if getattr(trace.derived, "on_demand", False) else None
+        rows = None if store is None else np.zeros((_QK_CHUNK, T + 1), dtype=np.float32)
         return cls(
-            A=trace.derived.kernel_attention() if store is None else np.zeros((_QK_CHUNK, T + 1), dtype=np.float32),
+            A=trace.derived.kernel_attention() if store is None else _read_only(rows),
             topk=trace.derived.topk(top_k),
             budgets=budgets,
             progress=progress,
@@ -111,6 +122,7 @@ class _Pass:
             score_pos=np.full((T, b0 + 1), -1, dtype=np.int32) if scores else _none(np.int32, 2),
             victims=np.full(T, -1, dtype=np.int64) if "victims" in record else _none(np.int64, 1),
             store=store,
+            rows=rows,
         )
 
     @property
@@ -140,7 +152,7 @@ class _Pass:
         else:
             held = self.pos[np.arange(self.pos.shape[1])[None, :] < self.length[:, None]]
             cand = np.union1d(held, np.arange(t0, t1 - 1))
-        self.store.weights_block(t0, t1, cand.astype(np.int64), self.A)
+        self.store.weights_block(t0, t1, cand.astype(np.int64), self.rows)
         self.a0 = t0
 
     def records(self, scores: bool = True) -> dict:
@@ -382,7 +394,7 @@ def sweep(
 
 #: roughly how long numba takes to compile one policy's kernels from nothing (two shared cores),
 #: what ``prepare`` tells the user to expect
-_COMPILE_SECONDS = 15
+COMPILE_SECONDS = 15
 
 
 def prepare(name: str, progress: Progress | None = None) -> None:
@@ -398,13 +410,30 @@ def prepare(name: str, progress: Progress | None = None) -> None:
         return
     from numba.core import event
 
-    note = f"compiling the {name} engine (once per install, ~{_COMPILE_SECONDS} s)"
+    note = f"compiling the {name} engine (once per install, ~{COMPILE_SECONDS} s)"
     listener = _first_compile(None if progress is None else (lambda: progress(None, note)))
     trace = from_array(np.tril(np.ones((9, 9)), -1), name="prepare")
     # every tunable at 1 (below the budget of 4): the kernels' windowed paths are taken too
     spec = PolicySpec.of(name, 4, **{p.name: 1 for p in tunables(name)})
     with event.install_listener("numba:compile", listener):  # process-wide: another thread's compile counts too
         replay(trace, spec.build(trace), top_k=2, record_kept=True, record_scores=True, record_victims=True)
+
+
+def announce_compile(report: Callable[[], None]):
+    """Call ``report`` once, at the start of the first compile numba does in this process from now on
+    (any thread), until ``stop_announcing`` is given what this returns. A load from numba's disk cache is
+    no compile and says nothing."""
+    from numba.core import event
+
+    listener = _first_compile(report)
+    event.register("numba:compile", listener)
+    return listener
+
+
+def stop_announcing(listener) -> None:
+    from numba.core import event
+
+    event.unregister("numba:compile", listener)
 
 
 def _first_compile(report: Callable[[], None] | None):
