@@ -158,3 +158,26 @@ print(json.dumps(sorted(names)))
     assert done.returncode == 0, done.stderr[-2000:]
     compiled = json.loads(done.stdout.strip().splitlines()[-1])  # the modules of the kernels compiled
     assert compiled and "kvsim.sim.kernels" not in compiled, compiled
+
+
+def test_a_command_line_process_ends_once_its_output_is_out():
+    """After the command, the atexit handlers run and the process leaves without the interpreter's
+    teardown (with numba loaded, LLVM's clean-up on the way out took 0.2-1 s): an object that only the
+    teardown frees is never freed, and the exit status and the output are the command's."""
+    code = """import atexit, runpy, sys
+class Freed:
+    def __del__(self):
+        sys.stdout.write("torn down\\n")
+kept_until_teardown = Freed()
+atexit.register(lambda: sys.stdout.write("atexit ran\\n"))
+sys.argv = ["kvsim", *sys.argv[1:]]
+runpy.run_module("kvsim", run_name="__main__")
+"""
+    for args, status in ((["replay", "--budget", "zero"], 2), (["cache", "list", "--json"], 0)):
+        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert done.returncode == status, done.stderr
+        assert done.stdout.endswith("atexit ran\n") and "torn down" not in done.stdout
+        if status == 0:
+            assert json.loads(done.stdout.removesuffix("atexit ran\n"))["action"] == "list"
+        else:
+            assert done.stderr.count("\n") == 1 and "--budget" in done.stderr

@@ -9,9 +9,18 @@ never a traceback: exit 2 for a wrong command line, 1 for bad data (outside chec
 imports ``kvsim.bench``), ``render`` the readable tables, ``entry`` the ``main`` that ties them.
 """
 
-from .entry import main
+from . import entry
 from .errors import CLIError
 from .parser import build_parser, parse_range
 from .render import render
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``kvsim`` with ``argv`` (default: this process's command line, and then the process ends here,
+    ``entry.exit_now``, as soon as the command is done); the exit status."""
+    code = entry.main(argv)
+    if argv is None:
+        entry.exit_now(code)
+    return code
 
 __all__ = ["CLIError", "build_parser", "main", "parse_range", "render"]
