@@ -397,6 +397,11 @@ def test_bench_times_a_whole_cli_process(tmp_path, monkeypatch):
     args = ["sweep", "--trace", str(path), "--policy", "h2o", "--budget", "16", "--recent-window", "1:15", "--json"]
     run = bench._cli_run({}, args)
     assert run["rows"] == 15 and run["seconds"] > 0
+    split = run["split"]  # where the process's time went: its phases add up to the whole, each its own share
+    assert list(split) == ["interpreter", "imports", "kernel_load", "work", "exit"]
+    assert all(split[p] > 0 for p in ("interpreter", "imports", "work")) and split["exit"] > -0.01
+    assert split["kernel_load"] > 0 if engine.AVAILABLE else split["kernel_load"] == 0
+    assert abs(sum(split.values()) - run["seconds"]) < 0.05
     rows = kvsim.sweep(load_npz(path), "h2o", 16, "recent_window", range(1, 16))
     assert run["best_recent_window"] == max(rows, key=lambda r: r["retained_mass"])["recent_window"]
     assert run["peak_rss_mb"] is None or 10 < run["peak_rss_mb"] < 4096
