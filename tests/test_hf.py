@@ -277,7 +277,7 @@ def test_cli_generate_prints_the_documented_json_and_refuses_bad_input_in_one_li
         (["--policy", "h2o", "--budget", "16", "--windows", str(wide)], "layer 2's recent_window 20 must be below --budget 16"),
         (["--policy", "h2o", "--budget", "16", "--recent-window", "16"], "--recent-window 16 must be below --budget 16"),
         (["--policy", "h2o", "--budget", "16", "--windows", str(tune)], "it is for another model"),
-        (["--policy", "h2o", "--budget", "16", "--windows", str(tmp_path / "none.json")], "none.json: cannot read it"),
+        (["--policy", "h2o", "--budget", "16", "--windows", str(tmp_path / "none.json")], f"--windows: {tmp_path}/none.json: no such file"),
         (["--policy", "h2o", "--budget", "16", "--sinks", "2"], "h2o does not take --sinks"),
     ]
     for flags, message in bad:

@@ -20,12 +20,12 @@ from ..analysis.windows import choose_window
 from ..data.bundle import is_bundle
 from ..data.catalog import available_traces, resolve_trace
 from ..data.qk import DENSE_LIMIT
-from ..data.trace import Trace, save_npz
+from ..data.trace import Trace, TraceError, save_npz
 from ..policies import DEFAULT_BUDGET, POLICIES, make_policy, policy_params
 from ..sim import proxies as px
 from ..sim.simulate import replay, sweep
 from . import report
-from .errors import CLIError, InputError, flag
+from .errors import CLIError, InputError, flag, input_error, model_error, read_input
 from .parser import parse_range, positive_int
 
 #: the Streamlit script ``kvsim app`` runs: the thin entry at the checkout's root (a non-editable
@@ -33,10 +33,14 @@ from .parser import parse_range, positive_int
 APP_SCRIPT = Path(__file__).resolve().parents[2] / "app.py"
 
 
-def load(spec: str) -> Trace:
-    """``--trace`` resolved; a first decode or build of a big trace says so once it passes a few seconds."""
+def load(spec: str, name: str = "--trace") -> Trace:
+    """``--trace`` resolved; a first decode or build of a big trace says so once it passes a few seconds.
+    A trace that cannot be had is refused as that flag's input (exit 1, ``--trace: PATH: problem``)."""
     with report.step("trace", f"loading {spec.strip()}"):
-        return resolve_trace(spec)
+        try:
+            return resolve_trace(spec)
+        except (TraceError, OSError) as e:
+            raise input_error(name, e) from None
 
 
 def _policy_args(args: argparse.Namespace) -> dict:
@@ -285,7 +289,7 @@ def cmd_record(args: argparse.Namespace) -> object:
                 torch.set_num_threads(args.threads)
             doc = record(config, device=args.device, progress=progress)
     except RecordError as e:
-        raise CLIError(str(e)) from None
+        raise model_error(e) from None
     return {"text": str(config.text), **doc}
 
 
@@ -304,6 +308,7 @@ def _record_config(args: argparse.Namespace):
         return preset(args.preset, **fields)
     if args.text is None:
         raise CLIError("record needs a TEXT file (or --preset)")
+    read_input("TEXT", args.text)  # before the cache key, which hashes it
     config = RecordConfig(args.text, args.out or ".", **{k: v for k, v in fields.items() if v is not None and k != "out"})
     return config if args.out is not None else in_cache(config)
 
@@ -351,21 +356,21 @@ def cmd_quality(args: argparse.Namespace) -> object:
     # torch and transformers are imported by kvsim.models.quality's functions only when a measurement runs
     from ..models import quality
     from ..models.errors import RecordError
-    from ..models.loading import read_text, require_extra
+    from ..models.loading import require_extra
 
     names, budgets, params, swept = _quality_plan(args)
     modes = ["closed", "open"] if args.mode == "both" else [args.mode]
     say = None if args.quiet else quality.QUALITY_STDERR
     try:
         text = quality.resolve_text(args.text)
-        read_text(text)  # refuse a missing or empty text before loading a model
+        read_input("TEXT", text)  # refuse a missing or empty text before loading a model
         if args.model is None:
             require_extra()
         session = quality.open_session(text, args.steps, args.model, progress=say)
         rows = quality.grid(session, names, budgets, modes, params, swept, use_cache=not args.no_cache,
                             batch=args.batch, progress=say)
     except (quality.QualityError, RecordError) as e:
-        raise CLIError(str(e)) from None
+        raise model_error(e) from None
     if args.policy and not swept and len(budgets) == 1 and len(modes) == 1:
         if not rows:
             raise CLIError(f"{args.policy} cannot run at budget {budgets[0]} with these parameters")

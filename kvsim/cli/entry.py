@@ -12,7 +12,7 @@ from ..policies import ParamError
 from .bench_command import bench_status, cmd_bench
 from .cache_command import cmd_cache
 from .commands import COMMANDS, cmd_app
-from .errors import BAD_INPUT, USAGE, CLIError, param_message
+from .errors import BAD_INPUT, USAGE, CLIError, model_error, param_message
 from .generate_command import cmd_generate
 from .parser import PROG, build_parser
 from .proxies_command import cmd_proxies
@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         _fail(param_message(e))
         return USAGE
     except Exception as e:  # CLIError; TraceError, BundleError, OSError: the data; a ContractError
+        if type(e).__module__ == "kvsim.models.errors":  # RecordError, QualityError (imported only when a model is)
+            e = model_error(e)
         _fail(_one_line(e))
         return e.code if isinstance(e, CLIError) else BAD_INPUT
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from ..policies import POLICIES, ParamError, PolicySpec
-from .errors import CLIError, flag
+from .errors import CLIError, InputError, flag, input_error, model_error, read_input
 
 SHIPPED = "gemma"
 
@@ -33,9 +33,7 @@ def _prompt(args: argparse.Namespace) -> str:
         if not args.prompt.strip():
             raise CLIError("the prompt is empty")
         return args.prompt
-    from ..models.loading import read_text
-
-    return read_text(args.prompt_file)
+    return read_input("--prompt-file", args.prompt_file)
 
 
 def check(args: argparse.Namespace) -> tuple[dict, str]:
@@ -52,19 +50,25 @@ def check(args: argparse.Namespace) -> tuple[dict, str]:
     else:
         _check_windows(args, params)
     if args.model != SHIPPED and not (Path(args.model) / "config.json").is_file():
-        raise CLIError(f"--model {args.model}: not a local Hugging Face model folder (no config.json), nor {SHIPPED}")
+        raise InputError(f"--model: {args.model}: not a local Hugging Face model folder (no config.json), nor {SHIPPED}")
     return params, _prompt(args)
 
 
 def _check_windows(args: argparse.Namespace, params: dict) -> None:
     """The tune file's own form and every window in it against the budget (the model is checked later)."""
-    from ..hf.windows import PARAM, read_tune, tune_windows
+    from ..hf.windows import PARAM, WindowsError, read_tune, tune_windows
 
     if PARAM in params:
         raise CLIError(f"{flag(PARAM)} and --windows exclude each other (the file sets it per layer)")
     if PARAM not in {p.name for p in POLICIES[args.policy].tunables}:
         raise CLIError(f"--windows: {args.policy} has no {PARAM}")
-    for where, w in tune_windows(read_tune(args.windows), args.by, source=args.windows).items():
+    if not Path(args.windows).exists():
+        raise InputError(f"--windows: {args.windows}: no such file")
+    try:
+        windows = tune_windows(read_tune(args.windows), args.by, source=args.windows)
+    except WindowsError as e:
+        raise input_error("--windows", e) from None
+    for where, w in windows.items():
         try:
             PolicySpec.of(args.policy, args.budget, **params, **{PARAM: w})
         except ParamError:
@@ -78,7 +82,12 @@ def cmd_generate(args: argparse.Namespace) -> dict:
     from ..models.loading import load_hf_model, load_model, token_ids
 
     say = None if args.json else protocol.stderr("generate")
-    model, tokenizer = load_model(say) if args.model == SHIPPED else load_hf_model(args.model, progress=say)
+    from ..models.errors import RecordError
+
+    try:
+        model, tokenizer = load_model(say) if args.model == SHIPPED else load_hf_model(args.model, progress=say)
+    except RecordError as e:
+        raise model_error(e) from None
     import kvsim.hf as hf
     from kvsim.hf.decoding import greedy
 

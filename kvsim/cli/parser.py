@@ -272,7 +272,8 @@ def _add_generate(sub) -> None:
                    "for the shipped Gemma-3-270M (default)")
     online = ", ".join(n for n, c in POLICIES.items() if not c.needs_trace)
     p.add_argument("--policy", required=True, help=f"an online registry policy ({online})")
-    p.add_argument("--budget", type=positive_int, required=True, help="positions each layer holds per KV head")
+    p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET, help="positions each layer holds per KV head "
+                   f"(default: {DEFAULT_BUDGET})")
     for param, spec in all_tunables().items():
         p.add_argument(flag(param), dest=f"param_{param}", type=int, default=None, metavar="N",
                        help=f"{spec.help} (passed to the policies that take it)")
@@ -292,7 +293,8 @@ def _add_generate(sub) -> None:
 def _add_record(sub) -> None:
     p = sub.add_parser("record", help="record a bundle of real traces from a causal LM (needs the record extra)",
                        epilog=RECORD_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("text", nargs="?", help="a UTF-8 text file; its first --steps + 1 tokens are read (not with --preset)")
+    p.add_argument("text", nargs="?", metavar="TEXT", help="a UTF-8 text file; its first --steps + 1 tokens are read (not "
+                   "with --preset)")
     p.add_argument("--preset", choices=["long"], default=None, help="a named recording (see below); into the cache")
     p.add_argument("--model", default=None, help="a local Hugging Face model folder or a hub id already in the local "
                    "cache (nothing is downloaded); default: the shipped Gemma-3-270M")
@@ -319,7 +321,8 @@ def _add_record(sub) -> None:
 def _add_quality(sub) -> None:
     p = sub.add_parser("quality", help="a real model's loss and KL on a text with its KV cache evicted by a policy "
                                        "(needs the record extra)")
-    p.add_argument("text", help="a UTF-8 text file, or heapq for the shipped traces' text (CPython 3.11.7 Lib/heapq.py)")
+    p.add_argument("text", metavar="TEXT", help="a UTF-8 text file, or heapq for the shipped traces' text (CPython 3.11.7 "
+                   "Lib/heapq.py)")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--policy", choices=list(POLICIES), help="registry name")
     which.add_argument("--policies", help="comma-separated registry names: a grid")
