@@ -32,9 +32,11 @@ exit status:
   0  done
   {USAGE}  the command line is wrong: an unknown command or flag, a value out of its bounds
      (--recent-window 32 must be below --budget 16), flags that do not go together; bare `kvsim`
-  {BAD_INPUT}  the command line is fine but what it names is not: a trace or bundle that is missing or
-     malformed, an output that cannot be written; `kvsim bench --check`: a target was missed
-Every error is one line on stderr, `kvsim: error: ...`, never a traceback.
+  {BAD_INPUT}  the command line is fine but what it names is not: a trace, bundle, text, model, prompt or
+     tune file that is missing, malformed or too short, an output that cannot be written; `kvsim bench
+     --check`: a target was missed
+Every error is one line on stderr, `kvsim: error: ...`, never a traceback; a missing input names its flag
+first: `kvsim: error: --prompt-file: /nope.txt: no such file`.
 
 `kvsim COMMAND --help` lists a command's flags."""
 
