@@ -167,3 +167,45 @@ def test_tune_per_layer_by_the_truth_deploys_the_search_and_names_its_kl_and_cos
     text = render("tune", doc)
     assert f"deploys (generate --windows): recent_window {', '.join(map(str, deployed))}" in text
     assert f"KL {doc['deploy']['kl']:.4f}" in text and "the per-layer search 7 configurations" in text
+
+
+class _SlowTruth(_FakeTruth):
+    """A truth that takes its time, as the model does (258 s on a fresh recording)."""
+
+    def configurations(self, configs, figure):
+        import time
+
+        time.sleep(0.4)
+        return super().configurations(configs, figure)
+
+
+def test_the_tune_summary_counts_the_truths_time_not_only_the_sweeps(make_trace):
+    """Before, tune ended '1 traces swept serially in 0.0 s' after the truth had measured for minutes:
+    the run's seconds were taken before the truth was asked."""
+    trace = make_trace(40, seed=3)
+    truth = _SlowTruth([8])
+    doc = tune(trace, "h2o", 16, by="kl", truth=truth).to_dict()
+    last = render("tune", doc).splitlines()[-1]
+    total = float(re.search(r"; ([0-9.]+) s in all$", last).group(1))
+    # two asks of 0.4 s each (the candidates' curve, the deployed windows' KL) beside the sweep
+    assert total == pytest.approx(doc["run"]["seconds"], abs=0.05) and total >= doc["run"]["sweep_seconds"] + 0.8
+    assert last.startswith(f"1 traces swept serially in {doc['run']['sweep_seconds']:.1f} s; the truth: 0 configurations "
+                           f"read (shipped or cached), {truth.counts['measured']} measured, ")
+
+
+def test_the_apps_deploy_lines_name_what_each_tune_file_deploys(shipped_tuning):
+    """The "Your model" tab shows per-layer windows by retained mass: its tune line writes the file that
+    deploys exactly those, and its sentence names what tune's default deploys instead, the window the
+    shipped truth gives (104 at budget 256, as ``tune`` answers)."""
+    from kvsim.views import truth as vt
+    from kvsim.views.deploy import deploy_snippets
+
+    bundle = resolve_bundle("gemma3-270m-heapq")
+    truth = vt.truth_for(bundle.manifest, "h2o", 256)
+    sentence, shell, python = deploy_snippets(shipped_tuning, bundle.name, bundle.model, truth)
+    assert "--by retained_mass --per-layer" in shell.splitlines()[0] and "--windows tune.json" in shell
+    windows = [r["recommended_window"] for r in shipped_tuning.per_layer()]
+    assert f"({min(windows)} to {max(windows)}; their KL not measured here)" in sentence
+    assert "Without those flags `tune` deploys what the truth recommends (by KL): model_window **104** in every layer, " \
+           "KL 0.0663 (shipped truth, 1024 steps, open loop)" in sentence
+    assert "measured by the model where" in deploy_snippets(shipped_tuning, bundle.name, bundle.model, None)[0]
