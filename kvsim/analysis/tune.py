@@ -459,7 +459,7 @@ def _deployment(result: TuneResult, by: str, truth, per_layer: bool, progress: P
         windows = search["windows"]
         rule = (f"per layer, searched by the truth ({figure}) from model_window {result.model_window} in "
                 f"{len(search['groups'])} groups of layers: {search['measurements']} measurements, "
-                f"{len(search['moves'])} groups moved")
+                f"{len(search['moves'])} of them moved")
     else:
         windows = [r["recommended_window"] for r in result.per_layer()]
         rule = "per layer, each layer's recommended window by retained mass"
