@@ -450,7 +450,9 @@ def test_model_view_shows_the_command_and_the_python_that_deploy_the_recommended
     assert problems(at) == [] and [e.value for e in at.error] == []
     expected = tune(resolve_bundle("gemma3-270m-heapq"), "h2o", 64)
     shell, python = [c.value for c in at.code][-2:]
-    assert "kvsim tune --trace gemma3-270m-heapq --policy h2o --budget 64 --serial --json > tune.json" in shell
+    # the tune file the shell lines write deploys exactly the per-layer windows the Python lines set
+    assert ("kvsim tune --trace gemma3-270m-heapq --policy h2o --budget 64 --by retained_mass --per-layer --serial "
+            "--json > tune.json") in shell
     assert "kvsim generate --model gemma --policy h2o --budget 64 --windows tune.json" in shell
     windows = {r["layer"]: r["recommended_window"] for r in expected.per_layer()}
     namespace: dict = {}

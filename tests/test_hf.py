@@ -172,6 +172,14 @@ def test_windows_from_a_tune_file_set_each_layers_recent_window(tmp_path):
     cache = hf.cache(model, "h2o", 32, windows=path)
     specs = [layer.specs[0]["recent_window"] for layer in cache.layers]
     assert specs == [3, 9, 5, 20]
+    # what tune writes: a model_window (a recent_window, below the budget) that is not the model's sliding
+    # window, the recording's identity, and the windows it deploys by its by, which win over per_layer's
+    tuned = tmp_path / "tuned.json"
+    tuned.write_text(json.dumps({**_tune_doc(["sliding", "global"] * 2, [3, 9, 5, 20]), "model_window": 11, "by": "kl",
+                                 "recording": {"model": "tiny", "sliding_window": 24},
+                                 "deploy": {"by": "kl", "per_layer": [{"layer": i, "recent_window": 11} for i in range(4)]}}))
+    assert [layer.specs[0]["recent_window"] for layer in hf.cache(model, "h2o", 32, windows=tuned).layers] == [11] * 4
+    assert [row[1]["recent_window"] for row in hf.layer_specs(model, "h2o", 32, str(tuned), by="head")] == [3, 9, 5, 20]
     per_head = hf.layer_specs(model, "h2o", 64, {(1, 1): 7, 2: 4})  # the rest at h2o's default, 32
     assert [[spec["recent_window"] for spec in row] for row in per_head] == [[32, 32], [32, 7], [4, 4], [32, 32]]
 
@@ -201,8 +209,10 @@ def test_bad_input_is_one_clear_line_before_anything_runs(tmp_path):
     with pytest.raises(hf.WindowsError, match="layer 0 is global attention there"):
         hf.cache(model, "h2o", 32, windows=kinds)
     wide = tmp_path / "wide.json"
-    wide.write_text(json.dumps({**_tune_doc(["sliding", "global"] * 2, [4] * 4), "model_window": 512}))
-    with pytest.raises(hf.WindowsError, match="model_window 512"):
+    wide.write_text(json.dumps({**_tune_doc(["sliding", "global"] * 2, [4] * 4), "model_window": 4,
+                                "recording": {"model": "big", "sliding_window": 512}}))
+    with pytest.raises(hf.WindowsError, match="wide.json: recorded on big with a sliding window of 512, "
+                                              "Gemma3ForCausalLM's is 24; it is for another model"):
         hf.cache(model, "h2o", 32, windows=wide)
     good = tmp_path / "good.json"
     good.write_text(json.dumps(_tune_doc(["sliding", "global"] * 2, [4] * 4)))
@@ -271,6 +281,11 @@ def test_cli_generate_prints_the_documented_json_and_refuses_bad_input_in_one_li
     assert doc["prompt_tokens"] > 16 and doc["peak_positions"] == [16] * 4
     assert doc["cache_bytes"] == 4 * 2 * 2 * 17 * 8 * 4  # layers x (K, V) x KV heads x slots x head_dim x float32
     assert doc["tokens_per_second"] > 0 and doc["prefill"] == "exact"
+    assert doc["recent_window_per_layer"] is None  # streaming_llm has none
+    # the exact prefill is heard on stderr with --json too (and off a terminal, as here): one line a layer
+    steps = [line for line in out.err.splitlines() if "exact prefill: layer" in line]
+    assert [line.split("layer ")[1].split(" ")[0] for line in steps] == ["1/4", "2/4", "3/4", "4/4"]
+    assert f"stepped through the prompt's {doc['prompt_tokens']} positions" in steps[-1]
     tune = tmp_path / "tune.json"
     tune.write_text(json.dumps(_tune_doc(["sliding"] * 5 + ["global"], [4] * 6, heads=1)))
     wide = tmp_path / "wide.json"

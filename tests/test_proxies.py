@@ -173,5 +173,15 @@ def test_replay_sweep_and_table_report_the_proxies_when_asked(tmp_path, capsys):
     bare = tmp_path / "bare.npz"
     save_npz(random_trace(48, 7), bare, packed=True)
     assert cli.main(["replay", "--trace", str(bare), "--policy", "tova", "--budget", "8", "--proxies"]) == 0
-    out = capsys.readouterr().out
-    assert ": the trace carries no values" in out and out.splitlines()[2].split()[-3:] == ["n/a"] * 3
+    out = capsys.readouterr()
+    # what is measured and what is not applicable, said plainly: no column of n/a, no fallback named
+    assert out.out.splitlines()[0].split()[-2:] == ["retained_mass", "top_32_recall"] and "n/a" not in out.out
+    assert out.out.splitlines()[-1] == ("measured: retained_mass, top_32_recall; not applicable: value_mass, output_error, "
+                                        "output_shift (random carries attention only, no values: the value-aware proxies "
+                                        "weigh what is kept by the values; a recording by kvsim record stores them)")
+    assert "falls back" not in out.out + out.err
+    assert cli.main(["replay", "--policy", "h2o", "--budget", "256", "--proxies", "--json"]) == 0  # canonical
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert None not in doc.values() and not set(px.VALUE_PROXIES) & set(doc) and "falls back" not in out.err
+    assert doc["not_applicable"]["figures"] == list(px.VALUE_PROXIES) and doc["retained_mass"] == pytest.approx(0.7112, abs=1e-4)

@@ -217,6 +217,7 @@ def test_manifest_and_meta_name_model_layer_heads_tokens_text_and_licences(tiny,
     m = bundle.manifest
     assert bundle.name == "qwen2" and bundle.steps == STEPS and bundle.layers == [0, 1, 2]
     assert m["text"]["source"] == "the test's own words" and m["text"]["licence"] == "CC0" and len(m["text"]["sha256"]) == 64
+    assert m["text"]["path"] == str(text.resolve()) == bundle.traces[0].load().meta["source_path"]  # found again by it
     assert m["model_licence"] == "random weights, no licence needed" and "qwen2" in m["model"]
     assert m["gqa"] == "mean" and m["kv_heads"] == 2 and m["query_heads"] == 4 and m["dtype"] == "float16"
     for entry in bundle.traces:

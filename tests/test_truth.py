@@ -88,6 +88,28 @@ def test_a_recording_names_its_model_and_text_or_says_which_is_missing(tmp_path)
         recording_source({"model": "/nowhere (llama, X)", "source_sha256": HEAPQ_SHA256, "steps": 8})
 
 
+def test_a_recordings_text_is_found_where_it_was_recorded_from_while_its_sha256_holds(tmp_path):
+    """Before, the manifest kept only the text's name: a recording into the cache (its folder not beside
+    the text) had 'its text not at hand' though the file was where it had been recorded from."""
+    from kvsim.models.loading import MODEL, file_sha256
+    from kvsim.models.quality import QualityError
+    from kvsim.models.truth import recording_source
+
+    text = tmp_path / "elsewhere" / "notes.txt"
+    text.parent.mkdir()
+    text.write_text(TEXT)
+    (tmp_path / "bundle").mkdir()
+    manifest = {"model": MODEL, "steps": 8, "text": {"sha256": file_sha256(text), "file": "notes.txt", "path": str(text)}}
+    assert recording_source(manifest, tmp_path / "bundle")[1] == text
+    text.write_text(TEXT + "changed")
+    with pytest.raises(QualityError, match=r"notes.txt, sha256 .* is not at hand \(.*notes.txt has changed since: its "
+                                           r"sha256 differs\); pass --text FILE"):
+        recording_source(manifest, tmp_path / "bundle")
+    text.unlink()
+    with pytest.raises(QualityError, match=r"notes.txt is gone\); pass --text FILE"):
+        recording_source(manifest, tmp_path / "bundle")
+
+
 def test_a_model_that_does_not_fit_is_refused_before_loading(tmp_path):
     from kvsim.models.errors import RecordError
     from kvsim.models.loading import check_fits

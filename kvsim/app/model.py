@@ -81,7 +81,7 @@ def model_view(budget: int) -> None:
     labels = {(t.layer, t.head): views.trace_selector(name, t.layer, t.head, one).split(":")[1] for t in result.traces}
     _layer(result, name, policy, labels, one)
     _table(result, labels)
-    _deploy(result, name, bundle.model)
+    _deploy(result, name, bundle.model, truth)
     st.caption(f"Computed once per server ({result.run.get('seconds', 0):.0f} s). The same from the command line: "
                f"`python -m kvsim tune --trace {name} --policy {policy} --budget {budget} --serial`.")
 
@@ -111,11 +111,11 @@ def _layer(result, name: str, policy: str, labels: dict, one: bool) -> None:
         st.plotly_chart(model_figures.tune_curve(result, layer, head), key="tune_curve")
 
 
-def _deploy(result, name: str, model: str) -> None:
-    """The recommended windows, deployed: the commands and the Python lines (docs/deploy.md)."""
-    shell, python = deploy_snippets(result, name, model)
-    st.markdown(f"**Deploy these windows.** A transformers KV cache that holds {result.budget} positions per layer and "
-                f"evicts by {result.policy}, each layer at its recommended recent_window (kvsim.hf):")
+def _deploy(result, name: str, model: str, truth) -> None:
+    """The recommended windows, deployed: the commands and the Python lines (docs/deploy.md), and what
+    tune's default would deploy instead."""
+    sentence, shell, python = deploy_snippets(result, name, model, truth)
+    st.markdown(sentence)
     st.code(shell, language="bash")
     st.code(python, language="python")
 

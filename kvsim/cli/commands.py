@@ -64,7 +64,17 @@ def cmd_replay(args: argparse.Namespace) -> object:
         report.prepare([args.policy], progress)
         result = replay(trace, args.policy, budget=budget, top_k=args.top_k, progress=progress, record_kept=args.proxies,
                         **params)
-    return {"trace": trace.name, **(px.summary(trace, result) if args.proxies else result.summary())}
+    return {"trace": trace.name, **(_measured(trace, px.summary(trace, result)) if args.proxies else result.summary())}
+
+
+def _measured(trace, row: dict) -> dict:
+    """A ``--proxies`` row as the CLI states it: where the value-aware proxies cannot be measured on the
+    trace, not a column of nulls and a fallback, but what is not applicable and why (``not_applicable``)."""
+    why = px.not_applicable(trace)
+    if why is None:
+        return row
+    out = {k: v for k, v in row.items() if k not in (*px.VALUE_PROXIES, "proxy_fallback")}
+    return {**out, "not_applicable": {"figures": list(px.VALUE_PROXIES), "why": why}}
 
 
 def cmd_sweep(args: argparse.Namespace) -> object:
@@ -88,6 +98,7 @@ def cmd_sweep(args: argparse.Namespace) -> object:
             rows = px.sweep(trace, args.policy, budget, param, ranges[param], top_k=args.top_k, progress=progress, **fixed)
         else:
             rows = sweep(trace, args.policy, budget, param, ranges[param], top_k=args.top_k, progress=progress, **fixed)
+    rows = [_measured(trace, r) for r in rows] if args.proxies else rows
     return mark_choice([{"trace": trace.name, **r} for r in rows], param)
 
 
@@ -143,8 +154,8 @@ def cmd_table(args: argparse.Namespace) -> object:
             for row in doc["rows"]:
                 if row["retained_mass"] is not None and row["policy"] in POLICIES:
                     result = replay(trace, row["policy"], budget=budget, top_k=args.top_k, record_kept=True, **row["params"])
-                    extra = px.summary(trace, result)
-                    row.update({k: extra[k] for k in (*px.VALUE_PROXIES, "proxy_fallback") if k in extra})
+                    extra = _measured(trace, px.summary(trace, result))
+                    row.update({k: extra[k] for k in (*px.VALUE_PROXIES, "not_applicable") if k in extra})
         return doc
 
 
@@ -186,7 +197,7 @@ def cmd_tune(args: argparse.Namespace) -> object:
     elif args.by == AUTO:
         truth, why = _auto_truth(args, source, say)
     result = tune(source, args.policy, args.budget, tolerance=args.tolerance, top_k=args.top_k, scheduler=scheduler,
-                  workers=args.workers, progress=say, by=args.by, truth=truth, why=why)
+                  workers=args.workers, progress=say, by=args.by, truth=truth, why=why, per_layer=args.per_layer)
     return result.to_dict(curves=args.curves)
 
 
@@ -218,7 +229,8 @@ def _auto_truth(args: argparse.Namespace, source, say):
 class _Truth:
     """``tune --by kl``'s truth: a function from candidate windows to the model's loss there, open loop,
     read from the truth documents (shipped, or measured here) where they have it, the rest measured
-    (cached on disk) by a session opened on first use."""
+    (cached on disk) by a session opened on first use; and ``configurations``, the same for windows set
+    per layer (``--per-layer``'s search), kept in the same on-disk cache of measurements."""
 
     def __init__(self, args, meta: dict, model, text, steps: int, key: str, say) -> None:
         from ..models.loading import file_sha256
@@ -227,8 +239,22 @@ class _Truth:
         self.recording = str(meta.get("model") or model)
         self.sha = file_sha256(text)
         self.what = f"{model} on {Path(text).name}, {steps} steps, open loop"
+        self.session = None
+        #: what the summary says of the truth: configurations read (shipped or cached) and measured
+        self.counts = {"read": 0, "measured": 0}
+
+    def _open(self):
+        from ..models import quality
+
+        if self.session is None:
+            self.session = quality.open_session(self.text, self.steps, self.model, progress=self.say,
+                                                use_cache=not self.args.no_cache)
+        return self.session
 
     def __call__(self, windows):
+        return [r[self.key] for r in self._uniform(windows)]
+
+    def _uniform(self, windows) -> list[dict]:
         from ..models import quality, truth
         from ..models.errors import RecordError
 
@@ -236,16 +262,39 @@ class _Truth:
         jobs = [(args.policy, args.budget, {"recent_window": int(w)}) for w in windows]
         rows = [None] * len(jobs) if args.no_cache else truth.known_rows(self.recording, self.sha, self.steps, jobs)
         todo = [w for w, r in zip(windows, rows, strict=True) if r is None]
+        self.counts["read"] += len(jobs) - len(todo)
         if todo:
             try:
-                session = quality.open_session(self.text, self.steps, self.model, progress=self.say,
-                                               use_cache=not args.no_cache)
-                got = iter(truth.window_truth(session, args.policy, args.budget, todo, use_cache=not args.no_cache,
-                                              progress=self.say, recording=self.recording))
+                got = truth.window_truth(self._open(), args.policy, args.budget, todo, use_cache=not args.no_cache,
+                                         progress=self.say, recording=self.recording)
             except (quality.QualityError, RecordError) as e:
                 raise InputError(f"{args.trace}: {e}") from None
+            self.counts["measured"] += sum(not r.get("cached_open") for r in got)
+            self.counts["read"] += sum(bool(r.get("cached_open")) for r in got)
+            got = iter(got)
             rows = [r if r is not None else next(got) for r in rows]
-        return [r[self.key] for r in rows]
+        return rows
+
+    def configurations(self, configs, figure: str) -> list[float]:
+        """``figure`` (``kl`` or ``delta_nll``, open loop) of each configuration, one window per layer; one
+        window in every layer is the model-wide measurement (the same row, read where it is known)."""
+        from ..models import quality
+        from ..models.errors import RecordError
+
+        uniform = sorted({c[0] for c in configs if len(set(c)) == 1})
+        known = dict(zip(uniform, self._uniform(uniform), strict=True)) if uniform else {}
+        per_layer = [c for c in configs if len(set(c)) > 1]
+        measured = {}
+        if per_layer:
+            jobs = [(self.args.policy, self.args.budget, {"recent_window": list(c)}) for c in per_layer]
+            try:
+                rows = self._open().measure_many(jobs, "open", use_cache=not self.args.no_cache)
+            except (quality.QualityError, RecordError) as e:
+                raise InputError(f"{self.args.trace}: {e}") from None
+            self.counts["measured"] += sum(not r["cached"] for r in rows)
+            self.counts["read"] += sum(bool(r["cached"]) for r in rows)
+            measured = {c: r[figure] for c, r in zip(per_layer, rows, strict=True)}
+        return [known[c[0]][f"{figure}_open"] if len(set(c)) == 1 else measured[c] for c in configs]
 
 
 def _tune_truth(args: argparse.Namespace, source, say, key: str) -> _Truth:

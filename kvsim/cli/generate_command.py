@@ -81,7 +81,7 @@ def cmd_generate(args: argparse.Namespace) -> dict:
     from .. import progress as protocol
     from ..models.loading import load_hf_model, load_model, token_ids
 
-    say = None if args.json else protocol.stderr("generate")
+    say = protocol.stderr("generate")  # stderr whatever stdout is (--json, a pipe): a long prompt must not look hung
     from ..models.errors import RecordError
 
     try:
@@ -91,11 +91,11 @@ def cmd_generate(args: argparse.Namespace) -> dict:
     import kvsim.hf as hf
     from kvsim.hf.decoding import greedy
 
-    cache = hf.cache(model, args.policy, args.budget, windows=args.windows, by=args.by, prefill=args.prefill,
-                     seed=args.seed, **params)
     ids = token_ids(tokenizer, text)
     n = ids.shape[1]
-    if say is not None and n > args.budget:
+    cache = hf.cache(model, args.policy, args.budget, windows=args.windows, by=args.by, prefill=args.prefill,
+                     seed=args.seed, progress=say if args.prefill == "exact" and n > 1 else None, **params)
+    if n > args.budget:
         say(None, f"the prompt's {n} tokens exceed the budget {args.budget}: "
             + ("each layer takes them one position at a time, as decoding would show them to the policy"
                if args.prefill == "exact" else "they attend with nothing evicted, then each layer's cache is cut to the budget"))
@@ -104,11 +104,23 @@ def cmd_generate(args: argparse.Namespace) -> dict:
     steps = len(run["tokens"]) - 1
     return {"model": args.model, "policy": args.policy, "budget": args.budget, "params": params,
             "windows": args.windows, "by": args.by if args.windows else None, "prefill": args.prefill,
+            # what was deployed, whatever it came from: a tune file's deploy rows, --recent-window, the default
+            "recent_window_per_layer": _deployed_windows(cache),
             "prompt_tokens": n, "token_ids": run["tokens"], "text": tokenizer.decode(run["tokens"], skip_special_tokens=True),
             "peak_positions": cache.peak_positions, "cache_bytes": cache.nbytes,
             "prefill_seconds": run["prefill_seconds"], "decode_seconds": run["decode_seconds"],
             "tokens_per_second": steps / run["decode_seconds"] if steps and run["decode_seconds"] > 0 else None,
             "seconds": time.perf_counter() - t0}
+
+
+def _deployed_windows(cache) -> list | None:
+    """Each layer's recent_window as deployed (a list per layer when its KV heads differ); None for a
+    policy without one."""
+    out = []
+    for layer in cache.layers:
+        per_head = [dict(spec.kwargs).get("recent_window") for spec in layer.specs]
+        out.append(per_head[0] if len(set(per_head)) == 1 else per_head)
+    return None if all(w is None for w in out) else out
 
 
 def render_generate(doc: dict) -> str:

@@ -247,6 +247,11 @@ def _add_tune(sub, traces: str) -> None:
                    "names, found by its sha256)")
     p.add_argument("--no-cache", action="store_true", help="with --by kl/delta_nll/auto: measure again instead of reading "
                    "cached results")
+    p.add_argument("--per-layer", action="store_true", help="deploy a window per layer (the tune file's deploy rows): "
+                   "by the truth, searched from model_window over the model's groups of layers (its runs of sliding and "
+                   "global layers, at most 6), each tried a budget/8 step down and up and moved only when the model's "
+                   "KL falls: at most 1 + 2 x 6 open-loop measurements of the whole model, each cached; by "
+                   "retained_mass, each layer's recommended window. Default: model_window in every layer")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     _json(p)
 

@@ -400,7 +400,10 @@ class _BundleWriter:
                                           f"peak resident {peak_rss_mb():.0f} MB, {time.perf_counter() - self.t0:.1f} s)")
 
     def _text(self) -> dict:
-        return {"source": self.source, "licence": self.licence, "sha256": self.sha, "file": self.config.text.name}
+        # the path as well as the name: tune and the truth find the text again where it was recorded from,
+        # by this path, checked by the sha256 (a file changed since is not the recording's text)
+        return {"source": self.source, "licence": self.licence, "sha256": self.sha, "file": self.config.text.name,
+                "path": str(self.config.text.resolve())}
 
     def _meta(self, stem: str, layer: int, h: int, window: int | None | str = "config") -> dict:
         """The trace's meta; ``window`` is the layer's sliding window as the pass saw it, or by default
@@ -420,6 +423,7 @@ class _BundleWriter:
             "name": stem,
             "source": self.source,
             "source_sha256": self.sha,
+            "source_path": str(self.config.text.resolve()),
             "licence": self.licence,
             "model": self.model_name,
             "model_licence": self.model_licence,
