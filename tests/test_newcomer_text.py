@@ -134,6 +134,55 @@ def test_every_registered_policy_has_a_colour_and_a_line_of_its_own():
         assert (s.symbol is not None) == ("recent_window" in kvsim.policy_params(name)), name
 
 
+#: two dash patterns whose proportions differ by less than this share of a period look alike (the
+#: issue's tova and streaming_llm, Plotly's "dash" and "longdash" at width 4: 12-on-12-off and 20-on-20-off)
+ALIKE = 0.1
+
+
+def _proportions(pattern: tuple[float, ...]) -> tuple[float, ...]:
+    """A dash pattern as shares of its shortest period: a pattern repeated twice is the pattern."""
+    n = len(pattern)
+    for k in range(2, n, 2):
+        if n % k == 0 and pattern == pattern[:k] * (n // k):
+            pattern = pattern[:k]
+            break
+    return tuple(x / sum(pattern) for x in pattern) if pattern else ()
+
+
+def look_alike(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    """Whether two dash patterns draw the same figure at another size: the same number of segments and
+    the same proportions (within ``ALIKE``) from some starting point (a line has no start on screen)."""
+    pa, pb = _proportions(a), _proportions(b)
+    if len(pa) != len(pb):
+        return False
+    if not pa:
+        return True
+    return any(max(abs(x - y) for x, y in zip(pa, pb[i:] + pb[:i], strict=True)) < ALIKE
+               for i in range(0, len(pb), 2))
+
+
+def test_the_look_alike_rule_catches_what_the_issue_saw():
+    """The rule itself: Plotly's dash and longdash at width 4 (tova's and streaming_llm's before), and dot
+    at widths 3 and 2 (greedy_future's and the upper bound's), look alike; a dash-dot does not."""
+    style = curve_figures.Style
+    pattern = curve_figures.dash_pattern
+    assert pattern(style("#000", "dash", 4)) == (12, 12) and pattern(style("#000", "longdash", 4)) == (20, 20)
+    assert look_alike(pattern(style("#000", "dash", 4)), pattern(style("#000", "longdash", 4)))
+    assert look_alike(pattern(style("#000", "dot", 3)), pattern(style("#000", "dot", 2)))
+    assert not look_alike(pattern(style("#000", "dash", 4)), pattern(style("#000", "dashdot", 4)))
+    assert look_alike((12, 4, 3, 4), (3, 4, 12, 4))  # the same line started elsewhere
+
+
+def test_every_line_of_the_curve_has_a_pattern_of_its_own():
+    """Issue 31, item 5: every pair of styles differs in what the eye reads on the chart, not only in the
+    strings that make them: a curve by its marker, a horizontal line by its dash's proportions."""
+    every = {name: curve_figures.style_of(name) for name in kvsim.POLICIES} | {"upper bound": curve_figures.BOUND_STYLE}
+    for (a, sa), (b, sb) in itertools.combinations(every.items(), 2):
+        same_marker = sa.symbol == sb.symbol
+        alike = look_alike(curve_figures.dash_pattern(sa), curve_figures.dash_pattern(sb))
+        assert not (same_marker and alike), f"{a} {sa} and {b} {sb} look alike"
+
+
 def test_every_series_of_the_curve_is_drawn_apart():
     fig, curves, lines = whole_registry_curve()
     series = {t.name: t for t in fig.data if t.showlegend is not False and t.legend != "legend3"}

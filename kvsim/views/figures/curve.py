@@ -21,8 +21,12 @@ RECOMMENDED_COLOUR = "#111111"
 #: its colour and by its line (dash, width, marker) alike: the policies with a recent_window are curves
 #: with a marker each (the primary curve marks every point, a companion a few); the others are
 #: horizontal lines, deployable ones wide and dashed, the offline references (they read the future)
-#: dotted and grey, the upper bound thin dotted black. No colour is the marks' (orange default, cyan
-#: band, red current).
+#: dotted and grey, the upper bound dotted black. No colour is the marks' (orange default, cyan band, red
+#: current). The dashes are lengths in px, not Plotly's names: its named dashes scale with the line's
+#: width, so "dash" and "longdash" are both even on-off at two sizes, and at width 4 tova's and
+#: streaming_llm's looked alike (issue 31, item 5). Every line's pattern differs in its proportions
+#: (``dash_pattern``), not only in size: a long dash, a dash-dot, a double dash, a dash-dot-dot, sparse
+#: dots, dense dots, three dots and a gap.
 @dataclass(frozen=True)
 class Style:
     colour: str
@@ -37,15 +41,15 @@ POLICY_STYLES: dict[str, Style] = {
     "scissorhands": Style("#9467bd", "solid", 2, "diamond"),
     "h2o_normalized": Style("#8c564b", "solid", 2, "triangle-up"),
     "snapkv": Style("#e377c2", "solid", 2, "x"),
-    "streaming_llm": Style("#2ca02c", "dash", 4),
-    "sliding_window": Style("#bcbd22", "dashdot", 4),
-    "tova": Style("#00796b", "longdash", 4),
-    "random": Style("#f5c400", "longdashdot", 4),
-    "greedy_future": Style("#7f7f7f", "dot", 3),
-    "optimal": Style("#4d4d4d", "3px,9px", 3),
+    "streaming_llm": Style("#2ca02c", "12px,4px", 4),
+    "sliding_window": Style("#bcbd22", "12px,4px,3px,4px", 4),
+    "tova": Style("#00796b", "8px,3px,8px,9px", 4),
+    "random": Style("#f5c400", "12px,3px,3px,3px,3px,3px", 4),
+    "greedy_future": Style("#7f7f7f", "2px,6px", 3),
+    "optimal": Style("#4d4d4d", "2px,3px,2px,3px,2px,8px", 3),
 }
 #: the per-step upper bound: not a policy
-BOUND_STYLE = Style("black", "dot", 2)
+BOUND_STYLE = Style("black", "2px,2px", 2)
 #: a policy the table does not know (registered by a user): these in turn, then these colours again
 SPARE_STYLES = (Style("#393b79", "solid", 2, "pentagon"), Style("#637939", "dash", 3, "hexagon"),
                 Style("#843c39", "longdash", 3, "star-triangle-up"), Style("#7b4173", "dashdot", 3, "hourglass"))
@@ -60,6 +64,18 @@ def style_of(name: str | None, kind: str = "policy") -> Style:
     if name in POLICY_STYLES:
         return POLICY_STYLES[name]
     return SPARE_STYLES[sum(map(ord, name or "")) % len(SPARE_STYLES)]
+
+
+def dash_pattern(style: Style) -> tuple[float, ...]:
+    """The on-off lengths (px) the browser draws ``style``'s line with: () for a solid line; a named
+    dash as plotly.js's ``Drawing.dashStyle`` makes it (scaled by the width, at least 3 px); a list of
+    lengths as written."""
+    dash, unit = style.dash, max(float(style.width), 3.0)
+    named = {"solid": (), "dot": (1, 1), "dash": (3, 3), "longdash": (5, 5), "dashdot": (3, 1, 1, 1),
+             "longdashdot": (5, 2, 1, 2)}
+    if dash in named:
+        return tuple(unit * k for k in named[dash])
+    return tuple(float(part.strip().removesuffix("px")) for part in dash.replace("%", "").split(","))
 
 
 OFFLINE_TITLE = "<b>offline references</b> (they read the future)"
