@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 
 import numpy as np
 import plotly.graph_objects as go
@@ -345,6 +346,46 @@ def test_score_axis_spans_the_scores_for_votes_too(canonical):
     (label,) = [a for a in fig.layout.annotations if (a.text or "").startswith("eviction threshold")]
     assert lo <= label.y <= hi and label.y == pytest.approx(np.log10(max(figures.eviction_threshold(snap), positive.min() / 10)))
     assert not fig.layout.shapes or all(s.xref != "x" for s in fig.layout.shapes)
+
+
+LOG_LABEL = re.compile(r"^[125]e-?\d+$")
+
+
+def _log_scales(fig: go.Figure) -> list[tuple[list[float], list[str]]]:
+    """Every log scale of a figure as (tick places in log10 units, labels): a log axis, an axis of
+    log10 values (its title says "(log)") and a colour bar of log10 values. Unlabelled ones too (no
+    ticktext: left to Plotly, which labels them by its own rule)."""
+    found = []
+    for name in [k for k in fig.layout.to_plotly_json() if k.startswith(("xaxis", "yaxis"))]:
+        axis = fig.layout[name]
+        if axis.type == "log":
+            found.append(([float(np.log10(v)) for v in axis.tickvals or ()], list(axis.ticktext or ())))
+        elif "(log)" in str(axis.title.text or ""):
+            found.append((list(axis.tickvals or ()), list(axis.ticktext or ())))
+    for t in fig.data:
+        bar = getattr(getattr(t, "marker", None), "colorbar", None)
+        if bar is not None and "(log)" in str(bar.title.text or ""):
+            found.append((list(bar.tickvals or ()), list(bar.ticktext or ())))
+    return found
+
+
+def test_every_log_scale_is_labelled_in_one_format(canonical, story):
+    """Issue 31, item 5: the score view's log axis read "100µ" and its histogram "1e-4" for the same scale.
+    Every log scale of every view (the scores' two panels, votes too, and the trace's colour bar) is
+    labelled by one rule, and the same place gets the same label everywhere."""
+    scissorhands = replay(canonical, "scissorhands", budget=256, record_kept=True, record_scores=True)
+    feats = features.trace_features(canonical)
+    figs = [figures.score_distribution(story[2], 3000, feats), figures.score_distribution(scissorhands, 4000, feats),
+            figures.trace_matrix(canonical, feats)]
+    label_at: dict[float, str] = {}
+    scales = [scale for fig in figs for scale in _log_scales(fig)]
+    assert len(scales) == 5
+    for places, labels in scales:
+        assert len(labels) >= 2 and len(labels) == len(places), labels
+        assert all(LOG_LABEL.match(text) for text in labels), labels
+        for at, text in zip(places, labels, strict=True):
+            assert label_at.setdefault(round(at, 6), text) == text
+            assert float(text) == pytest.approx(10 ** at)
 
 
 def test_score_view_refuses_what_it_cannot_show(canonical, story):

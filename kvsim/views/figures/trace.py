@@ -12,7 +12,7 @@ from plotly.colors import hex_to_rgb, sequential
 
 from ...analysis.features import TraceFeatures
 from ...data.trace import Trace
-from .common import HEAVY_COLOUR
+from .common import HEAVY_COLOUR, log_ticks
 
 
 def _lut(scale: Sequence[str]) -> np.ndarray:
@@ -98,7 +98,8 @@ def trace_matrix(trace: Trace, features: TraceFeatures, size: int = 1024) -> go.
             x=[0, 0], y=[1, 1], mode="markers", showlegend=False, hoverinfo="skip",
             marker=dict(
                 color=[lo, hi], colorscale="Viridis", showscale=True, opacity=0, size=1,
-                colorbar=dict(title=dict(text="log10<br>attention"), thickness=12, len=0.8),
+                colorbar=dict(title=dict(text="attention<br>(log)"), thickness=12, len=0.8,
+                              tickvals=log_ticks(lo, hi)[0], ticktext=log_ticks(lo, hi)[1]),
             ),
         )
     )
