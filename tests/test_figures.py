@@ -586,7 +586,11 @@ def test_trace_matrix_is_an_image_with_features_named(canonical):
     assert img.dx == 4 and img.dy == 4
     text = " ".join(a.text for a in fig.layout.annotations)
     assert "sinks (positions 0-3)" in text and "recency band (64)" in text
-    assert any(t.name == "heavy hitter (born here)" and len(t.x) == len(f.heavy) for t in fig.data)
+    # one triangle per group of neighbours, each saying how many it stands for (issue 31, item 5)
+    (heavy,) = [t for t in fig.data if (t.name or "").startswith("heavy hitter (born here")]
+    groups = figures.trace.heavy_marks_drawn(f)
+    assert len(heavy.x) == len(groups) < len(f.heavy)
+    assert sorted(p for g in groups for p in g) == sorted(p for p, _, _ in f.heavy)
 
 
 def test_per_step_table(story):

@@ -13,6 +13,7 @@ from ..analysis.features import HeavyFate, TraceFeatures, curve_peak
 from ..analysis.windows import choose_window, covers
 from .figures.curve import COINCIDE, Line
 from .figures.kept import heavy_marks
+from .figures.trace import heavy_marks_drawn
 from .selection import Region
 
 
@@ -274,12 +275,17 @@ def trace_text(features: TraceFeatures, info: Mapping) -> str:
         parts.append(f"There is no sharp band along the diagonal: attention fades with age (the newest "
                      f"{features.band} positions take {_share(info.get('recent_share'))} of each row).")
     n, stale = len(features.heavy), len(features.stale)
+    marks = len(heavy_marks_drawn(features))
+    # the triangles counted as the figure draws them: 24 heavy hitters beside 8 triangles read as a mistake
+    drawn = (f"{n}, a red triangle at each one's birth" if marks == n else
+             f"{n}, drawn as {marks} red triangles at their births: neighbours closer than a triangle's width share "
+             "one, marked ×n")
     if n == 0:
         parts.append("No heavy hitters: no older position keeps drawing a large share.")
     elif stale:
-        parts.append(f"The vertical stripes are heavy hitters ({n}, red triangles at their birth): bright for a "
-                     f"stretch, then {stale} of them fade into the background.")
+        parts.append(f"The vertical stripes are heavy hitters ({drawn}): bright for a stretch, then {stale} of them "
+                     "fade into the background.")
     else:
-        parts.append(f"The vertical stripes are heavy hitters ({n}, red triangles at their birth)"
+        parts.append(f"The vertical stripes are heavy hitters ({drawn})"
                      + (": they keep drawing attention to the end of the trace." if features.live_known else "."))
     return " ".join(parts)
