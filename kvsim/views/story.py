@@ -289,3 +289,18 @@ def trace_text(features: TraceFeatures, info: Mapping) -> str:
         parts.append(f"The vertical stripes are heavy hitters ({drawn})"
                      + (": they keep drawing attention to the end of the trace." if features.live_known else "."))
     return " ".join(parts)
+
+
+def when_done(fraction: float, elapsed_s: float | None) -> str:
+    """When a background job ends, from how far it got in how long: "0% done" alone said nothing of when.
+    While it waits for a worker, or before its first report past 0, there is nothing to extrapolate
+    from, and it says so; then the time left at the pace so far."""
+    if elapsed_s is None:
+        return "it waits for the background worker (one job at a time), and starts once the jobs before it end."
+    if fraction <= 0:
+        return (f"started {elapsed_s:.0f} s ago and not yet through its first part (the costs of every possible "
+                "eviction come first): how long the rest takes is said here once that part is done.")
+    left = elapsed_s * (1 - fraction) / fraction
+    return (f"{fraction:.0%} done in {elapsed_s:.0f} s; at that pace about {max(1, round(left))} s more "
+            f"(about {max(1, round(elapsed_s + left))} s in all).")
+
