@@ -365,3 +365,58 @@ def test_on_a_real_trace_the_heavy_hitters_note_counts_what_is_drawn():
     visible, n = seen(heads[0], 9), len(f.heavy)
     text = story.heavy_text(f, {figures.policy_label(r): features.heavy_fates(r.kept_history, f) for r in results})
     assert (f"{n} here, drawn as {visible} ▼" in text) if visible < n else (f"{n} here;" in text or f"{n} here." in text)
+
+
+# --------------------------------------------------------------------------------------------
+# issue 31, item 5: the curve's notes clear of the lines
+
+
+JS_HLINES = """() => {
+  const d = document.getElementById('plot'), L = d._fullLayout, b = d.getBoundingClientRect();
+  return d._fullData.filter(t => t.yaxis === 'y' && t.x.length === 2 && t.y[0] === t.y[1]).map(t => ({
+    name: t.name, y: b.top + L.yaxis._offset + L.yaxis.l2p(t.y[0]),
+    x0: b.left + L.xaxis._offset + L.xaxis.l2p(t.x[0]), x1: b.left + L.xaxis._offset + L.xaxis.l2p(t.x[1])}));
+}"""
+
+
+def real_curve(trace_name: str, budget: int = 256):
+    """The curve view's figure for a shipped trace as the app builds it: h2o's every window, its
+    companions on a grid, every deployable policy and offline reference (the optimum aside: its solve is
+    minutes) and the upper bound as lines."""
+    from kvsim.data.catalog import resolve_trace
+    from kvsim.policies.upper_bound import upper_bound_summary
+
+    trace = resolve_trace(trace_name)
+    rows = kvsim.sweep(trace, "h2o", budget, "recent_window", range(1, budget), top_k=32)
+    companions = {n: kvsim.sweep(trace, n, budget, "recent_window", range(1, budget, 8), top_k=32)
+                  for n in ("scissorhands", "h2o_normalized", "snapkv")}
+    lines = []
+    for name, cls in kvsim.POLICIES.items():
+        if "recent_window" in kvsim.policy_params(name) or name == "optimal":
+            continue
+        summary = kvsim.replay(trace, name, budget=budget, top_k=32).summary()
+        kind = "offline" if cls.needs_trace else "policy"
+        lines.append(figures.Line.of(summary, name + (" (offline reference)" if cls.needs_trace else ""), kind, name))
+    lines.append(figures.Line.of(upper_bound_summary(trace, budget, 32), "upper bound (offline reference)", "bound"))
+    f = features.trace_features_cached(trace)
+    return figures.recent_window_curve(rows, lines, current=32, default=32, band=f.band, band_known=f.band_known,
+                                       companions=companions, budget=budget, policy="h2o")
+
+
+@pytest.mark.parametrize("trace_name", ["gemma3-270m-L11", "canonical"])
+def test_the_curves_notes_sit_clear_of_the_lines(trace_name):
+    """On gemma3-270m-L11 the "recommended" note sat on the upper bound's line (read as its label). Drawn
+    by plotly.js at the app's chart width, no note of the best and recommended windows crosses a
+    horizontal line, and they do not cover each other."""
+    fig = real_curve(trace_name)
+    got = boxes(fig, selectors={"notes": "g.annotation-text-g"})
+    notes = [n for n in got["notes"] if n["text"].startswith(("recommended", "best"))]
+    assert notes, [n["text"] for n in got["notes"]]
+    lines = drawn(fig, f"({JS_HLINES})()")
+    assert len(lines) >= 6
+    for note in notes:
+        for line in lines:
+            crosses = note["y0"] - 1 <= line["y"] <= note["y1"] + 1 and line["x0"] < note["x1"] and note["x0"] < line["x1"]
+            assert not crosses, (note["text"], line["name"])
+    for a, b in itertools.combinations(got["notes"], 2):
+        assert not overlap(a, b), (a["text"], b["text"])

@@ -164,7 +164,8 @@ def recent_window_curve(
         if x.min() <= mark <= x.max()
         for xref, yref in (("x", "y"), ("x2", "y2"))
     ]
-    _annotate_story(fig, rows, references, default=default, band=band if band_known else None, policy=policy, choice=choice)
+    _annotate_story(fig, rows, references, default=default, band=band if band_known else None, policy=policy, choice=choice,
+                    lines=lines, plot_height=PLOT_HEIGHT if plot_height is None else plot_height)
     fig.layout["xaxis2"]["title"] = dict(text="recent_window")
     _legends(fig, policy, PLOT_HEIGHT if plot_height is None else plot_height)
     return fig.figure()
@@ -336,10 +337,103 @@ def _hline(fig, row, line: Line, key: str, label: str, lo: float, hi: float, *, 
     )
 
 
+#: what the notes' places are worked out at: the upper panel's plotting width at its narrowest in the
+#: app (the chart column at 1500 x 1100 less the margins; wider only spreads the data under a note) and
+#: a note's text (13 px): height, width per character, and the room kept around it
+NOTE_PANEL_W = 640
+NOTE_PX = (20, 7.2)
+NOTE_ROOM = 4
+#: how far above the panel a note may reach: into the figure's top margin (40 px), under its edge
+NOTE_ABOVE = 30
+
+
+@dataclass(frozen=True)
+class _Panel:
+    """The upper panel in pixels: the data ranges it shows and its size, to place a note by."""
+
+    x_range: tuple[float, float]
+    y_range: tuple[float, float]
+    height: float
+
+    def px(self, x: float, y: float) -> tuple[float, float]:
+        """Screen offsets (right, down) of the point (x, y) from the panel's top left corner."""
+        (x0, x1), (y0, y1) = self.x_range, self.y_range
+        return (x - x0) / max(x1 - x0, 1e-9) * NOTE_PANEL_W, (y1 - y) / max(y1 - y0, 1e-9) * self.height
+
+
+def note_spot(panel: _Panel, x: float, y: float, chars: int, rightwards: bool, lines: Sequence[float],
+              points: Sequence[tuple[float, float]], taken: Sequence[tuple[float, float, float, float]] = (),
+              dx: float = 30) -> tuple[float, tuple[float, float, float, float]]:
+    """Where a note on the point (x, y) goes: its ``ay`` (px, up negative) and its box (px, from the
+    panel's corner), the nearest place where the box crosses none of the horizontal ``lines`` (their y),
+    covers none of the ``points`` (the curves) and none of the ``taken`` boxes, and stays in the panel;
+    the one crossing fewest where none is clear. A note on a line read as that line's label."""
+    px, py = panel.px(x, y)
+    w, h = NOTE_PX[1] * chars + 8, NOTE_PX[0]
+    left = px + dx if rightwards else px - dx - w
+    rows = [panel.px(x, v)[1] for v in lines]
+    dots = [panel.px(a, b) for a, b in points]
+    best = None
+    for ay in sorted([*range(-30, -241, -15), *range(30, 241, 15)], key=lambda a: (abs(a), a > 0)):
+        box = (left, py + ay - h / 2, left + w, py + ay + h / 2)
+        if box[1] < -NOTE_ABOVE or box[3] > panel.height:
+            continue
+        x0, y0, x1, y1 = (box[0] - NOTE_ROOM, box[1] - NOTE_ROOM, box[2] + NOTE_ROOM, box[3] + NOTE_ROOM)
+        hits = (sum(y0 <= r <= y1 for r in rows) + sum(x0 <= a <= x1 and y0 <= b <= y1 for a, b in dots)
+                + sum(x0 < t[2] and t[0] < x1 and y0 < t[3] and t[1] < y1 for t in taken))
+        if best is None or hits < best[0]:
+            best = (hits, ay, box)
+        if hits == 0:
+            break
+    if best is None:  # a panel too short for any place: above, as before
+        return -30, (left, py - 30 - h / 2, left + w, py - 30 + h / 2)
+    return best[1], best[2]
+
+
+def _upper_panel(fig, plot_height: int) -> _Panel:
+    """The upper panel's ranges, set here (Plotly's own would be unknown to ``note_spot``): the data of
+    every series on it, with a margin."""
+    xs = [v for t in fig.data if t.get("yaxis") == "y" for v in t["x"] if v is not None]
+    ys = [v for t in fig.data if t.get("yaxis") == "y" for v in t["y"] if v is not None]
+    lo, hi = float(min(ys)), float(max(ys))
+    pad = max(hi - lo, 0.02) * 0.06
+    y_range = (lo - pad, hi + pad)
+    fig.layout["yaxis"] = {**fig.layout.get("yaxis", {}), "range": list(y_range)}
+    x_lo, x_hi = float(min(xs)), float(max(xs))
+    x_pad = max(x_hi - x_lo, 1) * 0.03
+    x_range = (x_lo - x_pad, x_hi + x_pad)
+    for axis in ("xaxis", "xaxis2"):  # shared: both panels show the same windows
+        fig.layout[axis] = {**fig.layout.get(axis, {}), "range": list(x_range)}
+    # the two panels share the plotting height, less the gap between them (``subplots``' vertical_spacing)
+    return _Panel(x_range, y_range, plot_height * (1 - 0.08) / 2)
+
+
 def _annotate_story(fig, rows: Sequence[Mapping], references: Sequence[Line], *, default: int, band: int | None,
-                    policy: str, choice: WindowChoice | None = None) -> None:
+                    policy: str, choice: WindowChoice | None = None, lines: Sequence[Line] = (),
+                    plot_height: int = PLOT_HEIGHT) -> None:
     """Say in words what the curve shows, computed from the data (never a fixed sentence): the best
-    and recommended windows where ``choice`` is exact, the peak so far where it is of a sample."""
+    and recommended windows where ``choice`` is exact, the peak so far where it is of a sample. Each
+    note is placed clear of the horizontal ``lines``, the curves and the notes before it (``note_spot``)."""
+    panel = _upper_panel(fig, plot_height)
+    levels = [line.retained_mass for line in lines]
+    points = [(float(a), float(b)) for t in fig.data if t.get("yaxis") == "y" and len(t["x"]) > 2
+              for a, b in zip(t["x"], t["y"], strict=True) if a is not None and b is not None]
+    # the panel's title ("retained mass"), centred in the room above it
+    title = (NOTE_PANEL_W / 2 - 60, -NOTE_ABOVE, NOTE_PANEL_W / 2 + 60, 0)
+    taken: list[tuple[float, float, float, float]] = [title]
+    style = dict(showarrow=True, arrowhead=2, bgcolor="rgba(255,255,255,0.85)", font=dict(size=13, color="#222"))
+    at_default = [r["retained_mass"] for r in rows if r["recent_window"] == default]
+    streaming = next((line for line in references if line.policy == "streaming_llm"), None)
+    default_note = None
+    if at_default and streaming is not None:
+        v = float(at_default[0])
+        s = streaming.retained_mass
+        word = "less than" if v < s else "at least as much as"
+        text = f"at {default}, {policy} keeps {word} streaming_llm ({v:.3f} vs {s:.3f})"
+        # low and to the right: under the curves there, clear of the reference lines
+        ay, box = note_spot(panel, default, v, len(text), True, levels, points, dx=40)
+        taken.append(box)
+        default_note = dict(x=default, y=v, xref="x", yref="y", text=text, ax=40, ay=ay, xanchor="left", **style)
     peak, top = curve_peak(rows)
     where = " = the trace's band: the gain saturates here" if peak == band else ""
     if choice is None:
@@ -351,29 +445,15 @@ def _annotate_story(fig, rows: Sequence[Mapping], references: Sequence[Line], *,
     else:
         text = f"best {peak}: {top:.3f}{where}"
         # the note reads away from the nearer edge: Plotly widens the axis to fit a note, and one at window
-        # 63 of 1 .. 1023 reading leftwards stretched the axis to -600
+        # 63 of 1 .. 1023 reading leftwards stretched the axis to -600. Its rule is in the legend ("marks on")
         windows = [r["recent_window"] for r in rows]
         rightwards = choice.recommended - min(windows) < (max(windows) - min(windows)) / 2
-        fig.note(
-            x=choice.recommended, y=choice.recommended_mass, xref="x", yref="y",
-            text=f"recommended {choice.recommended}: {choice.recommended_mass:.3f}, the smallest within {choice.tolerance:g}",
-            showarrow=True, arrowhead=2, ax=30 if rightwards else -30, ay=-55, bgcolor="rgba(255,255,255,0.85)",
-            xanchor="left" if rightwards else "right", font=dict(size=13, color="#222"),
-        )
-    fig.note(
-        x=peak, y=top, xref="x", yref="y", text=text,
-        showarrow=True, arrowhead=2, ax=60, ay=-30, bgcolor="rgba(255,255,255,0.85)", xanchor="left",
-        font=dict(size=13, color="#222"),
-    )
-    at_default = [r["retained_mass"] for r in rows if r["recent_window"] == default]
-    streaming = next((line for line in references if line.policy == "streaming_llm"), None)
-    if at_default and streaming is not None:
-        v = float(at_default[0])
-        s = streaming.retained_mass
-        word = "less than" if v < s else "at least as much as"
-        fig.note(
-            x=default, y=v, xref="x", yref="y", text=f"at {default}, {policy} keeps {word} streaming_llm ({v:.3f} vs {s:.3f})",
-            # low and to the right: under the curves there, clear of the reference lines' labels
-            showarrow=True, arrowhead=2, ax=40, ay=75, bgcolor="rgba(255,255,255,0.85)", xanchor="left",
-            font=dict(size=13, color="#222"),
-        )
+        said = f"recommended {choice.recommended}: {choice.recommended_mass:.3f}"
+        ay, box = note_spot(panel, choice.recommended, choice.recommended_mass, len(said), rightwards, levels, points, taken)
+        taken.append(box)
+        fig.note(x=choice.recommended, y=choice.recommended_mass, xref="x", yref="y", text=said,
+                 ax=30 if rightwards else -30, ay=ay, xanchor="left" if rightwards else "right", **style)
+    ay, box = note_spot(panel, peak, top, len(text), True, levels, points, taken, dx=60)
+    fig.note(x=peak, y=top, xref="x", yref="y", text=text, ax=60, ay=ay, xanchor="left", **style)
+    if default_note is not None:
+        fig.note(**default_note)
