@@ -614,12 +614,12 @@ def test_the_curve_shows_the_truth_beside_the_proxy_and_its_sentence_holds_the_f
     proxy = choose_window(rows, budget=256).recommended
     v = vt.verdict(truth, proxy)
     text = " ".join(m.value for m in at.markdown)
-    assert vt.sentence(truth, proxy) in text
+    assert vt.sentence(truth, vt.layer_pick(proxy, "L11", trace.steps, 0.005)) in text
     assert f"recommends recent_window {proxy};" in text and f"least at {v['truth_window']} (KL {v['kl_best']:.4f})" in text
     assert f"costs {100 * v['cost']:+.0f}% KL" in text and ("agree" if v["agree"] else "disagree") in text
     fig = next(c for c in charts(at) if named(c, "KL (the truth)"))
     assert values(named(fig, "truth's best")[0]["x"]) == [v["truth_window"]]
-    assert values(named(fig, "retained mass recommends")[0]["x"]) == [v["measured_window"]]
+    assert values(named(fig, "retained mass of L11 recommends")[0]["x"]) == [v["measured_window"]]
 
 
 def test_the_canonical_trace_keeps_its_story_and_says_why_it_has_no_truth():

@@ -85,3 +85,40 @@ def test_the_optimums_place_says_when_it_comes():
     assert "waits for the background worker" in when_done(0.0, None)
     assert "started 12 s ago" in when_done(0.0, 12.4) and "%" not in when_done(0.0, 12.4)
     assert when_done(0.25, 30.0) == "25% done in 30 s; at that pace about 90 s more (about 120 s in all)."
+
+
+# --- item 4: one answer per question ---------------------------------------------------------------
+
+#: a truth sentence: "**<who picks>: proxy and truth agree.**" then what each side was measured over
+VERDICT = re.compile(r"\*\*(?P<subject>[^*:]+): proxy and truth (?P<verdict>agree|disagree)\.\*\*")
+
+
+def truth_sentences(at: AppTest) -> dict[str, str]:
+    """The page's truth sentences by the pick they are about; a pick stated twice must read the same."""
+    found: dict[str, str] = {}
+    for m in at.markdown:
+        hit = VERDICT.search(m.value)
+        if hit:
+            sentence = m.value[hit.start():].split(" `python -m kvsim")[0].split(" (The *Your model*")[0]
+            assert found.setdefault(hit["subject"], sentence) == sentence, hit["subject"]
+    return found
+
+
+def test_the_curve_view_and_your_model_give_one_answer_naming_what_they_compare():
+    """On gemma3-270m-L11 the curve view said "Proxy and truth disagree (+24% KL)" while Your model said "Proxy and
+    truth agree": one compared L11's own window at 4096 steps, the other one window for all layers at 1024, unsaid.
+    Now both views state the one-window answer from one function (``kvsim.app.truth.model_answer``), word for
+    word; the curve view adds its layer's own pick under a headline of its own; and every truth sentence names
+    the layers, the window rule, the budget and the steps of both sides."""
+    curve = app(trace="gemma3-270m-L11", view="Choosing recent_window", budget="256", policies="h2o")
+    model = app(view="Your model", budget="256", bundle="gemma3-270m-heapq")
+    on_curve, on_model = truth_sentences(curve), truth_sentences(model)
+    assert set(on_curve) == {"One window for all layers", "L11's own window"}, on_curve
+    assert set(on_model) == {"One window for all layers"}, on_model
+    assert on_curve["One window for all layers"] == on_model["One window for all layers"]
+    for sentence in [*on_curve.values(), *on_model.values()]:
+        assert "every layer's cache held to budget 256 by h2o" in sentence  # the truth's layers and budget
+        assert re.search(r"\(1024 steps of heapq\.py, open loop, \d+ windows measured\)", sentence)  # its steps
+        assert "within 0.005 of" in sentence  # the proxy's window rule
+    assert "of L11 alone over its 4096 steps" in on_curve["L11's own window"]
+    assert "averaged over the 18 layers of gemma3-270m-heapq (1024 steps" in on_curve["One window for all layers"]
