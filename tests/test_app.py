@@ -472,7 +472,7 @@ def test_model_view_opens_a_layer_in_the_kept_views():
 
 
 def test_quality_view_shows_the_rank_correlation_of_the_shown_results():
-    at = run(view="Proxy against truth")
+    at = run({"budget": "64"}, view="Proxy against truth")  # the shipped quality runs' budget
     assert problems(at) == [] and [e.value for e in at.error] == []
     results, _meta = views.quality_results()
     shown = {m.label: m.value for m in at.metric}
@@ -487,6 +487,7 @@ def test_quality_view_shows_the_rank_correlation_of_the_shown_results():
 def test_quality_view_says_how_to_produce_results_when_there_are_none(tmp_path, monkeypatch):
     monkeypatch.setattr(views, "QUALITY_RESULTS", tmp_path / "absent.json")
     monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path))  # and an empty disk cache
+    monkeypatch.setattr("kvsim.models.truth.documents", lambda: [])  # and no truth document's sweep
     at = run(view="Proxy against truth")
     assert problems(at) == [] and [e.value for e in at.error] == []
     # the one notice about results (a fresh install may add the engine's first-compile line beside it)

@@ -122,3 +122,23 @@ def test_the_curve_view_and_your_model_give_one_answer_naming_what_they_compare(
         assert "within 0.005 of" in sentence  # the proxy's window rule
     assert "of L11 alone over its 4096 steps" in on_curve["L11's own window"]
     assert "averaged over the 18 layers of gemma3-270m-heapq (1024 steps" in on_curve["One window for all layers"]
+
+
+@pytest.mark.parametrize("budget", [256, 64, 128])
+def test_proxy_against_truth_follows_the_sidebars_budget_or_says_why_in_its_headline(budget):
+    """It showed budget 64 at 256 steps under the sidebar's 256, said only in a footer. Now it shows what is
+    measured at the sidebar's budget (256: the truth's sweep; 64: the shipped quality runs) and says so first;
+    where nothing is (128), its headline, above the figures, says so and which budget it shows instead."""
+    at = app(view="Proxy against truth", budget=str(budget))
+    (table,) = [d.value for d in at.dataframe]
+    shown = set(table["budget"])
+    if budget == 128:
+        assert shown == {64}
+        (warning,) = at.warning
+        assert warning.value.startswith("**Budget 64 shown, not the sidebar's 128:**") and "--budget 128" in warning.value
+    else:
+        assert shown == {budget} and not at.warning
+        assert at.markdown[0].value.startswith(f"**At budget {budget}, the sidebar's:**")
+    steps = {256: "1024 steps", 64: "256 steps", 128: "256 steps"}[budget]
+    headline = at.warning[0].value if budget == 128 else at.markdown[0].value
+    assert steps in headline
