@@ -262,7 +262,7 @@ def score_text(features: TraceFeatures, policy: str) -> str:
 def trace_text(features: TraceFeatures, info: Mapping) -> str:
     """The trace view's reading of the matrix: what is there, and what is not."""
     parts = ["**The trace itself.** Row *t* is where the query at step *t* put its attention over every earlier "
-             "position, with the whole history available (colour is log10 of the weight, averaged over small blocks)."]
+             "position, with the whole history available (colour is the weight on a log scale, averaged over small blocks)."]
     if features.sinks:
         parts.append(f"The bright column at the left edge is the sinks ({_positions(features.sinks)}, "
                      f"{_share(info.get('sink_share'))} of each row).")

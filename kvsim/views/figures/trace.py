@@ -92,8 +92,9 @@ def trace_matrix(trace: Trace, features: TraceFeatures, size: int = 1024) -> go.
             go.Scatter(
                 x=[group[0] for group in marks], y=[min(born[p] for p in group) for group in marks],
                 mode="markers+text", name="heavy hitter (born here; ×n: n neighbours)",
-                text=[f"×{len(group)}" if len(group) > 1 else "" for group in marks], textposition="middle left",
-                textfont=dict(size=11, color=HEAVY_COLOUR),
+                # the count on the white of the future, right of the diagonal, where it reads
+                text=[f"×{len(group)}" if len(group) > 1 else "" for group in marks], textposition="middle right",
+                textfont=dict(size=12, color="#b01e1e"),
                 customdata=[", ".join(map(str, group)) for group in marks],
                 marker=dict(symbol="triangle-left", size=9, color=HEAVY_COLOUR),
                 hovertemplate="heavy hitters at positions %{customdata}<extra></extra>",
