@@ -361,15 +361,17 @@ class _Panel:
         return (x - x0) / max(x1 - x0, 1e-9) * NOTE_PANEL_W, (y1 - y) / max(y1 - y0, 1e-9) * self.height
 
 
-def note_spot(panel: _Panel, x: float, y: float, chars: int, rightwards: bool, lines: Sequence[float],
+def note_spot(panel: _Panel, x: float, y: float, text: str, rightwards: bool, lines: Sequence[float],
               points: Sequence[tuple[float, float]], taken: Sequence[tuple[float, float, float, float]] = (),
               dx: float = 30) -> tuple[float, tuple[float, float, float, float]]:
-    """Where a note on the point (x, y) goes: its ``ay`` (px, up negative) and its box (px, from the
-    panel's corner), the nearest place where the box crosses none of the horizontal ``lines`` (their y),
-    covers none of the ``points`` (the curves) and none of the ``taken`` boxes, and stays in the panel;
-    the one crossing fewest where none is clear. A note on a line read as that line's label."""
+    """Where the note ``text`` (``<br>`` between its lines) on the point (x, y) goes: its ``ay`` (px, up
+    negative) and its box (px, from the panel's corner), the nearest place where the box crosses none of
+    the horizontal ``lines`` (their y), covers none of the ``points`` (the curves) and none of the
+    ``taken`` boxes, its arrow crosses no taken box, and it stays in the panel; the one crossing fewest
+    where none is clear. A note on a line read as that line's label."""
     px, py = panel.px(x, y)
-    w, h = NOTE_PX[1] * chars + 8, NOTE_PX[0]
+    rows_of_text = text.split("<br>")
+    w, h = NOTE_PX[1] * max(map(len, rows_of_text)) + 8, NOTE_PX[0] + (NOTE_PX[0] - 4) * (len(rows_of_text) - 1)
     left = px + dx if rightwards else px - dx - w
     rows = [panel.px(x, v)[1] for v in lines]
     dots = [panel.px(a, b) for a, b in points]
@@ -379,8 +381,11 @@ def note_spot(panel: _Panel, x: float, y: float, chars: int, rightwards: bool, l
         if box[1] < -NOTE_ABOVE or box[3] > panel.height:
             continue
         x0, y0, x1, y1 = (box[0] - NOTE_ROOM, box[1] - NOTE_ROOM, box[2] + NOTE_ROOM, box[3] + NOTE_ROOM)
+        tail = (box[0] if rightwards else box[2], py + ay)
+        arrow = [(px + (tail[0] - px) * k / 16, py + (tail[1] - py) * k / 16) for k in range(1, 16)]
         hits = (sum(y0 <= r <= y1 for r in rows) + sum(x0 <= a <= x1 and y0 <= b <= y1 for a, b in dots)
-                + sum(x0 < t[2] and t[0] < x1 and y0 < t[3] and t[1] < y1 for t in taken))
+                + sum(x0 < t[2] and t[0] < x1 and y0 < t[3] and t[1] < y1 for t in taken)
+                + sum(any(t[0] <= a <= t[2] and t[1] <= b <= t[3] for a, b in arrow) for t in taken[1:]))
         if best is None or hits < best[0]:
             best = (hits, ay, box)
         if hits == 0:
@@ -421,21 +426,17 @@ def _annotate_story(fig, rows: Sequence[Mapping], references: Sequence[Line], *,
     # the panel's title ("retained mass"), centred in the room above it
     title = (NOTE_PANEL_W / 2 - 60, -NOTE_ABOVE, NOTE_PANEL_W / 2 + 60, 0)
     taken: list[tuple[float, float, float, float]] = [title]
+    for note in fig.layout.get("annotations", []):  # the notes already there (two lines drawn as one)
+        if note.get("yref") == "y" and note.get("showarrow"):
+            px, py = panel.px(note["x"], note["y"])
+            w, h = NOTE_PX[1] * len(note["text"]) + 8, NOTE_PX[0]
+            tail_x, tail_y = px + note.get("ax", 0), py + note.get("ay", 0)
+            x0 = {"right": tail_x - w, "left": tail_x}.get(note.get("xanchor"), tail_x - w / 2)
+            taken.append((x0, tail_y - h / 2, x0 + w, tail_y + h / 2))
     style = dict(showarrow=True, arrowhead=2, bgcolor="rgba(255,255,255,0.85)", font=dict(size=13, color="#222"))
-    at_default = [r["retained_mass"] for r in rows if r["recent_window"] == default]
-    streaming = next((line for line in references if line.policy == "streaming_llm"), None)
-    default_note = None
-    if at_default and streaming is not None:
-        v = float(at_default[0])
-        s = streaming.retained_mass
-        word = "less than" if v < s else "at least as much as"
-        text = f"at {default}, {policy} keeps {word} streaming_llm ({v:.3f} vs {s:.3f})"
-        # low and to the right: under the curves there, clear of the reference lines
-        ay, box = note_spot(panel, default, v, len(text), True, levels, points, dx=40)
-        taken.append(box)
-        default_note = dict(x=default, y=v, xref="x", yref="y", text=text, ax=40, ay=ay, xanchor="left", **style)
     peak, top = curve_peak(rows)
-    where = " = the trace's band: the gain saturates here" if peak == band else ""
+    # on a line of its own: one long line had room nowhere between the lines and the curves
+    where = "<br>= the trace's band: the gain saturates here" if peak == band else ""
     if choice is None:
         text = f"peak at {peak}: {top:.3f}{where}"
     elif not choice.exact:
@@ -449,11 +450,20 @@ def _annotate_story(fig, rows: Sequence[Mapping], references: Sequence[Line], *,
         windows = [r["recent_window"] for r in rows]
         rightwards = choice.recommended - min(windows) < (max(windows) - min(windows)) / 2
         said = f"recommended {choice.recommended}: {choice.recommended_mass:.3f}"
-        ay, box = note_spot(panel, choice.recommended, choice.recommended_mass, len(said), rightwards, levels, points, taken)
+        ay, box = note_spot(panel, choice.recommended, choice.recommended_mass, said, rightwards, levels, points, taken)
         taken.append(box)
         fig.note(x=choice.recommended, y=choice.recommended_mass, xref="x", yref="y", text=said,
                  ax=30 if rightwards else -30, ay=ay, xanchor="left" if rightwards else "right", **style)
-    ay, box = note_spot(panel, peak, top, len(text), True, levels, points, taken, dx=60)
+    ay, box = note_spot(panel, peak, top, text, True, levels, points, taken, dx=60)
+    taken.append(box)
     fig.note(x=peak, y=top, xref="x", yref="y", text=text, ax=60, ay=ay, xanchor="left", **style)
-    if default_note is not None:
-        fig.note(**default_note)
+    # the comparison with streaming_llm last: it has the most room to give way to the windows' notes
+    at_default = [r["retained_mass"] for r in rows if r["recent_window"] == default]
+    streaming = next((line for line in references if line.policy == "streaming_llm"), None)
+    if at_default and streaming is not None:
+        v = float(at_default[0])
+        s = streaming.retained_mass
+        word = "less than" if v < s else "at least as much as"
+        text = f"at {default}, {policy} keeps {word} streaming_llm ({v:.3f} vs {s:.3f})"
+        ay, box = note_spot(panel, default, v, text, True, levels, points, taken, dx=40)
+        fig.note(x=default, y=v, xref="x", yref="y", text=text, ax=40, ay=ay, xanchor="left", **style)
