@@ -175,4 +175,4 @@ def test_the_recommended_mark_rides_on_a_mark_already_there_else_rings_its_own_p
     assert "trace band (3), recommended: the smallest within 0.005 of the best" in names
     assert not any(n.startswith("recommended (") for n in names)  # said on the band's mark, not drawn over it
     assert [a.text for a in fig.layout.annotations if a.text.startswith(("best", "recommended"))] == [
-        "recommended 3: 0.949, the smallest within 0.005", "best 8: 0.950"]
+        "recommended 3: 0.949", "best 8: 0.950"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 
 import numpy as np
 import plotly.graph_objects as go
@@ -350,6 +351,46 @@ def test_score_axis_spans_the_scores_for_votes_too(canonical):
     assert not fig.layout.shapes or all(s.xref != "x" for s in fig.layout.shapes)
 
 
+LOG_LABEL = re.compile(r"^[125]e-?\d+$")
+
+
+def _log_scales(fig: go.Figure) -> list[tuple[list[float], list[str]]]:
+    """Every log scale of a figure as (tick places in log10 units, labels): a log axis, an axis of
+    log10 values (its title says "(log)") and a colour bar of log10 values. Unlabelled ones too (no
+    ticktext: left to Plotly, which labels them by its own rule)."""
+    found = []
+    for name in [k for k in fig.layout.to_plotly_json() if k.startswith(("xaxis", "yaxis"))]:
+        axis = fig.layout[name]
+        if axis.type == "log":
+            found.append(([float(np.log10(v)) for v in axis.tickvals or ()], list(axis.ticktext or ())))
+        elif "(log)" in str(axis.title.text or ""):
+            found.append((list(axis.tickvals or ()), list(axis.ticktext or ())))
+    for t in fig.data:
+        bar = getattr(getattr(t, "marker", None), "colorbar", None)
+        if bar is not None and "(log)" in str(bar.title.text or ""):
+            found.append((list(bar.tickvals or ()), list(bar.ticktext or ())))
+    return found
+
+
+def test_every_log_scale_is_labelled_in_one_format(canonical, story):
+    """Issue 31, item 5: the score view's log axis read "100µ" and its histogram "1e-4" for the same scale.
+    Every log scale of every view (the scores' two panels, votes too, and the trace's colour bar) is
+    labelled by one rule, and the same place gets the same label everywhere."""
+    scissorhands = replay(canonical, "scissorhands", budget=256, record_kept=True, record_scores=True)
+    feats = features.trace_features(canonical)
+    figs = [figures.score_distribution(story[2], 3000, feats), figures.score_distribution(scissorhands, 4000, feats),
+            figures.trace_matrix(canonical, feats)]
+    label_at: dict[float, str] = {}
+    scales = [scale for fig in figs for scale in _log_scales(fig)]
+    assert len(scales) == 5
+    for places, labels in scales:
+        assert len(labels) >= 2 and len(labels) == len(places), labels
+        assert all(LOG_LABEL.match(text) for text in labels), labels
+        for at, text in zip(places, labels, strict=True):
+            assert label_at.setdefault(round(at, 6), text) == text
+            assert float(text) == pytest.approx(10 ** at)
+
+
 def test_score_view_refuses_what_it_cannot_show(canonical, story):
     f = features.trace_features(canonical)
     with pytest.raises(ValueError, match="no scores"):
@@ -434,7 +475,10 @@ def test_curve_draws_companions_and_offline_references_apart():
     greedy, bound = by_name["greedy_future (offline reference)"], by_name["upper bound (offline reference)"]
     assert list(bound[1].y) == [1.0, 1.0] and list(greedy[0].y) == [0.75, 0.75]
     assert {t.legend for t in greedy + bound} == {"legend2"}
-    assert {t.line.dash for t in greedy + bound} == {"dot"}
+    # dotted: every dash a dot (at most 3 px), each in a pattern of its own (issue 31, item 5)
+    for t in greedy + bound:
+        assert max(float(v.removesuffix("px")) for v in t.line.dash.split(",")[::2]) <= 3, t.line.dash
+    assert greedy[0].line.dash != bound[0].line.dash
     assert bound[0].line.color == "black" and greedy[0].line.color == "#7f7f7f"
     assert "offline references" in fig.layout.legend2.title.text and "h2o" in fig.layout.legend3.title.text
     # the legend lists h2o first, then scissorhands, then the lines
@@ -550,7 +594,11 @@ def test_trace_matrix_is_an_image_with_features_named(canonical):
     assert img.dx == 4 and img.dy == 4
     text = " ".join(a.text for a in fig.layout.annotations)
     assert "sinks (positions 0-3)" in text and "recency band (64)" in text
-    assert any(t.name == "heavy hitter (born here)" and len(t.x) == len(f.heavy) for t in fig.data)
+    # one triangle per group of neighbours, each saying how many it stands for (issue 31, item 5)
+    (heavy,) = [t for t in fig.data if (t.name or "").startswith("heavy hitter (born here")]
+    groups = figures.trace.heavy_marks_drawn(f)
+    assert len(heavy.x) == len(groups) < len(f.heavy)
+    assert sorted(p for g in groups for p in g) == sorted(p for p, _, _ in f.heavy)
 
 
 def test_per_step_table(story):

@@ -238,3 +238,25 @@ def test_one_sides_step_table_has_short_headers_and_the_same_cells():
         assert list(one.columns[:3]) == ["position", "weight", "state"]
         assert all(": " not in c for c in one.columns)
         assert one["state"].tolist() == both[f"{side.label}: state"].tolist()
+
+
+def test_app_lab_tables_say_something_in_every_cell():
+    """Issue 31, item 5: the lab's tables showed a raw "None" (the new position's weight; the shown share and
+    score of a position not held). Every cell of every preset's tables, on every step, is text a reader
+    can read, and the new position's and an unheld position's cells say what they are."""
+    at = lab_app()
+    for name in lab.PRESETS:
+        at.selectbox(key="lab_preset").set_value(name).run()
+        for step in range(1, len(lab.run_preset(name)) + 1):
+            at.slider(key="lab_step").set_value(step).run()
+            frames = [d.value for d in at.dataframe][-2:]  # the step tables, one per side (first: the editor)
+            assert len(frames) == 2 and all("state" in f.columns for f in frames), name
+            for frame in frames:
+                cells = frame.astype(object).to_numpy().ravel().tolist()
+                assert not any(c is None or (isinstance(c, float) and np.isnan(c)) or str(c) in ("None", "nan", "")
+                               for c in cells), (name, step, frame)
+                assert frame["weight"].iloc[-1] == lab.NEW_WEIGHT
+    steps = lab.run_preset("h2o vs scissorhands")
+    table = lab.step_table(steps[-1])
+    held_nowhere = [c for c in table.columns if c.endswith(": score")]
+    assert held_nowhere and any((table[c] == lab.NOT_HELD).any() for c in held_nowhere)

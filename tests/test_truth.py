@@ -66,7 +66,7 @@ def test_window_truth_keeps_proxies_beside_the_truth_and_the_views_find_it(text_
     assert vt.truth_for({**meta, "source_sha256": "0" * 64}, "h2o", 8) is None
     v = vt.verdict(found, 4)
     assert v["measured_window"] == 3 and v["kl_best"] == min(found.kl)
-    text = vt.sentence(found, 4)
+    text = vt.sentence(found, vt.layer_pick(4, "L00", STEPS, 0.005))
     assert f"least at {v['truth_window']} (KL {v['kl_best']:.4f})" in text and f"{100 * v['cost']:+.0f}% KL" in text
     # the same figures read again from the cache, not measured: the proxies too
     again = truth.window_truth(session, "h2o", 8, [1, 3, 5])

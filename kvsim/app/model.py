@@ -14,6 +14,7 @@ from kvsim.views.deploy import deploy_snippets
 
 from .cache import TOP_K, cached_bundle, tunings
 from .state import TABS, curve_policies, drop_upload, mirrored
+from .truth import model_answer
 
 
 def tuned(name: str, policy: str, budget: int):
@@ -72,9 +73,10 @@ def model_view(budget: int) -> None:
         f"**{wide['one_window']['recommended_window']}**. **Click a layer's circle or cross** (or choose the layer below) for its curve."
     )
     truth = vt.truth_for(bundle.manifest, policy, budget)  # the curve view's measurements, shipped or made here
-    if truth is not None:
-        st.markdown(vt.sentence(truth, wide["one_window"]["recommended_window"], "retained mass (one window for all layers)")
-                    + f" `python -m kvsim tune --trace {name} --policy {policy} --budget {budget} --by kl` recommends by it.")
+    pick = None if truth is None else model_answer(truth)  # the curve view's answer to the same question
+    if pick is not None:
+        st.markdown(vt.sentence(truth, pick) + f" `python -m kvsim tune --trace {name} --policy {policy} --budget {budget} "
+                    "--by kl` recommends by the truth itself.")
     fig = model_figures.tune_heatmap(result)
     st.plotly_chart(fig, key="tune_chart", on_select=lambda: pick_layer(result), selection_mode="points")
     one = len(result.traces) == len(bundle.layers)
