@@ -127,5 +127,5 @@ if __name__ == "__main__":
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
     if not 1 <= args.runs <= 50:
-        ap.error("--runs: expected 1 to 50")
+        sys.exit(f"client_vs_browser.py: error: --runs {args.runs}: expected 1 to 50")
     main(args.runs)
