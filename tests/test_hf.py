@@ -1,6 +1,6 @@
 """kvsim.hf: a transformers cache that really evicts, checked on tiny config-built models (random
 weights, nothing downloaded) against a plain decode loop that keeps the full cache and masks what the
-policy would have evicted (DOMAIN.md section 8), and ``python -m kvsim generate`` on a model folder."""
+policy would have evicted (docs/domain.md, "The deployed cache"), and ``python -m kvsim generate`` on a model folder."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``kvsim record --store qk``: the query/key trace (traces/README.md, "Query/key traces"; DOMAIN.md section 7) on tiny
+"""``kvsim record --store qk``: the query/key trace (traces/README.md, "Query/key traces"; docs/domain.md, "Query/key traces") on tiny
 Hugging Face models built here from configs (random weights, grouped-query attention, sliding-window
 layers, Gemma 2's soft-capped logits); nothing is downloaded.
 

@@ -6,7 +6,7 @@
 
 Every decoder layer holds at most ``budget`` positions per KV head, chosen by one policy per (layer, KV
 head) from the registry's online policies, fed the attention the model computes (``kvsim.hf.cache``,
-DOMAIN.md section 8, docs/deploy.md). The model is put on kvsim's attention function (eager
+docs/domain.md, "The deployed cache", docs/deploy.md). The model is put on kvsim's attention function (eager
 arithmetic, which exposes the weights); with transformers' own caches it still computes eager
 attention.
 

@@ -1,5 +1,5 @@
 """A transformers ``Cache`` that really evicts: each decoder layer holds at most ``budget`` positions
-per KV head, and a kvsim policy decides which (docs/deploy.md, DOMAIN.md section 8).
+per KV head, and a kvsim policy decides which (docs/deploy.md, docs/domain.md, "The deployed cache").
 
 The order is the harness's (``kvsim.sim.harness``): the query at position t attends to the positions
 its layer holds (those inside the layer's own sliding window, if it has one) and to itself; then, for

@@ -11,7 +11,7 @@ blockwise, no ``(n, n)`` matrix built), and every chosen layer becomes one trace
 two stores:
 
 - ``dense``: the rows themselves (``kvsim.models.recorder``), a packed lower triangle, O(T^2) per trace;
-- ``qk``: the query/key trace (traces/README.md, "Query/key traces"; DOMAIN.md section 7): the post-norm,
+- ``qk``: the query/key trace (traces/README.md, "Query/key traces"; docs/domain.md, "Query/key traces"): the post-norm,
   post-RoPE queries of the KV head's query heads, its keys and values, and the attention's constants,
   O(T x head_dim) per trace, from which every row is computed again on demand;
 - ``auto`` (the default): dense up to ``DENSE_UP_TO`` steps (4096, the length of every shipped trace),
