@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = {".py", ".md", ".toml", ".txt", ".cfg", ".ini", ".sh", ".json"}
-SKIP = {".git", ".venv", "node_modules", "__pycache__", ".pytest_cache", ".ruff_cache"}
+SKIP = {".git", ".venv", ".test-cache", "artifacts", "node_modules", "__pycache__", ".pytest_cache", ".ruff_cache"}
 #: a page named with a quoted heading after it: docs/domain.md, "The truth" (the comma optional)
 CITATION = re.compile(r'([\w./-]+\.md),? "([^"\n]+)"')
 
