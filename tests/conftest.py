@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
-import pytest
-from random_traces import random_trace
+import os
+from pathlib import Path
 
-import kvsim
-from kvsim.data.catalog import resolve_trace
+#: The suite's own cache directory. Set before anything imports kvsim, and inherited by every process a
+#: test starts (CLI runs, the Streamlit server), so a run never writes into the user's ($KVSIM_CACHE_DIR,
+#: else ~/.cache/kvsim). It sits in the checkout (ignored by git) and is kept between runs, so a second
+#: run reads the dequantised model (1.1 GB) and the canonical trace instead of making them again.
+SUITE_CACHE = Path(__file__).resolve().parent.parent / ".test-cache"
+os.environ["KVSIM_CACHE_DIR"] = str(SUITE_CACHE)
+
+import pytest  # noqa: E402
+from random_traces import random_trace  # noqa: E402
+
+import kvsim  # noqa: E402
+from kvsim.data.catalog import resolve_trace  # noqa: E402
 
 
 def policy_args(name: str, budget: int, trace: kvsim.Trace | None = None, **params) -> dict:

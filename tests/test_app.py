@@ -450,7 +450,9 @@ def test_model_view_shows_the_command_and_the_python_that_deploy_the_recommended
     assert problems(at) == [] and [e.value for e in at.error] == []
     expected = tune(resolve_bundle("gemma3-270m-heapq"), "h2o", 64)
     shell, python = [c.value for c in at.code][-2:]
-    assert "kvsim tune --trace gemma3-270m-heapq --policy h2o --budget 64 --serial --json > tune.json" in shell
+    # the tune file the shell lines write deploys exactly the per-layer windows the Python lines set
+    assert ("kvsim tune --trace gemma3-270m-heapq --policy h2o --budget 64 --by retained_mass --per-layer --serial "
+            "--json > tune.json") in shell
     assert "kvsim generate --model gemma --policy h2o --budget 64 --windows tune.json" in shell
     windows = {r["layer"]: r["recommended_window"] for r in expected.per_layer()}
     namespace: dict = {}
@@ -472,7 +474,7 @@ def test_model_view_opens_a_layer_in_the_kept_views():
 
 
 def test_quality_view_shows_the_rank_correlation_of_the_shown_results():
-    at = run(view="Proxy against truth")
+    at = run({"budget": "64"}, view="Proxy against truth")  # the shipped quality runs' budget
     assert problems(at) == [] and [e.value for e in at.error] == []
     results, _meta = views.quality_results()
     shown = {m.label: m.value for m in at.metric}
@@ -487,6 +489,7 @@ def test_quality_view_shows_the_rank_correlation_of_the_shown_results():
 def test_quality_view_says_how_to_produce_results_when_there_are_none(tmp_path, monkeypatch):
     monkeypatch.setattr(views, "QUALITY_RESULTS", tmp_path / "absent.json")
     monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path))  # and an empty disk cache
+    monkeypatch.setattr("kvsim.models.truth.documents", lambda: [])  # and no truth document's sweep
     at = run(view="Proxy against truth")
     assert problems(at) == [] and [e.value for e in at.error] == []
     # the one notice about results (a fresh install may add the engine's first-compile line beside it)
@@ -614,12 +617,12 @@ def test_the_curve_shows_the_truth_beside_the_proxy_and_its_sentence_holds_the_f
     proxy = choose_window(rows, budget=256).recommended
     v = vt.verdict(truth, proxy)
     text = " ".join(m.value for m in at.markdown)
-    assert vt.sentence(truth, proxy) in text
+    assert vt.sentence(truth, vt.layer_pick(proxy, "L11", trace.steps, 0.005)) in text
     assert f"recommends recent_window {proxy};" in text and f"least at {v['truth_window']} (KL {v['kl_best']:.4f})" in text
     assert f"costs {100 * v['cost']:+.0f}% KL" in text and ("agree" if v["agree"] else "disagree") in text
     fig = next(c for c in charts(at) if named(c, "KL (the truth)"))
     assert values(named(fig, "truth's best")[0]["x"]) == [v["truth_window"]]
-    assert values(named(fig, "retained mass recommends")[0]["x"]) == [v["measured_window"]]
+    assert values(named(fig, "retained mass of L11 recommends")[0]["x"]) == [v["measured_window"]]
 
 
 def test_the_canonical_trace_keeps_its_story_and_says_why_it_has_no_truth():

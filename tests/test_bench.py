@@ -3,8 +3,10 @@ reference computes, or the speed-up it is measured against means nothing. Not ti
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from random_traces import random_trace
+from tolerance import rounding
 
 from kvsim import replay
 from kvsim.bench import speed as bench
@@ -16,8 +18,9 @@ def test_the_card_pseudo_code_agrees_with_the_reference(seed, budget, recent_win
     topk = [set(int(p) for p in row.nonzero()[0]) for row in trace.topk_mask(32)]
     mass, recall = bench.card_h2o(trace.attention, budget, recent_window, topk)
     ref = replay(trace, "h2o", budget=budget, recent_window=recent_window)
-    assert mass == pytest.approx(ref.retained_mass, abs=1e-12)
-    assert recall == pytest.approx(ref.top_k_recall, abs=1e-12)
+    # two float64 means over 120 steps of figures that are themselves sums of at most budget weights
+    assert mass == pytest.approx(ref.retained_mass, abs=2 * rounding(120 + budget, 1.0, np.float64))
+    assert recall == pytest.approx(ref.top_k_recall, abs=2 * rounding(120 + 32, 1.0, np.float64))
 
 
 def test_the_card_pseudo_code_tells_windows_apart():

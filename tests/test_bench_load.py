@@ -79,6 +79,9 @@ def test_two_sessions_on_a_real_server_keep_their_settings_and_uploads_to_themse
                 seconds, error = await s.timed(load.LESSON[0].action, load.LESSON[0].expect)
                 assert seconds is not None, error
             assert "budget=256" in a.query and a.files_bytes > 1_000_000  # the page's scripts came too
+            # as Chromium: the widgets' and Plotly's chunks asked for when drawn, over at most six connections
+            drawn = {p.rsplit("/", 1)[-1].split(".", 1)[0] for p in a.http.tally.paths}
+            assert {"PlotlyChart", "NumberInput", "Selectbox"} <= drawn and a.http.tally.most_open <= 6
             seconds, error = await a.timed(client.Number("budget", 128), "budget=128")
             assert seconds is not None, error
             assert await load.isolation([a, b]) == ""
@@ -123,3 +126,170 @@ def test_the_app_server_does_not_collect_all_its_garbage_after_every_run():
 
     config = tomllib.loads((Path(__file__).resolve().parents[1] / ".streamlit" / "config.toml").read_text())
     assert config["runner"]["postScriptGC"] is False
+
+
+# --- the client fetches as a browser does: six connections, its HTTP cache, gzip -------------------
+
+
+class _Site:
+    """A page naming twelve scripts, served on 127.0.0.1 as Streamlit serves its own: the page
+    ``no-cache`` with an ETag (304 when it matches), the hashed scripts ``public, immutable,
+    max-age=31536000``, the main script gzipped when asked. A script is held until six requests are
+    in flight together (or 5 s pass), so a client that fetches with fewer connections is seen to."""
+
+    FILES = [f"static/js/part{i}.js" for i in range(12)]
+    MAIN = ('const m={f:["./PlotlyChart.abc.js","./part0.js","./extra.def.js","../css/chart.css"]};'
+            'lazy(()=>H(()=>import(`./PlotlyChart.abc.js`),__vite__mapDeps([0,1,2,3]),import.meta.url));'
+            'm.f=["./PlotlyChart.abc.js","./part0.js","./extra.def.js","../css/chart.css"];')
+
+    def __init__(self):
+        import gzip
+        import http.server
+
+        site = self
+        self.log: list[tuple[str, int]] = []  # (path, client port) per request
+        self.in_flight = self.most_in_flight = 0
+        self.together = threading.Barrier(6, timeout=5)
+        self.lock = threading.Lock()
+        names = "".join(f'<link rel="modulepreload" crossorigin href="./{f}">' for f in self.FILES)
+        index = f'<html><script type="module" crossorigin src="./static/js/index.main.js"></script>{names}</html>'.encode()
+        bodies = {"/": index, "/static/js/index.main.js": self.MAIN.encode(), "/_stcore/health": b"ok",
+                  "/_stcore/host-config": b"{}", **{f"/{f}": f"// {f}\n".encode() * 50 for f in self.FILES},
+                  **{f"/static/{p}": p.encode() for p in ("js/PlotlyChart.abc.js", "js/extra.def.js", "css/chart.css")}}
+        self.bodies = bodies
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # kept alive, as Streamlit's server does
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                with site.lock:
+                    site.log.append((self.path, self.client_address[1]))
+                    site.in_flight += 1
+                    site.most_in_flight = max(site.most_in_flight, site.in_flight)
+                try:
+                    if self.path.startswith("/static/js/part"):
+                        try:
+                            site.together.wait()
+                        except threading.BrokenBarrierError:
+                            pass
+                    self.answer()
+                finally:
+                    with site.lock:
+                        site.in_flight -= 1
+
+            def answer(self):
+                body = bodies.get(self.path)
+                if body is None:
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if self.path == "/" and self.headers.get("If-None-Match") == '"page-1"':
+                    self.send_response(304)
+                    self.send_header("ETag", '"page-1"')
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                if self.path == "/":
+                    self.send_header("Cache-Control", "no-cache")
+                    self.send_header("ETag", '"page-1"')
+                elif self.path.startswith("/static/"):
+                    self.send_header("Cache-Control", "public, immutable, max-age=31536000")
+                if self.path == "/static/js/index.main.js" and "gzip" in self.headers.get("Accept-Encoding", ""):
+                    body = gzip.compress(body)
+                    self.send_header("Content-Encoding", "gzip")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def site():
+    s = _Site()
+    yield s
+    s.close()
+
+
+def _open_page(student: client.Student) -> None:
+    async def go():
+        try:
+            await student.fetch_page()
+        finally:
+            student.http.close()
+
+    asyncio.run(go())
+
+
+def test_a_students_page_files_go_out_over_six_kept_alive_connections_at_once(site):
+    """Chromium keeps six connections to a host: the first page's files are fetched six at a time,
+    never more, and every connection is kept for the next file (one connection at a time made the
+    thirty-session first page a measure of the client)."""
+    student = client.Student(site.url)
+    _open_page(student)
+    assert site.most_in_flight == 6 and student.http.tally.most_open == 6
+    assert len({port for _, port in site.log}) == 6  # kept alive: sixteen requests, six connections
+    assert {path for path, _ in site.log} == {"/", "/static/js/index.main.js", *(f"/{f}" for f in site.FILES),
+                                              "/_stcore/health", "/_stcore/host-config"}
+
+
+def test_a_second_page_load_takes_the_immutable_files_from_the_browsers_cache(site):
+    """A new page in the same browser asks again for the page (``no-cache``: revalidated, 304) and the
+    uncacheable health check, never for a script served ``immutable, max-age``."""
+    student = client.Student(site.url)
+    _open_page(student)
+    first = len(site.log)
+    _open_page(student)
+    again = sorted(path for path, _ in site.log[first:])
+    assert again == ["/", "/_stcore/health", "/_stcore/host-config"]
+    assert student.http.tally.revalidated == 1 and student.http.tally.from_cache == 1 + len(site.FILES)
+
+
+def test_a_gzipped_script_is_read_as_sent_and_its_elements_code_is_fetched_when_drawn(site):
+    """The main script comes gzipped (asked for with Accept-Encoding) and is read as the page reads it:
+    its table of lazily loaded chunks. An element's first arrival fetches its chunk and what that
+    imports, relative paths resolved, each file once per page (``part0.js`` came with the page)."""
+    student = client.Student(site.url)
+
+    async def go():
+        try:
+            await student.fetch_page()
+            student._load_code("plotly_chart")
+            student._load_code("plotly_chart")  # a second chart of the same kind: nothing more to fetch
+            student._load_code("markdown")  # drawn by the main script: no chunk
+            await asyncio.gather(*student.loading)
+        finally:
+            student.http.close()
+
+    asyncio.run(go())
+    assert student.http.tally.compressed == 1
+    assert student.chunks["PlotlyChart"] == ["/static/js/PlotlyChart.abc.js", "/static/js/part0.js",
+                                             "/static/js/extra.def.js", "/static/css/chart.css"]
+    later = [path for path, _ in site.log[-3:]]
+    assert sorted(later) == ["/static/css/chart.css", "/static/js/PlotlyChart.abc.js", "/static/js/extra.def.js"]
+    assert [p for p, _ in site.log].count("/static/js/part0.js") == 1
+
+
+def test_the_client_against_browser_comparison_refuses_a_bad_run_count_in_one_line():
+    """``bench/client_vs_browser.py`` (docs/classroom.md quotes its figures) checks its flag before it
+    starts a server or a browser."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "client_vs_browser.py"
+    out = subprocess.run([sys.executable, str(script), "--runs", "0"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1 and "--runs 0: expected 1 to 50" in out.stderr

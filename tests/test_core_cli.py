@@ -13,9 +13,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from tolerance import rounding
 
 import kvsim
 from kvsim import cli
+from kvsim.analysis.claims.measure import FIGURE_TOLERANCE
 from kvsim.analysis.metrics import describe
 from kvsim.cli import commands, errors, report
 
@@ -111,8 +113,8 @@ def test_export_canonical_round_trips(tmp_path, canonical):
         assert json.loads(str(z["meta"][()]))["name"] == "canonical"
     loaded = kvsim.load_trace(out).attention
     # the loader renormalises every row in float64; a row whose float32 weights do not sum to
-    # exactly 1 can move by an ulp, nothing more
-    assert np.allclose(loaded, canonical.attention, rtol=1e-6, atol=0)
+    # exactly 1 (half an ulp each, relatively) can move by that and the store's rounding, nothing more
+    assert np.allclose(loaded, canonical.attention, rtol=rounding(2), atol=0)
     assert np.count_nonzero(loaded != canonical.attention) < 100
 
 
@@ -120,15 +122,17 @@ def test_table_on_the_canonical_trace_meets_every_target():
     doc = json_of(kvsim_cmd("table", "--json"))
     assert doc["budget"] == 256 and doc["trace"] == "canonical" and doc["top_k"] == 32
     rows = {(r["policy"], tuple(r["params"].items())): r for r in doc["rows"]}
-    assert rows[("sliding_window", ())]["retained_mass"] == pytest.approx(0.5966, abs=0.003)
-    assert rows[("streaming_llm", (("sinks", 4),))]["retained_mass"] == pytest.approx(0.7367, abs=0.003)
-    assert rows[("h2o", (("recent_window", 32),))]["retained_mass"] == pytest.approx(0.711233, abs=1e-6)
+    assert rows[("sliding_window", ())]["retained_mass"] == pytest.approx(0.5966, abs=FIGURE_TOLERANCE)  # docs/domain.md
+    assert rows[("streaming_llm", (("sinks", 4),))]["retained_mass"] == pytest.approx(0.7367, abs=FIGURE_TOLERANCE)
+    # pinned to 6 decimals, and a weight another machine rounds the other way moves it by an ulp of 1
+    assert rows[("h2o", (("recent_window", 32),))]["retained_mass"] == pytest.approx(0.711233, abs=0.5e-6 + rounding(1))
     assert rows[("h2o", (("recent_window", 64),))]["top_k_recall"] == 1.0
     # the exact optimum: no row of the table passes it, and it does not pass the per-step bound
     best = rows[("optimal (offline reference)", ())]["retained_mass"]
     bound = rows[("upper bound (offline reference)", ())]["retained_mass"]
-    assert best <= bound + 1e-12
-    assert all(r["retained_mass"] <= best + 1e-12 for r in doc["rows"] if r["policy"] != "upper bound (offline reference)")
+    slack = 2 * rounding(4096 + 257, 1.0, np.float64)  # two float64 means over 4096 steps of sums of at most 257 weights
+    assert best <= bound + slack
+    assert all(r["retained_mass"] <= best + slack for r in doc["rows"] if r["policy"] != "upper bound (offline reference)")
     assert [r["recent_window"] for r in doc["sweep"]["rows"]] == list(range(8, 193, 8))
     assert doc["sweep"]["argmax"] == 64
     assert len(doc["targets"]) == 8
@@ -139,7 +143,7 @@ def test_table_on_the_canonical_trace_meets_every_target():
 
 
 def test_table_on_a_small_trace_says_which_rows_the_budget_refuses(small, capsys):
-    path, _ = small
+    path, small_trace = small
     assert cli.main(["table", "--trace", str(path), "--budget", "16", "--json"]) == 0
     out, err = capsys.readouterr()
     doc = json.loads(out)
@@ -150,7 +154,8 @@ def test_table_on_a_small_trace_says_which_rows_the_budget_refuses(small, capsys
         assert r["params"].get("recent_window", 0) >= 16 and "recent_window" in r["refused"]
     for r in doc["rows"]:
         if r not in refused:
-            assert 0 <= r["retained_mass"] <= 1 + 1e-9 and 0 <= r["top_k_recall"] <= 1
+            # at most a whole row: float32 weights summing to 1 within one rounding each
+            assert 0 <= r["retained_mass"] <= 1 + rounding(small_trace.steps + 1) and 0 <= r["top_k_recall"] <= 1
     assert [r["recent_window"] for r in doc["sweep"]["rows"]] == [8]
     assert doc["targets"] is None
     assert cli.main(["table", "--trace", str(path), "--budget", "16"]) == 0

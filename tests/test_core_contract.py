@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tolerance import rounding
 
 import kvsim
 from kvsim.sim.harness import observed_attention
@@ -110,7 +111,7 @@ def test_replay_harness_accepts_every_policy(name, trace, fit_args):
         row = result.kept_history[t]
         assert row[row >= 0].tolist() == k
     assert result.victims_history == victims
-    assert 0.0 <= result.retained_mass <= 1.0 + 1e-9
+    assert 0.0 <= result.retained_mass <= 1.0 + rounding(trace.steps + 1)  # a whole row's float32 weights sum to 1 within this
     assert 0.0 <= result.top_k_recall <= 1.0
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tolerance import rounding
 
 import kvsim
 from kvsim.sim.harness import observed_attention
@@ -51,9 +52,10 @@ def test_contract_and_metric_bounds_for_every_policy(make_trace, fit_args, case)
         kept = kept_after(result, t)
         assert len(kept) == min(t + 1, budget)
         assert kept == sorted(set(kept)) and kept[-1] <= t
-    assert np.all(result.retained_mass_series >= 0) and np.all(result.retained_mass_series <= 1 + 1e-6)
+    whole = 1 + rounding(trace.steps + 1)  # a whole row's float32 weights sum to 1 within one rounding each
+    assert np.all(result.retained_mass_series >= 0) and np.all(result.retained_mass_series <= whole)
     assert np.all(result.top_k_recall_series >= 0) and np.all(result.top_k_recall_series <= 1)
-    assert 0.0 <= result.retained_mass <= 1.0 + 1e-6
+    assert 0.0 <= result.retained_mass <= whole
 
 
 @SETTINGS
@@ -111,5 +113,6 @@ def test_a_budget_that_holds_everything_retains_everything(make_trace, fit_args,
     budget = steps + 1 + extra
     params = {p: min(v, budget - 1) for p, v in params.items()}
     _, _, result = run(make_trace, fit_args, ((steps, seed, ties), name, budget, params))
-    assert np.allclose(result.retained_mass_series, 1.0, rtol=0, atol=1e-6)
+    # every row whole: its float32 weights sum to 1 within one rounding each, at most steps of them
+    assert np.allclose(result.retained_mass_series, 1.0, rtol=0, atol=rounding(steps))
     assert np.all(result.top_k_recall_series == 1.0)

@@ -1,8 +1,9 @@
 """A recording stored as queries and keys is the dense recording: tiny Gemma-3- and Llama-style models built
 here from configs (grouped-query attention, sliding-window layers; nothing downloaded), their own queries
 and keys as ``kvsim record --store qk`` writes them and as ``bench/qk_standin.py`` catches them, against the dense
-recorder (``kvsim record``) on the same tokens: every row within float32 tolerance, every registered
-policy's retained mass within 1e-5. Needs the recorder's extra; skipped with that reason without it."""
+recorder (``kvsim record``) on the same tokens: every row within float32 rounding (tests/tolerance.py), every
+registered policy's retained mass within that of its kept rows. Needs the recorder's extra; skipped with that
+reason without it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 import tiny_models  # noqa: E402  (tests/, beside this file)
+from tolerance import qk_file_rows, rounding  # noqa: E402
 
 from kvsim.data.bundle import load_bundle  # noqa: E402
 from kvsim.models.record import RecordConfig, record  # noqa: E402
@@ -69,11 +71,14 @@ def test_queries_and_keys_give_the_dense_recording_and_its_replays(tmp_path, fam
         assert (a.layer, a.head, a.sliding_window) == (b.layer, b.head, b.sliding_window)
         windows.add(b.sliding_window)
         d, q = a.load(), b.load()
-        np.testing.assert_allclose(q.attention, d.attention, rtol=2e-5, atol=1e-7, err_msg=b.name)
+        # two float32 computations of the rows of these queries and keys, each renormalised again by its loader
+        row_bound = 2 * qk_file_rows(b.path) + 2 * rounding(STEPS + 2)
+        np.testing.assert_allclose(q.attention, d.attention, rtol=0, atol=row_bound, err_msg=b.name)
         for name in POLICIES:
             kw = fit_args(name, BUDGET, d)
+            # the same decisions on rows within that bound: each step's kept sum of BUDGET weights within BUDGET of it
             assert abs(replay(q, name, budget=BUDGET, **kw).retained_mass
-                       - replay(d, name, budget=BUDGET, **kw).retained_mass) < 1e-5, (b.name, name)
+                       - replay(d, name, budget=BUDGET, **kw).retained_mass) <= BUDGET * row_bound, (b.name, name)
     assert windows == ({None, WINDOW} if family == "gemma3" else {None})
 
 

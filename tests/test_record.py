@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tolerance import rounding
 
 import kvsim.models.loading as loading
 from kvsim import cli
@@ -52,7 +53,8 @@ def test_kv_head_rows_mean_of_the_group_then_renormalised_without_the_diagonal(k
         mean = softmax[h * group : (h + 1) * group].mean(axis=0)
         assert np.all(rows[0] == 0)
         for t in range(1, 12):
-            np.testing.assert_allclose(rows[t, :t], mean[t, :t] / mean[t, :t].sum(), rtol=1e-12)
+            # float64 on both sides: a mean of at most 4 heads, a sum of at most 11 weights, a division
+            np.testing.assert_allclose(rows[t, :t], mean[t, :t] / mean[t, :t].sum(), rtol=2 * rounding(4 + 11 + 2, 1.0, np.float64))
             assert np.all(rows[t, t:] == 0)  # the query's own weight and the future are gone
 
 
@@ -123,7 +125,7 @@ def test_cli_record_without_the_extra_says_so_in_one_line(monkeypatch, capsys, t
     text.write_text(TEXT)
     # listed first, so it is the one reported whether or not the real extra is installed
     monkeypatch.setattr(loading, "_EXTRA", {"kvsim_test_absent_module": "kvsim-test-absent-package", **loading._EXTRA})
-    assert cli.main(["record", str(text), "--out", str(tmp_path / "out")]) == 2
+    assert cli.main(["record", str(text), "--out", str(tmp_path / "out")]) == 1  # the machine lacks it, not the command line
     out, err = capsys.readouterr()
     assert out == ""
     assert err.count("\n") == 1
@@ -170,7 +172,11 @@ def test_record_writes_one_packed_float16_trace_per_global_layer(recorded):
         # up to float16 rounding
         raw = unpack_lower(packed, STEPS).astype(np.float64)
         assert np.all(np.isfinite(raw)) and np.all(raw >= 0)
-        np.testing.assert_allclose(raw[1:].sum(axis=1), 1.0, atol=3e-3)
+        # float32 rows that sum to 1 within their own rounding, each weight then stored as float16: half an ulp
+        # of it, relatively, or half the smallest subnormal below float16's normal range
+        f16 = np.finfo(np.float16)
+        np.testing.assert_allclose(raw[1:].sum(axis=1), 1.0, rtol=0,
+                                   atol=f16.eps / 2 + STEPS * float(f16.smallest_subnormal) / 2 + rounding(STEPS + 1))
         assert raw[1, 0] == 1.0  # step 1 has only position 0 to attend to
 
 

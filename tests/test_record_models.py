@@ -21,6 +21,7 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 import tiny_models  # noqa: E402  (tests/, beside this file)
+from tolerance import attention_rows, logit_magnitude  # noqa: E402
 
 from kvsim import cli  # noqa: E402
 from kvsim.data.bundle import load_bundle  # noqa: E402
@@ -78,6 +79,26 @@ def _reference(folder, text, layer: int, gqa: str) -> list[np.ndarray]:
     return kv_head_rows(att, model.config.num_key_value_heads, gqa)
 
 
+def _float32_rows(folder, text, layer: int) -> float:
+    """How far two float32 computations of a layer's rows from the same queries and keys (the recorder's, a
+    plain eager forward's) may be apart: twice ``tolerance.attention_rows``, with the queries and keys the
+    model's pass gives that layer (``qkv_capture``), their head size, grouping, length and largest logits."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from kvsim.models.qkv_capture import capture_qkv
+
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32).eval()
+    ids = AutoTokenizer.from_pretrained(folder)(text.read_text(), return_tensors="pt").input_ids[:, : STEPS + 1]
+    seen = []
+    with torch.no_grad():
+        capture_qkv(model, ids, [layer], seen.append)
+    (qkv,) = seen
+    q, k = qkv.query.double().numpy(), qkv.key.double().numpy()  # (heads, n, d), (kv heads, n, d)
+    bounds = [attention_rows(k.shape[2], logit_magnitude(q[h * qkv.group : (h + 1) * qkv.group], k[h], qkv.scale),
+                             k.shape[1], qkv.group) for h in range(k.shape[0])]
+    return 2 * max(bounds)
+
+
 def _raw(path) -> np.ndarray:
     with np.load(path, allow_pickle=False) as z:
         return unpack_lower(z["attention_packed"], int(z["steps"])).astype(np.float64)
@@ -92,11 +113,11 @@ def test_every_layer_and_kv_head_matches_a_plain_eager_forward(tiny, tmp_path, f
     n_layers = len(FAMILIES[family][0]) + len(FAMILIES[family][1])
     assert [(f["layer"], f["head"]) for f in doc["files"]] == [(x, h) for x in range(n_layers) for h in (0, 1)]
     for layer in range(n_layers):
-        expected = _reference(folders[family], text, layer, gqa)
+        expected, bound = _reference(folders[family], text, layer, gqa), _float32_rows(folders[family], text, layer)
         for h in (0, 1):
             got = _raw(tmp_path / f"{family}-L{layer:02d}-kv{h}.npz")
-            np.testing.assert_allclose(got, expected[h], rtol=2e-5, atol=1e-7, err_msg=f"{family} layer {layer} KV head {h}")
-            assert not np.allclose(expected[0], expected[1])  # the two KV heads really differ
+            np.testing.assert_allclose(got, expected[h], rtol=0, atol=bound, err_msg=f"{family} layer {layer} KV head {h}")
+            assert not np.allclose(expected[0], expected[1], rtol=0, atol=bound)  # the two KV heads differ beyond rounding
 
 
 def test_llama_layer_0_matches_attention_computed_by_hand_from_the_weights(tiny, tmp_path):
@@ -121,6 +142,10 @@ def test_llama_layer_0_matches_attention_computed_by_hand_from_the_weights(tiny,
         half = np.concatenate([-v[..., d // 2 :], v[..., : d // 2]], axis=-1)
         return v * cos + half * sin
 
+    def rope_size(v):  # a bound on |rope(q)| from one on |q|
+        half = np.concatenate([v[..., d // 2 :], v[..., : d // 2]], axis=-1)
+        return v * np.abs(cos) + half * np.abs(sin)
+
     q, k = rope(q), rope(k)
     group = cfg.num_attention_heads // cfg.num_key_value_heads
     for h in range(cfg.num_key_value_heads):
@@ -132,7 +157,15 @@ def test_llama_layer_0_matches_attention_computed_by_hand_from_the_weights(tiny,
             rows += p / p.sum(axis=1, keepdims=True) / group
         rows = np.tril(rows, -1)
         rows[1:] /= rows[1:].sum(axis=1, keepdims=True)
-        np.testing.assert_allclose(_raw(tmp_path / f"llama-L00-kv{h}.npz"), rows, rtol=1e-4, atol=1e-7)
+        # the recorder's float32: the norm (a mean over `hidden` squares) and each projection (over `hidden`
+        # terms) move q and k by (2 hidden + 3) roundings of sum |x||W|; RoPE by 3 more and by its angle's (up
+        # to the position, n radians); a logit then by that many of sum |q||k|, as its own d terms do
+        qa = (np.abs(x) @ np.abs(sd["model.layers.0.self_attn.q_proj.weight"]).T).reshape(n, cfg.num_attention_heads, d)
+        ka = (np.abs(x) @ np.abs(sd["model.layers.0.self_attn.k_proj.weight"]).T).reshape(n, cfg.num_key_value_heads, d)
+        qa, ka = rope_size(qa), rope_size(ka)
+        largest = max(float(np.einsum("td,pd->tp", qa[:, qh], ka[:, h]).max()) for qh in range(h * group, (h + 1) * group))
+        bound = attention_rows(d + 2 * (2 * cfg.hidden_size + 6 + n), largest / math.sqrt(d), n, group)
+        np.testing.assert_allclose(_raw(tmp_path / f"llama-L00-kv{h}.npz"), rows, rtol=0, atol=bound)
 
 
 @pytest.mark.parametrize("family", ["qwen2", "gemma3"])
@@ -171,8 +204,8 @@ def test_layers_global_is_the_default_and_the_forward_stops_after_the_last_recor
                  model_and_tokenizer=(model, AutoTokenizer.from_pretrained(folders["gemma3"])))
     assert seen == [] and [f["layer"] for f in doc["files"]] == [0, 0]
     assert doc["files"][1]["path"].endswith("gemma3-L00-kv1.npz")  # named after the model's folder
-    np.testing.assert_allclose(_raw(doc["files"][1]["path"]),
-                               _reference(folders["gemma3"], text, 0, "mean")[1], rtol=2e-5, atol=1e-7)
+    np.testing.assert_allclose(_raw(doc["files"][1]["path"]), _reference(folders["gemma3"], text, 0, "mean")[1], rtol=0,
+                               atol=_float32_rows(folders["gemma3"], text, 0))
     assert model.config._attn_implementation == "eager"  # the caller's model is left as it was
 
 
@@ -184,6 +217,7 @@ def test_manifest_and_meta_name_model_layer_heads_tokens_text_and_licences(tiny,
     m = bundle.manifest
     assert bundle.name == "qwen2" and bundle.steps == STEPS and bundle.layers == [0, 1, 2]
     assert m["text"]["source"] == "the test's own words" and m["text"]["licence"] == "CC0" and len(m["text"]["sha256"]) == 64
+    assert m["text"]["path"] == str(text.resolve()) == bundle.traces[0].load().meta["source_path"]  # found again by it
     assert m["model_licence"] == "random weights, no licence needed" and "qwen2" in m["model"]
     assert m["gqa"] == "mean" and m["kv_heads"] == 2 and m["query_heads"] == 4 and m["dtype"] == "float16"
     for entry in bundle.traces:

@@ -66,7 +66,7 @@ def test_window_truth_keeps_proxies_beside_the_truth_and_the_views_find_it(text_
     assert vt.truth_for({**meta, "source_sha256": "0" * 64}, "h2o", 8) is None
     v = vt.verdict(found, 4)
     assert v["measured_window"] == 3 and v["kl_best"] == min(found.kl)
-    text = vt.sentence(found, 4)
+    text = vt.sentence(found, vt.layer_pick(4, "L00", STEPS, 0.005))
     assert f"least at {v['truth_window']} (KL {v['kl_best']:.4f})" in text and f"{100 * v['cost']:+.0f}% KL" in text
     # the same figures read again from the cache, not measured: the proxies too
     again = truth.window_truth(session, "h2o", 8, [1, 3, 5])
@@ -86,6 +86,28 @@ def test_a_recording_names_its_model_and_text_or_says_which_is_missing(tmp_path)
         recording_source({"model": MODEL, "text": {"sha256": "abcdef" * 10, "file": "gone.txt"}, "steps": 8}, tmp_path)
     with pytest.raises(QualityError, match=r"model \(/nowhere \(llama, X\)\) is not at hand; pass --model"):
         recording_source({"model": "/nowhere (llama, X)", "source_sha256": HEAPQ_SHA256, "steps": 8})
+
+
+def test_a_recordings_text_is_found_where_it_was_recorded_from_while_its_sha256_holds(tmp_path):
+    """Before, the manifest kept only the text's name: a recording into the cache (its folder not beside
+    the text) had 'its text not at hand' though the file was where it had been recorded from."""
+    from kvsim.models.loading import MODEL, file_sha256
+    from kvsim.models.quality import QualityError
+    from kvsim.models.truth import recording_source
+
+    text = tmp_path / "elsewhere" / "notes.txt"
+    text.parent.mkdir()
+    text.write_text(TEXT)
+    (tmp_path / "bundle").mkdir()
+    manifest = {"model": MODEL, "steps": 8, "text": {"sha256": file_sha256(text), "file": "notes.txt", "path": str(text)}}
+    assert recording_source(manifest, tmp_path / "bundle")[1] == text
+    text.write_text(TEXT + "changed")
+    with pytest.raises(QualityError, match=r"notes.txt, sha256 .* is not at hand \(.*notes.txt has changed since: its "
+                                           r"sha256 differs\); pass --text FILE"):
+        recording_source(manifest, tmp_path / "bundle")
+    text.unlink()
+    with pytest.raises(QualityError, match=r"notes.txt is gone\); pass --text FILE"):
+        recording_source(manifest, tmp_path / "bundle")
 
 
 def test_a_model_that_does_not_fit_is_refused_before_loading(tmp_path):

@@ -57,7 +57,8 @@ def test_a_recording_with_values_shows_the_output_errors_pick_beside_the_masss(t
     pick = windows[min(range(len(rows)), key=lambda i: rows[i]["output_error"])]
     truth = vt.truth_for(trace.meta, "h2o", 16)
     text = " ".join(m.value for m in at.markdown)
-    assert vt.sentence(truth, pick, "attention-output error") in text
+    rule = "the least error at the truth's windows"
+    assert vt.sentence(truth, vt.layer_pick(pick, "rec", trace.steps, 0.005, "attention-output error", rule)) in text
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     marker = [t for t in spec["data"] if str(t.get("name", "")).startswith("attention-output error recommends")]
     assert marker and marker[0]["name"] == f"attention-output error recommends {pick}"

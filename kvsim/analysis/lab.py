@@ -255,7 +255,9 @@ def step_table(step: LabStep, side: int | None = None) -> pd.DataFrame:
     import pandas as pd
 
     t = step.t
-    data: dict[str, list] = {"position": list(range(t + 1)), "weight": [*step.row.tolist(), None]}
+    # every cell says something: an empty one read "None" in the app. The new position t has no weight
+    # in row t (a query does not attend to itself here); a position not held shows nothing and has no score
+    data: dict[str, list] = {"position": list(range(t + 1)), "weight": [*map(_number, step.row.tolist()), NEW_WEIGHT]}
     if side is not None:
         one = step.sides[side]
         full = step_table(step)
@@ -266,7 +268,18 @@ def step_table(step: LabStep, side: int | None = None) -> pd.DataFrame:
         scored = {} if each.scores is None else dict(zip(each.score_positions.tolist(), each.scores.tolist(), strict=True))
         data[f"{each.label}: state"] = [each.state(p) for p in range(t + 1)]
         if each.observed is not None:
-            data[f"{each.label}: shown"] = [seen.get(p) for p in range(t + 1)]
+            data[f"{each.label}: shown"] = [_number(seen[p]) if p in seen else NOT_HELD for p in range(t + 1)]
         if each.scores is not None:
-            data[f"{each.label}: score"] = [scored.get(p) for p in range(t + 1)]
+            data[f"{each.label}: score"] = [_number(scored[p]) if p in scored else NOT_HELD for p in range(t + 1)]
     return pd.DataFrame(data)
+
+
+#: what the step table says where there is no number: the new position's weight, and the figures of a
+#: position the policy does not hold
+NEW_WEIGHT = "(the query's own)"
+NOT_HELD = "(not held)"
+
+
+def _number(x: float) -> str:
+    """A weight, share or score as the table shows it (one column of text: a blank cell read "None")."""
+    return str(int(x)) if float(x).is_integer() else f"{x:.3f}"

@@ -123,7 +123,7 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
 
 
 def regret(score: Sequence[float], truth: Sequence[float]) -> float:
-    """DOMAIN.md section 6: ``truth(the window the proxy recommends) / best truth - 1``, where the proxy
+    """docs/domain.md, "The truth": ``truth(the window the proxy recommends) / best truth - 1``, where the proxy
     recommends the window with the largest ``score`` (the first of equal ones: windows ascending) and
     the truth is a loss (KL: smaller is better, never negative). 0 when the best truth is 0 and the
     proxy found it; infinite when it is 0 and the proxy did not."""

@@ -128,9 +128,9 @@ def background_summary(trace: kvsim.Trace, key: tuple, work: Callable[[], dict],
     return status.value
 
 
-def optimal_line(trace: kvsim.Trace, spec: PolicySpec) -> tuple[dict | None, float]:
+def optimal_line(trace: kvsim.Trace, spec: PolicySpec) -> tuple[dict | None, services.Status]:
     """The optimum's summary when it is known (from the disk cache or a finished background solve),
-    else ``(None, fraction solved)`` with the solve started in the background."""
+    else ``(None, the solve's status)`` with the solve started in the background."""
     from kvsim.policies import optimal
 
     def needed() -> bool:
@@ -143,8 +143,8 @@ def optimal_line(trace: kvsim.Trace, spec: PolicySpec) -> tuple[dict | None, flo
     except Exception as e:  # said on the page in one line, and tried again on the next redraw
         raise ValueError(f"the exact optimum could not be solved: {' '.join(str(e).split())}") from None
     if not solve.done:
-        return None, solve.fraction
-    return cached_summary(trace, spec), 1.0
+        return None, solve
+    return cached_summary(trace, spec), solve
 
 
 def reference_lines(trace: kvsim.Trace, settings: Settings, pending: Pending) -> list[figures.Line]:
@@ -195,8 +195,8 @@ def _optimal(trace: kvsim.Trace, spec: PolicySpec) -> dict | None:
         st.error(f"{e}; its line is left out.")
         return None
     if summary is None:
-        st.info(f"The exact optimum at budget {spec.budget} is being solved in the background ({done:.0%} done); "
-                "its line appears on the next redraw once it is known.")
+        st.info(f"The exact optimum at budget {spec.budget} is being solved in the background: "
+                f"{story.when_done(done.fraction, done.elapsed_s)} Its line appears on the next redraw once it is known.")
     return summary
 
 

@@ -61,7 +61,7 @@ def run() -> None:
     views = (
         lambda: kept_view(trace, settings), lambda: score_view(trace, settings), lambda: curve_view(trace, settings),
         lambda: trace_view(trace), lab_view, lambda: claims_view(trace), lambda: model_view(settings.budget),
-        quality_view,
+        lambda: quality_view(settings.budget),
     )
     needs = [*settings.chosen, "pooling", st.session_state.get("curve_policy", "h2o")]
     compile_later = warm_up(needs)

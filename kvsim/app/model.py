@@ -14,6 +14,7 @@ from kvsim.views.deploy import deploy_snippets
 
 from .cache import TOP_K, cached_bundle, tunings
 from .state import TABS, curve_policies, drop_upload, mirrored
+from .truth import model_answer
 
 
 def tuned(name: str, policy: str, budget: int):
@@ -72,16 +73,17 @@ def model_view(budget: int) -> None:
         f"**{wide['one_window']['recommended_window']}**. **Click a layer's circle or cross** (or choose the layer below) for its curve."
     )
     truth = vt.truth_for(bundle.manifest, policy, budget)  # the curve view's measurements, shipped or made here
-    if truth is not None:
-        st.markdown(vt.sentence(truth, wide["one_window"]["recommended_window"], "retained mass (one window for all layers)")
-                    + f" `python -m kvsim tune --trace {name} --policy {policy} --budget {budget} --by kl` recommends by it.")
+    pick = None if truth is None else model_answer(truth)  # the curve view's answer to the same question
+    if pick is not None:
+        st.markdown(vt.sentence(truth, pick) + f" `python -m kvsim tune --trace {name} --policy {policy} --budget {budget} "
+                    "--by kl` recommends by the truth itself.")
     fig = model_figures.tune_heatmap(result)
     st.plotly_chart(fig, key="tune_chart", on_select=lambda: pick_layer(result), selection_mode="points")
     one = len(result.traces) == len(bundle.layers)
     labels = {(t.layer, t.head): views.trace_selector(name, t.layer, t.head, one).split(":")[1] for t in result.traces}
     _layer(result, name, policy, labels, one)
     _table(result, labels)
-    _deploy(result, name, bundle.model)
+    _deploy(result, name, bundle.model, truth)
     st.caption(f"Computed once per server ({result.run.get('seconds', 0):.0f} s). The same from the command line: "
                f"`python -m kvsim tune --trace {name} --policy {policy} --budget {budget} --serial`.")
 
@@ -111,11 +113,11 @@ def _layer(result, name: str, policy: str, labels: dict, one: bool) -> None:
         st.plotly_chart(model_figures.tune_curve(result, layer, head), key="tune_curve")
 
 
-def _deploy(result, name: str, model: str) -> None:
-    """The recommended windows, deployed: the commands and the Python lines (docs/deploy.md)."""
-    shell, python = deploy_snippets(result, name, model)
-    st.markdown(f"**Deploy these windows.** A transformers KV cache that holds {result.budget} positions per layer and "
-                f"evicts by {result.policy}, each layer at its recommended recent_window (kvsim.hf):")
+def _deploy(result, name: str, model: str, truth) -> None:
+    """The recommended windows, deployed: the commands and the Python lines (docs/deploy.md), and what
+    tune's default would deploy instead."""
+    sentence, shell, python = deploy_snippets(result, name, model, truth)
+    st.markdown(sentence)
     st.code(shell, language="bash")
     st.code(python, language="python")
 

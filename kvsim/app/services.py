@@ -195,6 +195,8 @@ class Status:
     done: bool
     fraction: float
     value: Any = None
+    #: seconds since the job began its work; None while it waits for a worker (or once done)
+    elapsed_s: float | None = None
 
 
 class Background:
@@ -215,8 +217,13 @@ class Background:
         def start():
             if not needed():
                 return None
-            progress = [0.0]
-            return self._pool.submit(_after_the_run(work), lambda f: progress.__setitem__(0, f)), progress
+            progress = [0.0, None]  # the fraction done, and when the work began (the page says when it ends)
+
+            def timed(report):
+                progress[1] = time.monotonic()
+                return work(report)
+
+            return self._pool.submit(_after_the_run(timed), lambda f: progress.__setitem__(0, f)), progress
 
         job = self._jobs.setdefault(key, start)
         if job is None:
@@ -224,7 +231,8 @@ class Background:
             return Status(True, 1.0)
         future, progress = job
         if not future.done():
-            return Status(False, progress[0])
+            began = progress[1]
+            return Status(False, progress[0], elapsed_s=None if began is None else time.monotonic() - began)
         if future.exception() is not None:
             self._jobs.pop(key)
             raise future.exception()

@@ -13,9 +13,10 @@ import streamlit as st
 
 import kvsim
 from kvsim.analysis.windows import choose_window
+from kvsim.data.catalog import available_bundles
 from kvsim.views import truth as vt
 
-from .cache import BY_TRACE
+from .cache import BY_TRACE, cached_bundle
 
 #: measurements running in this server's background: (model, text sha, policy, budget) -> state
 _JOBS: dict[tuple, dict] = {}
@@ -52,22 +53,60 @@ def _values_key(trace: kvsim.Trace) -> str | None:
     return hashlib.blake2b(np.ascontiguousarray(values).data, digest_size=16).hexdigest()
 
 
+def bundle_of(truth: vt.Truth) -> str | None:
+    """The recorded model (bundle) the truth was measured on: the same model, text and steps."""
+    who = (str(truth.meta.get("model")), str(truth.meta.get("text_sha256")))
+    for name in available_bundles():
+        manifest = cached_bundle(name).manifest
+        if vt.recording(manifest) == who and manifest.get("steps") == truth.meta.get("steps"):
+            return name
+    return None
+
+
+def model_answer(truth: vt.Truth) -> vt.ProxyPick | None:
+    """The answer to "which one window for all layers does retained mass pick on the recording the truth
+    was measured on?": the bundle's tuning (once per server, as the model view's) and its one window.
+    Both views that state it read it here, so they give the same answer. None without the bundle."""
+    from .model import tuned  # the model view's tuning, cached per server
+
+    name = bundle_of(truth)
+    if name is None or truth.budget is None or truth.budget < 2:
+        return None
+    return vt.model_wide_pick(tuned(name, truth.policy, truth.budget), cached_bundle(name).steps)
+
+
+def trace_label(trace: kvsim.Trace) -> str:
+    """``L11`` for one layer's trace of a recording, else the trace's name."""
+    layer = trace.meta.get("layer") if isinstance(trace.meta, dict) else None
+    return f"L{int(layer):02d}" if isinstance(layer, int) else trace.name
+
+
+TRUTH_HELP = ("KL(full || evicted) of the next-token distributions, averaged over the text's positions, with every "
+              "layer's cache held to the budget by the policy at that recent_window (open loop: the simulator's schedule "
+              "as masks on one pass)")
+
+
 def truth_panel(trace: kvsim.Trace, policy: str, budget: int, rows: list[dict], exact: bool) -> None:
-    """Below the curve: the truth beside the proxy, or why it is not there."""
+    """Below the curve: the truth beside the proxy, or why it is not there. Where the trace's recording
+    has its bundle here, first the answer for one window for all layers (the model view's, from
+    ``model_answer``), then this trace's own window's, each sentence naming what it compares."""
     choice = choose_window(rows, budget=budget, exact=exact)
     truth = vt.truth_for(trace.meta, policy, budget)
     if truth is not None:
+        label = trace_label(trace)
+        rule = None if choice.exact else "the peak of the windows sampled"
+        own = vt.layer_pick(choice.recommended, label, trace.steps, choice.tolerance, rule=rule)
+        wide = model_answer(truth)
         error = _output_error_pick(trace, policy, budget, truth.windows, _values_key(trace))
-        others = {} if error is None else {VALUE_PROXY: error}
-        st.plotly_chart(vt.truth_figure(truth, choice.recommended, others=others), key="truth_curve")
-        note = ""
-        if truth.meta.get("steps") != trace.steps:
-            note = f" The truth is of the first {truth.meta.get('steps')} steps of the text; this trace has {trace.steps}."
-        st.markdown(vt.sentence(truth, choice.recommended) + note, help="KL(full || evicted) of the next-token "
-                    "distributions, averaged over the text's positions, with every layer's cache held to the budget by "
-                    "the policy at that recent_window (open loop: the simulator's schedule as masks on one pass)")
-        if error is not None:
-            st.markdown(vt.sentence(truth, error, VALUE_PROXY), help="The relative error of this layer's attention output, "
+        value = (None if error is None else
+                 vt.layer_pick(error, label, trace.steps, choice.tolerance, VALUE_PROXY, "the least error at the truth's windows"))
+        picks = [p for p in (wide, own, value) if p is not None]
+        st.plotly_chart(vt.truth_figure(truth, picks[0], others=picks[1:]), key="truth_curve")
+        if wide is not None:
+            st.markdown(vt.sentence(truth, wide) + " (The *Your model* view gives the same answer.)", help=TRUTH_HELP)
+        st.markdown(vt.sentence(truth, own), help=TRUTH_HELP)
+        if value is not None:
+            st.markdown(vt.sentence(truth, value), help="The relative error of this layer's attention output, "
                         "the kept weights renormalised times the values, against the full cache's, averaged over the "
                         "steps (kvsim.sim.proxies), at each window the truth was measured at: the value-aware proxy "
                         "docs/proxies.md finds best (over the deeper half of a model's layers)")
@@ -150,4 +189,4 @@ def _start(key: tuple, meta: dict, policy: str, budget: int) -> None:
     threading.Thread(target=work, daemon=True, name=f"kvsim-truth-{policy}-{budget}").start()
 
 
-__all__ = ["truth_panel"]
+__all__ = ["bundle_of", "model_answer", "truth_panel"]

@@ -1,26 +1,28 @@
 """A student's browser tab without the browser, for ``kvsim bench --load``: a client that speaks
 Streamlit's own websocket protocol (``/_stcore/stream``: protobuf ``BackMsg`` out, ``ForwardMsg``
-in) as the page's JavaScript does. It GETs the page, the files the page names and Plotly's chunk
-(every view draws a Plotly chart), and the health check (which sets the XSRF cookie); opens the
-websocket; sends ``rerun_script`` with the URL's query string and the widget states it changed;
+in) as the page's JavaScript does. It fetches the page's files as the browser's network side does
+(``fetch``: six kept-alive connections, the profile's HTTP cache, gzip accepted): the page, the
+files it names, the health check (which sets the XSRF cookie) and the host config; opens the
+websocket; fetches each element kind's chunk as its first element arrives (Plotly's, the widgets');
+sends ``rerun_script`` with the URL's query string and the widget states it changed;
 follows the server's ``page_info_changed`` (the link the app writes) and ``auto_rerun`` (a
 fragment's timer: the curve view's background refinement) as the page would; uploads a file the
 way the uploader does. A step is over when the server reports a whole script run finished
-(``script_finished``, not cut short for a rerun, not a fragment's run).
+(``script_finished``, not cut short for a rerun, not a fragment's run) and the chunks of the
+elements it drew have arrived.
 """
 
 from __future__ import annotations
 
 import asyncio
-import http.client
 import io
-import re
 import time
 import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
+
+from . import fetch
 
 STEP_TIMEOUT_S = 120.0
 
@@ -68,45 +70,55 @@ class Student:
         self.fragments: dict[str, asyncio.Task] = {}
         self.session_id = ""
         self.upload_urls: asyncio.Future | None = None
-        self.files_bytes, self.files_s = 0, None
+        self.files_s = None
         self.cpu = None  # the server's CPU seconds so far, for a session alone on it (its files' share is then its own)
         self.files_cpu_s = None
-        self.xsrf = ""  # the XSRF cookie the page was given: an upload sends it back
+        host, port = url.removeprefix("http://").split(":")
+        self.http = fetch.Pool(host, int(port))  # this student's browser: its connections and its HTTP cache
+        self.chunks: dict[str, list[str]] = {}  # an element chunk's name -> the files it loads (the main script's table)
+        self.page_files: set[str] = set()  # what this page load has fetched (a browser's module map: never twice)
+        self.loading: list[asyncio.Future] = []  # element chunks asked for and not yet here
         self._changed = asyncio.Event()
+
+    @property
+    def xsrf(self) -> str:
+        """The XSRF cookie the page was given: an upload sends it back."""
+        return self.http.cookies.get("_streamlit_xsrf", "")
+
+    @property
+    def files_bytes(self) -> int:
+        """Bytes the server sent this student's browser over HTTP (the page's files, its chunks)."""
+        return self.http.tally.wire_bytes
 
     # --- the page's files ---------------------------------------------------------------------
 
     async def fetch_page(self) -> None:
-        """GET the page, every file it names, Plotly's chunk and the health check, gzip accepted, as a
-        browser with an empty cache does, over one kept-alive connection (in a thread of its own:
-        the reads block; ``lesson`` gives every student one, so no student queues behind another)."""
+        """A page load's files up to the point where the page's script opens the websocket: the page,
+        then the files it names, then the health check and the host config (``fetch`` says how a
+        browser fetches them and what it takes from its cache)."""
         t0, cpu0 = time.perf_counter(), self.cpu() if self.cpu else None
-        await asyncio.to_thread(self._fetch_all)
+        self.page_files, self.loading = set(), []
+        index = (await self._get_all(["/"]))["/"].decode()
+        named = fetch.named_files(index)
+        bodies = await self._get_all(named)
+        main = fetch.main_script(index)
+        if main in bodies and not self.chunks:
+            self.chunks = fetch.lazy_chunks(bodies[main].decode(), main.rsplit("/", 1)[0])
+        await self._get_all(["/_stcore/health", "/_stcore/host-config"])  # the health check sets the XSRF cookie
         self.files_s = time.perf_counter() - t0
         self.files_cpu_s = None if cpu0 is None else self.cpu() - cpu0
 
-    def _fetch_all(self) -> None:
-        host, port = self.url.removeprefix("http://").split(":")
-        conn = http.client.HTTPConnection(host, int(port), timeout=60)
-        try:
-            index = self._get(conn, "/")
-            names = re.findall(r'(?:src|href)="\./([^"]+\.(?:js|css|woff2))"', index.decode())
-            names += [f"static/js/{p.name}" for p in _static().glob("PlotlyChart.*.js")]
-            for path in ["/" + name for name in names] + ["/_stcore/health", "/_stcore/host-config"]:
-                self._get(conn, path)  # the health check sets the XSRF cookie
-        finally:
-            conn.close()
+    async def _get_all(self, paths: list[str]) -> dict[str, bytes]:
+        paths = [p for p in dict.fromkeys(paths) if p not in self.page_files]
+        self.page_files.update(paths)
+        futures = [asyncio.wrap_future(self.http.submit(p)) for p in paths]
+        return dict(zip(paths, await asyncio.wait_for(asyncio.gather(*futures), STEP_TIMEOUT_S), strict=True))
 
-    def _get(self, conn: http.client.HTTPConnection, path: str) -> bytes:
-        conn.request("GET", path, headers={"Accept-Encoding": "gzip, deflate"})
-        r = conn.getresponse()
-        data = r.read()
-        if r.status != 200:
-            raise RuntimeError(f"GET {path}: HTTP {r.status}")
-        cookie = re.search(r"_streamlit_xsrf=([^;]+)", r.getheader("Set-Cookie") or "")
-        self.xsrf = cookie.group(1) if cookie else self.xsrf
-        self.files_bytes += len(data)
-        return data
+    def _load_code(self, kind: str) -> None:
+        """Ask for the chunk that draws ``kind`` (and what it imports) as React does on its first element."""
+        files = [f for f in self.chunks.get(fetch.chunk_name(kind), []) if f not in self.page_files]
+        if files:
+            self.loading.append(asyncio.ensure_future(self._get_all(files)))
 
     def put_file(self, url: str, name: str, data: bytes) -> None:
         """PUT ``data`` to the upload URL as the page does: multipart, with the XSRF cookie and header."""
@@ -132,8 +144,10 @@ class Student:
     async def close(self) -> None:
         for task in self.fragments.values():
             task.cancel()
-        await self.ws.close()
-        self.reader.cancel()
+        self.http.close()
+        if hasattr(self, "ws"):
+            await self.ws.close()
+            self.reader.cancel()
 
     async def _read(self) -> None:
         _, ForwardMsg, _ = _pb()
@@ -178,6 +192,7 @@ class Student:
         if kind == "selectbox":
             self.texts.extend(proto.options)
         self.charts += kind == "plotly_chart"
+        self._load_code(kind)
         wid = getattr(proto, "id", "")
         if isinstance(wid, str) and wid.startswith("$$ID"):
             self.widgets.pop(wid, None)
@@ -232,6 +247,8 @@ class Student:
         await self.rerun(self.states_for(action))
 
     async def finish_after(self, seen: int, deadline: float) -> None:
+        """Wait for a whole run finished after ``seen``, and for the code of every element it drew
+        (the page cannot show an element before its chunk is here)."""
         while self.finished <= seen:
             self._changed.clear()
             if time.monotonic() > deadline:
@@ -240,6 +257,8 @@ class Student:
                 await asyncio.wait_for(self._changed.wait(), timeout=max(0.01, deadline - time.monotonic()))
             except TimeoutError:
                 pass
+        while self.loading:
+            await asyncio.wait_for(self.loading.pop(0), timeout=max(0.01, deadline - time.monotonic()))
 
     async def quiet(self, timeout_s: float = STEP_TIMEOUT_S) -> None:
         """Wait while a run of this session (a fragment's included) is in progress."""
@@ -260,12 +279,6 @@ class Student:
         if not self.charts or not (expect in self.query or any(expect in text for text in self.texts)):
             return None, f"the page does not show {expect!r} beside a chart"
         return seconds, ""
-
-
-def _static() -> Path:
-    import streamlit
-
-    return Path(streamlit.__file__).parent / "static" / "static" / "js"
 
 
 # --- one student's upload, seen by nobody else ------------------------------------------------

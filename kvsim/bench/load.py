@@ -28,7 +28,6 @@ import signal
 import statistics
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,9 +129,7 @@ def spread(seconds: list[float | None]) -> dict:
 
 async def lesson(url: str, n: int, pid: int, progress=None) -> tuple[list[StepFigures], str]:
     """``n`` students through ``LESSON`` in step, then the upload's isolation (with two or more)."""
-    students = [Student(url) for _ in range(n)]
-    # a thread per student for its page's files, as each browser fetches its own at once
-    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=n + 4))
+    students = [Student(url) for _ in range(n)]  # each its own browser: six connections and a cache of its own
     if n == 1:  # alone on the server: the CPU of its page's files is told apart from its first run's
         students[0].cpu = lambda: server_cpu_s(pid)
     figures = []
@@ -152,7 +149,7 @@ async def lesson(url: str, n: int, pid: int, progress=None) -> tuple[list[StepFi
                                f"{len(timings) - len(done)} missed")
         separate = (await isolation(students) or "PASS") if n > 1 else None
     finally:
-        await asyncio.gather(*(s.close() for s in students if hasattr(s, "ws")), return_exceptions=True)
+        await asyncio.gather(*(s.close() for s in students), return_exceptions=True)
     return figures, separate
 
 

@@ -3,7 +3,8 @@ bench, tune, record, quality, and ``app`` (the Streamlit app).
 
 ``--json`` on any subcommand prints exactly one JSON document on stdout and nothing else; without it
 the same figures print as aligned tables. Every error is one line on stderr, ``kvsim: error: ...``,
-never a traceback: exit 2 for a wrong command line, 1 for bad data (outside checks parse both).
+never a traceback: exit 2 for a wrong command line, 1 for bad data (outside checks parse both);
+``errors`` states the convention, a missing input's flag first included.
 
 ``parser`` holds the grammar, ``commands`` what each command does (``bench_command`` the one that
 imports ``kvsim.bench``), ``render`` the readable tables, ``entry`` the ``main`` that ties them.

@@ -20,12 +20,12 @@ from ..analysis.windows import choose_window
 from ..data.bundle import is_bundle
 from ..data.catalog import available_traces, resolve_trace
 from ..data.qk import DENSE_LIMIT
-from ..data.trace import Trace, save_npz
+from ..data.trace import Trace, TraceError, save_npz
 from ..policies import DEFAULT_BUDGET, POLICIES, make_policy, policy_params
 from ..sim import proxies as px
 from ..sim.simulate import replay, sweep
 from . import report
-from .errors import CLIError, InputError, flag
+from .errors import CLIError, InputError, flag, input_error, model_error, read_input
 from .parser import parse_range, positive_int
 
 #: the Streamlit script ``kvsim app`` runs: the thin entry at the checkout's root (a non-editable
@@ -33,10 +33,14 @@ from .parser import parse_range, positive_int
 APP_SCRIPT = Path(__file__).resolve().parents[2] / "app.py"
 
 
-def load(spec: str) -> Trace:
-    """``--trace`` resolved; a first decode or build of a big trace says so once it passes a few seconds."""
+def load(spec: str, name: str = "--trace") -> Trace:
+    """``--trace`` resolved; a first decode or build of a big trace says so once it passes a few seconds.
+    A trace that cannot be had is refused as that flag's input (exit 1, ``--trace: PATH: problem``)."""
     with report.step("trace", f"loading {spec.strip()}"):
-        return resolve_trace(spec)
+        try:
+            return resolve_trace(spec)
+        except (TraceError, OSError) as e:
+            raise input_error(name, e) from None
 
 
 def _policy_args(args: argparse.Namespace) -> dict:
@@ -60,7 +64,17 @@ def cmd_replay(args: argparse.Namespace) -> object:
         report.prepare([args.policy], progress)
         result = replay(trace, args.policy, budget=budget, top_k=args.top_k, progress=progress, record_kept=args.proxies,
                         **params)
-    return {"trace": trace.name, **(px.summary(trace, result) if args.proxies else result.summary())}
+    return {"trace": trace.name, **(_measured(trace, px.summary(trace, result)) if args.proxies else result.summary())}
+
+
+def _measured(trace, row: dict) -> dict:
+    """A ``--proxies`` row as the CLI states it: where the value-aware proxies cannot be measured on the
+    trace, not a column of nulls and a fallback, but what is not applicable and why (``not_applicable``)."""
+    why = px.not_applicable(trace)
+    if why is None:
+        return row
+    out = {k: v for k, v in row.items() if k not in (*px.VALUE_PROXIES, "proxy_fallback")}
+    return {**out, "not_applicable": {"figures": list(px.VALUE_PROXIES), "why": why}}
 
 
 def cmd_sweep(args: argparse.Namespace) -> object:
@@ -84,6 +98,7 @@ def cmd_sweep(args: argparse.Namespace) -> object:
             rows = px.sweep(trace, args.policy, budget, param, ranges[param], top_k=args.top_k, progress=progress, **fixed)
         else:
             rows = sweep(trace, args.policy, budget, param, ranges[param], top_k=args.top_k, progress=progress, **fixed)
+    rows = [_measured(trace, r) for r in rows] if args.proxies else rows
     return mark_choice([{"trace": trace.name, **r} for r in rows], param)
 
 
@@ -139,8 +154,8 @@ def cmd_table(args: argparse.Namespace) -> object:
             for row in doc["rows"]:
                 if row["retained_mass"] is not None and row["policy"] in POLICIES:
                     result = replay(trace, row["policy"], budget=budget, top_k=args.top_k, record_kept=True, **row["params"])
-                    extra = px.summary(trace, result)
-                    row.update({k: extra[k] for k in (*px.VALUE_PROXIES, "proxy_fallback") if k in extra})
+                    extra = _measured(trace, px.summary(trace, result))
+                    row.update({k: extra[k] for k in (*px.VALUE_PROXIES, "not_applicable") if k in extra})
         return doc
 
 
@@ -182,7 +197,7 @@ def cmd_tune(args: argparse.Namespace) -> object:
     elif args.by == AUTO:
         truth, why = _auto_truth(args, source, say)
     result = tune(source, args.policy, args.budget, tolerance=args.tolerance, top_k=args.top_k, scheduler=scheduler,
-                  workers=args.workers, progress=say, by=args.by, truth=truth, why=why)
+                  workers=args.workers, progress=say, by=args.by, truth=truth, why=why, per_layer=args.per_layer)
     return result.to_dict(curves=args.curves)
 
 
@@ -214,7 +229,8 @@ def _auto_truth(args: argparse.Namespace, source, say):
 class _Truth:
     """``tune --by kl``'s truth: a function from candidate windows to the model's loss there, open loop,
     read from the truth documents (shipped, or measured here) where they have it, the rest measured
-    (cached on disk) by a session opened on first use."""
+    (cached on disk) by a session opened on first use; and ``configurations``, the same for windows set
+    per layer (``--per-layer``'s search), kept in the same on-disk cache of measurements."""
 
     def __init__(self, args, meta: dict, model, text, steps: int, key: str, say) -> None:
         from ..models.loading import file_sha256
@@ -223,8 +239,22 @@ class _Truth:
         self.recording = str(meta.get("model") or model)
         self.sha = file_sha256(text)
         self.what = f"{model} on {Path(text).name}, {steps} steps, open loop"
+        self.session = None
+        #: what the summary says of the truth: configurations read (shipped or cached) and measured
+        self.counts = {"read": 0, "measured": 0}
+
+    def _open(self):
+        from ..models import quality
+
+        if self.session is None:
+            self.session = quality.open_session(self.text, self.steps, self.model, progress=self.say,
+                                                use_cache=not self.args.no_cache)
+        return self.session
 
     def __call__(self, windows):
+        return [r[self.key] for r in self._uniform(windows)]
+
+    def _uniform(self, windows) -> list[dict]:
         from ..models import quality, truth
         from ..models.errors import RecordError
 
@@ -232,16 +262,39 @@ class _Truth:
         jobs = [(args.policy, args.budget, {"recent_window": int(w)}) for w in windows]
         rows = [None] * len(jobs) if args.no_cache else truth.known_rows(self.recording, self.sha, self.steps, jobs)
         todo = [w for w, r in zip(windows, rows, strict=True) if r is None]
+        self.counts["read"] += len(jobs) - len(todo)
         if todo:
             try:
-                session = quality.open_session(self.text, self.steps, self.model, progress=self.say,
-                                               use_cache=not args.no_cache)
-                got = iter(truth.window_truth(session, args.policy, args.budget, todo, use_cache=not args.no_cache,
-                                              progress=self.say, recording=self.recording))
+                got = truth.window_truth(self._open(), args.policy, args.budget, todo, use_cache=not args.no_cache,
+                                         progress=self.say, recording=self.recording)
             except (quality.QualityError, RecordError) as e:
                 raise InputError(f"{args.trace}: {e}") from None
+            self.counts["measured"] += sum(not r.get("cached_open") for r in got)
+            self.counts["read"] += sum(bool(r.get("cached_open")) for r in got)
+            got = iter(got)
             rows = [r if r is not None else next(got) for r in rows]
-        return [r[self.key] for r in rows]
+        return rows
+
+    def configurations(self, configs, figure: str) -> list[float]:
+        """``figure`` (``kl`` or ``delta_nll``, open loop) of each configuration, one window per layer; one
+        window in every layer is the model-wide measurement (the same row, read where it is known)."""
+        from ..models import quality
+        from ..models.errors import RecordError
+
+        uniform = sorted({c[0] for c in configs if len(set(c)) == 1})
+        known = dict(zip(uniform, self._uniform(uniform), strict=True)) if uniform else {}
+        per_layer = [c for c in configs if len(set(c)) > 1]
+        measured = {}
+        if per_layer:
+            jobs = [(self.args.policy, self.args.budget, {"recent_window": list(c)}) for c in per_layer]
+            try:
+                rows = self._open().measure_many(jobs, "open", use_cache=not self.args.no_cache)
+            except (quality.QualityError, RecordError) as e:
+                raise InputError(f"{self.args.trace}: {e}") from None
+            self.counts["measured"] += sum(not r["cached"] for r in rows)
+            self.counts["read"] += sum(bool(r["cached"]) for r in rows)
+            measured = {c: r[figure] for c, r in zip(per_layer, rows, strict=True)}
+        return [known[c[0]][f"{figure}_open"] if len(set(c)) == 1 else measured[c] for c in configs]
 
 
 def _tune_truth(args: argparse.Namespace, source, say, key: str) -> _Truth:
@@ -285,7 +338,7 @@ def cmd_record(args: argparse.Namespace) -> object:
                 torch.set_num_threads(args.threads)
             doc = record(config, device=args.device, progress=progress)
     except RecordError as e:
-        raise CLIError(str(e)) from None
+        raise model_error(e) from None
     return {"text": str(config.text), **doc}
 
 
@@ -304,6 +357,7 @@ def _record_config(args: argparse.Namespace):
         return preset(args.preset, **fields)
     if args.text is None:
         raise CLIError("record needs a TEXT file (or --preset)")
+    read_input("TEXT", args.text)  # before the cache key, which hashes it
     config = RecordConfig(args.text, args.out or ".", **{k: v for k, v in fields.items() if v is not None and k != "out"})
     return config if args.out is not None else in_cache(config)
 
@@ -351,21 +405,21 @@ def cmd_quality(args: argparse.Namespace) -> object:
     # torch and transformers are imported by kvsim.models.quality's functions only when a measurement runs
     from ..models import quality
     from ..models.errors import RecordError
-    from ..models.loading import read_text, require_extra
+    from ..models.loading import require_extra
 
     names, budgets, params, swept = _quality_plan(args)
     modes = ["closed", "open"] if args.mode == "both" else [args.mode]
     say = None if args.quiet else quality.QUALITY_STDERR
     try:
         text = quality.resolve_text(args.text)
-        read_text(text)  # refuse a missing or empty text before loading a model
+        read_input("TEXT", text)  # refuse a missing or empty text before loading a model
         if args.model is None:
             require_extra()
         session = quality.open_session(text, args.steps, args.model, progress=say)
         rows = quality.grid(session, names, budgets, modes, params, swept, use_cache=not args.no_cache,
                             batch=args.batch, progress=say)
     except (quality.QualityError, RecordError) as e:
-        raise CLIError(str(e)) from None
+        raise model_error(e) from None
     if args.policy and not swept and len(budgets) == 1 and len(modes) == 1:
         if not rows:
             raise CLIError(f"{args.policy} cannot run at budget {budgets[0]} with these parameters")

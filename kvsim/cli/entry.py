@@ -12,7 +12,7 @@ import sys
 from typing import NoReturn
 
 from ..policies import ParamError
-from .errors import BAD_INPUT, USAGE, CLIError, param_message
+from .errors import BAD_INPUT, USAGE, CLIError, model_error, param_message
 from .parser import PROG, build_parser
 
 #: the module of each command that has one of its own; ``commands`` holds the rest (``COMMANDS``). A
@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         _fail(param_message(e))
         return USAGE
     except Exception as e:  # CLIError; TraceError, BundleError, OSError: the data; a ContractError
+        if type(e).__module__ == "kvsim.models.errors":  # RecordError, QualityError (imported only when a model is)
+            e = model_error(e)
         _fail(_one_line(e))
         return e.code if isinstance(e, CLIError) else BAD_INPUT
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from ..policies import POLICIES, ParamError, PolicySpec
-from .errors import CLIError, flag
+from .errors import CLIError, InputError, flag, input_error, model_error, read_input
 
 SHIPPED = "gemma"
 
@@ -33,9 +33,7 @@ def _prompt(args: argparse.Namespace) -> str:
         if not args.prompt.strip():
             raise CLIError("the prompt is empty")
         return args.prompt
-    from ..models.loading import read_text
-
-    return read_text(args.prompt_file)
+    return read_input("--prompt-file", args.prompt_file)
 
 
 def check(args: argparse.Namespace) -> tuple[dict, str]:
@@ -52,19 +50,25 @@ def check(args: argparse.Namespace) -> tuple[dict, str]:
     else:
         _check_windows(args, params)
     if args.model != SHIPPED and not (Path(args.model) / "config.json").is_file():
-        raise CLIError(f"--model {args.model}: not a local Hugging Face model folder (no config.json), nor {SHIPPED}")
+        raise InputError(f"--model: {args.model}: not a local Hugging Face model folder (no config.json), nor {SHIPPED}")
     return params, _prompt(args)
 
 
 def _check_windows(args: argparse.Namespace, params: dict) -> None:
     """The tune file's own form and every window in it against the budget (the model is checked later)."""
-    from ..hf.windows import PARAM, read_tune, tune_windows
+    from ..hf.windows import PARAM, WindowsError, read_tune, tune_windows
 
     if PARAM in params:
         raise CLIError(f"{flag(PARAM)} and --windows exclude each other (the file sets it per layer)")
     if PARAM not in {p.name for p in POLICIES[args.policy].tunables}:
         raise CLIError(f"--windows: {args.policy} has no {PARAM}")
-    for where, w in tune_windows(read_tune(args.windows), args.by, source=args.windows).items():
+    if not Path(args.windows).exists():
+        raise InputError(f"--windows: {args.windows}: no such file")
+    try:
+        windows = tune_windows(read_tune(args.windows), args.by, source=args.windows)
+    except WindowsError as e:
+        raise input_error("--windows", e) from None
+    for where, w in windows.items():
         try:
             PolicySpec.of(args.policy, args.budget, **params, **{PARAM: w})
         except ParamError:
@@ -77,16 +81,21 @@ def cmd_generate(args: argparse.Namespace) -> dict:
     from .. import progress as protocol
     from ..models.loading import load_hf_model, load_model, token_ids
 
-    say = None if args.json else protocol.stderr("generate")
-    model, tokenizer = load_model(say) if args.model == SHIPPED else load_hf_model(args.model, progress=say)
+    say = protocol.stderr("generate")  # stderr whatever stdout is (--json, a pipe): a long prompt must not look hung
+    from ..models.errors import RecordError
+
+    try:
+        model, tokenizer = load_model(say) if args.model == SHIPPED else load_hf_model(args.model, progress=say)
+    except RecordError as e:
+        raise model_error(e) from None
     import kvsim.hf as hf
     from kvsim.hf.decoding import greedy
 
-    cache = hf.cache(model, args.policy, args.budget, windows=args.windows, by=args.by, prefill=args.prefill,
-                     seed=args.seed, **params)
     ids = token_ids(tokenizer, text)
     n = ids.shape[1]
-    if say is not None and n > args.budget:
+    cache = hf.cache(model, args.policy, args.budget, windows=args.windows, by=args.by, prefill=args.prefill,
+                     seed=args.seed, progress=say if args.prefill == "exact" and n > 1 else None, **params)
+    if n > args.budget:
         say(None, f"the prompt's {n} tokens exceed the budget {args.budget}: "
             + ("each layer takes them one position at a time, as decoding would show them to the policy"
                if args.prefill == "exact" else "they attend with nothing evicted, then each layer's cache is cut to the budget"))
@@ -95,11 +104,23 @@ def cmd_generate(args: argparse.Namespace) -> dict:
     steps = len(run["tokens"]) - 1
     return {"model": args.model, "policy": args.policy, "budget": args.budget, "params": params,
             "windows": args.windows, "by": args.by if args.windows else None, "prefill": args.prefill,
+            # what was deployed, whatever it came from: a tune file's deploy rows, --recent-window, the default
+            "recent_window_per_layer": _deployed_windows(cache),
             "prompt_tokens": n, "token_ids": run["tokens"], "text": tokenizer.decode(run["tokens"], skip_special_tokens=True),
             "peak_positions": cache.peak_positions, "cache_bytes": cache.nbytes,
             "prefill_seconds": run["prefill_seconds"], "decode_seconds": run["decode_seconds"],
             "tokens_per_second": steps / run["decode_seconds"] if steps and run["decode_seconds"] > 0 else None,
             "seconds": time.perf_counter() - t0}
+
+
+def _deployed_windows(cache) -> list | None:
+    """Each layer's recent_window as deployed (a list per layer when its KV heads differ); None for a
+    policy without one."""
+    out = []
+    for layer in cache.layers:
+        per_head = [dict(spec.kwargs).get("recent_window") for spec in layer.specs]
+        out.append(per_head[0] if len(set(per_head)) == 1 else per_head)
+    return None if all(w is None for w in out) else out
 
 
 def render_generate(doc: dict) -> str:

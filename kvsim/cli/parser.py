@@ -32,9 +32,11 @@ exit status:
   0  done
   {USAGE}  the command line is wrong: an unknown command or flag, a value out of its bounds
      (--recent-window 32 must be below --budget 16), flags that do not go together; bare `kvsim`
-  {BAD_INPUT}  the command line is fine but what it names is not: a trace or bundle that is missing or
-     malformed, an output that cannot be written; `kvsim bench --check`: a target was missed
-Every error is one line on stderr, `kvsim: error: ...`, never a traceback.
+  {BAD_INPUT}  the command line is fine but what it names is not: a trace, bundle, text, model, prompt or
+     tune file that is missing, malformed or too short, an output that cannot be written; `kvsim bench
+     --check`: a target was missed
+Every error is one line on stderr, `kvsim: error: ...`, never a traceback; a missing input names its flag
+first: `kvsim: error: --prompt-file: /nope.txt: no such file`.
 
 `kvsim COMMAND --help` lists a command's flags."""
 
@@ -245,6 +247,11 @@ def _add_tune(sub, traces: str) -> None:
                    "names, found by its sha256)")
     p.add_argument("--no-cache", action="store_true", help="with --by kl/delta_nll/auto: measure again instead of reading "
                    "cached results")
+    p.add_argument("--per-layer", action="store_true", help="deploy a window per layer (the tune file's deploy rows): "
+                   "by the truth, searched from model_window over the model's groups of layers (its runs of sliding and "
+                   "global layers, at most 6), each tried a budget/8 step down and up and moved only when the model's "
+                   "KL falls: at most 1 + 2 x 6 open-loop measurements of the whole model, each cached; by "
+                   "retained_mass, each layer's recommended window. Default: model_window in every layer")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     _json(p)
 
@@ -272,7 +279,8 @@ def _add_generate(sub) -> None:
                    "for the shipped Gemma-3-270M (default)")
     online = ", ".join(n for n, c in POLICIES.items() if not c.needs_trace)
     p.add_argument("--policy", required=True, help=f"an online registry policy ({online})")
-    p.add_argument("--budget", type=positive_int, required=True, help="positions each layer holds per KV head")
+    p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET, help="positions each layer holds per KV head "
+                   f"(default: {DEFAULT_BUDGET})")
     for param, spec in all_tunables().items():
         p.add_argument(flag(param), dest=f"param_{param}", type=int, default=None, metavar="N",
                        help=f"{spec.help} (passed to the policies that take it)")
@@ -292,7 +300,8 @@ def _add_generate(sub) -> None:
 def _add_record(sub) -> None:
     p = sub.add_parser("record", help="record a bundle of real traces from a causal LM (needs the record extra)",
                        epilog=RECORD_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("text", nargs="?", help="a UTF-8 text file; its first --steps + 1 tokens are read (not with --preset)")
+    p.add_argument("text", nargs="?", metavar="TEXT", help="a UTF-8 text file; its first --steps + 1 tokens are read (not "
+                   "with --preset)")
     p.add_argument("--preset", choices=["long"], default=None, help="a named recording (see below); into the cache")
     p.add_argument("--model", default=None, help="a local Hugging Face model folder or a hub id already in the local "
                    "cache (nothing is downloaded); default: the shipped Gemma-3-270M")
@@ -319,7 +328,8 @@ def _add_record(sub) -> None:
 def _add_quality(sub) -> None:
     p = sub.add_parser("quality", help="a real model's loss and KL on a text with its KV cache evicted by a policy "
                                        "(needs the record extra)")
-    p.add_argument("text", help="a UTF-8 text file, or heapq for the shipped traces' text (CPython 3.11.7 Lib/heapq.py)")
+    p.add_argument("text", metavar="TEXT", help="a UTF-8 text file, or heapq for the shipped traces' text (CPython 3.11.7 "
+                   "Lib/heapq.py)")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--policy", choices=list(POLICIES), help="registry name")
     which.add_argument("--policies", help="comma-separated registry names: a grid")

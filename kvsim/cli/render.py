@@ -54,7 +54,7 @@ PROXY_COLUMNS = ("value_mass", "output_error", "output_shift")
 
 def _summary_params(r: dict) -> dict:
     skip = {"trace", "policy", "budget", "retained_mass", "top_k_recall", "top_k", "steps", "best", "recommended",
-            *PROXY_COLUMNS, "proxy_fallback"}
+            *PROXY_COLUMNS, "proxy_fallback", "not_applicable"}
     return {k: v for k, v in r.items() if k not in skip}
 
 
@@ -64,8 +64,11 @@ def _proxy_cols(rows: list[dict]) -> list[str]:
 
 
 def _proxy_note(rows: list[dict]) -> list[str]:
-    """The one line saying why the proxies are missing (a trace without values), once."""
-    return sorted({r["proxy_fallback"] for r in rows if r.get("proxy_fallback")})
+    """The one line saying what is measured and what is not applicable (the value-aware proxies on a
+    trace without values), and why, once."""
+    whys = sorted({r["not_applicable"]["why"] for r in rows if r.get("not_applicable")})
+    k = rows[0].get("top_k", "k") if rows else "k"
+    return [f"measured: retained_mass, top_{k}_recall; not applicable: {', '.join(PROXY_COLUMNS)} ({why})" for why in whys]
 
 
 def _replay(doc: dict) -> str:
@@ -257,8 +260,34 @@ def _tune(doc: dict) -> str:
         _model_window_line(doc),
         *([f"(by default: {doc['by_detail']['auto']})"] if (doc.get("by_detail") or {}).get("auto") else []),
         *([f"({doc['by_caveat']})"] if doc.get("by_caveat") else []),
-        f"{len(doc['layers'])} traces swept {how} in {run['seconds']:.1f} s",
+        *_deploy_lines(doc),
+        _tune_time_line(doc, how),
     ])
+
+
+def _deploy_lines(doc: dict) -> list[str]:
+    """What the tune file deploys (``generate --windows``, ``kvsim.hf.cache(windows=...)``) and its KL."""
+    d = doc.get("deploy")
+    if not d:
+        return []
+    windows = [r["recent_window"] for r in d["per_layer"]]
+    shown = str(windows[0]) + " in every layer" if len(set(windows)) == 1 else ", ".join(map(str, windows))
+    kl = f"KL {d['kl']:.4f} (open loop)" if d.get("kl") is not None else f"KL {d['kl_note']}"
+    return ["", f"deploys (generate --windows): recent_window {shown}; {d['rule']}; {kl}"]
+
+
+def _tune_time_line(doc: dict, how: str) -> str:
+    """Where the run's time went: the sweeps, the truth (read or measured), the per-layer search."""
+    run = doc["run"]
+    parts = [f"{len(doc['layers'])} traces swept {how} in {run.get('sweep_seconds', run['seconds']):.1f} s"]
+    truth = run.get("truth")
+    if truth is not None:
+        parts.append(f"the truth: {truth['read']} configurations read (shipped or cached), {truth['measured']} measured, "
+                     f"{run.get('by_seconds', 0.0) + run.get('deploy_seconds', 0.0):.1f} s")
+    search = (doc.get("deploy") or {}).get("search")
+    if search:
+        parts.append(f"the per-layer search {search['measurements']} configurations in {search['seconds']:.1f} s")
+    return "; ".join(parts) + f"; {run['seconds']:.1f} s in all"
 
 
 def _model_window_line(doc: dict) -> str:

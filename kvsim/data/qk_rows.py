@@ -1,6 +1,6 @@
 """The arithmetic of a query/key trace (``kvsim.data.qk``): its rows computed from the queries and keys.
 
-Row t of the trace (docs/domain.md, "A trace stored as queries and keys"): per query head g the logit
+Row t of the trace (docs/domain.md, "Query/key traces"): per query head g the logit
 ``s_g(t, p) = softcap(scale * q[g, t] . k[p])`` for every visible p (``p <= t``, inside the sliding
 window), a softmax over those p (self included), the heads combined by the GQA rule (their mean or
 maximum), the self weight dropped and the rest renormalised over ``p < t``. ``reference_rows`` states

@@ -6,7 +6,7 @@
 
 Every decoder layer holds at most ``budget`` positions per KV head, chosen by one policy per (layer, KV
 head) from the registry's online policies, fed the attention the model computes (``kvsim.hf.cache``,
-DOMAIN.md section 8, docs/deploy.md). The model is put on kvsim's attention function (eager
+docs/domain.md, "The deployed cache", docs/deploy.md). The model is put on kvsim's attention function (eager
 arithmetic, which exposes the weights); with transformers' own caches it still computes eager
 attention.
 
@@ -85,18 +85,19 @@ def layer_specs(model, policy: str, budget: int, windows=None, by: str = "layer"
 
 
 def cache(model, policy: str, budget: int, *, windows=None, by: str = "layer", prefill: str = "exact",
-          seed: int | None = None, **params) -> EvictingCache:
+          seed: int | None = None, progress=None, **params) -> EvictingCache:
     """An ``EvictingCache`` for ``model``: ``policy`` at ``budget`` in every layer with ``params``, and
     ``windows`` (see ``layer_specs``) per layer. Puts ``model`` on kvsim's attention function. Every
     check runs here, before any token: an unknown or offline policy, a parameter out of bounds (a
     window not below the budget), a tune file for another model, a model without eager-compatible
     attention. ``prefill``: ``exact`` (a prompt stepped position by position, as decoding would) or
-    ``fast`` (prefill-then-evict). ``seed``: the generator the random policy draws from."""
+    ``fast`` (prefill-then-evict). ``seed``: the generator the random policy draws from. ``progress``
+    (``kvsim.progress``) hears of each layer as an exact prefill steps it through a prompt."""
     if prefill not in PREFILL:
         raise HFError(f"prefill must be one of {', '.join(PREFILL)}, got {prefill!r}")
     specs = layer_specs(model, policy, budget, windows, by, **params)
     attach(model)
-    return EvictingCache([EvictingLayer(row, prefill=prefill, rng_seed=seed) for row in specs])
+    return EvictingCache([EvictingLayer(row, prefill=prefill, rng_seed=seed) for row in specs], progress=progress)
 
 
 __all__ = ["ATTN", "ONLINE", "EvictingCache", "EvictingLayer", "HFError", "WindowsError", "attach", "cache",

@@ -1,5 +1,5 @@
 """A transformers ``Cache`` that really evicts: each decoder layer holds at most ``budget`` positions
-per KV head, and a kvsim policy decides which (docs/deploy.md, DOMAIN.md section 8).
+per KV head, and a kvsim policy decides which (docs/deploy.md, docs/domain.md, "The deployed cache").
 
 The order is the harness's (``kvsim.sim.harness``): the query at position t attends to the positions
 its layer holds (those inside the layer's own sliding window, if it has one) and to itself; then, for
@@ -23,11 +23,14 @@ torch and transformers are imported here at module level: ``kvsim.hf`` is the op
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..policies import Policy, PolicySpec
+from ..progress import Progress
 from . import eager
 
 PREFILL = ("exact", "fast")
@@ -63,6 +66,9 @@ class EvictingLayer(CacheLayerMixin):
         self.rng_seed = rng_seed
         self.seen = 0  # positions processed: the next one's position
         self.peak = 0  # the most positions any (row, KV head) held after a step
+        #: told when this layer has stepped through a prompt (``EvictingCache(progress=...)``): an exact
+        #: prefill is a minute or more of Python per long prompt, and it must not look hung
+        self.prefilled: Callable[[int], None] | None = None
 
     # --- transformers' layer API --------------------------------------------------------------------
 
@@ -137,6 +143,8 @@ class EvictingLayer(CacheLayerMixin):
             out, weights = self._step(query[:, :, i : i + 1], key[:, :, i : i + 1], value[:, :, i : i + 1],
                                       scale, softcap, window)
             outs.append(out)
+        if n > 1 and self.prefilled is not None:
+            self.prefilled(n)
         return torch.stack(outs, dim=1), (weights if n == 1 else None)
 
     def _step(self, query, key, value, scale, softcap, window):
@@ -236,8 +244,11 @@ class EvictingCache(Cache):
     loop (``model(ids, cache=cache, use_cache=True)``) both step it (``past_key_values=``, the name
     transformers 5.24 still accepts with a deprecation warning, too)."""
 
-    def __init__(self, layers: list[EvictingLayer]):
+    def __init__(self, layers: list[EvictingLayer], progress: Progress | None = None):
         super().__init__(layers=layers)
+        if progress is not None:
+            for i, layer in enumerate(layers):
+                layer.prefilled = _prefill_note(progress, i, len(layers), layer.prefill)
 
     @property
     def peak_positions(self) -> list[int]:
@@ -248,3 +259,11 @@ class EvictingCache(Cache):
     def nbytes(self) -> int:
         """Bytes of every layer's key and value storage: fixed by the budget, whatever the length."""
         return sum(layer.nbytes for layer in self.layers)
+
+
+def _prefill_note(progress: Progress, index: int, layers: int, how: str) -> Callable[[int], None]:
+    def note(n: int) -> None:
+        progress((index + 1) / layers, f"{how} prefill: layer {index + 1}/{layers} has stepped through the prompt's "
+                                       f"{n} positions")
+
+    return note

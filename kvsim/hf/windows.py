@@ -3,9 +3,10 @@
 The tune document's ``per_layer`` rows give one recommended ``recent_window`` per layer (shared by its
 KV heads: what a serving stack sets per layer); its ``layers`` rows give one per (layer, KV head), each
 row with the layer's ``attention`` (``global`` or ``sliding``). Both are read as ``tune`` writes them;
-fields added later (``model_window``, ``by``) are accepted and, where they say something checkable
-(the model's own sliding window), checked. A file tuned on another model (other layer count, KV heads,
-or layer kinds) is refused in one line before anything runs.
+fields added later are read where they say what to deploy (``deploy``: the windows ``tune``
+recommends by its ``by``) and checked where they say what the recording was (``recording``: its
+model and sliding window). A file tuned on another model (other layer count, KV heads, layer kinds or
+sliding window) is refused in one line before anything runs.
 
 Nothing here uses torch, but importing it runs ``kvsim/hf/__init__.py``, which loads torch and
 transformers: ``kvsim generate`` checks a tune file with them loaded, before the model is.
@@ -44,12 +45,21 @@ def read_tune(path: str | Path) -> dict:
 
 
 def tune_windows(doc: dict, by: str = "layer", *, source: str = "tune file") -> dict:
-    """``{layer: window}`` (``by="layer"``: the ``per_layer`` rows, or, in a file without them, the
-    ``layers`` rows where each layer's heads agree) or ``{(layer, head): window}`` (``by="head"``)."""
+    """``{layer: window}`` (``by="layer"``: what the file deploys, its ``deploy`` rows, chosen by its
+    ``by``; in a file written before them, the ``per_layer`` rows, or the ``layers`` rows where each
+    layer's heads agree) or ``{(layer, head): window}`` (``by="head"``: each KV head's recommended
+    window by retained mass, the ``layers`` rows)."""
     if by not in BY:
         raise WindowsError(f"{source}: windows by {by!r}; choose one of {', '.join(BY)}")
     if by == "head":
         return {(r["layer"], r["head"]): r["recommended_window"] for r in doc["layers"]}
+    deploy = doc.get("deploy")
+    if isinstance(deploy, dict) and deploy.get("per_layer") is not None:
+        rows = deploy["per_layer"]
+        if not isinstance(rows, list) or not rows or not all(
+                isinstance(r, dict) and isinstance(r.get("layer"), int) and isinstance(r.get("recent_window"), int) for r in rows):
+            raise WindowsError(f"{source}: deploy.per_layer must be rows of an integer layer and recent_window")
+        return {r["layer"]: r["recent_window"] for r in rows}
     per_layer = doc.get("per_layer")
     if isinstance(per_layer, list) and per_layer:
         return {int(r["layer"]): int(r["recommended_window"]) for r in per_layer}
@@ -80,7 +90,9 @@ def check_model(doc: dict, layer_kinds: list[str], kv_heads: int, model_window: 
         if kind in ("global", "sliding") and kind != layer_kinds[r["layer"]]:
             raise WindowsError(f"{source}: layer {r['layer']} is {kind} attention there ({name}) and "
                                f"{layer_kinds[r['layer']]} in {model}; it is for another model")
-    theirs = doc.get("model_window")
-    if isinstance(theirs, int) and model_window is not None and theirs != model_window:
-        raise WindowsError(f"{source}: model_window {theirs}, {model}'s sliding window is {model_window}; "
-                           "it is for another model")
+    # the recording's own sliding window, never the tuned model_window: that one is a recent_window
+    # chosen inside the budget, and comparing it with the model's window refused every file tune wrote
+    recorded = (doc.get("recording") or {}).get("sliding_window") if isinstance(doc.get("recording"), dict) else None
+    if isinstance(recorded, int) and model_window is not None and recorded != model_window:
+        raise WindowsError(f"{source}: recorded on {doc['recording'].get('model') or name} with a sliding window of "
+                           f"{recorded}, {model}'s is {model_window}; it is for another model")

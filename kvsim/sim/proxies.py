@@ -76,6 +76,18 @@ def fallback_note(trace: Trace, proxy: str) -> str | None:
     return None
 
 
+def not_applicable(trace: Trace) -> str | None:
+    """Why the value-aware proxies are not measured on ``trace``, plainly (no fallback named: the CLI
+    reports them as not applicable and shows what is measured); None when they are."""
+    if getattr(trace, "values", None) is None:
+        return (f"{trace.name} carries attention only, no values: the value-aware proxies weigh what is kept by the "
+                "values; a recording by kvsim record stores them")
+    if not trace.derived.dense_at_hand:
+        return (f"{trace.name}, a query/key trace of {trace.steps} steps, forms no dense matrix here, and the value-aware "
+                "proxies read whole rows")
+    return None
+
+
 def kept_before(kept_history: np.ndarray, t0: int = 1, t1: int | None = None) -> np.ndarray:
     """bool ``(t1 - t0, T + 1)``: row ``t - t0`` holds the positions kept when query t came (steps
     ``t0 .. t1 - 1``): ``[0]`` for step 1, else what was kept after step t - 1."""
@@ -170,5 +182,5 @@ def sweep(trace: Trace, policy: str, budget: int, param: str, values, *, referen
     return out
 
 
-__all__ = ["PROXIES", "VALUE_PROXIES", "Proxy", "check_proxy", "even_windows", "fallback_note", "kept_before", "score",
+__all__ = ["PROXIES", "VALUE_PROXIES", "Proxy", "check_proxy", "even_windows", "fallback_note", "kept_before", "not_applicable", "score",
            "step_proxies", "summary", "sweep"]

@@ -13,6 +13,7 @@ from ..analysis.features import HeavyFate, TraceFeatures, curve_peak
 from ..analysis.windows import choose_window, covers
 from .figures.curve import COINCIDE, Line
 from .figures.kept import heavy_marks
+from .figures.trace import heavy_marks_drawn
 from .selection import Region
 
 
@@ -261,7 +262,7 @@ def score_text(features: TraceFeatures, policy: str) -> str:
 def trace_text(features: TraceFeatures, info: Mapping) -> str:
     """The trace view's reading of the matrix: what is there, and what is not."""
     parts = ["**The trace itself.** Row *t* is where the query at step *t* put its attention over every earlier "
-             "position, with the whole history available (colour is log10 of the weight, averaged over small blocks)."]
+             "position, with the whole history available (colour is the weight on a log scale, averaged over small blocks)."]
     if features.sinks:
         parts.append(f"The bright column at the left edge is the sinks ({_positions(features.sinks)}, "
                      f"{_share(info.get('sink_share'))} of each row).")
@@ -274,12 +275,32 @@ def trace_text(features: TraceFeatures, info: Mapping) -> str:
         parts.append(f"There is no sharp band along the diagonal: attention fades with age (the newest "
                      f"{features.band} positions take {_share(info.get('recent_share'))} of each row).")
     n, stale = len(features.heavy), len(features.stale)
+    marks = len(heavy_marks_drawn(features))
+    # the triangles counted as the figure draws them: 24 heavy hitters beside 8 triangles read as a mistake
+    drawn = (f"{n}, a red triangle at each one's birth" if marks == n else
+             f"{n}, drawn as {marks} red triangles at their births: neighbours closer than a triangle's width share "
+             "one, marked ×n")
     if n == 0:
         parts.append("No heavy hitters: no older position keeps drawing a large share.")
     elif stale:
-        parts.append(f"The vertical stripes are heavy hitters ({n}, red triangles at their birth): bright for a "
-                     f"stretch, then {stale} of them fade into the background.")
+        parts.append(f"The vertical stripes are heavy hitters ({drawn}): bright for a stretch, then {stale} of them "
+                     "fade into the background.")
     else:
-        parts.append(f"The vertical stripes are heavy hitters ({n}, red triangles at their birth)"
+        parts.append(f"The vertical stripes are heavy hitters ({drawn})"
                      + (": they keep drawing attention to the end of the trace." if features.live_known else "."))
     return " ".join(parts)
+
+
+def when_done(fraction: float, elapsed_s: float | None) -> str:
+    """When a background job ends, from how far it got in how long: "0% done" alone said nothing of when.
+    While it waits for a worker, or before its first report past 0, there is nothing to extrapolate
+    from, and it says so; then the time left at the pace so far."""
+    if elapsed_s is None:
+        return "it waits for the background worker (one job at a time), and starts once the jobs before it end."
+    if fraction <= 0:
+        return (f"started {elapsed_s:.0f} s ago and not yet through its first part (the costs of every possible "
+                "eviction come first): how long the rest takes is said here once that part is done.")
+    left = elapsed_s * (1 - fraction) / fraction
+    return (f"{fraction:.0%} done in {elapsed_s:.0f} s; at that pace about {max(1, round(left))} s more "
+            f"(about {max(1, round(elapsed_s + left))} s in all).")
+

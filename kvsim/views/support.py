@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit
 
@@ -145,6 +146,38 @@ def cached_quality_results(folder: str | Path | None = None) -> list[dict]:
     return [r for g, r in found if g == top]
 
 
+def truth_as_quality(doc: dict, source: str) -> tuple[list[dict], dict, str] | None:
+    """A truth document (``kvsim.models.truth``) as quality results: its windows measured open loop (the
+    simulator's schedule as masks), each with its delta NLL, KL and retained mass; with its meta and where
+    it came from. None when no row carries the three."""
+    m = doc.get("meta") or {}
+    rows = []
+    for r in doc.get("results") or ():
+        try:
+            rows.append({"policy": str(r["policy"]), "budget": int(r["budget"]), "mode": m.get("mode", "open"),
+                         "params": dict(r.get("params") or {}), "steps": int(m.get("steps") or r["steps"]),
+                         "delta_nll": float(r["delta_nll_open"]), "kl": float(r["kl_open"]),
+                         "retained_mass": float(r["retained_mass"])})
+        except (KeyError, TypeError, ValueError):
+            continue
+    if not rows:
+        return None
+    return rows, {"what": f"the truth's sweep of {m.get('model')} over {m.get('text')}"}, source
+
+
+def measured_at(budget: int, sets: Sequence[tuple[list[dict], dict, str]]) -> tuple[list[dict], dict, str, bool]:
+    """Of the measured sets ``(results, meta, source)``, the results at ``budget`` (the set with the most
+    there), and True; where none is at ``budget``, those at the measured budget nearest it, and False."""
+    if not sets:
+        raise ValueError("no results to choose from")
+    budgets = {r["budget"] for results, _, _ in sets for r in results}
+    exact = budget in budgets
+    chosen = budget if exact else min(budgets, key=lambda b: (abs(b - budget), b))
+    at = [([r for r in results if r["budget"] == chosen], meta, source) for results, meta, source in sets]
+    results, meta, source = max((s for s in at if s[0]), key=lambda s: len(s[0]))
+    return results, meta, source, exact
+
+
 def rank_correlations(results: list[dict]) -> dict[str, tuple[float, int]]:
     """Per mode: Spearman's rank correlation of delta NLL against retained mass, and the points.
     A good proxy is close to -1 (more mass kept, less loss)."""
@@ -172,5 +205,5 @@ def rho_text(rho: float) -> str:
 __all__ = [
     "QUALITY_COMMAND", "QUALITY_RESULTS", "VERDICT_COLOURS", "VERDICT_MARKS", "QualityResultsError",
     "bundle_trace_names", "cached_quality_results", "claim_link", "link_params", "quality_results", "rank_correlations", "rho_text",
-    "selected_row", "swept_policies", "trace_selector",
+    "measured_at", "selected_row", "swept_policies", "trace_selector", "truth_as_quality",
 ]

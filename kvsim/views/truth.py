@@ -11,6 +11,7 @@ shipped truth without torch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,8 @@ class Truth:
     delta_nll: tuple[float, ...]
     source: str
     meta: dict
+    policy: str = "h2o"
+    budget: int | None = None
 
     @property
     def best(self) -> int:
@@ -71,7 +74,7 @@ def truth_for(meta: dict, policy: str, budget: int) -> Truth | None:
         if len(rows) >= 3:
             found.append(Truth(tuple(int(r["recent_window"]) for r in rows), tuple(float(r[KEY]) for r in rows),
                                tuple(float(r.get("delta_nll_open", np.nan)) for r in rows),
-                               "shipped" if path.parent == catalog.TRACES_DIR else "measured here", m))
+                               "shipped" if path.parent == catalog.TRACES_DIR else "measured here", m, policy, budget))
     return max(found, key=lambda t: len(t.windows)) if found else None
 
 
@@ -87,26 +90,68 @@ def verdict(truth: Truth, proxy_window: int) -> dict:
             "truth_window": int(best), "kl_best": float(kl_best), "cost": float(cost), "agree": cost <= AGREE}
 
 
-def sentence(truth: Truth, proxy_window: int, proxy: str = "retained mass") -> str:
-    """Whether the proxy's recommended window and the truth's best agree, and what trusting the
-    proxy costs, in one sentence made from ``verdict``'s figures."""
-    v = verdict(truth, proxy_window)
+@dataclass(frozen=True)
+class ProxyPick:
+    """A proxy's recommended window and what it was read from, as every truth sentence names it: two
+    windows from different layers, steps or rules are different answers, and say so (issue 31, item 4)."""
+
+    window: int
+    #: who picks, as the sentence's headline names it: "L11's own window", "One window for all layers"
+    subject: str
+    #: the measure, the layers and steps it was read over, and the rule: "retained mass of L11 alone over
+    #: its 4096 steps (the smallest window within 0.005 of its best)"
+    what: str
+    #: the figure's label for its mark
+    label: str = "retained mass"
+
+
+def layer_pick(window: int, trace_label: str, steps: int, tolerance: float, proxy: str = "retained mass",
+               rule: str | None = None) -> ProxyPick:
+    """One trace's own pick (the curve view's): ``trace_label``'s ``proxy`` over its ``steps``."""
+    rule = rule or f"the smallest window within {tolerance:g} of its best"
+    return ProxyPick(window, f"{trace_label}'s own window" if proxy == "retained mass" else f"{proxy.capitalize()} on {trace_label}",
+                     f"{proxy} of {trace_label} alone over its {steps} steps ({rule})",
+                     proxy if proxy != "retained mass" else f"retained mass of {trace_label}")
+
+
+def model_wide_pick(result, steps: int) -> ProxyPick:
+    """The one window for all layers that retained mass picks from a bundle's tuning (``kvsim.analysis.tune``,
+    over the bundle's ``steps``): the window of the mean curve over every traced layer and KV head, the
+    window the model view draws as "one window for all layers"."""
+    one = result.model_wide()["one_window"]
+    layers = len({t.layer for t in result.traces})
+    return ProxyPick(int(one["recommended_window"]), "One window for all layers",
+                     f"retained mass averaged over the {layers} layers of {result.source} ({steps} steps; the smallest "
+                     f"window within {result.tolerance:g} of the average's best)", "retained mass, one window for all layers")
+
+
+def compared(truth: Truth) -> str:
+    """What the truth measured, named as every sentence states it: layers, policy, budget, steps, rule."""
     m = truth.meta
-    what = (f"the model's KL ({m.get('steps')} steps of {m.get('text')}, every layer evicted, {m.get('mode', 'open')} "
-            f"loop, {len(truth.windows)} windows measured)")
+    budget = f"budget {truth.budget}" if truth.budget is not None else "the budget"
+    return (f"the model's KL with every layer's cache held to {budget} by {truth.policy} at one recent_window for all "
+            f"layers ({m.get('steps')} steps of {m.get('text')}, {m.get('mode', 'open')} loop, "
+            f"{len(truth.windows)} windows measured)")
+
+
+def sentence(truth: Truth, pick: ProxyPick) -> str:
+    """Whether the proxy's recommended window and the truth's best agree, and what trusting the
+    proxy costs, in one sentence made from ``verdict``'s figures, naming what each side was measured
+    over (``pick.what``, ``compared``)."""
+    v = verdict(truth, pick.window)
     at = (f"at {v['measured_window']}" if v["measured_window"] == v["proxy_window"]
           else f"at {v['measured_window']}, the measured window nearest it,")
     head = "agree" if v["agree"] else "disagree"
-    return (f"**Proxy and truth {head}.** {proxy.capitalize()} recommends recent_window {v['proxy_window']}; {what} is "
-            f"least at {v['truth_window']} (KL {v['kl_best']:.4f}). {at.capitalize()} KL is {v['kl_at_proxy']:.4f}: "
-            f"trusting {proxy} costs {100 * v['cost']:+.0f}% KL.")
+    return (f"**{pick.subject}: proxy and truth {head}.** {pick.what[0].upper() + pick.what[1:]} recommends recent_window "
+            f"{v['proxy_window']}; {compared(truth)} is least at {v['truth_window']} (KL {v['kl_best']:.4f}). "
+            f"{at.capitalize()} KL is {v['kl_at_proxy']:.4f}: trusting this pick costs {100 * v['cost']:+.0f}% KL.")
 
 
-def truth_figure(truth: Truth, proxy_window: int, proxy: str = "retained mass", height: int = 300,
-                 others: dict[str, int] | None = None) -> go.Figure:
+def truth_figure(truth: Truth, pick: ProxyPick, height: int = 300, others: Sequence[ProxyPick] = ()) -> go.Figure:
     """KL against recent_window, the truth's best marked (a star) and the proxy's recommendation (a
     dashed line at its window, a ring on the measured window nearest it); ``others``: more proxies'
-    picks (label -> window), each a diamond on the truth at that window."""
+    picks, each a diamond on the truth at that window."""
+    proxy_window, proxy = pick.window, pick.label
     v = verdict(truth, proxy_window)
     fig = go.Figure()
     fig.add_scatter(x=list(truth.windows), y=list(truth.kl), mode="lines+markers", name="KL (the truth)",
@@ -117,14 +162,15 @@ def truth_figure(truth: Truth, proxy_window: int, proxy: str = "retained mass", 
                     name=f"{proxy} recommends {v['proxy_window']}",
                     marker=dict(symbol="circle-open", size=16, color="#111111", line=dict(width=3)))
     fig.add_vline(x=v["proxy_window"], line=dict(color="#111111", dash="dash", width=1))
-    for label, window in (others or {}).items():
-        near, kl = truth.at(window)
-        fig.add_scatter(x=[near], y=[kl], mode="markers", name=f"{label} recommends {window}",
-                        marker=dict(symbol="diamond-open", size=14, color="#2ca02c", line=dict(width=3)))
+    for other, colour in zip(others, ("#2ca02c", "#9467bd", "#8c564b"), strict=False):
+        near, kl = truth.at(other.window)
+        fig.add_scatter(x=[near], y=[kl], mode="markers", name=f"{other.label} recommends {other.window}",
+                        marker=dict(symbol="diamond-open", size=14, color=colour, line=dict(width=3)))
     fig.update_layout(height=height, margin=dict(l=60, r=20, t=40, b=40), title=dict(
         text=f"What the model loses: KL against recent_window ({truth.source})", font=dict(size=14)),
         xaxis_title="recent_window", yaxis_title="KL (nats per token)", legend=dict(orientation="h", y=-0.25))
     return fig
 
 
-__all__ = ["AGREE", "Truth", "recording", "sentence", "truth_figure", "truth_for", "verdict"]
+__all__ = ["AGREE", "ProxyPick", "Truth", "compared", "layer_pick", "model_wide_pick", "recording", "sentence", "truth_figure",
+           "truth_for", "verdict"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 from collections.abc import Sequence
 
 import plotly.io as pio
@@ -28,6 +29,18 @@ def policy_label(result: ReplayResult) -> str:
     inner = ", ".join(f"{k}={v}" for k, v in params.items())
     return f"{result.policy} ({inner})" if inner else result.policy
 
+
+
+def log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
+    """The ticks of a log scale spanning 10**lo .. 10**hi (``lo``, ``hi`` in log10 units): their
+    places in log10 units and their labels, one format for every log axis and colour bar ("1e-4",
+    "5e-4"); left to Plotly, one chart labelled the same scale "100µ" and the next "1e-4". Every decade
+    inside the span; where fewer than two fit, the 2s and 5s between them too."""
+    decades = [k for k in range(math.floor(lo), math.ceil(hi) + 1) if lo - 1e-9 <= k <= hi + 1e-9]
+    mantissas = (1,) if len(decades) >= 2 else (1, 2, 5)
+    ticks = sorted((k + math.log10(m), f"{m}e{k}") for k in range(math.floor(lo), math.ceil(hi) + 1) for m in mantissas)
+    ticks = [(at, text) for at, text in ticks if lo - 1e-9 <= at <= hi + 1e-9]
+    return [at for at, _ in ticks], [text for _, text in ticks]
 
 
 def subplots(titles: Sequence[str], **grid) -> dict:

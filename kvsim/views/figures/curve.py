@@ -21,8 +21,12 @@ RECOMMENDED_COLOUR = "#111111"
 #: its colour and by its line (dash, width, marker) alike: the policies with a recent_window are curves
 #: with a marker each (the primary curve marks every point, a companion a few); the others are
 #: horizontal lines, deployable ones wide and dashed, the offline references (they read the future)
-#: dotted and grey, the upper bound thin dotted black. No colour is the marks' (orange default, cyan
-#: band, red current).
+#: dotted and grey, the upper bound dotted black. No colour is the marks' (orange default, cyan band, red
+#: current). The dashes are lengths in px, not Plotly's names: its named dashes scale with the line's
+#: width, so "dash" and "longdash" are both even on-off at two sizes, and at width 4 tova's and
+#: streaming_llm's looked alike (issue 31, item 5). Every line's pattern differs in its proportions
+#: (``dash_pattern``), not only in size: a long dash, a dash-dot, a double dash, a dash-dot-dot, sparse
+#: dots, dense dots, three dots and a gap.
 @dataclass(frozen=True)
 class Style:
     colour: str
@@ -37,15 +41,15 @@ POLICY_STYLES: dict[str, Style] = {
     "scissorhands": Style("#9467bd", "solid", 2, "diamond"),
     "h2o_normalized": Style("#8c564b", "solid", 2, "triangle-up"),
     "snapkv": Style("#e377c2", "solid", 2, "x"),
-    "streaming_llm": Style("#2ca02c", "dash", 4),
-    "sliding_window": Style("#bcbd22", "dashdot", 4),
-    "tova": Style("#00796b", "longdash", 4),
-    "random": Style("#f5c400", "longdashdot", 4),
-    "greedy_future": Style("#7f7f7f", "dot", 3),
-    "optimal": Style("#4d4d4d", "3px,9px", 3),
+    "streaming_llm": Style("#2ca02c", "12px,4px", 4),
+    "sliding_window": Style("#bcbd22", "12px,4px,3px,4px", 4),
+    "tova": Style("#00796b", "8px,3px,8px,9px", 4),
+    "random": Style("#f5c400", "12px,3px,3px,3px,3px,3px", 4),
+    "greedy_future": Style("#7f7f7f", "2px,6px", 3),
+    "optimal": Style("#4d4d4d", "2px,3px,2px,3px,2px,8px", 3),
 }
 #: the per-step upper bound: not a policy
-BOUND_STYLE = Style("black", "dot", 2)
+BOUND_STYLE = Style("black", "2px,2px", 2)
 #: a policy the table does not know (registered by a user): these in turn, then these colours again
 SPARE_STYLES = (Style("#393b79", "solid", 2, "pentagon"), Style("#637939", "dash", 3, "hexagon"),
                 Style("#843c39", "longdash", 3, "star-triangle-up"), Style("#7b4173", "dashdot", 3, "hourglass"))
@@ -60,6 +64,18 @@ def style_of(name: str | None, kind: str = "policy") -> Style:
     if name in POLICY_STYLES:
         return POLICY_STYLES[name]
     return SPARE_STYLES[sum(map(ord, name or "")) % len(SPARE_STYLES)]
+
+
+def dash_pattern(style: Style) -> tuple[float, ...]:
+    """The on-off lengths (px) the browser draws ``style``'s line with: () for a solid line; a named
+    dash as plotly.js's ``Drawing.dashStyle`` makes it (scaled by the width, at least 3 px); a list of
+    lengths as written."""
+    dash, unit = style.dash, max(float(style.width), 3.0)
+    named = {"solid": (), "dot": (1, 1), "dash": (3, 3), "longdash": (5, 5), "dashdot": (3, 1, 1, 1),
+             "longdashdot": (5, 2, 1, 2)}
+    if dash in named:
+        return tuple(unit * k for k in named[dash])
+    return tuple(float(part.strip().removesuffix("px")) for part in dash.replace("%", "").split(","))
 
 
 OFFLINE_TITLE = "<b>offline references</b> (they read the future)"
@@ -148,7 +164,8 @@ def recent_window_curve(
         if x.min() <= mark <= x.max()
         for xref, yref in (("x", "y"), ("x2", "y2"))
     ]
-    _annotate_story(fig, rows, references, default=default, band=band if band_known else None, policy=policy, choice=choice)
+    _annotate_story(fig, rows, references, default=default, band=band if band_known else None, policy=policy, choice=choice,
+                    lines=lines, plot_height=PLOT_HEIGHT if plot_height is None else plot_height)
     fig.layout["xaxis2"]["title"] = dict(text="recent_window")
     _legends(fig, policy, PLOT_HEIGHT if plot_height is None else plot_height)
     return fig.figure()
@@ -320,12 +337,106 @@ def _hline(fig, row, line: Line, key: str, label: str, lo: float, hi: float, *, 
     )
 
 
+#: what the notes' places are worked out at: the upper panel's plotting width at its narrowest in the
+#: app (the chart column at 1500 x 1100 less the margins; wider only spreads the data under a note) and
+#: a note's text (13 px): height, width per character, and the room kept around it
+NOTE_PANEL_W = 640
+NOTE_PX = (20, 7.2)
+NOTE_ROOM = 4
+#: how far above the panel a note may reach: into the figure's top margin (40 px), under its edge
+NOTE_ABOVE = 30
+
+
+@dataclass(frozen=True)
+class _Panel:
+    """The upper panel in pixels: the data ranges it shows and its size, to place a note by."""
+
+    x_range: tuple[float, float]
+    y_range: tuple[float, float]
+    height: float
+
+    def px(self, x: float, y: float) -> tuple[float, float]:
+        """Screen offsets (right, down) of the point (x, y) from the panel's top left corner."""
+        (x0, x1), (y0, y1) = self.x_range, self.y_range
+        return (x - x0) / max(x1 - x0, 1e-9) * NOTE_PANEL_W, (y1 - y) / max(y1 - y0, 1e-9) * self.height
+
+
+def note_spot(panel: _Panel, x: float, y: float, text: str, rightwards: bool, lines: Sequence[float],
+              points: Sequence[tuple[float, float]], taken: Sequence[tuple[float, float, float, float]] = (),
+              dx: float = 30) -> tuple[float, tuple[float, float, float, float]]:
+    """Where the note ``text`` (``<br>`` between its lines) on the point (x, y) goes: its ``ay`` (px, up
+    negative) and its box (px, from the panel's corner), the nearest place where the box crosses none of
+    the horizontal ``lines`` (their y), covers none of the ``points`` (the curves) and none of the
+    ``taken`` boxes, its arrow crosses no taken box, and it stays in the panel; the one crossing fewest
+    where none is clear. A note on a line read as that line's label."""
+    px, py = panel.px(x, y)
+    rows_of_text = text.split("<br>")
+    w, h = NOTE_PX[1] * max(map(len, rows_of_text)) + 8, NOTE_PX[0] + (NOTE_PX[0] - 4) * (len(rows_of_text) - 1)
+    left = px + dx if rightwards else px - dx - w
+    rows = [panel.px(x, v)[1] for v in lines]
+    dots = [panel.px(a, b) for a, b in points]
+    best = None
+    for ay in sorted([*range(-30, -241, -15), *range(30, 241, 15)], key=lambda a: (abs(a), a > 0)):
+        box = (left, py + ay - h / 2, left + w, py + ay + h / 2)
+        if box[1] < -NOTE_ABOVE or box[3] > panel.height:
+            continue
+        x0, y0, x1, y1 = (box[0] - NOTE_ROOM, box[1] - NOTE_ROOM, box[2] + NOTE_ROOM, box[3] + NOTE_ROOM)
+        tail = (box[0] if rightwards else box[2], py + ay)
+        arrow = [(px + (tail[0] - px) * k / 16, py + (tail[1] - py) * k / 16) for k in range(1, 16)]
+        hits = (sum(y0 <= r <= y1 for r in rows) + sum(x0 <= a <= x1 and y0 <= b <= y1 for a, b in dots)
+                + sum(x0 < t[2] and t[0] < x1 and y0 < t[3] and t[1] < y1 for t in taken)
+                + sum(any(t[0] <= a <= t[2] and t[1] <= b <= t[3] for a, b in arrow) for t in taken[1:]))
+        if best is None or hits < best[0]:
+            best = (hits, ay, box)
+        if hits == 0:
+            break
+    if best is None:  # a panel too short for any place: above, as before
+        return -30, (left, py - 30 - h / 2, left + w, py - 30 + h / 2)
+    return best[1], best[2]
+
+
+def _upper_panel(fig, plot_height: int) -> _Panel:
+    """The upper panel's ranges, set here (Plotly's own would be unknown to ``note_spot``): the data of
+    every series on it, with a margin."""
+    xs = [v for t in fig.data if t.get("yaxis") == "y" for v in t["x"] if v is not None]
+    ys = [v for t in fig.data if t.get("yaxis") == "y" for v in t["y"] if v is not None]
+    lo, hi = float(min(ys)), float(max(ys))
+    pad = max(hi - lo, 0.02) * 0.06
+    y_range = (lo - pad, hi + pad)
+    fig.layout["yaxis"] = {**fig.layout.get("yaxis", {}), "range": list(y_range)}
+    x_lo, x_hi = float(min(xs)), float(max(xs))
+    x_pad = max(x_hi - x_lo, 1) * 0.03
+    x_range = (x_lo - x_pad, x_hi + x_pad)
+    for axis in ("xaxis", "xaxis2"):  # shared: both panels show the same windows
+        fig.layout[axis] = {**fig.layout.get(axis, {}), "range": list(x_range)}
+    # the two panels share the plotting height, less the gap between them (``subplots``' vertical_spacing)
+    return _Panel(x_range, y_range, plot_height * (1 - 0.08) / 2)
+
+
 def _annotate_story(fig, rows: Sequence[Mapping], references: Sequence[Line], *, default: int, band: int | None,
-                    policy: str, choice: WindowChoice | None = None) -> None:
+                    policy: str, choice: WindowChoice | None = None, lines: Sequence[Line] = (),
+                    plot_height: int = PLOT_HEIGHT) -> None:
     """Say in words what the curve shows, computed from the data (never a fixed sentence): the best
-    and recommended windows where ``choice`` is exact, the peak so far where it is of a sample."""
+    and recommended windows where ``choice`` is exact, the peak so far where it is of a sample. Each
+    note is placed clear of the horizontal ``lines``, the curves and the notes before it (``note_spot``)."""
+    panel = _upper_panel(fig, plot_height)
+    levels = [line.retained_mass for line in lines]
+    points = [(float(a), float(b)) for t in fig.data if t.get("yaxis") == "y" and len(t["x"]) > 2
+              for a, b in zip(t["x"], t["y"], strict=True) if a is not None and b is not None]
+    # the panel's title ("retained mass"), centred in the room above it
+    title = (NOTE_PANEL_W / 2 - 60, -NOTE_ABOVE, NOTE_PANEL_W / 2 + 60, 0)
+    taken: list[tuple[float, float, float, float]] = [title]
+    for note in fig.layout.get("annotations", []):  # the notes already there (two lines drawn as one)
+        if note.get("yref") == "y" and note.get("showarrow"):
+            px, py = panel.px(note["x"], note["y"])
+            w, h = NOTE_PX[1] * len(note["text"]) + 8, NOTE_PX[0]
+            tail_x, tail_y = px + note.get("ax", 0), py + note.get("ay", 0)
+            x0 = {"right": tail_x - w, "left": tail_x}.get(note.get("xanchor"), tail_x - w / 2)
+            taken.append((x0, tail_y - h / 2, x0 + w, tail_y + h / 2))
+    style = dict(showarrow=True, arrowhead=2, bgcolor="rgba(255,255,255,0.85)", font=dict(size=13, color="#222"))
     peak, top = curve_peak(rows)
-    where = " = the trace's band: the gain saturates here" if peak == band else ""
+    # on a line of its own: one long line had room nowhere between the lines and the curves
+    where = "<br>= the trace's band: the gain saturates here" if peak == band else ""
     if choice is None:
         text = f"peak at {peak}: {top:.3f}{where}"
     elif not choice.exact:
@@ -335,29 +446,24 @@ def _annotate_story(fig, rows: Sequence[Mapping], references: Sequence[Line], *,
     else:
         text = f"best {peak}: {top:.3f}{where}"
         # the note reads away from the nearer edge: Plotly widens the axis to fit a note, and one at window
-        # 63 of 1 .. 1023 reading leftwards stretched the axis to -600
+        # 63 of 1 .. 1023 reading leftwards stretched the axis to -600. Its rule is in the legend ("marks on")
         windows = [r["recent_window"] for r in rows]
         rightwards = choice.recommended - min(windows) < (max(windows) - min(windows)) / 2
-        fig.note(
-            x=choice.recommended, y=choice.recommended_mass, xref="x", yref="y",
-            text=f"recommended {choice.recommended}: {choice.recommended_mass:.3f}, the smallest within {choice.tolerance:g}",
-            showarrow=True, arrowhead=2, ax=30 if rightwards else -30, ay=-55, bgcolor="rgba(255,255,255,0.85)",
-            xanchor="left" if rightwards else "right", font=dict(size=13, color="#222"),
-        )
-    fig.note(
-        x=peak, y=top, xref="x", yref="y", text=text,
-        showarrow=True, arrowhead=2, ax=60, ay=-30, bgcolor="rgba(255,255,255,0.85)", xanchor="left",
-        font=dict(size=13, color="#222"),
-    )
+        said = f"recommended {choice.recommended}: {choice.recommended_mass:.3f}"
+        ay, box = note_spot(panel, choice.recommended, choice.recommended_mass, said, rightwards, levels, points, taken)
+        taken.append(box)
+        fig.note(x=choice.recommended, y=choice.recommended_mass, xref="x", yref="y", text=said,
+                 ax=30 if rightwards else -30, ay=ay, xanchor="left" if rightwards else "right", **style)
+    ay, box = note_spot(panel, peak, top, text, True, levels, points, taken, dx=60)
+    taken.append(box)
+    fig.note(x=peak, y=top, xref="x", yref="y", text=text, ax=60, ay=ay, xanchor="left", **style)
+    # the comparison with streaming_llm last: it has the most room to give way to the windows' notes
     at_default = [r["retained_mass"] for r in rows if r["recent_window"] == default]
     streaming = next((line for line in references if line.policy == "streaming_llm"), None)
     if at_default and streaming is not None:
         v = float(at_default[0])
         s = streaming.retained_mass
         word = "less than" if v < s else "at least as much as"
-        fig.note(
-            x=default, y=v, xref="x", yref="y", text=f"at {default}, {policy} keeps {word} streaming_llm ({v:.3f} vs {s:.3f})",
-            # low and to the right: under the curves there, clear of the reference lines' labels
-            showarrow=True, arrowhead=2, ax=40, ay=75, bgcolor="rgba(255,255,255,0.85)", xanchor="left",
-            font=dict(size=13, color="#222"),
-        )
+        text = f"at {default}, {policy} keeps {word} streaming_llm ({v:.3f} vs {s:.3f})"
+        ay, box = note_spot(panel, default, v, text, True, levels, points, taken, dx=40)
+        fig.note(x=default, y=v, xref="x", yref="y", text=text, ax=40, ay=ay, xanchor="left", **style)

@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 
 from ...analysis.features import TraceFeatures
 from ...sim.harness import ReplayResult
-from .common import HEAVY_COLOUR, OTHER_COLOUR, RECENT_COLOUR, SINK_COLOUR, STALE_COLOUR, policy_label
+from .common import HEAVY_COLOUR, OTHER_COLOUR, RECENT_COLOUR, SINK_COLOUR, STALE_COLOUR, log_ticks, policy_label
 
 if TYPE_CHECKING:  # imported where a snapshot is built: ``import kvsim.views.figures`` stays ~0.3 s lighter
     import pandas as pd
@@ -127,13 +127,12 @@ def score_distribution(result: ReplayResult, step: int, features: TraceFeatures)
         title = f"{policy_label(result)}: {len(snap)} held before eviction at step {step}, {len(victims)} evicted"
     else:
         title = f"{policy_label(result)}: step {step}, the cache is not full yet, nothing is evicted"
-    fig.update_yaxes(type="log", title_text=f"{score_name(result.policy)} (log)", range=[y_lo, y_hi], row=1, col=1)
+    # both panels show the same scale: the same ticks, labelled alike (``log_ticks``)
+    ticks, labels = log_ticks(y_lo, y_hi)
+    fig.update_yaxes(type="log", title_text=f"{score_name(result.policy)} (log)", range=[y_lo, y_hi], row=1, col=1,
+                     tickvals=[10.0 ** k for k in ticks], ticktext=labels)
     fig.update_xaxes(title_text="position", row=1, col=1)
-    lo, hi = math.floor(float(logs.min())), math.ceil(float(logs.max()))
-    ticks = list(range(lo, hi + 1))
-    fig.update_xaxes(
-        title_text=f"{score_name(result.policy)} (log)", tickvals=ticks, ticktext=[f"1e{k}" for k in ticks], row=1, col=2
-    )
+    fig.update_xaxes(title_text=f"{score_name(result.policy)} (log)", tickvals=ticks, ticktext=labels, row=1, col=2)
     fig.update_yaxes(title_text="positions", row=1, col=2)
     fig.update_layout(
         barmode="stack", height=460, title=dict(text=title, x=0, font=dict(size=14)),

@@ -12,7 +12,7 @@ from plotly.colors import hex_to_rgb, sequential
 
 from ...analysis.features import TraceFeatures
 from ...data.trace import Trace
-from .common import HEAVY_COLOUR
+from .common import HEAVY_COLOUR, log_ticks
 
 
 def _lut(scale: Sequence[str]) -> np.ndarray:
@@ -63,6 +63,15 @@ def coloured(means: np.ndarray) -> tuple[np.ndarray, tuple[float, float]]:
     return rgb, (lo, hi)
 
 
+def heavy_marks_drawn(features: TraceFeatures) -> list[list[int]]:
+    """The heavy hitters as the trace view draws them: one triangle per group of neighbours closer than
+    a triangle's width (``kvsim.views.figures.kept.heavy_marks`` over the whole run), so the figure and
+    its text count the same marks (the canonical trace's 24 heavy hitters are 8 triangles)."""
+    from .kept import heavy_marks
+
+    return heavy_marks([p for p, _, _ in features.heavy], features.steps)
+
+
 def trace_matrix(trace: Trace, features: TraceFeatures, size: int = 1024) -> go.Figure:
     """The attention matrix, log-scaled and block-averaged to at most ``size`` x ``size``, with the
     sinks and heavy hitters pointed at from the top edge (the stripes themselves are the data)."""
@@ -76,12 +85,19 @@ def trace_matrix(trace: Trace, features: TraceFeatures, size: int = 1024) -> go.
         hovertemplate="positions from %{x:.0f}<br>steps from %{y:.0f}<extra>" + f"{block} x {block} block</extra>",
     )
     T = trace.steps
-    if features.heavy:
+    marks = heavy_marks_drawn(features)
+    if marks:
+        born = {p: first for p, first, _ in features.heavy}
         fig.add_trace(
             go.Scatter(
-                x=[p for p, _, _ in features.heavy], y=[first for _, first, _ in features.heavy], mode="markers",
-                name="heavy hitter (born here)", marker=dict(symbol="triangle-left", size=9, color=HEAVY_COLOUR),
-                hovertemplate="heavy hitter at position %{x}<extra></extra>",
+                x=[group[0] for group in marks], y=[min(born[p] for p in group) for group in marks],
+                mode="markers+text", name="heavy hitter (born here; ×n: n neighbours)",
+                # the count on the white of the future, right of the diagonal, where it reads
+                text=[f"×{len(group)}" if len(group) > 1 else "" for group in marks], textposition="middle right",
+                textfont=dict(size=12, color="#b01e1e"),
+                customdata=[", ".join(map(str, group)) for group in marks],
+                marker=dict(symbol="triangle-left", size=9, color=HEAVY_COLOUR),
+                hovertemplate="heavy hitters at positions %{customdata}<extra></extra>",
             )
         )
     note = dict(showarrow=True, arrowhead=2, bgcolor="rgba(255,255,255,0.85)", font=dict(size=12, color="#222"))
@@ -98,7 +114,8 @@ def trace_matrix(trace: Trace, features: TraceFeatures, size: int = 1024) -> go.
             x=[0, 0], y=[1, 1], mode="markers", showlegend=False, hoverinfo="skip",
             marker=dict(
                 color=[lo, hi], colorscale="Viridis", showscale=True, opacity=0, size=1,
-                colorbar=dict(title=dict(text="log10<br>attention"), thickness=12, len=0.8),
+                colorbar=dict(title=dict(text="attention<br>(log)"), thickness=12, len=0.8,
+                              tickvals=log_ticks(lo, hi)[0], ticktext=log_ticks(lo, hi)[1]),
             ),
         )
     )
