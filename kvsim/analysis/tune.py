@@ -205,6 +205,8 @@ def recording_identity(source: Bundle | Trace | Sequence[Trace]) -> dict:
     window (None where no layer slides or the recording does not say). A tune file carries it, so that
     deploying it on another model is refused for what that model is, never for the window tuned on it
     (the layer count, KV heads and layer kinds are in the tune file's rows)."""
+    from ..data.bundle import Bundle
+
     if isinstance(source, Bundle):
         model = source.manifest.get("model")
         windows = {t.sliding_window for t in source.traces if t.attention == "sliding"}
@@ -336,6 +338,8 @@ def tune(
         raise TuneError(f"--per-layer windows are searched by the truth (kl, delta_nll) or read off retained mass's "
                         f"per-layer curves; by {by} " + ("(the truth is not at hand: " + why + ")" if asked == AUTO and why
                                                          else "has no per-layer search"))
+    from ..data.bundle import Bundle
+
     if per_layer and by in TRUTH_BY and not isinstance(source, Bundle):
         raise TuneError("--per-layer needs a bundle (a recording of every layer): the truth changes every layer's window")
     windows = list(range(1, budget)) if windows is None else [int(w) for w in windows]
@@ -343,8 +347,6 @@ def tune(
     units = _units(source)
     if not units:
         raise TuneError("nothing to tune: no traces")
-    from ..data.bundle import Bundle
-
     name = source.name if isinstance(source, Bundle) else ", ".join(u.name for u in units[:3]) + (
         "" if len(units) <= 3 else f" and {len(units) - 3} more")
     def say(done: int, name: str) -> None:
