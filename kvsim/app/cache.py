@@ -169,6 +169,22 @@ def tunings() -> services.Shared:
 
 
 @st.cache_resource
+
+def tuned(name: str, policy: str, budget: int):
+    """The bundle's tuning, computed once per server (the progress bar drawn by the run that does it)."""
+    from kvsim.analysis.tune import tune  # the bundle's engine work loads with the first tuning
+
+    def compute():
+        bundle = cached_bundle(name)
+        bar = st.progress(0.0, text=f"tuning {policy}'s recent_window (1 .. {budget - 1}) on {bundle.describe()}")
+        result = tune(bundle, policy, budget, top_k=TOP_K, by="retained_mass",  # per layer; no model_window shown
+                      progress=lambda fraction, note="": bar.progress(fraction or 0.0, text=note))
+        bar.empty()
+        return result
+
+    return tunings().get((name, policy, budget, TOP_K), compute,
+                         waiting=lambda: st.spinner(f"another session is tuning {policy} on {name}"))
+
 def curve_figures() -> services.BoundedStore:
     """Built curve figures by what they draw, shared by every session: under load the figure's
     Plotly validation, not the sweep, was most of a redraw."""

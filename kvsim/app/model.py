@@ -5,30 +5,15 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvsim.analysis.tune import tune
 from kvsim.data.catalog import available_bundles
 from kvsim.views import model_figures
 from kvsim.views import support as views
 from kvsim.views import truth as vt
 from kvsim.views.deploy import deploy_snippets
 
-from .cache import TOP_K, cached_bundle, tunings
+from .cache import cached_bundle, tuned
 from .state import TABS, curve_policies, drop_upload, mirrored
 from .truth import model_answer
-
-
-def tuned(name: str, policy: str, budget: int):
-    """The bundle's tuning, computed once per server (the progress bar drawn by the run that does it)."""
-    def compute():
-        bundle = cached_bundle(name)
-        bar = st.progress(0.0, text=f"tuning {policy}'s recent_window (1 .. {budget - 1}) on {bundle.describe()}")
-        result = tune(bundle, policy, budget, top_k=TOP_K, by="retained_mass",  # per layer; no model_window shown
-                      progress=lambda fraction, note="": bar.progress(fraction or 0.0, text=note))
-        bar.empty()
-        return result
-
-    return tunings().get((name, policy, budget, TOP_K), compute,
-                         waiting=lambda: st.spinner(f"another session is tuning {policy} on {name}"))
 
 
 def open_layer(selector: str, recent_window: int, policy: str) -> None:

@@ -16,7 +16,7 @@ from kvsim.analysis.windows import choose_window
 from kvsim.data.catalog import available_bundles
 from kvsim.views import truth as vt
 
-from .cache import BY_TRACE, cached_bundle
+from .cache import BY_TRACE, cached_bundle, tuned  # tuned: the model view's tuning, cached per server
 
 #: measurements running in this server's background: (model, text sha, policy, budget) -> state
 _JOBS: dict[tuple, dict] = {}
@@ -67,8 +67,6 @@ def model_answer(truth: vt.Truth) -> vt.ProxyPick | None:
     """The answer to "which one window for all layers does retained mass pick on the recording the truth
     was measured on?": the bundle's tuning (once per server, as the model view's) and its one window.
     Both views that state it read it here, so they give the same answer. None without the bundle."""
-    from .model import tuned  # the model view's tuning, cached per server
-
     name = bundle_of(truth)
     if name is None or truth.budget is None or truth.budget < 2:
         return None
