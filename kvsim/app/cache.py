@@ -168,8 +168,6 @@ def tunings() -> services.Shared:
     return services.Shared(bound=16)
 
 
-@st.cache_resource
-
 def tuned(name: str, policy: str, budget: int):
     """The bundle's tuning, computed once per server (the progress bar drawn by the run that does it)."""
     from kvsim.analysis.tune import tune  # the bundle's engine work loads with the first tuning
@@ -185,6 +183,8 @@ def tuned(name: str, policy: str, budget: int):
     return tunings().get((name, policy, budget, TOP_K), compute,
                          waiting=lambda: st.spinner(f"another session is tuning {policy} on {name}"))
 
+
+@st.cache_resource
 def curve_figures() -> services.BoundedStore:
     """Built curve figures by what they draw, shared by every session: under load the figure's
     Plotly validation, not the sweep, was most of a redraw."""
