@@ -25,7 +25,7 @@ from ..policies import DEFAULT_BUDGET, POLICIES, make_policy, policy_params
 from ..sim import proxies as px
 from ..sim.simulate import replay, sweep
 from . import report
-from .errors import CLIError, InputError, flag, input_error, model_error, read_input
+from .errors import CLIError, InputError, flag, input_error, read_input
 from .parser import parse_range, positive_int
 
 #: the Streamlit script ``kvsim app`` runs: the thin entry at the checkout's root (a non-editable
@@ -317,28 +317,24 @@ def _tune_truth(args: argparse.Namespace, source, say, key: str) -> _Truth:
 
 def cmd_record(args: argparse.Namespace) -> object:
     # the recorder's extra (torch, transformers) is optional: nothing of it is imported until asked for
-    from ..models.errors import RecordError
     from ..models.loading import RECORD_STDERR, require_extra
     from ..models.record import record
     from ..models.record_cache import cached
 
-    try:
-        config = _record_config(args)
-        doc = cached(config) if args.out is None else None
-        progress = None if args.quiet else RECORD_STDERR
-        if doc is not None:
-            if progress is not None:
-                progress(1.0, f"already recorded: {config.out}")
-        else:
-            if args.model is None:
-                require_extra()  # the shipped model's packages; load_hf_model checks torch and transformers itself
-            if args.threads is not None:
-                import torch
+    config = _record_config(args)
+    doc = cached(config) if args.out is None else None
+    progress = None if args.quiet else RECORD_STDERR
+    if doc is not None:
+        if progress is not None:
+            progress(1.0, f"already recorded: {config.out}")
+    else:
+        if args.model is None:
+            require_extra()  # the shipped model's packages; load_hf_model checks torch and transformers itself
+        if args.threads is not None:
+            import torch
 
-                torch.set_num_threads(args.threads)
-            doc = record(config, device=args.device, progress=progress)
-    except RecordError as e:
-        raise model_error(e) from None
+            torch.set_num_threads(args.threads)
+        doc = record(config, device=args.device, progress=progress)
     return {"text": str(config.text), **doc}
 
 
@@ -404,22 +400,18 @@ def _quality_plan(args: argparse.Namespace) -> tuple[list[str], list[int], dict,
 def cmd_quality(args: argparse.Namespace) -> object:
     # torch and transformers are imported by kvsim.models.quality's functions only when a measurement runs
     from ..models import quality
-    from ..models.errors import RecordError
     from ..models.loading import require_extra
 
     names, budgets, params, swept = _quality_plan(args)
     modes = ["closed", "open"] if args.mode == "both" else [args.mode]
     say = None if args.quiet else quality.QUALITY_STDERR
-    try:
-        text = quality.resolve_text(args.text)
-        read_input("TEXT", text)  # refuse a missing or empty text before loading a model
-        if args.model is None:
-            require_extra()
-        session = quality.open_session(text, args.steps, args.model, progress=say)
-        rows = quality.grid(session, names, budgets, modes, params, swept, use_cache=not args.no_cache,
-                            batch=args.batch, progress=say)
-    except (quality.QualityError, RecordError) as e:
-        raise model_error(e) from None
+    text = quality.resolve_text(args.text)
+    read_input("TEXT", text)  # refuse a missing or empty text before loading a model
+    if args.model is None:
+        require_extra()
+    session = quality.open_session(text, args.steps, args.model, progress=say)
+    rows = quality.grid(session, names, budgets, modes, params, swept, use_cache=not args.no_cache,
+                        batch=args.batch, progress=say)
     if args.policy and not swept and len(budgets) == 1 and len(modes) == 1:
         if not rows:
             raise CLIError(f"{args.policy} cannot run at budget {budgets[0]} with these parameters")

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from ..policies import POLICIES, ParamError, PolicySpec
-from .errors import CLIError, InputError, flag, input_error, model_error, read_input
+from .errors import CLIError, InputError, flag, input_error, read_input
 
 SHIPPED = "gemma"
 
@@ -82,12 +82,7 @@ def cmd_generate(args: argparse.Namespace) -> dict:
     from ..models.loading import load_hf_model, load_model, token_ids
 
     say = protocol.stderr("generate")  # stderr whatever stdout is (--json, a pipe): a long prompt must not look hung
-    from ..models.errors import RecordError
-
-    try:
-        model, tokenizer = load_model(say) if args.model == SHIPPED else load_hf_model(args.model, progress=say)
-    except RecordError as e:
-        raise model_error(e) from None
+    model, tokenizer = load_model(say) if args.model == SHIPPED else load_hf_model(args.model, progress=say)
     import kvsim.hf as hf
     from kvsim.hf.decoding import greedy
 
