@@ -146,15 +146,15 @@ def test_random_draws_from_the_generator_it_is_given():
 
 
 @pytest.mark.parametrize("name", sorted(engine.FAST))
-def test_every_engine_policy_gives_what_its_runner_takes(name):
-    """A policy's ``engine_inputs`` names exactly the keyword arguments of its runner, one row per
-    configuration where the input is per configuration."""
+def test_every_engine_policy_gives_what_its_kernel_state_takes(name):
+    """A policy's ``engine_inputs`` names exactly the keyword arguments of its kernel's state (after
+    the shape), one row per configuration where the input is per configuration."""
     trace = random_trace(30, 2, shape="levels", levels=3, zero_share=0.3)
     budgets = [4, 9]
     built = [kvsim.make_policy(name, budget=b, trace=trace, **{p.name: 1 for p in kvsim.tunables(name)}) for b in budgets]
     inputs = type(built[0]).engine_inputs(built, trace.steps)
-    runner = inspect.signature(engine.FAST[name])
-    assert set(inputs) == set(list(runner.parameters)[1:])
+    state = inspect.signature(engine.FAST[name].state)
+    assert set(inputs) == set(list(state.parameters)[1:])
     for key, value in inputs.items():
         assert isinstance(value, np.ndarray), key
         if key != "suffix":  # greedy_future's suffix sums belong to the trace, not a configuration

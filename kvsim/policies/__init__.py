@@ -1,8 +1,9 @@
-from .base import DEFAULT_BUDGET, ContractError, Param, ParamError, Policy, describe_policy
-from .registry import POLICIES, all_tunables, policy_class, policy_params, tunables
+from .base import DEFAULT_BUDGET, ContractError, Display, EngineBinding, Param, ParamError, Policy, describe_policy
+from .registry import POLICIES, all_tunables, policy_class, policy_params, register, tunables
 from .spec import PolicySpec, make_policy
 
 __all__ = [
-    "DEFAULT_BUDGET", "POLICIES", "ContractError", "Param", "ParamError", "Policy", "PolicySpec", "all_tunables",
-    "describe_policy", "make_policy", "policy_class", "policy_params", "tunables",
+    "DEFAULT_BUDGET", "POLICIES", "ContractError", "Display", "EngineBinding", "Param", "ParamError", "Policy",
+    "PolicySpec", "all_tunables", "describe_policy", "make_policy", "policy_class", "policy_params", "register",
+    "tunables",
 ]

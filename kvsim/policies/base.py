@@ -80,6 +80,35 @@ class Param:
         return budget - 1 if self.below_budget else None
 
 
+@dataclass(frozen=True)
+class Display:
+    """How the views draw a policy: its line on the charts (the recent_window curve, the model view)
+    and what its score is called on the scores view. Every colour and every line differs in its
+    proportions from every other policy's (tests/test_newcomer_text.py holds it)."""
+
+    colour: str
+    #: Plotly's dash: lengths in px ("12px,4px"), or "solid"
+    dash: str
+    width: float
+    #: the marker on a curve (the policies with a recent_window); None for a horizontal line
+    symbol: str | None = None
+    #: what the score counts, for the scores view's axes (the policies that keep scores)
+    score_name: str = "cumulative score"
+
+
+@dataclass(frozen=True)
+class EngineBinding:
+    """How the fast engine (``kvsim.sim.engine``) replays a policy, declared beside it: a path, not an
+    import, so this layer loads neither numba nor the simulator; the engine resolves it on first use.
+    What the kernel reads comes from the policy's ``engine_inputs``."""
+
+    #: ``"module:name"`` of the policy's ``kvsim.sim.kernels.SlotKernel`` (its specialised step loop
+    #: and the state it allocates), e.g. ``"kvsim.sim.kernels:H2O"``
+    kernel: str
+    #: about how long its kernels take to compile from nothing on two cores (the app's warm-up estimate)
+    compile_s: float = 2.0
+
+
 class Policy:
     """Base class: the members of docs/domain.md ("The policy interface"), plus the cache's starting state ``[0]``."""
 
@@ -99,6 +128,10 @@ class Policy:
     #: what the policy does, in one line the app and the CLI can quote (``describe_policy`` falls
     #: back to the docstring's first sentence when a policy leaves it empty)
     summary: ClassVar[str] = ""
+    #: how the views draw it (None: one of the curve's spare styles)
+    display: ClassVar[Display | None] = None
+    #: how the fast engine replays it (None: the reference harness replays it)
+    engine_binding: ClassVar[EngineBinding | None] = None
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:
         self.budget = check_budget(budget)
@@ -114,7 +147,7 @@ class Policy:
     def engine_inputs(cls, policies: Sequence[Policy], steps: int) -> dict[str, np.ndarray]:
         """What the fast engine (``kvsim.sim.engine``) reads from ``policies``, configurations of
         this class built on one trace of ``steps`` steps, to replay them all in one pass: arrays
-        named after the keyword arguments of the policy's runner there (h2o's ``windows``, one
+        named after the keyword arguments of its ``engine_binding``'s state (h2o's ``windows``, one
         recent window per configuration). A policy without engine inputs has none."""
         return {}
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..data.trace import Trace
-from .base import DEFAULT_BUDGET, SlotPolicy
+from .base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
 
 #: rows per block of the precomputed suffix sums (memory ~ (T / BLOCK) * T * 8 bytes)
 BLOCK = 64
@@ -29,6 +29,8 @@ BLOCK = 64
 class GreedyFuture(SlotPolicy):
     name = "greedy_future"
     summary = "evicts the position with the least attention still to come: greedy with future knowledge, not the optimum"
+    display = Display("#7f7f7f", "2px,6px", 3)
+    engine_binding = EngineBinding("kvsim.sim.kernels:GREEDY_FUTURE")
     needs_trace = True
 
     def __init__(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import DEFAULT_BUDGET, Param, SlotPolicy, per_config
+from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
 
 #: shared with the policies that protect the newest positions the same way (scissorhands)
 RECENT_WINDOW = Param(
@@ -26,6 +26,8 @@ RECENT_WINDOW = Param(
 class H2O(SlotPolicy):
     name = "h2o"
     summary = "keep the newest recent_window positions and, of the rest, the largest cumulative attention"
+    display = Display("#1f77b4", "solid", 2, "circle")
+    engine_binding = EngineBinding("kvsim.sim.kernels:H2O")
     reads_attention = True
     keeps_scores = True
     tunables = (RECENT_WINDOW,)

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import DEFAULT_BUDGET, SlotPolicy, per_config
+from .base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy, per_config
 from .h2o import RECENT_WINDOW
 
 
 class H2ONormalized(SlotPolicy):
     name = "h2o_normalized"
     summary = "h2o with each cumulative score divided by the steps the position has been held, so age alone does not win"
+    display = Display("#8c564b", "solid", 2, "triangle-up")
+    engine_binding = EngineBinding("kvsim.sim.kernels:H2O_NORMALIZED")
     reads_attention = True
     keeps_scores = True
     tunables = (RECENT_WINDOW,)

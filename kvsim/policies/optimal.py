@@ -62,7 +62,7 @@ from ..data.files import atomic_write
 from ..data.store import cache_dir
 from ..data.trace import Trace
 from ..jit import kernel
-from .base import DEFAULT_BUDGET, ContractError, Policy, check_budget
+from .base import DEFAULT_BUDGET, ContractError, Display, EngineBinding, Policy, check_budget
 
 #: bump when the solver's output for a given trace and budget could change (invalidates the cache)
 SOLVER_VERSION = 1
@@ -375,6 +375,8 @@ class Optimal(Policy):
 
     name = "optimal"
     summary = "the best eviction schedule under the cache's rules, solved exactly from the whole trace: the ceiling for any policy"
+    display = Display("#4d4d4d", "2px,3px,2px,3px,2px,8px", 3)
+    engine_binding = EngineBinding("kvsim.sim.kernels:OPTIMAL")
     needs_trace = True
     needs_matrix = True  # the solver's suffix costs are O(T^2): 4 GB of float64 at 32k steps
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import DEFAULT_BUDGET, SlotPolicy
+from .base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
 
 #: the seed of the generator used when none is passed
 DEFAULT_SEED = 0
@@ -26,6 +26,8 @@ DEFAULT_SEED = 0
 class RandomEviction(SlotPolicy):
     name = "random"
     summary = "evict uniformly at random, from the rng it is given: the floor any informed policy must clear"
+    display = Display("#f5c400", "12px,3px,3px,3px,3px,3px", 4)
+    engine_binding = EngineBinding("kvsim.sim.kernels:RANDOM")
     uses_rng = True
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:

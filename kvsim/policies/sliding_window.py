@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import DEFAULT_BUDGET, Policy
+from .base import DEFAULT_BUDGET, Display, EngineBinding, Policy
 from .streaming_llm import StreamingLLM
 
 
 class SlidingWindow(StreamingLLM):
     name = "sliding_window"
     summary = "keep the newest budget positions"
+    display = Display("#bcbd22", "12px,4px,3px,4px", 4)
+    engine_binding = EngineBinding("kvsim.sim.kernels:WINDOW", compile_s=1)
     tunables = ()
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import DEFAULT_BUDGET, Param, SlotPolicy, per_config
+from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
 from .h2o import RECENT_WINDOW
 
 OBSERVATION_WINDOW = Param("observation_window", 32, "the score is the attention of the last observation_window queries")
@@ -34,6 +34,8 @@ OBSERVATION_WINDOW = Param("observation_window", 32, "the score is the attention
 class SnapKV(SlotPolicy):
     name = "snapkv"
     summary = "keep the newest recent_window positions and, of the rest, the most attended by the last observation_window queries"
+    display = Display("#e377c2", "solid", 2, "x")
+    engine_binding = EngineBinding("kvsim.sim.kernels:SNAPKV")
     reads_attention = True
     keeps_scores = True
     tunables = (RECENT_WINDOW, OBSERVATION_WINDOW)

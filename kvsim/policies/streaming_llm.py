@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import DEFAULT_BUDGET, Param, Policy, per_config
+from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, Policy, per_config
 
 SINKS = Param("sinks", 4, "the first sinks positions are pinned forever", below_budget=True)
 
@@ -20,6 +20,8 @@ SINKS = Param("sinks", 4, "the first sinks positions are pinned forever", below_
 class StreamingLLM(Policy):
     name = "streaming_llm"
     summary = "pin the first sinks positions and keep the newest of the rest"
+    display = Display("#2ca02c", "12px,4px", 4)
+    engine_binding = EngineBinding("kvsim.sim.kernels:WINDOW", compile_s=1)
     tunables = (SINKS,)
 
     def __init__(

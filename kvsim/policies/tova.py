@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import DEFAULT_BUDGET, SlotPolicy
+from .base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
 
 #: the weight of a position no row has shown yet: above any real weight (at most 1), below the
 #: +inf that marks a chosen victim during eviction
@@ -29,6 +29,8 @@ UNSEEN = np.finfo(np.float64).max
 class TOVA(SlotPolicy):
     name = "tova"
     summary = "evict the lowest weight in the latest attention row, never the newest position"
+    display = Display("#00796b", "8px,3px,8px,9px", 4, score_name="latest weight")
+    engine_binding = EngineBinding("kvsim.sim.kernels:TOVA")
     reads_attention = True
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:

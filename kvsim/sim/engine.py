@@ -1,30 +1,34 @@
 """The fast engine: replays many configurations of one trace at once, with exactly the results of
 the reference policies (``kvsim.replay``), which stay the readable, authoritative implementation.
-The step loops are in ``kvsim.sim.kernels`` (their exactness rules are stated there); this module
-allocates their state, runs them a chunk of steps at a time (so that ``progress`` can be told
-between chunks) and spreads a sweep's batches over threads.
+The step loop is in ``kvsim.sim.kernels`` (its exactness rules are stated there), specialised per
+policy; this module allocates the arrays every policy's loop shares, runs it a chunk of steps at a
+time (so that ``progress`` can be told between chunks) and spreads a sweep's batches over threads.
 
-What a kernel reads from a policy comes through the policy's own public hook,
-``Policy.engine_inputs(policies, steps)``: a classmethod declared next to the policy that turns its
-configurations (built on one trace) into arrays named after the keyword arguments of its runner
-here. h2o gives ``windows`` (one recent window per configuration), scissorhands ``windows`` and
-``histories``, snapkv ``windows`` and ``obs_windows``, streaming_llm and sliding_window ``sinks``,
-random ``plan`` (the slots its generator draws, with the calls its ``evict`` makes), greedy_future
-``suffix`` (its block suffix sums) and optimal ``plan`` (the positions its schedule evicts, checked
-legal); tova gives nothing. A runner whose hook and signature disagree fails on its first call, by
-name, rather than reading a parameter that is not there.
+Which policies it replays is read off the registry: a policy whose class declares an
+``engine_binding`` (``kvsim.policies.EngineBinding``: the path of its ``SlotKernel``, resolved here on
+first use, so the policies layer imports neither numba nor this module) is replayed by that kernel,
+every other registered policy by the reference harness. What the kernel reads comes through the
+policy's own public hook, ``Policy.engine_inputs(policies, steps)``: a classmethod declared next to the
+policy that turns its configurations (built on one trace) into arrays named after the keyword
+arguments of its kernel's ``state``. h2o gives ``windows`` (one recent window per configuration),
+scissorhands ``windows`` and ``histories``, snapkv ``windows`` and ``obs_windows``, streaming_llm and
+sliding_window ``sinks``, random ``plan`` (the slots its generator draws, with the calls its ``evict``
+makes), greedy_future ``suffix`` (its block suffix sums) and optimal ``plan`` (the positions its
+schedule evicts, checked legal); tova gives nothing. A state whose signature and hook disagree fails
+on its first call, by name, rather than reading a parameter that is not there.
 
-``FAST`` is the one table of the policies the engine replays, each with its runner; ``kvsim.replay``
-and ``kvsim.sweep`` use it when ``covers`` says so and the reference harness otherwise. ``prepare``
-compiles one policy's kernels ahead of its first replay; ``ready`` says whether they are compiled in
-this process (a caller inside ``kvsim.jit.compiled_only()``, the app's page, replays on the reference
-path until they are, rather than wait for numba).
+``FAST`` is the registry's view of the policies the engine replays, each with its ``SlotKernel``;
+``kvsim.replay`` and ``kvsim.sweep`` use it when ``covers`` says so and the reference harness otherwise.
+``prepare`` compiles one policy's kernels ahead of its first replay; ``ready`` says whether they are
+compiled in this process (a caller inside ``kvsim.jit.compiled_only()``, the app's page, replays on the
+reference path until they are, rather than wait for numba).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
@@ -33,9 +37,8 @@ import numpy as np
 from .. import jit
 from ..data.trace import Trace, from_array
 from ..jit import AVAILABLE
-from ..policies import Policy, PolicySpec, tunables
+from ..policies import POLICIES, Policy, PolicySpec, tunables
 from ..policies.greedy_future import BLOCK as GREEDY_BLOCK
-from ..policies.tova import UNSEEN
 from ..progress import Progress
 from . import kernels
 from .harness import ReplayResult
@@ -97,13 +100,12 @@ class _Pass:
     #: take it with the dense matrix's type (read-only, as ``kernel_attention`` makes it): one compiled
     #: signature for both kinds of trace, and nothing to compile on a machine's first query/key replay
     rows: np.ndarray | None = None
-    #: sliding_window and streaming_llm keep no slots: their runner says their sinks, which fix what they hold
-    sinks: np.ndarray | None = None
 
     @classmethod
-    def of(cls, trace: Trace, name: str, budgets: np.ndarray, top_k: int, record: frozenset, progress) -> _Pass:
+    def of(cls, trace: Trace, budgets: np.ndarray, top_k: int, record: frozenset, progress,
+           keeps_scores: bool) -> _Pass:
         T, n_cfg, width, b0 = trace.steps, budgets.size, int(budgets.max()) + 1, int(budgets[0])
-        scores = "scores" in record
+        scores = "scores" in record and keeps_scores
         store = trace.derived if getattr(trace.derived, "on_demand", False) else None
         rows = None if store is None else np.zeros((_QK_CHUNK, T + 1), dtype=np.float32)
         return cls(
@@ -129,6 +131,10 @@ class _Pass:
     def steps(self) -> int:
         return self.mass.shape[1]
 
+    @property
+    def shape(self) -> kernels.Shape:
+        return kernels.Shape(*self.pos.shape, self.steps)
+
     def chunks(self):
         """``(t0, t1)`` per kernel call, telling ``progress`` the share done after each; for a
         query/key trace, ``A`` then holds rows ``t0 .. t1-1`` at every position a configuration may
@@ -146,147 +152,69 @@ class _Pass:
     def _fill(self, t0: int, t1: int) -> None:
         """Rows ``t0 .. t1-1`` of a query/key trace into ``A`` at the positions held before step t0
         by any configuration, and those admitted in the chunk: O(chunk x positions x heads x head dim)."""
-        if self.sinks is not None:  # the sinks, and the newest budget - sinks positions (all, until the cache fills)
-            b, s = int(self.budgets.max()), int(self.sinks.max())
-            cand = np.union1d(np.arange(min(s, t0)), np.arange(max(0, t0 - b), t1 - 1))
-        else:
-            held = self.pos[np.arange(self.pos.shape[1])[None, :] < self.length[:, None]]
-            cand = np.union1d(held, np.arange(t0, t1 - 1))
+        held = self.pos[np.arange(self.pos.shape[1])[None, :] < self.length[:, None]]
+        cand = np.union1d(held, np.arange(t0, t1 - 1))
         self.store.weights_block(t0, t1, cand.astype(np.int64), self.rows)
         self.a0 = t0
 
-    def records(self, scores: bool = True) -> dict:
-        out = {"victims": self.victims, "kept_history": self.kept_hist}
-        if scores:
-            out.update(score_history=self.score_hist, score_positions=self.score_pos)
-        return out
+    def records(self) -> dict:
+        return {"victims": self.victims, "kept_history": self.kept_hist, "score_history": self.score_hist,
+                "score_positions": self.score_pos}
+
+    def run(self, kernel: kernels.SlotKernel, inputs: dict) -> dict:
+        """Every chunk of steps through the policy's specialised step loop; the records of
+        configuration 0."""
+        state = kernel.state(self.shape, **inputs)
+        for t0, t1 in self.chunks():
+            kernel.steps(self.A, self.a0, self.topk, t0, t1, self.budgets, self.pos, self.length, self.mass,
+                         self.recall, self.stamp, self.gather, self.kept_hist, self.score_hist, self.score_pos,
+                         self.victims, state)
+        return self.records()
 
 
-# --------------------------------------------------------------------------------------------
-# runners: one per kernel, taking the pass and the policy's ``engine_inputs``; each returns the
-# records of configuration 0
+class _Fast(Mapping):
+    """The policies the engine replays, read off the registry each time (a policy registered later is
+    in it): name -> its ``SlotKernel``, resolved from the class's ``engine_binding`` on first use."""
+
+    def __getitem__(self, name: str) -> kernels.SlotKernel:
+        binding = getattr(POLICIES.get(name), "engine_binding", None)
+        if binding is None:
+            raise KeyError(name)
+        return _resolve(name, binding.kernel)
+
+    def __contains__(self, name: object) -> bool:
+        return getattr(POLICIES.get(name), "engine_binding", None) is not None  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([name for name, cls in POLICIES.items() if cls.engine_binding is not None])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
-def _run_h2o(r: _Pass, windows):
-    score = np.zeros(r.pos.shape, dtype=np.float64)  # position 0 starts with score 0
-    for t0, t1 in r.chunks():
-        kernels.h2o_steps(r.A, r.a0, r.topk, t0, t1, r.budgets, windows, r.pos, score, r.length, r.mass, r.recall, r.stamp,
-                          r.gather, r.kept_hist, r.score_hist, r.score_pos, r.victims)
-    return r.records()
+FAST: Mapping[str, kernels.SlotKernel] = _Fast()
+
+_resolved: dict[str, kernels.SlotKernel] = {}
 
 
-def _run_scissorhands(r: _Pass, windows, histories):
-    n_cfg, width = r.pos.shape
-    votes = np.zeros((n_cfg, r.steps + 1), dtype=np.int64)  # by position: eviction moves positions only
-    observed = np.zeros(n_cfg, dtype=np.int64)  # steps with attention: the history window's clock
-    # voters of each observed step in the window, O(configs x history_window x budget) int32;
-    # a step's voters are among the n <= budget positions held, so `width` entries suffice
-    h = int(histories.max())
-    ring = np.zeros((n_cfg, max(1, h), width if h else 1), dtype=np.int32)
-    ring_len = np.zeros(ring.shape[:2], dtype=np.int64)
-    for t0, t1 in r.chunks():
-        kernels.scissorhands_steps(r.A, r.a0, r.topk, t0, t1, r.budgets, windows, histories, r.pos, votes, r.length, observed,
-                                   ring, ring_len, r.mass, r.recall, r.stamp, r.gather, r.kept_hist, r.score_hist,
-                                   r.score_pos, r.victims)
-    return r.records()
-
-
-def _run_h2o_normalized(r: _Pass, windows):
-    total_ = np.zeros(r.pos.shape, dtype=np.float64)
-    count = np.zeros(r.pos.shape, dtype=np.int64)
-    for t0, t1 in r.chunks():
-        kernels.h2o_normalized_steps(r.A, r.a0, r.topk, t0, t1, r.budgets, windows, r.pos, total_, count, r.length, r.mass,
-                                     r.recall, r.stamp, r.gather, r.kept_hist, r.score_hist, r.score_pos, r.victims)
-    return r.records()
-
-
-def _run_snapkv(r: _Pass, windows, obs_windows):
-    n_cfg, width = r.pos.shape
-    # O(configs x budget x observation_window) float64: the weights each slot still counts
-    ring = np.zeros((n_cfg, width, max(1, int(obs_windows.max()))), dtype=np.float64)
-    row_of = np.tile(np.arange(width, dtype=np.int64), (n_cfg, 1))  # slot -> its ring row
-    approx = np.zeros((n_cfg, width), dtype=np.float64)  # a running sum of each slot's ring row
-    # |approx - the exact window sum| <= u (w + 1) (2T + w) (u = 2^-53: at most 2T updates of a sum
-    # of at most w + 1 weights in [0, 1], against a w-term sequential sum); twice that, for margin
-    tols = 2.3e-16 * (obs_windows + 1) * (2 * r.steps + obs_windows + 2)
-    running = np.zeros((n_cfg, width), dtype=np.float64)  # observation_window 0: the whole run
-    observed = np.zeros(n_cfg, dtype=np.int64)
-    scores = np.empty(width, dtype=np.float64)
-    for t0, t1 in r.chunks():
-        kernels.snapkv_steps(r.A, r.a0, r.topk, t0, t1, r.budgets, windows, obs_windows, tols, r.pos, ring, row_of, approx,
-                             running, r.length, observed, r.mass, r.recall, r.stamp, r.gather, scores, r.kept_hist,
-                             r.score_hist, r.score_pos, r.victims)
-    return r.records()
-
-
-def _run_tova(r: _Pass):
-    weight = np.full(r.pos.shape, UNSEEN, dtype=np.float64)  # position 0: no row has shown it yet
-    for t0, t1 in r.chunks():
-        kernels.tova_steps(r.A, r.a0, r.topk, t0, t1, r.budgets, r.pos, weight, r.length, r.mass, r.recall, r.stamp, r.gather,
-                           r.kept_hist, r.victims)
-    return r.records(scores=False)
-
-
-def _run_window(r: _Pass, sinks):
-    r.sinks = sinks
-    for t0, t1 in r.chunks():
-        kernels.window_steps(r.A, r.a0, r.topk, t0, t1, r.budgets, sinks, r.mass, r.recall, r.stamp, r.kept_hist)
-    # the oldest unpinned position leaves once the cache is full: t - (budget - sinks)
-    t, b0 = np.arange(1, r.steps + 1), int(r.budgets[0])
-    return {"victims": np.where(t >= b0, t - (b0 - int(sinks[0])), -1), "kept_history": r.kept_hist}
-
-
-#: what a pick that reads no plan or no suffix sums is given in their place
-_NO_PLAN = np.zeros((0, 0), dtype=np.int64)
-_NO_SUFFIX = np.zeros((0, 0), dtype=np.float64)
-
-
-def _run_one_victim(r: _Pass, pick: int, plan: np.ndarray = _NO_PLAN, suffix: np.ndarray = _NO_SUFFIX):
-    future = np.empty(r.pos.shape[1], dtype=np.float64)
-    for t0, t1 in r.chunks():
-        kernels.one_victim_steps(r.A, r.a0, r.topk, t0, t1, r.budgets, pick, plan, suffix, GREEDY_BLOCK, r.pos, r.length,
-                                 r.mass, r.recall, r.stamp, r.gather, future, r.kept_hist, r.victims)
-    return r.records(scores=False)
-
-
-def _run_greedy_future(r: _Pass, suffix):
-    return _run_one_victim(r, kernels.LEAST_FUTURE, suffix=suffix)
-
-
-def _run_random(r: _Pass, plan):
-    return _run_one_victim(r, kernels.PLAN_SLOT, plan=plan)
-
-
-def _run_optimal(r: _Pass, plan):
-    return _run_one_victim(r, kernels.PLAN_POSITION, plan=plan)
-
-
-#: the policies the engine replays itself, each with its runner; every other registered policy is
-#: replayed by the reference harness. A runner takes every configuration of one policy at once.
-FAST = {
-    "sliding_window": _run_window,
-    "streaming_llm": _run_window,
-    "h2o": _run_h2o,
-    "scissorhands": _run_scissorhands,
-    "h2o_normalized": _run_h2o_normalized,
-    "snapkv": _run_snapkv,
-    "tova": _run_tova,
-    "random": _run_random,
-    "greedy_future": _run_greedy_future,
-    "optimal": _run_optimal,
-}
+def _resolve(name: str, path: str) -> kernels.SlotKernel:
+    """The ``SlotKernel`` at ``path`` ("module:name"), imported once; a ``ValueError`` naming the policy
+    and what is wrong with its binding."""
+    if path not in _resolved:
+        module, _, attr = path.partition(":")
+        try:
+            found = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise ValueError(f"policy {name!r}: engine_binding {path!r} cannot be resolved ({e})") from None
+        if not isinstance(found, kernels.SlotKernel):
+            raise ValueError(f"policy {name!r}: engine_binding {path!r} is a {type(found).__name__}, not a SlotKernel")
+        _resolved[path] = found
+    return _resolved[path]
 
 
 def covers(trace: Trace, name: str) -> bool:
     """Whether the engine replays policy ``name`` on ``trace`` (else the reference harness does)."""
     return AVAILABLE and name in FAST and trace.derived.dtype in (np.float32, np.float64) and trace.steps >= 1
-
-
-#: the kernel each policy's runner calls (with ``_topk_positions``, which every pass reads)
-_KERNEL = {"sliding_window": "window_steps", "streaming_llm": "window_steps", "h2o": "h2o_steps",
-           "scissorhands": "scissorhands_steps", "h2o_normalized": "h2o_normalized_steps", "snapkv": "snapkv_steps",
-           "tova": "tova_steps", "random": "one_victim_steps", "greedy_future": "one_victim_steps",
-           "optimal": "one_victim_steps"}
 
 
 def on_disk(name: str) -> bool:
@@ -296,7 +224,7 @@ def on_disk(name: str) -> bool:
         return True
     from ..data.derived import _topk_positions
 
-    return jit.on_disk(getattr(kernels, _KERNEL[name]), _topk_positions)
+    return jit.on_disk(FAST[name].steps, _topk_positions)
 
 
 def _group(name: str, dtype) -> str:
@@ -315,12 +243,15 @@ def ready(trace: Trace, name: str) -> bool:
 
 def run(trace: Trace, policies: list[Policy], top_k: int, progress: Progress | None = None,
         record: frozenset = frozenset()) -> tuple[np.ndarray, np.ndarray, dict]:
-    """Replay the configurations ``policies`` (freshly built, all of one name in ``FAST``) in one pass.
+    """Replay the configurations ``policies`` (freshly built, all of one name in ``FAST``) in one pass
+    through the policy's kernel.
 
     Returns ``(mass, recall, records)``: float64 ``(configs, T)`` series and, with ``record`` (a set
     of "kept", "scores", "victims"), the kept/score/victim histories of configuration 0."""
-    r = _Pass.of(trace, policies[0].name, np.array([p.budget for p in policies], dtype=np.int64), top_k, record, progress)
-    records = FAST[policies[0].name](r, **policies[0].engine_inputs(policies, trace.steps))
+    cls = type(policies[0])
+    r = _Pass.of(trace, np.array([p.budget for p in policies], dtype=np.int64), top_k, record, progress,
+                 cls.keeps_scores)
+    records = r.run(FAST[cls.name], cls.engine_inputs(policies, trace.steps))
     jit.mark_compiled(_group(policies[0].name, r.A.dtype))
     return r.mass, r.recall, records
 
