@@ -192,9 +192,9 @@ def curve_figures() -> services.BoundedStore:
 
 
 #: how long a compile from nothing takes, per job, on the two-core machine this app is developed on
-#: (13.5 s in all for the default view), and what the first engine job compiles for all of them
-#: (the top-k positions, numba's partition and sort)
-COMPILE_S = {"sliding_window": 1, "streaming_llm": 1, "h2o": 2, "pooling": 3}
+#: (13.5 s in all for the default view; a policy's own figure is its ``engine_binding.compile_s``), and
+#: what the first engine job compiles for all of them (the top-k positions, numba's partition and sort)
+POOLING_S = 3
 SHARED_S = 8
 
 
@@ -204,9 +204,10 @@ def warmup() -> services.Warmup:
     loaded at once where numba's disk cache holds them, else compiled in the background while the
     pages take the reference or NumPy paths (``kvsim.jit.compiled_only``), the same results."""
     jobs = {name: services.Job(lambda progress, name=name: engine.prepare(name, progress),
-                               lambda name=name: engine.on_disk(name), COMPILE_S.get(name, 2), shared=True)
+                               lambda name=name: engine.on_disk(name), kvsim.POLICIES[name].engine_binding.compile_s,
+                               shared=True)
             for name in engine.FAST}
-    jobs["pooling"] = services.Job(lambda progress: pooling.prepare(), pooling.on_disk, COMPILE_S["pooling"])
+    jobs["pooling"] = services.Job(lambda progress: pooling.prepare(), pooling.on_disk, POOLING_S)
     return services.Warmup(jobs, shared_s=SHARED_S, elsewhere=compile_in_child)
 
 

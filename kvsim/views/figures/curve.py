@@ -12,45 +12,46 @@ import plotly.graph_objects as go
 
 from ...analysis.features import curve_peak
 from ...analysis.windows import WindowChoice, choose_window
+from ...policies import POLICIES, Display
 from .common import CURRENT_COLOUR, subplots
 
 #: the recommended window's mark (a colour no policy and no other mark has)
 RECOMMENDED_COLOUR = "#111111"
 
-#: one style per registered policy, whatever its role on the chart, so a series is told apart by
-#: its colour and by its line (dash, width, marker) alike: the policies with a recent_window are curves
-#: with a marker each (the primary curve marks every point, a companion a few); the others are
-#: horizontal lines, deployable ones wide and dashed, the offline references (they read the future)
-#: dotted and grey, the upper bound dotted black. No colour is the marks' (orange default, cyan band, red
-#: current). The dashes are lengths in px, not Plotly's names: its named dashes scale with the line's
-#: width, so "dash" and "longdash" are both even on-off at two sizes, and at width 4 tova's and
-#: streaming_llm's looked alike (issue 31, item 5). Every line's pattern differs in its proportions
-#: (``dash_pattern``), not only in size: a long dash, a dash-dot, a double dash, a dash-dot-dot, sparse
-#: dots, dense dots, three dots and a gap.
-@dataclass(frozen=True)
-class Style:
-    colour: str
-    dash: str
-    width: float
-    #: the marker on a curve; None for a horizontal line
-    symbol: str | None = None
+#: one style per registered policy (its class's ``display``), whatever its role on the chart, so a series
+#: is told apart by its colour and by its line (dash, width, marker) alike: the policies with a
+#: recent_window are curves with a marker each (the primary curve marks every point, a companion a
+#: few); the others are horizontal lines, deployable ones wide and dashed, the offline references (they
+#: read the future) dotted and grey, the upper bound dotted black. No colour is the marks' (orange
+#: default, cyan band, red current). The dashes are lengths in px, not Plotly's names: its named dashes
+#: scale with the line's width, so "dash" and "longdash" are both even on-off at two sizes, and at width
+#: 4 tova's and streaming_llm's looked alike (issue 31, item 5). Every line's pattern differs in its
+#: proportions (``dash_pattern``), not only in size: a long dash, a dash-dot, a double dash, a
+#: dash-dot-dot, sparse dots, dense dots, three dots and a gap.
+Style = Display
 
 
-POLICY_STYLES: dict[str, Style] = {
-    "h2o": Style("#1f77b4", "solid", 2, "circle"),
-    "scissorhands": Style("#9467bd", "solid", 2, "diamond"),
-    "h2o_normalized": Style("#8c564b", "solid", 2, "triangle-up"),
-    "snapkv": Style("#e377c2", "solid", 2, "x"),
-    "streaming_llm": Style("#2ca02c", "12px,4px", 4),
-    "sliding_window": Style("#bcbd22", "12px,4px,3px,4px", 4),
-    "tova": Style("#00796b", "8px,3px,8px,9px", 4),
-    "random": Style("#f5c400", "12px,3px,3px,3px,3px,3px", 4),
-    "greedy_future": Style("#7f7f7f", "2px,6px", 3),
-    "optimal": Style("#4d4d4d", "2px,3px,2px,3px,2px,8px", 3),
-}
+class _PolicyStyles(Mapping):
+    """The registered policies that declare a ``display``, name -> style: read off the registry each
+    time, so a policy registered later is drawn in its own style."""
+
+    def __getitem__(self, name: str) -> Style:
+        display = getattr(POLICIES.get(name), "display", None)
+        if display is None:
+            raise KeyError(name)
+        return display
+
+    def __iter__(self):
+        return iter([name for name, cls in POLICIES.items() if cls.display is not None])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+POLICY_STYLES: Mapping[str, Style] = _PolicyStyles()
 #: the per-step upper bound: not a policy
 BOUND_STYLE = Style("black", "2px,2px", 2)
-#: a policy the table does not know (registered by a user): these in turn, then these colours again
+#: a policy that declares no ``display``: these in turn, then these colours again
 SPARE_STYLES = (Style("#393b79", "solid", 2, "pentagon"), Style("#637939", "dash", 3, "hexagon"),
                 Style("#843c39", "longdash", 3, "star-triangle-up"), Style("#7b4173", "dashdot", 3, "hourglass"))
 #: how many points of a companion curve carry its marker (all of them would hide the lines under it)
@@ -61,8 +62,9 @@ def style_of(name: str | None, kind: str = "policy") -> Style:
     """The style of ``name``'s series (``kind`` "bound": the upper bound's)."""
     if kind == "bound":
         return BOUND_STYLE
-    if name in POLICY_STYLES:
-        return POLICY_STYLES[name]
+    display = getattr(POLICIES.get(name or ""), "display", None)
+    if display is not None:
+        return display
     return SPARE_STYLES[sum(map(ord, name or "")) % len(SPARE_STYLES)]
 
 

@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ...analysis.features import TraceFeatures
+from ...policies import POLICIES, Display
 from ...sim.harness import ReplayResult
 from .common import HEAVY_COLOUR, OTHER_COLOUR, RECENT_COLOUR, SINK_COLOUR, STALE_COLOUR, log_ticks, policy_label
 
@@ -71,8 +72,9 @@ def eviction_threshold(snapshot: pd.DataFrame) -> float | None:
 
 
 def score_name(policy: str) -> str:
-    """What the policy's score counts, for axis titles."""
-    return {"scissorhands": "votes (steps above a fair share)", "tova": "latest weight"}.get(policy, "cumulative score")
+    """What the policy's score counts, for axis titles (its class's ``display``)."""
+    display = getattr(POLICIES.get(policy), "display", None)
+    return display.score_name if display is not None else Display.score_name
 
 
 def score_distribution(result: ReplayResult, step: int, features: TraceFeatures) -> go.Figure:
