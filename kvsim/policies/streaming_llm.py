@@ -32,7 +32,8 @@ class StreamingLLM(Policy):
 
     @classmethod
     def engine_inputs(cls, policies, steps):
-        return {"sinks": per_config(p.sinks for p in policies)}  # sliding_window's are 0
+        # sliding_window's sinks are 0; the budgets too, since what is held is a closed form of both
+        return {"sinks": per_config(p.sinks for p in policies), "budgets": per_config(p.budget for p in policies)}
 
     def _init_ring(self, sinks: int) -> None:
         self.sinks = sinks

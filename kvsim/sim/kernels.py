@@ -99,9 +99,14 @@ def _first_min(values, count):
 
 @kernel
 def _drop(slots, best, n):
-    """Close the gap that evicting slot ``best`` of the ``n`` in use leaves (kept order is kept)."""
-    for i in range(best, n - 1):
-        slots[i] = slots[i + 1]
+    """Close the gap that evicting slot ``best`` of the ``n`` in use leaves (kept order is kept).
+    Copied between two views rather than ``slots[i] = slots[i + 1]``: LLVM vectorises this form, and the
+    window policies, whose step is little more than this shift, ran 1.7-1.8x slower than their old closed form
+    with the other."""
+    src = slots[best + 1 : n]
+    dst = slots[best : n - 1]
+    for i in range(n - 1 - best):
+        dst[i] = src[i]
 
 
 @kernel
@@ -119,7 +124,7 @@ def _slot_steps(A, a0, topk, t0, t1, budgets, pos, length, mass, recall, stamp, 
     """Steps t0 .. t1-1 of one policy for every configuration c (budget ``budgets[c]``), the positions
     held in ``pos[c, :length[c]]`` (kept order), the policy's own per-slot state in ``state``. The one
     step loop: each specialisation (``slot_kernel``) runs this code with its policy's hooks as the
-    globals ``observe``, ``admit``, ``score``, ``pick`` and ``drop``."""
+    globals ``measure``, ``observe``, ``admit``, ``score``, ``pick`` and ``drop``."""
     k = topk.shape[1]
     n_cfg = budgets.shape[0]
     rec_kept = kept_hist.shape[0] > 0
@@ -132,10 +137,10 @@ def _slot_steps(A, a0, topk, t0, t1, budgets, pos, length, mass, recall, stamp, 
         for c in range(n_cfg):
             n = length[c]
             p_c = pos[c]
-            total, hits = _measure(row, p_c, n, stamp, t, gather)
+            total, hits = measure(state, c, t, row, p_c, n, stamp, gather)  # noqa: F821 - a specialisation's global
             mass[c, t - 1] = total
             recall[c, t - 1] = hits / denom
-            observe(state, c, p_c, n, gather, total)  # noqa: F821 - a specialisation's global
+            observe(state, c, p_c, n, gather, total)  # noqa: F821
             p_c[n] = t
             admit(state, c, p_c, n)  # noqa: F821
             n += 1
@@ -179,11 +184,14 @@ _TEMPLATE_GLOBALS = {name: _slot_steps.__globals__[name] for name in _slot_steps
 _SPECIALISED: set[str] = set()
 
 
-def slot_kernel(name: str, state: Callable[..., tuple], *, observe=None, admit=None, score=None, pick,
-                drop=None) -> SlotKernel:
+def slot_kernel(name: str, state: Callable[..., tuple], *, measure=None, observe=None, admit=None, score=None,
+                pick, drop=None) -> SlotKernel:
     """The step loop specialised for one policy, compiled (and cached on disk) as ``name``. Hooks,
     each a ``kvsim.jit.kernel`` taking the state tuple and configuration ``c``:
 
+    - ``measure(state, c, t, row, p_c, n, stamp, gather)``: ``(total, hits)``, the kept mass of row t and
+      how many of the ``n`` held are in its top k (``stamp[p] == t``); by default ``_measure``, which
+      also gathers their weights for ``observe``;
     - ``observe(state, c, p_c, n, gather, total)``: the row seen by the ``n`` slots held, ``gather[:n]``
       their float64 weights, ``total`` their sum (0: a row of zeros);
     - ``admit(state, c, p_c, n)``: slot ``n`` is the newcomer (``p_c[n]`` its position);
@@ -198,13 +206,18 @@ def slot_kernel(name: str, state: Callable[..., tuple], *, observe=None, admit=N
     if name in _SPECIALISED:
         raise ValueError(f"a step loop named {name!r} exists already: numba's disk cache would mix the two")
     _SPECIALISED.add(name)
-    hooks = {"observe": observe or _nothing_observed, "admit": admit or _nothing_admitted,
+    hooks = {"measure": measure or _measure_held, "observe": observe or _nothing_observed, "admit": admit or _nothing_admitted,
              "score": score or _no_score, "pick": pick, "drop": drop or _nothing_dropped}
     fn = types.FunctionType(_slot_steps.__code__, {**_TEMPLATE_GLOBALS, **hooks}, name)
     fn.__qualname__ = name
     fn.__module__ = __name__
     fn.__doc__ = f"{name}: ``_slot_steps`` with the hooks of ``slot_kernel``."
     return SlotKernel(kernel(fn), state)
+
+
+@kernel
+def _measure_held(state, c, t, row, p_c, n, stamp, gather):
+    return _measure(row, p_c, n, stamp, t, gather)
 
 
 @kernel
@@ -565,15 +578,37 @@ snapkv_steps = SNAPKV.steps
 
 
 @kernel
+def _window_measure(state, c, t, row, p_c, n, stamp, gather):
+    """The closed form of what is held before step t (the slots hold the same, in the same order):
+    everything when t <= budget, else positions ``0 .. sinks-1`` and the newest ``budget - sinks``.
+    Read along the row, not through the slots: nothing to gather, since nothing is observed."""
+    sinks, budgets = state
+    b = budgets[c]
+    s = sinks[c] if t > b else t
+    lo = t - (b - s) if t > b else t
+    total = 0.0
+    hits = 0
+    for p in range(s):
+        total += np.float64(row[p])
+        if stamp[p] == t:
+            hits += 1
+    for p in range(lo, t):
+        total += np.float64(row[p])
+        if stamp[p] == t:
+            hits += 1
+    return total, hits
+
+
+@kernel
 def _window_pick(state, c, t, p_c, n, A, a0, scored):
     return state[0][c]
 
 
-def _window_state(shape: Shape, sinks):
-    return (sinks,)
+def _window_state(shape: Shape, sinks, budgets):
+    return sinks, budgets
 
 
-WINDOW = slot_kernel("window_steps", _window_state, pick=_window_pick)
+WINDOW = slot_kernel("window_steps", _window_state, measure=_window_measure, pick=_window_pick)
 window_steps = WINDOW.steps
 
 
