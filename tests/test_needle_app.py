@@ -16,19 +16,27 @@ APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
 
 def _run(label, key_positions, correct, left=None):
-    return {"policy": label.split(" ")[0], "budget": 16, "params": {}, "label": label, "text": " 12345.",
+    from kvsim.models import needle
+
+    return {"policy": label.split(" ")[0], "budget": 16, "params": {}, "label": label,
+            "text": " 12345." if correct else " 12 and",
             "answer": "12345" if correct else None, "correct": correct, "cached": False, "prefill_seconds": 1.0,
             "decode_seconds": 0.1, "positions": 47,
-            "key_left": None if left is None else [[int(left[0, 0, key_positions].max())]],
-            "key_first_left": None if left is None else [[int(left[0, 0, key_positions].min())]],
+            "key_left": None if left is None else needle.fate(left, key_positions),
+            "key_first_left": None if left is None else needle.first_loss(left, key_positions),
             "cache_key": {"test": label, "at": key_positions[0]}}
 
 
 @pytest.fixture
 def saved(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path))
+    return saved_grid()
+
+
+def saved_grid() -> dict:
+    """A grid of one policy over two depths, written into ``KVSIM_CACHE_DIR`` as ``kvsim needle`` writes one."""
     from kvsim.models import needle
 
-    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path))
     # a sliding window of 16 over 47 positions: position p leaves at step p + 16
     left = np.where(np.arange(48) + 16 < 47, np.arange(48) + 16, -1).astype(np.int32)[None, None, :]
     cells = []

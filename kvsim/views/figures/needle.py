@@ -27,7 +27,7 @@ def _percent(v) -> str:
 
 def needle_heatmaps(doc: dict):
     """One heatmap per grid, the control's first (depth down, length across), in one row: what each
-    policy still retrieves, beside what the full cache does. A cell's customdata is its (depth, length)."""
+    policy still retrieves, beside what the full cache does; a click on a cell selects its (length, depth)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -40,22 +40,29 @@ def needle_heatmaps(doc: dict):
     for i, g in enumerate(grids, start=1):
         z = np.array([[np.nan if v is None else v for v in row] for row in g["accuracy"]], dtype=float)
         text = [[_percent(v) if g["policy"] is not None else f"{100 * v:.0f}%" for v in row] for row in g["accuracy"]]
-        custom = [[[d, n, _percent(c)] for n, c in zip(doc["lengths"], crow, strict=True)]
-                  for d, crow in zip(doc["depths"], control, strict=True)]
-        fig.add_trace(go.Heatmap(z=z, x=lengths, y=depths, zmin=0, zmax=1, colorscale="Viridis", text=text,
-                                 texttemplate="%{text}", customdata=custom, showscale=i == len(grids),
-                                 colorbar=dict(title="retrieved", tickformat=".0%"), xgap=1, ygap=1,
-                                 hovertemplate="depth %{y}, length %{x}: %{text} (control %{customdata[2]})<extra></extra>",
-                                 name=g["label"]), row=1, col=i)
         failed = np.isnan(z)
         if failed.any():  # a grey layer under the labelled cells
             fig.add_trace(go.Heatmap(z=np.where(failed, 0.0, np.nan), x=lengths, y=depths, showscale=False,
                                      colorscale=[[0, FAILED_COLOUR], [1, FAILED_COLOUR]], hoverinfo="skip", xgap=1, ygap=1),
                           row=1, col=i)
+        fig.add_trace(go.Heatmap(z=z, x=lengths, y=depths, zmin=0, zmax=1, colorscale="Viridis", text=text,
+                                 texttemplate="%{text}", showscale=i == len(grids), hoverinfo="skip",
+                                 colorbar=dict(title="retrieved", tickformat=".0%"), xgap=1, ygap=1, name=g["label"]),
+                      row=1, col=i)
+        # a heatmap's cells cannot be selected: an invisible marker on each is what a click selects
+        xs = [n for _ in depths for n in lengths]
+        ys = [d for d in depths for _ in lengths]
+        flat = [t for row in text for t in row]
+        controls = [_percent(c) for crow in control for c in crow]
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", marker=dict(size=28, opacity=0, symbol="square"),
+                                 customdata=list(zip(flat, controls, strict=True)), showlegend=False, name="cells",
+                                 hovertemplate="depth %{y}, length %{x}: %{customdata[0]} (control %{customdata[1]})"
+                                               "<br>click to open this trial<extra></extra>"), row=1, col=i)
         if g["policy"] is not None:
             fig.layout.annotations[i - 1].font = dict(color=style_of(g["policy"]).colour)
         fig.update_xaxes(title_text="prompt length (tokens)", type="category", row=1, col=i)
-    fig.update_yaxes(title_text="needle depth", autorange="reversed", type="category", row=1, col=1)
+    fig.update_yaxes(autorange="reversed", type="category")
+    fig.update_yaxes(title_text="needle depth", row=1, col=1)
     fig.update_layout(height=160 + 34 * len(depths), margin=dict(l=60, r=20, t=50, b=50), clickmode="event+select")
     return fig
 
