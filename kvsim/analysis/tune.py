@@ -19,6 +19,7 @@ run. Dask is an optional extra (``requirements-record.txt``); nothing here impor
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -549,23 +550,24 @@ def dask_available() -> bool:
     return importlib.util.find_spec("distributed") is not None
 
 
-def _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, params) -> tuple[list[dict], dict]:
+@contextlib.contextmanager
+def dask_client(scheduler: str, workers: int | None = None):
+    """``(client, address)`` on Dask: ``scheduler`` ``"local"`` starts local worker processes (``workers``,
+    default one per core), else the address of a running scheduler. TuneError (one line) when Dask is not
+    installed or the scheduler cannot be reached. ``kvsim needle`` spreads its grid the same way."""
     if not dask_available():
         raise TuneError("running on Dask needs the optional extra (distributed is not installed): "
                         "pip install -r requirements-record.txt")
-    import contextlib
-
-    from distributed import Client, LocalCluster, as_completed
+    from distributed import Client, LocalCluster
 
     with contextlib.ExitStack() as stack:
         if scheduler == LOCAL:
             n = workers or os.cpu_count() or 1
-            # processes, one thread each: the sweeps are CPU-bound numba loops; the HTTP server on a free
-            # port (":0"), not 8787, which a second cluster on the machine (another tune) already holds
-            # port (":0"), not 8787, which a second cluster on the machine (another tune) already holds; the
-            # workers' own logs silenced below CRITICAL: as the cluster closes, their heartbeats to the closing
+            # processes, one thread each: the work is CPU-bound; the HTTP server on a free port (":0"),
+            # not 8787, which a second cluster on the machine (another tune) already holds; the workers'
+            # own logs silenced below CRITICAL: as the cluster closes, their heartbeats to the closing
             # scheduler print CommClosedError tracebacks that mean nothing (a task's failure still reaches
-            # fut.result() below)
+            # fut.result())
             cluster = stack.enter_context(LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
                                                        dashboard_address=":0", silence_logs=logging.CRITICAL))
             client = stack.enter_context(Client(cluster))
@@ -575,6 +577,13 @@ def _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, pa
             except (OSError, TimeoutError, ValueError) as e:
                 why = str(e).splitlines()[0] if str(e) else type(e).__name__
                 raise TuneError(f"cannot reach the Dask scheduler at {scheduler} ({why})") from None
+        yield client, ("local" if scheduler == LOCAL else scheduler)
+
+
+def _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, params) -> tuple[list[dict], dict]:
+    from distributed import as_completed
+
+    with dask_client(scheduler, workers) as (client, address):
         n_workers = len(client.scheduler_info().get("workers", {}))
         futures = []
         for u in units:
@@ -591,10 +600,9 @@ def _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, pa
         for done, fut in enumerate(as_completed(futures), start=1):
             results[index[fut.key]] = fut.result()
             say(done, units[index[fut.key]].name)
-        address = "local" if scheduler == LOCAL else scheduler
     return results, {"executor": "dask", "workers": n_workers, "scheduler": address}
 
 
 __all__ = ["AUTO", "BASELINES", "BEST_PROXY", "BY", "DEFAULT_BY", "GROUPS", "PROXY_CAVEAT", "SEARCH_STEP", "TOLERANCE",
-           "TRUTH_BY", "TraceTuning", "TuneError", "TuneResult", "candidate_windows", "dask_available", "layer_groups",
+           "TRUTH_BY", "TraceTuning", "TuneError", "TuneResult", "candidate_windows", "dask_available", "dask_client", "layer_groups",
            "recording_identity", "search_layer_windows", "tune", "tune_trace"]

@@ -28,6 +28,7 @@ from .curve import curve_view
 from .kept import kept_view
 from .lab import lab_view
 from .model import model_view
+from .needle import needle_view
 from .quality import quality_view
 from .scores import score_view
 from .trace import trace_view
@@ -61,7 +62,7 @@ def run() -> None:
     views = (
         lambda: kept_view(trace, settings), lambda: score_view(trace, settings), lambda: curve_view(trace, settings),
         lambda: trace_view(trace), lab_view, lambda: claims_view(trace), lambda: model_view(settings.budget),
-        lambda: quality_view(settings.budget),
+        lambda: quality_view(settings.budget), needle_view,
     )
     needs = [*settings.chosen, "pooling", st.session_state.get("curve_policy", "h2o")]
     compile_later = warm_up(needs)

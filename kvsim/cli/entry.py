@@ -18,7 +18,8 @@ from .parser import PROG, build_parser
 #: the module of each command that has one of its own; ``commands`` holds the rest (``COMMANDS``). A
 #: command's module is imported when it runs, so --help, a usage error and ``cache list`` load none of
 #: the simulator (issue 36: tests/test_startup.py)
-OWN_MODULE = {"bench": "bench_command", "cache": "cache_command", "generate": "generate_command", "proxies": "proxies_command"}
+OWN_MODULE = {"bench": "bench_command", "cache": "cache_command", "generate": "generate_command", "proxies": "proxies_command",
+              "needle": "needle_command"}
 
 
 def command(name: str):

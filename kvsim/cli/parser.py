@@ -19,6 +19,7 @@ from ..policies import DEFAULT_BUDGET, POLICIES, all_tunables, policy_params
 from ..sim.harness import DEFAULT_TOP_K
 from .cache_command import add_cache
 from .errors import BAD_INPUT, USAGE, CLIError, flag
+from .needle_command import add_needle
 from .proxies_command import add_proxies
 
 PROG = "kvsim"
@@ -106,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     add_proxies(sub)
     add_cache(sub)
+    add_needle(sub)
     sub.add_parser("app", help="start the Streamlit app; any further options go to streamlit run",
                    usage=f"{PROG} app [STREAMLIT RUN OPTIONS, e.g. --server.port 8502]")
     return parser

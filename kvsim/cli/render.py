@@ -13,6 +13,7 @@ import numpy as np
 from ..analysis.table import params_label
 from ..analysis.windows import TOLERANCE, covers
 from .generate_command import render_generate
+from .needle_command import render_needle
 from .proxies_command import render_proxies
 
 
@@ -303,7 +304,8 @@ def _model_window_line(doc: dict) -> str:
 
 RENDERERS = {"replay": _replay, "sweep": _sweep, "describe": _describe, "record": _record, "export": _export,
              "table": _table, "bench": _bench, "claims": _claims, "quality": _quality, "tune": _tune, "cache": _cache,
-             "generate": render_generate, "proxies": render_proxies}
+             "generate": render_generate, "proxies": render_proxies,
+             "needle": render_needle}
 
 
 def render(command: str, doc) -> str:

@@ -11,6 +11,8 @@ Every entry is named by a pattern its writer uses (docs/caches.md says which wri
   versions put it at the top as ``gemma3-270m-<sha>-transformers-<version>/``).
 - ``recordings``: bundles ``kvsim record`` wrote without ``--out`` (``kvsim.models.record_cache``,
   ``recordings/<prefix>-<steps>-<store>-<key>/``; the long bundle is about 2 GB).
+- ``needle``: ``kvsim needle``'s trials and grids (``kvsim.models.needle``, ``needle/trial-*.json`` with each
+  policy run's departures as ``.npz``, ``needle/grid-*.json``).
 
 Anything else in the directory is listed as ``other`` and never deleted: ``KVSIM_CACHE_DIR`` may name
 a folder that holds other things too. Clearing deletes only entries directly inside the cache directory
@@ -35,6 +37,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "quality": ("quality",),
     "models": ("models", "gemma3-270m-*"),
     "recordings": ("recordings",),
+    "needle": ("needle",),
 }
 OTHER = "other"
 

@@ -1,0 +1,116 @@
+"""The pass-key view: the accuracy grids ``kvsim needle`` saved (docs/needle.md), side by side with the
+control's, and one trial's cache in one layer with the key's columns marked and each eviction's step.
+
+The kept-positions view replays a trace through a policy; a needle trial is a model's own cache, kept
+as each position's departure step, so its picture is drawn here from those, not by that view.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from kvsim.models import needle
+from kvsim.views.figures import needle as figures
+
+COMMAND = ("python -m kvsim needle --policies streaming_llm,h2o --budget 64 --lengths 512,1024 "
+           "--depths 0.1:0.9:0.4 --trials 2")
+
+
+def needle_view() -> None:
+    found = needle.saved_grids()
+    if not found:
+        st.info("No pass-key grids here yet. They need a real model run (torch and transformers: `pip install -r "
+                f"requirements-record.txt`); measure one with\n\n`{COMMAND}`\n\nand it appears here (it is kept in the "
+                "cache directory, `kvsim cache list`: needle).")
+        return
+    docs = {}
+    for path in found:
+        try:
+            docs[path] = needle.read_grid(path)
+        except needle.NeedleError as e:
+            st.warning(str(e))
+    if not docs:
+        return
+    path = st.selectbox("grid", list(docs), format_func=lambda p: _grid_name(docs[p]), key="needle_grid_file")
+    doc = docs[path]
+    _headline(doc, Path(path))
+    event = st.plotly_chart(figures.needle_heatmaps(doc), key="needle_heatmaps", on_select="rerun",
+                            selection_mode="points")
+    _follow(event, doc)
+    _trial(doc)
+
+
+def _grid_name(doc: dict) -> str:
+    policies = ", ".join(g["label"] for g in doc["grids"])
+    return f"{doc['model']}: {policies}; lengths {','.join(map(str, doc['lengths']))}, {doc['trials']} trial(s) a cell"
+
+
+def _headline(doc: dict, path: Path) -> None:
+    c = doc["control"]
+    t = doc["template"]
+    overall = "no trial" if c["overall"] is None else f"{100 * c['overall']:.0f}% of the trials"
+    st.markdown(
+        f"**Does {doc['model']} still find the pass key with its cache held to the budget?** A five-digit key hides "
+        f"in filler (*{t['filler_start'][:60]}...*{' repeated' if t['filler_repeated'] else ''}) as *{t['needle']}*, at "
+        f"each depth of each prompt length; the prompt ends *{t['question']}* and the model writes {doc['new_tokens']} "
+        f"tokens greedily. The full cache (the control) retrieves the key in {overall}. Each policy's cell counts only "
+        "the trials the control got right; a grey cell is one where the control got none right: labelled, not counted. "
+        "Click a cell to open its trial below.")
+    if c["fails"]:
+        st.warning("The control fails every trial of this grid: the model does not retrieve the key even with its "
+                   "whole cache, so no policy's grid is counted.", icon=":material/warning:")
+    st.caption(f"from `{path}`; {doc['run']['executor']}, {doc['run']['seconds']:.0f} s")
+
+
+def _follow(event, doc: dict) -> None:
+    """A clicked cell sets the trial's depth and length (the selectboxes below are drawn after this)."""
+    points = (event or {}).get("selection", {}).get("points", []) if isinstance(event, dict) else \
+        getattr(getattr(event, "selection", None), "points", []) or []
+    if not points:
+        return
+    p = points[0]
+    try:
+        depth, length = float(p["y"]), int(p["x"])
+    except (KeyError, TypeError, ValueError):
+        return
+    if depth in doc["depths"] and length in doc["lengths"]:
+        st.session_state["needle_depth"], st.session_state["needle_length"] = depth, length
+
+
+def _trial(doc: dict) -> None:
+    st.subheader("One trial: where each layer's cache lost the key")
+    cols = st.columns(4)
+    depth = cols[0].selectbox("depth", doc["depths"], key="needle_depth", format_func=lambda d: f"{d:g}")
+    length = cols[1].selectbox("length", doc["lengths"], key="needle_length")
+    trial = cols[2].selectbox("trial", list(range(doc["trials"])), key="needle_trial", format_func=lambda i: str(i + 1))
+    cell = next(c for c in doc["cells"] if c["depth"] == depth and c["length"] == length and c["trial"] == trial)
+    runs = cell["runs"]
+    label = cols[3].selectbox("policy", [r["label"] for r in runs], key="needle_policy")
+    run = next(r for r in runs if r["label"] == label)
+    control = cell["control"]
+    st.markdown(
+        f"Key **{cell['key']}** at positions {cell['key_positions'][0]}-{cell['key_positions'][-1]} of "
+        f"{cell['prompt_tokens']} (both mentions). The control wrote *{control['text'].strip()}* "
+        f"({'found it' if control['correct'] else 'missed it: this trial is not counted'}); **{run['label']}** wrote "
+        f"*{run['text'].strip()}* ({'found it' if run['correct'] else 'missed it'}).")
+    st.dataframe(figures.fate_rows(cell), hide_index=True, key="needle_fates")
+    left = needle.departures(run)
+    if left is None:
+        st.info("This trial's cache is no longer in the cache directory (cleared?); run the grid's command again to "
+                "draw it.")
+        return
+    layers, heads = left.shape[:2]
+    c1, c2 = st.columns(2)
+    layer = c1.selectbox("layer", list(range(layers)), key="needle_layer")
+    head = c2.selectbox("KV head", list(range(heads)), key="needle_head") if heads > 1 else 0
+    title = f"{run['label']}, layer {layer}" + (f" KV head {head}" if heads > 1 else "")
+    st.plotly_chart(figures.trial_kept(left[layer, head], cell["key_positions"], cell["prompt_tokens"],
+                                       run["positions"], title=title), key="needle_trial_kept")
+    st.caption(
+        "Held positions dark, the key's columns red, an x where a key token left the cache. A policy that reads "
+        "attention (h2o and its kin) keeps what drew attention so far: a key in the middle of the text drew little "
+        "before the question came, so it goes; one that keeps the start and the newest (streaming_llm) loses a key "
+        "anywhere but at the very end. This picture is drawn here, from the trial's own cache: the kept-positions "
+        "view replays a trace, and a trial is the model's own cache, not a trace.")

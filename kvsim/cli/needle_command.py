@@ -1,0 +1,210 @@
+"""``kvsim needle``: the pass-key test (issue 35, docs/needle.md). A five-digit key at each depth of
+filler text, each length, each trial, decoded through ``kvsim.hf`` by every policy at every budget and
+by the full cache (the control); per policy the accuracy grid (depth x length) over the trials the
+control got right, and per trial the step at which each layer's cache lost the key.
+
+Everything that needs no weights is checked first, each one line (``FLAG: VALUE: problem``, exit 1):
+the policies and their parameters, the depths, a budget that would evict nothing, then (from the
+model's config and tokenizer, before its weights load) a length beyond its context and a filler file
+too short for the lengths. Nothing here imports torch until the command runs (tests/test_startup.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from ..policies import DEFAULT_BUDGET, POLICIES, ParamError, PolicySpec, all_tunables
+from .errors import CLIError, InputError, flag, param_message, read_input
+
+DEFAULT_MODEL = "gemma3-270m"
+DEFAULT_LENGTHS = "512,1024,2048,4096"
+DEFAULT_DEPTHS = "0:1:0.1"
+
+
+def add_needle(sub) -> None:
+    online = ", ".join(n for n, c in POLICIES.items() if not c.needs_trace)
+    p = sub.add_parser("needle", help="the pass-key test: does the model still find a key hidden in filler with its "
+                       "cache held to the budget, and at which step did each layer lose it (needs the record extra)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="gemma3-270m (default), smollm2-135m or a local Hugging Face "
+                   "model folder")
+    p.add_argument("--policies", default="streaming_llm,h2o", help=f"comma-separated online policies ({online}; "
+                   "default: streaming_llm,h2o)")
+    p.add_argument("--budget", default=str(DEFAULT_BUDGET), metavar="B[,B...]", help="positions each layer holds per KV "
+                   f"head; several give a grid each (default: {DEFAULT_BUDGET}); each below every length")
+    for param, spec in all_tunables().items():
+        p.add_argument(flag(param), dest=f"param_{param}", type=int, default=None, metavar="N",
+                       help=f"{spec.help} (passed to the policies that take it)")
+    p.add_argument("--lengths", default=DEFAULT_LENGTHS, metavar="L[,L...]", help="prompt lengths in tokens, the start "
+                   f"token, filler, needle and question together (default: {DEFAULT_LENGTHS})")
+    p.add_argument("--depths", default=DEFAULT_DEPTHS, metavar="A:B:STEP|D[,D...]", help="where the needle goes, 0 (before "
+                   f"the filler) to 1 (after it), snapped to the nearest sentence boundary (default: {DEFAULT_DEPTHS})")
+    p.add_argument("--trials", type=int, default=1, help="trials per cell, each a new key (default: 1)")
+    p.add_argument("--seed", type=int, default=0, help="what the keys (and the random policy) are drawn from (default: 0)")
+    p.add_argument("--filler", default=None, metavar="FILE", help="a UTF-8 text used once as the filler, which must be "
+                   "long enough for the longest prompt (default: the pass-key literature's \"The grass is green. The sky "
+                   "is blue. ...\", repeated)")
+    p.add_argument("--needle", default=None, metavar="TEXT", help="the needle, with {key} where the key goes (default: "
+                   "\"The pass key is {key}. Remember it. {key} is the pass key.\")")
+    p.add_argument("--question", default=None, metavar="TEXT", help="the prompt's end (default: \"What is the pass key? "
+                   "The pass key is\")")
+    p.add_argument("--new-tokens", type=int, default=None, metavar="N", help="tokens decoded greedily (default: 8)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=int, default=None, help="spread the cells over this many local Dask worker "
+                       "processes, as tune does (default: one after another here: each worker loads its own copy of the "
+                       "model, 1.1 GB for Gemma-3-270M)")
+    where.add_argument("--scheduler", default=None, metavar="ADDRESS", help="the address of a running Dask scheduler "
+                       "(tcp://host:8786) whose workers share this cache directory")
+    p.add_argument("--no-cache", action="store_true", help="decode again instead of reading cached trials")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
+
+
+def _ints(name: str, text: str) -> list[int]:
+    out = []
+    for part in text.split(","):
+        try:
+            value = int(part)
+        except ValueError:
+            raise InputError(f"{name}: {part.strip() or text!r}: not an integer") from None
+        if value < 1:
+            raise InputError(f"{name}: {value}: must be at least 1")
+        out.append(value)
+    return sorted(set(out))
+
+
+def depths(text: str) -> list[float]:
+    """``A:B:STEP`` (inclusive, steps counted so that 0:1:0.1 gives eleven) or ``D[,D...]``, each in [0, 1]."""
+    try:
+        if ":" in text:
+            a, b, step = (float(x) for x in text.split(":"))
+            if step <= 0:
+                raise InputError(f"--depths: {text}: STEP must be above 0")
+            values = [round(a + i * step, 6) for i in range(int(round((b - a) / step + 1e-9)) + 1)]
+        else:
+            values = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise InputError(f"--depths: {text}: expected A:B:STEP or D[,D...] (numbers)") from None
+    outside = [v for v in values if not 0 <= v <= 1]
+    if outside or not values:
+        raise InputError(f"--depths: {text}: {outside[0] if outside else 'nothing'} is outside [0, 1]")
+    return sorted(set(values))
+
+
+def check(args: argparse.Namespace) -> dict:
+    """Everything that needs no model (raises, one line): the jobs, lengths, depths, template."""
+    from ..models.needle import NEW_TOKENS, Job, Template
+
+    names = [x.strip() for x in args.policies.split(",") if x.strip()]
+    if not names:
+        raise InputError("--policies: nothing listed")
+    for name in names:
+        if name not in POLICIES:
+            raise InputError(f"--policies: {name}: unknown; known: {', '.join(POLICIES)}")
+        if POLICIES[name].needs_trace:
+            raise InputError(f"--policies: {name}: an offline reference (it reads the future) cannot be deployed")
+    budgets = _ints("--budget", args.budget)
+    lengths = _ints("--lengths", args.lengths)
+    if budgets[-1] >= lengths[0]:
+        raise InputError(f"--budget: {budgets[-1]}: at or above --lengths {lengths[0]}: nothing is evicted, every "
+                         "policy would be the full cache; give budgets below every length")
+    given = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}
+    taken = {p.name for n in names for p in POLICIES[n].tunables}
+    if set(given) - taken:
+        raise CLIError(f"none of {', '.join(names)} takes {', '.join(flag(k) for k in sorted(set(given) - taken))}")
+    jobs = []
+    for name in names:
+        own = {k: v for k, v in given.items() if k in {p.name for p in POLICIES[name].tunables}}
+        for b in budgets:
+            try:
+                PolicySpec.of(name, b, **own)
+            except ParamError as e:
+                raise InputError(f"{name}: {param_message(e)}") from None
+            jobs.append(Job(name, b, tuple(sorted(own.items()))))
+    if args.trials < 1:
+        raise InputError(f"--trials: {args.trials}: must be at least 1")
+    new_tokens = NEW_TOKENS if args.new_tokens is None else args.new_tokens
+    if new_tokens < 1:
+        raise InputError(f"--new-tokens: {new_tokens}: must be at least 1")
+    if args.workers is not None and args.workers < 1:
+        raise InputError(f"--workers: {args.workers}: must be at least 1")
+    fields = {"needle": args.needle, "question": args.question}
+    template = Template(**{k: v for k, v in fields.items() if v is not None})
+    if args.filler is not None:
+        template = Template(read_input("--filler", args.filler), repeat=False, needle=template.needle,
+                            question=template.question, source=args.filler)
+    from ..models.needle import NeedleError
+
+    try:
+        template.check()
+    except NeedleError as e:
+        raise InputError(str(e)) from None
+    return {"jobs": jobs, "lengths": lengths, "depths": depths(args.depths), "template": template, "new_tokens": new_tokens}
+
+
+def cmd_needle(args: argparse.Namespace) -> dict:
+    plan = check(args)
+    from .. import progress as protocol
+    from ..models.needle import Builder, NeedleError, open_model, run_grid, save_grid
+
+    say = None if args.quiet else protocol.stderr("needle")
+    try:
+        config, tokenizer, weights, model_id = open_model(args.model, say)
+    except NeedleError as e:
+        raise InputError(str(e)) from None
+    context = getattr(config, "max_position_embeddings", None)
+    longest = plan["lengths"][-1]
+    if context and longest + plan["new_tokens"] - 1 > context:
+        raise InputError(f"--lengths: {longest}: beyond {args.model}'s context of {context} tokens (with the "
+                         f"{plan['new_tokens']} decoded)")
+    builder = Builder(tokenizer, plan["template"])
+    try:
+        for n in plan["lengths"]:
+            builder.prompt(n, 0.5, "0" * 5)
+    except NeedleError as e:
+        raise InputError(str(e)) from None
+    loaded = (weights(), tokenizer, model_id) if args.scheduler is None and args.workers is None else None
+    scheduler = args.scheduler or ("local" if args.workers is not None else None)
+    from ..analysis.tune import TuneError
+
+    try:
+        doc = run_grid(args.model, plan["template"], plan["jobs"], plan["lengths"], plan["depths"], args.trials,
+                       args.seed, new_tokens=plan["new_tokens"], use_cache=not args.no_cache, scheduler=scheduler,
+                       workers=args.workers, progress=say, loaded=loaded)
+    except TuneError as e:
+        raise InputError(f"--{'scheduler' if args.scheduler else 'workers'}: {e}") from None
+    doc = {"model": args.model, "model_id": model_id, "context": context, **doc}
+    path = save_grid(doc)
+    doc["saved"] = None if path is None else str(path)
+    return doc
+
+
+def _cell(value) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def _table(title: str, grid: list[list], lengths: list[int], depths: list[float]) -> list[str]:
+    lines = [title, "  depth " + "".join(f"{n:>7}" for n in lengths)]
+    for d, row in zip(depths, grid, strict=True):
+        lines.append(f"  {d:5.2f} " + "".join(f"{_cell(v):>7}" for v in row))
+    return lines
+
+
+def render_needle(doc: dict) -> str:
+    c = doc["control"]
+    overall = "none" if c["overall"] is None else f"{100 * c['overall']:.0f}%"
+    lines = [f"pass key in filler, {doc['model']}: {doc['trials']} trial(s) per cell, {doc['new_tokens']} tokens decoded "
+             f"greedily; accuracy over the trials the full cache got right (-: the control got none right there)"]
+    lines += _table(f"full cache (control): {overall} of all trials" + (" - THE CONTROL FAILS: no grid below is "
+                    "counted" if c["fails"] else ""), c["accuracy"], doc["lengths"], doc["depths"])
+    for g in doc["grids"]:
+        lines += [""] + _table(f"{g['label']} (control beside it: {overall})", g["accuracy"], doc["lengths"], doc["depths"])
+    runs = [r for cell in doc["cells"] for r in [cell["control"], *cell["runs"]] if not r["cached"]]
+    if runs:
+        pre = statistics.median(r["prefill_seconds"] for r in runs)
+        dec = statistics.median(r["decode_seconds"] for r in runs)
+        lines.append(f"\n{len(runs)} run(s) decoded here, median {pre:.1f} s prompt + {dec:.1f} s decoding; "
+                     f"{doc['run']['executor']}, {doc['run']['seconds']:.0f} s in all")
+    if doc.get("saved"):
+        lines.append(f"saved for the app's needle view: {doc['saved']}")
+    return "\n".join(lines)

@@ -1,0 +1,553 @@
+"""The pass-key test (issue 35, docs/needle.md): does the model still find a key hidden in filler text
+when every layer's cache is held to a budget, and at which step did each layer's cache lose the key?
+
+A prompt is ``[start] filler[:a] needle filler[a:] question``, exactly ``length`` tokens: the needle
+(``NEEDLE``, its ``{key}`` a random five-digit number) goes in at the sentence boundary of the filler
+nearest ``depth`` x the filler's length (0: before all of it, 1: after all of it). The model decodes
+``NEW_TOKENS`` greedily (``kvsim.hf.decoding.greedy``) with ``kvsim.hf.cache`` in every layer, and
+with transformers' full cache as the control; a trial is right when the first run of digits it writes
+is the key.
+
+The needle's fate: every position's departure step per (layer, KV head), -1 for one still held at the
+end (docs/domain.md, "Positions, steps and the cache": step t admits position t, then evicts). An
+exact prefill steps every prompt position inside one forward pass, so the steps are heard from the
+policies the cache built (what each one evicts is what its layer drops); at the end the departures are
+checked against what each layer still holds (``EvictingLayer.held``).
+
+Each trial is cached on disk (``<cache_dir>/needle/``) under a key made of everything it depends on:
+the model's identity, the prompt's token ids, the policy spec, the prefill and the tokens decoded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..data.files import atomic_write
+from ..data.store import cache_dir
+from ..progress import Progress
+
+#: what a cached trial means; bump it when a trial's figures change meaning
+VERSION = 1
+#: the classic pass-key filler (Mohtashami and Jaggi, "Landmark Attention", 2023), repeated as needed
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
+QUESTION = "What is the pass key? The pass key is"
+NEW_TOKENS = 8
+KEY_DIGITS = 5
+#: the cache directory's folder of trials and grids (``kvsim cache list``: kind ``needle``)
+NEEDLE_DIR = "needle"
+#: the full cache's name in a grid's runs
+CONTROL = "full"
+
+
+class NeedleError(ValueError):
+    """A needle test that cannot run as asked; ``flag`` names the option at fault (one line)."""
+
+    def __init__(self, message: str, flag: str | None = None) -> None:
+        super().__init__(message)
+        self.flag = flag
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One trial's prompt: its token ids, the key and where the key's tokens are."""
+
+    ids: tuple[int, ...]
+    key: str
+    key_positions: tuple[int, ...]  # the positions of the key's digits (both mentions)
+    needle_start: int  # the needle's first position
+    length: int
+    depth: float
+    trial: int
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(np.asarray(self.ids, dtype=np.int64).tobytes()).hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class Template:
+    """The text a prompt is made of, stated in every result: the filler (``FILLER`` repeated, or a text
+    file used once, as it is), the needle with its ``{key}`` and the question."""
+
+    filler: str = FILLER
+    repeat: bool = True  # repeat the filler as needed; a file's filler is read once and must be long enough
+    needle: str = NEEDLE
+    question: str = QUESTION
+    source: str = "built-in"  # where the filler comes from: built-in or the file's path
+
+    def check(self) -> None:
+        if "{key}" not in self.needle:
+            raise NeedleError(f"--needle: {self.needle!r}: has no {{key}} to put the pass key in", "--needle")
+        if not self.question.strip():
+            raise NeedleError("--question: empty", "--question")
+        if not self.filler.strip():
+            raise NeedleError(f"--filler: {self.source}: empty", "--filler")
+
+    def to_dict(self) -> dict:
+        return {"filler_source": self.source, "filler_repeated": self.repeat, "filler_start": self.filler[:120],
+                "needle": self.needle, "question": self.question}
+
+
+class Builder:
+    """Prompts of a tokenizer and a template: the filler, needle and question tokenised once each."""
+
+    def __init__(self, tokenizer, template: Template) -> None:
+        template.check()
+        self.tokenizer = tokenizer
+        self.template = template
+        self.bos = getattr(tokenizer, "bos_token_id", None)
+        self._filler: list[int] = []
+        self._ends: list[int] = []
+        self.question = self._encode(" " + template.question.strip())[0]
+        if not template.repeat:
+            self._grow(None)
+
+    def _encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+
+    def _grow(self, tokens: int | None) -> None:
+        """Tokenise enough filler for ``tokens`` tokens (a file's filler: all of it), and the sentence
+        boundaries in it: the token indices right after a token that ends a sentence."""
+        t = self.template
+        if t.repeat:
+            unit = t.filler.strip() + " "
+            times = 1
+            while True:
+                ids, offsets = self._encode(unit * times)
+                if len(ids) >= tokens:
+                    break
+                times *= 2
+            text = unit * times
+        else:
+            text = t.filler
+            ids, offsets = self._encode(text)
+        self._filler = ids
+        self._ends = [i + 1 for i, (_a, b) in enumerate(offsets) if text[max(b - 1, 0) : b] in (".", "!", "?", "\n")]
+
+    def filler_tokens(self, length: int, key: str = "0" * KEY_DIGITS) -> int:
+        """How many filler tokens a prompt of ``length`` tokens holds (negative: the needle and the
+        question alone are longer)."""
+        return length - (self.bos is not None) - len(self._needle(key)[0]) - len(self.question)
+
+    def available(self) -> int | None:
+        """The filler's tokens when it is read once (a file), else None (it repeats)."""
+        return None if self.template.repeat else len(self._filler)
+
+    def _needle(self, key: str) -> tuple[list[int], list[int]]:
+        """The needle's token ids and the indices of the key's digits among them."""
+        text = " " + self.template.needle.strip().replace("{key}", key)
+        ids, offsets = self._encode(text)
+        spans = [(m.start(), m.end()) for m in re.finditer(re.escape(key), text)]
+        at = [i for i, (a, b) in enumerate(offsets) if any(a < e and b > s for s, e in spans)]
+        return ids, at
+
+    def prompt(self, length: int, depth: float, key: str, trial: int = 0) -> Prompt:
+        needle, at = self._needle(key)
+        f = self.filler_tokens(length, key)
+        if f < 0:
+            raise NeedleError(f"--lengths: {length}: shorter than the needle and the question "
+                              f"({length - f} tokens)", "--lengths")
+        if len(self._filler) < f:
+            if not self.template.repeat:
+                raise NeedleError(f"--filler: {self.template.source}: {len(self._filler)} tokens, a "
+                                  f"{length}-token prompt needs {f}", "--filler")
+            self._grow(f)
+        filler = self._filler[:f]
+        cuts = [0, *[e for e in self._ends if e < f], f]
+        a = min(cuts, key=lambda c: (abs(c - depth * f), c))
+        head = [self.bos] if self.bos is not None else []
+        ids = head + filler[:a] + needle + filler[a:] + self.question
+        start = len(head) + a
+        return Prompt(tuple(int(i) for i in ids), key, tuple(start + i for i in at), start, length, depth, trial)
+
+
+def pass_key(seed: int, length: int, depth: float, trial: int) -> str:
+    """The trial's five-digit key, the same for every policy and the control."""
+    rng = np.random.default_rng([seed, length, round(depth * 1000), trial])
+    return str(int(rng.integers(10 ** (KEY_DIGITS - 1), 10**KEY_DIGITS)))
+
+
+def answer(text: str) -> str | None:
+    """The first run of digits the model wrote (what it gives as the key), or None."""
+    m = re.search(r"\d+", text)
+    return m.group() if m else None
+
+
+# --- one trial ---------------------------------------------------------------------------------------
+
+
+class _Departures:
+    """Every position's departure step per (layer, KV head), heard from the policies the cache built.
+
+    The cache builds its policies when the first token arrives, so the caller feeds position 0 alone,
+    then this wraps each policy's ``on_decode_step`` (to know the step) and ``evict`` (to hear what it
+    drops: what its layer drops)."""
+
+    def __init__(self, cache, positions: int, listen=None) -> None:
+        self.cache = cache
+        self.listen = listen
+        heads = len(cache.layers[0].policies[0])
+        self.left = np.full((len(cache.layers), heads, positions), -1, dtype=np.int32)
+        for li, layer in enumerate(cache.layers):
+            for h, policy in enumerate(layer.policies[0]):
+                self._wrap(policy, li, h)
+
+    def _wrap(self, policy, li: int, h: int) -> None:
+        step, evict, now = policy.on_decode_step, policy.evict, [0]
+
+        def on_decode_step(t, attn):
+            now[0] = t
+            if self.listen is not None:
+                self.listen(li, h, t, policy.kept, attn)
+            step(t, attn)
+
+        def evicting(budget):
+            victims = evict(budget)
+            if victims:
+                self.left[li, h, np.asarray(victims, dtype=np.int64)] = now[0]
+            return victims
+
+        policy.on_decode_step = on_decode_step
+        policy.evict = evicting
+
+    def check(self, seen: int) -> None:
+        """What the departures say is held after the last step must be what each layer holds."""
+        for li, layer in enumerate(self.cache.layers):
+            for h in range(self.left.shape[1]):
+                said = np.flatnonzero(self.left[li, h, :seen] < 0)
+                held = layer.held(0, h)
+                if not np.array_equal(said, held):
+                    raise RuntimeError(f"layer {li} KV head {h}: the policy's victims leave {said.size} positions, "
+                                       f"the cache holds {held.size}")
+
+
+def fate(left: np.ndarray, key_positions: Sequence[int]) -> list[list[int | None]]:
+    """Per (layer, KV head), the step at which the last of the key's tokens left the cache (None:
+    some stayed to the end): after it the layer can no longer read the key at all."""
+    at = left[:, :, list(key_positions)]
+    return [[None if (row < 0).any() else int(row.max()) for row in layer] for layer in at]
+
+
+def first_loss(left: np.ndarray, key_positions: Sequence[int]) -> list[list[int | None]]:
+    """Per (layer, KV head), the step at which the first of the key's tokens left (None: none left)."""
+    at = left[:, :, list(key_positions)]
+    return [[None if (row < 0).all() else int(row[row >= 0].min()) for row in layer] for layer in at]
+
+
+def run_trial(model, prompt: Prompt, policy: str, budget: int | None = None, params: dict | None = None, *,
+              new_tokens: int = NEW_TOKENS, seed: int | None = None, eos=None, listen=None) -> dict:
+    """Decode ``prompt`` with ``policy`` at ``budget`` in every layer (``CONTROL``: the full cache).
+    The record (``tokens``, the ``prefill_seconds`` / ``decode_seconds`` split) and, for a policy,
+    ``left``: each position's departure step per (layer, KV head), -1 for held to the end.
+    ``listen(layer, kv_head, t, kept, attn)`` hears what each policy is shown at each step."""
+    import torch
+
+    import kvsim.hf as hf
+    from kvsim.hf.decoding import greedy
+
+    ids = torch.tensor([prompt.ids], dtype=torch.long)
+    if policy == CONTROL:
+        from transformers import DynamicCache
+
+        hf.attach(model)
+        run = greedy(model, ids, DynamicCache(config=model.config), new_tokens, eos)
+        return {**run, "positions": len(prompt.ids) + len(run["tokens"]) - 1, "left": None}
+    cache = hf.cache(model, policy, budget, seed=seed, **(params or {}))
+    # one thread: an exact prefill steps each position through tiny matrix-vector products, which a
+    # second thread only slows down on a busy machine (kvsim.models.decode measured the same)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            model(ids[:, :1], cache=cache, use_cache=True)  # builds each layer's policies, holding [0]
+        first = time.perf_counter() - t0
+        watch = _Departures(cache, len(prompt.ids) + new_tokens, listen)
+        run = greedy(model, ids[:, 1:], cache, new_tokens, eos)
+    finally:
+        torch.set_num_threads(threads)
+    seen = cache.layers[0].seen
+    watch.check(seen)
+    return {**run, "prefill_seconds": run["prefill_seconds"] + first, "positions": seen, "left": watch.left}
+
+
+# --- the disk cache -------------------------------------------------------------------------------------
+
+
+def trial_key(model_id: str, prompt: Prompt, policy: str, budget: int | None, params: dict, new_tokens: int,
+              seed: int | None) -> dict:
+    import transformers
+
+    return {"version": VERSION, "model": model_id, "prompt": prompt.digest, "key_positions": list(prompt.key_positions),
+            "policy": policy, "budget": budget, "params": dict(sorted(params.items())), "prefill": "exact",
+            "new_tokens": new_tokens, "seed": seed if policy == "random" else None,
+            "transformers": transformers.__version__}
+
+
+def trial_path(key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return cache_dir() / NEEDLE_DIR / f"trial-{digest}"
+
+
+def read_trial(key: dict) -> dict | None:
+    """A cached trial (its record and departures), or None when missing, damaged or another key's."""
+    base = trial_path(key)
+    try:
+        doc = json.loads(base.with_suffix(".json").read_text(encoding="utf-8"))
+        if doc.get("key") != key:
+            return None
+        left = None
+        if doc.get("has_left"):
+            with np.load(base.with_suffix(".npz"), allow_pickle=False) as z:
+                left = z["left"]
+    except (OSError, ValueError, KeyError, UnicodeDecodeError):
+        return None
+    return {**doc["record"], "left": left}
+
+
+def write_trial(key: dict, record: dict) -> None:
+    """Departures first, then the record that names them: a reader never finds a record without them.
+    A cache that cannot be written is skipped (the result is still returned)."""
+    base = trial_path(key)
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+        left = record.get("left")
+        if left is not None:
+            buf = io.BytesIO()
+            np.savez_compressed(buf, left=left)
+            atomic_write(base.with_suffix(".npz"), lambda f: f.write(buf.getvalue()))
+        doc = {"key": key, "has_left": left is not None, "record": {k: v for k, v in record.items() if k != "left"}}
+        atomic_write(base.with_suffix(".json"), lambda f: f.write(json.dumps(doc).encode()))
+    except OSError:
+        pass
+
+
+def departures(run: dict) -> np.ndarray | None:
+    """The departures of one run of a grid's cell, read back from the disk cache (None: not there)."""
+    found = read_trial(run["cache_key"])
+    return None if found is None else found["left"]
+
+
+# --- a grid ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    """One policy configuration of a grid (the control is ``Job(CONTROL)``)."""
+
+    policy: str
+    budget: int | None = None
+    params: tuple = ()  # sorted (name, value) pairs
+
+    @property
+    def label(self) -> str:
+        if self.policy == CONTROL:
+            return "full cache (control)"
+        extra = "".join(f", {k} {v}" for k, v in self.params)
+        return f"{self.policy} @ {self.budget}{extra}"
+
+
+@dataclass
+class Unit:
+    """One (length, depth, trial) cell's prompt, run through the control and every job."""
+
+    length: int
+    depth: float
+    trial: int
+    jobs: list[Job] = field(default_factory=list)
+
+
+def run_unit(model, tokenizer, model_id: str, template: Template, unit: Unit, seed: int, new_tokens: int,
+             use_cache: bool = True) -> dict:
+    """One cell's trial: the prompt, then the control and each job, each read from the disk cache when
+    there, else decoded and cached. The trial's record, with each run's answer and the key's fate."""
+    builder = Builder(tokenizer, template)
+    key = pass_key(seed, unit.length, unit.depth, unit.trial)
+    prompt = builder.prompt(unit.length, unit.depth, key, unit.trial)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    runs = []
+    for job in [Job(CONTROL), *unit.jobs]:
+        params = dict(job.params)
+        ck = trial_key(model_id, prompt, job.policy, job.budget, params, new_tokens, seed)
+        record = read_trial(ck) if use_cache else None
+        cached = record is not None
+        if record is None:
+            record = run_trial(model, prompt, job.policy, job.budget, params, new_tokens=new_tokens, seed=seed, eos=eos)
+            record["text"] = tokenizer.decode(record["tokens"], skip_special_tokens=True)
+            write_trial(ck, record)
+        said = answer(record["text"])
+        left = record["left"]
+        runs.append({"policy": job.policy, "budget": job.budget, "params": params, "label": job.label,
+                     "text": record["text"], "answer": said, "correct": said == key, "cached": cached,
+                     "prefill_seconds": record["prefill_seconds"], "decode_seconds": record["decode_seconds"],
+                     "positions": record["positions"],
+                     "key_left": None if left is None else fate(left, prompt.key_positions),
+                     "key_first_left": None if left is None else first_loss(left, prompt.key_positions),
+                     "cache_key": ck})
+    return {"length": unit.length, "depth": unit.depth, "trial": unit.trial, "key": key,
+            "key_positions": list(prompt.key_positions), "needle_start": prompt.needle_start,
+            "prompt_tokens": len(prompt.ids), "control": runs[0], "runs": runs[1:]}
+
+
+def accuracy(trials: Sequence[dict], jobs: Sequence[Job], lengths: Sequence[int], depths: Sequence[float]) -> dict:
+    """Per job, the accuracy grid (depth x length) over the trials the control got right; a cell where
+    the control got none right is None (labelled, not counted). The control's own grid beside."""
+    def cell(rows, pick):
+        return [[pick([r for r in rows if r["depth"] == d and r["length"] == n]) for n in lengths] for d in depths]
+
+    def share(rows):
+        return None if not rows else sum(r["control"]["correct"] for r in rows) / len(rows)
+
+    control = cell(trials, share)
+    grids = []
+    for j, job in enumerate(jobs):
+        def counted(rows, j=j):
+            ok = [r for r in rows if r["control"]["correct"]]
+            return None if not ok else sum(r["runs"][j]["correct"] for r in ok) / len(ok)
+
+        grids.append({"policy": job.policy, "budget": job.budget, "params": dict(job.params), "label": job.label,
+                      "accuracy": cell(trials, counted),
+                      "counted": cell(trials, lambda rows: sum(r["control"]["correct"] for r in rows))})
+    total = [r["control"]["correct"] for r in trials]
+    return {"control": {"accuracy": control, "overall": sum(total) / len(total) if total else None,
+                        "fails": not any(total)}, "grids": grids}
+
+
+def open_model(name: str, progress: Progress | None = None):
+    """``(config, tokenizer, weights, model_id)``: what the model is before its weights load
+    (``weights()`` loads them), so the command refuses a length beyond its context first. ``name``:
+    gemma3-270m, smollm2-135m or a local folder (``kvsim.models.quality.load``'s names)."""
+    from .errors import QualityError, RecordError
+    from .loading import load_smollm2, open_hf_model
+    from .loading import open_model as open_shipped
+    from .quality import model_id_of
+
+    try:
+        model_id = model_id_of(name)
+        if name == "gemma3-270m":
+            config, tokenizer, weights = open_shipped(None, progress=progress)
+        elif name == "smollm2-135m":
+            model, tokenizer = load_smollm2(progress)
+            config, weights = model.config, lambda: model
+        else:
+            config, tokenizer, weights = open_hf_model(name, progress=progress)
+    except (QualityError, RecordError) as e:
+        said = " ".join(str(e).split())
+        raise NeedleError(said if said.startswith("--model") else f"--model: {said}", "--model") from None
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config, tokenizer, weights, model_id
+
+
+_WORKER: dict = {}
+
+
+def _worker_model(model_name: str, progress: Progress | None):
+    """The model, loaded once per process (a Dask worker runs many cells)."""
+    if _WORKER.get("name") != model_name:
+        from .quality import load
+
+        model, tokenizer, model_id = load(None if model_name == "gemma3-270m" else model_name, progress)
+        _WORKER.update(name=model_name, model=model, tokenizer=tokenizer, model_id=model_id)
+    return _WORKER["model"], _WORKER["tokenizer"], _WORKER["model_id"]
+
+
+def _remote_unit(model_name: str, template: Template, unit: Unit, seed: int, new_tokens: int, use_cache: bool) -> dict:
+    model, tokenizer, model_id = _worker_model(model_name, None)
+    return run_unit(model, tokenizer, model_id, template, unit, seed, new_tokens, use_cache)
+
+
+def run_grid(model_name: str, template: Template, jobs: Sequence[Job], lengths: Sequence[int],
+             depths: Sequence[float], trials: int, seed: int, *, new_tokens: int = NEW_TOKENS,
+             use_cache: bool = True, scheduler: str | None = None, workers: int | None = None,
+             progress: Progress | None = None, loaded=None) -> dict:
+    """Every (length, depth, trial) cell through the control and ``jobs``; here one after another, or
+    on Dask (``scheduler``: ``"local"`` or an address, as ``kvsim tune``). ``loaded``: (model,
+    tokenizer, model_id) already loaded here."""
+    say = progress or (lambda f, n="": None)
+    units = [Unit(n, d, t, list(jobs)) for n in lengths for d in depths for t in range(trials)]
+    t0 = time.perf_counter()
+    results: list[dict | None] = [None] * len(units)
+
+    def note(done: int, u: Unit, r: dict) -> None:
+        fresh = sum(not x["cached"] for x in [r["control"], *r["runs"]])
+        say(done / len(units), f"length {u.length} depth {u.depth:g} trial {u.trial + 1}: control "
+            f"{'found' if r['control']['correct'] else 'missed'} the key; {fresh} run(s) decoded, "
+            f"{len(jobs) + 1 - fresh} from the cache")
+
+    if scheduler is None:
+        model, tokenizer, model_id = loaded or _worker_model(model_name, progress)
+        for i, u in enumerate(units):
+            results[i] = run_unit(model, tokenizer, model_id, template, u, seed, new_tokens, use_cache)
+            note(i + 1, u, results[i])
+        run = {"executor": "serial", "workers": 1}
+    else:
+        from ..analysis.tune import dask_client
+
+        with dask_client(scheduler, workers) as (client, address):
+            futures = [client.submit(_remote_unit, model_name, template, u, seed, new_tokens, use_cache, pure=False)
+                       for u in units]
+            index = {f.key: i for i, f in enumerate(futures)}
+            from distributed import as_completed
+
+            for done, fut in enumerate(as_completed(futures), start=1):
+                i = index[fut.key]
+                results[i] = fut.result()
+                note(done, units[i], results[i])
+            run = {"executor": "dask", "workers": len(client.scheduler_info().get("workers", {})), "scheduler": address}
+    run["seconds"] = time.perf_counter() - t0
+    return {"lengths": list(lengths), "depths": list(depths), "trials": trials, "seed": seed,
+            "new_tokens": new_tokens, "template": template.to_dict(), "run": run,
+            **accuracy(results, jobs, lengths, depths), "cells": results}
+
+
+def grid_path(doc: dict) -> Path:
+    """Where a grid's document is kept for the app's needle view: keyed by what it measured."""
+    what = {k: doc[k] for k in ("model_id", "lengths", "depths", "trials", "seed", "new_tokens", "template")}
+    what["jobs"] = [(g["policy"], g["budget"], g["params"]) for g in doc["grids"]]
+    digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / NEEDLE_DIR / f"grid-{digest}.json"
+
+
+def save_grid(doc: dict) -> Path | None:
+    path = grid_path(doc)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda f: f.write(json.dumps(doc).encode()))
+    except OSError:
+        return None
+    return path
+
+
+def saved_grids(folder: Path | None = None) -> list[Path]:
+    """The grid documents in the cache, newest first."""
+    folder = cache_dir() / NEEDLE_DIR if folder is None else folder
+    try:
+        return sorted(folder.glob("grid-*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return []
+
+
+def read_grid(path: Path) -> dict:
+    """A grid document; NeedleError naming the file when it is not one."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise NeedleError(f"{path}: not a needle grid ({' '.join(str(e).split())})") from None
+    if not isinstance(doc, dict) or not {"grids", "cells", "lengths", "depths"} <= set(doc):
+        raise NeedleError(f"{path}: not a needle grid (no grids, cells, lengths, depths)")
+    return doc
+
+
+__all__ = ["CONTROL", "FILLER", "NEEDLE", "NEW_TOKENS", "QUESTION", "Builder", "Job", "NeedleError", "Prompt",
+           "Template", "accuracy", "answer", "fate", "first_loss", "pass_key", "read_grid", "run_grid", "run_trial",
+           "save_grid", "saved_grids"]
