@@ -115,8 +115,8 @@ def cmd_describe(args: argparse.Namespace) -> object:
     """The trace's statistics; a trace whose rows the loader renormalised also carries ``renormalised``
     (rows, min_sum, max_sum, tolerance) and ``note`` (``repair_note``'s sentence)."""
     trace = load(args.trace)
-    if not trace.derived.dense_at_hand:  # one pass over every row first, kept on disk: said on stderr
-        trace.derived.row_stats(protocol.stderr("kvsim describe"))
+    # a trace past its dense length is described from one pass over every row, kept on disk: said on stderr
+    trace.derived.prepare_whole(protocol.stderr("kvsim describe"))
     try:
         doc = {"trace": trace.name, **describe(trace, band=args.band, top_k=args.top_k)}
     except ValueError as e:  # what the row pass does not keep: said in the flag's terms
@@ -132,7 +132,7 @@ def cmd_export(args: argparse.Namespace) -> object:
     if out.suffix != ".npz":
         raise CLIError(f"--out: {args.out} must end in .npz")
     trace = load(args.trace)
-    if not trace.derived.dense_at_hand:
+    if trace.derived.no_matrix() is not None:
         raise InputError(f"--trace {args.trace}: a query/key trace of {trace.steps} steps; export writes the dense "
                          f"interchange format only up to {DENSE_LIMIT} steps ({DENSE_LIMIT + 1}^2 weights)")
     try:

@@ -70,7 +70,7 @@ def fallback_note(trace: Trace, proxy: str) -> str | None:
     if getattr(trace, "values", None) is None:
         return (f"{trace.name}: the trace carries no values, so {PROXIES[proxy].label} falls back to retained mass "
                 f"(record it again with kvsim record to store them)")
-    if not trace.derived.dense_at_hand:
+    if trace.derived.no_matrix() is not None:
         return (f"{trace.name}: a query/key trace of {trace.steps} steps has no dense matrix here, so "
                 f"{PROXIES[proxy].label} (it reads whole rows) falls back to retained mass")
     return None
@@ -82,7 +82,7 @@ def not_applicable(trace: Trace) -> str | None:
     if getattr(trace, "values", None) is None:
         return (f"{trace.name} carries attention only, no values: the value-aware proxies weigh what is kept by the "
                 "values; a recording by kvsim record stores them")
-    if not trace.derived.dense_at_hand:
+    if trace.derived.no_matrix() is not None:
         return (f"{trace.name}, a query/key trace of {trace.steps} steps, forms no dense matrix here, and the value-aware "
                 "proxies read whole rows")
     return None
