@@ -33,9 +33,9 @@ import numpy as np
 from ..data.trace import Trace, load_npz
 from ..policies import POLICIES, policy_params
 from ..progress import Progress
-from ..sim import proxies as px
 from ..sim.harness import DEFAULT_TOP_K
-from .windows import TOLERANCE, WindowChoice, covers, pick
+from . import proxies as px
+from .windows import TOLERANCE, WindowChoice, best_of, covers, pick
 
 if TYPE_CHECKING:  # bundles, query/key files and the engine load when a tune runs: the CLI's parser reads BY
     from ..data.bundle import Bundle
@@ -527,7 +527,7 @@ def _deeper_half(traces: Sequence[TraceTuning]) -> list[bool]:
 
 
 def _best(by: str, windows: list[int], curve: list[float], sign: int, note: str | None) -> dict:
-    i = int(np.argmax(sign * np.asarray(curve, dtype=np.float64)))
+    i = best_of(curve, sign)
     return {"by": by, "windows": list(windows), "curve": list(curve), "model_window": int(windows[i]),
             "value": float(curve[i]), "note": note}
 

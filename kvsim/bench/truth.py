@@ -48,10 +48,11 @@ def run(progress: Progress | None = None, steps: int = STEPS) -> dict:
     t0 = time.perf_counter()
     rows = session.measure_many([("h2o", BUDGET, {"recent_window": w}) for w in WINDOWS], "open", **fresh)
     sweep_s = time.perf_counter() - t0
+    from ..analysis.proxies import configuration
     from ..models.loading import MODEL
     from ..models.truth import window_truth
 
-    window_truth(session, "h2o", BUDGET, WINDOWS, recording=MODEL)  # the truth document, read from the cache
+    window_truth(session, "h2o", BUDGET, WINDOWS, proxies=configuration, recording=MODEL)  # the truth document, read from the cache
     same = next(r for r in rows if r["params"]["recent_window"] == WINDOW)
     doc = {
         "kind": "truth",

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import progress as protocol
+from ..analysis import proxies as px
 from ..analysis.metrics import describe, renormalised, repair_note
 from ..analysis.table import TABLE_BUDGET, build_table
 from ..analysis.windows import choose_window
@@ -21,8 +22,7 @@ from ..data.bundle import is_bundle
 from ..data.catalog import available_traces, resolve_trace
 from ..data.qk import DENSE_LIMIT
 from ..data.trace import Trace, TraceError, save_npz
-from ..policies import DEFAULT_BUDGET, POLICIES, make_policy, policy_params
-from ..sim import proxies as px
+from ..policies import DEFAULT_BUDGET, POLICIES, PolicySpec, policy_params
 from ..sim.simulate import replay, sweep
 from . import report
 from .errors import CLIError, InputError, flag, input_error, read_input
@@ -55,15 +55,12 @@ def _policy_args(args: argparse.Namespace) -> dict:
 
 
 def cmd_replay(args: argparse.Namespace) -> object:
-    params = _policy_args(args)
-    budget = DEFAULT_BUDGET if args.budget is None else args.budget
-    if not POLICIES[args.policy].needs_trace:
-        make_policy(args.policy, budget=budget, **params)  # refuse bad parameters before loading the trace
+    # the one validation: a bad value is refused before the trace loads, and the spec is what replays
+    spec = PolicySpec.of(args.policy, DEFAULT_BUDGET if args.budget is None else args.budget, **_policy_args(args))
     trace = load(args.trace)
     with report.step("replay", f"replaying {args.policy} on {trace.name}") as progress:
         report.prepare([args.policy], progress)
-        result = replay(trace, args.policy, budget=budget, top_k=args.top_k, progress=progress, record_kept=args.proxies,
-                        **params)
+        result = replay(trace, spec, top_k=args.top_k, progress=progress, record_kept=args.proxies)
     return {"trace": trace.name, **(_measured(trace, px.summary(trace, result)) if args.proxies else result.summary())}
 
 
@@ -265,8 +262,8 @@ class _Truth:
         self.counts["read"] += len(jobs) - len(todo)
         if todo:
             try:
-                got = truth.window_truth(self._open(), args.policy, args.budget, todo, use_cache=not args.no_cache,
-                                         progress=self.say, recording=self.recording)
+                got = truth.window_truth(self._open(), args.policy, args.budget, todo, proxies=px.configuration,
+                                         use_cache=not args.no_cache, progress=self.say, recording=self.recording)
             except (quality.QualityError, RecordError) as e:
                 raise InputError(f"{args.trace}: {e}") from None
             self.counts["measured"] += sum(not r.get("cached_open") for r in got)
@@ -392,8 +389,8 @@ def _quality_plan(args: argparse.Namespace) -> tuple[list[str], list[int], dict,
     for param in params:
         if param not in taken:
             raise CLIError(f"{flag(param)} does not apply to {', '.join(names)}")
-    if args.policy and not swept and len(budgets) == 1 and not POLICIES[args.policy].needs_trace:
-        make_policy(args.policy, budget=budgets[0], **params)  # refuse bad parameters before loading a model
+    if args.policy and not swept and len(budgets) == 1:
+        PolicySpec.of(args.policy, budgets[0], **params)  # refuse bad parameters before loading a model
     return names, budgets, params, swept
 
 
