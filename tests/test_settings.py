@@ -136,3 +136,18 @@ def test_the_cli_validates_a_replays_settings_once_and_says_so_as_before(monkeyp
     assert cli.main(["replay", "--trace", "canonical", "--policy", "h2o", "--budget", "64", "--recent-window", "8",
                      "--json"]) == 0
     assert len(made) == 1  # the spec made from the flags is the one replayed
+
+
+def test_a_tune_makes_each_windows_spec_once_for_every_trace(monkeypatch, make_trace):
+    traces = [make_trace(50, seed=s, name=f"t{s}") for s in (1, 2, 3)]
+    made = []
+    real = PolicySpec.of.__func__
+    monkeypatch.setattr(PolicySpec, "of", classmethod(lambda cls, *a, **kw: made.append(a) or real(cls, *a, **kw)))
+    result = tune.tune(traces, "h2o", 8, windows=[1, 3, 5], by="retained_mass")
+    assert sum(name == "h2o" for name, *_ in made) == 3  # one per window, not one per window and trace
+    want = [kvsim.sweep(t, "h2o", 8, "recent_window", [1, 3, 5]) for t in traces]
+    assert [list(t.retained_mass) for t in result.traces] == [[r["retained_mass"] for r in rows] for rows in want]
+    made.clear()
+    with pytest.raises(ValueError, match="recent_window must be less than budget"):  # before any trace is swept
+        tune.tune(traces, "h2o", 8, windows=[1, 8], by="retained_mass")
+    assert all(name == "h2o" for name, *_ in made)

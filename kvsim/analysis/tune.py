@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..data.trace import Trace, load_npz
-from ..policies import POLICIES, policy_params
+from ..policies import POLICIES, PolicySpec, policy_params
 from ..progress import Progress
 from ..sim.harness import DEFAULT_TOP_K
 from . import proxies as px
@@ -256,12 +256,19 @@ def _load(payload: bytes | Trace | str, name: str) -> Trace:
     return load_qk(payload) if is_qk_path(payload) else load_npz(payload)
 
 
-def tune_trace(trace: Trace, policy: str, budget: int, windows: list[int], top_k: int = DEFAULT_TOP_K,
-               **params) -> dict:
-    """One trace's sweep and baselines as plain lists and floats (what a Dask worker sends back)."""
+def window_specs(policy: str, budget: int, windows: Sequence[int], params: dict) -> list[PolicySpec]:
+    """The configuration of each window a tune sweeps, made (and so checked) once, before any trace
+    is read: a bad value fails here, in the spec's one line, not in a worker."""
+    return [PolicySpec.of(policy, budget, **params, **{PARAM: int(w)}) for w in windows]
+
+
+def tune_trace(trace: Trace, specs: Sequence[PolicySpec], top_k: int = DEFAULT_TOP_K) -> dict:
+    """One trace's sweep of ``specs`` (``window_specs``) and the baselines at their budget, as plain
+    lists and floats (what a Dask worker sends back)."""
     from ..sim.simulate import sweep
 
-    rows = sweep(trace, policy, budget, PARAM, windows, top_k=top_k, **params)
+    rows = sweep(trace, specs, top_k=top_k)
+    budget = specs[0].budget
     base = {}
     for p in BASELINES:  # a one-value sweep over budget: the fast engine, the policy's defaults
         r = sweep(trace, p, budget, "budget", [budget], top_k=top_k)[0]
@@ -270,8 +277,8 @@ def tune_trace(trace: Trace, policy: str, budget: int, windows: list[int], top_k
             "top_k_recall": [float(r["top_k_recall"]) for r in rows], "baselines": base}
 
 
-def _run_unit(payload, name: str, policy: str, budget: int, windows: list[int], top_k: int, params: dict) -> dict:
-    return tune_trace(_load(payload, name), policy, budget, windows, top_k=top_k, **params)
+def _run_unit(payload, name: str, specs: list[PolicySpec], top_k: int) -> dict:
+    return tune_trace(_load(payload, name), specs, top_k=top_k)
 
 
 def _check(policy: str, budget: int, windows: list[int], tolerance: float, params: dict) -> None:
@@ -344,6 +351,7 @@ def tune(
         raise TuneError("--per-layer needs a bundle (a recording of every layer): the truth changes every layer's window")
     windows = list(range(1, budget)) if windows is None else [int(w) for w in windows]
     _check(policy, budget, windows, tolerance, params)
+    specs = window_specs(policy, budget, windows, params)
     units = _units(source)
     if not units:
         raise TuneError("nothing to tune: no traces")
@@ -357,11 +365,11 @@ def tune(
     if scheduler is None:
         results = []
         for i, u in enumerate(units):
-            results.append(_run_unit(u.payload, u.name, policy, budget, windows, top_k, params))
+            results.append(_run_unit(u.payload, u.name, specs, top_k))
             say(i + 1, u.name)
         run = {"executor": "serial", "workers": 1}
     else:
-        results, run = _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, params)
+        results, run = _run_dask(units, scheduler, workers, say, specs, top_k)
     run["sweep_seconds"] = round(time.perf_counter() - t0, 2)
     tunings = tuple(_tuning(u, r, windows, tolerance) for u, r in zip(units, results, strict=True))
     result = TuneResult(source=name, policy=policy, budget=budget, windows=windows, tolerance=tolerance, top_k=top_k,
@@ -549,7 +557,7 @@ def dask_available() -> bool:
     return importlib.util.find_spec("distributed") is not None
 
 
-def _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, params) -> tuple[list[dict], dict]:
+def _run_dask(units, scheduler, workers, say, specs, top_k) -> tuple[list[dict], dict]:
     if not dask_available():
         raise TuneError("running on Dask needs the optional extra (distributed is not installed): "
                         "pip install -r requirements-record.txt")
@@ -584,7 +592,7 @@ def _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, pa
                 with open(payload, "rb") as f:
                     payload = f.read()
             data = client.scatter(payload)  # sent to a worker once, not embedded in the task graph (64 MB at 4096 steps)
-            futures.append(client.submit(_run_unit, data, u.name, policy, budget, windows, top_k, params,
+            futures.append(client.submit(_run_unit, data, u.name, specs, top_k,
                                          pure=False, key=f"kvsim-tune-{u.name}-{os.getpid()}-{time.time_ns()}"))
         index = {f.key: i for i, f in enumerate(futures)}
         results: list[dict | None] = [None] * len(futures)
@@ -597,4 +605,4 @@ def _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, pa
 
 __all__ = ["AUTO", "BASELINES", "BEST_PROXY", "BY", "DEFAULT_BY", "GROUPS", "PROXY_CAVEAT", "SEARCH_STEP", "TOLERANCE",
            "TRUTH_BY", "TraceTuning", "TuneError", "TuneResult", "candidate_windows", "dask_available", "layer_groups",
-           "recording_identity", "search_layer_windows", "tune", "tune_trace"]
+           "recording_identity", "search_layer_windows", "tune", "tune_trace", "window_specs"]

@@ -283,9 +283,11 @@ class _Truth:
         per_layer = [c for c in configs if len(set(c)) > 1]
         measured = {}
         if per_layer:
-            jobs = [(self.args.policy, self.args.budget, {"recent_window": list(c)}) for c in per_layer]
             try:
-                rows = self._open().measure_many(jobs, "open", use_cache=not self.args.no_cache)
+                session = self._open()
+                jobs = [session.configuration(self.args.policy, self.args.budget, {"recent_window": list(c)})
+                        for c in per_layer]
+                rows = session.measure_many(jobs, "open", use_cache=not self.args.no_cache)
             except (quality.QualityError, RecordError) as e:
                 raise InputError(f"{self.args.trace}: {e}") from None
             self.counts["measured"] += sum(not r["cached"] for r in rows)

@@ -24,9 +24,8 @@ from ..data.trace import Trace
 from ..policies import PolicySpec
 from ..progress import Progress, scaled
 from ..sim.simulate import even_windows
-from .decode import layer_params
 from .loading import no_progress
-from .quality import Session, read_cached, write_cached
+from .quality import Configuration, Session, read_cached, write_cached
 
 #: what a cached proxy record means; bump it when the proxies change meaning
 PROXY_VERSION = 1
@@ -34,20 +33,18 @@ PROXY_VERSION = 1
 Proxies = Callable[[Trace, PolicySpec], dict]
 
 
-def configuration_proxies(session: Session, policy: str, budget: int, params: dict, *, proxies: Proxies,
-                          use_cache: bool = True) -> dict:
+def configuration_proxies(session: Session, c: Configuration, *, proxies: Proxies, use_cache: bool = True) -> dict:
     """``{figure: (layers, kv heads) list}`` for every figure ``proxies`` gives, from one replay per
     (layer, KV head) of the session's full-cache traces (which carry their values)."""
     key = {"version": PROXY_VERSION, "model": session.model_id, "tokens": session.tokens_id, "steps": session.steps,
-           "policy": policy, "budget": budget, "params": dict(sorted(params.items()))}
+           "policy": c.policy, "budget": c.budget, "params": dict(sorted(c.asked.items()))}
     cached = read_cached(key, "proxies", "proxies") if use_cache else None
     if cached is not None:
         return cached
-    specs = [PolicySpec.of(policy, budget, **p) for p in layer_params(params, session.layers)]  # checked before any replay
     grid: dict[str, np.ndarray] = {}
     for layer, heads in enumerate(session.traces):
         for h, trace in enumerate(heads):
-            for f, value in proxies(trace, specs[layer]).items():
+            for f, value in proxies(trace, c.specs[layer]).items():
                 grid.setdefault(f, np.zeros((session.layers, session.kv_heads)))[layer, h] = value
     out = {f: g.tolist() for f, g in grid.items()}
     if use_cache:
@@ -67,17 +64,17 @@ def aggregate(per_head: dict) -> dict:
     return out
 
 
-def measure(session: Session, jobs: Sequence[tuple[str, int, dict]], modes: Sequence[str] = ("open",), *,
+def measure(session: Session, jobs: Sequence[Configuration], modes: Sequence[str] = ("open",), *,
             proxies: Proxies, use_cache: bool = True, batch: int = 8, progress: Progress | None = None) -> list[dict]:
-    """Per job: the truth in each of ``modes`` (``kl_open``, ``delta_nll_open``, ... and ``seconds_*``)
-    beside the model-level proxies (``aggregate``), one flat row. Closed loops decode ``batch`` at once."""
+    """Per configuration (``Session.configuration``): the truth in each of ``modes`` (``kl_open``,
+    ``delta_nll_open``, ... and ``seconds_*``) beside the model-level proxies (``aggregate``), one flat
+    row. Closed loops decode ``batch`` at once."""
     say = progress or no_progress
     rows = []
-    for i, (policy, budget, params) in enumerate(jobs):
-        say(i / max(1, len(jobs)) * 0.05, f"proxies of {policy} {params} budget={budget}")
-        rows.append({"policy": policy, "budget": budget, "params": dict(params),
-                     **aggregate(configuration_proxies(session, policy, budget, params, proxies=proxies,
-                                                       use_cache=use_cache))})
+    for i, c in enumerate(jobs):
+        say(i / max(1, len(jobs)) * 0.05, f"proxies of {c.policy} {c.asked} budget={c.budget}")
+        rows.append({"policy": c.policy, "budget": c.budget, "params": dict(c.asked),
+                     **aggregate(configuration_proxies(session, c, proxies=proxies, use_cache=use_cache))})
     for k, mode in enumerate(modes):
         part = scaled(progress, 0.05 + 0.95 * k / len(modes), 0.05 + 0.95 * (k + 1) / len(modes))
         for row, r in zip(rows, session.measure_many(list(jobs), mode, use_cache=use_cache, batch=batch, progress=part),
@@ -97,7 +94,7 @@ def window_truth(session: Session, policy: str, budget: int, windows: Sequence[i
     recording names it (its manifest's ``model``); with it the rows are also kept in the truth
     document the views read (``save_truth``)."""
     base = {k: v for k, v in (params or {}).items() if k != "recent_window"}
-    jobs = [(policy, budget, {**base, "recent_window": int(w)}) for w in windows]
+    jobs = [session.configuration(policy, budget, {**base, "recent_window": int(w)}) for w in windows]  # all checked first
     rows = measure(session, jobs, (mode,), proxies=proxies, use_cache=use_cache, progress=progress)
     for row, w in zip(rows, windows, strict=True):
         row["recent_window"] = int(w)
@@ -256,14 +253,15 @@ def study(sessions, budgets: Sequence[int], windows: int, closed: dict | None = 
         for budget in budgets:
             jobs = study_jobs(budget, even_windows(budget, windows), sweeps)
             say(None, f"{session.model_id} on {session.text_path.name}, budget {budget}: {len(jobs)} configurations")
-            part = measure(session, [j[:3] for j in jobs], ("open",), proxies=proxies, use_cache=use_cache,
+            configurations = [session.configuration(*j[:3]) for j in jobs]
+            part = measure(session, configurations, ("open",), proxies=proxies, use_cache=use_cache,
                            progress=progress)
             for row, job in zip(part, jobs, strict=True):
                 row["sweep"] = job[3]
             wanted = (closed or {}).get((session.model_id, session.text_path.name, budget), [])
             pick = [i for i, j in enumerate(jobs) if j[3] in wanted]
             if pick:
-                extra = measure(session, [jobs[i][:3] for i in pick], ("closed",), proxies=proxies, use_cache=use_cache,
+                extra = measure(session, [configurations[i] for i in pick], ("closed",), proxies=proxies, use_cache=use_cache,
                                 progress=progress)
                 for i, r in zip(pick, extra, strict=True):
                     part[i].update({k: v for k, v in r.items() if k.endswith("_closed")})

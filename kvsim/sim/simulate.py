@@ -12,7 +12,7 @@ fraction done.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from ..data.trace import Trace
 from ..policies import DEFAULT_BUDGET, Policy, PolicySpec, policy_params
@@ -56,7 +56,7 @@ def replay(
 
 def sweep(
     trace: Trace,
-    policy: PolicySpec | str,
+    policy: PolicySpec | str | Sequence[PolicySpec],
     budget: int | None = None,
     param: str | None = None,
     values: Iterable[int] = (),
@@ -69,9 +69,10 @@ def sweep(
 ) -> list[dict]:
     """One ``ReplayResult.summary()`` per value of ``param`` (a policy parameter, or ``"budget"``),
     in the order of ``values``, the other parameters those of the spec ``policy``, or of ``params``
-    (their defaults where left out) with a name; ``param=None`` replays the one configuration. Every
-    value's spec is made (and so checked) before any replay, so a bad value fails at once rather
-    than after minutes of work.
+    (their defaults where left out) with a name; ``param=None`` replays the one configuration, or,
+    given a list of specs of one policy, those configurations as they are (made and checked once by
+    the caller: ``tune`` makes them before its workers start). Every value's spec is made (and so
+    checked) before any replay, so a bad value fails at once rather than after minutes of work.
 
     Where the engine covers the policy every configuration advances together, one pass over the
     trace per batch; otherwise each is a reference replay. ``summarise``: each configuration is
@@ -124,7 +125,14 @@ def _summary(spec: PolicySpec, trace: Trace, top_k: int, mass, recall) -> dict:
 
 def _specs(policy: PolicySpec | str, budget: int | None, param: str | None, values, params: dict) -> list[PolicySpec]:
     """The spec of each configuration a sweep replays (a spec's own values, or a name's ``params``,
-    with ``param`` at each of ``values``)."""
+    with ``param`` at each of ``values``; or the specs given)."""
+    if not isinstance(policy, (PolicySpec, str)):
+        specs = list(policy)
+        if budget is not None or param is not None or params:
+            raise ValueError("a sweep of given specs takes no budget, param or params: each spec carries its own")
+        if not specs or len({s.name for s in specs}) != 1:
+            raise ValueError("a sweep of given specs needs at least one, all of one policy")
+        return specs
     if param is None:
         return [_spec(policy, budget, params)]
     values = list(values)
