@@ -36,10 +36,10 @@ def measure(real: bool) -> dict:
     out = {}
     for kind in ("gemma3", "gemma2", "llama"):
         s = quality.Session(_tiny(kind), ByteTokenizer(), text, 32, model_id=f"tiny-{kind}", progress=None)
-        out[kind] = [{k: r[k] for k in FIGURES} for r in s.evaluate_many(TINY_JOBS, "closed")]
+        out[kind] = [{k: r[k] for k in FIGURES} for r in s.evaluate_many([s.configuration(*j) for j in TINY_JOBS], "closed")]
     if real:
         s = quality.open_session(quality.heapq_path(), 192, progress=None)
-        out["gemma"] = [{k: r[k] for k in FIGURES} for r in s.evaluate_many(REAL_JOBS, "closed")]
+        out["gemma"] = [{k: r[k] for k in FIGURES} for r in s.evaluate_many([s.configuration(*j) for j in REAL_JOBS], "closed")]
     return out
 
 

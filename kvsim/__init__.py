@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what the names are, for readers and checkers; at run time ``__getattr__`` imports each on first use
     from .analysis.metrics import describe
+    from .analysis.windows import best_row as best
     from .data.canonical import CanonicalConfig
     from .data.canonical import generate as generate_canonical
     from .data.catalog import available_traces, resolve_trace
@@ -29,7 +30,7 @@ if TYPE_CHECKING:  # what the names are, for readers and checkers; at run time `
     from .data.trace import load_npz as load_trace
     from .policies import DEFAULT_BUDGET, POLICIES, Param, Policy, PolicySpec, make_policy, policy_params, tunables
     from .sim.harness import DEFAULT_TOP_K, ContractError, ReplayResult
-    from .sim.simulate import best, replay, sweep
+    from .sim.simulate import replay, sweep
 
 #: each public name's module and name there, imported when the name is first read, so that ``import
 #: kvsim`` (and every ``kvsim`` command, whose package this is) loads none of them: ``kvsim --help`` and
@@ -46,7 +47,8 @@ _HOMES = {
     **{name: ("policies", name) for name in ("DEFAULT_BUDGET", "POLICIES", "Param", "Policy", "PolicySpec", "make_policy",
                                              "policy_params", "tunables")},
     **{name: ("sim.harness", name) for name in ("DEFAULT_TOP_K", "ContractError", "ReplayResult")},
-    **{name: ("sim.simulate", name) for name in ("best", "replay", "sweep")},
+    **{name: ("sim.simulate", name) for name in ("replay", "sweep")},
+    "best": ("analysis.windows", "best_row"),  # the one window rule (its module imports the engine only to sweep)
 }
 
 

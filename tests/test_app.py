@@ -539,9 +539,8 @@ def test_a_slow_curve_is_drawn_coarse_first_then_refined_in_the_background(monke
     exact best marked), each drawn as it ends; the last stage is held here until the refined one is seen."""
     import threading
 
-    from kvsim.analysis.windows import choose_window
+    from kvsim.analysis.windows import choose_window, sweep_coarse_to_fine
     from kvsim.app import curve
-    from kvsim.sim.simulate import sweep_coarse_to_fine
 
     monkeypatch.setattr(curve, "PROGRESSIVE_COST", 0)  # every budget counts as slow (as 1024 is on the shipped traces)
     every_window = threading.Event()

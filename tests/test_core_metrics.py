@@ -139,7 +139,7 @@ def test_coarse_to_fine_sweep_finds_the_exact_peak_at_a_fraction_of_the_cost(mak
     trace = make_trace(300, seed=11)
     full = sweep(trace, "h2o", 120, "recent_window", range(1, 120))
     seen = []
-    rows = kvsim.sim.simulate.sweep_coarse_to_fine(trace, "h2o", 120, "recent_window", 1, 119, marks=[32, 64],
+    rows = kvsim.analysis.windows.sweep_coarse_to_fine(trace, "h2o", 120, "recent_window", 1, 119, marks=[32, 64],
                                                points=16, progress=seen.append)
     windows = [r["recent_window"] for r in rows]
     assert windows == sorted(windows) and len(windows) < len(full) and {1, 32, 64, 119} <= set(windows)
@@ -148,5 +148,5 @@ def test_coarse_to_fine_sweep_finds_the_exact_peak_at_a_fraction_of_the_cost(mak
     assert best(rows)["recent_window"] == best(full)["recent_window"] or (
         best(rows)["retained_mass"] == best(full)["retained_mass"])
     assert seen == sorted(seen) and seen[-1] == 1.0
-    small = kvsim.sim.simulate.sweep_coarse_to_fine(trace, "h2o", 12, "recent_window", 1, 11, points=64)
+    small = kvsim.analysis.windows.sweep_coarse_to_fine(trace, "h2o", 12, "recent_window", 1, 11, points=64)
     assert small == sweep(trace, "h2o", 12, "recent_window", range(1, 12))

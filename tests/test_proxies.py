@@ -1,4 +1,4 @@
-"""The value-aware proxies (kvsim.sim.proxies): computed from a replay's kept sets, so the engine and the
+"""The value-aware proxies (kvsim.analysis.proxies): computed from a replay's kept sets, so the engine and the
 reference agree on them exactly; their arithmetic against a hand-written statement of it; a trace
 without values falling back to mass, said in one line; values through a trace file; and the study's
 rank correlation and regret (kvsim.analysis.windows, kvsim.analysis.study)."""
@@ -13,12 +13,12 @@ from random_traces import random_trace
 from tolerance import rounding64
 
 import kvsim
+from kvsim.analysis import proxies as px
 from kvsim.analysis import study
 from kvsim.analysis.tune import TuneError, tune
 from kvsim.analysis.windows import ranks, regret, spearman
 from kvsim.data.trace import TraceError, load_npz, save_npz
 from kvsim.sim import engine
-from kvsim.sim import proxies as px
 
 ONLINE = ("sliding_window", "streaming_llm", "h2o", "scissorhands", "tova", "h2o_normalized", "snapkv")
 
@@ -148,7 +148,7 @@ def test_even_windows():
 
 def test_replay_sweep_and_table_report_the_proxies_when_asked(tmp_path, capsys):
     """``--proxies``: the value-aware proxies beside retained mass in replay, sweep and table (JSON and
-    text), the same figures as ``kvsim.sim.proxies``; a trace without values says so in one line."""
+    text), the same figures as ``kvsim.analysis.proxies``; a trace without values says so in one line."""
     import json
 
     from kvsim import cli

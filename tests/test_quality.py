@@ -141,7 +141,7 @@ def test_budget_at_least_n_loses_nothing(session):
     (all policies decoded as one batch) agrees to float tolerance."""
     jobs = [(p, STEPS + 5, {"recent_window": 4} if "recent_window" in kvsim.policy_params(p) else {})
             for p in sorted(kvsim.POLICIES)]
-    closed = session.evaluate_many(jobs, "closed")
+    closed = session.evaluate_many([session.configuration(*j) for j in jobs], "closed")
     assert [r["policy"] for r in closed] == sorted(kvsim.POLICIES) and {r["batch"] for r in closed} == {len(jobs)}
     # whole rows: their float32 weights sum to 1 within one rounding each; the decoding and the full pass
     # order their sums differently: each token's NLL within _nll_bound, so their means and the KL within twice
@@ -159,7 +159,7 @@ def test_budget_at_least_n_loses_nothing(session):
 def test_a_batch_of_closed_loops_is_each_of_them_alone(session):
     """Batching shares the weights' reads, nothing else: each row's figures are its own run's."""
     jobs = [("h2o", 10, {"recent_window": 3}), ("tova", 12, {}), ("streaming_llm", 10, {"sinks": 1})]
-    together = session.evaluate_many(jobs, "closed")
+    together = session.evaluate_many([session.configuration(*j) for j in jobs], "closed")
     # a batch orders its sums otherwise: a token's NLL within _nll_bound (the KL within twice it); a weight
     # moves by twice the attention logits' change (forward_pass), so a kept share by as much
     nll, largest = _nll_bound(session.model, session.ids), _largest_logit(session.model, session.ids)
@@ -195,12 +195,13 @@ def test_policies_that_never_read_attention_agree_in_both_modes(session, policy,
 def test_closed_loop_feeds_the_policy_the_attention_the_model_computes(session, monkeypatch):
     """What each policy is shown in closed mode: float32, aligned with kept, summing to 1; with nothing
     evicted it is the full-cache trace's row (the recorder's arithmetic) to float tolerance."""
-    import kvsim.models.quality as q
+    from kvsim.policies import PolicySpec
 
     seen = []
+    build = PolicySpec.build
 
-    def spy(name, budget, **params):
-        policy = kvsim.make_policy(name, budget=budget, **params)
+    def spy(spec, trace=None, rng=None):  # the session builds each layer's policies from its configuration's specs
+        policy = build(spec, trace, rng)
         inner = policy.on_decode_step
 
         def on_decode_step(pos, attn, policy=policy, inner=inner):
@@ -210,7 +211,7 @@ def test_closed_loop_feeds_the_policy_the_attention_the_model_computes(session, 
         policy.on_decode_step = on_decode_step
         return policy
 
-    monkeypatch.setattr(q, "make_policy", spy)
+    monkeypatch.setattr(PolicySpec, "build", spy)
     session.evaluate("h2o", STEPS + 5, "closed", recent_window=4)
     per_head = session.layers * session.kv_heads
     assert len(seen) == per_head * (STEPS - 1)  # steps 1 .. N-1 decoded, every layer and KV head
@@ -285,6 +286,25 @@ def test_sink_claim_returns_both_policies_and_their_difference(session):
 
 
 # --- input checks -------------------------------------------------------------------------------------
+
+
+@needs_torch
+def test_a_configuration_is_checked_once_when_made_and_runs_as_made(session, monkeypatch):
+    """A measurement's settings are specs made by ``Session.configuration`` (each layer's), checked there;
+    measuring them checks nothing again (the closed loop builds its policies from those very specs)."""
+    from kvsim.policies import PolicySpec
+
+    c = session.configuration("h2o", 10, {"recent_window": 3})
+    assert c.specs == (PolicySpec.of("h2o", 10, recent_window=3),) * session.layers
+    per_layer = session.configuration("h2o", 10, {"recent_window": [1, 2, 3, 3][: session.layers]})
+    assert [s["recent_window"] for s in per_layer.specs] == [1, 2, 3, 3][: session.layers]
+    with pytest.raises(ValueError, match="recent_window must be less than budget"):
+        session.configuration("h2o", 10, {"recent_window": 10})
+    made = []
+    real = PolicySpec.of.__func__
+    monkeypatch.setattr(PolicySpec, "of", classmethod(lambda cls, *a, **kw: made.append(a) or real(cls, *a, **kw)))
+    (r,) = session.evaluate_many([c], "closed")
+    assert made == [] and r["params"] == {"recent_window": 3} and r["policy"] == "h2o" and r["budget"] == 10
 
 
 @needs_torch

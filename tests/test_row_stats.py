@@ -43,7 +43,7 @@ def test_the_long_path_gives_the_dense_features_statistics_and_image(window, mon
     want_image = trace_figure.trace_image(dense)
     monkeypatch.setattr(qk, "DENSE_LIMIT", 100)
     long = _trace(window=window)
-    assert not long.derived.dense_at_hand
+    assert long.derived.no_matrix() is not None
     got = features.trace_features(long)
     assert got == want_features
     if window is None:  # a sink and both heavy hitters found (a window of 300 hides them from late rows)

@@ -50,12 +50,14 @@ def test_a_cached_full_pass_gives_the_same_numbers_without_a_tokenizer(text_path
 
 
 def test_window_truth_keeps_proxies_beside_the_truth_and_the_views_find_it(text_path, cache):
+    from kvsim.analysis.proxies import configuration
     from kvsim.models import truth
     from kvsim.models.quality import Session
     from kvsim.views import truth as vt
 
     session = Session(_tiny("llama"), ByteTokenizer(), text_path, STEPS, model_id="tiny-llama", progress=None)
-    rows = truth.window_truth(session, "h2o", 8, [1, 3, 5], recording="tiny llama (llama, LlamaForCausalLM)")
+    rows = truth.window_truth(session, "h2o", 8, [1, 3, 5], proxies=configuration,
+                              recording="tiny llama (llama, LlamaForCausalLM)")
     assert [r["recent_window"] for r in rows] == [1, 3, 5]
     for r in rows:
         assert r["kl_open"] >= 0 and 0 < r["retained_mass"] <= 1 and r["output_error"] >= 0 and "value_mass_late" in r
@@ -69,7 +71,7 @@ def test_window_truth_keeps_proxies_beside_the_truth_and_the_views_find_it(text_
     text = vt.sentence(found, vt.layer_pick(4, "L00", STEPS, 0.005))
     assert f"least at {v['truth_window']} (KL {v['kl_best']:.4f})" in text and f"{100 * v['cost']:+.0f}% KL" in text
     # the same figures read again from the cache, not measured: the proxies too
-    again = truth.window_truth(session, "h2o", 8, [1, 3, 5])
+    again = truth.window_truth(session, "h2o", 8, [1, 3, 5], proxies=configuration)
     assert [r["output_error"] for r in again] == [r["output_error"] for r in rows] and all(r["cached_open"] for r in again)
 
 

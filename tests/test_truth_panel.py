@@ -44,8 +44,8 @@ def _recording(tmp_path, values: bool):
 
 
 def test_a_recording_with_values_shows_the_output_errors_pick_beside_the_masss(tmp_path, monkeypatch):
+    from kvsim.analysis import proxies as px
     from kvsim.data.trace import load_npz
-    from kvsim.sim import proxies as px
     from kvsim.views import truth as vt
 
     monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "cache"))

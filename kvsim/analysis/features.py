@@ -135,9 +135,7 @@ class _Sums:
 def attention_of(trace: Trace, progress=None):
     """What the detectors read of ``trace``: its matrix, or, past the length where the matrix can be
     had (a long query/key trace), the sums of one pass over its rows (``progress`` told during it)."""
-    if trace.derived.dense_at_hand:
-        return _Matrix(trace.attention)
-    return _Sums(trace.derived.row_stats(progress))
+    return trace.derived.whole(_Matrix, _Sums, progress)
 
 
 def _read(attention):

@@ -34,9 +34,12 @@ def describe(
     for name, value in (("band", band), ("top_k", top_k), ("sinks", sinks)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if not trace.derived.dense_at_hand:
-        return described_from_sums(trace.derived.row_stats(), band, top_k, sinks)
-    A = trace.attention
+    return trace.derived.whole(lambda A: _described(A, band, top_k, sinks, chunk),
+                               lambda stats: described_from_sums(stats, band, top_k, sinks))
+
+
+def _described(A: np.ndarray, band: int, top_k: int, sinks: int, chunk: int) -> dict:
+    """``describe`` of a dense matrix, ``chunk`` rows at a time."""
     n = A.shape[0]
     T = n - 1
     sink = np.full(n, np.nan)

@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from ..sim.proxies import PROXIES
+from .proxies import PROXIES
 from .windows import regret, spearman
 
 #: the losses the study checks the proxies against (regret is defined for the non-negative ones)

@@ -14,7 +14,7 @@ from ..data.trace import Trace
 from ..policies.upper_bound import upper_bound_summary
 from ..sim.harness import DEFAULT_TOP_K
 from .metrics import describe
-from .windows import choose_window
+from .windows import best_row, choose_window
 
 TABLE_BUDGET = 256
 
@@ -66,7 +66,7 @@ def build_table(trace: Trace, budget: int = TABLE_BUDGET, top_k: int = DEFAULT_T
     """Measure every row of ``ROWS``, the h2o sweep and (on the canonical trace at budget 256, or when
     ``targets`` is True) the eight calibration targets. A JSON-ready dict."""
     # the engine loads with the first measurement, not with this module (the CLI's --help reads TABLE_BUDGET)
-    from ..sim.simulate import best, replay, sweep
+    from ..sim.simulate import replay, sweep
 
     measured: dict[tuple, dict] = {}
 
@@ -96,7 +96,7 @@ def build_table(trace: Trace, budget: int = TABLE_BUDGET, top_k: int = DEFAULT_T
             rows.append({**entry, "retained_mass": None, "top_k_recall": None, "refused": " ".join(str(e).split())})
             continue
         rows.append({**entry, "retained_mass": m["retained_mass"], "top_k_recall": m["top_k_recall"]})
-    top = best(sweep_rows) if sweep_rows else None
+    top = best_row(sweep_rows) if sweep_rows else None
     out = {
         "trace": trace.name,
         "steps": trace.steps,

@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..data.trace import Trace, load_npz
-from ..policies import POLICIES, policy_params
+from ..policies import POLICIES, PolicySpec, policy_params
 from ..progress import Progress
-from ..sim import proxies as px
 from ..sim.harness import DEFAULT_TOP_K
-from .windows import TOLERANCE, WindowChoice, covers, pick
+from . import proxies as px
+from .windows import TOLERANCE, WindowChoice, best_of, covers, pick
 
 if TYPE_CHECKING:  # bundles, query/key files and the engine load when a tune runs: the CLI's parser reads BY
     from ..data.bundle import Bundle
@@ -257,12 +257,19 @@ def _load(payload: bytes | Trace | str, name: str) -> Trace:
     return load_qk(payload) if is_qk_path(payload) else load_npz(payload)
 
 
-def tune_trace(trace: Trace, policy: str, budget: int, windows: list[int], top_k: int = DEFAULT_TOP_K,
-               **params) -> dict:
-    """One trace's sweep and baselines as plain lists and floats (what a Dask worker sends back)."""
+def window_specs(policy: str, budget: int, windows: Sequence[int], params: dict) -> list[PolicySpec]:
+    """The configuration of each window a tune sweeps, made (and so checked) once, before any trace
+    is read: a bad value fails here, in the spec's one line, not in a worker."""
+    return [PolicySpec.of(policy, budget, **params, **{PARAM: int(w)}) for w in windows]
+
+
+def tune_trace(trace: Trace, specs: Sequence[PolicySpec], top_k: int = DEFAULT_TOP_K) -> dict:
+    """One trace's sweep of ``specs`` (``window_specs``) and the baselines at their budget, as plain
+    lists and floats (what a Dask worker sends back)."""
     from ..sim.simulate import sweep
 
-    rows = sweep(trace, policy, budget, PARAM, windows, top_k=top_k, **params)
+    rows = sweep(trace, specs, top_k=top_k)
+    budget = specs[0].budget
     base = {}
     for p in BASELINES:  # a one-value sweep over budget: the fast engine, the policy's defaults
         r = sweep(trace, p, budget, "budget", [budget], top_k=top_k)[0]
@@ -271,8 +278,8 @@ def tune_trace(trace: Trace, policy: str, budget: int, windows: list[int], top_k
             "top_k_recall": [float(r["top_k_recall"]) for r in rows], "baselines": base}
 
 
-def _run_unit(payload, name: str, policy: str, budget: int, windows: list[int], top_k: int, params: dict) -> dict:
-    return tune_trace(_load(payload, name), policy, budget, windows, top_k=top_k, **params)
+def _run_unit(payload, name: str, specs: list[PolicySpec], top_k: int) -> dict:
+    return tune_trace(_load(payload, name), specs, top_k=top_k)
 
 
 def _check(policy: str, budget: int, windows: list[int], tolerance: float, params: dict) -> None:
@@ -345,6 +352,7 @@ def tune(
         raise TuneError("--per-layer needs a bundle (a recording of every layer): the truth changes every layer's window")
     windows = list(range(1, budget)) if windows is None else [int(w) for w in windows]
     _check(policy, budget, windows, tolerance, params)
+    specs = window_specs(policy, budget, windows, params)
     units = _units(source)
     if not units:
         raise TuneError("nothing to tune: no traces")
@@ -358,11 +366,11 @@ def tune(
     if scheduler is None:
         results = []
         for i, u in enumerate(units):
-            results.append(_run_unit(u.payload, u.name, policy, budget, windows, top_k, params))
+            results.append(_run_unit(u.payload, u.name, specs, top_k))
             say(i + 1, u.name)
         run = {"executor": "serial", "workers": 1}
     else:
-        results, run = _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, params)
+        results, run = _run_dask(units, scheduler, workers, say, specs, top_k)
     run["sweep_seconds"] = round(time.perf_counter() - t0, 2)
     tunings = tuple(_tuning(u, r, windows, tolerance) for u, r in zip(units, results, strict=True))
     result = TuneResult(source=name, policy=policy, budget=budget, windows=windows, tolerance=tolerance, top_k=top_k,
@@ -528,7 +536,7 @@ def _deeper_half(traces: Sequence[TraceTuning]) -> list[bool]:
 
 
 def _best(by: str, windows: list[int], curve: list[float], sign: int, note: str | None) -> dict:
-    i = int(np.argmax(sign * np.asarray(curve, dtype=np.float64)))
+    i = best_of(curve, sign)
     return {"by": by, "windows": list(windows), "curve": list(curve), "model_window": int(windows[i]),
             "value": float(curve[i]), "note": note}
 
@@ -580,7 +588,7 @@ def dask_client(scheduler: str, workers: int | None = None):
         yield client, ("local" if scheduler == LOCAL else scheduler)
 
 
-def _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, params) -> tuple[list[dict], dict]:
+def _run_dask(units, scheduler, workers, say, specs, top_k) -> tuple[list[dict], dict]:
     from distributed import as_completed
 
     with dask_client(scheduler, workers) as (client, address):
@@ -593,7 +601,7 @@ def _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, pa
                 with open(payload, "rb") as f:
                     payload = f.read()
             data = client.scatter(payload)  # sent to a worker once, not embedded in the task graph (64 MB at 4096 steps)
-            futures.append(client.submit(_run_unit, data, u.name, policy, budget, windows, top_k, params,
+            futures.append(client.submit(_run_unit, data, u.name, specs, top_k,
                                          pure=False, key=f"kvsim-tune-{u.name}-{os.getpid()}-{time.time_ns()}"))
         index = {f.key: i for i, f in enumerate(futures)}
         results: list[dict | None] = [None] * len(futures)
@@ -604,5 +612,5 @@ def _run_dask(units, scheduler, workers, say, policy, budget, windows, top_k, pa
 
 
 __all__ = ["AUTO", "BASELINES", "BEST_PROXY", "BY", "DEFAULT_BY", "GROUPS", "PROXY_CAVEAT", "SEARCH_STEP", "TOLERANCE",
-           "TRUTH_BY", "TraceTuning", "TuneError", "TuneResult", "candidate_windows", "dask_available", "dask_client", "layer_groups",
-           "recording_identity", "search_layer_windows", "tune", "tune_trace"]
+           "TRUTH_BY", "TraceTuning", "TuneError", "TuneResult", "candidate_windows", "dask_available", "dask_client",
+           "layer_groups", "recording_identity", "search_layer_windows", "tune", "tune_trace", "window_specs"]

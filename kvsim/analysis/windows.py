@@ -1,7 +1,9 @@
 """The one rule that names a recent_window "best" and "recommended", wherever one is shown (the app's
-curve, ``kvsim sweep``, ``table``, ``claims``, ``tune`` and the model view).
+curve, ``kvsim sweep``, ``table``, ``claims``, ``tune``, the truth view and the model view).
 
-- **best**: the window with the largest retained mass, the smallest of equal ones;
+- **best**: the window with the largest retained mass, the smallest of equal ones (``best_of``: of any
+  figure, larger or smaller better; ``best_row``: of a sweep's rows; ``sweep_coarse_to_fine`` searches
+  a wide range by it);
 - **recommended**: the smallest window whose retained mass is within ``tolerance`` (``TOLERANCE``,
   0.005) of the best's. Past it the curve is flat, and a smaller window leaves more of the cache to
   the heavy hitters.
@@ -19,8 +21,13 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..progress import Progress
+from ..sim.harness import DEFAULT_TOP_K
+
 #: a window is recommended when its retained mass is within this much of the best's
 TOLERANCE = 0.005
+#: the parameter the rule chooses: a policy's ``recent_window`` (the curve, the tune and the truth sweep it)
+WINDOW = "recent_window"
 
 
 @dataclass(frozen=True)
@@ -46,16 +53,82 @@ class WindowChoice:
         return asdict(self)
 
 
+def best_of(figure: Sequence[float] | np.ndarray, sign: int = +1) -> int:
+    """The index of the best of ``figure`` (ordered by ascending window): the largest ``sign * figure``
+    (``sign`` -1 for a loss such as the truth's KL), the first of equal ones."""
+    f = np.asarray(figure, dtype=np.float64)
+    if f.size == 0:
+        raise ValueError("no windows to choose from")
+    return int(np.argmax(sign * f))
+
+
+def best_row(rows: Sequence[Mapping], metric: str = "retained_mass") -> Mapping:
+    """The row of a sweep with the largest ``metric``; the first such row on ties (the smallest swept
+    value when the values ascend)."""
+    if not rows:
+        raise ValueError("no rows")
+    return rows[best_of([r[metric] for r in rows])]
+
+
 def pick(mass: Sequence[float] | np.ndarray, tolerance: float = TOLERANCE) -> tuple[int, int]:
     """Indices into ``mass`` (ordered by ascending window): the best (the first of equal masses) and
     the recommended (the first within ``tolerance`` of the best)."""
     m = np.asarray(mass, dtype=np.float64)
-    if m.size == 0:
-        raise ValueError("no windows to choose from")
     if not tolerance >= 0:
         raise ValueError(f"tolerance must be at least 0, got {tolerance}")
-    best = int(np.argmax(m))
+    best = best_of(m)
     return best, int(np.flatnonzero(m >= m[best] - tolerance)[0])
+
+
+def sweep_coarse_to_fine(
+    trace,
+    policy,
+    budget: int,
+    param: str,
+    low: int,
+    high: int,
+    *,
+    marks: Iterable[int] = (),
+    points: int = 32,
+    refine: bool = True,
+    top_k: int = DEFAULT_TOP_K,
+    progress: Progress | None = None,
+    **params,
+) -> list[dict]:
+    """A sweep (``kvsim.sim.simulate.sweep``) of ``param`` over ``low .. high`` that costs a few times
+    ``points`` replays however wide the range: an even grid of about ``points`` values plus ``marks``
+    (values a view must show exactly: a default, a band, the current setting); then, with ``refine``,
+    grids eight times finer around the best so far (``best_row``), down to every value next to it. The
+    maximum is found exactly when the curve has one peak (else the best of the values tried). Rows come
+    back sorted by ``param``; when the range has at most ``points`` values it is simply the full sweep.
+    ``policy``: a ``PolicySpec`` (its ``param`` replaced at each value) or a registry name.
+    """
+    from ..sim.simulate import sweep  # the engine loads with the first sweep, not with the rule
+
+    if high < low:
+        raise ValueError(f"sweep over {param} needs low <= high, got {low}..{high}")
+    points = max(2, points)
+    stride = max(1, -(-(high - low + 1) // points))
+    done: dict[int, dict] = {}
+    todo = sorted(set(range(low, high + 1, stride)) | {high} | {m for m in marks if low <= m <= high})
+    rounds = 1
+    while stride > 1 and refine:  # how many refinements will follow: for the progress fraction
+        stride = max(1, stride // 8)
+        rounds += 1
+    stride = max(1, -(-(high - low + 1) // points))
+    for r in range(rounds):
+        report = None if progress is None else (lambda f, r=r: progress((r + f) / rounds))
+        for row in sweep(trace, policy, budget, param, todo, top_k=top_k, progress=report, **params) if todo else []:
+            done[row[param]] = row
+        if r == rounds - 1:
+            break
+        peak = best_row([done[v] for v in sorted(done)])[param]
+        finer = max(1, stride // 8)
+        todo = [v for v in range(max(low, peak - stride + 1), min(high, peak + stride - 1) + 1, finer) if v not in done]
+        stride = finer
+    if progress is not None:
+        progress(1.0)
+    return [done[v] for v in sorted(done)]
 
 
 def covers(windows: Iterable[int], budget: int) -> bool:
@@ -71,7 +144,7 @@ def choose_window(
     tolerance: float = TOLERANCE,
     budget: int | None = None,
     exact: bool | None = None,
-    param: str = "recent_window",
+    param: str = WINDOW,
     metric: str = "retained_mass",
 ) -> WindowChoice:
     """The best and recommended windows of a sweep: ``rows`` (dicts with ``param`` and ``metric``) or
@@ -130,10 +203,11 @@ def regret(score: Sequence[float], truth: Sequence[float]) -> float:
     s, t = np.asarray(score, dtype=np.float64), np.asarray(truth, dtype=np.float64)
     if s.size == 0 or s.shape != t.shape:
         raise ValueError("regret needs one truth per score, at least one")
-    picked, best = float(t[int(np.argmax(s))]), float(t.min())
+    picked, best = float(t[best_of(s)]), float(t[best_of(t, -1)])
     if best <= 0:
         return 0.0 if picked <= best else float("inf")
     return picked / best - 1.0
 
 
-__all__ = ["TOLERANCE", "WindowChoice", "choose_window", "covers", "pick", "ranks", "regret", "spearman"]
+__all__ = ["TOLERANCE", "WINDOW", "WindowChoice", "best_of", "best_row", "choose_window", "covers", "pick", "ranks", "regret",
+           "spearman", "sweep_coarse_to_fine"]

@@ -48,8 +48,6 @@ def row_stats(trace: kvsim.Trace) -> None:
     """For a trace too long for its dense matrix, the one pass over its rows that its features,
     statistics and picture are drawn from, with a progress bar the first time on this machine (about
     a minute at 32k steps; then read from the disk cache). Other traces: nothing."""
-    if trace.derived.dense_at_hand:
-        return
     bar = []
 
     def progress(fraction, note=""):
@@ -58,7 +56,7 @@ def row_stats(trace: kvsim.Trace) -> None:
         bar[0].progress(min(1.0, fraction or 0.0), text=f"{trace.steps} steps: reading every row once, for the picture and "
                                                          "the statistics (kept on disk after: once per machine)")
 
-    trace.derived.row_stats(progress)
+    trace.derived.prepare_whole(progress)
     if bar:
         bar[0].empty()
 

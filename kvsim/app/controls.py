@@ -48,7 +48,7 @@ class Settings:
     @classmethod
     def read(cls, trace: kvsim.Trace) -> Settings:
         budget = int(st.session_state["budget"])
-        left_out = () if trace.derived.dense_at_hand else tuple(dense_only())
+        left_out = () if trace.derived.no_matrix() is None else tuple(dense_only())
         specs = {name: spec_for(name, budget) for name in kvsim.POLICIES}
         for name in left_out:
             specs[name] = (f"{name} reads the whole attention matrix, which a trace of {trace.steps} steps stored as queries "

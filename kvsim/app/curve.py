@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import streamlit as st
 
 import kvsim
+from kvsim.analysis.windows import WINDOW, sweep_coarse_to_fine
 from kvsim.policies import PolicySpec, describe_policy
 from kvsim.policies.upper_bound import upper_bound_summary
-from kvsim.sim.simulate import sweep_coarse_to_fine
 from kvsim.views import figures, story
 
 from . import cache, services, state
@@ -79,18 +79,16 @@ def sweep_curve(trace: kvsim.Trace, spec: PolicySpec, marks: tuple[int, ...], pe
     background, then (the primary curve) every window, so that its exact best is marked once known;
     what is still running is said in ``pending``."""
     name, budget = spec.name, spec.budget
-    fixed = {k: v for k, v in spec.kwargs.items() if k != "recent_window"}
-    span = f"{name} over recent_window 1 .. {budget - 1}"
+    span = f"{name} over {WINDOW} 1 .. {budget - 1}"
     every = every_window(trace, budget, primary)
     store = cache.sweeps()
     key = (trace.fingerprint, spec.replace(recent_window=1), TOP_K, "every" if every else "sampled")
 
     def exact(progress=None) -> list[dict]:
         if every:
-            return kvsim.sweep(trace, name, budget, "recent_window", range(1, budget), top_k=TOP_K, progress=progress,
-                               **fixed)
-        return sweep_coarse_to_fine(trace, name, budget, "recent_window", 1, budget - 1, marks=marks,
-                                    points=curve_points(budget), top_k=TOP_K, progress=progress, **fixed)
+            return kvsim.sweep(trace, spec, None, WINDOW, range(1, budget), top_k=TOP_K, progress=progress)
+        return sweep_coarse_to_fine(trace, spec, None, WINDOW, 1, budget - 1, marks=marks, points=curve_points(budget),
+                                    top_k=TOP_K, progress=progress)
 
     def drawn() -> list[dict]:  # the exact sweep with its progress bar, drawn by the run that sweeps
         bar = st.progress(0.0, text=f"replaying {span}")
@@ -101,11 +99,11 @@ def sweep_curve(trace: kvsim.Trace, spec: PolicySpec, marks: tuple[int, ...], pe
     def coarse() -> list[dict]:  # a companion is drawn once its exact sweep is known
         if not primary:
             return []
-        return sweep_coarse_to_fine(trace, name, budget, "recent_window", 1, budget - 1, marks=marks,
-                                    points=COARSE_POINTS, refine=False, top_k=TOP_K, **fixed)
+        return sweep_coarse_to_fine(trace, spec, None, WINDOW, 1, budget - 1, marks=marks, points=COARSE_POINTS,
+                                    refine=False, top_k=TOP_K)
 
     def add(missing: list[int]) -> list[dict]:  # a mark the first sweep did not include (a new current setting)
-        return kvsim.sweep(trace, name, budget, "recent_window", missing, top_k=TOP_K, **fixed)
+        return kvsim.sweep(trace, spec, None, WINDOW, missing, top_k=TOP_K)
 
     within = [m for m in marks if 1 <= m <= budget - 1]
     waiting = lambda: st.spinner(f"another session is replaying {span}")  # noqa: E731

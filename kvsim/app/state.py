@@ -272,7 +272,7 @@ def choose_trace() -> kvsim.Trace:
     except kvsim.TraceError as e:
         st.error(f"{e}; showing {CANONICAL} instead")
         return cache.load_named_trace(CANONICAL)
-    if not trace.derived.dense_at_hand:
+    if trace.derived.no_matrix() is not None:
         cache.row_stats(trace)
         out = dense_only()
         left = (f" {' and '.join(out)} {'reads' if len(out) == 1 else 'read'} the whole matrix (at most {qk.DENSE_LIMIT} steps) "

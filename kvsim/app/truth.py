@@ -12,7 +12,7 @@ import numpy as np
 import streamlit as st
 
 import kvsim
-from kvsim.analysis.windows import choose_window
+from kvsim.analysis.windows import best_of, choose_window
 from kvsim.data.catalog import available_bundles
 from kvsim.views import truth as vt
 
@@ -35,7 +35,7 @@ def _output_error_pick(trace: kvsim.Trace, policy: str, budget: int, windows: tu
     window, kept sets recorded), or None when it cannot be computed on the trace (``fallback_note``: no
     values, or no whole rows) or a window is refused. ``values_key`` (``_values_key``) keys the cache by
     the values too: a trace's fingerprint is of its attention only."""
-    from kvsim.sim import proxies as px
+    from kvsim.analysis import proxies as px
 
     if px.fallback_note(trace, "output_error") is not None:
         return None
@@ -43,7 +43,7 @@ def _output_error_pick(trace: kvsim.Trace, policy: str, budget: int, windows: tu
         rows = px.sweep(trace, policy, budget, "recent_window", list(windows))
     except ValueError:
         return None
-    return int(windows[min(range(len(rows)), key=lambda i: rows[i]["output_error"])])
+    return int(windows[best_of([r["output_error"] for r in rows], px.PROXIES["output_error"].sign)])
 
 
 def _values_key(trace: kvsim.Trace) -> str | None:
@@ -106,7 +106,7 @@ def truth_panel(trace: kvsim.Trace, policy: str, budget: int, rows: list[dict], 
         if value is not None:
             st.markdown(vt.sentence(truth, value), help="The relative error of this layer's attention output, "
                         "the kept weights renormalised times the values, against the full cache's, averaged over the "
-                        "steps (kvsim.sim.proxies), at each window the truth was measured at: the value-aware proxy "
+                        "steps (kvsim.analysis.proxies), at each window the truth was measured at: the value-aware proxy "
                         "docs/proxies.md finds best (over the deeper half of a model's layers)")
         elif getattr(trace, "values", None) is None:
             st.caption("This trace carries no values, so the value-aware proxies (docs/proxies.md) fall back to "
@@ -168,15 +168,15 @@ def _start(key: tuple, meta: dict, policy: str, budget: int) -> None:
 
     def work():
         try:
+            from kvsim.analysis.proxies import configuration, even_windows
             from kvsim.models import quality, truth
             from kvsim.models.errors import RecordError
-            from kvsim.sim.proxies import even_windows
 
             try:
                 model, text, steps = truth.recording_source(meta)
                 session = quality.open_session(text, steps, model, progress=progress)
-                truth.window_truth(session, policy, budget, even_windows(budget, CANDIDATES), progress=progress,
-                                   recording=str(meta.get("model")))
+                truth.window_truth(session, policy, budget, even_windows(budget, CANDIDATES), proxies=configuration,
+                                   progress=progress, recording=str(meta.get("model")))
             except (quality.QualityError, RecordError, ValueError, OSError) as e:
                 state["error"] = str(e).splitlines()[0] if str(e) else type(e).__name__
                 return

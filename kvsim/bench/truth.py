@@ -43,15 +43,17 @@ def run(progress: Progress | None = None, steps: int = STEPS) -> dict:
     session_s = time.perf_counter() - t0
     fresh = dict(use_cache=False, write_cache=True)  # measured afresh; kept for tune --by kl and the views
     t0 = time.perf_counter()
-    one = session.measure_many([("h2o", BUDGET, {"recent_window": WINDOW})], "open", **fresh)[0]
+    one = session.measure_many([session.configuration("h2o", BUDGET, {"recent_window": WINDOW})], "open", **fresh)[0]
     one_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    rows = session.measure_many([("h2o", BUDGET, {"recent_window": w}) for w in WINDOWS], "open", **fresh)
+    rows = session.measure_many([session.configuration("h2o", BUDGET, {"recent_window": w}) for w in WINDOWS], "open",
+                                **fresh)
     sweep_s = time.perf_counter() - t0
+    from ..analysis.proxies import configuration
     from ..models.loading import MODEL
     from ..models.truth import window_truth
 
-    window_truth(session, "h2o", BUDGET, WINDOWS, recording=MODEL)  # the truth document, read from the cache
+    window_truth(session, "h2o", BUDGET, WINDOWS, proxies=configuration, recording=MODEL)  # the truth document, read from the cache
     same = next(r for r in rows if r["params"]["recent_window"] == WINDOW)
     doc = {
         "kind": "truth",

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import progress as protocol
+from ..analysis import proxies as px
 from ..analysis.metrics import describe, renormalised, repair_note
 from ..analysis.table import TABLE_BUDGET, build_table
 from ..analysis.windows import choose_window
@@ -21,8 +22,7 @@ from ..data.bundle import is_bundle
 from ..data.catalog import available_traces, resolve_trace
 from ..data.qk import DENSE_LIMIT
 from ..data.trace import Trace, TraceError, save_npz
-from ..policies import DEFAULT_BUDGET, POLICIES, make_policy, policy_params
-from ..sim import proxies as px
+from ..policies import DEFAULT_BUDGET, POLICIES, PolicySpec, policy_params
 from ..sim.simulate import replay, sweep
 from . import report
 from .errors import CLIError, InputError, flag, input_error, read_input
@@ -55,15 +55,12 @@ def _policy_args(args: argparse.Namespace) -> dict:
 
 
 def cmd_replay(args: argparse.Namespace) -> object:
-    params = _policy_args(args)
-    budget = DEFAULT_BUDGET if args.budget is None else args.budget
-    if not POLICIES[args.policy].needs_trace:
-        make_policy(args.policy, budget=budget, **params)  # refuse bad parameters before loading the trace
+    # the one validation: a bad value is refused before the trace loads, and the spec is what replays
+    spec = PolicySpec.of(args.policy, DEFAULT_BUDGET if args.budget is None else args.budget, **_policy_args(args))
     trace = load(args.trace)
     with report.step("replay", f"replaying {args.policy} on {trace.name}") as progress:
         report.prepare([args.policy], progress)
-        result = replay(trace, args.policy, budget=budget, top_k=args.top_k, progress=progress, record_kept=args.proxies,
-                        **params)
+        result = replay(trace, spec, top_k=args.top_k, progress=progress, record_kept=args.proxies)
     return {"trace": trace.name, **(_measured(trace, px.summary(trace, result)) if args.proxies else result.summary())}
 
 
@@ -115,8 +112,8 @@ def cmd_describe(args: argparse.Namespace) -> object:
     """The trace's statistics; a trace whose rows the loader renormalised also carries ``renormalised``
     (rows, min_sum, max_sum, tolerance) and ``note`` (``repair_note``'s sentence)."""
     trace = load(args.trace)
-    if not trace.derived.dense_at_hand:  # one pass over every row first, kept on disk: said on stderr
-        trace.derived.row_stats(protocol.stderr("kvsim describe"))
+    # a trace past its dense length is described from one pass over every row, kept on disk: said on stderr
+    trace.derived.prepare_whole(protocol.stderr("kvsim describe"))
     try:
         doc = {"trace": trace.name, **describe(trace, band=args.band, top_k=args.top_k)}
     except ValueError as e:  # what the row pass does not keep: said in the flag's terms
@@ -132,7 +129,7 @@ def cmd_export(args: argparse.Namespace) -> object:
     if out.suffix != ".npz":
         raise CLIError(f"--out: {args.out} must end in .npz")
     trace = load(args.trace)
-    if not trace.derived.dense_at_hand:
+    if trace.derived.no_matrix() is not None:
         raise InputError(f"--trace {args.trace}: a query/key trace of {trace.steps} steps; export writes the dense "
                          f"interchange format only up to {DENSE_LIMIT} steps ({DENSE_LIMIT + 1}^2 weights)")
     try:
@@ -265,8 +262,8 @@ class _Truth:
         self.counts["read"] += len(jobs) - len(todo)
         if todo:
             try:
-                got = truth.window_truth(self._open(), args.policy, args.budget, todo, use_cache=not args.no_cache,
-                                         progress=self.say, recording=self.recording)
+                got = truth.window_truth(self._open(), args.policy, args.budget, todo, proxies=px.configuration,
+                                         use_cache=not args.no_cache, progress=self.say, recording=self.recording)
             except (quality.QualityError, RecordError) as e:
                 raise InputError(f"{args.trace}: {e}") from None
             self.counts["measured"] += sum(not r.get("cached_open") for r in got)
@@ -286,9 +283,11 @@ class _Truth:
         per_layer = [c for c in configs if len(set(c)) > 1]
         measured = {}
         if per_layer:
-            jobs = [(self.args.policy, self.args.budget, {"recent_window": list(c)}) for c in per_layer]
             try:
-                rows = self._open().measure_many(jobs, "open", use_cache=not self.args.no_cache)
+                session = self._open()
+                jobs = [session.configuration(self.args.policy, self.args.budget, {"recent_window": list(c)})
+                        for c in per_layer]
+                rows = session.measure_many(jobs, "open", use_cache=not self.args.no_cache)
             except (quality.QualityError, RecordError) as e:
                 raise InputError(f"{self.args.trace}: {e}") from None
             self.counts["measured"] += sum(not r["cached"] for r in rows)
@@ -392,8 +391,8 @@ def _quality_plan(args: argparse.Namespace) -> tuple[list[str], list[int], dict,
     for param in params:
         if param not in taken:
             raise CLIError(f"{flag(param)} does not apply to {', '.join(names)}")
-    if args.policy and not swept and len(budgets) == 1 and not POLICIES[args.policy].needs_trace:
-        make_policy(args.policy, budget=budgets[0], **params)  # refuse bad parameters before loading a model
+    if args.policy and not swept and len(budgets) == 1:
+        PolicySpec.of(args.policy, budgets[0], **params)  # refuse bad parameters before loading a model
     return names, budgets, params, swept
 
 

@@ -74,6 +74,7 @@ def _plan(args: argparse.Namespace) -> tuple[list[Path], list[int], dict]:
 
 
 def cmd_proxies(args: argparse.Namespace) -> dict:
+    from ..analysis.proxies import configuration
     from ..models import quality, truth
     from ..models.errors import RecordError
 
@@ -94,8 +95,8 @@ def cmd_proxies(args: argparse.Namespace) -> dict:
     try:
         ids = {m: quality.model_id_of(m) for m in models}
         where = {(ids[m], t, b): w for m in models for (only, t, b), w in closed.items() if only in (None, m)}
-        rows = truth.study(sessions(), budgets, args.windows, where, use_cache=not args.no_cache, progress=say,
-                           sweeps=sweeps)
+        rows = truth.study(sessions(), budgets, args.windows, where, proxies=configuration, use_cache=not args.no_cache,
+                           progress=say, sweeps=sweeps)
     except (quality.QualityError, RecordError) as e:
         raise CLIError(str(e)) from None
     doc = {"plan": {"models": models, "texts": [t.name for t in texts], "budgets": budgets, "steps": args.steps,

@@ -49,7 +49,7 @@ def _numeric(s: str) -> bool:
     return True
 
 
-#: the value-aware proxies a ``--proxies`` document carries (``kvsim.sim.proxies.VALUE_PROXIES``)
+#: the value-aware proxies a ``--proxies`` document carries (``kvsim.analysis.proxies.VALUE_PROXIES``)
 PROXY_COLUMNS = ("value_mass", "output_error", "output_shift")
 
 

@@ -14,12 +14,14 @@ reads them back (the top-k positions here, features and ``describe`` through ``s
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 from pathlib import Path
 
 import numpy as np
 
 from ..jit import kernel
+from ..progress import Progress
 from .files import atomic_write
 
 
@@ -34,11 +36,34 @@ class TraceStore:
         self._topk: dict[int, np.ndarray] = {}
         self._masks: dict[int, np.ndarray] = {}
 
-    #: whether rows are computed on demand (a query/key trace) rather than read from a matrix
-    on_demand = False
     #: whether the dense matrix can be had here (what whole-row readers need: the offline references,
-    #: the features, the value proxies, export); a query/key trace's only up to ``qk.DENSE_LIMIT`` steps
+    #: the features, the value proxies, export); a query/key trace's only up to ``qk.DENSE_LIMIT`` steps.
+    #: Read by the data layer alone: the layers above ask the store for what they need (``no_matrix``,
+    #: ``whole``, ``prepare_whole``, ``row_scratch``, ``kernel_view``) and never which kind it is.
     dense_at_hand = True
+
+    def no_matrix(self) -> str | None:
+        """Why the dense matrix cannot be had here, in words that name the trace's steps and the limit
+        (what a whole-matrix reader says when it is refused); None when it can."""
+        return None
+
+    def whole(self, matrix, sums, progress: Progress | None = None):
+        """What a reader of every weight finishes from: ``matrix(A)`` of the dense matrix where it can be
+        had, else ``sums(stats)`` of one pass over every row (``kvsim.data.row_stats``, ``progress``
+        told during it). The reader says what it does with each; the store which one it has."""
+        return matrix(self._attention)
+
+    def prepare_whole(self, progress: Progress | None = None) -> None:
+        """Do now, telling ``progress``, the slow part of what ``whole`` reads (the pass over every row
+        of a trace past its dense length, kept on disk); nothing where the matrix is at hand."""
+
+    def row_scratch(self) -> np.ndarray | None:
+        """The ``out`` that ``row`` writes into, made once per replay (None: rows are read, not made)."""
+        return None
+
+    def kernel_view(self, steps_per_call: int) -> KernelView:
+        """The attention as the engine's kernels read it, a call's steps at a time (``KernelView``)."""
+        return KernelView(self.kernel_attention())
 
     @property
     def steps(self) -> int:
@@ -146,6 +171,34 @@ class TraceStore:
         except OSError:  # an unwritable cache costs the computation next time, nothing else
             pass
         return top
+
+
+class KernelView:
+    """The rows the engine's kernels read: ``A`` (row ``t`` at ``A[t - offset]``), ready for the steps
+    of one kernel call once ``fill`` has run. Here the whole matrix, so ``fill`` has nothing to do and
+    the engine chooses how many steps a call takes (``steps_per_call`` None)."""
+
+    steps_per_call: int | None = None
+
+    def __init__(self, A: np.ndarray) -> None:
+        self.A = A
+
+    def fill(self, t0: int, t1: int, positions) -> int:
+        """Make rows ``t0 .. t1-1`` readable in ``A`` at least at ``positions()`` (called only where
+        rows are computed); returns the offset of row ``t0``'s slot (the kernels' ``a0``)."""
+        return 0
+
+
+def block_means(attention: np.ndarray, size: int) -> tuple[np.ndarray, int]:
+    """The means of ``block`` x ``block`` blocks of rows 1..T over positions 0..T-1 (zero-padded past
+    T), at most ``size`` x ``size`` of them, and ``block``: the trace view's picture of a matrix."""
+    A = np.asarray(attention)[1:, :-1]
+    T = A.shape[0]
+    block = max(1, math.ceil(T / size))
+    n = math.ceil(T / block)
+    padded = np.zeros((n * block, n * block), dtype=np.float64)
+    padded[:T, :T] = A
+    return padded.reshape(n, block, n, block).mean(axis=(1, 3)), block
 
 
 def _check_k(k: int) -> None:

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..jit import kernel
 from . import qk_rows, row_stats
-from .derived import TraceStore, _check_k
+from .derived import KernelView, TraceStore, _check_k
 from .files import atomic_write
 from .store import cache_dir, source_version
 from .trace import MAX_META_BYTES, RENORMALISED_KEY, Trace, TraceError, _npy_header, open_npz
@@ -114,7 +114,6 @@ class QKStore(TraceStore):
         self._dense: np.ndarray | None = None
         self._stats: row_stats.RowStats | None = None
 
-    on_demand = True
     dtype = np.dtype(np.float32)
 
     @property
@@ -131,6 +130,25 @@ class QKStore(TraceStore):
     @property
     def dense_at_hand(self) -> bool:
         return self.steps <= DENSE_LIMIT
+
+    def no_matrix(self) -> str | None:
+        if self.dense_at_hand:
+            return None
+        return (f"{self.name}: a query/key trace of {self.steps} steps has no dense matrix here "
+                f"(at most {DENSE_LIMIT} steps; its rows are computed on demand)")
+
+    def whole(self, matrix, sums, progress=None):
+        return matrix(self.dense()) if self.dense_at_hand else sums(self.row_stats(progress))
+
+    def prepare_whole(self, progress=None) -> None:
+        if not self.dense_at_hand:
+            self.row_stats(progress)
+
+    def row_scratch(self) -> np.ndarray:
+        return np.zeros((1, self.data.positions), dtype=np.float32)
+
+    def kernel_view(self, steps_per_call: int) -> _RowsView:
+        return _RowsView(self, steps_per_call)
 
     def normalisers(self, progress=None) -> tuple[np.ndarray, np.ndarray]:
         """``(lse, denom)``: float64 ``(G, N)`` and ``(N,)``, every row's, from disk when kept there."""
@@ -245,8 +263,7 @@ class QKStore(TraceStore):
         with self._lock:
             if self._dense is None:
                 if not self.dense_at_hand:
-                    raise TraceError(f"{self.name}: a query/key trace of {self.steps} steps has no dense matrix here "
-                                     f"(at most {DENSE_LIMIT} steps; its rows are computed on demand)")
+                    raise TraceError(self.no_matrix())
                 N = self.data.positions
                 A = np.zeros((N, N), dtype=np.float32)
                 every = np.arange(N, dtype=np.int64)
@@ -270,6 +287,23 @@ class QKStore(TraceStore):
                 mask[rows, top[top >= 0]] = 1
                 self._masks[k] = mask
             return self._masks[k]
+
+
+class _RowsView(KernelView):
+    """``KernelView`` of a query/key trace: a call's rows computed into ``A`` (``steps_per_call`` rows,
+    read-only to the kernels, so that they take it with the dense matrix's type: one compiled signature
+    for both kinds of trace) at the positions the engine says it may read in them."""
+
+    def __init__(self, store: QKStore, steps_per_call: int) -> None:
+        self.store, self.steps_per_call = store, steps_per_call
+        self.rows = np.zeros((steps_per_call, store.data.positions), dtype=np.float32)
+        view = self.rows.view()
+        view.flags.writeable = False
+        super().__init__(view)
+
+    def fill(self, t0: int, t1: int, positions) -> int:
+        self.store.weights_block(t0, t1, np.asarray(positions(), dtype=np.int64), self.rows)
+        return t0
 
 
 @kernel

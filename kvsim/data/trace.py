@@ -50,7 +50,7 @@ class Trace:
     name: str = "trace"
     meta: dict = field(default_factory=dict)
     #: optional ``(T + 1, d)`` value vectors of the KV head, row p for position p (the value-aware
-    #: proxies read them, ``kvsim.sim.proxies``); None for a trace recorded without them
+    #: proxies read them, ``kvsim.analysis.proxies``); None for a trace recorded without them
     values: np.ndarray | None = None
     #: what is derived from the attention alone, computed once (``kvsim.data.derived``)
     derived: TraceStore = field(init=False, repr=False)

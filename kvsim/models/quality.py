@@ -37,6 +37,7 @@ import json
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +45,7 @@ import numpy as np
 from ..data.files import atomic_write
 from ..data.store import cache_dir
 from ..data.trace import Trace, from_array
-from ..policies import POLICIES, make_policy
+from ..policies import POLICIES, PolicySpec
 from ..progress import Progress, scaled, stderr
 from .decode import ClosedLoopDecoder, MaskedPass, hidden_states, layer_params, replay_masks
 from .errors import QualityError, RecordError
@@ -59,6 +60,34 @@ MODES = ("closed", "open")
 HEAPQ_SHA256 = "6d43277e5c76fc0f073cd388fcff852d14d068f6bb6d4886c340f8b75a1229a9"
 #: the default progress: lines on stderr
 QUALITY_STDERR = stderr("kvsim quality")
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """What one measurement runs, validated once, when ``Session.configuration`` makes it: the policy's
+    ``PolicySpec`` in each layer (one spec in every layer, unless a tune set a window per layer), and
+    the parameters as they were asked for (``asked``: what a truth document's row and the proxies'
+    cache name, ``{"recent_window": 8}`` rather than every default filled in)."""
+
+    specs: tuple[PolicySpec, ...]
+    asked: dict
+
+    @property
+    def policy(self) -> str:
+        return self.specs[0].name
+
+    @property
+    def budget(self) -> int:
+        return self.specs[0].budget
+
+    @property
+    def params(self) -> dict:
+        """The policy's own parameters, defaults filled in, as a result names them and its cache keys it:
+        one value where every layer has it, a list of per-layer values where they differ."""
+        own = [s.kwargs for s in self.specs]
+        if all(o == own[0] for o in own):
+            return own[0]  # the same in every layer: keyed as a model-wide setting, so both name one measurement
+        return {k: [o[k] for o in own] if any(o[k] != own[0][k] for o in own) else own[0][k] for k in own[0]}
 
 
 # --- the text and the model ---------------------------------------------------------------------
@@ -256,51 +285,46 @@ class Session:
 
     # --- the two modes ---------------------------------------------------------------------------
 
-    def _policies(self, policy: str, budget: int, params: dict):
-        per_layer = layer_params(params, self.layers)
-        return [
-            [make_policy(policy, budget=budget, trace=self.traces[layer][h], **per_layer[layer]) for h in range(self.kv_heads)]
-            for layer in range(self.layers)
-        ]
-
-    def run_open(self, policy: str, budget: int, params: dict):
-        """The policy replays the full-cache traces; its schedule masks one teacher-forced pass."""
-        allowed, mass = replay_masks(self.traces, policy, budget, params, self.n)
-        return hidden_states(self.model, self.ids, MaskedPass(allowed=allowed)), mass
-
-    def run_closed(self, jobs: list[tuple[str, int, dict]], progress: Progress | None = None):
-        """Decode token by token, every configuration of ``jobs`` in one batch; per configuration the
-        final hidden states and the retained mass (layers x KV heads) of the schedule it followed."""
-        policies = [self._policies(p, b, params) for p, b, params in jobs]
-        rows = [[tr.attention for tr in layer] for layer in self.traces]
-        decoder = ClosedLoopDecoder(self.model, policies, [b for _, b, _ in jobs], rows, self.n)
-        return decoder.decode(self.ids, self.hidden_full.shape[1], progress)
-
-    def _check(self, policy: str, budget: int, mode: str, params: dict) -> dict:
-        """Refuse a bad configuration before any work; returns the policy's own parameters."""
-        if mode not in MODES:
-            raise QualityError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    def configuration(self, policy: str, budget: int, params: dict | None = None) -> Configuration:
+        """The configuration ``policy`` at ``budget`` with ``params`` (a list value: one per layer), each
+        layer's spec made and so checked now, before any work: ``QualityError`` for an unknown policy or
+        a list of the wrong length, ``ValueError`` (``ParamError``) for a value out of bounds."""
+        params = dict(params or {})
         if policy not in POLICIES:
             raise QualityError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
         try:
             per_layer = layer_params(params, self.layers)
         except ValueError as e:
             raise QualityError(str(e)) from None
-        own = [dict(make_policy(policy, budget=budget, trace=self.traces[0][0], **p).params) for p in per_layer]
-        if all(o == own[0] for o in own):
-            return own[0]  # the same in every layer: keyed as a model-wide setting, so both name one measurement
-        return {k: [o[k] for o in own] if any(o[k] != own[0][k] for o in own) else own[0][k] for k in own[0]}
+        return Configuration(tuple(PolicySpec.of(policy, budget, **p) for p in per_layer), params)
 
-    def evaluate_many(self, jobs: list[tuple[str, int, dict]], mode: str = "closed", *,
+    def _policies(self, c: Configuration):
+        return [[spec.build(self.traces[layer][h]) for h in range(self.kv_heads)] for layer, spec in enumerate(c.specs)]
+
+    def run_open(self, c: Configuration):
+        """The policy replays the full-cache traces; its schedule masks one teacher-forced pass."""
+        allowed, mass = replay_masks(self.traces, c.policy, c.budget, c.asked, self.n)
+        return hidden_states(self.model, self.ids, MaskedPass(allowed=allowed)), mass
+
+    def run_closed(self, configurations: Sequence[Configuration], progress: Progress | None = None):
+        """Decode token by token, every configuration in one batch; per configuration the final hidden
+        states and the retained mass (layers x KV heads) of the schedule it followed."""
+        policies = [self._policies(c) for c in configurations]
+        rows = [[tr.attention for tr in layer] for layer in self.traces]
+        decoder = ClosedLoopDecoder(self.model, policies, [c.budget for c in configurations], rows, self.n)
+        return decoder.decode(self.ids, self.hidden_full.shape[1], progress)
+
+    def evaluate_many(self, configurations: Sequence[Configuration], mode: str = "closed", *,
                       progress: Progress | None = None) -> list[dict]:
-        """One result per ``(policy, budget, params)``; closed-loop ones decode as one batch, and the
+        """One result per configuration (``configuration``); closed-loop ones decode as one batch, and the
         time each reports is the batch's time divided by its size. ``progress`` hears of the decoding."""
-        own = [self._check(p, b, mode, params) for p, b, params in jobs]
+        _check_mode(mode)
+        jobs = list(configurations)
         if mode == "open":
             runs, times = [], []
-            for p, b, params in jobs:
+            for c in jobs:
                 t0 = time.perf_counter()
-                runs.append(self.run_open(p, b, params))
+                runs.append(self.run_open(c))
                 times.append(time.perf_counter() - t0)
         else:  # one shared decoding: each configuration is charged an equal share of it
             t0 = time.perf_counter()
@@ -310,8 +334,8 @@ class Session:
         scores = self._scorer.score([hidden for hidden, _ in runs])
         score_s = (time.perf_counter() - t0) / len(jobs)
         batch = len(jobs) if mode == "closed" else 1
-        return [self._result(p, b, params, mode, mass, nll, kl, seconds + score_s, batch)
-                for (p, b, _), (_, mass), (nll, kl), params, seconds in zip(jobs, runs, scores, own, times, strict=True)]
+        return [self._result(c.policy, c.budget, c.params, mode, mass, nll, kl, seconds + score_s, batch)
+                for c, (_, mass), (nll, kl), seconds in zip(jobs, runs, scores, times, strict=True)]
 
     def _result(self, policy, budget, params, mode, mass, nll, kl, seconds, batch) -> dict:
         """The JSON document of one measurement (``python -m kvsim quality --json``)."""
@@ -338,15 +362,16 @@ class Session:
 
     def evaluate(self, policy: str, budget: int, mode: str = "closed", **params) -> dict:
         """One measurement: the JSON document of ``python -m kvsim quality --json``."""
-        return self.evaluate_many([(policy, budget, params)], mode)[0]
+        _check_mode(mode)
+        return self.evaluate_many([self.configuration(policy, budget, params)], mode)[0]
 
     # --- through the result cache ------------------------------------------------------------------
 
-    def cache_key(self, policy: str, budget: int, mode: str, params: dict) -> dict:
+    def cache_key(self, c: Configuration, mode: str) -> dict:
         return {"version": VERSION, "model": self.model_id, "tokens": self.tokens_id, "steps": self.steps,
-                "policy": policy, "budget": budget, "mode": mode, "params": dict(sorted(params.items()))}
+                "policy": c.policy, "budget": c.budget, "mode": mode, "params": dict(sorted(c.params.items()))}
 
-    def measure_many(self, jobs: list[tuple[str, int, dict]], mode: str = "closed", *, use_cache: bool = True,
+    def measure_many(self, configurations: Sequence[Configuration], mode: str = "closed", *, use_cache: bool = True,
                      batch: int = 8, progress: Progress | None = None, write_cache: bool | None = None) -> list[dict]:
         """``evaluate_many`` through the on-disk cache (``<cache_dir>/quality/<key>.json``, written
         atomically): what is cached is read, the rest is measured ``batch`` closed loops at a time.
@@ -355,7 +380,9 @@ class Session:
         (a benchmark measures afresh, and what it measured serves later runs)."""
         write_cache = use_cache if write_cache is None else write_cache
         say = progress or no_progress
-        keys = [self.cache_key(p, b, mode, self._check(p, b, mode, params)) for p, b, params in jobs]
+        _check_mode(mode)
+        jobs = list(configurations)
+        keys = [self.cache_key(c, mode) for c in jobs]
         out: list[dict | None] = [None] * len(jobs)
         todo = []
         for i, key in enumerate(keys):
@@ -381,7 +408,14 @@ class Session:
     def measure(self, policy: str, budget: int, mode: str = "closed", *, use_cache: bool = True,
                 progress: Progress | None = None, **params) -> dict:
         """``evaluate`` through the on-disk cache."""
-        return self.measure_many([(policy, budget, params)], mode, use_cache=use_cache, progress=progress)[0]
+        _check_mode(mode)
+        return self.measure_many([self.configuration(policy, budget, params)], mode, use_cache=use_cache,
+                                 progress=progress)[0]
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise QualityError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
 
 
 def cache_path(key: dict, kind: str = "") -> Path:
@@ -452,6 +486,8 @@ def grid(session: Session, policies: Sequence[str], budgets: Sequence[int], mode
     from ..policies import policy_params
 
     say = progress or no_progress
+    for mode in modes:
+        _check_mode(mode)
     jobs = []
     for policy in policies:
         accepted = policy_params(policy)
@@ -462,12 +498,10 @@ def grid(session: Session, policies: Sequence[str], budgets: Sequence[int], mode
         for budget in budgets:
             for p in points:
                 try:
-                    session._check(policy, budget, modes[0], p)
+                    jobs.append(session.configuration(policy, budget, p))
                 except ValueError as e:
                     label = " ".join([policy, *(f"{k}={v}" for k, v in p.items()), f"budget={budget}"])
                     say(None, f"{label}: skipped ({e})")
-                    continue
-                jobs.append((policy, budget, p))
     out = []
     for k, mode in enumerate(modes):
         say(k / len(modes), f"{len(jobs)} {mode} measurements")

@@ -4,48 +4,48 @@ kl``, the curve view and the proxy study (``kvsim proxies``, docs/proxies.md) me
 A truth measurement is ``Session.measure_many`` (open loop by default: one masked teacher-forced pass
 per configuration, the output layer's full-cache half shared by all; cached on disk per
 configuration). The proxies of a configuration come from the same full-cache traces, replayed with
-their kept sets recorded (``kvsim.sim.proxies``), per layer and KV head, and are cached too (they
-cost a replay per trace: 90 of them for SmolLM2-135M).
+their kept sets recorded, per layer and KV head, and are cached too (they cost a replay per trace: 90
+of them for SmolLM2-135M). What a replay reduces to is the analysis layer's (``kvsim.analysis.proxies``,
+on this layer's level, so not imported here): the entry point hands it in as ``proxies``, a function of
+(trace, ``PolicySpec``) to ``{figure: value}``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ..data.files import atomic_write
 from ..data.store import cache_dir
+from ..data.trace import Trace
+from ..policies import PolicySpec
 from ..progress import Progress, scaled
-from ..sim import proxies as px
-from ..sim.simulate import replay
-from .decode import layer_params
+from ..sim.simulate import even_windows
 from .loading import no_progress
-from .quality import Session, read_cached, write_cached
+from .quality import Configuration, Session, read_cached, write_cached
 
 #: what a cached proxy record means; bump it when the proxies change meaning
 PROXY_VERSION = 1
-#: the per-(layer, KV head) figures a configuration's record holds
-FIGURES = tuple(px.PROXIES)
+#: the proxies of one configuration on one trace: ``{figure: value}`` (``kvsim.analysis.proxies.configuration``)
+Proxies = Callable[[Trace, PolicySpec], dict]
 
 
-def configuration_proxies(session: Session, policy: str, budget: int, params: dict, *, use_cache: bool = True) -> dict:
-    """``{figure: (layers, kv heads) list}`` for every proxy in ``kvsim.sim.proxies.PROXIES``, from one
-    replay per (layer, KV head) of the session's full-cache traces (which carry their values)."""
+def configuration_proxies(session: Session, c: Configuration, *, proxies: Proxies, use_cache: bool = True) -> dict:
+    """``{figure: (layers, kv heads) list}`` for every figure ``proxies`` gives, from one replay per
+    (layer, KV head) of the session's full-cache traces (which carry their values)."""
     key = {"version": PROXY_VERSION, "model": session.model_id, "tokens": session.tokens_id, "steps": session.steps,
-           "policy": policy, "budget": budget, "params": dict(sorted(params.items()))}
+           "policy": c.policy, "budget": c.budget, "params": dict(sorted(c.asked.items()))}
     cached = read_cached(key, "proxies", "proxies") if use_cache else None
     if cached is not None:
         return cached
-    grid = {f: np.zeros((session.layers, session.kv_heads)) for f in FIGURES}
-    per_layer = layer_params(params, session.layers)
+    grid: dict[str, np.ndarray] = {}
     for layer, heads in enumerate(session.traces):
         for h, trace in enumerate(heads):
-            row = px.summary(trace, replay(trace, policy, budget=budget, record_kept=True, **per_layer[layer]))
-            for f in FIGURES:
-                grid[f][layer, h] = row[f]
+            for f, value in proxies(trace, c.specs[layer]).items():
+                grid.setdefault(f, np.zeros((session.layers, session.kv_heads)))[layer, h] = value
     out = {f: g.tolist() for f, g in grid.items()}
     if use_cache:
         write_cached(key, out, "proxies", "proxies")
@@ -64,16 +64,17 @@ def aggregate(per_head: dict) -> dict:
     return out
 
 
-def measure(session: Session, jobs: Sequence[tuple[str, int, dict]], modes: Sequence[str] = ("open",), *,
-            use_cache: bool = True, batch: int = 8, progress: Progress | None = None) -> list[dict]:
-    """Per job: the truth in each of ``modes`` (``kl_open``, ``delta_nll_open``, ... and ``seconds_*``)
-    beside the model-level proxies (``aggregate``), one flat row. Closed loops decode ``batch`` at once."""
+def measure(session: Session, jobs: Sequence[Configuration], modes: Sequence[str] = ("open",), *,
+            proxies: Proxies, use_cache: bool = True, batch: int = 8, progress: Progress | None = None) -> list[dict]:
+    """Per configuration (``Session.configuration``): the truth in each of ``modes`` (``kl_open``,
+    ``delta_nll_open``, ... and ``seconds_*``) beside the model-level proxies (``aggregate``), one flat
+    row. Closed loops decode ``batch`` at once."""
     say = progress or no_progress
     rows = []
-    for i, (policy, budget, params) in enumerate(jobs):
-        say(i / max(1, len(jobs)) * 0.05, f"proxies of {policy} {params} budget={budget}")
-        rows.append({"policy": policy, "budget": budget, "params": dict(params),
-                     **aggregate(configuration_proxies(session, policy, budget, params, use_cache=use_cache))})
+    for i, c in enumerate(jobs):
+        say(i / max(1, len(jobs)) * 0.05, f"proxies of {c.policy} {c.asked} budget={c.budget}")
+        rows.append({"policy": c.policy, "budget": c.budget, "params": dict(c.asked),
+                     **aggregate(configuration_proxies(session, c, proxies=proxies, use_cache=use_cache))})
     for k, mode in enumerate(modes):
         part = scaled(progress, 0.05 + 0.95 * k / len(modes), 0.05 + 0.95 * (k + 1) / len(modes))
         for row, r in zip(rows, session.measure_many(list(jobs), mode, use_cache=use_cache, batch=batch, progress=part),
@@ -86,15 +87,15 @@ def measure(session: Session, jobs: Sequence[tuple[str, int, dict]], modes: Sequ
 
 
 def window_truth(session: Session, policy: str, budget: int, windows: Sequence[int], params: dict | None = None, *,
-                 mode: str = "open", use_cache: bool = True, progress: Progress | None = None,
+                 proxies: Proxies, mode: str = "open", use_cache: bool = True, progress: Progress | None = None,
                  recording: str | None = None) -> list[dict]:
     """The truth and proxies of ``policy`` at each recent_window of ``windows`` (one row each, with
     ``recent_window``), for ``tune --by kl`` and the curve view. ``recording``: the model as the
     recording names it (its manifest's ``model``); with it the rows are also kept in the truth
     document the views read (``save_truth``)."""
     base = {k: v for k, v in (params or {}).items() if k != "recent_window"}
-    jobs = [(policy, budget, {**base, "recent_window": int(w)}) for w in windows]
-    rows = measure(session, jobs, (mode,), use_cache=use_cache, progress=progress)
+    jobs = [session.configuration(policy, budget, {**base, "recent_window": int(w)}) for w in windows]  # all checked first
+    rows = measure(session, jobs, (mode,), proxies=proxies, use_cache=use_cache, progress=progress)
     for row, w in zip(rows, windows, strict=True):
         row["recent_window"] = int(w)
     if recording is not None:
@@ -240,8 +241,8 @@ def study_jobs(budget: int, windows: Sequence[int], sweeps: Sequence[str] = STUD
     return jobs
 
 
-def study(sessions, budgets: Sequence[int], windows: int, closed: dict | None = None, *, use_cache: bool = True,
-          progress: Progress | None = None, sweeps: Sequence[str] = STUDY_SWEPT) -> list[dict]:
+def study(sessions, budgets: Sequence[int], windows: int, closed: dict | None = None, *, proxies: Proxies,
+          use_cache: bool = True, progress: Progress | None = None, sweeps: Sequence[str] = STUDY_SWEPT) -> list[dict]:
     """The proxy study's rows: for each session (a model on a text, opened lazily: ``sessions`` yields
     them) and budget, every job of ``study_jobs`` with its proxies and open-loop truth; where
     ``closed`` (``{(model_id, text name, budget): [sweep names or None]}``) lists a sweep, its
@@ -250,21 +251,24 @@ def study(sessions, budgets: Sequence[int], windows: int, closed: dict | None = 
     rows = []
     for session in sessions:
         for budget in budgets:
-            jobs = study_jobs(budget, px.even_windows(budget, windows), sweeps)
+            jobs = study_jobs(budget, even_windows(budget, windows), sweeps)
             say(None, f"{session.model_id} on {session.text_path.name}, budget {budget}: {len(jobs)} configurations")
-            part = measure(session, [j[:3] for j in jobs], ("open",), use_cache=use_cache, progress=progress)
+            configurations = [session.configuration(*j[:3]) for j in jobs]
+            part = measure(session, configurations, ("open",), proxies=proxies, use_cache=use_cache,
+                           progress=progress)
             for row, job in zip(part, jobs, strict=True):
                 row["sweep"] = job[3]
             wanted = (closed or {}).get((session.model_id, session.text_path.name, budget), [])
             pick = [i for i, j in enumerate(jobs) if j[3] in wanted]
             if pick:
-                extra = measure(session, [jobs[i][:3] for i in pick], ("closed",), use_cache=use_cache, progress=progress)
+                extra = measure(session, [configurations[i] for i in pick], ("closed",), proxies=proxies, use_cache=use_cache,
+                                progress=progress)
                 for i, r in zip(pick, extra, strict=True):
                     part[i].update({k: v for k, v in r.items() if k.endswith("_closed")})
             rows += part
     return rows
 
 
-__all__ = ["TEXTS_DIR", "TRUTH_FORMAT", "FIGURES", "recording_source", "save_truth", "truth_path",
+__all__ = ["TEXTS_DIR", "TRUTH_FORMAT", "Proxies", "recording_source", "save_truth", "truth_path",
            "STUDY_FIXED", "STUDY_SWEPT", "aggregate", "configuration_proxies", "measure", "study",
            "study_jobs", "window_truth"]

@@ -59,12 +59,6 @@ assert _QK_CHUNK % GREEDY_BLOCK == 0
 _BATCH = 64
 
 
-def _read_only(a: np.ndarray) -> np.ndarray:
-    view = a.view()
-    view.flags.writeable = False
-    return view
-
-
 def _none(dtype, ndim: int) -> np.ndarray:
     """An empty record array: the kernels skip recording when given one."""
     return np.zeros((0,) * ndim, dtype=dtype)
@@ -94,22 +88,18 @@ class _Pass:
     victims: np.ndarray
     #: the step ``A``'s first row stands for: 0 (the whole matrix) or the chunk's first step
     a0: int = 0
-    #: where a query/key trace's rows come from, a chunk of steps at a time (None: ``A`` is the matrix)
-    store: object = None
-    #: the rows ``_fill`` writes for a query/key trace; ``A`` is a read-only view of it, so that the kernels
-    #: take it with the dense matrix's type (read-only, as ``kernel_attention`` makes it): one compiled
-    #: signature for both kinds of trace, and nothing to compile on a machine's first query/key replay
-    rows: np.ndarray | None = None
+    #: the trace's rows as the kernels read them (``TraceStore.kernel_view``): the whole matrix, or a query/key
+    #: trace's rows computed a call's steps at a time, read-only either way (one compiled signature for both)
+    view: object = None
 
     @classmethod
     def of(cls, trace: Trace, budgets: np.ndarray, top_k: int, record: frozenset, progress,
            keeps_scores: bool) -> _Pass:
         T, n_cfg, width, b0 = trace.steps, budgets.size, int(budgets.max()) + 1, int(budgets[0])
         scores = "scores" in record and keeps_scores
-        store = trace.derived if getattr(trace.derived, "on_demand", False) else None
-        rows = None if store is None else np.zeros((_QK_CHUNK, T + 1), dtype=np.float32)
+        view = trace.derived.kernel_view(_QK_CHUNK)
         return cls(
-            A=trace.derived.kernel_attention() if store is None else _read_only(rows),
+            A=view.A,
             topk=trace.derived.topk(top_k),
             budgets=budgets,
             progress=progress,
@@ -123,8 +113,7 @@ class _Pass:
             score_hist=np.full((T, b0 + 1), np.nan) if scores else _none(np.float64, 2),
             score_pos=np.full((T, b0 + 1), -1, dtype=np.int32) if scores else _none(np.int32, 2),
             victims=np.full(T, -1, dtype=np.int64) if "victims" in record else _none(np.int64, 1),
-            store=store,
-            rows=rows,
+            view=view,
         )
 
     @property
@@ -138,24 +127,22 @@ class _Pass:
     def chunks(self):
         """``(t0, t1)`` per kernel call, telling ``progress`` the share done after each; for a
         query/key trace, ``A`` then holds rows ``t0 .. t1-1`` at every position a configuration may
-        read in them (``_fill``)."""
+        read in them (``_candidates``, through the store's ``kernel_view``)."""
         T = self.steps
-        size = _CHUNK if self.store is None else _QK_CHUNK
+        size = self.view.steps_per_call or _CHUNK
         for t0 in range(1, T + 1, size):
             t1 = min(t0 + size, T + 1)
-            if self.store is not None:
-                self._fill(t0, t1)
+            self.a0 = self.view.fill(t0, t1, lambda t0=t0, t1=t1: self._candidates(t0, t1))
             yield t0, t1
             if self.progress is not None:
                 self.progress((t1 - 1) / T)
 
-    def _fill(self, t0: int, t1: int) -> None:
-        """Rows ``t0 .. t1-1`` of a query/key trace into ``A`` at the positions held before step t0
-        by any configuration, and those admitted in the chunk: O(chunk x positions x heads x head dim)."""
+    def _candidates(self, t0: int, t1: int) -> np.ndarray:
+        """The positions rows ``t0 .. t1-1`` may be read at: those held before step t0 by any configuration,
+        and those admitted in the chunk (what a query/key trace computes: O(chunk x positions x heads x
+        head dim)). Every kernel, the window policies' included, keeps its slots in ``pos``."""
         held = self.pos[np.arange(self.pos.shape[1])[None, :] < self.length[:, None]]
-        cand = np.union1d(held, np.arange(t0, t1 - 1))
-        self.store.weights_block(t0, t1, cand.astype(np.int64), self.rows)
-        self.a0 = t0
+        return np.union1d(held, np.arange(t0, t1 - 1))
 
     def records(self) -> dict:
         return {"victims": self.victims, "kept_history": self.kept_hist, "score_history": self.score_hist,

@@ -120,7 +120,7 @@ def steps(trace: Trace, policy: Policy, budget: int | None = None, *, top_k: int
     engine's arithmetic."""
     budget = policy.budget if budget is None else budget
     store = trace.derived
-    out = np.zeros((1, trace.steps + 1), dtype=np.float32) if store.on_demand else None
+    out = store.row_scratch()
     scored = policy.keeps_scores
     for t in range(1, trace.steps + 1):
         kept = policy.kept

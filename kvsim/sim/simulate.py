@@ -1,4 +1,6 @@
-"""``replay`` and ``sweep``: the one entry point for each, used by the app, the CLI and the table.
+"""``replay`` and ``sweep``: the one entry point for each, used by the app, the CLI, the table and the
+proxies (``sweep(..., summarise=...)``: one reduction per replay, with its kept sets). Which row of a
+sweep is best is ``kvsim.analysis.windows``'s rule, not the simulator's.
 
 Both take what to replay as a ``PolicySpec`` or as a registry name with ``budget`` and parameters,
 from which they make the spec once (so a bad parameter fails before any work, with a
@@ -10,7 +12,7 @@ fraction done.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from ..data.trace import Trace
 from ..policies import DEFAULT_BUDGET, Policy, PolicySpec, policy_params
@@ -54,7 +56,7 @@ def replay(
 
 def sweep(
     trace: Trace,
-    policy: PolicySpec | str,
+    policy: PolicySpec | str | Sequence[PolicySpec],
     budget: int | None = None,
     param: str | None = None,
     values: Iterable[int] = (),
@@ -62,84 +64,45 @@ def sweep(
     top_k: int = DEFAULT_TOP_K,
     reference: bool = False,
     progress: Progress | None = None,
+    summarise: Callable[[ReplayResult], dict] | None = None,
     **params,
 ) -> list[dict]:
     """One ``ReplayResult.summary()`` per value of ``param`` (a policy parameter, or ``"budget"``),
     in the order of ``values``, the other parameters those of the spec ``policy``, or of ``params``
-    (their defaults where left out) with a name; ``param=None`` replays the one configuration. Every
-    value's spec is made (and so checked) before any replay, so a bad value fails at once rather
-    than after minutes of work.
+    (their defaults where left out) with a name; ``param=None`` replays the one configuration, or,
+    given a list of specs of one policy, those configurations as they are (made and checked once by
+    the caller: ``tune`` makes them before its workers start). Every value's spec is made (and so
+    checked) before any replay, so a bad value fails at once rather than after minutes of work.
 
     Where the engine covers the policy every configuration advances together, one pass over the
-    trace per batch; otherwise each is a reference replay."""
+    trace per batch; otherwise each is a reference replay. ``summarise``: each configuration is
+    replayed alone (``replay``) with its kept sets recorded, and its row is ``summarise(result)``
+    (the value-aware proxies, ``kvsim.analysis.proxies.sweep``: at 1024 steps a replay takes
+    milliseconds)."""
     specs = _specs(policy, budget, param, values, params)
     _check_top_k(top_k)
-    built = [s.build(trace) for s in specs]
-    if not reference and engine.covers(trace, specs[0].name):
-        series = engine.sweep(trace, built, top_k=top_k, progress=progress)
-        return [_summary(s, trace, top_k, mass, recall) for s, (mass, recall) in zip(specs, series, strict=True)]
+    if summarise is not None:
+        rows = (summarise(replay(trace, s, top_k=top_k, record_kept=True, reference=reference)) for s in specs)
+    else:
+        built = [s.build(trace) for s in specs]
+        if not reference and engine.covers(trace, specs[0].name):
+            series = engine.sweep(trace, built, top_k=top_k, progress=progress)
+            return [_summary(s, trace, top_k, mass, recall) for s, (mass, recall) in zip(specs, series, strict=True)]
+        rows = (replay_reference(trace, b, top_k=top_k).summary() for b in built)
     out = []
-    for i, b in enumerate(built):
-        out.append(replay_reference(trace, b, top_k=top_k).summary())
+    for i, row in enumerate(rows):
+        out.append(row)
         if progress is not None:
-            progress((i + 1) / len(built))
+            progress((i + 1) / len(specs))
     return out
 
 
-def sweep_coarse_to_fine(
-    trace: Trace,
-    policy: str,
-    budget: int,
-    param: str,
-    low: int,
-    high: int,
-    *,
-    marks: Iterable[int] = (),
-    points: int = 32,
-    refine: bool = True,
-    top_k: int = DEFAULT_TOP_K,
-    progress: Progress | None = None,
-    **params,
-) -> list[dict]:
-    """A sweep of ``param`` over ``low .. high`` that costs a few times ``points`` replays however
-    wide the range: an even grid of about ``points`` values plus ``marks`` (values a view must show
-    exactly: a default, a band, the current setting); then, with ``refine``, grids eight times
-    finer around the best so far, down to every value next to it. The maximum is found exactly when
-    the curve has one peak (else the best of the values tried). Rows come back sorted by ``param``;
-    when the range has at most ``points`` values it is simply the full sweep.
-    """
-    if high < low:
-        raise ValueError(f"sweep over {param} needs low <= high, got {low}..{high}")
-    points = max(2, points)
-    stride = max(1, -(-(high - low + 1) // points))
-    done: dict[int, dict] = {}
-    todo = sorted(set(range(low, high + 1, stride)) | {high} | {m for m in marks if low <= m <= high})
-    rounds = 1
-    while stride > 1 and refine:  # how many refinements will follow: for the progress fraction
-        stride = max(1, stride // 8)
-        rounds += 1
-    stride = max(1, -(-(high - low + 1) // points))
-    for r in range(rounds):
-        report = None if progress is None else (lambda f, r=r: progress((r + f) / rounds))
-        for row in sweep(trace, policy, budget, param, todo, top_k=top_k, progress=report, **params) if todo else []:
-            done[row[param]] = row
-        if r == rounds - 1:
-            break
-        peak = best([done[v] for v in sorted(done)])[param]
-        finer = max(1, stride // 8)
-        todo = [v for v in range(max(low, peak - stride + 1), min(high, peak + stride - 1) + 1, finer) if v not in done]
-        stride = finer
-    if progress is not None:
-        progress(1.0)
-    return [done[v] for v in sorted(done)]
-
-
-def best(rows: list[dict], metric: str = "retained_mass") -> dict:
-    """The row with the largest ``metric``; the first such row on ties (the smallest swept value
-    when the values ascend)."""
-    if not rows:
-        raise ValueError("no rows")
-    return max(rows, key=lambda r: r[metric])  # max keeps the first of equal keys
+def even_windows(budget: int, count: int) -> list[int]:
+    """``count`` recent_windows evenly spaced over the budget, centred in equal bins: the candidates a
+    costly figure (the truth, a value proxy) is measured at. Budget 64 and 8 windows give 4, 12, ..,
+    60; budget 256 and 16 give 8, 24, .., 248."""
+    step = budget / count
+    return sorted({max(1, min(budget - 1, int(round(step * (i + 0.5))))) for i in range(count)})
 
 
 def _check_top_k(top_k: int) -> None:
@@ -162,7 +125,14 @@ def _summary(spec: PolicySpec, trace: Trace, top_k: int, mass, recall) -> dict:
 
 def _specs(policy: PolicySpec | str, budget: int | None, param: str | None, values, params: dict) -> list[PolicySpec]:
     """The spec of each configuration a sweep replays (a spec's own values, or a name's ``params``,
-    with ``param`` at each of ``values``)."""
+    with ``param`` at each of ``values``; or the specs given)."""
+    if not isinstance(policy, (PolicySpec, str)):
+        specs = list(policy)
+        if budget is not None or param is not None or params:
+            raise ValueError("a sweep of given specs takes no budget, param or params: each spec carries its own")
+        if not specs or len({s.name for s in specs}) != 1:
+            raise ValueError("a sweep of given specs needs at least one, all of one policy")
+        return specs
     if param is None:
         return [_spec(policy, budget, params)]
     values = list(values)

@@ -3,7 +3,6 @@ and heavy hitters pointed at."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -11,6 +10,7 @@ import plotly.graph_objects as go
 from plotly.colors import hex_to_rgb, sequential
 
 from ...analysis.features import TraceFeatures
+from ...data.derived import block_means
 from ...data.trace import Trace
 from .common import HEAVY_COLOUR, log_ticks
 
@@ -27,24 +27,17 @@ def attention_image(attention: np.ndarray, size: int = 1024) -> tuple[np.ndarray
     """Block-average the trace's rows 1..T over positions 0..T-1 into at most ``size`` x ``size``
     blocks, take log10 and colour it (Viridis). Returns ``(rgb uint8 (n, n, 3), block, (lo, hi))``
     with lo/hi the log10 range the colours span. Cells with no attention (the future) are white."""
-    A = np.asarray(attention)[1:, :-1]
-    T = A.shape[0]
-    block = max(1, math.ceil(T / size))
-    n = math.ceil(T / block)
-    padded = np.zeros((n * block, n * block), dtype=np.float64)
-    padded[:T, :T] = A
-    rgb, span = coloured(padded.reshape(n, block, n, block).mean(axis=(1, 3)))
+    means, block = block_means(attention, size)
+    rgb, span = coloured(means)
     return rgb, block, span
 
 
 def trace_image(trace: Trace, size: int = 1024) -> tuple[np.ndarray, int, tuple[float, float]]:
     """``attention_image`` of the trace's matrix, or, for a trace too long for it, of the block sums
     one pass over its rows kept (``kvsim.data.row_stats``, at its own size)."""
-    if trace.derived.dense_at_hand:
-        return attention_image(trace.attention, size)
-    stats = trace.derived.row_stats()
-    rgb, span = coloured(stats.block_means())
-    return rgb, stats.image_block, span
+    means, block = trace.derived.whole(lambda A: block_means(A, size), lambda stats: (stats.block_means(), stats.image_block))
+    rgb, span = coloured(means)
+    return rgb, block, span
 
 
 def coloured(means: np.ndarray) -> tuple[np.ndarray, tuple[float, float]]:

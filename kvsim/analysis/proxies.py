@@ -18,6 +18,10 @@ Everything is computed by ``step_proxies`` from a per-step kept set (``kept_hist
 ``replay(..., record_kept=True)`` gives it for the engine and the reference harness alike), so the two
 paths agree by construction, and a long trace can feed it in chunks of steps. A trace without values
 falls back to retained mass, and says so (``fallback_note``).
+
+They reduce replays to figures, so they are analysis: the replays come from ``kvsim.sim.simulate``
+(``sweep(..., summarise=summary)``), and the model side (``kvsim.models.truth``, on the same level)
+is handed ``configuration`` by the entry point that asks it for a configuration's proxies.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ import numpy as np
 
 from ..data.trace import Trace
 from ..policies import PolicySpec
-from .harness import DEFAULT_TOP_K, ReplayResult
+from ..sim import simulate
+from ..sim.harness import DEFAULT_TOP_K, ReplayResult
+from ..sim.simulate import even_windows
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,7 @@ def fallback_note(trace: Trace, proxy: str) -> str | None:
     if getattr(trace, "values", None) is None:
         return (f"{trace.name}: the trace carries no values, so {PROXIES[proxy].label} falls back to retained mass "
                 f"(record it again with kvsim record to store them)")
-    if not trace.derived.dense_at_hand:
+    if trace.derived.no_matrix() is not None:
         return (f"{trace.name}: a query/key trace of {trace.steps} steps has no dense matrix here, so "
                 f"{PROXIES[proxy].label} (it reads whole rows) falls back to retained mass")
     return None
@@ -82,7 +88,7 @@ def not_applicable(trace: Trace) -> str | None:
     if getattr(trace, "values", None) is None:
         return (f"{trace.name} carries attention only, no values: the value-aware proxies weigh what is kept by the "
                 "values; a recording by kvsim record stores them")
-    if not trace.derived.dense_at_hand:
+    if trace.derived.no_matrix() is not None:
         return (f"{trace.name}, a query/key trace of {trace.steps} steps, forms no dense matrix here, and the value-aware "
                 "proxies read whole rows")
     return None
@@ -159,28 +165,20 @@ def score(row: dict, proxy: str) -> float:
     return p.sign * float(value)
 
 
-def even_windows(budget: int, count: int) -> list[int]:
-    """``count`` recent_windows evenly spaced over the budget, centred in equal bins: the candidates a
-    costly figure (the truth, a value proxy) is measured at. Budget 64 and 8 windows give 4, 12, ..,
-    60; budget 256 and 16 give 8, 24, .., 248."""
-    step = budget / count
-    return sorted({max(1, min(budget - 1, int(round(step * (i + 0.5))))) for i in range(count)})
-
-
-def sweep(trace: Trace, policy: str, budget: int, param: str, values, *, reference: bool = False,
+def sweep(trace: Trace, policy: PolicySpec | str, budget: int | None, param: str, values, *, reference: bool = False,
           progress=None, top_k: int = DEFAULT_TOP_K, **params) -> list[dict]:
-    """``summary`` of one replay per value of ``param``: a sweep with the proxies (each replay records
-    its kept sets, so it runs alone rather than batched; at 1024 steps one takes milliseconds)."""
-    from .simulate import replay
-
-    specs = [PolicySpec.of(policy, budget, **{**params, param: v}) for v in values]  # checked before any work
-    out = []
-    for i, spec in enumerate(specs):
-        out.append(summary(trace, replay(trace, spec, record_kept=True, reference=reference, top_k=top_k)))
-        if progress is not None:
-            progress((i + 1) / len(specs))
-    return out
+    """``summary`` of one replay per value of ``param``: ``kvsim.sim.simulate.sweep`` with the proxies
+    (each replay records its kept sets, so it runs alone rather than batched)."""
+    return simulate.sweep(trace, policy, budget, param, values, reference=reference, progress=progress, top_k=top_k,
+                          summarise=lambda result: summary(trace, result), **params)
 
 
-__all__ = ["PROXIES", "VALUE_PROXIES", "Proxy", "check_proxy", "even_windows", "fallback_note", "kept_before", "not_applicable", "score",
-           "step_proxies", "summary", "sweep"]
+def configuration(trace: Trace, spec: PolicySpec) -> dict[str, float]:
+    """Every figure of ``PROXIES`` for ``spec`` on ``trace``, in that order: one replay with its kept sets
+    (what ``kvsim.models.truth`` measures per layer and KV head of a model's recording)."""
+    row = summary(trace, simulate.replay(trace, spec, record_kept=True))
+    return {name: row[name] for name in PROXIES}
+
+
+__all__ = ["PROXIES", "VALUE_PROXIES", "Proxy", "check_proxy", "configuration", "even_windows", "fallback_note",
+           "kept_before", "not_applicable", "score", "step_proxies", "summary", "sweep"]
