@@ -147,7 +147,7 @@ def minimum_budget(spec: PolicySpec) -> int:
     return max([1, *(v + 1 for v in below)])
 
 
-def _minimum_why(spec: PolicySpec) -> str:
+def minimum_why(spec: PolicySpec) -> str:
     cls = POLICIES[spec.name]
     below = [(p.name, spec[p.name]) for p in cls.tunables if p.below_budget]
     if not below:
@@ -163,7 +163,7 @@ def check(allocator: str, spec: PolicySpec, shape: list[tuple[int, int]], steps:
     B = spec.budget
     low = minimum_budget(spec)
     if B < low:
-        raise AllocationError(f"budget {B} per head is below {_minimum_why(spec)}")
+        raise AllocationError(f"budget {B} per head is below {minimum_why(spec)}")
     if B > steps:
         raise AllocationError(f"budget {B} per head is above the trace's length ({steps} steps)")
     per_layer: dict[int, int] = {}
@@ -196,11 +196,11 @@ def check_split(budgets: dict[tuple[int, int], int], spec: PolicySpec, shape: li
         got = f"{len(budgets)} rows"
         what = f"has {shown(extra)}, which the bundle lacks" if extra else f"lacks {shown(missing)}"
         raise AllocationError(f"{where}: an allocation for another model's shape ({got}; the bundle has "
-                              f"{n_layers} layers x {heads} KV heads): it {what}")
+                              f"{n_layers} layers x {heads} KV head{'s' if heads != 1 else ''}): it {what}")
     low = minimum_budget(spec)
     for (x, h), b in budgets.items():
         if b < low:
-            raise AllocationError(f"{where}: layer {x} KV head {h}: budget {b} is below {_minimum_why(spec)}")
+            raise AllocationError(f"{where}: layer {x} KV head {h}: budget {b} is below {minimum_why(spec)}")
         if b > steps:
             raise AllocationError(f"{where}: layer {x} KV head {h}: budget {b} is above the trace's length "
                                   f"({steps} steps)")
