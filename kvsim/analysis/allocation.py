@@ -45,7 +45,7 @@ from ..data.trace import Trace
 from ..policies import POLICIES, PolicySpec
 from ..progress import Progress, scaled
 from ..sim.joint import joint_replay
-from ..sim.simulate import replay, sweep
+from ..sim.simulate import sweep
 
 ALLOCATORS = ("uniform", "pyramidkv", "cake", "adakv", "duo", "optimal")
 #: splits fixed before the replay, each head replaying the chosen policy alone: optimal bounds them
@@ -328,7 +328,7 @@ def _duo(heads: list[Head], spec: PolicySpec, progress: Progress | None) -> Allo
     stream_spec = PolicySpec.of("streaming_llm", s, sinks=DUO_SINKS)
     scores = []
     for i, h in enumerate(heads):
-        scores.append(replay(h.trace, stream_spec).retained_mass)
+        scores.append(_mass(h.trace, stream_spec))
         if progress is not None:
             progress((i + 1) / n, "duo: each head's streaming mass")
     k = n // 2
@@ -413,6 +413,13 @@ def optimal(heads: list[Head], spec: PolicySpec, *, progress: Progress | None = 
                       detail={"mass": value / n})
 
 
+def _mass(trace: Trace, spec: PolicySpec) -> float:
+    """One replay's mean retained mass. A one-value sweep: the engine wherever it covers the policy, even
+    inside the app's ``compiled_only`` (the same number as ``replay``, bit for bit), so a bundle of
+    heads does not fall back to the reference loop head by head."""
+    return sweep(trace, spec)[0]["retained_mass"]
+
+
 def measure(heads: list[Head], spec: PolicySpec, allocation: Allocation, *,
             progress: Progress | None = None) -> Measured:
     """Replay ``allocation`` on ``heads``: each head its own budget (a static split; duo's streaming heads
@@ -432,7 +439,7 @@ def measure(heads: list[Head], spec: PolicySpec, allocation: Allocation, *,
     for i, (h, b) in enumerate(zip(heads, allocation.budgets, strict=True)):
         streaming = allocation.streaming is not None and allocation.streaming[i]
         s = PolicySpec.of("streaming_llm", b, sinks=DUO_SINKS) if streaming else spec.replace(budget=int(b))
-        mass[i] = replay(h.trace, s).retained_mass
+        mass[i] = _mass(h.trace, s)
         if progress is not None:
             progress((i + 1) / n, f"{allocation.allocator}: layer {h.layer} KV head {h.kv_head}")
     return Measured(allocation, spec, tuple(float(m) for m in mass))
