@@ -4,7 +4,7 @@ At ``--budget B`` every allocator spends ``B x heads`` positions in all (``heads
 (layer, KV head) traces); what differs is who holds them. A split is data (``Allocation``: rows of
 ``layer``, ``kv_head``, ``budget``) that every consumer reads: the bundle replay (``measure``), the
 CLI's ``--allocate``, the app's allocation view. The figure is the bundle's mean retained mass, each
-(layer, KV head) trace weighed equally (docs/domain.md, "Retained mass").
+(layer, KV head) trace weighed equally (docs/domain.md, "The harness").
 
 - ``uniform``: ``B`` per head (what every other kvsim answer assumes).
 - ``pyramidkv`` (Cai et al., arXiv:2406.02069): linear in depth, the first recorded layer the most;
