@@ -119,3 +119,30 @@ def test_each_refusal_is_one_line_before_any_trace_is_read(argv, message, bundle
     code = cli.main(["replay", "--policy", "h2o", *(a.format(b=bundle, d=tmp_path) for a in argv)])
     out, err = capsys.readouterr()
     assert (code, out, err) == (1, "", f"kvsim: error: {message.format(d=tmp_path)}\n")
+
+
+QUALITY_REFUSED = [
+    (["--policy", "h2o", "--allocate", "optimal"],
+     "--allocate measures the open loop: give --mode open (each head's schedule, at its own budget, masks one "
+     "teacher-forced pass)"),
+    (["--policies", "h2o,tova", "--allocate", "optimal", "--mode", "open"],
+     "--allocate measures one policy: give --policy, not --policies"),
+    (["--policy", "h2o", "--allocate", "adakv", "--mode", "open"],
+     "--allocate: quality measures a static split (uniform, pyramidkv, cake, optimal); 'adakv' is not one (adakv's "
+     "pool and duo's streaming heads are not measured by the truth yet)"),
+    (["--policy", "h2o", "--allocate", "optimal", "--mode", "open", "--budget", "64,128"],
+     "--budget: '64,128': --allocate takes one budget"),
+]
+
+
+@pytest.mark.parametrize("argv, message", QUALITY_REFUSED, ids=[m[:40] for _, m in QUALITY_REFUSED])
+def test_quality_allocate_refusals_come_before_a_model_loads(argv, message, capsys, monkeypatch):
+    from kvsim.models import quality
+
+    def no_model(*a, **k):
+        raise AssertionError("a model was loaded before the refusal")
+
+    monkeypatch.setattr(quality, "open_session", no_model)
+    code = cli.main(["quality", "heapq", *argv])
+    out, err = capsys.readouterr()
+    assert (code, out, err) == (2, "", f"kvsim: error: {message}\n")

@@ -241,3 +241,48 @@ def table(args: argparse.Namespace) -> dict:
     rows.sort(key=lambda r: order.index(r["policy"]))
     return {"bundle": bundle.name, "model": bundle.model, "steps": bundle.steps, "budget": budget, "allocate": name,
             "rows": rows}
+
+
+def quality(args: argparse.Namespace) -> dict:
+    """``quality --allocate NAME --mode open``: the model's loss and KL with each (layer, KV head) at its own
+    budget, beside uniform's at the same memory (``kvsim.models.allocation_truth``)."""
+    from ..models import quality as q
+    from ..models.allocation_truth import open_truth
+    from ..models.loading import require_extra
+    from .errors import read_input
+
+    name = args.allocate.strip()
+    if not args.policy:
+        raise CLIError("--allocate measures one policy: give --policy, not --policies")
+    if args.sweep:
+        raise CLIError("--allocate does not go with --sweep")
+    if args.mode != "open":
+        raise CLIError("--allocate measures the open loop: give --mode open (each head's schedule, at its own "
+                       "budget, masks one teacher-forced pass)")
+    if name not in al.STATIC + ("optimal",):
+        raise CLIError(f"--allocate: quality measures a static split ({', '.join(al.STATIC)}, optimal); "
+                       f"{name!r} is not one (adakv's pool and duo's streaming heads are not measured by the truth yet)")
+    try:
+        budget = int(args.budget)
+    except ValueError:
+        raise CLIError(f"--budget: {args.budget!r}: --allocate takes one budget") from None
+    params = _given(args)
+    spec = _spec(args.policy, budget, params, "TEXT")
+    text = q.resolve_text(args.text)
+    read_input("TEXT", text)
+    if args.model is None:
+        require_extra()
+    say = None if args.quiet else q.QUALITY_STDERR
+    session = q.open_session(text, args.steps, args.model, progress=say)
+    shape = [(x, h) for x in range(session.layers) for h in range(session.kv_heads)]
+    try:
+        al.check(name, spec, shape, session.steps)
+    except al.AllocationError as e:
+        raise InputError(f"--allocate: {text}: {e}") from None
+    heads = [al.Head(x, h, session.traces[x][h]) for x, h in shape]
+    split = al.allocate(name, heads, spec, progress=say)
+    grid = [[split.budgets[x * session.kv_heads + h] for h in range(session.kv_heads)] for x in range(session.layers)]
+    got = open_truth(session, spec.name, grid, spec.kwargs)
+    even = open_truth(session, spec.name, [[budget] * session.kv_heads for _ in range(session.layers)], spec.kwargs)
+    return {**got, "budget": budget, "allocate": name, "model": session.model_id, "text": Path(text).name,
+            "uniform": {k: even[k] for k in ("nll", "delta_nll", "kl", "retained_mass")}, "allocation": split.rows()}

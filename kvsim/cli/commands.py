@@ -414,6 +414,8 @@ def _quality_plan(args: argparse.Namespace) -> tuple[list[str], list[int], dict,
 
 
 def cmd_quality(args: argparse.Namespace) -> object:
+    if (allocated := _allocate(args)) is not None:
+        return allocated(args)
     # torch and transformers are imported by kvsim.models.quality's functions only when a measurement runs
     from ..models import quality
     from ..models.loading import require_extra

@@ -241,6 +241,13 @@ def _table(doc: dict) -> str:
 
 
 def _quality(doc) -> str:
+    if isinstance(doc, dict) and "allocate" in doc:  # quality --allocate: the split beside uniform's, the same memory
+        u = doc["uniform"]
+        return (f"{doc['policy']} {params_label(doc['params'])} at budget {doc['budget']} per head on average, open loop, "
+                f"{doc['model']} on {doc['text']} ({doc['steps']} steps)\n\n" + aligned(
+                    ["split", "nll", "delta_nll", "kl", "retained_mass"],
+                    [[doc["allocate"], doc["nll"], doc["delta_nll"], doc["kl"], doc["retained_mass"]],
+                     ["uniform", u["nll"], u["delta_nll"], u["kl"], u["retained_mass"]]]))
     rows = [doc] if isinstance(doc, dict) else doc
     return aligned(
         ["policy", "params", "budget", "mode", "steps", "nll_full", "nll", "delta_nll", "ppl", "kl", "retained_mass",
