@@ -22,6 +22,7 @@ import streamlit as st
 from kvsim import jit
 
 from . import cache, services, state
+from .allocation import allocation_view
 from .claims import claims_view
 from .controls import Settings, controls, tour_box
 from .curve import curve_view
@@ -62,7 +63,7 @@ def run() -> None:
     views = (
         lambda: kept_view(trace, settings), lambda: score_view(trace, settings), lambda: curve_view(trace, settings),
         lambda: trace_view(trace), lab_view, lambda: claims_view(trace), lambda: model_view(settings.budget),
-        lambda: quality_view(settings.budget), needle_view,
+        lambda: quality_view(settings.budget), needle_view, lambda: allocation_view(settings.budget),
     )
     needs = [*settings.chosen, "pooling", st.session_state.get("curve_policy", "h2o")]
     compile_later = warm_up(needs)

@@ -28,7 +28,7 @@ APP_BUDGET = 256
 MAX_VALUE = 16384
 STORY_POLICIES = ("sliding_window", "streaming_llm", "h2o")
 TABS = ("Kept positions", "Cumulative scores", "Choosing recent_window", "The trace", "Policy lab", "Claims",
-        "Your model", "Proxy against truth", "Pass key")
+        "Your model", "Proxy against truth", "Pass key", "Allocation")
 #: the kept view's two modes: a panel per policy, or one panel of what the first two keep differently
 KEPT_MODES = {"each": "a panel per policy", "difference": "difference of the first two"}
 #: the settings that belong to one trace: the kept view's zoom into its positions and steps

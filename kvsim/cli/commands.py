@@ -54,7 +54,19 @@ def _policy_args(args: argparse.Namespace) -> dict:
     return given
 
 
+def _allocate(args: argparse.Namespace):
+    """The ``--allocate`` variant of ``args.command``'s function, or None without the flag (its module is
+    imported only then)."""
+    if getattr(args, "allocate", None) is None:
+        return None
+    from . import allocate_command
+
+    return getattr(allocate_command, args.command)
+
+
 def cmd_replay(args: argparse.Namespace) -> object:
+    if (allocated := _allocate(args)) is not None:
+        return allocated(args)
     # the one validation: a bad value is refused before the trace loads, and the spec is what replays
     spec = PolicySpec.of(args.policy, DEFAULT_BUDGET if args.budget is None else args.budget, **_policy_args(args))
     trace = load(args.trace)
@@ -75,6 +87,8 @@ def _measured(trace, row: dict) -> dict:
 
 
 def cmd_sweep(args: argparse.Namespace) -> object:
+    if (allocated := _allocate(args)) is not None:
+        return allocated(args)
     given = _policy_args(args)
     if args.budget is not None:
         given["budget"] = args.budget
@@ -140,6 +154,8 @@ def cmd_export(args: argparse.Namespace) -> object:
 
 
 def cmd_table(args: argparse.Namespace) -> object:
+    if (allocated := _allocate(args)) is not None:
+        return allocated(args)
     budget = TABLE_BUDGET if args.budget is None else args.budget
     if budget < 1:
         raise CLIError(f"--budget {budget} must be at least 1")
@@ -397,6 +413,8 @@ def _quality_plan(args: argparse.Namespace) -> tuple[list[str], list[int], dict,
 
 
 def cmd_quality(args: argparse.Namespace) -> object:
+    if (allocated := _allocate(args)) is not None:
+        return allocated(args)
     # torch and transformers are imported by kvsim.models.quality's functions only when a measurement runs
     from ..models import quality
     from ..models.loading import require_extra

@@ -138,10 +138,23 @@ def _add_replay_and_sweep(sub, traces: str) -> None:
     _common(p, traces, DEFAULT_BUDGET)
     _policy_flags(p, ranges=False)
     _proxies_flag(p)
+    _allocate_flag(p)
     p = sub.add_parser("sweep", help="one replay per value of a parameter given as A:B[:STEP] (inclusive)")
     _common(p, traces, DEFAULT_BUDGET, budget_type=str)
     _policy_flags(p, ranges=True)
     _proxies_flag(p)
+    _allocate_flag(p)
+
+
+#: kvsim.analysis.allocation.ALLOCATORS, named here so that --help imports none of the simulator
+ALLOCATOR_NAMES = "uniform, pyramidkv, cake, adakv, duo, optimal"
+
+
+def _allocate_flag(p) -> None:
+    p.add_argument("--allocate", default=None, metavar="NAME|FILE", help=f"on a bundle (--trace): split its memory "
+                   f"(--budget x layers x KV heads positions) over its layers and KV heads by an allocator "
+                   f"({ALLOCATOR_NAMES}) or as a JSON file's 'allocation' rows (layer, kv_head, budget) give it; the "
+                   "bundle's mean retained mass beside each layer's (docs/allocation.md)")
 
 
 def _proxies_flag(p) -> None:
@@ -163,6 +176,7 @@ def _add_trace_commands(sub, traces: str) -> None:
     p = sub.add_parser("table", help="the policy cards' comparison and the calibration targets")
     _common(p, traces, TABLE_BUDGET)
     _proxies_flag(p)
+    _allocate_flag(p)
 
     p = sub.add_parser("claims", help="every checkable claim of the two policy cards, measured, with its verdict")
     p.add_argument("--trace", default="canonical", help=f"{traces}, or all (canonical and every shipped "
@@ -351,4 +365,7 @@ def _add_quality(sub) -> None:
                    "step's read of the weights (default: 8)")
     p.add_argument("--no-cache", action="store_true", help="measure again instead of reading cached results")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--allocate", default=None, metavar="NAME", help="with --mode open and one --policy and --budget: "
+                   "each layer and KV head at the budget an allocator gives it (uniform, pyramidkv, cake, optimal), "
+                   "the same memory as uniform's, measured beside uniform's (docs/allocation.md)")
     _json(p)

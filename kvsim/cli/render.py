@@ -72,7 +72,42 @@ def _proxy_note(rows: list[dict]) -> list[str]:
     return [f"measured: retained_mass, top_{k}_recall; not applicable: {', '.join(PROXY_COLUMNS)} ({why})" for why in whys]
 
 
+def _allocated(doc: dict) -> str:
+    """``replay --allocate``: each layer's retained mass and budgets, then the bundle's mean."""
+    by: dict[int, list[int]] = {}
+    for r in doc["allocation"]:
+        by.setdefault(r["layer"], []).append(r["budget"])
+    table = aligned(["layer", "budgets (per KV head)", "retained_mass"],
+                    [[x["layer"], " ".join(map(str, by[x["layer"]])), x["retained_mass"]] for x in doc["layers"]])
+    pooled = f", pooled per layer (floor {doc['floor']})" if doc.get("pooled") else ""
+    return (f"{doc['policy']} {params_label(_allocation_params(doc))} on {doc['bundle']} ({doc['steps']} steps), "
+            f"allocated by {doc['allocate']}{pooled}: {doc['positions']} positions (budget {doc['budget']:g} x "
+            f"{len(doc['allocation'])} heads)\n\n{table}\n\nbundle mean retained mass {doc['retained_mass']:.4f}")
+
+
+def _allocation_params(doc: dict) -> dict:
+    skip = {"bundle", "model", "steps", "policy", "budget", "allocate", "positions", "retained_mass", "layers",
+            "allocation", "floor", "pooled", "best"}
+    return {k: v for k, v in doc.items() if k not in skip}
+
+
+def _allocated_sweep(doc: list[dict]) -> str:
+    return aligned(["bundle", "policy", "params", "budget", "allocate", "retained_mass", "choice"],
+                   [[r["bundle"], r["policy"], params_label(_allocation_params(r)), r["budget"], r["allocate"],
+                     r["retained_mass"], "best" if r.get("best") else ""] for r in doc])
+
+
+def _allocated_table(doc: dict) -> str:
+    rows = [[r["policy"], params_label(r["params"]), r["retained_mass"]] for r in doc["rows"] if "refused" not in r]
+    return "\n".join([f"Bundle mean retained mass at budget {doc['budget']} per head on {doc['bundle']} "
+                      f"({doc['steps']} steps), allocated by {doc['allocate']}:", "",
+                      aligned(["policy", "params", "retained_mass"], rows),
+                      *(f"{r['policy']}: refused ({r['refused']})" for r in doc["rows"] if "refused" in r)])
+
+
 def _replay(doc: dict) -> str:
+    if "allocate" in doc:
+        return _allocated(doc)
     cols = _proxy_cols([doc])
     return "\n".join([aligned(
         ["trace", "policy", "params", "budget", "steps", "retained_mass", f"top_{doc['top_k']}_recall", *cols],
@@ -90,6 +125,8 @@ def _swept(doc: list[dict]) -> str:
 def _sweep(doc: list[dict]) -> str:
     """The rows, the best and the recommended one marked (``cmd_sweep`` says which), and the choice in
     words under them: exact over recent_window only when every window 1..budget - 1 was swept."""
+    if doc and "allocate" in doc[0]:
+        return _allocated_sweep(doc)
     param = _swept(doc)
     cols = _proxy_cols(doc)
     table = "\n".join([aligned(
@@ -155,6 +192,8 @@ def _cache(doc: dict) -> str:
 
 
 def _table(doc: dict) -> str:
+    if "allocate" in doc:
+        return _allocated_table(doc)
     k = doc["top_k"]
     parts = [
         f"Measured at budget {doc['budget']} on the {doc['trace']} trace ({doc['steps']} steps):",
@@ -203,6 +242,13 @@ def _table(doc: dict) -> str:
 
 
 def _quality(doc) -> str:
+    if isinstance(doc, dict) and "allocate" in doc:  # quality --allocate: the split beside uniform's, the same memory
+        u = doc["uniform"]
+        return (f"{doc['policy']} {params_label(doc['params'])} at budget {doc['budget']} per head on average, open loop, "
+                f"{doc['model']} on {doc['text']} ({doc['steps']} steps)\n\n" + aligned(
+                    ["split", "nll", "delta_nll", "kl", "retained_mass"],
+                    [[doc["allocate"], doc["nll"], doc["delta_nll"], doc["kl"], doc["retained_mass"]],
+                     ["uniform", u["nll"], u["delta_nll"], u["kl"], u["retained_mass"]]]))
     rows = [doc] if isinstance(doc, dict) else doc
     return aligned(
         ["policy", "params", "budget", "mode", "steps", "nll_full", "nll", "delta_nll", "ppl", "kl", "retained_mass",

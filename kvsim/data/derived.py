@@ -65,6 +65,12 @@ class TraceStore:
         """The attention as the engine's kernels read it, a call's steps at a time (``KernelView``)."""
         return KernelView(self.kernel_attention())
 
+    def every_row(self) -> np.ndarray:
+        """The whole ``(T + 1, T + 1)`` attention as the kernels take it, for a reader that needs every row
+        at once (a joint replay of a layer's heads): the matrix itself, or a query/key trace's rows computed
+        now with the kernels' arithmetic, whatever its length."""
+        return self.kernel_attention()
+
     @property
     def steps(self) -> int:
         return self._attention.shape[0] - 1

@@ -150,6 +150,11 @@ class QKStore(TraceStore):
     def kernel_view(self, steps_per_call: int) -> _RowsView:
         return _RowsView(self, steps_per_call)
 
+    def every_row(self) -> np.ndarray:
+        if self.dense_at_hand:
+            return self.dense()
+        return self.rows(0, self.steps + 1)[:, : self.steps + 1]
+
     def normalisers(self, progress=None) -> tuple[np.ndarray, np.ndarray]:
         """``(lse, denom)``: float64 ``(G, N)`` and ``(N,)``, every row's, from disk when kept there."""
         with self._lock:

@@ -1,0 +1,288 @@
+"""``replay``, ``sweep`` and ``table`` with ``--allocate NAME|FILE``: a bundle's memory split over its
+layers and KV heads (``kvsim.analysis.allocation``), at uniform's memory (``--budget B``: ``B x heads``
+positions in all), or as a file gives it (the ``allocation`` rows of an earlier ``--json``).
+
+Everything that can be refused is refused before a trace is loaded, in the one shape of
+``kvsim.cli.errors``: ``--allocate: BUNDLE_OR_FILE: problem`` (exit 1). Imported only when ``--allocate``
+is given, so the other commands load none of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..analysis import allocation as al
+from ..data.bundle import Bundle, BundleError, is_bundle
+from ..data.catalog import resolve_bundle, shipped_bundles
+from ..policies import DEFAULT_BUDGET, POLICIES, PolicySpec, policy_params
+from . import report
+from .errors import CLIError, InputError, flag
+from .parser import parse_range
+
+#: an allocation file is a small table; refuse anything larger before reading it
+MAX_FILE_BYTES = 4 * 1024 * 1024
+
+
+def _bundle(args: argparse.Namespace) -> Bundle:
+    spec = args.trace.strip()
+    if not (spec in shipped_bundles() or is_bundle(spec)):
+        raise InputError(f"--trace: {spec}: --allocate splits a bundle's memory over its layers and KV heads; give a "
+                         f"bundle (a recording of a whole model: {', '.join(shipped_bundles()) or 'a folder with a manifest.json'}), "
+                         "not one trace")
+    try:
+        return resolve_bundle(spec)
+    except BundleError as e:
+        raise InputError(f"--trace: {' '.join(str(e).split())}") from None
+
+
+def _spec(policy: str, budget: int, params: dict, where: str) -> PolicySpec:
+    """The spec at ``budget``; a window not below it is the allocation's refusal (the minimum named)."""
+    loose = PolicySpec.of(policy, 10**9, **params)  # the parameters checked, whatever the budget
+    low = al.minimum_budget(loose)
+    raw = PolicySpec(policy, budget, loose.params)
+    if budget < low:
+        al_error = al.AllocationError(f"budget {budget} per head is below {al.minimum_why(raw)}")
+        raise InputError(f"--allocate: {where}: {al_error}")
+    return PolicySpec.of(policy, budget, **params)
+
+
+def _file(path: str, bundle: Bundle, spec_of) -> tuple[dict, PolicySpec]:
+    """An allocation file's budgets, checked against ``bundle`` (its shape, each budget's bounds)."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"--allocate: {path}: no such file (and not an allocator: {', '.join(al.ALLOCATORS)})")
+    if p.stat().st_size > MAX_FILE_BYTES:
+        raise InputError(f"--allocate: {path}: {p.stat().st_size} bytes, more than the limit of {MAX_FILE_BYTES}")
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise InputError(f"--allocate: {path}: not UTF-8 (byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"--allocate: {path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    rows = doc.get("allocation") if isinstance(doc, dict) else doc
+    if not isinstance(rows, list) or not rows:
+        raise InputError(f"--allocate: {path}: 'allocation' must be a non-empty list of rows (layer, kv_head, budget)")
+    budgets: dict[tuple[int, int], int] = {}
+    for i, r in enumerate(rows):
+        ok = isinstance(r, dict) and all(isinstance(r.get(k), int) and not isinstance(r.get(k), bool)
+                                         for k in ("layer", "kv_head", "budget"))
+        if not ok:
+            raise InputError(f"--allocate: {path}: allocation[{i}] must have integer 'layer', 'kv_head' and 'budget'")
+        key = (r["layer"], r["kv_head"])
+        if key in budgets:
+            raise InputError(f"--allocate: {path}: allocation[{i}]: layer {key[0]} KV head {key[1]} is listed twice")
+        budgets[key] = r["budget"]
+    spec = spec_of(min(budgets.values()), path)
+    try:
+        al.check_split(budgets, spec, [(t.layer, t.head) for t in bundle.traces], bundle.steps, path)
+    except al.AllocationError as e:
+        raise InputError(f"--allocate: {e}") from None
+    return budgets, spec
+
+
+class Plan:
+    """What ``--allocate`` asked for on which bundle, checked: an allocator's name or a file's budgets."""
+
+    def __init__(self, args: argparse.Namespace, bundle: Bundle, params: dict) -> None:
+        self.args, self.bundle = args, bundle
+        #: the policy's parameters (a sweep sets each value's in turn)
+        self.params = params
+        self.name = args.allocate.strip()
+        self.budgets = None
+        self.shape = [(t.layer, t.head) for t in bundle.traces]
+        if self.name not in al.ALLOCATORS:
+            self.budgets, _ = _file(self.name, bundle, lambda b, where: self._spec(b, where))
+        self.heads = None
+
+    def _spec(self, budget: int, where: str | None = None) -> PolicySpec:
+        return _spec(self.args.policy, budget, self.params, where or self.bundle.name)
+
+    def check(self, spec: PolicySpec) -> None:
+        """The allocator's refusals for ``spec`` on this bundle, before any trace is read."""
+        if self.budgets is not None:
+            return
+        try:
+            al.check(self.name, spec, self.shape, self.bundle.steps)
+        except al.AllocationError as e:
+            raise InputError(f"--allocate: {self.bundle.name}: {e}") from None
+
+    def run(self, spec: PolicySpec, progress=None) -> al.Measured:
+        if self.heads is None:
+            self.heads = al.load_heads(self.bundle)
+        if self.budgets is not None:
+            alloc = al.from_budgets(self.budgets, self.heads, name=Path(self.name).name)
+        else:
+            alloc = al.allocate(self.name, self.heads, spec, progress=_scaled(progress, 0.0, 0.9))
+        return al.measure(self.heads, spec, alloc, progress=_scaled(progress, 0.9, 1.0))
+
+
+def _scaled(progress, a, b):
+    from ..progress import scaled
+
+    return scaled(progress, a, b)
+
+
+def _doc(plan: Plan, m: al.Measured) -> dict:
+    spec = m.policy
+    a = m.allocation
+    # a file's split has no one budget: its mean per head says its memory
+    budget = spec.budget if plan.budgets is None else a.total / len(a.budgets)
+    return {"bundle": plan.bundle.name, "model": plan.bundle.model, "steps": plan.bundle.steps,
+            "policy": spec.name, "budget": budget, **spec.kwargs, "allocate": a.allocator,
+            "positions": a.total, "retained_mass": m.retained_mass, "layers": m.layers(),
+            "allocation": a.rows(), **({"floor": a.floor, "pooled": True} if a.pooled else {})}
+
+
+def _given(args: argparse.Namespace) -> dict:
+    accepted = policy_params(args.policy)
+    given = {n[len("param_"):]: v for n, v in vars(args).items() if n.startswith("param_") and v is not None}
+    for param in given:
+        if param not in accepted:
+            takes = ", ".join(flag(p) for p in accepted) or "nothing beyond --budget"
+            raise CLIError(f"{flag(param)} does not apply to policy {args.policy} (it takes {takes})")
+    return given
+
+
+def replay(args: argparse.Namespace) -> dict:
+    if args.proxies:
+        raise CLIError("--proxies does not go with --allocate (the allocation's figure is the bundle's retained mass)")
+    params = _given(args)
+    bundle = _bundle(args)
+    plan = Plan(args, bundle, params)
+    budget = DEFAULT_BUDGET if args.budget is None else args.budget
+    if plan.budgets is not None:
+        budget = min(plan.budgets.values())
+    spec = plan._spec(budget)
+    plan.check(spec)
+    with report.step("replay", f"allocating {bundle.name} by {plan.name} for {spec.name}") as progress:
+        report.prepare([spec.name], progress)
+        m = plan.run(spec, progress)
+    return _doc(plan, m)
+
+
+def sweep(args: argparse.Namespace) -> list[dict]:
+    if args.proxies:
+        raise CLIError("--proxies does not go with --allocate (the allocation's figure is the bundle's retained mass)")
+    given = _given(args)
+    if args.budget is not None:
+        given["budget"] = args.budget
+    ranges = {p: parse_range(flag(p), text) for p, text in given.items()}
+    swept = [p for p in ranges if ":" in given[p]]
+    if len(swept) != 1:
+        flags = [flag(p) for p in policy_params(args.policy)] + ["--budget"]
+        what = "none was" if not swept else f"{len(swept)} were ({', '.join(flag(p) for p in swept)})"
+        raise CLIError(f"sweep needs exactly one range A:B[:STEP] among {', '.join(flags)}; {what} given")
+    param = swept[0]
+    fixed = {p: v[0] for p, v in ranges.items() if p != param}
+    budget = fixed.pop("budget", DEFAULT_BUDGET)
+    bundle = _bundle(args)
+    plan = Plan(args, bundle, fixed)
+    if plan.budgets is not None and param == "budget":
+        raise CLIError(f"--allocate {args.allocate} fixes every head's budget; sweep a policy parameter instead")
+    specs = []
+    for v in ranges[param]:  # every value checked before any replay
+        b = v if param == "budget" else (min(plan.budgets.values()) if plan.budgets is not None else budget)
+        plan.params = fixed if param == "budget" else {**fixed, param: v}
+        spec = plan._spec(b)
+        plan.check(spec)
+        specs.append(spec)
+    rows = []
+    with report.step("sweep", f"allocating {bundle.name} by {plan.name}, {len(specs)} values of {flag(param)}") as progress:
+        report.prepare([args.policy], progress)
+        for i, spec in enumerate(specs):
+            m = plan.run(spec, _scaled(progress, i / len(specs), (i + 1) / len(specs)))
+            rows.append(_doc(plan, m))
+    best = max(range(len(rows)), key=lambda i: rows[i]["retained_mass"])
+    return [{**r, "best": i == best} for i, r in enumerate(rows)]
+
+
+def table(args: argparse.Namespace) -> dict:
+    from ..analysis.table import TABLE_BUDGET
+
+    if args.proxies:
+        raise CLIError("--proxies does not go with --allocate (the allocation's figure is the bundle's retained mass)")
+    budget = TABLE_BUDGET if args.budget is None else args.budget
+    if budget < 1:
+        raise CLIError(f"--budget {budget} must be at least 1")
+    bundle = _bundle(args)
+    name = args.allocate.strip()
+    shape = [(t.layer, t.head) for t in bundle.traces]
+    if name not in al.ALLOCATORS:
+        raise CLIError(f"--allocate: table takes an allocator's name ({', '.join(al.ALLOCATORS)}); a file fixes "
+                       "budgets for one policy: give it to replay")
+    jobs, rows = [], []
+    for policy in POLICIES:
+        try:
+            spec = PolicySpec.of(policy, budget)
+        except ValueError as e:
+            rows.append({"policy": policy, "params": {}, "retained_mass": None, "refused": " ".join(str(e).split())})
+            continue
+        try:
+            al.check(name, spec, shape, bundle.steps)
+        except al.AllocationError as e:
+            rows.append({"policy": policy, "params": spec.kwargs, "retained_mass": None, "refused": str(e)})
+            continue
+        jobs.append(spec)
+    if not jobs:
+        raise InputError(f"--allocate: {bundle.name}: {name} applies to no policy at budget {budget} "
+                         f"({rows[0]['refused'] if rows else 'none'})")
+    with report.step("table", f"allocating {bundle.name} by {name} for {len(jobs)} policies") as progress:
+        report.prepare([s.name for s in jobs], progress)
+        heads = al.load_heads(bundle)
+        for i, spec in enumerate(jobs):
+            part = _scaled(progress, i / len(jobs), (i + 1) / len(jobs))
+            alloc = al.allocate(name, heads, spec, progress=part)
+            m = al.measure(heads, spec, alloc)
+            rows.append({"policy": spec.name, "params": spec.kwargs, "retained_mass": m.retained_mass,
+                         "layers": m.layers(), "allocation": alloc.rows()})
+    order = list(POLICIES)
+    rows.sort(key=lambda r: order.index(r["policy"]))
+    return {"bundle": bundle.name, "model": bundle.model, "steps": bundle.steps, "budget": budget, "allocate": name,
+            "rows": rows}
+
+
+def quality(args: argparse.Namespace) -> dict:
+    """``quality --allocate NAME --mode open``: the model's loss and KL with each (layer, KV head) at its own
+    budget, beside uniform's at the same memory (``kvsim.models.allocation_truth``)."""
+    from ..models import quality as q
+    from ..models.allocation_truth import open_truth
+    from ..models.loading import require_extra
+    from .errors import read_input
+
+    name = args.allocate.strip()
+    if not args.policy:
+        raise CLIError("--allocate measures one policy: give --policy, not --policies")
+    if args.sweep:
+        raise CLIError("--allocate does not go with --sweep")
+    if args.mode != "open":
+        raise CLIError("--allocate measures the open loop: give --mode open (each head's schedule, at its own "
+                       "budget, masks one teacher-forced pass)")
+    if name not in al.STATIC + ("optimal",):
+        raise CLIError(f"--allocate: quality measures a static split ({', '.join(al.STATIC)}, optimal); "
+                       f"{name!r} is not one (adakv's pool and duo's streaming heads are not measured by the truth yet)")
+    try:
+        budget = int(args.budget)
+    except ValueError:
+        raise CLIError(f"--budget: {args.budget!r}: --allocate takes one budget") from None
+    params = _given(args)
+    spec = _spec(args.policy, budget, params, "TEXT")
+    text = q.resolve_text(args.text)
+    read_input("TEXT", text)
+    if args.model is None:
+        require_extra()
+    say = None if args.quiet else q.QUALITY_STDERR
+    session = q.open_session(text, args.steps, args.model, progress=say)
+    shape = [(x, h) for x in range(session.layers) for h in range(session.kv_heads)]
+    try:
+        al.check(name, spec, shape, session.steps)
+    except al.AllocationError as e:
+        raise InputError(f"--allocate: {text}: {e}") from None
+    heads = [al.Head(x, h, session.traces[x][h]) for x, h in shape]
+    split = al.allocate(name, heads, spec, progress=say)
+    grid = [[split.budgets[x * session.kv_heads + h] for h in range(session.kv_heads)] for x in range(session.layers)]
+    got = open_truth(session, spec.name, grid, spec.kwargs)
+    even = open_truth(session, spec.name, [[budget] * session.kv_heads for _ in range(session.layers)], spec.kwargs)
+    return {**got, "budget": budget, "allocate": name, "model": session.model_id, "text": Path(text).name,
+            "uniform": {k: even[k] for k in ("nll", "delta_nll", "kl", "retained_mass")}, "allocation": split.rows()}
