@@ -1,7 +1,7 @@
 """How long a kvsim command takes as a whole process, for two checkouts in one sitting, alternating, so a
 shared machine's noise falls on both alike (issue 36: a command line that answers at once).
 
-    python bench/startup_compare.py OLD_TREE NEW_TREE [--rounds 5] [--qk PATH] [--first-qk]
+    python bench/startup_compare.py OLD_TREE NEW_TREE [--rounds 5] [--qk PATH] [--first-qk] [--bytecode]
 
 Each round runs every command below once in each tree (cwd and PYTHONPATH the tree, this interpreter);
 the table gives the fastest, the median and the slowest run. Beside them, the floors: a bare
@@ -14,6 +14,11 @@ of a bare ``import numba`` process plus the work" reads off the table.
 directory). ``--first-qk`` also times, once per tree with an empty numba cache of its own, a query/key
 replay of tova and of snapkv right after a dense replay of the same policy: what a trace kind's first
 replay on a machine costs when the dense kind's kernels are already compiled, and the run after it.
+
+``--bytecode`` times every process (the floors too) with Python's bytecode cache on, kept in a
+temporary folder (``PYTHONPYCACHEPREFIX``), as an installed kvsim runs; without it the environment's own
+setting holds (``PYTHONDONTWRITEBYTECODE=1`` on the project's machines: every kvsim module a process
+imports is compiled from source, while numpy's and numba's bytecode came with their install).
 """
 
 from __future__ import annotations
@@ -66,8 +71,16 @@ print(json.dumps(best))
 """
 
 
+#: set by ``--bytecode``: the folder Python keeps every process's bytecode in
+PYCACHE: str | None = None
+
+
 def env_of(tree: Path, **extra: str) -> dict:
-    return {**os.environ, **extra, "PYTHONPATH": str(tree)}
+    env = {**os.environ, **extra, "PYTHONPATH": str(tree)}
+    if PYCACHE is not None:  # a prefix per tree: the trees' modules share file names
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(Path(PYCACHE) / tree.name)
+    return env
 
 
 def timed(tree: Path, argv: list[str], expect: int, **extra: str) -> float:
@@ -114,11 +127,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--qk", default=None, help="a query/key trace (*.qk.npz)")
     ap.add_argument("--first-qk", action="store_true", help="also time a trace kind's first replay (compiles, minutes)")
+    ap.add_argument("--bytecode", action="store_true", help="with Python's bytecode cache on (in a temporary folder)")
     args = ap.parse_args()
+    global PYCACHE
+    if args.bytecode:
+        PYCACHE = tempfile.mkdtemp(prefix="kvsim-startup-pycache-")
     trees = [t.resolve() for t in args.trees]
     qk = args.qk or default_qk()
     cmds = commands(qk)
-    print(f"load average at start: {os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs; trace {qk}")
+    print(f"load average at start: {os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs; trace {qk}; "
+          f"bytecode {'kept in ' + PYCACHE if PYCACHE else 'as the environment says'}")
     for tree in trees:  # warm both: numba's disk caches, the trace caches, the query/key trace's row pass
         head = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
         dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
