@@ -68,6 +68,8 @@ class Kernel:
 
 
 _swap_lock = threading.RLock()
+#: whether numba's ``Cache.load_overload`` is kvsim's short path (``_load_cached_code_only``)
+_short_load = False
 _swapped: set[int] = set()  # ids of the module globals whose stand-ins are dispatchers now
 
 
@@ -92,7 +94,15 @@ def _dispatch(k: Kernel) -> None:
 def _make(k: Kernel, made: dict, njit) -> None:
     if k._dispatcher is not None or k in made:
         return
-    made[k] = k.py_func if njit is None else njit(cache=True, nogil=True)(k.py_func)
+    if njit is None:
+        made[k] = k.py_func
+    else:
+        made[k] = dispatcher = njit(cache=True, nogil=True)(k.py_func)
+        # numba reads every installed distribution's entry points for its extensions ahead of a first
+        # call (0.04-0.09 s a process here, issue 36); code read from disk needs none, so they are
+        # loaded where a kernel is compiled instead (``load_overload`` on a miss), before its compile
+        if _short_load:  # else numba's own load, and its hook before it
+            dispatcher._compilation_chain_init_hook = _no_extensions_yet
     names = k.py_func.__globals__
     if id(names) in _swapped:
         return
@@ -113,10 +123,12 @@ def _load_cached_code_only() -> None:
     and the compile refreshes again), so what differs is only what a hit loads. Applied where numba's
     cache is as this was written against (0.68); elsewhere, or if the short path fails, numba's own."""
     try:
+        from numba.core import entrypoints
         from numba.core.caching import Cache
         from numba.core.runtime import rtsys
     except ImportError:
         return
+    global _short_load
     original = Cache.load_overload
     if getattr(original, "kvsim", False) or not hasattr(Cache, "_load_overload"):
         return
@@ -128,10 +140,17 @@ def _load_cached_code_only() -> None:
                 loaded = self._load_overload(sig, target_context)
         except Exception:  # another numba's internals: its own path decides
             loaded = None
+        if loaded is None:  # a compile follows: with numba's extensions, as numba's own path has them
+            entrypoints.init_all()
         return loaded if loaded is not None else original(self, sig, target_context)
 
     load_overload.kvsim = True
     Cache.load_overload = load_overload
+    _short_load = True
+
+
+def _no_extensions_yet() -> None:
+    """A kernel's stand-in for numba's ``_compilation_chain_init_hook``: nothing before its first call."""
 
 
 @contextmanager

@@ -288,3 +288,39 @@ def test_a_query_key_files_digest_is_read_back_by_its_stamp_and_a_changed_file_h
     assert changed != stems[0] and opened == [path.resolve()] * 2
     with real_open(path, "rb") as f:  # as bytes (a Dask worker's): hashed, the same digest
         assert qk.load_qk(f, source=str(path)).derived.disk_stem == changed
+
+
+@needs_numba
+def test_numbas_extensions_are_loaded_before_a_kernel_compiles_and_not_for_one_read_from_disk(tmp_path):
+    """Reading every installed distribution's entry points for numba's extensions is left out where a
+    kernel's code is on disk; where it is compiled the extensions are loaded first, as numba does."""
+    code = """import contextlib, io, json, sys
+from numba.core import entrypoints, event
+order = []
+init_all = entrypoints.init_all
+entrypoints.init_all = lambda: order.append("extensions") or init_all()
+class Listener(event.Listener):
+    def on_start(self, ev):
+        order.append("compile")
+    def on_end(self, ev):
+        pass
+event.register("numba:compile", Listener())
+from kvsim.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    assert main(sys.argv[1:]) == 0
+compiled = "compile" in order
+print(json.dumps([compiled, compiled and order.index("extensions") < order.index("compile"), "extensions" in order,
+                  entrypoints._already_initialized]))
+"""
+    save_npz(random_trace(40, seed=5), tmp_path / "small.npz")
+    args = ["replay", "--trace", str(tmp_path / "small.npz"), "--policy", "tova", "--budget", "12", "--json"]
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "KVSIM_CACHE_DIR": str(tmp_path / "cache")}
+
+    def run():
+        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, env=env,
+                              timeout=900)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    assert run() == [True, True, True, True]  # an empty numba cache: compiled, the extensions loaded first
+    assert run() == [False, False, False, False]  # read from disk: no extensions asked for
