@@ -4,7 +4,8 @@ shared machine's noise falls on both alike (issue 36: a command line that answer
     python bench/startup_compare.py OLD_TREE NEW_TREE [--rounds 5] [--qk PATH] [--first-qk] [--bytecode]
 
 Each round runs every command below once in each tree (cwd and PYTHONPATH the tree, this interpreter);
-the table gives the fastest, the median and the slowest run. Beside them, the floors: a bare
+the table gives the fastest, the median and the slowest run, and each process's CPU time (user +
+system, the best run: on a shared machine a process waits for a core, so wall time follows the load). Beside them, the floors: a bare
 interpreter, ``import numpy`` and ``import numba`` processes, and the work of each replay measured in a
 warm process of the tree (the best of five calls after a first one), so that "a second run within 0.3 s
 of a bare ``import numba`` process plus the work" reads off the table.
@@ -62,13 +63,18 @@ def commands(qk: str) -> list[tuple[str, list[str], int]]:
 _WORK = """import json, sys, time, kvsim
 trace = kvsim.resolve_trace(sys.argv[1])
 kvsim.replay(trace, sys.argv[2], budget=int(sys.argv[3]))
-best = float("inf")
+best, best_cpu = float("inf"), float("inf")
 for _ in range(5):
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     kvsim.replay(trace, sys.argv[2], budget=int(sys.argv[3]))
-    best = min(best, time.perf_counter() - t0)
-print(json.dumps(best))
+    best, best_cpu = min(best, time.perf_counter() - t0), min(best_cpu, time.process_time() - c0)
+print(json.dumps([best, best_cpu]))
 """
+
+#: the CPU time (user + system, all threads) of each process timed, beside its wall time: on a machine
+#: whose cores others share, a process waits for a core, and its wall time grows with the load while
+#: the CPU time it spends changes far less
+CPU: dict[tuple[str, Path], list[float]] = {}
 
 
 #: set by ``--bytecode``: the folder Python keeps every process's bytecode in
@@ -84,16 +90,18 @@ def env_of(tree: Path, **extra: str) -> dict:
 
 
 def timed(tree: Path, argv: list[str], expect: int, **extra: str) -> float:
-    t0 = time.perf_counter()
+    t0, r0 = time.perf_counter(), os.times()
     done = subprocess.run([sys.executable, *argv], cwd=tree, env=env_of(tree, **extra), capture_output=True)
-    seconds = time.perf_counter() - t0
+    seconds, r1 = time.perf_counter() - t0, os.times()
+    CPU.setdefault((" ".join(argv), tree), []).append(
+        r1.children_user - r0.children_user + r1.children_system - r0.children_system)
     if done.returncode != expect:
         tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["(nothing on stderr)"]
         raise SystemExit(f"{tree}: python {' '.join(argv)} exited {done.returncode}, expected {expect}: {tail[0]}")
     return seconds
 
 
-def work(tree: Path, trace: str, policy: str, budget: int) -> float:
+def work(tree: Path, trace: str, policy: str, budget: int) -> list[float]:
     done = subprocess.run([sys.executable, "-c", _WORK, trace, policy, str(budget)], cwd=tree, env=env_of(tree),
                           capture_output=True, text=True, check=True)
     return json.loads(done.stdout)
@@ -144,6 +152,7 @@ def main() -> None:
         print(f"{tree}: {head.stdout.strip()}{' (uncommitted changes)' if dirty else ''}")
         for _, argv, expect in cmds:
             timed(tree, argv, expect)
+    CPU.clear()  # the warming runs compiled and filled caches: not what a second run spends
     runs: dict[tuple[str, Path], list[float]] = {}
     for _ in range(args.rounds):
         for tree in trees:
@@ -168,11 +177,18 @@ def main() -> None:
     for label in ("import kvsim", "kvsim --help", "kvsim replay --budget zero (usage error)", "kvsim cache list"):
         print(f"{label + ' above python -c pass':<44}" + "".join(f"{min(runs[label, t]) - bare[t]:>30.2f}" for t in trees))
     numba_floor = {t: min(runs["import numba", t]) for t in trees}
+    argv_of = {label: " ".join(argv) for label, argv, _ in cmds}
+    cpu = {(label, t): min(CPU[argv_of[label], t]) for label in argv_of for t in trees}
     for what in dict.fromkeys(what for what, _ in works):
         label = next(lbl for lbl, _, _ in cmds if lbl.startswith(what))
-        print(f"{what + ': work in a warm process':<44}" + "".join(f"{works[what, t] * 1e3:>27.1f} ms" for t in trees))
-        over = [min(runs[label, t]) - numba_floor[t] - works[what, t] for t in trees]
+        print(f"{what + ': work in a warm process':<44}" + "".join(f"{works[what, t][0] * 1e3:>27.1f} ms" for t in trees))
+        over = [min(runs[label, t]) - numba_floor[t] - works[what, t][0] for t in trees]
         print(f"{'  process above import numba + work':<44}" + "".join(f"{x:>30.2f}" for x in over))
+        over = [cpu[label, t] - cpu["import numba", t] - works[what, t][1] for t in trees]
+        print(f"{'  the same in CPU time (user + system)':<44}" + "".join(f"{x:>30.2f}" for x in over))
+    print(f"\n{'CPU time, best run (s)':<44}" + "".join(f"{t.name:>30}" for t in trees))
+    for label in argv_of:
+        print(f"{label:<44}" + "".join(f"{cpu[label, t]:>30.2f}" for t in trees))
     if args.first_qk:
         print("\nfirst query/key replay after a dense one, empty numba cache (s: dense, first qk, second qk)")
         for tree in trees:
