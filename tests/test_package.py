@@ -141,7 +141,9 @@ def test_the_bench_scripts_take_kvsim_as_installed_and_refuse_another_checkouts(
         for line in text.splitlines():
             if "sys.path" in line:  # only the suite's helpers, which are modules of tests/, may be put there
                 assert '"tests"' in line and "this_checkout(__file__)" in line, f"{script.name}: {line.strip()}"
-        if re.search(r"^\s*(from|import) kvsim", text, re.M):
+        imported = {alias.name for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Import) for alias in node.names}
+        imported |= {node.module for node in ast.walk(ast.parse(text)) if isinstance(node, ast.ImportFrom) and node.module}
+        if any(name.split(".")[0] == "kvsim" for name in imported):  # itself, not in a child process's code
             assert "this_checkout(__file__)" in text, script.name
     other = ROOT.parent / "another-checkout" / "bench" / "tool.py"
     code = f"from kvsim.bench import this_checkout; this_checkout({str(other)!r})"
