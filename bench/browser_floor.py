@@ -26,10 +26,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from kvsim.bench import browser as bb
+from kvsim.bench import checkout_env, this_checkout
 
-from kvsim.bench import browser as bb  # noqa: E402
-from kvsim.bench import checkout_env  # noqa: E402
+this_checkout(__file__)
 
 APP = """import json
 from pathlib import Path

@@ -41,7 +41,9 @@ from pathlib import Path
 import browser_floor as floor
 
 from kvsim.bench import browser as bb
-from kvsim.bench import checkout_env
+from kvsim.bench import checkout_env, this_checkout
+
+this_checkout(__file__)
 
 PAGE = """import json
 from pathlib import Path

@@ -30,11 +30,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's kvsim, not an installed one
+from kvsim.bench import browser as bb
+from kvsim.bench import client, load, this_checkout
+from kvsim.bench.browser.server import Server, server_env
 
-from kvsim.bench import browser as bb  # noqa: E402
-from kvsim.bench import client, load  # noqa: E402
-from kvsim.bench.browser.server import Server, server_env  # noqa: E402
+this_checkout(__file__)
 
 
 async def client_run(url: str) -> dict:

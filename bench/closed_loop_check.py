@@ -25,8 +25,9 @@ FIGURES = ("nll", "kl", "retained_mass")
 
 
 def measure(real: bool) -> dict:
-    root = pathlib.Path(__file__).resolve().parents[1]
-    sys.path[:0] = [str(root), str(root / "tests")]
+    from kvsim.bench import this_checkout
+
+    sys.path.insert(0, str(this_checkout(__file__) / "tests"))  # the suite's helpers: modules of tests/, not a package
     from test_quality import TEXT, ByteTokenizer, _tiny
 
     from kvsim.models import quality

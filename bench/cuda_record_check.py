@@ -22,11 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, nothing installed
-from kvsim.data.trace import load_npz  # noqa: E402
-from kvsim.models.record import RecordConfig, record  # noqa: E402
+from kvsim.bench import this_checkout
+from kvsim.data.trace import load_npz
+from kvsim.models.record import RecordConfig, record
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+# the suite's helpers are modules of tests/, not a package: found on the path as pytest finds them
+sys.path.insert(0, str(this_checkout(__file__) / "tests"))
 from tiny_models import config, tokenizer  # noqa: E402  (the recorder's tests build the same tiny models)
 
 TEXT = (Path(__file__).resolve().parent.parent / "traces" / "README.md").read_text() * 4

@@ -8,15 +8,14 @@ every step with the full cache masked to StreamingLLM's schedule. About 2 minute
 
 from __future__ import annotations
 
-import pathlib
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
 
 def main() -> None:
-    sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+    from kvsim.bench import this_checkout
+
+    sys.path.insert(0, str(this_checkout(__file__) / "tests"))  # the suite's helpers: modules of tests/, not a package
     import test_hf
     import torch
 

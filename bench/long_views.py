@@ -15,15 +15,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 import tempfile
 from pathlib import Path
 from urllib.parse import quote
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from kvsim.bench import browser as bb
+from kvsim.bench import this_checkout
+from kvsim.data import catalog
 
-from kvsim.bench import browser as bb  # noqa: E402
-from kvsim.data import catalog  # noqa: E402
+this_checkout(__file__)
 
 VIEWS = ("Kept positions", "The trace", "Choosing recent_window", "Cumulative scores")
 #: the images the idle page must show: one panel per default policy; the attention matrix

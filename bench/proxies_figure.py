@@ -17,7 +17,10 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvsim.bench import this_checkout
 from kvsim.bench.browser.driver import CHROMIUM, CHROMIUM_ARGS
+
+this_checkout(__file__)
 
 SHOWN = ("kl_open", "retained_mass", "output_error")
 COLOURS = {"kl_open": "#d62728", "retained_mass": "#1f77b4", "output_error": "#2ca02c"}

@@ -15,8 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from kvsim.bench import this_checkout
+
+ROOT = this_checkout(__file__)
 
 
 def main() -> None:

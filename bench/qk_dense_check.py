@@ -19,8 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, nothing installed
-from kvsim.data.trace import unpack_lower  # noqa: E402
+from kvsim.bench import this_checkout
+from kvsim.data.trace import unpack_lower
+
+this_checkout(__file__)
 
 ROWS = 512
 

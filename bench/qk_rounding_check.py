@@ -16,10 +16,10 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from kvsim.bench import this_checkout
+
+ROOT = this_checkout(__file__)
 
 PAIRS = {"qk16_vs_dense16": ("qk16", "dense16"), "dense16_vs_dense32": ("dense16", "dense32"),
          "qk32_vs_dense32": ("qk32", "dense32"), "qk16_vs_dense32": ("qk16", "dense32")}

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from kvsim.bench import this_checkout
+
+ROOT = this_checkout(__file__)
 
 STDLIB = Path("/root/.pyenv/versions/3.11.7/lib/python3.11")
 MODULES = ["heapq.py", "bisect.py", "functools.py", "collections/__init__.py", "argparse.py", "inspect.py", "typing.py",

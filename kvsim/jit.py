@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import importlib.util
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -67,6 +68,8 @@ class Kernel:
 
 
 _swap_lock = threading.RLock()
+#: whether numba's ``Cache.load_overload`` is kvsim's short path (``_load_cached_code_only``)
+_short_load = False
 _swapped: set[int] = set()  # ids of the module globals whose stand-ins are dispatchers now
 
 
@@ -81,6 +84,7 @@ def _dispatch(k: Kernel) -> None:
         njit = None
     else:
         _load_cached_code_only()
+        _type_arrays_without_numpy_ma()
     made: dict[Kernel, object] = {}
     _make(k, made, njit)
     for stand_in, dispatcher in made.items():
@@ -90,7 +94,15 @@ def _dispatch(k: Kernel) -> None:
 def _make(k: Kernel, made: dict, njit) -> None:
     if k._dispatcher is not None or k in made:
         return
-    made[k] = k.py_func if njit is None else njit(cache=True, nogil=True)(k.py_func)
+    if njit is None:
+        made[k] = k.py_func
+    else:
+        made[k] = dispatcher = njit(cache=True, nogil=True)(k.py_func)
+        # numba reads every installed distribution's entry points for its extensions ahead of a first
+        # call (0.04-0.09 s a process here, issue 36); code read from disk needs none, so they are
+        # loaded where a kernel is compiled instead (``load_overload`` on a miss), before its compile
+        if _short_load:  # else numba's own load, and its hook before it
+            dispatcher._compilation_chain_init_hook = _no_extensions_yet
     names = k.py_func.__globals__
     if id(names) in _swapped:
         return
@@ -111,10 +123,12 @@ def _load_cached_code_only() -> None:
     and the compile refreshes again), so what differs is only what a hit loads. Applied where numba's
     cache is as this was written against (0.68); elsewhere, or if the short path fails, numba's own."""
     try:
+        from numba.core import entrypoints
         from numba.core.caching import Cache
         from numba.core.runtime import rtsys
     except ImportError:
         return
+    global _short_load
     original = Cache.load_overload
     if getattr(original, "kvsim", False) or not hasattr(Cache, "_load_overload"):
         return
@@ -122,14 +136,77 @@ def _load_cached_code_only() -> None:
     def load_overload(self, sig, target_context):
         try:
             rtsys.initialize(target_context)
-            with self._guard_against_spurious_io_errors():
+            with self._guard_against_spurious_io_errors(), _helper_modules_left_unimported():
                 loaded = self._load_overload(sig, target_context)
         except Exception:  # another numba's internals: its own path decides
             loaded = None
+        if loaded is None:  # a compile follows: with numba's extensions, as numba's own path has them
+            entrypoints.init_all()
         return loaded if loaded is not None else original(self, sig, target_context)
 
     load_overload.kvsim = True
     Cache.load_overload = load_overload
+    _short_load = True
+
+
+def _no_extensions_yet() -> None:
+    """A kernel's stand-in for numba's ``_compilation_chain_init_hook``: nothing before its first call."""
+
+
+@contextmanager
+def _helper_modules_left_unimported() -> Iterator[None]:
+    """While cached code is read: an environment of one of numba's own helpers (array and string code
+    inlined into a kernel, from ``numba.np.arrayobj``, ``numba.cpython.unicode``) is rebuilt without
+    importing its module when that is not imported yet (``arrayobj`` pulls in the string, hashing and
+    sorting modules: 0.05-0.1 s a process here, issue 36). An environment's module globals are read
+    only by object-mode code, which numba's nopython helpers do not have; its constants are kept.
+    numba's own rebuild where the module is imported, or is not numba's. The swap is made under
+    numba's compiler lock, which every load and compile holds."""
+    from numba.core import environment
+
+    rebuild = environment._rebuild_env
+
+    def rebuild_env(modname, consts, env_name):
+        if not modname.startswith("numba.") or modname in sys.modules or environment.lookup_environment(env_name):
+            return rebuild(modname, consts, env_name)
+        env = environment.Environment({"__name__": modname})
+        env.consts[:] = consts
+        env.env_name = env_name
+        environment.Environment._memo[env_name] = env
+        return env
+
+    environment._rebuild_env = rebuild_env  # what a pickled environment names: read when it is unpickled
+    try:
+        yield
+    finally:
+        environment._rebuild_env = rebuild
+
+
+def _type_arrays_without_numpy_ma() -> None:
+    """numba types an array argument after asking whether it is a ``numpy.ma.MaskedArray``, which
+    imports ``numpy.ma`` (0.02-0.03 s, issue 36) for the first kernel call of a process. No masked
+    array exists before ``numpy.ma`` is imported, so until it is the question is skipped; the type is
+    numba's own (``_typeof_ndarray`` after its check). Only where that function is numba's as this
+    was written against (0.68)."""
+    import numpy as np
+    from numba.core import errors, types
+    from numba.core.typing import typeof
+    from numba.np import numpy_support
+
+    own = typeof.typeof_impl.dispatch(np.ndarray)
+    if own is not getattr(typeof, "_typeof_ndarray", None):
+        return
+
+    def typeof_ndarray(val, c):
+        if "numpy.ma" in sys.modules:
+            return own(val, c)
+        try:
+            dtype = numpy_support.from_dtype(val.dtype)
+        except errors.NumbaNotImplementedError:
+            raise errors.NumbaValueError(f"Unsupported array dtype: {val.dtype}") from None
+        return types.Array(dtype, val.ndim, numpy_support.map_layout(val), readonly=not val.flags.writeable)
+
+    typeof.typeof_impl.register(np.ndarray)(typeof_ndarray)
 
 
 def kernel(fn):

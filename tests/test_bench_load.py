@@ -11,7 +11,7 @@ import time
 import pytest
 
 from kvsim import cli
-from kvsim.bench import client, load, sampler
+from kvsim.bench import checkout_env, client, load, sampler
 from kvsim.bench.browser.server import Server, server_env
 
 
@@ -291,5 +291,6 @@ def test_the_client_against_browser_comparison_refuses_a_bad_run_count_in_one_li
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "bench" / "client_vs_browser.py"
-    out = subprocess.run([sys.executable, str(script), "--runs", "0"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, str(script), "--runs", "0"], capture_output=True, text=True, timeout=120,
+                         env=checkout_env())  # this checkout's kvsim, as installed (the script no longer puts it on sys.path)
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and "--runs 0: expected 1 to 50" in out.stderr

@@ -4,7 +4,7 @@
 The order is data < policies < sim < hf < analysis = models < views < app = cli (kvsim.hf, the evicting
 transformers cache, sits under models, whose closed loop decodes through it). Modules of one layer import
 each other freely; two packages on one level (analysis and models, app and cli) import neither.
-``kvsim.progress`` and ``kvsim.jit`` are the foundations every layer may use; ``kvsim`` itself (the
+``kvsim.progress``, ``kvsim.jit`` and ``kvsim.cluster`` are the foundations every layer may use; ``kvsim`` itself (the
 public API of ``kvsim/__init__.py``) re-exports up to analysis, so only views and above import it.
 ``kvsim.bench`` stands beside: it measures everything below the entry points, and nothing but
 ``kvsim.cli.bench_command`` loads it. The thin ``app.py`` at the root is the app's layer too.
@@ -18,7 +18,7 @@ import pytest
 from test_package import PACKAGE, ROOT, import_statements, module_name
 
 RANK = {"data": 1, "policies": 2, "sim": 3, "hf": 3.5, "analysis": 4, "models": 4, "views": 5, "app": 6, "cli": 6}
-FOUNDATIONS = {"kvsim.progress", "kvsim.jit"}
+FOUNDATIONS = {"kvsim.progress", "kvsim.jit", "kvsim.cluster"}
 FACADE = "kvsim"
 FACADE_RANK = RANK["analysis"]
 BENCH_RANK = RANK["views"]  # what kvsim.bench may import: everything below the entry points

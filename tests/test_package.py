@@ -130,3 +130,23 @@ def readme_command(section: str) -> str:
 def test_ci_runs_exactly_the_readmes_test_command_and_the_setup_installs_the_package():
     assert readme_command("Run all the tests") in (ROOT / ".ci" / "run").read_text().splitlines()
     assert "pip install -e ." in readme_command("Start the app (fresh machine, Python 3.11)")
+
+
+def test_the_bench_scripts_take_kvsim_as_installed_and_refuse_another_checkouts():
+    """``bench/`` scripts import kvsim as installed (or as PYTHONPATH names it), never by putting the
+    checkout on ``sys.path`` themselves (issue 32); a script run against another copy of kvsim says so
+    in one line instead of measuring that copy's code."""
+    for script in sorted((ROOT / "bench").glob("*.py")):
+        text = script.read_text(encoding="utf-8")
+        for line in text.splitlines():
+            if "sys.path" in line:  # only the suite's helpers, which are modules of tests/, may be put there
+                assert '"tests"' in line and "this_checkout(__file__)" in line, f"{script.name}: {line.strip()}"
+        imported = {alias.name for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Import) for alias in node.names}
+        imported |= {node.module for node in ast.walk(ast.parse(text)) if isinstance(node, ast.ImportFrom) and node.module}
+        if any(name.split(".")[0] == "kvsim" for name in imported):  # itself, not in a child process's code
+            assert "this_checkout(__file__)" in text, script.name
+    other = ROOT.parent / "another-checkout" / "bench" / "tool.py"
+    code = f"from kvsim.bench import this_checkout; this_checkout({str(other)!r})"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("tool.py: error: kvsim is imported from ") and f"PYTHONPATH={other.parents[1]}" in done.stderr

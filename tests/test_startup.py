@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from random_traces import random_trace
 
@@ -181,3 +182,145 @@ runpy.run_module("kvsim", run_name="__main__")
             assert json.loads(done.stdout.removesuffix("atexit ran\n"))["action"] == "list"
         else:
             assert done.stderr.count("\n") == 1 and "--budget" in done.stderr
+
+
+#: modules a second replay process has no use for: numba's array and string helpers (their compiled
+#: code is in the kernel read from disk; importing them cost 0.05-0.1 s), numpy's masked arrays (which
+#: numba's typing asked about), and the heavy libraries no replay runs
+NOT_FOR_A_REPLAY = ("numba.np.arrayobj", "numba.cpython.unicode", "numba.cpython.charseq", "numpy.ma", "scipy",
+                    "pandas", "torch", "plotly", "streamlit")
+
+
+@needs_numba
+def test_a_second_replay_imports_none_of_what_it_does_not_run():
+    code = f"""import contextlib, io, json, sys
+from kvsim.cli import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    assert main(sys.argv[1:]) == 0
+print(json.dumps([json.loads(out.getvalue()), [m for m in {NOT_FOR_A_REPLAY!r} if m in sys.modules]]))
+"""
+    args = ["replay", "--policy", "h2o", "--budget", "256", "--json"]
+
+    def run():
+        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    first = run()  # compiles where this machine has not yet (a compile imports all of numba)
+    second = run()
+    assert second == [first[0], []]
+
+
+def _crc_calls(monkeypatch) -> list:
+    import zlib
+
+    from kvsim.data import store
+
+    calls, crc32 = [], zlib.crc32
+    monkeypatch.setattr(store.zlib, "crc32", lambda data, *a: calls.append(1) or crc32(data, *a))
+    return calls
+
+
+def test_a_cache_entry_checked_once_is_read_by_its_stamp_and_still_refused_when_damaged(tmp_path, monkeypatch):
+    """The canonical entry's CRC is computed on a read until the file has settled; then its stamp
+    joins the record and the next reads skip the CRC. A write to the file afterwards changes the stamp,
+    so the damage is found by the CRC again and the entry made anew."""
+    import time
+
+    from kvsim.data import canonical, files, store
+
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(files, "SETTLED_NS", 50_000_000, raising=False)  # 50 ms, ten ticks of a coarse file-system clock
+    config = canonical.CanonicalConfig(steps=64)
+    fresh = store.canonical_trace(config)
+    path = store.cache_path(config)
+    calls = _crc_calls(monkeypatch)
+    time.sleep(0.1)
+    assert np.array_equal(store.canonical_trace(config).attention, fresh.attention) and len(calls) == 1  # checked, stamped
+    assert np.array_equal(store.canonical_trace(config).attention, fresh.attention) and len(calls) == 1  # by its stamp
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert store._read(path, config) is None and len(calls) == 2
+    assert np.array_equal(store.canonical_trace(config).attention, fresh.attention)
+
+
+def test_an_entry_just_written_is_not_trusted_by_its_stamp(tmp_path, monkeypatch):
+    """A file written within the file system's timestamp tick could be rewritten with the same size and
+    times: until it is older than ``SETTLED_NS`` every read checks its CRC."""
+    from kvsim.data import canonical, store
+
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path))
+    config = canonical.CanonicalConfig(steps=64)
+    store.canonical_trace(config)
+    calls = _crc_calls(monkeypatch)
+    for _ in range(2):
+        store.canonical_trace(config)
+    assert len(calls) == 2 and "stamp" not in json.loads(store.cache_path(config).with_suffix(".json").read_text())
+
+
+def test_a_query_key_files_digest_is_read_back_by_its_stamp_and_a_changed_file_hashed_again(tmp_path, monkeypatch):
+    import builtins
+    import time
+
+    from kvsim.data import files, qk
+
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(files, "SETTLED_NS", 50_000_000, raising=False)
+    meta = {"layer": 1, "head": 0, "query_heads": [0, 1], "scale": 0.25, "softcap": None, "sliding_window": None,
+            "gqa": "mean", "model": "random", "text": {"source": "none"}}
+
+    def write(seed):
+        rng = np.random.default_rng(seed)
+        qk.save_qk(path, *(rng.normal(size=s).astype(np.float16) for s in ((2, 60, 8), (60, 8), (60, 8))), meta)
+
+    path = tmp_path / "toy-L01.qk.npz"
+    write(0)
+    time.sleep(0.1)
+    opened = []
+    real_open = builtins.open
+    monkeypatch.setattr(qk, "open", lambda p, *a, **k: opened.append(Path(p)) or real_open(p, *a, **k), raising=False)
+    stems = [qk.load_qk(path).derived.disk_stem for _ in range(3)]
+    assert len(set(stems)) == 1 and opened == [path.resolve()]  # hashed once, then read back by its stamp
+    write(1)  # same size, new bytes
+    changed = qk.load_qk(path).derived.disk_stem
+    assert changed != stems[0] and opened == [path.resolve()] * 2
+    with real_open(path, "rb") as f:  # as bytes (a Dask worker's): hashed, the same digest
+        assert qk.load_qk(f, source=str(path)).derived.disk_stem == changed
+
+
+@needs_numba
+def test_numbas_extensions_are_loaded_before_a_kernel_compiles_and_not_for_one_read_from_disk(tmp_path):
+    """Reading every installed distribution's entry points for numba's extensions is left out where a
+    kernel's code is on disk; where it is compiled the extensions are loaded first, as numba does."""
+    code = """import contextlib, io, json, sys
+from numba.core import entrypoints, event
+order = []
+init_all = entrypoints.init_all
+entrypoints.init_all = lambda: order.append("extensions") or init_all()
+class Listener(event.Listener):
+    def on_start(self, ev):
+        order.append("compile")
+    def on_end(self, ev):
+        pass
+event.register("numba:compile", Listener())
+from kvsim.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    assert main(sys.argv[1:]) == 0
+compiled = "compile" in order
+print(json.dumps([compiled, compiled and order.index("extensions") < order.index("compile"), "extensions" in order,
+                  entrypoints._already_initialized]))
+"""
+    save_npz(random_trace(40, seed=5), tmp_path / "small.npz")
+    args = ["replay", "--trace", str(tmp_path / "small.npz"), "--policy", "tova", "--budget", "12", "--json"]
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "KVSIM_CACHE_DIR": str(tmp_path / "cache")}
+
+    def run():
+        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, env=env,
+                              timeout=900)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    assert run() == [True, True, True, True]  # an empty numba cache: compiled, the extensions loaded first
+    assert run() == [False, False, False, False]  # read from disk: no extensions asked for

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..data.trace import Trace, load_npz
 from ..policies import POLICIES, PolicySpec, policy_params
+from ..cluster import LOCAL, ClusterError, dask_available, dask_client
 from ..progress import Progress
 from ..sim.harness import DEFAULT_TOP_K
 from . import proxies as px
@@ -44,7 +45,6 @@ if TYPE_CHECKING:  # bundles, query/key files and the engine load when a tune ru
 #: the policies measured beside the tuned one, each at its defaults and the same budget
 BASELINES = ("sliding_window", "streaming_llm")
 PARAM = "recent_window"
-LOCAL = "local"
 #: the truth: measured by a model (``tune(..., truth=...)``; ``kvsim tune --by kl`` opens one)
 TRUTH_BY = ("kl", "delta_nll")
 #: the proxy the study ranks best (docs/proxies.md: the least worst-case and mean within-sweep regret
@@ -552,46 +552,20 @@ def _tuning(u: _Unit, r: dict, windows: list[int], tolerance: float) -> TraceTun
     )
 
 
-def dask_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("distributed") is not None
-
-
 @contextlib.contextmanager
-def dask_client(scheduler: str, workers: int | None = None):
-    """``(client, address)`` on Dask: ``scheduler`` ``"local"`` starts local worker processes (``workers``,
-    default one per core), else the address of a running scheduler. TuneError (one line) when Dask is not
-    installed or the scheduler cannot be reached. ``kvsim needle`` spreads its grid the same way."""
-    if not dask_available():
-        raise TuneError("running on Dask needs the optional extra (distributed is not installed): "
-                        "pip install -r requirements-record.txt")
-    from distributed import Client, LocalCluster
-
-    with contextlib.ExitStack() as stack:
-        if scheduler == LOCAL:
-            n = workers or os.cpu_count() or 1
-            # processes, one thread each: the work is CPU-bound; the HTTP server on a free port (":0"),
-            # not 8787, which a second cluster on the machine (another tune) already holds; the workers'
-            # own logs silenced below CRITICAL: as the cluster closes, their heartbeats to the closing
-            # scheduler print CommClosedError tracebacks that mean nothing (a task's failure still reaches
-            # fut.result())
-            cluster = stack.enter_context(LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                                       dashboard_address=":0", silence_logs=logging.CRITICAL))
-            client = stack.enter_context(Client(cluster))
-        else:
-            try:
-                client = stack.enter_context(Client(scheduler, timeout="5s"))
-            except (OSError, TimeoutError, ValueError) as e:
-                why = str(e).splitlines()[0] if str(e) else type(e).__name__
-                raise TuneError(f"cannot reach the Dask scheduler at {scheduler} ({why})") from None
-        yield client, ("local" if scheduler == LOCAL else scheduler)
+def _client(scheduler: str, workers: int | None):
+    """``cluster.dask_client``, its refusals as TuneError (the tune's one-line errors)."""
+    try:
+        with dask_client(scheduler, workers) as got:
+            yield got
+    except ClusterError as e:
+        raise TuneError(str(e)) from None
 
 
 def _run_dask(units, scheduler, workers, say, specs, top_k) -> tuple[list[dict], dict]:
     from distributed import as_completed
 
-    with dask_client(scheduler, workers) as (client, address):
+    with _client(scheduler, workers) as (client, address):
         n_workers = len(client.scheduler_info().get("workers", {}))
         futures = []
         for u in units:

@@ -165,13 +165,13 @@ def cmd_needle(args: argparse.Namespace) -> dict:
         raise InputError(str(e)) from None
     loaded = (weights(), tokenizer, model_id) if args.scheduler is None and args.workers is None else None
     scheduler = args.scheduler or ("local" if args.workers is not None else None)
-    from ..analysis.tune import TuneError
+    from ..cluster import ClusterError
 
     try:
         doc = run_grid(args.model, plan["template"], plan["jobs"], plan["lengths"], plan["depths"], args.trials,
                        args.seed, new_tokens=plan["new_tokens"], use_cache=not args.no_cache, scheduler=scheduler,
                        workers=args.workers, progress=say, loaded=loaded)
-    except TuneError as e:
+    except ClusterError as e:
         raise InputError(f"--{'scheduler' if args.scheduler else 'workers'}: {e}") from None
     doc = {"model": args.model, "model_id": model_id, "context": context, **doc}
     path = save_grid(doc)

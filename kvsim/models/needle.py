@@ -491,7 +491,7 @@ def run_grid(model_name: str, template: Template, jobs: Sequence[Job], lengths: 
             note(i + 1, u, results[i])
         run = {"executor": "serial", "workers": 1}
     else:
-        from ..analysis.tune import dask_client
+        from ..cluster import dask_client
 
         with dask_client(scheduler, workers) as (client, address):
             futures = [client.submit(_remote_unit, model_name, template, u, seed, new_tokens, use_cache, pure=False)

@@ -1,0 +1,54 @@
+"""Dask beyond one process: the client ``kvsim tune`` and ``kvsim needle`` spread their work over. A
+foundation (docs/architecture.md): analysis and models both use it, and neither may import the other.
+
+Dask is the optional extra (requirements-record.txt); importing this module imports none of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+
+#: ``--workers N`` without ``--scheduler``: local worker processes
+LOCAL = "local"
+
+
+class ClusterError(ValueError):
+    """Dask cannot be had: not installed, or the scheduler cannot be reached (one line)."""
+
+
+def dask_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("distributed") is not None
+
+
+@contextlib.contextmanager
+def dask_client(scheduler: str, workers: int | None = None):
+    """``(client, address)`` on Dask: ``scheduler`` ``"local"`` starts local worker processes (``workers``,
+    default one per core), else the address of a running scheduler. ClusterError (one line) when Dask is not
+    installed or the scheduler cannot be reached. ``kvsim tune`` and ``kvsim needle`` spread their work this way."""
+    if not dask_available():
+        raise ClusterError("running on Dask needs the optional extra (distributed is not installed): "
+                        "pip install -r requirements-record.txt")
+    from distributed import Client, LocalCluster
+
+    with contextlib.ExitStack() as stack:
+        if scheduler == LOCAL:
+            n = workers or os.cpu_count() or 1
+            # processes, one thread each: the work is CPU-bound; the HTTP server on a free port (":0"),
+            # not 8787, which a second cluster on the machine (another tune) already holds; the workers'
+            # own logs silenced below CRITICAL: as the cluster closes, their heartbeats to the closing
+            # scheduler print CommClosedError tracebacks that mean nothing (a task's failure still reaches
+            # fut.result())
+            cluster = stack.enter_context(LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                                                       dashboard_address=":0", silence_logs=logging.CRITICAL))
+            client = stack.enter_context(Client(cluster))
+        else:
+            try:
+                client = stack.enter_context(Client(scheduler, timeout="5s"))
+            except (OSError, TimeoutError, ValueError) as e:
+                why = str(e).splitlines()[0] if str(e) else type(e).__name__
+                raise ClusterError(f"cannot reach the Dask scheduler at {scheduler} ({why})") from None
+        yield client, ("local" if scheduler == LOCAL else scheduler)
