@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 import os
 import time
 import zipfile
@@ -31,9 +30,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..cluster import ClusterError, dask_available, dask_client
 from ..data.trace import Trace, load_npz
 from ..policies import POLICIES, PolicySpec, policy_params
-from ..cluster import LOCAL, ClusterError, dask_available, dask_client
 from ..progress import Progress
 from ..sim.harness import DEFAULT_TOP_K
 from . import proxies as px
