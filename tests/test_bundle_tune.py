@@ -7,6 +7,7 @@ and 40 positions wide, so each "layer" has a different right recent_window, whic
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -220,7 +221,7 @@ def test_cli_tune_prints_each_layer_and_the_model_wide_figures(bundle_dir, capsy
 
 
 def test_cli_tune_runs_serially_when_dask_is_not_installed(bundle_dir, capsys, monkeypatch):
-    monkeypatch.setattr(tune_mod, "dask_available", lambda: False)
+    monkeypatch.setattr(importlib.import_module("kvsim.cluster"), "dask_available", lambda: False)
     assert cli.main(["tune", "--trace", f"{bundle_dir}:L01", "--budget", "64", "--json", "--quiet"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["run"]["executor"] == "serial" and [r["recommended_window"] for r in doc["layers"]] == [40]

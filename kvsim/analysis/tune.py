@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..cluster import ClusterError, dask_available, dask_client
+from ..cluster import ClusterError, dask_client
 from ..data.trace import Trace, load_npz
 from ..policies import POLICIES, PolicySpec, policy_params
 from ..progress import Progress
@@ -585,5 +585,5 @@ def _run_dask(units, scheduler, workers, say, specs, top_k) -> tuple[list[dict],
 
 
 __all__ = ["AUTO", "BASELINES", "BEST_PROXY", "BY", "DEFAULT_BY", "GROUPS", "PROXY_CAVEAT", "SEARCH_STEP", "TOLERANCE",
-           "TRUTH_BY", "TraceTuning", "TuneError", "TuneResult", "candidate_windows", "dask_available", "dask_client",
+           "TRUTH_BY", "TraceTuning", "TuneError", "TuneResult", "candidate_windows",
            "layer_groups", "recording_identity", "search_layer_windows", "tune", "tune_trace", "window_specs"]

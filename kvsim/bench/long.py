@@ -35,7 +35,8 @@ import time
 
 import numpy as np
 
-from ..analysis.tune import dask_available, tune
+from ..analysis.tune import tune
+from ..cluster import dask_available
 from ..data.bundle import MANIFEST, Bundle, BundleError
 from ..data.catalog import resolve_bundle, shipped_bundles
 from ..data.qk import ROW_BLOCK, QKTrace

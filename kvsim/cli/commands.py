@@ -190,7 +190,8 @@ def cmd_claims(args: argparse.Namespace) -> object:
 
 
 def cmd_tune(args: argparse.Namespace) -> object:
-    from ..analysis.tune import AUTO, LOCAL, TRUTH_BY, dask_available, tune
+    from ..analysis.tune import AUTO, TRUTH_BY, tune
+    from ..cluster import LOCAL, dask_available
     from ..data.catalog import resolve_bundle, shipped_bundles
 
     spec = args.trace.strip()
