@@ -39,6 +39,7 @@ from ..jit import kernel
 from . import qk_rows, row_stats
 from .derived import KernelView, TraceStore, _check_k
 from .files import atomic_write, settled, stamp
+from .gqa import GQA_CODES
 from .store import cache_dir, source_version
 from .trace import MAX_META_BYTES, RENORMALISED_KEY, Trace, TraceError, _npy_header, open_npz
 
@@ -101,7 +102,7 @@ class QKData:
     @property
     def constants(self) -> tuple:
         """``(scale, softcap, window, gqa code)``: the kernels' trailing constants, in their order."""
-        return self.scale, self.softcap, self.window, qk_rows.GQA_CODES[self.gqa]
+        return self.scale, self.softcap, self.window, GQA_CODES[self.gqa]
 
     def digest(self) -> str:
         """A hash of the queries, keys, values and constants: the trace's fingerprint."""
@@ -575,8 +576,8 @@ def _check_meta(src: str, meta: dict, q_shape) -> None:
         raise TraceError(f"{src}: meta 'softcap' must be a positive number or null, got {softcap!r}")
     if window is not None and (not _is_int(window) or window < 1):
         raise TraceError(f"{src}: meta 'sliding_window' must be a positive integer or null, got {window!r}")
-    if meta["gqa"] not in qk_rows.GQA_CODES:
-        raise TraceError(f"{src}: meta 'gqa' must be one of {', '.join(qk_rows.GQA_CODES)}, got {meta['gqa']!r}")
+    if meta["gqa"] not in GQA_CODES:
+        raise TraceError(f"{src}: meta 'gqa' must be one of {', '.join(GQA_CODES)}, got {meta['gqa']!r}")
 
 
 def _is_int(x) -> bool:

@@ -2,10 +2,10 @@
 
 Row t of the trace (docs/domain.md, "Query/key traces"): per query head g the logit
 ``s_g(t, p) = softcap(scale * q[g, t] . k[p])`` for every visible p (``p <= t``, inside the sliding
-window), a softmax over those p (self included), the heads combined by the GQA rule (their mean or
-maximum), the self weight dropped and the rest renormalised over ``p < t``. ``reference_rows`` states
-that in NumPy, in float64, for the whole matrix: the one statement of the definition, that tests hold
-the kernels to.
+window), a softmax over those p (self included), then the combining rule of ``kvsim.data.gqa`` (the
+heads combined by the GQA rule, their mean or maximum, the self weight dropped and the rest
+renormalised over ``p < t``). ``reference_rows`` states that in NumPy, in float64, for the whole
+matrix: the one statement of the definition, that tests hold the kernels to.
 
 The kernels compute the same thing one weight at a time, so that any subset of a row (the positions a
 cache holds) costs O(subset x heads x head_dim) and never the whole row:
@@ -17,7 +17,8 @@ cache holds) costs O(subset x heads x head_dim) and never the whole row:
   combined weights) are computed once, for every row, by ``row_pass``, which also takes each row's
   top-k positions from the weights it has just formed (``kvsim.data.derived``'s rule, lower position
   first on ties);
-- a weight is ``float32(combined / denominator)``, combined from ``exp(s_g - lse_g)`` in head order:
+- a weight is ``float32(combined / denominator)``, combined from ``exp(s_g - lse_g)`` in head order
+  by the rule's own ``fold`` and ``finish`` (``kvsim.data.gqa``, jitted here):
   ``weights_block`` (a block of rows at chosen positions, for the engine and the dense matrix) and
   ``weights_at`` (one row at chosen positions, for the reference harness) share that expression, so
   the engine and the reference read the very same float32 weights.
@@ -29,9 +30,7 @@ import numpy as np
 
 from ..jit import kernel
 from .derived import _topk_row
-
-#: the GQA rules, by the code the kernels take
-GQA_CODES = {"mean": 0, "max": 1}
+from .gqa import combine, finish, fold, renormalise
 
 
 def reference_rows(q: np.ndarray, k: np.ndarray, scale: float, softcap: float | None, window: int | None,
@@ -49,11 +48,7 @@ def reference_rows(q: np.ndarray, k: np.ndarray, scale: float, softcap: float | 
     s = np.where(visible[None], s, -np.inf)
     e = np.exp(s - s.max(axis=2, keepdims=True))
     e /= e.sum(axis=2, keepdims=True)
-    comb = e.mean(axis=0) if gqa == "mean" else e.max(axis=0)
-    rows = np.tril(comb, k=-1)
-    sums = rows.sum(axis=1)
-    rows[1:] /= np.where(sums[1:] > 0, sums[1:], 1.0)[:, None]
-    return rows
+    return renormalise(combine(e, gqa), p < t)[0]
 
 
 @kernel
@@ -106,12 +101,6 @@ def _first_visible(t, window):
     return max(0, t - window + 1) if window > 0 else 0
 
 
-@kernel
-def _mix(acc, e, gqa):
-    """One head's weight ``e`` folded into the combination so far (GQA mean: a sum, divided after)."""
-    return max(acc, e) if gqa == 1 else acc + e
-
-
 #: key columns per tile: a tile's keys (head dim x TILE float32, 2 MB at 256 dims) stay in cache
 #: while every row of a block and every query head is computed against them
 TILE = 2048
@@ -119,9 +108,8 @@ TILE = 2048
 
 @kernel
 def _finish(comb, m0, m1, G, gqa):
-    if gqa == 0:
-        for m in range(m0, m1):
-            comb[m] = comb[m] / G
+    for m in range(m0, m1):
+        comb[m] = finish(comb[m], G, gqa)
 
 
 @kernel
@@ -153,10 +141,10 @@ def weights_block(Q, Kc, positions, lse, denom, scale, softcap, window, gqa, t0,
                 pair = g + 1 < G
                 _dots(Q, g, t, Kc, first, m1, acc, acc2, pair)
                 for m in range(first, m1):
-                    comb[m] = _mix(comb[m], np.exp(_logit(acc[m], scale, softcap) - lse[g, t]), gqa)
+                    comb[m] = fold(comb[m], np.exp(_logit(acc[m], scale, softcap) - lse[g, t]), gqa)
                 if pair:
                     for m in range(first, m1):
-                        comb[m] = _mix(comb[m], np.exp(_logit(acc2[m], scale, softcap) - lse[g + 1, t]), gqa)
+                        comb[m] = fold(comb[m], np.exp(_logit(acc2[m], scale, softcap) - lse[g + 1, t]), gqa)
             _finish(comb, first, m1, G, gqa)
             for m in range(first, m1):
                 p = positions[m]
@@ -202,7 +190,7 @@ def row_pass(Q, Kt, scale, softcap, window, gqa, k, t0, t1, lse, denom, topk, ba
             comb[p] = 0.0
         for g in range(G):
             for p in range(lo, t):
-                comb[p] = _mix(comb[p], np.exp(S[t - t0, g, p] - lse[g, t]), gqa)
+                comb[p] = fold(comb[p], np.exp(S[t - t0, g, p] - lse[g, t]), gqa)
         _finish(comb, lo, t, G, gqa)
         total = 0.0
         for p in range(lo, t):

@@ -1,22 +1,30 @@
 """A transformers ``Cache`` that really evicts: each decoder layer holds at most ``budget`` positions
 per KV head, and a kvsim policy decides which (docs/deploy.md, docs/domain.md, "The deployed cache").
 
-The order is the harness's (``kvsim.sim.harness``): the query at position t attends to the positions
+The order is the harness's, and so is the step: the query at position t attends to the positions
 its layer holds (those inside the layer's own sliding window, if it has one) and to itself; then, for
-t >= 1, the policy is shown that attention and admits t (``on_decode_step``) and evicts down to the
-budget (``evict``). The policy starts holding ``[0]``, so position 0 is simply stored. What it shows
-the policy is what ``kvsim.models.decode``'s closed loop showed it: per KV head, the mean in float64 of
-the weights of the query heads sharing it (the recorder's combination), the query's own weight
-dropped, renormalised over the held set, float32.
+t >= 1, ``kvsim.sim.harness.step`` shows the policy that attention, admits t and evicts down to the
+budget, and checks the victims as the harness does (``ContractError``). The policy starts holding
+``[0]``, so position 0 is simply stored. What it is shown is the combining rule of
+``kvsim.data.gqa`` (the recorder's): per KV head, the mean in float64 of the weights of the query
+heads sharing it, the query's own weight dropped, renormalised over the held set, float32.
+
+As transformers' own layers do, ``update`` stores the new keys and values and returns every key and
+value the new queries may attend to; it hands the layer to that attention call in the call's own
+keyword arguments (``kvsim_layer``, which ``kvsim.hf.attention`` reads), and a layer whose keys were
+not taken by an attention call refuses the next update (HFError): a lost link is said, never decoded
+through.
 
 Storage is a fixed block of ``budget + 1`` slots per row and KV head (the budget of the largest row,
-when rows differ): the new position's key goes into the spare last slot for its step (the query
-attends to it there), and then into the slot its victim left, so a step writes two keys and moves
-nothing. Keys keep the rotary positions they were encoded at. A chunk of several tokens (a prompt) is
-taken one position at a time through the same step, so a prompt longer than the budget is seen by the
-policy exactly as decoding would show it (``prefill="exact"``); ``prefill="fast"`` attends over the
-whole chunk at once and steps the policy through those rows afterwards (the prompt's own outputs are
-then the full cache's).
+when rows differ): ``update`` puts the new position's key into the spare last slot (the query attends
+to it there), and the step moves it into the slot its victim left, so a step writes two keys and
+moves nothing else. Per (row, KV head) the layer keeps the positions held (``pos``, ``order``) beside
+their keys and values and steps that head's own policy, so a budget per KV head would change only
+``budgets`` (one per row today) and the slots' count. Keys keep the rotary positions they were
+encoded at. A chunk of several tokens (a prompt) is taken one position at a time through the same
+step, so a prompt longer than the budget is seen by the policy exactly as decoding would show it
+(``prefill="exact"``); ``prefill="fast"`` attends over the whole chunk at once and steps the policy
+through those rows afterwards (the prompt's own outputs are then the full cache's).
 
 torch and transformers are imported here at module level: ``kvsim.hf`` is the optional torch extra.
 """
@@ -29,11 +37,15 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from ..data.gqa import combine
 from ..policies import Policy, PolicySpec
 from ..progress import Progress
+from ..sim.harness import step
 from . import eager
 
 PREFILL = ("exact", "fast")
+#: the attention call keyword through which ``update`` hands the layer to its attention call
+LAYER = "kvsim_layer"
 
 
 class HFError(ValueError):
@@ -65,6 +77,10 @@ class EvictingLayer(CacheLayerMixin):
         self.prefill = prefill
         self.rng_seed = rng_seed
         self.seen = 0  # positions processed: the next one's position
+        self.index: int | None = None  # the decoder layer it serves (``EvictingCache`` sets it), for messages
+        #: what ``update`` returned and stored until the attention call takes it: (keys returned, the new keys,
+        #: the new values); None between steps
+        self.handed: tuple | None = None
         self.peak = 0  # the most positions any (row, KV head) held after a step
         #: told when this layer has stepped through a prompt (``EvictingCache(progress=...)``): an exact
         #: prefill is a minute or more of Python per long prompt, and it must not look hung
@@ -93,12 +109,38 @@ class EvictingLayer(CacheLayerMixin):
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
-        """Hand the new keys and values to the attention function, which stores what the policy keeps;
-        the returned keys carry this layer so that function finds it."""
+        """Store the new keys and values and return every key and value the new queries may see: one new
+        position goes into the spare slot and the whole block of slots is returned; a chunk is returned
+        after the slots. The policies decide in the attention call what stays (``attend``), which finds
+        this layer in its keyword arguments: transformers' model families pass theirs to the cache
+        (``update(..., kwargs=kwargs)``) and then to the attention function."""
+        call = kwargs.get("kwargs")
+        if not isinstance(call, dict):
+            raise HFError(f"{self._name}: the model does not pass its attention call's keyword arguments to the cache "
+                          "(update(..., kwargs=kwargs), as transformers' model families do), so the evicting cache "
+                          "cannot reach the attention that must step it")
+        if self.handed is not None:
+            raise HFError(self._lost())
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        key_states.kvsim_layer = self
-        return key_states, value_states
+        if key_states.shape[2] == 1:
+            self.keys[:, :, -1] = key_states[:, :, 0]
+            self.values[:, :, -1] = value_states[:, :, 0]
+            keys, values = self.keys, self.values
+        else:
+            keys, values = torch.cat([self.keys, key_states], dim=2), torch.cat([self.values, value_states], dim=2)
+        self.handed = (keys, key_states, value_states)
+        call[LAYER] = self
+        return keys, values
+
+    @property
+    def _name(self) -> str:
+        return "an evicting layer" if self.index is None else f"layer {self.index}"
+
+    def _lost(self) -> str:
+        return (f"{self._name}: the keys this cache returned for position {self.seen} never reached kvsim's attention "
+                "(the model's attention was changed after kvsim.hf.cache attached it, or the family drops the call's "
+                "keyword arguments); nothing was evicted for them")
 
     def get_seq_length(self) -> int:
         """Positions processed (not held): the model derives the next token's position from it."""
@@ -131,10 +173,17 @@ class EvictingLayer(CacheLayerMixin):
 
     # --- attention ----------------------------------------------------------------------------------
 
-    def attend(self, query, key, value, scale: float, softcap: float | None, window: int | None):
-        """The attention output ``(batch, n, query heads, head_dim)`` for ``n`` new tokens, the cache
-        stepped through each; the weights of the last step (``(batch, query heads, 1, slots + 1)``,
-        the own key last) when ``n`` is 1, else None."""
+    def attend(self, call):
+        """The attention output ``(batch, n, query heads, head_dim)`` for the ``n`` new tokens ``update``
+        stored, the cache stepped through each; the weights of the last step (``(batch, query heads, 1,
+        slots + 1)``, the own key last) when ``n`` is 1, else None. ``call``: ``kvsim.hf.attention.Call``,
+        whose keys must be those ``update`` returned (HFError otherwise)."""
+        if self.handed is None or call.key is not self.handed[0]:
+            raise HFError(f"{self._name}: the attention call got keys this cache did not return for it; the call and "
+                          "the cache are out of step")
+        _, key, value = self.handed
+        self.handed = None
+        query, scale, softcap, window = call.query, call.scale, call.softcap, call.window
         n = query.shape[2]
         if n > 1 and self.prefill == "fast":
             return self._attend_fast(query, key, value, scale, softcap, window), None
@@ -162,7 +211,8 @@ class EvictingLayer(CacheLayerMixin):
         visible[:, :, -1] = True
         weights = eager.weights(q, self.keys, scale, softcap, torch.from_numpy(visible)[:, :, None, :])
         out = torch.matmul(weights, self.values)
-        shown = weights[..., :-1].double().mean(dim=2).numpy() if t else None  # (batch, hkv, slots)
+        # (batch, hkv, slots): the own key's weight (the last slot) dropped here, the rest in ``_admit``
+        shown = combine(np.moveaxis(weights[..., :-1].double().numpy(), 2, 0)) if t else None
         for b in range(batch):
             for h in range(hkv):
                 self._admit(b, h, t, None if shown is None else shown[b, h], key[b, h, 0], value[b, h, 0])
@@ -175,14 +225,8 @@ class EvictingLayer(CacheLayerMixin):
         policy, order = self.policies[b][h], self.order[b][h]
         held = self.pos[b, h, order]
         victims = []
-        if t:
-            attn = None
-            if policy.reads_attention:
-                row = shown[order]
-                total = row.sum()
-                attn = (row / total).astype(np.float32) if total > 0 else np.zeros(order.size, dtype=np.float32)
-            policy.on_decode_step(t, attn)
-            victims = policy.evict(self.budgets[b])
+        if t:  # the held slots in position order: the harness renormalises over them
+            victims = step(policy, t, shown[order] if policy.reads_attention else None, self.budgets[b]).victims
         slots = np.append(order, -1)  # -1 stands for t, not stored yet
         if len(victims):
             at = np.searchsorted(np.append(held, t), np.asarray(victims, dtype=np.int64))
@@ -219,7 +263,7 @@ class EvictingLayer(CacheLayerMixin):
                 visible &= cols[:, :, None, :] > ts[None, None, :, None] - window
             weights = eager.weights(q[:, :, :, a : a + ts.size], keys, scale, softcap, torch.from_numpy(visible)[:, :, None])
             out[:, :, :, a : a + ts.size] = torch.matmul(weights, values)
-            shown = weights.double().mean(dim=2).numpy()  # (batch, hkv, block, slots + n)
+            shown = combine(np.moveaxis(weights.double().numpy(), 2, 0))  # (batch, hkv, block, slots + n)
             for i, t in enumerate(ts.tolist()):
                 for b in range(batch):
                     for h in range(hkv):
@@ -246,9 +290,19 @@ class EvictingCache(Cache):
 
     def __init__(self, layers: list[EvictingLayer], progress: Progress | None = None):
         super().__init__(layers=layers)
+        for i, layer in enumerate(layers):
+            layer.index = i
         if progress is not None:
             for i, layer in enumerate(layers):
                 layer.prefilled = _prefill_note(progress, i, len(layers), layer.prefill)
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        """transformers' ``Cache.update``, refusing (HFError) while any layer holds keys its attention never
+        took: the layers step in turn, so a lost link is said at the next layer, not decoded through."""
+        for layer in self.layers:
+            if layer.handed is not None:
+                raise HFError(layer._lost())
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     @property
     def peak_positions(self) -> list[int]:

@@ -1,5 +1,5 @@
-"""How a quality measurement runs the model: one attention function, registered with transformers'
-``AttentionInterface``, serving either a masked teacher-forced pass or token-by-token decoding.
+"""How a quality measurement runs the model: kvsim's one attention function (``kvsim.hf.attention``),
+serving either a masked teacher-forced pass or token-by-token decoding.
 
 The function computes what the model's eager attention computes (scaling, optional logit
 soft-capping, the sliding window of local layers: key p is visible to query t when
@@ -7,9 +7,10 @@ soft-capping, the sliding window of local layers: key p is visible to query t wh
 
 - ``MaskedPass``: every position at once, each query seeing what a schedule lets it see (the
   open loop: the policy's replay of the full-cache traces), or the whole causal past (the
-  full-cache pass, which also captures the traces);
+  full-cache pass, which also captures the traces); the pass hands it to every attention call in the
+  forward's keyword arguments (``kvsim_serving``), and a layer it never served is an error;
 - ``ClosedLoopDecoder``: one token per forward pass, for a batch of configurations at once, through
-  kvsim.hf's evicting cache (its own attention function, the same arithmetic): each (configuration,
+  kvsim.hf's evicting cache (the same function, the same arithmetic): each (configuration,
   layer, KV head) holding the keys and values its own policy keeps, and its policy fed the attention
   the model computes over them.
 
@@ -19,7 +20,6 @@ torch and transformers are imported inside the functions: ``import kvsim`` never
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 
 import numpy as np
 
@@ -27,21 +27,6 @@ from ..progress import Progress
 from ..sim.simulate import replay
 from .errors import QualityError
 from .loading import no_progress
-
-#: the name under which our attention function is registered with transformers
-ATTN = "kvsim_quality"
-
-#: what the registered attention function serves; set only for the duration of a forward pass
-_ACTIVE: MaskedPass | None = None
-
-
-def _kept_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
-                    sliding_window=None, **kwargs):
-    """transformers' attention-function signature; the model's own mask is ignored (we build ours)."""
-    if _ACTIVE is None:
-        raise QualityError("the kvsim quality attention ran outside a measurement")
-    scale = module.head_dim ** -0.5 if scaling is None else scaling
-    return _ACTIVE.attend(module.layer_idx, query, key, value, scale, softcap, sliding_window)
 
 
 class MaskedPass:
@@ -54,13 +39,20 @@ class MaskedPass:
         self.allowed = allowed
         self.captured = {} if capture else None
         self.values = {}
+        self.served: set[int] = set()  # the layers whose attention it computed in the last pass
 
-    def attend(self, layer, query, key, value, scale, softcap, window):
+    def __call__(self, call):
+        """One attention call (``kvsim.hf.attention.Call``); the model's own mask is ignored (we build ours)."""
         import torch
 
         from ..hf import eager
         from .recorder import kv_head_rows
 
+        layer = call.layer
+        if layer is None:
+            raise QualityError(f"{type(call.module).__name__} does not say which layer it is (no layer_idx)")
+        self.served.add(layer)
+        query, key, value, scale, softcap, window = call.query, call.key, call.value, call.scale, call.softcap, call.window
         _, hq, n, _ = query.shape
         hkv = key.shape[1]
         group = hq // hkv
@@ -149,7 +141,7 @@ class ClosedLoopDecoder:
         import torch
 
         from ..hf import EvictingCache, EvictingLayer
-        from ..hf.attention import attention_of
+        from ..hf.attention import attending
 
         say = progress or no_progress
         batch = len(self.policies)
@@ -163,7 +155,7 @@ class ClosedLoopDecoder:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            with attention_of(self.model), torch.no_grad():
+            with attending(self.model, error=QualityError), torch.no_grad():
                 for t in range(last):
                     if t:
                         self._mass(t)
@@ -179,39 +171,25 @@ class ClosedLoopDecoder:
         return [(hidden[c], self.mass[c, :, :, 1:].mean(axis=2)) for c in range(batch)]
 
 
-@contextmanager
-def attached(model, serving: MaskedPass):
-    """The model runs our attention function, serving ``serving``, inside this block."""
-    global _ACTIVE
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTN, _kept_attention)
-    previous = model.config._attn_implementation
-    model.set_attn_implementation(ATTN)
-    if model.config._attn_implementation != ATTN:
-        raise QualityError(f"{type(model).__name__} does not accept a custom attention function")
-    _ACTIVE = serving
-    try:
-        yield
-    finally:
-        _ACTIVE = None
-        model.set_attn_implementation(previous)
-
-
-def hidden_states(model, ids, serving: MaskedPass | None = None, *, position=None, batch=False):
+def hidden_states(model, ids, serving: MaskedPass, *, position=None, batch=False):
     """Final hidden states (after the decoder's last norm) of ``ids``, of the first row unless
-    ``batch``; ``serving`` None means the caller has attached one already."""
+    ``batch``, every attention call computed by ``serving``; QualityError if a layer's was not."""
     import torch
 
-    if serving is not None:
-        with attached(model, serving):
-            return hidden_states(model, ids, position=position, batch=batch)
-    kwargs = {"use_cache": False}
+    from ..hf.attention import PLAIN, SERVING, attending
+
+    kwargs = {"use_cache": False, SERVING: serving}
     if position is not None:
         kwargs["position_ids"] = torch.full((ids.shape[0], 1), position)
-    with torch.no_grad():
+    serving.served.clear()
+    with attending(model, PLAIN, error=QualityError), torch.no_grad():
         out = model.base_model(input_ids=ids, **kwargs)
+    layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    missing = sorted(set(range(layers)) - serving.served)
+    if missing:
+        raise QualityError(f"layer {missing[0]}'s attention never reached the masked pass: {type(model).__name__} does "
+                           "not hand the forward's keyword arguments to its attention function")
     return out.last_hidden_state if batch else out.last_hidden_state[0]
 
 
-__all__ = ["ATTN", "ClosedLoopDecoder", "MaskedPass", "attached", "hidden_states", "layer_params", "replay_masks"]
+__all__ = ["ClosedLoopDecoder", "MaskedPass", "hidden_states", "layer_params", "replay_masks"]

@@ -7,10 +7,11 @@ weights to rows as it is produced; ``capture_qkv`` (the query/key trace, docs/do
 each layer's post-norm, post-RoPE queries, keys and values with the attention function's constants
 (scale, softcap, sliding window, GQA grouping), from which every row can be computed again on demand.
 
-How: an attention function and a mask function are registered with transformers under
-``ATTN_IMPLEMENTATION``. The mask function keeps only what the model's mask builder asked for
-(``LazyMask``: its index-based mask function, lengths and offsets), and the attention function calls the
-model family's own ``eager_attention_forward`` a block of query rows at a time, over only the keys the
+How: kvsim's one attention function (``kvsim.hf.attention``) is registered with transformers under
+``ATTN_IMPLEMENTATION`` with a mask function of our own, and the pass hands it its state (a ``_Pass``) in
+the forward's keyword arguments, which transformers passes on to every attention call. The mask function
+keeps only what the model's mask builder asked for (``LazyMask``: its index-based mask function, lengths
+and offsets), and the pass calls the model family's own ``eager_attention_forward`` a block of query rows at a time, over only the keys the
 block can see (the causal prefix, or the sliding window), with that block's mask built by
 transformers' own ``sdpa_mask``. A masked key gets ``exp(min - max) = 0`` in the full eager softmax, so
 leaving it out changes nothing but the order of a sum: the pass's outputs stay the model's own, and a
@@ -177,25 +178,18 @@ def run_pass(lm, ids, layers: list[int], handler: LayerHandler, chunk_elements: 
     layer, and the model's attention setting is restored whatever happens."""
     import torch
 
+    from ..hf.attention import SERVING, attending, register
+
     state = _Pass(sorted(set(layers)), handler, chunk_elements)
-    previous = lm.config._attn_implementation
-    _register(state)
-    try:
-        if not lm._can_set_attn_implementation():
-            raise RecordError(f"{type(lm).__name__} does not route its attention through transformers' "
-                              "AttentionInterface, so its eager attention cannot be recorded layer by layer")
-        lm.set_attn_implementation(ATTN_IMPLEMENTATION)
-        with torch.no_grad():
-            try:
-                lm.base_model(input_ids=ids, use_cache=False)
-            except _StopPass:
-                pass
-    finally:
-        _register(None)
+    if not lm._can_set_attn_implementation():
+        raise RecordError(f"{type(lm).__name__} does not route its attention through transformers' "
+                          "AttentionInterface, so its eager attention cannot be recorded layer by layer")
+    register(ATTN_IMPLEMENTATION, _lazy_mask)
+    with attending(lm, ATTN_IMPLEMENTATION, error=RecordError), torch.no_grad():
         try:
-            lm.set_attn_implementation(previous)
-        except Exception:  # noqa: BLE001 - best effort: restoring must not hide the real error
-            lm.config._attn_implementation = previous
+            lm.base_model(input_ids=ids, use_cache=False, **{SERVING: state})
+        except _StopPass:
+            pass
     missing = [x for x in state.layers if x not in state.done]
     if missing:
         raise RecordError(f"layer {missing[0]}'s attention never reached the recorder: the model does not compute "
@@ -203,14 +197,16 @@ def run_pass(lm, ids, layers: list[int], handler: LayerHandler, chunk_elements: 
 
 
 class _Pass:
-    """The registered attention's state for one pass: which layers go to the handler, which are done."""
+    """What the attention serves for one pass: which layers go to the handler, which are done."""
 
     def __init__(self, layers: list[int], handler: LayerHandler, chunk_elements: int):
         self.layers, self.handler, self.chunk_elements = layers, handler, chunk_elements
         self.done: set[int] = set()
 
-    def __call__(self, module, query, key, value, attention_mask, **kwargs):
-        layer = getattr(module, "layer_idx", None)
+    def __call__(self, call):
+        """One attention call (``kvsim.hf.attention.Call``)."""
+        module, query, key, value, attention_mask, kwargs = call.module, call.query, call.key, call.value, call.mask, call.kwargs
+        layer = call.layer
         if layer is None:
             raise RecordError(f"{type(module).__name__} does not say which layer it is (no layer_idx)")
         if not isinstance(attention_mask, LazyMask):
@@ -231,29 +227,6 @@ class _Pass:
 
 class _StopPass(Exception):
     """Raised in the last recorded layer: the layers above it cannot change what was recorded."""
-
-
-#: the pass the registered attention function serves; set only for the duration of a pass
-_ACTIVE: _Pass | None = None
-
-
-def _dispatch(module, query, key, value, attention_mask, **kwargs):
-    if _ACTIVE is None:
-        raise RecordError(f"the {ATTN_IMPLEMENTATION!r} attention runs only inside kvsim.models.qkv_capture.run_pass")
-    return _ACTIVE(module, query, key, value, attention_mask, **kwargs)
-
-
-def _register(state: _Pass | None) -> None:
-    """Point the registered attention at ``state`` (registering the attention and the mask function with
-    transformers on first use)."""
-    global _ACTIVE
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-
-    if ALL_MASK_ATTENTION_FUNCTIONS.get(ATTN_IMPLEMENTATION) is not _lazy_mask:
-        AttentionInterface.register(ATTN_IMPLEMENTATION, _dispatch)
-        AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _lazy_mask)
-    _ACTIVE = state
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,9 @@ reduced at once. For each (layer, KV head):
 2. the diagonal (the query's weight on its own, just-written key) is dropped and every row
    ``t >= 1`` is renormalised over positions ``0 .. t-1``, as docs/domain.md ("Traces") defines.
 
+Both are ``kvsim.data.gqa``'s combining rule, the one every other path (the query/key rows, the closed
+loop, the deployed cache) calls too; what is here is only which positions a row keeps and the errors.
+
 torch and transformers are imported inside the functions, never at module level.
 """
 
@@ -21,11 +24,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..data.gqa import GQA, combine, renormalise
 from .errors import RecordError
 from .qkv_capture import CHUNK_ELEMENTS, attention_blocks, block_rows, run_pass
 
-#: how the query heads that share a KV head are combined
-GQA = ("mean", "max")
 #: where a finished layer's rows go: (layer, rows per KV head as packed float32 lower triangles, the
 #: layer's values per KV head ``(kv heads, n, d)`` float32, what the value-aware proxies read)
 LayerSink = Callable[[int, np.ndarray, np.ndarray], None]
@@ -46,15 +48,13 @@ def kv_head_rows(softmax: np.ndarray, kv_heads: int, gqa: str = "mean") -> list[
     if kv_heads < 1 or heads % kv_heads:
         raise RecordError(f"{heads} query heads cannot be shared evenly by {kv_heads} KV heads")
     group = heads // kv_heads
+    below = np.tri(n, k=-1, dtype=bool)  # p < t: what the trace keeps of row t
     out = []
     for h in range(kv_heads):
-        block = softmax[h * group : (h + 1) * group].astype(np.float64)
-        rows = np.tril(block.mean(axis=0) if gqa == "mean" else block.max(axis=0), k=-1)
-        sums = rows.sum(axis=1)
+        rows, sums = renormalise(combine(softmax[h * group : (h + 1) * group], gqa), below)
         empty = np.flatnonzero(sums[1:] <= 0)
         if empty.size:
             raise RecordError(f"KV head {h}: step {int(empty[0]) + 1} puts all its attention on itself")
-        rows[1:] /= sums[1:, None]
         out.append(rows)
     return out
 
@@ -97,29 +97,29 @@ class _Recorder:
     def _reduce(self, layer: int, b, kv_heads: int, n: int, buf: np.ndarray) -> None:
         import torch
 
-        w = torch.nn.functional.pad(b.weights[0].to(torch.float64), (b.lo, n - b.hi))  # (heads, rows, n)
+        w = b.weights[0].to(torch.float64).cpu().numpy()  # (heads, rows, keys lo .. hi-1)
         heads, rows, _ = w.shape
         if heads % kv_heads:
             raise RecordError(f"layer {layer}: {heads} query heads cannot be shared evenly by {kv_heads} KV heads")
-        grouped = w.reshape(kv_heads, heads // kv_heads, rows, n)
-        comb = grouped.mean(dim=1) if self.gqa == "mean" else grouped.amax(dim=1)  # (kv, rows, n)
-        i = b.i
-        t = torch.arange(i, i + rows, device=w.device).unsqueeze(1)
-        below = torch.arange(n, device=w.device).unsqueeze(0) < t  # p < t: what the trace keeps of row t
-        bad = (~torch.isfinite(comb)) & below
-        if bool(bad.any()):
-            h, r, _ = (int(x) for x in torch.nonzero(bad)[0])
-            raise RecordError(f"layer {layer} KV head {h}: step {i + r} has NaN or infinite attention")
-        comb = comb.masked_fill(~below, 0.0)
-        sums = comb.sum(dim=-1)  # (kv, rows)
-        empty = (sums <= 0) & (t.squeeze(1) >= 1)
-        if bool(empty.any()):
-            h, r = (int(x) for x in torch.nonzero(empty)[0])
-            raise RecordError(f"layer {layer} KV head {h}: step {i + r} puts all its attention on itself")
-        comb = comb / sums.clamp_min(torch.finfo(torch.float64).tiny).unsqueeze(-1)
-        values = comb[:, below].to(torch.float32).cpu().numpy()  # rows i .. i+rows-1, each [:t], concatenated
-        start = i * (i - 1) // 2 if i > 0 else 0
-        buf[:, start : start + values.shape[1]] = values
+        i, group = b.i, heads // kv_heads
+        t = np.arange(i, i + rows)[:, None]
+        below = np.arange(b.lo, b.hi)[None, :] < t  # p < t: what the trace keeps of row t
+        for h in range(kv_heads):
+            comb = combine(w[h * group : (h + 1) * group], self.gqa)  # (rows, keys)
+            bad = ~np.isfinite(comb) & below
+            if bad.any():
+                raise RecordError(f"layer {layer} KV head {h}: step {i + int(np.nonzero(bad)[0][0])} has NaN or "
+                                  "infinite attention")
+            kept, sums = renormalise(comb, below)
+            empty = (sums <= 0) & (t[:, 0] >= 1)
+            if empty.any():
+                raise RecordError(f"layer {layer} KV head {h}: step {i + int(np.flatnonzero(empty)[0])} puts all its "
+                                  "attention on itself")
+            full = np.zeros((rows, n), dtype=np.float32)
+            full[:, b.lo : b.hi] = kept
+            values = full[np.arange(n)[None, :] < t]  # rows i .. i+rows-1, each [:t], concatenated
+            start = i * (i - 1) // 2 if i > 0 else 0
+            buf[h, start : start + values.size] = values
 
 
 __all__ = ["CHUNK_ELEMENTS", "GQA", "LayerSink", "kv_head_rows", "record_attention"]

@@ -4,7 +4,9 @@ For each step t = 1..T: read ``kept``; score it against the full row (retained m
 recall); show the policy the observed attention, renormalised over the kept set, as float32;
 admit position t; evict to budget and check the victims contract.
 
-``steps`` is that loop, one ``Step`` per decode step: ``replay_reference`` totals it into a
+``step`` is the last three (observe -> admit -> evict, the victims checked): the one step of a policy,
+which the deployed cache (``kvsim.hf``) takes too, with the attention a real model computed.
+``steps`` is the loop, one ``Step`` per decode step: ``replay_reference`` totals it into a
 ``ReplayResult`` and the policy lab walks two of them side by side. It is the authority the fast
 engine (``kvsim.sim.engine``) is held to bit for bit; callers use ``kvsim.replay``, which picks the
 engine where it covers the policy and this loop otherwise.
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..data.gqa import position_sum, renormalise
 from ..data.trace import Trace
 from ..policies import Policy, PolicySpec
 from ..policies.base import ContractError
@@ -85,17 +88,49 @@ def kept_sum(row: np.ndarray, kept: np.ndarray) -> float:
     Sequential on purpose (numpy's own sum is pairwise): a fast engine that loops over the kept
     set reproduces it bit for bit, and with it the observed attention and every later score.
     """
-    sub = row[kept].astype(np.float64)
-    return float(np.cumsum(sub)[-1]) if sub.size else 0.0
+    return float(position_sum(row[kept]))
 
 
 def observed_attention(row: np.ndarray, kept: np.ndarray, total: float | None = None) -> np.ndarray:
     """What a serving stack holding only ``kept`` would expose: the row renormalised over kept,
     as float32 (a softmax over a subset is the full softmax renormalised). Zeros if it sums to 0."""
-    s = kept_sum(row, kept) if total is None else total
-    if s > 0:
-        return (row[kept].astype(np.float64) / s).astype(np.float32)
-    return np.zeros(kept.size, dtype=np.float32)
+    return observe(row[kept], total)
+
+
+def observe(attention: np.ndarray, total: float | None = None) -> np.ndarray:
+    """``attention`` (the weights on the held positions, aligned with them) renormalised over them by
+    the combining rule's ``renormalise`` (its sum in position order, ``total`` when the caller has it),
+    as float32: what the policy is shown."""
+    return renormalise(attention, total=position_sum(attention) if total is None else total)[0].astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What one ``step`` did: what the policy was shown, its scores before eviction (score-keeping
+    policies), what it held then (``kept + [t]``), its victims and what it held after."""
+
+    observed: np.ndarray | None
+    scores: np.ndarray | None
+    before: np.ndarray
+    victims: list[int]
+    after: np.ndarray
+
+
+def step(policy: Policy, t: int, attention: np.ndarray | None, budget: int, total: float | None = None) -> Taken:
+    """Observe -> admit -> evict, the one step of a policy (docs/domain.md, "The harness", 3 to 5):
+    ``attention`` is query t's weight on each position of ``policy.kept`` (aligned, not yet
+    renormalised; None is read only by a policy that reads no attention), shown renormalised as float32
+    (``observe``) if the policy reads attention; then t is admitted and the policy evicts to ``budget``,
+    and its victims are checked (ContractError, naming the policy and the step, if they break the
+    contract)."""
+    observed = observe(attention, total) if policy.reads_attention else None
+    policy.on_decode_step(t, observed)
+    before = policy.kept
+    scores = policy.scores if policy.keeps_scores else None
+    victims = [int(v) for v in policy.evict(budget)]
+    after = policy.kept
+    _check_victims(policy, t, before, victims, budget, after)
+    return Taken(observed, scores, before, victims, after)
 
 
 @dataclass(frozen=True)
@@ -121,21 +156,15 @@ def steps(trace: Trace, policy: Policy, budget: int | None = None, *, top_k: int
     budget = policy.budget if budget is None else budget
     store = trace.derived
     out = store.row_scratch()
-    scored = policy.keeps_scores
+    scored, reads = policy.keeps_scores, policy.reads_attention
     for t in range(1, trace.steps + 1):
         kept = policy.kept
         row = store.row(t, kept, out)  # the whole row of a dense trace; a query/key trace's at kept
         total = kept_sum(row, kept)
         hits = int(store.topk_row(t, top_k)[kept].sum(dtype=np.int64)) if top_k is not None else 0
-        observed = observed_attention(row, kept, total) if policy.reads_attention else None
-        policy.on_decode_step(t, observed)
-        scores = policy.scores if scored else None
-        positions = policy.kept if scored else None
-        before = positions if scored else policy.kept
-        victims = [int(v) for v in policy.evict(budget)]
-        after = policy.kept
-        _check_victims(policy, t, before, victims, budget, after)
-        yield Step(t, kept, total, hits, observed, scores, positions, victims, after)
+        taken = step(policy, t, row[kept] if reads else None, budget, total)
+        yield Step(t, kept, total, hits, taken.observed, taken.scores, taken.before if scored else None,
+                   taken.victims, taken.after)
 
 
 def replay_reference(
