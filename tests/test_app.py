@@ -604,7 +604,7 @@ def test_the_curve_shows_the_truth_beside_the_proxy_and_its_sentence_holds_the_f
     """On the shipped bundle, the model's KL over the windows (shipped truth) under the curve, both
     optima marked, and the sentence's figures those of the truth and of the curve's recommendation."""
     from kvsim.analysis.windows import choose_window
-    from kvsim.views import truth as vt
+    from kvsim.views import window_truth as vt
 
     at = run({"trace": "gemma3-270m-heapq:L11", "budget": "256", "policies": "h2o"}, view="Choosing recent_window")
     assert not problems(at)

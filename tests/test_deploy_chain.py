@@ -199,7 +199,7 @@ def test_the_apps_deploy_lines_name_what_each_tune_file_deploys(shipped_tuning):
     """The "Your model" tab shows per-layer windows by retained mass: its tune line writes the file that
     deploys exactly those, and its sentence names what tune's default deploys instead, the window the
     shipped truth gives (104 at budget 256, as ``tune`` answers)."""
-    from kvsim.views import truth as vt
+    from kvsim.views import window_truth as vt
     from kvsim.views.deploy import deploy_snippets
 
     bundle = resolve_bundle("gemma3-270m-heapq")

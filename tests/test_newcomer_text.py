@@ -267,7 +267,7 @@ def test_the_heavy_hitters_count_said_is_the_count_drawn(canonical_story):
 
 @pytest.mark.parametrize("name", ["gemma3-270m-L11", "canonical"])
 def test_the_app_and_describe_name_the_same_sinks_with_the_same_figure(name):
-    from kvsim.app import cache
+    from kvsim.app import memo
     from kvsim.data.catalog import resolve_trace
 
     trace = resolve_trace(name)
@@ -275,8 +275,8 @@ def test_the_app_and_describe_name_the_same_sinks_with_the_same_figure(name):
                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     cli = json.loads(proc.stdout)
-    f = cache.cached_features(trace)
-    info = cache.describe(trace, f)  # what the kept view and the trace view quote
+    f = memo.cached_features(trace)
+    info = memo.describe(trace, f)  # what the kept view and the trace view quote
     assert cli["sinks"] == info["sinks"] == max(1, f.sinks)  # L11: position 0 alone, as the kept view draws it
     # the same float32 rows through two callers: float64 means over the trace's rows of at most steps + 1 terms
     assert cli["sink_share"] == pytest.approx(info["sink_share"], abs=2 * rounding64(2 * trace.steps + 1))

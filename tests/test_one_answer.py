@@ -107,7 +107,7 @@ def truth_sentences(at: AppTest) -> dict[str, str]:
 def test_the_curve_view_and_your_model_give_one_answer_naming_what_they_compare():
     """On gemma3-270m-L11 the curve view said "Proxy and truth disagree (+24% KL)" while Your model said "Proxy and
     truth agree": one compared L11's own window at 4096 steps, the other one window for all layers at 1024, unsaid.
-    Now both views state the one-window answer from one function (``kvsim.app.truth.model_answer``), word for
+    Now both views state the one-window answer from one function (``kvsim.app.truth_panel.model_answer``), word for
     word; the curve view adds its layer's own pick under a headline of its own; and every truth sentence names
     the layers, the window rule, the budget and the steps of both sides."""
     curve = app(trace="gemma3-270m-L11", view="Choosing recent_window", budget="256", policies="h2o")

@@ -19,7 +19,7 @@ from kvsim.data import qk
 from kvsim.data.trace import from_array
 from kvsim.policies import PolicySpec
 from kvsim.sim import simulate
-from kvsim.views import truth as vt
+from kvsim.views import window_truth as vt
 
 REPO = Path(__file__).resolve().parent.parent
 #: what only the trace's stores may ask of themselves

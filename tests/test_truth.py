@@ -53,7 +53,7 @@ def test_window_truth_keeps_proxies_beside_the_truth_and_the_views_find_it(text_
     from kvsim.analysis.proxies import configuration
     from kvsim.models import truth
     from kvsim.models.quality import Session
-    from kvsim.views import truth as vt
+    from kvsim.views import window_truth as vt
 
     session = Session(_tiny("llama"), ByteTokenizer(), text_path, STEPS, model_id="tiny-llama", progress=None)
     rows = truth.window_truth(session, "h2o", 8, [1, 3, 5], proxies=configuration,

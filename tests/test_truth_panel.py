@@ -11,7 +11,7 @@ SHA = "ab" * 32
 
 
 def _panel(trace_path: str) -> None:
-    from kvsim.app.truth import truth_panel
+    from kvsim.app.truth_panel import truth_panel
     from kvsim.data.trace import load_npz
     from kvsim.sim.simulate import sweep
 
@@ -46,7 +46,7 @@ def _recording(tmp_path, values: bool):
 def test_a_recording_with_values_shows_the_output_errors_pick_beside_the_masss(tmp_path, monkeypatch):
     from kvsim.analysis import proxies as px
     from kvsim.data.trace import load_npz
-    from kvsim.views import truth as vt
+    from kvsim.views import window_truth as vt
 
     monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "cache"))
     path, windows = _recording(tmp_path, values=True)

@@ -12,7 +12,7 @@ from kvsim.policies import POLICIES, PolicySpec
 from kvsim.views.figures.allocation import budget_grids, mass_bars
 
 from . import services
-from .cache import cached_bundle
+from .memo import cached_bundle
 from .state import mirrored
 
 #: the policies the view offers: the online ones (the offline references replay slowly at every budget)

@@ -9,7 +9,7 @@ from kvsim.analysis.claims import BUDGET as CLAIMS_BUDGET
 from kvsim.analysis.claims import VERDICTS, ledger
 from kvsim.views import support as views
 
-from .cache import BY_TRACE
+from .memo import BY_TRACE
 from .state import showing_upload
 
 

@@ -16,12 +16,12 @@ from kvsim.policies import PolicySpec, describe_policy
 from kvsim.policies.upper_bound import upper_bound_summary
 from kvsim.views import figures, story
 
-from . import cache, services, state
-from .cache import TOP_K, cached_features, cached_summary, cached_upper_bound, describe
+from . import memo, services, state
 from .controls import Settings, spec_for
 from .downloads import csv_button, html_button, stem
+from .memo import TOP_K, cached_features, cached_summary, cached_upper_bound, describe
 from .state import curve_policies, mirrored
-from .truth import truth_panel
+from .truth_panel import truth_panel
 
 #: the per-step upper bound's line on the curve: not a policy, so not in the registry
 UPPER_BOUND = "upper bound (offline reference)"
@@ -81,7 +81,7 @@ def sweep_curve(trace: kvsim.Trace, spec: PolicySpec, marks: tuple[int, ...], pe
     name, budget = spec.name, spec.budget
     span = f"{name} over {WINDOW} 1 .. {budget - 1}"
     every = every_window(trace, budget, primary)
-    store = cache.sweeps()
+    store = memo.sweeps()
     key = (trace.fingerprint, spec.replace(recent_window=1), TOP_K, "every" if every else "sampled")
 
     def exact(progress=None) -> list[dict]:
@@ -120,9 +120,9 @@ def sweep_curve(trace: kvsim.Trace, spec: PolicySpec, marks: tuple[int, ...], pe
 
 def background_summary(trace: kvsim.Trace, key: tuple, work: Callable[[], dict], label: str, pending: Pending) -> dict | None:
     """A line's summary from the background: None, said in ``pending``, until it is known."""
-    status = cache.background().poll((trace.fingerprint, *key), lambda _progress: work())
+    status = memo.background().poll((trace.fingerprint, *key), lambda _progress: work())
     if not status.done:
-        pending.add(label, lambda: cache.background().busy((trace.fingerprint, *key)))
+        pending.add(label, lambda: memo.background().busy((trace.fingerprint, *key)))
     return status.value
 
 
@@ -135,7 +135,7 @@ def optimal_line(trace: kvsim.Trace, spec: PolicySpec) -> tuple[dict | None, ser
         return trace.steps >= optimal.CACHE_MIN_STEPS and optimal.cached(trace, spec.budget) is None
 
     try:
-        solve = cache.solves().poll(
+        solve = memo.solves().poll(
             (trace.fingerprint, spec.budget), lambda progress: optimal.optimal_schedule(trace, spec.budget, progress=progress),
             needed=needed)
     except Exception as e:  # said on the page in one line, and tried again on the next redraw
@@ -181,7 +181,7 @@ def reference_lines(trace: kvsim.Trace, settings: Settings, pending: Pending) ->
 def _summary(trace: kvsim.Trace, spec: PolicySpec, pending: Pending) -> dict | None:
     if not progressive(trace, spec.budget):
         return cached_summary(trace, spec)
-    return background_summary(trace, ("summary", spec, TOP_K), lambda: cache.replay(trace, spec).summary(), spec.name,
+    return background_summary(trace, ("summary", spec, TOP_K), lambda: memo.replay(trace, spec).summary(), spec.name,
                               pending)
 
 
@@ -208,7 +208,7 @@ def curve_figure(curves: dict[str, list[dict]], policy: str, lines: tuple, rw: i
     plot_height = TOUR_PLOT_HEIGHT if state.touring() else None
     key = (policy, rw, default, features.band, features.band_known, lines, budget, plot_height,
            tuple((n, tuple(tuple(sorted(r.items())) for r in rows)) for n, rows in curves.items()))  # flat rows
-    store = cache.curve_figures()
+    store = memo.curve_figures()
     fig = store.get(key)
     if fig is None:
         fig = figures.recent_window_curve(

@@ -10,9 +10,9 @@ import kvsim
 from kvsim.policies import PolicySpec
 from kvsim.views import figures, story
 
-from .cache import BY_TRACE, TOP_K, cached_features, describe, kept_history, replays
 from .controls import Settings
 from .downloads import csv_button, html_button, stem
+from .memo import BY_TRACE, TOP_K, cached_features, describe, kept_history, replays
 from .state import KEPT_MODES, mirrored, touring, zoom_reset
 
 #: pixels across the kept images, shared among the panels of a row

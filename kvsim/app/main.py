@@ -5,7 +5,7 @@ is cached by trace and policy spec, so moving a control re-draws from results al
 state of the controls lives in the URL's query parameters: a link reopens the same view.
 
 The views are drawn with compiled kernels only (``kvsim.jit.compiled_only``): on a brand-new install
-numba compiles the fast engine in the background (``cache.warmup``) while the page is drawn on the
+numba compiles the fast engine in the background (``memo.warmup``) while the page is drawn on the
 reference path (the same results), and one line says so.
 """
 
@@ -21,7 +21,7 @@ import streamlit as st
 
 from kvsim import jit
 
-from . import cache, services, state
+from . import memo, services, state
 from .allocation import allocation_view
 from .claims import claims_view
 from .controls import Settings, controls, tour_box
@@ -83,7 +83,7 @@ def warm_up(needs: list[str]):
     curve's policy): loaded now where numba's disk cache holds them (a fraction of a second), else
     said in one line above the views (in the sidebar on a tour step) and, once the page is drawn, compiled in the background (the
     views meanwhile take the reference path). Returns what starts that compile."""
-    warm = cache.warmup()
+    warm = memo.warmup()
     if warm.cached(needs):
         warm.load(needs)
         return lambda: None

@@ -8,12 +8,12 @@ import streamlit as st
 from kvsim.data.catalog import available_bundles
 from kvsim.views import model_figures
 from kvsim.views import support as views
-from kvsim.views import truth as vt
+from kvsim.views import window_truth as vt
 from kvsim.views.deploy import deploy_snippets
 
-from .cache import cached_bundle, tuned
+from .memo import cached_bundle, tuned
 from .state import TABS, curve_policies, drop_upload, mirrored
-from .truth import model_answer
+from .truth_panel import model_answer
 
 
 def open_layer(selector: str, recent_window: int, policy: str) -> None:

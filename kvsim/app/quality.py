@@ -66,7 +66,7 @@ def quality_view(budget: int) -> None:
 def _sets() -> list[tuple[list[dict], dict, str]]:
     """Every set of measurements of the proxy against the model's loss here, as ``(results, meta,
     source)``: the shipped quality results, those in the quality disk cache, and the truth documents'
-    sweeps (open loop; ``kvsim.views.truth``). A damaged results file is said in one line."""
+    sweeps (open loop; ``kvsim.views.window_truth``). A damaged results file is said in one line."""
     from kvsim.models.truth import documents
 
     sets = []

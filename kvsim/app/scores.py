@@ -7,9 +7,9 @@ import streamlit as st
 import kvsim
 from kvsim.views import figures, story
 
-from .cache import cached_features, replays
 from .controls import Settings
 from .downloads import html_button, stem
+from .memo import cached_features, replays
 
 
 def score_view(trace: kvsim.Trace, settings: Settings) -> None:

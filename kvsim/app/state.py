@@ -17,7 +17,7 @@ from kvsim.data.catalog import CANONICAL, available_bundles, available_traces
 from kvsim.policies import all_tunables
 from kvsim.views import tour
 
-from . import cache
+from . import memo
 
 #: the largest upload, refused by Streamlit before any of it is held, so one file cannot take the
 #: server's memory (the loader then checks every array's size from its header before reading it)
@@ -60,7 +60,7 @@ def defaults() -> dict:
 def trace_names() -> list[str]:
     """What the trace selector offers: the shipped traces, then every layer of the shipped bundles
     (``gemma3-270m-heapq:L05``), so the model view can open a layer in the other views."""
-    return available_traces() + cache.bundle_traces()
+    return available_traces() + memo.bundle_traces()
 
 
 # --------------------------------------------------------------------------------------------
@@ -268,12 +268,12 @@ def choose_trace() -> kvsim.Trace:
             side.warning(f"{upload.name}: {repaired}")
         return uploaded
     try:
-        trace = cache.load_named_trace(st.session_state["trace"])
+        trace = memo.load_named_trace(st.session_state["trace"])
     except kvsim.TraceError as e:
         st.error(f"{e}; showing {CANONICAL} instead")
-        return cache.load_named_trace(CANONICAL)
+        return memo.load_named_trace(CANONICAL)
     if trace.derived.no_matrix() is not None:
-        cache.row_stats(trace)
+        memo.row_stats(trace)
         out = dense_only()
         left = (f" {' and '.join(out)} {'reads' if len(out) == 1 else 'read'} the whole matrix (at most {qk.DENSE_LIMIT} steps) "
                 f"and {'is' if len(out) == 1 else 'are'} left out." if out else "")
@@ -294,7 +294,7 @@ def _read_upload(upload) -> kvsim.Trace | None:
         return None
     data = upload.getvalue()
     try:
-        return cache.load_uploaded_trace(hashlib.sha256(data).hexdigest()[:16], upload.name, data)
+        return memo.load_uploaded_trace(hashlib.sha256(data).hexdigest()[:16], upload.name, data)
     except kvsim.TraceError as e:
         st.error(f"{e}; showing {st.session_state['trace']} instead.")
         return None

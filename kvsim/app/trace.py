@@ -8,8 +8,8 @@ import kvsim
 from kvsim.analysis.metrics import repair_note
 from kvsim.views import figures, story
 
-from .cache import BY_TRACE, cached_features, describe
 from .downloads import html_button, stem
+from .memo import BY_TRACE, cached_features, describe
 
 
 @st.cache_resource(max_entries=4, show_spinner="drawing the attention matrix", hash_funcs=BY_TRACE)

@@ -62,9 +62,9 @@ def cmd_bench(args: argparse.Namespace) -> object:
             return long.study(args.trace, progress=say)
         return long.run(args.trace, with_tune=not args.no_tune, progress=say)
     if section == "truth":
-        from ..bench import speed, truth
+        from ..bench import speed, truth_speed
 
-        return speed.verdict(truth.run(progress=say))
+        return speed.verdict(truth_speed.run(progress=say))
     if section == "browser":
         if args.no_load and args.only_load:
             raise CLIError("--no-load and --only-load exclude each other")

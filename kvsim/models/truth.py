@@ -103,7 +103,7 @@ def window_truth(session: Session, policy: str, budget: int, windows: Sequence[i
     return rows
 
 
-#: what a truth document is (the views read it: ``kvsim.views.truth``)
+#: what a truth document is (the views read it: ``kvsim.views.window_truth``)
 TRUTH_FORMAT = "kvsim-truth"
 
 

@@ -10,7 +10,7 @@ SHIPPED_MODEL = "gemma-3-270m"
 
 def truth_window(result, truth) -> tuple[int, float] | None:
     """What ``kvsim tune``'s default (by the truth, KL) deploys in every layer, read from ``truth``
-    (``kvsim.views.truth.Truth``): the best KL over tune's candidate windows, with that KL; None when
+    (``kvsim.views.window_truth.Truth``): the best KL over tune's candidate windows, with that KL; None when
     the truth has not measured every candidate (then only the model can say)."""
     from ..analysis.tune import candidate_windows
 

@@ -1,5 +1,5 @@
 """The truth under the recent_window curve: the model's KL over the windows, with both optima and the
-sentence (``kvsim.views.truth``), where truth is known for the trace's recording; where it is not,
+sentence (``kvsim.views.window_truth``), where truth is known for the trace's recording; where it is not,
 one line saying how to get it, and for a recording whose model and text are at hand a button that
 measures it in the background (open loop, cached, with progress)."""
 
@@ -14,9 +14,9 @@ import streamlit as st
 import kvsim
 from kvsim.analysis.windows import best_of, choose_window
 from kvsim.data.catalog import available_bundles
-from kvsim.views import truth as vt
+from kvsim.views import window_truth as vt
 
-from .cache import BY_TRACE, cached_bundle, tuned  # tuned: the model view's tuning, cached per server
+from .memo import BY_TRACE, cached_bundle, tuned  # tuned: the model view's tuning, cached per server
 
 #: measurements running in this server's background: (model, text sha, policy, budget) -> state
 _JOBS: dict[tuple, dict] = {}
