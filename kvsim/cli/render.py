@@ -250,12 +250,23 @@ def _quality(doc) -> str:
                     [[doc["allocate"], doc["nll"], doc["delta_nll"], doc["kl"], doc["retained_mass"]],
                      ["uniform", u["nll"], u["delta_nll"], u["kl"], u["retained_mass"]]]))
     rows = [doc] if isinstance(doc, dict) else doc
-    return aligned(
-        ["policy", "params", "budget", "mode", "steps", "nll_full", "nll", "delta_nll", "ppl", "kl", "retained_mass",
-         "seconds"],
+    table = aligned(
+        ["policy", "params", "budget", "mode", "steps", "nll_full", "nll", "delta_nll", "delta_nll_key", "ppl", "kl",
+         "retained_mass", "seconds"],
         [[r["policy"], params_label(r["params"]), r["budget"], r["mode"], r["steps"], r["nll_full"], r["nll"],
-          r["delta_nll"], r["ppl"], r["kl"], r["retained_mass"], round(r["seconds"], 1)] for r in rows],
+          r["delta_nll"], r.get("delta_nll_key"), r["ppl"], r["kl"], r["retained_mass"], round(r["seconds"], 1)]
+         for r in rows],
     )
+    return "\n".join([table, *sorted({_key_tokens_line(r) for r in rows if "key_rule" in r})])
+
+
+def _key_tokens_line(r: dict) -> str:
+    """What ``delta_nll_key`` averages over, stated (one line per distinct rule and text)."""
+    rule = r["key_rule"]
+    return (f"\ndelta_nll_key: delta NLL over the {r['key_tokens']} of {r['steps'] - 1} positions that are key tokens "
+            f"(LongPPL's rule: the next token's NLL with only <bos> and the last {rule['short_window']} positions "
+            f"visible exceeds the full cache's by more than {rule['alpha']:g} nats, and its full-cache log-probability "
+            f"is above {rule['beta']:g}; docs/domain.md, \"The truth\")")
 
 
 def _tune_per_layer(doc: dict, k: int) -> tuple[list[str], list[list]]:

@@ -23,6 +23,14 @@ Two modes:
   same schedule as ``closed`` for a policy that never reads attention (sliding_window,
   streaming_llm), and an approximation for one that does.
 
+**Key tokens** (LongPPL's rule, Fang et al. 2024, "What is Wrong with Perplexity for Long-context
+Language Modeling?"): the positions whose next token needs the long context. One more teacher-forced
+pass lets every query see only ``<bos>`` and the last ``SHORT_WINDOW`` positions (its own included);
+position t is a key token when the long context's gain, LSD = NLL_short - NLL_full, is above
+``KEY_ALPHA`` and its full-cache log-probability, LCL = -NLL_full, is above ``KEY_BETA``. A result
+reports the delta NLL over those positions only (``delta_nll_key``) beside the mean over all of them
+(docs/domain.md, "The truth").
+
 Both run through one attention function (``kvsim.models.decode``). The full-cache pass goes through it
 too (checked against a plain forward pass by the tests), so ``open`` with a budget of at least N is
 bit-identical to it.
@@ -53,11 +61,23 @@ from .loading import no_progress
 from .scoring import FullPass, Scorer, full_pass_key, read_full_pass, write_full_pass
 
 #: the version of what a cached result means; bump it when the figures change meaning
-VERSION = 1
+#: (2: a result carries the key-token loss; a version-1 record lacks it and is not served)
+VERSION = 2
 DEFAULT_STEPS = 1024
 MODES = ("closed", "open")
 #: sha256 of CPython 3.11.7's Lib/heapq.py, the text of the shipped traces (REAL_TRACES.md)
 HEAPQ_SHA256 = "6d43277e5c76fc0f073cd388fcff852d14d068f6bb6d4886c340f8b75a1229a9"
+#: the key tokens' short window: every query sees <bos> and the last SHORT_WINDOW positions. LongPPL
+#: reads 32k-token texts through a 4k window (an eighth); 128 is an eighth of the default 1024 steps,
+#: and <bos> stays visible because without its attention sink every token's loss rises
+#: (docs/domain.md), which would mark the tokens that need the sink, not those that need the context
+SHORT_WINDOW = 128
+#: LongPPL's thresholds (its alpha = 2, beta = -2, in nats): a key token gains more than 2 nats of
+#: log-probability from the long context, and the full cache predicts it with probability above e^-2
+KEY_ALPHA = 2.0
+KEY_BETA = -2.0
+#: the version of what a cached short-window pass means
+SHORT_PASS_VERSION = 1
 #: the default progress: lines on stderr
 QUALITY_STDERR = stderr("kvsim quality")
 
@@ -91,6 +111,25 @@ class Configuration:
 
 
 # --- the text and the model ---------------------------------------------------------------------
+
+
+def key_token_mask(nll_full, nll_short, alpha: float = KEY_ALPHA, beta: float = KEY_BETA) -> np.ndarray:
+    """LongPPL's key tokens over per-position NLLs: the long context's gain ``nll_short - nll_full``
+    (LSD) above ``alpha`` and the full cache's log-probability ``-nll_full`` (LCL) above ``beta``."""
+    nll_full, nll_short = np.asarray(nll_full, dtype=np.float64), np.asarray(nll_short, dtype=np.float64)
+    if nll_full.shape != nll_short.shape:
+        raise ValueError(f"the two passes' losses have shapes {nll_full.shape} and {nll_short.shape}")
+    return (nll_short - nll_full > alpha) & (-nll_full > beta)
+
+
+def short_window_masks(layers: int, kv_heads: int, n: int, window: int) -> dict:
+    """``MaskedPass``'s ``allowed`` for the key tokens' short pass: query t sees position 0 (<bos>) and
+    positions ``t - window + 1 .. t``, in every layer and KV head."""
+    import torch
+
+    t = torch.arange(n)
+    seen = (t[None, :] <= t[:, None]) & ((t[None, :] > t[:, None] - window) | (t[None, :] == 0))
+    return {layer: seen[None].expand(kv_heads, n, n) for layer in range(layers)}
 
 
 def heapq_path() -> Path:
@@ -215,8 +254,17 @@ class Session:
     ``use_cache`` and ``model_id`` names the model (the default ``"model"`` names none)."""
 
     def __init__(self, model, tokenizer, text_path: str | Path, steps: int = DEFAULT_STEPS, *,
-                 model_id: str = "model", progress: Progress | None = QUALITY_STDERR, use_cache: bool = True):
+                 model_id: str = "model", progress: Progress | None = QUALITY_STDERR, use_cache: bool = True,
+                 short_window: int | None = None, key_alpha: float | None = None, key_beta: float | None = None):
         self.say = progress or no_progress
+        # the module's constants read now, not at import: what a caller changes them to is what runs
+        self.short_window = SHORT_WINDOW if short_window is None else short_window
+        self.key_alpha = KEY_ALPHA if key_alpha is None else key_alpha
+        self.key_beta = KEY_BETA if key_beta is None else key_beta
+        if self.short_window < 1:
+            raise QualityError(f"the key tokens' short window must be at least 1 position, got {self.short_window}")
+        self._nll_short: np.ndarray | None = None
+        self.short_seconds = 0.0
         self.model = model
         self.model_id = model_id
         self.text_path = Path(text_path)
@@ -226,6 +274,7 @@ class Session:
         self.layers = cfg.num_hidden_layers
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         use_cache = use_cache and model_id != "model"  # the default names no model: nothing to key a cache by
+        self.use_cache = use_cache
         key = full_pass_key(model_id, _text_bytes(self.text_path), steps)
         cached = read_full_pass(key) if use_cache else None
         if cached is None:
@@ -282,6 +331,39 @@ class Session:
             self._scorer = Scorer(self.model, self.hidden_full, self.ids[0, 2:], fp.summary)
         self.nll_full_series = self._scorer.nll_full_series
         self.nll_full = float(self.nll_full_series.mean())
+
+    # --- the key tokens ----------------------------------------------------------------------------
+
+    @property
+    def key_rule(self) -> dict:
+        """What selects the key tokens (a result names it; its cache key holds it)."""
+        return {"short_window": self.short_window, "alpha": self.key_alpha, "beta": self.key_beta}
+
+    def nll_short_series(self) -> np.ndarray:
+        """The per-position NLL (t = 1 .. N-1) when every query sees only <bos> and the last
+        ``short_window`` positions: one more masked teacher-forced pass, kept in the session and on disk."""
+        if self._nll_short is not None:
+            return self._nll_short
+        key = {"version": SHORT_PASS_VERSION, "model": self.model_id, "tokens": self.tokens_id, "steps": self.steps,
+               "short_window": self.short_window}
+        cached = read_cached(key, "short", "short") if self.use_cache else None
+        if cached is not None and len(cached.get("nll", ())) == self.steps - 1:
+            self._nll_short = np.asarray(cached["nll"], dtype=np.float64)
+            return self._nll_short
+        t0 = time.perf_counter()
+        allowed = short_window_masks(self.layers, self.kv_heads, self.n, self.short_window)
+        hidden = hidden_states(self.model, self.ids, MaskedPass(allowed=allowed))
+        self._nll_short = self._scorer.score([hidden])[0][0]
+        self.short_seconds = time.perf_counter() - t0
+        self.say(None, f"short-window pass ({self.short_window} positions and <bos>) for the key tokens: "
+                       f"{int(self.key_tokens().sum())} of {self.steps - 1} in {self.short_seconds:.1f} s")
+        if self.use_cache:
+            write_cached(key, {"nll": self._nll_short.tolist()}, "short", "short")
+        return self._nll_short
+
+    def key_tokens(self) -> np.ndarray:
+        """Which positions t = 1 .. N-1 are key tokens (``key_token_mask``), as booleans."""
+        return key_token_mask(self.nll_full_series, self.nll_short_series(), self.key_alpha, self.key_beta)
 
     # --- the two modes ---------------------------------------------------------------------------
 
@@ -340,6 +422,7 @@ class Session:
     def _result(self, policy, budget, params, mode, mass, nll, kl, seconds, batch) -> dict:
         """The JSON document of one measurement (``python -m kvsim quality --json``)."""
         mean_nll = float(nll.mean())
+        key = self.key_tokens()
         return {
             "policy": policy,
             "budget": budget,
@@ -354,6 +437,10 @@ class Session:
             "kl": float(kl.mean()),
             "retained_mass": float(mass.mean()),
             "seconds": seconds,
+            # None when the rule selects no position: a mean over nothing is no figure
+            "delta_nll_key": float((nll[key] - self.nll_full_series[key]).mean()) if key.any() else None,
+            "key_tokens": int(key.sum()),
+            "key_rule": self.key_rule,
             "retained_mass_by_layer": mass.mean(axis=1).tolist(),
             "batch": batch,
             "model": self.model_id,
@@ -369,7 +456,8 @@ class Session:
 
     def cache_key(self, c: Configuration, mode: str) -> dict:
         return {"version": VERSION, "model": self.model_id, "tokens": self.tokens_id, "steps": self.steps,
-                "policy": c.policy, "budget": c.budget, "mode": mode, "params": dict(sorted(c.params.items()))}
+                "policy": c.policy, "budget": c.budget, "mode": mode, "params": dict(sorted(c.params.items())),
+                "key_rule": self.key_rule}
 
     def measure_many(self, configurations: Sequence[Configuration], mode: str = "closed", *, use_cache: bool = True,
                      batch: int = 8, progress: Progress | None = None, write_cache: bool | None = None) -> list[dict]:
@@ -449,7 +537,8 @@ def write_cached(key: dict, value: dict, kind: str = "", field: str = "result") 
 
 def _line(r: dict) -> str:
     label = " ".join([r["policy"], *(f"{k}={v}" for k, v in r["params"].items()), f"budget={r['budget']}", r["mode"]])
-    return (f"{label}: delta NLL {r['delta_nll']:+.4f}, KL {r['kl']:.4f}, retained mass {r['retained_mass']:.4f}"
+    key = "n/a" if r.get("delta_nll_key") is None else f"{r['delta_nll_key']:+.4f}"
+    return (f"{label}: delta NLL {r['delta_nll']:+.4f} (key tokens {key}), KL {r['kl']:.4f}, retained mass {r['retained_mass']:.4f}"
             + (" (cached)" if r["cached"] else f" ({r['seconds']:.1f} s)"))
 
 
@@ -540,11 +629,15 @@ def sink_claim(text: str | Path = "heapq", *, steps: int = 1024, budget: int = 6
 __all__ = [
     "DEFAULT_STEPS",
     "HEAPQ_SHA256",
+    "KEY_ALPHA",
+    "KEY_BETA",
     "MODES",
+    "SHORT_WINDOW",
     "QualityError",
     "Session",
     "grid",
     "heapq_path",
+    "key_token_mask",
     "load",
     "open_session",
     "resolve_text",
