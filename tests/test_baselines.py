@@ -1,6 +1,6 @@
 """Baselines from practice: h2o_normalized, snapkv and random. Each one's own eviction orders, the
 vector that tells it apart from its nearest neighbour, and its parameters. The registry-wide
-contract (budget, victims, None, determinism) lives in test_core_contract."""
+contract (budget, victims, None, determinism) lives in test_policies_contract."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The policy family beyond the cards: scissorhands, tova, the greedy offline reference and the upper bound.
 
 Each policy's own eviction orders, the H2O card's distinguishing vector (h2o vs scissorhands),
-and invariants over random small traces. The registry-wide contract lives in test_core_contract.
+and invariants over random small traces. The registry-wide contract lives in test_policies_contract.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from conftest import SUITE_CACHE
 ROOT = Path(__file__).resolve().parent.parent
 #: tests that write cache entries: one in this process (a trace file named alpha, decoded once), one in a
 #: CLI process it starts (the file trace it replays)
-WRITERS = ["tests/test_core_metrics.py::test_resolve_shipped_stems_and_paths", "tests/test_core_cli.py::test_replay_json"]
+WRITERS = ["tests/test_analysis_metrics.py::test_resolve_shipped_stems_and_paths", "tests/test_cli_documents.py::test_replay_json"]
 
 
 def test_a_suite_run_leaves_the_users_cache_directory_untouched(tmp_path):

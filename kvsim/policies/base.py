@@ -84,7 +84,7 @@ class Param:
 class Display:
     """How the views draw a policy: its line on the charts (the recent_window curve, the model view)
     and what its score is called on the scores view. Every colour and every line differs in its
-    proportions from every other policy's (tests/test_newcomer_text.py holds it)."""
+    proportions from every other policy's (tests/test_views_text.py holds it)."""
 
     colour: str
     #: Plotly's dash: lengths in px ("12px,4px"), or "solid"
