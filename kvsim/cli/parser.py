@@ -295,8 +295,10 @@ def _add_generate(sub) -> None:
                    "for the shipped Gemma-3-270M (default)")
     online = ", ".join(n for n, c in POLICIES.items() if not c.needs_trace)
     p.add_argument("--policy", required=True, help=f"an online registry policy ({online})")
-    p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET, help="positions each layer holds per KV head "
-                   f"(default: {DEFAULT_BUDGET})")
+    p.add_argument("--budget", type=positive_int, default=None, help="positions each layer holds per KV head "
+                   f"(default: {DEFAULT_BUDGET}; with --allocate FILE, the file's split)")
+    p.add_argument("--allocate", default=None, metavar="NAME|FILE", help="a budget per (layer, KV head) at --budget's "
+                   "memory: uniform or pyramidkv, or the allocation rows of replay --allocate NAME --json (a file)")
     for param, spec in all_tunables().items():
         p.add_argument(flag(param), dest=f"param_{param}", type=int, default=None, metavar="N",
                        help=f"{spec.help} (passed to the policies that take it)")
