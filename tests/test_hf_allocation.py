@@ -10,6 +10,7 @@ import json
 
 import numpy as np
 import pytest
+from doc_chains import chains, run
 from test_hf import _model_folder, _prompt, _tiny
 from tolerance import rounding
 
@@ -193,3 +194,32 @@ def test_cli_generate_refuses_a_bad_allocation_in_one_line(tmp_path, capsys):
         err = [line for line in out.err.splitlines() if not line.startswith("generate: ")]  # progress: loading
         assert code != 0 and out.out == "" and len(err) == 1 and message in err[0], (flags, out.err)
         assert flags[1] == other or "generate: " not in out.err, (flags, out.err)  # the model never loaded
+
+
+def _allocation_chains() -> list[list[str]]:
+    return [c for c in chains("docs/deploy.md") if any("--allocate" in line and " generate " in line for line in c)]
+
+
+def test_docs_deploy_prints_one_replay_allocate_then_generate_chain():
+    (chain,) = _allocation_chains()
+    assert "--allocate pyramidkv" in chain[0] and "> split.json" in chain[0] and "--allocate split.json" in chain[-1]
+
+
+@pytest.mark.record
+def test_the_documented_allocation_chain_runs_as_printed_and_the_shipped_model_holds_the_split(tmp_path):
+    """Gemma-3-270M (18 layers x 1 KV head, head dim 256, float32): the bytes and peaks the docs quote."""
+    from kvsim.hf.allocation import split
+
+    (chain,) = _allocation_chains()
+    done = run(chain, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((tmp_path / "split.json").read_text())["allocation"]
+    budgets = {(r["layer"], r["kv_head"]): r["budget"] for r in rows}
+    # the replay's split is the one the deployed cache computes by name from the model's shape
+    assert split("pyramidkv", "h2o", 64, 18, 1, {}) == budgets
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert {(r["layer"], r["kv_head"]): r["budget"] for r in out["allocation"]} == budgets
+    assert out["positions_seen"] > max(budgets.values()) and out["unevicted_heads"] == 0
+    assert [r["peak_positions"] for r in out["allocation"]] == list(budgets.values())  # each at its budget, none above
+    assert out["cache_bytes"] == _expected_bytes(budgets, 256, 4) == 2_396_160  # the figure docs/deploy.md quotes
+    assert (sum(budgets.values()), budgets[(0, 0)], budgets[(17, 0)]) == (1152, 109, 33)
