@@ -12,7 +12,7 @@ import argparse
 import time
 from pathlib import Path
 
-from ..policies import DEFAULT_BUDGET, POLICIES, ParamError, PolicySpec
+from ..policies import POLICIES, ParamError, PolicySpec
 from .errors import CLIError, InputError, flag, input_error, read_input
 
 SHIPPED = "gemma"
@@ -38,8 +38,8 @@ def _prompt(args: argparse.Namespace) -> str:
 
 
 def _allocation(args: argparse.Namespace, params: dict):
-    """``--allocate``'s name, or its file's budgets, checked as far as the model is not needed; sets
-    ``args.budget`` (None for a file given without --budget: the split is what it holds)."""
+    """``--allocate``'s name, or its file's budgets, checked as far as the model is not needed; a file
+    given without --budget sets ``args.budget`` to None (the split is what it holds)."""
     from ..analysis.allocation import ALLOCATORS
     from ..hf.allocation import check_minimum, read_file, refusal
     from ..hf.cache import HFError
@@ -49,7 +49,6 @@ def _allocation(args: argparse.Namespace, params: dict):
         why = refusal(name)
         if why is not None:
             raise CLIError(f"--allocate {name}: {why}")
-        args.budget = DEFAULT_BUDGET if args.budget is None else args.budget
         return name
     try:
         budgets, made_for = read_file(name)
@@ -58,7 +57,9 @@ def _allocation(args: argparse.Namespace, params: dict):
         check_minimum(budgets, args.policy, params, name)
     except HFError as e:
         raise input_error("--allocate", e) from None
-    if args.budget is not None and sum(budgets.values()) != args.budget * len(budgets):
+    if not getattr(args, "budget_given", False):
+        args.budget = None  # the split is the memory
+    elif sum(budgets.values()) != args.budget * len(budgets):
         raise CLIError(f"--allocate {name}: the split holds {sum(budgets.values())} positions, not --budget {args.budget} "
                        f"x {len(budgets)} heads; leave out --budget to deploy the split as it is")
     return budgets
@@ -72,8 +73,6 @@ def check(args: argparse.Namespace) -> tuple[dict, str]:
         raise CLIError(f"--policy {args.policy} is an offline reference (it reads the future) and cannot be deployed")
     params = _params(args)
     args.allocation = None if args.allocate is None else _allocation(args, params)
-    if args.allocate is None and args.budget is None:
-        args.budget = DEFAULT_BUDGET
     if args.windows is None:
         if args.by != "layer":
             raise CLIError("--by applies with --windows")
