@@ -223,3 +223,16 @@ def test_the_documented_allocation_chain_runs_as_printed_and_the_shipped_model_h
     assert [r["peak_positions"] for r in out["allocation"]] == list(budgets.values())  # each at its budget, none above
     assert out["cache_bytes"] == _expected_bytes(budgets, 256, 4) == 2_396_160  # the figure docs/deploy.md quotes
     assert (sum(budgets.values()), budgets[(0, 0)], budgets[(17, 0)]) == (1152, 109, 33)
+
+
+def test_a_window_per_layer_sets_each_heads_minimum_under_an_allocation():
+    import kvsim.hf as hf
+
+    model = _tiny("llama")
+    cache = hf.cache(model, "h2o", None, allocate=SPLIT, windows={0: 5, 1: 7})
+    assert [[(s.budget, s["recent_window"]) for s in layer.specs] for layer in cache.layers] == [[(6, 5), (14, 5)],
+                                                                                                 [(20, 7), (8, 7)]]
+    with pytest.raises(hf.HFError) as e:  # layer 0 KV head 0 holds 6: a window of 8 needs 9
+        hf.cache(model, "h2o", None, allocate=SPLIT, windows={0: 8, 1: 7})
+    assert str(e.value) == ("allocate: layer 0 KV head 0: budget 6 is below h2o's minimum of 9 positions per head "
+                            "(recent_window 8 + 1)")

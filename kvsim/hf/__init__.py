@@ -59,16 +59,6 @@ def layer_specs(model, policy: str, budget: int | None, windows=None, by: str = 
     if cls.needs_trace:
         raise HFError(f"{policy} is an offline reference (it reads the future); deployable: {', '.join(ONLINE)}")
     kinds, kv_heads, model_window = model_layout(model)
-    budgets = None
-    if allocate is not None:
-        from .allocation import split
-
-        try:
-            budgets = split(allocate, policy, budget, len(kinds), kv_heads, params, model=type(model).__name__)
-        except (ParamError, ValueError) as e:
-            raise HFError(" ".join(str(e).split())) from None
-    elif budget is None:
-        raise HFError("a budget is needed (or allocate={(layer, kv_head): budget})")
     if isinstance(windows, (str, Path)):
         doc = read_tune(windows)
         check_model(doc, kinds, kv_heads, model_window, source=str(windows), model=type(model).__name__)
@@ -82,6 +72,17 @@ def layer_specs(model, policy: str, budget: int | None, windows=None, by: str = 
         raise HFError(f"windows for {outside[0]}: the model has layers 0-{len(kinds) - 1} and {kv_heads} KV head(s)")
     if windows and PARAM not in {p.name for p in cls.tunables}:
         raise HFError(f"{policy} has no {PARAM}; windows are for a policy that takes one")
+    budgets = None
+    if allocate is not None:
+        from .allocation import split
+
+        try:
+            budgets = split(allocate, policy, budget, len(kinds), kv_heads, params, model=type(model).__name__,
+                            windows=windows)
+        except (ParamError, ValueError) as e:
+            raise HFError(" ".join(str(e).split())) from None
+    elif budget is None:
+        raise HFError("a budget is needed (or allocate={(layer, kv_head): budget})")
     specs = []
     for layer in range(len(kinds)):
         row = []

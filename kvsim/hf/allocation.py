@@ -66,22 +66,34 @@ def read_file(path) -> tuple[dict[tuple[int, int], int], str | None]:
     return budgets, policy if isinstance(policy, str) else None
 
 
-def check_minimum(budgets: dict[tuple[int, int], int], policy: str, params: dict, where: str) -> None:
-    """Every head's budget at least the policy's minimum with ``params`` (HFError naming the head and
-    the minimum)."""
+def _minimum(policy: str, params: dict) -> tuple[int, PolicySpec]:
     loose = PolicySpec.of(policy, 10**9, **params)  # the parameters checked, whatever the budget
-    low = al.minimum_budget(loose)
+    return al.minimum_budget(loose), loose
+
+
+def _head_params(params: dict, windows: dict | None, layer: int, head: int) -> dict:
+    """``params`` with the recent_window ``windows`` sets for (layer, head) (``{layer: w}`` or ``{(layer, head): w}``)."""
+    w = None if not windows else windows.get((layer, head), windows.get(layer))
+    return params if w is None else {**params, "recent_window": w}
+
+
+def check_minimum(budgets: dict[tuple[int, int], int], policy: str, params: dict, where: str,
+                  windows: dict | None = None) -> None:
+    """Every head's budget at least the policy's minimum with ``params`` (and that head's window from
+    ``windows``): HFError naming the head and the minimum."""
     for (layer, head), b in sorted(budgets.items()):
+        low, loose = _minimum(policy, _head_params(params, windows, layer, head))
         if b < low:
             raise HFError(f"{where}: layer {layer} KV head {head}: budget {b} is below "
                           f"{al.minimum_why(PolicySpec(policy, b, loose.params))}")
 
 
 def split(allocate, policy: str, budget: int | None, layers: int, kv_heads: int, params: dict,
-          model: str = "the model") -> dict[tuple[int, int], int]:
+          model: str = "the model", windows: dict | None = None) -> dict[tuple[int, int], int]:
     """Each (layer, KV head)'s budget on a model of ``layers`` x ``kv_heads``: ``allocate`` is an
     allocator's name (at ``budget`` per head on average, uniform's memory), a path to an allocation
-    file, or a mapping ``{(layer, kv_head): budget}``. HFError, one line, for a split that cannot
+    file, or a mapping ``{(layer, kv_head): budget}``; ``windows``: each layer's or head's recent_window,
+    which sets its minimum. HFError, one line, for a split that cannot
     deploy: an allocator that needs a bundle, another model's shape, a head below the policy's minimum."""
     where = "allocate"
     if isinstance(allocate, (str, Path)) and str(allocate) in al.ALLOCATORS:
@@ -91,13 +103,15 @@ def split(allocate, policy: str, budget: int | None, layers: int, kv_heads: int,
             raise HFError(f"allocate={name}: {why}")
         if budget is None:
             raise HFError(f"allocate={name} splits budget x {layers * kv_heads} heads; give the budget")
-        check_minimum({(0, 0): budget}, policy, params, f"allocate={name}")
-        n, total = layers * kv_heads, budget * layers * kv_heads
+        shape = [(x, h) for x in range(layers) for h in range(kv_heads)]
+        check_minimum(dict.fromkeys(shape, budget), policy, params, f"allocate={name}", windows)
+        n, total = len(shape), budget * len(shape)
         if name == "uniform":
-            return {(x, h): budget for x in range(layers) for h in range(kv_heads)}
+            return dict.fromkeys(shape, budget)
         schedule = al.pyramid_schedule(budget, layers)
-        weights = [schedule[x] for x in range(layers) for _ in range(kv_heads)]
-        low = al.minimum_budget(PolicySpec.of(policy, 10**9, **params))
+        weights = [schedule[x] for x, _ in shape]
+        # one floor for every head, the highest of their minimums: integer_split takes one
+        low = max(_minimum(policy, _head_params(params, windows, x, h))[0] for x, h in shape)
         got = al.integer_split(weights, total, low, total - low * (n - 1))
         return {(x, h): int(got[x * kv_heads + h]) for x in range(layers) for h in range(kv_heads)}
     if isinstance(allocate, (str, Path)):
@@ -123,7 +137,7 @@ def split(allocate, policy: str, budget: int | None, layers: int, kv_heads: int,
         what = f"has {shown(extra)}, which it lacks" if extra else f"lacks {shown(missing)}"
         raise HFError(f"{where}: an allocation for another model's shape ({len(budgets)} rows; {model} has {layers} "
                       f"layers x {kv_heads} KV head{'s' if kv_heads != 1 else ''}): it {what}")
-    check_minimum(budgets, policy, params, where)
+    check_minimum(budgets, policy, params, where, windows)
     total = sum(budgets.values())
     if budget is not None and total != budget * len(shape):
         raise HFError(f"{where}: the split holds {total} positions, not budget {budget} x {len(shape)} heads = "
