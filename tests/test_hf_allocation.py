@@ -41,14 +41,14 @@ def test_each_head_holds_its_own_budget_its_bytes_follow_the_split_and_it_keeps_
     with torch.no_grad():
         model(ids[:, :1], cache=cache, use_cache=True)
         for (x, h) in SPLIT:  # the policies exist once the first token came; hear what each is shown
-            policy = layer_policy = cache.layers[x].policies[0][h]
+            policy = cache.layers[x].policies[0][h]
             step = policy.on_decode_step
 
             def record(t, attn, into=shown[(x, h)], step=step):
                 into.append((t, None if attn is None else np.array(attn)))
                 step(t, attn)
 
-            layer_policy.on_decode_step = record
+            policy.on_decode_step = record
         model(ids[:, 1:], cache=cache, use_cache=True)
     itemsize = torch.finfo(model.dtype).bits // 8
     assert cache.nbytes == _expected_bytes(SPLIT, HEAD_DIM, itemsize)
