@@ -1,8 +1,9 @@
 """``kvsim generate``: greedy generation with kvsim.hf's evicting cache, every layer held to the budget.
 
 Every check that needs no model runs before the model loads (the policy, its parameters against the
-budget, the prompt, the tune file's own form); the checks that need it (a tune file for another model,
-attention that is not eager-compatible) run when it has loaded, before the first token.
+budget, the prompt, the tune file's own form, an allocation's name or file and each head's budget against
+the policy's minimum); the checks that need it (a tune file or an allocation for another model, attention
+that is not eager-compatible) run when it has loaded, before the first token.
 """
 
 from __future__ import annotations
@@ -36,6 +37,34 @@ def _prompt(args: argparse.Namespace) -> str:
     return read_input("--prompt-file", args.prompt_file)
 
 
+def _allocation(args: argparse.Namespace, params: dict):
+    """``--allocate``'s name, or its file's budgets, checked as far as the model is not needed; a file
+    given without --budget sets ``args.budget`` to None (the split is what it holds)."""
+    from ..analysis.allocation import ALLOCATORS
+    from ..hf.allocation import check_minimum, read_file, refusal
+    from ..hf.cache import HFError
+
+    name = args.allocate.strip()
+    if name in ALLOCATORS:
+        why = refusal(name)
+        if why is not None:
+            raise CLIError(f"--allocate {name}: {why}")
+        return name
+    try:
+        budgets, made_for = read_file(name)
+        if made_for is not None and made_for != args.policy:
+            raise HFError(f"{name}: a split made for {made_for}, --policy is {args.policy}")
+        check_minimum(budgets, args.policy, params, name)
+    except HFError as e:
+        raise input_error("--allocate", e) from None
+    if not getattr(args, "budget_given", False):
+        args.budget = None  # the split is the memory
+    elif sum(budgets.values()) != args.budget * len(budgets):
+        raise CLIError(f"--allocate {name}: the split holds {sum(budgets.values())} positions, not --budget {args.budget} "
+                       f"x {len(budgets)} heads; leave out --budget to deploy the split as it is")
+    return budgets
+
+
 def check(args: argparse.Namespace) -> tuple[dict, str]:
     """Everything that needs no model: the parameters and the prompt (raises, one line)."""
     if args.policy not in POLICIES:
@@ -43,10 +72,12 @@ def check(args: argparse.Namespace) -> tuple[dict, str]:
     if POLICIES[args.policy].needs_trace:
         raise CLIError(f"--policy {args.policy} is an offline reference (it reads the future) and cannot be deployed")
     params = _params(args)
+    args.allocation = None if args.allocate is None else _allocation(args, params)
     if args.windows is None:
         if args.by != "layer":
             raise CLIError("--by applies with --windows")
-        PolicySpec.of(args.policy, args.budget, **params)  # a ParamError says it in the flags' terms
+        if args.budget is not None:
+            PolicySpec.of(args.policy, args.budget, **params)  # a ParamError says it in the flags' terms
     else:
         _check_windows(args, params)
     if args.model != SHIPPED and not (Path(args.model) / "config.json").is_file():
@@ -68,6 +99,8 @@ def _check_windows(args: argparse.Namespace, params: dict) -> None:
         windows = tune_windows(read_tune(args.windows), args.by, source=args.windows)
     except WindowsError as e:
         raise input_error("--windows", e) from None
+    if args.allocate is not None:  # each head's own budget bounds its window: checked when the split is known
+        return
     for where, w in windows.items():
         try:
             PolicySpec.of(args.policy, args.budget, **params, **{PARAM: w})
@@ -88,9 +121,10 @@ def cmd_generate(args: argparse.Namespace) -> dict:
 
     ids = token_ids(tokenizer, text)
     n = ids.shape[1]
-    cache = hf.cache(model, args.policy, args.budget, windows=args.windows, by=args.by, prefill=args.prefill,
-                     seed=args.seed, progress=say if args.prefill == "exact" and n > 1 else None, **params)
-    if n > args.budget:
+    cache = hf.cache(model, args.policy, args.budget, windows=args.windows, by=args.by, allocate=args.allocation,
+                     prefill=args.prefill, seed=args.seed, progress=say if args.prefill == "exact" and n > 1 else None,
+                     **params)
+    if args.budget is not None and n > args.budget:
         say(None, f"the prompt's {n} tokens exceed the budget {args.budget}: "
             + ("each layer takes them one position at a time, as decoding would show them to the policy"
                if args.prefill == "exact" else "they attend with nothing evicted, then each layer's cache is cut to the budget"))
@@ -105,7 +139,17 @@ def cmd_generate(args: argparse.Namespace) -> dict:
             "peak_positions": cache.peak_positions, "cache_bytes": cache.nbytes,
             "prefill_seconds": run["prefill_seconds"], "decode_seconds": run["decode_seconds"],
             "tokens_per_second": steps / run["decode_seconds"] if steps and run["decode_seconds"] > 0 else None,
-            "seconds": time.perf_counter() - t0}
+            "seconds": time.perf_counter() - t0,
+            **(_allocated(args, cache, cache.get_seq_length()) if args.allocate is not None else {})}
+
+
+def _allocated(args: argparse.Namespace, cache, seen: int) -> dict:
+    """What ``--allocate`` deployed: each head's budget and peak, and the heads whose budget reaches past the
+    positions processed (nothing was evicted there; their slots beyond them were allocated for nothing)."""
+    budgets, peaks = cache.budgets, cache.head_peaks
+    rows = [{"layer": x, "kv_head": h, "budget": b, "peak_positions": peaks[(x, h)]} for (x, h), b in sorted(budgets.items())]
+    return {"allocate": args.allocate, "allocation": rows, "positions": sum(budgets.values()), "positions_seen": seen,
+            "unevicted_heads": sum(b >= seen for b in budgets.values())}
 
 
 def _deployed_windows(cache) -> list | None:
@@ -120,6 +164,14 @@ def _deployed_windows(cache) -> list | None:
 
 def render_generate(doc: dict) -> str:
     tps = f"{doc['tokens_per_second']:.1f} tokens/s" if doc["tokens_per_second"] else "one token"
+    held = f"at budget {doc['budget']}"
+    note = ""
+    if doc.get("allocation"):
+        heads = len(doc["allocation"])
+        held = f"split by {doc['allocate']} ({doc['positions']} positions over {heads} KV heads)"
+        if doc["unevicted_heads"]:
+            note = (f"; {doc['unevicted_heads']} of {heads} heads' budgets reach the {doc['positions_seen']} positions "
+                    "processed: nothing was evicted there")
     return (f"{doc['text']}\n\n[{len(doc['token_ids'])} tokens after a {doc['prompt_tokens']}-token prompt; {doc['policy']} "
-            f"at budget {doc['budget']}: at most {max(doc['peak_positions'])} positions per layer, cache "
-            f"{doc['cache_bytes'] / (1 << 20):.1f} MiB; prompt {doc['prefill_seconds']:.1f} s ({doc['prefill']}), {tps}]")
+            f"{held}: at most {max(doc['peak_positions'])} positions per layer, cache "
+            f"{doc['cache_bytes'] / (1 << 20):.1f} MiB; prompt {doc['prefill_seconds']:.1f} s ({doc['prefill']}), {tps}{note}]")

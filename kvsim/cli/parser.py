@@ -286,6 +286,15 @@ the settings, and is recorded only when it is not there yet (kvsim cache list / 
 --preset long is Gemma-3-270M over its whole 32,768-token context, every layer, as qk traces, on the
 shipped text traces/long/ (CPython 3.11.7 standard library, PSF licence); flags given beside it win.
 """
+class _Given(argparse.Action):
+    """Store the value and note that it was typed (``budget_given``): with an allocation file, a default
+    budget is not the split's memory, a typed one must be."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
+
+
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="greedy generation with every layer's KV cache held to --budget by a policy "
                        "(kvsim.hf; needs the record extra)")
@@ -295,8 +304,10 @@ def _add_generate(sub) -> None:
                    "for the shipped Gemma-3-270M (default)")
     online = ", ".join(n for n, c in POLICIES.items() if not c.needs_trace)
     p.add_argument("--policy", required=True, help=f"an online registry policy ({online})")
-    p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET, help="positions each layer holds per KV head "
-                   f"(default: {DEFAULT_BUDGET})")
+    p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET, action=_Given, help="positions each layer "
+                   f"holds per KV head (default: {DEFAULT_BUDGET}) or, with --allocate FILE, on average (by default the file's split)")
+    p.add_argument("--allocate", default=None, metavar="NAME|FILE", help="a budget per (layer, KV head) at --budget's "
+                   "memory: uniform or pyramidkv, or the allocation rows of replay --allocate NAME --json (a file)")
     for param, spec in all_tunables().items():
         p.add_argument(flag(param), dest=f"param_{param}", type=int, default=None, metavar="N",
                        help=f"{spec.help} (passed to the policies that take it)")

@@ -2,9 +2,11 @@
 
     import kvsim.hf
     cache = kvsim.hf.cache(model, "h2o", 256, recent_window=32)           # or windows="tune.json"
+    cache = kvsim.hf.cache(model, "h2o", 256, allocate="pyramidkv")      # or {(layer, kv_head): budget}, "split.json"
     out = model.generate(ids, cache=cache, max_new_tokens=200, do_sample=False)  # past_key_values= before 5.x
 
-Every decoder layer holds at most ``budget`` positions per KV head, chosen by one policy per (layer, KV
+Every decoder layer holds at most ``budget`` positions per KV head (or each (layer, KV head) its own
+budget, ``allocate``: the cache's bytes follow the split), chosen by one policy per (layer, KV
 head) from the registry's online policies, fed the attention the model computes (``kvsim.hf.cache``,
 docs/domain.md, "The deployed cache", docs/deploy.md). The model is put on kvsim's attention function (eager
 arithmetic, which exposes the weights); with transformers' own caches it still computes eager
@@ -43,10 +45,13 @@ def model_layout(model) -> tuple[list[str], int, int | None]:
     return [kinds[t] for t in types], int(kv_heads), window
 
 
-def layer_specs(model, policy: str, budget: int, windows=None, by: str = "layer", **params) -> list[list[PolicySpec]]:
+def layer_specs(model, policy: str, budget: int | None, windows=None, by: str = "layer", allocate=None,
+                **params) -> list[list[PolicySpec]]:
     """One validated spec per (layer, KV head): ``params`` everywhere, ``recent_window`` per layer or per
     (layer, KV head) from ``windows`` (``{layer: w}``, ``{(layer, head): w}``, or a tune file's path,
-    read by ``by``). HFError / WindowsError, one line, for anything that cannot run."""
+    read by ``by``), the budget per (layer, KV head) from ``allocate`` (``kvsim.hf.allocation.split``:
+    ``uniform`` or ``pyramidkv`` at ``budget``, an allocation file, or ``{(layer, kv_head): budget}``, with
+    which ``budget`` may be None). HFError / WindowsError, one line, for anything that cannot run."""
     try:
         cls = policy_class(policy)
     except ValueError as e:
@@ -67,16 +72,30 @@ def layer_specs(model, policy: str, budget: int, windows=None, by: str = "layer"
         raise HFError(f"windows for {outside[0]}: the model has layers 0-{len(kinds) - 1} and {kv_heads} KV head(s)")
     if windows and PARAM not in {p.name for p in cls.tunables}:
         raise HFError(f"{policy} has no {PARAM}; windows are for a policy that takes one")
+    budgets = None
+    if allocate is not None:
+        from .allocation import split
+
+        try:
+            budgets = split(allocate, policy, budget, len(kinds), kv_heads, params, model=type(model).__name__,
+                            windows=windows)
+        except (ParamError, ValueError) as e:
+            raise HFError(" ".join(str(e).split())) from None
+    elif budget is None:
+        raise HFError("a budget is needed (or allocate={(layer, kv_head): budget})")
     specs = []
     for layer in range(len(kinds)):
         row = []
         for head in range(kv_heads):
             w = windows.get((layer, head), windows.get(layer))
             extra = {} if w is None else {PARAM: w}
+            b = budget if budgets is None else budgets[(layer, head)]
             try:
-                row.append(PolicySpec.of(policy, budget, **{**params, **extra}))
+                row.append(PolicySpec.of(policy, b, **{**params, **extra}))
             except ParamError as e:
                 where = f"layer {layer}{f' KV head {head}' if (layer, head) in windows else ''}: " if w is not None else ""
+                if budgets is not None:
+                    where = f"layer {layer} KV head {head} (budget {b}): "
                 raise HFError(f"{where}{e}") from None
             except ValueError as e:
                 raise HFError(str(e)) from None
@@ -84,10 +103,11 @@ def layer_specs(model, policy: str, budget: int, windows=None, by: str = "layer"
     return specs
 
 
-def cache(model, policy: str, budget: int, *, windows=None, by: str = "layer", prefill: str = "exact",
-          seed: int | None = None, progress=None, **params) -> EvictingCache:
+def cache(model, policy: str, budget: int | None, *, windows=None, by: str = "layer", allocate=None,
+          prefill: str = "exact", seed: int | None = None, progress=None, **params) -> EvictingCache:
     """An ``EvictingCache`` for ``model``: ``policy`` at ``budget`` in every layer with ``params``, and
-    ``windows`` (see ``layer_specs``) per layer. Puts ``model`` on kvsim's attention function. Every
+    ``windows`` (see ``layer_specs``) per layer; ``allocate`` (see ``layer_specs``) gives each (layer,
+    KV head) its own budget, and each head's storage is that budget plus one spare slot. Puts ``model`` on kvsim's attention function. Every
     check runs here, before any token: an unknown or offline policy, a parameter out of bounds (a
     window not below the budget), a tune file for another model, a model without eager-compatible
     attention. ``prefill``: ``exact`` (a prompt stepped position by position, as decoding would) or
@@ -95,7 +115,7 @@ def cache(model, policy: str, budget: int, *, windows=None, by: str = "layer", p
     (``kvsim.progress``) hears of each layer as an exact prefill steps it through a prompt."""
     if prefill not in PREFILL:
         raise HFError(f"prefill must be one of {', '.join(PREFILL)}, got {prefill!r}")
-    specs = layer_specs(model, policy, budget, windows, by, **params)
+    specs = layer_specs(model, policy, budget, windows, by, allocate, **params)
     attach(model)
     return EvictingCache([EvictingLayer(row, prefill=prefill, rng_seed=seed) for row in specs], progress=progress)
 

@@ -9,19 +9,20 @@ budget, and checks the victims as the harness does (``ContractError``). The poli
 ``kvsim.data.gqa`` (the recorder's): per KV head, the mean in float64 of the weights of the query
 heads sharing it, the query's own weight dropped, renormalised over the held set, float32.
 
-As transformers' own layers do, ``update`` stores the new keys and values and returns every key and
-value the new queries may attend to; it hands the layer to that attention call in the call's own
-keyword arguments (``kvsim_layer``, which ``kvsim.hf.attention`` reads), and a layer whose keys were
-not taken by an attention call refuses the next update (HFError): a lost link is said, never decoded
-through.
+``update`` takes the new keys and values and returns them (each head's block of slots has its own
+size, so no one tensor holds what the queries may see; ``attend`` stores them and reads each block);
+it hands the layer to that attention call in the call's own keyword arguments (``kvsim_layer``, which
+``kvsim.hf.attention`` reads), and a layer whose keys were not taken by an attention call refuses the
+next update (HFError): a lost link is said, never decoded through.
 
-Storage is a fixed block of ``budget + 1`` slots per row and KV head (the budget of the largest row,
-when rows differ): ``update`` puts the new position's key into the spare last slot (the query attends
-to it there), and the step moves it into the slot its victim left, so a step writes two keys and
-moves nothing else. Per (row, KV head) the layer keeps the positions held (``pos``, ``order``) beside
-their keys and values and steps that head's own policy, so a budget per KV head would change only
-``budgets`` (one per row today) and the slots' count. Keys keep the rotary positions they were
-encoded at. A chunk of several tokens (a prompt) is taken one position at a time through the same
+Storage is one block per KV head of ``budget + 1`` slots per row, each head at its own budget (an
+allocation, ``kvsim.hf.cache(..., allocate=...)``; the largest row's, when a batch's rows differ), so
+the layer's bytes follow the split rather than its largest head: each step puts the new position's
+key into each head's spare last slot (the query attends to it there), and the step moves it into the
+slot its victim left, so a step writes two keys per head and moves nothing else. Per (row, KV head)
+the layer keeps the positions held (``pos``, ``order``) beside their keys and values and steps that
+head's own policy at that head's budget (``budgets[row][head]``). Keys keep the rotary positions they
+were encoded at. A chunk of several tokens (a prompt) is taken one position at a time through the same
 step, so a prompt longer than the budget is seen by the policy exactly as decoding would show it
 (``prefill="exact"``); ``prefill="fast"`` attends over the whole chunk at once and steps the policy
 through those rows afterwards (the prompt's own outputs are then the full cache's).
@@ -55,9 +56,10 @@ class HFError(ValueError):
 class EvictingLayer(CacheLayerMixin):
     """One decoder layer's cache: ``budget + 1`` slots per (row, KV head), one policy each.
 
-    Either ``specs`` (one per KV head: every row gets fresh policies built from them when the first
-    tokens arrive and the batch size is known) or ``policies`` (``[row][kv head]``, built by the caller, with
-    ``budgets`` per row: the quality measurement's batch of configurations)."""
+    Either ``specs`` (one per KV head, each at that head's budget: every row gets fresh policies built
+    from them when the first tokens arrive and the batch size is known) or ``policies`` (``[row][kv
+    head]``, built by the caller, with ``budgets`` per row, or each policy's own budget when None: the
+    quality measurement's batch of configurations). ``budgets`` becomes ``[row][kv head]``."""
 
     is_sliding = False  # a model's own window is applied in ``attend``; the policy decides what is held
     is_croppable = False
@@ -73,7 +75,9 @@ class EvictingLayer(CacheLayerMixin):
             raise HFError(f"prefill must be one of {', '.join(PREFILL)}, got {prefill!r}")
         self.specs = specs
         self.policies = policies
-        self.budgets = budgets if budgets is not None or policies is None else [row[0].budget for row in policies]
+        #: [row][kv head], set once the batch is known (``lazy_initialization``)
+        self.budgets = None
+        self._row_budgets = budgets
         self.prefill = prefill
         self.rng_seed = rng_seed
         self.seen = 0  # positions processed: the next one's position
@@ -82,6 +86,7 @@ class EvictingLayer(CacheLayerMixin):
         #: the new values); None between steps
         self.handed: tuple | None = None
         self.peak = 0  # the most positions any (row, KV head) held after a step
+        self.head_peaks: list[int] = []  # per KV head, the most positions any row held after a step
         #: told when this layer has stepped through a prompt (``EvictingCache(progress=...)``): an exact
         #: prefill is a minute or more of Python per long prompt, and it must not look hung
         self.prefilled: Callable[[int], None] | None = None
@@ -95,25 +100,31 @@ class EvictingLayer(CacheLayerMixin):
                 raise HFError(f"the cache was built for {len(self.specs)} KV head(s), the model gives {hkv}")
             rng = None if self.rng_seed is None else np.random.default_rng(self.rng_seed)
             self.policies = [[spec.build(rng=rng) for spec in self.specs] for _ in range(batch)]
-            self.budgets = [max(spec.budget for spec in self.specs)] * batch
         if len(self.policies) != batch or any(len(row) != hkv for row in self.policies):
             raise HFError(f"the cache was built for {len(self.policies)} row(s) x {len(self.policies[0])} KV head(s), "
                           f"the model gives {batch} x {hkv}")
-        cap = max(self.budgets)  # held slots; one more, the last, takes the new position during a step
+        if self._row_budgets is not None:
+            self.budgets = [[int(b)] * hkv for b in self._row_budgets]
+        else:
+            self.budgets = [[int(policy.budget) for policy in row] for row in self.policies]
         self.device = key_states.device
-        self.keys = torch.zeros(batch, hkv, cap + 1, head_dim, dtype=key_states.dtype, device=self.device)
-        self.values = torch.zeros(batch, hkv, cap + 1, head_dim, dtype=value_states.dtype, device=self.device)
-        self.pos = np.full((batch, hkv, cap + 1), -1, dtype=np.int64)  # position held in each slot, -1 free
+        # per KV head: its held slots (the largest row's budget) and one more, the last, for the new position
+        caps = [max(row[h] for row in self.budgets) for h in range(hkv)]
+        self.keys = [torch.zeros(batch, cap + 1, head_dim, dtype=key_states.dtype, device=self.device) for cap in caps]
+        self.values = [torch.zeros(batch, cap + 1, head_dim, dtype=value_states.dtype, device=self.device) for cap in caps]
+        self.pos = [np.full((batch, cap + 1), -1, dtype=np.int64) for cap in caps]  # position in each slot, -1 free
         self.order = [[np.zeros(0, dtype=np.int64) for _ in range(hkv)] for _ in range(batch)]  # slots, ascending position
-        self.free = [[list(range(cap - 1, -1, -1)) for _ in range(hkv)] for _ in range(batch)]
+        self.free = [[list(range(caps[h] - 1, -1, -1)) for h in range(hkv)] for _ in range(batch)]
+        self.head_peaks = [0] * hkv
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
-        """Store the new keys and values and return every key and value the new queries may see: one new
-        position goes into the spare slot and the whole block of slots is returned; a chunk is returned
-        after the slots. The policies decide in the attention call what stays (``attend``), which finds
-        this layer in its keyword arguments: transformers' model families pass theirs to the cache
-        (``update(..., kwargs=kwargs)``) and then to the attention function."""
+        """Take the new keys and values and hand the attention call what its queries may see: the new
+        keys and values themselves, which ``attend`` stores (a new position in each head's spare slot)
+        and reads beside each head's block of slots, whose sizes differ per head when the budgets do.
+        The policies decide in the attention call what stays (``attend``), which finds this layer in its
+        keyword arguments: transformers' model families pass theirs to the cache (``update(...,
+        kwargs=kwargs)``) and then to the attention function."""
         call = kwargs.get("kwargs")
         if not isinstance(call, dict):
             raise HFError(f"{self._name}: the model does not pass its attention call's keyword arguments to the cache "
@@ -123,15 +134,9 @@ class EvictingLayer(CacheLayerMixin):
             raise HFError(self._lost())
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        if key_states.shape[2] == 1:
-            self.keys[:, :, -1] = key_states[:, :, 0]
-            self.values[:, :, -1] = value_states[:, :, 0]
-            keys, values = self.keys, self.values
-        else:
-            keys, values = torch.cat([self.keys, key_states], dim=2), torch.cat([self.values, value_states], dim=2)
-        self.handed = (keys, key_states, value_states)
+        self.handed = (key_states, key_states, value_states)
         call[LAYER] = self
-        return keys, values
+        return key_states, value_states
 
     @property
     def _name(self) -> str:
@@ -164,20 +169,20 @@ class EvictingLayer(CacheLayerMixin):
 
     def held(self, row: int = 0, head: int = 0) -> np.ndarray:
         """Positions held by (row, KV head), ascending."""
-        return self.pos[row, head, self.order[row][head]] if self.is_initialized else np.zeros(0, dtype=np.int64)
+        return self.pos[head][row, self.order[row][head]] if self.is_initialized else np.zeros(0, dtype=np.int64)
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the key and value storage (allocated once, at the budget)."""
-        return 0 if not self.is_initialized else self.keys.nbytes + self.values.nbytes
+        """Bytes of the key and value storage (allocated once, each KV head at its budget plus one spare slot)."""
+        return 0 if not self.is_initialized else sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values, strict=True))
 
     # --- attention ----------------------------------------------------------------------------------
 
     def attend(self, call):
         """The attention output ``(batch, n, query heads, head_dim)`` for the ``n`` new tokens ``update``
         stored, the cache stepped through each; the weights of the last step (``(batch, query heads, 1,
-        slots + 1)``, the own key last) when ``n`` is 1, else None. ``call``: ``kvsim.hf.attention.Call``,
-        whose keys must be those ``update`` returned (HFError otherwise)."""
+        slots + 1)``, the own key last) when ``n`` is 1 and every KV head holds as many slots, else None.
+        ``call``: ``kvsim.hf.attention.Call``, whose keys must be those ``update`` returned (HFError otherwise)."""
         if self.handed is None or call.key is not self.handed[0]:
             raise HFError(f"{self._name}: the attention call got keys this cache did not return for it; the call and "
                           "the cache are out of step")
@@ -197,52 +202,58 @@ class EvictingLayer(CacheLayerMixin):
         return torch.stack(outs, dim=1), (weights if n == 1 else None)
 
     def _step(self, query, key, value, scale, softcap, window):
-        """One position: its key goes into the spare last slot, the query attends over the held slots
-        and that one, then every policy is stepped and the key moves to a free slot if it stays."""
+        """One position: its key goes into each head's spare last slot, the query attends over the held
+        slots and that one, then every policy is stepped and the key moves to a free slot if it stays."""
         t = self.seen
         batch, hq, _, head_dim = query.shape
         hkv = key.shape[1]
-        self.keys[:, :, -1] = key[:, :, 0]
-        self.values[:, :, -1] = value[:, :, 0]
         q = query.reshape(batch, hkv, hq // hkv, head_dim)
-        visible = self.pos >= 0
-        if window is not None:
-            visible &= self.pos > t - window
-        visible[:, :, -1] = True
-        weights = eager.weights(q, self.keys, scale, softcap, torch.from_numpy(visible)[:, :, None, :])
-        out = torch.matmul(weights, self.values)
-        # (batch, hkv, slots): the own key's weight (the last slot) dropped here, the rest in ``_admit``
-        shown = combine(np.moveaxis(weights[..., :-1].double().numpy(), 2, 0)) if t else None
-        for b in range(batch):
-            for h in range(hkv):
-                self._admit(b, h, t, None if shown is None else shown[b, h], key[b, h, 0], value[b, h, 0])
+        outs, per_head = [], []
+        for h in range(hkv):  # one block per head: the heads' slot counts differ when their budgets do
+            keys, values, pos = self.keys[h], self.values[h], self.pos[h]
+            keys[:, -1] = key[:, h, 0]
+            values[:, -1] = value[:, h, 0]
+            visible = pos >= 0
+            if window is not None:
+                visible &= pos > t - window
+            visible[:, -1] = True
+            weights = eager.weights(q[:, h], keys, scale, softcap, torch.from_numpy(visible)[:, None, :])
+            outs.append(torch.matmul(weights, values))
+            per_head.append(weights)
+            # (batch, slots): the own key's weight (the last slot) dropped here, the rest in ``_admit``
+            shown = combine(np.moveaxis(weights[..., :-1].double().numpy(), 1, 0)) if t else None
+            for b in range(batch):
+                self._admit(b, h, t, None if shown is None else shown[b], key[b, h, 0], value[b, h, 0])
         self.seen = t + 1
-        return out.reshape(batch, hq, head_dim), weights.reshape(batch, hq, 1, -1)
+        same = len({w.shape[-1] for w in per_head}) == 1
+        return (torch.stack(outs, dim=1).reshape(batch, hq, head_dim),
+                torch.stack(per_head, dim=1).reshape(batch, hq, 1, -1) if same else None)
 
     def _admit(self, b: int, h: int, t: int, shown, key, value) -> None:
         """Show (row b, KV head h)'s policy the attention of step t, let it admit t and evict, and
         store t's key in a free slot if it stays."""
-        policy, order = self.policies[b][h], self.order[b][h]
-        held = self.pos[b, h, order]
+        policy, order, pos = self.policies[b][h], self.order[b][h], self.pos[h]
+        held = pos[b, order]
         victims = []
         if t:  # the held slots in position order: the harness renormalises over them
-            victims = step(policy, t, shown[order] if policy.reads_attention else None, self.budgets[b]).victims
+            victims = step(policy, t, shown[order] if policy.reads_attention else None, self.budgets[b][h]).victims
         slots = np.append(order, -1)  # -1 stands for t, not stored yet
         if len(victims):
             at = np.searchsorted(np.append(held, t), np.asarray(victims, dtype=np.int64))
             for s in slots[at].tolist():
                 if s >= 0:
-                    self.pos[b, h, s] = -1
+                    pos[b, s] = -1
                     self.free[b][h].append(s)
             slots = np.delete(slots, at)
         if slots.size and slots[-1] == -1:
             s = self.free[b][h].pop()
-            self.keys[b, h, s] = key
-            self.values[b, h, s] = value
-            self.pos[b, h, s] = t
+            self.keys[h][b, s] = key
+            self.values[h][b, s] = value
+            pos[b, s] = t
             slots[-1] = s
         self.order[b][h] = slots
         self.peak = max(self.peak, slots.size)
+        self.head_peaks[h] = max(self.head_peaks[h], slots.size)
 
     def _attend_fast(self, query, key, value, scale, softcap, window):
         """Prefill-then-evict: every query of the chunk attends causally over the held slots and the
@@ -252,22 +263,22 @@ class EvictingLayer(CacheLayerMixin):
         batch, hq, _, head_dim = query.shape
         hkv = key.shape[1]
         q = query.reshape(batch, hkv, hq // hkv, n, head_dim)
-        keys = torch.cat([self.keys, key], dim=2)[:, :, None]  # (batch, hkv, 1, slots + n, d)
-        values = torch.cat([self.values, value], dim=2)[:, :, None]
-        cols = np.concatenate([self.pos, np.broadcast_to(t0 + np.arange(n), (batch, hkv, n))], axis=2)
         out = torch.empty(batch, hkv, hq // hkv, n, head_dim, dtype=query.dtype)
-        for a in range(0, n, 256):
-            ts = t0 + np.arange(a, min(a + 256, n))
-            visible = (cols[:, :, None, :] >= 0) & (cols[:, :, None, :] <= ts[None, None, :, None])
-            if window is not None:
-                visible &= cols[:, :, None, :] > ts[None, None, :, None] - window
-            weights = eager.weights(q[:, :, :, a : a + ts.size], keys, scale, softcap, torch.from_numpy(visible)[:, :, None])
-            out[:, :, :, a : a + ts.size] = torch.matmul(weights, values)
-            shown = combine(np.moveaxis(weights.double().numpy(), 2, 0))  # (batch, hkv, block, slots + n)
-            for i, t in enumerate(ts.tolist()):
-                for b in range(batch):
-                    for h in range(hkv):
-                        self._admit_fast(b, h, t, t0, shown[b, h, i], key[b, h, t - t0], value[b, h, t - t0])
+        for h in range(hkv):
+            keys = torch.cat([self.keys[h], key[:, h]], dim=1)[:, None]  # (batch, 1, slots + n, d)
+            values = torch.cat([self.values[h], value[:, h]], dim=1)[:, None]
+            cols = np.concatenate([self.pos[h], np.broadcast_to(t0 + np.arange(n), (batch, n))], axis=1)
+            for a in range(0, n, 256):
+                ts = t0 + np.arange(a, min(a + 256, n))
+                visible = (cols[:, None, :] >= 0) & (cols[:, None, :] <= ts[None, :, None])
+                if window is not None:
+                    visible &= cols[:, None, :] > ts[None, :, None] - window
+                weights = eager.weights(q[:, h, :, a : a + ts.size], keys, scale, softcap, torch.from_numpy(visible)[:, None])
+                out[:, h, :, a : a + ts.size] = torch.matmul(weights, values)
+                shown = combine(np.moveaxis(weights.double().numpy(), 1, 0))  # (batch, block, slots + n)
+                for i, t in enumerate(ts.tolist()):
+                    for b in range(batch):
+                        self._admit_fast(b, h, t, t0, shown[b, i], key[b, h, t - t0], value[b, h, t - t0])
         self.seen = t0 + n
         return out.reshape(batch, hq, n, head_dim).transpose(1, 2)
 
@@ -276,10 +287,11 @@ class EvictingLayer(CacheLayerMixin):
         chunk): a held position from the chunk finds its weight in the chunk's columns, one held from
         before in its slot's (a slot keeps its position until that position is evicted)."""
         order = self.order[b][h]
-        held = self.pos[b, h, order]
-        shown = np.zeros(self.pos.shape[2])
+        slots = self.pos[h].shape[1]
+        held = self.pos[h][b, order]
+        shown = np.zeros(slots)
         if t and held.size:
-            shown[order] = row[np.where(held >= t0, self.pos.shape[2] + held - t0, order)]
+            shown[order] = row[np.where(held >= t0, slots + held - t0, order)]
         self._admit(b, h, t, shown, key, value)
 
 
@@ -308,6 +320,17 @@ class EvictingCache(Cache):
     def peak_positions(self) -> list[int]:
         """Per layer, the most positions one (row, KV head) held after any step."""
         return [layer.peak for layer in self.layers]
+
+    @property
+    def head_peaks(self) -> dict[tuple[int, int], int]:
+        """Per (layer, KV head), the most positions one row held after any step."""
+        return {(x, h): p for x, layer in enumerate(self.layers) for h, p in enumerate(layer.head_peaks)}
+
+    @property
+    def budgets(self) -> dict[tuple[int, int], int]:
+        """Per (layer, KV head), the budget it holds (the largest row's); empty before the first token."""
+        return {(x, h): max(row[h] for row in layer.budgets) for x, layer in enumerate(self.layers)
+                if layer.budgets is not None for h in range(len(layer.budgets[0]))}
 
     @property
     def nbytes(self) -> int:
