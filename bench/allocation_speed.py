@@ -12,9 +12,12 @@ import sys
 import time
 
 from kvsim.analysis import allocation as al
+from kvsim.bench import this_checkout
 from kvsim.data.catalog import resolve_bundle
 from kvsim.policies import PolicySpec
 from kvsim.progress import stderr
+
+this_checkout(__file__)
 
 
 def best_of(repeat: int, fn) -> float:

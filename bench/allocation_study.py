@@ -13,9 +13,12 @@ import sys
 import time
 
 from kvsim.analysis import allocation as al
+from kvsim.bench import this_checkout
 from kvsim.data.catalog import resolve_bundle
 from kvsim.policies import PolicySpec
 from kvsim.progress import stderr
+
+this_checkout(__file__)
 
 POLICIES = ("h2o", "snapkv", "tova", "streaming_llm")
 BUDGETS = (64, 256)

@@ -42,12 +42,19 @@ import numpy as np
 
 from ..data.bundle import Bundle
 from ..data.trace import Trace
-from ..policies import POLICIES, PolicySpec
+from ..policies import PolicySpec
+from ..policies.split import (
+    ALLOCATORS,
+    AllocationError,
+    integer_split,
+    minimum_budget,
+    minimum_why,
+    pyramid_schedule,
+)
 from ..progress import Progress, scaled
 from ..sim.joint import joint_replay
 from ..sim.simulate import sweep
 
-ALLOCATORS = ("uniform", "pyramidkv", "cake", "adakv", "duo", "optimal")
 #: splits fixed before the replay, each head replaying the chosen policy alone: optimal bounds them
 STATIC = ("uniform", "pyramidkv", "cake")
 #: what each allocator does, in one line the app and the CLI quote
@@ -59,15 +66,9 @@ SUMMARIES = {
     "duo": "half the heads stream (4 sinks + window at B/4), the others share the rest (DuoAttention, measured)",
     "optimal": "the exact best split of the bundle's mean retained mass (a dynamic programme over heads)",
 }
-PYRAMID_BETA = 20
-PYRAMID_WINDOW = 8
 CAKE_WINDOW = 32
 ADAKV_ALPHA = 0.2
 DUO_SINKS = 4
-
-
-class AllocationError(ValueError):
-    """A request that cannot be allocated; one line naming what and why (before any replay)."""
 
 
 @dataclass(frozen=True)
@@ -140,22 +141,6 @@ def load_heads(bundle: Bundle) -> list[Head]:
     return [Head(t.layer, t.head, t.load()) for t in bundle.traces]
 
 
-def minimum_budget(spec: PolicySpec) -> int:
-    """The smallest budget ``spec``'s parameters allow (a window must be below the budget)."""
-    cls = POLICIES[spec.name]
-    below = [spec[p.name] for p in cls.tunables if p.below_budget]
-    return max([1, *(v + 1 for v in below)])
-
-
-def minimum_why(spec: PolicySpec) -> str:
-    cls = POLICIES[spec.name]
-    below = [(p.name, spec[p.name]) for p in cls.tunables if p.below_budget]
-    if not below:
-        return f"{spec.name}'s minimum of 1 position"
-    name, value = max(below, key=lambda x: x[1])
-    return f"{spec.name}'s minimum of {value + 1} positions per head ({name} {value} + 1)"
-
-
 def check(allocator: str, spec: PolicySpec, shape: list[tuple[int, int]], steps: int) -> None:
     """Refuse what cannot be allocated, before any replay: one line each (AllocationError)."""
     if allocator not in ALLOCATORS:
@@ -211,68 +196,12 @@ def from_budgets(budgets: dict[tuple[int, int], int], heads: list[Head], name: s
                       tuple(int(budgets[(h.layer, h.kv_head)]) for h in heads))
 
 
-def integer_split(weights: np.ndarray, total: int, low: int, high: int) -> np.ndarray:
-    """Integers between ``low`` and ``high`` summing to ``total``, in proportion to ``weights`` where the
-    bounds allow (``clip(lam x weights)``, ``lam`` found by bisection); the fractions go, largest first
-    (the lower index on ties), to the heads below ``high``. Weights equal to the ideal budgets come
-    back unchanged wherever they are integers within the bounds."""
-    w = np.asarray(weights, dtype=np.float64)
-    n = w.size
-    if not low * n <= total <= high * n:
-        raise AllocationError(f"{total} positions cannot be split over {n} heads between {low} and {high}")
-    w = np.maximum(w, 0.0)
-    if w.sum() == 0:
-        w = np.ones(n)
-    lo, hi = 0.0, 1.0
-    while np.clip(hi * w, low, high).sum() < total:
-        hi *= 2
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if np.clip(mid * w, low, high).sum() < total:
-            lo = mid
-        else:
-            hi = mid
-    x = np.clip(hi * w, low, high)
-    out = np.floor(x + 1e-9).astype(np.int64)
-    out = np.clip(out, low, high)
-    short = total - int(out.sum())
-    order = np.argsort(-(x - out), kind="stable")
-    i = 0
-    while short > 0:
-        j = order[i % n]
-        if out[j] < high:
-            out[j] += 1
-            short -= 1
-        i += 1
-    i = 0
-    order = np.argsort(x - out, kind="stable")
-    while short < 0:
-        j = order[i % n]
-        if out[j] > low:
-            out[j] -= 1
-            short += 1
-        i += 1
-    return out
-
-
 def _per_layer(heads: list[Head], layer_weight: dict[int, float]) -> np.ndarray:
     """A layer's weight shared evenly by its KV heads: each head's weight."""
     count: dict[int, int] = {}
     for h in heads:
         count[h.layer] = count.get(h.layer, 0) + 1
     return np.array([layer_weight[h.layer] / count[h.layer] for h in heads])
-
-
-def pyramid_schedule(B: int, n_layers: int) -> np.ndarray:
-    """PyramidKV's budget of each of ``n_layers`` layers at average ``B`` (float: the window plus the
-    reference code's integer schedule beyond it, first layer the most)."""
-    if n_layers == 1:
-        return np.array([float(B)])
-    room = max(B - PYRAMID_WINDOW, 0)
-    low = room // PYRAMID_BETA
-    high = room * 2 - low
-    step = (high - low) // (n_layers - 1)
-    return np.array([PYRAMID_WINDOW + high - i * step for i in range(n_layers)], dtype=np.float64)
 
 
 def cake_preference(trace: Trace, tau1: float = 1.0, tau2: float = 1.0, window: int = CAKE_WINDOW) -> dict:

@@ -3,7 +3,8 @@ shape, or a split given as data (``{(layer, kv_head): budget}``, or the ``alloca
 ``python -m kvsim replay --allocate NAME --json``), checked against the model before any token.
 
 Only static splits deploy, and only those whose split needs nothing but the model's shape are computed
-here: ``uniform`` and ``pyramidkv`` (``kvsim.analysis.allocation``). ``cake``, ``duo`` and ``optimal``
+here: ``uniform`` and ``pyramidkv`` (``kvsim.policies.split``, the arithmetic ``kvsim.analysis.allocation``
+builds on). ``cake``, ``duo`` and ``optimal``
 read a recorded bundle's attention; their split comes from a replay's ``--json``. ``adakv``'s shared
 pool is not built in the deployed cache (each head holds its own block), so it is refused.
 """
@@ -13,8 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..analysis import allocation as al
 from ..policies import PolicySpec
+from ..policies import split as al
 from .cache import HFError
 
 #: allocators whose split this module computes from the model's shape alone

@@ -1,0 +1,93 @@
+"""The arithmetic of a budget split across (layer, KV head), which needs nothing but numbers and the
+registry: the allocators' names, the least budget a policy's parameters allow per head, PyramidKV's
+schedule and the integer split in proportion to weights. ``kvsim.analysis.allocation`` builds the
+allocators on it (those that read a bundle's attention among them); the deployed cache
+(``kvsim.hf.allocation``), below analysis, computes its shape-only splits with it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .registry import POLICIES
+from .spec import PolicySpec
+
+ALLOCATORS = ("uniform", "pyramidkv", "cake", "adakv", "duo", "optimal")
+PYRAMID_BETA = 20
+PYRAMID_WINDOW = 8
+
+
+class AllocationError(ValueError):
+    """A request that cannot be allocated; one line naming what and why (before any replay)."""
+
+
+def minimum_budget(spec: PolicySpec) -> int:
+    """The smallest budget ``spec``'s parameters allow (a window must be below the budget)."""
+    cls = POLICIES[spec.name]
+    below = [spec[p.name] for p in cls.tunables if p.below_budget]
+    return max([1, *(v + 1 for v in below)])
+
+
+def minimum_why(spec: PolicySpec) -> str:
+    cls = POLICIES[spec.name]
+    below = [(p.name, spec[p.name]) for p in cls.tunables if p.below_budget]
+    if not below:
+        return f"{spec.name}'s minimum of 1 position"
+    name, value = max(below, key=lambda x: x[1])
+    return f"{spec.name}'s minimum of {value + 1} positions per head ({name} {value} + 1)"
+
+
+def integer_split(weights: np.ndarray, total: int, low: int, high: int) -> np.ndarray:
+    """Integers between ``low`` and ``high`` summing to ``total``, in proportion to ``weights`` where the
+    bounds allow (``clip(lam x weights)``, ``lam`` found by bisection); the fractions go, largest first
+    (the lower index on ties), to the heads below ``high``. Weights equal to the ideal budgets come
+    back unchanged wherever they are integers within the bounds."""
+    w = np.asarray(weights, dtype=np.float64)
+    n = w.size
+    if not low * n <= total <= high * n:
+        raise AllocationError(f"{total} positions cannot be split over {n} heads between {low} and {high}")
+    w = np.maximum(w, 0.0)
+    if w.sum() == 0:
+        w = np.ones(n)
+    lo, hi = 0.0, 1.0
+    while np.clip(hi * w, low, high).sum() < total:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if np.clip(mid * w, low, high).sum() < total:
+            lo = mid
+        else:
+            hi = mid
+    x = np.clip(hi * w, low, high)
+    out = np.floor(x + 1e-9).astype(np.int64)
+    out = np.clip(out, low, high)
+    short = total - int(out.sum())
+    order = np.argsort(-(x - out), kind="stable")
+    i = 0
+    while short > 0:
+        j = order[i % n]
+        if out[j] < high:
+            out[j] += 1
+            short -= 1
+        i += 1
+    i = 0
+    order = np.argsort(x - out, kind="stable")
+    while short < 0:
+        j = order[i % n]
+        if out[j] > low:
+            out[j] -= 1
+            short += 1
+        i += 1
+    return out
+
+
+def pyramid_schedule(B: int, n_layers: int) -> np.ndarray:
+    """PyramidKV's budget of each of ``n_layers`` layers at average ``B`` (float: the window plus the
+    reference code's integer schedule beyond it, first layer the most)."""
+    if n_layers == 1:
+        return np.array([float(B)])
+    room = max(B - PYRAMID_WINDOW, 0)
+    low = room // PYRAMID_BETA
+    high = room * 2 - low
+    step = (high - low) // (n_layers - 1)
+    return np.array([PYRAMID_WINDOW + high - i * step for i in range(n_layers)], dtype=np.float64)
