@@ -48,7 +48,7 @@ def saved_grid() -> dict:
         cells.append({"length": 40, "depth": depth, "trial": 0, "key": "12345", "key_positions": keys,
                       "needle_start": keys[0] - 1, "prompt_tokens": 40,
                       "control": _run("full", keys, correct=True), "runs": [run]})
-    cells[1]["control"]["correct"] = False  # the control misses at depth 1: that cell is not counted
+    cells[1]["control"] = _run("full", keys, correct=False)  # the control misses at depth 1: that cell is not counted
     jobs = [needle.Job("sliding_window", 16)]
     doc = {"model": "tiny", "model_id": "tiny", "context": 512, "lengths": [40], "depths": [0.0, 1.0], "trials": 1,
            "seed": 0, "new_tokens": 8, "template": needle.Template().to_dict(), "run": {"executor": "serial", "seconds": 3},
