@@ -25,7 +25,8 @@ from .attention import ATTN, attach
 from .cache import PREFILL, EvictingCache, EvictingLayer, HFError
 from .windows import PARAM, WindowsError, check_model, read_tune, tune_windows
 
-#: the policies a deployed cache can run: the registry's online ones (the offline references read the future)
+#: the policies a deployed cache can run: the registry's online ones at import (the offline references read
+#: the future); a policy registered later deploys too (``layer_specs`` asks its class)
 ONLINE = tuple(name for name, cls in POLICIES.items() if not cls.needs_trace)
 
 
@@ -57,7 +58,8 @@ def layer_specs(model, policy: str, budget: int | None, windows=None, by: str = 
     except ValueError as e:
         raise HFError(str(e)) from None
     if cls.needs_trace:
-        raise HFError(f"{policy} is an offline reference (it reads the future); deployable: {', '.join(ONLINE)}")
+        deployable = ", ".join(name for name, c in POLICIES.items() if not c.needs_trace)  # registered later too
+        raise HFError(f"{policy} is an offline reference (it reads the future); deployable: {deployable}")
     kinds, kv_heads, model_window = model_layout(model)
     if isinstance(windows, (str, Path)):
         doc = read_tune(windows)
