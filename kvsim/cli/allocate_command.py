@@ -10,19 +10,16 @@ is given, so the other commands load none of it.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from ..analysis import allocation as al
 from ..data.bundle import Bundle, BundleError, is_bundle
 from ..data.catalog import resolve_bundle, shipped_bundles
 from ..policies import DEFAULT_BUDGET, POLICIES, PolicySpec, policy_params
+from ..policies.split import read_allocation
 from . import report
 from .errors import CLIError, InputError, flag
 from .parser import parse_range
-
-#: an allocation file is a small table; refuse anything larger before reading it
-MAX_FILE_BYTES = 4 * 1024 * 1024
 
 
 def _bundle(args: argparse.Namespace) -> Bundle:
@@ -50,30 +47,10 @@ def _spec(policy: str, budget: int, params: dict, where: str) -> PolicySpec:
 
 def _file(path: str, bundle: Bundle, spec_of) -> tuple[dict, PolicySpec]:
     """An allocation file's budgets, checked against ``bundle`` (its shape, each budget's bounds)."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"--allocate: {path}: no such file (and not an allocator: {', '.join(al.ALLOCATORS)})")
-    if p.stat().st_size > MAX_FILE_BYTES:
-        raise InputError(f"--allocate: {path}: {p.stat().st_size} bytes, more than the limit of {MAX_FILE_BYTES}")
     try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise InputError(f"--allocate: {path}: not UTF-8 (byte {e.start})") from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"--allocate: {path}: not valid JSON ({e.msg}, line {e.lineno})") from None
-    rows = doc.get("allocation") if isinstance(doc, dict) else doc
-    if not isinstance(rows, list) or not rows:
-        raise InputError(f"--allocate: {path}: 'allocation' must be a non-empty list of rows (layer, kv_head, budget)")
-    budgets: dict[tuple[int, int], int] = {}
-    for i, r in enumerate(rows):
-        ok = isinstance(r, dict) and all(isinstance(r.get(k), int) and not isinstance(r.get(k), bool)
-                                         for k in ("layer", "kv_head", "budget"))
-        if not ok:
-            raise InputError(f"--allocate: {path}: allocation[{i}] must have integer 'layer', 'kv_head' and 'budget'")
-        key = (r["layer"], r["kv_head"])
-        if key in budgets:
-            raise InputError(f"--allocate: {path}: allocation[{i}]: layer {key[0]} KV head {key[1]} is listed twice")
-        budgets[key] = r["budget"]
+        budgets, _ = read_allocation(path)
+    except al.AllocationError as e:
+        raise InputError(f"--allocate: {e}") from None
     spec = spec_of(min(budgets.values()), path)
     try:
         al.check_split(budgets, spec, [(t.layer, t.head) for t in bundle.traces], bundle.steps, path)

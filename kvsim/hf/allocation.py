@@ -11,7 +11,6 @@ pool is not built in the deployed cache (each head holds its own block), so it i
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..policies import PolicySpec
@@ -20,8 +19,6 @@ from .cache import HFError
 
 #: allocators whose split this module computes from the model's shape alone
 FROM_SHAPE = ("uniform", "pyramidkv")
-#: an allocation file is a small table; refuse anything larger before reading it
-MAX_FILE_BYTES = 4 * 1024 * 1024
 
 
 def refusal(name: str) -> str | None:
@@ -38,33 +35,12 @@ def refusal(name: str) -> str | None:
 
 
 def read_file(path) -> tuple[dict[tuple[int, int], int], str | None]:
-    """An allocation file's budgets and the policy it was computed for (None if it does not say): a
-    JSON list of rows ``{layer, kv_head, budget}`` or a document with them as ``allocation``.
+    """An allocation file's budgets and the policy it was computed for (``split.read_allocation``);
     HFError, one line naming the file, for anything else."""
-    p = Path(path)
-    if not p.is_file():
-        raise HFError(f"{path}: no such file (and not an allocator: {', '.join(al.ALLOCATORS)})")
-    if p.stat().st_size > MAX_FILE_BYTES:
-        raise HFError(f"{path}: {p.stat().st_size} bytes, more than the limit of {MAX_FILE_BYTES}")
     try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise HFError(f"{path}: not UTF-8 (byte {e.start})") from None
-    except json.JSONDecodeError as e:
-        raise HFError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
-    rows = doc.get("allocation") if isinstance(doc, dict) else doc
-    if not isinstance(rows, list) or not rows:
-        raise HFError(f"{path}: 'allocation' must be a non-empty list of rows (layer, kv_head, budget)")
-    budgets: dict[tuple[int, int], int] = {}
-    for i, r in enumerate(rows):
-        if not (isinstance(r, dict) and all(type(r.get(k)) is int for k in ("layer", "kv_head", "budget"))):
-            raise HFError(f"{path}: allocation[{i}] must have integer 'layer', 'kv_head' and 'budget'")
-        key = (r["layer"], r["kv_head"])
-        if key in budgets:
-            raise HFError(f"{path}: allocation[{i}]: layer {key[0]} KV head {key[1]} is listed twice")
-        budgets[key] = r["budget"]
-    policy = doc.get("policy") if isinstance(doc, dict) else None
-    return budgets, policy if isinstance(policy, str) else None
+        return al.read_allocation(path)
+    except al.AllocationError as e:
+        raise HFError(str(e)) from None
 
 
 def _minimum(policy: str, params: dict) -> tuple[int, PolicySpec]:

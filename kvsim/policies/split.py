@@ -7,6 +7,9 @@ allocators on it (those that read a bundle's attention among them); the deployed
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 
 from .registry import POLICIES
@@ -15,6 +18,8 @@ from .spec import PolicySpec
 ALLOCATORS = ("uniform", "pyramidkv", "cake", "adakv", "duo", "optimal")
 PYRAMID_BETA = 20
 PYRAMID_WINDOW = 8
+#: an allocation file is a small table; refuse anything larger before reading it
+MAX_FILE_BYTES = 4 * 1024 * 1024
 
 
 class AllocationError(ValueError):
@@ -91,3 +96,34 @@ def pyramid_schedule(B: int, n_layers: int) -> np.ndarray:
     high = room * 2 - low
     step = (high - low) // (n_layers - 1)
     return np.array([PYRAMID_WINDOW + high - i * step for i in range(n_layers)], dtype=np.float64)
+
+
+def read_allocation(path) -> tuple[dict[tuple[int, int], int], str | None]:
+    """An allocation file's budgets and the policy it was computed for (None if it does not say): a
+    JSON list of rows ``{layer, kv_head, budget}`` or a document with them as ``allocation`` (what
+    ``kvsim replay --allocate NAME --json`` writes). AllocationError, one line starting with the
+    path, for anything else; the CLI and the deployed cache say it in their own terms."""
+    p = Path(path)
+    if not p.is_file():
+        raise AllocationError(f"{path}: no such file (and not an allocator: {', '.join(ALLOCATORS)})")
+    if p.stat().st_size > MAX_FILE_BYTES:
+        raise AllocationError(f"{path}: {p.stat().st_size} bytes, more than the limit of {MAX_FILE_BYTES}")
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise AllocationError(f"{path}: not UTF-8 (byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise AllocationError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    rows = doc.get("allocation") if isinstance(doc, dict) else doc
+    if not isinstance(rows, list) or not rows:
+        raise AllocationError(f"{path}: 'allocation' must be a non-empty list of rows (layer, kv_head, budget)")
+    budgets: dict[tuple[int, int], int] = {}
+    for i, r in enumerate(rows):
+        if not (isinstance(r, dict) and all(type(r.get(k)) is int for k in ("layer", "kv_head", "budget"))):
+            raise AllocationError(f"{path}: allocation[{i}] must have integer 'layer', 'kv_head' and 'budget'")
+        key = (r["layer"], r["kv_head"])
+        if key in budgets:
+            raise AllocationError(f"{path}: allocation[{i}]: layer {key[0]} KV head {key[1]} is listed twice")
+        budgets[key] = r["budget"]
+    policy = doc.get("policy") if isinstance(doc, dict) else None
+    return budgets, policy if isinstance(policy, str) else None
