@@ -13,13 +13,14 @@ import argparse
 from pathlib import Path
 
 from ..analysis import allocation as al
+from ..analysis.windows import best_of
 from ..data.bundle import Bundle, BundleError, is_bundle
 from ..data.catalog import resolve_bundle, shipped_bundles
-from ..policies import DEFAULT_BUDGET, POLICIES, PolicySpec, policy_params
+from ..policies import DEFAULT_BUDGET, POLICIES, PolicySpec
 from ..policies.split import read_allocation
 from . import report
+from .commands import policy_args, sweep_ranges
 from .errors import CLIError, InputError, flag
-from .parser import parse_range
 
 
 def _bundle(args: argparse.Namespace) -> Bundle:
@@ -112,20 +113,10 @@ def _doc(plan: Plan, m: al.Measured) -> dict:
             "allocation": a.rows(), **({"floor": a.floor, "pooled": True} if a.pooled else {})}
 
 
-def _given(args: argparse.Namespace) -> dict:
-    accepted = policy_params(args.policy)
-    given = {n[len("param_"):]: v for n, v in vars(args).items() if n.startswith("param_") and v is not None}
-    for param in given:
-        if param not in accepted:
-            takes = ", ".join(flag(p) for p in accepted) or "nothing beyond --budget"
-            raise CLIError(f"{flag(param)} does not apply to policy {args.policy} (it takes {takes})")
-    return given
-
-
 def replay(args: argparse.Namespace) -> dict:
     if args.proxies:
         raise CLIError("--proxies does not go with --allocate (the allocation's figure is the bundle's retained mass)")
-    params = _given(args)
+    params = policy_args(args)
     bundle = _bundle(args)
     plan = Plan(args, bundle, params)
     budget = DEFAULT_BUDGET if args.budget is None else args.budget
@@ -142,18 +133,7 @@ def replay(args: argparse.Namespace) -> dict:
 def sweep(args: argparse.Namespace) -> list[dict]:
     if args.proxies:
         raise CLIError("--proxies does not go with --allocate (the allocation's figure is the bundle's retained mass)")
-    given = _given(args)
-    if args.budget is not None:
-        given["budget"] = args.budget
-    ranges = {p: parse_range(flag(p), text) for p, text in given.items()}
-    swept = [p for p in ranges if ":" in given[p]]
-    if len(swept) != 1:
-        flags = [flag(p) for p in policy_params(args.policy)] + ["--budget"]
-        what = "none was" if not swept else f"{len(swept)} were ({', '.join(flag(p) for p in swept)})"
-        raise CLIError(f"sweep needs exactly one range A:B[:STEP] among {', '.join(flags)}; {what} given")
-    param = swept[0]
-    fixed = {p: v[0] for p, v in ranges.items() if p != param}
-    budget = fixed.pop("budget", DEFAULT_BUDGET)
+    param, ranges, fixed, budget = sweep_ranges(args)
     bundle = _bundle(args)
     plan = Plan(args, bundle, fixed)
     if plan.budgets is not None and param == "budget":
@@ -171,7 +151,7 @@ def sweep(args: argparse.Namespace) -> list[dict]:
         for i, spec in enumerate(specs):
             m = plan.run(spec, _scaled(progress, i / len(specs), (i + 1) / len(specs)))
             rows.append(_doc(plan, m))
-    best = max(range(len(rows)), key=lambda i: rows[i]["retained_mass"])
+    best = best_of([r["retained_mass"] for r in rows])  # the window rule's: the first of equal ones
     return [{**r, "best": i == best} for i, r in enumerate(rows)]
 
 
@@ -243,7 +223,7 @@ def quality(args: argparse.Namespace) -> dict:
         budget = int(args.budget)
     except ValueError:
         raise CLIError(f"--budget: {args.budget!r}: --allocate takes one budget") from None
-    params = _given(args)
+    params = policy_args(args)
     spec = _spec(args.policy, budget, params, "TEXT")
     text = q.resolve_text(args.text)
     read_input("TEXT", text)

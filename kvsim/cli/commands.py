@@ -43,7 +43,7 @@ def load(spec: str, name: str = "--trace") -> Trace:
             raise input_error(name, e) from None
 
 
-def _policy_args(args: argparse.Namespace) -> dict:
+def policy_args(args: argparse.Namespace) -> dict:
     """The policy-specific flags that were given, checked against what ``args.policy`` takes."""
     accepted = policy_params(args.policy)
     given = {name[len("param_"):]: value for name, value in vars(args).items() if name.startswith("param_") and value is not None}
@@ -52,6 +52,24 @@ def _policy_args(args: argparse.Namespace) -> dict:
             takes = ", ".join(flag(p) for p in accepted) or "nothing beyond --budget"
             raise CLIError(f"{flag(param)} does not apply to policy {args.policy} (it takes {takes})")
     return given
+
+
+def sweep_ranges(args: argparse.Namespace) -> tuple[str, dict, dict, int]:
+    """``sweep``'s flags read: the one parameter given as a range, every given parameter's values, the
+    fixed ones (one value each) and the budget; a CLIError unless exactly one flag is a range."""
+    given = policy_args(args)
+    if args.budget is not None:
+        given["budget"] = args.budget
+    ranges = {p: parse_range(flag(p), text) for p, text in given.items()}
+    swept = [p for p in ranges if ":" in given[p]]
+    if len(swept) != 1:
+        flags = [flag(p) for p in policy_params(args.policy)] + ["--budget"]
+        what = "none was" if not swept else f"{len(swept)} were ({', '.join(flag(p) for p in swept)})"
+        raise CLIError(f"sweep needs exactly one range A:B[:STEP] among {', '.join(flags)}; {what} given")
+    param = swept[0]
+    fixed = {p: values[0] for p, values in ranges.items() if p != param}
+    budget = fixed.pop("budget", DEFAULT_BUDGET)
+    return param, ranges, fixed, budget
 
 
 def _allocate(args: argparse.Namespace):
@@ -68,7 +86,7 @@ def cmd_replay(args: argparse.Namespace) -> object:
     if (allocated := _allocate(args)) is not None:
         return allocated(args)
     # the one validation: a bad value is refused before the trace loads, and the spec is what replays
-    spec = PolicySpec.of(args.policy, DEFAULT_BUDGET if args.budget is None else args.budget, **_policy_args(args))
+    spec = PolicySpec.of(args.policy, DEFAULT_BUDGET if args.budget is None else args.budget, **policy_args(args))
     trace = load(args.trace)
     with report.step("replay", f"replaying {args.policy} on {trace.name}") as progress:
         report.prepare([args.policy], progress)
@@ -89,18 +107,7 @@ def _measured(trace, row: dict) -> dict:
 def cmd_sweep(args: argparse.Namespace) -> object:
     if (allocated := _allocate(args)) is not None:
         return allocated(args)
-    given = _policy_args(args)
-    if args.budget is not None:
-        given["budget"] = args.budget
-    ranges = {p: parse_range(flag(p), text) for p, text in given.items()}
-    swept = [p for p in ranges if ":" in given[p]]
-    if len(swept) != 1:
-        flags = [flag(p) for p in policy_params(args.policy)] + ["--budget"]
-        what = "none was" if not swept else f"{len(swept)} were ({', '.join(flag(p) for p in swept)})"
-        raise CLIError(f"sweep needs exactly one range A:B[:STEP] among {', '.join(flags)}; {what} given")
-    param = swept[0]
-    fixed = {p: values[0] for p, values in ranges.items() if p != param}
-    budget = fixed.pop("budget", DEFAULT_BUDGET)
+    param, ranges, fixed, budget = sweep_ranges(args)
     trace = load(args.trace)
     note = f"sweeping {args.policy} over {flag(param)} ({len(ranges[param])} values) on {trace.name}"
     with report.step("sweep", note) as progress:
