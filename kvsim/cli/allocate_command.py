@@ -19,8 +19,8 @@ from ..data.catalog import resolve_bundle, shipped_bundles
 from ..policies import DEFAULT_BUDGET, POLICIES, PolicySpec
 from ..policies.split import read_allocation
 from . import report
-from .commands import policy_args, sweep_ranges
 from .errors import CLIError, InputError, flag
+from .parser import policy_args, sweep_ranges
 
 
 def _bundle(args: argparse.Namespace) -> Bundle:

@@ -380,3 +380,32 @@ def _add_quality(sub) -> None:
                    "each layer and KV head at the budget an allocator gives it (uniform, pyramidkv, cake, optimal), "
                    "the same memory as uniform's, measured beside uniform's (docs/allocation.md)")
     _json(p)
+
+
+def policy_args(args: argparse.Namespace) -> dict:
+    """The policy-specific flags that were given, checked against what ``args.policy`` takes."""
+    accepted = policy_params(args.policy)
+    given = {name[len("param_"):]: value for name, value in vars(args).items() if name.startswith("param_") and value is not None}
+    for param in given:
+        if param not in accepted:
+            takes = ", ".join(flag(p) for p in accepted) or "nothing beyond --budget"
+            raise CLIError(f"{flag(param)} does not apply to policy {args.policy} (it takes {takes})")
+    return given
+
+
+def sweep_ranges(args: argparse.Namespace) -> tuple[str, dict, dict, int]:
+    """``sweep``'s flags read: the one parameter given as a range, every given parameter's values, the
+    fixed ones (one value each) and the budget; a CLIError unless exactly one flag is a range."""
+    given = policy_args(args)
+    if args.budget is not None:
+        given["budget"] = args.budget
+    ranges = {p: parse_range(flag(p), text) for p, text in given.items()}
+    swept = [p for p in ranges if ":" in given[p]]
+    if len(swept) != 1:
+        flags = [flag(p) for p in policy_params(args.policy)] + ["--budget"]
+        what = "none was" if not swept else f"{len(swept)} were ({', '.join(flag(p) for p in swept)})"
+        raise CLIError(f"sweep needs exactly one range A:B[:STEP] among {', '.join(flags)}; {what} given")
+    param = swept[0]
+    fixed = {p: values[0] for p, values in ranges.items() if p != param}
+    budget = fixed.pop("budget", DEFAULT_BUDGET)
+    return param, ranges, fixed, budget
