@@ -378,6 +378,16 @@ class QKTrace(Trace):
         """The values ``v`` ``(N, d_v)`` as stored: what value-aware measures read."""
         return self.qk.v
 
+    @property
+    def keys(self) -> np.ndarray:
+        """The keys ``(N, d)`` float32, a row per position (``kvsim.data.vectors``)."""
+        return self.qk.K
+
+    @property
+    def queries(self) -> np.ndarray:
+        """The queries ``(N, G, d)`` float32, position-major (a view of ``Q``, ``kvsim.data.vectors``)."""
+        return self.qk.Q.swapaxes(0, 1)
+
     def prefix(self, steps: int) -> QKTrace:
         """The first ``steps`` steps of the recording, as a trace of its own. Rows 0 .. steps read only
         positions 0 .. steps, so the normalisers and top-k positions computed for this trace are the

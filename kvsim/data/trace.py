@@ -28,6 +28,9 @@ MAX_STEPS = 16384
 FULL_KEY, PACKED_KEY, STEPS_KEY, META_KEY = "attention", "attention_packed", "steps", "meta"
 #: the optional member holding the KV head's value vectors, ``(T + 1, d)`` float16 or float32
 VALUES_KEY = "values"
+#: the optional per-position members the scorers beyond attention read (``kvsim.data.vectors``), with
+#: their number of dimensions: keys ``(T + 1, d)``, queries ``(T + 1, G, d)``, out_norms ``(T + 1, G)``
+VECTOR_KEYS = {"keys": 2, VALUES_KEY: 2, "queries": 3, "out_norms": 2}
 #: refuse a ``meta`` string longer than this before reading it (token lists for 16k steps fit well inside)
 MAX_META_BYTES = 8 * 1024 * 1024
 #: a row whose sum is further than this from 1 counts as repaired (``meta["renormalised"]``): twice the
@@ -52,6 +55,11 @@ class Trace:
     #: optional ``(T + 1, d)`` value vectors of the KV head, row p for position p (the value-aware
     #: proxies read them, ``kvsim.analysis.proxies``); None for a trace recorded without them
     values: np.ndarray | None = None
+    #: optional ``(T + 1, d)`` keys, ``(T + 1, G, d)`` queries and ``(T + 1, G)`` output norms of the KV
+    #: head (``kvsim.data.vectors``: what the key-, query- and output-aware policies read)
+    keys: np.ndarray | None = None
+    queries: np.ndarray | None = None
+    out_norms: np.ndarray | None = None
     #: what is derived from the attention alone, computed once (``kvsim.data.derived``)
     derived: TraceStore = field(init=False, repr=False)
 
@@ -206,7 +214,8 @@ def load_npz(path, *, source: str | None = None) -> Trace:
                 _check_packed_header(shape, dtype, steps, src)
                 attention = unpack_lower(_read(z, members, PACKED_KEY, src), steps)
             meta = _read_meta(_read(z, members, META_KEY, src), src) if meta_header is not None else {}
-            values = _read_values(z, members, attention.shape[0], src) if _has(members, VALUES_KEY) else None
+            vectors = {name: _read_vectors(z, members, name, attention.shape[0], src)
+                       for name in VECTOR_KEYS if _has(members, name)}
     except TraceError:
         raise
     except ValueError as e:  # malformed headers and short data land here; pickles are refused above
@@ -221,20 +230,23 @@ def load_npz(path, *, source: str | None = None) -> Trace:
     stem = Path(src).stem
     name = str(meta.get("name") or stem)
     trace = from_array(attention, name=name, meta=meta, source=src)
-    trace.values = values
+    for name, array in vectors.items():
+        setattr(trace, name, array)
     return trace
 
 
-def _read_values(z, members: set[str], rows: int, src: str) -> np.ndarray:
-    """The optional ``values`` member: ``(T + 1, d)`` float16/32/64, one row per position."""
-    shape, dtype = _npy_header(z, members, VALUES_KEY, src)
-    if len(shape) != 2 or shape[0] != rows or dtype.type not in ATTENTION_DTYPES or not 0 < shape[1] <= 4096:
-        raise TraceError(f"{src}: {VALUES_KEY} must be ({rows}, d) float16/32/64 with 0 < d <= 4096, "
-                         f"got shape {shape} {dtype}")
-    values = _read(z, members, VALUES_KEY, src)
-    if not np.isfinite(values).all():
-        raise TraceError(f"{src}: {VALUES_KEY} holds NaN or infinite numbers")
-    return values
+def _read_vectors(z, members: set[str], name: str, rows: int, src: str) -> np.ndarray:
+    """An optional per-position member (``VECTOR_KEYS``): float16/32/64, one row per position, every
+    other dimension in 1 .. 4096."""
+    ndim = VECTOR_KEYS[name]
+    shape, dtype = _npy_header(z, members, name, src)
+    if len(shape) != ndim or shape[0] != rows or dtype.type not in ATTENTION_DTYPES or not all(0 < n <= 4096 for n in shape[1:]):
+        raise TraceError(f"{src}: {name} must be {ndim}-D float16/32/64 with {rows} rows (one per position) and "
+                         f"every other size in 1..4096, got shape {shape} {dtype}")
+    array = _read(z, members, name, src)
+    if not np.isfinite(array).all():
+        raise TraceError(f"{src}: {name} holds NaN or infinite numbers")
+    return array
 
 
 
@@ -358,6 +370,7 @@ def save_npz(trace: Trace, path: str | Path, dtype=np.float32, *, packed: bool =
         }
     else:
         arrays = {FULL_KEY: trace.attention.astype(dtype)}
-    if trace.values is not None:
-        arrays[VALUES_KEY] = np.asarray(trace.values)
+    for name in VECTOR_KEYS:
+        if getattr(trace, name, None) is not None:
+            arrays[name] = np.asarray(getattr(trace, name))
     atomic_write(Path(path), lambda f: np.savez_compressed(f, **arrays, meta=np.array(json.dumps(meta))))

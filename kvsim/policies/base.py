@@ -9,7 +9,7 @@ information"), then ``evict(budget)``, which returns the victims in ascending po
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -123,6 +123,10 @@ class Policy:
     #: True for those that read the trace's dense matrix, which a query/key trace has only up to
     #: ``kvsim.data.qk.DENSE_LIMIT`` steps (the others read rows a block at a time)
     needs_matrix: ClassVar[bool] = False
+    #: the trace members it reads besides attention (``kvsim.data.vectors.MEMBERS``: "keys", "values",
+    #: "queries", "out_norms"); the harness hands each position's rows to ``see`` before admitting it, and
+    #: refuses a trace without them in one line
+    reads: ClassVar[tuple[str, ...]] = ()
     #: the policy's tunable parameters beyond budget, in the order the controls list them
     tunables: ClassVar[tuple[Param, ...]] = ()
     #: what the policy does, in one line the app and the CLI can quote (``describe_policy`` falls
@@ -144,12 +148,19 @@ class Policy:
         return {p.name: getattr(self, p.name) for p in self.tunables}
 
     @classmethod
-    def engine_inputs(cls, policies: Sequence[Policy], steps: int) -> dict[str, np.ndarray]:
+    def engine_inputs(cls, policies: Sequence[Policy], steps: int, vectors: Mapping[str, np.ndarray] | None = None
+                      ) -> dict[str, np.ndarray]:
         """What the fast engine (``kvsim.sim.engine``) reads from ``policies``, configurations of
         this class built on one trace of ``steps`` steps, to replay them all in one pass: arrays
         named after the keyword arguments of its ``engine_binding``'s state (h2o's ``windows``, one
-        recent window per configuration). A policy without engine inputs has none."""
+        recent window per configuration). ``vectors``: the trace's members the class ``reads``, whole
+        (position-major), given only to a class that reads some. A policy without engine inputs has none."""
         return {}
+
+    def see(self, pos: int, vectors: Mapping[str, np.ndarray]) -> None:
+        """Position ``pos``'s row of each member the policy ``reads`` (``vectors["keys"]`` its key, ...),
+        handed over right before ``on_decode_step(pos, ...)`` admits it: by the harness from the trace,
+        by the deployed cache from what the model computed. A policy that reads nothing ignores it."""
 
     @property
     def kept(self) -> np.ndarray:  # pragma: no cover - abstract

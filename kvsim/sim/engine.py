@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import jit
+from ..data import vectors
 from ..data.trace import Trace, from_array
 from ..jit import AVAILABLE
 from ..policies import POLICIES, Policy, PolicySpec, tunables
@@ -238,7 +239,9 @@ def run(trace: Trace, policies: list[Policy], top_k: int, progress: Progress | N
     cls = type(policies[0])
     r = _Pass.of(trace, np.array([p.budget for p in policies], dtype=np.int64), top_k, record, progress,
                  cls.keeps_scores)
-    records = r.run(FAST[cls.name], cls.engine_inputs(policies, trace.steps))
+    inputs = (cls.engine_inputs(policies, trace.steps, vectors.require(trace, cls.reads, cls.name)) if cls.reads
+              else cls.engine_inputs(policies, trace.steps))
+    records = r.run(FAST[cls.name], inputs)
     jit.mark_compiled(_group(policies[0].name, r.A.dtype))
     return r.mass, r.recall, records
 

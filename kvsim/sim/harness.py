@@ -14,11 +14,12 @@ engine where it covers the policy and this loop otherwise.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..data import vectors
 from ..data.gqa import position_sum, renormalise
 from ..data.trace import Trace
 from ..policies import Policy, PolicySpec
@@ -116,13 +117,19 @@ class Taken:
     after: np.ndarray
 
 
-def step(policy: Policy, t: int, attention: np.ndarray | None, budget: int, total: float | None = None) -> Taken:
+def step(policy: Policy, t: int, attention: np.ndarray | None, budget: int, total: float | None = None,
+         vectors: Mapping[str, np.ndarray] | None = None) -> Taken:
     """Observe -> admit -> evict, the one step of a policy (docs/domain.md, "The harness", 3 to 5):
     ``attention`` is query t's weight on each position of ``policy.kept`` (aligned, not yet
     renormalised; None is read only by a policy that reads no attention), shown renormalised as float32
-    (``observe``) if the policy reads attention; then t is admitted and the policy evicts to ``budget``,
-    and its victims are checked (ContractError, naming the policy and the step, if they break the
-    contract)."""
+    (``observe``) if the policy reads attention; ``vectors`` is position t's row of each member the
+    policy ``reads`` (keys, values, queries, out_norms), handed to ``policy.see`` first; then t is
+    admitted and the policy evicts to ``budget``, and its victims are checked (ContractError, naming the
+    policy and the step, if they break the contract)."""
+    if policy.reads:
+        if vectors is None or any(name not in vectors for name in policy.reads):
+            raise ValueError(f"{policy.name} reads {', '.join(policy.reads)} at step {t}; they were not handed over")
+        policy.see(t, vectors)
     observed = observe(attention, total) if policy.reads_attention else None
     policy.on_decode_step(t, observed)
     before = policy.kept
@@ -157,12 +164,15 @@ def steps(trace: Trace, policy: Policy, budget: int | None = None, *, top_k: int
     store = trace.derived
     out = store.row_scratch()
     scored, reads = policy.keeps_scores, policy.reads_attention
+    members = vectors.require(trace, policy.reads, policy.name)
+    if members:
+        policy.see(0, vectors.at(members, 0))  # position 0, held from the start, was never admitted
     for t in range(1, trace.steps + 1):
         kept = policy.kept
         row = store.row(t, kept, out)  # the whole row of a dense trace; a query/key trace's at kept
         total = kept_sum(row, kept)
         hits = int(store.topk_row(t, top_k)[kept].sum(dtype=np.int64)) if top_k is not None else 0
-        taken = step(policy, t, row[kept] if reads else None, budget, total)
+        taken = step(policy, t, row[kept] if reads else None, budget, total, vectors.at(members, t) if members else None)
         yield Step(t, kept, total, hits, taken.observed, taken.scores, taken.before if scored else None,
                    taken.victims, taken.after)
 
