@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..data import vectors
 from ..data.trace import Trace
+from ..policies import POLICIES
 from ..policies.upper_bound import upper_bound_summary
 from ..sim.harness import DEFAULT_TOP_K
 from .metrics import describe
@@ -90,12 +92,18 @@ def build_table(trace: Trace, budget: int = TABLE_BUDGET, top_k: int = DEFAULT_T
     rows = []
     for row in ROWS:
         entry = {"policy": row.policy, "params": dict(row.params)}
+        lacking = vectors.missing(trace, POLICIES[row.policy].reads) if row.policy in POLICIES else []
+        if lacking:  # a scorer that reads what this trace was recorded without: said, not measured
+            rows.append({**entry, "retained_mass": None, "top_k_recall": None,
+                         "absent": f"it reads {', '.join(lacking)}, which this trace does not hold"})
+            continue
         try:
             m = measure(row)
         except ValueError as e:  # a row this budget cannot hold (recent_window 64 at budget 64): say why
             rows.append({**entry, "retained_mass": None, "top_k_recall": None, "refused": " ".join(str(e).split())})
             continue
         rows.append({**entry, "retained_mass": m["retained_mass"], "top_k_recall": m["top_k_recall"]})
+    _gap_shares(rows)
     top = best_row(sweep_rows) if sweep_rows else None
     out = {
         "trace": trace.name,
@@ -121,6 +129,18 @@ def build_table(trace: Trace, budget: int = TABLE_BUDGET, top_k: int = DEFAULT_T
         out["targets"] = calibration_targets(trace, budget, top_k, lambda p, params: measure(Row(p, params)), sweep_rows)
     out["window"] = best_window(trace, budget, top_k)
     return out
+
+
+def _gap_shares(rows: list[dict]) -> None:
+    """Each measured row's ``gap_share``: its share of the way from sliding_window's retained mass to the
+    exact optimum's, (mass - sliding) / (optimal - sliding); 0 is no better than keeping the latest
+    positions, 1 is the optimum, below 0 worse than the window. None where either end is missing (the
+    optimum refused at this budget) or the two coincide (nothing to gain)."""
+    by = {r["policy"]: r["retained_mass"] for r in rows if not r["params"]}
+    low, high = by.get("sliding_window"), by.get("optimal (offline reference)")
+    for r in rows:
+        m = r["retained_mass"]
+        r["gap_share"] = (m - low) / (high - low) if None not in (m, low, high) and high > low else None
 
 
 def best_window(trace: Trace, budget: int, top_k: int = DEFAULT_TOP_K) -> dict | None:

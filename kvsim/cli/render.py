@@ -199,13 +199,17 @@ def _table(doc: dict) -> str:
         f"Measured at budget {doc['budget']} on the {doc['trace']} trace ({doc['steps']} steps):",
         "",
         aligned(
-            ["policy", "params", "retained_mass", f"top_{k}_recall", *_proxy_cols(doc["rows"])],
-            [[r["policy"], params_label(r["params"]), r["retained_mass"], r["top_k_recall"],
-              *(r.get(c) for c in _proxy_cols(doc["rows"]))] for r in doc["rows"]],
+            ["policy", "params", "retained_mass", f"top_{k}_recall", "gap_share", *_proxy_cols(doc["rows"])],
+            [[r["policy"], params_label(r["params"]), r["retained_mass"], r["top_k_recall"], r.get("gap_share"),
+              *(r.get(c) for c in _proxy_cols(doc["rows"]))] for r in doc["rows"] if "absent" not in r],
         ),
+        "",
+        "gap_share: the share of the way from sliding_window's retained mass to the exact optimum's (0: no better "
+        "than the latest positions, 1: the optimum).",
         *_proxy_note(doc["rows"]),
         *(f"{r['policy']} {params_label(r['params'])}: refused at this budget ({r['refused']})"
           for r in doc["rows"] if "refused" in r),
+        *(f"{r['policy']}: not measured on this trace ({r['absent']})" for r in doc["rows"] if "absent" in r),
     ]
     s = doc["sweep"]
     if s["rows"]:

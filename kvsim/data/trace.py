@@ -29,8 +29,8 @@ FULL_KEY, PACKED_KEY, STEPS_KEY, META_KEY = "attention", "attention_packed", "st
 #: the optional member holding the KV head's value vectors, ``(T + 1, d)`` float16 or float32
 VALUES_KEY = "values"
 #: the optional per-position members the scorers beyond attention read (``kvsim.data.vectors``), with
-#: their number of dimensions: keys ``(T + 1, d)``, queries ``(T + 1, G, d)``, out_norms ``(T + 1, G)``
-VECTOR_KEYS = {"keys": 2, VALUES_KEY: 2, "queries": 3, "out_norms": 2}
+#: their shapes after the position: keys ``(T + 1, d)``, queries ``(T + 1, G, d)``, out_norms ``(T + 1, G)``
+VECTOR_KEYS = {"keys": "d", VALUES_KEY: "d", "queries": "G, d", "out_norms": "G"}
 #: refuse a ``meta`` string longer than this before reading it (token lists for 16k steps fit well inside)
 MAX_META_BYTES = 8 * 1024 * 1024
 #: a row whose sum is further than this from 1 counts as repaired (``meta["renormalised"]``): twice the
@@ -238,11 +238,11 @@ def load_npz(path, *, source: str | None = None) -> Trace:
 def _read_vectors(z, members: set[str], name: str, rows: int, src: str) -> np.ndarray:
     """An optional per-position member (``VECTOR_KEYS``): float16/32/64, one row per position, every
     other dimension in 1 .. 4096."""
-    ndim = VECTOR_KEYS[name]
+    ndim = VECTOR_KEYS[name].count(",") + 2
     shape, dtype = _npy_header(z, members, name, src)
     if len(shape) != ndim or shape[0] != rows or dtype.type not in ATTENTION_DTYPES or not all(0 < n <= 4096 for n in shape[1:]):
-        raise TraceError(f"{src}: {name} must be {ndim}-D float16/32/64 with {rows} rows (one per position) and "
-                         f"every other size in 1..4096, got shape {shape} {dtype}")
+        raise TraceError(f"{src}: {name} must be ({rows}, {VECTOR_KEYS[name]}) float16/32/64 (a row per position) "
+                         f"with every size after the first in 1..4096, got shape {shape} {dtype}")
     array = _read(z, members, name, src)
     if not np.isfinite(array).all():
         raise TraceError(f"{src}: {name} holds NaN or infinite numbers")
