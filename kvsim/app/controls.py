@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import streamlit as st
 
 import kvsim
-from kvsim.data import qk
+from kvsim.data import qk, vectors
 from kvsim.policies import PolicySpec, all_tunables
 from kvsim.views import tour
 
@@ -42,7 +42,8 @@ class Settings:
     step: int
     specs: dict[str, PolicySpec | str]
     chosen: tuple[str, ...]
-    #: the policies this trace cannot take: those that read the whole matrix, on a trace too long to have it
+    #: the policies this trace cannot take: those that read the whole matrix, on a trace too long to have it,
+    #: and those that read keys, values, queries or output norms the trace was recorded without
     left_out: tuple[str, ...] = ()
 
     @classmethod
@@ -53,6 +54,12 @@ class Settings:
         for name in left_out:
             specs[name] = (f"{name} reads the whole attention matrix, which a trace of {trace.steps} steps stored as queries "
                            f"and keys does not have here (at most {qk.DENSE_LIMIT} steps); it is left out on this trace")
+        for name, cls_ in kvsim.POLICIES.items():
+            if lacking := vectors.missing(trace, cls_.reads):
+                left_out += (name,)
+                specs[name] = (f"{name} reads the {' and '.join(lacking)} of the attention's KV head, which the {trace.name} "
+                               "trace was recorded without; it is left out on this trace (the shipped real trace and "
+                               "query/key recordings carry them)")
         return cls(budget, int(st.session_state["step"]), specs, tuple(st.session_state["policies"]), left_out)
 
     @property

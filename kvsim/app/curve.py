@@ -231,7 +231,7 @@ def sync_recent_window(source: str) -> None:
 
 
 def curve_view(trace: kvsim.Trace, settings: Settings) -> None:
-    policies = curve_policies()
+    policies = curve_policies(trace)
     if not policies:
         st.info("No registered policy takes a recent_window.")
         return

@@ -14,7 +14,9 @@ from .state import lab_reset, lasting
 
 def lab_policy(side: str, preset: lab.Preset) -> lab.LabPolicy:
     spec = preset.left if side == "left" else preset.right
-    name = lasting(st.selectbox, f"{side} policy", f"lab_{side}", spec.name, options=list(kvsim.POLICIES),
+    # the lab's trace is attention alone: the scorers that read keys, values or queries have nothing to read
+    options = [n for n, cls in kvsim.POLICIES.items() if not cls.reads]
+    name = lasting(st.selectbox, f"{side} policy", f"lab_{side}", spec.name, options=options,
                    then=lambda: _switched(side))
     params = dict(spec.params) if name == spec.name else {}
     if "recent_window" in kvsim.policy_params(name):

@@ -12,7 +12,7 @@ import streamlit as st
 import kvsim
 from kvsim.analysis import lab
 from kvsim.analysis.metrics import repair_note
-from kvsim.data import qk
+from kvsim.data import qk, vectors
 from kvsim.data.catalog import CANONICAL, available_bundles, available_traces
 from kvsim.policies import all_tunables
 from kvsim.views import tour
@@ -40,9 +40,14 @@ def all_params() -> dict[str, int]:
     return {name: p.default for name, p in all_tunables().items()}
 
 
-def curve_policies() -> list[str]:
-    """The registered policies with a recent_window: the ones the curve and the model view sweep."""
-    return [n for n in kvsim.POLICIES if "recent_window" in kvsim.policy_params(n)]
+def curve_policies(trace: kvsim.Trace | None = None) -> list[str]:
+    """The registered policies with a recent_window: the ones the curve and the model view sweep; with
+    ``trace``, those it can replay (a scorer reading values the trace lacks is left out); without, those
+    that read attention alone (a recorded bundle's traces carry nothing more)."""
+    names = [n for n in kvsim.POLICIES if "recent_window" in kvsim.policy_params(n)]
+    if trace is None:
+        return [n for n in names if not kvsim.POLICIES[n].reads]
+    return [n for n in names if not vectors.missing(trace, kvsim.POLICIES[n].reads)]
 
 
 def defaults() -> dict:
