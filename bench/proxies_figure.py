@@ -9,7 +9,6 @@ by plotly in headless Chromium to a PNG (no kaleido here).
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 from pathlib import Path
 
@@ -72,4 +71,10 @@ def main(study: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("study", help="the JSON that `kvsim proxies --out` wrote")
+    ap.add_argument("out", help="the PNG to write")
+    a = ap.parse_args()
+    main(a.study, a.out)

@@ -21,12 +21,20 @@ ROOT = this_checkout(__file__)
 
 
 def main() -> None:
+    import argparse
+
     from kvsim.data.catalog import resolve_bundle
     from kvsim.data.trace import load_npz
     from kvsim.policies.registry import POLICIES
     from kvsim.sim.simulate import replay
-    qd, dd = sys.argv[1], sys.argv[2]
-    scratch = Path(sys.argv[3]) if len(sys.argv) > 3 else Path(tempfile.mkdtemp())
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("qk_bundle", help="the query/key recording (a bundle folder or name)")
+    ap.add_argument("dense_bundle", help="the dense recording of the same text")
+    ap.add_argument("out_dir", nargs="?", default=None, help="where the exported traces go (default: a temporary folder)")
+    a = ap.parse_args()
+    qd, dd = a.qk_bundle, a.dense_bundle
+    scratch = Path(a.out_dir) if a.out_dir else Path(tempfile.mkdtemp())
     qb, db = resolve_bundle(qd), resolve_bundle(dd)
     for eq, ed in zip(qb.traces, db.traces, strict=True):
         t0 = time.time()
