@@ -49,7 +49,16 @@ def compare(a: dict, b: dict) -> dict:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--compare":
-        print(compare(*(json.loads(pathlib.Path(p).read_text()) for p in sys.argv[2:4])))
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", nargs="?", help="the JSON file to write")
+    ap.add_argument("--real", action="store_true", help="also the shipped Gemma-3-270M (minutes)")
+    ap.add_argument("--compare", nargs=2, metavar=("A", "B"), help="instead: the largest difference per figure of two files")
+    a = ap.parse_args()
+    if a.compare:
+        print(compare(*(json.loads(pathlib.Path(p).read_text()) for p in a.compare)))
+    elif a.out is None:
+        ap.error("give OUT.json to write, or --compare A.json B.json")
     else:
-        pathlib.Path(sys.argv[1]).write_text(json.dumps(measure("--real" in sys.argv), indent=1))
+        pathlib.Path(a.out).write_text(json.dumps(measure(a.real), indent=1))
