@@ -29,16 +29,40 @@ from .errors import QualityError
 from .loading import no_progress
 
 
+def _vectors(module, query, key, value, group: int) -> dict[str, np.ndarray]:
+    """One layer's keys, queries and output norms per KV head, position-major, float32 (``MaskedPass``).
+    Query head h reads KV head h // group (transformers' ``repeat_kv``); its output norm at position p
+    is ``|W_O[:, h d_v:(h + 1) d_v] v_p|_2``, the value after the head's share of the output projection."""
+    import torch
+
+    hkv, n, d = key.shape
+    out = {"keys": key.float().numpy().copy(),
+           "queries": query.float().reshape(hkv, group, n, d).transpose(1, 2).numpy().copy()}
+    proj = getattr(module, "o_proj", None)
+    weight = getattr(proj, "weight", None)
+    dv = value.shape[-1]
+    if isinstance(weight, torch.Tensor) and weight.shape[1] == hkv * group * dv:
+        w = weight.detach().float().reshape(weight.shape[0], hkv, group, dv)  # (hidden, kv head, G, d_v)
+        with torch.no_grad():
+            projected = torch.einsum("knd,okgd->kngo", value.float(), w)  # (kv head, n, G, hidden)
+        out["out_norms"] = torch.linalg.vector_norm(projected, dim=-1).numpy().copy()
+    return out
+
+
 class MaskedPass:
     """A teacher-forced pass: query t sees key p when ``p <= t`` (and inside its layer's window), and,
     with ``allowed`` (``{layer: bool (kv_heads, n, n)}``), when the schedule kept p for it. With
     ``capture``, each layer's rows per KV head (the recorder's arithmetic) are kept in ``captured``,
-    and its values ``(kv heads, n, d)`` float32 in ``values`` (what the value-aware proxies read)."""
+    its values ``(kv heads, n, d)`` float32 in ``values`` (what the value-aware proxies read), and in
+    ``vectors`` what the scorers beyond attention read (``kvsim.data.vectors``), per KV head and
+    position-major: ``keys`` ``(kv heads, n, d)``, ``queries`` ``(kv heads, n, G, d)`` and, where the
+    attention module has an ``o_proj``, ``out_norms`` ``(kv heads, n, G)``."""
 
     def __init__(self, *, allowed=None, capture=False):
         self.allowed = allowed
         self.captured = {} if capture else None
         self.values = {}
+        self.vectors: dict[int, dict[str, np.ndarray]] = {}
         self.served: set[int] = set()  # the layers whose attention it computed in the last pass
 
     def __call__(self, call):
@@ -58,6 +82,7 @@ class MaskedPass:
         group = hq // hkv
         if self.captured is not None:
             self.values[layer] = value[0].float().numpy().copy()
+            self.vectors[layer] = _vectors(call.module, query[0], key[0], value[0], group)
         key = key.repeat_interleave(group, dim=1)  # what transformers' repeat_kv does
         value = value.repeat_interleave(group, dim=1)
         t = torch.arange(n)

@@ -315,15 +315,17 @@ class Session:
         self.full_seconds = time.perf_counter() - t0
         self.say(None, f"full-cache pass: NLL {scorer.nll_full_series.mean():.4f} in {self.full_seconds:.1f} s")
         return FullPass(self.ids[0].numpy().copy(), rows, [capture.values[layer] for layer in range(self.layers)],
-                        hidden.numpy(), scorer.summary)
+                        hidden.numpy(), scorer.summary, [capture.vectors[layer] for layer in range(self.layers)])
 
     def _adopt(self, fp: FullPass) -> None:
         """The session's traces (``traces[layer][kv head]``, each with its values), hidden states and loss."""
         import torch
 
+        vectors = fp.vectors or [{} for _ in range(self.layers)]
         self.traces: list[list[Trace]] = [
             [Trace(fp.rows[layer][h], name=f"L{layer:02d}-kv{h}", meta={"source": f"layer {layer} KV head {h}"},
-                   values=fp.values[layer][h]) for h in range(fp.rows[layer].shape[0])]
+                   values=fp.values[layer][h], **{name: a[h] for name, a in vectors[layer].items()})
+             for h in range(fp.rows[layer].shape[0])]
             for layer in range(self.layers)
         ]
         self.hidden_full = torch.from_numpy(np.asarray(fp.hidden))

@@ -26,7 +26,9 @@ from ..data.files import atomic_write
 from ..data.store import cache_dir
 
 #: what a cached full pass means; bump it when its contents change meaning
-FULL_PASS_VERSION = 2
+FULL_PASS_VERSION = 3
+#: the scorers' members a full pass keeps per layer beside the rows and values (3: they joined)
+VECTOR_NAMES = ("keys", "queries", "out_norms")
 #: rows of the output layer scored at once (262k words x 128 rows x 4 bytes = 134 MB)
 CHUNK = 128
 
@@ -129,6 +131,9 @@ class FullPass:
     values: list[np.ndarray]
     hidden: np.ndarray
     summary: dict
+    #: per layer, what the scorers beyond attention read (``MaskedPass.vectors``): keys, queries and,
+    #: where the model has them, out_norms, each per KV head and position-major
+    vectors: list[dict[str, np.ndarray]] | None = None
 
 
 def full_pass_key(model_id: str, text: bytes, steps: int) -> dict:
@@ -148,8 +153,9 @@ def read_full_pass(key: dict) -> FullPass | None:
                 return None
             layers = int(z["layers"])
             summary = {"nll": z["nll"], "lse": z["lse"], "expect": z["expect"] if "expect" in z.files else None}
+            vectors = [{name: z[f"{name}{i}"] for name in VECTOR_NAMES if f"{name}{i}" in z.files} for i in range(layers)]
             return FullPass(z["ids"], [z[f"rows{i}"] for i in range(layers)], [z[f"values{i}"] for i in range(layers)],
-                            z["hidden"], summary)
+                            z["hidden"], summary, vectors)
     except (OSError, KeyError, ValueError, UnicodeDecodeError, EOFError):
         return None
 
@@ -162,6 +168,8 @@ def write_full_pass(key: dict, fp: FullPass) -> None:
         arrays["expect"] = fp.summary["expect"]
     arrays.update({f"rows{i}": r for i, r in enumerate(fp.rows)})
     arrays.update({f"values{i}": v for i, v in enumerate(fp.values)})
+    for i, layer in enumerate(fp.vectors or []):
+        arrays.update({f"{name}{i}": a for name, a in layer.items()})
     path = full_pass_path(key)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
