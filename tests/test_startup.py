@@ -100,7 +100,8 @@ def test_a_second_replay_loads_only_the_kernel_it_runs():
     first = kvsim_process(*args)  # fills the caches this machine may not have yet
     code, out, loaded = kvsim_process(*args)
     assert code == 0 and json.loads(out) == json.loads(first[1])
-    assert loaded["kernels"] == ["kvsim.sim.kernels.h2o_steps"]
+    [only] = loaded["kernels"]  # named after its policy and a digest of its sources (test_kernel_cache_names)
+    assert only.startswith("kvsim.sim.kernels.h2o_steps_")
 
 
 @needs_numba

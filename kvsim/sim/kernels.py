@@ -47,9 +47,11 @@ unpack.
 
 from __future__ import annotations
 
+import hashlib
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -208,11 +210,35 @@ def slot_kernel(name: str, state: Callable[..., tuple], *, measure=None, observe
     _SPECIALISED.add(name)
     hooks = {"measure": measure or _measure_held, "observe": observe or _nothing_observed, "admit": admit or _nothing_admitted,
              "score": score or _no_score, "pick": pick, "drop": drop or _nothing_dropped}
+    name = f"{name}_{_sources_digest([*hooks.values(), *_TEMPLATE_GLOBALS.values()])}"
     fn = types.FunctionType(_slot_steps.__code__, {**_TEMPLATE_GLOBALS, **hooks}, name)
     fn.__qualname__ = name
     fn.__module__ = __name__
     fn.__doc__ = f"{name}: ``_slot_steps`` with the hooks of ``slot_kernel``."
     return SlotKernel(kernel(fn), state)
+
+
+def _sources_digest(fns) -> str:
+    """A digest of the source files of ``fns`` and of every function or kernel they name, transitively,
+    this file included: part of a specialisation's name, so its numba cache entry is another one when any
+    of them changes. numba keys a cached function by its own file's time stamp alone (this file, for
+    every specialisation), so a hook edited in a policy's module, or a helper it calls, would otherwise
+    run as its old compiled code."""
+    seen, files, todo = set(), set(), list(fns)
+    while todo:
+        f = todo.pop()
+        f = getattr(f, "py_func", f)  # a kvsim kernel: the function numba compiles
+        if not isinstance(f, types.FunctionType) or f in seen:
+            continue
+        seen.add(f)
+        files.add(f.__code__.co_filename)
+        names = [n for code in (f.__code__, *(c for c in f.__code__.co_consts if isinstance(c, types.CodeType)))
+                 for n in code.co_names]
+        todo += [g for n in names if callable(g := f.__globals__.get(n))]
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(Path(path).read_bytes())
+    return digest.hexdigest()[:10]
 
 
 @kernel
