@@ -72,7 +72,8 @@ class ValueWeighted(SlotPolicy):
 
     @classmethod
     def checked_multipliers(cls, members: Mapping[str, np.ndarray]) -> np.ndarray:
-        m = cls.multipliers(members)
+        with np.errstate(over="ignore"):  # an overflow is refused just below, in the policy's words
+            m = cls.multipliers(members)
         if not np.isfinite(m).all():
             raise ValueError(f"{cls.name}: the {' x '.join(cls.reads)} norm overflows float64 (a value too large)")
         return m
