@@ -71,7 +71,8 @@ def main() -> int:
         ratio = best[name] / best["h2o"]
         within = name == "h2o" or ratio <= BOUND
         ok &= within
-        print(f"{name:>9}: {best[name]:8.1f} ms per replay  ({ratio:.2f}x h2o{'' if name == 'h2o' else ', within 3x' if within else ', OVER 3x'})")
+        verdict = "" if name == "h2o" else ", within 3x" if within else ", OVER 3x"
+        print(f"{name:>9}: {best[name]:8.1f} ms per replay  ({ratio:.2f}x h2o{verdict})")
     return 0 if ok else 1
 
 
