@@ -12,6 +12,11 @@ The reference's rules, restated where the hooks rely on them:
 - the victim (one per step under the harness) is the first minimum of the scores over
   ``kept[:len - recent_window]`` leaving out the positions below ``sinks`` (held sinks are a prefix of
   kept order, which is ascending); when only sinks are left to choose from, the oldest (slot 0).
+
+Editing a hook here: numba keys the disk cache of ``value_weighted_steps`` (made by ``slot_kernel`` from
+``kvsim/sim/kernels.py``'s loop) by ``kernels.py``'s timestamp, not this file's, so a process loads the old
+specialisation until ``kvsim/sim/__pycache__/kernels.value_weighted_steps-*`` is deleted (seen: a changed
+tie rule passed the engine tests against the stale cache, and failed them once it was deleted).
 """
 
 from __future__ import annotations
