@@ -17,7 +17,7 @@ paper applies VATP on top of H2O (and Scissorhands) with their recent window, an
   evicting the older position; the positions below ``sinks`` are candidates only after every other
   candidate (the paper's "largest score"), the oldest first; victims come back in ascending order.
 
-With ``sinks = 0`` and every value of the same L1 norm it is h2o exactly (the product keeps the order).
+With ``sinks = 0`` and every value of the same non-zero L1 norm it is h2o exactly (the product keeps the order).
 ``ValueWeighted`` is the mechanism shared with ``critical`` (``kvsim.policies.critical``), which
 multiplies by a different per-position norm.
 """
