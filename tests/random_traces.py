@@ -63,3 +63,22 @@ def _levels(rng: np.random.Generator, n: int, levels: int, zero_share: float) ->
         if a[t, :t].sum() == 0:
             a[t, rng.integers(0, t)] = 1.0
     return a
+
+
+def with_members(trace: kvsim.Trace, seed: int | np.random.Generator = 0, *, heads: int = 2, dim: int = 8,
+                 levels: int = 0) -> kvsim.Trace:
+    """``trace`` carrying every member the scorers beyond attention read (``kvsim.data.vectors``): random
+    keys and values ``(T + 1, dim)``, queries ``(T + 1, heads, dim)`` and positive output norms
+    ``(T + 1, heads)``, float32. ``levels`` > 0 draws values and norms from 1..levels instead, so
+    products of scores tie exactly (the engine against the reference)."""
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    n = trace.steps + 1
+    if levels:
+        trace.values = rng.integers(-levels, levels + 1, size=(n, dim)).astype(np.float32)
+        trace.out_norms = rng.integers(1, levels + 1, size=(n, heads)).astype(np.float32)
+    else:
+        trace.values = rng.standard_normal((n, dim)).astype(np.float32)
+        trace.out_norms = (rng.random((n, heads)) + 0.05).astype(np.float32)
+    trace.keys = rng.standard_normal((n, dim)).astype(np.float32)
+    trace.queries = rng.standard_normal((n, heads, dim)).astype(np.float32)
+    return trace

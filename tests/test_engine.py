@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from random_traces import random_trace
+from random_traces import random_trace, with_members
 from tolerance import rounding
 
 import kvsim
-from kvsim.data import canonical, derived
+from kvsim.data import canonical, derived, vectors
 from kvsim.data import store as cache
 from kvsim.data.trace import Trace, load_npz, save_npz
 from kvsim.sim import engine
@@ -33,7 +33,7 @@ needs_engine = pytest.mark.skipif(
 )
 
 
-traces = st.one_of(
+_attention = st.one_of(
     st.builds(
         partial(random_trace, shape="levels"),
         seed=st.integers(0, 2**32 - 1),
@@ -44,6 +44,9 @@ traces = st.one_of(
     st.builds(partial(random_trace, shape="heavy"), seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 40),
               zero_share=st.sampled_from([0.0, 0.5, 0.95])),
 )
+#: each carrying the members the scorers beyond attention read (vatp's values, critical's norms), drawn from
+#: a few levels as often as not, so their products tie exactly too
+traces = st.builds(with_members, _attention, seed=st.integers(0, 2**16), levels=st.sampled_from([0, 1, 2]))
 
 
 def reference(trace, policy, budget, **kw):
@@ -152,12 +155,15 @@ def test_every_engine_policy_gives_what_its_kernel_state_takes(name):
     trace = random_trace(30, 2, shape="levels", levels=3, zero_share=0.3)
     budgets = [4, 9]
     built = [kvsim.make_policy(name, budget=b, trace=trace, **{p.name: 1 for p in kvsim.tunables(name)}) for b in budgets]
-    inputs = type(built[0]).engine_inputs(built, trace.steps)
+    cls = type(built[0])
+    inputs = (cls.engine_inputs(built, trace.steps, vectors.require(with_members(trace), cls.reads, name)) if cls.reads
+              else cls.engine_inputs(built, trace.steps))
     state = inspect.signature(engine.FAST[name].state)
     assert set(inputs) == set(list(state.parameters)[1:])
     for key, value in inputs.items():
         assert isinstance(value, np.ndarray), key
-        if key != "suffix":  # greedy_future's suffix sums belong to the trace, not a configuration
+        if key not in ("suffix", "multipliers"):  # greedy_future's suffix sums, the value-weighted policies'
+            # multipliers: per position of the trace, not per configuration
             assert value.shape[0] == len(budgets), key
 
 

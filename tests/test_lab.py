@@ -9,10 +9,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from random_traces import with_members
 from tolerance import rounding
 
 import kvsim
 from kvsim.analysis import lab
+from kvsim.data import vectors
+from kvsim.data.trace import TraceError
 from kvsim.policies import PolicySpec
 from kvsim.views import lab as lab_figures
 
@@ -88,6 +91,10 @@ def test_side_by_side_runs_every_registry_policy_including_the_offline_ones():
     tr = lab.PRESETS["h2o vs scissorhands"].trace()
     for name in kvsim.POLICIES:
         params = {"recent_window": 1} if "recent_window" in kvsim.policy_params(name) else {}
+        if vectors.missing(tr, kvsim.POLICIES[name].reads):  # a preset has attention only: refused in one line ...
+            with pytest.raises(TraceError, match=f"^{tr.name}: policy {name} reads "):
+                lab.side_by_side(tr, lab.LabPolicy(name, params), lab.LabPolicy("greedy_future"), budget=5)
+            tr = with_members(kvsim.from_array(tr.attention, name=tr.name))  # ... and run where a copy has them
         steps = lab.side_by_side(tr, lab.LabPolicy(name, params), lab.LabPolicy("greedy_future"), budget=5)
         assert [s.t for s in steps] == list(range(1, 13))
         assert all(s.sides[0].kept_after.size == min(s.t + 1, 5) for s in steps)

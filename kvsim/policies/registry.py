@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from .base import Display, EngineBinding, Param, Policy
+from .critical import CriticalKV
 from .greedy_future import GreedyFuture
 from .h2o import H2O
 from .h2o_normalized import H2ONormalized
@@ -24,11 +25,12 @@ from .sliding_window import SlidingWindow
 from .snapkv import SnapKV
 from .streaming_llm import StreamingLLM
 from .tova import TOVA
+from .vatp import VATP
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (
-        SlidingWindow, StreamingLLM, H2O, Scissorhands, TOVA, H2ONormalized, SnapKV, RandomEviction,
+        SlidingWindow, StreamingLLM, H2O, Scissorhands, TOVA, H2ONormalized, SnapKV, VATP, CriticalKV, RandomEviction,
         GreedyFuture, Optimal,
     )
 }

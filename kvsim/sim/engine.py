@@ -334,6 +334,8 @@ def prepare(name: str, progress: Progress | None = None) -> None:
     note = f"compiling the {name} engine (once per install, ~{COMPILE_SECONDS} s)"
     listener = _first_compile(None if progress is None else (lambda: progress(None, note)))
     trace = from_array(np.tril(np.ones((9, 9)), -1), name="prepare")
+    for member in POLICIES[name].reads:  # what the policy reads, in the shape the trace holds it (one query head)
+        setattr(trace, member, np.ones((9, 1, 4) if member == "queries" else (9, 1) if member == "out_norms" else (9, 4)))
     # every tunable at 1 (below the budget of 4): the kernels' windowed paths are taken too
     spec = PolicySpec.of(name, 4, **{p.name: 1 for p in tunables(name)})
     with event.install_listener("numba:compile", listener):  # process-wide: another thread's compile counts too

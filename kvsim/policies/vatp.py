@@ -1,0 +1,146 @@
+"""VATP, value-aware token pruning: h2o's accumulated attention times the L1 norm of the position's
+value, ``score(p) = A(p) x |v_p|_1``; the newest ``recent_window`` positions and the first ``sinks``
+positions are kept.
+
+Guo, Kamigaito and Watanabe, "Attention Score is not All You Need for Token Importance Indicator in KV
+Cache Reduction: Value Also Matters", EMNLP 2024 (arXiv:2406.12335; code github.com/guozhiyu/vatp).
+Attention sinks draw much attention but carry values of small norm, so the product ranks them low; the
+paper applies VATP on top of H2O (and Scissorhands) with their recent window, and keeps the sink tokens
+(its code gives the first ``sink_len`` positions the largest score there is). Here:
+
+- ``A(p)`` is h2o's cumulative observed attention, accumulated in float64 from the float32 weights the
+  harness shows (``kvsim.policies.h2o``); the newcomer starts at 0;
+- ``|v_p|_1`` is the float64 sum of the absolute values of the KV head's value at p, added in dimension
+  order (``value_l1``), computed once when the position is handed over (``see``): a value is fixed once
+  the model has written it;
+- eviction is repeated argmin of ``A(p) x |v_p|_1`` over ``kept[:len - recent_window]``, equal scores
+  evicting the older position; the positions below ``sinks`` are candidates only after every other
+  candidate (the paper's "largest score"), the oldest first; victims come back in ascending order.
+
+With ``sinks = 0`` and every value of the same non-zero L1 norm it is h2o exactly (the product keeps the order).
+``ValueWeighted`` is the mechanism shared with ``critical`` (``kvsim.policies.critical``), which
+multiplies by a different per-position norm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
+from .h2o import RECENT_WINDOW
+from .streaming_llm import SINKS
+
+#: the one kernel both value-weighted policies replay with (the multiplier is all that differs)
+BINDING = EngineBinding("kvsim.sim.kernels_values:VALUE_WEIGHTED")
+
+
+def value_l1(values) -> np.ndarray:
+    """``|v|_1`` of each row (last axis: the value's dimensions) as float64, added strictly in dimension
+    order, so one row handed to ``see`` and the whole array handed to ``engine_inputs`` give the same bits."""
+    v = np.abs(np.asarray(values, dtype=np.float64))
+    if v.shape[-1] == 0:
+        raise ValueError("values have no dimensions")
+    return np.cumsum(v, axis=-1)[..., -1]
+
+
+class ValueWeighted(SlotPolicy):
+    """Accumulated attention (h2o's) times a fixed per-position multiplier that ``multipliers`` computes
+    from the members the policy ``reads``; the newest ``recent_window`` positions are never evicted and
+    the first ``sinks`` positions go only when nothing else can."""
+
+    reads_attention = True
+    keeps_scores = True
+    engine_binding = BINDING
+    #: the class's own: sinks is VATP's alone (CriticalKV pins none)
+    tunables: tuple[Param, ...] = (RECENT_WINDOW,)
+
+    def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None,
+                 recent_window: int = RECENT_WINDOW.default, sinks: int = 0) -> None:
+        super().__init__(budget, rng)
+        self.recent_window = RECENT_WINDOW.check(recent_window, self.budget)
+        self._sinks = SINKS.check(sinks, self.budget)
+        self._score = np.zeros(self.budget + 1, dtype=np.float64)  # accumulated attention, position 0 at 0
+        self._mult = np.full(self.budget + 1, np.nan)  # the multiplier of each slot; NaN: not handed over yet
+        self._pending: tuple[int, float] | None = None  # (position, multiplier) handed over, not yet admitted
+
+    @classmethod
+    def multipliers(cls, members: Mapping[str, np.ndarray]) -> np.ndarray:  # pragma: no cover - abstract
+        """The float64 multiplier of each row of ``members`` (position-major; one row or all of them)."""
+        raise NotImplementedError
+
+    @classmethod
+    def checked_multipliers(cls, members: Mapping[str, np.ndarray]) -> np.ndarray:
+        with np.errstate(over="ignore"):  # an overflow is refused just below, in the policy's words
+            m = cls.multipliers(members)
+        if not np.isfinite(m).all():
+            raise ValueError(f"{cls.name}: the {' x '.join(cls.reads)} norm overflows float64 (a value too large)")
+        return m
+
+    @classmethod
+    def engine_inputs(cls, policies, steps, vectors=None):
+        if vectors is None:
+            raise ValueError(f"{cls.name} reads {', '.join(cls.reads)}; the engine was not handed them")
+        return {"windows": per_config(p.recent_window for p in policies),
+                "sinks": per_config(p._sinks for p in policies),
+                "multipliers": np.ascontiguousarray(cls.checked_multipliers(vectors), dtype=np.float64)}
+
+    def _slot_arrays(self) -> list[np.ndarray]:
+        return [self._score, self._mult]
+
+    def see(self, pos: int, vectors: Mapping[str, np.ndarray]) -> None:
+        m = float(self.checked_multipliers(vectors))
+        if pos == 0 and self._len == 1 and self._pos[0] == 0:
+            self._mult[0] = m  # held from the start, never admitted
+        else:
+            self._pending = (pos, m)
+
+    @property
+    def scores(self) -> np.ndarray:
+        """``A(p) x multiplier(p)`` of each kept position, aligned with ``kept``."""
+        return self._score[: self._len] * self._mult[: self._len]
+
+    def on_decode_step(self, pos: int, attn: np.ndarray | None) -> None:
+        if np.isnan(self._mult[0]) and self._pos[0] == 0:
+            raise ValueError(f"{self.name}: position 0's {', '.join(self.reads)} were never handed over (see(0, ...))")
+        if self._pending is None or self._pending[0] != pos:
+            raise ValueError(f"{self.name}: position {pos}'s {', '.join(self.reads)} were not handed over (see) before "
+                             "it was admitted")
+        attn = self._step_attention(attn)
+        if attn is not None:
+            self._score[: self._len] += attn.astype(np.float64)
+        i = self._admit(pos)
+        self._score[i] = 0.0
+        self._mult[i] = self._pending[1]
+        self._pending = None
+
+    def evict(self, budget: int) -> list[int]:
+        candidates = max(self._len - self.recent_window, 0)
+        product = self._score[:candidates] * self._mult[:candidates]
+        pinned = self._pos[:candidates] < self._sinks  # a prefix: kept is ascending
+        # the order repeated first-minimum takes: the others by score (stable: the older first on ties),
+        # then the sinks, oldest first; handed to the argmin as ranks
+        order = np.concatenate([np.flatnonzero(~pinned)[np.argsort(product[~pinned], kind="stable")],
+                                np.flatnonzero(pinned)])
+        ranks = np.empty(candidates, dtype=np.float64)
+        ranks[order] = np.arange(candidates)
+        return self._evict_lowest(budget, ranks)
+
+
+class VATP(ValueWeighted):
+    name = "vatp"
+    summary = ("keep the newest recent_window and the first sinks positions and, of the rest, the largest "
+               "cumulative attention x |value|_1")
+    display = Display("#b5651d", "9px,3px,2px,3px", 2.5, "square", score_name="cumulative attention x |v|_1")
+    reads = ("values",)
+    tunables = (RECENT_WINDOW, SINKS)
+
+    def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None,
+                 recent_window: int = RECENT_WINDOW.default, sinks: int = SINKS.default) -> None:
+        super().__init__(budget, rng, recent_window, sinks)
+        self.sinks = self._sinks
+
+    @classmethod
+    def multipliers(cls, members):
+        return value_l1(members["values"])
