@@ -13,10 +13,9 @@ The reference's rules, restated where the hooks rely on them:
   ``kept[:len - recent_window]`` leaving out the positions below ``sinks`` (held sinks are a prefix of
   kept order, which is ascending); when only sinks are left to choose from, the oldest (slot 0).
 
-Editing a hook here: numba keys the disk cache of ``value_weighted_steps`` (made by ``slot_kernel`` from
-``kvsim/sim/kernels.py``'s loop) by ``kernels.py``'s timestamp, not this file's, so a process loads the old
-specialisation until ``kvsim/sim/__pycache__/kernels.value_weighted_steps-*`` is deleted (seen: a changed
-tie rule passed the engine tests against the stale cache, and failed them once it was deleted).
+Editing a hook here compiles afresh: ``slot_kernel`` names the specialisation after a digest of this file
+and every other its hooks reach (numba alone keys it by ``kernels.py``'s time stamp, and once ran a changed
+tie rule as the old cached code; tests/test_kernel_cache_names.py).
 """
 
 from __future__ import annotations
