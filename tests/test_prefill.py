@@ -169,3 +169,18 @@ def test_replay_sweep_and_table_take_the_prefill(trace_file, capsys):
     code = cli.main(["table", "--trace", trace_file, "--prefill-budget", "0.5", "--prompt-length", "100"])
     text = capsys.readouterr().out
     assert code == 0 and "50 of the prompt's 100 positions kept per head" in text
+
+
+def test_the_documented_prefill_commands_run_as_printed_and_print_the_quoted_figures(tmp_path):
+    """docs/scorers.md's chain (tests/doc_chains.py), on the shipped real trace: its quoted table is the table's
+    output, and the figures its prose quotes are the sweep's and the replay's."""
+    from doc_chains import ROOT, chains, run
+
+    (chain,) = [c for c in chains("docs/scorers.md") if any("--prefill-budget" in line for line in c)]
+    done = run(chain, tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = (ROOT / "docs" / "scorers.md").read_text()
+    quoted = text.split("```text\n")[1].split("```")[0].strip()
+    assert quoted in done.stdout
+    for figure in ("0.8190", "0.8880", "0.9665", "0.9935", "0.6909"):
+        assert figure in done.stdout and figure in text
