@@ -197,22 +197,31 @@ def test_exact_prefill_hands_the_same_vectors(recorded, monkeypatch):
 
 
 @pytest.mark.record
-def test_gemma_3_270m_compresses_a_short_prompt_as_the_simulator_does(tmp_path):
-    """The shipped model, the first 97 tokens of heapq.py recorded (every layer, float32, query/key), 96 of them
-    the prompt, SnapKV at its defaults keeping half: every one of the 18 layers holds the simulator's choice."""
+def test_gemma_3_270m_compresses_a_short_prompt_as_the_simulator_does():
+    """The shipped model, the first 97 tokens of heapq.py captured as the query/key recorder captures them (every
+    layer, float32), 96 of them the prompt, SnapKV at its defaults keeping half: each of the 18 layers holds the
+    simulator's choice on its own layer's trace."""
     import kvsim.hf as hf
+    from kvsim.data.qk import from_qk
     from kvsim.models.loading import load_model, token_ids
+    from kvsim.models.qkv_capture import capture_qkv
     from kvsim.models.quality import heapq_path
-    from kvsim.models.record import RecordConfig, record
 
-    record(RecordConfig(heapq_path(), tmp_path / "qk", steps=96, layers="all", store="qk", dtype=np.float32),
-           progress=None)
-    traces = {(e.layer, e.head): e.load() for e in load_bundle(tmp_path / "qk").traces}
     model, tokenizer = load_model(progress=None)
-    ids = token_ids(tokenizer, heapq_path().read_text())[:, :96]
+    ids = token_ids(tokenizer, heapq_path().read_text())[:, :97]
+    traces = {}
+
+    def sink(got):
+        for h in range(got.key.shape[0]):
+            q = got.query[h * got.group : (h + 1) * got.group].detach().numpy()
+            traces[(got.layer, h)] = from_qk(q, got.key[h].detach().numpy(), got.value[h].detach().numpy(),
+                                             scale=got.scale, softcap=got.softcap, sliding_window=got.sliding_window)
+
+    with torch.no_grad():
+        capture_qkv(model, ids, list(range(model.config.num_hidden_layers)), sink)
     cache = hf.cache(model, "none", None, prefill="compress", prefill_budget=0.5)
     with torch.no_grad():
-        model(ids, cache=cache, use_cache=True)
+        model(ids[:, :96], cache=cache, use_cache=True, logits_to_keep=1)
     assert len(traces) == 18
     for (layer, head), trace in traces.items():
         want = choose_on(trace, Prefill.of(trace, 0.5, prompt=96)).tolist()
