@@ -164,6 +164,25 @@ def test_a_ratio_keeps_that_share_and_bad_settings_are_refused_before_any_token(
         model(ids[:, :PROMPT], cache=cache, use_cache=True)
 
 
+def test_keeping_the_whole_prompt_and_growing_is_the_full_cache(recorded):
+    """prefill_budget = the prompt: nothing is evicted, and the cache grows past the prompt's 40 slots (its blocks
+    double) through the decode steps: every step's logits are one teacher-forced pass's over the same tokens."""
+    from tolerance import forward_pass
+
+    import kvsim.hf as hf
+
+    model, ids, _ = recorded
+    cache = hf.cache(model, "none", None, prefill="compress", prefill_budget=PROMPT, prefill_params=SNAP)
+    with torch.no_grad():
+        full = model(ids, use_cache=False).logits[0]
+        got = [model(ids[:, :PROMPT], cache=cache, use_cache=True).logits[0, -1]]
+        got += [model(ids[:, t : t + 1], cache=cache, use_cache=True).logits[0, -1] for t in range(PROMPT, STEPS + 1)]
+    assert cache.layers[0].held(0, 0).tolist() == list(range(STEPS + 1)) and cache.layers[0].keys[0].shape[1] > PROMPT + 1
+    # two passes that add their sums in different orders: within the first-order rounding bound of tests/tolerance.py
+    torch.testing.assert_close(torch.stack(got), full[PROMPT - 1 :], rtol=0,
+                               atol=forward_pass(model.config, STEPS + 1, float(full.abs().max())))
+
+
 @pytest.mark.parametrize("name", READERS)
 def test_a_policy_that_reads_vectors_keeps_what_the_simulator_keeps(recorded, name, monkeypatch):
     """The prompt attended in full (``prefill="fast"``: every layer's policy is stepped through the full-cache

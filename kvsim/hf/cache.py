@@ -314,6 +314,7 @@ class EvictingLayer(CacheLayerMixin):
         if slots.size and slots[-1] == -1:
             if not self.free[b][h]:  # only a head without a policy fills up: the cache grows
                 self._grow(h)
+                pos = self.pos[h]
             s = self.free[b][h].pop()
             self.keys[h][b, s] = key
             self.values[h][b, s] = value
