@@ -111,13 +111,15 @@ def _held_after_prompt(trace, prefill, decode):
     return Resumed(policy, kept, prefill.prompt, trace_rows(trace), vectors).kept.tolist()
 
 
-@pytest.mark.parametrize("decode", [None, ("h2o", {"recent_window": 2}), ("tova", {})], ids=["grow", "h2o", "tova"])
-def test_compress_keeps_the_simulators_positions_in_every_layer_and_head(recorded, decode):
+@pytest.mark.parametrize("decode", [None, ("h2o", {"recent_window": 2}), ("tova", {}), (KeyValueNorm.name, {})],
+                         ids=["grow", "h2o", "tova", "vectors"])
+def test_compress_keeps_the_simulators_positions_in_every_layer_and_head(recorded, decode, monkeypatch):
     """After the prompt's one pass, every (layer, KV head) holds what ``kvsim.sim.prefill`` keeps on the recorded
     trace of that head (SnapKV keeping 12 of 40); then, teacher-forced through the recording's next tokens, layer
     0 (whose inputs eviction cannot change) holds after each step what the simulator holds after that step."""
     import kvsim.hf as hf
 
+    monkeypatch.setitem(POLICIES, KeyValueNorm.name, KeyValueNorm)
     model, ids, traces = recorded
     name, params = ("none", {}) if decode is None else decode
     spec = None if decode is None else PolicySpec.of(name, BUDGET, **params)
@@ -136,6 +138,21 @@ def test_compress_keeps_the_simulators_positions_in_every_layer_and_head(recorde
             for h in range(2):
                 row = history[h][i]
                 assert cache.layers[0].held(0, h).tolist() == row[row >= 0].tolist(), (t, h)
+
+
+def test_a_scorer_that_reads_vectors_chooses_as_the_simulator_does(recorded, monkeypatch):
+    """The one-time choice by the test-only policy (keys and values, no attention): every head keeps the positions
+    the simulator's choice keeps on the recording."""
+    import kvsim.hf as hf
+
+    monkeypatch.setitem(POLICIES, KeyValueNorm.name, KeyValueNorm)
+    model, ids, traces = recorded
+    cache = hf.cache(model, "none", None, prefill="compress", prefill_budget=KEEP, prefill_policy=KeyValueNorm.name)
+    with torch.no_grad():
+        model(ids[:, :PROMPT], cache=cache, use_cache=True)
+    for (layer, head), trace in traces.items():
+        want = choose_on(trace, Prefill.of(trace, KEEP, KeyValueNorm.name, prompt=PROMPT)).tolist()
+        assert cache.layers[layer].held(0, head).tolist() == want, (layer, head)
 
 
 def test_a_ratio_keeps_that_share_and_bad_settings_are_refused_before_any_token(recorded):
