@@ -24,7 +24,7 @@ from ..data.qk import DENSE_LIMIT
 from ..data.trace import Trace, TraceError, save_npz
 from ..policies import DEFAULT_BUDGET, POLICIES, PolicySpec, policy_params
 from ..sim.simulate import replay, sweep
-from . import report
+from . import prefill_command, report
 from .errors import CLIError, InputError, flag, input_error, read_input
 from .parser import parse_range, policy_args, positive_int, sweep_ranges
 
@@ -54,6 +54,9 @@ def _allocate(args: argparse.Namespace):
 
 
 def cmd_replay(args: argparse.Namespace) -> object:
+    prefill_command.refuse_none(args)
+    if prefill_command.given(args):
+        return prefill_command.replay(args, load)
     if (allocated := _allocate(args)) is not None:
         return allocated(args)
     # the one validation: a bad value is refused before the trace loads, and the spec is what replays
@@ -76,6 +79,10 @@ def _measured(trace, row: dict) -> dict:
 
 
 def cmd_sweep(args: argparse.Namespace) -> object:
+    prefill_command.refuse_none(args)
+    if prefill_command.given(args):
+        rows, param = prefill_command.sweep(args, load)
+        return mark_choice(rows, param)
     if (allocated := _allocate(args)) is not None:
         return allocated(args)
     param, ranges, fixed, budget = sweep_ranges(args)
@@ -132,6 +139,9 @@ def cmd_export(args: argparse.Namespace) -> object:
 
 
 def cmd_table(args: argparse.Namespace) -> object:
+    prefill_command.refuse_none(args)
+    if prefill_command.given(args):
+        return prefill_command.table(args, load)
     if (allocated := _allocate(args)) is not None:
         return allocated(args)
     budget = TABLE_BUDGET if args.budget is None else args.budget

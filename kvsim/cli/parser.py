@@ -17,6 +17,7 @@ from ..analysis.tune import DEFAULT_BY as TUNE_DEFAULT_BY
 from ..data.catalog import available_bundles, available_traces
 from ..policies import DEFAULT_BUDGET, POLICIES, all_tunables, policy_params
 from ..sim.harness import DEFAULT_TOP_K
+from ..sim.prefill import DEFAULT_SCORER, GROW, rankers
 from .cache_command import add_cache
 from .errors import BAD_INPUT, USAGE, CLIError, flag
 from .needle_command import add_needle
@@ -126,11 +127,26 @@ def _common(p: argparse.ArgumentParser, traces: str, budget_default: int | None,
 
 
 def _policy_flags(p: argparse.ArgumentParser, ranges: bool) -> None:
-    p.add_argument("--policy", required=True, choices=list(POLICIES), help="registry name")
+    p.add_argument("--policy", required=True, choices=[*POLICIES, GROW], help="registry name (none: with "
+                   "--prefill-budget, the cache grows after the prompt)")
     for param, spec in all_tunables().items():
         owners = ", ".join(n for n, cls in POLICIES.items() if spec in cls.tunables)
         p.add_argument(flag(param), dest=f"param_{param}", type=str if ranges else int, default=None,
                        metavar="A:B[:STEP]" if ranges else "N", help=f"{spec.help} (default {spec.default}; {owners})")
+
+
+def _prefill_flags(p: argparse.ArgumentParser, *, ranges: bool = False) -> None:
+    """The three flags, on replay, sweep (``ranges``: --prefill-budget may be the swept range) and table."""
+    swept = " or, swept, A:B[:STEP] or a comma-separated list (0.25,0.5,0.75)" if ranges else ""
+    p.add_argument("--prefill-budget", default=None, metavar="N|RATIO", help="compress at the prompt's end: each head "
+                   "keeps N of the prompt's positions, or a ratio in (0, 1) of them (kvpress's compression_ratio is the "
+                   f"share evicted: its 0.25 is 0.75 here){swept}; then --policy decodes from that kept set at --budget, "
+                   "or --policy none lets the cache grow (docs/scorers.md, prefill compression)")
+    p.add_argument("--prompt-length", type=positive_int, default=None, metavar="P", help="with --prefill-budget: "
+                   "positions 0 .. P - 1 are the prompt (default: the trace's meta prompt_length)")
+    p.add_argument("--prefill-policy", default=DEFAULT_SCORER, metavar="NAME[:K=V,...]", help="with --prefill-budget: "
+                   f"the policy whose score chooses once (default: {DEFAULT_SCORER}, at its defaults; any online policy: "
+                   f"{', '.join(rankers())}), e.g. snapkv:recent_window=8,observation_window=16")
 
 
 def _add_replay_and_sweep(sub, traces: str) -> None:
@@ -139,11 +155,13 @@ def _add_replay_and_sweep(sub, traces: str) -> None:
     _policy_flags(p, ranges=False)
     _proxies_flag(p)
     _allocate_flag(p)
+    _prefill_flags(p)
     p = sub.add_parser("sweep", help="one replay per value of a parameter given as A:B[:STEP] (inclusive)")
     _common(p, traces, DEFAULT_BUDGET, budget_type=str)
     _policy_flags(p, ranges=True)
     _proxies_flag(p)
     _allocate_flag(p)
+    _prefill_flags(p, ranges=True)
 
 
 #: kvsim.analysis.allocation.ALLOCATORS, named here so that --help imports none of the simulator
@@ -177,6 +195,7 @@ def _add_trace_commands(sub, traces: str) -> None:
     _common(p, traces, TABLE_BUDGET)
     _proxies_flag(p)
     _allocate_flag(p)
+    _prefill_flags(p)
 
     p = sub.add_parser("claims", help="every checkable claim of the two policy cards, measured, with its verdict")
     p.add_argument("--trace", default="canonical", help=f"{traces}, or all (canonical and every shipped "

@@ -118,7 +118,7 @@ def _replay(doc: dict) -> str:
 
 def _swept(doc: list[dict]) -> str:
     """The parameter the rows vary: the first that differs between them (a one-row sweep: its first)."""
-    names = ["budget", *_summary_params(doc[0])]
+    names = [*(["prefill_budget"] if "prefill_budget" in doc[0] else []), "budget", *_summary_params(doc[0])]
     return next((k for k in names if len({r[k] for r in doc}) > 1), names[-1])
 
 
@@ -191,9 +191,22 @@ def _cache(doc: dict) -> str:
     return "\n".join([f"cleared {doc['kind']} from {doc['cache_dir']}:", *done])
 
 
+def _prefill_table(doc: dict) -> str:
+    k = doc["top_k"]
+    rows = [[r["policy"], params_label(r["params"]), r["retained_mass"], r["top_k_recall"]]
+            for r in doc["rows"] if "refused" not in r]
+    return "\n".join([f"Each policy as the one-time scorer on {doc['trace']}: {doc['prefill_budget']} of the prompt's "
+                      f"{doc['prompt_length']} positions kept per head, then the cache grows; measured over the "
+                      f"{doc['decode_steps']} decode steps:", "",
+                      aligned(["prefill_policy", "params", "retained_mass", f"top_{k}_recall"], rows),
+                      *(f"{r['policy']}: refused ({r['refused']})" for r in doc["rows"] if "refused" in r)])
+
+
 def _table(doc: dict) -> str:
     if "allocate" in doc:
         return _allocated_table(doc)
+    if "prefill_budget" in doc:
+        return _prefill_table(doc)
     k = doc["top_k"]
     parts = [
         f"Measured at budget {doc['budget']} on the {doc['trace']} trace ({doc['steps']} steps):",

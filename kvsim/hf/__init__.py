@@ -20,7 +20,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from ..policies import POLICIES, ParamError, PolicySpec, policy_class
+from ..sim.prefill import DEFAULT_SCORER, GROW, Prefill, PrefillError
 from .attention import ATTN, attach
 from .cache import PREFILL, EvictingCache, EvictingLayer, HFError
 from .windows import PARAM, WindowsError, check_model, read_tune, tune_windows
@@ -106,7 +109,8 @@ def layer_specs(model, policy: str, budget: int | None, windows=None, by: str = 
 
 
 def cache(model, policy: str, budget: int | None, *, windows=None, by: str = "layer", allocate=None,
-          prefill: str = "exact", seed: int | None = None, progress=None, **params) -> EvictingCache:
+          prefill: str = "exact", seed: int | None = None, progress=None, prefill_budget=None,
+          prefill_policy: str = DEFAULT_SCORER, prefill_params: dict | None = None, **params) -> EvictingCache:
     """An ``EvictingCache`` for ``model``: ``policy`` at ``budget`` in every layer with ``params``, and
     ``windows`` (see ``layer_specs``) per layer; ``allocate`` (see ``layer_specs``) gives each (layer,
     KV head) its own budget, and each head's storage is that budget plus one spare slot. Puts ``model`` on kvsim's attention function. Every
@@ -114,12 +118,46 @@ def cache(model, policy: str, budget: int | None, *, windows=None, by: str = "la
     window not below the budget), a tune file for another model, a model without eager-compatible
     attention. ``prefill``: ``exact`` (a prompt stepped position by position, as decoding would) or
     ``fast`` (prefill-then-evict). ``seed``: the generator the random policy draws from. ``progress``
-    (``kvsim.progress``) hears of each layer as an exact prefill steps it through a prompt."""
+    (``kvsim.progress``) hears of each layer as an exact prefill steps it through a prompt.
+
+    ``prefill="compress"`` (docs/deploy.md, "Compression at the prompt's end"): the prompt, in one forward
+    pass, attends in full; then each (layer, KV head) keeps ``prefill_budget`` of its positions (an integer,
+    or a ratio in (0, 1) of the prompt), chosen once by ``prefill_policy``'s score (``snapkv`` by default, at
+    its defaults updated by ``prefill_params``), and decoding goes on from them: ``policy`` ``"none"`` lets the
+    cache grow, any online policy runs at ``budget`` from the kept set (``kvsim.sim.prefill``)."""
     if prefill not in PREFILL:
         raise HFError(f"prefill must be one of {', '.join(PREFILL)}, got {prefill!r}")
-    specs = layer_specs(model, policy, budget, windows, by, allocate, **params)
+    scorer = None
+    if prefill == "compress":
+        scorer = _scorer(prefill_budget, prefill_policy, prefill_params or {})
+    elif prefill_budget is not None or prefill_params:
+        raise HFError("prefill_budget and prefill_params go with prefill='compress'")
+    if policy == GROW:
+        if prefill != "compress":
+            raise HFError("policy 'none' (the cache growing) is for prefill='compress'")
+        if budget is not None or windows is not None or allocate is not None or params:
+            raise HFError("policy 'none' lets the cache grow after the prompt: it takes no budget, windows, allocate "
+                          "or parameters")
+        kinds, kv_heads, _ = model_layout(model)
+        specs = [[None] * kv_heads for _ in kinds]
+    else:
+        specs = layer_specs(model, policy, budget, windows, by, allocate, **params)
     attach(model)
-    return EvictingCache([EvictingLayer(row, prefill=prefill, rng_seed=seed) for row in specs], progress=progress)
+    return EvictingCache([EvictingLayer(row, prefill=prefill, rng_seed=seed, prefill_budget=prefill_budget,
+                                        prefill_policy=scorer) for row in specs], progress=progress)
+
+
+def _scorer(keep, name: str, params: dict) -> PolicySpec:
+    """The scorer's spec, checked as far as it can be before the prompt's length is known: ``keep``'s form (an
+    integer from 1, a ratio in (0, 1)), a policy that can rank, its parameters, and an integer ``keep`` above
+    the window it always keeps. HFError, one line, naming ``prefill_budget`` or ``prefill_policy``."""
+    if keep is None:
+        raise HFError("prefill='compress' needs prefill_budget: the positions each head keeps, or a ratio of the prompt")
+    integer = isinstance(keep, (int, np.integer)) and not isinstance(keep, bool)
+    try:  # a prompt as long as an integer keep (the smallest it fits), or a long one for a ratio
+        return Prefill.of(max(int(keep), 2) if integer and keep >= 1 else 1 << 20, keep, name, **params).scorer
+    except PrefillError as e:
+        raise HFError(str(e)) from None
 
 
 __all__ = ["ATTN", "ONLINE", "EvictingCache", "EvictingLayer", "HFError", "WindowsError", "attach", "cache",

@@ -25,7 +25,16 @@ head's own policy at that head's budget (``budgets[row][head]``). Keys keep the 
 were encoded at. A chunk of several tokens (a prompt) is taken one position at a time through the same
 step, so a prompt longer than the budget is seen by the policy exactly as decoding would show it
 (``prefill="exact"``); ``prefill="fast"`` attends over the whole chunk at once and steps the policy
-through those rows afterwards (the prompt's own outputs are then the full cache's).
+through those rows afterwards (the prompt's own outputs are then the full cache's). ``prefill="compress"``
+attends over the whole prompt too, then each head keeps the positions ``kvsim.sim.prefill.choose`` picks
+from that attention (a scorer's one-time choice: SnapKV's by default) and decoding goes on from them as
+``kvsim.sim.prefill.Resumed`` says: the cache growing (no policy: a head's block doubles when it fills)
+or a decode-time policy resumed from the kept set, so the kept sets are the simulator's on the same rows.
+
+Policies that read vectors (``Policy.reads``) are handed, before each position is admitted, that
+position's key (post-RoPE, as stored), value, the KV head's group of queries ``(G, d)`` and
+``out_norms``, ``|W_O^h v|`` for each query head h of the group (the slice of the layer's ``o_proj``
+that head's output goes through), as the harness hands a trace's rows.
 
 torch and transformers are imported here at module level: ``kvsim.hf`` is the optional torch extra.
 """
@@ -42,9 +51,10 @@ from ..data.gqa import combine
 from ..policies import Policy, PolicySpec
 from ..progress import Progress
 from ..sim.harness import step
+from ..sim.prefill import Prefill, PrefillError, Resumed, choose
 from . import eager
 
-PREFILL = ("exact", "fast")
+PREFILL = ("exact", "fast", "compress")
 #: the attention call keyword through which ``update`` hands the layer to its attention call
 LAYER = "kvsim_layer"
 
@@ -66,8 +76,9 @@ class EvictingLayer(CacheLayerMixin):
     is_compileable = False
     supports_early_init = False
 
-    def __init__(self, specs: list[PolicySpec] | None = None, *, policies: list[list[Policy]] | None = None,
-                 budgets: list[int] | None = None, prefill: str = "exact", rng_seed: int | None = None):
+    def __init__(self, specs: list[PolicySpec | None] | None = None, *, policies: list[list[Policy]] | None = None,
+                 budgets: list[int] | None = None, prefill: str = "exact", rng_seed: int | None = None,
+                 prefill_budget=None, prefill_policy: PolicySpec | None = None):
         super().__init__()
         if (specs is None) == (policies is None):
             raise HFError("an evicting layer takes policy specs or built policies, not both or neither")
@@ -80,6 +91,15 @@ class EvictingLayer(CacheLayerMixin):
         self._row_budgets = budgets
         self.prefill = prefill
         self.rng_seed = rng_seed
+        if prefill == "compress" and (prefill_budget is None or prefill_policy is None):
+            raise HFError("prefill='compress' needs a prefill_budget and a prefill_policy")
+        if prefill != "compress" and specs is not None and any(s is None for s in specs):
+            raise HFError("a KV head without a policy (the cache growing) is only for prefill='compress'")
+        #: compress: the positions each head keeps (an integer or a ratio of the prompt) and the scorer
+        self.prefill_budget, self.prefill_policy = prefill_budget, prefill_policy
+        #: compress: ``[row][kv head]`` ``kvsim.sim.prefill.Resumed``, set by the prompt
+        self.resumed: list[list[Resumed]] | None = None
+        self._module = None  # the attention module of the last call: its o_proj gives out_norms
         self.seen = 0  # positions processed: the next one's position
         self.index: int | None = None  # the decoder layer it serves (``EvictingCache`` sets it), for messages
         #: what ``update`` returned and stored until the attention call takes it: (keys returned, the new keys,
@@ -99,14 +119,15 @@ class EvictingLayer(CacheLayerMixin):
             if len(self.specs) != hkv:
                 raise HFError(f"the cache was built for {len(self.specs)} KV head(s), the model gives {hkv}")
             rng = None if self.rng_seed is None else np.random.default_rng(self.rng_seed)
-            self.policies = [[spec.build(rng=rng) for spec in self.specs] for _ in range(batch)]
+            self.policies = [[None if spec is None else spec.build(rng=rng) for spec in self.specs] for _ in range(batch)]
         if len(self.policies) != batch or any(len(row) != hkv for row in self.policies):
             raise HFError(f"the cache was built for {len(self.policies)} row(s) x {len(self.policies[0])} KV head(s), "
                           f"the model gives {batch} x {hkv}")
         if self._row_budgets is not None:
             self.budgets = [[int(b)] * hkv for b in self._row_budgets]
-        else:
-            self.budgets = [[int(policy.budget) for policy in row] for row in self.policies]
+        else:  # a head without a policy grows: it starts with room for the prompt
+            self.budgets = [[key_states.shape[2] if policy is None else int(policy.budget) for policy in row]
+                            for row in self.policies]
         self.device = key_states.device
         # per KV head: its held slots (the largest row's budget) and one more, the last, for the new position
         caps = [max(row[h] for row in self.budgets) for h in range(hkv)]
@@ -189,7 +210,10 @@ class EvictingLayer(CacheLayerMixin):
         _, key, value = self.handed
         self.handed = None
         query, scale, softcap, window = call.query, call.scale, call.softcap, call.window
+        self._module = call.module
         n = query.shape[2]
+        if self.prefill == "compress" and self.resumed is None:
+            return self._attend_compress(query, key, value, scale, softcap, window), None
         if n > 1 and self.prefill == "fast":
             return self._attend_fast(query, key, value, scale, softcap, window), None
         outs, weights = [], None
@@ -223,20 +247,62 @@ class EvictingLayer(CacheLayerMixin):
             # (batch, slots): the own key's weight (the last slot) dropped here, the rest in ``_admit``
             shown = combine(np.moveaxis(weights[..., :-1].double().numpy(), 1, 0)) if t else None
             for b in range(batch):
-                self._admit(b, h, t, None if shown is None else shown[b], key[b, h, 0], value[b, h, 0])
+                self._admit(b, h, t, None if shown is None else shown[b], key[b, h, 0], value[b, h, 0], q[b, h])
         self.seen = t + 1
         same = len({w.shape[-1] for w in per_head}) == 1
         return (torch.stack(outs, dim=1).reshape(batch, hq, head_dim),
                 torch.stack(per_head, dim=1).reshape(batch, hq, 1, -1) if same else None)
 
-    def _admit(self, b: int, h: int, t: int, shown, key, value) -> None:
-        """Show (row b, KV head h)'s policy the attention of step t, let it admit t and evict, and
-        store t's key in a free slot if it stays."""
-        policy, order, pos = self.policies[b][h], self.order[b][h], self.pos[h]
+    def _reader(self, b: int, h: int) -> Policy | None:
+        """The policy that decides for (row b, KV head h): its own, or the one resumed after a compressed prompt."""
+        return self.resumed[b][h].policy if self.resumed is not None else self.policies[b][h]
+
+    def _vectors(self, policy: Policy | None, h: int, key, value, queries) -> dict | None:
+        """Position's rows of what ``policy`` reads (``kvsim.data.vectors``): its key and value as stored, the
+        group's queries ``(G, d)``, and ``out_norms`` ``(G,)`` through the layer's ``o_proj``; None if it reads nothing."""
+        if policy is None or not policy.reads:
+            return None
+        out = {}
+        for name in policy.reads:
+            if name == "keys":
+                out[name] = _array(key)
+            elif name == "values":
+                out[name] = _array(value)
+            elif name == "queries":
+                out[name] = _array(queries)
+            elif name == "out_norms":
+                out[name] = self._out_norms(h, value, queries.shape[0])
+            else:
+                raise HFError(f"{self._name}: {policy.name} reads {name}, which the deployed cache does not compute")
+        return out
+
+    def _out_norms(self, h: int, value, group: int) -> np.ndarray:
+        """``|W_O^j v|_2`` for each query head j of KV head h's group: the columns of ``o_proj`` its output enters."""
+        proj = getattr(self._module, "o_proj", None)
+        weight = getattr(proj, "weight", None)
+        if weight is None:
+            raise HFError(f"{self._name}: out_norms need the attention module's o_proj, which "
+                          f"{type(self._module).__name__} does not have")
+        d = value.shape[-1]
+        w = weight[:, h * group * d : (h + 1) * group * d].reshape(weight.shape[0], group, d)
+        with torch.no_grad():
+            return _array(torch.linalg.vector_norm(torch.einsum("ogd,d->go", w.float(), value.float()), dim=-1))
+
+    def _admit(self, b: int, h: int, t: int, shown, key, value, queries=None) -> None:
+        """Show (row b, KV head h)'s policy the attention of step t (and t's vectors, if it reads any), let it
+        admit t and evict, and store t's key in a free slot if it stays."""
+        policy, order, pos = self._reader(b, h), self.order[b][h], self.pos[h]
         held = pos[b, order]
+        vectors = self._vectors(policy, h, key, value, queries)
         victims = []
-        if t:  # the held slots in position order: the harness renormalises over them
-            victims = step(policy, t, shown[order] if policy.reads_attention else None, self.budgets[b][h]).victims
+        if self.resumed is not None:
+            victims = self.resumed[b][h].step(t, shown[order] if policy is not None and policy.reads_attention else None,
+                                              None, vectors)
+        elif t:  # the held slots in position order: the harness renormalises over them
+            victims = step(policy, t, shown[order] if policy.reads_attention else None, self.budgets[b][h],
+                           vectors=vectors).victims
+        elif vectors is not None:  # position 0, held from the start: never admitted, but seen (as the harness does)
+            policy.see(0, vectors)
         slots = np.append(order, -1)  # -1 stands for t, not stored yet
         if len(victims):
             at = np.searchsorted(np.append(held, t), np.asarray(victims, dtype=np.int64))
@@ -246,6 +312,9 @@ class EvictingLayer(CacheLayerMixin):
                     self.free[b][h].append(s)
             slots = np.delete(slots, at)
         if slots.size and slots[-1] == -1:
+            if not self.free[b][h]:  # only a head without a policy fills up: the cache grows
+                self._grow(h)
+                pos = self.pos[h]
             s = self.free[b][h].pop()
             self.keys[h][b, s] = key
             self.values[h][b, s] = value
@@ -278,11 +347,12 @@ class EvictingLayer(CacheLayerMixin):
                 shown = combine(np.moveaxis(weights.double().numpy(), 1, 0))  # (batch, block, slots + n)
                 for i, t in enumerate(ts.tolist()):
                     for b in range(batch):
-                        self._admit_fast(b, h, t, t0, shown[b, i], key[b, h, t - t0], value[b, h, t - t0])
+                        self._admit_fast(b, h, t, t0, shown[b, i], key[b, h, t - t0], value[b, h, t - t0],
+                                         q[b, h, :, t - t0])
         self.seen = t0 + n
         return out.reshape(batch, hq, n, head_dim).transpose(1, 2)
 
-    def _admit_fast(self, b, h, t, t0, row, key, value) -> None:
+    def _admit_fast(self, b, h, t, t0, row, key, value, queries) -> None:
         """``_admit`` for a row over (the slots as they were when the chunk starting at ``t0`` came, the
         chunk): a held position from the chunk finds its weight in the chunk's columns, one held from
         before in its slot's (a slot keeps its position until that position is evicted)."""
@@ -292,7 +362,90 @@ class EvictingLayer(CacheLayerMixin):
         shown = np.zeros(slots)
         if t and held.size:
             shown[order] = row[np.where(held >= t0, slots + held - t0, order)]
-        self._admit(b, h, t, shown, key, value)
+        self._admit(b, h, t, shown, key, value, queries)
+
+    def _attend_compress(self, query, key, value, scale, softcap, window):
+        """The prompt, in one pass: every query attends causally over the whole prompt (nothing evicted, as
+        ``fast``), then per (row, KV head) ``kvsim.sim.prefill.choose`` picks the kept positions from those
+        rows (combined over the group as the recorder combines them) and ``Resumed`` resumes the decode policy
+        from them; only what it holds is stored. Holds each head's ``n x n`` combined rows (float64) meanwhile."""
+        if self.seen:
+            raise HFError(f"{self._name}: prefill='compress' takes the prompt in one forward pass (a first pass of "
+                          f"the prompt's tokens); this one came after {self.seen} positions")
+        n = query.shape[2]
+        batch, hq, _, head_dim = query.shape
+        hkv = key.shape[1]
+        group = hq // hkv
+        try:
+            prefill = Prefill.of(n, self.prefill_budget, self.prefill_policy)
+        except PrefillError as e:
+            raise HFError(f"{self._name}: a prompt of {n} tokens: {e}") from None
+        q = query.reshape(batch, hkv, group, n, head_dim)
+        out = torch.empty(batch, hkv, group, n, head_dim, dtype=query.dtype)
+        cols = np.arange(n)
+        self.resumed = [[None] * hkv for _ in range(batch)]
+        for h in range(hkv):
+            rows = np.empty((batch, n, n))
+            for a in range(0, n, 256):
+                ts = np.arange(a, min(a + 256, n))
+                visible = cols[None, :] <= ts[:, None]
+                if window is not None:
+                    visible &= cols[None, :] > ts[:, None] - window
+                weights = eager.weights(q[:, h, :, a : a + ts.size], key[:, h][:, None], scale, softcap,
+                                        torch.from_numpy(visible))
+                out[:, h, :, a : a + ts.size] = torch.matmul(weights, value[:, h][:, None])
+                rows[:, a : a + ts.size] = combine(np.moveaxis(weights.double().numpy(), 1, 0))
+            for b in range(batch):
+                row = rows[b]
+
+                def weights_of(t, held, row=row):
+                    return row[t, held]
+
+                def vectors_of(policy, b=b, h=h):
+                    return lambda p: self._vectors(policy, h, key[b, h, p], value[b, h, p], q[b, h, :, p])
+
+                kept = choose(prefill, weights_of, vectors_of(prefill.scorer.build()))
+                policy = self.policies[b][h]
+                resumed = Resumed(policy, kept, n, weights_of, vectors_of(policy))
+                self.resumed[b][h] = resumed
+                self._store(b, h, resumed.kept, key[b, h], value[b, h])
+        self.seen = n
+        return out.reshape(batch, hq, n, head_dim).transpose(1, 2)
+
+    def _store(self, b: int, h: int, held: np.ndarray, keys, values) -> None:
+        """Store positions ``held`` (ascending) of a chunk that started at position 0 in free slots."""
+        while len(self.free[b][h]) < held.size:
+            self._grow(h)
+        slots = []
+        for p in held.tolist():
+            s = self.free[b][h].pop()
+            self.keys[h][b, s] = keys[p]
+            self.values[h][b, s] = values[p]
+            self.pos[h][b, s] = p
+            slots.append(s)
+        self.order[b][h] = np.asarray(slots, dtype=np.int64)
+        self.peak = max(self.peak, held.size)
+        self.head_peaks[h] = max(self.head_peaks[h], held.size)
+
+    def _grow(self, h: int) -> None:
+        """Double KV head h's block of held slots (its spare last slot stays last): a head without a policy
+        holds every position after the compressed prompt."""
+        keys, values, pos = self.keys[h], self.values[h], self.pos[h]
+        cap = pos.shape[1] - 1
+        more = max(cap, 1)
+        batch = pos.shape[0]
+        def pad(x):
+            return torch.cat([x[:, :cap], x.new_zeros(batch, more, x.shape[-1]), x[:, cap:]], dim=1)
+
+        self.keys[h], self.values[h] = pad(keys), pad(values)
+        self.pos[h] = np.concatenate([pos[:, :cap], np.full((batch, more), -1, dtype=np.int64), pos[:, cap:]], axis=1)
+        for b in range(batch):
+            self.free[b][h] = list(range(cap + more - 1, cap - 1, -1)) + self.free[b][h]
+
+
+def _array(x) -> np.ndarray:
+    """A tensor's values as a float32 array of its own (a policy may keep what it is handed)."""
+    return x.detach().to(torch.float32).cpu().numpy().copy()
 
 
 class EvictingCache(Cache):

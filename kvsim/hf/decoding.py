@@ -15,9 +15,12 @@ CHUNK = 1024
 
 
 def prefill(model, ids, cache, chunk: int = CHUNK):
-    """Feed ``ids`` (``(batch, n)``) into ``cache``; the last forward pass's output."""
+    """Feed ``ids`` (``(batch, n)``) into ``cache``; the last forward pass's output. A cache that compresses
+    at the prompt's end (``prefill="compress"``) takes the prompt in one pass."""
     import torch
 
+    if any(getattr(layer, "prefill", None) == "compress" for layer in getattr(cache, "layers", ())):
+        chunk = max(chunk, ids.shape[1])
     out = None
     with torch.no_grad():
         for a in range(0, ids.shape[1], chunk):
