@@ -139,9 +139,9 @@ def test_full_cache_nll_equals_a_plain_forward_pass(kind, text_path):
 def test_budget_at_least_n_loses_nothing(session):
     """Nothing is evicted, for every policy in the registry: open is the full pass bit for bit; closed
     (all policies decoded as one batch) agrees to float tolerance."""
-    # the deployed cache hands a policy no values or output norms yet (issue 34, item 3): those that read
-    # them (vatp, critical) are left out until it does
-    names = sorted(p for p, cls in kvsim.POLICIES.items() if not cls.reads)
+    # every policy, those that read keys, values, queries or output norms too: the full pass keeps them for
+    # the open loop, and the deployed cache hands them over in the closed one
+    names = sorted(kvsim.POLICIES)
     jobs = [(p, STEPS + 5, {"recent_window": 4} if "recent_window" in kvsim.policy_params(p) else {}) for p in names]
     closed = session.evaluate_many([session.configuration(*j) for j in jobs], "closed")
     assert [r["policy"] for r in closed] == names and {r["batch"] for r in closed} == {len(jobs)}
