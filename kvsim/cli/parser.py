@@ -288,7 +288,7 @@ shipped text traces/long/ (CPython 3.11.7 standard library, PSF licence); flags 
 
 vectors: every trace stores its values, and its meta the layer's rotary constants (rope_theta, rope_layout,
 head_dim). A qk trace also holds the queries, keys and per-head output norms |W_O^h v| (out_norms); a
-dense one only with --vectors (at 4096 steps they add about 11 MB to a global Gemma-3-270M layer's 13.9 MB).
+dense one only with --vectors (at 4096 steps they add about 10 MB to a global Gemma-3-270M layer's 15.8 MB).
 """
 class _Given(argparse.Action):
     """Store the value and note that it was typed (``budget_given``): with an allocation file, a default

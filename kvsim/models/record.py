@@ -25,7 +25,7 @@ two stores:
 Every trace stores its values; ``vectors`` (``--vectors``) makes a dense trace carry what a qk one holds
 by construction as well: the keys, the queries and the per-head output norms (``kvsim.data.vectors``:
 what the key-, query- and output-aware policies read). It is off by default for dense: at 4096 steps they
-cost a global Gemma-3-270M layer about 11 MB more than its 13.9 MB of rows (vectors barely compress).
+cost a global Gemma-3-270M layer about 10 MB more than its 13.9 MB of rows and 1.9 MB of values (vectors barely compress).
 Every trace's meta states the layer's rotary embedding (``layer_vectors.rope_meta``: ``rope_theta``,
 ``rope_layout``, ``head_dim``, ...), what a query-aware scorer needs to move a query to a later position.
 
