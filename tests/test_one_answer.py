@@ -113,14 +113,18 @@ def test_the_curve_view_and_your_model_give_one_answer_naming_what_they_compare(
     curve = app(trace="gemma3-270m-L11", view="Choosing recent_window", budget="256", policies="h2o")
     model = app(view="Your model", budget="256", bundle="gemma3-270m-heapq")
     on_curve, on_model = truth_sentences(curve), truth_sentences(model)
-    assert set(on_curve) == {"One window for all layers", "L11's own window"}, on_curve
+    # the shipped L11 carries values (issue 34), so the value-aware proxy's pick is stated too, under its own name
+    value = "Attention-output error on L11"
+    assert set(on_curve) == {"One window for all layers", "L11's own window", value}, on_curve
     assert set(on_model) == {"One window for all layers"}, on_model
     assert on_curve["One window for all layers"] == on_model["One window for all layers"]
     for sentence in [*on_curve.values(), *on_model.values()]:
         assert "every layer's cache held to budget 256 by h2o" in sentence  # the truth's layers and budget
         assert re.search(r"\(1024 steps of heapq\.py, open loop, \d+ windows measured\)", sentence)  # its steps
-        assert "within 0.005 of" in sentence  # the proxy's window rule
+        # the proxy's window rule
+        assert ("the least error at the truth's windows" if sentence is on_curve[value] else "within 0.005 of") in sentence
     assert "of L11 alone over its 4096 steps" in on_curve["L11's own window"]
+    assert "Attention-output error of L11 alone over its 4096 steps" in on_curve[value]
     assert "averaged over the 18 layers of gemma3-270m-heapq (1024 steps" in on_curve["One window for all layers"]
 
 

@@ -191,6 +191,8 @@ def test_record_meta_names_the_text_the_model_and_the_layer(recorded):
         assert m["source"] == "kvsim's test suite" and m["licence"] == "written for the test"
         assert m["model"] == loading.MODEL and "Gemma Terms of Use" in m["model_licence"]
         assert m["attention"].startswith("global")
+        # Gemma 3's global layers rotate with base 1,000,000 (its sliding ones with 10,000)
+        assert (m["rope_theta"], m["rope_layout"], m["head_dim"], m["rope_dim"]) == (1e6, "rotate_half", 256, 256)
         assert len(m["tokens"]) == STEPS + 1 and m["tokens"][0] == "<bos>"
         assert TEXT.startswith("".join(m["tokens"][1:]))  # the positions are the text's own tokens
 

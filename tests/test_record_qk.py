@@ -141,9 +141,10 @@ def test_qk_file_holds_what_the_contract_lists(tiny, tmp_path):
     cfg = transformers.AutoConfig.from_pretrained(folders["gemma3"])
     for entry in bundle.traces:
         with np.load(entry.path, allow_pickle=False) as z:
-            assert sorted(z.files) == ["k", "meta", "q", "v"]
+            assert sorted(z.files) == ["k", "meta", "out_norms", "q", "v"]
             assert z["q"].shape == (2, STEPS + 1, 8) and z["k"].shape == z["v"].shape == (STEPS + 1, 8)
-            assert {z[m].dtype for m in ("q", "k", "v")} == {np.dtype(np.float16)} and z["meta"].dtype == np.uint8
+            assert z["out_norms"].shape == (STEPS + 1, 2)
+            assert {z[m].dtype for m in ("q", "k", "v", "out_norms")} == {np.dtype(np.float16)} and z["meta"].dtype == np.uint8
             meta = json.loads(bytes(z["meta"]).decode("utf-8"))
         sliding = entry.layer in FAMILIES["gemma3"][1]
         assert (meta["format"], meta["version"], meta["steps"], meta["dtype"]) == ("kvsim-qk", 1, STEPS, "float16")
@@ -153,6 +154,9 @@ def test_qk_file_holds_what_the_contract_lists(tiny, tmp_path):
         assert meta["sliding_window"] == (WINDOW if sliding else None) == entry.sliding_window
         assert entry.attention == ("sliding" if sliding else "global") and meta["gqa"] == "mean"
         assert meta["text"]["sha256"] == meta["source_sha256"] and len(meta["tokens"]) == STEPS + 1
+        # the layer's own RoPE base (tests/test_record_vectors.py checks it rotates the model's keys)
+        assert (meta["rope_theta"], meta["rope_layout"], meta["head_dim"]) == (
+            cfg.rope_parameters["sliding_attention" if sliding else "full_attention"]["rope_theta"], "rotate_half", 8)
         # float16 queries and keys: the rows stay within float16 rounding of the float32 ones
         dense = _dense(_record_once_dense(folders, text, tmp_path) / f"gemma3-L{entry.layer:02d}-kv{entry.head}.npz")
         np.testing.assert_allclose(contract_rows(entry.path), dense, rtol=0, atol=qk_file_rows(entry.path))

@@ -1,10 +1,21 @@
 """Measure the shipped real traces against the canonical one: the figures in REAL_TRACES.md and the
-picture docs/real-traces.png.
+picture docs/real-traces.png; and give a shipped trace the members the key-, value-, query- and
+output-aware policies read.
 
     python traces/real_traces.py                              # the figures, as JSON on stdout
     python traces/real_traces.py --png docs/real-traces.png   # and the picture (headless chromium)
+    python traces/real_traces.py --add-vectors traces/gemma3-270m-L11.npz --text /usr/lib/python3.11/heapq.py
 
-Needs only the core (no torch): the traces are files, the replays run on the fast engine.
+The figures need only the core (no torch): the traces are files, the replays run on the fast engine.
+
+``--add-vectors`` (needs the record extra, requirements-record.txt) records the trace's layer again over
+the same text (checked by the sha256 in its meta), with ``kvsim record --store dense --vectors``, and
+writes the file back with its attention bytes as shipped and the recording's ``values``, ``keys``,
+``queries`` and ``out_norms`` (float16) beside them, the meta gaining the layer's rotary constants
+(``rope_theta``, ``rope_layout``, ``head_dim``, ...) and ``vectors``. The re-recorded attention must
+match the shipped one within one float16 step per weight (today's blockwise recorder sums in another
+order than the one that made the shipped files: on gemma3-270m-L11, 7,452 of 8,390,656 weights differ,
+by one step each, at most 2.4e-4), else nothing is written. A second run replaces the members.
 """
 
 from __future__ import annotations
@@ -139,10 +150,74 @@ def screenshot(fig, png: Path) -> None:
         )
 
 
+#: the members ``--add-vectors`` adds (kvsim.data.vectors), and the meta fields it takes from the recording
+VECTOR_MEMBERS = ("values", "keys", "queries", "out_norms")
+
+
+def add_vectors(path: Path, text: Path) -> dict:
+    """Give the shipped dense trace at ``path`` its layer's vectors from a re-recording (module docstring).
+    Returns what was done: sizes before and after, how the re-recorded attention compares, seconds."""
+    import time
+
+    from kvsim.data.files import atomic_write
+    from kvsim.models.loading import file_sha256
+    from kvsim.models.record import RecordConfig, record
+
+    with np.load(path, allow_pickle=False) as z:
+        shipped = {k: z[k] for k in z.files}
+    meta = json.loads(str(shipped["meta"][()]))
+    steps, layer = int(shipped["steps"]), int(meta["layer"])
+    if file_sha256(text) != meta["source_sha256"]:
+        raise SystemExit(f"--text {text}: its sha256 is not the trace's source_sha256 {meta['source_sha256']}")
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "again"
+        record(RecordConfig(text, out, steps=steps, layers=[layer], store="dense", vectors=True,
+                            source=meta["source"], licence=meta["licence"]), progress=None)
+        with np.load(out / path.name, allow_pickle=False) as z:
+            again = {k: z[k] for k in z.files}
+    seconds = time.perf_counter() - t0
+    old, new = shipped["attention_packed"], again["attention_packed"]
+    if old.dtype != np.float16 or new.shape != old.shape:
+        raise SystemExit(f"{path}: the re-recording is not the same layout ({new.shape} {new.dtype} against "
+                         f"{old.shape} {old.dtype})")
+    gap = np.abs(old.astype(np.float64) - new.astype(np.float64))
+    step = np.spacing(np.maximum(np.abs(old), np.abs(new))).astype(np.float64)  # one float16 step at each weight
+    if not (gap <= step).all():
+        worst = int(np.argmax(gap - step))
+        raise SystemExit(f"{path}: the re-recorded attention differs by more than one float16 step (weight {worst}: "
+                         f"{float(old[worst])} against {float(new[worst])}); nothing written")
+    new_meta = json.loads(str(again["meta"][()]))
+    meta = {k: v for k, v in meta.items() if not k.startswith("rope_")}
+    meta.update({k: v for k, v in new_meta.items() if k.startswith("rope_") or k == "head_dim"})
+    meta["vectors"] = sorted(VECTOR_MEMBERS)
+    meta["vectors_recorder"] = {
+        **new_meta["recorder"], "by": "traces/real_traces.py --add-vectors",
+        "attention": f"kept as shipped; the re-recording's differs in {int((gap > 0).sum())} of {gap.size} weights, by at "
+                     f"most one float16 step ({float(gap.max()):.2g})"}
+    arrays = {"attention_packed": old, "steps": shipped["steps"], **{k: again[k] for k in VECTOR_MEMBERS},
+              "meta": np.array(json.dumps(meta))}
+    before = path.stat().st_size
+    atomic_write(path, lambda f: np.savez_compressed(f, **arrays))
+    return {"trace": str(path), "bytes_before": before, "bytes_after": path.stat().st_size,
+            "members": {k: [list(again[k].shape), str(again[k].dtype)] for k in VECTOR_MEMBERS},
+            "attention_weights_differing": int((gap > 0).sum()), "attention_max_difference": float(gap.max()),
+            "record_seconds": round(seconds, 1)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--png", type=Path, help="also render the picture to this PNG (needs chromium)")
+    parser.add_argument("--add-vectors", type=Path, metavar="TRACE", help="instead: give this shipped trace its keys, "
+                        "queries, values and out_norms from a re-recording (needs the record extra and --text)")
+    parser.add_argument("--text", type=Path, help="with --add-vectors: the trace's text (its sha256 is checked)")
     args = parser.parse_args()
+    if args.add_vectors is not None:
+        if args.text is None:
+            parser.error("--add-vectors needs --text, the file the trace was recorded from")
+        json.dump(add_vectors(args.add_vectors, args.text), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
     results = [measure(name) for name in TRACES]
     if args.png:
         screenshot(figure(results), args.png)

@@ -350,7 +350,8 @@ def _record_config(args: argparse.Namespace):
 
     fields = {"model": args.model, "steps": args.steps, "layers": args.layers.strip() if args.layers else None,
               "store": args.store, "dtype": args.dtype, "gqa": args.gqa, "prefix": args.prefix, "source": args.source,
-              "licence": args.licence, "model_licence": args.model_licence, "out": args.out}
+              "licence": args.licence, "model_licence": args.model_licence, "out": args.out,
+              "vectors": True if args.vectors else None}
     if args.preset is not None:
         if args.text is not None:
             raise CLIError(f"--preset {args.preset} records its own text; give a TEXT or --preset, not both")

@@ -9,9 +9,11 @@ optimum, greedy_future) and the trace view read whole rows, computed a block at 
 
 The file (traces/README.md, "Query/key traces", format ``kvsim-qk`` version 1): one uncompressed ``.npz`` per
 (layer, KV head), named ``*.qk.npz``, holding ``q`` ``(G, N, d)``, ``k`` ``(N, d)``, ``v`` ``(N, d_v)``
-(float16 or float32; N = steps + 1 positions, 0 .. T, so the trace has the dense recording's steps) and
-``meta`` (UTF-8 JSON bytes: format, version, steps, layer, head, query_heads, scale, softcap,
-sliding_window, gqa, model, text, dtype, ...). ``load_qk`` checks every header before reading data and
+(float16 or float32; N = steps + 1 positions, 0 .. T, so the trace has the dense recording's steps),
+optionally ``out_norms`` ``(N, G)`` (each query head's ``|W_O^h v_p|``, ``kvsim.data.vectors``; files
+recorded before it existed have none and load as they did) and ``meta`` (UTF-8 JSON bytes: format,
+version, steps, layer, head, query_heads, scale, softcap, sliding_window, gqa, model, text, dtype, the
+rotary constants rope_theta, rope_layout, head_dim ...). ``load_qk`` checks every header before reading data and
 refuses anything inconsistent with one line naming the file, the member or field and the problem.
 
 ``QKTrace`` is a ``Trace``: every consumer takes it where it takes a trace. Its ``attention`` (the dense
@@ -58,6 +60,8 @@ ROW_BLOCK = 64
 PASS_TOP_K = 32
 #: threads a block of rows is split over (one per core)
 _WORKERS = os.cpu_count() or 1
+#: the optional member holding each query head's output norms ``(N, G)`` (``kvsim.data.vectors``)
+OUT_NORMS = "out_norms"
 _META_FIELDS = ("format", "version", "steps", "layer", "head", "query_heads", "scale", "gqa")
 
 
@@ -68,14 +72,16 @@ def is_qk_path(path) -> bool:
 
 class QKData:
     """The arrays and constants of one (layer, KV head): ``Q`` float32 ``(G, N, d)``, ``K`` float32
-    ``(N, d)`` and ``Kt`` ``(d, N)`` (the keys as rows and as columns) as the kernels take them, the values ``v`` as stored, and
-    ``scale``, ``softcap`` (0: none), ``window`` (0: none), ``gqa``."""
+    ``(N, d)`` and ``Kt`` ``(d, N)`` (the keys as rows and as columns) as the kernels take them, the values ``v`` as stored,
+    the output norms ``out_norms`` ``(N, G)`` as stored (or None), and ``scale``, ``softcap`` (0: none),
+    ``window`` (0: none), ``gqa``."""
 
     def __init__(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float, softcap: float | None,
-                 window: int | None, gqa: str) -> None:
+                 window: int | None, gqa: str, out_norms: np.ndarray | None = None) -> None:
         self.Q = np.ascontiguousarray(q, dtype=np.float32)
         self.K = np.ascontiguousarray(k, dtype=np.float32)  # a key per row: what a gather of held positions reads
         self.v = v
+        self.out_norms = out_norms
         self.scale, self.softcap, self.window, self.gqa = float(scale), float(softcap or 0.0), int(window or 0), gqa
         self._Kt: np.ndarray | None = None
         for a in (self.Q, self.K):
@@ -388,6 +394,12 @@ class QKTrace(Trace):
         """The queries ``(N, G, d)`` float32, position-major (a view of ``Q``, ``kvsim.data.vectors``)."""
         return self.qk.Q.swapaxes(0, 1)
 
+    @property
+    def out_norms(self) -> np.ndarray | None:
+        """Each query head's ``|W_O^h v_p|`` ``(N, G)`` as stored, or None for a file without them
+        (``kvsim.data.vectors``)."""
+        return self.qk.out_norms
+
     def prefix(self, steps: int) -> QKTrace:
         """The first ``steps`` steps of the recording, as a trace of its own. Rows 0 .. steps read only
         positions 0 .. steps, so the normalisers and top-k positions computed for this trace are the
@@ -397,7 +409,8 @@ class QKTrace(Trace):
         if steps == self.steps:
             return self
         d, n = self.qk, steps + 1
-        data = QKData(d.Q[:, :n], d.K[:n], d.v[:n], scale=d.scale, softcap=d.softcap, window=d.window, gqa=d.gqa)
+        data = QKData(d.Q[:, :n], d.K[:n], d.v[:n], scale=d.scale, softcap=d.softcap, window=d.window, gqa=d.gqa,
+                      out_norms=None if d.out_norms is None else d.out_norms[:n])
         recorded = self.meta.get("recorded_steps", self.steps)
         out = QKTrace(data, name=f"{self.name}[:{steps}]", meta={**self.meta, "steps": steps, "recorded_steps": recorded})
         src = self.derived
@@ -410,34 +423,42 @@ class QKTrace(Trace):
     def __reduce__(self):  # to a Dask worker: the arrays and constants, not the caches
         d = self.qk
         return (_rebuild, (d.Q, d.K, d.v, d.scale, d.softcap, d.window, d.gqa,
-                           self.name, self.meta, self.derived.disk_stem))
+                           self.name, self.meta, self.derived.disk_stem, d.out_norms))
 
 
-def _rebuild(q, k, v, scale, softcap, window, gqa, name, meta, stem) -> QKTrace:
-    trace = QKTrace(QKData(q, k, v, scale=scale, softcap=softcap, window=window, gqa=gqa), name, meta)
+def _rebuild(q, k, v, scale, softcap, window, gqa, name, meta, stem, out_norms=None) -> QKTrace:
+    trace = QKTrace(QKData(q, k, v, scale=scale, softcap=softcap, window=window, gqa=gqa, out_norms=out_norms), name, meta)
     trace.derived.disk_stem = stem
     return trace
 
 
 def from_qk(q, k, v, *, scale: float, softcap: float | None = None, sliding_window: int | None = None,
-            gqa: str = "mean", name: str = "trace", meta: dict | None = None) -> QKTrace:
-    """A query/key trace from arrays (``q`` ``(G, N, d)``, ``k`` ``(N, d)``, ``v`` ``(N, d_v)``)."""
+            gqa: str = "mean", name: str = "trace", meta: dict | None = None, out_norms=None) -> QKTrace:
+    """A query/key trace from arrays (``q`` ``(G, N, d)``, ``k`` ``(N, d)``, ``v`` ``(N, d_v)``, and
+    optionally ``out_norms`` ``(N, G)``)."""
     data = QKData(np.asarray(q), np.asarray(k), np.asarray(v), scale=scale, softcap=softcap, window=sliding_window,
-                  gqa=gqa)
+                  gqa=gqa, out_norms=None if out_norms is None else np.asarray(out_norms))
     return QKTrace(data, name=name, meta=meta)
 
 
-def save_qk(path, q, k, v, meta: dict) -> None:
+def save_qk(path, q, k, v, meta: dict, *, out_norms=None) -> None:
     """Write a query/key trace file atomically (uncompressed ``np.savez``; nothing half-written).
-    ``meta`` must carry the contract's fields (``steps`` is set from the arrays); they and the
-    arrays' shapes are checked as ``load_qk`` checks them, before anything is written."""
+    ``meta`` must carry the contract's fields (``steps`` is set from the arrays); they, the arrays'
+    shapes and ``out_norms`` (optional, ``(N, G)``) are checked as ``load_qk`` checks them, before
+    anything is written."""
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
     meta = {"format": FORMAT, "version": VERSION, **meta, "steps": int(k.shape[0]) - 1, "dtype": str(q.dtype)}
     src = str(path)
     _check_shapes(src, q.shape, q.dtype, k.shape, k.dtype, v.shape, v.dtype)
     _check_meta(src, meta, q.shape)
+    extra = {}
+    if out_norms is not None:
+        out_norms = np.asarray(out_norms)
+        _check_out_norms(src, out_norms.shape, out_norms.dtype, q.shape)
+        _check_finite(src, OUT_NORMS, out_norms)
+        extra[OUT_NORMS] = out_norms
     raw = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
-    atomic_write(Path(path), lambda f: np.savez(f, q=q, k=k, v=v, meta=raw))
+    atomic_write(Path(path), lambda f: np.savez(f, q=q, k=k, v=v, **extra, meta=raw))
 
 
 def load_qk(path, *, expect: dict | None = None, source: str | None = None) -> QKTrace:
@@ -457,12 +478,11 @@ def load_qk(path, *, expect: dict | None = None, source: str | None = None) -> Q
         raise TraceError(f"{src}: unreadable or truncated ({msg})") from None
     name = str(meta.get("name") or _stem(Path(src)))
     trace = from_qk(arrays["q"], arrays["k"], arrays["v"], scale=meta["scale"], softcap=meta.get("softcap"),
-                    sliding_window=meta.get("sliding_window"), gqa=meta["gqa"], name=name, meta=meta)
-    # checked as the kernels hold them: float16 -> float32 keeps every NaN and infinity, and NumPy checks
-    # float32 about 15x faster than float16 (41 ms against 3 for a 7600-step Gemma-3 layer's queries)
-    for key, a in (("q", trace.qk.Q), ("k", trace.qk.K), ("v", arrays["v"])):
-        if not np.isfinite(a if a.dtype == np.float32 else a.astype(np.float32)).all():
-            raise TraceError(f"{src}: '{key}' has NaN or infinite values")
+                    sliding_window=meta.get("sliding_window"), gqa=meta["gqa"], name=name, meta=meta,
+                    out_norms=arrays.get(OUT_NORMS))
+    for key, a in (("q", trace.qk.Q), ("k", trace.qk.K), ("v", arrays["v"]), (OUT_NORMS, arrays.get(OUT_NORMS))):
+        if a is not None:
+            _check_finite(src, key, a)
     trace.derived.disk_stem = cache_dir() / f"qk-{name}-{_file_digest(path, name)}"
     return trace
 
@@ -506,14 +526,17 @@ def _read_qk(path, src: str, expect: dict | None) -> tuple[dict, dict]:
         for key in ("q", "k", "v", "meta"):
             if f"{key}.npy" not in members:
                 raise TraceError(f"{src}: missing key '{key}' of a {FORMAT} file; found: {', '.join(sorted(z.files))}")
-        headers = {key: _npy_header(z, members, key, src) for key in ("q", "k", "v", "meta")}
+        keys = ("q", "k", "v", "meta", *((OUT_NORMS,) if f"{OUT_NORMS}.npy" in members else ()))
+        headers = {key: _npy_header(z, members, key, src) for key in keys}
         _check_shapes(src, *headers["q"], *headers["k"], *headers["v"])
+        if OUT_NORMS in headers:
+            _check_out_norms(src, *headers[OUT_NORMS], headers["q"][0])
         meta = _read_meta_bytes(z, headers["meta"], src)
         _check_meta(src, meta, headers["q"][0])
         for key, want in (expect or {}).items():
             if meta.get(key) != want:
                 raise TraceError(f"{src}: meta '{key}' is {meta.get(key)!r} but the bundle's manifest says {want!r}")
-        return meta, {key: z[key] for key in ("q", "k", "v")}
+        return meta, {key: z[key] for key in keys if key != "meta"}
 
 
 def _stem(path: Path) -> str:
@@ -558,6 +581,23 @@ def _check_shapes(src: str, q_shape, q_dtype, k_shape, k_dtype, v_shape, v_dtype
         raise TraceError(f"{src}: holds {N} positions; a trace needs at least 2 (one step)")
     if N > MAX_POSITIONS:
         raise TraceError(f"{src}: declares {N} positions, more than the limit of {MAX_POSITIONS}")
+
+
+def _check_out_norms(src: str, shape, dtype, q_shape) -> None:
+    """The optional ``out_norms`` member: ``(N, G)`` float16 or float32, one row per position, one column
+    per query head of ``q`` ``(G, N, d)``."""
+    G, N = q_shape[0], q_shape[1]
+    if dtype.type not in QK_DTYPES:
+        raise TraceError(f"{src}: '{OUT_NORMS}' dtype {dtype} is not float16 or float32")
+    if tuple(shape) != (N, G):
+        raise TraceError(f"{src}: '{OUT_NORMS}' has shape {tuple(shape)}, but 'q' {tuple(q_shape)} needs ({N}, {G})")
+
+
+def _check_finite(src: str, key: str, a: np.ndarray) -> None:
+    # checked as the kernels hold them: float16 -> float32 keeps every NaN and infinity, and NumPy checks
+    # float32 about 15x faster than float16 (41 ms against 3 for a 7600-step Gemma-3 layer's queries)
+    if not np.isfinite(a if a.dtype == np.float32 else a.astype(np.float32)).all():
+        raise TraceError(f"{src}: '{key}' has NaN or infinite values")
 
 
 def _check_meta(src: str, meta: dict, q_shape) -> None:

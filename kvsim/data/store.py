@@ -39,7 +39,7 @@ import numpy as np
 
 from . import canonical
 from .files import atomic_write, settled, stamp
-from .trace import Trace
+from .trace import VECTOR_KEYS, Trace
 
 V = TypeVar("V")
 
@@ -135,18 +135,74 @@ def file_trace(path: Path, load) -> Trace:
     ``load`` once and then from the cache, where its validated float32 attention is kept as a plain
     ``.npy`` beside a ``.json``, like the canonical trace's. The cache entry is named by the file's
     resolved path, size and modification time, so a changed file is read afresh; a damaged entry is
-    rewritten. Decoding and validating a 4096-step shipped trace costs about 0.3 s; this, ~0.03 s."""
+    rewritten. Decoding and validating a 4096-step shipped trace costs about 0.3 s; this, ~0.03 s.
+
+    The file's per-position members (values, keys, queries, out_norms: ``VECTOR_KEYS``) are kept beside
+    the entry as they were stored (``<entry>-<member>.npy``), each with its shape, dtype and CRC in the
+    ``.json``, and come back with the attention; an entry that does not list its members (written before
+    they were kept) or whose member files do not match is read afresh."""
     path = Path(path)
     st = path.stat()
     source = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
     key = hashlib.sha256(source.encode()).hexdigest()[:16]
     where = cache_dir() / f"file-{path.stem}-{key}.npy"
-    trace = _read_checked(where, lambda record, attention: record.get("source") == source)
+    seen: dict = {}
+
+    def same(record: dict, attention: np.ndarray) -> bool:
+        seen["members"] = record.get("members")
+        return record.get("source") == source and isinstance(record.get("members"), dict)
+
+    trace = _read_checked(where, same)
+    if trace is not None and not _read_members(where, trace, seen["members"]):
+        trace = None
     if trace is None:
         trace = load(path)
-        _write(trace, where, extra={"source": source, "name": trace.name})
+        _write(trace, where, extra={"source": source, "name": trace.name, "members": _write_members(trace, where)})
     trace.derived.disk_stem = where.with_suffix("")
     return trace
+
+
+def _member_path(entry: Path, name: str) -> Path:
+    return entry.with_name(f"{entry.stem}-{name}.npy")
+
+
+def _write_members(trace: Trace, entry: Path) -> dict:
+    """Write ``trace``'s per-position members beside the cache entry; their shape, dtype and CRC (what the
+    entry's ``.json`` lists). A member that cannot be written is left out of the list (and so read
+    afresh next time)."""
+    listed = {}
+    for name in VECTOR_KEYS:
+        array = getattr(trace, name, None)
+        if array is None:
+            continue
+        array = np.ascontiguousarray(array)
+        try:
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(_member_path(entry, name), lambda f, a=array: np.save(f, a, allow_pickle=False))
+        except OSError:  # an unwritable cache costs the decoding next time, nothing else
+            return {}
+        listed[name] = {"shape": list(array.shape), "dtype": array.dtype.str, "crc32": zlib.crc32(array)}
+    return listed
+
+
+def _read_members(entry: Path, trace: Trace, listed: dict) -> bool:
+    """Set the members the entry lists on ``trace``, read-only memory maps checked against the listing
+    (shape, dtype, CRC); False when any is missing or does not match."""
+    found = {}
+    for name, want in listed.items():
+        if name not in VECTOR_KEYS or not isinstance(want, dict):
+            return False
+        try:
+            array = np.load(_member_path(entry, name), mmap_mode="r", allow_pickle=False)
+        except (OSError, EOFError, ValueError):
+            return False
+        if (list(array.shape) != want.get("shape") or array.dtype.str != want.get("dtype") or array.shape[0] != trace.steps + 1
+                or zlib.crc32(array) != want.get("crc32")):
+            return False
+        found[name] = np.asarray(array)
+    for name, array in found.items():
+        setattr(trace, name, array)
+    return True
 
 
 def derived(

@@ -28,10 +28,11 @@ MEMBERS = ("keys", "values", "queries", "out_norms")
 
 #: how a trace gets each member: what the one-line refusal tells the user to run
 HOW = {
-    "keys": "record it with `kvsim record --store qk` (queries, keys and values)",
+    "keys": "record it with `kvsim record --vectors` (or --store qk, which always holds queries, keys and values)",
     "values": "record it with `kvsim record` (every recording stores values)",
-    "queries": "record it with `kvsim record --store qk` (queries, keys and values)",
-    "out_norms": "record it with `kvsim record --store qk` (it stores the output projection's norms)",
+    "queries": "record it with `kvsim record --vectors` (or --store qk, which always holds queries, keys and values)",
+    "out_norms": "record it with `kvsim record --vectors` (or --store qk): it stores the output projection's "
+                 "per-head norms",
 }
 
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from .errors import RecordError
+from .layer_vectors import output_norms
 
 #: the implementation name registered with transformers (attention and mask): eager attention, computed a
 #: block of query rows at a time over the keys the block can see
@@ -235,7 +236,9 @@ class LayerQKV:
     ``key`` and ``value`` ``(kv_heads, n, d)`` (float32 tensors), and the attention's constants: score
     ``softcap(scale * q . k)`` with ``softcap(s) = softcap * tanh(s / softcap)`` (none when ``None``),
     key ``p`` visible to query ``t`` iff ``t - sliding_window < p <= t`` (``None``: every ``p <= t``);
-    query heads ``h * group .. h * group + group - 1`` read KV head ``h``."""
+    query heads ``h * group .. h * group + group - 1`` read KV head ``h``. ``out_norms`` ``(kv_heads, n,
+    group)`` float32: ``|W_O^h v_p|`` per query head of each KV head's group (``layer_vectors.output_norms``),
+    or None when the layer has no linear output projection."""
 
     layer: int
     query: object
@@ -244,6 +247,7 @@ class LayerQKV:
     scale: float
     softcap: float | None
     sliding_window: int | None
+    out_norms: object = None
 
     @property
     def group(self) -> int:
@@ -283,7 +287,11 @@ def capture_qkv(lm, ids, layers: list[int], sink: Callable[[LayerQKV], None], ch
                 _check_pattern(layer, stripe, i, lo, window)
             first = next(attention_blocks(module, query, key, value, mask, kwargs, rows))
             _check_constants(layer, query, key, first, constants)
-        sink(LayerQKV(layer, query[0], key[0], value[0], **constants))
+        try:
+            norms = output_norms(module, value, heads, layer)
+        except RecordError:  # no linear output projection: the file goes without the optional member
+            norms = None
+        sink(LayerQKV(layer, query[0], key[0], value[0], **constants, out_norms=norms))
         if need_output:
             import torch
 

@@ -12,14 +12,22 @@ two stores:
 
 - ``dense``: the rows themselves (``kvsim.models.recorder``), a packed lower triangle, O(T^2) per trace;
 - ``qk``: the query/key trace (traces/README.md, "Query/key traces"; docs/domain.md, "Query/key traces"): the post-norm,
-  post-RoPE queries of the KV head's query heads, its keys and values, and the attention's constants,
-  O(T x head_dim) per trace, from which every row is computed again on demand;
+  post-RoPE queries of the KV head's query heads, its keys and values, their per-head output norms
+  (``out_norms``, ``kvsim.models.layer_vectors``) and the attention's constants, O(T x head_dim) per
+  trace, from which every row is computed again on demand;
 - ``auto`` (the default): dense up to ``DENSE_UP_TO`` steps (4096, the length of every shipped trace),
   above it qk where its file is the smaller (``choose_store``; for Gemma-3-270M always). Measured on
   Gemma-3-270M at 4096 steps (docs/long-recording.md): the compressed dense bundle is 94 MB, the qk one
   227 MB (a sliding layer's zeros compress away); a global layer is 13.3 MB either way. Above that the
   dense file grows as T^2 (a global layer about 4 x larger at 8192 steps, against 2 x for qk), and a
   dense trace above 16,384 steps cannot be read at all (``kvsim.data.trace.MAX_STEPS``).
+
+Every trace stores its values; ``vectors`` (``--vectors``) makes a dense trace carry what a qk one holds
+by construction as well: the keys, the queries and the per-head output norms (``kvsim.data.vectors``:
+what the key-, query- and output-aware policies read). It is off by default for dense: at 4096 steps they
+cost a global Gemma-3-270M layer about 10 MB more than its 13.9 MB of rows and 1.9 MB of values (vectors barely compress).
+Every trace's meta states the layer's rotary embedding (``layer_vectors.rope_meta``: ``rope_theta``,
+``rope_layout``, ``head_dim``, ...), what a query-aware scorer needs to move a query to a later position.
 
 A layer with a native sliding window (Gemma-3's local layers, Qwen2's upper layers) is recorded as it
 attends: positions beyond the window get zero (dense) or its window is in the meta (qk). A finished
@@ -49,6 +57,7 @@ from ..data.files import atomic_write
 from ..data.trace import MAX_STEPS, META_KEY, PACKED_KEY, STEPS_KEY, VALUES_KEY
 from ..progress import Progress
 from .errors import RecordError
+from .layer_vectors import rope_meta
 from .loading import (
     MODEL,
     MODEL_LICENCE,
@@ -89,7 +98,8 @@ class RecordConfig:
     and go into the traces' meta; ``dtype`` is the stored float type (float16 by default: rows
     computed from float16 queries and keys are within 8e-4 of the float32 rows on Gemma-3-270M's layers
     0, 5 and 11 at 1024 steps, docs/long-recording.md); ``store`` is ``auto``, ``qk`` or ``dense``;
-    ``chunk_elements`` bounds the attention weights one block of query rows may hold.
+    ``chunk_elements`` bounds the attention weights one block of query rows may hold; ``vectors`` makes a
+    dense trace store keys, queries and output norms beside its values (a qk trace always holds them).
     """
 
     text: Path
@@ -107,6 +117,7 @@ class RecordConfig:
     allow_short: bool = False
     chunk_elements: int = CHUNK_ELEMENTS
     store: str = "auto"
+    vectors: bool = False
 
     def __post_init__(self):
         # frozen: the normalised values are set the way dataclasses set them
@@ -120,6 +131,8 @@ class RecordConfig:
         if self.store == "dense" and self.steps > MAX_STEPS:
             raise RecordError(f"--store dense: {self.steps} steps is more than the dense format's {MAX_STEPS} "
                               "(a dense trace that long could not be read); use --store qk", usage=True)
+        if not isinstance(self.vectors, bool):
+            raise RecordError(f"--vectors is a switch (true or false), got {self.vectors!r}", usage=True)
         object.__setattr__(self, "layers", _parse_layers(self.layers))
         try:
             dtype = np.dtype(self.dtype)
@@ -229,6 +242,7 @@ def record(config: RecordConfig, *, device: str = "cpu", progress: Progress | No
         writer = _BundleWriter(config, model_config, shipped, tokenizer, text, say, tmp)
         lm = weights()
         writer.device = next(lm.parameters()).device
+        writer.rope = {layer: rope_meta(lm, layer, writer.head_dim) for layer in writer.layers}
         say(0.0, f"recording {len(writer.layers)} of {lm.config.num_hidden_layers} layers x {writer.kv_heads} KV head(s) "
                   f"over {writer.n} tokens, store {writer.store}")
         writer.start()
@@ -236,7 +250,8 @@ def record(config: RecordConfig, *, device: str = "cpu", progress: Progress | No
         if writer.store == "qk":
             capture_qkv(lm, ids, writer.layers, writer.qk_sink, config.chunk_elements)
         else:
-            record_attention(lm, ids, writer.layers, config.gqa, config.chunk_elements, writer.dense_sink)
+            record_attention(lm, ids, writer.layers, config.gqa, config.chunk_elements, writer.dense_sink,
+                             vectors=config.vectors)
         seconds = time.perf_counter() - writer.t0
         say(1.0, f"forward pass and writing took {seconds:.1f} s")
         write_manifest(tmp, writer.manifest(round(seconds, 1)))
@@ -303,6 +318,7 @@ class _BundleWriter:
         self.licence = config.licence or "not stated"
         self.files: list[dict] = []
         self.entries: list[dict] = []
+        self.rope: dict[int, dict] = {}  # layer -> its rotary constants (layer_vectors.rope_meta), once loaded
 
     def _describe(self, cfg, shipped: bool) -> None:
         """Heads, layers and provenance from the model's config; refuses a model without attention heads
@@ -355,13 +371,17 @@ class _BundleWriter:
     def start(self) -> None:
         self.t0 = time.perf_counter()
 
-    def dense_sink(self, layer: int, rows: np.ndarray, values: np.ndarray) -> None:
-        """The recorder's sink: write ``layer``'s dense traces, one per KV head with its values."""
+    def dense_sink(self, layer: int, rows: np.ndarray, values: np.ndarray, vectors: dict | None = None) -> None:
+        """The recorder's sink: write ``layer``'s dense traces, one per KV head with its values (and its
+        keys, queries and output norms when the recording stores ``vectors``)."""
         for h in range(rows.shape[0]):
             stem = self._stem(layer, h)
             meta = self._meta(stem, layer, h)
             path = self.folder / f"{stem}.npz"
-            _save_packed(path, rows[h], self.n - 1, meta, self.config.dtype, values[h])
+            members = {VALUES_KEY: values[h], **{k: v[h] for k, v in (vectors or {}).items()}}
+            members = _stored(members, self.config.dtype, layer)
+            meta["vectors"] = sorted(members)
+            _save_packed(path, rows[h], self.n - 1, meta, self.config.dtype, members)
             self._written(path, meta, layer, h)
         self._layer_done(layer)
 
@@ -375,7 +395,9 @@ class _BundleWriter:
                          "dtype": self.config.dtype, "text": self._text()})
             g = qkv.group
             arrays = {"q": qkv.query[h * g : (h + 1) * g], "k": qkv.key[h], "v": qkv.value[h]}
-            arrays = {k: v.detach().to("cpu").numpy().astype(self.config.dtype) for k, v in arrays.items()}
+            if qkv.out_norms is not None:
+                arrays["out_norms"] = qkv.out_norms[h]
+            arrays = _stored({k: v.detach().to("cpu").numpy() for k, v in arrays.items()}, self.config.dtype, qkv.layer)
             path = self.folder / f"{stem}{QK_SUFFIX}"
             blob = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
             atomic_write(path, lambda f, a=arrays, b=blob: np.savez(f, **a, meta=b))
@@ -436,6 +458,7 @@ class _BundleWriter:
             "sliding_window": window,
             "steps": n - 1,
             "store": self.store,
+            **self.rope.get(layer, {}),
             "notes": " ".join(filter(None, [
                 f"Teacher-forced pass over the first {n} tokens (position 0 = {self.tokens[0]!r}), float32, eager attention;",
                 f"{combine}; the self-attention weight is dropped",
@@ -458,6 +481,7 @@ class _BundleWriter:
             "text": self._text(),
             "steps": self.n - 1,
             "store": self.store,
+            "vectors": self.store == "qk" or self.config.vectors,
             "gqa": self.config.gqa,
             "dtype": self.config.dtype,
             "layers": self.layers,
@@ -471,12 +495,27 @@ class _BundleWriter:
         }
 
 
-def _save_packed(path: Path, packed: np.ndarray, steps: int, meta: dict, dtype: str, values: np.ndarray) -> None:
+def _stored(members: dict[str, np.ndarray], dtype: str, layer: int) -> dict[str, np.ndarray]:
+    """``members`` cast to the stored ``dtype``; one that overflows it (a float16 infinity) is refused in
+    one line, since the loader would refuse the file."""
+    out = {}
+    for name, array in members.items():
+        with np.errstate(over="ignore"):
+            cast = np.asarray(array).astype(dtype)
+        if not np.isfinite(cast).all():
+            raise RecordError(f"layer {layer}: {name} does not fit in {dtype} (NaN, or too large); record with "
+                              "--dtype float32", argument="--dtype")
+        out[name] = cast
+    return out
+
+
+def _save_packed(path: Path, packed: np.ndarray, steps: int, meta: dict, dtype: str, members: dict[str, np.ndarray]) -> None:
     """The packed trace layout of ``kvsim.data.trace.save_npz``, written from packed rows directly (the
-    ``(T + 1, T + 1)`` matrix of a long trace is never built), with the KV head's values ``(T + 1, d)``
-    in the trace's dtype; atomically."""
-    arrays = {PACKED_KEY: packed.astype(dtype), STEPS_KEY: np.array(steps, dtype=np.int64),
-              VALUES_KEY: values.astype(dtype), META_KEY: np.array(json.dumps(meta))}
+    ``(T + 1, T + 1)`` matrix of a long trace is never built), with the KV head's per-position members
+    (``values`` ``(T + 1, d)``, and keys, queries and output norms when recorded; ``VECTOR_KEYS``) as
+    given, already in the trace's dtype; atomically."""
+    arrays = {PACKED_KEY: packed.astype(dtype), STEPS_KEY: np.array(steps, dtype=np.int64), **members,
+              META_KEY: np.array(json.dumps(meta))}
     atomic_write(path, lambda f: np.savez_compressed(f, **arrays))
 
 

@@ -23,8 +23,9 @@ from .errors import RecordError
 from .loading import MODEL, file_sha256
 from .record import DEFAULT_PREFIX, RecordConfig, default_prefix
 
-#: the version of what a cached recording holds; bump it when the files change meaning
-VERSION = 1
+#: the version of what a cached recording holds; bump it when the files change meaning (2: qk files hold
+#: out_norms and every meta the layer's rotary constants, which a cached version-1 recording lacks)
+VERSION = 2
 #: the shipped long text (traces/long/README.md)
 LONG_TEXT = TRACES_DIR / "long" / "cpython-3.11.7-stdlib.txt"
 LONG_SOURCE = ("CPython 3.11.7 standard library: Lib/heapq.py, Lib/functools.py, Lib/collections/__init__.py and "

@@ -26,11 +26,15 @@ import numpy as np
 
 from ..data.gqa import GQA, combine, renormalise
 from .errors import RecordError
+from .layer_vectors import output_norms
 from .qkv_capture import CHUNK_ELEMENTS, attention_blocks, block_rows, run_pass
 
 #: where a finished layer's rows go: (layer, rows per KV head as packed float32 lower triangles, the
-#: layer's values per KV head ``(kv heads, n, d)`` float32, what the value-aware proxies read)
-LayerSink = Callable[[int, np.ndarray, np.ndarray], None]
+#: layer's values per KV head ``(kv heads, n, d)`` float32, what the value-aware proxies read, and with
+#: ``vectors`` the per-position members the key-, query- and output-aware policies read, per KV head,
+#: float32 and position-major (``kvsim.data.vectors``): ``keys`` ``(kv heads, n, d)``, ``queries``
+#: ``(kv heads, n, G, d)``, ``out_norms`` ``(kv heads, n, G)``; else None)
+LayerSink = Callable[[int, np.ndarray, np.ndarray, dict | None], None]
 
 
 def kv_head_rows(softmax: np.ndarray, kv_heads: int, gqa: str = "mean") -> list[np.ndarray]:
@@ -59,11 +63,13 @@ def kv_head_rows(softmax: np.ndarray, kv_heads: int, gqa: str = "mean") -> list[
     return out
 
 
-def record_attention(lm, ids, layers: list[int], gqa: str, chunk_elements: int, sink: LayerSink) -> None:
+def record_attention(lm, ids, layers: list[int], gqa: str, chunk_elements: int, sink: LayerSink, *,
+                     vectors: bool = False) -> None:
     """One teacher-forced pass of ``ids`` through ``lm``'s decoder stack (``qkv_capture.run_pass``),
-    handing each of ``layers`` to ``sink`` as soon as it is recorded. The pass stops inside the last
-    recorded layer, and the model's attention setting is restored whatever happens."""
-    run_pass(lm, ids, layers, _Recorder(gqa, chunk_elements, sink), chunk_elements)
+    handing each of ``layers`` to ``sink`` as soon as it is recorded (with its keys, queries and output
+    norms when ``vectors``). The pass stops inside the last recorded layer, and the model's attention
+    setting is restored whatever happens."""
+    run_pass(lm, ids, layers, _Recorder(gqa, chunk_elements, sink, vectors), chunk_elements)
 
 
 class _Recorder:
@@ -74,8 +80,8 @@ class _Recorder:
     It holds only the packed rows of the layer's KV heads; a finished layer goes to ``sink`` and is
     freed, so peak memory is one block plus one layer."""
 
-    def __init__(self, gqa: str, chunk_elements: int, sink: LayerSink):
-        self.gqa, self.chunk_elements, self.sink = gqa, chunk_elements, sink
+    def __init__(self, gqa: str, chunk_elements: int, sink: LayerSink, vectors: bool = False):
+        self.gqa, self.chunk_elements, self.sink, self.vectors = gqa, chunk_elements, sink, vectors
 
     def __call__(self, layer, module, query, key, value, mask, kwargs, need_output):
         import torch
@@ -91,8 +97,19 @@ class _Recorder:
             self._reduce(layer, b, key.shape[1], n, buf)
             if need_output:
                 outputs.append(b.output)
-        self.sink(layer, buf, value[0].to(torch.float32).cpu().numpy())
+        self.sink(layer, buf, value[0].to(torch.float32).cpu().numpy(),
+                  self._vectors(layer, module, query, key, value) if self.vectors else None)
         return torch.cat(outputs, dim=1) if need_output else None
+
+    @staticmethod
+    def _vectors(layer: int, module, query, key, value) -> dict:
+        """The layer's keys, queries (position-major, grouped by KV head) and output norms, float32 NumPy."""
+        import torch
+
+        heads, kv_heads, n = query.shape[1], key.shape[1], query.shape[2]
+        q = query[0].to(torch.float32).reshape(kv_heads, heads // kv_heads, n, -1).permute(0, 2, 1, 3)
+        return {"keys": key[0].to(torch.float32).cpu().numpy(), "queries": q.cpu().numpy(),
+                "out_norms": output_norms(module, value, heads, layer).cpu().numpy()}
 
     def _reduce(self, layer: int, b, kv_heads: int, n: int, buf: np.ndarray) -> None:
         import torch
