@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from .base import Display, EngineBinding, Param, Policy
+from .expected_attention import ExpectedAttention
 from .greedy_future import GreedyFuture
 from .h2o import H2O
 from .h2o_normalized import H2ONormalized
@@ -29,7 +30,7 @@ POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (
         SlidingWindow, StreamingLLM, H2O, Scissorhands, TOVA, H2ONormalized, SnapKV, RandomEviction,
-        GreedyFuture, Optimal,
+        GreedyFuture, Optimal, ExpectedAttention,
     )
 }
 
