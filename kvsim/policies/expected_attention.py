@@ -29,8 +29,12 @@ the model's RoPE, which the trace's meta carries (``rope``: the inverse frequenc
 written by ``kvsim record --store qk``); a trace without it is refused in one line. A RoPE
 ``attention_scaling`` cancels: it scales ``mu`` by s and ``Sigma`` by s^2 either way.
 
-``attn`` is never read. Deterministic: ``rng`` is never used. This policy has no engine kernel: the
-reference replays it (its cost per step is O(budget x window x head dim x heads); docs/scorers.md).
+``attn`` is never read. Deterministic: ``rng`` is never used.
+
+The arithmetic of a step is one kernel, ``step_scores`` (plain loops, every sum in a stated order), which
+this reference and the engine's kernel (``kvsim.sim.kernels_expected``) both call, so the two agree bit for
+bit; the trigonometry (``turns``) and the queries turned back (``pre_rope``) are NumPy, per position, in
+the same calls on both paths. Its cost per step is O(held x window x head dim x heads) (docs/scorers.md).
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..data.trace import TraceError
-from .base import DEFAULT_BUDGET, Display, Param, ParamError, SlotPolicy
+from ..jit import kernel
+from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, ParamError, SlotPolicy, per_config
 from .streaming_llm import SINKS
 
 QUERY_WINDOW = Param("query_window", 256, "the statistics come from the queries of the newest query_window positions "
@@ -96,20 +101,22 @@ class Rope:
     def half(self) -> int:
         return self.inv_freq.size
 
-    def rotate(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        """``x`` (..., d) with pair f of its first 2h dims turned by (cos[f], sin[f]) (any scale): what
-        transformers' ``x * cos + rotate_half(x) * sin`` does to the rotated part."""
-        h = self.half
-        out = np.array(x, dtype=np.float64)
-        a, b = x[..., :h], x[..., h : 2 * h]
-        out[..., :h] = a * cos - b * sin
-        out[..., h : 2 * h] = b * cos + a * sin
-        return out
-
-    def unrotate(self, x: np.ndarray, pos: int) -> np.ndarray:
-        """``R_{-pos} x``: a post-RoPE vector of position ``pos`` turned back to before RoPE."""
+    def turns(self, pos: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(cos, sin)`` of ``pos x inv_freq``: RoPE's rotation of position ``pos``, one call per position
+        on every path (NumPy's vectorised cosine may round a lane differently from a scalar one)."""
         angle = self.inv_freq * float(pos)
-        return self.rotate(x, np.cos(angle), -np.sin(angle))
+        return np.cos(angle), np.sin(angle)
+
+    def pre_rope(self, x: np.ndarray, pos: int) -> np.ndarray:
+        """``R_{-pos} x`` in float64: a post-RoPE vector (or rows of them) of position ``pos`` turned back."""
+        c, s = self.turns(pos)
+        h = self.half
+        x = np.asarray(x, dtype=np.float64)
+        out = x.copy()
+        a, b = x[..., :h], x[..., h : 2 * h]
+        out[..., :h] = a * c + b * s
+        out[..., h : 2 * h] = b * c - a * s
+        return out
 
     def future_average(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """``(cbar, sbar)``: ``mean_{j=1..n} (cos, sin)(j theta_f)``, summed directly once (float64)."""
@@ -123,6 +130,7 @@ class ExpectedAttention(SlotPolicy):
     summary = ("evict the lowest attention expected from the next queries (a Gaussian fitted to the recent queries, "
                "their RoPE advanced) times the value's norm; the first sinks positions are kept")
     display = Display("#6a3d9a", "9px,2px,2px,2px,2px,2px", 3, score_name="expected attention")
+    engine_binding = EngineBinding("kvsim.sim.kernels_expected:EXPECTED_ATTENTION", compile_s=6)
     keeps_scores = True
     reads = ("queries", "keys", "values")
     #: built with the trace (``PolicySpec.build`` hands it over): its meta says the model's RoPE
@@ -144,22 +152,44 @@ class ExpectedAttention(SlotPolicy):
         self.query_window = _at_least_one(QUERY_WINDOW, query_window, self.budget)
         self.future_positions = _at_least_one(FUTURE_POSITIONS, future_positions, self.budget)
         self._rope = rope
-        self._rope_source = None if trace is None else trace
+        self._trace = trace
         self._future: tuple[np.ndarray, np.ndarray] | None = None
         self._keys: np.ndarray | None = None  # (budget + 1, d) float64, per slot
         self._vnorm = np.zeros(self.budget + 1, dtype=np.float64)
-        self._window: np.ndarray | None = None  # (query_window, G, d): pre-RoPE queries, a ring by position
+        self._window: np.ndarray | None = None  # (query_window, G, d): pre-RoPE queries, a ring, oldest at _next once full
         self._seen = -1  # the newest position handed to ``see``
         self._count = 0  # queries in the window
         self._next = 0  # the ring's slot for the next query
         self._zero = False  # position 0's vectors handed over
         self._score = np.zeros(self.budget + 1, dtype=np.float64)
+        self._turn: tuple[np.ndarray, np.ndarray] | None = None  # the newest position's (cos, sin)
 
-    # -- what the harness hands over -----------------------------------------------------------
+    @classmethod
+    def engine_inputs(cls, policies, steps, vectors):
+        """Per configuration its sinks, query window and future average ``(cbar, sbar)``; per position its
+        key and value norm, its queries turned back (``pre_rope``) and its turn (``turns``), made by the
+        very calls the reference makes, a position at a time."""
+        p0 = policies[0]
+        K = np.asarray(vectors["keys"], dtype=np.float64)
+        rope = p0.rope(K.shape[1])
+        Q, V = vectors["queries"], vectors["values"]
+        U = np.empty((steps + 1, *Q.shape[1:]), dtype=np.float64)
+        cos = np.empty((steps + 1, rope.half))
+        sin = np.empty((steps + 1, rope.half))
+        vnorm = np.empty(steps + 1)
+        for p in range(steps + 1):
+            U[p] = rope.pre_rope(Q[p], p)
+            cos[p], sin[p] = rope.turns(p)
+            vnorm[p] = _norm(V[p])
+        future = [rope.future_average(p.future_positions) for p in policies]
+        return {"keys": np.ascontiguousarray(K), "vnorm": vnorm, "pre": U, "cos": cos, "sin": sin,
+                "sinks": per_config(p.sinks for p in policies), "windows": per_config(p.query_window for p in policies),
+                "cbar": np.array([f[0] for f in future]), "sbar": np.array([f[1] for f in future])}
 
     def rope(self, head_dim: int) -> Rope:
+        """The model's RoPE: given, or read from the trace's meta (a ``RopeError`` when it has none)."""
         if self._rope is None:
-            trace = self._rope_source
+            trace = self._trace
             if trace is None:
                 raise RopeError("policy expected_attention needs the model's RoPE: build it with trace= (a trace whose "
                                 "meta has 'rope') or rope=")
@@ -167,9 +197,8 @@ class ExpectedAttention(SlotPolicy):
         return self._rope
 
     def see(self, pos: int, vectors: Mapping[str, np.ndarray]) -> None:
-        q = np.asarray(vectors["queries"], dtype=np.float64)
+        q = np.asarray(vectors["queries"])
         k = np.asarray(vectors["keys"], dtype=np.float64)
-        v = np.asarray(vectors["values"], dtype=np.float64)
         if q.ndim != 2 or k.ndim != 1 or q.shape[1] != k.shape[0]:
             raise ValueError(f"{self.name}: position {pos}'s queries {q.shape} and key {k.shape} do not match "
                              "((G, d) and (d,))")
@@ -178,17 +207,17 @@ class ExpectedAttention(SlotPolicy):
             self._keys = np.zeros((self.budget + 1, k.shape[0]), dtype=np.float64)
             self._window = np.zeros((self.query_window, *q.shape), dtype=np.float64)
             self._future = rope.future_average(self.future_positions)
-        vnorm = float(np.sqrt(np.dot(v, v)))
+        vnorm = _norm(vectors["values"])
         if pos == 0:  # held from the start: its slot is 0
             self._keys[0], self._vnorm[0], self._zero = k, vnorm, True
-        self._seen, self._pending = pos, (k, vnorm)
+        self._seen, self._pending, self._turn = pos, (k, vnorm), rope.turns(pos)
         if pos >= self.sinks:  # the press leaves the first n_sink queries out of its statistics
-            self._window[self._next] = rope.unrotate(q, pos)
+            self._window[self._next] = rope.pre_rope(q, pos)
             self._next = (self._next + 1) % self.query_window
             self._count = min(self._count + 1, self.query_window)
 
     def _slot_arrays(self) -> list[np.ndarray]:
-        return [self._score, self._vnorm] + ([] if self._keys is None else [self._keys])
+        return [self._vnorm] + ([] if self._keys is None else [self._keys])
 
     def on_decode_step(self, pos: int, attn: np.ndarray | None) -> None:
         self._step_attention(None)  # a free slot; the attention is never read
@@ -197,27 +226,11 @@ class ExpectedAttention(SlotPolicy):
                              "was admitted")
         i = self._admit(pos)
         self._keys[i], self._vnorm[i] = self._pending
-        self._rescore(pos)
-
-    def _rescore(self, t: int) -> None:
         n = self._len
-        out = self._score[:n]
-        s = min(self.sinks, n)
-        if n > s:
-            out[s:] = held_scores(expected_logits(self._keys[s:n], self._stats(t)), self._vnorm[s:n])
-        out[:s] = (out[s:].max() + 1.0) if n > s else 1.0  # the press's padding: sinks above every score
-
-    def _stats(self, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(mean, centred)``: the future query's mean ``(G, d)`` and the window's centred queries
-        ``(N, G, d)``, both turned by ``Rbar_t`` (the average rotation over positions t+1 .. t+n)."""
-        rope = self._rope
-        u = self._window[: self._count]
-        mu = u.mean(axis=0) if self._count else np.zeros(self._window.shape[1:])
-        cbar, sbar = self._future
-        angle = rope.inv_freq * float(t)
-        c, s = np.cos(angle), np.sin(angle)
-        cos, sin = c * cbar - s * sbar, s * cbar + c * sbar  # mean over j of (t + j) theta: R_t Rbar
-        return rope.rotate(mu, cos, sin), rope.rotate(u - mu, cos, sin)
+        first = (self._next - self._count) % self.query_window  # the oldest query in the ring
+        rows = np.arange(n, dtype=np.int64)
+        step_scores(self._keys, rows, self._vnorm, n, min(self.sinks, n), self._window, first, self._count,
+                    self.query_window, *self._turn, *self._future, self._score)
 
     @property
     def scores(self) -> np.ndarray:
@@ -229,6 +242,12 @@ class ExpectedAttention(SlotPolicy):
         return self._evict_lowest(budget, self._score[: self._len])
 
 
+def _norm(v) -> float:
+    """``|v|_2`` in float64, its squares added in order."""
+    v = np.asarray(v, dtype=np.float64)
+    return float(np.sqrt(np.cumsum(v * v)[-1]))
+
+
 def _at_least_one(param: Param, value: int, budget: int) -> int:
     value = param.check(value, budget)
     if value < 1:
@@ -237,23 +256,106 @@ def _at_least_one(param: Param, value: int, budget: int) -> int:
     return value
 
 
-def expected_logits(keys: np.ndarray, stats: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    """``(G, m)``: per query head g, ``k.mu_g / sqrt(d) + k^T Sigma_g k / (2 d)`` for each of the m keys,
-    with ``Sigma_g = C_g^T C_g / N`` from the centred queries (N of them), computed as
-    ``mean_i (k.c_i)^2`` (O(m N d) a head rather than forming the d x d matrix)."""
-    mean, centred = stats
+@kernel
+def step_scores(keys, rows, vnorm, n, sinks, pre, first, count, modulo, cos_p, sin_p, cbar, sbar, out):
+    """The scores of the ``n`` held slots after position t (turn ``cos_p``, ``sin_p``) was admitted, into
+    ``out[:n]``. Slot i's key is ``keys[rows[i]]``, its value norm ``vnorm[rows[i]]``; the window's
+    pre-RoPE queries are ``pre[(first + j) % modulo]``, j = 0 .. count-1, oldest first (the same order on
+    every path, so every sum is the same float64 sum).
+
+    With ``Rbar_t`` the rotation by ``(c, s) = (cos_p cbar - sin_p sbar, sin_p cbar + cos_p sbar)`` (the
+    mean over j = 1 .. n_future of turning by t + j), per query head g: ``m_g = Rbar_t mean_j u_j``,
+    ``c_gj = Rbar_t (u_j - mean)``; each held non-sink key k gets the logit ``k.m_g / sqrt(d) +
+    mean_j (k.c_gj)^2 / (2 d)`` (``k^T Sigma_g k`` with the window's covariance, divided by N), the
+    logits are softmaxed over those keys per head, averaged over the heads, times ``|v|``. The sinks get
+    the highest score + 1 (the press's padding)."""
+    G = pre.shape[1]
     d = keys.shape[1]
-    out = np.einsum("md,gd->gm", keys, mean) / np.sqrt(d)
-    if centred.shape[0]:
-        for g in range(mean.shape[0]):
-            z = keys @ centred[:, g, :].T  # (m, N)
-            out[g] += np.einsum("mn,mn->m", z, z) / centred.shape[0] / (2 * d)
-    return out
+    h = cbar.shape[0]
+    m = n - sinks
+    c = np.empty(h)
+    s = np.empty(h)
+    for f in range(h):
+        c[f] = cos_p[f] * cbar[f] - sin_p[f] * sbar[f]
+        s[f] = sin_p[f] * cbar[f] + cos_p[f] * sbar[f]
+    mean = np.zeros((G, d))
+    for j in range(count):
+        u = pre[(first + j) % modulo]
+        for g in range(G):
+            for x in range(d):
+                mean[g, x] += u[g, x]
+    if count > 0:
+        for g in range(G):
+            for x in range(d):
+                mean[g, x] /= count
+    adv = np.empty((G, d))  # Rbar_t mean
+    _turn(mean, c, s, h, adv)
+    cent = np.empty((G, d))
+    turned = np.empty((G, d))
+    cols = np.empty((G, d, max(count, 1)))  # the centred, turned queries as columns: cols[g, x, j]
+    for j in range(count):
+        u = pre[(first + j) % modulo]
+        for g in range(G):
+            for x in range(d):
+                cent[g, x] = u[g, x] - mean[g, x]
+        _turn(cent, c, s, h, turned)
+        for g in range(G):
+            for x in range(d):
+                cols[g, x, j] = turned[g, x]
+    logits = np.empty((G, max(m, 1)))
+    z = np.empty(max(count, 1))
+    root = np.sqrt(np.float64(d))
+    for i in range(m):
+        k = keys[rows[sinks + i]]
+        for g in range(G):
+            lin = 0.0
+            for x in range(d):
+                lin += k[x] * adv[g, x]
+            quad = 0.0
+            if count > 0:
+                for j in range(count):
+                    z[j] = 0.0
+                cg = cols[g]
+                for x in range(d):  # z += k[x] * column x: an axpy, each z[j] summed over x in order
+                    kx = k[x]
+                    col = cg[x]
+                    for j in range(count):
+                        z[j] += kx * col[j]
+                for j in range(count):
+                    quad += z[j] * z[j]
+                quad = quad / count
+            logits[g, i] = lin / root + quad / (2.0 * d)
+    top = -np.inf
+    for i in range(m):
+        out[sinks + i] = 0.0
+    for g in range(G):
+        hi = -np.inf
+        for i in range(m):
+            hi = max(hi, logits[g, i])
+        total = 0.0
+        for i in range(m):
+            e = np.exp(logits[g, i] - hi)
+            logits[g, i] = e
+            total += e
+        for i in range(m):
+            out[sinks + i] += logits[g, i] / total
+    for i in range(m):
+        v = out[sinks + i] / G * vnorm[rows[sinks + i]]
+        out[sinks + i] = v
+        top = max(top, v)
+    pad = top + 1.0 if m > 0 else 1.0
+    for i in range(sinks):
+        out[i] = pad
 
 
-def held_scores(logits: np.ndarray, vnorm: np.ndarray) -> np.ndarray:
-    """The press's score from the logits ``(G, m)``: softmax over the m held keys per head, the mean
-    over the heads, times each value's norm."""
-    w = np.exp(logits - logits.max(axis=1, keepdims=True))
-    w /= w.sum(axis=1, keepdims=True)
-    return w.mean(axis=0) * vnorm
+@kernel
+def _turn(x, c, s, h, out):
+    """``out`` = ``x`` (G, d) with pair f (f, f + h) of every row turned by (c[f], s[f]); the rest copied."""
+    for g in range(x.shape[0]):
+        for f in range(h):
+            a = x[g, f]
+            b = x[g, f + h]
+            out[g, f] = a * c[f] - b * s[f]
+            out[g, f + h] = b * c[f] + a * s[f]
+        for f in range(2 * h, x.shape[1]):
+            out[g, f] = x[g, f]
