@@ -63,6 +63,7 @@ from .loading import (
 )
 from .qkv_capture import CHUNK_ELEMENTS, LayerQKV, capture_qkv
 from .recorder import GQA, record_attention
+from .rope_meta import rope_meta
 
 #: stems of the files written: <prefix>-L05.npz (and -kv<h> when a layer has several KV heads)
 DEFAULT_PREFIX = "gemma3-270m"
@@ -229,6 +230,7 @@ def record(config: RecordConfig, *, device: str = "cpu", progress: Progress | No
         writer = _BundleWriter(config, model_config, shipped, tokenizer, text, say, tmp)
         lm = weights()
         writer.device = next(lm.parameters()).device
+        writer.rope = lambda layer: rope_meta(lm, layer)
         say(0.0, f"recording {len(writer.layers)} of {lm.config.num_hidden_layers} layers x {writer.kv_heads} KV head(s) "
                   f"over {writer.n} tokens, store {writer.store}")
         writer.start()
@@ -296,6 +298,7 @@ class _BundleWriter:
     def __init__(self, config: RecordConfig, model_config, shipped: bool, tokenizer, text: str, say: Progress, folder: Path):
         self.config, self.say, self.folder = config, say, folder
         self.device = "cpu"  # where the loaded model runs; set once its weights are loaded
+        self.rope = lambda layer: None  # a layer's RoPE meta (``rope_meta``), once the weights are loaded
         self._describe(model_config, shipped)
         self.ids = self._tokenize(tokenizer, text)
         self.store = choose_store(config.store, self.n - 1, self.group, self.head_dim)
@@ -373,6 +376,9 @@ class _BundleWriter:
             meta = self._meta(stem, qkv.layer, h, window)
             meta.update({"format": QK_FORMAT, "version": QK_VERSION, "scale": qkv.scale, "softcap": qkv.softcap,
                          "dtype": self.config.dtype, "text": self._text()})
+            rope = self.rope(qkv.layer)  # what a query-aware policy turns the queries back and forward by
+            if rope is not None:
+                meta["rope"] = rope
             g = qkv.group
             arrays = {"q": qkv.query[h * g : (h + 1) * g], "k": qkv.key[h], "v": qkv.value[h]}
             arrays = {k: v.detach().to("cpu").numpy().astype(self.config.dtype) for k, v in arrays.items()}
