@@ -6,11 +6,14 @@ covered without touching this file. Offline policies (``needs_trace``) get the t
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from tolerance import rounding
 
 import kvsim
+from kvsim.data import vectors
 from kvsim.sim.harness import observed_attention
 
 NAMES = list(kvsim.POLICIES)
@@ -28,6 +31,9 @@ def drive(policy, trace, attention="observed"):
     (an object that fails the test if it is read at all). Returns (kept after each step, victims).
     """
     kept_history, victims_history = [], []
+    members = vectors.require(trace, policy.reads, policy.name)  # what a policy reading keys or queries is handed
+    if members:
+        policy.see(0, vectors.at(members, 0))
     for t in range(1, trace.steps + 1):
         before = np.asarray(policy.kept)
         assert before.ndim == 1 and np.all(np.diff(before) > 0), f"step {t}: kept {before} not ascending"
@@ -38,6 +44,8 @@ def drive(policy, trace, attention="observed"):
             attn = Poison()
         else:
             attn = None
+        if members:
+            policy.see(t, vectors.at(members, t))
         policy.on_decode_step(t, attn)
         admitted = np.asarray(policy.kept)
         # the call admits t and evicts nothing: eviction is the harness's separate request
@@ -75,14 +83,25 @@ class Poison:
         pytest.fail("a policy that does not read attention iterated attn")
 
 
+def with_vectors(trace, seed: int):
+    """``trace`` with random keys, values, queries (2 heads of 8 dimensions), output norms and a RoPE in
+    its meta: what the policies that read them are handed, by ``drive`` and by the harness."""
+    rng = np.random.default_rng(seed)
+    n, d = trace.steps + 1, 8
+    rope = {"layout": "rotate_half", "theta": 1e4, "inv_freq": (1e4 ** (-np.arange(0, d, 2) / d)).tolist()}
+    draw = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa: E731
+    return dataclasses.replace(trace, meta={**trace.meta, "rope": rope}, keys=draw(n, d), values=draw(n, d),
+                               queries=draw(n, 2, d), out_norms=np.abs(draw(n, 2)))
+
+
 @pytest.fixture(scope="module")
 def trace(make_trace):
-    return make_trace(90, seed=11)
+    return with_vectors(make_trace(90, seed=11), 1)
 
 
 @pytest.fixture(scope="module")
 def tie_trace(make_trace):
-    return make_trace(60, seed=5, ties=True)
+    return with_vectors(make_trace(60, seed=5, ties=True), 2)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -147,7 +166,8 @@ def test_policies_that_do_not_read_attention_never_touch_it(name, trace, fit_arg
     assert poisoned == blind == seen
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if kvsim.POLICIES[n].keeps_scores])
+# (a score from the keys or queries, expected_attention's, moves with every position admitted: no attention to leave out)
+@pytest.mark.parametrize("name", [n for n in NAMES if kvsim.POLICIES[n].keeps_scores and kvsim.POLICIES[n].reads_attention])
 def test_none_attention_leaves_scores_unchanged(name, trace, fit_args):
     policy = build(fit_args, name, 24, trace)
     for t in range(1, 40):  # real attention first, so there are scores to disturb
