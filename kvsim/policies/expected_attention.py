@@ -55,6 +55,8 @@ FUTURE_POSITIONS = Param("future_positions", 512, "the future queries are averag
                          "(the press's n_future_positions)")
 #: the RoPE layouts this policy can turn back: transformers' ``rotate_half`` (pairs (i, i + r/2))
 LAYOUTS = ("rotate_half",)
+#: keys scored together by ``step_scores`` (each key's sums are the same whatever the block)
+BLOCK = 8
 
 
 class RopeError(TraceError):
@@ -303,28 +305,33 @@ def step_scores(keys, rows, vnorm, n, sinks, pre, first, count, modulo, cos_p, s
             for x in range(d):
                 cols[g, x, j] = turned[g, x]
     logits = np.empty((G, max(m, 1)))
-    z = np.empty(max(count, 1))
+    z = np.empty((BLOCK, max(count, 1)))
     root = np.sqrt(np.float64(d))
-    for i in range(m):
-        k = keys[rows[sinks + i]]
+    for i0 in range(0, m, BLOCK):  # BLOCK keys at a time, so a head's columns are read once per block
+        nb = min(BLOCK, m - i0)
         for g in range(G):
-            lin = 0.0
-            for x in range(d):
-                lin += k[x] * adv[g, x]
-            quad = 0.0
+            cg = cols[g]
+            for b in range(nb):
+                k = keys[rows[sinks + i0 + b]]
+                lin = 0.0
+                for x in range(d):
+                    lin += k[x] * adv[g, x]
+                logits[g, i0 + b] = lin / root
+                for j in range(count):
+                    z[b, j] = 0.0
             if count > 0:
-                for j in range(count):
-                    z[j] = 0.0
-                cg = cols[g]
-                for x in range(d):  # z += k[x] * column x: an axpy, each z[j] summed over x in order
-                    kx = k[x]
+                for x in range(d):  # z_b += k_b[x] * column x: an axpy, each z[b, j] summed over x in order
                     col = cg[x]
+                    for b in range(nb):
+                        kx = keys[rows[sinks + i0 + b], x]
+                        zb = z[b]
+                        for j in range(count):
+                            zb[j] += kx * col[j]
+                for b in range(nb):
+                    quad = 0.0
                     for j in range(count):
-                        z[j] += kx * col[j]
-                for j in range(count):
-                    quad += z[j] * z[j]
-                quad = quad / count
-            logits[g, i] = lin / root + quad / (2.0 * d)
+                        quad += z[b, j] * z[b, j]
+                    logits[g, i0 + b] += quad / count / (2.0 * d)
     top = -np.inf
     for i in range(m):
         out[sinks + i] = 0.0
