@@ -237,3 +237,55 @@ def test_parameters_below_one_are_refused():
             kvsim.make_policy("expected_attention", budget=8, **{param: 0})
     with pytest.raises(ValueError, match="sinks must be less than budget"):
         kvsim.make_policy("expected_attention", budget=4, sinks=4)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_the_recorders_rope_turns_its_keys_back_to_the_models_own(tmp_path, family):
+    """``kvsim record --store qk`` writes each layer's RoPE (Gemma 3's local and global layers differ):
+    turned back by it, a recorded key is the key the model projected before RoPE (k_proj, and k_norm
+    where there is one), caught here by a hook on a plain forward."""
+    torch = pytest.importorskip("torch", reason="the recorder's extra is not installed")
+    pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")
+    import tiny_models
+    from tolerance import EPS32
+    from transformers import AutoModelForCausalLM
+
+    from kvsim.models.record import RecordConfig, record
+
+    steps = 40
+    tokenizer, vocab = tiny_models.tokenizer(tiny_models.TEXT, 300)
+    torch.manual_seed(0)
+    cfg = tiny_models.config(family, vocab, hidden=32, intermediate=64, max_positions=256, head_dim=8, window=6)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    model.save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    text = tmp_path / "text.txt"
+    text.write_text(tiny_models.TEXT)
+    record(RecordConfig(text, tmp_path / "qk", model=tmp_path / "m", steps=steps, layers="all", dtype="float32",
+                        store="qk"), progress=None)
+    caught = {}
+    hooks = []
+    for i, layer in enumerate(model.model.layers):
+        attn = layer.self_attn
+        last = attn.k_norm if hasattr(attn, "k_norm") else attn.k_proj
+        hooks.append(last.register_forward_hook(lambda m, a, out, i=i: caught.__setitem__(i, out.detach().double())))
+    ids = tokenizer(tiny_models.TEXT, return_tensors="pt").input_ids[:, : steps + 1]
+    with torch.no_grad():
+        model(input_ids=ids)
+    for h in hooks:
+        h.remove()
+    thetas = set()
+    for i in range(cfg.num_hidden_layers):
+        out = caught[i][0]  # k_proj's (n, heads x d), or k_norm's (heads, n, d)
+        pre = (out.permute(1, 0, 2) if out.ndim == 3 else out.reshape(steps + 1, cfg.num_key_value_heads, 8)).numpy()
+        for h in range(cfg.num_key_value_heads):
+            trace = qk.load_qk(tmp_path / "qk" / f"m-L{i:02d}-kv{h}.qk.npz")
+            rope = Rope.from_meta(trace.meta, trace.name, 8)
+            thetas.add(trace.meta["rope"]["theta"])
+            back = np.stack([rope.pre_rope(trace.qk.K[p], p) for p in range(steps + 1)])
+            # torch turns in float32: the angle p x inv_freq (p <= 40) is rounded to eps32 relative, cos and sin
+            # and the two products too, each of a key's size
+            bound = 4 * (steps + 1) * EPS32 * float(np.abs(pre[:, h]).max())
+            np.testing.assert_allclose(back, pre[:, h], rtol=0, atol=bound)
+    assert len(thetas) == (2 if family == "gemma3" else 1)  # Gemma 3's local layers turn by another base
