@@ -102,8 +102,8 @@ def test_sinks_are_never_scored_below_the_rest():
 
 
 def numpy_scores(queries, keys, values, held, t, sinks, window, future, inv_freq):
-    """The press's formula in plain NumPy (float64 matrices) for the slots ``held`` after step t: the
-    independent statement the kernel is checked against."""
+    """The press's formula in plain NumPy (float64 matrices) for the slots ``held``, by the statistics of
+    step t: the independent statement the kernel is checked against."""
     d, h = keys.shape[1], inv_freq.size
 
     def turn(x, angle):  # rotate_half RoPE by ``angle`` per pair
@@ -135,13 +135,16 @@ def test_the_kernel_is_the_formula():
     G, d, n = 3, 12, 60
     q, k, v = rng.normal(size=(n, G, d)), rng.normal(size=(n, d)), rng.normal(size=(n, 5))
     inv = 1000.0 ** (-np.arange(0, 10, 2) / 10)  # 5 pairs of 6: a partial rotary, the last 2 dims pass through
-    for sinks, window, future in ((2, 9, 30), (0, 1, 1), (4, 100, 3)):
-        policy = ExpectedAttention(budget=20, sinks=sinks, query_window=window, future_positions=future, rope=Rope(inv))
+    for sinks, window, future, refresh in ((2, 9, 30, 1), (0, 1, 1, 1), (4, 100, 3, 1), (3, 9, 30, 7), (1, 5, 8, 100)):
+        policy = ExpectedAttention(budget=20, sinks=sinks, query_window=window, future_positions=future, refresh=refresh,
+                                   rope=Rope(inv))
         drive(policy, q[:-1], k[:-1], v[:-1])
         policy.see(n - 1, {"queries": q[-1], "keys": k[-1], "values": v[-1]})
         policy.on_decode_step(n - 1, None)
         held = policy.kept
-        want = numpy_scores(q, k, v, held, n - 1, sinks, window, future, inv)
+        # refresh 7: step 59 scores by the statistics of step 57 (1 + 8 x 7), every held key by them; 100: of step 1
+        period = 1 + (n - 2) // refresh * refresh
+        want = numpy_scores(q, k, v, held, period, sinks, window, future, inv)
         # logits: sums of d and of N * d products of numbers of a few units; exp and the softmax multiply
         # their error by the logits' size (< 50 here): well within 1e6 float64 ulps of each score
         np.testing.assert_allclose(policy.scores[sinks:], want, rtol=rounding64(10**6), atol=0)
@@ -168,7 +171,8 @@ def qk_arrays(G=2, n=160, d=16, seed=0):
 
 
 CONFIGS = [dict(budget=24), dict(budget=16, sinks=0, query_window=1, future_positions=1),
-           dict(budget=40, sinks=3, query_window=11, future_positions=700)]
+           dict(budget=40, sinks=3, query_window=11, future_positions=700), dict(budget=24, refresh=5),
+           dict(budget=16, sinks=0, query_window=3, refresh=64)]
 
 
 @pytest.mark.skipif(not engine.AVAILABLE, reason="numba is not installed: the reference replays it")
@@ -232,7 +236,7 @@ def test_a_trace_without_queries_or_rope_is_refused_in_one_line(tmp_path, capsys
 
 
 def test_parameters_below_one_are_refused():
-    for param in ("query_window", "future_positions"):
+    for param in ("query_window", "future_positions", "refresh"):
         with pytest.raises(ValueError, match=f"{param} must be at least 1, got 0"):
             kvsim.make_policy("expected_attention", budget=8, **{param: 0})
     with pytest.raises(ValueError, match="sinks must be less than budget"):

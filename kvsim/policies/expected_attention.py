@@ -31,9 +31,14 @@ written by ``kvsim record --store qk``); a trace without it is refused in one li
 
 ``attn`` is never read. Deterministic: ``rng`` is never used.
 
-The arithmetic of a step is one kernel, ``step_scores`` (plain loops, every sum in a stated order), which
-this reference and the engine's kernel (``kvsim.sim.kernels_expected``) both call, so the two agree bit for
-bit; the trigonometry (``turns``) and the queries turned back (``pre_rope``) are NumPy, per position, in
+``refresh`` (1 by default: every step, the definition above) takes the statistics afresh only every
+refresh steps (steps 1, 1 + refresh, ...): each held key is scored by them once, a newcomer by the last ones
+when it comes, and the softmax over the held keys is taken at every step. kvpress's ``DecodingPress`` works
+this way with its ``compression_interval`` (512), compressing once per interval.
+
+The arithmetic of a step is three kernels, ``window_stats``, ``key_logits`` and ``combine`` (plain loops,
+every sum in a stated order), which this reference and the engine's kernel (``kvsim.sim.kernels_expected``)
+both call, so the two agree bit for bit; the trigonometry (``turns``) and the queries turned back (``pre_rope``) are NumPy, per position, in
 the same calls on both paths. Its cost per step is O(held x window x head dim x heads) (docs/scorers.md).
 """
 
@@ -53,9 +58,11 @@ QUERY_WINDOW = Param("query_window", 256, "the statistics come from the queries 
                      "(kvpress's DecodingPress buffer)")
 FUTURE_POSITIONS = Param("future_positions", 512, "the future queries are averaged over this many positions to come "
                          "(the press's n_future_positions)")
+REFRESH = Param("refresh", 1, "the statistics are taken afresh every refresh steps and every held key scored by them "
+                "again; in between a newcomer is scored by the last ones (1: every step)")
 #: the RoPE layouts this policy can turn back: transformers' ``rotate_half`` (pairs (i, i + r/2))
 LAYOUTS = ("rotate_half",)
-#: keys scored together by ``step_scores`` (each key's sums are the same whatever the block)
+#: keys scored together by ``key_logits`` (each key's sums are the same whatever the block)
 BLOCK = 8
 
 
@@ -137,7 +144,7 @@ class ExpectedAttention(SlotPolicy):
     reads = ("queries", "keys", "values")
     #: built with the trace (``PolicySpec.build`` hands it over): its meta says the model's RoPE
     reads_meta = True
-    tunables = (SINKS, QUERY_WINDOW, FUTURE_POSITIONS)
+    tunables = (SINKS, QUERY_WINDOW, FUTURE_POSITIONS, REFRESH)
 
     def __init__(
         self,
@@ -146,6 +153,7 @@ class ExpectedAttention(SlotPolicy):
         sinks: int = SINKS.default,
         query_window: int = QUERY_WINDOW.default,
         future_positions: int = FUTURE_POSITIONS.default,
+        refresh: int = REFRESH.default,
         trace=None,
         rope: Rope | None = None,
     ) -> None:
@@ -153,6 +161,7 @@ class ExpectedAttention(SlotPolicy):
         self.sinks = SINKS.check(sinks, self.budget)
         self.query_window = _at_least_one(QUERY_WINDOW, query_window, self.budget)
         self.future_positions = _at_least_one(FUTURE_POSITIONS, future_positions, self.budget)
+        self.refresh = _at_least_one(REFRESH, refresh, self.budget)
         self._rope = rope
         self._trace = trace
         self._future: tuple[np.ndarray, np.ndarray] | None = None
@@ -165,6 +174,10 @@ class ExpectedAttention(SlotPolicy):
         self._zero = False  # position 0's vectors handed over
         self._score = np.zeros(self.budget + 1, dtype=np.float64)
         self._turn: tuple[np.ndarray, np.ndarray] | None = None  # the newest position's (cos, sin)
+        self._logits: np.ndarray | None = None  # (budget + 1, G) per slot, against the statistics of _period
+        self._stamp = np.full(self.budget + 1, -1, dtype=np.int64)  # the period a slot's logits were taken in
+        self._period = -1  # the step of the statistics held: adv, cols, over _stats_count queries
+        self._stats_count = 0
 
     @classmethod
     def engine_inputs(cls, policies, steps, vectors):
@@ -186,6 +199,7 @@ class ExpectedAttention(SlotPolicy):
         future = [rope.future_average(p.future_positions) for p in policies]
         return {"keys": np.ascontiguousarray(K), "vnorm": vnorm, "pre": U, "cos": cos, "sin": sin,
                 "sinks": per_config(p.sinks for p in policies), "windows": per_config(p.query_window for p in policies),
+                "refresh": per_config(p.refresh for p in policies),
                 "cbar": np.array([f[0] for f in future]), "sbar": np.array([f[1] for f in future])}
 
     def rope(self, head_dim: int) -> Rope:
@@ -209,6 +223,9 @@ class ExpectedAttention(SlotPolicy):
             self._keys = np.zeros((self.budget + 1, k.shape[0]), dtype=np.float64)
             self._window = np.zeros((self.query_window, *q.shape), dtype=np.float64)
             self._future = rope.future_average(self.future_positions)
+            G, d = q.shape
+            self._logits = np.zeros((self.budget + 1, G))
+            self._adv, self._cols = np.zeros((G, d)), np.zeros((G, d, self.query_window))
         vnorm = _norm(vectors["values"])
         if pos == 0:  # held from the start: its slot is 0
             self._keys[0], self._vnorm[0], self._zero = k, vnorm, True
@@ -219,7 +236,7 @@ class ExpectedAttention(SlotPolicy):
             self._count = min(self._count + 1, self.query_window)
 
     def _slot_arrays(self) -> list[np.ndarray]:
-        return [self._vnorm] + ([] if self._keys is None else [self._keys])
+        return [self._vnorm, self._stamp] + ([] if self._keys is None else [self._keys, self._logits])
 
     def on_decode_step(self, pos: int, attn: np.ndarray | None) -> None:
         self._step_attention(None)  # a free slot; the attention is never read
@@ -228,11 +245,18 @@ class ExpectedAttention(SlotPolicy):
                              "was admitted")
         i = self._admit(pos)
         self._keys[i], self._vnorm[i] = self._pending
+        self._stamp[i] = -1
+        period = period_of(pos, self.refresh)
+        if period != self._period:  # this step is the period's first: the window holds its queries
+            first = (self._next - self._count) % self.query_window  # the oldest query in the ring
+            window_stats(self._window, first, self._count, self.query_window, *self._turn, *self._future, self._adv,
+                         self._cols)
+            self._period, self._stats_count = period, self._count
         n = self._len
-        first = (self._next - self._count) % self.query_window  # the oldest query in the ring
         rows = np.arange(n, dtype=np.int64)
-        step_scores(self._keys, rows, self._vnorm, n, min(self.sinks, n), self._window, first, self._count,
-                    self.query_window, *self._turn, *self._future, self._score)
+        sinks = min(self.sinks, n)
+        key_logits(self._keys, rows, n, sinks, self._adv, self._cols, self._stats_count, self._logits, self._stamp, period)
+        combine(self._logits, rows, self._vnorm, n, sinks, self._score)
 
     @property
     def scores(self) -> np.ndarray:
@@ -258,23 +282,21 @@ def _at_least_one(param: Param, value: int, budget: int) -> int:
     return value
 
 
-@kernel
-def step_scores(keys, rows, vnorm, n, sinks, pre, first, count, modulo, cos_p, sin_p, cbar, sbar, out):
-    """The scores of the ``n`` held slots after position t (turn ``cos_p``, ``sin_p``) was admitted, into
-    ``out[:n]``. Slot i's key is ``keys[rows[i]]``, its value norm ``vnorm[rows[i]]``; the window's
-    pre-RoPE queries are ``pre[(first + j) % modulo]``, j = 0 .. count-1, oldest first (the same order on
-    every path, so every sum is the same float64 sum).
+def period_of(t: int, refresh: int) -> int:
+    """The step whose statistics step t scores by: the latest of 1, 1 + refresh, 1 + 2 refresh ... up to t."""
+    return 1 + (t - 1) // refresh * refresh
 
-    With ``Rbar_t`` the rotation by ``(c, s) = (cos_p cbar - sin_p sbar, sin_p cbar + cos_p sbar)`` (the
-    mean over j = 1 .. n_future of turning by t + j), per query head g: ``m_g = Rbar_t mean_j u_j``,
-    ``c_gj = Rbar_t (u_j - mean)``; each held non-sink key k gets the logit ``k.m_g / sqrt(d) +
-    mean_j (k.c_gj)^2 / (2 d)`` (``k^T Sigma_g k`` with the window's covariance, divided by N), the
-    logits are softmaxed over those keys per head, averaged over the heads, times ``|v|``. The sinks get
-    the highest score + 1 (the press's padding)."""
+
+@kernel
+def window_stats(pre, first, count, modulo, cos_p, sin_p, cbar, sbar, adv, cols):
+    """The future query's statistics at step t (turn ``cos_p``, ``sin_p``) from the window's pre-RoPE
+    queries ``pre[(first + j) % modulo]``, j = 0 .. count-1, oldest first (the same order on every path,
+    so every sum is the same float64 sum): ``adv[g]`` = ``Rbar_t mu_g`` and ``cols[g, :, j]`` =
+    ``Rbar_t (u_j - mu_g)``, the centred queries as columns. ``Rbar_t`` turns pair f by ``(c, s) =
+    (cos_p cbar - sin_p sbar, sin_p cbar + cos_p sbar)``: the mean over j = 1 .. n_future of turning by t + j."""
     G = pre.shape[1]
-    d = keys.shape[1]
+    d = pre.shape[2]
     h = cbar.shape[0]
-    m = n - sinks
     c = np.empty(h)
     s = np.empty(h)
     for f in range(h):
@@ -290,11 +312,9 @@ def step_scores(keys, rows, vnorm, n, sinks, pre, first, count, modulo, cos_p, s
         for g in range(G):
             for x in range(d):
                 mean[g, x] /= count
-    adv = np.empty((G, d))  # Rbar_t mean
     _turn(mean, c, s, h, adv)
     cent = np.empty((G, d))
     turned = np.empty((G, d))
-    cols = np.empty((G, d, max(count, 1)))  # the centred, turned queries as columns: cols[g, x, j]
     for j in range(count):
         u = pre[(first + j) % modulo]
         for g in range(G):
@@ -304,26 +324,42 @@ def step_scores(keys, rows, vnorm, n, sinks, pre, first, count, modulo, cos_p, s
         for g in range(G):
             for x in range(d):
                 cols[g, x, j] = turned[g, x]
-    logits = np.empty((G, max(m, 1)))
+
+
+@kernel
+def key_logits(keys, rows, n, sinks, adv, cols, count, logits, stamp, period):
+    """The logits ``logits[i, g]`` of the held non-sink slots i (key ``keys[rows[i]]``) not yet scored
+    against the statistics of ``period`` (``stamp[i] != period``), then stamped: ``k.adv_g / sqrt(d) +
+    mean_j (k.cols_gj)^2 / (2 d)``, the second term ``k^T Sigma_g k / (2 d)`` with the window's
+    covariance (divided by N). ``BLOCK`` keys at a time, so a head's columns are read once per block; each
+    key's sums are the same whatever its block."""
+    G = adv.shape[0]
+    d = adv.shape[1]
+    todo = np.empty(max(n - sinks, 1), dtype=np.int64)
+    m = 0
+    for i in range(sinks, n):
+        if stamp[i] != period:
+            todo[m] = i
+            m += 1
     z = np.empty((BLOCK, max(count, 1)))
     root = np.sqrt(np.float64(d))
-    for i0 in range(0, m, BLOCK):  # BLOCK keys at a time, so a head's columns are read once per block
+    for i0 in range(0, m, BLOCK):
         nb = min(BLOCK, m - i0)
         for g in range(G):
             cg = cols[g]
             for b in range(nb):
-                k = keys[rows[sinks + i0 + b]]
+                k = keys[rows[todo[i0 + b]]]
                 lin = 0.0
                 for x in range(d):
                     lin += k[x] * adv[g, x]
-                logits[g, i0 + b] = lin / root
+                logits[todo[i0 + b], g] = lin / root
                 for j in range(count):
                     z[b, j] = 0.0
             if count > 0:
                 for x in range(d):  # z_b += k_b[x] * column x: an axpy, each z[b, j] summed over x in order
                     col = cg[x]
                     for b in range(nb):
-                        kx = keys[rows[sinks + i0 + b], x]
+                        kx = keys[rows[todo[i0 + b]], x]
                         zb = z[b]
                         for j in range(count):
                             zb[j] += kx * col[j]
@@ -331,26 +367,34 @@ def step_scores(keys, rows, vnorm, n, sinks, pre, first, count, modulo, cos_p, s
                     quad = 0.0
                     for j in range(count):
                         quad += z[b, j] * z[b, j]
-                    logits[g, i0 + b] += quad / count / (2.0 * d)
-    top = -np.inf
-    for i in range(m):
-        out[sinks + i] = 0.0
+                    logits[todo[i0 + b], g] += quad / count / (2.0 * d)
+    for b in range(m):
+        stamp[todo[b]] = period
+
+
+@kernel
+def combine(logits, rows, vnorm, n, sinks, out):
+    """The press's score of the held slots from their logits ``(slots, G)``: per head the softmax over
+    the non-sink slots ``sinks .. n-1``, the mean over the heads, times ``|v|`` (``vnorm[rows[i]]``), into
+    ``out``; the sinks get the highest score + 1 (the press's padding)."""
+    G = logits.shape[1]
+    for i in range(sinks, n):
+        out[i] = 0.0
     for g in range(G):
         hi = -np.inf
-        for i in range(m):
-            hi = max(hi, logits[g, i])
+        for i in range(sinks, n):
+            hi = max(hi, logits[i, g])
         total = 0.0
-        for i in range(m):
-            e = np.exp(logits[g, i] - hi)
-            logits[g, i] = e
-            total += e
-        for i in range(m):
-            out[sinks + i] += logits[g, i] / total
-    for i in range(m):
-        v = out[sinks + i] / G * vnorm[rows[sinks + i]]
-        out[sinks + i] = v
+        for i in range(sinks, n):
+            total += np.exp(logits[i, g] - hi)
+        for i in range(sinks, n):
+            out[i] += np.exp(logits[i, g] - hi) / total
+    top = -np.inf
+    for i in range(sinks, n):
+        v = out[i] / G * vnorm[rows[i]]
+        out[i] = v
         top = max(top, v)
-    pad = top + 1.0 if m > 0 else 1.0
+    pad = top + 1.0 if n > sinks else 1.0
     for i in range(sinks):
         out[i] = pad
 
