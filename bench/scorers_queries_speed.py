@@ -1,14 +1,16 @@
 """expected_attention's replay against h2o's on the same query/key trace, side by side (issue 34's figure:
 a 4096-step trace at budget 256; target at most 3x h2o's time).
 
-    PYTHONPATH=. python bench/scorers_queries_speed.py [--trace FILE.qk.npz] [--steps 4096] [--budget 256]
+    PYTHONPATH=. python bench/scorers_queries_speed.py [--trace FILE.qk.npz] [--steps 4096] [--budget 256] [--refresh 1,64]
 
 Without ``--trace`` the trace is made here with Gemma-3-270M's shape (4 query heads sharing one KV head
 of 256 dimensions, RoPE theta 1e6 in the rotate_half layout, float16 like a recording): the cost of both
 replays depends on the shapes, not on the values. The kernels are compiled and the trace's row
 normalisers computed before the clock starts, so the times are the replays' own; each policy is timed
-``--repeat`` times, alternately, and the best time of each is printed with the ratio. ``--reference``
-also times expected_attention's reference (the harness's loop calling the same scoring kernel).
+``--repeat`` times, alternately, and the best time of each is printed with the ratio, expected_attention
+once per ``--refresh`` value (1, the default, takes the statistics afresh at every step). ``--reference``
+also times expected_attention's reference at the first refresh (the harness's loop calling the same
+scoring kernels).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4096)
     ap.add_argument("--budget", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--refresh", default="1", help="comma-separated refresh values (default 1)")
     ap.add_argument("--reference", action="store_true")
     args = ap.parse_args()
     trace = qk.load_qk(args.trace) if args.trace else gemma_like(args.steps)
@@ -66,22 +69,24 @@ def main() -> None:
     engine.prepare("h2o")
     engine.prepare("expected_attention")
     trace.derived.normalisers()  # the rows' pass, shared by both replays: not theirs to pay
-    best = {"h2o": np.inf, "expected_attention": np.inf}
+    refresh = [int(x) for x in args.refresh.split(",")]
+    runs = {"h2o": {}} | {f"expected_attention refresh={r}": {"refresh": r} for r in refresh}
+    best = dict.fromkeys(runs, np.inf)
     mass = {}
     for _ in range(args.repeat):
-        for name in best:
-            s, r = timed(lambda name=name: kvsim.replay(trace, name, budget=args.budget))
-            best[name] = min(best[name], s)
-            mass[name] = r.retained_mass
-    for name, s in best.items():
-        print(f"{name:>20}: {s * 1e3:10.0f} ms  (retained mass {mass[name]:.4f})")
-    print(f"{'ratio':>20}: {best['expected_attention'] / best['h2o']:10.1f} x h2o")
+        for label, params in runs.items():
+            name = label.split()[0]
+            s, r = timed(lambda name=name, params=params: kvsim.replay(trace, name, budget=args.budget, **params))
+            best[label] = min(best[label], s)
+            mass[label] = r.retained_mass
+    for label, s in best.items():
+        ratio = "" if label == "h2o" else f"  {s / best['h2o']:6.1f} x h2o"
+        print(f"{label:>32}: {s * 1e3:10.0f} ms{ratio}  (retained mass {mass[label]:.4f})")
     if args.reference:
-        policy = kvsim.make_policy("expected_attention", budget=args.budget, trace=trace)
+        policy = kvsim.make_policy("expected_attention", budget=args.budget, refresh=refresh[0], trace=trace)
         s, r = timed(lambda: replay_reference(trace, policy))
-        assert r.retained_mass == mass["expected_attention"]
-        print(f"{'reference':>20}: {s * 1e3:10.0f} ms  (the same retained mass)")
-
+        assert r.retained_mass == mass[f"expected_attention refresh={refresh[0]}"]
+        print(f"{'reference refresh=' + str(refresh[0]):>32}: {s * 1e3:10.0f} ms  (the same retained mass)")
 
 if __name__ == "__main__":
     main()
