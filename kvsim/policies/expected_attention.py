@@ -38,8 +38,9 @@ this way with its ``compression_interval`` (512), compressing once per interval.
 
 The arithmetic of a step is three kernels, ``window_stats``, ``key_logits`` and ``combine`` (plain loops,
 every sum in a stated order), which this reference and the engine's kernel (``kvsim.sim.kernels_expected``)
-both call, so the two agree bit for bit; the trigonometry (``turns``) and the queries turned back (``pre_rope``) are NumPy, per position, in
-the same calls on both paths. Its cost per step is O(held x window x head dim x heads) (docs/scorers.md).
+both call, so the two agree bit for bit; the trigonometry (``turns``) and the queries turned back
+(``pre_rope``) are NumPy, per position, in the same calls on both paths. Its cost per step is
+O(held x window x head dim x heads) when the statistics are taken afresh (docs/scorers.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The fast engine's kernel of expected_attention (``kvsim.policies.expected_attention``): the step loop of
 ``kvsim.sim.kernels`` with hooks that score the held slots by the policy's own kernels, the very
-kernels its reference calls (``window_stats``, ``key_logits``, ``combine``), so the two agree bit for bit (tests/test_scorers_queries.py).
+kernels its reference calls (``window_stats``, ``key_logits``, ``combine``), so the two agree bit for bit
+(tests/test_scorers_queries.py).
 
 The state holds what ``ExpectedAttention.engine_inputs`` made a position at a time with the reference's
 own calls (keys in float64, value norms, the queries turned back before RoPE, each position's turn) and,
