@@ -22,9 +22,12 @@ import time
 import numpy as np
 
 import kvsim
+from kvsim.bench import this_checkout
 from kvsim.data import qk
 from kvsim.sim import engine
 from kvsim.sim.harness import replay_reference
+
+this_checkout(__file__)  # measuring this checkout's kvsim, not another copy on the path
 
 G, D, THETA = 4, 256, 1e6
 
