@@ -63,8 +63,10 @@ def test_rows_equal_the_numpy_definition_and_are_softmaxes(softcap, window, gqa)
 @pytest.mark.parametrize("softcap,window,gqa", CONSTANTS)
 def test_every_policy_replays_the_same_from_queries_and_keys_as_from_the_matrix(softcap, window, gqa, fit_args):
     q, k, v = _arrays(1)
-    trace = qk.from_qk(q, k, v, scale=0.6, softcap=softcap, sliding_window=window, gqa=gqa)
-    dense = Trace(np.array(trace.attention))  # the very same float32 weights, as a matrix
+    rope = {"layout": "rotate_half", "theta": 1e4, "inv_freq": (1e4 ** (-np.arange(0, D, 2) / D)).tolist()}  # for expected_attention
+    trace = qk.from_qk(q, k, v, scale=0.6, softcap=softcap, sliding_window=window, gqa=gqa, meta={"rope": rope})
+    # the very same float32 weights, as a matrix, with the members and RoPE the query-aware policies read
+    dense = Trace(np.array(trace.attention), meta={"rope": rope}, values=trace.values, keys=trace.keys, queries=trace.queries)
     for name in POLICIES:
         kw = dict(budget=24, record_kept=True, **fit_args(name, 24, dense))
         runs = [replay(trace, name, **kw), replay(trace, name, reference=True, **kw), replay(dense, name, **kw)]
