@@ -10,10 +10,14 @@ Each shape is there for a corner of the arithmetic a test needs:
 - ``"levels"``: integer weights 1..``levels`` with ``zero_share`` zeros, so rows and cumulative scores
   tie exactly (the engine against the reference).
 
-``seed`` may be a ``numpy.random.Generator`` to draw several traces from one stream.
+``seed`` may be a ``numpy.random.Generator`` to draw several traces from one stream. ``members=True`` gives
+the trace random keys, values, queries (2 heads of 8 dimensions) and output norms, and a RoPE in its meta
+(``with_members``): what the policies that read them need, so that every registered policy replays it.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -21,7 +25,7 @@ import kvsim
 
 
 def random_trace(steps: int, seed: int | np.random.Generator = 0, *, shape: str = "gamma", ties: bool = False,
-                 zero_share: float = 0.3, levels: int = 3, name: str = "random") -> kvsim.Trace:
+                 zero_share: float = 0.3, levels: int = 3, name: str = "random", members: bool = False) -> kvsim.Trace:
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     n = steps + 1
     if shape == "gamma":
@@ -32,7 +36,19 @@ def random_trace(steps: int, seed: int | np.random.Generator = 0, *, shape: str 
         a = _levels(rng, n, levels, zero_share)
     else:
         raise ValueError(f"unknown shape {shape!r}")
-    return kvsim.from_array(np.tril(a, -1), name=name)
+    trace = kvsim.from_array(np.tril(a, -1), name=name)
+    return with_members(trace, rng) if members else trace
+
+
+def with_members(trace: kvsim.Trace, seed: int | np.random.Generator = 0) -> kvsim.Trace:
+    """``trace`` with random keys, values, queries (2 heads of 8 dimensions), output norms and a RoPE
+    (theta 1e4, rotate_half) in its meta: what the key-, value- and query-aware policies read."""
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    n, d = trace.steps + 1, 8
+    rope = {"layout": "rotate_half", "theta": 1e4, "inv_freq": (1e4 ** (-np.arange(0, d, 2) / d)).tolist()}
+    draw = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa: E731
+    return dataclasses.replace(trace, meta={**trace.meta, "rope": rope}, keys=draw(n, d), values=draw(n, d),
+                               queries=draw(n, 2, d), out_norms=np.abs(draw(n, 2)))
 
 
 def _gamma(rng: np.random.Generator, n: int, ties: bool) -> np.ndarray:

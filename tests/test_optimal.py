@@ -97,7 +97,7 @@ def test_a_suboptimal_schedule_fails_the_certificate():
     zero_share=st.sampled_from([0.0, 0.5, 0.9]),
 )
 def test_no_registry_policy_passes_it_and_it_stays_under_the_bound(seed, steps, budget, zero_share, fit_args):
-    tr = random_trace(steps, seed, shape="heavy", zero_share=zero_share)
+    tr = random_trace(steps, seed, shape="heavy", zero_share=zero_share, members=True)
     best = kvsim.replay(tr, "optimal", budget=budget)
     ub = upper_bound_series(tr, budget)
     assert np.all(best.retained_mass_series <= ub + 2 * rounding(budget + 1, 1.0, np.float64))  # two kept sums

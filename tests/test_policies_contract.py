@@ -6,8 +6,6 @@ covered without touching this file. Offline policies (``needs_trace``) get the t
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 from tolerance import rounding
@@ -83,25 +81,14 @@ class Poison:
         pytest.fail("a policy that does not read attention iterated attn")
 
 
-def with_vectors(trace, seed: int):
-    """``trace`` with random keys, values, queries (2 heads of 8 dimensions), output norms and a RoPE in
-    its meta: what the policies that read them are handed, by ``drive`` and by the harness."""
-    rng = np.random.default_rng(seed)
-    n, d = trace.steps + 1, 8
-    rope = {"layout": "rotate_half", "theta": 1e4, "inv_freq": (1e4 ** (-np.arange(0, d, 2) / d)).tolist()}
-    draw = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa: E731
-    return dataclasses.replace(trace, meta={**trace.meta, "rope": rope}, keys=draw(n, d), values=draw(n, d),
-                               queries=draw(n, 2, d), out_norms=np.abs(draw(n, 2)))
-
-
 @pytest.fixture(scope="module")
 def trace(make_trace):
-    return with_vectors(make_trace(90, seed=11), 1)
+    return make_trace(90, seed=11, members=True)
 
 
 @pytest.fixture(scope="module")
 def tie_trace(make_trace):
-    return with_vectors(make_trace(60, seed=5, ties=True), 2)
+    return make_trace(60, seed=5, ties=True, members=True)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -30,7 +30,7 @@ def cases(draw, names=tuple(NAMES)):
 
 def run(make_trace, fit_args, case, **record):
     (steps, seed, ties), name, budget, params = case
-    trace = make_trace(steps, seed=seed, ties=ties)
+    trace = make_trace(steps, seed=seed, ties=ties, members=True)  # every policy replays it, the query-aware too
     try:
         kvsim.make_policy(name, budget=budget, trace=trace, **params)
     except ValueError:
