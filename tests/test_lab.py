@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from random_traces import with_members
 from tolerance import rounding
 
 import kvsim
@@ -85,7 +86,7 @@ def test_side_by_side_matches_replay(name):
 
 
 def test_side_by_side_runs_every_registry_policy_including_the_offline_ones():
-    tr = lab.PRESETS["h2o vs scissorhands"].trace()
+    tr = with_members(lab.PRESETS["h2o vs scissorhands"].trace())  # keys, queries... for the query-aware policies
     for name in kvsim.POLICIES:
         params = {"recent_window": 1} if "recent_window" in kvsim.policy_params(name) else {}
         steps = lab.side_by_side(tr, lab.LabPolicy(name, params), lab.LabPolicy("greedy_future"), budget=5)
