@@ -26,6 +26,7 @@ reference path until they are, rather than wait for numba).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -334,8 +335,12 @@ def prepare(name: str, progress: Progress | None = None) -> None:
     note = f"compiling the {name} engine (once per install, ~{COMPILE_SECONDS} s)"
     listener = _first_compile(None if progress is None else (lambda: progress(None, note)))
     trace = from_array(np.tril(np.ones((9, 9)), -1), name="prepare")
-    for member in POLICIES[name].reads:  # what the policy reads, in the shape the trace holds it (one query head)
-        setattr(trace, member, np.ones((9, 1, 4) if member == "queries" else (9, 1) if member == "out_norms" else (9, 4)))
+    if POLICIES[name].reads:  # small members of the types a recording has, and a RoPE for those that turn queries
+        rng = np.random.default_rng(0)
+        draw = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa: E731
+        trace = dataclasses.replace(trace, keys=draw(9, 4), values=draw(9, 4), queries=draw(9, 2, 4),
+                                    out_norms=np.abs(draw(9, 2)),
+                                    meta={"rope_inv_freq": [1.0, 0.01], "rope_layout": "rotate_half", "rope_theta": 1e4})
     # every tunable at 1 (below the budget of 4): the kernels' windowed paths are taken too
     spec = PolicySpec.of(name, 4, **{p.name: 1 for p in tunables(name)})
     with event.install_listener("numba:compile", listener):  # process-wide: another thread's compile counts too
