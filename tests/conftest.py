@@ -48,3 +48,27 @@ def make_trace():
 def fit_args():
     """``fit_args(name, budget, trace=None, **params)``: see ``policy_args``."""
     return policy_args
+
+
+# --- the browser tests' Chromium and app server, one each for the session (tests/browser_support.py) ---------
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """Debian's Chromium under Playwright, launched once for every browser test of the session (a test
+    opens its pages with ``chromium.new_page``, each in a fresh context, and closes them)."""
+    from browser_support import launched_chromium
+
+    with launched_chromium() as browser:
+        yield browser
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """The URL of one ``streamlit run app.py`` (the checkout's, on the suite's cache) for every test that
+    drives the app as a reader opens it: started once, so its cached figures serve every such test."""
+    from browser_support import ROOT, app_command, free_port, serving
+
+    port = free_port()
+    with serving(app_command(port), port, tmp_path_factory.mktemp("streamlit") / "server.log", cwd=ROOT) as (url, _):
+        yield url
