@@ -1,8 +1,9 @@
 """What the tests that drive a real server or browser share: Debian's Chromium and the flags it runs
 with here, a free localhost port, a Streamlit server started, waited for and stopped (its own
-process group, so the whole server goes), and the one Chromium and the one ``streamlit run app.py``
-of the session (``launched_chromium``, ``app_command``: tests/conftest.py makes them session fixtures,
-so the browser tests start Playwright, Chromium and the app's server once, not once per test or file)."""
+process group, so the whole server goes), and what tests/conftest.py's fixtures start once for many
+tests instead of once per test or file: Chromium under Playwright (``launched_chromium``, shared by
+consecutive browser tests, each closing the pages it opened: ``opened``) and ``streamlit run app.py``
+(``app_command``, one server for the session)."""
 
 from __future__ import annotations
 

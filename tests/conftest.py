@@ -32,6 +32,23 @@ def policy_args(name: str, budget: int, trace: kvsim.Trace | None = None, **para
     return fitted
 
 
+@pytest.fixture
+def suite_models():
+    """For a test that measures in a cache directory of its own (``KVSIM_CACHE_DIR`` set by an earlier
+    fixture, e.g. an autouse one): that directory's ``models/`` is made a link to the suite's, so the test's
+    results stay its own while the shipped model is dequantised once for the whole suite (1.1 GB, most of
+    a minute; kvsim.models.loading.model_cache), not once per such test. The cache directory is returned."""
+    from kvsim.data.store import cache_dir
+    from kvsim.models.loading import MODELS_DIR
+
+    own = cache_dir()
+    assert own.resolve() != SUITE_CACHE.resolve(), "suite_models is for a test with a cache directory of its own"
+    (SUITE_CACHE / MODELS_DIR).mkdir(parents=True, exist_ok=True)
+    own.mkdir(parents=True, exist_ok=True)
+    (own / MODELS_DIR).symlink_to(SUITE_CACHE / MODELS_DIR, target_is_directory=True)
+    return own
+
+
 @pytest.fixture(scope="session")
 def canonical() -> kvsim.Trace:
     return resolve_trace("canonical")
@@ -50,17 +67,31 @@ def fit_args():
     return policy_args
 
 
-# --- the browser tests' Chromium and app server, one each for the session (tests/browser_support.py) ---------
+# --- the browser tests' Chromium (one per run of consecutive browser tests) and app server (one per session) ---
 
 
-@pytest.fixture(scope="session")
+#: (the launch's context manager, the browser) while consecutive tests use Chromium
+_CHROMIUM: list = []
+
+
+@pytest.fixture
 def chromium():
-    """Debian's Chromium under Playwright, launched once for every browser test of the session (a test
-    opens its pages with ``chromium.new_page``, each in a fresh context, and closes them)."""
-    from browser_support import launched_chromium
+    """Debian's Chromium under Playwright, launched once for a run of consecutive tests that ask for it (a
+    test opens its pages with ``chromium.new_page``, each in a fresh context, and closes them;
+    ``browser_support.opened``). It is stopped before any other test runs: a live sync Playwright marks an
+    asyncio loop as running in the main thread, where ``asyncio.run`` would then refuse to start."""
+    if not _CHROMIUM:
+        from browser_support import launched_chromium
 
-    with launched_chromium() as browser:
-        yield browser
+        launch = launched_chromium()
+        _CHROMIUM.append((launch, launch.__enter__()))
+    return _CHROMIUM[0][1]
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if _CHROMIUM and "chromium" not in getattr(nextitem, "fixturenames", ()):
+        launch, _ = _CHROMIUM.pop()
+        launch.__exit__(None, None, None)
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from browser_support import CHROMIUM
+from browser_support import CHROMIUM, CHROMIUM_ARGS
 from tolerance import rounding64
 
 import kvsim
@@ -30,32 +30,32 @@ ROOT = Path(__file__).resolve().parent.parent
 CHART_WIDTH = 770
 
 
-_PAGE: list = []  # one Chromium page for the module's figures, plotly.js loaded once, on the session's Chromium
-_REQUEST: list = []  # the module's fixture request, through which _page() asks for the session's Chromium
+_BROWSER: list = []  # one Chromium page for the module's figures, plotly.js loaded once: (playwright, browser, page)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _close_page(request):
-    _REQUEST.append(request)
+def _close_browser():
     yield
-    _REQUEST.clear()
-    while _PAGE:
-        _PAGE.pop().context.close()
+    while _BROWSER:
+        playwright, browser, _ = _BROWSER.pop()
+        browser.close()
+        playwright.stop()
 
 
 def _page():
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"no chromium at {CHROMIUM}")
-    pytest.importorskip("playwright.sync_api")
-    if not _PAGE:
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    if not _BROWSER:
         from plotly.offline import get_plotlyjs
 
-        browser = _REQUEST[0].getfixturevalue("chromium")  # tests/conftest.py: launched once for the session
+        playwright = sync_playwright().start()
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1600, "height": 1100})
         page.set_content("<html><body style='margin:0'><div id='plot'></div></body></html>")
         page.add_script_tag(content=get_plotlyjs())
-        _PAGE.append(page)
-    return _PAGE[0]
+        _BROWSER.append((playwright, browser, page))
+    return _BROWSER[0][2]
 
 
 def drawn(fig, script: str, width: int = CHART_WIDTH):
