@@ -111,6 +111,9 @@ def test_the_curve_view_and_your_model_give_one_answer_naming_what_they_compare(
     word; the curve view adds its layer's own pick under a headline of its own; and every truth sentence names
     the layers, the window rule, the budget and the steps of both sides."""
     curve = app(trace="gemma3-270m-L11", view="Choosing recent_window", budget="256", policies="h2o")
+    # the shipped L11 carries values (issue 34): the value-aware proxy's pick is a replay per window, asked for
+    assert "Attention-output error on L11" not in truth_sentences(curve)
+    curve.button(key="output_error_button").click().run(timeout=900)
     model = app(view="Your model", budget="256", bundle="gemma3-270m-heapq")
     on_curve, on_model = truth_sentences(curve), truth_sentences(model)
     # the shipped L11 carries values (issue 34), so the value-aware proxy's pick is stated too, under its own name

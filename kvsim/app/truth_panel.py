@@ -95,7 +95,14 @@ def truth_panel(trace: kvsim.Trace, policy: str, budget: int, rows: list[dict], 
         rule = None if choice.exact else "the peak of the windows sampled"
         own = vt.layer_pick(choice.recommended, label, trace.steps, choice.tolerance, rule=rule)
         wide = model_answer(truth)
-        error = _output_error_pick(trace, policy, budget, truth.windows, _values_key(trace))
+        error = None
+        if getattr(trace, "values", None) is not None:  # one replay per window with its kept sets: asked for, not run
+            asked = f"_output_error_asked:{trace.fingerprint}:{policy}:{budget}"
+            if st.session_state.get(asked) or st.button(
+                    f"Add the attention-output error's pick ({len(truth.windows)} replays with their kept sets on "
+                    f"{trace.steps} steps: a minute or more)", key="output_error_button"):
+                st.session_state[asked] = True
+                error = _output_error_pick(trace, policy, budget, truth.windows, _values_key(trace))
         value = (None if error is None else
                  vt.layer_pick(error, label, trace.steps, choice.tolerance, VALUE_PROXY, "the least error at the truth's windows"))
         picks = [p for p in (wide, own, value) if p is not None]
