@@ -18,6 +18,8 @@ DEFAULT_TEXTS = ("code-heapq.py", "prose-rust-book-introduction.txt", "legal-gpl
 DEFAULT_MODELS = ("gemma3-270m", "smollm2-135m")
 #: the study's window sweeps (kvsim.models.truth.STUDY_SWEPT, named here so the parser needs no torch-side import)
 SWEPT = ("h2o", "scissorhands", "snapkv", "h2o_normalized")
+#: the policies at their defaults in every cell (kvsim.models.truth.STUDY_FIXED, named here for the same reason)
+STUDY_FIXED = ("sliding_window", "streaming_llm", "tova")
 
 
 def add_proxies(sub) -> None:
@@ -37,6 +39,8 @@ def add_proxies(sub) -> None:
                    "only (default: code-heapq.py:64; 'none' for none)")
     p.add_argument("--out", default=None, help="write the rows and the verdict to this JSON file (atomically)")
     p.add_argument("--no-cache", action="store_true", help="measure again instead of reading cached results")
+    p.add_argument("--fixed", default=",".join(STUDY_FIXED), help="comma-separated: the policies measured at their "
+                   f"defaults in every cell, the scorers' table's rows (default: {','.join(STUDY_FIXED)})")
     p.add_argument("--markdown", action="store_true", help="print the tables as Markdown (docs/proxies.md's)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
@@ -82,6 +86,12 @@ def cmd_proxies(args: argparse.Namespace) -> dict:
     sweeps = _list(args.sweeps, "--sweeps")
     if set(sweeps) - set(SWEPT):
         raise CLIError(f"--sweeps: each of {', '.join(SWEPT)}, got {args.sweeps!r}")
+    from ..policies import POLICIES
+
+    fixed = _list(args.fixed, "--fixed")
+    online = [n for n, cls in POLICIES.items() if not cls.needs_trace]
+    if unknown := [f for f in fixed if f not in online]:
+        raise CLIError(f"--fixed: {', '.join(unknown)} is not an online policy ({', '.join(online)})")
     say = None if args.quiet else stderr("kvsim proxies")
     models = _list(args.models, "--models")
 
@@ -96,11 +106,11 @@ def cmd_proxies(args: argparse.Namespace) -> dict:
         ids = {m: quality.model_id_of(m) for m in models}
         where = {(ids[m], t, b): w for m in models for (only, t, b), w in closed.items() if only in (None, m)}
         rows = truth.study(sessions(), budgets, args.windows, where, proxies=configuration, use_cache=not args.no_cache,
-                           progress=say, sweeps=sweeps)
+                           progress=say, sweeps=sweeps, fixed=fixed)
     except (quality.QualityError, RecordError) as e:
         raise CLIError(str(e)) from None
     doc = {"plan": {"models": models, "texts": [t.name for t in texts], "budgets": budgets, "steps": args.steps,
-                    "windows": args.windows, "sweeps": sweeps,
+                    "windows": args.windows, "sweeps": sweeps, "fixed": fixed,
                     "closed": [f"{m + '@' if m else ''}{t}:{b}" for m, t, b in closed]},
            "verdict": verdict(rows), "open_vs_closed": agreement(rows), "rows": rows}
     if args.out:
@@ -165,12 +175,31 @@ def markdown(doc: dict) -> str:
         out.append(f"| {s['model'].split('-')[0]} | {s['text']} | {s['budget']} | {s['sweep']} | {s['truth_window']} "
                    f"({s['best_truth']:.4f}) | {m['proxy_window']} | {_pct(m['regret'])} | {s['proxy_window']} | "
                    f"{_pct(s['regret'])} |")
+    out += ["", *scorers_table(doc["rows"])]
     a = doc.get("open_vs_closed")
     if a:
         out += ["", f"Open loop against closed (the authority) on {a['configurations']} configurations: Spearman of KL "
                 f"{_f(a['spearman'])}; open / closed KL {_f(a['open_over_closed_mean'])} on average "
                 f"({_f(a['open_over_closed_range'][0])} .. {_f(a['open_over_closed_range'][1])})."]
     return "\n".join(out)
+
+
+def scorers_table(rows: list[dict]) -> list[str]:
+    """Which policy at its defaults the truth prefers in each model x text x budget: the fixed policies
+    (``--fixed``) ranked by open-loop KL, least first, with retained mass beside (Markdown lines)."""
+    cells: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("sweep") is None and r.get("kl_open") is not None:
+            cells.setdefault((r["model"], r["text"], r["budget"]), []).append(r)
+    out = ["Which scorer the truth prefers: every policy at its defaults (`--fixed`), ranked by open-loop KL in each "
+           "model x text x budget (retained mass in brackets).", "",
+           "| model | text | budget | truth prefers (KL) | then | last |", "| --- | --- | ---: | --- | --- | --- |"]
+    for (model, text, budget), got in cells.items():
+        ranked = sorted(got, key=lambda r: (r["kl_open"], r["policy"]))
+        name = lambda r: f"{r['policy']} {r['kl_open']:.4f} ({r['retained_mass']:.3f})"  # noqa: E731
+        out.append(f"| {model.split('-')[0]} | {text} | {budget} | {name(ranked[0])} | "
+                   f"{', '.join(name(r) for r in ranked[1:-1]) or '-'} | {name(ranked[-1]) if len(ranked) > 1 else '-'} |")
+    return out
 
 
 def _pct(x) -> str:

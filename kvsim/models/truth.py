@@ -233,16 +233,18 @@ STUDY_FIXED = ("sliding_window", "streaming_llm", "tova")
 STUDY_SWEPT = ("h2o", "scissorhands", "snapkv", "h2o_normalized")
 
 
-def study_jobs(budget: int, windows: Sequence[int], sweeps: Sequence[str] = STUDY_SWEPT) -> list[tuple[str, int, dict, str | None]]:
+def study_jobs(budget: int, windows: Sequence[int], sweeps: Sequence[str] = STUDY_SWEPT,
+               fixed: Sequence[str] = STUDY_FIXED) -> list[tuple[str, int, dict, str | None]]:
     """(policy, budget, params, sweep) of one model x text x budget of the study: ``sweep`` names the
-    window sweep a configuration belongs to (None for the fixed policies)."""
-    jobs = [(p, budget, {}, None) for p in STUDY_FIXED]
+    window sweep a configuration belongs to (None for the ``fixed`` policies, at their defaults)."""
+    jobs = [(p, budget, {}, None) for p in fixed]
     jobs += [(p, budget, {"recent_window": w}, p) for p in sweeps for w in windows]
     return jobs
 
 
 def study(sessions, budgets: Sequence[int], windows: int, closed: dict | None = None, *, proxies: Proxies,
-          use_cache: bool = True, progress: Progress | None = None, sweeps: Sequence[str] = STUDY_SWEPT) -> list[dict]:
+          use_cache: bool = True, progress: Progress | None = None, sweeps: Sequence[str] = STUDY_SWEPT,
+          fixed: Sequence[str] = STUDY_FIXED) -> list[dict]:
     """The proxy study's rows: for each session (a model on a text, opened lazily: ``sessions`` yields
     them) and budget, every job of ``study_jobs`` with its proxies and open-loop truth; where
     ``closed`` (``{(model_id, text name, budget): [sweep names or None]}``) lists a sweep, its
@@ -251,7 +253,7 @@ def study(sessions, budgets: Sequence[int], windows: int, closed: dict | None = 
     rows = []
     for session in sessions:
         for budget in budgets:
-            jobs = study_jobs(budget, even_windows(budget, windows), sweeps)
+            jobs = study_jobs(budget, even_windows(budget, windows), sweeps, fixed)
             say(None, f"{session.model_id} on {session.text_path.name}, budget {budget}: {len(jobs)} configurations")
             configurations = [session.configuration(*j[:3]) for j in jobs]
             part = measure(session, configurations, ("open",), proxies=proxies, use_cache=use_cache,
