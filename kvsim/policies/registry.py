@@ -18,6 +18,8 @@ from .critical import CriticalKV
 from .greedy_future import GreedyFuture
 from .h2o import H2O
 from .h2o_normalized import H2ONormalized
+from .keydiff import KeyDiff
+from .knorm import KNorm
 from .optimal import Optimal
 from .random_eviction import RandomEviction
 from .scissorhands import Scissorhands
@@ -30,8 +32,8 @@ from .vatp import VATP
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (
-        SlidingWindow, StreamingLLM, H2O, Scissorhands, TOVA, H2ONormalized, SnapKV, VATP, CriticalKV, RandomEviction,
-        GreedyFuture, Optimal,
+        SlidingWindow, StreamingLLM, H2O, Scissorhands, TOVA, H2ONormalized, SnapKV, VATP, CriticalKV, KNorm, KeyDiff,
+        RandomEviction, GreedyFuture, Optimal,
     )
 }
 
