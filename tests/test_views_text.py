@@ -22,6 +22,7 @@ from tolerance import rounding64
 
 import kvsim
 from kvsim.analysis import features
+from kvsim.data import vectors
 from kvsim.views import figures, model_figures, story
 from kvsim.views.figures import curve as curve_figures
 
@@ -394,8 +395,8 @@ def real_curve(trace_name: str, budget: int = 256):
                   for n in ("scissorhands", "h2o_normalized", "snapkv")}
     lines = []
     for name, cls in kvsim.POLICIES.items():
-        if "recent_window" in kvsim.policy_params(name) or name == "optimal":
-            continue
+        if "recent_window" in kvsim.policy_params(name) or name == "optimal" or vectors.missing(trace, cls.reads):
+            continue  # a policy reading what the trace lacks (knorm's keys) has no line on it
         summary = kvsim.replay(trace, name, budget=budget, top_k=32).summary()
         kind = "offline" if cls.needs_trace else "policy"
         lines.append(figures.Line.of(summary, name + (" (offline reference)" if cls.needs_trace else ""), kind, name))

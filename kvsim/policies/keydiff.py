@@ -97,7 +97,7 @@ class KeyDiff(KeyedSlots):
         return 1.0 - self.cosines
 
     def on_decode_step(self, pos: int, attn: np.ndarray | None) -> None:
-        self._step_attention(attn)  # a free slot, and attn (unread) aligned with kept
+        self._step_attention(None)  # the free-slot check only: attention is never read
         self._admit_keyed(pos)
 
     def evict(self, budget: int) -> list[int]:

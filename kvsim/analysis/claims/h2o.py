@@ -10,8 +10,10 @@ from .measure import BAND_TOLERANCE, BUDGET, FIGURE_TOLERANCE, Measurer, canonic
 
 
 def _attention_blind() -> list[str]:
-    """Registry policies that do not read attention and are not offline references."""
-    return [n for n, cls in POLICIES.items() if not cls.reads_attention and not cls.needs_trace]
+    """Registry policies that read nothing of the trace but positions: neither attention nor what the model
+    computed (keys, values, queries: knorm, keydiff) and no future rows (the offline references). The
+    card's baselines, which any trace can replay."""
+    return [n for n, cls in POLICIES.items() if not cls.reads_attention and not cls.needs_trace and not cls.reads]
 
 
 def check_h2o_recall_vs_blind(m: Measurer):
