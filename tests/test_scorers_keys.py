@@ -16,8 +16,8 @@ from kvsim import cli
 from kvsim.data import qk
 from kvsim.data.trace import TraceError
 from kvsim.policies.keydiff import unit_keys
-from kvsim.policies.knorm import key_norms
-from kvsim.sim import engine
+from kvsim.policies.knorm import KNorm, key_norms
+from kvsim.sim import engine, kernels_keys
 from kvsim.sim.simulate import replay
 
 NAMES = ("knorm", "keydiff")
@@ -191,11 +191,18 @@ def test_the_engine_equals_the_reference_bit_for_bit(name, ties, make_trace):
         assert _same(replay(trace, name, **kw), replay(trace, name, reference=True, **kw)), dtype
 
 
-def test_engine_inputs_are_the_references_own_arithmetic_row_by_row():
-    keys = np.random.default_rng(3).normal(size=(40, 24)).astype(np.float32)
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_the_kernels_norms_and_unit_keys_are_the_references_row_by_row(dtype):
+    keys = np.random.default_rng(3).normal(size=(40, 24)).astype(dtype)
+    keys[7] = 0.0  # a zero key: norm 0, unit key 0
     norms, units = key_norms(keys), unit_keys(keys)
     for p in range(40):  # what ``see`` computes from one row, bit for bit the whole array's row
         assert key_norms(keys[p]) == norms[p] and np.array_equal(unit_keys(keys[p]), units[p])
+    # and what the engine computes from the keys ``engine_inputs`` hands it
+    handed = KNorm.engine_inputs([], 39, {"keys": keys})["keys"]
+    assert handed.dtype in (np.float32, np.float64) and np.array_equal(handed, keys)
+    assert np.array_equal(kernels_keys.key_norms(handed), norms)
+    assert np.array_equal(kernels_keys.unit_keys(handed), units) and not units[7].any()
 
 
 @pytest.mark.parametrize("name", NAMES)

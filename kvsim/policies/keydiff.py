@@ -37,7 +37,7 @@ import numpy as np
 
 from ..data.gqa import position_sum
 from .base import DEFAULT_BUDGET, Display, EngineBinding
-from .knorm import KeyedSlots, key_norms
+from .knorm import KeyedSlots, kernel_keys, key_norms
 
 
 def unit_keys(keys) -> np.ndarray:
@@ -71,7 +71,7 @@ class KeyDiff(KeyedSlots):
 
     @classmethod
     def engine_inputs(cls, policies, steps, vectors=None):
-        return {"units": unit_keys(vectors["keys"])}
+        return {"keys": kernel_keys(vectors["keys"])}
 
     def _slot_arrays(self) -> list[np.ndarray]:
         return [] if self._unit is None else [self._unit]

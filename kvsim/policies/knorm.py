@@ -40,6 +40,13 @@ def key_norms(keys) -> np.ndarray:
     return np.sqrt(position_sum(k * k))
 
 
+def kernel_keys(keys) -> np.ndarray:
+    """The keys as the engine's kernels take them: float32 or float64, C-contiguous (float16 widened to
+    float32, exactly); the kernels widen each to float64 as ``key_norms`` does."""
+    k = np.asarray(keys)
+    return np.ascontiguousarray(k, dtype=k.dtype if k.dtype in (np.float32, np.float64) else np.float32)
+
+
 def inverse(norms: np.ndarray) -> np.ndarray:
     """``1 / norm`` per position, ``inf`` for a zero norm: the score the view shows (lowest goes)."""
     norms = np.asarray(norms, dtype=np.float64)
@@ -107,7 +114,7 @@ class KNorm(KeyedSlots):
 
     @classmethod
     def engine_inputs(cls, policies, steps, vectors=None):
-        return {"norms": key_norms(vectors["keys"])}
+        return {"keys": kernel_keys(vectors["keys"])}
 
     def _slot_arrays(self) -> list[np.ndarray]:
         return [self._norm]
