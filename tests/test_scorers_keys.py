@@ -239,3 +239,41 @@ def test_replay_reads_the_keys_of_a_query_key_trace_file(tmp_path, monkeypatch, 
         held = [*result.kept_history[t - 2].tolist(), t]
         largest = max(held, key=lambda p: (norms[p], -p))
         assert result.victims_history[t - 1] == [largest], t
+
+
+# --- where every policy is listed -------------------------------------------------------------------------
+
+
+def test_a_table_allocated_over_a_bundle_without_keys_refuses_them_in_its_rows(tmp_path, capsys):
+    from kvsim.data.bundle import write_manifest
+    from kvsim.data.trace import save_npz
+
+    folder = tmp_path / "bare2"
+    folder.mkdir()
+    entries = []
+    for layer in range(2):
+        name = f"bare-L{layer:02d}.npz"
+        a = np.tril(np.random.default_rng(layer).random((41, 41)), -1)
+        save_npz(kvsim.from_array(a, name=name), folder / name)  # attention only
+        entries.append({"file": name, "layer": layer, "head": 0, "query_heads": [0]})
+    write_manifest(folder, {"name": "bare2", "model": "random", "text": {"source": "random", "licence": "none"},
+                            "steps": 40, "traces": entries})
+    assert cli.main(["table", "--trace", str(folder), "--budget", "8", "--allocate", "uniform", "--json"]) == 0
+    rows = {r["policy"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    for name in NAMES:
+        assert rows[name]["retained_mass"] is None and rows[name]["refused"] == f"{name} reads keys, which bare2's traces do not hold"
+    assert rows["tova"]["retained_mass"] is not None
+
+
+def test_the_apps_settings_leave_out_what_the_trace_cannot_feed(monkeypatch):
+    """The app's sidebar choice on a trace without keys: knorm and keydiff are left out, each saying what it
+    reads, and the rest run (``controls.Settings.read`` with a session of our own)."""
+    import types
+
+    from kvsim.app import controls, state
+
+    session = {**state.defaults(), "budget": 64, "step": 10, "policies": ["h2o", "knorm", "keydiff"]}
+    monkeypatch.setattr(controls, "st", types.SimpleNamespace(session_state=session))
+    settings = controls.Settings.read(kvsim.canonical_trace())
+    assert {"knorm", "keydiff"} <= set(settings.left_out) and [s.name for s in settings.runs] == ["h2o"]
+    assert [p.split(" of ")[0] for p in settings.problems] == [f"{n} reads the keys" for n in NAMES]
