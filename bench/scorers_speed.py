@@ -12,8 +12,9 @@ Two traces, each built here from a fixed seed (no recording needed):
   position) carrying the same keys: the rows cost nothing to read there, so this is the harder ratio.
 
 For each policy (default h2o, knorm, keydiff): one replay first (numba's compile or disk-cache load, the
-trace's top-k), then the median of ``--repeat`` timed replays, in milliseconds, and its ratio to h2o's
-median on the same trace. One JSON line per trace. Timings are wall-clock on whatever machine runs it.
+trace's top-k), then ``--repeat`` rounds of one timed replay of each policy in turn; the median of each
+policy's, in milliseconds, and its ratio to h2o's median on the same trace. One JSON line per trace.
+Timings are wall-clock on whatever machine runs it.
 """
 
 from __future__ import annotations
@@ -65,12 +66,14 @@ def measure(trace, names: list[str], budget: int, repeat: int) -> dict:
         if not engine.covers(trace, name):
             raise SystemExit(f"scorers_speed.py: error: the engine does not replay {name} on {trace.name}")
         replay(trace, name, budget=budget)  # compile or load the kernels; the trace's top-k
-        times = []
-        for _ in range(repeat):
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(repeat):  # the policies in turn, so that a loaded machine's slow spells fall on all of them
+        for name in names:
             t0 = time.perf_counter()
             replay(trace, name, budget=budget)
-            times.append(time.perf_counter() - t0)
-        row[f"{name}_ms"] = round(1000 * statistics.median(times), 1)
+            times[name].append(time.perf_counter() - t0)
+    for name in names:
+        row[f"{name}_ms"] = round(1000 * statistics.median(times[name]), 1)
     base = row[f"{names[0]}_ms"]
     for name in names[1:]:
         row[f"{name}_over_{names[0]}"] = round(row[f"{name}_ms"] / base, 2)
