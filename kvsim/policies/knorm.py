@@ -41,10 +41,9 @@ def key_norms(keys) -> np.ndarray:
 
 
 def kernel_keys(keys) -> np.ndarray:
-    """The keys as the engine's kernels take them: float32 or float64, C-contiguous (float16 widened to
-    float32, exactly); the kernels widen each to float64 as ``key_norms`` does."""
-    k = np.asarray(keys)
-    return np.ascontiguousarray(k, dtype=k.dtype if k.dtype in (np.float32, np.float64) else np.float32)
+    """The keys as the engine's kernels take them: float64, C-contiguous (float16 and float32 widen exactly),
+    so one compiled signature serves every trace, the one ``kvsim.sim.engine.prepare`` compiles."""
+    return np.ascontiguousarray(keys, dtype=np.float64)
 
 
 def inverse(norms: np.ndarray) -> np.ndarray:

@@ -2,7 +2,7 @@
 ``kvsim.policies.keydiff``): the one step loop (``kvsim.sim.kernels.slot_kernel``) with their hooks,
 exactly the reference's arithmetic, which the policies' module docstrings state:
 
-- both take ``keys`` (``engine_inputs``: the trace's keys, float32 or float64, as
+- both take ``keys`` (``engine_inputs``: the trace's keys as float64, as
   ``kvsim.policies.knorm.kernel_keys`` hands them) and compute every norm or unit key once, with the
   reference's arithmetic;
 - knorm evicts the first maximum of the held positions' key norms over every slot (the newcomer
