@@ -63,11 +63,12 @@ def test_rows_equal_the_numpy_definition_and_are_softmaxes(softcap, window, gqa)
 @pytest.mark.parametrize("softcap,window,gqa", CONSTANTS)
 def test_every_policy_replays_the_same_from_queries_and_keys_as_from_the_matrix(softcap, window, gqa, fit_args):
     q, k, v = _arrays(1)
-    trace = qk.from_qk(q, k, v, scale=0.6, softcap=softcap, sliding_window=window, gqa=gqa)
+    # output norms for critical: a query/key trace holds them as recorded, given here
+    norms = (np.random.default_rng(1).random((N, G)) + 0.05).astype(np.float32)
+    trace = qk.from_qk(q, k, v, scale=0.6, softcap=softcap, sliding_window=window, gqa=gqa, out_norms=norms)
     dense = Trace(np.array(trace.attention))  # the very same float32 weights, as a matrix
-    # and the same values, and output norms for critical (a query/key trace holds none of its own)
-    dense.values = np.array(trace.values)
-    trace.out_norms = dense.out_norms = (np.random.default_rng(1).random((trace.steps + 1, 2)) + 0.05).astype(np.float32)
+    # and the same values, keys and output norms
+    dense.values, dense.keys, dense.out_norms = np.array(trace.values), np.array(trace.keys), norms
     for name in POLICIES:
         kw = dict(budget=24, record_kept=True, **fit_args(name, 24, dense))
         runs = [replay(trace, name, **kw), replay(trace, name, reference=True, **kw), replay(dense, name, **kw)]
