@@ -86,7 +86,8 @@ def recorded(tmp_path_factory):
     traces = {}
     for entry in load_bundle(tmp / "qk").traces:
         trace = entry.load()
-        trace.out_norms = _out_norms(model, entry.layer, entry.head, trace.values)
+        # the norms the deployed cache computes, in place of the recorded ones (QKTrace.out_norms reads them here)
+        trace.qk.out_norms = _out_norms(model, entry.layer, entry.head, trace.values)
         traces[(entry.layer, entry.head)] = trace
     return model, ids, traces
 
