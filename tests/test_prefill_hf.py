@@ -202,7 +202,7 @@ def test_keeping_the_whole_prompt_and_growing_is_the_full_cache(recorded):
 
 
 @pytest.mark.parametrize("name", READERS)
-def test_a_policy_that_reads_vectors_keeps_what_the_simulator_keeps(recorded, name, monkeypatch):
+def test_a_policy_that_reads_vectors_keeps_what_the_simulator_keeps(recorded, name, monkeypatch, fit_args):
     """The prompt attended in full (``prefill="fast"``: every layer's policy is stepped through the full-cache
     rows, the open loop) with each position's key, value, queries and output norms handed over as the model
     computed them: every (layer, KV head) holds what a replay of its recorded trace holds after the last step."""
@@ -210,11 +210,12 @@ def test_a_policy_that_reads_vectors_keeps_what_the_simulator_keeps(recorded, na
 
     monkeypatch.setitem(POLICIES, KeyValueNorm.name, KeyValueNorm)
     model, ids, traces = recorded
-    cache = hf.cache(model, name, BUDGET, prefill="fast")
+    params = fit_args(name, BUDGET)  # vatp's and critical's recent_window brought below the budget
+    cache = hf.cache(model, name, BUDGET, prefill="fast", **params)
     with torch.no_grad():
         model(ids, cache=cache, use_cache=True)
     for (layer, head), trace in traces.items():
-        row = replay(trace, name, budget=BUDGET, record_kept=True, reference=True).kept_history[-1]
+        row = replay(trace, name, budget=BUDGET, record_kept=True, reference=True, **params).kept_history[-1]
         assert cache.layers[layer].held(0, head).tolist() == row[row >= 0].tolist(), (name, layer, head)
 
 
