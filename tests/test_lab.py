@@ -88,7 +88,7 @@ def test_side_by_side_matches_replay(name):
 
 
 def test_side_by_side_runs_every_registry_policy_including_the_offline_ones():
-    tr = lab.PRESETS["h2o vs scissorhands"].trace()
+    tr = with_members(lab.PRESETS["h2o vs scissorhands"].trace())  # keys, queries... for the query-aware policies
     for name in kvsim.POLICIES:
         params = {"recent_window": 1} if "recent_window" in kvsim.policy_params(name) else {}
         if vectors.missing(tr, kvsim.POLICIES[name].reads):  # a preset has attention only: refused in one line ...

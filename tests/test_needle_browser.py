@@ -5,11 +5,10 @@ screenshot of each (artifacts/screenshot-needle.png, artifacts/screenshot-needle
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
-from browser_support import CHROMIUM, CHROMIUM_ARGS, free_port, serving
+from browser_support import CHROMIUM, app_command, free_port, opened, serving
 
 pytestmark = pytest.mark.browser
 
@@ -20,7 +19,7 @@ LOAD_TIMEOUT_MS = 180_000
 
 if not os.path.exists(CHROMIUM):
     pytest.skip(f"Debian's chromium is not installed at {CHROMIUM}", allow_module_level=True)
-sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+pytest.importorskip("playwright.sync_api")
 
 JS_CELL = """() => {
   // the screen position of the first policy grid's last row's first cell (the control's is the first heatmap)
@@ -30,7 +29,8 @@ JS_CELL = """() => {
 }"""
 
 
-def test_the_needle_view_in_a_browser_and_a_cell_opens_its_trial(tmp_path, monkeypatch):
+def test_the_needle_view_in_a_browser_and_a_cell_opens_its_trial(tmp_path, monkeypatch, chromium):
+    """Its own server (on the grid's cache directory, not the suite's); the session's Chromium."""
     cache = os.environ.get("KVSIM_NEEDLE_CACHE")
     if cache is None:
         from test_needle_app import saved_grid
@@ -39,12 +39,10 @@ def test_the_needle_view_in_a_browser_and_a_cell_opens_its_trial(tmp_path, monke
         monkeypatch.setenv("KVSIM_CACHE_DIR", cache)
         saved_grid()
     port = free_port()
-    cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
-           "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+    cmd = app_command(port)
     ARTIFACTS.mkdir(exist_ok=True)
     with serving(cmd, port, tmp_path / "server.log", cwd=ROOT, env={**os.environ, "KVSIM_CACHE_DIR": cache}) as (url, _):
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        with opened(chromium) as browser:
             page = browser.new_page(viewport=VIEWPORT)
             page.goto(f"{url}/?view=Pass+key", timeout=LOAD_TIMEOUT_MS)
             page.get_by_text("One trial", exact=False).first.wait_for(timeout=LOAD_TIMEOUT_MS)
@@ -64,4 +62,3 @@ def test_the_needle_view_in_a_browser_and_a_cell_opens_its_trial(tmp_path, monke
             trial.scroll_into_view_if_needed()
             page.wait_for_timeout(1000)
             page.screenshot(path=str(ARTIFACTS / "screenshot-needle-trial.png"), full_page=True)
-            browser.close()

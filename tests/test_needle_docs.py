@@ -1,6 +1,7 @@
 """docs/needle.md's command runs as printed (tests/doc_chains.py) and prints the grids the page quotes:
-the control's, then one per policy. It decodes Gemma-3-270M (9 runs, about 76 s here the first time;
-every trial is cached, so a second run reads them back), hence the record mark."""
+the control's, then one per policy. It decodes Gemma-3-270M (6 runs at two depths, two thirds of the 9-run
+grid that took 76 s on a quiet machine; every trial is cached, so a second run reads them back), hence the
+record mark."""
 
 from __future__ import annotations
 

@@ -158,12 +158,8 @@ def test_policies_that_do_not_read_attention_never_touch_it(name, trace, fit_arg
     assert poisoned == blind == seen
 
 
-#: policies whose held positions' scores move with the set held, not with attention: keydiff's cosine to the
-#: mean of the held keys changes with every newcomer, by its definition, whatever attention shows
-SCORES_OF_THE_SET = {"keydiff"}
-
-
-@pytest.mark.parametrize("name", [n for n in NAMES if kvsim.POLICIES[n].keeps_scores and n not in SCORES_OF_THE_SET])
+# (a score from the keys or queries, expected_attention's, moves with every position admitted: no attention to leave out)
+@pytest.mark.parametrize("name", [n for n in NAMES if kvsim.POLICIES[n].keeps_scores and kvsim.POLICIES[n].reads_attention])
 def test_none_attention_leaves_scores_unchanged(name, trace, fit_args):
     policy = build(fit_args, name, 24, trace)
     hand_over(policy, trace, 0)

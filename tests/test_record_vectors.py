@@ -260,10 +260,10 @@ def test_a_bad_qk_out_norms_member_is_refused_in_one_line(tmp_path, member, mess
 
 
 @pytest.mark.parametrize("name, member, problem", [
-    ("keys", np.ones((9, 4, 1), np.float32), "keys must be 2-D float16/32/64 with 9 rows"),
-    ("keys", np.ones((8, 4), np.float32), "keys must be 2-D float16/32/64 with 9 rows"),
-    ("queries", np.ones((9, 8), np.float32), "queries must be 3-D float16/32/64 with 9 rows"),
-    ("out_norms", np.ones((9, 2), np.int64), "out_norms must be 2-D float16/32/64 with 9 rows"),
+    ("keys", np.ones((9, 4, 1), np.float32), "keys must be (9, d) float16/32/64"),
+    ("keys", np.ones((8, 4), np.float32), "keys must be (9, d) float16/32/64"),
+    ("queries", np.ones((9, 8), np.float32), "queries must be (9, G, d) float16/32/64"),
+    ("out_norms", np.ones((9, 2), np.int64), "out_norms must be (9, G) float16/32/64"),
     ("out_norms", np.array([[1.0, np.nan]] * 9, np.float32), "out_norms holds NaN or infinite numbers"),
     ("queries", np.full((9, 2, 4), np.inf, np.float16), "queries holds NaN or infinite numbers"),
 ])

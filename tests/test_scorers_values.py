@@ -134,7 +134,7 @@ def test_a_norm_that_overflows_is_refused():
 
 
 @pytest.mark.parametrize(("name", "member", "how"), [("vatp", "values", "kvsim record"),
-                                                     ("critical", "out_norms", "kvsim record --store qk")])
+                                                     ("critical", "out_norms", "kvsim record --vectors")])
 def test_a_trace_without_the_member_is_refused_in_one_line(name, member, how, make_trace):
     trace = make_trace(20, seed=1)
     for reference in (True, False):

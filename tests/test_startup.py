@@ -187,9 +187,16 @@ runpy.run_module("kvsim", run_name="__main__")
 
 #: modules a second replay process has no use for: numba's array and string helpers (their compiled
 #: code is in the kernel read from disk; importing them cost 0.05-0.1 s), numpy's masked arrays (which
-#: numba's typing asked about), and the heavy libraries no replay runs
+#: numba's typing and ``np.unique`` asked about), the heavy libraries no replay runs, and what only the
+#: other commands run (their modules, the analyses their flags and documents name, the query/key reader
+#: and the thread pool of a sweep's batches): every kvsim module a process imports is compiled from
+#: source where no bytecode is kept, as on the project's machines
+OTHER_COMMANDS = ("kvsim.cli.commands", "kvsim.cli.needle_command", "kvsim.cli.proxies_command",
+                  "kvsim.cli.generate_command", "kvsim.cli.cache_command", "kvsim.analysis.metrics", "kvsim.analysis.table",
+                  "kvsim.analysis.tune", "kvsim.analysis.proxies", "kvsim.analysis.windows", "kvsim.data.qk", "subprocess",
+                  "statistics", "concurrent.futures")
 NOT_FOR_A_REPLAY = ("numba.np.arrayobj", "numba.cpython.unicode", "numba.cpython.charseq", "numpy.ma", "scipy",
-                    "pandas", "torch", "plotly", "streamlit")
+                    "pandas", "torch", "plotly", "streamlit", *OTHER_COMMANDS)
 
 
 @needs_numba
@@ -211,6 +218,89 @@ print(json.dumps([json.loads(out.getvalue()), [m for m in {NOT_FOR_A_REPLAY!r} i
     first = run()  # compiles where this machine has not yet (a compile imports all of numba)
     second = run()
     assert second == [first[0], []]
+
+
+@needs_numba
+def test_a_second_replay_compiles_none_of_numbas_runtime_and_makes_only_the_dispatchers_its_kernel_calls(tmp_path):
+    """numba's runtime compiles its own LLVM functions when it starts; a kernel read from disk carries its
+    copy of them, so a second replay registers the runtime's C functions only. Of the engine's kernels, a
+    replay makes the dispatchers of those its step kernel's code names (and theirs), not every one in the
+    module. A compile after it in the same process starts the runtime and links it (an array allocated)."""
+    code = """import contextlib, io, json, sys
+import numba, numpy as np
+from numba.core.runtime import nrtdynmod
+compiled = []
+compile_nrt = nrtdynmod.compile_nrt_functions
+nrtdynmod.compile_nrt_functions = lambda ctx: compiled.append(1) or compile_nrt(ctx)
+from kvsim.cli import main
+from kvsim import jit
+from kvsim.sim import kernels
+kernel = {n: v for n, v in vars(kernels).items() if isinstance(v, jit.Kernel)}  # before any is swapped
+with contextlib.redirect_stdout(io.StringIO()):
+    assert main(sys.argv[1:]) == 0
+loaded = len(compiled)
+made = sorted(n for n, v in kernel.items() if v._dispatcher is not None)
+stand_ins = sorted(n for n, v in kernel.items() if v._dispatcher is None)
+@numba.njit
+def doubled(a):
+    return (a * 2.0).sum()
+print(json.dumps([loaded, made, stand_ins, doubled(np.arange(4.0)), len(compiled)]))
+"""
+    save_npz(random_trace(40, seed=4), tmp_path / "small.npz")
+    args = ["replay", "--trace", str(tmp_path / "small.npz"), "--policy", "h2o", "--budget", "12", "--recent-window", "4", "--json"]
+
+    def run():
+        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, timeout=900)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    run()  # compiles, where this machine has not yet
+    loaded, made, stand_ins, doubled, after = run()
+    assert loaded == 0 and doubled == 12.0 and after == 1
+    assert "h2o_steps" in made and "_h2o_observe" in made and "_first_min" in made
+    assert "tova_steps" in stand_ins and "_tova_observe" in stand_ins and "snapkv_steps" in stand_ins
+
+
+def test_a_commands_own_parser_reads_its_line_as_the_whole_grammar_does():
+    """A command's process builds its own sub-parser alone (``build_parser(command)``): the same flags, the
+    same help and the same namespace as the whole grammar's, and the whole grammar for anything else."""
+    from kvsim.cli import parser
+
+    whole = parser.build_parser()
+    subs = whole._subparsers._group_actions[0].choices
+    assert tuple(subs) == parser.COMMANDS
+    for name in parser.COMMANDS:
+        own = parser.build_parser(name)
+        (only,) = own._subparsers._group_actions[0].choices.items()
+        assert only[0] == name and only[1].format_help() == subs[name].format_help(), name
+    line = ["replay", "--policy", "h2o", "--budget", "64", "--recent-window", "8", "--json"]
+    assert vars(parser.build_parser("replay").parse_args(line)) == vars(whole.parse_args(line))
+    line = ["sweep", "--policy", "tova", "--budget", "32:64:8"]
+    assert vars(parser.build_parser("sweep").parse_args(line)) == vars(whole.parse_args(line))
+
+
+def test_a_replay_imports_none_of_the_other_commands_analyses_and_prints_the_same_document(tmp_path, capsys):
+    """What the replay's process imports of kvsim and the standard library beyond its own: nothing the
+    other commands run (where numba is not installed the replay runs the kernels' Python)."""
+    code = f"""import contextlib, io, json, sys
+from kvsim.cli import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    assert main(sys.argv[1:]) == 0
+print(json.dumps([json.loads(out.getvalue()), [m for m in {OTHER_COMMANDS!r} if m in sys.modules]]))
+"""
+    save_npz(random_trace(50, seed=6), tmp_path / "small.npz")
+    args = ["replay", "--trace", str(tmp_path / "small.npz"), "--policy", "tova", "--budget", "16", "--json"]
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, timeout=900,
+                          env={**os.environ, "KVSIM_CACHE_DIR": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc, imported = json.loads(done.stdout.strip().splitlines()[-1])
+    assert imported == []
+    from kvsim.cli import main
+
+    capsys.readouterr()
+    assert main(args) == 0  # in this process, where the other commands' modules are imported: the same document
+    assert json.loads(capsys.readouterr().out) == doc and doc["policy"] == "tova" and doc["steps"] == 50
 
 
 def _crc_calls(monkeypatch) -> list:

@@ -22,7 +22,6 @@ from tolerance import rounding64
 
 import kvsim
 from kvsim.analysis import features
-from kvsim.data import vectors
 from kvsim.views import figures, model_figures, story
 from kvsim.views.figures import curve as curve_figures
 
@@ -386,6 +385,7 @@ def real_curve(trace_name: str, budget: int = 256):
     """The curve view's figure for a shipped trace as the app builds it: h2o's every window, its
     companions on a grid, every deployable policy and offline reference (the optimum aside: its solve is
     minutes) and the upper bound as lines."""
+    from kvsim.data import vectors
     from kvsim.data.catalog import resolve_trace
     from kvsim.policies.upper_bound import upper_bound_summary
 
@@ -396,7 +396,7 @@ def real_curve(trace_name: str, budget: int = 256):
     lines = []
     for name, cls in kvsim.POLICIES.items():
         if "recent_window" in kvsim.policy_params(name) or name == "optimal" or vectors.missing(trace, cls.reads):
-            continue  # a policy reading what the trace lacks (knorm's keys) has no line on it
+            continue  # (a policy reading queries or keys has no line on a trace without them, as in the app)
         summary = kvsim.replay(trace, name, budget=budget, top_k=32).summary()
         kind = "offline" if cls.needs_trace else "policy"
         lines.append(figures.Line.of(summary, name + (" (offline reference)" if cls.needs_trace else ""), kind, name))

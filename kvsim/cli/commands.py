@@ -2,6 +2,8 @@
 
 ``kvsim.cli.render`` turns the document into text; ``--json`` prints it as it is. A flag is only passed
 to a policy that takes that parameter, and giving it to one that does not is an error naming the flag.
+``replay`` and ``sweep`` live in ``replay_command`` (with ``load``, the reading of ``--trace``), so that
+their processes import none of what the commands here run.
 """
 
 from __future__ import annotations
@@ -17,94 +19,20 @@ from .. import progress as protocol
 from ..analysis import proxies as px
 from ..analysis.metrics import describe, renormalised, repair_note
 from ..analysis.table import TABLE_BUDGET, build_table
-from ..analysis.windows import choose_window
 from ..data.bundle import is_bundle
-from ..data.catalog import available_traces, resolve_trace
+from ..data.catalog import available_traces
 from ..data.qk import DENSE_LIMIT
-from ..data.trace import Trace, TraceError, save_npz
-from ..policies import DEFAULT_BUDGET, POLICIES, PolicySpec, policy_params
-from ..sim.simulate import replay, sweep
+from ..data.trace import save_npz
+from ..policies import POLICIES, PolicySpec, policy_params
+from ..sim.simulate import replay
 from . import prefill_command, report
-from .errors import CLIError, InputError, flag, input_error, read_input
-from .parser import parse_range, policy_args, positive_int, sweep_ranges
+from .errors import CLIError, InputError, flag, read_input
+from .parser import parse_range, positive_int
+from .replay_command import allocated, cmd_replay, cmd_sweep, load, measured
 
 #: the Streamlit script ``kvsim app`` runs: the thin entry at the checkout's root (a non-editable
 #: install does not carry it; the app runs from a checkout)
 APP_SCRIPT = Path(__file__).resolve().parents[2] / "app.py"
-
-
-def load(spec: str, name: str = "--trace") -> Trace:
-    """``--trace`` resolved; a first decode or build of a big trace says so once it passes a few seconds.
-    A trace that cannot be had is refused as that flag's input (exit 1, ``--trace: PATH: problem``)."""
-    with report.step("trace", f"loading {spec.strip()}"):
-        try:
-            return resolve_trace(spec)
-        except (TraceError, OSError) as e:
-            raise input_error(name, e) from None
-
-
-def _allocate(args: argparse.Namespace):
-    """The ``--allocate`` variant of ``args.command``'s function, or None without the flag (its module is
-    imported only then)."""
-    if getattr(args, "allocate", None) is None:
-        return None
-    from . import allocate_command
-
-    return getattr(allocate_command, args.command)
-
-
-def cmd_replay(args: argparse.Namespace) -> object:
-    prefill_command.refuse_none(args)
-    if prefill_command.given(args):
-        return prefill_command.replay(args, load)
-    if (allocated := _allocate(args)) is not None:
-        return allocated(args)
-    # the one validation: a bad value is refused before the trace loads, and the spec is what replays
-    spec = PolicySpec.of(args.policy, DEFAULT_BUDGET if args.budget is None else args.budget, **policy_args(args))
-    trace = load(args.trace)
-    with report.step("replay", f"replaying {args.policy} on {trace.name}") as progress:
-        report.prepare([args.policy], progress)
-        result = replay(trace, spec, top_k=args.top_k, progress=progress, record_kept=args.proxies)
-    return {"trace": trace.name, **(_measured(trace, px.summary(trace, result)) if args.proxies else result.summary())}
-
-
-def _measured(trace, row: dict) -> dict:
-    """A ``--proxies`` row as the CLI states it: where the value-aware proxies cannot be measured on the
-    trace, not a column of nulls and a fallback, but what is not applicable and why (``not_applicable``)."""
-    why = px.not_applicable(trace)
-    if why is None:
-        return row
-    out = {k: v for k, v in row.items() if k not in (*px.VALUE_PROXIES, "proxy_fallback")}
-    return {**out, "not_applicable": {"figures": list(px.VALUE_PROXIES), "why": why}}
-
-
-def cmd_sweep(args: argparse.Namespace) -> object:
-    prefill_command.refuse_none(args)
-    if prefill_command.given(args):
-        rows, param = prefill_command.sweep(args, load)
-        return mark_choice(rows, param)
-    if (allocated := _allocate(args)) is not None:
-        return allocated(args)
-    param, ranges, fixed, budget = sweep_ranges(args)
-    trace = load(args.trace)
-    note = f"sweeping {args.policy} over {flag(param)} ({len(ranges[param])} values) on {trace.name}"
-    with report.step("sweep", note) as progress:
-        report.prepare([args.policy], progress)
-        if args.proxies:
-            rows = px.sweep(trace, args.policy, budget, param, ranges[param], top_k=args.top_k, progress=progress, **fixed)
-        else:
-            rows = sweep(trace, args.policy, budget, param, ranges[param], top_k=args.top_k, progress=progress, **fixed)
-    rows = [_measured(trace, r) for r in rows] if args.proxies else rows
-    return mark_choice([{"trace": trace.name, **r} for r in rows], param)
-
-
-def mark_choice(rows: list[dict], param: str) -> list[dict]:
-    """The sweep's rows, each told whether it is the best (the largest retained mass, the smallest
-    value on ties) and whether it is the recommended one (the smallest value within ``TOLERANCE`` of
-    the best): ``kvsim.analysis.windows``, the rule every view names its windows by. The document stays
-    a list of rows; the two keys are added to each."""
-    choice = choose_window(rows, param=param)
-    return [{**r, "best": r[param] == choice.best, "recommended": r[param] == choice.recommended} for r in rows]
 
 
 def cmd_describe(args: argparse.Namespace) -> object:
@@ -142,8 +70,8 @@ def cmd_table(args: argparse.Namespace) -> object:
     prefill_command.refuse_none(args)
     if prefill_command.given(args):
         return prefill_command.table(args, load)
-    if (allocated := _allocate(args)) is not None:
-        return allocated(args)
+    if (variant := allocated(args)) is not None:
+        return variant(args)
     budget = TABLE_BUDGET if args.budget is None else args.budget
     if budget < 1:
         raise CLIError(f"--budget {budget} must be at least 1")
@@ -155,7 +83,7 @@ def cmd_table(args: argparse.Namespace) -> object:
             for row in doc["rows"]:
                 if row["retained_mass"] is not None and row["policy"] in POLICIES:
                     result = replay(trace, row["policy"], budget=budget, top_k=args.top_k, record_kept=True, **row["params"])
-                    extra = _measured(trace, px.summary(trace, result))
+                    extra = measured(trace, px.summary(trace, result))
                     row.update({k: extra[k] for k in (*px.VALUE_PROXIES, "not_applicable") if k in extra})
         return doc
 
@@ -403,8 +331,8 @@ def _quality_plan(args: argparse.Namespace) -> tuple[list[str], list[int], dict,
 
 
 def cmd_quality(args: argparse.Namespace) -> object:
-    if (allocated := _allocate(args)) is not None:
-        return allocated(args)
+    if (variant := allocated(args)) is not None:
+        return variant(args)
     # torch and transformers are imported by kvsim.models.quality's functions only when a measurement runs
     from ..models import quality
     from ..models.loading import require_extra

@@ -13,13 +13,13 @@ from typing import NoReturn
 
 from ..policies import ParamError
 from .errors import BAD_INPUT, USAGE, CLIError, model_error, param_message
-from .parser import PROG, build_parser
+from .parser import COMMANDS, PROG, build_parser
 
 #: the module of each command that has one of its own; ``commands`` holds the rest (``COMMANDS``). A
 #: command's module is imported when it runs, so --help, a usage error and ``cache list`` load none of
-#: the simulator (issue 36: tests/test_startup.py)
+#: the simulator, and a replay none of the other commands' analyses (issue 36: tests/test_startup.py)
 OWN_MODULE = {"bench": "bench_command", "cache": "cache_command", "generate": "generate_command", "proxies": "proxies_command",
-              "needle": "needle_command"}
+              "needle": "needle_command", "replay": "replay_command", "sweep": "replay_command"}
 
 
 def command(name: str):
@@ -32,7 +32,9 @@ def command(name: str):
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        parser = build_parser()
+        # a command's own sub-parser when the line starts with one (it parses the line as the whole grammar
+        # does); the whole grammar for --help, a bare ``kvsim`` and an unknown command, which list them all
+        parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
         if not argv:  # bare `kvsim`: what it can do, and the status of a usage error
             parser.print_help(sys.stderr)
             return USAGE
@@ -47,9 +49,15 @@ def main(argv: list[str] | None = None) -> int:
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         doc = command(args.command)(args)
-        from .render import as_json, render
+        if args.json:
+            from .jsondoc import as_json
 
-        sys.stdout.write((as_json(doc) if args.json else render(args.command, doc)) + "\n")
+            text = as_json(doc)
+        else:
+            from .render import render
+
+            text = render(args.command, doc)
+        sys.stdout.write(text + "\n")
         sys.stdout.flush()
         if args.command == "bench":
             from .bench_command import bench_status

@@ -2,26 +2,23 @@
 
 Policy parameters become flags (``recent_window`` -> ``--recent-window``) from the registry itself, so
 a policy that joins the registry gets its flags for free.
+
+A command's process builds its own sub-parser alone (``build_parser(command)``), and each command's
+flags import the constants their help names only when that command's sub-parser is built: a replay
+compiles none of the analyses that ``table`` or ``tune`` name in their flags (no bytecode is kept on the
+project's machines, so every module a process imports is compiled from source; issue 36).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
-from ..analysis.metrics import DEFAULT_BAND
-from ..analysis.table import TABLE_BUDGET
-from ..analysis.tune import BEST_PROXY as TUNE_BEST_PROXY
-from ..analysis.tune import BY as TUNE_BY
-from ..analysis.tune import DEFAULT_BY as TUNE_DEFAULT_BY
 from ..data.catalog import available_bundles, available_traces
 from ..policies import DEFAULT_BUDGET, POLICIES, all_tunables, policy_params
 from ..sim.harness import DEFAULT_TOP_K
-from ..sim.prefill import DEFAULT_SCORER, GROW, rankers
-from .cache_command import add_cache
 from .errors import BAD_INPUT, USAGE, CLIError, flag
-from .needle_command import add_needle
-from .proxies_command import add_proxies
 
 PROG = "kvsim"
 
@@ -93,24 +90,17 @@ def trace_help() -> str:
             f"bundle as BUNDLE:L05 or BUNDLE:L05H1 (shipped bundles: {', '.join(bundles) or 'none here'})")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's grammar: every command's sub-parser, or with ``command`` (one of ``COMMANDS``)
+    that command's alone, which parses its command line exactly as the whole grammar does."""
     parser = _Parser(prog=PROG, description="Replay attention traces through KV-cache eviction policies.",
                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    traces = trace_help()
-    _add_replay_and_sweep(sub, traces)
-    _add_trace_commands(sub, traces)
-    _add_bench(sub)
-    _add_tune(sub, traces)
-    _add_record(sub)
-    _add_quality(sub)
-    _add_generate(sub)
-    add_proxies(sub)
-    add_cache(sub)
-    add_needle(sub)
-    sub.add_parser("app", help="start the Streamlit app; any further options go to streamlit run",
-                   usage=f"{PROG} app [STREAMLIT RUN OPTIONS, e.g. --server.port 8502]")
+    traces = functools.cache(trace_help)  # the help of every --trace: the shipped traces listed once
+    for name, add in _ADD.items():
+        if command is None or name == command:
+            add(sub, traces)
     return parser
 
 
@@ -127,7 +117,8 @@ def _common(p: argparse.ArgumentParser, traces: str, budget_default: int | None,
 
 
 def _policy_flags(p: argparse.ArgumentParser, ranges: bool) -> None:
-    p.add_argument("--policy", required=True, choices=[*POLICIES, GROW], help="registry name (none: with "
+    # "none" is kvsim.sim.prefill.GROW, named here so that --help imports none of the simulator
+    p.add_argument("--policy", required=True, choices=[*POLICIES, "none"], help="registry name (none: with "
                    "--prefill-budget, the cache grows after the prompt)")
     for param, spec in all_tunables().items():
         owners = ", ".join(n for n, cls in POLICIES.items() if spec in cls.tunables)
@@ -144,20 +135,25 @@ def _prefill_flags(p: argparse.ArgumentParser, *, ranges: bool = False) -> None:
                    "or --policy none lets the cache grow (docs/scorers.md, prefill compression)")
     p.add_argument("--prompt-length", type=positive_int, default=None, metavar="P", help="with --prefill-budget: "
                    "positions 0 .. P - 1 are the prompt (default: the trace's meta prompt_length)")
+    from ..sim.prefill import DEFAULT_SCORER, rankers  # only where the command takes these flags
+
     p.add_argument("--prefill-policy", default=DEFAULT_SCORER, metavar="NAME[:K=V,...]", help="with --prefill-budget: "
                    f"the policy whose score chooses once (default: {DEFAULT_SCORER}, at its defaults; any online policy: "
                    f"{', '.join(rankers())}), e.g. snapkv:recent_window=8,observation_window=16")
 
 
-def _add_replay_and_sweep(sub, traces: str) -> None:
+def _add_replay(sub, traces) -> None:
     p = sub.add_parser("replay", help="replay one policy; mean retained mass and top-k recall")
-    _common(p, traces, DEFAULT_BUDGET)
+    _common(p, traces(), DEFAULT_BUDGET)
     _policy_flags(p, ranges=False)
     _proxies_flag(p)
     _allocate_flag(p)
     _prefill_flags(p)
+
+
+def _add_sweep(sub, traces) -> None:
     p = sub.add_parser("sweep", help="one replay per value of a parameter given as A:B[:STEP] (inclusive)")
-    _common(p, traces, DEFAULT_BUDGET, budget_type=str)
+    _common(p, traces(), DEFAULT_BUDGET, budget_type=str)
     _policy_flags(p, ranges=True)
     _proxies_flag(p)
     _allocate_flag(p)
@@ -181,24 +177,34 @@ def _proxies_flag(p) -> None:
                    "has none (needs the dense rows: up to 8192 steps for a query/key trace)")
 
 
-def _add_trace_commands(sub, traces: str) -> None:
+def _add_describe(sub, traces) -> None:
+    from ..analysis.metrics import DEFAULT_BAND
+
     p = sub.add_parser("describe", help="statistics of the trace alone: sinks, recency band, concentration")
-    _common(p, traces, None)
+    _common(p, traces(), None)
     p.add_argument("--band", type=positive_int, default=DEFAULT_BAND, help=f"recency band width (default: {DEFAULT_BAND})")
 
+
+def _add_export(sub, traces) -> None:
     p = sub.add_parser("export", help="write a trace in the interchange .npz format (float32)")
-    p.add_argument("--trace", default="canonical", help=f"{traces} (default: canonical)")
+    p.add_argument("--trace", default="canonical", help=f"{traces()} (default: canonical)")
     p.add_argument("--out", required=True, help="path of the .npz to write")
     _json(p)
 
+
+def _add_table(sub, traces) -> None:
+    from ..analysis.table import TABLE_BUDGET
+
     p = sub.add_parser("table", help="the policy cards' comparison and the calibration targets")
-    _common(p, traces, TABLE_BUDGET)
+    _common(p, traces(), TABLE_BUDGET)
     _proxies_flag(p)
     _allocate_flag(p)
     _prefill_flags(p)
 
+
+def _add_claims(sub, traces) -> None:
     p = sub.add_parser("claims", help="every checkable claim of the two policy cards, measured, with its verdict")
-    p.add_argument("--trace", default="canonical", help=f"{traces}, or all (canonical and every shipped "
+    p.add_argument("--trace", default="canonical", help=f"{traces()}, or all (canonical and every shipped "
                    "trace) (default: canonical)")
     _json(p, "one JSON document (a list of claim records)")
 
@@ -213,7 +219,7 @@ exit status:
   2  the command line is wrong"""
 
 
-def _add_bench(sub) -> None:
+def _add_bench(sub, traces) -> None:
     p = sub.add_parser("bench", help="time the reference path against the fast engine on the canonical trace",
                        epilog=BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--check", action="store_true", help="exit with status 1 when any target is missed, so a "
@@ -252,12 +258,16 @@ def _add_bench(sub) -> None:
     _json(p)
 
 
-def _add_tune(sub, traces: str) -> None:
+def _add_tune(sub, traces) -> None:
+    from ..analysis.tune import BEST_PROXY as TUNE_BEST_PROXY
+    from ..analysis.tune import BY as TUNE_BY
+    from ..analysis.tune import DEFAULT_BY as TUNE_DEFAULT_BY
+
     tunable = [name for name in POLICIES if "recent_window" in policy_params(name)]
     p = sub.add_parser("tune", help="per layer and KV head of a bundle: the smallest recent_window within 0.005 "
                        "of the best retained mass, and the model-wide figures")
     p.add_argument("--trace", required=True, help="a bundle (a shipped bundle's name or a folder with a manifest.json), "
-                   f"or any one trace ({traces})")
+                   f"or any one trace ({traces()})")
     p.add_argument("--policy", default="h2o", choices=tunable, help="a policy with a recent_window (default: h2o)")
     p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET, help=f"cache budget (default: {DEFAULT_BUDGET}); "
                    "recent_window is swept over 1 .. budget - 1")
@@ -318,7 +328,7 @@ class _Given(argparse.Action):
         setattr(namespace, f"{self.dest}_given", True)
 
 
-def _add_generate(sub) -> None:
+def _add_generate(sub, traces) -> None:
     p = sub.add_parser("generate", help="greedy generation with every layer's KV cache held to --budget by a policy "
                        "(kvsim.hf; needs the record extra)")
     p.add_argument("prompt", nargs="?", default=None, help="the prompt text (or --prompt-file)")
@@ -347,7 +357,7 @@ def _add_generate(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
 
 
-def _add_record(sub) -> None:
+def _add_record(sub, traces) -> None:
     p = sub.add_parser("record", help="record a bundle of real traces from a causal LM (needs the record extra)",
                        epilog=RECORD_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("text", nargs="?", metavar="TEXT", help="a UTF-8 text file; its first --steps + 1 tokens are read (not "
@@ -377,7 +387,7 @@ def _add_record(sub) -> None:
     _json(p)
 
 
-def _add_quality(sub) -> None:
+def _add_quality(sub, traces) -> None:
     p = sub.add_parser("quality", help="a real model's loss and KL on a text with its KV cache evicted by a policy "
                                        "(needs the record extra)")
     p.add_argument("text", metavar="TEXT", help="a UTF-8 text file, or heapq for the shipped traces' text (CPython 3.11.7 "
@@ -405,6 +415,38 @@ def _add_quality(sub) -> None:
                    "each layer and KV head at the budget an allocator gives it (uniform, pyramidkv, cake, optimal), "
                    "the same memory as uniform's, measured beside uniform's (docs/allocation.md)")
     _json(p)
+
+
+def _add_proxies(sub, traces) -> None:
+    from .proxies_command import add_proxies
+
+    add_proxies(sub)
+
+
+def _add_cache(sub, traces) -> None:
+    from .cache_command import add_cache
+
+    add_cache(sub)
+
+
+def _add_needle(sub, traces) -> None:
+    from .needle_command import add_needle
+
+    add_needle(sub)
+
+
+def _add_app(sub, traces) -> None:
+    sub.add_parser("app", help="start the Streamlit app; any further options go to streamlit run",
+                   usage=f"{PROG} app [STREAMLIT RUN OPTIONS, e.g. --server.port 8502]")
+
+
+#: each command's sub-parser, in the order ``kvsim --help`` lists them; ``add(sub, traces)``, ``traces()``
+#: the help of a --trace flag
+_ADD = {"replay": _add_replay, "sweep": _add_sweep, "describe": _add_describe, "export": _add_export, "table": _add_table,
+        "claims": _add_claims, "bench": _add_bench, "tune": _add_tune, "record": _add_record, "quality": _add_quality,
+        "generate": _add_generate, "proxies": _add_proxies, "cache": _add_cache, "needle": _add_needle, "app": _add_app}
+#: every command's name
+COMMANDS = tuple(_ADD)
 
 
 def policy_args(args: argparse.Namespace) -> dict:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..policies import DEFAULT_BUDGET, ParamError, PolicySpec, policy_params
+from ..data import vectors
+from ..policies import DEFAULT_BUDGET, POLICIES, ParamError, PolicySpec, policy_params
 from ..sim.prefill import DEFAULT_SCORER, GROW, Prefill, PrefillError, rankers, replay_prefill
 from .errors import CLIError, flag, param_message
 from .parser import parse_range, sweep_ranges
@@ -150,6 +151,9 @@ def table(args: argparse.Namespace, load) -> dict:
     first = _prefill(args, trace, args.prefill_budget)  # the flags checked once, with the default scorer
     rows = []
     for name in rankers():
+        if lacking := vectors.missing(trace, POLICIES[name].reads):  # a scorer reading what the trace lacks: said
+            rows.append({"policy": name, "refused": f"it reads {', '.join(lacking)}, which this trace does not hold"})
+            continue
         try:
             prefill = Prefill.of(first.prompt, first.keep, name)
         except PrefillError as e:

@@ -1,20 +1,14 @@
 """The readable form of each command's document: aligned tables, numbers right-aligned on the point.
 
-``--json`` prints the document itself instead (``as_json``), with NaN and infinities as null.
+``--json`` prints the document itself instead (``jsondoc.as_json``), with NaN and infinities as null.
+What a renderer needs of the analyses (a policy's parameters as a label, the window rule) and the
+renderers of the commands with modules of their own are imported when a document is rendered, so that
+``kvsim.cli``, which names ``render``, imports none of them (issue 36).
 """
 
 from __future__ import annotations
 
-import json
-import math
-
-import numpy as np
-
-from ..analysis.table import params_label
-from ..analysis.windows import TOLERANCE, covers
-from .generate_command import render_generate
-from .needle_command import render_needle
-from .proxies_command import render_proxies
+import importlib
 
 
 def aligned(headers: list[str], rows: list[list], text: bool = False) -> str:
@@ -51,6 +45,13 @@ def _numeric(s: str) -> bool:
 
 #: the value-aware proxies a ``--proxies`` document carries (``kvsim.analysis.proxies.VALUE_PROXIES``)
 PROXY_COLUMNS = ("value_mass", "output_error", "output_shift")
+
+
+def params_label(params: dict) -> str:
+    """``kvsim.analysis.table.params_label``: a policy's parameters as the tables label them."""
+    from ..analysis.table import params_label as label
+
+    return label(params)
 
 
 def _summary_params(r: dict) -> dict:
@@ -125,6 +126,8 @@ def _swept(doc: list[dict]) -> str:
 def _sweep(doc: list[dict]) -> str:
     """The rows, the best and the recommended one marked (``cmd_sweep`` says which), and the choice in
     words under them: exact over recent_window only when every window 1..budget - 1 was swept."""
+    from ..analysis.windows import TOLERANCE, covers
+
     if doc and "allocate" in doc[0]:
         return _allocated_sweep(doc)
     param = _swept(doc)
@@ -378,26 +381,16 @@ def _model_window_line(doc: dict) -> str:
 
 RENDERERS = {"replay": _replay, "sweep": _sweep, "describe": _describe, "record": _record, "export": _export,
              "table": _table, "bench": _bench, "claims": _claims, "quality": _quality, "tune": _tune, "cache": _cache,
-             "generate": render_generate, "proxies": render_proxies,
-             "needle": render_needle}
+             "generate": lambda doc: _own("generate_command", "render_generate", doc),
+             "proxies": lambda doc: _own("proxies_command", "render_proxies", doc),
+             "needle": lambda doc: _own("needle_command", "render_needle", doc)}
+
+
+def _own(module: str, name: str, doc) -> str:
+    """``doc`` rendered by the function ``name`` of the command's own module, imported now."""
+    return getattr(importlib.import_module(f".{module}", __package__), name)(doc)
 
 
 def render(command: str, doc) -> str:
     """``doc`` (what ``command`` returned) as the text the command prints without ``--json``."""
     return RENDERERS[command](doc)
-
-
-def _jsonable(x):
-    if isinstance(x, np.generic):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    return x
-
-
-def as_json(doc) -> str:
-    return json.dumps(_jsonable(doc), indent=2, allow_nan=False)

@@ -97,9 +97,9 @@ def resolve_trace(spec: str) -> Trace:
         raise TraceError(f"{spec} is a bundle of {bundle.describe()}: name one trace, e.g. {spec}:L{first.layer:02d} "
                          f"or {spec}:{first.label} (layer, KV head), or use a command that takes a bundle (tune)")
     path = Path(spec)
-    from .qk import is_qk_path, load_qk  # not loaded for canonical, the shipped traces or --help's list of them
+    if spec.endswith(".qk.npz"):  # kvsim.data.qk.SUFFIX: its reader loads only for such a file
+        from .qk import load_qk
 
-    if is_qk_path(spec):
         return load_qk(path)
     # anything that looks like a path goes to the loader, whose error names the file and the problem
     if path.exists() or path.suffix == ".npz" or "/" in spec or "\\" in spec:

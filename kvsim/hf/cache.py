@@ -283,10 +283,7 @@ class EvictingLayer(CacheLayerMixin):
         if weight is None:
             raise HFError(f"{self._name}: out_norms need the attention module's o_proj, which "
                           f"{type(self._module).__name__} does not have")
-        d = value.shape[-1]
-        w = weight[:, h * group * d : (h + 1) * group * d].reshape(weight.shape[0], group, d)
-        with torch.no_grad():
-            return _array(torch.linalg.vector_norm(torch.einsum("ogd,d->go", w.float(), value.float()), dim=-1))
+        return _array(eager.output_norms(weight, value.reshape(1, 1, -1), group, h)[0, 0])
 
     def _admit(self, b: int, h: int, t: int, shown, key, value, queries=None) -> None:
         """Show (row b, KV head h)'s policy the attention of step t (and t's vectors, if it reads any), let it

@@ -25,27 +25,23 @@ import numpy as np
 
 from ..progress import Progress
 from ..sim.simulate import replay
-from .errors import QualityError
+from .errors import QualityError, RecordError
 from .loading import no_progress
 
 
-def _vectors(module, query, key, value, group: int) -> dict[str, np.ndarray]:
-    """One layer's keys, queries and output norms per KV head, position-major, float32 (``MaskedPass``).
-    Query head h reads KV head h // group (transformers' ``repeat_kv``); its output norm at position p
-    is ``|W_O[:, h d_v:(h + 1) d_v] v_p|_2``, the value after the head's share of the output projection."""
-    import torch
+def _vectors(module, query, key, value, group: int, layer: int) -> dict[str, np.ndarray]:
+    """One layer's keys, queries and output norms per KV head, position-major, float32 (``MaskedPass``):
+    query head h reads KV head h // group (transformers' ``repeat_kv``); the norms are the recorder's
+    (``layer_vectors.output_norms``), left out for a module without a linear output projection."""
+    from .layer_vectors import output_norms
 
     hkv, n, d = key.shape
     out = {"keys": key.float().numpy().copy(),
            "queries": query.float().reshape(hkv, group, n, d).transpose(1, 2).numpy().copy()}
-    proj = getattr(module, "o_proj", None)
-    weight = getattr(proj, "weight", None)
-    dv = value.shape[-1]
-    if isinstance(weight, torch.Tensor) and weight.shape[1] == hkv * group * dv:
-        w = weight.detach().float().reshape(weight.shape[0], hkv, group, dv)  # (hidden, kv head, G, d_v)
-        with torch.no_grad():
-            projected = torch.einsum("knd,okgd->kngo", value.float(), w)  # (kv head, n, G, hidden)
-        out["out_norms"] = torch.linalg.vector_norm(projected, dim=-1).numpy().copy()
+    try:
+        out["out_norms"] = output_norms(module, value[None], hkv * group, layer).cpu().numpy()
+    except RecordError:
+        pass
     return out
 
 
@@ -82,7 +78,7 @@ class MaskedPass:
         group = hq // hkv
         if self.captured is not None:
             self.values[layer] = value[0].float().numpy().copy()
-            self.vectors[layer] = _vectors(call.module, query[0], key[0], value[0], group)
+            self.vectors[layer] = _vectors(call.module, query[0], key[0], value[0], group, layer)
         key = key.repeat_interleave(group, dim=1)  # what transformers' repeat_kv does
         value = value.repeat_interleave(group, dim=1)
         t = torch.arange(n)

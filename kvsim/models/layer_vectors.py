@@ -44,22 +44,14 @@ def output_norms(module, value, heads: int, layer: int):
     """``(kv_heads, n, G)`` float32 tensor: ``out[h, p, g] = |W_O^(h G + g) v_p^h|_2`` for the layer's values
     ``value`` ``(1, kv_heads, n, d_v)`` (query heads ``h G .. h G + G - 1`` read KV head h), computed in
     float64 from the float32 weights and values, so each stored float32 is within one rounding of exact."""
-    import torch
+    from ..hf import eager
 
     weight = output_projection(module, layer)
-    kv_heads, n, d_v = value.shape[1], value.shape[2], value.shape[3]
+    kv_heads, d_v = value.shape[1], value.shape[3]
     if weight.shape[1] != heads * d_v:
         raise RecordError(f"layer {layer}: the output projection takes {weight.shape[1]} inputs, not the "
                           f"{heads} heads x {d_v} value dimensions the attention produced")
-    group = heads // kv_heads
-    w = weight.detach().to(torch.float64)
-    out = torch.empty((kv_heads, n, group), dtype=torch.float32, device=value.device)
-    for h in range(kv_heads):
-        v = value[0, h].detach().to(torch.float64)  # (n, d_v)
-        for g in range(group):
-            head = h * group + g
-            out[h, :, g] = torch.linalg.vector_norm(v @ w[:, head * d_v : (head + 1) * d_v].T, dim=-1).to(torch.float32)
-    return out
+    return eager.output_norms(weight, value[0], heads // kv_heads).to(value.device)
 
 
 def _layer_type(config, layer: int) -> str | None:

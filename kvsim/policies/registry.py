@@ -15,6 +15,7 @@ import re
 
 from .base import Display, EngineBinding, Param, Policy
 from .critical import CriticalKV
+from .expected_attention import ExpectedAttention
 from .greedy_future import GreedyFuture
 from .h2o import H2O
 from .h2o_normalized import H2ONormalized
@@ -32,7 +33,8 @@ from .vatp import VATP
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (
-        SlidingWindow, StreamingLLM, H2O, Scissorhands, TOVA, H2ONormalized, SnapKV, VATP, CriticalKV, KNorm, KeyDiff,
+        SlidingWindow, StreamingLLM, H2O, Scissorhands, TOVA, H2ONormalized, SnapKV, VATP, CriticalKV, ExpectedAttention,
+        KNorm, KeyDiff,
         RandomEviction, GreedyFuture, Optimal,
     )
 }

@@ -61,7 +61,8 @@ class PolicySpec:
     def build(self, trace=None, rng: np.random.Generator | None = None) -> Policy:
         """A fresh policy in its starting state (offline references are handed ``trace``)."""
         cls = policy_class(self.name)
-        extra = {"trace": trace} if cls.needs_trace else {}
+        # offline references read the trace; a policy that ``reads_meta`` reads constants of its meta (a RoPE)
+        extra = {"trace": trace} if cls.needs_trace or getattr(cls, "reads_meta", False) else {}
         return cls(budget=self.budget, rng=rng, **self.kwargs, **extra)
 
     @property

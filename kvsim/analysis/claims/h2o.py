@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...data import vectors
 from ...policies import POLICIES, make_policy
 from ...sim.simulate import replay
 from .measure import BAND_TOLERANCE, BUDGET, FIGURE_TOLERANCE, Measurer, canonical_only, rounded, spike_trace, step, steps_from, verdict
 
 
-def _attention_blind() -> list[str]:
-    """Registry policies that read nothing of the trace but positions: neither attention nor what the model
-    computed (keys, values, queries: knorm, keydiff) and no future rows (the offline references). The
-    card's baselines, which any trace can replay."""
-    return [n for n, cls in POLICIES.items() if not cls.reads_attention and not cls.needs_trace and not cls.reads]
+def _attention_blind(trace) -> list[str]:
+    """Registry policies that do not read attention and are not offline references, of those that can
+    replay ``trace`` (a policy reading keys or queries cannot on a trace without them)."""
+    return [n for n, cls in POLICIES.items() if not cls.reads_attention and not cls.needs_trace
+            and not vectors.missing(trace, cls.reads)]
 
 
 def check_h2o_recall_vs_blind(m: Measurer):
     h = m.run("h2o", recent_window=32)
-    others = {n: m.run(n)["top_k_recall"] for n in _attention_blind()}
+    others = {n: m.run(n)["top_k_recall"] for n in _attention_blind(m.trace)}
     best = max(others, key=others.get)
     figures = {"h2o_recent_window_32_top_32_recall": rounded(h["top_k_recall"]),
                **{f"{n}_top_32_recall": rounded(v) for n, v in others.items()}}

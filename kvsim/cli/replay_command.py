@@ -1,0 +1,103 @@
+"""``kvsim replay`` and ``kvsim sweep``, and the reading of ``--trace`` every command shares.
+
+A module of their own, importing what a replay runs and no more: the value-aware proxies (``--proxies``),
+the window rule of a sweep's rows and the ``--allocate`` variants are imported by the runs that use
+them, so a replay's process compiles none of the other commands' analyses (issue 36: no bytecode is kept
+on the project's machines, so a process compiles every module it imports from source).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..data.catalog import resolve_trace
+from ..data.trace import Trace, TraceError
+from ..policies import DEFAULT_BUDGET, PolicySpec
+from ..sim.simulate import replay, sweep
+from . import prefill_command, report
+from .errors import flag, input_error
+from .parser import policy_args, sweep_ranges
+
+
+def load(spec: str, name: str = "--trace") -> Trace:
+    """``--trace`` resolved; a first decode or build of a big trace says so once it passes a few seconds.
+    A trace that cannot be had is refused as that flag's input (exit 1, ``--trace: PATH: problem``)."""
+    with report.step("trace", f"loading {spec.strip()}"):
+        try:
+            return resolve_trace(spec)
+        except (TraceError, OSError) as e:
+            raise input_error(name, e) from None
+
+
+def allocated(args: argparse.Namespace):
+    """The ``--allocate`` variant of ``args.command``'s function, or None without the flag (its module is
+    imported only then)."""
+    if getattr(args, "allocate", None) is None:
+        return None
+    from . import allocate_command
+
+    return getattr(allocate_command, args.command)
+
+
+def cmd_replay(args: argparse.Namespace) -> object:
+    prefill_command.refuse_none(args)
+    if prefill_command.given(args):
+        return prefill_command.replay(args, load)
+    if (variant := allocated(args)) is not None:
+        return variant(args)
+    # the one validation: a bad value is refused before the trace loads, and the spec is what replays
+    spec = PolicySpec.of(args.policy, DEFAULT_BUDGET if args.budget is None else args.budget, **policy_args(args))
+    trace = load(args.trace)
+    with report.step("replay", f"replaying {args.policy} on {trace.name}") as progress:
+        report.prepare([args.policy], progress)
+        result = replay(trace, spec, top_k=args.top_k, progress=progress, record_kept=args.proxies)
+    if not args.proxies:
+        return {"trace": trace.name, **result.summary()}
+    from ..analysis import proxies as px
+
+    return {"trace": trace.name, **measured(trace, px.summary(trace, result))}
+
+
+def measured(trace, row: dict) -> dict:
+    """A ``--proxies`` row as the CLI states it: where the value-aware proxies cannot be measured on the
+    trace, not a column of nulls and a fallback, but what is not applicable and why (``not_applicable``)."""
+    from ..analysis import proxies as px
+
+    why = px.not_applicable(trace)
+    if why is None:
+        return row
+    out = {k: v for k, v in row.items() if k not in (*px.VALUE_PROXIES, "proxy_fallback")}
+    return {**out, "not_applicable": {"figures": list(px.VALUE_PROXIES), "why": why}}
+
+
+def cmd_sweep(args: argparse.Namespace) -> object:
+    prefill_command.refuse_none(args)
+    if prefill_command.given(args):
+        rows, param = prefill_command.sweep(args, load)
+        return mark_choice(rows, param)
+    if (variant := allocated(args)) is not None:
+        return variant(args)
+    param, ranges, fixed, budget = sweep_ranges(args)
+    trace = load(args.trace)
+    note = f"sweeping {args.policy} over {flag(param)} ({len(ranges[param])} values) on {trace.name}"
+    with report.step("sweep", note) as progress:
+        report.prepare([args.policy], progress)
+        if args.proxies:
+            from ..analysis import proxies as px
+
+            rows = px.sweep(trace, args.policy, budget, param, ranges[param], top_k=args.top_k, progress=progress, **fixed)
+        else:
+            rows = sweep(trace, args.policy, budget, param, ranges[param], top_k=args.top_k, progress=progress, **fixed)
+    rows = [measured(trace, r) for r in rows] if args.proxies else rows
+    return mark_choice([{"trace": trace.name, **r} for r in rows], param)
+
+
+def mark_choice(rows: list[dict], param: str) -> list[dict]:
+    """The sweep's rows, each told whether it is the best (the largest retained mass, the smallest
+    value on ties) and whether it is the recommended one (the smallest value within ``TOLERANCE`` of
+    the best): ``kvsim.analysis.windows``, the rule every view names its windows by. The document stays
+    a list of rows; the two keys are added to each."""
+    from ..analysis.windows import choose_window
+
+    choice = choose_window(rows, param=param)
+    return [{**r, "best": r[param] == choice.best, "recommended": r[param] == choice.recommended} for r in rows]
