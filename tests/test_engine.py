@@ -162,8 +162,8 @@ def test_every_engine_policy_gives_what_its_kernel_state_takes(name):
     assert set(inputs) == set(list(state.parameters)[1:])
     for key, value in inputs.items():
         assert isinstance(value, np.ndarray), key
-        if key not in ("suffix", "multipliers"):  # greedy_future's suffix sums, the value-weighted policies'
-            # multipliers: per position of the trace, not per configuration
+        if key not in ("suffix", "multipliers", "keys"):  # greedy_future's suffix sums, the value-weighted
+            # policies' multipliers, the key-aware ones' keys: per position of the trace, not per configuration
             assert value.shape[0] == len(budgets), key
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..analysis import allocation as al
 from ..analysis.windows import best_of
+from ..data import vectors
 from ..data.bundle import Bundle, BundleError, is_bundle
 from ..data.catalog import resolve_bundle, shipped_bundles
 from ..policies import DEFAULT_BUDGET, POLICIES, PolicySpec
@@ -170,11 +171,18 @@ def table(args: argparse.Namespace) -> dict:
         raise CLIError(f"--allocate: table takes an allocator's name ({', '.join(al.ALLOCATORS)}); a file fixes "
                        "budgets for one policy: give it to replay")
     jobs, rows = [], []
+    # what the policies that read keys, values or queries need: the bundle's traces hold them or none do
+    first = bundle.traces[0].load() if any(cls.reads for cls in POLICIES.values()) else None
     for policy in POLICIES:
         try:
             spec = PolicySpec.of(policy, budget)
         except ValueError as e:
             rows.append({"policy": policy, "params": {}, "retained_mass": None, "refused": " ".join(str(e).split())})
+            continue
+        lacking = vectors.missing(first, POLICIES[policy].reads) if first is not None else []
+        if lacking:
+            rows.append({"policy": policy, "params": spec.kwargs, "retained_mass": None,
+                         "refused": f"{policy} reads {lacking[0]}, which {bundle.name}'s traces do not hold"})
             continue
         try:
             al.check(name, spec, shape, bundle.steps)

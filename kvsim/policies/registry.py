@@ -19,6 +19,8 @@ from .expected_attention import ExpectedAttention
 from .greedy_future import GreedyFuture
 from .h2o import H2O
 from .h2o_normalized import H2ONormalized
+from .keydiff import KeyDiff
+from .knorm import KNorm
 from .optimal import Optimal
 from .random_eviction import RandomEviction
 from .scissorhands import Scissorhands
@@ -32,6 +34,7 @@ POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (
         SlidingWindow, StreamingLLM, H2O, Scissorhands, TOVA, H2ONormalized, SnapKV, VATP, CriticalKV, ExpectedAttention,
+        KNorm, KeyDiff,
         RandomEviction, GreedyFuture, Optimal,
     )
 }
