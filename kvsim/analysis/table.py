@@ -40,6 +40,14 @@ ROWS: list[Row] = [
     # baselines from practice, beyond the cards: rows after the cards' own, which the targets do not read
     Row("h2o_normalized", {"recent_window": 32}),
     Row("snapkv", {"recent_window": 32, "observation_window": 32}),
+    # the field's scorers beyond attention (docs/scorers.md): measured where the trace holds the keys, values,
+    # queries or output norms they read, said otherwise; expected_attention takes its statistics afresh every
+    # 64 steps here (kvpress's decoding mode compresses at intervals; every step costs ~130x h2o's replay)
+    Row("vatp", {"recent_window": 32}),
+    Row("critical", {"recent_window": 32}),
+    Row("knorm"),
+    Row("keydiff"),
+    Row("expected_attention", {"refresh": 64}),
     Row("random"),
     # offline references: they read the whole trace, future rows included, which no serving stack can
     Row("greedy_future (offline reference)", measure=lambda trace, budget, top_k: _offline(trace, "greedy_future", budget, top_k)),

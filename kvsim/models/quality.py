@@ -321,9 +321,14 @@ class Session:
         """The session's traces (``traces[layer][kv head]``, each with its values), hidden states and loss."""
         import torch
 
+        from .layer_vectors import rope_meta
+
         vectors = fp.vectors or [{} for _ in range(self.layers)]
+        head_dim = fp.values[0].shape[-1]
+        # each layer's rotary constants, as a recording states them: what expected_attention turns queries by
+        rope = [rope_meta(self.model, layer, head_dim) for layer in range(self.layers)]
         self.traces: list[list[Trace]] = [
-            [Trace(fp.rows[layer][h], name=f"L{layer:02d}-kv{h}", meta={"source": f"layer {layer} KV head {h}"},
+            [Trace(fp.rows[layer][h], name=f"L{layer:02d}-kv{h}", meta={"source": f"layer {layer} KV head {h}", **rope[layer]},
                    values=fp.values[layer][h], **{name: a[h] for name, a in vectors[layer].items()})
              for h in range(fp.rows[layer].shape[0])]
             for layer in range(self.layers)
