@@ -103,7 +103,7 @@ class KeyedSlots(SlotPolicy):
 class KNorm(KeyedSlots):
     name = "knorm"
     summary = "evict the held key with the largest L2 norm (the newest included)"
-    display = Display("#6a3d9a", "10px,2px,2px,2px", 3, score_name="1 / key norm")
+    display = Display("#c51b7d", "2px,2px,2px,2px,2px,2px,12px,4px", 3, score_name="1 / key norm")
     engine_binding = EngineBinding("kvsim.sim.kernels_keys:KNORM")
     keeps_scores = True
 
