@@ -76,8 +76,8 @@ def draw_params(data, name: str, budget: int) -> dict:
     """A value for each of the policy's tunables: below the budget where the registry says so,
     else from a spread that includes 0 (a history window of 0 counts the whole run)."""
     return {
-        p.name: data.draw(st.integers(0, p.upper(budget)) if p.below_budget else st.sampled_from([0, 1, 2, 5, 100]),
-                          label=p.name)
+        p.name: data.draw(st.integers(p.minimum, p.upper(budget)) if p.below_budget
+                          else st.sampled_from([v for v in (0, 1, 2, 5, 100) if v >= p.minimum]), label=p.name)
         for p in kvsim.tunables(name)
     }
 
@@ -152,18 +152,19 @@ def test_random_draws_from_the_generator_it_is_given():
 def test_every_engine_policy_gives_what_its_kernel_state_takes(name):
     """A policy's ``engine_inputs`` names exactly the keyword arguments of its kernel's state (after
     the shape), one row per configuration where the input is per configuration."""
-    trace = random_trace(30, 2, shape="levels", levels=3, zero_share=0.3)
+    trace = with_members(random_trace(30, 2, shape="levels", levels=3, zero_share=0.3))  # what the scorers read
     budgets = [4, 9]
     built = [kvsim.make_policy(name, budget=b, trace=trace, **{p.name: 1 for p in kvsim.tunables(name)}) for b in budgets]
     cls = type(built[0])
-    inputs = (cls.engine_inputs(built, trace.steps, vectors.require(with_members(trace), cls.reads, name)) if cls.reads
+    inputs = (cls.engine_inputs(built, trace.steps, vectors.require(trace, cls.reads, name)) if cls.reads
               else cls.engine_inputs(built, trace.steps))
     state = inspect.signature(engine.FAST[name].state)
     assert set(inputs) == set(list(state.parameters)[1:])
     for key, value in inputs.items():
         assert isinstance(value, np.ndarray), key
-        if key not in ("suffix", "multipliers", "keys"):  # greedy_future's suffix sums, the value-weighted
-            # policies' multipliers, the key-aware ones' keys: per position of the trace, not per configuration
+        if key not in ("suffix", "multipliers", "keys", "vnorm", "pre", "cos", "sin"):  # greedy_future's suffix sums,
+            # the value-weighted policies' multipliers, the key-aware ones' keys, expected_attention's value norms,
+            # turned-back queries and rotations: per position of the trace, not per configuration
             assert value.shape[0] == len(budgets), key
 
 

@@ -48,12 +48,15 @@ def check_budget(budget: int) -> int:
     return int(budget)
 
 
-def check_param(name: str, value: int, *, below: int | None = None, below_name: str = "budget") -> int:
-    """Validate a non-negative integer parameter, optionally strictly below ``below``."""
+def check_param(name: str, value: int, *, below: int | None = None, below_name: str = "budget", minimum: int = 0) -> int:
+    """Validate a non-negative integer parameter (at least ``minimum``), optionally strictly below ``below``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ParamError(f"{name} must be an integer, got {value!r}", param=name, value=value, problem="not an integer")
     if value < 0:
         raise ParamError(f"{name} must be non-negative, got {value}", param=name, value=value, problem="negative")
+    if value < minimum:
+        raise ParamError(f"{name} must be at least {minimum}, got {value}", param=name, value=value,
+                         problem=f"below {minimum}", limit=minimum)
     if below is not None and value >= below:
         raise ParamError(f"{name} must be less than {below_name} ({below}), got {value}", param=name, value=value,
                          problem="not below", limit=below, limit_name=below_name)
@@ -71,9 +74,11 @@ class Param:
     #: True when the value must be strictly below the budget (a window the size of the cache would
     #: leave nothing to choose between)
     below_budget: bool = False
+    #: the smallest value allowed (0 unless a count of 0 means nothing, as a window of no queries)
+    minimum: int = 0
 
     def check(self, value: int, budget: int) -> int:
-        return check_param(self.name, value, below=budget if self.below_budget else None)
+        return check_param(self.name, value, below=budget if self.below_budget else None, minimum=self.minimum)
 
     def upper(self, budget: int) -> int | None:
         """The largest value allowed at ``budget`` (None: no upper bound)."""

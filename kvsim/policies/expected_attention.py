@@ -52,15 +52,15 @@ import numpy as np
 
 from ..data.trace import TraceError
 from ..jit import kernel
-from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, ParamError, SlotPolicy, per_config
+from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
 from .streaming_llm import SINKS
 
 QUERY_WINDOW = Param("query_window", 256, "the statistics come from the queries of the newest query_window positions "
-                     "(kvpress's DecodingPress buffer)")
+                     "(kvpress's DecodingPress buffer)", minimum=1)
 FUTURE_POSITIONS = Param("future_positions", 512, "the future queries are averaged over this many positions to come "
-                         "(the press's n_future_positions)")
+                         "(the press's n_future_positions)", minimum=1)
 REFRESH = Param("refresh", 1, "the statistics are taken afresh every refresh steps and every held key scored by them "
-                "again; in between a newcomer is scored by the last ones (1: every step)")
+                "again; in between a newcomer is scored by the last ones (1: every step)", minimum=1)
 #: the RoPE layouts this policy can turn back: transformers' ``rotate_half`` (pairs (i, i + r/2))
 LAYOUTS = ("rotate_half",)
 #: keys scored together by ``key_logits`` (each key's sums are the same whatever the block)
@@ -167,9 +167,9 @@ class ExpectedAttention(SlotPolicy):
     ) -> None:
         super().__init__(budget, rng)
         self.sinks = SINKS.check(sinks, self.budget)
-        self.query_window = _at_least_one(QUERY_WINDOW, query_window, self.budget)
-        self.future_positions = _at_least_one(FUTURE_POSITIONS, future_positions, self.budget)
-        self.refresh = _at_least_one(REFRESH, refresh, self.budget)
+        self.query_window = QUERY_WINDOW.check(query_window, self.budget)
+        self.future_positions = FUTURE_POSITIONS.check(future_positions, self.budget)
+        self.refresh = REFRESH.check(refresh, self.budget)
         self._rope = rope
         self._trace = trace
         self._future: tuple[np.ndarray, np.ndarray] | None = None
@@ -280,14 +280,6 @@ def _norm(v) -> float:
     """``|v|_2`` in float64, its squares added in order."""
     v = np.asarray(v, dtype=np.float64)
     return float(np.sqrt(np.cumsum(v * v)[-1]))
-
-
-def _at_least_one(param: Param, value: int, budget: int) -> int:
-    value = param.check(value, budget)
-    if value < 1:
-        raise ParamError(f"{param.name} must be at least 1, got {value}", param=param.name, value=value, problem="below 1",
-                         limit=1)
-    return value
 
 
 def period_of(t: int, refresh: int) -> int:
