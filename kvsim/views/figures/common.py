@@ -30,6 +30,24 @@ def policy_label(result: ReplayResult) -> str:
     return f"{result.policy} ({inner})" if inner else result.policy
 
 
+def panel_label(result: ReplayResult, width: int = 34) -> str:
+    """``policy_label`` for a narrow panel's title: on one line when it fits ``width`` characters, else the
+    name in bold and the parameters below it in smaller type, broken between parameters (expected_attention's
+    four ran across its neighbour's title)."""
+    label = policy_label(result)
+    if len(label) <= width:
+        return f"<b>{label}</b>"
+    lines, line = [], ""
+    for part in (f"{k}={v}" for k, v in result.params.items() if isinstance(v, (int, float, str))):
+        if line and len(line) + len(part) + 2 > width:
+            lines.append(line + ",")
+            line = part
+        else:
+            line = f"{line}, {part}" if line else part
+    lines.append(line)
+    return f"<b>{result.policy}</b><br><span style='font-size:11px'>{'<br>'.join(lines)}</span>"
+
+
 
 def log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
     """The ticks of a log scale spanning 10**lo .. 10**hi (``lo``, ``hi`` in log10 units): their

@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from ...analysis.features import HeavyFate, TraceFeatures, heavy_fates
 from ...sim.harness import ReplayResult
 from ..selection import Region
-from .common import BAND_COLOUR, HEAVY_COLOUR, RECENT_COLOUR, policy_label, subplots
+from .common import BAND_COLOUR, HEAVY_COLOUR, RECENT_COLOUR, panel_label, policy_label, subplots
 from .pooling import BOTH, MIXED, ONLY_A, ONLY_B, panel_layers
 
 
@@ -143,7 +143,7 @@ def _titles(results: Sequence[ReplayResult], compare: bool) -> list[str]:
             f"(mass {b.retained_mass:.3f}); orange: the reverse"
         ]
     return [
-        f"<b>{policy_label(r)}</b><br>mass {r.retained_mass:.3f} · top-{r.top_k} recall {r.top_k_recall:.3f}"
+        f"{panel_label(r)}<br>mass {r.retained_mass:.3f} · top-{r.top_k} recall {r.top_k_recall:.3f}"
         for r in results
     ]
 
