@@ -24,7 +24,8 @@ def test_a_policy_parameter_set_in_the_panel_outlives_its_folding():
     at = run({"policies": "snapkv"})
     at.session_state["more_params_open"] = True
     at.run()
-    assert labels(at.sidebar.number_input) == ["budget", "recent_window", "sinks", "history_window", "observation_window"]
+    assert labels(at.sidebar.number_input)[:5] == ["budget", "recent_window", "sinks", "history_window", "observation_window"]
+    assert set(labels(at.sidebar.number_input)[5:]) == {"query_window", "future_positions", "refresh"}  # expected_attention's
     widget(at, "number_input", "observation_window").set_value(16).run()
     at.session_state["more_params_open"] = False
     at.run()

@@ -57,7 +57,10 @@ class KeyValueNorm(SlotPolicy):
 
 
 #: every registered policy that reads vectors (the real ones once they are merged), and the test-only one
-READERS = [*(name for name, cls in POLICIES.items() if cls.reads and not cls.needs_trace), KeyValueNorm.name]
+# expected_attention also reads its model's RoPE from a trace's meta, which the deployed cache does not hand
+# over yet: it is refused there in one line (its first step's RopeError), not compared
+READERS = [*(name for name, cls in POLICIES.items() if cls.reads and not cls.needs_trace and not getattr(cls, "reads_meta", False)),
+           KeyValueNorm.name]
 
 
 @pytest.fixture(scope="module")

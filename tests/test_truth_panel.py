@@ -52,6 +52,9 @@ def test_a_recording_with_values_shows_the_output_errors_pick_beside_the_masss(t
     path, windows = _recording(tmp_path, values=True)
     at = AppTest.from_function(_panel, args=(str(path),), default_timeout=60).run()
     assert not at.exception
+    assert not any("attention-output error recommends" in m.value for m in at.markdown)  # a replay per window: asked for
+    at.button(key="output_error_button").click().run()
+    assert not at.exception
     trace = load_npz(path)
     rows = px.sweep(trace, "h2o", 16, "recent_window", windows)
     pick = windows[min(range(len(rows)), key=lambda i: rows[i]["output_error"])]

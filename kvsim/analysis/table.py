@@ -100,7 +100,8 @@ def build_table(trace: Trace, budget: int = TABLE_BUDGET, top_k: int = DEFAULT_T
     rows = []
     for row in ROWS:
         entry = {"policy": row.policy, "params": dict(row.params)}
-        lacking = vectors.missing(trace, POLICIES[row.policy].reads) if row.policy in POLICIES else []
+        cls = POLICIES.get(row.policy)
+        lacking = vectors.missing(trace, cls.reads, getattr(cls, "reads_meta", False)) if cls is not None else []
         if lacking:  # a scorer that reads what this trace was recorded without: said, not measured
             rows.append({**entry, "retained_mass": None, "top_k_recall": None,
                          "absent": f"it reads {', '.join(lacking)}, which this trace does not hold"})

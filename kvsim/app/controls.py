@@ -55,7 +55,7 @@ class Settings:
             specs[name] = (f"{name} reads the whole attention matrix, which a trace of {trace.steps} steps stored as queries "
                            f"and keys does not have here (at most {qk.DENSE_LIMIT} steps); it is left out on this trace")
         for name, cls_ in kvsim.POLICIES.items():
-            if lacking := vectors.missing(trace, cls_.reads):
+            if lacking := vectors.missing(trace, cls_.reads, getattr(cls_, "reads_meta", False)):
                 left_out += (name,)
                 specs[name] = (f"{name} reads the {' and '.join(lacking)} of the attention's KV head, which the {trace.name} "
                                "trace was recorded without; it is left out on this trace (the shipped real trace and "

@@ -47,7 +47,7 @@ def curve_policies(trace: kvsim.Trace | None = None) -> list[str]:
     names = [n for n in kvsim.POLICIES if "recent_window" in kvsim.policy_params(n)]
     if trace is None:
         return [n for n in names if not kvsim.POLICIES[n].reads]
-    return [n for n in names if not vectors.missing(trace, kvsim.POLICIES[n].reads)]
+    return [n for n in names if not vectors.missing(trace, kvsim.POLICIES[n].reads, getattr(kvsim.POLICIES[n], "reads_meta", False))]
 
 
 def defaults() -> dict:

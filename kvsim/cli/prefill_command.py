@@ -151,7 +151,8 @@ def table(args: argparse.Namespace, load) -> dict:
     first = _prefill(args, trace, args.prefill_budget)  # the flags checked once, with the default scorer
     rows = []
     for name in rankers():
-        if lacking := vectors.missing(trace, POLICIES[name].reads):  # a scorer reading what the trace lacks: said
+        cls = POLICIES[name]
+        if lacking := vectors.missing(trace, cls.reads, getattr(cls, "reads_meta", False)):  # what the trace lacks: said
             rows.append({"policy": name, "refused": f"it reads {', '.join(lacking)}, which this trace does not hold"})
             continue
         try:

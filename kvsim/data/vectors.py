@@ -62,6 +62,10 @@ def at(members: Mapping[str, np.ndarray], pos: int) -> dict[str, np.ndarray]:
     return {name: array[pos] for name, array in members.items()}
 
 
-def missing(trace: Trace, names: Iterable[str]) -> list[str]:
-    """The members of ``names`` that ``trace`` does not hold (the app greys out what it cannot replay)."""
-    return [n for n in names if of(trace, n) is None]
+def missing(trace: Trace, names: Iterable[str], meta: bool = False) -> list[str]:
+    """The members of ``names`` that ``trace`` does not hold (the app greys out what it cannot replay);
+    with ``meta`` (a policy that ``reads_meta``: expected_attention), also the RoPE its meta must state."""
+    out = [n for n in names if of(trace, n) is None]
+    if meta and trace.meta.get("rope_inv_freq") is None:
+        out.append("RoPE (meta rope_inv_freq)")
+    return out

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...data import vectors
 from ...policies import POLICIES, make_policy
 from ...sim.simulate import replay
 from .measure import BAND_TOLERANCE, BUDGET, FIGURE_TOLERANCE, Measurer, canonical_only, rounded, spike_trace, step, steps_from, verdict
 
 
 def _attention_blind(trace) -> list[str]:
-    """Registry policies that do not read attention and are not offline references, of those that can
-    replay ``trace`` (a policy reading keys or queries cannot on a trace without them)."""
-    return [n for n, cls in POLICIES.items() if not cls.reads_attention and not cls.needs_trace
-            and not vectors.missing(trace, cls.reads)]
+    """Registry policies that read nothing (no attention, no keys, values or queries) and are not offline
+    references: the cards' domain is eviction by attention, and a scorer by keys is not "blind" but another
+    kind of policy (docs/scorers.md)."""
+    return [n for n, cls in POLICIES.items() if not cls.reads_attention and not cls.needs_trace and not cls.reads]
 
 
 def check_h2o_recall_vs_blind(m: Measurer):
