@@ -1,6 +1,6 @@
 """What the recorder stores of a layer besides its attention: the per-head output norms CriticalKV weighs
 values by, and the rotary constants a query-aware scorer needs to move a query to a later position
-(docs/domain.md section 10, "Scores that read keys, values and queries"; kvsim/data/vectors.py).
+(docs/domain.md, "Scorers beyond attention"; kvsim/data/vectors.py).
 
 - ``output_norms``: for each query head h of a KV head's group and each position p, ``|W_O^h v_p|_2``,
   where ``W_O^h`` is the layer's output projection's columns for head h (``hidden x d_v``): the norm of

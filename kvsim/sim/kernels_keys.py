@@ -91,14 +91,7 @@ def _knorm_score(state, c, p_c, i):
 
 @kernel
 def _knorm_pick(state, c, t, p_c, n, A, a0, scored):
-    v_c = state[1][c]
-    best = 0
-    high = v_c[0]
-    for i in range(1, n):
-        if v_c[i] > high:  # strict: the first maximum, the lower position
-            high = v_c[i]
-            best = i
-    return best
+    return _first_max(state[1][c], n)
 
 
 @kernel
@@ -184,12 +177,17 @@ def _keydiff_score(state, c, p_c, i):
 def _keydiff_pick(state, c, t, p_c, n, A, a0, scored):
     if not scored:  # else ``score`` has just computed them for these n slots
         _keydiff_cosines(state, c, p_c, n)
-    cos = state[5]
+    return _first_max(state[5], n)
+
+
+@kernel
+def _first_max(values, n):
+    """The slot of the largest of ``values[:n]``; strict, so the first maximum: the lower position."""
     best = 0
-    high = cos[0]
+    high = values[0]
     for i in range(1, n):
-        if cos[i] > high:  # strict: the first maximum, the lower position
-            high = cos[i]
+        if values[i] > high:
+            high = values[i]
             best = i
     return best
 

@@ -1,4 +1,4 @@
-"""Compression at the prompt's end (docs/domain.md section 10, docs/scorers.md "prefill compression"):
+"""Compression at the prompt's end (docs/domain.md, "Scorers beyond attention"; docs/scorers.md "prefill compression"):
 the trace's first ``prompt`` positions (0 .. P - 1) are the prompt; at its last position each head keeps
 ``keep`` of them, chosen once by a scorer policy's score, and decoding goes on from that kept set.
 
