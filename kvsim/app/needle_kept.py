@@ -48,20 +48,21 @@ def marked(fig, trace: kvsim.Trace, results):
     fig = go.Figure(fig)
     panels = list(dict.fromkeys((t.xaxis or "x", t.yaxis or "y") for t in fig.data if t.type == "image"))
     steps = key_departures(trace, results)
-    for (xa, ya), (label, gone) in zip(panels, steps.items(), strict=False):
-        for p in keys:
-            fig.add_shape(type="rect", x0=p - 0.5, x1=p + 0.5, y0=0, y1=trace.steps, xref=xa, yref=ya, line_width=0,
-                          fillcolor=KEY_COLOUR, opacity=0.3)
+    for i, ((xa, ya), (label, gone)) in enumerate(zip(panels, steps.items(), strict=False)):
+        for p in keys:  # from the step the key token came (step p admits position p)
+            fig.add_shape(type="rect", x0=p - 0.5, x1=p + 0.5, y0=p - 0.5, y1=trace.steps, xref=xa, yref=ya,
+                          line_width=0, fillcolor=KEY_COLOUR, opacity=0.3)
         left = [(p, s) for p, s in zip(keys, gone, strict=True) if s >= 0]
         stayed = [p for p, s in zip(keys, gone, strict=True) if s < 0]
         if left:
             fig.add_trace(go.Scatter(x=[p for p, _ in left], y=[s for _, s in left], xaxis=xa, yaxis=ya, mode="markers",
                                      marker=dict(symbol="x", size=10, color=KEY_COLOUR, line=dict(width=2)),
-                                     name=f"{label}: key token left", showlegend=False,
+                                     name=f"{label}: key token left", showlegend=i == 0, legendgroup="key",
                                      hovertemplate="key token at %{x} left at step %{y}<extra></extra>"))
         if stayed:
             fig.add_trace(go.Scatter(x=stayed, y=[trace.steps] * len(stayed), xaxis=xa, yaxis=ya, mode="markers",
-                                     marker=dict(symbol="circle-open", size=9, color=KEY_COLOUR), showlegend=False,
+                                     marker=dict(symbol="circle-open", size=9, color=KEY_COLOUR), showlegend=i == 0,
+                                     legendgroup="key-held",
                                      name=f"{label}: key token held to the end",
                                      hovertemplate="key token at %{x} held to the end<extra></extra>"))
     return fig
