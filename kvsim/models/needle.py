@@ -475,12 +475,15 @@ def run_unit(model, tokenizer, model_id: str, template: Template, unit: Unit, se
             control_ids = list(prompt.ids) + list(record["tokens"])[:-1]
         said = answer(record["text"])
         left = record["left"]
+        budgets = record.get("budgets")
+        if budgets is None and left is not None and job.allocate is None:  # a trial cached before budgets were kept
+            budgets = [[job.budget] * left.shape[1] for _ in range(left.shape[0])]
         run = {"policy": job.policy, "budget": job.budget, "params": params, "label": job.label,
                "allocate": how["allocate"] if isinstance(how["allocate"], (str, type(None))) else
                [list(r) for r in job.allocate], "prefill": how["prefill"],
                "text": record["text"], "answer": said, "correct": said == key, "cached": cached,
                "prefill_seconds": record["prefill_seconds"], "decode_seconds": record["decode_seconds"],
-               "positions": record["positions"], "budgets": record.get("budgets"),
+               "positions": record["positions"], "budgets": budgets,
                "key_left": None if left is None else fate(left, prompt.key_positions),
                "key_first_left": None if left is None else first_loss(left, prompt.key_positions),
                "attention": record.get("attention"), "cache_key": ck}
