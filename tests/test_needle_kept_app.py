@@ -1,7 +1,8 @@
 """A needle cell opens its trial in the kept-positions view (issue 35, item 2), through AppTest: a real
 grid of the tiny Gemma 3 (tests/test_needle.py) measured with ``--attention``, the needle view's button,
 then the kept view replaying the trial's attention with the key's columns marked and each key token's
-eviction step shown, which must be the step the trial's own cache let it go (its recorded departures)."""
+eviction step shown, which must be the step the trial's own cache let it go (its recorded departures);
+and the control's attention opened with the exact optimum, whose steps must be the run's optimum fate."""
 
 from __future__ import annotations
 
@@ -68,3 +69,19 @@ def test_a_cell_opens_its_trial_in_the_kept_view_with_the_trials_own_eviction_st
         at.query_params["view"] = "Pass key"
         at.session_state["view"] = "Pass key"
         at.run()
+    # the exact optimum's kept sets: the control's attention opened with optimal at the head's budget
+    run = cell["runs"][0]
+    at.selectbox(key="needle_policy").set_value(run["label"]).run()
+    at.selectbox(key="needle_layer").set_value(1).run()
+    at.selectbox(key="needle_head").set_value(1).run()
+    (button,) = [b for b in at.button if b.key == "needle_open_optimum"]
+    button.click().run()
+    assert [e.value for e in at.exception] == [] and [e.value for e in at.error] == []
+    assert at.session_state["policies"] == ["optimal"] and at.session_state["budget"] == 24
+    assert at.session_state["trace"] == f"{run['optimal_attention']['bundle']}:L01H1"
+    (steps,) = [d.value for d in at.dataframe if "policy" in d.value.columns and "position" in " ".join(d.value.columns)]
+    shown = [str(v) for v in steps.iloc[0, 1:].tolist()]
+    gone = [int(v) for v in shown if v != "held"]
+    last, first = run["optimal_key_left"][1][1], run["optimal_key_first_left"][1][1]
+    assert (last is None) == ("held" in shown) and (last is None or max(gone) == last)
+    assert (first is None) == (not gone) and (first is None or min(gone) == first)

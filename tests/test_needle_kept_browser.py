@@ -1,7 +1,8 @@
 """A needle trial opened in the kept-positions view, in headless Chromium: a grid of the tiny Gemma 3
 measured with ``--attention`` (tests/test_needle_kept_app.py), the needle view's button clicked, and
-screenshots of the needle view's trial and of the kept view it opens (artifacts/screenshot-needle-open.png,
-artifacts/screenshot-needle-kept.png) to look at."""
+screenshots of the needle view's trial, of the kept view it opens and of the exact optimum on the control's
+attention (artifacts/screenshot-needle-open.png, screenshot-needle-kept.png, screenshot-needle-optimum.png)
+to look at."""
 
 from __future__ import annotations
 
@@ -53,3 +54,13 @@ def test_a_needle_trial_opens_in_the_kept_view_in_a_browser(folder, tmp_path, mo
             assert page.locator('[data-testid="stException"]').count() == 0
             page.screenshot(path=str(ARTIFACTS / "screenshot-needle-kept.png"), full_page=True)
             assert f"trace={run['attention']['bundle']}:L00H0" in unquote(page.url)  # the link names the trial's trace
+            # the exact optimum on the control's attention, opened the same way
+            page.goto(f"{url}/?view=Pass+key", timeout=LOAD_TIMEOUT_MS)
+            best = page.get_by_role("button", name="open layer 0 of the full cache's attention with the exact optimum at 24")
+            best.wait_for(timeout=LOAD_TIMEOUT_MS)
+            best.click()
+            page.get_by_text("A pass-key trial", exact=False).first.wait_for(timeout=LOAD_TIMEOUT_MS)
+            page.wait_for_timeout(3000)
+            assert page.locator('[data-testid="stException"]').count() == 0
+            page.screenshot(path=str(ARTIFACTS / "screenshot-needle-optimum.png"), full_page=True)
+            assert f"trace={run['optimal_attention']['bundle']}:L00H0" in unquote(page.url)

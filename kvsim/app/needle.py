@@ -99,11 +99,19 @@ def _open_button(run: dict, layer: int, head: int, heads: int) -> None:
         st.caption(f"Layer {layer}'s attention was not kept: some step of it showed its policy no weight at all "
                    "(every held position outside its sliding window).")
         return
+    budget = run["budgets"][layer][head] if run.get("budgets") else run["budget"]  # a split: this head's own
     selector = trace_selector(name, layer, head, heads == 1)
     st.button(f"open layer {layer} of this trial in the kept-positions view ({run['label']})", key="needle_open_kept",
-              on_click=needle_kept.open_trial, args=(selector, run["policy"], run["budget"], run["params"]),
-              disabled=run["budget"] is None, help="replays the attention the trial showed its cache, through the same "
-              "policy at the same budget: its kept sets are the trial's own")
+              on_click=needle_kept.open_trial, args=(selector, run["policy"], budget, run["params"]),
+              help="replays the attention the trial showed its cache, through the same policy at the same budget: "
+              "its kept sets are the trial's own")
+    best = (run.get("optimal_attention") or {}).get("bundle")
+    if best is not None and best in recorded_bundles():
+        st.button(f"open layer {layer} of the full cache's attention with the exact optimum at {budget}",
+                  key="needle_open_optimum", on_click=needle_kept.open_trial,
+                  args=(trace_selector(best, layer, head, heads == 1), "optimal", budget, {}),
+                  help="the control's attention replayed through the offline optimal at this head's budget: what the "
+                  "best possible cache of that size keeps of the key (kvsim needle --optimum --attention)")
 
 
 def _trial(doc: dict) -> None:

@@ -489,7 +489,7 @@ def run_unit(model, tokenizer, model_id: str, template: Template, unit: Unit, se
                "attention": record.get("attention"), "cache_key": ck}
         runs.append(run)
     if unit.optimum and unit.jobs:
-        _add_optimum(model, model_id, prompt, control_ids, runs[1:], use_cache)
+        _add_optimum(model, model_id, prompt, control_ids, runs[1:], use_cache, unit.attention)
     return {"length": unit.length, "depth": unit.depth, "trial": unit.trial, "key": key,
             "key_positions": list(prompt.key_positions), "needle_start": prompt.needle_start,
             "prompt_tokens": len(prompt.ids), "control": runs[0], "runs": runs[1:]}
@@ -509,18 +509,20 @@ def _keep_attention(model, model_id: str, ck: dict, record: dict, prompt: Prompt
     return nt.save_bundle(ck, rows, meta, model_id, kinds, window)
 
 
-def _add_optimum(model, model_id: str, prompt: Prompt, ids: list[int], runs: list[dict], use_cache: bool) -> None:
+def _add_optimum(model, model_id: str, prompt: Prompt, ids: list[int], runs: list[dict], use_cache: bool,
+                 attention: bool = False) -> None:
     """Each run's ``optimal_key_left`` / ``optimal_key_first_left``: the key's fate in the exact optimum's
     cache at the run's budgets, on the control's attention (``needle_traces.optimum``); cached on disk
-    under the control's tokens and the budgets."""
+    under the control's tokens and the budgets. With ``attention``, the control's attention is kept as a
+    bundle too (``optimal_attention``), which the kept view replays through ``optimal``."""
     from . import needle_traces as nt
 
     traces = None
+    digest = hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()[:24]
     for run in runs:
         if run["budgets"] is None or run["prefill"] is not None:  # a compressed prompt's budgets hold the prompt
             continue
-        ck = {"version": VERSION, "kind": "optimum", "model": model_id, "ids": hashlib.sha256(
-              np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()[:24], "budgets": run["budgets"]}
+        ck = {"version": VERSION, "kind": "optimum", "model": model_id, "ids": digest, "budgets": run["budgets"]}
         found = read_trial(ck) if use_cache else None
         if found is None:
             if traces is None:
@@ -532,6 +534,18 @@ def _add_optimum(model, model_id: str, prompt: Prompt, ids: list[int], runs: lis
         run["optimal_key_left"] = fate(left, prompt.key_positions)
         run["optimal_key_first_left"] = first_loss(left, prompt.key_positions)
         run["optimal_cache_key"] = ck
+        if attention:
+            control = {"version": VERSION, "kind": "control attention", "model": model_id, "ids": digest}
+            if not nt.has_bundle(control):
+                from kvsim.hf import model_layout
+
+                if traces is None:
+                    traces = nt.control_traces(model, ids)
+                kinds, _, window = model_layout(model)
+                meta = {"key_positions": list(prompt.key_positions), "prompt_length": len(prompt.ids),
+                        "policy": "optimal", "label": "the full cache's attention (the control's)", "model_id": model_id}
+                nt.save_bundle(control, {k: t.attention for k, t in traces.items()}, meta, model_id, kinds, window)
+            run["optimal_attention"] = {"bundle": nt.bundle_name(control), "skipped": []}
 
 
 def accuracy(trials: Sequence[dict], jobs: Sequence[Job], lengths: Sequence[int], depths: Sequence[float]) -> dict:
