@@ -10,6 +10,7 @@ import kvsim
 from kvsim.policies import PolicySpec
 from kvsim.views import figures, story
 
+from . import needle_kept
 from .controls import Settings
 from .downloads import csv_button, html_button, stem
 from .memo import BY_TRACE, TOP_K, cached_features, describe, kept_history, replays
@@ -89,6 +90,9 @@ def kept_view(trace: kvsim.Trace, settings: Settings) -> None:
     if slot is None:
         st.markdown(intro)
     fig = cached_kept_figure(trace, runs, settings.step, box, ages, size, compare)
+    trial = needle_kept.key_positions(trace) is not None and not compare  # a pass-key trial: its key marked
+    if trial:
+        fig = needle_kept.marked(fig, trace, replays(trace, runs))
     # a box drawn with the select tool re-draws that region from the replay, at full resolution
     # once it is narrow enough; the zoom tool (the default) only magnifies the pooled picture
     (slot or st).plotly_chart(fig, key="kept_chart", config={"scrollZoom": True}, on_select=lambda: zoom_to_box(T),
@@ -96,6 +100,8 @@ def kept_view(trace: kvsim.Trace, settings: Settings) -> None:
     if slot is not None:
         st.markdown(intro)
     results = replays(trace, runs)
+    if trial:
+        needle_kept.note(trace, results)
     _notes(trace, runs, results, ages, compare)
     st.caption(f"The dashed line is the sidebar's **step** ({settings.step}).")
     c1, c2 = st.columns(2)

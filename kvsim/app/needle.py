@@ -1,8 +1,10 @@
 """The pass-key view: the accuracy grids ``kvsim needle`` saved (docs/needle.md), side by side with the
 control's, and one trial's cache in one layer with the key's columns marked and each eviction's step.
 
-The kept-positions view replays a trace through a policy; a needle trial is a model's own cache, kept
-as each position's departure step, so its picture is drawn here from those, not by that view.
+A trial is the model's own cache, kept as each position's departure step, so its picture is drawn here
+from those. With ``--attention`` the trial also kept the attention each step showed its policy (a
+bundle, ``kvsim.models.needle_traces``), and a button opens that layer in the kept-positions view,
+whose replay of the same policy keeps what the trial's cache kept (``needle_kept``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import streamlit as st
 
 from kvsim.models import needle
 from kvsim.views.figures import needle as figures
+
+from . import needle_kept
 
 COMMAND = ("python -m kvsim needle --policies streaming_llm,h2o --budget 64 --lengths 512,1024 "
            "--depths 0.1:0.9:0.4 --trials 2")
@@ -79,6 +83,37 @@ def _follow(event, doc: dict) -> None:
         st.session_state["needle_depth"], st.session_state["needle_length"] = depth, length
 
 
+def _open_button(run: dict, layer: int, head: int, heads: int) -> None:
+    """The button that opens this layer of the trial in the kept-positions view, where the trial's
+    attention was kept (``kvsim needle --attention``); else the line that says how to keep it."""
+    from kvsim.data.catalog import recorded_bundles
+    from kvsim.views.support import trace_selector
+
+    kept = run.get("attention") or {}
+    name = kept.get("bundle")
+    if name is None or name not in recorded_bundles():
+        st.caption("To replay this trial in the kept-positions view, run the grid's command again with `--attention`: "
+                   "it keeps the attention each step showed the cache's policy.")
+        return
+    if [layer, head] in kept.get("skipped", []):
+        st.caption(f"Layer {layer}'s attention was not kept: some step of it showed its policy no weight at all "
+                   "(every held position outside its sliding window).")
+        return
+    budget = run["budgets"][layer][head] if run.get("budgets") else run["budget"]  # a split: this head's own
+    selector = trace_selector(name, layer, head, heads == 1)
+    st.button(f"open layer {layer} of this trial in the kept-positions view ({run['label']})", key="needle_open_kept",
+              on_click=needle_kept.open_trial, args=(selector, run["policy"], budget, run["params"]),
+              help="replays the attention the trial showed its cache, through the same policy at the same budget: "
+              "its kept sets are the trial's own")
+    best = (run.get("optimal_attention") or {}).get("bundle")
+    if best is not None and best in recorded_bundles():
+        st.button(f"open layer {layer} of the full cache's attention with the exact optimum at {budget}",
+                  key="needle_open_optimum", on_click=needle_kept.open_trial,
+                  args=(trace_selector(best, layer, head, heads == 1), "optimal", budget, {}),
+                  help="the control's attention replayed through the offline optimal at this head's budget: what the "
+                  "best possible cache of that size keeps of the key (kvsim needle --optimum --attention)")
+
+
 def _trial(doc: dict) -> None:
     st.subheader("One trial: where each layer's cache lost the key")
     cols = st.columns(4)
@@ -105,6 +140,7 @@ def _trial(doc: dict) -> None:
     c1, c2 = st.columns(2)
     layer = c1.selectbox("layer", list(range(layers)), key="needle_layer")
     head = c2.selectbox("KV head", list(range(heads)), key="needle_head") if heads > 1 else 0
+    _open_button(run, layer, head, heads)
     title = f"{run['label']}, layer {layer}" + (f" KV head {head}" if heads > 1 else "")
     st.plotly_chart(figures.trial_kept(left[layer, head], cell["key_positions"], cell["prompt_tokens"],
                                        run["positions"], title=title), key="needle_trial_kept")
@@ -112,5 +148,5 @@ def _trial(doc: dict) -> None:
         "Held positions dark, the key's columns red, an x where a key token left the cache. A policy that reads "
         "attention (h2o and its kin) keeps what drew attention so far: a key in the middle of the text drew little "
         "before the question came, so it goes; one that keeps the start and the newest (streaming_llm) loses a key "
-        "anywhere but at the very end. This picture is drawn here, from the trial's own cache: the kept-positions "
-        "view replays a trace, and a trial is the model's own cache, not a trace.")
+        "anywhere but at the very end. This picture is drawn here, from the trial's own cache; the button above "
+        "replays the trial's own attention in the kept-positions view (kept with `--attention`).")

@@ -30,8 +30,23 @@ def add_needle(sub) -> None:
                    "model folder")
     p.add_argument("--policies", default="streaming_llm,h2o", help=f"comma-separated online policies ({online}; "
                    "default: streaming_llm,h2o)")
-    p.add_argument("--budget", default=str(DEFAULT_BUDGET), metavar="B[,B...]", help="positions each layer holds per KV "
-                   f"head; several give a grid each (default: {DEFAULT_BUDGET}); each below every length")
+    p.add_argument("--budget", default=None, metavar="B[,B...]", help="positions each layer holds per KV "
+                   f"head; several give a grid each (default: {DEFAULT_BUDGET}; with --allocate FILE, the file's split); "
+                   "each below every length")
+    p.add_argument("--allocate", default=None, metavar="NAME|FILE", help="a budget per (layer, KV head) at --budget's "
+                   "memory: uniform or pyramidkv, or the allocation rows of replay --allocate NAME --json (a file), as "
+                   "generate deploys it (docs/deploy.md)")
+    p.add_argument("--prefill-budget", default=None, metavar="N|RATIO", help="compress the prompt at its end: each head "
+                   "keeps N of the prompt's positions, or a ratio in (0, 1) of them, chosen once from the prompt's "
+                   "attention (kvsim.hf prefill='compress'); then each policy decodes from that kept set at --budget")
+    p.add_argument("--prefill-policy", default=None, metavar="NAME[:K=V,...]", help="with --prefill-budget: the policy "
+                   "whose score chooses once (default: snapkv, at its defaults), e.g. snapkv:recent_window=8")
+    p.add_argument("--optimum", action="store_true", help="also the exact optimum's fate of the key: the control's "
+                   "attention replayed through the offline optimal at each run's budgets (per layer, when it would let "
+                   "the key's tokens go); not with --prefill-budget")
+    p.add_argument("--attention", action="store_true", help="also keep each policy run's attention as a bundle in the "
+                   "cache directory, which the app's kept-positions view opens from the needle view (a 2,048-token "
+                   "trial is about 8 MB per (layer, KV head)); not with --prefill-budget")
     for param, spec in all_tunables().items():
         p.add_argument(flag(param), dest=f"param_{param}", type=int, default=None, metavar="N",
                        help=f"{spec.help} (passed to the policies that take it)")
@@ -103,24 +118,31 @@ def check(args: argparse.Namespace) -> dict:
             raise InputError(f"--policies: {name}: unknown; known: {', '.join(POLICIES)}")
         if POLICIES[name].needs_trace:
             raise InputError(f"--policies: {name}: an offline reference (it reads the future) cannot be deployed")
-    budgets = _ints("--budget", args.budget)
     lengths = _ints("--lengths", args.lengths)
-    if budgets[-1] >= lengths[0]:
-        raise InputError(f"--budget: {budgets[-1]}: at or above --lengths {lengths[0]}: nothing is evicted, every "
-                         "policy would be the full cache; give budgets below every length")
     given = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}
     taken = {p.name for n in names for p in POLICIES[n].tunables}
     if set(given) - taken:
         raise CLIError(f"none of {', '.join(names)} takes {', '.join(flag(k) for k in sorted(set(given) - taken))}")
+    own = {name: {k: v for k, v in given.items() if k in {p.name for p in POLICIES[name].tunables}} for name in names}
+    allocate, budgets = _allocation(args, names, own)
+    if budgets[-1] is not None and budgets[-1] >= lengths[0]:
+        raise InputError(f"--budget: {budgets[-1]}: at or above --lengths {lengths[0]}: nothing is evicted, every "
+                         "policy would be the full cache; give budgets below every length")
+    if isinstance(allocate, tuple):
+        _nothing_evicted(allocate, lengths[0], args.allocate)
+    prefill = _prefill(args, lengths)
+    if prefill is not None and (args.optimum or args.attention):
+        raise InputError(f"--{'optimum' if args.optimum else 'attention'} does not go with --prefill-budget: a compressed "
+                         "prompt is never shown to the policy row by row")
     jobs = []
     for name in names:
-        own = {k: v for k, v in given.items() if k in {p.name for p in POLICIES[name].tunables}}
         for b in budgets:
             try:
-                PolicySpec.of(name, b, **own)
+                if b is not None:
+                    PolicySpec.of(name, b, **own[name])
             except ParamError as e:
                 raise InputError(f"{name}: {param_message(e)}") from None
-            jobs.append(Job(name, b, tuple(sorted(own.items()))))
+            jobs.append(Job(name, b, tuple(sorted(own[name].items())), allocate, prefill))
     if args.trials < 1:
         raise InputError(f"--trials: {args.trials}: must be at least 1")
     new_tokens = NEW_TOKENS if args.new_tokens is None else args.new_tokens
@@ -142,6 +164,115 @@ def check(args: argparse.Namespace) -> dict:
     return {"jobs": jobs, "lengths": lengths, "depths": depths(args.depths), "template": template, "new_tokens": new_tokens}
 
 
+def _allocation(args: argparse.Namespace, names: list[str], own: dict) -> tuple:
+    """``--allocate`` and the budgets: (the split, the budgets of the grids). A name (uniform,
+    pyramidkv) splits each --budget; a file is one split (its rows, checked against every policy's
+    minimum), deployed as it is unless --budget names its mean. One line for anything else."""
+    typed = args.budget is not None
+    budgets = _ints("--budget", args.budget if typed else str(DEFAULT_BUDGET))
+    if args.allocate is None:
+        return None, budgets
+    if args.prefill_budget is not None:
+        raise InputError("--allocate does not go with --prefill-budget (as replay says): give one of them")
+    from ..analysis.allocation import ALLOCATORS
+    from ..hf.allocation import check_minimum, read_file, refusal
+    from ..hf.cache import HFError
+
+    name = args.allocate.strip()
+    if name in ALLOCATORS:
+        why = refusal(name)
+        if why is not None:
+            raise InputError(f"--allocate: {name}: {why}")
+        return name, budgets
+    try:
+        split, made_for = read_file(name)
+        for policy in names:
+            if made_for is not None and made_for != policy:
+                raise HFError(f"{name}: a split made for {made_for}, --policies has {policy}")
+            check_minimum(split, policy, own[policy], name)
+    except HFError as e:
+        said = " ".join(str(e).split())
+        raise InputError(f"--allocate: {said}") from None
+    rows = tuple(sorted((x, h, b) for (x, h), b in split.items()))
+    total = sum(split.values())
+    if typed and (len(budgets) > 1 or total != budgets[0] * len(split)):
+        raise InputError(f"--allocate: {name}: the split holds {total} positions, not --budget {args.budget} x {len(split)} "
+                         "heads; leave out --budget to deploy the split as it is")
+    return rows, [budgets[0] if typed else None]
+
+
+def _scorer(text: str) -> tuple[str, dict]:
+    """``--prefill-policy NAME[:param=N,...]`` as replay reads it (kvsim.cli.prefill_command imports the
+    parser, so this command, which the parser imports, cannot import it back)."""
+    name, _, rest = text.strip().partition(":")
+    params = {}
+    for part in filter(None, (x.strip() for x in rest.split(","))):
+        key, eq, value = part.partition("=")
+        try:
+            params[key.strip()] = int(value)
+        except ValueError:
+            eq = ""
+        if not eq:
+            raise InputError(f"--prefill-policy: expected NAME[:param=N,...], got {text!r}")
+    return name, params
+
+
+def _nothing_evicted(rows, length: int, source: str) -> None:
+    """A split whose largest head holds the shortest prompt whole evicts nothing there: say so."""
+    x, h, b = max(rows, key=lambda r: (r[2], -r[0], -r[1]))
+    if b >= length:
+        raise InputError(f"--allocate: {source}: layer {x} KV head {h}'s budget {b} is at or above --lengths {length}: "
+                         "nothing is evicted there; give lengths above every head's budget")
+
+
+def _split_of_model(plan: dict, config, source: str) -> None:
+    """The split on the model's shape, from its config (before its weights load): a named one (uniform,
+    pyramidkv) computed, a file's rows checked to be this model's heads; each head's budget checked against
+    the policy's minimum and the shortest length."""
+    from ..hf.allocation import split
+    from ..hf.cache import HFError
+
+    layers = config.num_hidden_layers
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    for job in plan["jobs"]:
+        given = job.how["allocate"]
+        try:
+            budgets = split(given, job.policy, job.budget, layers, kv_heads, dict(job.params),
+                            model=getattr(config, "model_type", "the model"))
+        except HFError as e:
+            raise InputError(f"--allocate: {' '.join(str(e).split())}") from None
+        _nothing_evicted([(x, h, b) for (x, h), b in budgets.items()], plan["lengths"][0], source)
+
+
+def _prefill(args: argparse.Namespace, lengths: list[int]) -> tuple | None:
+    """``--prefill-budget`` and ``--prefill-policy`` as a Job's ``prefill`` (keep, scorer, its parameters),
+    checked against every length (kvsim.sim.prefill.Prefill: what kvsim.hf checks at the prompt)."""
+    if args.prefill_budget is None:
+        if args.prefill_policy is not None:
+            raise InputError("--prefill-policy goes with --prefill-budget")
+        return None
+    from ..sim.prefill import DEFAULT_SCORER, Prefill, PrefillError, keep_count
+
+    text = args.prefill_budget.strip()
+    try:
+        keep = keep_count(text, lengths[0])
+    except PrefillError as e:
+        raise InputError(f"--prefill-budget: {str(e).removeprefix('prefill_budget: ')}") from None
+    value = keep if "." not in text and "e" not in text.lower() else float(text)
+    name, params = _scorer(args.prefill_policy or DEFAULT_SCORER)
+    flags = {"prefill_budget": "--prefill-budget", "prompt_length": "--lengths", "prefill_policy": "--prefill-policy"}
+    for n in lengths:
+        try:
+            kept = Prefill.of(n, value, name, **params).keep
+        except PrefillError as e:
+            said = str(e)
+            raise InputError(f"{flags[e.field]}: {said.removeprefix(e.field + ': ')} (--lengths {n})") from None
+        if kept >= n:
+            raise InputError(f"--prefill-budget: {text}: keeps all of the {n}-token prompt (--lengths {n}): nothing is "
+                             "compressed; give fewer positions or a ratio below 1")
+    return value, name, tuple(sorted(params.items()))
+
+
 def cmd_needle(args: argparse.Namespace) -> dict:
     plan = check(args)
     from .. import progress as protocol
@@ -157,6 +288,8 @@ def cmd_needle(args: argparse.Namespace) -> dict:
     if context and longest + plan["new_tokens"] - 1 > context:
         raise InputError(f"--lengths: {longest}: beyond {args.model}'s context of {context} tokens (with the "
                          f"{plan['new_tokens']} decoded)")
+    if args.allocate is not None:
+        _split_of_model(plan, config, args.allocate)
     builder = Builder(tokenizer, plan["template"])
     try:
         for n in plan["lengths"]:
@@ -170,7 +303,7 @@ def cmd_needle(args: argparse.Namespace) -> dict:
     try:
         doc = run_grid(args.model, plan["template"], plan["jobs"], plan["lengths"], plan["depths"], args.trials,
                        args.seed, new_tokens=plan["new_tokens"], use_cache=not args.no_cache, scheduler=scheduler,
-                       workers=args.workers, progress=say, loaded=loaded)
+                       workers=args.workers, progress=say, loaded=loaded, optimum=args.optimum, attention=args.attention)
     except ClusterError as e:
         raise InputError(f"--{'scheduler' if args.scheduler else 'workers'}: {e}") from None
     doc = {"model": args.model, "model_id": model_id, "context": context, **doc}
@@ -190,6 +323,19 @@ def _table(title: str, grid: list[list], lengths: list[int], depths: list[float]
     return lines
 
 
+def _kept_to_the_end(cells: list[dict], j: int) -> str | None:
+    """With --optimum: in how many (layer, KV head)s of all the trials the policy and the exact optimum
+    (on the control's attention, at the same budgets) still hold a key token at the end."""
+    runs = [c["runs"][j] for c in cells if "optimal_key_left" in c["runs"][j]]
+    if not runs:
+        return None
+    heads = sum(len(row) for r in runs for row in r["key_left"])
+    mine = sum(v is None for r in runs for row in r["key_left"] for v in row)
+    best = sum(v is None for r in runs for row in r["optimal_key_left"] for v in row)
+    return (f"  a key token held to the end: {mine} of {heads} (layer, KV head)s over {len(runs)} trial(s); the exact "
+            f"optimum on the control's attention at the same budgets: {best} of {heads}")
+
+
 def render_needle(doc: dict) -> str:
     c = doc["control"]
     overall = "none" if c["overall"] is None else f"{100 * c['overall']:.0f}%"
@@ -197,14 +343,21 @@ def render_needle(doc: dict) -> str:
              f"greedily; accuracy over the trials the full cache got right (-: the control got none right there)"]
     lines += _table(f"full cache (control): {overall} of all trials" + (" - THE CONTROL FAILS: no grid below is "
                     "counted" if c["fails"] else ""), c["accuracy"], doc["lengths"], doc["depths"])
-    for g in doc["grids"]:
+    for j, g in enumerate(doc["grids"]):
         lines += [""] + _table(f"{g['label']} (control beside it: {overall})", g["accuracy"], doc["lengths"], doc["depths"])
+        kept = _kept_to_the_end(doc["cells"], j)
+        if kept is not None:
+            lines.append(kept)
     runs = [r for cell in doc["cells"] for r in [cell["control"], *cell["runs"]] if not r["cached"]]
     if runs:
         pre = statistics.median(r["prefill_seconds"] for r in runs)
         dec = statistics.median(r["decode_seconds"] for r in runs)
         lines.append(f"\n{len(runs)} run(s) decoded here, median {pre:.1f} s prompt + {dec:.1f} s decoding; "
                      f"{doc['run']['executor']}, {doc['run']['seconds']:.0f} s in all")
+        for label in dict.fromkeys(r["label"] for r in runs):
+            mine = [r for r in runs if r["label"] == label]
+            lines.append(f"  {label}: {len(mine)} run(s), median {statistics.median(r['prefill_seconds'] for r in mine):.1f} s "
+                         f"prompt + {statistics.median(r['decode_seconds'] for r in mine):.1f} s decoding")
     if doc.get("saved"):
         lines.append(f"saved for the app's needle view: {doc['saved']}")
     return "\n".join(lines)

@@ -188,38 +188,60 @@ def answer(text: str) -> str | None:
 
 
 class _Departures:
-    """Every position's departure step per (layer, KV head), heard from the policies the cache built.
+    """Every position's departure step per (layer, KV head), heard from each layer's own cache: each
+    step of a layer (``EvictingLayer._admit``: step t admits position t, then evicts) is wrapped, and
+    what it held before, with t, less what it holds after, left at step t. A compressed prompt
+    (``prefill="compress"``: every prompt position stored or dropped at once, ``EvictingLayer._store``)
+    drops the positions it does not keep at the prompt's last step. Nothing here depends on how a
+    policy numbers its positions (a policy resumed after compression numbers its own).
 
-    The cache builds its policies when the first token arrives, so the caller feeds position 0 alone,
-    then this wraps each policy's ``on_decode_step`` (to know the step) and ``evict`` (to hear what it
-    drops: what its layer drops)."""
+    With ``rows`` it also keeps, per (layer, KV head), the attention each step showed the cache's policy
+    (the combined row over the positions held then, ``kvsim.hf.cache``), as a trace's rows: row t over
+    the positions held when query t came, zero elsewhere (what ``needle_traces.save_bundle`` writes for the
+    kept-positions view). ``listen(layer, kv_head, t, held, row)`` hears the same at each step t >= 1."""
 
-    def __init__(self, cache, positions: int, listen=None) -> None:
+    def __init__(self, cache, positions: int, listen=None, rows: bool = False) -> None:
         self.cache = cache
         self.listen = listen
-        heads = len(cache.layers[0].policies[0])
-        self.left = np.full((len(cache.layers), heads, positions), -1, dtype=np.int32)
+        self.positions = positions
+        self.left = None  # (layers, KV heads, positions) once the first token has told the heads
+        self.rows: dict[tuple[int, int], np.ndarray] | None = {} if rows else None
         for li, layer in enumerate(cache.layers):
-            for h, policy in enumerate(layer.policies[0]):
-                self._wrap(policy, li, h)
+            self._wrap(layer, li)
 
-    def _wrap(self, policy, li: int, h: int) -> None:
-        step, evict, now = policy.on_decode_step, policy.evict, [0]
+    def _heads(self, layer) -> int:
+        if self.left is None:
+            self.left = np.full((len(self.cache.layers), len(layer.keys), self.positions), -1, dtype=np.int32)
+        return self.left.shape[1]
 
-        def on_decode_step(t, attn):
-            now[0] = t
-            if self.listen is not None:
-                self.listen(li, h, t, policy.kept, attn)
-            step(t, attn)
+    def _wrap(self, layer, li: int) -> None:
+        admit, store = layer._admit, layer._store
 
-        def evicting(budget):
-            victims = evict(budget)
-            if victims:
-                self.left[li, h, np.asarray(victims, dtype=np.int64)] = now[0]
-            return victims
+        def admitting(b, h, t, shown, key, value, queries=None):
+            self._heads(layer)
+            order = layer.order[b][h]
+            before = layer.pos[h][b, order].copy()
+            if t and shown is not None:
+                row = np.asarray(shown, dtype=np.float32)[order]
+                if self.rows is not None:
+                    full = self.rows.setdefault((li, h), np.zeros((self.positions, self.positions), dtype=np.float32))
+                    full[t, before] = row
+                if self.listen is not None:
+                    self.listen(li, h, t, before, row)
+            admit(b, h, t, shown, key, value, queries)
+            after = layer.pos[h][b, layer.order[b][h]]
+            gone = np.setdiff1d(np.append(before, t), after)
+            self.left[li, h, gone] = t
 
-        policy.on_decode_step = on_decode_step
-        policy.evict = evicting
+        def storing(b, h, held, keys, values):
+            self._heads(layer)
+            n = keys.shape[0]  # a compressed prompt is stored in one pass, from position 0
+            store(b, h, held, keys, values)
+            gone = np.setdiff1d(np.arange(n), held)
+            self.left[li, h, gone] = n - 1
+
+        layer._admit = admitting
+        layer._store = storing
 
     def check(self, seen: int) -> None:
         """What the departures say is held after the last step must be what each layer holds."""
@@ -246,11 +268,17 @@ def first_loss(left: np.ndarray, key_positions: Sequence[int]) -> list[list[int 
 
 
 def run_trial(model, prompt: Prompt, policy: str, budget: int | None = None, params: dict | None = None, *,
-              new_tokens: int = NEW_TOKENS, seed: int | None = None, eos=None, listen=None) -> dict:
+              new_tokens: int = NEW_TOKENS, seed: int | None = None, eos=None, listen=None, allocate=None,
+              prefill: dict | None = None, rows: bool = False) -> dict:
     """Decode ``prompt`` with ``policy`` at ``budget`` in every layer (``CONTROL``: the full cache).
     The record (``tokens``, the ``prefill_seconds`` / ``decode_seconds`` split) and, for a policy,
-    ``left``: each position's departure step per (layer, KV head), -1 for held to the end.
-    ``listen(layer, kv_head, t, kept, attn)`` hears what each policy is shown at each step."""
+    ``left``: each position's departure step per (layer, KV head), -1 for held to the end, and
+    ``budgets``: each (layer, KV head)'s budget. ``allocate``: a static split (``kvsim.hf.cache``'s:
+    ``uniform``, ``pyramidkv`` or ``{(layer, kv_head): budget}``); ``prefill``: ``{"budget": N or a
+    ratio, "policy": scorer, "params": {...}}`` compresses the prompt at its end (``prefill="compress"``)
+    instead of stepping it position by position. ``rows``: also ``rows``, the attention each step showed
+    each (layer, KV head)'s policy (``_Departures``; not with a compressed prompt, whose positions are
+    never shown one by one). ``listen(layer, kv_head, t, held, row)`` hears that attention at each step."""
     import torch
 
     import kvsim.hf as hf
@@ -263,36 +291,59 @@ def run_trial(model, prompt: Prompt, policy: str, budget: int | None = None, par
         hf.attach(model)
         run = greedy(model, ids, DynamicCache(config=model.config), new_tokens, eos)
         return {**run, "positions": len(prompt.ids) + len(run["tokens"]) - 1, "left": None}
-    cache = hf.cache(model, policy, budget, seed=seed, **(params or {}))
+    if rows and prefill:
+        raise NeedleError("a compressed prompt shows its policy no rows one by one; its attention is not kept",
+                          "--prefill-budget")
+    how = {"prefill": "exact"}
+    if prefill:
+        how = {"prefill": "compress", "prefill_budget": prefill["budget"], "prefill_policy": prefill["policy"],
+               "prefill_params": dict(prefill.get("params") or {})}
+    cache = hf.cache(model, policy, budget, seed=seed, allocate=allocate, **how, **(params or {}))
+    watch = _Departures(cache, len(prompt.ids) + new_tokens, listen, rows)
     # one thread: an exact prefill steps each position through tiny matrix-vector products, which a
     # second thread only slows down on a busy machine (kvsim.models.decode measured the same)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            model(ids[:, :1], cache=cache, use_cache=True)  # builds each layer's policies, holding [0]
-        first = time.perf_counter() - t0
-        watch = _Departures(cache, len(prompt.ids) + new_tokens, listen)
-        run = greedy(model, ids[:, 1:], cache, new_tokens, eos)
+        run = greedy(model, ids, cache, new_tokens, eos)
     finally:
         torch.set_num_threads(threads)
     seen = cache.layers[0].seen
     watch.check(seen)
-    return {**run, "prefill_seconds": run["prefill_seconds"] + first, "positions": seen, "left": watch.left}
+    budgets = cache.budgets
+    heads = watch.left.shape[1]
+    out = {**run, "positions": seen, "left": watch.left,
+           "budgets": [[budgets[(x, h)] for h in range(heads)] for x in range(len(cache.layers))]}
+    if rows:
+        out["rows"] = {k: v[:seen, :seen] for k, v in watch.rows.items()}
+    return out
 
 
 # --- the disk cache -------------------------------------------------------------------------------------
 
 
 def trial_key(model_id: str, prompt: Prompt, policy: str, budget: int | None, params: dict, new_tokens: int,
-              seed: int | None) -> dict:
+              seed: int | None, allocate=None, prefill: dict | None = None) -> dict:
+    """What a trial depends on. ``allocate``: a split's name or its ``[[layer, kv_head, budget], ...]``
+    rows (a file's content, not its path); ``prefill``: the compression (budget, scorer, its parameters)."""
     import transformers
 
-    return {"version": VERSION, "model": model_id, "prompt": prompt.digest, "key_positions": list(prompt.key_positions),
-            "policy": policy, "budget": budget, "params": dict(sorted(params.items())), "prefill": "exact",
-            "new_tokens": new_tokens, "seed": seed if policy == "random" else None,
-            "transformers": transformers.__version__}
+    key = {"version": VERSION, "model": model_id, "prompt": prompt.digest, "key_positions": list(prompt.key_positions),
+           "policy": policy, "budget": budget, "params": dict(sorted(params.items())), "prefill": "exact",
+           "new_tokens": new_tokens, "seed": seed if policy == "random" else None,
+           "transformers": transformers.__version__}
+    if allocate is not None:
+        key["allocate"] = allocate if isinstance(allocate, str) else [list(r) for r in allocation_rows(allocate)]
+    if prefill:
+        key["prefill"] = {"budget": prefill["budget"], "policy": prefill["policy"],
+                          "params": dict(sorted((prefill.get("params") or {}).items()))}
+    return key
+
+
+def allocation_rows(allocate) -> list[tuple[int, int, int]]:
+    """A split given as ``{(layer, kv_head): budget}`` or its rows, as sorted ``(layer, kv_head, budget)`` rows."""
+    items = allocate.items() if isinstance(allocate, dict) else (((x, h), b) for x, h, b in allocate)
+    return sorted((int(x), int(h), int(b)) for (x, h), b in items)
 
 
 def trial_path(key: dict) -> Path:
@@ -327,7 +378,7 @@ def write_trial(key: dict, record: dict) -> None:
             buf = io.BytesIO()
             np.savez_compressed(buf, left=left)
             atomic_write(base.with_suffix(".npz"), lambda f: f.write(buf.getvalue()))
-        doc = {"key": key, "has_left": left is not None, "record": {k: v for k, v in record.items() if k != "left"}}
+        doc = {"key": key, "has_left": left is not None, "record": {k: v for k, v in record.items() if k not in ("left", "rows")}}
         atomic_write(base.with_suffix(".json"), lambda f: f.write(json.dumps(doc).encode()))
     except OSError:
         pass
@@ -349,13 +400,31 @@ class Job:
     policy: str
     budget: int | None = None
     params: tuple = ()  # sorted (name, value) pairs
+    #: a static split: an allocator's name (uniform, pyramidkv) or sorted (layer, kv_head, budget) rows
+    allocate: str | tuple | None = None
+    #: a compressed prompt: (positions kept or a ratio, the scorer's name, its sorted (name, value) pairs)
+    prefill: tuple | None = None
 
     @property
     def label(self) -> str:
         if self.policy == CONTROL:
             return "full cache (control)"
         extra = "".join(f", {k} {v}" for k, v in self.params)
-        return f"{self.policy} @ {self.budget}{extra}"
+        if self.allocate is not None:
+            extra += f", split {self.allocate}" if isinstance(self.allocate, str) else ", split from a file"
+        if self.prefill is not None:
+            keep, scorer, sp = self.prefill
+            extra += f", prompt compressed to {keep} by {scorer}" + "".join(f" {k} {v}" for k, v in sp)
+        return f"{self.policy} @ {self.budget if self.budget is not None else 'the split'}{extra}"
+
+    @property
+    def how(self) -> dict:
+        """``run_trial``'s and ``trial_key``'s ``allocate`` and ``prefill``."""
+        allocate = self.allocate if isinstance(self.allocate, str) or self.allocate is None else \
+            {(x, h): b for x, h, b in self.allocate}
+        prefill = None if self.prefill is None else {"budget": self.prefill[0], "policy": self.prefill[1],
+                                                     "params": dict(self.prefill[2])}
+        return {"allocate": allocate, "prefill": prefill}
 
 
 @dataclass
@@ -366,38 +435,117 @@ class Unit:
     depth: float
     trial: int
     jobs: list[Job] = field(default_factory=list)
+    #: also the exact optimum's departures at each job's budgets (``needle_traces.optimum``)
+    optimum: bool = False
+    #: also each job's attention as a bundle for the kept-positions view (``needle_traces.save_bundle``)
+    attention: bool = False
 
 
 def run_unit(model, tokenizer, model_id: str, template: Template, unit: Unit, seed: int, new_tokens: int,
              use_cache: bool = True) -> dict:
     """One cell's trial: the prompt, then the control and each job, each read from the disk cache when
-    there, else decoded and cached. The trial's record, with each run's answer and the key's fate."""
+    there, else decoded and cached. The trial's record, with each run's answer and the key's fate (and,
+    as ``unit`` asks, the exact optimum's fate at the run's budgets, and the run's attention kept as a
+    bundle the kept-positions view opens)."""
+    from . import needle_traces as nt
+
     builder = Builder(tokenizer, template)
     key = pass_key(seed, unit.length, unit.depth, unit.trial)
     prompt = builder.prompt(unit.length, unit.depth, key, unit.trial)
     eos = getattr(tokenizer, "eos_token_id", None)
     runs = []
+    control_ids = None
     for job in [Job(CONTROL), *unit.jobs]:
         params = dict(job.params)
-        ck = trial_key(model_id, prompt, job.policy, job.budget, params, new_tokens, seed)
+        how = job.how
+        ck = trial_key(model_id, prompt, job.policy, job.budget, params, new_tokens, seed, **how)
         record = read_trial(ck) if use_cache else None
+        want_rows = unit.attention and job.policy != CONTROL and job.prefill is None
+        if record is not None and want_rows and not nt.has_bundle(ck):
+            record = None  # decoded again to keep its attention
         cached = record is not None
         if record is None:
-            record = run_trial(model, prompt, job.policy, job.budget, params, new_tokens=new_tokens, seed=seed, eos=eos)
+            record = run_trial(model, prompt, job.policy, job.budget, params, new_tokens=new_tokens, seed=seed, eos=eos,
+                               rows=want_rows, **how)
             record["text"] = tokenizer.decode(record["tokens"], skip_special_tokens=True)
+            if want_rows:
+                record["attention"] = _keep_attention(model, model_id, ck, record, prompt, job)
             write_trial(ck, record)
+        if job.policy == CONTROL:
+            control_ids = list(prompt.ids) + list(record["tokens"])[:-1]
         said = answer(record["text"])
         left = record["left"]
-        runs.append({"policy": job.policy, "budget": job.budget, "params": params, "label": job.label,
-                     "text": record["text"], "answer": said, "correct": said == key, "cached": cached,
-                     "prefill_seconds": record["prefill_seconds"], "decode_seconds": record["decode_seconds"],
-                     "positions": record["positions"],
-                     "key_left": None if left is None else fate(left, prompt.key_positions),
-                     "key_first_left": None if left is None else first_loss(left, prompt.key_positions),
-                     "cache_key": ck})
+        budgets = record.get("budgets")
+        if budgets is None and left is not None and job.allocate is None:  # a trial cached before budgets were kept
+            budgets = [[job.budget] * left.shape[1] for _ in range(left.shape[0])]
+        run = {"policy": job.policy, "budget": job.budget, "params": params, "label": job.label,
+               "allocate": how["allocate"] if isinstance(how["allocate"], (str, type(None))) else
+               [list(r) for r in job.allocate], "prefill": how["prefill"],
+               "text": record["text"], "answer": said, "correct": said == key, "cached": cached,
+               "prefill_seconds": record["prefill_seconds"], "decode_seconds": record["decode_seconds"],
+               "positions": record["positions"], "budgets": budgets,
+               "key_left": None if left is None else fate(left, prompt.key_positions),
+               "key_first_left": None if left is None else first_loss(left, prompt.key_positions),
+               "attention": record.get("attention"), "cache_key": ck}
+        runs.append(run)
+    if unit.optimum and unit.jobs:
+        _add_optimum(model, model_id, prompt, control_ids, runs[1:], use_cache, unit.attention)
     return {"length": unit.length, "depth": unit.depth, "trial": unit.trial, "key": key,
             "key_positions": list(prompt.key_positions), "needle_start": prompt.needle_start,
             "prompt_tokens": len(prompt.ids), "control": runs[0], "runs": runs[1:]}
+
+
+def _keep_attention(model, model_id: str, ck: dict, record: dict, prompt: Prompt, job: Job) -> dict:
+    """Write a run's attention (``record["rows"]``, dropped from it) as a bundle the kept view opens."""
+    from kvsim.hf import model_layout
+
+    from . import needle_traces as nt
+
+    kinds, _, window = model_layout(model)
+    rows = record.pop("rows")
+    meta = {"key_positions": list(prompt.key_positions), "prompt_length": len(prompt.ids), "policy": job.policy,
+            "budget": job.budget, "params": dict(job.params), "label": job.label, "model_id": model_id,
+            "budgets": record["budgets"]}
+    return nt.save_bundle(ck, rows, meta, model_id, kinds, window)
+
+
+def _add_optimum(model, model_id: str, prompt: Prompt, ids: list[int], runs: list[dict], use_cache: bool,
+                 attention: bool = False) -> None:
+    """Each run's ``optimal_key_left`` / ``optimal_key_first_left``: the key's fate in the exact optimum's
+    cache at the run's budgets, on the control's attention (``needle_traces.optimum``); cached on disk
+    under the control's tokens and the budgets. With ``attention``, the control's attention is kept as a
+    bundle too (``optimal_attention``), which the kept view replays through ``optimal``."""
+    from . import needle_traces as nt
+
+    traces = None
+    digest = hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()[:24]
+    for run in runs:
+        if run["budgets"] is None or run["prefill"] is not None:  # a compressed prompt's budgets hold the prompt
+            continue
+        ck = {"version": VERSION, "kind": "optimum", "model": model_id, "ids": digest, "budgets": run["budgets"]}
+        found = read_trial(ck) if use_cache else None
+        if found is None:
+            if traces is None:
+                traces = nt.control_traces(model, ids)
+            left = nt.optimum(traces, run["budgets"])
+            found = {"positions": len(ids), "left": left}
+            write_trial(ck, found)
+        left = found["left"]
+        run["optimal_key_left"] = fate(left, prompt.key_positions)
+        run["optimal_key_first_left"] = first_loss(left, prompt.key_positions)
+        run["optimal_cache_key"] = ck
+        if attention:
+            control = {"version": VERSION, "kind": "control attention", "model": model_id, "ids": digest}
+            if not nt.has_bundle(control):
+                from kvsim.hf import model_layout
+
+                if traces is None:
+                    traces = nt.control_traces(model, ids)
+                kinds, _, window = model_layout(model)
+                meta = {"key_positions": list(prompt.key_positions), "prompt_length": len(prompt.ids),
+                        "policy": "optimal", "label": "the full cache's attention (the control's)", "model_id": model_id}
+                nt.save_bundle(control, {k: t.attention for k, t in traces.items()}, meta, model_id, kinds, window)
+            run["optimal_attention"] = {"bundle": nt.bundle_name(control), "skipped": []}
 
 
 def accuracy(trials: Sequence[dict], jobs: Sequence[Job], lengths: Sequence[int], depths: Sequence[float]) -> dict:
@@ -417,6 +565,8 @@ def accuracy(trials: Sequence[dict], jobs: Sequence[Job], lengths: Sequence[int]
             return None if not ok else sum(r["runs"][j]["correct"] for r in ok) / len(ok)
 
         grids.append({"policy": job.policy, "budget": job.budget, "params": dict(job.params), "label": job.label,
+                      "allocate": job.allocate if not isinstance(job.allocate, tuple) else [list(r) for r in job.allocate],
+                      "prefill": job.how["prefill"],
                       "accuracy": cell(trials, counted),
                       "counted": cell(trials, lambda rows: sum(r["control"]["correct"] for r in rows))})
     total = [r["control"]["correct"] for r in trials]
@@ -469,12 +619,12 @@ def _remote_unit(model_name: str, template: Template, unit: Unit, seed: int, new
 def run_grid(model_name: str, template: Template, jobs: Sequence[Job], lengths: Sequence[int],
              depths: Sequence[float], trials: int, seed: int, *, new_tokens: int = NEW_TOKENS,
              use_cache: bool = True, scheduler: str | None = None, workers: int | None = None,
-             progress: Progress | None = None, loaded=None) -> dict:
+             progress: Progress | None = None, loaded=None, optimum: bool = False, attention: bool = False) -> dict:
     """Every (length, depth, trial) cell through the control and ``jobs``; here one after another, or
     on Dask (``scheduler``: ``"local"`` or an address, as ``kvsim tune``). ``loaded``: (model,
-    tokenizer, model_id) already loaded here."""
+    tokenizer, model_id) already loaded here. ``optimum``, ``attention``: see ``Unit``."""
     say = progress or (lambda f, n="": None)
-    units = [Unit(n, d, t, list(jobs)) for n in lengths for d in depths for t in range(trials)]
+    units = [Unit(n, d, t, list(jobs), optimum, attention) for n in lengths for d in depths for t in range(trials)]
     t0 = time.perf_counter()
     results: list[dict | None] = [None] * len(units)
 
@@ -513,7 +663,8 @@ def run_grid(model_name: str, template: Template, jobs: Sequence[Job], lengths: 
 def grid_path(doc: dict) -> Path:
     """Where a grid's document is kept for the app's needle view: keyed by what it measured."""
     what = {k: doc[k] for k in ("model_id", "lengths", "depths", "trials", "seed", "new_tokens", "template")}
-    what["jobs"] = [(g["policy"], g["budget"], g["params"]) for g in doc["grids"]]
+    what["jobs"] = [(g["policy"], g["budget"], g["params"], *([g["allocate"], g["prefill"]] if g.get("allocate") or
+                     g.get("prefill") else [])) for g in doc["grids"]]
     digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir() / NEEDLE_DIR / f"grid-{digest}.json"
 

@@ -120,15 +120,19 @@ def trial_kept(left: np.ndarray, key_positions: Sequence[int], prompt_tokens: in
 
 def fate_rows(cell: dict) -> list[dict]:
     """Per policy and layer, when the key left that layer's cache (the last of its tokens; each KV
-    head), in words: the table beside the trial's picture."""
+    head), in words: the table beside the trial's picture; with the exact optimum's step where the grid
+    measured it (``kvsim needle --optimum``: optimal on the control's attention at the same budgets)."""
     rows = []
     for run in cell["runs"]:
         for layer, heads in enumerate(run["key_left"] or []):
             firsts = (run.get("key_first_left") or [[None] * len(heads)] * (layer + 1))[layer]
-            rows.append({"policy": run["label"], "layer": layer, "answer": run["answer"] or "",
-                         "retrieved": run["correct"],
-                         "key lost at step": ", ".join("held" if s is None else str(s) for s in heads),
-                         "first key token lost at step": ", ".join("none" if s is None else str(s) for s in firsts)})
+            row = {"policy": run["label"], "layer": layer, "answer": run["answer"] or "", "retrieved": run["correct"],
+                   "key lost at step": ", ".join("held" if s is None else str(s) for s in heads),
+                   "first key token lost at step": ", ".join("none" if s is None else str(s) for s in firsts)}
+            if run.get("optimal_key_left") is not None:  # kvsim needle --optimum
+                row["exact optimum: key lost at step"] = ", ".join("held" if s is None else str(s)
+                                                                   for s in run["optimal_key_left"][layer])
+            rows.append(row)
     return rows
 
 
