@@ -210,6 +210,12 @@ class ExpectedAttention(SlotPolicy):
                 "refresh": per_config(p.refresh for p in policies),
                 "cbar": np.array([f[0] for f in future]), "sbar": np.array([f[1] for f in future])}
 
+    @classmethod
+    def check_meta(cls, meta: Mapping, source: str, head_dim: int) -> None:
+        """Refuse (``RopeError``, one line naming ``source``) a meta whose RoPE this policy cannot turn back: what
+        the deployed cache asks of each layer's ``rope_meta`` before any token."""
+        Rope.from_meta(meta, source, head_dim)
+
     def rope(self, head_dim: int) -> Rope:
         """The model's RoPE: given, or read from the trace's meta (a ``RopeError`` when it has none)."""
         if self._rope is None:
