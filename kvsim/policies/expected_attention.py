@@ -85,7 +85,7 @@ class Rope:
     @classmethod
     def from_meta(cls, meta: Mapping, source: str, head_dim: int) -> Rope:
         """The RoPE the recorder states in a trace's meta (``rope_inv_freq``, ``rope_layout``, ``rope_theta``,
-        ``rope_attention_scaling``: ``kvsim.models.layer_vectors.rope_meta``); a ``RopeError``, one line
+        ``rope_attention_scaling``: ``kvsim.policies.rope.rope_meta``); a ``RopeError``, one line
         naming ``source`` and the field."""
         if meta.get("rope_inv_freq") is None:
             raise RopeError(f"{source}: policy expected_attention needs the model's RoPE to advance the queries' positions, "
