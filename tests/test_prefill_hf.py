@@ -154,18 +154,22 @@ def test_compress_keeps_the_simulators_positions_in_every_layer_and_head(recorde
                 assert cache.layers[0].held(0, h).tolist() == row[row >= 0].tolist(), (t, h)
 
 
-def test_a_scorer_that_reads_vectors_chooses_as_the_simulator_does(recorded, monkeypatch):
-    """The one-time choice by the test-only policy (keys and values, no attention): every head keeps the positions
-    the simulator's choice keeps on the recording."""
+@pytest.mark.parametrize("scorer", [KeyValueNorm.name, "expected_attention"])
+def test_a_scorer_that_reads_vectors_chooses_as_the_simulator_does(recorded, scorer, monkeypatch):
+    """The one-time choice by the test-only policy (keys and values, no attention), and by expected_attention (its
+    RoPE read from the model, each layer's own): every head keeps the positions the simulator's choice keeps on the
+    recording."""
     import kvsim.hf as hf
 
     monkeypatch.setitem(POLICIES, KeyValueNorm.name, KeyValueNorm)
     model, ids, traces = recorded
-    cache = hf.cache(model, "none", None, prefill="compress", prefill_budget=KEEP, prefill_policy=KeyValueNorm.name)
+    params = {"query_window": 6, "future_positions": 20} if scorer == "expected_attention" else {}
+    cache = hf.cache(model, "none", None, prefill="compress", prefill_budget=KEEP, prefill_policy=scorer,
+                     prefill_params=params)
     with torch.no_grad():
         model(ids[:, :PROMPT], cache=cache, use_cache=True)
     for (layer, head), trace in traces.items():
-        want = choose_on(trace, Prefill.of(trace, KEEP, KeyValueNorm.name, prompt=PROMPT)).tolist()
+        want = choose_on(trace, Prefill.of(trace, KEEP, scorer, prompt=PROMPT, **params)).tolist()
         assert cache.layers[layer].held(0, head).tolist() == want, (layer, head)
 
 
