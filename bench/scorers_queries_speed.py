@@ -46,7 +46,9 @@ def gemma_like(steps: int, seed: int = 0) -> qk.QKTrace:
     q = np.stack([turn(rng.normal(size=(n, D)) + rng.normal(size=D)) for _ in range(G)]).astype(np.float16)
     k = turn(rng.normal(size=(n, D))).astype(np.float16)
     v = rng.normal(size=(n, D)).astype(np.float16)
-    meta = {"rope": {"layout": "rotate_half", "theta": THETA, "rope_type": "default", "inv_freq": inv.tolist()}}
+    # the fields a recording's meta states its RoPE by (kvsim.policies.rope.rope_meta), which the policy reads
+    meta = {"rope_inv_freq": inv.tolist(), "rope_layout": "rotate_half", "rope_theta": THETA, "rope_type": "default",
+            "rope_attention_scaling": 1.0, "rope_dim": D, "head_dim": D}
     return qk.from_qk(q, k, v, scale=D ** -0.5, name=f"gemma-like-{steps}", meta=meta)
 
 
@@ -58,7 +60,7 @@ def timed(fn) -> tuple[float, object]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trace", help="a query/key trace file (*.qk.npz) whose meta has 'rope'")
+    ap.add_argument("--trace", help="a query/key trace file (*.qk.npz) whose meta states its RoPE ('rope_inv_freq')")
     ap.add_argument("--steps", type=int, default=4096)
     ap.add_argument("--budget", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=1)

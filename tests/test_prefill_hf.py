@@ -56,26 +56,34 @@ class KeyValueNorm(SlotPolicy):
         return self._evict_lowest(budget, self._score[: self._len])
 
 
-#: every registered policy that reads vectors (the real ones once they are merged), and the test-only one
-# expected_attention also reads its model's RoPE from a trace's meta, which the deployed cache does not hand
-# over yet: it is refused there in one line (its first step's RopeError), not compared
-READERS = [*(name for name, cls in POLICIES.items() if cls.reads and not cls.needs_trace and not getattr(cls, "reads_meta", False)),
-           KeyValueNorm.name]
+#: every registered policy that reads vectors, and the test-only one; expected_attention also reads its model's
+#: RoPE, which the deployed cache takes from the model with the recorder's own call (``rope_meta``)
+READERS = [*(name for name, cls in POLICIES.items() if cls.reads and not cls.needs_trace), KeyValueNorm.name]
 
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     """(model, token ids, {(layer, kv head): its query/key trace with out_norms}) of a tiny Gemma 3 (sliding,
     global, sliding; 4 query heads over 2 KV heads), recorded in float32 over STEPS + 1 tokens."""
+    return _recorded(tmp_path_factory, "gemma3")
+
+
+@pytest.fixture(scope="module")
+def recorded_llama(tmp_path_factory):
+    """The same of a tiny Llama (2 global layers, the default RoPE at base 10,000, head dim 8)."""
+    return _recorded(tmp_path_factory, "llama")
+
+
+def _recorded(tmp_path_factory, family: str):
     from transformers import AutoModelForCausalLM
 
     from kvsim.models.loading import token_ids
     from kvsim.models.record import RecordConfig, record
 
-    tmp = tmp_path_factory.mktemp("prefill_hf")
+    tmp = tmp_path_factory.mktemp(f"prefill_hf_{family}")
     tokenizer, vocab = tiny_models.tokenizer(tiny_models.TEXT, 300)
     torch.manual_seed(5)
-    cfg = tiny_models.config("gemma3", vocab, hidden=32, intermediate=64, max_positions=256, head_dim=8, window=16)
+    cfg = tiny_models.config(family, vocab, hidden=32, intermediate=64, max_positions=256, head_dim=8, window=16)
     model = AutoModelForCausalLM.from_config(cfg).eval()
     folder = tmp / "model"
     model.save_pretrained(folder)
@@ -146,18 +154,22 @@ def test_compress_keeps_the_simulators_positions_in_every_layer_and_head(recorde
                 assert cache.layers[0].held(0, h).tolist() == row[row >= 0].tolist(), (t, h)
 
 
-def test_a_scorer_that_reads_vectors_chooses_as_the_simulator_does(recorded, monkeypatch):
-    """The one-time choice by the test-only policy (keys and values, no attention): every head keeps the positions
-    the simulator's choice keeps on the recording."""
+@pytest.mark.parametrize("scorer", [KeyValueNorm.name, "expected_attention"])
+def test_a_scorer_that_reads_vectors_chooses_as_the_simulator_does(recorded, scorer, monkeypatch):
+    """The one-time choice by the test-only policy (keys and values, no attention), and by expected_attention (its
+    RoPE read from the model, each layer's own): every head keeps the positions the simulator's choice keeps on the
+    recording."""
     import kvsim.hf as hf
 
     monkeypatch.setitem(POLICIES, KeyValueNorm.name, KeyValueNorm)
     model, ids, traces = recorded
-    cache = hf.cache(model, "none", None, prefill="compress", prefill_budget=KEEP, prefill_policy=KeyValueNorm.name)
+    params = {"query_window": 6, "future_positions": 20} if scorer == "expected_attention" else {}
+    cache = hf.cache(model, "none", None, prefill="compress", prefill_budget=KEEP, prefill_policy=scorer,
+                     prefill_params=params)
     with torch.no_grad():
         model(ids[:, :PROMPT], cache=cache, use_cache=True)
     for (layer, head), trace in traces.items():
-        want = choose_on(trace, Prefill.of(trace, KEEP, KeyValueNorm.name, prompt=PROMPT)).tolist()
+        want = choose_on(trace, Prefill.of(trace, KEEP, scorer, prompt=PROMPT, **params)).tolist()
         assert cache.layers[layer].held(0, head).tolist() == want, (layer, head)
 
 
@@ -211,17 +223,70 @@ def test_a_policy_that_reads_vectors_keeps_what_the_simulator_keeps(recorded, na
     """The prompt attended in full (``prefill="fast"``: every layer's policy is stepped through the full-cache
     rows, the open loop) with each position's key, value, queries and output norms handed over as the model
     computed them: every (layer, KV head) holds what a replay of its recorded trace holds after the last step."""
+    monkeypatch.setitem(POLICIES, KeyValueNorm.name, KeyValueNorm)
+    _same_kept(recorded, name, policy_args(name, BUDGET))  # vatp's recent_window 32 at budget 10 becomes 5
+
+
+def _same_kept(recorded, name: str, params: dict, **kw) -> None:
     import kvsim.hf as hf
 
-    monkeypatch.setitem(POLICIES, KeyValueNorm.name, KeyValueNorm)
     model, ids, traces = recorded
-    params = policy_args(name, BUDGET)  # vatp's recent_window 32 at budget 10 becomes 5
     cache = hf.cache(model, name, BUDGET, prefill="fast", **params)
     with torch.no_grad():
-        model(ids, cache=cache, use_cache=True)
+        model(ids, cache=cache, use_cache=True, **kw)
     for (layer, head), trace in traces.items():
         row = replay(trace, name, budget=BUDGET, record_kept=True, reference=True, **params).kept_history[-1]
         assert cache.layers[layer].held(0, head).tolist() == row[row >= 0].tolist(), (name, layer, head)
+
+
+EXPECTED = {"query_window": 6, "future_positions": 20, "sinks": 2}
+
+
+@pytest.mark.parametrize("refresh", [1, 4])
+def test_expected_attention_keeps_what_the_simulator_keeps_on_a_llama(recorded_llama, refresh):
+    """Llama's default RoPE (base 10,000, every dimension rotated, ``rotate_half``): the deployed cache reads it from
+    the model with the recorder's ``rope_meta``, and every (layer, KV head) holds the replay's kept set; the
+    recording's meta and the deployed layer's are the same fields."""
+    import kvsim.hf as hf
+
+    model, _, traces = recorded_llama
+    metas = hf.layer_metas(model, ["expected_attention"])
+    for (layer, _), trace in traces.items():
+        assert {k: trace.meta[k] for k in metas[layer]} == metas[layer] and metas[layer]["rope_layout"] == "rotate_half"
+    _same_kept(recorded_llama, "expected_attention", {**EXPECTED, "refresh": refresh})
+
+
+def test_expected_attention_reads_each_gemma_3_layers_own_rope(recorded):
+    """Gemma 3's sliding layers turn by base 10,000 and its global one by 1,000,000: each deployed layer's policy
+    holds its own layer's frequencies (those of the recording), and keeps the replay's positions (the other
+    parametrisation of the open-loop test runs at the policy's defaults fitted to the budget)."""
+    import kvsim.hf as hf
+
+    model, ids, traces = recorded
+    metas = hf.layer_metas(model, ["expected_attention"])
+    assert [m["rope_theta"] for m in metas] == [1e4, 1e6, 1e4]
+    cache = hf.cache(model, "expected_attention", BUDGET, prefill="fast", **EXPECTED)
+    with torch.no_grad():
+        model(ids, cache=cache, use_cache=True)
+    for (layer, head), trace in traces.items():
+        rope = cache.layers[layer].policies[0][head].rope(8)
+        assert rope.inv_freq.tolist() == trace.meta["rope_inv_freq"], (layer, head)
+        row = replay(trace, "expected_attention", budget=BUDGET, record_kept=True, reference=True, **EXPECTED).kept_history[-1]
+        assert cache.layers[layer].held(0, head).tolist() == row[row >= 0].tolist(), (layer, head)
+
+
+def test_expected_attention_refuses_a_rope_it_cannot_turn_back_before_any_token(recorded, monkeypatch):
+    """A model whose rotary layout is not ``rotate_half`` is refused by ``kvsim.hf.cache`` in one line naming the
+    policy, the model and the layer, before any token (the replay refuses such a trace's meta the same way)."""
+    import kvsim.hf as hf
+    import kvsim.policies.rope as rope
+
+    model, _, _ = recorded
+    monkeypatch.setattr(rope, "rope_layout", lambda lm: "interleaved")
+    with pytest.raises(hf.HFError) as e:
+        hf.cache(model, "expected_attention", BUDGET)
+    assert str(e.value).startswith("expected_attention cannot run on Gemma3ForCausalLM: layer 0: meta 'rope_layout' "
+                                   "'interleaved'") and "\n" not in str(e.value), str(e.value)
 
 
 def test_exact_prefill_hands_the_same_vectors(recorded, monkeypatch):
@@ -269,3 +334,40 @@ def test_gemma_3_270m_compresses_a_short_prompt_as_the_simulator_does():
     for (layer, head), trace in traces.items():
         want = choose_on(trace, Prefill.of(trace, 0.5, prompt=96)).tolist()
         assert cache.layers[layer].held(0, head).tolist() == want, layer
+
+
+@pytest.mark.record
+def test_gemma_3_270m_expected_attention_keeps_what_the_simulator_keeps():
+    """The shipped model over the first 97 tokens of heapq.py, captured as the query/key recorder captures them
+    (every layer, float32), each layer's trace given the meta the recorder writes (``rope_meta``: its sliding
+    layers' base 10,000, its global ones' 1,000,000); expected_attention at budget 32 deployed open-loop
+    (``prefill="fast"``): each of the 18 layers holds what the replay of its own trace holds."""
+    import kvsim.hf as hf
+    from kvsim.data.qk import from_qk
+    from kvsim.models.layer_vectors import rope_meta
+    from kvsim.models.loading import load_model, token_ids
+    from kvsim.models.qkv_capture import capture_qkv
+    from kvsim.models.quality import heapq_path
+
+    model, tokenizer = load_model(progress=None)
+    ids = token_ids(tokenizer, heapq_path().read_text())[:, :97]
+    traces = {}
+
+    def sink(got):
+        meta = rope_meta(model, got.layer, got.key.shape[-1])
+        for h in range(got.key.shape[0]):
+            q = got.query[h * got.group : (h + 1) * got.group].detach().numpy()
+            traces[(got.layer, h)] = from_qk(q, got.key[h].detach().numpy(), got.value[h].detach().numpy(),
+                                             scale=got.scale, softcap=got.softcap, sliding_window=got.sliding_window,
+                                             meta=meta)
+
+    with torch.no_grad():
+        capture_qkv(model, ids, list(range(model.config.num_hidden_layers)), sink)
+    params = {"query_window": 16, "future_positions": 512, "sinks": 4}
+    cache = hf.cache(model, "expected_attention", 32, prefill="fast", **params)
+    with torch.no_grad():
+        model(ids, cache=cache, use_cache=True, logits_to_keep=1)
+    assert len(traces) == 18 and {t.meta["rope_theta"] for t in traces.values()} == {1e4, 1e6}
+    for (layer, head), trace in traces.items():
+        row = replay(trace, "expected_attention", budget=32, record_kept=True, reference=True, **params).kept_history[-1]
+        assert cache.layers[layer].held(0, head).tolist() == row[row >= 0].tolist(), layer

@@ -23,9 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from ..policies import POLICIES, ParamError, PolicySpec, policy_class
+from ..policies.rope import rope_meta
 from ..sim.prefill import DEFAULT_SCORER, GROW, Prefill, PrefillError
 from .attention import ATTN, attach
-from .cache import PREFILL, EvictingCache, EvictingLayer, HFError
+from .cache import PREFILL, EvictingCache, EvictingLayer, HFError, LayerMeta
 from .windows import PARAM, WindowsError, check_model, read_tune, tune_windows
 
 #: the policies a deployed cache can run: the registry's online ones at import (the offline references read
@@ -142,9 +143,32 @@ def cache(model, policy: str, budget: int | None, *, windows=None, by: str = "la
         specs = [[None] * kv_heads for _ in kinds]
     else:
         specs = layer_specs(model, policy, budget, windows, by, allocate, **params)
+    metas = layer_metas(model, [s for s in (None if policy == GROW else policy, scorer and scorer.name) if s])
     attach(model)
     return EvictingCache([EvictingLayer(row, prefill=prefill, rng_seed=seed, prefill_budget=prefill_budget,
-                                        prefill_policy=scorer) for row in specs], progress=progress)
+                                        prefill_policy=scorer, meta=meta) for row, meta in zip(specs, metas, strict=True)],
+                         progress=progress)
+
+
+def layer_metas(model, policies: list[str]) -> list[dict]:
+    """Per decoder layer, the meta a recording of that layer states (``kvsim.policies.rope.rope_meta``, the
+    recorder's own call: the model's RoPE) when any of ``policies`` reads its trace's meta (``reads_meta``), else
+    empty dicts. Each such policy's ``check_meta`` runs on every layer's now: a model whose RoPE it cannot follow
+    is refused (HFError, one line naming the layer) before any token."""
+    cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    n = cfg.num_hidden_layers
+    readers = [POLICIES[name] for name in policies if getattr(POLICIES[name], "reads_meta", False)]
+    if not readers:
+        return [{} for _ in range(n)]
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    metas = [rope_meta(model, layer, int(head_dim)) for layer in range(n)]
+    for cls in readers:
+        for layer, meta in enumerate(metas):
+            try:
+                cls.check_meta(meta, f"layer {layer}", int(head_dim))
+            except ValueError as e:
+                raise HFError(f"{cls.name} cannot run on {type(model).__name__}: {e}") from None
+    return metas
 
 
 def _scorer(keep, name: str, params: dict) -> PolicySpec:
@@ -160,5 +184,5 @@ def _scorer(keep, name: str, params: dict) -> PolicySpec:
         raise HFError(str(e)) from None
 
 
-__all__ = ["ATTN", "ONLINE", "EvictingCache", "EvictingLayer", "HFError", "WindowsError", "attach", "cache",
-           "layer_specs", "model_layout"]
+__all__ = ["ATTN", "ONLINE", "EvictingCache", "EvictingLayer", "HFError", "LayerMeta", "WindowsError", "attach", "cache",
+           "layer_metas", "layer_specs", "model_layout"]

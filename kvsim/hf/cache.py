@@ -34,7 +34,10 @@ or a decode-time policy resumed from the kept set, so the kept sets are the simu
 Policies that read vectors (``Policy.reads``) are handed, before each position is admitted, that
 position's key (post-RoPE, as stored), value, the KV head's group of queries ``(G, d)`` and
 ``out_norms``, ``|W_O^h v|`` for each query head h of the group (the slice of the layer's ``o_proj``
-that head's output goes through), as the harness hands a trace's rows.
+that head's output goes through), as the harness hands a trace's rows. A policy that also reads its
+trace's meta (``reads_meta``: expected_attention's RoPE) is built with the layer's ``meta``, the fields a
+recording of that layer states (``kvsim.policies.rope.rope_meta``, which ``kvsim.hf.cache`` calls on the
+model), handed over as ``LayerMeta`` where a replay hands the trace.
 
 torch and transformers are imported here at module level: ``kvsim.hf`` is the optional torch extra.
 """
@@ -42,6 +45,7 @@ torch and transformers are imported here at module level: ``kvsim.hf`` is the op
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -63,6 +67,14 @@ class HFError(ValueError):
     """kvsim.hf cannot run as asked; one line, said before any generation starts."""
 
 
+class LayerMeta(NamedTuple):
+    """What a policy that ``reads_meta`` reads of a trace (``name``, for its messages, and ``meta``), for one
+    decoder layer of a deployed model: the meta a recording of that layer would carry (its RoPE)."""
+
+    name: str
+    meta: dict
+
+
 class EvictingLayer(CacheLayerMixin):
     """One decoder layer's cache: ``budget + 1`` slots per (row, KV head), one policy each.
 
@@ -78,7 +90,7 @@ class EvictingLayer(CacheLayerMixin):
 
     def __init__(self, specs: list[PolicySpec | None] | None = None, *, policies: list[list[Policy]] | None = None,
                  budgets: list[int] | None = None, prefill: str = "exact", rng_seed: int | None = None,
-                 prefill_budget=None, prefill_policy: PolicySpec | None = None):
+                 prefill_budget=None, prefill_policy: PolicySpec | None = None, meta: dict | None = None):
         super().__init__()
         if (specs is None) == (policies is None):
             raise HFError("an evicting layer takes policy specs or built policies, not both or neither")
@@ -97,6 +109,8 @@ class EvictingLayer(CacheLayerMixin):
             raise HFError("a KV head without a policy (the cache growing) is only for prefill='compress'")
         #: compress: the positions each head keeps (an integer or a ratio of the prompt) and the scorer
         self.prefill_budget, self.prefill_policy = prefill_budget, prefill_policy
+        #: the layer's meta as a recording states it (``rope_meta``), for the policies that ``reads_meta``
+        self.meta = dict(meta or {})
         #: compress: ``[row][kv head]`` ``kvsim.sim.prefill.Resumed``, set by the prompt
         self.resumed: list[list[Resumed]] | None = None
         self._module = None  # the attention module of the last call: its o_proj gives out_norms
@@ -119,7 +133,8 @@ class EvictingLayer(CacheLayerMixin):
             if len(self.specs) != hkv:
                 raise HFError(f"the cache was built for {len(self.specs)} KV head(s), the model gives {hkv}")
             rng = None if self.rng_seed is None else np.random.default_rng(self.rng_seed)
-            self.policies = [[None if spec is None else spec.build(rng=rng) for spec in self.specs] for _ in range(batch)]
+            self.policies = [[None if spec is None else spec.build(self._trace, rng=rng) for spec in self.specs]
+                             for _ in range(batch)]
         if len(self.policies) != batch or any(len(row) != hkv for row in self.policies):
             raise HFError(f"the cache was built for {len(self.policies)} row(s) x {len(self.policies[0])} KV head(s), "
                           f"the model gives {batch} x {hkv}")
@@ -162,6 +177,11 @@ class EvictingLayer(CacheLayerMixin):
     @property
     def _name(self) -> str:
         return "an evicting layer" if self.index is None else f"layer {self.index}"
+
+    @property
+    def _trace(self) -> LayerMeta:
+        """What ``PolicySpec.build`` hands a policy that reads its trace's meta, in the trace's place."""
+        return LayerMeta(self._name, self.meta)
 
     def _lost(self) -> str:
         return (f"{self._name}: the keys this cache returned for position {self.seen} never reached kvsim's attention "
@@ -401,7 +421,7 @@ class EvictingLayer(CacheLayerMixin):
                 def vectors_of(policy, b=b, h=h):
                     return lambda p: self._vectors(policy, h, key[b, h, p], value[b, h, p], q[b, h, :, p])
 
-                kept = choose(prefill, weights_of, vectors_of(prefill.scorer.build()))
+                kept = choose(prefill, weights_of, vectors_of(prefill.scorer.build(self._trace)), self._trace)
                 policy = self.policies[b][h]
                 resumed = Resumed(policy, kept, n, weights_of, vectors_of(policy))
                 self.resumed[b][h] = resumed

@@ -120,13 +120,20 @@ knorm_steps = KNORM.steps
 
 @kernel
 def _keydiff_cosines(state, c, p_c, n):
-    """``cos[:n]``: each held slot's cosine to the sum of the held unit keys."""
+    """``cos[:n]``: each held slot's cosine to the sum of the held unit keys. Both long sums take four terms
+    per pass (``((s + u_1) + u_2) + u_3 ...``, ``((dot + c_0 s_0) + c_1 s_1) + ...``): the same additions in
+    the same order, so the same bits, with each partial sum loaded and stored once per four terms."""
     units, cols, col_of, s, dots, cos, held = state
     d = units.shape[1]
     first = units[p_c[0]]
     for k in range(d):
         s[k] = first[k]
-    for i in range(1, n):  # kept order, each dimension's sum in that order; side by side over k
+    n4 = 1 + (n - 1) // 4 * 4
+    for i in range(1, n4, 4):  # kept order, each dimension's sum in that order; side by side over k
+        r1, r2, r3, r4 = units[p_c[i]], units[p_c[i + 1]], units[p_c[i + 2]], units[p_c[i + 3]]
+        for k in range(d):
+            s[k] = (((s[k] + r1[k]) + r2[k]) + r3[k]) + r4[k]
+    for i in range(n4, n):
         row = units[p_c[i]]
         for k in range(d):
             s[k] += row[k]
@@ -144,7 +151,13 @@ def _keydiff_cosines(state, c, p_c, n):
     s0 = s[0]
     for j in range(w):
         dots[j] = col[j] * s0
-    for k in range(1, d):  # every column's dot product gains its k-th term: dimension order, per column
+    d4 = 1 + (d - 1) // 4 * 4
+    for k in range(1, d4, 4):  # every column's dot product gains its k-th terms: dimension order, per column
+        c1, c2, c3, c4 = c_cols[k], c_cols[k + 1], c_cols[k + 2], c_cols[k + 3]
+        s1, s2, s3, s4 = s[k], s[k + 1], s[k + 2], s[k + 3]
+        for j in range(w):
+            dots[j] = (((dots[j] + c1[j] * s1) + c2[j] * s2) + c3[j] * s3) + c4[j] * s4
+    for k in range(d4, d):
         col = c_cols[k]
         sk = s[k]
         for j in range(w):
