@@ -22,9 +22,9 @@ from __future__ import annotations
 import numpy as np
 
 from .. import jit
+from ..data.gqa import position_sum
 from ..data.trace import Trace
 from ..progress import Progress
-from ..data.gqa import position_sum
 from .harness import observe
 
 
