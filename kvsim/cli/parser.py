@@ -411,9 +411,10 @@ def _add_quality(sub, traces) -> None:
                    "step's read of the weights (default: 8)")
     p.add_argument("--no-cache", action="store_true", help="measure again instead of reading cached results")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    p.add_argument("--allocate", default=None, metavar="NAME", help="with --mode open and one --policy and --budget: "
-                   "each layer and KV head at the budget an allocator gives it (uniform, pyramidkv, cake, optimal), "
-                   "the same memory as uniform's, measured beside uniform's (docs/allocation.md)")
+    p.add_argument("--allocate", default=None, metavar="NAME", help="with one --policy and --budget, --mode closed or "
+                   "open: each layer and KV head at the budget an allocator gives it (uniform, pyramidkv, cake, optimal), "
+                   "or adakv's pool per layer (closed), the same memory as uniform's, measured beside uniform's "
+                   "(docs/allocation.md)")
     _json(p)
 
 
