@@ -190,3 +190,17 @@ def test_cli_generate_deploys_adakv_and_says_each_layers_pool(tmp_path, capsys):
     assert code != 0 and len(err) == 1 and "--allocate adakv: adakv pools h2o's scores across a layer's heads; tova is not h2o" \
         in err[0]
     assert "generate: " not in out.err  # refused before the model loaded
+
+
+def test_an_adakv_replay_file_is_refused_as_a_split(tmp_path):
+    """replay --allocate adakv --json writes each head's share with "pooled": true: deployed as a split it would be
+    uniform, so it is refused, naming the file and what deploys the pool."""
+    import kvsim.hf as hf
+
+    path = tmp_path / "adakv.json"
+    rows = [{"layer": x, "kv_head": h, "budget": 8} for x in range(2) for h in range(2)]
+    path.write_text(json.dumps({"policy": "h2o", "allocate": "adakv", "pooled": True, "floor": 4, "allocation": rows}))
+    with pytest.raises(hf.HFError) as e:
+        hf.cache(_tiny("llama"), "h2o", None, allocate=str(path), recent_window=3)
+    assert str(e.value) == (f"{path}: adakv's pool (each row is a head's share, 'pooled': true), not a split of budgets; "
+                            "deploy the pool itself with --allocate adakv (allocate='adakv') at its budget")

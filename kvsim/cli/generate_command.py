@@ -41,7 +41,7 @@ def _allocation(args: argparse.Namespace, params: dict):
     """``--allocate``'s name, or its file's budgets, checked as far as the model is not needed; a file
     given without --budget sets ``args.budget`` to None (the split is what it holds)."""
     from ..analysis.allocation import ALLOCATORS
-    from ..hf.allocation import POOLED, adakv_refusal, check_minimum, read_file, refusal
+    from ..hf.allocation import POOLED, adakv_refusal, check_minimum, pooled_file, read_file, refusal
     from ..hf.cache import HFError
 
     name = args.allocate.strip()
@@ -52,6 +52,8 @@ def _allocation(args: argparse.Namespace, params: dict):
         return name
     try:
         budgets, made_for = read_file(name)
+        if (why := pooled_file(name)) is not None:
+            raise HFError(why)
         if made_for is not None and made_for != args.policy:
             raise HFError(f"{name}: a split made for {made_for}, --policy is {args.policy}")
         check_minimum(budgets, args.policy, params, name)

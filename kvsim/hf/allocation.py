@@ -56,6 +56,18 @@ def read_file(path) -> tuple[dict[tuple[int, int], int], str | None]:
         raise HFError(str(e)) from None
 
 
+def pooled_file(path) -> str | None:
+    """Why an allocation file (already read by ``read_file``) cannot deploy as a split: adakv's rows are each
+    head's share of a pool (``"pooled": true``, what ``replay --allocate adakv --json`` writes); None otherwise."""
+    import json
+
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    if isinstance(doc, dict) and doc.get("pooled") is True:
+        return (f"{path}: adakv's pool (each row is a head's share, 'pooled': true), not a split of budgets; deploy "
+                "the pool itself with --allocate adakv (allocate='adakv') at its budget")
+    return None
+
+
 def _minimum(policy: str, params: dict) -> tuple[int, PolicySpec]:
     loose = PolicySpec.of(policy, 10**9, **params)  # the parameters checked, whatever the budget
     return al.minimum_budget(loose), loose
@@ -110,6 +122,8 @@ def split(allocate, policy: str, budget: int | None, layers: int, kv_heads: int,
     if isinstance(allocate, (str, Path)):
         where = str(allocate)
         budgets, made_for = read_file(allocate)
+        if (why := pooled_file(allocate)) is not None:
+            raise HFError(why)
         if made_for is not None and made_for != policy:
             raise HFError(f"{where}: a split made for {made_for}, the policy is {policy}")
     elif isinstance(allocate, dict):
@@ -138,4 +152,4 @@ def split(allocate, policy: str, budget: int | None, layers: int, kv_heads: int,
     return budgets
 
 
-__all__ = ["FROM_SHAPE", "POOLED", "adakv_refusal", "read_file", "refusal", "split"]
+__all__ = ["FROM_SHAPE", "POOLED", "adakv_refusal", "pooled_file", "read_file", "refusal", "split"]
