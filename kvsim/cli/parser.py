@@ -340,7 +340,8 @@ def _add_generate(sub, traces) -> None:
     p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET, action=_Given, help="positions each layer "
                    f"holds per KV head (default: {DEFAULT_BUDGET}) or, with --allocate FILE, on average (by default the file's split)")
     p.add_argument("--allocate", default=None, metavar="NAME|FILE", help="a budget per (layer, KV head) at --budget's "
-                   "memory: uniform or pyramidkv, or the allocation rows of replay --allocate NAME --json (a file)")
+                   "memory: uniform or pyramidkv, adakv (h2o: each layer's KV heads share one pool), or the allocation rows of "
+                   "replay --allocate NAME --json (a file)")
     for param, spec in all_tunables().items():
         p.add_argument(flag(param), dest=f"param_{param}", type=int, default=None, metavar="N",
                        help=f"{spec.help} (passed to the policies that take it)")
