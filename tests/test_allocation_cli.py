@@ -122,17 +122,42 @@ def test_each_refusal_is_one_line_before_any_trace_is_read(argv, message, bundle
 
 
 QUALITY_REFUSED = [
-    (["--policy", "h2o", "--allocate", "optimal"],
-     "--allocate measures the open loop: give --mode open (each head's schedule, at its own budget, masks one "
-     "teacher-forced pass)"),
+    (["--policy", "h2o", "--allocate", "optimal", "--mode", "both"],
+     "--allocate measures one loop: give --mode closed (the deployed cache holding each head's budget) or --mode "
+     "open (each head's schedule masks one teacher-forced pass)"),
     (["--policies", "h2o,tova", "--allocate", "optimal", "--mode", "open"],
      "--allocate measures one policy: give --policy, not --policies"),
+    (["--policy", "h2o", "--allocate", "duo", "--mode", "open"],
+     "--allocate: quality measures a static split (uniform, pyramidkv, cake, optimal) or adakv's pool; 'duo' is not "
+     "one (duo's streaming heads are not measured by the truth yet)"),
     (["--policy", "h2o", "--allocate", "adakv", "--mode", "open"],
-     "--allocate: quality measures a static split (uniform, pyramidkv, cake, optimal); 'adakv' is not one (adakv's "
-     "pool and duo's streaming heads are not measured by the truth yet)"),
+     "--allocate adakv: a pool, not a split, has no open-loop schedule here; give --mode closed (the deployed pool "
+     "decodes the text)"),
     (["--policy", "h2o", "--allocate", "optimal", "--mode", "open", "--budget", "64,128"],
      "--budget: '64,128': --allocate takes one budget"),
 ]
+
+
+QUALITY_INPUT_REFUSED = [
+    (["--policy", "tova", "--allocate", "adakv", "--budget", "64", "--model", "smollm2-135m"],
+     "--allocate: adakv pools h2o's scores across a layer's heads; tova is not h2o (use --policy h2o)"),
+    (["--policy", "h2o", "--allocate", "adakv", "--budget", "64"],
+     "--allocate: adakv pools a layer's KV heads, and with one KV head per layer the pool is that head: adakv is "
+     "uniform within a layer on this model; use uniform, pyramidkv, cake or optimal (Gemma-3-270M: 18 layers x 1 KV head)"),
+]
+
+
+@pytest.mark.parametrize("argv, message", QUALITY_INPUT_REFUSED, ids=[m[:40] for _, m in QUALITY_INPUT_REFUSED])
+def test_quality_allocate_adakv_is_refused_before_a_model_loads(argv, message, capsys, monkeypatch):
+    from kvsim.models import quality
+
+    def no_model(*a, **k):
+        raise AssertionError("a model was loaded before the refusal")
+
+    monkeypatch.setattr(quality, "open_session", no_model)
+    code = cli.main(["quality", "heapq", *argv])
+    out, err = capsys.readouterr()
+    assert (code, out, err) == (1, "", f"kvsim: error: {message}\n")
 
 
 @pytest.mark.parametrize("argv, message", QUALITY_REFUSED, ids=[m[:40] for _, m in QUALITY_REFUSED])

@@ -119,7 +119,7 @@ def test_pyramidkv_by_name_spends_uniforms_memory_early_layers_first():
     ({(0, 0): 8, (0, 1): 8, (1, 0): 8, (1, 1): 8}, 16, "the split holds 32 positions, not budget 16 x 4 heads = 64"),
     ("cake", 16, "cake computes its split from a recorded bundle's attention; run python -m kvsim replay"),
     ("optimal", 16, "--allocate optimal --budget B --json > split.json"),
-    ("adakv", 16, "adakv's shared pool (a layer's heads evicting from one pool) is not built in the deployed cache"),
+    ("adakv", None, "allocate=adakv pools budget x 2 KV heads in each layer; give the budget"),  # tests/test_hf_pooled.py
     ("uniform", 3, "allocate=uniform: layer 0 KV head 0: budget 3 is below h2o's minimum of 4"),
 ])
 def test_an_allocation_that_cannot_deploy_is_one_line_before_any_token(allocate, budget, message):
@@ -184,7 +184,6 @@ def test_cli_generate_refuses_a_bad_allocation_in_one_line(tmp_path, capsys):
         (["--allocate", str(tmp_path / "broken.json")], f"--allocate: {tmp_path}/broken.json: not valid JSON"),
         (["--allocate", str(tmp_path / "none.json")], f"--allocate: {tmp_path}/none.json: no such file"),
         (["--allocate", "cake", "--budget", "16"], "--allocate cake: cake computes its split from a recorded bundle's attention"),
-        (["--allocate", "adakv", "--budget", "16"], "--allocate adakv: adakv's shared pool"),
         (["--allocate", made_for_h2o, "--budget", "9"], "the split holds 64 positions, not --budget 9 x 8 heads; leave out --budget"),
     ]
     for flags, message in bad:

@@ -18,8 +18,9 @@ CLI's ``--allocate``, the app's allocation view. The figure is the bundle's mean
   both are 1 unless given.
 - ``adakv`` (Feng et al., arXiv:2407.11550): not a static split. A layer's heads share one pool of
   ``B x heads``; each eviction removes the lowest h2o score across the layer's heads, with a floor of
-  ``ADAKV_ALPHA x B`` per head (never below the policy's minimum): ``kvsim.sim.joint``. h2o only: it is
-  the policy whose scores are comparable across heads (each head's sums of its own normalised rows).
+  ``ADAKV_ALPHA x B`` per head, never below the policy's minimum (``kvsim.policies.split.adakv_floor``):
+  ``kvsim.sim.joint``. h2o only: it is the policy whose scores are comparable across heads (each head's
+  sums of its own normalised rows).
 - ``duo`` (Xiao et al., arXiv:2410.10819): DuoAttention learns a gate per head; kvsim measures one
   instead: a head's *streaming mass*, its retained mass as a streaming head (streaming_llm, 4 sinks,
   at ``B // 4`` positions). The half of the heads with the highest streaming mass stream (sinks and a
@@ -35,7 +36,6 @@ CLI's ``--allocate``, the app's allocation view. The figure is the bundle's mean
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,6 +46,7 @@ from ..policies import PolicySpec
 from ..policies.split import (
     ALLOCATORS,
     AllocationError,
+    adakv_floor,
     integer_split,
     minimum_budget,
     minimum_why,
@@ -67,7 +68,6 @@ SUMMARIES = {
     "optimal": "the exact best split of the bundle's mean retained mass (a dynamic programme over heads)",
 }
 CAKE_WINDOW = 32
-ADAKV_ALPHA = 0.2
 DUO_SINKS = 4
 
 
@@ -231,7 +231,7 @@ def allocate(allocator: str, heads: list[Head], spec: PolicySpec, *, progress: P
     total, low = B * n, minimum_budget(spec)
     keys = tuple(shape)
     if allocator in ("uniform", "adakv"):
-        floor = max(low, math.ceil(ADAKV_ALPHA * B)) if allocator == "adakv" else None
+        floor = adakv_floor(spec) if allocator == "adakv" else None
         return Allocation(allocator, keys, (B,) * n, pooled=allocator == "adakv", floor=floor)
     if allocator == "pyramidkv":
         layers = sorted({h.layer for h in heads})

@@ -208,12 +208,34 @@ def table(args: argparse.Namespace) -> dict:
             "rows": rows}
 
 
+#: KV heads per layer of the shipped models (what adakv's refusal needs before a model loads)
+SHIPPED_KV_HEADS = {"gemma3-270m": ("Gemma-3-270M", 18, 1), "smollm2-135m": ("SmolLM2-135M-Instruct", 30, 3)}
+
+
+def _kv_heads_before_loading(model) -> tuple[str, int, int] | None:
+    """(name, layers, KV heads per layer) of ``--model`` read without loading it (a shipped model's, a local
+    folder's config.json), None when it cannot be read."""
+    import json
+
+    name = "gemma3-270m" if model is None else str(model)
+    if name in SHIPPED_KV_HEADS:
+        return SHIPPED_KV_HEADS[name]
+    try:
+        cfg = json.loads((Path(name) / "config.json").read_text(encoding="utf-8"))
+        cfg = cfg.get("text_config", cfg)
+        return Path(name).name, int(cfg["num_hidden_layers"]), int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def quality(args: argparse.Namespace) -> dict:
-    """``quality --allocate NAME --mode open``: the model's loss and KL with each (layer, KV head) at its own
-    budget, beside uniform's at the same memory (``kvsim.models.allocation_truth``)."""
+    """``quality --allocate NAME --mode open|closed``: the model's loss and KL with each (layer, KV head) at its
+    own budget, beside uniform's at the same memory (``kvsim.models.allocation_truth``); closed loop through the
+    deployed cache, adakv's pooled layers included. Each result is kept in the quality cache (``--no-cache``)."""
+    from ..models import allocation_truth as truth
     from ..models import quality as q
-    from ..models.allocation_truth import open_truth
     from ..models.loading import require_extra
+    from ..policies.split import adakv_floor
     from .errors import read_input
 
     name = args.allocate.strip()
@@ -221,18 +243,29 @@ def quality(args: argparse.Namespace) -> dict:
         raise CLIError("--allocate measures one policy: give --policy, not --policies")
     if args.sweep:
         raise CLIError("--allocate does not go with --sweep")
-    if args.mode != "open":
-        raise CLIError("--allocate measures the open loop: give --mode open (each head's schedule, at its own "
-                       "budget, masks one teacher-forced pass)")
-    if name not in al.STATIC + ("optimal",):
-        raise CLIError(f"--allocate: quality measures a static split ({', '.join(al.STATIC)}, optimal); "
-                       f"{name!r} is not one (adakv's pool and duo's streaming heads are not measured by the truth yet)")
+    if args.mode not in truth.MODES:
+        raise CLIError("--allocate measures one loop: give --mode closed (the deployed cache holding each head's "
+                       "budget) or --mode open (each head's schedule masks one teacher-forced pass)")
+    if name not in al.STATIC + ("optimal", "adakv"):
+        raise CLIError(f"--allocate: quality measures a static split ({', '.join(al.STATIC)}, optimal) or adakv's pool; "
+                       f"{name!r} is not one (duo's streaming heads are not measured by the truth yet)")
+    if name == "adakv" and args.mode != "closed":
+        raise CLIError("--allocate adakv: a pool, not a split, has no open-loop schedule here; give --mode closed "
+                       "(the deployed pool decodes the text)")
     try:
         budget = int(args.budget)
     except ValueError:
         raise CLIError(f"--budget: {args.budget!r}: --allocate takes one budget") from None
     params = policy_args(args)
     spec = _spec(args.policy, budget, params, "TEXT")
+    if name == "adakv":
+        known = _kv_heads_before_loading(args.model)
+        shape = [(x, h) for x in range(known[1]) for h in range(known[2])] if known else [(0, 0), (0, 1)]
+        try:
+            al.check(name, spec, shape, budget)
+        except al.AllocationError as e:
+            model = f" ({known[0]}: {known[1]} layers x 1 KV head)" if known and known[2] == 1 else ""
+            raise InputError(f"--allocate: {e}{model}") from None
     text = q.resolve_text(args.text)
     read_input("TEXT", text)
     if args.model is None:
@@ -247,7 +280,11 @@ def quality(args: argparse.Namespace) -> dict:
     heads = [al.Head(x, h, session.traces[x][h]) for x, h in shape]
     split = al.allocate(name, heads, spec, progress=say)
     grid = [[split.budgets[x * session.kv_heads + h] for h in range(session.kv_heads)] for x in range(session.layers)]
-    got = open_truth(session, spec.name, grid, spec.kwargs)
-    even = open_truth(session, spec.name, [[budget] * session.kv_heads for _ in range(session.layers)], spec.kwargs)
+    use_cache = not args.no_cache
+    pooled = adakv_floor(spec) if split.pooled else None
+    got = truth.measure(session, spec.name, grid, spec.kwargs, args.mode, pooled=pooled, use_cache=use_cache, progress=say)
+    even = truth.measure(session, spec.name, [[budget] * session.kv_heads for _ in range(session.layers)], spec.kwargs,
+                         args.mode, use_cache=use_cache, progress=say)
     return {**got, "budget": budget, "allocate": name, "model": session.model_id, "text": Path(text).name,
-            "uniform": {k: even[k] for k in ("nll", "delta_nll", "kl", "retained_mass")}, "allocation": split.rows()}
+            "uniform": {k: even[k] for k in ("nll", "delta_nll", "kl", "retained_mass", "seconds", "cached")},
+            "allocation": split.rows(), **({"floor": pooled, "pooled": True} if pooled is not None else {})}

@@ -41,17 +41,19 @@ def _allocation(args: argparse.Namespace, params: dict):
     """``--allocate``'s name, or its file's budgets, checked as far as the model is not needed; a file
     given without --budget sets ``args.budget`` to None (the split is what it holds)."""
     from ..analysis.allocation import ALLOCATORS
-    from ..hf.allocation import check_minimum, read_file, refusal
+    from ..hf.allocation import POOLED, adakv_refusal, check_minimum, pooled_file, read_file, refusal
     from ..hf.cache import HFError
 
     name = args.allocate.strip()
     if name in ALLOCATORS:
-        why = refusal(name)
+        why = refusal(name) or (adakv_refusal(args.policy) if name in POOLED else None)
         if why is not None:
             raise CLIError(f"--allocate {name}: {why}")
         return name
     try:
         budgets, made_for = read_file(name)
+        if (why := pooled_file(name)) is not None:
+            raise HFError(why)
         if made_for is not None and made_for != args.policy:
             raise HFError(f"{name}: a split made for {made_for}, --policy is {args.policy}")
         check_minimum(budgets, args.policy, params, name)
@@ -148,8 +150,10 @@ def _allocated(args: argparse.Namespace, cache, seen: int) -> dict:
     positions processed (nothing was evicted there; their slots beyond them were allocated for nothing)."""
     budgets, peaks = cache.budgets, cache.head_peaks
     rows = [{"layer": x, "kv_head": h, "budget": b, "peak_positions": peaks[(x, h)]} for (x, h), b in sorted(budgets.items())]
+    pools = [{"layer": x, "pool": layer.pool, "floor": layer.floor, "peak_positions": layer.pool_peak}
+             for x, layer in enumerate(cache.layers) if hasattr(layer, "pool")]  # adakv: each layer's heads share one
     return {"allocate": args.allocate, "allocation": rows, "positions": sum(budgets.values()), "positions_seen": seen,
-            "unevicted_heads": sum(b >= seen for b in budgets.values())}
+            "unevicted_heads": sum(b >= seen for b in budgets.values()), **({"pools": pools} if pools else {})}
 
 
 def _deployed_windows(cache) -> list | None:

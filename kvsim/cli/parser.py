@@ -340,7 +340,8 @@ def _add_generate(sub, traces) -> None:
     p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET, action=_Given, help="positions each layer "
                    f"holds per KV head (default: {DEFAULT_BUDGET}) or, with --allocate FILE, on average (by default the file's split)")
     p.add_argument("--allocate", default=None, metavar="NAME|FILE", help="a budget per (layer, KV head) at --budget's "
-                   "memory: uniform or pyramidkv, or the allocation rows of replay --allocate NAME --json (a file)")
+                   "memory: uniform or pyramidkv, adakv (h2o: each layer's KV heads share one pool), or the allocation rows of "
+                   "replay --allocate NAME --json (a file)")
     for param, spec in all_tunables().items():
         p.add_argument(flag(param), dest=f"param_{param}", type=int, default=None, metavar="N",
                        help=f"{spec.help} (passed to the policies that take it)")
@@ -411,9 +412,10 @@ def _add_quality(sub, traces) -> None:
                    "step's read of the weights (default: 8)")
     p.add_argument("--no-cache", action="store_true", help="measure again instead of reading cached results")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    p.add_argument("--allocate", default=None, metavar="NAME", help="with --mode open and one --policy and --budget: "
-                   "each layer and KV head at the budget an allocator gives it (uniform, pyramidkv, cake, optimal), "
-                   "the same memory as uniform's, measured beside uniform's (docs/allocation.md)")
+    p.add_argument("--allocate", default=None, metavar="NAME", help="with one --policy and --budget, --mode closed or "
+                   "open: each layer and KV head at the budget an allocator gives it (uniform, pyramidkv, cake, optimal), "
+                   "or adakv's pool per layer (closed), the same memory as uniform's, measured beside uniform's "
+                   "(docs/allocation.md)")
     _json(p)
 
 

@@ -264,7 +264,8 @@ def _table(doc: dict) -> str:
 def _quality(doc) -> str:
     if isinstance(doc, dict) and "allocate" in doc:  # quality --allocate: the split beside uniform's, the same memory
         u = doc["uniform"]
-        return (f"{doc['policy']} {params_label(doc['params'])} at budget {doc['budget']} per head on average, open loop, "
+        loop = "closed loop" if doc.get("mode") == "closed" else "open loop"
+        return (f"{doc['policy']} {params_label(doc['params'])} at budget {doc['budget']} per head on average, {loop}, "
                 f"{doc['model']} on {doc['text']} ({doc['steps']} steps)\n\n" + aligned(
                     ["split", "nll", "delta_nll", "kl", "retained_mass"],
                     [[doc["allocate"], doc["nll"], doc["delta_nll"], doc["kl"], doc["retained_mass"]],

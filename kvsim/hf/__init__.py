@@ -3,6 +3,7 @@
     import kvsim.hf
     cache = kvsim.hf.cache(model, "h2o", 256, recent_window=32)           # or windows="tune.json"
     cache = kvsim.hf.cache(model, "h2o", 256, allocate="pyramidkv")      # or {(layer, kv_head): budget}, "split.json"
+    cache = kvsim.hf.cache(model, "h2o", 256, allocate="adakv")          # a layer's KV heads share one pool
     out = model.generate(ids, cache=cache, max_new_tokens=200, do_sample=False)  # past_key_values= before 5.x
 
 Every decoder layer holds at most ``budget`` positions per KV head (or each (layer, KV head) its own
@@ -114,7 +115,10 @@ def cache(model, policy: str, budget: int | None, *, windows=None, by: str = "la
           prefill_policy: str = DEFAULT_SCORER, prefill_params: dict | None = None, **params) -> EvictingCache:
     """An ``EvictingCache`` for ``model``: ``policy`` at ``budget`` in every layer with ``params``, and
     ``windows`` (see ``layer_specs``) per layer; ``allocate`` (see ``layer_specs``) gives each (layer,
-    KV head) its own budget, and each head's storage is that budget plus one spare slot. Puts ``model`` on kvsim's attention function. Every
+    KV head) its own budget, and each head's storage is that budget plus one spare slot; ``allocate="adakv"``
+    (h2o, a model with several KV heads per layer) makes each layer's KV heads share one pool of ``budget x
+    KV heads`` positions in one store (``kvsim.hf.pooled``), the pool plus one spare slot per head. Puts
+    ``model`` on kvsim's attention function. Every
     check runs here, before any token: an unknown or offline policy, a parameter out of bounds (a
     window not below the budget), a tune file for another model, a model without eager-compatible
     attention. ``prefill``: ``exact`` (a prompt stepped position by position, as decoding would) or
@@ -141,6 +145,13 @@ def cache(model, policy: str, budget: int | None, *, windows=None, by: str = "la
                           "or parameters")
         kinds, kv_heads, _ = model_layout(model)
         specs = [[None] * kv_heads for _ in kinds]
+    elif isinstance(allocate, str) and allocate == "adakv":
+        from .pooled import PooledLayer
+
+        specs, pool, floors = _adakv(model, policy, budget, windows, by, params)
+        attach(model)
+        return EvictingCache([PooledLayer(row, pool, floor, prefill=prefill) for row, floor in zip(specs, floors, strict=True)],
+                             progress=progress)
     else:
         specs = layer_specs(model, policy, budget, windows, by, allocate, **params)
     metas = layer_metas(model, [s for s in (None if policy == GROW else policy, scorer and scorer.name) if s])
@@ -169,6 +180,26 @@ def layer_metas(model, policies: list[str]) -> list[dict]:
             except ValueError as e:
                 raise HFError(f"{cls.name} cannot run on {type(model).__name__}: {e}") from None
     return metas
+
+
+def _adakv(model, policy: str, budget: int | None, windows, by: str, params: dict):
+    """adakv's layers (``kvsim.hf.pooled``): each layer's specs at the share ``budget``, its pool (``budget x KV
+    heads``) and each layer's floor (``kvsim.policies.split.adakv_floor``); HFError, one line, before any token."""
+    from ..policies.split import adakv_floor
+    from .allocation import adakv_refusal
+
+    kinds, kv_heads, _ = model_layout(model)
+    why = adakv_refusal(policy, kv_heads, f"{type(model).__name__} has {len(kinds)} layers x 1 KV head")
+    if why is not None:
+        raise HFError(f"allocate=adakv: {why}")
+    if budget is None:
+        raise HFError(f"allocate=adakv pools budget x {kv_heads} KV heads in each layer; give the budget")
+    specs = layer_specs(model, policy, budget, windows, by, **params)
+    for x, row in enumerate(specs):
+        if len({s["recent_window"] for s in row}) != 1:
+            raise HFError(f"allocate=adakv: layer {x}'s KV heads have recent_windows {[s['recent_window'] for s in row]}; "
+                          "a pool protects one window in all its heads (give windows per layer)")
+    return specs, budget * kv_heads, [adakv_floor(row[0]) for row in specs]
 
 
 def _scorer(keep, name: str, params: dict) -> PolicySpec:

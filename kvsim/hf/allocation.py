@@ -2,11 +2,11 @@
 shape, or a split given as data (``{(layer, kv_head): budget}``, or the ``allocation`` rows of
 ``python -m kvsim replay --allocate NAME --json``), checked against the model before any token.
 
-Only static splits deploy, and only those whose split needs nothing but the model's shape are computed
-here: ``uniform`` and ``pyramidkv`` (``kvsim.policies.split``, the arithmetic ``kvsim.analysis.allocation``
-builds on). ``cake``, ``duo`` and ``optimal``
-read a recorded bundle's attention; their split comes from a replay's ``--json``. ``adakv``'s shared
-pool is not built in the deployed cache (each head holds its own block), so it is refused.
+Static splits deploy, and those whose split needs nothing but the model's shape are computed here:
+``uniform`` and ``pyramidkv`` (``kvsim.policies.split``, the arithmetic ``kvsim.analysis.allocation``
+builds on). ``cake``, ``duo`` and ``optimal`` read a recorded bundle's attention; their split comes from
+a replay's ``--json``. ``adakv`` is no split but a pool per layer: ``kvsim.hf.cache(..., allocate="adakv")``
+builds it (``kvsim.hf.pooled``); ``adakv_refusal`` says when it cannot.
 """
 
 from __future__ import annotations
@@ -21,17 +21,30 @@ from .cache import HFError
 FROM_SHAPE = ("uniform", "pyramidkv")
 
 
+#: allocators the deployed cache builds as a pool per layer rather than a split
+POOLED = ("adakv",)
+
+
 def refusal(name: str) -> str | None:
-    """Why the deployed cache cannot take allocator ``name`` by name (one line), None when it can."""
-    if name in FROM_SHAPE:
+    """Why the deployed cache cannot take allocator ``name`` by name (one line), None when it can (adakv:
+    ``adakv_refusal`` says more once the policy and the model are known)."""
+    if name in FROM_SHAPE or name in POOLED:
         return None
-    if name == "adakv":
-        return ("adakv's shared pool (a layer's heads evicting from one pool) is not built in the deployed cache; "
-                "deploy a static split (uniform, pyramidkv, or a file from replay --allocate cake|optimal --json)")
     if name in al.ALLOCATORS:
         return (f"{name} computes its split from a recorded bundle's attention; run python -m kvsim replay --trace "
                 f"BUNDLE --allocate {name} --budget B --json > split.json and deploy split.json")
     return f"{name!r} is neither an allocator ({', '.join(FROM_SHAPE)} deploy by name) nor an allocation file"
+
+
+def adakv_refusal(policy: str, kv_heads: int | None = None, shape: str = "the model has 1 KV head per layer") -> str | None:
+    """Why adakv cannot deploy ``policy`` on a model of ``kv_heads`` KV heads per layer (None: not known
+    yet), one line; None when it can."""
+    if policy != "h2o":
+        return f"adakv pools h2o's scores across a layer's heads; {policy} is not h2o (use h2o)"
+    if kv_heads == 1:
+        return (f"adakv pools a layer's KV heads, and with one KV head per layer the pool is that head: adakv is "
+                f"uniform within a layer on this model ({shape}); use uniform, pyramidkv or a split file")
+    return None
 
 
 def read_file(path) -> tuple[dict[tuple[int, int], int], str | None]:
@@ -41,6 +54,18 @@ def read_file(path) -> tuple[dict[tuple[int, int], int], str | None]:
         return al.read_allocation(path)
     except al.AllocationError as e:
         raise HFError(str(e)) from None
+
+
+def pooled_file(path) -> str | None:
+    """Why an allocation file (already read by ``read_file``) cannot deploy as a split: adakv's rows are each
+    head's share of a pool (``"pooled": true``, what ``replay --allocate adakv --json`` writes); None otherwise."""
+    import json
+
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    if isinstance(doc, dict) and doc.get("pooled") is True:
+        return (f"{path}: adakv's pool (each row is a head's share, 'pooled': true), not a split of budgets; deploy "
+                "the pool itself with --allocate adakv (allocate='adakv') at its budget")
+    return None
 
 
 def _minimum(policy: str, params: dict) -> tuple[int, PolicySpec]:
@@ -75,6 +100,9 @@ def split(allocate, policy: str, budget: int | None, layers: int, kv_heads: int,
     where = "allocate"
     if isinstance(allocate, (str, Path)) and str(allocate) in al.ALLOCATORS:
         name = str(allocate)
+        if name in POOLED:
+            raise HFError(f"allocate={name}: a pool per layer, not a split of budgets; kvsim.hf.cache(model, policy, "
+                          f"budget, allocate={name!r}) builds it")
         why = refusal(name)
         if why is not None:
             raise HFError(f"allocate={name}: {why}")
@@ -94,6 +122,8 @@ def split(allocate, policy: str, budget: int | None, layers: int, kv_heads: int,
     if isinstance(allocate, (str, Path)):
         where = str(allocate)
         budgets, made_for = read_file(allocate)
+        if (why := pooled_file(allocate)) is not None:
+            raise HFError(why)
         if made_for is not None and made_for != policy:
             raise HFError(f"{where}: a split made for {made_for}, the policy is {policy}")
     elif isinstance(allocate, dict):
@@ -122,4 +152,4 @@ def split(allocate, policy: str, budget: int | None, layers: int, kv_heads: int,
     return budgets
 
 
-__all__ = ["FROM_SHAPE", "read_file", "refusal", "split"]
+__all__ = ["FROM_SHAPE", "POOLED", "adakv_refusal", "pooled_file", "read_file", "refusal", "split"]

@@ -144,11 +144,12 @@ class ClosedLoopDecoder:
     def __init__(self, model, policies, budgets, full_rows, n):
         self.model = model
         self.policies = policies  # [config][layer][kv head]
-        self.budgets = budgets  # [config]
+        self.budgets = budgets  # [config], or None: each policy at its own budget
         self.full_rows = full_rows  # [layer][kv head] float32 (n, n): the full-cache trace, for the mass
         batch, layers, hkv = len(policies), len(policies[0]), len(policies[0][0])
         self.mass = np.zeros((batch, layers, hkv, n))  # retained mass per step (index t), on the full trace
         self.n = n
+        self.cache = None  # the cache of the last ``decode``
 
     def _mass(self, t: int) -> None:
         """Step t's retained mass on the full trace: the share of full row t on what each policy holds."""
@@ -157,19 +158,25 @@ class ClosedLoopDecoder:
                 for h, policy in enumerate(per_head):
                     self.mass[c, layer, h, t] = self.full_rows[layer][h][t, policy.kept].astype(np.float64).sum()
 
+    def _cache(self):
+        """The evicting cache the batch decodes through: each row its configuration's policies, at ``budgets``
+        (one per row) or, when None, each policy at its own budget (an allocation's split)."""
+        from ..hf import EvictingCache, EvictingLayer
+
+        return EvictingCache([EvictingLayer(policies=[config[layer] for config in self.policies], budgets=self.budgets)
+                              for layer in range(len(self.policies[0]))])
+
     def decode(self, ids, width: int, progress: Progress | None = None) -> list:
         """Decode ``ids`` (``(1, n)``) token by token; per configuration the final hidden states
         ``(n, width)`` and the retained mass (layers x KV heads) of the schedule it followed.
         ``progress`` hears every 128 steps (the fraction is steps done)."""
         import torch
 
-        from ..hf import EvictingCache, EvictingLayer
         from ..hf.attention import attending
 
         say = progress or no_progress
         batch = len(self.policies)
-        cache = EvictingCache([EvictingLayer(policies=[config[layer] for config in self.policies], budgets=self.budgets)
-                               for layer in range(len(self.policies[0]))])
+        self.cache = cache = self._cache()
         hidden = torch.zeros(batch, self.n, width)
         t0 = time.perf_counter()
         last = self.n - 1  # step N's output predicts nothing; only its cache (for the mass) matters

@@ -8,6 +8,7 @@ allocators on it (those that read a bundle's attention among them); the deployed
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,8 @@ from .spec import PolicySpec
 ALLOCATORS = ("uniform", "pyramidkv", "cake", "adakv", "duo", "optimal")
 PYRAMID_BETA = 20
 PYRAMID_WINDOW = 8
+#: adakv's floor per head, a share of the budget (Ada-KV's alpha); never below the policy's minimum
+ADAKV_ALPHA = 0.2
 #: an allocation file is a small table; refuse anything larger before reading it
 MAX_FILE_BYTES = 4 * 1024 * 1024
 
@@ -31,6 +34,11 @@ def minimum_budget(spec: PolicySpec) -> int:
     cls = POLICIES[spec.name]
     below = [spec[p.name] for p in cls.tunables if p.below_budget]
     return max([1, *(v + 1 for v in below)])
+
+
+def adakv_floor(spec: PolicySpec) -> int:
+    """The fewest positions a head of an adakv pool keeps: ``max(policy minimum, ceil(ADAKV_ALPHA x budget))``."""
+    return max(minimum_budget(spec), math.ceil(ADAKV_ALPHA * spec.budget))
 
 
 def minimum_why(spec: PolicySpec) -> str:

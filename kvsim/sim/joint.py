@@ -22,9 +22,10 @@ from __future__ import annotations
 import numpy as np
 
 from .. import jit
+from ..data.gqa import position_sum
 from ..data.trace import Trace
 from ..progress import Progress
-from .harness import kept_sum, observed_attention
+from .harness import observe
 
 
 def _check(traces: list[Trace], pool: int, floor: int, recent_window: int) -> int:
@@ -41,33 +42,69 @@ def _check(traces: list[Trace], pool: int, floor: int, recent_window: int) -> in
     return steps.pop()
 
 
-def joint_reference(traces: list[Trace], pool: int, floor: int, recent_window: int) -> np.ndarray:
-    """float64 ``(heads, T)``: each head's retained mass per step, the readable loop."""
-    T = _check(traces, pool, floor, recent_window)
-    H = len(traces)
-    kept = [[0] for _ in range(H)]
-    scores = [[0.0] for _ in range(H)]
-    mass = np.empty((H, T), dtype=np.float64)
-    for t in range(1, T + 1):
-        for h, trace in enumerate(traces):
-            row = trace.derived.row(t, np.asarray(kept[h]))
-            k = np.asarray(kept[h], dtype=np.int64)
-            total = kept_sum(row, k)
-            mass[h, t - 1] = total
-            seen = observed_attention(row, k, total).astype(np.float64)
-            scores[h] = [s + float(o) for s, o in zip(scores[h], seen, strict=True)]
-            kept[h].append(t)
-            scores[h].append(0.0)
-        while sum(len(k) for k in kept) > pool:
+class Pool:
+    """One row of a layer's heads sharing ``pool`` positions: the step both the reference replay and the
+    deployed cache (``kvsim.hf.pooled``) take, so the two cannot part. Each head holds ``kept[h]``
+    (ascending positions) with h2o's cumulative scores beside them; position 0 is held from the start."""
+
+    def __init__(self, heads: int, pool: int, floor: int, recent_window: int):
+        self.pool, self.floor, self.recent_window = pool, floor, recent_window
+        self.kept = [[0] for _ in range(heads)]
+        self.scores = [[0.0] for _ in range(heads)]
+
+    @property
+    def held(self) -> int:
+        return sum(len(k) for k in self.kept)
+
+    def step(self, t: int, attention: list[np.ndarray]) -> tuple[list[float], list[list[int]]]:
+        """Step t: ``attention[h]`` is query t's weight on each of head h's held positions (aligned with
+        ``kept[h]``, not yet renormalised). Each head is shown it renormalised (float32, the harness's
+        ``observe``), adds it to its scores in float64 and admits t; then, while the layer holds more than
+        the pool, the lowest score among every head's evictable part goes. Returns each head's summed
+        weight on what it held (its retained mass on a full row) and each head's victims."""
+        H = len(self.kept)
+        totals = []
+        for h in range(H):
+            row = np.asarray(attention[h])
+            if row.shape != (len(self.kept[h]),):
+                raise ValueError(f"step {t}: head {h} holds {len(self.kept[h])} positions, its attention has "
+                                 f"{row.shape} weights")
+            total = float(position_sum(row))
+            totals.append(total)
+            seen = observe(row, total).astype(np.float64)
+            self.scores[h] = [s + float(o) for s, o in zip(self.scores[h], seen, strict=True)]
+            self.kept[h].append(t)
+            self.scores[h].append(0.0)
+        victims: list[list[int]] = [[] for _ in range(H)]
+        held = self.held
+        while held > self.pool:
             best_h, best_i, best_s = -1, -1, np.inf
             for h in range(H):
-                if len(kept[h]) <= floor:
+                if len(self.kept[h]) <= self.floor:
                     continue
-                for i in range(len(kept[h]) - recent_window):
-                    if scores[h][i] < best_s:
-                        best_h, best_i, best_s = h, i, scores[h][i]
-            del kept[best_h][best_i]
-            del scores[best_h][best_i]
+                scores = self.scores[h]
+                for i in range(len(scores) - self.recent_window):
+                    if scores[i] < best_s:
+                        best_h, best_i, best_s = h, i, scores[i]
+            victims[best_h].append(self.kept[best_h].pop(best_i))
+            del self.scores[best_h][best_i]
+            held -= 1
+        return totals, victims
+
+
+def joint_reference(traces: list[Trace], pool: int, floor: int, recent_window: int) -> np.ndarray:
+    """float64 ``(heads, T)``: each head's retained mass per step, the readable loop (``Pool``)."""
+    T = _check(traces, pool, floor, recent_window)
+    H = len(traces)
+    state = Pool(H, pool, floor, recent_window)
+    mass = np.empty((H, T), dtype=np.float64)
+    for t in range(1, T + 1):
+        rows = []
+        for h, trace in enumerate(traces):
+            k = np.asarray(state.kept[h], dtype=np.int64)
+            rows.append(trace.derived.row(t, k)[k])
+        totals, _ = state.step(t, rows)
+        mass[:, t - 1] = totals
     return mass
 
 
@@ -136,4 +173,4 @@ def joint_replay(traces: list[Trace], pool: int, floor: int, recent_window: int,
     return mass
 
 
-__all__ = ["joint_reference", "joint_replay"]
+__all__ = ["Pool", "joint_reference", "joint_replay"]
