@@ -212,7 +212,7 @@ def quality(args: argparse.Namespace) -> dict:
     """``quality --allocate NAME --mode open``: the model's loss and KL with each (layer, KV head) at its own
     budget, beside uniform's at the same memory (``kvsim.models.allocation_truth``)."""
     from ..models import quality as q
-    from ..models.allocation_truth import open_truth
+    from ..models.allocation_truth import cached_open_truth
     from ..models.loading import require_extra
     from .errors import read_input
 
@@ -227,6 +227,11 @@ def quality(args: argparse.Namespace) -> dict:
     if name not in al.STATIC + ("optimal",):
         raise CLIError(f"--allocate: quality measures a static split ({', '.join(al.STATIC)}, optimal); "
                        f"{name!r} is not one (adakv's pool and duo's streaming heads are not measured by the truth yet)")
+    by = getattr(args, "by", None) or "retained_mass"
+    if by != "retained_mass" and name != "optimal":
+        raise CLIError(f"--by {by} searches the split by the truth: it goes with --allocate optimal, not {name}")
+    if getattr(args, "measurements", None) is not None and by == "retained_mass":
+        raise CLIError("--measurements bounds the search by the truth: give --allocate optimal --by kl (or delta_nll)")
     try:
         budget = int(args.budget)
     except ValueError:
@@ -245,9 +250,26 @@ def quality(args: argparse.Namespace) -> dict:
     except al.AllocationError as e:
         raise InputError(f"--allocate: {text}: {e}") from None
     heads = [al.Head(x, h, session.traces[x][h]) for x, h in shape]
+
+    def truth_of(flat: list[int]) -> dict:  # flat per-head budgets, in (layer, KV head) order, through the cache
+        grid = [[int(flat[x * session.kv_heads + h]) for h in range(session.kv_heads)] for x in range(session.layers)]
+        return cached_open_truth(session, spec.name, grid, spec.kwargs, use_cache=not args.no_cache)
+
+    even = truth_of([budget] * len(shape))
+    head = {"budget": budget, "allocate": name, "model": session.model_id, "text": Path(text).name,
+            "uniform": {k: even[k] for k in ("nll", "delta_nll", "kl", "retained_mass")}}
+    if by != "retained_mass":
+        from ..analysis.allocation_search import DEFAULT_MEASUREMENTS, search_from_static
+
+        kinds = getattr(session.model.config, "layer_types", None)
+        found = search_from_static(heads, spec, truth_of, figure=by, kinds=kinds, progress=say,
+                                   measurements=DEFAULT_MEASUREMENTS if args.measurements is None else args.measurements)
+        s = found["search"]
+        got = {k: v for k, v in s["result"].items() if k != "cached"}
+        return {**got, **head, "by": by, "start": found["start"], "candidates": found["candidates"],
+                "groups": found["groups"], "moves": s["moves"],
+                "search": {k: s[k] for k in ("tried", "measured", "step", "last_step", "stopped", "seconds")},
+                "allocation": found["allocation"].rows()}
     split = al.allocate(name, heads, spec, progress=say)
-    grid = [[split.budgets[x * session.kv_heads + h] for h in range(session.kv_heads)] for x in range(session.layers)]
-    got = open_truth(session, spec.name, grid, spec.kwargs)
-    even = open_truth(session, spec.name, [[budget] * session.kv_heads for _ in range(session.layers)], spec.kwargs)
-    return {**got, "budget": budget, "allocate": name, "model": session.model_id, "text": Path(text).name,
-            "uniform": {k: even[k] for k in ("nll", "delta_nll", "kl", "retained_mass")}, "allocation": split.rows()}
+    got = {k: v for k, v in truth_of(list(split.budgets)).items() if k != "cached"}
+    return {**got, **head, "allocation": split.rows()}

@@ -27,3 +27,33 @@ def open_truth(session, policy: str, budgets, params: dict | None = None) -> dic
     return {"policy": policy, "params": params, "mode": "open", "steps": session.steps, "nll_full": session.nll_full,
             "nll": mean_nll, "delta_nll": mean_nll - session.nll_full, "kl": float(kl.mean()),
             "retained_mass": float(mass.mean()), "retained_mass_by_layer": mass.mean(axis=1).tolist()}
+
+
+#: what a cached split's truth means; bump it when the figures change meaning
+CACHE_VERSION = 1
+
+
+def truth_key(session, policy: str, budgets, params: dict | None = None) -> dict:
+    """What a split's open-loop truth depends on: the model, the tokens (text and steps), the policy and
+    its parameters as asked, every head's budget, and the key-token rule the session scores by."""
+    return {"version": CACHE_VERSION, "model": session.model_id, "tokens": session.tokens_id, "steps": session.steps,
+            "policy": policy, "params": dict(sorted((params or {}).items())),
+            "budgets": [[int(b) for b in row] for row in budgets], "key_rule": session.key_rule}
+
+
+def cached_open_truth(session, policy: str, budgets, params: dict | None = None, *, use_cache: bool = True) -> dict:
+    """``open_truth`` through the on-disk cache (``<cache_dir>/quality/allocation-<digest>.json``, the
+    quality results' folder, written atomically), keyed by ``truth_key``; the result says ``cached``.
+    A session whose model names nothing (``model_id`` "model") keys nothing: measured every time."""
+    from .quality import read_cached, write_cached
+
+    use_cache = use_cache and session.model_id != "model"
+    key = truth_key(session, policy, budgets, params)
+    if use_cache:
+        got = read_cached(key, "allocation")
+        if got is not None:
+            return {**got, "cached": True}
+    got = open_truth(session, policy, budgets, params)
+    if use_cache:
+        write_cached(key, got, "allocation")
+    return {**got, "cached": False}
