@@ -178,3 +178,22 @@ def test_the_groups_are_whole_layers_in_runs_of_one_attention_kind():
                                                                 [12, 13, 14, 15, 16], [17]]
     shape = [(x, h) for x in range(4) for h in range(2)]  # two KV heads per layer: a layer's heads move together
     assert head_groups(shape, ["sliding", "sliding", "global", "global"]) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+@needs_torch
+def test_tunes_truth_measures_a_split_at_the_tuned_window_once_then_reads_it(session):  # noqa: F811
+    """``tune --allocate auto --by kl``'s measure (the CLI's truth, its session opened already): the split's
+    open-loop truth at model_window, through the disk cache, counted as tune's summary counts it."""
+    import argparse
+
+    from kvsim.cli.commands import _Truth
+    from kvsim.models.allocation_truth import open_truth
+
+    truth = _Truth.__new__(_Truth)
+    truth.args = argparse.Namespace(policy="h2o", no_cache=False, trace="tiny")
+    truth.session, truth.counts = session, {"read": 0, "measured": 0}
+    flat = [16, 8] * session.layers  # the same memory as 12 per head
+    got = truth.split(flat, 4)
+    want = open_truth(session, "h2o", [[16, 8]] * session.layers, {"recent_window": 4})
+    assert got["kl"] == want["kl"] and got["delta_nll"] == want["delta_nll"] and got["cached"] is False
+    assert truth.split(flat, 4)["cached"] is True and truth.counts == {"read": 1, "measured": 1}
