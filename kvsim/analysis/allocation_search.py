@@ -131,6 +131,7 @@ def search(start: Sequence[int], groups: Sequence[Sequence[int]], low: int, high
     while stopped is None:
         kept = False
         for n, group in enumerate(groups):
+            moved = False
             for sign in (+1, -1):
                 cand = shift(current, group, step, sign, low, high)
                 if cand is None or tuple(cand) in seen:
@@ -142,7 +143,7 @@ def search(start: Sequence[int], groups: Sequence[Sequence[int]], low: int, high
                 tried += 1
                 measured += not r.get("cached", False)
                 if r[figure] < best[figure]:
-                    current, best, kept = cand, r, True
+                    current, best, kept, moved = cand, r, True, True
                     moves.append({"group": n, "direction": "more" if sign > 0 else "less", "step": step,
                                   figure: float(r[figure])})
                     break
@@ -152,7 +153,7 @@ def search(start: Sequence[int], groups: Sequence[Sequence[int]], low: int, high
                                    f"{tried} tried, {time.perf_counter() - t0:.0f} s")
             if stopped is not None:
                 break
-            if kept and progress is not None:
+            if moved and progress is not None:
                 progress(None, f"search by {figure}: kept group {n + 1} {moves[-1]['direction']} by {step}: "
                                f"{best[figure]:.4f}, {tried} tried")
         if stopped is None and not kept:
