@@ -131,7 +131,15 @@ def cmd_tune(args: argparse.Namespace) -> object:
                   workers=args.workers, progress=say, by=args.by, truth=truth, why=why, per_layer=args.per_layer)
     doc = result.to_dict(curves=args.curves)
     if args.allocate is not None:
+        import time
+
+        t0 = time.perf_counter()
         doc.update(_tune_allocation(args, source, result, truth, say))
+        run = doc["run"]  # the summary counts the allocators' time and their truth too
+        run["allocate_seconds"] = round(time.perf_counter() - t0, 2)
+        run["seconds"] = round(run["seconds"] + run["allocate_seconds"], 2)
+        if truth is not None and hasattr(truth, "counts"):
+            run["truth"] = dict(truth.counts)
     return doc
 
 

@@ -397,6 +397,8 @@ def _tune_time_line(doc: dict, how: str) -> str:
     search = (doc.get("deploy") or {}).get("search")
     if search:
         parts.append(f"the per-layer search {search['measurements']} configurations in {search['seconds']:.1f} s")
+    if "allocate_seconds" in run:
+        parts.append(f"the allocators {run['allocate_seconds']:.1f} s")
     return "; ".join(parts) + f"; {run['seconds']:.1f} s in all"
 
 
