@@ -252,6 +252,11 @@ def quality(args: argparse.Namespace) -> dict:
     if name == "adakv" and args.mode != "closed":
         raise CLIError("--allocate adakv: a pool, not a split, has no open-loop schedule here; give --mode closed "
                        "(the deployed pool decodes the text)")
+    by = getattr(args, "by", None) or "retained_mass"
+    if by != "retained_mass" and name != "optimal":
+        raise CLIError(f"--by {by} searches the split by the truth: it goes with --allocate optimal, not {name}")
+    if getattr(args, "measurements", None) is not None and by == "retained_mass":
+        raise CLIError("--measurements bounds the search by the truth: give --allocate optimal --by kl (or delta_nll)")
     try:
         budget = int(args.budget)
     except ValueError:
@@ -278,13 +283,28 @@ def quality(args: argparse.Namespace) -> dict:
     except al.AllocationError as e:
         raise InputError(f"--allocate: {text}: {e}") from None
     heads = [al.Head(x, h, session.traces[x][h]) for x, h in shape]
+
+    def truth_of(flat: list[int], pooled: int | None = None) -> dict:  # per-head budgets, (layer, KV head) order
+        grid = [[int(flat[x * session.kv_heads + h]) for h in range(session.kv_heads)] for x in range(session.layers)]
+        return truth.measure(session, spec.name, grid, spec.kwargs, args.mode, pooled=pooled,
+                             use_cache=not args.no_cache, progress=say)
+
+    even = truth_of([budget] * len(shape))
+    head = {"budget": budget, "allocate": name, "model": session.model_id, "text": Path(text).name,
+            "uniform": {k: even[k] for k in ("nll", "delta_nll", "kl", "retained_mass", "seconds", "cached")}}
+    if by != "retained_mass":
+        from ..analysis.allocation_search import DEFAULT_MEASUREMENTS, search_from_static
+
+        kinds = getattr(session.model.config, "layer_types", None)
+        found = search_from_static(heads, spec, truth_of, figure=by, kinds=kinds, progress=say,
+                                   measurements=DEFAULT_MEASUREMENTS if args.measurements is None else args.measurements)
+        s = found["search"]
+        got = {k: v for k, v in s["result"].items() if k != "cached"}
+        return {**got, **head, "by": by, "start": found["start"], "candidates": found["candidates"],
+                "groups": found["groups"], "moves": s["moves"],
+                "search": {k: s[k] for k in ("tried", "measured", "step", "last_step", "stopped", "seconds")},
+                "allocation": found["allocation"].rows()}
     split = al.allocate(name, heads, spec, progress=say)
-    grid = [[split.budgets[x * session.kv_heads + h] for h in range(session.kv_heads)] for x in range(session.layers)]
-    use_cache = not args.no_cache
     pooled = adakv_floor(spec) if split.pooled else None
-    got = truth.measure(session, spec.name, grid, spec.kwargs, args.mode, pooled=pooled, use_cache=use_cache, progress=say)
-    even = truth.measure(session, spec.name, [[budget] * session.kv_heads for _ in range(session.layers)], spec.kwargs,
-                         args.mode, use_cache=use_cache, progress=say)
-    return {**got, "budget": budget, "allocate": name, "model": session.model_id, "text": Path(text).name,
-            "uniform": {k: even[k] for k in ("nll", "delta_nll", "kl", "retained_mass", "seconds", "cached")},
-            "allocation": split.rows(), **({"floor": pooled, "pooled": True} if pooled is not None else {})}
+    got = truth_of(list(split.budgets), pooled)
+    return {**got, **head, "allocation": split.rows(), **({"floor": pooled, "pooled": True} if pooled is not None else {})}

@@ -111,6 +111,7 @@ def cmd_tune(args: argparse.Namespace) -> object:
     from ..data.catalog import resolve_bundle, shipped_bundles
 
     spec = args.trace.strip()
+    _check_tune_allocate(args, spec in shipped_bundles() or is_bundle(spec))
     source = resolve_bundle(spec) if spec in shipped_bundles() or is_bundle(spec) else load(spec)
     if args.workers is not None and (args.serial or args.scheduler):
         raise CLIError("--workers is for local Dask processes; it does not go with --serial or --scheduler")
@@ -128,7 +129,68 @@ def cmd_tune(args: argparse.Namespace) -> object:
         truth, why = _auto_truth(args, source, say)
     result = tune(source, args.policy, args.budget, tolerance=args.tolerance, top_k=args.top_k, scheduler=scheduler,
                   workers=args.workers, progress=say, by=args.by, truth=truth, why=why, per_layer=args.per_layer)
-    return result.to_dict(curves=args.curves)
+    doc = result.to_dict(curves=args.curves)
+    if args.allocate is not None:
+        import time
+
+        t0 = time.perf_counter()
+        doc.update(_tune_allocation(args, source, result, truth, say))
+        run = doc["run"]  # the summary counts the allocators' time and their truth too
+        run["allocate_seconds"] = round(time.perf_counter() - t0, 2)
+        run["seconds"] = round(run["seconds"] + run["allocate_seconds"], 2)
+        if truth is not None and hasattr(truth, "counts"):
+            run["truth"] = dict(truth.counts)
+    return doc
+
+
+#: the figures tune --allocate auto chooses an allocator by (kvsim.analysis.tune_allocation.BY, named here
+#: so that a refusal imports none of the analysis)
+_ALLOCATE_BY = ("retained_mass", "kl", "delta_nll")
+
+
+def _check_tune_allocate(args: argparse.Namespace, bundle: bool) -> None:
+    """``tune --allocate auto``'s refusals, one line each, before any trace is swept."""
+    if args.allocate is None:
+        return
+    if not bundle:
+        raise InputError(f"--trace: {args.trace}: --allocate auto splits a bundle's memory over its layers and KV heads; "
+                         "give a bundle (a recording of every layer), not one trace")
+    if args.per_layer:
+        raise CLIError("--allocate auto deploys model_window in every layer with the chosen split; it does not go with "
+                       "--per-layer")
+    if args.by not in (*_ALLOCATE_BY, "auto"):
+        raise CLIError(f"--allocate auto chooses by {', '.join(_ALLOCATE_BY)} (or auto: the truth where it is at hand); "
+                       f"--by {args.by} is a proxy of one window's figure, not of a split's")
+
+
+def _tune_allocation(args: argparse.Namespace, source, result, truth, say) -> dict:
+    """``tune --allocate auto``: each candidate allocator's split at model_window in every layer, by tune's
+    figure (retained mass, or the truth, open loop, each split cached), the best chosen
+    (``kvsim.analysis.tune_allocation``); the tune file carries the chosen split as ``allocation`` rows."""
+    from ..analysis import allocation as al
+    from ..analysis.tune_allocation import choose
+    from ..policies import PolicySpec
+
+    by = result.by.get("by", args.by)
+    note = None
+    if by not in _ALLOCATE_BY:  # --by auto without the truth at hand fell back to a proxy of one window
+        note = f"by retained_mass: the truth is not at hand and {by} measures one window, not a split"
+        by = "retained_mass"
+    window = result.model_window
+    spec = PolicySpec.of(args.policy, args.budget, recent_window=window)
+    heads = al.load_heads(source)
+    try:
+        al.check("optimal", spec, [(h.layer, h.kv_head) for h in heads], heads[0].trace.steps)
+    except al.AllocationError as e:
+        raise InputError(f"--allocate auto: {source.name}: {e}") from None
+    measure = None if by == "retained_mass" else (lambda flat: truth.split(flat, window))
+    got = choose(heads, spec, by, measure, progress=say)
+    chosen = next(c for c in got["candidates"] if c["allocator"] == got["chosen"])
+    return {"allocate": {"chosen": got["chosen"], "by": by, "note": note, "recent_window": window,
+                         "rule": f"the window first (model_window {window}, at uniform's split), then the allocator at "
+                                 f"that window in every layer by {by}: one coordinate at a time, not a joint search",
+                         "figure": chosen["figure"], "candidates": got["candidates"], "left_out": got["left_out"]},
+            "allocation": got["allocation"]}
 
 
 def _auto_truth(args: argparse.Namespace, source, say):
@@ -204,6 +266,24 @@ class _Truth:
             got = iter(got)
             rows = [r if r is not None else next(got) for r in rows]
         return rows
+
+    def split(self, flat, window: int) -> dict:
+        """The open-loop truth of a split (flat per-head budgets in (layer, KV head) order) at the tuned
+        policy's model-wide window, cached on disk per split (``kvsim.models.allocation_truth``)."""
+        from ..models import quality
+        from ..models.allocation_truth import cached_open_truth
+        from ..models.errors import RecordError
+
+        try:
+            session = self._open()
+            k = session.kv_heads
+            grid = [[int(flat[x * k + h]) for h in range(k)] for x in range(len(flat) // k)]
+            r = cached_open_truth(session, self.args.policy, grid, {"recent_window": int(window)},
+                                  use_cache=not self.args.no_cache)
+        except (quality.QualityError, RecordError) as e:
+            raise InputError(f"{self.args.trace}: {e}") from None
+        self.counts["measured" if not r["cached"] else "read"] += 1
+        return r
 
     def configurations(self, configs, figure: str) -> list[float]:
         """``figure`` (``kl`` or ``delta_nll``, open loop) of each configuration, one window per layer; one
@@ -333,6 +413,9 @@ def _quality_plan(args: argparse.Namespace) -> tuple[list[str], list[int], dict,
 def cmd_quality(args: argparse.Namespace) -> object:
     if (variant := allocated(args)) is not None:
         return variant(args)
+    for given, what in ((args.by, "--by"), (args.measurements, "--measurements")):
+        if given is not None:
+            raise CLIError(f"{what} chooses how --allocate's split is made: give --allocate optimal")
     # torch and transformers are imported by kvsim.models.quality's functions only when a measurement runs
     from ..models import quality
     from ..models.loading import require_extra

@@ -56,7 +56,8 @@ def _allocation(args: argparse.Namespace, params: dict):
             raise HFError(why)
         if made_for is not None and made_for != args.policy:
             raise HFError(f"{name}: a split made for {made_for}, --policy is {args.policy}")
-        check_minimum(budgets, args.policy, params, name)
+        if args.windows is None:  # with a tune file each head's window sets its minimum: checked with the split
+            check_minimum(budgets, args.policy, params, name)
     except HFError as e:
         raise input_error("--allocate", e) from None
     if not getattr(args, "budget_given", False):

@@ -297,6 +297,10 @@ def _add_tune(sub, traces) -> None:
                    "global layers, at most 6), each tried a budget/8 step down and up and moved only when the model's "
                    "KL falls: at most 1 + 2 x 6 open-loop measurements of the whole model, each cached; by "
                    "retained_mass, each layer's recommended window. Default: model_window in every layer")
+    p.add_argument("--allocate", default=None, choices=["auto"], help="on a bundle: choose the allocator too (uniform, "
+                   "pyramidkv, cake, optimal), at model_window, by --by's figure (retained_mass, or the truth: kl, "
+                   "delta_nll); the tune file then also deploys the split (generate --allocate tune.json) "
+                   "(docs/allocation.md)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     _json(p)
 
@@ -416,6 +420,11 @@ def _add_quality(sub, traces) -> None:
                    "open: each layer and KV head at the budget an allocator gives it (uniform, pyramidkv, cake, optimal), "
                    "or adakv's pool per layer (closed), the same memory as uniform's, measured beside uniform's "
                    "(docs/allocation.md)")
+    p.add_argument("--by", default=None, choices=["retained_mass", "kl", "delta_nll"], help="with --allocate optimal: "
+                   "the split by retained mass (the exact optimum, the default), or searched by the truth (kl, delta_nll): "
+                   "the static splits measured, then budget moved between runs of layers where the figure falls")
+    p.add_argument("--measurements", type=positive_int, default=None, metavar="N", help="with --by kl/delta_nll: "
+                   "the most splits the search tries after the static ones (default: 24; cached ones cost nothing)")
     _json(p)
 
 

@@ -269,7 +269,7 @@ def _quality(doc) -> str:
                 f"{doc['model']} on {doc['text']} ({doc['steps']} steps)\n\n" + aligned(
                     ["split", "nll", "delta_nll", "kl", "retained_mass"],
                     [[doc["allocate"], doc["nll"], doc["delta_nll"], doc["kl"], doc["retained_mass"]],
-                     ["uniform", u["nll"], u["delta_nll"], u["kl"], u["retained_mass"]]]))
+                     ["uniform", u["nll"], u["delta_nll"], u["kl"], u["retained_mass"]]])) + _searched(doc)
     rows = [doc] if isinstance(doc, dict) else doc
     table = aligned(
         ["policy", "params", "budget", "mode", "steps", "nll_full", "nll", "delta_nll", "delta_nll_key", "ppl", "kl",
@@ -279,6 +279,23 @@ def _quality(doc) -> str:
          for r in rows],
     )
     return "\n".join([table, *sorted({_key_tokens_line(r) for r in rows if "key_rule" in r})])
+
+
+def _searched(doc: dict) -> str:
+    """``quality --allocate optimal --by kl``: the static splits measured, the moves kept, why it stopped."""
+    if "candidates" not in doc:
+        return ""
+    s, by = doc["search"], doc["by"]
+    moves = [[i + 1, ",".join(map(str, m["layers"])), m["direction"], m["step"], m[by]] for i, m in enumerate(doc["moves"])]
+    return "\n".join([
+        "", "", f"the static splits by the truth (the search starts from the lowest {by}: {doc['start']}):", "",
+        aligned(["split", "kl", "delta_nll", "retained_mass"],
+                [[c["allocator"], c["kl"], c["delta_nll"], c["retained_mass"]] for c in doc["candidates"]]), "",
+        f"moves kept ({len(moves)}; each: every head of a group of layers given or relieved of step positions, "
+        "the others making up the difference evenly):", "",
+        aligned(["move", "layers", "direction", "step", by], moves) if moves else "(none: the start is kept)", "",
+        f"{s['tried']} splits tried ({s['measured']} measured, the rest cached) in {s['seconds']:.1f} s; "
+        f"stopped: {s['stopped']}"])
 
 
 def _key_tokens_line(r: dict) -> str:
@@ -340,8 +357,23 @@ def _tune(doc: dict) -> str:
         *([f"(by default: {doc['by_detail']['auto']})"] if (doc.get("by_detail") or {}).get("auto") else []),
         *([f"({doc['by_caveat']})"] if doc.get("by_caveat") else []),
         *_deploy_lines(doc),
+        *_allocate_lines(doc),
         _tune_time_line(doc, how),
     ])
+
+
+def _allocate_lines(doc: dict) -> list[str]:
+    """``tune --allocate auto``: each candidate allocator's figure and the one chosen (``generate --allocate``)."""
+    a = doc.get("allocate")
+    if not a:
+        return []
+    cols = ["allocator", a["by"]] + (["retained_mass"] if a["by"] != "retained_mass" else [])
+    rows = [[c["allocator"], c["figure"]] + ([c["retained_mass"]] if a["by"] != "retained_mass" else [])
+            for c in a["candidates"]]
+    return ["", f"allocator at recent_window {a['recent_window']} in every layer, by {a['by']}"
+            + (f" ({a['note']})" if a.get("note") else "") + ":", "", aligned(cols, rows), "",
+            f"chosen: {a['chosen']} (deploys with generate --allocate on this file); left out: "
+            + "; ".join(f"{k}: {v}" for k, v in a["left_out"].items())]
 
 
 def _deploy_lines(doc: dict) -> list[str]:
@@ -366,6 +398,8 @@ def _tune_time_line(doc: dict, how: str) -> str:
     search = (doc.get("deploy") or {}).get("search")
     if search:
         parts.append(f"the per-layer search {search['measurements']} configurations in {search['seconds']:.1f} s")
+    if "allocate_seconds" in run:
+        parts.append(f"the allocators {run['allocate_seconds']:.1f} s")
     return "; ".join(parts) + f"; {run['seconds']:.1f} s in all"
 
 

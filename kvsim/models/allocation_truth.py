@@ -117,7 +117,8 @@ def measure(session, policy: str, budgets, params: dict | None = None, mode: str
     params = dict(params or {})
     budgets = [[int(b) for b in row] for row in budgets]
     key = {"version": VERSION, "model": session.model_id, "tokens": session.tokens_id, "steps": session.steps,
-           "policy": policy, "params": dict(sorted(params.items())), "mode": mode, "budgets": budgets, "pooled": pooled}
+           "policy": policy, "params": dict(sorted(params.items())), "mode": mode, "budgets": budgets, "pooled": pooled,
+           "key_rule": session.key_rule}
     use_cache = use_cache and session.use_cache
     got = read_cached(key, "split") if use_cache else None
     if got is not None:
@@ -129,3 +130,8 @@ def measure(session, policy: str, budgets, params: dict | None = None, mode: str
     if session.use_cache:
         write_cached(key, got, "split")
     return {**got, "cached": False}
+
+
+def cached_open_truth(session, policy: str, budgets, params: dict | None = None, *, use_cache: bool = True) -> dict:
+    """``measure`` in open loop: what the split search and tune's allocator step read (the same cache)."""
+    return measure(session, policy, budgets, params, "open", use_cache=use_cache)
