@@ -98,7 +98,9 @@ def ranking(rows: list[dict], truth: str = "kl_open", beside: tuple[str, ...] = 
     with why. Each cell states its ``key_tokens`` (how many positions the key-token loss averages over).
     ``beside``: other truths whose mean Spearman is given over the same cells (``beside_mean``), so that a
     proxy's rank against ``truth`` can be read against how it ranks those; ``truths_agree``: the Spearman
-    of ``truth`` with each of them per cell (how far the truths themselves agree), and its mean and worst."""
+    of ``truth`` with each of them per cell (how far the truths themselves agree), and its mean and worst;
+    ``within_sweeps``: each proxy's Spearman with ``truth`` within each window sweep of 3 or more windows
+    (the verdict's ``spearman_within``)."""
     if truth not in TRUTHS:
         raise ValueError(f"unknown truth {truth!r}; known: {', '.join(TRUTHS)}")
     names = proxy_names(rows)
@@ -118,13 +120,15 @@ def ranking(rows: list[dict], truth: str = "kl_open", beside: tuple[str, ...] = 
         cells.append(cell)
     per = []
     groups = _groups(rows, lambda r: (r["model"], r["text"], r["budget"]))
+    sweeps = _groups([r for r in rows if r.get("sweep")], lambda r: (r["model"], r["text"], r["budget"], r["sweep"]))
     for p in names:
         used = [c for c in cells if c["spearman"][p] is not None]
         other = {}
         for t in (b for b in beside if b != truth):
             got = [rho for c in used if (rho := _rho(groups[(c["model"], c["text"], c["budget"])], p, t)) is not None]
             other[t] = float(np.mean(got)) if got else None
-        per.append({"proxy": p, **_stat([c["spearman"][p] for c in used]), "beside_mean": other})
+        per.append({"proxy": p, **_stat([c["spearman"][p] for c in used]), "beside_mean": other,
+                    "within_sweeps": _stat(_rhos(sweeps, p, truth))})
     per.sort(key=lambda e: (e["mean"] is None, -(e["mean"] or 0.0), -(e["worst"] or 0.0), e["proxy"]))
     agree = {t: [a for c in cells if (a := c["truths_agree"][t]) is not None] for t in beside if t != truth}
     return {"truth": truth, "proxies": per, "cells": cells, "best": per[0]["proxy"] if per and per[0]["n"] else None,

@@ -242,9 +242,14 @@ def ranking_table(r: dict) -> list[str]:
            f"| proxy | rho {label} (mean / worst) | cells | "
            + " | ".join(f"rho {TRUTH_LABELS.get(t, t)} (mean)" for t in beside) + " |",
            "| --- | ---: | ---: | " + " | ".join("---:" for _ in beside) + " |"]
+    if any(e["within_sweeps"]["n"] for e in r["proxies"]):  # sweeps of 3 windows or more: ranked within each too
+        out[-2:] = [out[-2] + f" rho {label} within sweeps (mean / worst, sweeps) |", out[-1] + " ---: |"]
     for e in r["proxies"]:
+        w = e["within_sweeps"]
         out.append(f"| {e['proxy']} | {_f(e['mean'])} / {_f(e['worst'])} | {e['n']} | "
-                   + " | ".join(_f(e["beside_mean"][t]) for t in beside) + " |")
+                   + " | ".join(_f(e["beside_mean"][t]) for t in beside) + " |"
+                   + (f" {_f(w['mean'])} / {_f(w['worst'])}, {w['n']} |" if any(x["within_sweeps"]["n"] for x in r["proxies"])
+                      else ""))
     best = r["best"]
     agree = "; ".join(f"with {TRUTH_LABELS.get(t, t)} {_f(a['mean'])} on average (worst {_f(a['worst'])}, {a['n']} cells)"
                       for t, a in r.get("truths_agree", {}).items())
