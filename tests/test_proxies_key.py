@@ -151,6 +151,14 @@ def test_the_pages_command_ranks_the_proxies_by_the_key_token_loss_on_a_tiny_mod
     listed = [m[1] for line in table.splitlines() if (m := re.match(r"\| (\w+) \| (-?\d\.\d{3}|-) / ", line))]
     assert listed == [e["proxy"] for e in r["proxies"]]
     assert np.all(np.diff([e["mean"] for e in r["proxies"] if e["mean"] is not None]) <= 0)  # best mean first
+    # the text output ranks by the same truth; --truth kl (the default) prints the study's tables without it
+    plain = [a for a in argv if a != "--markdown"]
+    assert cli.main([*_with(plain, out=str(tmp_path / "again.json")), "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "which proxy predicts key-token delta NLL" in text and f"best by mean: {r['best']}" in text
+    assert cli.main([*_with(argv, truth="kl", out=str(tmp_path / "kl.json")), "--quiet"]) == 0
+    assert "Which proxy predicts" not in capsys.readouterr().out
+    assert json.loads((tmp_path / "kl.json").read_text())["ranking"]["truth"] == "kl_open"
 
 
 def test_truth_is_one_of_the_known_choices(capsys):
