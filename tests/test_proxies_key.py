@@ -73,6 +73,11 @@ def test_the_ranking_is_each_proxys_spearman_with_the_truth_per_cell():
     assert within["output_error"]["mean"] == pytest.approx(0.8, abs=RHO4)
     assert within["output_error"]["mean"] == study.verdict(rows)["proxies"]["output_error"]["delta_nll_key_open"][
         "spearman_within"]["mean"]
+    # in that sweep the key-token loss is least at window 4, KL at 16; mass (0.9) and the error (-0.1) pick 4
+    (sw,) = r["sweeps"]
+    assert (sw["windows"], sw["truth_window"], sw["best_truth"]) == ([4, 8, 12, 16], 4, 0.1)
+    assert sw["beside_windows"] == {"kl_open": 16}  # no delta NLL in these rows
+    assert sw["picks"] == {"retained_mass": {"window": 4, "truth": 0.1}, "output_error": {"window": 4, "truth": 0.1}}
     with pytest.raises(ValueError, match="unknown truth 'nll'"):
         study.ranking(rows, "nll")
 

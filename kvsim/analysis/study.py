@@ -15,7 +15,7 @@ from collections import defaultdict
 import numpy as np
 
 from .proxies import PROXIES
-from .windows import regret, spearman
+from .windows import best_of, regret, spearman
 
 #: the losses the study checks the proxies against (regret is defined for the non-negative ones, the KLs).
 #: ``delta_nll_key_*``: delta NLL on the key tokens only (LongPPL's rule, ``kvsim.models.quality``), None in a
@@ -100,7 +100,8 @@ def ranking(rows: list[dict], truth: str = "kl_open", beside: tuple[str, ...] = 
     proxy's rank against ``truth`` can be read against how it ranks those; ``truths_agree``: the Spearman
     of ``truth`` with each of them per cell (how far the truths themselves agree), and its mean and worst;
     ``within_sweeps``: each proxy's Spearman with ``truth`` within each window sweep of 3 or more windows
-    (the verdict's ``spearman_within``)."""
+    (the verdict's ``spearman_within``); ``sweeps``: in each such sweep, the window the truth prefers
+    against those the other truths and each proxy prefer (``_sweep_picks``)."""
     if truth not in TRUTHS:
         raise ValueError(f"unknown truth {truth!r}; known: {', '.join(TRUTHS)}")
     names = proxy_names(rows)
@@ -132,7 +133,31 @@ def ranking(rows: list[dict], truth: str = "kl_open", beside: tuple[str, ...] = 
     per.sort(key=lambda e: (e["mean"] is None, -(e["mean"] or 0.0), -(e["worst"] or 0.0), e["proxy"]))
     agree = {t: [a for c in cells if (a := c["truths_agree"][t]) is not None] for t in beside if t != truth}
     return {"truth": truth, "proxies": per, "cells": cells, "best": per[0]["proxy"] if per and per[0]["n"] else None,
-            "truths_agree": {t: _stat(v) for t, v in agree.items()}}
+            "truths_agree": {t: _stat(v) for t, v in agree.items()}, "sweeps": _sweep_picks(sweeps, names, truth, beside)}
+
+
+def _sweep_picks(sweeps: dict, names: list[str], truth: str, beside: tuple[str, ...]) -> list[dict]:
+    """Per window sweep of 3 or more windows holding ``truth``: the window ``truth`` is least at, the
+    windows each of ``beside`` is least at, and the window each proxy ranks best with ``truth`` there (the
+    first of equal ones, windows ascending: ``best_of``). Not a regret: the key-token loss may be negative."""
+    out = []
+    for (model, text, budget, name), members in sorted(sweeps.items()):
+        have = sorted((r for r in members if r.get(truth) is not None), key=lambda r: r["params"]["recent_window"])
+        if len(have) < 3:
+            continue
+        windows = [r["params"]["recent_window"] for r in have]
+        losses = [float(r[truth]) for r in have]
+        least = best_of(losses, -1)
+        others = {t: windows[best_of([float(r[t]) for r in have], -1)] for t in beside
+                  if t != truth and all(r.get(t) is not None for r in have)}
+        picks = {}
+        for p in names:
+            if all(r.get(p) is not None for r in have):
+                i = best_of([_score(r, p) for r in have])
+                picks[p] = {"window": windows[i], "truth": losses[i]}
+        out.append({"model": model, "text": text, "budget": budget, "sweep": name, "windows": windows,
+                    "truth_window": windows[least], "best_truth": losses[least], "beside_windows": others, "picks": picks})
+    return out
 
 
 def _stat(values: list[float]) -> dict:

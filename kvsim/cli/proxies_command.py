@@ -267,6 +267,20 @@ def ranking_table(r: dict) -> list[str]:
                    f"{c['with_truth']} of {c['configurations']} | {_f(c['spearman'].get('retained_mass'))} | "
                    f"{_f(c['spearman'].get(best)) if best else '-'} | "
                    + (f"{here} {_f(top)} |" if here else f"none: {c['why_none']} |"))
+    if r.get("sweeps") and best:
+        others = list(r["sweeps"][0]["beside_windows"])
+        out += ["", f"Per window sweep: the window the {label} is least at, the windows "
+                f"{' and '.join(TRUTH_LABELS.get(t, t) for t in others)} are least at, and the windows retained mass and "
+                f"{best} pick, with the {label} there.", "",
+                "| model | text | budget | sweep | " + " | ".join(f"{TRUTH_LABELS.get(t, t)}'s best" for t in others)
+                + f" | {label}'s best | mass picks | {best} picks |",
+                "| --- | --- | ---: | --- | " + " | ".join("---:" for _ in others) + " | ---: | ---: | ---: |"]
+        for sw in r["sweeps"]:
+            picks = [f"{sw['picks'][p]['window']} ({sw['picks'][p]['truth']:+.3f})" if p in sw["picks"] else "-"
+                     for p in ("retained_mass", best)]
+            out.append(f"| {sw['model'].split('-')[0]} | {sw['text']} | {sw['budget']} | {sw['sweep']} | "
+                       + " | ".join(str(sw["beside_windows"].get(t, "-")) for t in others)
+                       + f" | {sw['truth_window']} ({sw['best_truth']:+.3f}) | {' | '.join(picks)} |")
     return out
 
 
