@@ -222,7 +222,9 @@ def ranking_text(r: dict) -> list[str]:
     label = TRUTH_LABELS.get(r["truth"], r["truth"])
     out = [f"which proxy predicts {label} (Spearman over each model x text x budget's configurations, mean/worst):"]
     for e in r["proxies"]:
-        out.append(f"  {e['proxy']:<25} {_f(e['mean']):>8} / {_f(e['worst']):<8} over {e['n']} cells")
+        w = e.get("within_sweeps") or {}
+        out.append(f"  {e['proxy']:<25} {_f(e['mean']):>8} / {_f(e['worst']):<8} over {e['n']} cells"
+                   + (f"; within {w['n']} window sweeps {_f(w['mean'])} / {_f(w['worst'])}" if w.get("n") else ""))
     for c in r["cells"]:
         if c.get("why_none"):
             out.append(f"  {c['model']} {c['text']} {c['budget']}: nothing ranked ({c['why_none']}; key tokens "
