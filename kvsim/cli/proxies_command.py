@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..analysis.study import agreement, verdict
+from ..analysis.study import TRUTH_CHOICES, agreement, ranking, verdict
 from ..data.files import atomic_write
 from ..progress import stderr
 from .errors import CLIError
@@ -41,6 +41,10 @@ def add_proxies(sub) -> None:
     p.add_argument("--no-cache", action="store_true", help="measure again instead of reading cached results")
     p.add_argument("--fixed", default=",".join(STUDY_FIXED), help="comma-separated: the policies measured at their "
                    f"defaults in every cell, the scorers' table's rows (default: {','.join(STUDY_FIXED)})")
+    p.add_argument("--truth", default="kl", choices=tuple(TRUTH_CHOICES), help="the open-loop truth the proxies are "
+                   "ranked against per model x text x budget: kl, delta_nll (over every token) or delta_nll_key (over the "
+                   "key tokens only, LongPPL's rule: docs/proxies.md); the ranking is in --json and --out, in the text "
+                   "output, and, for a truth other than kl, a table of its own in --markdown (default: kl)")
     p.add_argument("--markdown", action="store_true", help="print the tables as Markdown (docs/proxies.md's)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
@@ -110,9 +114,10 @@ def cmd_proxies(args: argparse.Namespace) -> dict:
     except (quality.QualityError, RecordError) as e:
         raise CLIError(str(e)) from None
     doc = {"plan": {"models": models, "texts": [t.name for t in texts], "budgets": budgets, "steps": args.steps,
-                    "windows": args.windows, "sweeps": sweeps, "fixed": fixed,
+                    "windows": args.windows, "sweeps": sweeps, "fixed": fixed, "truth": args.truth,
                     "closed": [f"{m + '@' if m else ''}{t}:{b}" for m, t, b in closed]},
-           "verdict": verdict(rows), "open_vs_closed": agreement(rows), "rows": rows}
+           "verdict": verdict(rows), "ranking": ranking(rows, TRUTH_CHOICES[args.truth]), "open_vs_closed": agreement(rows),
+           "rows": rows}
     if args.out:
         blob = json.dumps(doc, indent=1).encode()
         atomic_write(Path(args.out), lambda f: f.write(blob))
@@ -140,6 +145,8 @@ def render_proxies(doc: dict) -> str:
                      f"     {_pct(reg.get('mean')):>7} / {_pct(reg.get('worst')):<8}"
                      f"  {_f(c.get('spearman_within', {}).get('mean'))}")
     lines.append(f"best proxy (least worst within-sweep KL regret): {v['best']}")
+    if doc.get("ranking"):
+        lines += ["", *ranking_text(doc["ranking"])]
     a = doc.get("open_vs_closed")
     if a:
         lines.append(f"open vs closed KL on {a['configurations']} configurations: Spearman {_f(a['spearman'])}, "
@@ -176,6 +183,9 @@ def markdown(doc: dict) -> str:
                    f"({s['best_truth']:.4f}) | {m['proxy_window']} | {_pct(m['regret'])} | {s['proxy_window']} | "
                    f"{_pct(s['regret'])} |")
     out += ["", *scorers_table(doc["rows"])]
+    r = doc.get("ranking")
+    if r and r["truth"] != TRUTH_CHOICES["kl"]:
+        out += ["", *ranking_table(r)]
     a = doc.get("open_vs_closed")
     if a:
         out += ["", f"Open loop against closed (the authority) on {a['configurations']} configurations: Spearman of KL "
@@ -199,6 +209,80 @@ def scorers_table(rows: list[dict]) -> list[str]:
         name = lambda r: f"{r['policy']} {r['kl_open']:.4f} ({r['retained_mass']:.3f})"  # noqa: E731
         out.append(f"| {model.split('-')[0]} | {text} | {budget} | {name(ranked[0])} | "
                    f"{', '.join(name(r) for r in ranked[1:-1]) or '-'} | {name(ranked[-1]) if len(ranked) > 1 else '-'} |")
+    return out
+
+
+#: how the tables name each truth
+TRUTH_LABELS = {"kl_open": "KL", "delta_nll_open": "delta NLL", "delta_nll_key_open": "key-token delta NLL"}
+
+
+def ranking_text(r: dict) -> list[str]:
+    """The ranking (``kvsim.analysis.study.ranking``) as plain lines: per proxy its Spearman with the truth
+    over the model x text x budget cells that rank anything, and the cells that rank nothing, with why."""
+    label = TRUTH_LABELS.get(r["truth"], r["truth"])
+    out = [f"which proxy predicts {label} (Spearman over each model x text x budget's configurations, mean/worst):"]
+    for e in r["proxies"]:
+        w = e.get("within_sweeps") or {}
+        out.append(f"  {e['proxy']:<25} {_f(e['mean']):>8} / {_f(e['worst']):<8} over {e['n']} cells"
+                   + (f"; within {w['n']} window sweeps {_f(w['mean'])} / {_f(w['worst'])}" if w.get("n") else ""))
+    for c in r["cells"]:
+        if c.get("why_none"):
+            out.append(f"  {c['model']} {c['text']} {c['budget']}: nothing ranked ({c['why_none']}; key tokens "
+                       f"{c['key_tokens']})")
+    out.append(f"best by mean: {r['best']}")
+    return out
+
+
+def ranking_table(r: dict) -> list[str]:
+    """The ranking as docs/proxies.md's tables: per proxy, and per model x text x budget with the number of
+    key tokens the loss averages over."""
+    label = TRUTH_LABELS.get(r["truth"], r["truth"])
+    beside = [t for t in (r["proxies"][0]["beside_mean"] if r["proxies"] else {})]
+    out = [f"Which proxy predicts the {label}: each proxy's Spearman with it over the configurations of each model x "
+           f"text x budget (mean and worst over the cells that rank anything), best mean first; beside, its mean "
+           f"Spearman with {' and '.join(TRUTH_LABELS.get(t, t) for t in beside)} over the same cells.", "",
+           f"| proxy | rho {label} (mean / worst) | cells | "
+           + " | ".join(f"rho {TRUTH_LABELS.get(t, t)} (mean)" for t in beside) + " |",
+           "| --- | ---: | ---: | " + " | ".join("---:" for _ in beside) + " |"]
+    if any(e["within_sweeps"]["n"] for e in r["proxies"]):  # sweeps of 3 windows or more: ranked within each too
+        out[-2:] = [out[-2] + f" rho {label} within sweeps (mean / worst, sweeps) |", out[-1] + " ---: |"]
+    for e in r["proxies"]:
+        w = e["within_sweeps"]
+        out.append(f"| {e['proxy']} | {_f(e['mean'])} / {_f(e['worst'])} | {e['n']} | "
+                   + " | ".join(_f(e["beside_mean"][t]) for t in beside) + " |"
+                   + (f" {_f(w['mean'])} / {_f(w['worst'])}, {w['n']} |" if any(x["within_sweeps"]["n"] for x in r["proxies"])
+                      else ""))
+    best = r["best"]
+    agree = "; ".join(f"with {TRUTH_LABELS.get(t, t)} {_f(a['mean'])} on average (worst {_f(a['worst'])}, {a['n']} cells)"
+                      for t, a in r.get("truths_agree", {}).items())
+    if agree:
+        out += ["", f"The {label} itself ranks each cell's configurations as follows (Spearman): {agree}."]
+    out += ["", f"Per model x text x budget: how many key tokens the loss averages over, the Spearman of "
+            f"retained mass and of {best} (the best mean) with the {label}, and the proxies that rank best there.", "",
+            f"| model | text | budget | key tokens | configurations | retained_mass | {best} | best here |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for c in r["cells"]:
+        rhos = {p: v for p, v in c["spearman"].items() if v is not None}
+        top = max(rhos.values()) if rhos else None
+        here = ", ".join(p for p, v in rhos.items() if v == top) if rhos else None  # every proxy that ties for it
+        out.append(f"| {c['model'].split('-')[0]} | {c['text']} | {c['budget']} | {c['key_tokens']} | "
+                   f"{c['with_truth']} of {c['configurations']} | {_f(c['spearman'].get('retained_mass'))} | "
+                   f"{_f(c['spearman'].get(best)) if best else '-'} | "
+                   + (f"{here} {_f(top)} |" if here else f"none: {c['why_none']} |"))
+    if r.get("sweeps") and best:
+        others = list(r["sweeps"][0]["beside_windows"])
+        out += ["", f"Per window sweep: the window the {label} is least at, the windows "
+                f"{' and '.join(TRUTH_LABELS.get(t, t) for t in others)} are least at, and the windows retained mass and "
+                f"{best} pick, with the {label} there.", "",
+                "| model | text | budget | sweep | " + " | ".join(f"{TRUTH_LABELS.get(t, t)}'s best" for t in others)
+                + f" | {label}'s best | mass picks | {best} picks |",
+                "| --- | --- | ---: | --- | " + " | ".join("---:" for _ in others) + " | ---: | ---: | ---: |"]
+        for sw in r["sweeps"]:
+            picks = [f"{sw['picks'][p]['window']} ({sw['picks'][p]['truth']:+.3f})" if p in sw["picks"] else "-"
+                     for p in ("retained_mass", best)]
+            out.append(f"| {sw['model'].split('-')[0]} | {sw['text']} | {sw['budget']} | {sw['sweep']} | "
+                       + " | ".join(str(sw["beside_windows"].get(t, "-")) for t in others)
+                       + f" | {sw['truth_window']} ({sw['best_truth']:+.3f}) | {' | '.join(picks)} |")
     return out
 
 

@@ -67,8 +67,8 @@ def aggregate(per_head: dict) -> dict:
 def measure(session: Session, jobs: Sequence[Configuration], modes: Sequence[str] = ("open",), *,
             proxies: Proxies, use_cache: bool = True, batch: int = 8, progress: Progress | None = None) -> list[dict]:
     """Per configuration (``Session.configuration``): the truth in each of ``modes`` (``kl_open``,
-    ``delta_nll_open``, ... and ``seconds_*``) beside the model-level proxies (``aggregate``), one flat
-    row. Closed loops decode ``batch`` at once."""
+    ``delta_nll_open``, ``delta_nll_key_open`` with ``key_tokens``, ... and ``seconds_*``) beside the
+    model-level proxies (``aggregate``), one flat row. Closed loops decode ``batch`` at once."""
     say = progress or no_progress
     rows = []
     for i, c in enumerate(jobs):
@@ -80,7 +80,10 @@ def measure(session: Session, jobs: Sequence[Configuration], modes: Sequence[str
         for row, r in zip(rows, session.measure_many(list(jobs), mode, use_cache=use_cache, batch=batch, progress=part),
                           strict=True):
             row.update({f"kl_{mode}": r["kl"], f"delta_nll_{mode}": r["delta_nll"], f"seconds_{mode}": r["seconds"],
-                        f"cached_{mode}": r["cached"]})
+                        f"cached_{mode}": r["cached"],
+                        # the key-token loss (None where the rule selects no position) and how many it averages over
+                        f"delta_nll_key_{mode}": r.get("delta_nll_key"), "key_tokens": r.get("key_tokens"),
+                        "key_rule": r.get("key_rule")})
     for row in rows:
         row.update(model=session.model_id, text=session.text_path.name, steps=session.steps)
     return rows
