@@ -13,6 +13,7 @@ from kvsim import cli
 from kvsim.analysis import allocation as al
 from kvsim.data.bundle import write_manifest
 from kvsim.data.trace import save_npz
+from kvsim.policies import POLICIES
 
 STEPS = 120
 
@@ -125,13 +126,16 @@ QUALITY_REFUSED = [
     (["--policy", "h2o", "--allocate", "optimal"],
      "--allocate measures the open loop: give --mode open (each head's schedule, at its own budget, masks one "
      "teacher-forced pass)"),
-    (["--policies", "h2o,tova", "--allocate", "optimal", "--mode", "open"],
-     "--allocate measures one policy: give --policy, not --policies"),
+    (["--policies", "h2o,nope", "--allocate", "optimal", "--mode", "open"],
+     "--policies: unknown policy 'nope'; known: " + ", ".join(POLICIES)),
     (["--policy", "h2o", "--allocate", "adakv", "--mode", "open"],
      "--allocate: quality measures a static split (uniform, pyramidkv, cake, optimal); 'adakv' is not one (adakv's "
      "pool and duo's streaming heads are not measured by the truth yet)"),
-    (["--policy", "h2o", "--allocate", "optimal", "--mode", "open", "--budget", "64,128"],
-     "--budget: '64,128': --allocate takes one budget"),
+    (["--policy", "h2o", "--allocate", "uniform,duo", "--mode", "open", "--budget", "64,128"],
+     "--allocate: quality measures a static split (uniform, pyramidkv, cake, optimal); 'duo' is not one (adakv's "
+     "pool and duo's streaming heads are not measured by the truth yet)"),
+    (["--policy", "h2o", "--allocate", "uniform", "--mode", "open", "--budget", "64,x"],
+     "--budget: expected a positive integer, got 'x'"),
 ]
 
 
