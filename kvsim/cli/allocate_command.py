@@ -21,7 +21,7 @@ from ..policies import DEFAULT_BUDGET, POLICIES, PolicySpec, policy_params
 from ..policies.split import read_allocation
 from . import report
 from .errors import CLIError, InputError, flag
-from .parser import policy_args, sweep_ranges
+from .parser import policy_args, positive_int, sweep_ranges
 
 
 def _bundle(args: argparse.Namespace) -> Bundle:
@@ -215,8 +215,6 @@ TRUTH_ALLOCATORS = al.STATIC + ("optimal",)
 def _truth_plan(args: argparse.Namespace) -> tuple[list[str], list[str], list[int], dict]:
     """The allocators, policies, budgets and fixed parameters of ``quality --allocate``, each checked
     before a model is loaded."""
-    from .commands import _budgets
-
     names = [x.strip() for x in args.allocate.split(",") if x.strip()]
     wrong = [x for x in names if x not in TRUTH_ALLOCATORS]
     if wrong or not names:
@@ -233,7 +231,10 @@ def _truth_plan(args: argparse.Namespace) -> tuple[list[str], list[str], list[in
     if unknown or not policies:
         raise CLIError(f"--policies: unknown policy {unknown[0]!r}; known: {', '.join(POLICIES)}" if unknown
                        else "--policies: no policy given")
-    budgets = _budgets(args.budget)
+    try:
+        budgets = [positive_int(part.strip()) for part in args.budget.split(",")]
+    except argparse.ArgumentTypeError as e:
+        raise CLIError(f"--budget: {e}") from None
     params = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}
     for param in params:
         if not any(param in policy_params(p) for p in policies):
