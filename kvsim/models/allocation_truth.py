@@ -195,3 +195,34 @@ def measure_cells(session, cells, *, batch: int = 4, use_cache: bool = True, pro
     if use_cache:
         save_cells(session, [{k: v for k, v in r.items() if k != "cached"} for r in out if r is not None])
     return out
+
+
+def documents_for(model_id: str, text_sha256: str) -> dict[int, list[dict]]:
+    """The frontier cells measured for one model and text, by the steps they were measured at: the shipped
+    documents (``traces/allocation-*.json``, a study's cells) and the disk cache's ``allocation/``, a cell
+    measured here replacing a shipped one; damaged documents are skipped."""
+    from ..data.catalog import TRACES_DIR
+
+    out: dict[int, list[dict]] = {}
+    for path in sorted(TRACES_DIR.glob("allocation-*.json")) + sorted((cache_dir() / "allocation").glob("*.json")):
+        meta = read_meta(path)
+        if meta.get("model_id") != model_id or meta.get("text_sha256") != text_sha256:
+            continue
+        steps = meta.get("steps")
+        if not isinstance(steps, int):
+            continue
+        rows = read_document(path)
+        kept = [r for r in out.get(steps, []) if not any(_same_cell(r, new) for new in rows)]
+        out[steps] = kept + rows
+    return {s: rows for s, rows in out.items() if rows}
+
+
+def read_meta(path: Path) -> dict:
+    """A frontier document's ``meta`` (model id, text sha256, steps), or {} when it is not one."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("meta"), dict):
+        return {}
+    return doc["meta"]
