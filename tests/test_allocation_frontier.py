@@ -44,7 +44,7 @@ def test_cells_are_cached_resumed_and_gathered_for_the_app(session, monkeypatch)
     from kvsim.models.loading import file_sha256
 
     splits = _splits(session)
-    cells = [at.Cell("h2o", name, 12, s, (("recent_window", 4),)) for name, s in zip(("uniform", "a", "b"), splits)]
+    cells = [at.Cell("h2o", name, 12, s, (("recent_window", 4),)) for name, s in zip(("uniform", "a", "b"), splits, strict=True)]
     passes = []
     real = at.open_truths
     monkeypatch.setattr(at, "open_truths", lambda s, p, grids, params: passes.append(len(grids)) or real(s, p, grids, params))
