@@ -13,6 +13,7 @@ from kvsim import cli
 from kvsim.analysis import allocation as al
 from kvsim.data.bundle import write_manifest
 from kvsim.data.trace import save_npz
+from kvsim.policies import POLICIES
 
 STEPS = 120
 
@@ -125,16 +126,19 @@ QUALITY_REFUSED = [
     (["--policy", "h2o", "--allocate", "optimal", "--mode", "both"],
      "--allocate measures one loop: give --mode closed (the deployed cache holding each head's budget) or --mode "
      "open (each head's schedule masks one teacher-forced pass)"),
-    (["--policies", "h2o,tova", "--allocate", "optimal", "--mode", "open"],
-     "--allocate measures one policy: give --policy, not --policies"),
     (["--policy", "h2o", "--allocate", "duo", "--mode", "open"],
      "--allocate: quality measures a static split (uniform, pyramidkv, cake, optimal) or adakv's pool; 'duo' is not "
      "one (duo's streaming heads are not measured by the truth yet)"),
     (["--policy", "h2o", "--allocate", "adakv", "--mode", "open"],
      "--allocate adakv: a pool, not a split, has no open-loop schedule here; give --mode closed (the deployed pool "
      "decodes the text)"),
-    (["--policy", "h2o", "--allocate", "optimal", "--mode", "open", "--budget", "64,128"],
-     "--budget: '64,128': --allocate takes one budget"),
+    (["--policies", "h2o,nope", "--allocate", "optimal", "--mode", "open"],
+     "--policies: unknown policy 'nope'; known: " + ", ".join(POLICIES)),
+    (["--policy", "h2o", "--allocate", "uniform,duo", "--mode", "open", "--budget", "64,128"],
+     "--allocate: quality measures a static split (uniform, pyramidkv, cake, optimal); 'duo' is not one (adakv's "
+     "pool and duo's streaming heads are not measured by the truth yet)"),
+    (["--policy", "h2o", "--allocate", "uniform", "--mode", "open", "--budget", "64,x"],
+     "--budget: expected a positive integer, got 'x'"),
 ]
 
 

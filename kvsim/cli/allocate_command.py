@@ -17,11 +17,11 @@ from ..analysis.windows import best_of
 from ..data import vectors
 from ..data.bundle import Bundle, BundleError, is_bundle
 from ..data.catalog import resolve_bundle, shipped_bundles
-from ..policies import DEFAULT_BUDGET, POLICIES, PolicySpec
+from ..policies import DEFAULT_BUDGET, POLICIES, PolicySpec, policy_params
 from ..policies.split import read_allocation
 from . import report
 from .errors import CLIError, InputError, flag
-from .parser import policy_args, sweep_ranges
+from .parser import policy_args, positive_int, sweep_ranges
 
 
 def _bundle(args: argparse.Namespace) -> Bundle:
@@ -228,39 +228,85 @@ def _kv_heads_before_loading(model) -> tuple[str, int, int] | None:
         return None
 
 
-def quality(args: argparse.Namespace) -> dict:
-    """``quality --allocate NAME --mode open|closed``: the model's loss and KL with each (layer, KV head) at its
-    own budget, beside uniform's at the same memory (``kvsim.models.allocation_truth``); closed loop through the
-    deployed cache, adakv's pooled layers included. Each result is kept in the quality cache (``--no-cache``)."""
+#: the allocators whose split the truth measures: the static ones (adakv's pool and duo's streaming heads are not)
+TRUTH_ALLOCATORS = al.STATIC + ("optimal",)
+
+
+def _truth_plan(args: argparse.Namespace) -> tuple[list[str], list[str], list[int], dict]:
+    """The allocators, policies, budgets and fixed parameters of ``quality --allocate``, each checked
+    before a model is loaded."""
+    names = [x.strip() for x in args.allocate.split(",") if x.strip()]
+    wrong = [x for x in names if x not in TRUTH_ALLOCATORS]
+    if wrong or not names:
+        raise CLIError(f"--allocate: quality measures a static split ({', '.join(TRUTH_ALLOCATORS)}); "
+                       f"{(wrong or [''])[0]!r} is not one (adakv's pool and duo's streaming heads are not measured by "
+                       "the truth yet)")
+    if args.sweep:
+        raise CLIError("--allocate does not go with --sweep")
+    if args.mode != "open":
+        raise CLIError("--allocate measures the open loop: give --mode open (each head's schedule, at its own "
+                       "budget, masks one teacher-forced pass)")
+    policies = [args.policy] if args.policy else [x.strip() for x in args.policies.split(",") if x.strip()]
+    unknown = [x for x in policies if x not in POLICIES]
+    if unknown or not policies:
+        raise CLIError(f"--policies: unknown policy {unknown[0]!r}; known: {', '.join(POLICIES)}" if unknown
+                       else "--policies: no policy given")
+    try:
+        budgets = [positive_int(part.strip()) for part in args.budget.split(",")]
+    except argparse.ArgumentTypeError as e:
+        raise CLIError(f"--budget: {e}") from None
+    params = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}
+    for param in params:
+        if not any(param in policy_params(p) for p in policies):
+            raise CLIError(f"{flag(param)} does not apply to {', '.join(policies)}")
+    for policy in policies:  # the parameters' own bounds, whatever the budget
+        PolicySpec.of(policy, 10**9, **{k: v for k, v in params.items() if k in policy_params(policy)})
+    return list(dict.fromkeys(names)), list(dict.fromkeys(policies)), list(dict.fromkeys(budgets)), params
+
+
+def quality(args: argparse.Namespace) -> dict | list[dict]:
+    """``quality --allocate``: one split beside uniform's (closed or open loop, adakv's pool closed, the split
+    searched by the truth with ``--by``), or, open loop, the frontier's grid (``_quality_grid``). An open-loop
+    static split goes through the grid's path so the app's frontier document holds it too."""
+    names = [x.strip() for x in args.allocate.split(",") if x.strip()]
+    lists = len(names) != 1 or not args.policy or "," in str(args.budget)
+    by = getattr(args, "by", None) or "retained_mass"
+    if lists or (args.mode == "open" and by == "retained_mass" and names[0] in TRUTH_ALLOCATORS):
+        if by != "retained_mass" or getattr(args, "measurements", None) is not None:
+            raise CLIError(f"--by {by} searches one split by the truth: give one --policy, --budget and --allocate optimal")
+        return _quality_grid(args)
+    return _quality_one(args, names[0], by)
+
+
+def _quality_one(args: argparse.Namespace, name: str, by: str) -> dict:
+    """One split's truth beside uniform's at the same memory (``kvsim.models.allocation_truth.measure``): closed
+    loop through the deployed cache (adakv's pooled layers included) or open loop, each result in the quality
+    cache (``--no-cache``); ``--by kl|delta_nll``: the split searched by the truth from the best static one."""
     from ..models import allocation_truth as truth
     from ..models import quality as q
     from ..models.loading import require_extra
     from ..policies.split import adakv_floor
     from .errors import read_input
 
-    name = args.allocate.strip()
-    if not args.policy:
-        raise CLIError("--allocate measures one policy: give --policy, not --policies")
     if args.sweep:
         raise CLIError("--allocate does not go with --sweep")
     if args.mode not in truth.MODES:
         raise CLIError("--allocate measures one loop: give --mode closed (the deployed cache holding each head's "
                        "budget) or --mode open (each head's schedule masks one teacher-forced pass)")
-    if name not in al.STATIC + ("optimal", "adakv"):
-        raise CLIError(f"--allocate: quality measures a static split ({', '.join(al.STATIC)}, optimal) or adakv's pool; "
+    if name not in TRUTH_ALLOCATORS + ("adakv",):
+        raise CLIError(f"--allocate: quality measures a static split ({', '.join(TRUTH_ALLOCATORS)}) or adakv's pool; "
                        f"{name!r} is not one (duo's streaming heads are not measured by the truth yet)")
     if name == "adakv" and args.mode != "closed":
         raise CLIError("--allocate adakv: a pool, not a split, has no open-loop schedule here; give --mode closed "
                        "(the deployed pool decodes the text)")
-    by = getattr(args, "by", None) or "retained_mass"
     if by != "retained_mass" and name != "optimal":
         raise CLIError(f"--by {by} searches the split by the truth: it goes with --allocate optimal, not {name}")
     if getattr(args, "measurements", None) is not None and by == "retained_mass":
         raise CLIError("--measurements bounds the search by the truth: give --allocate optimal --by kl (or delta_nll)")
     try:
-        budget = int(args.budget)
-    except ValueError:
-        raise CLIError(f"--budget: {args.budget!r}: --allocate takes one budget") from None
+        budget = positive_int(str(args.budget).strip())
+    except argparse.ArgumentTypeError as e:
+        raise CLIError(f"--budget: {e}") from None
     params = policy_args(args)
     spec = _spec(args.policy, budget, params, "TEXT")
     if name == "adakv":
@@ -308,3 +354,65 @@ def quality(args: argparse.Namespace) -> dict:
     pooled = adakv_floor(spec) if split.pooled else None
     got = truth_of(list(split.budgets), pooled)
     return {**got, **head, "allocation": split.rows(), **({"floor": pooled, "pooled": True} if pooled is not None else {})}
+
+
+def _quality_grid(args: argparse.Namespace) -> dict | list[dict]:
+    """``quality --allocate NAME[,NAME...] --mode open``: the model's loss and KL with each (layer, KV head)
+    at its own budget (``kvsim.models.allocation_truth``). One allocator, policy and budget: that split beside
+    uniform's at the same memory (a dict). Several (``--policies``, ``--budget B,B``, ``--allocate A,A``): the
+    frontier's grid, a row per cell, a cell no policy or trace allows said on stderr and skipped. Every cell is
+    cached on disk and gathered in the frontier document the app reads; an interrupted grid resumes;
+    ``--batch`` splits share one batched pass."""
+    from ..models import quality as q
+    from ..models.allocation_truth import Cell, measure_cells
+    from ..models.loading import require_extra
+    from ..progress import scaled
+    from .errors import read_input
+
+    names, policies, budgets, params = _truth_plan(args)
+    single = len(names) == 1 and len(policies) == 1 and len(budgets) == 1
+    if single:
+        spec = _spec(policies[0], budgets[0], params, "TEXT")  # refused before the model loads, the minimum named
+        if names[0] != "uniform":
+            names = [names[0], "uniform"]
+    text = q.resolve_text(args.text)
+    read_input("TEXT", text)
+    if args.model is None:
+        require_extra()
+    say = None if args.quiet else q.QUALITY_STDERR
+    session = q.open_session(text, args.steps, args.model, progress=say)
+    shape = [(x, h) for x in range(session.layers) for h in range(session.kv_heads)]
+    heads = [al.Head(x, h, session.traces[x][h]) for x, h in shape]
+    jobs = []
+    for policy in policies:
+        taken = {k: v for k, v in params.items() if k in policy_params(policy)}
+        for budget in budgets:
+            for name in names:
+                try:
+                    spec = PolicySpec.of(policy, budget, **taken)
+                    al.check(name, spec, shape, session.steps)
+                except (al.AllocationError, ValueError) as e:
+                    if single:
+                        raise InputError(f"--allocate: {text}: {' '.join(str(e).split())}") from None
+                    if say is not None:
+                        say(None, f"skipped {policy} {name} at budget {budget}: {' '.join(str(e).split())}")
+                    continue
+                jobs.append((spec, name))
+    if not jobs:
+        raise InputError(f"--allocate: {text}: no cell of the grid can run ({session.steps} steps)")
+    cells = []
+    for i, (spec, name) in enumerate(jobs):  # the splits first (optimal's budget curves), then the passes
+        part = scaled(say, 0.5 * i / len(jobs), 0.5 * (i + 1) / len(jobs))
+        split = al.allocate(name, heads, spec, progress=part)
+        grid = tuple(tuple(split.budgets[x * session.kv_heads + h] for h in range(session.kv_heads))
+                     for x in range(session.layers))
+        cells.append(Cell(spec.name, name, spec.budget, grid, tuple(sorted(spec.kwargs.items()))))
+    rows = measure_cells(session, cells, batch=args.batch, use_cache=not args.no_cache, progress=scaled(say, 0.5, 1.0))
+    for row, cell in zip(rows, cells, strict=True):
+        row["allocation"] = [{"layer": x, "kv_head": h, "budget": int(cell.budgets[x][h])} for x, h in shape]
+        row.pop("split", None)
+    if single:
+        got = rows[0]
+        even = rows[-1]
+        return {**got, "uniform": {k: even[k] for k in ("nll", "delta_nll", "kl", "retained_mass", "seconds", "cached")}}
+    return rows

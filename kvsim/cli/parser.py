@@ -413,13 +413,14 @@ def _add_quality(sub, traces) -> None:
                    help="closed: token-by-token decoding with the real cache evicted (the truth); open: one "
                         "teacher-forced pass masked by the replay of the full-cache traces (default: closed)")
     p.add_argument("--batch", type=positive_int, default=8, help="closed loops decoded together, sharing each "
-                   "step's read of the weights (default: 8)")
+                   "step's read of the weights; with --allocate, splits masking one pass (default: 8)")
     p.add_argument("--no-cache", action="store_true", help="measure again instead of reading cached results")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    p.add_argument("--allocate", default=None, metavar="NAME", help="with one --policy and --budget, --mode closed or "
-                   "open: each layer and KV head at the budget an allocator gives it (uniform, pyramidkv, cake, optimal), "
-                   "or adakv's pool per layer (closed), the same memory as uniform's, measured beside uniform's "
-                   "(docs/allocation.md)")
+    p.add_argument("--allocate", default=None, metavar="NAME[,NAME...]", help="each layer and KV head at the budget "
+                   "an allocator gives it (uniform, pyramidkv, cake, optimal), the same memory as uniform's; one --policy, "
+                   "--budget and NAME: beside uniform's, --mode closed or open (adakv's pool per layer: closed); lists "
+                   "(--policies, --budget B,B, NAME,NAME), --mode open: the frontier's grid, every cell cached, --batch "
+                   "splits in one pass (docs/allocation.md)")
     p.add_argument("--by", default=None, choices=["retained_mass", "kl", "delta_nll"], help="with --allocate optimal: "
                    "the split by retained mass (the exact optimum, the default), or searched by the truth (kl, delta_nll): "
                    "the static splits measured, then budget moved between runs of layers where the figure falls")

@@ -270,6 +270,11 @@ def _quality(doc) -> str:
                     ["split", "nll", "delta_nll", "kl", "retained_mass"],
                     [[doc["allocate"], doc["nll"], doc["delta_nll"], doc["kl"], doc["retained_mass"]],
                      ["uniform", u["nll"], u["delta_nll"], u["kl"], u["retained_mass"]]])) + _searched(doc)
+    if isinstance(doc, list) and doc and "allocate" in doc[0]:  # quality --allocate's grid: a row per cell
+        return f"open loop, {doc[0]['model']} on {doc[0]['text']} ({doc[0]['steps']} steps)\n\n" + aligned(
+            ["policy", "params", "budget", "allocate", "positions", "nll", "delta_nll", "kl", "retained_mass", "cached"],
+            [[r["policy"], params_label(r["params"]), r["budget"], r["allocate"], r["positions"], r["nll"], r["delta_nll"],
+              r["kl"], r["retained_mass"], "yes" if r["cached"] else "no"] for r in doc])
     rows = [doc] if isinstance(doc, dict) else doc
     table = aligned(
         ["policy", "params", "budget", "mode", "steps", "nll_full", "nll", "delta_nll", "delta_nll_key", "ppl", "kl",

@@ -47,7 +47,8 @@ def _vectors(module, query, key, value, group: int, layer: int) -> dict[str, np.
 
 class MaskedPass:
     """A teacher-forced pass: query t sees key p when ``p <= t`` (and inside its layer's window), and,
-    with ``allowed`` (``{layer: bool (kv_heads, n, n)}``), when the schedule kept p for it. With
+    with ``allowed`` (``{layer: bool (kv_heads, n, n)}``, or ``(batch, kv_heads, n, n)`` for a batch of
+    schedules over a batch of the same ids), when the schedule kept p for it. With
     ``capture``, each layer's rows per KV head (the recorder's arithmetic) are kept in ``captured``,
     its values ``(kv heads, n, d)`` float32 in ``values`` (what the value-aware proxies read), and in
     ``vectors`` what the scorers beyond attention read (``kvsim.data.vectors``), per KV head and
@@ -86,8 +87,12 @@ class MaskedPass:
         if window is not None:
             visible &= t[None, :] > t[:, None] - window
         if self.allowed is not None:
-            visible = visible[None] & self.allowed[layer]
-            visible = visible.repeat_interleave(group, dim=0)[None]
+            allowed = self.allowed[layer]
+            if allowed.dim() == 4:  # (batch, kv heads, n, n): one schedule per row of a batched pass
+                visible = (visible & allowed).repeat_interleave(group, dim=1)
+            else:
+                visible = visible[None] & allowed
+                visible = visible.repeat_interleave(group, dim=0)[None]
         weights = eager.weights(query, key, scale, softcap, visible)
         if self.captured is not None:
             self.captured[layer] = kv_head_rows(weights[0].float().numpy(), hkv)
