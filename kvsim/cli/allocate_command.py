@@ -271,9 +271,11 @@ def quality(args: argparse.Namespace) -> dict | list[dict]:
     names = [x.strip() for x in args.allocate.split(",") if x.strip()]
     lists = len(names) != 1 or not args.policy or "," in str(args.budget)
     by = getattr(args, "by", None) or "retained_mass"
-    if lists or (args.mode == "open" and by == "retained_mass" and names[0] in TRUTH_ALLOCATORS):
-        if by != "retained_mass" or getattr(args, "measurements", None) is not None:
-            raise CLIError(f"--by {by} searches one split by the truth: give one --policy, --budget and --allocate optimal")
+    searched = by != "retained_mass" or getattr(args, "measurements", None) is not None
+    if lists and searched:
+        raise CLIError("--by and --measurements search one split by the truth: give one --policy, --budget and "
+                       "--allocate optimal")
+    if lists or (args.mode == "open" and not searched and names[0] in TRUTH_ALLOCATORS):
         return _quality_grid(args)
     return _quality_one(args, names[0], by)
 
