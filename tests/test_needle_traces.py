@@ -152,7 +152,7 @@ def test_bad_input_for_the_new_flags_is_one_line_before_the_weights_load(folder,
     odd = tmp_path / "odd.json"
     odd.write_text(json.dumps({"allocation": [{"layer": 0, "kv_head": 0, "budget": 24}]}))
     cases = [
-        (["--allocate", "adakv"], "--allocate: adakv: adakv's shared pool"),
+        (["--allocate", "adakv"], "--allocate: adakv: a trial reads each head's departures from its own block"),
         (["--allocate", "cake"], "--allocate: cake: cake computes its split from a recorded bundle"),
         (["--allocate", str(tmp_path / "none.json")], "--allocate: "),
         (["--allocate", str(odd)], "an allocation for another model's shape"),

@@ -31,7 +31,7 @@ def add_needle(sub) -> None:
     p.add_argument("--policies", default="streaming_llm,h2o", help=f"comma-separated online policies ({online}; "
                    "default: streaming_llm,h2o)")
     p.add_argument("--budget", default=None, metavar="B[,B...]", help="positions each layer holds per KV "
-                   f"head; several give a grid each (default: {DEFAULT_BUDGET}; with --allocate FILE, the file's split); "
+                   f"head; several give a grid each (default: {DEFAULT_BUDGET}), with --allocate FILE the file's split; "
                    "each below every length")
     p.add_argument("--allocate", default=None, metavar="NAME|FILE", help="a budget per (layer, KV head) at --budget's "
                    "memory: uniform or pyramidkv, or the allocation rows of replay --allocate NAME --json (a file), as "
@@ -179,6 +179,10 @@ def _allocation(args: argparse.Namespace, names: list[str], own: dict) -> tuple:
     from ..hf.cache import HFError
 
     name = args.allocate.strip()
+    if name == "adakv":  # kvsim.hf builds the pool (generate --allocate adakv); a trial's per-head fate is not read from it yet
+        raise InputError("--allocate: adakv: a trial reads each head's departures from its own block, and adakv's shared "
+                         "pool has none yet; deploy a static split (uniform, pyramidkv, or a file from replay --allocate "
+                         "cake|optimal --json), or run the pool with generate --allocate adakv")
     if name in ALLOCATORS:
         why = refusal(name)
         if why is not None:
