@@ -264,6 +264,21 @@ def _truth_plan(args: argparse.Namespace) -> tuple[list[str], list[str], list[in
     return list(dict.fromkeys(names)), list(dict.fromkeys(policies)), list(dict.fromkeys(budgets)), params
 
 
+def _open_session(args: argparse.Namespace):
+    """``quality --allocate``'s text, progress, model session and (layer, KV head) shape, once the flags are checked."""
+    from ..models import quality as q
+    from ..models.loading import require_extra
+    from .errors import read_input
+
+    text = q.resolve_text(args.text)
+    read_input("TEXT", text)
+    if args.model is None:
+        require_extra()
+    say = None if args.quiet else q.QUALITY_STDERR
+    session = q.open_session(text, args.steps, args.model, progress=say)
+    return text, say, session, [(x, h) for x in range(session.layers) for h in range(session.kv_heads)]
+
+
 def quality(args: argparse.Namespace) -> dict | list[dict]:
     """``quality --allocate``: one split beside uniform's (closed or open loop, adakv's pool closed, the split
     searched by the truth with ``--by``), or, open loop, the frontier's grid (``_quality_grid``). An open-loop
@@ -285,10 +300,7 @@ def _quality_one(args: argparse.Namespace, name: str, by: str) -> dict:
     loop through the deployed cache (adakv's pooled layers included) or open loop, each result in the quality
     cache (``--no-cache``); ``--by kl|delta_nll``: the split searched by the truth from the best static one."""
     from ..models import allocation_truth as truth
-    from ..models import quality as q
-    from ..models.loading import require_extra
     from ..policies.split import adakv_floor
-    from .errors import read_input
 
     if args.sweep:
         raise CLIError("--allocate does not go with --sweep")
@@ -319,13 +331,7 @@ def _quality_one(args: argparse.Namespace, name: str, by: str) -> dict:
         except al.AllocationError as e:
             model = f" ({known[0]}: {known[1]} layers x 1 KV head)" if known and known[2] == 1 else ""
             raise InputError(f"--allocate: {e}{model}") from None
-    text = q.resolve_text(args.text)
-    read_input("TEXT", text)
-    if args.model is None:
-        require_extra()
-    say = None if args.quiet else q.QUALITY_STDERR
-    session = q.open_session(text, args.steps, args.model, progress=say)
-    shape = [(x, h) for x in range(session.layers) for h in range(session.kv_heads)]
+    text, say, session, shape = _open_session(args)
     try:
         al.check(name, spec, shape, session.steps)
     except al.AllocationError as e:
@@ -365,11 +371,8 @@ def _quality_grid(args: argparse.Namespace) -> dict | list[dict]:
     frontier's grid, a row per cell, a cell no policy or trace allows said on stderr and skipped. Every cell is
     cached on disk and gathered in the frontier document the app reads; an interrupted grid resumes;
     ``--batch`` splits share one batched pass."""
-    from ..models import quality as q
     from ..models.allocation_truth import Cell, measure_cells
-    from ..models.loading import require_extra
     from ..progress import scaled
-    from .errors import read_input
 
     names, policies, budgets, params = _truth_plan(args)
     single = len(names) == 1 and len(policies) == 1 and len(budgets) == 1
@@ -377,13 +380,7 @@ def _quality_grid(args: argparse.Namespace) -> dict | list[dict]:
         spec = _spec(policies[0], budgets[0], params, "TEXT")  # refused before the model loads, the minimum named
         if names[0] != "uniform":
             names = [names[0], "uniform"]
-    text = q.resolve_text(args.text)
-    read_input("TEXT", text)
-    if args.model is None:
-        require_extra()
-    say = None if args.quiet else q.QUALITY_STDERR
-    session = q.open_session(text, args.steps, args.model, progress=say)
-    shape = [(x, h) for x in range(session.layers) for h in range(session.kv_heads)]
+    text, say, session, shape = _open_session(args)
     heads = [al.Head(x, h, session.traces[x][h]) for x, h in shape]
     jobs = []
     for policy in policies:
