@@ -126,9 +126,8 @@ QUALITY_REFUSED = [
     (["--policy", "h2o", "--allocate", "optimal", "--mode", "both"],
      "--allocate measures one loop: give --mode closed (the deployed cache holding each head's budget) or --mode "
      "open (each head's schedule masks one teacher-forced pass)"),
-    (["--policy", "h2o", "--allocate", "duo", "--mode", "open"],
-     "--allocate: quality measures a static split (uniform, pyramidkv, cake, optimal) or adakv's pool; 'duo' is not "
-     "one (duo's streaming heads are not measured by the truth yet)"),
+    (["--policy", "h2o", "--allocate", "nope", "--mode", "open"],
+     "--allocate: quality measures a split (uniform, pyramidkv, cake, optimal, duo) or adakv's pool; 'nope' is not one"),
     (["--policy", "h2o", "--allocate", "adakv", "--mode", "open"],
      "--allocate adakv: a pool, not a split, has no open-loop schedule here; give --mode closed (the deployed pool "
      "decodes the text)"),
@@ -136,7 +135,7 @@ QUALITY_REFUSED = [
      "--policies: unknown policy 'nope'; known: " + ", ".join(POLICIES)),
     (["--policy", "h2o", "--allocate", "uniform,duo", "--mode", "open", "--budget", "64,128"],
      "--allocate: quality measures a static split (uniform, pyramidkv, cake, optimal); 'duo' is not one (adakv's "
-     "pool and duo's streaming heads are not measured by the truth yet)"),
+     "pool and duo's streaming heads are measured one split at a time: --policy h2o --budget B --allocate adakv|duo)"),
     (["--policy", "h2o", "--allocate", "uniform", "--mode", "open", "--budget", "64,x"],
      "--budget: expected a positive integer, got 'x'"),
 ]
@@ -148,11 +147,14 @@ QUALITY_INPUT_REFUSED = [
     (["--policy", "h2o", "--allocate", "adakv", "--budget", "64"],
      "--allocate: adakv pools a layer's KV heads, and with one KV head per layer the pool is that head: adakv is "
      "uniform within a layer on this model; use uniform, pyramidkv, cake or optimal (Gemma-3-270M: 18 layers x 1 KV head)"),
+    (["--policy", "h2o", "--allocate", "duo", "--budget", "64", "--mode", "open"],
+     "--allocate: duo splits a layer's KV heads into retrieval and streaming heads, and each layer has one KV head on "
+     "this model; use uniform, pyramidkv, cake or optimal (Gemma-3-270M: 18 layers x 1 KV head)"),
 ]
 
 
 @pytest.mark.parametrize("argv, message", QUALITY_INPUT_REFUSED, ids=[m[:40] for _, m in QUALITY_INPUT_REFUSED])
-def test_quality_allocate_adakv_is_refused_before_a_model_loads(argv, message, capsys, monkeypatch):
+def test_quality_allocate_adakv_and_duo_are_refused_before_a_model_loads(argv, message, capsys, monkeypatch):
     from kvsim.models import quality
 
     def no_model(*a, **k):

@@ -119,3 +119,29 @@ def test_cli_quality_allocate_closed_loop_for_a_split_and_adakv_beside_uniform_c
     assert again["cached"] and again["kl"] == a["kl"]
     assert cli.main([*base[:-2], "--allocate", "adakv"]) == 0  # the table, its loop named
     assert "at budget 16 per head on average, closed loop" in capsys.readouterr().out
+
+
+def test_duos_streaming_heads_run_streaming_llm_in_both_loops(session):  # noqa: F811
+    """duo's truth: a head marked streaming replays (open loop) or is deployed (closed loop) as streaming_llm
+    with its sinks, every other head as the policy. No head streaming is the static split bit for bit; every
+    head streaming is streaming_llm's own measurement bit for bit; a mix is a third measurement, cached apart."""
+    from kvsim.models import allocation_truth as truth
+
+    layers, heads = session.layers, session.kv_heads
+    even = [[12] * heads for _ in range(layers)]
+    p = {"recent_window": 4}
+    none = [[None] * heads for _ in range(layers)]
+    every = [[{"sinks": 2}] * heads for _ in range(layers)]
+    keys = ("nll", "kl", "delta_nll", "retained_mass", "retained_mass_by_layer")
+    kls = {}
+    for mode, run in (("open", truth.open_truth), ("closed", truth.closed_truth)):
+        plain = run(session, "h2o", even, p)
+        assert {k: run(session, "h2o", even, p, streaming=none)[k] for k in keys} == {k: plain[k] for k in keys}
+        streamed = run(session, "h2o", even, p, streaming=every)
+        want = session.evaluate("streaming_llm", 12, mode, sinks=2)
+        assert {k: streamed[k] for k in keys} == {k: want[k] for k in keys}, mode
+        kls[mode] = (plain["kl"], streamed["kl"])
+    mixed = [[{"sinks": 2} if (x + h) % 2 else None for h in range(heads)] for x in range(layers)]
+    got = truth.measure(session, "h2o", even, p, "open", streaming=mixed)
+    assert not got["cached"] and got["kl"] not in kls["open"]
+    assert truth.measure(session, "h2o", even, p, "open", streaming=mixed)["cached"]

@@ -239,8 +239,8 @@ def _truth_plan(args: argparse.Namespace) -> tuple[list[str], list[str], list[in
     wrong = [x for x in names if x not in TRUTH_ALLOCATORS]
     if wrong or not names:
         raise CLIError(f"--allocate: quality measures a static split ({', '.join(TRUTH_ALLOCATORS)}); "
-                       f"{(wrong or [''])[0]!r} is not one (adakv's pool and duo's streaming heads are not measured by "
-                       "the truth yet)")
+                       f"{(wrong or [''])[0]!r} is not one (adakv's pool and duo's streaming heads are measured one split at "
+                       "a time: --policy h2o --budget B --allocate adakv|duo)")
     if args.sweep:
         raise CLIError("--allocate does not go with --sweep")
     if args.mode != "open":
@@ -307,9 +307,9 @@ def _quality_one(args: argparse.Namespace, name: str, by: str) -> dict:
     if args.mode not in truth.MODES:
         raise CLIError("--allocate measures one loop: give --mode closed (the deployed cache holding each head's "
                        "budget) or --mode open (each head's schedule masks one teacher-forced pass)")
-    if name not in TRUTH_ALLOCATORS + ("adakv",):
-        raise CLIError(f"--allocate: quality measures a static split ({', '.join(TRUTH_ALLOCATORS)}) or adakv's pool; "
-                       f"{name!r} is not one (duo's streaming heads are not measured by the truth yet)")
+    if name not in TRUTH_ALLOCATORS + ("adakv", "duo"):
+        raise CLIError(f"--allocate: quality measures a split ({', '.join(TRUTH_ALLOCATORS)}, duo) or adakv's pool; "
+                       f"{name!r} is not one")
     if name == "adakv" and args.mode != "closed":
         raise CLIError("--allocate adakv: a pool, not a split, has no open-loop schedule here; give --mode closed "
                        "(the deployed pool decodes the text)")
@@ -323,7 +323,7 @@ def _quality_one(args: argparse.Namespace, name: str, by: str) -> dict:
         raise CLIError(f"--budget: {e}") from None
     params = policy_args(args)
     spec = _spec(args.policy, budget, params, "TEXT")
-    if name == "adakv":
+    if name in ("adakv", "duo"):
         known = _kv_heads_before_loading(args.model)
         shape = [(x, h) for x in range(known[1]) for h in range(known[2])] if known else [(0, 0), (0, 1)]
         try:
@@ -338,9 +338,9 @@ def _quality_one(args: argparse.Namespace, name: str, by: str) -> dict:
         raise InputError(f"--allocate: {text}: {e}") from None
     heads = [al.Head(x, h, session.traces[x][h]) for x, h in shape]
 
-    def truth_of(flat: list[int], pooled: int | None = None) -> dict:  # per-head budgets, (layer, KV head) order
+    def truth_of(flat: list[int], pooled: int | None = None, streaming=None) -> dict:  # per head, (layer, KV head) order
         grid = [[int(flat[x * session.kv_heads + h]) for h in range(session.kv_heads)] for x in range(session.layers)]
-        return truth.measure(session, spec.name, grid, spec.kwargs, args.mode, pooled=pooled,
+        return truth.measure(session, spec.name, grid, spec.kwargs, args.mode, pooled=pooled, streaming=streaming,
                              use_cache=not args.no_cache, progress=say)
 
     even = truth_of([budget] * len(shape))
@@ -360,7 +360,11 @@ def _quality_one(args: argparse.Namespace, name: str, by: str) -> dict:
                 "allocation": found["allocation"].rows()}
     split = al.allocate(name, heads, spec, progress=say)
     pooled = adakv_floor(spec) if split.pooled else None
-    got = truth_of(list(split.budgets), pooled)
+    streaming = None  # duo's streaming heads run streaming_llm with its sinks, the rest the policy
+    if split.streaming is not None:
+        streaming = [[{"sinks": al.DUO_SINKS} if split.streaming[x * session.kv_heads + h] else None
+                      for h in range(session.kv_heads)] for x in range(session.layers)]
+    got = truth_of(list(split.budgets), pooled, streaming)
     return {**got, **head, "allocation": split.rows(), **({"floor": pooled, "pooled": True} if pooled is not None else {})}
 
 

@@ -50,13 +50,13 @@ def _result(session, policy: str, params: dict, mode: str, hidden, mass: np.ndar
             "seconds": seconds}
 
 
-def open_truth(session, policy: str, budgets, params: dict | None = None) -> dict:
+def open_truth(session, policy: str, budgets, params: dict | None = None, *, streaming=None) -> dict:
     """The open-loop truth of ``policy`` with ``budgets[layer][kv_head]`` on ``session`` (a
     ``kvsim.models.quality.Session``): NLL, delta NLL, KL against the full cache, retained mass."""
     params = dict(params or {})
     _check_shape(session, budgets)
     t0 = time.perf_counter()
-    allowed, mass = replay_masks(session.traces, policy, budgets, params, session.n)
+    allowed, mass = replay_masks(session.traces, policy, budgets, params, session.n, streaming)
     hidden = hidden_states(session.model, session.ids, MaskedPass(allowed=allowed))
     return _result(session, policy, params, "open", hidden, mass, time.perf_counter() - t0)
 
@@ -82,7 +82,7 @@ class _PooledDecoder(ClosedLoopDecoder):
 
 
 def closed_truth(session, policy: str, budgets, params: dict | None = None, *, pooled: int | None = None,
-                 progress: Progress | None = None) -> dict:
+                 streaming=None, progress: Progress | None = None) -> dict:
     """The closed-loop truth of ``policy`` with ``budgets[layer][kv_head]``: the text decoded teacher-forced
     through the deployed cache, each head at its budget; ``pooled`` (adakv's floor per head): each layer's
     heads share one pool of their summed budgets instead (h2o, one recent_window per layer)."""
@@ -94,7 +94,9 @@ def closed_truth(session, policy: str, budgets, params: dict | None = None, *, p
         per_layer = layer_params(params, session.layers)
     except ValueError as e:
         raise QualityError(str(e)) from None
-    specs = [[PolicySpec.of(policy, int(b), **per_layer[x]) for b in row] for x, row in enumerate(budgets)]
+    specs = [[PolicySpec.of(policy, int(b), **per_layer[x]) if streaming is None or streaming[x][h] is None else
+              PolicySpec.of("streaming_llm", int(b), **streaming[x][h]) for h, b in enumerate(row)]
+             for x, row in enumerate(budgets)]
     rows = [[tr.attention for tr in layer] for layer in session.traces]
     t0 = time.perf_counter()
     if pooled is None:
@@ -109,7 +111,8 @@ def closed_truth(session, policy: str, budgets, params: dict | None = None, *, p
     return _result(session, policy, params, "closed", hidden, mass, time.perf_counter() - t0)
 
 
-def split_key(session, policy: str, budgets, params: dict, mode: str, pooled: int | None = None) -> dict:
+def split_key(session, policy: str, budgets, params: dict, mode: str, pooled: int | None = None,
+              streaming=None) -> dict:
     """What a split's truth depends on: the model, the tokens and steps, the policy and its parameters as asked,
     the loop, every head's budget (and a pool's floor), and the key-token rule the session scores by. One key
     for ``measure`` and the frontier's cells (``measure_cells``), so a cell measured either way is read by both."""
@@ -117,14 +120,17 @@ def split_key(session, policy: str, budgets, params: dict, mode: str, pooled: in
 
     return {"version": VERSION, "model": session.model_id, "tokens": session.tokens_id, "steps": session.steps,
             "policy": policy, "params": dict(sorted(dict(params).items())), "mode": mode,
-            "budgets": [[int(b) for b in row] for row in budgets], "pooled": pooled, "key_rule": session.key_rule}
+            "budgets": [[int(b) for b in row] for row in budgets], "pooled": pooled, "key_rule": session.key_rule,
+            **({} if streaming is None else {"streaming": streaming})}
 
 
 def measure(session, policy: str, budgets, params: dict | None = None, mode: str = "closed", *,
-            pooled: int | None = None, use_cache: bool = True, progress: Progress | None = None) -> dict:
+            pooled: int | None = None, streaming=None, use_cache: bool = True,
+            progress: Progress | None = None) -> dict:
     """``open_truth`` or ``closed_truth`` through the quality cache (``<cache>/quality/split-<key>.json``),
     keyed by the model, the tokens, the policy and its parameters, the mode and the split itself (each head's
-    budget, and the floor of a pool); ``"cached": True`` on what was read."""
+    budget, the floor of a pool, duo's streaming heads: ``streaming[layer][kv_head]``, None or the
+    streaming_llm parameters that head runs with); ``"cached": True`` on what was read."""
     from .quality import read_cached, write_cached
 
     if mode not in MODES:
@@ -133,15 +139,17 @@ def measure(session, policy: str, budgets, params: dict | None = None, mode: str
         raise QualityError("a pooled allocation (adakv) is measured closed loop, through the deployed pool")
     params = dict(params or {})
     budgets = [[int(b) for b in row] for row in budgets]
-    key = split_key(session, policy, budgets, params, mode, pooled)
+    if streaming is not None and pooled is not None:
+        raise QualityError("a split has streaming heads (duo) or a pool per layer (adakv), not both")
+    key = split_key(session, policy, budgets, params, mode, pooled, streaming)
     use_cache = use_cache and session.use_cache
     got = read_cached(key, "split") if use_cache else None
     if got is not None:
         return {**got, "cached": True}
     if mode == "open":
-        got = open_truth(session, policy, budgets, params)
+        got = open_truth(session, policy, budgets, params, streaming=streaming)
     else:
-        got = closed_truth(session, policy, budgets, params, pooled=pooled, progress=progress)
+        got = closed_truth(session, policy, budgets, params, pooled=pooled, streaming=streaming, progress=progress)
     if session.use_cache:
         write_cached(key, got, "split")
     return {**got, "cached": False}

@@ -109,11 +109,12 @@ def layer_params(params: dict, layers: int) -> list[dict]:
     return [{k: (v[layer] if isinstance(v, (list, tuple)) else v) for k, v in params.items()} for layer in range(layers)]
 
 
-def replay_masks(traces, policy: str, budget, params: dict, n: int):
+def replay_masks(traces, policy: str, budget, params: dict, n: int, streaming=None):
     """The open loop's schedule: per layer, what each query sees when ``policy`` replays the
     full-cache traces (``traces[layer][kv head]``), as ``MaskedPass``'s ``allowed``; and the retained
     mass of each replay (layers x KV heads). ``budget``: one for every head, or ``budget[layer][kv head]``
-    (an allocation's split); ``params``: see ``layer_params``."""
+    (an allocation's split); ``params``: see ``layer_params``. ``streaming[layer][kv head]``: None, or the
+    streaming_llm parameters that head replays with instead of ``policy`` (duo's streaming heads)."""
     import torch
 
     layers, kv_heads = len(traces), len(traces[0])
@@ -123,7 +124,11 @@ def replay_masks(traces, policy: str, budget, params: dict, n: int):
         masks = torch.zeros(kv_heads, n, n, dtype=torch.bool)
         for h in range(kv_heads):
             b = budget if isinstance(budget, (int, np.integer)) else int(budget[layer][h])
-            res = replay(traces[layer][h], policy, budget=b, record_kept=True, **per_layer[layer])
+            stream = None if streaming is None else streaming[layer][h]
+            if stream is None:
+                res = replay(traces[layer][h], policy, budget=b, record_kept=True, **per_layer[layer])
+            else:
+                res = replay(traces[layer][h], "streaming_llm", budget=b, record_kept=True, **stream)
             mass[layer, h] = res.retained_mass
             hist = res.kept_history  # row s - 1: kept after step s, which query s + 1 sees
             rows, cols = np.nonzero(hist[: n - 2] >= 0)
