@@ -156,3 +156,18 @@ def test_accuracy_counts_only_the_trials_the_control_got_right():
     doc = accuracy(trials, [Job("h2o", 32)], [64], [0.0, 1.0])
     assert doc["control"]["accuracy"] == [[2 / 3], [0.0]] and not doc["control"]["fails"]
     assert doc["grids"][0]["accuracy"] == [[0.5], [None]] and doc["grids"][0]["counted"] == [[2], [0]]
+
+
+def test_a_serial_grid_says_each_run_as_it_ends(folder, capsys):
+    """A cell of many policies decodes for minutes: progress names every run (the control's and each
+    policy's), whether decoded or read from the cache, then the cell's summary."""
+    code = cli.main(["needle", "--model", str(folder), "--policies", "h2o,streaming_llm", "--budget", "24",
+                     "--recent-window", "4", "--sinks", "2", "--lengths", "100", "--depths", "0.5", "--trials", "1",
+                     "--json"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    runs = [line for line in err.splitlines() if "length 100 depth 0.5 trial 1: " in line
+            and "run(s)" not in line]
+    assert len(runs) == 3, err
+    assert any("full cache" in line for line in runs) and any("h2o" in line for line in runs)
+    assert any("streaming_llm" in line for line in runs)

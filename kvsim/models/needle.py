@@ -442,11 +442,12 @@ class Unit:
 
 
 def run_unit(model, tokenizer, model_id: str, template: Template, unit: Unit, seed: int, new_tokens: int,
-             use_cache: bool = True) -> dict:
+             use_cache: bool = True, on_run=None) -> dict:
     """One cell's trial: the prompt, then the control and each job, each read from the disk cache when
     there, else decoded and cached. The trial's record, with each run's answer and the key's fate (and,
     as ``unit`` asks, the exact optimum's fate at the run's budgets, and the run's attention kept as a
-    bundle the kept-positions view opens)."""
+    bundle the kept-positions view opens). ``on_run(i, run)`` hears of each run as it ends (the control
+    is run 0), so a long cell shows progress."""
     from . import needle_traces as nt
 
     builder = Builder(tokenizer, template)
@@ -488,6 +489,8 @@ def run_unit(model, tokenizer, model_id: str, template: Template, unit: Unit, se
                "key_first_left": None if left is None else first_loss(left, prompt.key_positions),
                "attention": record.get("attention"), "cache_key": ck}
         runs.append(run)
+        if on_run is not None:
+            on_run(len(runs) - 1, run)
     if unit.optimum and unit.jobs:
         _add_optimum(model, model_id, prompt, control_ids, runs[1:], use_cache, unit.attention)
     return {"length": unit.length, "depth": unit.depth, "trial": unit.trial, "key": key,
@@ -637,7 +640,13 @@ def run_grid(model_name: str, template: Template, jobs: Sequence[Job], lengths: 
     if scheduler is None:
         model, tokenizer, model_id = loaded or _worker_model(model_name, progress)
         for i, u in enumerate(units):
-            results[i] = run_unit(model, tokenizer, model_id, template, u, seed, new_tokens, use_cache)
+            def each(j: int, r: dict, i: int = i, u: Unit = u) -> None:
+                how = "from the cache" if r["cached"] else \
+                    f"decoded, {r['prefill_seconds']:.1f} s prompt + {r['decode_seconds']:.1f} s decoding"
+                say((i + (j + 1) / (len(jobs) + 2)) / len(units),
+                    f"length {u.length} depth {u.depth:g} trial {u.trial + 1}: {r['label']} {how}")
+
+            results[i] = run_unit(model, tokenizer, model_id, template, u, seed, new_tokens, use_cache, on_run=each)
             note(i + 1, u, results[i])
         run = {"executor": "serial", "workers": 1}
     else:
