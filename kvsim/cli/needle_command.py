@@ -206,19 +206,13 @@ def _allocation(args: argparse.Namespace, names: list[str], own: dict) -> tuple:
 
 
 def _scorer(text: str) -> tuple[str, dict]:
-    """``--prefill-policy NAME[:param=N,...]`` as replay reads it (kvsim.cli.prefill_command imports the
-    parser, so this command, which the parser imports, cannot import it back)."""
-    name, _, rest = text.strip().partition(":")
-    params = {}
-    for part in filter(None, (x.strip() for x in rest.split(","))):
-        key, eq, value = part.partition("=")
-        try:
-            params[key.strip()] = int(value)
-        except ValueError:
-            eq = ""
-        if not eq:
-            raise InputError(f"--prefill-policy: expected NAME[:param=N,...], got {text!r}")
-    return name, params
+    """``--prefill-policy NAME[:param=N,...]`` as replay reads it (``kvsim.sim.prefill.parse_scorer``)."""
+    from ..sim.prefill import PrefillError, parse_scorer
+
+    try:
+        return parse_scorer(text)
+    except PrefillError as e:
+        raise InputError(f"--prefill-policy: {e}") from None
 
 
 def _nothing_evicted(rows, length: int, source: str) -> None:

@@ -14,7 +14,7 @@ import argparse
 
 from ..data import vectors
 from ..policies import DEFAULT_BUDGET, POLICIES, ParamError, PolicySpec, policy_params
-from ..sim.prefill import DEFAULT_SCORER, GROW, Prefill, PrefillError, rankers, replay_prefill
+from ..sim.prefill import DEFAULT_SCORER, GROW, Prefill, PrefillError, parse_scorer, rankers, replay_prefill
 from .errors import CLIError, flag, param_message
 from .parser import parse_range, sweep_ranges
 
@@ -36,17 +36,10 @@ def refuse_none(args: argparse.Namespace) -> None:
 
 
 def _scorer(text: str) -> tuple[str, dict]:
-    name, _, rest = text.strip().partition(":")
-    params = {}
-    for part in filter(None, (x.strip() for x in rest.split(","))):
-        key, eq, value = part.partition("=")
-        try:
-            params[key.strip()] = int(value)
-        except ValueError:
-            raise CLIError(f"--prefill-policy: expected NAME[:param=N,...], got {text!r}") from None
-        if not eq:
-            raise CLIError(f"--prefill-policy: expected NAME[:param=N,...], got {text!r}")
-    return name, params
+    try:
+        return parse_scorer(text)
+    except PrefillError as e:
+        raise CLIError(f"--prefill-policy: {e}") from None
 
 
 def _prefill(args: argparse.Namespace, trace, keep) -> Prefill:

@@ -53,6 +53,22 @@ class PrefillError(ValueError):
         self.field = field
 
 
+def parse_scorer(text: str) -> tuple[str, dict]:
+    """``--prefill-policy NAME[:param=N,...]``: the scoring policy's name and its integer parameters;
+    PrefillError (field "prefill_policy") for anything else, each entry point saying it as its own flag."""
+    name, _, rest = text.strip().partition(":")
+    params = {}
+    for part in filter(None, (x.strip() for x in rest.split(","))):
+        key, eq, value = part.partition("=")
+        try:
+            params[key.strip()] = int(value)
+        except ValueError:
+            eq = ""
+        if not eq:
+            raise PrefillError(f"expected NAME[:param=N,...], got {text!r}", field="prefill_policy")
+    return name, params
+
+
 def rankers() -> list[str]:
     """The registered policies that can rank a prompt: the online ones (an offline reference reads the
     future, which the prompt's end does not have)."""
