@@ -5,21 +5,12 @@ screenshot of each (artifacts/screenshot-needle.png, artifacts/screenshot-needle
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
-from browser_support import CHROMIUM, app_command, free_port, opened, serving
+from browser_support import app_command, free_port, opened, serving
+from test_browser import ARTIFACTS, LOAD_TIMEOUT_MS, ROOT, VIEWPORT  # its module skips without Chromium or Playwright
 
 pytestmark = pytest.mark.browser
-
-ROOT = Path(__file__).resolve().parent.parent
-ARTIFACTS = ROOT / "artifacts"
-VIEWPORT = {"width": 1500, "height": 1100}
-LOAD_TIMEOUT_MS = 180_000
-
-if not os.path.exists(CHROMIUM):
-    pytest.skip(f"Debian's chromium is not installed at {CHROMIUM}", allow_module_level=True)
-pytest.importorskip("playwright.sync_api")
 
 JS_CELL = """() => {
   // the screen position of the first policy grid's last row's first cell (the control's is the first heatmap)

@@ -7,24 +7,15 @@ to look at."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
-from browser_support import CHROMIUM, app_command, free_port, opened, serving
+from browser_support import app_command, free_port, opened, serving
+from test_browser import ARTIFACTS, LOAD_TIMEOUT_MS, ROOT, VIEWPORT  # its module skips without Chromium or Playwright
 from test_needle import HAS_TORCH, folder  # noqa: F401  (the tiny model, a module fixture)
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not installed (requirements-record.txt)")]
-
-ROOT = Path(__file__).resolve().parent.parent
-ARTIFACTS = ROOT / "artifacts"
-VIEWPORT = {"width": 1500, "height": 1100}
-LOAD_TIMEOUT_MS = 180_000
-
-if not os.path.exists(CHROMIUM):
-    pytest.skip(f"Debian's chromium is not installed at {CHROMIUM}", allow_module_level=True)
-pytest.importorskip("playwright.sync_api")
 
 
 def test_a_needle_trial_opens_in_the_kept_view_in_a_browser(folder, tmp_path, monkeypatch, capsys, chromium):  # noqa: F811
