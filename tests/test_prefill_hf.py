@@ -289,19 +289,22 @@ def test_expected_attention_refuses_a_rope_it_cannot_turn_back_before_any_token(
                                    "'interleaved'") and "\n" not in str(e.value), str(e.value)
 
 
-def test_exact_prefill_hands_the_same_vectors(recorded, monkeypatch):
+@pytest.mark.parametrize("name", [KeyValueNorm.name, "vatp", "critical"])
+def test_exact_prefill_hands_the_same_vectors(recorded, name, monkeypatch):
     """Token by token (``prefill="exact"``), layer 0's inputs are the recording's whatever is evicted, so its
-    test-only policy (keys and values) keeps what the replay keeps after every step."""
+    policy keeps what the replay keeps after every step: the test-only one (keys and values), and the two that
+    read output norms, which the exact prefill computes for the whole prompt in one product."""
     import kvsim.hf as hf
 
     monkeypatch.setitem(POLICIES, KeyValueNorm.name, KeyValueNorm)
     model, ids, traces = recorded
-    cache = hf.cache(model, KeyValueNorm.name, BUDGET)
+    params = policy_args(name, BUDGET)
+    cache = hf.cache(model, name, BUDGET, **params)
     with torch.no_grad():
         model(ids, cache=cache, use_cache=True)
     for head in range(2):
-        row = replay(traces[(0, head)], KeyValueNorm.name, budget=BUDGET, record_kept=True).kept_history[-1]
-        assert cache.layers[0].held(0, head).tolist() == row[row >= 0].tolist()
+        row = replay(traces[(0, head)], name, budget=BUDGET, record_kept=True, **params).kept_history[-1]
+        assert cache.layers[0].held(0, head).tolist() == row[row >= 0].tolist(), (name, head)
 
 
 @pytest.mark.record

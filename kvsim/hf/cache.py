@@ -52,7 +52,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..data.gqa import combine
-from ..policies import Policy, PolicySpec
+from ..policies import Policy, PolicySpec, policy_class
 from ..progress import Progress
 from ..sim.harness import step
 from ..sim.prefill import Prefill, PrefillError, Resumed, choose
@@ -114,6 +114,9 @@ class EvictingLayer(CacheLayerMixin):
         #: compress: ``[row][kv head]`` ``kvsim.sim.prefill.Resumed``, set by the prompt
         self.resumed: list[list[Resumed]] | None = None
         self._module = None  # the attention module of the last call: its o_proj gives out_norms
+        #: the chunk's ``out_norms`` ``(batch, kv heads, n, G)`` and its first position, while a chunk is
+        #: stepped: one batched product for the chunk instead of one per position (``_chunk_norms``)
+        self._norms: tuple[int, np.ndarray] | None = None
         self.seen = 0  # positions processed: the next one's position
         self.index: int | None = None  # the decoder layer it serves (``EvictingCache`` sets it), for messages
         #: what ``update`` returned and stored until the attention call takes it: (keys returned, the new keys,
@@ -232,6 +235,14 @@ class EvictingLayer(CacheLayerMixin):
         query, scale, softcap, window = call.query, call.scale, call.softcap, call.window
         self._module = call.module
         n = query.shape[2]
+        self._norms = self._chunk_norms(value, query.shape[1] // key.shape[1])
+        try:
+            return self._attend(query, key, value, scale, softcap, window)
+        finally:
+            self._norms = None
+
+    def _attend(self, query, key, value, scale, softcap, window):
+        n = query.shape[2]
         if self.prefill == "compress" and self.resumed is None:
             return self._attend_compress(query, key, value, scale, softcap, window), None
         if n > 1 and self.prefill == "fast":
@@ -277,9 +288,10 @@ class EvictingLayer(CacheLayerMixin):
         """The policy that decides for (row b, KV head h): its own, or the one resumed after a compressed prompt."""
         return self.resumed[b][h].policy if self.resumed is not None else self.policies[b][h]
 
-    def _vectors(self, policy: Policy | None, h: int, key, value, queries) -> dict | None:
-        """Position's rows of what ``policy`` reads (``kvsim.data.vectors``): its key and value as stored, the
-        group's queries ``(G, d)``, and ``out_norms`` ``(G,)`` through the layer's ``o_proj``; None if it reads nothing."""
+    def _vectors(self, policy: Policy | None, h: int, key, value, queries, b: int = 0, t: int = -1) -> dict | None:
+        """Position t's rows of what ``policy`` reads (``kvsim.data.vectors``): its key and value as stored, the
+        group's queries ``(G, d)``, and ``out_norms`` ``(G,)`` through the layer's ``o_proj`` (row b's, from the
+        chunk's when it has them); None if it reads nothing."""
         if policy is None or not policy.reads:
             return None
         out = {}
@@ -291,26 +303,49 @@ class EvictingLayer(CacheLayerMixin):
             elif name == "queries":
                 out[name] = _array(queries)
             elif name == "out_norms":
-                out[name] = self._out_norms(h, value, queries.shape[0])
+                chunk = self._norms
+                if chunk is not None and 0 <= t - chunk[0] < chunk[1].shape[2]:
+                    out[name] = chunk[1][b, h, t - chunk[0]]
+                else:
+                    out[name] = self._out_norms(h, value, queries.shape[0])
             else:
                 raise HFError(f"{self._name}: {policy.name} reads {name}, which the deployed cache does not compute")
         return out
 
     def _out_norms(self, h: int, value, group: int) -> np.ndarray:
         """``|W_O^j v|_2`` for each query head j of KV head h's group: the columns of ``o_proj`` its output enters."""
+        return _array(eager.output_norms(self._o_proj(), value.reshape(1, 1, -1), group, h)[0, 0])
+
+    def _o_proj(self):
         proj = getattr(self._module, "o_proj", None)
         weight = getattr(proj, "weight", None)
         if weight is None:
             raise HFError(f"{self._name}: out_norms need the attention module's o_proj, which "
                           f"{type(self._module).__name__} does not have")
-        return _array(eager.output_norms(weight, value.reshape(1, 1, -1), group, h)[0, 0])
+        return weight
+
+    def _chunk_norms(self, value, group: int) -> tuple[int, np.ndarray] | None:
+        """``(first position, (batch, kv heads, n, G))``: every new position's ``out_norms`` in one product per
+        row, when a chunk of several positions comes and some policy reads them (None otherwise). The same
+        float64 statement as one position's (``eager.output_norms``), so each float32 is within one rounding of
+        the exact norm either way; the recorder computes a whole recording's in one product too."""
+        if value.shape[2] < 2 or self.policies is None:
+            return None
+        readers = [type(p) for row in self.policies for p in row if p is not None]
+        if self.prefill == "compress" and self.resumed is None:  # the prompt's scorer reads them too
+            readers.append(policy_class(self.prefill_policy.name))
+        if not any("out_norms" in r.reads for r in readers):
+            return None
+        weight = self._o_proj()
+        norms = np.stack([_array(eager.output_norms(weight, value[b], group)) for b in range(value.shape[0])])
+        return self.seen, norms
 
     def _admit(self, b: int, h: int, t: int, shown, key, value, queries=None) -> None:
         """Show (row b, KV head h)'s policy the attention of step t (and t's vectors, if it reads any), let it
         admit t and evict, and store t's key in a free slot if it stays."""
         policy, order, pos = self._reader(b, h), self.order[b][h], self.pos[h]
         held = pos[b, order]
-        vectors = self._vectors(policy, h, key, value, queries)
+        vectors = self._vectors(policy, h, key, value, queries, b, t)
         victims = []
         if self.resumed is not None:
             victims = self.resumed[b][h].step(t, shown[order] if policy is not None and policy.reads_attention else None,
@@ -419,7 +454,7 @@ class EvictingLayer(CacheLayerMixin):
                     return row[t, held]
 
                 def vectors_of(policy, b=b, h=h):
-                    return lambda p: self._vectors(policy, h, key[b, h, p], value[b, h, p], q[b, h, :, p])
+                    return lambda p: self._vectors(policy, h, key[b, h, p], value[b, h, p], q[b, h, :, p], b, p)
 
                 kept = choose(prefill, weights_of, vectors_of(prefill.scorer.build(self._trace)), self._trace)
                 policy = self.policies[b][h]

@@ -229,9 +229,11 @@ class _Departures:
                 if self.listen is not None:
                     self.listen(li, h, t, before, row)
             admit(b, h, t, shown, key, value, queries)
-            after = layer.pos[h][b, layer.order[b][h]]
-            gone = np.setdiff1d(np.append(before, t), after)
-            self.left[li, h, gone] = t
+            # both ascending, what it holds after among what it held with t: the rest left
+            had = np.append(before, t)
+            gone = np.ones(had.size, dtype=bool)
+            gone[np.searchsorted(had, layer.pos[h][b, layer.order[b][h]])] = False
+            self.left[li, h, had[gone]] = t
 
         def storing(b, h, held, keys, values):
             self._heads(layer)
