@@ -234,7 +234,6 @@ class EvictingLayer(CacheLayerMixin):
         self.handed = None
         query, scale, softcap, window = call.query, call.scale, call.softcap, call.window
         self._module = call.module
-        n = query.shape[2]
         self._norms = self._chunk_norms(value, query.shape[1] // key.shape[1])
         try:
             return self._attend(query, key, value, scale, softcap, window)
@@ -242,6 +241,7 @@ class EvictingLayer(CacheLayerMixin):
             self._norms = None
 
     def _attend(self, query, key, value, scale, softcap, window):
+        """``attend``'s work, by the prefill: compressed, fast, or each position stepped."""
         n = query.shape[2]
         if self.prefill == "compress" and self.resumed is None:
             return self._attend_compress(query, key, value, scale, softcap, window), None

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..data.gqa import position_sum
+from ..jit import kernel
 from .base import DEFAULT_BUDGET, Display, EngineBinding
 from .knorm import KeyedSlots, kernel_keys, key_norms
 
@@ -50,12 +50,37 @@ def unit_keys(keys) -> np.ndarray:
 
 def cosines(units: np.ndarray) -> np.ndarray:
     """The cosine of each of ``units`` (held keys, unit-normalised, in kept order, ``(n, d)``) to the
-    sum of them all, with the module docstring's arithmetic."""
-    s = position_sum(units.T)  # per dimension, the held keys added in kept order
-    norm = float(np.sqrt(position_sum(s * s)))
+    sum of them all, with the module docstring's arithmetic (``_cosines``, a kernel: the deployed cache
+    asks at every step of a prompt, and NumPy's cumulative sums of ``(d, n)`` were most of its time)."""
+    units = np.ascontiguousarray(units, dtype=np.float64)
+    out = np.zeros(units.shape[0])
+    if units.shape[0]:
+        _cosines(units, out)
+    return out
+
+
+@kernel
+def _cosines(units, out):
+    """``cosines`` into ``out``: every sum strictly in order, as ``position_sum`` adds (a cumulative sum
+    from the first term), so the kernel and the plain function give the same bits."""
+    n, d = units.shape
+    s = np.empty(d)
+    for k in range(d):
+        s[k] = units[0, k]
+    for i in range(1, n):  # per dimension, the held keys added in kept order
+        for k in range(d):
+            s[k] += units[i, k]
+    ss = s[0] * s[0]
+    for k in range(1, d):
+        ss += s[k] * s[k]
+    norm = np.sqrt(ss)
     if norm == 0.0:
-        return np.zeros(units.shape[0])
-    return position_sum(units * s) / norm
+        return
+    for i in range(n):
+        dot = units[i, 0] * s[0]
+        for k in range(1, d):
+            dot += units[i, k] * s[k]
+        out[i] = dot / norm
 
 
 class KeyDiff(KeyedSlots):
