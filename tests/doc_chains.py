@@ -31,8 +31,13 @@ def chains(doc: str | Path) -> list[list[str]]:
 
 def run(chain: list[str], folder: Path, timeout: float = 900) -> subprocess.CompletedProcess:
     """Run ``chain`` in ``folder`` exactly as printed: ``python`` is this interpreter (its folder first
-    on PATH), and this checkout is first on the import path, whichever copy of kvsim is installed."""
+    on PATH), and this checkout is first on the import path, whichever copy of kvsim is installed. Its
+    kvsim cache is the test's (``KVSIM_CACHE_DIR``, the suite's ``.test-cache`` unless the test set its
+    own), never the reader's: so the chains share the dequantised model and whatever truth one of them
+    measures with each other and the rest of the suite, rather than measuring it again per folder."""
     env = dict(os.environ)
+    if not env.get("KVSIM_CACHE_DIR"):  # tests/conftest.py sets it before kvsim is imported
+        raise RuntimeError("doc_chains.run: KVSIM_CACHE_DIR is not set; a chain would use the reader's cache")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(ROOT)
     script = "set -e\n" + "\n".join(chain) + "\n"

@@ -66,6 +66,14 @@ def exact() -> WindowChoice:
     return choose_window(sweep(trace, "h2o", BUDGET, "recent_window", range(1, BUDGET)), budget=BUDGET)
 
 
+@pytest.fixture(scope="module")
+def tuned():
+    """``tune``'s result on the real trace at its defaults, made once for the tests that read it: its
+    default ``by`` (the attention-output error of every candidate window, one replay each) is half a
+    minute of the 4096-step trace, the same result each time it is asked."""
+    return tune(resolve_trace(REAL), "h2o", BUDGET)
+
+
 def curve_of(fig: dict, policy: str) -> dict:
     (trace,) = [t for t in fig["data"] if t.get("name") == policy and t.get("xaxis", "x") == "x"]
     return trace
@@ -106,12 +114,11 @@ def test_table_and_claims_name_the_same_windows(capsys, exact):
     assert f"best {exact.best} ({exact.best_mass:.4f}); recommended {exact.recommended}" in saturates["note"]
 
 
-def test_tune_names_the_same_windows(capsys, exact):
+def test_tune_names_the_same_windows(capsys, exact, tuned):
     doc = main_json(capsys, "tune", "--trace", REAL, "--serial", "--quiet")
     (row,) = doc["layers"]
     assert (row["best_window"], row["recommended_window"]) == (exact.best, exact.recommended)
-    result = tune(resolve_trace(REAL), "h2o", BUDGET)
-    assert result.choice(result.traces[0]) == exact
+    assert tuned.choice(tuned.traces[0]) == exact
 
 
 def test_the_app_marks_the_exact_best_and_recommended_window(exact):
@@ -147,12 +154,11 @@ def test_a_sampled_curve_in_the_app_calls_its_peak_the_peak_so_far(monkeypatch):
     assert "peaks so far (of the windows sampled) at" in text or "its highest point so far" in text
 
 
-def test_the_model_view_labels_its_windows_by_the_same_rule():
+def test_the_model_view_labels_its_windows_by_the_same_rule(tuned):
     from kvsim.views import model_figures
 
-    result = tune(resolve_trace(REAL), "h2o", BUDGET)
-    t = result.traces[0]
-    fig = model_figures.tune_curve(result, t.layer, t.head)
+    t = tuned.traces[0]
+    fig = model_figures.tune_curve(tuned, t.layer, t.head)
     names = [d.name for d in fig.data]
     assert f"recommended {t.recommended_window} (the smallest within 0.005 of the best)" in names
     assert f"best {t.best_window}" in names

@@ -578,12 +578,14 @@ def test_gemma_3_270m_on_the_shipped_text(tmp_path, suite_models, gemma):
 
 
 @pytest.mark.record
-def test_a_short_window_loses_more_on_key_tokens_on_gemma_3_270m(capsys, suite_models, gemma):
+def test_a_short_window_loses_more_on_key_tokens_on_gemma_3_270m(capsys, monkeypatch, suite_models, gemma):
     """docs/domain.md's key-token command, its first row (policy and budget) as printed: on the 1024 steps of
     heapq.py a policy that keeps only sinks and a recent window loses more on the tokens that need long
     context (LongPPL's rule, the default window and thresholds) than on the mean over all, and the page's
     table row is what it prints. Measured in the test's own cache (every pass afresh); the dequantised
-    model is the suite's (``suite_models``)."""
+    model is the suite's (``suite_models``), and the command is handed the module's loaded copy (``gemma``)
+    instead of loading the same weights a second time (8 s; ``quality`` loading the shipped model itself
+    runs in tests/test_allocation_docs.py's chain)."""
     import re
     import shlex
     from pathlib import Path
@@ -604,9 +606,17 @@ def test_a_short_window_loses_more_on_key_tokens_on_gemma_3_270m(capsys, suite_m
     for flag in ("--policies", "--budget"):
         i = command.index(flag)
         command[i + 1] = command[i + 1].split(",")[0]
+    asked = []
+
+    def loaded(model=None, progress=None, *, tokenizer=True):  # the shipped model, as the command asks for it
+        asked.append(quality.model_id_of(model))
+        return gemma
+
+    monkeypatch.setattr(quality, "load", loaded)
     assert cli.main(command[3:]) == 0
+    assert asked == [gemma[2]]  # the command asked for the shipped model, once
     rows = json.loads(capsys.readouterr().out)
-    # its full pass read from the cache the command wrote; the model is the session's (the command loaded its own)
+    # its full pass read from the cache the command wrote
     s = quality.open_session("heapq", 1024, progress=None, model_and_tokenizer=gemma)
     # printed to 3 places: within half a unit of the last place, beside a machine that orders its float32
     # sums otherwise (each token's NLL within _nll_bound, both passes' means within twice it)
