@@ -153,8 +153,7 @@ QUALITY_INPUT_REFUSED = [
 ]
 
 
-@pytest.mark.parametrize("argv, message", QUALITY_INPUT_REFUSED, ids=[m[:40] for _, m in QUALITY_INPUT_REFUSED])
-def test_quality_allocate_adakv_and_duo_are_refused_before_a_model_loads(argv, message, capsys, monkeypatch):
+def _refused_before_a_model_loads(argv, message, status, capsys, monkeypatch) -> None:
     from kvsim.models import quality
 
     def no_model(*a, **k):
@@ -163,17 +162,14 @@ def test_quality_allocate_adakv_and_duo_are_refused_before_a_model_loads(argv, m
     monkeypatch.setattr(quality, "open_session", no_model)
     code = cli.main(["quality", "heapq", *argv])
     out, err = capsys.readouterr()
-    assert (code, out, err) == (1, "", f"kvsim: error: {message}\n")
+    assert (code, out, err) == (status, "", f"kvsim: error: {message}\n")
+
+
+@pytest.mark.parametrize("argv, message", QUALITY_INPUT_REFUSED, ids=[m[:40] for _, m in QUALITY_INPUT_REFUSED])
+def test_quality_allocate_adakv_and_duo_are_refused_before_a_model_loads(argv, message, capsys, monkeypatch):
+    _refused_before_a_model_loads(argv, message, 1, capsys, monkeypatch)
 
 
 @pytest.mark.parametrize("argv, message", QUALITY_REFUSED, ids=[m[:40] for _, m in QUALITY_REFUSED])
 def test_quality_allocate_refusals_come_before_a_model_loads(argv, message, capsys, monkeypatch):
-    from kvsim.models import quality
-
-    def no_model(*a, **k):
-        raise AssertionError("a model was loaded before the refusal")
-
-    monkeypatch.setattr(quality, "open_session", no_model)
-    code = cli.main(["quality", "heapq", *argv])
-    out, err = capsys.readouterr()
-    assert (code, out, err) == (2, "", f"kvsim: error: {message}\n")
+    _refused_before_a_model_loads(argv, message, 2, capsys, monkeypatch)
