@@ -1,9 +1,12 @@
 from .base import DEFAULT_BUDGET, ContractError, Display, EngineBinding, Param, ParamError, Policy, describe_policy
-from .registry import POLICIES, all_tunables, policy_class, policy_params, register, tunables
+from .registry import POLICIES, PROBLEMS, all_tunables, load_policies, policy_class, policy_params, register, tunables
 from .spec import PolicySpec, make_policy
 
 __all__ = [
     "DEFAULT_BUDGET", "POLICIES", "ContractError", "Display", "EngineBinding", "Param", "ParamError", "Policy",
-    "PolicySpec", "all_tunables", "describe_policy", "make_policy", "policy_class", "policy_params", "register",
-    "tunables",
+    "PolicySpec", "PROBLEMS", "all_tunables", "load_policies", "describe_policy", "make_policy", "policy_class",
+    "policy_params", "register", "tunables",
 ]
+
+# last, once everything above is bound: the shipped policy modules, the entry points and KVSIM_PLUGINS
+load_policies()

@@ -118,6 +118,8 @@ class Policy:
     """Base class: the members of docs/domain.md ("The policy interface"), plus the cache's starting state ``[0]``."""
 
     name: ClassVar[str] = ""
+    #: where the lists (the CLI's choices, the app's, the table's rows) place it: ascending, then load order
+    order: ClassVar[float] = 1000.0
     #: True for policies whose eviction depends on the attention they are shown.
     reads_attention: ClassVar[bool] = False
     #: True for policies that keep a per-position score (the app's cumulative-score view).

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..data.gqa import combine
 from .base import Display
+from .registry import register
 from .vatp import ValueWeighted
 
 
@@ -39,8 +40,10 @@ def out_norm(out_norms):
     return combine(np.moveaxis(np.asarray(out_norms), -1, 0), "mean")
 
 
+@register
 class CriticalKV(ValueWeighted):
     name = "critical"
+    order = 90
     summary = "keep the newest recent_window positions and, of the rest, the largest cumulative attention x |W_O v|"
     display = Display("#3b5b92", "4px,2px,10px,2px", 2.5, "pentagon", score_name="cumulative attention x |W_O v|_2")
     reads = ("out_norms",)

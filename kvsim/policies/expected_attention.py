@@ -53,6 +53,7 @@ import numpy as np
 from ..data.trace import TraceError
 from ..jit import kernel
 from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
+from .registry import register
 from .streaming_llm import SINKS
 
 QUERY_WINDOW = Param("query_window", 256, "the statistics come from the queries of the newest query_window positions "
@@ -142,8 +143,10 @@ class Rope:
         return np.cos(angle).mean(axis=0), np.sin(angle).mean(axis=0)
 
 
+@register
 class ExpectedAttention(SlotPolicy):
     name = "expected_attention"
+    order = 120
     summary = ("evict the lowest attention expected from the next queries (a Gaussian fitted to the recent queries, "
                "their RoPE advanced) times the value's norm; the first sinks positions are kept")
     display = Display("#6a3d9a", "18px,3px,2px,3px", 3, score_name="expected attention")

@@ -21,13 +21,16 @@ import numpy as np
 
 from ..data.trace import Trace
 from .base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
+from .registry import register
 
 #: rows per block of the precomputed suffix sums (memory ~ (T / BLOCK) * T * 8 bytes)
 BLOCK = 64
 
 
+@register
 class GreedyFuture(SlotPolicy):
     name = "greedy_future"
+    order = 140
     summary = "evicts the position with the least attention still to come: greedy with future knowledge, not the optimum"
     display = Display("#7f7f7f", "2px,6px", 3)
     engine_binding = EngineBinding("kvsim.sim.kernels:GREEDY_FUTURE")

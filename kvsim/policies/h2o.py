@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
+from .registry import register
 
 #: shared with the policies that protect the newest positions the same way (scissorhands)
 RECENT_WINDOW = Param(
@@ -23,8 +24,10 @@ RECENT_WINDOW = Param(
 )
 
 
+@register
 class H2O(SlotPolicy):
     name = "h2o"
+    order = 30
     summary = "keep the newest recent_window positions and, of the rest, the largest cumulative attention"
     display = Display("#1f77b4", "solid", 2, "circle")
     engine_binding = EngineBinding("kvsim.sim.kernels:H2O")

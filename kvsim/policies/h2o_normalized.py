@@ -21,10 +21,13 @@ import numpy as np
 
 from .base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy, per_config
 from .h2o import RECENT_WINDOW
+from .registry import register
 
 
+@register
 class H2ONormalized(SlotPolicy):
     name = "h2o_normalized"
+    order = 60
     summary = "h2o with each cumulative score divided by the steps the position has been held, so age alone does not win"
     display = Display("#8c564b", "solid", 2, "triangle-up")
     engine_binding = EngineBinding("kvsim.sim.kernels:H2O_NORMALIZED")

@@ -38,6 +38,7 @@ import numpy as np
 from ..jit import kernel
 from .base import DEFAULT_BUDGET, Display, EngineBinding
 from .knorm import KeyedSlots, kernel_keys, key_norms
+from .registry import register
 
 
 def unit_keys(keys) -> np.ndarray:
@@ -83,8 +84,10 @@ def _cosines(units, out):
         out[i] = dot / norm
 
 
+@register
 class KeyDiff(KeyedSlots):
     name = "keydiff"
+    order = 110
     summary = "evict the held key most similar (cosine) to the mean of the held unit keys, the newest included"
     display = Display("#b15928", "6px,6px,2px,6px", 3, score_name="1 - cosine to the mean key")
     engine_binding = EngineBinding("kvsim.sim.kernels_keys:KEYDIFF")

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..data.gqa import position_sum
 from .base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
+from .registry import register
 
 
 def key_norms(keys) -> np.ndarray:
@@ -100,8 +101,10 @@ class KeyedSlots(SlotPolicy):
         self._pending = None
 
 
+@register
 class KNorm(KeyedSlots):
     name = "knorm"
+    order = 100
     summary = "evict the held key with the largest L2 norm (the newest included)"
     display = Display("#c51b7d", "2px,2px,2px,2px,2px,2px,12px,4px", 3, score_name="1 / key norm")
     engine_binding = EngineBinding("kvsim.sim.kernels_keys:KNORM")

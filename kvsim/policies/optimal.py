@@ -63,6 +63,7 @@ from ..data.store import cache_dir
 from ..data.trace import Trace
 from ..jit import kernel
 from .base import DEFAULT_BUDGET, ContractError, Display, EngineBinding, Policy, check_budget
+from .registry import register
 
 #: bump when the solver's output for a given trace and budget could change (invalidates the cache)
 SOLVER_VERSION = 1
@@ -366,6 +367,7 @@ def optimal_schedule(
 # the policy
 
 
+@register
 class Optimal(Policy):
     """Replays the optimal schedule (see the module docstring) through the harness: at step t it
     admits t and, from step ``budget`` on, evicts the one position the schedule evicts at t.
@@ -374,6 +376,7 @@ class Optimal(Policy):
     building the policy to validate its settings costs nothing; ``schedule`` forces it."""
 
     name = "optimal"
+    order = 150
     summary = "the best eviction schedule under the cache's rules, solved exactly from the whole trace: the ceiling for any policy"
     display = Display("#4d4d4d", "2px,3px,2px,3px,2px,8px", 3)
     engine_binding = EngineBinding("kvsim.sim.kernels:OPTIMAL")

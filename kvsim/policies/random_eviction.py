@@ -18,13 +18,16 @@ from __future__ import annotations
 import numpy as np
 
 from .base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
+from .registry import register
 
 #: the seed of the generator used when none is passed
 DEFAULT_SEED = 0
 
 
+@register
 class RandomEviction(SlotPolicy):
     name = "random"
+    order = 130
     summary = "evict uniformly at random, from the rng it is given: the floor any informed policy must clear"
     display = Display("#f5c400", "12px,3px,3px,3px,3px,3px", 4)
     engine_binding = EngineBinding("kvsim.sim.kernels:RANDOM")

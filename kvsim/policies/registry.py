@@ -11,33 +11,29 @@ them once (``PolicySpec``) and builds the policy from it (``make_policy``).
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import os
+import pkgutil
 import re
+import sys
+from pathlib import Path
 
 from .base import Display, EngineBinding, Param, Policy
-from .critical import CriticalKV
-from .expected_attention import ExpectedAttention
-from .greedy_future import GreedyFuture
-from .h2o import H2O
-from .h2o_normalized import H2ONormalized
-from .keydiff import KeyDiff
-from .knorm import KNorm
-from .optimal import Optimal
-from .random_eviction import RandomEviction
-from .scissorhands import Scissorhands
-from .sliding_window import SlidingWindow
-from .snapkv import SnapKV
-from .streaming_llm import StreamingLLM
-from .tova import TOVA
-from .vatp import VATP
 
-POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls
-    for cls in (
-        SlidingWindow, StreamingLLM, H2O, Scissorhands, TOVA, H2ONormalized, SnapKV, VATP, CriticalKV, ExpectedAttention,
-        KNorm, KeyDiff,
-        RandomEviction, GreedyFuture, Optimal,
-    )
-}
+#: every registered policy by name, in the order the lists show them (``Policy.order``, then load order);
+#: filled by ``load_policies``, which ``kvsim.policies`` runs once on import
+POLICIES: dict[str, type[Policy]] = {}
+
+#: the entry-point group an installed package declares its policy modules in (``[project.entry-points."kvsim.policies"]``)
+ENTRY_POINT_GROUP = "kvsim.policies"
+#: comma-separated module names or ``.py`` paths, imported after the shipped policies and the entry points
+PLUGIN_ENV = "KVSIM_PLUGINS"
+#: the modules of this package that hold no policy: the interface, the registry and their helpers
+_SUPPORT = frozenset({"base", "registry", "spec", "split", "rope", "upper_bound"})
+#: one line per plugin (or policy module) that failed to load, as said on stderr; the app shows them too
+PROBLEMS: list[str] = []
+_loaded = False
 
 
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -88,3 +84,100 @@ def all_tunables() -> dict[str, Param]:
         for p in cls.tunables:
             out.setdefault(p.name, p)
     return out
+
+
+def _report(source: str, error: BaseException) -> None:
+    text = " ".join(str(error).split()) or type(error).__name__
+    line = f"kvsim: {source}: {text if isinstance(error, ValueError) else f'{type(error).__name__}: {text}'}; skipped"
+    PROBLEMS.append(line)
+    print(line, file=sys.stderr)
+
+
+def _import_path(path: Path):
+    """A ``.py`` file as a module of its own (``kvsim_plugin_<stem>``), once per resolved path."""
+    name = "kvsim_plugin_" + re.sub(r"\W", "_", path.stem)
+    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(path):
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def _load(source: str, do) -> None:
+    try:
+        do()
+    except Exception as e:  # a broken plugin is one line; the shipped policies and the other plugins still work
+        _report(source, e)
+
+
+def plugin_sources(value: str | None = None) -> list[str]:
+    """The items of ``KVSIM_PLUGINS`` (or ``value``): module names or ``.py`` paths, blanks dropped."""
+    value = os.environ.get(PLUGIN_ENV, "") if value is None else value
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def load_plugin(item: str) -> None:
+    """One ``KVSIM_PLUGINS`` item: a ``.py`` path (imported as a module of its own) or a module name."""
+    if item.endswith(".py") or os.sep in item or "/" in item:
+        path = Path(item).expanduser().resolve()
+        if not path.is_file():
+            raise FileNotFoundError(f"no such file {item}")
+        _import_path(path)
+    else:
+        importlib.import_module(item)
+
+
+def _declares_entry_points() -> bool:
+    """Whether any installed distribution's ``entry_points.txt`` has a ``[kvsim.policies]`` section."""
+    header = f"[{ENTRY_POINT_GROUP}]"
+    for entry in sys.path:
+        try:
+            listing = os.scandir(entry or ".")
+        except OSError:
+            continue
+        with listing:
+            for item in listing:
+                if item.name.endswith((".dist-info", ".egg-info")):
+                    try:
+                        with open(os.path.join(item.path, "entry_points.txt"), encoding="utf-8") as f:
+                            if header in f.read():
+                                return True
+                    except OSError:
+                        continue
+    return False
+
+
+def load_policies() -> None:
+    """Register every policy, once per process: each module of this package (none is listed anywhere: a
+    module saved here is found), then the entry points of group ``kvsim.policies`` of every installed
+    distribution, then ``KVSIM_PLUGINS``. A module that fails to import, or registers a taken name, is
+    one line on stderr (and in ``PROBLEMS``) naming it and the problem; the rest load."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    package = Path(__file__).parent
+    for info in sorted(pkgutil.iter_modules([str(package)]), key=lambda m: m.name):
+        if info.name.startswith("_") or info.name in _SUPPORT:
+            continue
+        _load(f"kvsim/policies/{info.name}.py", lambda n=info.name: importlib.import_module(f"{__package__}.{n}"))
+    if _declares_entry_points():  # importlib.metadata reads every distribution (~60 ms): only when one declares the group
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            _load(f"entry point {ep.name} = {ep.value} ({ENTRY_POINT_GROUP})", ep.load)
+    for item in plugin_sources():
+        _load(f"{PLUGIN_ENV} {item}", lambda item=item: load_plugin(item))
+    _sort()
+
+
+def _sort() -> None:
+    ordered = sorted(POLICIES.values(), key=lambda cls: cls.order)  # stable: equal orders keep load order
+    POLICIES.clear()
+    POLICIES.update((cls.name, cls) for cls in ordered)

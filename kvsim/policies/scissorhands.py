@@ -35,12 +35,15 @@ import numpy as np
 
 from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
 from .h2o import RECENT_WINDOW
+from .registry import register
 
 HISTORY_WINDOW = Param("history_window", 0, "votes of the last history_window observed steps count (0: the whole run)")
 
 
+@register
 class Scissorhands(SlotPolicy):
     name = "scissorhands"
+    order = 40
     summary = "keep the newest recent_window positions and, of the rest, the ones that most often drew more than a fair share"
     display = Display("#9467bd", "solid", 2, "diamond", score_name="votes (steps above a fair share)")
     engine_binding = EngineBinding("kvsim.sim.kernels:SCISSORHANDS")

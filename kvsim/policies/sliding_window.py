@@ -12,11 +12,14 @@ from __future__ import annotations
 import numpy as np
 
 from .base import DEFAULT_BUDGET, Display, EngineBinding, Policy
+from .registry import register
 from .streaming_llm import StreamingLLM
 
 
+@register
 class SlidingWindow(StreamingLLM):
     name = "sliding_window"
+    order = 10
     summary = "keep the newest budget positions"
     display = Display("#bcbd22", "12px,4px,3px,4px", 4)
     engine_binding = EngineBinding("kvsim.sim.kernels:WINDOW", compile_s=1)

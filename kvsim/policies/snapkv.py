@@ -27,12 +27,15 @@ import numpy as np
 
 from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
 from .h2o import RECENT_WINDOW
+from .registry import register
 
 OBSERVATION_WINDOW = Param("observation_window", 32, "the score is the attention of the last observation_window queries")
 
 
+@register
 class SnapKV(SlotPolicy):
     name = "snapkv"
+    order = 70
     summary = "keep the newest recent_window positions and, of the rest, the most attended by the last observation_window queries"
     display = Display("#e377c2", "solid", 2, "x")
     engine_binding = EngineBinding("kvsim.sim.kernels:SNAPKV")

@@ -13,12 +13,15 @@ from __future__ import annotations
 import numpy as np
 
 from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, Policy, per_config
+from .registry import register
 
 SINKS = Param("sinks", 4, "the first sinks positions are pinned forever", below_budget=True)
 
 
+@register
 class StreamingLLM(Policy):
     name = "streaming_llm"
+    order = 20
     summary = "pin the first sinks positions and keep the newest of the rest"
     display = Display("#2ca02c", "12px,4px", 4)
     engine_binding = EngineBinding("kvsim.sim.kernels:WINDOW", compile_s=1)

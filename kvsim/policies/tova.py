@@ -20,14 +20,17 @@ from __future__ import annotations
 import numpy as np
 
 from .base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
+from .registry import register
 
 #: the weight of a position no row has shown yet: above any real weight (at most 1), below the
 #: +inf that marks a chosen victim during eviction
 UNSEEN = np.finfo(np.float64).max
 
 
+@register
 class TOVA(SlotPolicy):
     name = "tova"
+    order = 50
     summary = "evict the lowest weight in the latest attention row, never the newest position"
     display = Display("#00796b", "8px,3px,8px,9px", 4, score_name="latest weight")
     engine_binding = EngineBinding("kvsim.sim.kernels:TOVA")

@@ -30,6 +30,7 @@ import numpy as np
 
 from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
 from .h2o import RECENT_WINDOW
+from .registry import register
 from .streaming_llm import SINKS
 
 #: the one kernel both value-weighted policies replay with (the multiplier is all that differs)
@@ -128,8 +129,10 @@ class ValueWeighted(SlotPolicy):
         return self._evict_lowest(budget, ranks)
 
 
+@register
 class VATP(ValueWeighted):
     name = "vatp"
+    order = 80
     summary = ("keep the newest recent_window and the first sinks positions and, of the rest, the largest "
                "cumulative attention x |value|_1")
     display = Display("#b5651d", "9px,3px,2px,3px", 2.5, "square", score_name="cumulative attention x |v|_1")
