@@ -22,13 +22,14 @@ def test_pareto_keeps_what_no_cell_beats_with_as_little_memory():
 
 
 def _measured(steps: int) -> dict:
-    from kvsim.app.allocation import FRONTIER_ALLOCATORS, FRONTIER_POLICIES, _source
+    from kvsim.app.allocation import FRONTIER_ALLOCATORS, _source, frontier_policies
     from kvsim.models.allocation_truth import documents_for
 
     _, sha, model_id, why = _source(resolve_bundle("gemma3-270m-heapq"))
     assert why == ""
-    return {(r["policy"], r["allocate"], r["budget"]): r for r in documents_for(model_id, sha).get(steps, [])
-            if r["policy"] in FRONTIER_POLICIES and r["allocate"] in FRONTIER_ALLOCATORS}
+    rows = documents_for(model_id, sha).get(steps, [])
+    return {(r["policy"], r["allocate"], r["budget"]): r for r in rows
+            if r["policy"] in frontier_policies(rows) and r["allocate"] in FRONTIER_ALLOCATORS}
 
 
 def test_the_frontier_draws_measured_cells_and_says_how_to_measure_the_rest():

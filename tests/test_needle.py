@@ -16,31 +16,13 @@ from kvsim import cli
 HAS_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
 pytestmark = pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not installed (requirements-record.txt)")
 
-CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .?,"
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     """A tiny Gemma 3 (sliding, global, sliding; 4 query heads over 2 KV heads; context 512) saved with
     a tokenizer of one token per character."""
-    import torch
-    import transformers as tf
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from tiny_models import char_gemma3
 
-    torch.manual_seed(0)
-    vocab = {"<pad>": 0, "<bos>": 1, "<unk>": 2, "<eos>": 3, **{c: 4 + i for i, c in enumerate(CHARS)}}
-    cfg = tf.Gemma3TextConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                              num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
-                              sliding_window=24, query_pre_attn_scalar=8, bos_token_id=1, eos_token_id=3, pad_token_id=0,
-                              layer_types=["sliding_attention", "full_attention", "sliding_attention"])
-    path = tmp_path_factory.mktemp("needle") / "tiny-gemma3"
-    tf.Gemma3ForCausalLM(cfg).save_pretrained(path)
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-                            unk_token="<unk>").save_pretrained(path)
-    return path
+    return char_gemma3(tmp_path_factory.mktemp("needle") / "tiny-gemma3")
 
 
 def _grid(folder, capsys, *flags):

@@ -7,11 +7,16 @@ import pytest
 
 from kvsim import cli
 from kvsim.cli import proxies_command as pc
+from kvsim.policies.registry import study_fixed, study_sweeps
 
 
 def test_the_parsers_names_are_the_studys():
     truth = pytest.importorskip("kvsim.models.truth")
-    assert pc.STUDY_FIXED == truth.STUDY_FIXED and pc.SWEPT == truth.STUDY_SWEPT
+    jobs = truth.study_jobs(64, [8, 16])
+    assert [j[0] for j in jobs if j[3] is None] == study_fixed() == ["sliding_window", "streaming_llm", "tova"]
+    assert sorted({j[3] for j in jobs if j[3]}) == sorted(study_sweeps()) == ["h2o", "h2o_normalized", "scissorhands", "snapkv"]
+    args = cli.build_parser().parse_args(["proxies"])
+    assert args.sweeps.split(",") == study_sweeps() and args.fixed.split(",") == study_fixed()
 
 
 def _row(policy, kl, mass, sweep=None, budget=64, text="code.py"):

@@ -51,3 +51,30 @@ def config(family: str, vocab: int, *, hidden: int, intermediate: int, max_posit
         return Gemma2Config(num_hidden_layers=2, head_dim=head_dim, sliding_window=window, attn_logit_softcapping=0.5,
                             layer_types=["sliding_attention", "full_attention"], **common)
     raise ValueError(f"no tiny config for the family {family!r}")
+
+
+#: the characters of ``char_gemma3``'s tokenizer: what a pass-key prompt is written in
+CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .?,"
+
+
+def char_gemma3(path):
+    """A tiny Gemma 3 (sliding, global, sliding; 4 query heads over 2 KV heads; context 512; random weights,
+    seed 0) saved at ``path`` with a tokenizer of one token per character (``CHARS``): what ``kvsim needle``
+    and ``kvsim quality`` take as ``--model PATH``."""
+    import torch
+    import transformers as tf
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    vocab = {"<pad>": 0, "<bos>": 1, "<unk>": 2, "<eos>": 3, **{c: 4 + i for i, c in enumerate(CHARS)}}
+    cfg = tf.Gemma3TextConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+                              sliding_window=24, query_pre_attn_scalar=8, bos_token_id=1, eos_token_id=3, pad_token_id=0,
+                              layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    tf.Gemma3ForCausalLM(cfg).save_pretrained(path)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                            unk_token="<unk>").save_pretrained(path)
+    return path

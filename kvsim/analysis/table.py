@@ -1,7 +1,7 @@
 """The policy cards' comparison table (the one the H2O card introduces with "Measured at budget 256:")
 and the calibration targets of docs/domain.md, "The canonical trace", measured. ``python -m kvsim table`` prints it.
 
-The rows come from ``ROWS``, a plain list: a new policy joins the table by appending a ``Row``. A row
+The rows come from the registry (``table_rows``): each policy at the configurations it declares. A row
 that is not a registry policy (an upper bound computed from the trace alone) gives ``measure``.
 """
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from ..data import vectors
 from ..data.trace import Trace
 from ..policies import POLICIES
+from ..policies.registry import offline, online
 from ..policies.upper_bound import upper_bound_summary
 from ..sim.harness import DEFAULT_TOP_K
 from .metrics import describe
@@ -29,31 +30,16 @@ class Row:
     measure: Callable[[Trace, int, int], dict] | None = None
 
 
-ROWS: list[Row] = [
-    Row("sliding_window"),
-    Row("streaming_llm", {"sinks": 4}),
-    Row("h2o", {"recent_window": 32}),
-    Row("h2o", {"recent_window": 64}),
-    Row("scissorhands", {"recent_window": 32}),
-    Row("scissorhands", {"recent_window": 64}),
-    Row("tova"),
-    # baselines from practice, beyond the cards: rows after the cards' own, which the targets do not read
-    Row("h2o_normalized", {"recent_window": 32}),
-    Row("snapkv", {"recent_window": 32, "observation_window": 32}),
-    # the field's scorers beyond attention (docs/scorers.md): measured where the trace holds the keys, values,
-    # queries or output norms they read, said otherwise; expected_attention takes its statistics afresh every
-    # 64 steps here (kvpress's decoding mode compresses at intervals; every step costs ~130x h2o's replay)
-    Row("vatp", {"recent_window": 32}),
-    Row("critical", {"recent_window": 32}),
-    Row("knorm"),
-    Row("keydiff"),
-    Row("expected_attention", {"refresh": 64}),
-    Row("random"),
-    # offline references: they read the whole trace, future rows included, which no serving stack can
-    Row("greedy_future (offline reference)", measure=lambda trace, budget, top_k: _offline(trace, "greedy_future", budget, top_k)),
-    Row("optimal (offline reference)", measure=lambda trace, budget, top_k: _offline(trace, "optimal", budget, top_k)),
-    Row("upper bound (offline reference)", measure=upper_bound_summary),
-]
+def table_rows() -> list[Row]:
+    """Every registry policy at the configurations it declares (``table_rows``), in the registry's order,
+    the offline references after the online ones (they read the whole trace, future rows included, which no
+    serving stack can), and the upper bound, computed from the trace alone. A policy saved in
+    kvsim/policies/ or loaded as a plugin is a row with nothing edited here."""
+    rows = [Row(name, dict(params)) for name in online() for params in POLICIES[name].table_rows]
+    rows += [Row(f"{name} (offline reference)", measure=lambda trace, budget, top_k, name=name: _offline(trace, name, budget, top_k))
+             for name in offline()]
+    return [*rows, Row("upper bound (offline reference)", measure=upper_bound_summary)]
+
 
 def _offline(trace: Trace, name: str, budget: int, top_k: int) -> dict:
     """An offline reference as a table row: a replay that hands it the trace."""
@@ -73,7 +59,7 @@ def params_label(params: dict) -> str:
 
 
 def build_table(trace: Trace, budget: int = TABLE_BUDGET, top_k: int = DEFAULT_TOP_K, targets: bool | None = None) -> dict:
-    """Measure every row of ``ROWS``, the h2o sweep and (on the canonical trace at budget 256, or when
+    """Measure every row of ``table_rows()``, the h2o sweep and (on the canonical trace at budget 256, or when
     ``targets`` is True) the eight calibration targets. A JSON-ready dict."""
     # the engine loads with the first measurement, not with this module (the CLI's --help reads TABLE_BUDGET)
     from ..sim.simulate import replay, sweep
@@ -98,7 +84,7 @@ def build_table(trace: Trace, budget: int = TABLE_BUDGET, top_k: int = DEFAULT_T
         return measured[k]
 
     rows = []
-    for row in ROWS:
+    for row in table_rows():
         entry = {"policy": row.policy, "params": dict(row.params)}
         cls = POLICIES.get(row.policy)
         lacking = vectors.missing(trace, cls.reads, getattr(cls, "reads_meta", False)) if cls is not None else []

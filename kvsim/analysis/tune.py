@@ -33,6 +33,7 @@ import numpy as np
 from ..cluster import ClusterError, dask_client
 from ..data.trace import Trace, load_npz
 from ..policies import POLICIES, PolicySpec, policy_params
+from ..policies.registry import baselines
 from ..progress import Progress
 from ..sim.harness import DEFAULT_TOP_K
 from . import proxies as px
@@ -41,8 +42,8 @@ from .windows import TOLERANCE, WindowChoice, best_of, covers, pick
 if TYPE_CHECKING:  # bundles, query/key files and the engine load when a tune runs: the CLI's parser reads BY
     from ..data.bundle import Bundle
 
-#: the policies measured beside the tuned one, each at its defaults and the same budget
-BASELINES = ("sliding_window", "streaming_llm")
+#: the policies measured beside the tuned one, each at its defaults and the same budget: the registry's
+#: recency baselines (``kvsim.policies.registry.baselines``: deterministic, reading no attention)
 PARAM = "recent_window"
 #: the truth: measured by a model (``tune(..., truth=...)``; ``kvsim tune --by kl`` opens one)
 TRUTH_BY = ("kl", "delta_nll")
@@ -163,7 +164,7 @@ class TuneResult:
             "baselines": {
                 p: {"retained_mass": float(np.mean([t.baselines[p][0] for t in self.traces])),
                     "top_k_recall": float(np.mean([t.baselines[p][1] for t in self.traces]))}
-                for p in BASELINES
+                for p in self.traces[0].baselines
             },
         }
 
@@ -270,7 +271,7 @@ def tune_trace(trace: Trace, specs: Sequence[PolicySpec], top_k: int = DEFAULT_T
     rows = sweep(trace, specs, top_k=top_k)
     budget = specs[0].budget
     base = {}
-    for p in BASELINES:  # a one-value sweep over budget: the fast engine, the policy's defaults
+    for p in baselines():  # a one-value sweep over budget: the fast engine, the policy's defaults
         r = sweep(trace, p, budget, "budget", [budget], top_k=top_k)[0]
         base[p] = (float(r["retained_mass"]), float(r["top_k_recall"]))
     return {"retained_mass": [float(r["retained_mass"]) for r in rows],
@@ -584,6 +585,6 @@ def _run_dask(units, scheduler, workers, say, specs, top_k) -> tuple[list[dict],
     return results, {"executor": "dask", "workers": n_workers, "scheduler": address}
 
 
-__all__ = ["AUTO", "BASELINES", "BEST_PROXY", "BY", "DEFAULT_BY", "GROUPS", "PROXY_CAVEAT", "SEARCH_STEP", "TOLERANCE",
+__all__ = ["AUTO", "BEST_PROXY", "BY", "DEFAULT_BY", "GROUPS", "PROXY_CAVEAT", "SEARCH_STEP", "TOLERANCE",
            "TRUTH_BY", "TraceTuning", "TuneError", "TuneResult", "candidate_windows",
            "layer_groups", "recording_identity", "search_layer_windows", "tune", "tune_trace", "window_specs"]

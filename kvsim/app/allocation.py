@@ -11,15 +11,23 @@ import streamlit as st
 
 from kvsim.analysis import allocation as al
 from kvsim.data.catalog import available_bundles
-from kvsim.policies import POLICIES, PolicySpec
+from kvsim.policies import PolicySpec, registry
 from kvsim.views.figures.allocation import budget_grids, mass_bars
 
 from . import services
 from .memo import cached_bundle
 from .state import mirrored
 
-#: the policies the view offers: the online ones (the offline references replay slowly at every budget)
-ALLOCATION_POLICIES = [p for p in ("h2o", "tova", "snapkv", "scissorhands", "streaming_llm") if p in POLICIES]
+#: the policy the view opens on (its first default); the others are the registry's
+FIRST_POLICY = "h2o"
+
+
+def allocation_policies() -> list[str]:
+    """The policies the view offers: the registry's deterministic online policies that read attention alone
+    (``kvsim.policies.registry.compared``: every bundle holds what they read; the offline references replay
+    slowly at every budget), the first default first."""
+    names = registry.compared()
+    return sorted(names, key=lambda n: n != FIRST_POLICY)
 
 
 @st.cache_resource
@@ -50,7 +58,7 @@ def allocation_view(budget: int) -> None:
     with top[0]:
         name = mirrored(st.selectbox, "recorded model (bundle)", names, "bundle", "allocation_bundle")
     with top[1]:
-        policy = mirrored(st.selectbox, "policy", ALLOCATION_POLICIES, "allocation_policy", "allocation_policy_choice")
+        policy = mirrored(st.selectbox, "policy", allocation_policies(), "allocation_policy", "allocation_policy_choice")
     bundle = cached_bundle(name)
     n = len(bundle.traces)
     with top[2]:
@@ -93,7 +101,16 @@ def allocation_view(budget: int) -> None:
 # --- memory against the truth: the frontier a user picks from ---------------------------------------
 
 #: the frontier's grid (issue 33 item 3): the static splits the truth measures, four policies, budgets 32-512
-FRONTIER_POLICIES = [p for p in ("h2o", "snapkv", "tova", "streaming_llm") if p in POLICIES]
+#: the policies the frontier shows first (its defaults); any other offered policy joins where a cell of it is measured
+FRONTIER_FIRST = ("h2o", "snapkv", "tova", "streaming_llm")
+
+
+def frontier_policies(measured=()) -> list[str]:
+    """The frontier's rows: its first defaults, then every other offered policy with a cell in ``measured``
+    (the truth's rows: a user's own policy measured by ``quality --allocate`` joins with nothing edited)."""
+    offered = allocation_policies()
+    have = {r.get("policy") for r in measured}
+    return [p for p in FRONTIER_FIRST if p in offered] + [p for p in offered if p not in FRONTIER_FIRST and p in have]
 FRONTIER_ALLOCATORS = ["uniform", "pyramidkv", "cake", "optimal"]
 FRONTIER_BUDGETS = [32, 64, 128, 256, 512]
 
@@ -156,11 +173,12 @@ def frontier_view(name: str, bundle, mass_here: dict) -> None:
                     f"replays each head's full-cache trace; the schedules mask one teacher-forced pass) on the bundle's "
                     f"model and text, first **{steps}** tokens. Memory is the positions held in all: budget x "
                     f"{len(bundle.traces)} heads, the same for every allocator at a budget.")
+    policies = frontier_policies(found.get(steps, []))
     rows = {(r["policy"], r["allocate"], r["budget"]): r for r in found.get(steps, [])
-            if r.get("policy") in FRONTIER_POLICIES and r.get("allocate") in FRONTIER_ALLOCATORS}
+            if r.get("policy") in policies and r.get("allocate") in FRONTIER_ALLOCATORS}
     shape = [(t.layer, t.head) for t in bundle.traces]
     table, missing, points, refused = [], [], [], set()
-    for policy in FRONTIER_POLICIES:
+    for policy in policies:
         for allocate in FRONTIER_ALLOCATORS:
             line = {"policy": policy, "allocator": allocate}
             for budget in FRONTIER_BUDGETS:
@@ -203,7 +221,7 @@ def frontier_view(name: str, bundle, mass_here: dict) -> None:
         st.markdown(f"**{len(missing)} cells not measured** ({len(rows)} measured). Each is cached on disk when "
                     f"measured, and drawn here on the next run. All of them (a cell measured already is read, not "
                     f"measured again; an interrupted run resumes):")
-        st.code(_command(text, steps, sorted({m[0] for m in missing}, key=FRONTIER_POLICIES.index),
+        st.code(_command(text, steps, sorted({m[0] for m in missing}, key=policies.index),
                          sorted({m[2] for m in missing}), sorted({m[1] for m in missing}, key=FRONTIER_ALLOCATORS.index)),
                 language="bash")
         st.markdown("One cell, e.g. the first missing one:")

@@ -20,6 +20,7 @@ import pandas  # noqa: F401
 import streamlit as st
 
 from kvsim import jit
+from kvsim.policies import registry as policy_registry
 
 from . import memo, services, state
 from .allocation import allocation_view
@@ -51,6 +52,8 @@ def run() -> None:
 
     tour_box()
     st.sidebar.header("settings")
+    for problem in policy_registry.PROBLEMS:  # a plugin that failed to load (KVSIM_PLUGINS, an entry point): one line each
+        st.sidebar.warning(problem.removeprefix("kvsim: "))
     trace = state.choose_trace()
     state.follow_trace(trace)
     controls(trace)

@@ -389,6 +389,8 @@ def _budgets(text: str) -> list[int]:
 def _quality_plan(args: argparse.Namespace) -> tuple[list[str], list[int], dict, tuple | None]:
     """The policies, budgets, fixed parameters and sweep of ``kvsim quality``, each checked."""
     names = [args.policy] if args.policy else [x.strip() for x in args.policies.split(",") if x.strip()]
+    if names == ["all"]:  # every policy of the registry, plugins included
+        names = list(POLICIES)
     unknown = [x for x in names if x not in POLICIES]
     if unknown or not names:
         raise CLIError(f"--policies: unknown policy {unknown[0]!r}; known: {', '.join(POLICIES)}" if unknown

@@ -29,7 +29,7 @@ def add_needle(sub) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="gemma3-270m (default), smollm2-135m or a local Hugging Face "
                    "model folder")
     p.add_argument("--policies", default="streaming_llm,h2o", help=f"comma-separated online policies ({online}; "
-                   "default: streaming_llm,h2o)")
+                   "'all': every one; default: streaming_llm,h2o)")
     p.add_argument("--budget", default=None, metavar="B[,B...]", help="positions each layer holds per KV "
                    f"head; several give a grid each (default: {DEFAULT_BUDGET}), with --allocate FILE the file's split; "
                    "each below every length")
@@ -111,6 +111,8 @@ def check(args: argparse.Namespace) -> dict:
     from ..models.needle import NEW_TOKENS, Job, Template
 
     names = [x.strip() for x in args.policies.split(",") if x.strip()]
+    if names == ["all"]:  # every online policy of the registry, plugins included
+        names = [n for n, cls in POLICIES.items() if not cls.needs_trace]
     if not names:
         raise InputError("--policies: nothing listed")
     for name in names:

@@ -399,7 +399,7 @@ def _add_quality(sub, traces) -> None:
                    "Lib/heapq.py)")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--policy", choices=list(POLICIES), help="registry name")
-    which.add_argument("--policies", help="comma-separated registry names: a grid")
+    which.add_argument("--policies", help="comma-separated registry names: a grid ('all': every registered policy)")
     p.add_argument("--budget", default=str(DEFAULT_BUDGET), metavar="B[,B...]",
                    help=f"cache budget per layer (default: {DEFAULT_BUDGET})")
     for param, spec in all_tunables().items():
@@ -447,6 +447,12 @@ def _add_needle(sub, traces) -> None:
     add_needle(sub)
 
 
+def _add_policies(sub, traces) -> None:
+    from .policies_command import add_policies
+
+    add_policies(sub)
+
+
 def _add_app(sub, traces) -> None:
     sub.add_parser("app", help="start the Streamlit app; any further options go to streamlit run",
                    usage=f"{PROG} app [STREAMLIT RUN OPTIONS, e.g. --server.port 8502]")
@@ -456,7 +462,8 @@ def _add_app(sub, traces) -> None:
 #: the help of a --trace flag
 _ADD = {"replay": _add_replay, "sweep": _add_sweep, "describe": _add_describe, "export": _add_export, "table": _add_table,
         "claims": _add_claims, "bench": _add_bench, "tune": _add_tune, "record": _add_record, "quality": _add_quality,
-        "generate": _add_generate, "proxies": _add_proxies, "cache": _add_cache, "needle": _add_needle, "app": _add_app}
+        "generate": _add_generate, "proxies": _add_proxies, "cache": _add_cache, "needle": _add_needle,
+        "policies": _add_policies, "app": _add_app}
 #: every command's name
 COMMANDS = tuple(_ADD)
 

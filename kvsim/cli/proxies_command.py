@@ -11,15 +11,12 @@ from pathlib import Path
 
 from ..analysis.study import TRUTH_CHOICES, agreement, ranking, verdict
 from ..data.files import atomic_write
+from ..policies.registry import online, study_fixed, study_sweeps
 from ..progress import stderr
 from .errors import CLIError
 
 DEFAULT_TEXTS = ("code-heapq.py", "prose-rust-book-introduction.txt", "legal-gpl-3.0.txt")
 DEFAULT_MODELS = ("gemma3-270m", "smollm2-135m")
-#: the study's window sweeps (kvsim.models.truth.STUDY_SWEPT, named here so the parser needs no torch-side import)
-SWEPT = ("h2o", "scissorhands", "snapkv", "h2o_normalized")
-#: the policies at their defaults in every cell (kvsim.models.truth.STUDY_FIXED, named here for the same reason)
-STUDY_FIXED = ("sliding_window", "streaming_llm", "tova")
 
 
 def add_proxies(sub) -> None:
@@ -32,15 +29,15 @@ def add_proxies(sub) -> None:
     p.add_argument("--budgets", default="64,256", help="comma-separated cache budgets (default: 64,256)")
     p.add_argument("--steps", type=int, default=512, help="decode steps per text (default: 512)")
     p.add_argument("--windows", type=int, default=8, help="recent_windows per sweep, evenly spaced (default: 8)")
-    p.add_argument("--sweeps", default=",".join(SWEPT), help=f"the policies whose recent_window is swept (default: "
-                   f"{','.join(SWEPT)})")
+    p.add_argument("--sweeps", default=",".join(study_sweeps()), help=f"the policies whose recent_window is swept "
+                   f"(default: {','.join(study_sweeps())})")
     p.add_argument("--closed", default="code-heapq.py:64", metavar="[MODEL@]TEXT:BUDGET[,...]", help="where the h2o "
                    "sweep and the fixed policies also get the closed loop, the authority, for every model or MODEL "
                    "only (default: code-heapq.py:64; 'none' for none)")
     p.add_argument("--out", default=None, help="write the rows and the verdict to this JSON file (atomically)")
     p.add_argument("--no-cache", action="store_true", help="measure again instead of reading cached results")
-    p.add_argument("--fixed", default=",".join(STUDY_FIXED), help="comma-separated: the policies measured at their "
-                   f"defaults in every cell, the scorers' table's rows (default: {','.join(STUDY_FIXED)})")
+    p.add_argument("--fixed", default=",".join(study_fixed()), help="comma-separated: the policies measured at their "
+                   f"defaults in every cell, the scorers' table's rows (default: {','.join(study_fixed())})")
     p.add_argument("--truth", default="kl", choices=tuple(TRUTH_CHOICES), help="the open-loop truth the proxies are "
                    "ranked against per model x text x budget: kl, delta_nll (over every token) or delta_nll_key (over the "
                    "key tokens only, LongPPL's rule: docs/proxies.md); the ranking is in --json and --out, in the text "
@@ -88,14 +85,11 @@ def cmd_proxies(args: argparse.Namespace) -> dict:
 
     texts, budgets, closed = _plan(args)
     sweeps = _list(args.sweeps, "--sweeps")
-    if set(sweeps) - set(SWEPT):
-        raise CLIError(f"--sweeps: each of {', '.join(SWEPT)}, got {args.sweeps!r}")
-    from ..policies import POLICIES
-
+    if set(sweeps) - set(study_sweeps()):
+        raise CLIError(f"--sweeps: each of {', '.join(study_sweeps())}, got {args.sweeps!r}")
     fixed = _list(args.fixed, "--fixed")
-    online = [n for n, cls in POLICIES.items() if not cls.needs_trace]
-    if unknown := [f for f in fixed if f not in online]:
-        raise CLIError(f"--fixed: {', '.join(unknown)} is not an online policy ({', '.join(online)})")
+    if unknown := [f for f in fixed if f not in online()]:
+        raise CLIError(f"--fixed: {', '.join(unknown)} is not an online policy ({', '.join(online())})")
     say = None if args.quiet else stderr("kvsim proxies")
     models = _list(args.models, "--models")
 

@@ -328,13 +328,21 @@ def _tune_per_layer(doc: dict, k: int) -> tuple[list[str], list[list]]:
     return table, [["per-KV-head recommended windows", "per head", head["recommended_mass"], head["recommended_recall"]]]
 
 
+def _at_defaults(name: str) -> str:
+    """A baseline's name with its parameters at their defaults (``streaming_llm sinks=4``)."""
+    from ..policies import POLICIES
+
+    cls = POLICIES.get(name)
+    params = " ".join(f"{p.name}={p.default}" for p in cls.tunables) if cls is not None else ""
+    return f"{name} {params}".strip()
+
+
 def _tune(doc: dict) -> str:
     k, tol = doc["top_k"], doc["tolerance"]
-    rows = [[r["layer"], r["head"], r["attention"], r["recommended_window"], r["recommended_mass"], r["recommended_recall"],
-             r["best_window"], r["best_mass"], r["sliding_window"]["retained_mass"], r["streaming_llm"]["retained_mass"]]
-            for r in doc["layers"]]
     m = doc["model"]
     one, per, base = m["one_window"], m["per_layer_windows"], m["baselines"]
+    rows = [[r["layer"], r["head"], r["attention"], r["recommended_window"], r["recommended_mass"], r["recommended_recall"],
+             r["best_window"], r["best_mass"], *(r[p]["retained_mass"] for p in base)] for r in doc["layers"]]
     per_layer, by_head = _tune_per_layer(doc, k)
     run = doc["run"]
     how = "serially" if run["executor"] == "serial" else f"on Dask ({run['workers']} workers, {run['scheduler']})"
@@ -343,7 +351,7 @@ def _tune(doc: dict) -> str:
         f"recommended = the smallest window within {tol} of the trace's best retained mass",
         "",
         aligned(["layer", "kv_head", "attention", "recommended", "retained_mass", f"top_{k}_recall", "best",
-                 "best_mass", "sliding_window", "streaming_llm"], rows),
+                 "best_mass", *base], rows),
         *per_layer,
         "",
         "Model-wide (mean over every layer and KV head):",
@@ -354,8 +362,7 @@ def _tune(doc: dict) -> str:
             ["one window for all layers (recommended)", one["recommended_window"], one["recommended_mass"],
              one["recommended_recall"]],
             ["one window for all layers (best)", one["best_window"], one["best_mass"], one["best_recall"]],
-            ["sliding_window", "n/a", base["sliding_window"]["retained_mass"], base["sliding_window"]["top_k_recall"]],
-            ["streaming_llm sinks=4", "n/a", base["streaming_llm"]["retained_mass"], base["streaming_llm"]["top_k_recall"]],
+            *([_at_defaults(p), "n/a", b["retained_mass"], b["top_k_recall"]] for p, b in base.items()),
         ], text=False),
         "",
         _model_window_line(doc),
@@ -423,7 +430,8 @@ RENDERERS = {"replay": _replay, "sweep": _sweep, "describe": _describe, "record"
              "table": _table, "bench": _bench, "claims": _claims, "quality": _quality, "tune": _tune, "cache": _cache,
              "generate": lambda doc: _own("generate_command", "render_generate", doc),
              "proxies": lambda doc: _own("proxies_command", "render_proxies", doc),
-             "needle": lambda doc: _own("needle_command", "render_needle", doc)}
+             "needle": lambda doc: _own("needle_command", "render_needle", doc),
+             "policies": lambda doc: _own("policies_command", "render_policies", doc)}
 
 
 def _own(module: str, name: str, doc) -> str:

@@ -22,6 +22,7 @@ from ..data.files import atomic_write
 from ..data.store import cache_dir
 from ..data.trace import Trace
 from ..policies import PolicySpec
+from ..policies.registry import study_fixed, study_sweeps
 from ..progress import Progress, scaled
 from ..sim.simulate import even_windows
 from .loading import no_progress
@@ -231,23 +232,25 @@ def recording_source(meta: dict, folder: Path | None = None, *, text: str | Path
 #: the shipped texts (traces/texts/README.md)
 TEXTS_DIR = Path(__file__).resolve().parents[2] / "traces" / "texts"
 
-#: the study's policies: every online policy at its defaults, and the four with a recent_window swept
-STUDY_FIXED = ("sliding_window", "streaming_llm", "tova")
-STUDY_SWEPT = ("h2o", "scissorhands", "snapkv", "h2o_normalized")
+#: the study's policies come from the registry (``kvsim.policies.registry.study_fixed`` and ``study_sweeps``):
+#: every compared policy at its defaults, and those with a recent_window swept
 
 
-def study_jobs(budget: int, windows: Sequence[int], sweeps: Sequence[str] = STUDY_SWEPT,
-               fixed: Sequence[str] = STUDY_FIXED) -> list[tuple[str, int, dict, str | None]]:
+def study_jobs(budget: int, windows: Sequence[int], sweeps: Sequence[str] | None = None,
+               fixed: Sequence[str] | None = None) -> list[tuple[str, int, dict, str | None]]:
     """(policy, budget, params, sweep) of one model x text x budget of the study: ``sweep`` names the
-    window sweep a configuration belongs to (None for the ``fixed`` policies, at their defaults)."""
+    window sweep a configuration belongs to (None for the ``fixed`` policies, at their defaults). Left
+    out, the registry's: ``study_sweeps()`` and ``study_fixed()``."""
+    sweeps = study_sweeps() if sweeps is None else sweeps
+    fixed = study_fixed() if fixed is None else fixed
     jobs = [(p, budget, {}, None) for p in fixed]
     jobs += [(p, budget, {"recent_window": w}, p) for p in sweeps for w in windows]
     return jobs
 
 
 def study(sessions, budgets: Sequence[int], windows: int, closed: dict | None = None, *, proxies: Proxies,
-          use_cache: bool = True, progress: Progress | None = None, sweeps: Sequence[str] = STUDY_SWEPT,
-          fixed: Sequence[str] = STUDY_FIXED) -> list[dict]:
+          use_cache: bool = True, progress: Progress | None = None, sweeps: Sequence[str] | None = None,
+          fixed: Sequence[str] | None = None) -> list[dict]:
     """The proxy study's rows: for each session (a model on a text, opened lazily: ``sessions`` yields
     them) and budget, every job of ``study_jobs`` with its proxies and open-loop truth; where
     ``closed`` (``{(model_id, text name, budget): [sweep names or None]}``) lists a sweep, its
@@ -275,5 +278,5 @@ def study(sessions, budgets: Sequence[int], windows: int, closed: dict | None = 
 
 
 __all__ = ["TEXTS_DIR", "TRUTH_FORMAT", "Proxies", "recording_source", "save_truth", "truth_path",
-           "STUDY_FIXED", "STUDY_SWEPT", "aggregate", "configuration_proxies", "measure", "study",
+           "aggregate", "configuration_proxies", "measure", "study",
            "study_jobs", "window_truth"]

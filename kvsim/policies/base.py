@@ -136,6 +136,10 @@ class Policy:
     reads: ClassVar[tuple[str, ...]] = ()
     #: the policy's tunable parameters beyond budget, in the order the controls list them
     tunables: ClassVar[tuple[Param, ...]] = ()
+    #: the configurations ``kvsim table`` measures it at (its parameters beyond budget; ``{}``: its defaults), in order
+    table_rows: ClassVar[tuple[dict, ...]] = ({},)
+    #: False for a policy whose choices are drawn at random: the studies that rank configurations leave it out
+    deterministic: ClassVar[bool] = True
     #: what the policy does, in one line the app and the CLI can quote (``describe_policy`` falls
     #: back to the docstring's first sentence when a policy leaves it empty)
     summary: ClassVar[str] = ""

@@ -147,6 +147,8 @@ class Rope:
 class ExpectedAttention(SlotPolicy):
     name = "expected_attention"
     order = 120
+    #: statistics afresh every 64 steps (kvpress's decoding mode compresses at intervals; every step costs ~130x h2o's replay)
+    table_rows = ({"refresh": 64},)
     summary = ("evict the lowest attention expected from the next queries (a Gaussian fitted to the recent queries, "
                "their RoPE advanced) times the value's norm; the first sinks positions are kept")
     display = Display("#6a3d9a", "18px,3px,2px,3px", 3, score_name="expected attention")

@@ -28,6 +28,7 @@ RECENT_WINDOW = Param(
 class H2O(SlotPolicy):
     name = "h2o"
     order = 30
+    table_rows = ({"recent_window": 32}, {"recent_window": 64})
     summary = "keep the newest recent_window positions and, of the rest, the largest cumulative attention"
     display = Display("#1f77b4", "solid", 2, "circle")
     engine_binding = EngineBinding("kvsim.sim.kernels:H2O")

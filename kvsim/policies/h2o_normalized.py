@@ -28,6 +28,7 @@ from .registry import register
 class H2ONormalized(SlotPolicy):
     name = "h2o_normalized"
     order = 60
+    table_rows = ({"recent_window": 32},)
     summary = "h2o with each cumulative score divided by the steps the position has been held, so age alone does not win"
     display = Display("#8c564b", "solid", 2, "triangle-up")
     engine_binding = EngineBinding("kvsim.sim.kernels:H2O_NORMALIZED")

@@ -181,3 +181,50 @@ def _sort() -> None:
     ordered = sorted(POLICIES.values(), key=lambda cls: cls.order)  # stable: equal orders keep load order
     POLICIES.clear()
     POLICIES.update((cls.name, cls) for cls in ordered)
+
+
+# --- the lists, derived from what each policy declares ------------------------------------------------
+
+
+def online() -> list[str]:
+    """The policies a serving stack could run: they read nothing of the future (``needs_trace`` False)."""
+    return [n for n, cls in POLICIES.items() if not cls.needs_trace]
+
+
+def offline() -> list[str]:
+    """The offline references: they read the whole trace, future rows included."""
+    return [n for n, cls in POLICIES.items() if cls.needs_trace]
+
+
+def compared() -> list[str]:
+    """The online policies a study compares on attention alone: deterministic, reading no member of the
+    trace beyond attention (keys, values, queries and output norms are the scorers' studies)."""
+    return [n for n in online() if POLICIES[n].deterministic and not POLICIES[n].reads]
+
+
+def baselines() -> list[str]:
+    """The recency baselines measured beside a tuned policy: compared policies that never read attention."""
+    return [n for n in compared() if not POLICIES[n].reads_attention]
+
+
+def taking(param: str, names: list[str] | None = None) -> list[str]:
+    """Of ``names`` (default: every policy), those with the tunable ``param``."""
+    return [n for n in (POLICIES if names is None else names) if any(p.name == param for p in POLICIES[n].tunables)]
+
+
+def suggest(name: str, names=None) -> str:
+    """`` (did you mean 'h2o'?)`` for a near miss of a registry name, else ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(POLICIES if names is None else names), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def study_sweeps() -> list[str]:
+    """The proxy study's window sweeps: the compared policies with a ``recent_window``."""
+    return taking("recent_window", compared())
+
+
+def study_fixed() -> list[str]:
+    """The proxy study's policies at their defaults in every cell: the compared ones without a ``recent_window``."""
+    return [n for n in compared() if n not in study_sweeps()]

@@ -44,6 +44,7 @@ HISTORY_WINDOW = Param("history_window", 0, "votes of the last history_window ob
 class Scissorhands(SlotPolicy):
     name = "scissorhands"
     order = 40
+    table_rows = ({"recent_window": 32}, {"recent_window": 64})
     summary = "keep the newest recent_window positions and, of the rest, the ones that most often drew more than a fair share"
     display = Display("#9467bd", "solid", 2, "diamond", score_name="votes (steps above a fair share)")
     engine_binding = EngineBinding("kvsim.sim.kernels:SCISSORHANDS")

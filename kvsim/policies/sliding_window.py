@@ -20,6 +20,7 @@ from .streaming_llm import StreamingLLM
 class SlidingWindow(StreamingLLM):
     name = "sliding_window"
     order = 10
+    table_rows = ({},)  # not its parent streaming_llm's sinks
     summary = "keep the newest budget positions"
     display = Display("#bcbd22", "12px,4px,3px,4px", 4)
     engine_binding = EngineBinding("kvsim.sim.kernels:WINDOW", compile_s=1)

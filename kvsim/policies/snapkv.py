@@ -36,6 +36,7 @@ OBSERVATION_WINDOW = Param("observation_window", 32, "the score is the attention
 class SnapKV(SlotPolicy):
     name = "snapkv"
     order = 70
+    table_rows = ({"recent_window": 32, "observation_window": 32},)
     summary = "keep the newest recent_window positions and, of the rest, the most attended by the last observation_window queries"
     display = Display("#e377c2", "solid", 2, "x")
     engine_binding = EngineBinding("kvsim.sim.kernels:SNAPKV")

@@ -22,6 +22,7 @@ SINKS = Param("sinks", 4, "the first sinks positions are pinned forever", below_
 class StreamingLLM(Policy):
     name = "streaming_llm"
     order = 20
+    table_rows = ({"sinks": 4},)
     summary = "pin the first sinks positions and keep the newest of the rest"
     display = Display("#2ca02c", "12px,4px", 4)
     engine_binding = EngineBinding("kvsim.sim.kernels:WINDOW", compile_s=1)
