@@ -81,6 +81,10 @@ def _replayed_everywhere(small: Path, plugins: str | None) -> None:
 
 def test_a_plugin_outside_the_checkout_is_in_replay_table_and_tune(plugin, small):
     _replayed_everywhere(small, str(plugin))
+    if importlib.util.find_spec("distributed") is not None:  # Dask workers read KVSIM_PLUGINS where they start too
+        tune = json.loads(kvsim_cli("tune", "--trace", str(small), "--budget", "12", "--workers", "2", "--by",
+                                    "retained_mass", "--quiet", "--json", plugins=str(plugin)).stdout)
+        assert tune["run"]["executor"] == "dask" and tune["model"]["baselines"]["newest"] == tune["model"]["baselines"]["sliding_window"]
 
 
 def test_the_same_file_saved_in_kvsim_policies_is_found_with_nothing_edited(plugin, small):
