@@ -59,11 +59,24 @@ def test_the_scan_refuses_a_file_that_is_not_gguf(tmp_path):
 def test_one_parse_reported_in_steps_then_the_dequantisation_by_bytes(small_gguf):
     heard = []
     original_reader, original_bar = gguf.GGUFReader, loader.tqdm
+    original_parse = loader._gguf_parse_value
+
+    def values(reader):
+        return {k: [loader._gguf_parse_value(f.parts[i], f.types) for i in f.data] for k, f in reader.fields.items()}
+
     with loading._gguf_progress(lambda fraction, note="": heard.append((fraction, note)), small_gguf):
         first = gguf.GGUFReader(str(small_gguf))
         assert gguf.GGUFReader(small_gguf) is first  # the tokenizer, the config and the weights share it
+        converted = values(first)
+        notes = len(heard)
+        assert values(first) == converted and len(heard) == notes  # converted once: the second pass is silent
         names = [t.name for t in loader.tqdm(first.tensors, desc="Converting and de-quantizing GGUF tensors...")]
-    assert gguf.GGUFReader is original_reader and loader.tqdm is original_bar
+    assert gguf.GGUFReader is original_reader and loader.tqdm is original_bar and loader._gguf_parse_value is original_parse
+    plain = original_reader(str(small_gguf))
+    assert converted == {k: [original_parse(f.parts[i], f.types) for i in f.data] for k, f in plain.fields.items()}
+    assert converted["test.tokens"][:2] == ["tok0", "tok1"] and converted["test.scale"] == [0.5]
+    conversion = [f for f, note in heard if note == "converting the metadata"]
+    assert conversion[0] < 0.1 and conversion[-1] == 1.0 and conversion == sorted(conversion) and len(conversion) <= 21
     assert names == [t.name for t in original_reader(str(small_gguf)).tensors]
     reading = [f for f, note in heard if note.startswith("reading")]
     assert reading[0] == 0.0 and reading[-1] == 1.0 and reading == sorted(reading) and 5 <= len(reading) <= 22

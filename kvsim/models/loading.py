@@ -162,15 +162,17 @@ def _weights_mb(model) -> float:
 
 @contextlib.contextmanager
 def _gguf_progress(say: Progress, path: Path):
-    """While a GGUF's model and tokenizer load through transformers: its metadata is read once, not once
-    per ``load_gguf_checkpoint`` call (the tokenizer, the config and the weights each read it: for Gemma's
-    262,144-token vocabulary that parse is most of a first load), and ``say`` hears how far that parse and
-    the dequantisation have got. The parse is counted in the values it visits (``_gguf_values``, a quick
-    scan of the same file, is the total), the dequantisation in the tensors' bytes.
+    """While a GGUF's model and tokenizer load through transformers: its metadata is read and converted to
+    Python values once, not once per ``load_gguf_checkpoint`` call (the tokenizer, the config and the
+    weights each read it: for Gemma's 262,144-token vocabulary that is most of a first load), and ``say``
+    hears how far the reading, the conversion and the dequantisation have got. The reading is counted in
+    the values it visits (``_gguf_values``, a quick scan of the same file, is the total), the conversion in
+    the values converted, the dequantisation in the tensors' bytes.
 
-    gguf's ``GGUFReader`` and the ``tqdm`` of transformers' GGUF loader are replaced for the duration
-    (their tqdm bar, which printed past our progress, goes with it); a gguf or transformers without those
-    names loads as before, without the fractions. Not for concurrent loads in other threads."""
+    gguf's ``GGUFReader`` and, in transformers' GGUF loader, ``_gguf_parse_value`` (a pure function of a
+    value's bytes and type) and ``tqdm`` are replaced for the duration (the tqdm bar, which printed past our
+    progress, goes with it); a gguf or transformers without those names loads as before, without the
+    fractions. Not for concurrent loads in other threads."""
     import gguf
     import transformers.modeling_gguf_pytorch_utils as loader
 
@@ -206,6 +208,25 @@ def _gguf_progress(say: Progress, path: Path):
             readers[key] = Counted(file, mode)
         return readers[key]
 
+    parse = getattr(loader, "_gguf_parse_value", None)
+    parsed: dict[int, tuple] = {}  # id of a value's bytes (the shared reader keeps them alive): (bytes, value)
+    converting = {"done": 0, "next": 0, "total": None}
+
+    def parse_once(value, types):
+        hit = parsed.get(id(value))
+        if hit is not None and hit[0] is value:
+            return hit[1]
+        if converting["total"] is None:
+            converting["total"] = sum(len(f.data) for r in readers.values() for f in r.fields.values()) or 1
+        converting["done"] += 1
+        if converting["done"] >= converting["next"]:
+            total = converting["total"]
+            step = min(_STEPS, converting["done"] * _STEPS // total)
+            say(step / _STEPS, "converting the metadata")
+            converting["next"] = -(-(step + 1) * total // _STEPS)
+        parsed[id(value)] = (value, result := parse(value, types))
+        return result
+
     def dequantising(tensors, *args, **kwargs):
         tensors = list(tensors)
         weight = sum(int(t.n_bytes) for t in tensors) or 1
@@ -222,6 +243,8 @@ def _gguf_progress(say: Progress, path: Path):
     patched = [(gguf, "GGUFReader", reader)]
     if hasattr(loader, "tqdm"):
         patched.append((loader, "tqdm", dequantising))
+    if parse is not None:
+        patched.append((loader, "_gguf_parse_value", parse_once))
     saved = [(module, name, getattr(module, name)) for module, name, _ in patched]
     try:
         for module, name, value in patched:
