@@ -64,7 +64,7 @@ def test_one_parse_reported_in_steps_then_the_dequantisation_by_bytes(small_gguf
     def values(reader):
         return {k: [loader._gguf_parse_value(f.parts[i], f.types) for i in f.data] for k, f in reader.fields.items()}
 
-    with loading._gguf_progress(lambda fraction, note="": heard.append((fraction, note)), small_gguf):
+    with loading._gguf_progress(lambda fraction, note="": heard.append((fraction, note)), small_gguf, then="next"):
         first = gguf.GGUFReader(str(small_gguf))
         assert gguf.GGUFReader(small_gguf) is first  # the tokenizer, the config and the weights share it
         converted = values(first)
@@ -77,6 +77,7 @@ def test_one_parse_reported_in_steps_then_the_dequantisation_by_bytes(small_gguf
     assert converted["test.tokens"][:2] == ["tok0", "tok1"] and converted["test.scale"] == [0.5]
     conversion = [f for f, note in heard if note == "converting the metadata"]
     assert conversion[0] < 0.1 and conversion[-1] == 1.0 and conversion == sorted(conversion) and len(conversion) <= 21
+    assert heard[heard.index((1.0, "converting the metadata")) + 1] == (None, "next") and heard.count((None, "next")) == 1
     assert names == [t.name for t in original_reader(str(small_gguf)).tensors]
     reading = [f for f, note in heard if note.startswith("reading")]
     assert reading[0] == 0.0 and reading[-1] == 1.0 and reading == sorted(reading) and 5 <= len(reading) <= 22

@@ -138,7 +138,7 @@ def _load_gguf(family: str, key: str, locate, progress: Progress | None, cache: 
         gguf = locate()  # Gemma's rebuilds the GGUF from the part wheels once, verifying its sha256
         say(None, f"loading {gguf.name} (the first load on this machine: read, converted and dequantised once"
                   + (", then cached)" if cache else ")"))
-        with _gguf_progress(say, gguf):
+        with _gguf_progress(say, gguf, then="building the tokenizer"):  # the first of the three to read the GGUF
             tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
             say(None, "building the model from the GGUF")
             model = AutoModelForCausalLM.from_pretrained(
@@ -161,7 +161,7 @@ def _weights_mb(model) -> float:
 
 
 @contextlib.contextmanager
-def _gguf_progress(say: Progress, path: Path):
+def _gguf_progress(say: Progress, path: Path, then: str | None = None):
     """While a GGUF's model and tokenizer load through transformers: its metadata is read and converted to
     Python values once, not once per ``load_gguf_checkpoint`` call (the tokenizer, the config and the
     weights each read it: for Gemma's 262,144-token vocabulary that is most of a first load), and ``say``
@@ -172,7 +172,8 @@ def _gguf_progress(say: Progress, path: Path):
     gguf's ``GGUFReader`` and, in transformers' GGUF loader, ``_gguf_parse_value`` (a pure function of a
     value's bytes and type) and ``tqdm`` are replaced for the duration (the tqdm bar, which printed past our
     progress, goes with it); a gguf or transformers without those names loads as before, without the
-    fractions. Not for concurrent loads in other threads."""
+    fractions. ``then``: what is said once the conversion is done (the caller knows what its first load does
+    next). Not for concurrent loads in other threads."""
     import gguf
     import transformers.modeling_gguf_pytorch_utils as loader
 
@@ -224,6 +225,8 @@ def _gguf_progress(say: Progress, path: Path):
             step = min(_STEPS, converting["done"] * _STEPS // total)
             say(step / _STEPS, "converting the metadata")
             converting["next"] = -(-(step + 1) * total // _STEPS)
+            if step == _STEPS and then:
+                say(None, then)
         parsed[id(value)] = (value, result := parse(value, types))
         return result
 
