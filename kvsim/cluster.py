@@ -1,7 +1,7 @@
 """Dask beyond one process: the client ``kvsim tune`` and ``kvsim needle`` spread their work over. A
 foundation (docs/architecture.md): analysis and models both use it, and neither may import the other.
 
-Dask is the optional extra (requirements-record.txt); importing this module imports none of it.
+Dask is in the optional extra ``record`` (``INSTALL_HINT``); importing this module imports none of it.
 """
 
 from __future__ import annotations
@@ -10,6 +10,9 @@ import contextlib
 import logging
 import os
 
+#: how a user installs the optional extra ``record`` (torch, transformers, the shipped models' wheels, Dask): the
+#: README's form, the one every message and view gives (``requirements-record.txt`` pins the same versions)
+INSTALL_HINT = "pip install -e '.[record]'"
 #: ``--workers N`` without ``--scheduler``: local worker processes
 LOCAL = "local"
 
@@ -31,7 +34,7 @@ def dask_client(scheduler: str, workers: int | None = None):
     installed or the scheduler cannot be reached. ``kvsim tune`` and ``kvsim needle`` spread their work this way."""
     if not dask_available():
         raise ClusterError("running on Dask needs the optional extra (distributed is not installed): "
-                        "pip install -r requirements-record.txt")
+                        f"{INSTALL_HINT}")
     from distributed import Client, LocalCluster
 
     with contextlib.ExitStack() as stack:

@@ -129,7 +129,7 @@ def test_cli_record_without_the_extra_says_so_in_one_line(monkeypatch, capsys, t
     out, err = capsys.readouterr()
     assert out == ""
     assert err.count("\n") == 1
-    assert "kvsim-test-absent-package is not installed" in err and "pip install -r requirements-record.txt" in err
+    assert "kvsim-test-absent-package is not installed" in err and "pip install -e '.[record]'" in err
     assert not (tmp_path / "out").exists()
 
 

@@ -8,7 +8,7 @@ output-aware policies read.
 
 The figures need only the core (no torch): the traces are files, the replays run on the fast engine.
 
-``--add-vectors`` (needs the record extra, requirements-record.txt) records the trace's layer again over
+``--add-vectors`` (needs the record extra, pip install -e '.[record]') records the trace's layer again over
 the same text (checked by the sha256 in its meta), with ``kvsim record --store dense --vectors``, and
 writes the file back with its attention bytes as shipped and the recording's ``values``, ``keys``,
 ``queries`` and ``out_norms`` (float16) beside them, the meta gaining the layer's rotary constants

@@ -14,7 +14,7 @@ engine) and reports:
 
 The sweeps are independent, so they can run on Dask (``scheduler="local"`` for local processes, or a
 scheduler's address): the same function runs per trace, so the results are identical to the serial
-run. Dask is an optional extra (``requirements-record.txt``); nothing here imports it until asked.
+run. Dask is in the optional extra (``pip install -e '.[record]'``); nothing here imports it until asked.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from kvsim.cluster import INSTALL_HINT
 from kvsim.data.catalog import available_bundles
 from kvsim.views import model_figures
 from kvsim.views import support as views
@@ -34,7 +35,7 @@ def model_view(budget: int) -> None:
     names = available_bundles()
     if not names:
         st.info("No recorded model is shipped here. Record one with `python -m kvsim record` "
-                "(needs requirements-record.txt), into traces/<name>/.")
+                f"(needs the record extra: `{INSTALL_HINT}`), into traces/<name>/.")
         return
     top = st.columns([2, 2, 3])
     with top[0]:

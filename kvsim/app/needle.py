@@ -13,6 +13,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from kvsim.cluster import INSTALL_HINT
 from kvsim.models import needle
 from kvsim.views.figures import needle as figures
 
@@ -25,8 +26,8 @@ COMMAND = ("python -m kvsim needle --policies streaming_llm,h2o --budget 64 --le
 def needle_view() -> None:
     found = needle.saved_grids()
     if not found:
-        st.info("No pass-key grids here yet. They need a real model run (torch and transformers: `pip install -r "
-                f"requirements-record.txt`); measure one with\n\n`{COMMAND}`\n\nand it appears here (it is kept in the "
+        st.info("No pass-key grids here yet. They need a real model run (torch and transformers: "
+                f"`{INSTALL_HINT}`); measure one with\n\n`{COMMAND}`\n\nand it appears here (it is kept in the "
                 "cache directory, `kvsim cache list`: needle).")
         return
     docs = {}

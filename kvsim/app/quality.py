@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from kvsim.cluster import INSTALL_HINT
 from kvsim.data import catalog
 from kvsim.views import quality_figures
 from kvsim.views import support as views
@@ -17,7 +18,7 @@ def quality_view(budget: int) -> None:
     if not found:
         st.info(
             "No quality results here yet. They need a real model run (torch and transformers: "
-            "`pip install -r requirements-record.txt`; a few minutes on two cores). Produce them with\n\n"
+            f"`{INSTALL_HINT}`; a few minutes on two cores). Produce them with\n\n"
             f"`{views.QUALITY_COMMAND}`\n\nand save the printed JSON as `traces/{views.QUALITY_RESULTS.name}` "
             "(or leave them in the disk cache, which this view also reads)."
         )

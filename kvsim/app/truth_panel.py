@@ -13,6 +13,7 @@ import streamlit as st
 
 import kvsim
 from kvsim.analysis.windows import best_of, choose_window
+from kvsim.cluster import INSTALL_HINT
 from kvsim.data.catalog import available_bundles
 from kvsim.views import window_truth as vt
 
@@ -189,7 +190,7 @@ def _start(key: tuple, meta: dict, policy: str, budget: int) -> None:
                 return
             state["done"] = True
         except ImportError as e:
-            state["error"] = f"the truth needs the record extra (pip install -r requirements-record.txt): {e}"
+            state["error"] = f"the truth needs the record extra ({INSTALL_HINT}): {e}"
 
     threading.Thread(target=work, daemon=True, name=f"kvsim-truth-{policy}-{budget}").start()
 

@@ -55,9 +55,9 @@ def main(argv: list[str] | None = None) -> int:
 
             text = as_json(doc)
         else:
-            from .render import render
+            from .render import render, terminal_width
 
-            text = render(args.command, doc)
+            text = render(args.command, doc, width=None if getattr(args, "wide", True) else terminal_width())
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
         if args.command == "bench":

@@ -197,6 +197,8 @@ def _add_table(sub, traces) -> None:
 
     p = sub.add_parser("table", help="the policy cards' comparison and the calibration targets")
     _common(p, traces(), TABLE_BUDGET)
+    p.add_argument("--wide", action="store_true", help="every table's columns side by side, one line per row, however "
+                   "wide (on a terminal the text is fitted to its width; in a file or a pipe it is always wide)")
     _proxies_flag(p)
     _allocate_flag(p)
     _prefill_flags(p)

@@ -11,10 +11,14 @@ from __future__ import annotations
 import importlib
 
 
-def aligned(headers: list[str], rows: list[list], text: bool = False) -> str:
-    """Columns padded to their widest cell; ``text`` left-aligns everything."""
+def aligned(headers: list[str], rows: list[list], text: bool = False, width: int | None = None) -> str:
+    """Columns padded to their widest cell; ``text`` left-aligns everything. ``width``: a table wider than
+    that many columns wraps its cells, words (and a header's parts, after each ``_``) onto more lines, so
+    that it fits where it can (``fitted``); None, or a table that fits, is one line per row."""
     cells = [[_cell(c) for c in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    if width is not None and sum(widths) + 2 * (len(widths) - 1) > width:
+        return _fitted(headers, cells, text, width)
 
     def line(items):
         # text left, numbers right, so columns of figures line up on the decimal point
@@ -23,6 +27,78 @@ def aligned(headers: list[str], rows: list[list], text: bool = False) -> str:
         ).rstrip()
 
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in cells)])
+
+
+def _words(s: str, header: bool = False) -> list[str]:
+    """Where a cell may break: after each space (kept on the earlier piece), or, in a header, after each ``_``."""
+    if _numeric(s) and not header:
+        return [s]
+    cut = "_" if header else " "
+    pieces = s.split(cut)
+    return [p + cut for p in pieces[:-1]] + [pieces[-1]]
+
+
+def _wrap(s: str, w: int, header: bool = False) -> list[str]:
+    """``s`` in lines of at most ``w`` columns, broken only where ``_words`` allows (a longer piece stands alone)."""
+    lines = [""]
+    for piece in _words(s, header):
+        if lines[-1] and len((lines[-1] + piece).rstrip()) > w:
+            lines.append("")
+        lines[-1] += piece
+    return [x.rstrip() for x in lines]
+
+
+def _fitted(headers: list[str], cells: list[list[str]], text: bool, width: int) -> str:
+    """``aligned``'s table in ``width`` columns: each column as narrow as its longest unbreakable piece, then
+    the room left spent where it saves the most lines (of the table, then of its cells) per column given; rows as
+    tall as their tallest cell."""
+    columns = list(zip(headers, *cells, strict=True))
+    least = [max(len(p) for i, c in enumerate(col) for p in _words(c, header=i == 0)) for col in columns]
+    most = [max(len(c) for c in col) for col in columns]
+    # the lines each cell takes at each width its column may have (the header's first)
+    lines = [{w: [len(_wrap(c, w, header=i == 0)) for i, c in enumerate(col)] for w in range(lo, hi + 1)}
+             for col, lo, hi in zip(columns, least, most, strict=True)]
+
+    def height(widths: list[int]) -> int:
+        """The table's lines, then (below a thousandth of one) its cells' lines: a row shorter first, a cell next."""
+        per_column = [lines[j][w] for j, w in enumerate(widths)]
+        rows = sum(max(col[r] for col in per_column) for r in range(len(columns[0])))
+        return 1000 * rows + sum(map(sum, per_column))
+
+    widths = list(least)
+    room = width - sum(widths) - 2 * (len(widths) - 1)
+    while room > 0:
+        now, best = height(widths), None
+        for j in range(len(widths)):
+            for w in range(widths[j] + 1, min(most[j], widths[j] + room) + 1):
+                saved = now - height([*widths[:j], w, *widths[j + 1:]])
+                if saved > 0:
+                    if best is None or saved / (w - widths[j]) > best[0]:
+                        best = (saved / (w - widths[j]), j, w)
+                    break  # the narrowest width that saves a line; a wider one is weighed on the next round
+        if best is None:
+            break
+        room -= best[2] - widths[best[1]]
+        widths[best[1]] = best[2]
+
+    def block(items: list[str], header: bool = False) -> list[str]:
+        wrapped = [_wrap(s, w, header) for s, w in zip(items, widths, strict=True)]
+        tall = max(len(x) for x in wrapped)
+        return ["  ".join((s.rjust(w) if _numeric(s) and not text and not header else s.ljust(w))
+                          for s, w in zip((x[k] if k < len(x) else "" for x in wrapped), widths, strict=True)).rstrip()
+                for k in range(tall)]
+
+    return "\n".join([*block(headers, header=True), "  ".join("-" * w for w in widths).rstrip(),
+                      *(line for r in cells for line in block(r))])
+
+
+def prose(s: str, width: int | None) -> str:
+    """A sentence of a rendered document, wrapped at word boundaries to ``width`` (None: one line)."""
+    if width is None or len(s) <= width:
+        return s
+    import textwrap
+
+    return textwrap.fill(s, width, break_long_words=False, break_on_hyphens=False)
 
 
 def _cell(x) -> str:
@@ -98,12 +174,12 @@ def _allocated_sweep(doc: list[dict]) -> str:
                      r["retained_mass"], "best" if r.get("best") else ""] for r in doc])
 
 
-def _allocated_table(doc: dict) -> str:
+def _allocated_table(doc: dict, width: int | None = None) -> str:
     rows = [[r["policy"], params_label(r["params"]), r["retained_mass"]] for r in doc["rows"] if "refused" not in r]
-    return "\n".join([f"Bundle mean retained mass at budget {doc['budget']} per head on {doc['bundle']} "
-                      f"({doc['steps']} steps), allocated by {doc['allocate']}:", "",
-                      aligned(["policy", "params", "retained_mass"], rows),
-                      *(f"{r['policy']}: refused ({r['refused']})" for r in doc["rows"] if "refused" in r)])
+    return "\n".join([prose(f"Bundle mean retained mass at budget {doc['budget']} per head on {doc['bundle']} "
+                            f"({doc['steps']} steps), allocated by {doc['allocate']}:", width), "",
+                      aligned(["policy", "params", "retained_mass"], rows, width=width),
+                      *(prose(f"{r['policy']}: refused ({r['refused']})", width) for r in doc["rows"] if "refused" in r)])
 
 
 def _replay(doc: dict) -> str:
@@ -194,70 +270,68 @@ def _cache(doc: dict) -> str:
     return "\n".join([f"cleared {doc['kind']} from {doc['cache_dir']}:", *done])
 
 
-def _prefill_table(doc: dict) -> str:
+def _prefill_table(doc: dict, width: int | None = None) -> str:
     k = doc["top_k"]
     rows = [[r["policy"], params_label(r["params"]), r["retained_mass"], r["top_k_recall"]]
             for r in doc["rows"] if "refused" not in r]
-    return "\n".join([f"Each policy as the one-time scorer on {doc['trace']}: {doc['prefill_budget']} of the prompt's "
-                      f"{doc['prompt_length']} positions kept per head, then the cache grows; measured over the "
-                      f"{doc['decode_steps']} decode steps:", "",
-                      aligned(["prefill_policy", "params", "retained_mass", f"top_{k}_recall"], rows),
-                      *(f"{r['policy']}: refused ({r['refused']})" for r in doc["rows"] if "refused" in r)])
+    return "\n".join([prose(f"Each policy as the one-time scorer on {doc['trace']}: {doc['prefill_budget']} of the prompt's "
+                            f"{doc['prompt_length']} positions kept per head, then the cache grows; measured over the "
+                            f"{doc['decode_steps']} decode steps:", width), "",
+                      aligned(["prefill_policy", "params", "retained_mass", f"top_{k}_recall"], rows, width=width),
+                      *(prose(f"{r['policy']}: refused ({r['refused']})", width) for r in doc["rows"] if "refused" in r)])
 
 
-def _table(doc: dict) -> str:
+def _table(doc: dict, width: int | None = None) -> str:
+    """``kvsim table``'s document; ``width`` (the terminal's, unless ``--wide``): its sentences and tables
+    wrapped to fit (``aligned``, ``prose``), the calibration targets one below the other; None: every
+    table's columns side by side, one line per row."""
     if "allocate" in doc:
-        return _allocated_table(doc)
+        return _allocated_table(doc, width)
     if "prefill_budget" in doc:
-        return _prefill_table(doc)
+        return _prefill_table(doc, width)
     k = doc["top_k"]
     parts = [
-        f"Measured at budget {doc['budget']} on the {doc['trace']} trace ({doc['steps']} steps):",
+        prose(f"Measured at budget {doc['budget']} on the {doc['trace']} trace ({doc['steps']} steps):", width),
         "",
         aligned(
             ["policy", "params", "retained_mass", f"top_{k}_recall", "gap_share", *_proxy_cols(doc["rows"])],
             [[r["policy"], params_label(r["params"]), r["retained_mass"], r["top_k_recall"], r.get("gap_share"),
               *(r.get(c) for c in _proxy_cols(doc["rows"]))] for r in doc["rows"] if "absent" not in r],
+            width=width,
         ),
         "",
-        "gap_share: the share of the way from sliding_window's retained mass to the exact optimum's (0: no better "
-        "than the latest positions, 1: the optimum).",
-        *_proxy_note(doc["rows"]),
-        *(f"{r['policy']} {params_label(r['params'])}: refused at this budget ({r['refused']})"
-          for r in doc["rows"] if "refused" in r),
-        *(f"{r['policy']}: not measured on this trace ({r['absent']})" for r in doc["rows"] if "absent" in r),
+        *(prose(line, width) for line in [
+            "gap_share: the share of the way from sliding_window's retained mass to the exact optimum's (0: no better "
+            "than the latest positions, 1: the optimum).",
+            *_proxy_note(doc["rows"]),
+            *(f"{r['policy']} {params_label(r['params'])}: refused at this budget ({r['refused']})"
+              for r in doc["rows"] if "refused" in r),
+            *(f"{r['policy']}: not measured on this trace ({r['absent']})" for r in doc["rows"] if "absent" in r),
+        ]),
     ]
     s = doc["sweep"]
     if s["rows"]:
         parts += [
             "",
-            f"{s['policy']} over {s['param']} (budget {doc['budget']}), sampled at {len(s['rows'])} windows; * marks the "
-            "largest retained mass of these (the calibration target's):",
+            prose(f"{s['policy']} over {s['param']} (budget {doc['budget']}), sampled at {len(s['rows'])} windows; * marks "
+                  "the largest retained mass of these (the calibration target's):", width),
             "",
             aligned(
                 [s["param"], "retained_mass", f"top_{k}_recall", "largest sampled"],
                 [[r[s["param"]], r["retained_mass"], r["top_k_recall"], "*" if r[s["param"]] == s["argmax"] else ""]
                  for r in s["rows"]],
+                width=width,
             ),
         ]
     w = doc.get("window")
     if w is not None:
-        parts += ["", f"{w['policy']} over every {w['param']} {w['windows'][0]}..{w['windows'][1]}: best {w['best']} "
-                  f"(retained mass {w['best_mass']:.4f}); recommended {w['recommended']} ({w['recommended_mass']:.4f}): "
-                  f"the smallest within {w['tolerance']:g} of the best"]
+        parts += ["", prose(f"{w['policy']} over every {w['param']} {w['windows'][0]}..{w['windows'][1]}: best {w['best']} "
+                            f"(retained mass {w['best_mass']:.4f}); recommended {w['recommended']} "
+                            f"({w['recommended_mass']:.4f}): the smallest within {w['tolerance']:g} of the best", width)]
     if doc["targets"] is not None:
-        parts += [
-            "",
-            "Calibration targets (docs/domain.md, the canonical trace):",
-            "",
-            aligned(
-                ["figure", "target", "measured", "result"],
-                [[t["figure"], t["target"], t["measured"], "PASS" if t["pass"] else "FAIL"] for t in doc["targets"]],
-                text=True,
-            ),
-        ]
+        parts += ["", "Calibration targets (docs/domain.md, the canonical trace):", "", _targets(doc["targets"], width)]
     else:
-        parts += ["", "Calibration targets: not checked (they are for the canonical trace at budget 256)."]
+        parts += ["", prose("Calibration targets: not checked (they are for the canonical trace at budget 256).", width)]
     return "\n".join(parts)
 
 
@@ -415,6 +489,24 @@ def _tune_time_line(doc: dict, how: str) -> str:
     return "; ".join(parts) + f"; {run['seconds']:.1f} s in all"
 
 
+def _targets(targets: list[dict], width: int | None) -> str:
+    """The calibration targets: a table of figure, target, measured and result (``width`` None, or wide enough
+    for it); else each target as its result and figure, then its target and what was measured, indented."""
+    rows = [[t["figure"], t["target"], t["measured"], "PASS" if t["pass"] else "FAIL"] for t in targets]
+    table = aligned(["figure", "target", "measured", "result"], rows, text=True)
+    if width is None or max(len(line) for line in table.splitlines()) <= width:
+        return table
+    import textwrap
+
+    blocks = []
+    for figure, target, measured, result in rows:
+        head = textwrap.wrap(figure, max(width - 6, 20), break_long_words=False)
+        blocks += [f"{result}  {head[0]}", *(f"      {x}" for x in head[1:]),
+                   *textwrap.wrap(f"target {target}; measured {measured}", max(width, 26), initial_indent="      ",
+                                  subsequent_indent="      ", break_long_words=False)]
+    return "\n".join(blocks)
+
+
 def _model_window_line(doc: dict) -> str:
     """The one window recommended for every layer, and what it was chosen by (``tune --by``)."""
     d = doc.get("by_detail") or {}
@@ -439,6 +531,27 @@ def _own(module: str, name: str, doc) -> str:
     return getattr(importlib.import_module(f".{module}", __package__), name)(doc)
 
 
-def render(command: str, doc) -> str:
-    """``doc`` (what ``command`` returned) as the text the command prints without ``--json``."""
+#: the commands whose text fits a width (``render``'s ``width``; ``--wide`` turns it off)
+FITTED = {"table": _table}
+
+
+def render(command: str, doc, width: int | None = None) -> str:
+    """``doc`` (what ``command`` returned) as the text the command prints without ``--json``; ``width``: the
+    columns a ``FITTED`` command's text wraps to (None: its tables' rows one line each, however wide)."""
+    if width is not None and command in FITTED:
+        return FITTED[command](doc, width)
     return RENDERERS[command](doc)
+
+
+def terminal_width() -> int | None:
+    """The columns of the terminal stdout is (``COLUMNS`` first, as ``shutil`` reads it); None when stdout is a
+    file or a pipe, which get every column: nothing wraps there, and a script reads the same text on any terminal."""
+    import shutil
+    import sys
+
+    try:
+        if not sys.stdout.isatty():
+            return None
+    except (AttributeError, ValueError):  # replaced by something that is no file, or closed
+        return None
+    return max(shutil.get_terminal_size().columns, 40)

@@ -1,4 +1,4 @@
-"""The real-model extra (torch and transformers, ``requirements-record.txt``); no module here imports
+"""The real-model extra (torch and transformers, ``pip install -e '.[record]'``); no module here imports
 either until a function needs them, so ``import kvsim``, the CLI and the app run without them.
 
 In the order they build on each other: ``errors`` (the two one-line errors), ``loading`` (the

