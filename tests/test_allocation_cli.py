@@ -173,3 +173,29 @@ def test_quality_allocate_adakv_and_duo_are_refused_before_a_model_loads(argv, m
 @pytest.mark.parametrize("argv, message", QUALITY_REFUSED, ids=[m[:40] for _, m in QUALITY_REFUSED])
 def test_quality_allocate_refusals_come_before_a_model_loads(argv, message, capsys, monkeypatch):
     _refused_before_a_model_loads(argv, message, 2, capsys, monkeypatch)
+
+
+def test_a_comparison_is_kept_on_disk_and_read_back_to_the_bit_without_loading_the_traces(bundle, tmp_path, monkeypatch):
+    """The app's Allocation view measures a comparison once per install (``compare_bundle``), not once per
+    server start: the second call reads the same rows, every float equal, and loads no trace."""
+    from kvsim.analysis import allocation as al
+    from kvsim.data.bundle import load_bundle
+    from kvsim.policies import PolicySpec
+
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path))
+    b, spec = load_bundle(bundle), PolicySpec.of("h2o", 24, recent_window=4)
+    first = al.compare_bundle(b, spec)
+    assert al.compare_path(b, spec).is_file()
+    monkeypatch.setattr(al, "load_heads", lambda bundle: pytest.fail("a cached comparison loaded the traces"))
+    again = al.compare_bundle(b, spec)
+
+    def figures(rows):
+        return [(r["allocator"], r["retained_mass"], r["gap_closed"], r["measured"].allocation.rows(),
+                 r["measured"].head_mass, r["measured"].allocation.detail) for r in rows]
+
+    assert figures(again) == figures(first) and {r["allocator"] for r in first} >= {"uniform", "optimal"}
+    assert al.compare_path(b, PolicySpec.of("h2o", 25, recent_window=4)) != al.compare_path(b, spec)  # keyed by the spec
+    al.compare_path(b, spec).write_text("{not json")  # a damaged entry is measured again, not trusted
+    monkeypatch.undo()
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path))
+    assert figures(al.compare_bundle(b, spec)) == figures(first)

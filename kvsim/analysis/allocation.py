@@ -37,10 +37,12 @@ CLI's ``--allocate``, the app's allocation view. The figure is the bundle's mean
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from ..data.bundle import Bundle
+from ..data.store import cache_dir
 from ..data.trace import Trace
 from ..policies import PolicySpec
 from ..policies.split import (
@@ -408,6 +410,89 @@ def compare(heads: list[Head], spec: PolicySpec, allocators: list[str] | None = 
     return out
 
 
+#: the comparisons' disk cache (docs/caches.md, "allocation"): bump when what ``compare`` measures changes
+COMPARE_VERSION = 1
+
+
+def _plain(value):
+    """``value`` with NumPy scalars and arrays as plain Python numbers and lists (JSON-ready, exact)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def bundle_digest(bundle: Bundle) -> str:
+    """sha256 over the bundle's manifest and every trace file it names, in order: what a comparison depends
+    on besides the policy (a re-recorded bundle is a new key; 13 MB for the shipped bundle, ~30 ms)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in (bundle.path / "manifest.json", *(t.path for t in bundle.traces)):
+        digest.update(path.name.encode() + b"\0")
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def compare_path(bundle: Bundle, spec: PolicySpec, allocators: list[str] | None = None) -> Path:
+    """Where ``compare_bundle``'s rows for ``bundle`` at ``spec`` are kept: keyed by the bundle's contents,
+    the policy with its budget and parameters, the allocators asked for and this module's version."""
+    import hashlib
+    import json
+
+    key = {"version": COMPARE_VERSION, "bundle": bundle_digest(bundle), "policy": spec.name, "budget": spec.budget,
+           "params": _plain(dict(spec.params)), "allocators": allocators}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return cache_dir() / "allocation" / f"compare-v{COMPARE_VERSION}-{digest}.json"
+
+
+def _row_to_doc(row: dict) -> dict:
+    a: Allocation = row["measured"].allocation
+    return {"allocator": row["allocator"], "retained_mass": row["retained_mass"], "gap_closed": row["gap_closed"],
+            "allocation": {"allocator": a.allocator, "heads": [list(h) for h in a.heads], "budgets": _plain(a.budgets),
+                           "pooled": a.pooled, "floor": a.floor,
+                           "streaming": None if a.streaming is None else list(a.streaming), "detail": _plain(a.detail)},
+            "head_mass": _plain(row["measured"].head_mass)}
+
+
+def _row_from_doc(doc: dict, spec: PolicySpec) -> dict:
+    a = doc["allocation"]
+    allocation = Allocation(a["allocator"], tuple(tuple(h) for h in a["heads"]), tuple(a["budgets"]), a["pooled"],
+                            a["floor"], None if a["streaming"] is None else tuple(a["streaming"]), a["detail"])
+    measured = Measured(allocation, spec, tuple(doc["head_mass"]))
+    return {"allocator": doc["allocator"], "retained_mass": doc["retained_mass"], "gap_closed": doc["gap_closed"],
+            "measured": measured}
+
+
+def compare_bundle(bundle: Bundle, spec: PolicySpec, allocators: list[str] | None = None, *,
+                   progress: Progress | None = None, use_cache: bool = True) -> list[dict]:
+    """``compare`` on ``bundle``'s heads, kept on disk (``compare_path``): a comparison is measured once per
+    install, not once per server start; a second call reads it back, the same figures to the bit (JSON keeps
+    a float exactly), without loading the bundle's traces. An unreadable cache file is measured again."""
+    import json
+
+    from ..data.files import atomic_write
+
+    path = compare_path(bundle, spec, allocators)
+    if use_cache and path.is_file():
+        try:
+            return [_row_from_doc(d, spec) for d in json.loads(path.read_text(encoding="utf-8"))["rows"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # damaged or from another layout: measured again below, and rewritten
+    rows = compare(load_heads(bundle), spec, allocators, progress=progress)
+    if use_cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({"bundle": bundle.name, "policy": spec.name, "budget": spec.budget,
+                           "rows": [_row_to_doc(r) for r in rows]})
+        atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+    return rows
+
+
 __all__ = [
     "ALLOCATORS",
     "STATIC",
@@ -422,6 +507,7 @@ __all__ = [
     "check",
     "check_split",
     "compare",
+    "compare_bundle",
     "integer_split",
     "load_heads",
     "measure",

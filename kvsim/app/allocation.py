@@ -40,8 +40,7 @@ def compared(name: str, spec: PolicySpec) -> list[dict]:
     def compute():
         bundle = cached_bundle(name)
         bar = st.progress(0.0, text=f"allocating {bundle.describe()} for {spec.name} at budget {spec.budget}")
-        heads = al.load_heads(bundle)
-        rows = al.compare(heads, spec, progress=lambda f, note="": bar.progress(min(f or 0.0, 1.0), text=note))
+        rows = al.compare_bundle(bundle, spec, progress=lambda f, note="": bar.progress(min(f or 0.0, 1.0), text=note))
         bar.empty()
         return rows
 

@@ -11,6 +11,8 @@ Every entry is named by a pattern its writer uses (docs/caches.md says which wri
   versions put it at the top as ``gemma3-270m-<sha>-transformers-<version>/``).
 - ``recordings``: bundles ``kvsim record`` wrote without ``--out`` (``kvsim.models.record_cache``,
   ``recordings/<prefix>-<steps>-<store>-<key>/``; the long bundle is about 2 GB).
+- ``allocation``: the app's allocation comparisons (``kvsim.analysis.allocation.compare_bundle``,
+  ``allocation/compare-v*.json``, a few kB each);
 - ``needle``: ``kvsim needle``'s trials and grids (``kvsim.models.needle``, ``needle/trial-*.json`` with each
   policy run's departures as ``.npz``, ``needle/grid-*.json``).
 
@@ -38,6 +40,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "models": ("models", "gemma3-270m-*"),
     "recordings": ("recordings",),
     "needle": ("needle",),
+    "allocation": ("allocation",),
 }
 OTHER = "other"
 
