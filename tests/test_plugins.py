@@ -219,3 +219,12 @@ def test_needle_and_quality_run_it_from_the_plugin(plugin, folder, tmp_path):
     by = {r["policy"]: r for r in quality}
     assert by["newest"]["kl"] == by["sliding_window"]["kl"] > 0
     assert by["newest"]["retained_mass"] == by["sliding_window"]["retained_mass"]
+
+
+def test_a_policy_without_a_kernel_is_said_to_replay_on_the_reference_path(loaded):
+    """Where the speed matters, the step's note (shown on a terminal once a step passes two seconds)."""
+    from kvsim.cli import report
+
+    said = []
+    report.prepare(["newest", "h2o"], lambda fraction, note="": said.append(note))
+    assert said[0] == "newest has no kernel: the reference harness replays it (slower; the same figures)"

@@ -68,7 +68,13 @@ def prepare(policies, progress: protocol.Progress | None) -> None:
     """Say so on stderr when a replay of the step compiles kernels (the first run after an install, or
     the first of a trace kind), instead of sitting silent inside it (``kvsim.sim.engine.announce_compile``).
     Nothing is replayed ahead: a command loads only the kernels its replays run, from numba's disk cache
-    when they are there (issue 36)."""
+    when they are there (issue 36). A policy with no kernel (a plugin's, say) is said to run on the
+    reference harness, the step's note while it is slow."""
+    slow = [name for name in policies if name not in engine.FAST]
+    if progress is not None and slow:  # shown only past PATIENCE, i.e. where the speed matters
+        one = len(slow) == 1
+        progress(None, f"{', '.join(slow)} {'has' if one else 'have'} no kernel: the reference harness replays "
+                       f"{'it' if one else 'them'} (slower; the same figures)")
     names = [name for name in policies if name in engine.FAST]
     if progress is None or not names or not engine.AVAILABLE:
         return
