@@ -179,6 +179,9 @@ def test_the_warmup_runs_each_job_once_in_order_and_says_so_only_while_compiling
     note = warm.note(["a", "b", "unknown"])
     assert note.startswith("Compiling the fast engine once for this install (about 15 s)")  # 4 + 4 + 8 shared
     assert warm.note(["c"]) is None  # on disk: loaded, not compiled
+    warm.compiling_since = time.monotonic() - 40  # a compile slower than estimated says the time it has taken
+    assert "(40 s so far; what is left takes about 16 s on two idle cores, longer on a busy machine)" in warm.note(["a", "b"])
+    warm.compiling_since = None
     threads = [threading.Thread(target=warm.want, args=(["a", "b", "bad", "a"],)) for _ in range(4)]
     for t in threads:
         t.start()

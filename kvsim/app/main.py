@@ -90,7 +90,24 @@ def warm_up(needs: list[str]):
     if warm.cached(needs):
         warm.load(needs)
         return lambda: None
-    note = warm.note(needs)
-    if note:  # on a tour step (a slide) the note goes to the sidebar, so the step's figure still fits the screen
-        (st.sidebar if state.touring() else st).info(note, icon=":material/hourglass_top:")
+    if warm.note(needs):  # on a tour step (a slide) the note goes to the sidebar, so the step's figure still fits the screen
+        with st.sidebar if state.touring() else st.container():
+            compile_banner(warm, needs)
     return lambda: warm.want(needs)
+
+
+def compile_banner(warm, needs: list[str]) -> None:
+    """The compile's one line, redrawn every second with the time it has taken and what is left; when the
+    compile ends the line goes and the page is drawn again, now on the engine, with nothing touched."""
+
+    @st.fragment(run_every=1.0)
+    def banner() -> None:
+        note = warm.note(needs)
+        if note is None:  # compiled (or failed: the reference path stays): the page again, without the line
+            if st.session_state.pop("_compiling", False):
+                st.rerun()
+            return
+        st.session_state["_compiling"] = True
+        st.info(note, icon=":material/hourglass_top:")
+
+    banner()

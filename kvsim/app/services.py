@@ -398,9 +398,10 @@ class Warmup:
         total = sum(self._jobs[n].estimate_s for n in compiling)
         if any(self._jobs[n].shared for n in compiling) and not any(self._jobs[n].shared for n in self._done):
             total += self._shared_s
-        left = max(5, 5 * round((total - spent) / 5))
-        return (f"Compiling the fast engine once for this install (about {left} s); the views already drawn use "
-                "the reference path, with the same results, and a change made once it is done uses the engine.")
+        how = (f"about {max(5, 5 * round((total - spent) / 5))} s" if spent < total - 2.5 else
+               f"{spent:.0f} s so far; what is left takes about {total:.0f} s on two idle cores, longer on a busy machine")
+        return (f"Compiling the fast engine once for this install ({how}); the views drawn meanwhile use the "
+                "reference path, with the same results, and the page is drawn again on the engine when it ends.")
 
     def _run(self) -> None:
         while True:
