@@ -566,7 +566,7 @@ def test_a_slow_curve_is_drawn_coarse_first_then_refined_in_the_background(monke
     assert peak_note(fig).startswith("peak so far at ")
     assert len(values(named(fig, "h2o")[0]["x"])) <= 8 and not named(fig, "scissorhands")  # the coarse grid alone
     assert still("Still replaying in the background")
-    assert not at.get("download_button")  # the first paint is the chart: the notes and downloads come refined
+    assert not at.main.get("download_button")  # the first paint is the chart: the notes and downloads come refined
     for _ in range(480):  # each background replay that ends draws the page again
         if not still("Still replaying") or still("in the background: every window of h2o's curve; each"):  # only that left
             break
@@ -583,7 +583,7 @@ def test_a_slow_curve_is_drawn_coarse_first_then_refined_in_the_background(monke
     # (a sample's peak is not called the best)
     assert peak_note(fig).startswith(f"peak so far at {best['recent_window']}: {best['retained_mass']:.3f}")
     assert named(fig, "scissorhands") and named(fig, "tova") and named(fig, "upper bound")
-    assert len(at.get("download_button")) == 2
+    assert len(at.main.get("download_button")) == 2
     every_window.set()
     for _ in range(480):
         if not still("Still replaying"):

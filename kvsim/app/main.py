@@ -31,6 +31,7 @@ from .kept import kept_view
 from .lab import lab_view
 from .model import model_view
 from .needle import needle_view
+from .plan_download import plan_download
 from .quality import quality_view
 from .scores import score_view
 from .trace import trace_view
@@ -62,6 +63,8 @@ def run() -> None:
     settings = Settings.read(trace)
     for problem in settings.problems:
         st.error(problem)
+    with st.sidebar:
+        plan_download(settings.runs)
 
     views = (
         lambda: kept_view(trace, settings), lambda: score_view(trace, settings), lambda: curve_view(trace, settings),

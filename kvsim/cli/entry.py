@@ -14,6 +14,7 @@ from typing import NoReturn
 from ..policies import ParamError
 from .errors import BAD_INPUT, USAGE, CLIError, model_error, param_message
 from .parser import COMMANDS, PROG, build_parser
+from .plan_flags import TAKES_PLAN as PLAN_COMMANDS
 
 #: the module of each command that has one of its own; ``commands`` holds the rest (``COMMANDS``). A
 #: command's module is imported when it runs, so --help, a usage error and ``cache list`` load none of
@@ -49,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_app(extra)
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        if args.command in PLAN_COMMANDS:  # the run's plan: --plan read into the flags, --save-plan written
+            from . import plan_flags
+
+            plan_flags.apply(args, parser)
+            plan_flags.save(args)
         doc = command(args.command)(args)
         if args.json:
             from .jsondoc import as_json

@@ -28,6 +28,9 @@ def add_needle(sub) -> None:
                        "cache held to the budget, and at which step did each layer lose it (needs the record extra)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="gemma3-270m (default), smollm2-135m or a local Hugging Face "
                    "model folder")
+    from .plan_flags import add_plan_flags
+
+    add_plan_flags(p, "needle")
     p.add_argument("--policies", default="streaming_llm,h2o", help=f"comma-separated online policies ({online}; "
                    "'all': every one; default: streaming_llm,h2o)")
     p.add_argument("--budget", default=None, metavar="B[,B...]", help="positions each layer holds per KV "

@@ -19,6 +19,7 @@ from ..data.catalog import available_bundles, available_traces
 from ..policies import DEFAULT_BUDGET, POLICIES, all_tunables, policy_params
 from ..sim.harness import DEFAULT_TOP_K
 from .errors import BAD_INPUT, USAGE, CLIError, flag
+from .plan_flags import add_plan_flags
 
 PROG = "kvsim"
 
@@ -118,8 +119,8 @@ def _common(p: argparse.ArgumentParser, traces: str, budget_default: int | None,
 
 def _policy_flags(p: argparse.ArgumentParser, ranges: bool) -> None:
     # "none" is kvsim.sim.prefill.GROW, named here so that --help imports none of the simulator
-    p.add_argument("--policy", required=True, choices=[*POLICIES, "none"], help="registry name (none: with "
-                   "--prefill-budget, the cache grows after the prompt)")
+    p.add_argument("--policy", choices=[*POLICIES, "none"], help="registry name (none: with --prefill-budget, the "
+                   "cache grows after the prompt); required unless --plan gives it")
     for param, spec in all_tunables().items():
         owners = ", ".join(n for n, cls in POLICIES.items() if spec in cls.tunables)
         p.add_argument(flag(param), dest=f"param_{param}", type=str if ranges else int, default=None,
@@ -149,6 +150,7 @@ def _add_replay(sub, traces) -> None:
     _proxies_flag(p)
     _allocate_flag(p)
     _prefill_flags(p)
+    add_plan_flags(p, "replay")
 
 
 def _add_sweep(sub, traces) -> None:
@@ -158,6 +160,7 @@ def _add_sweep(sub, traces) -> None:
     _proxies_flag(p)
     _allocate_flag(p)
     _prefill_flags(p, ranges=True)
+    add_plan_flags(p, "sweep")
 
 
 #: kvsim.analysis.allocation.ALLOCATORS, named here so that --help imports none of the simulator
@@ -202,6 +205,7 @@ def _add_table(sub, traces) -> None:
     _proxies_flag(p)
     _allocate_flag(p)
     _prefill_flags(p)
+    add_plan_flags(p, "table")
 
 
 def _add_claims(sub, traces) -> None:
@@ -342,7 +346,7 @@ def _add_generate(sub, traces) -> None:
     p.add_argument("--model", default="gemma", metavar="DIR|gemma", help="a local Hugging Face model folder, or gemma "
                    "for the shipped Gemma-3-270M (default)")
     online = ", ".join(n for n, c in POLICIES.items() if not c.needs_trace)
-    p.add_argument("--policy", required=True, help=f"an online registry policy ({online})")
+    p.add_argument("--policy", help=f"an online registry policy ({online}); required unless --plan gives it")
     p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET, action=_Given, help="positions each layer "
                    f"holds per KV head (default: {DEFAULT_BUDGET}) or, with --allocate FILE, on average (by default the file's split)")
     p.add_argument("--allocate", default=None, metavar="NAME|FILE", help="a budget per (layer, KV head) at --budget's "
@@ -361,6 +365,7 @@ def _add_generate(sub, traces) -> None:
     p.add_argument("--max-new-tokens", type=positive_int, required=True, metavar="N", help="tokens to generate "
                    "(fewer if the model ends the text)")
     p.add_argument("--seed", type=int, default=None, help="the generator the random policy draws from")
+    add_plan_flags(p, "generate")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
 
 
@@ -399,7 +404,7 @@ def _add_quality(sub, traces) -> None:
                                        "(needs the record extra)")
     p.add_argument("text", metavar="TEXT", help="a UTF-8 text file, or heapq for the shipped traces' text (CPython 3.11.7 "
                    "Lib/heapq.py)")
-    which = p.add_mutually_exclusive_group(required=True)
+    which = p.add_mutually_exclusive_group()  # one of them, or --plan FILE
     which.add_argument("--policy", choices=list(POLICIES), help="registry name")
     which.add_argument("--policies", help="comma-separated registry names: a grid ('all': every registered policy)")
     p.add_argument("--budget", default=str(DEFAULT_BUDGET), metavar="B[,B...]",
@@ -418,6 +423,7 @@ def _add_quality(sub, traces) -> None:
                    "step's read of the weights; with --allocate, splits masking one pass (default: 8)")
     p.add_argument("--no-cache", action="store_true", help="measure again instead of reading cached results")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_plan_flags(p, "quality")
     p.add_argument("--allocate", default=None, metavar="NAME[,NAME...]", help="each layer and KV head at the budget "
                    "an allocator gives it (uniform, pyramidkv, cake, optimal), the same memory as uniform's; one --policy, "
                    "--budget and NAME: beside uniform's, --mode closed or open (adakv's pool per layer: closed); lists "

@@ -110,8 +110,8 @@ def layer_specs(model, policy: str, budget: int | None, windows=None, by: str = 
     return specs
 
 
-def cache(model, policy: str, budget: int | None, *, windows=None, by: str = "layer", allocate=None,
-          prefill: str = "exact", seed: int | None = None, progress=None, prefill_budget=None,
+def cache(model, policy: str | None = None, budget: int | None = None, *, plan=None, windows=None, by: str = "layer",
+          allocate=None, prefill: str = "exact", seed: int | None = None, progress=None, prefill_budget=None,
           prefill_policy: str = DEFAULT_SCORER, prefill_params: dict | None = None, **params) -> EvictingCache:
     """An ``EvictingCache`` for ``model``: ``policy`` at ``budget`` in every layer with ``params``, and
     ``windows`` (see ``layer_specs``) per layer; ``allocate`` (see ``layer_specs``) gives each (layer,
@@ -129,7 +129,19 @@ def cache(model, policy: str, budget: int | None, *, windows=None, by: str = "la
     pass, attends in full; then each (layer, KV head) keeps ``prefill_budget`` of its positions (an integer,
     or a ratio in (0, 1) of the prompt), chosen once by ``prefill_policy``'s score (``snapkv`` by default, at
     its defaults updated by ``prefill_params``), and decoding goes on from them: ``policy`` ``"none"`` lets the
-    cache grow, any online policy runs at ``budget`` from the kept set (``kvsim.sim.prefill``)."""
+    cache grow, any online policy runs at ``budget`` from the kept set (``kvsim.sim.prefill``).
+
+    ``plan``: a run's plan (``kvsim.policies.plan.Plan``, or the path of its JSON, e.g. ``kvsim replay ...
+    --save-plan FILE`` or the app's download) in place of the policy, budget, parameters, ``allocate`` and the
+    compression, which are then not given here."""
+    if plan is not None:
+        policy, budget, extra = _from_plan(plan, policy, budget, allocate, prefill, prefill_budget, params)
+        allocate, prefill_budget = extra.pop("allocate"), extra.pop("prefill_budget")
+        prefill = extra.pop("prefill", prefill)
+        prefill_policy, prefill_params = extra.pop("prefill_policy", prefill_policy), extra.pop("prefill_params", None)
+        params = extra
+    if policy is None:
+        raise HFError("a policy is needed (or plan=)")
     if prefill not in PREFILL:
         raise HFError(f"prefill must be one of {', '.join(PREFILL)}, got {prefill!r}")
     scorer = None
@@ -159,6 +171,30 @@ def cache(model, policy: str, budget: int | None, *, windows=None, by: str = "la
     return EvictingCache([EvictingLayer(row, prefill=prefill, rng_seed=seed, prefill_budget=prefill_budget,
                                         prefill_policy=scorer, meta=meta) for row, meta in zip(specs, metas, strict=True)],
                          progress=progress)
+
+
+def _from_plan(plan, policy, budget, allocate, prefill, prefill_budget, params) -> tuple:
+    """``cache``'s arguments from a plan: (policy, budget, the rest by keyword); HFError when a plan and the
+    arguments it sets are both given, or the plan cannot be read."""
+    from ..policies.plan import GROW as PLAN_GROW
+    from ..policies.plan import Plan, PlanError
+
+    if not isinstance(plan, Plan):
+        try:
+            plan = Plan.read(plan)
+        except PlanError as e:
+            raise HFError(f"plan: {e}") from None
+    if policy is not None or budget is not None or allocate is not None or prefill_budget is not None or params:
+        raise HFError("plan= gives the policy, budget, parameters, allocate and compression: give them there, not here too")
+    spec, c = plan.policy, plan.compression
+    extra = {"allocate": plan.allocate if plan.allocate is not None else plan.budgets, "prefill_budget": None}
+    if c is not None:
+        if prefill != "exact":
+            raise HFError(f"plan= compresses the prompt; prefill={prefill!r} is another prompt mode")
+        extra.update(prefill="compress", prefill_budget=c.keep, prefill_policy=c.policy, prefill_params=dict(c.params))
+    if spec is None:
+        return PLAN_GROW, None, extra
+    return spec.name, spec.budget, {**extra, **dict(spec.params)}
 
 
 def layer_metas(model, policies: list[str]) -> list[dict]:

@@ -1,0 +1,29 @@
+"""The sidebar's "run it elsewhere": each chosen policy at the sidebar's settings as a run's plan
+(``kvsim.policies.plan``), to download and hand to ``--plan`` on the command line or to
+``kvsim.hf.cache(plan=...)``: what was tuned here, run on a model with nothing retyped."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from kvsim.policies import POLICIES, PolicySpec
+from kvsim.policies.plan import Plan
+
+
+def plans(specs) -> dict[str, str]:
+    """The plan JSON of each online spec among ``specs`` (offline references read the future: no plan)."""
+    return {s.name: Plan(s).to_json() for s in specs if isinstance(s, PolicySpec) and not POLICIES[s.name].needs_trace}
+
+
+def plan_download(specs) -> None:
+    """Drawn in the sidebar: a download per chosen online policy and the commands that take the file."""
+    made = plans(specs)
+    if not made:
+        return
+    with st.expander("run these settings elsewhere"):
+        st.caption("Each policy at the sidebar's budget and parameters as a run's plan (JSON). Then "
+                   "`python -m kvsim generate --plan FILE \"your prompt\"`, `python -m kvsim needle --plan FILE` or, "
+                   "in Python, `kvsim.hf.cache(model, plan=FILE)`.")
+        for name, text in made.items():
+            st.download_button(f"plan: {name}", text, file_name=f"plan-{name}.json", mime="application/json",
+                               key=f"plan_{name}", on_click="ignore")

@@ -1,0 +1,185 @@
+"""A run's plan: what every command and the deployed cache need to know to run one configuration, as one
+frozen, hashable value: the decode policy at its budget and parameters (a ``PolicySpec``), the split of the
+memory over (layer, KV head) (an allocator's name, or the budgets themselves), and the prompt's compression
+at its end (how many positions each head keeps, chosen by which policy's score). Made once from the flags
+(``kvsim.cli.plan_flags``), the app's controls (its "this run's plan" download) or a file; read by ``replay``,
+``sweep``, ``table``, ``quality``, ``generate``, ``needle`` (``--plan FILE``) and ``kvsim.hf.cache(plan=...)``.
+
+Its JSON (``Plan.to_dict``) is a superset of an allocation file: the ``allocation`` rows (``layer``,
+``kv_head``, ``budget``) are what ``--allocate FILE`` reads, so a plan with a split is also a split file::
+
+    {"kvsim_plan": 1, "policy": "h2o", "budget": 256, "params": {"recent_window": 32},
+     "allocate": null, "allocation": null,
+     "compression": {"keep": 0.5, "policy": "snapkv", "params": {}, "prompt_length": null}}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .base import ParamError
+from .registry import POLICIES, suggest
+from .spec import PolicySpec
+
+FORMAT = 1
+#: the policy name that lets the cache grow after a compressed prompt (``kvsim.sim.prefill.GROW``)
+GROW = "none"
+#: a plan is a small document; anything larger is refused before it is read
+MAX_BYTES = 4 * 1024 * 1024
+#: the allocators a plan may name (``kvsim.policies.split.ALLOCATORS``)
+_ALLOCATORS = ("uniform", "pyramidkv", "cake", "adakv", "duo", "optimal")
+
+
+class PlanError(ValueError):
+    """A plan that cannot be used: one line naming where it came from, the field and the problem."""
+
+
+@dataclass(frozen=True)
+class Compression:
+    """The prompt compressed once at its end: each (layer, KV head) keeps ``keep`` of its positions (an
+    integer, or a share in (0, 1) of the prompt), chosen by ``policy``'s score at ``params``."""
+
+    keep: int | float
+    policy: str = "snapkv"
+    params: tuple[tuple[str, int], ...] = ()
+    prompt_length: int | None = None
+
+    @property
+    def scorer(self) -> str:
+        """``NAME[:param=N,...]``, the form ``--prefill-policy`` takes."""
+        return self.policy + (":" + ",".join(f"{k}={v}" for k, v in self.params) if self.params else "")
+
+    def to_dict(self) -> dict:
+        return {"keep": self.keep, "policy": self.policy, "params": dict(self.params), "prompt_length": self.prompt_length}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One run: ``policy`` (None: the cache grows after the compressed prompt), ``allocate`` (an allocator's
+    name) or ``allocation`` (``(layer, kv_head, budget)`` rows), and ``compression``."""
+
+    policy: PolicySpec | None
+    allocate: str | None = None
+    allocation: tuple[tuple[int, int, int], ...] | None = None
+    compression: Compression | None = None
+
+    def to_dict(self) -> dict:
+        p = self.policy
+        return {
+            "kvsim_plan": FORMAT,
+            "policy": GROW if p is None else p.name,
+            "budget": None if p is None else p.budget,
+            "params": {} if p is None else dict(p.params),
+            "allocate": self.allocate,
+            "allocation": None if self.allocation is None else
+            [{"layer": x, "kv_head": h, "budget": b} for x, h, b in self.allocation],
+            "compression": None if self.compression is None else self.compression.to_dict(),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @property
+    def budgets(self) -> dict[tuple[int, int], int] | None:
+        """The split as ``{(layer, kv_head): budget}`` (what ``kvsim.hf.cache(allocate=...)`` takes), or None."""
+        return None if self.allocation is None else {(x, h): b for x, h, b in self.allocation}
+
+    @classmethod
+    def from_dict(cls, doc, where: str = "plan") -> Plan:
+        """The plan ``doc`` states, every field checked; PlanError (``where: field: problem``) otherwise."""
+        if not isinstance(doc, dict) or doc.get("kvsim_plan") != FORMAT:
+            raise PlanError(f"{where}: not a kvsim plan (an object with \"kvsim_plan\": {FORMAT})")
+        unknown = sorted(set(doc) - {"kvsim_plan", "policy", "budget", "params", "allocate", "allocation", "compression"})
+        if unknown:
+            raise PlanError(f"{where}: unknown field {unknown[0]!r}")
+        name = doc.get("policy")
+        compression = _compression(doc.get("compression"), where)
+        if name == GROW:
+            if compression is None:
+                raise PlanError(f"{where}: policy: 'none' (the cache growing) needs a compression")
+            if doc.get("budget") is not None or doc.get("params") or doc.get("allocate") or doc.get("allocation"):
+                raise PlanError(f"{where}: policy: 'none' lets the cache grow: no budget, params or split")
+            return cls(None, compression=compression)
+        spec = _spec(name, doc.get("budget"), doc.get("params", {}), where, "")
+        allocate, rows = doc.get("allocate"), doc.get("allocation")
+        if allocate is not None and rows is not None:
+            raise PlanError(f"{where}: allocate and allocation: give one (a split by name, or its rows)")
+        if allocate is not None and allocate not in _ALLOCATORS:
+            raise PlanError(f"{where}: allocate: {allocate!r} is not an allocator ({', '.join(_ALLOCATORS)})")
+        return cls(spec, allocate, None if rows is None else _rows(rows, where), compression)
+
+    @classmethod
+    def read(cls, path) -> Plan:
+        """The plan in the JSON file ``path``; PlanError naming the file for anything else."""
+        p = Path(path)
+        if not p.is_file():
+            raise PlanError(f"{path}: no such file")
+        if p.stat().st_size > MAX_BYTES:
+            raise PlanError(f"{path}: {p.stat().st_size} bytes, more than a plan's limit of {MAX_BYTES}")
+        try:
+            doc = json.loads(p.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as e:
+            raise PlanError(f"{path}: not UTF-8 (byte {e.start})") from None
+        except json.JSONDecodeError as e:
+            raise PlanError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+        except RecursionError:
+            raise PlanError(f"{path}: nested too deeply to be a plan") from None
+        return cls.from_dict(doc, str(path))
+
+
+def _spec(name, budget, params, where: str, field: str) -> PolicySpec:
+    if not isinstance(name, str) or name not in POLICIES:
+        raise PlanError(f"{where}: {field}policy: {name!r} is not a registered policy{suggest(str(name))}")
+    if POLICIES[name].needs_trace:
+        raise PlanError(f"{where}: {field}policy: {name} is an offline reference (it reads the future); a plan runs online")
+    if not isinstance(params, dict) or not all(isinstance(k, str) and type(v) is int for k, v in params.items()):
+        raise PlanError(f"{where}: {field}params: an object of integer parameters")
+    if type(budget) is not int:
+        raise PlanError(f"{where}: {field}budget: an integer is needed, got {budget!r}")
+    try:
+        return PolicySpec.of(name, budget, **params)
+    except (ParamError, ValueError) as e:
+        raise PlanError(f"{where}: {field}{' '.join(str(e).split())}") from None
+
+
+def _rows(rows, where: str) -> tuple[tuple[int, int, int], ...]:
+    if not isinstance(rows, list) or not rows:
+        raise PlanError(f"{where}: allocation: a non-empty list of rows (layer, kv_head, budget)")
+    out, seen = [], set()
+    for i, r in enumerate(rows):
+        if not (isinstance(r, dict) and all(type(r.get(k)) is int for k in ("layer", "kv_head", "budget"))):
+            raise PlanError(f"{where}: allocation[{i}]: integer 'layer', 'kv_head' and 'budget' are needed")
+        key = (r["layer"], r["kv_head"])
+        if key in seen:
+            raise PlanError(f"{where}: allocation[{i}]: layer {key[0]} KV head {key[1]} is listed twice")
+        if r["budget"] < 1:
+            raise PlanError(f"{where}: allocation[{i}]: budget {r['budget']} is below 1")
+        seen.add(key)
+        out.append((r["layer"], r["kv_head"], r["budget"]))
+    return tuple(sorted(out))
+
+
+def _compression(doc, where: str) -> Compression | None:
+    if doc is None:
+        return None
+    if not isinstance(doc, dict):
+        raise PlanError(f"{where}: compression: an object (keep, policy, params, prompt_length) or null")
+    unknown = sorted(set(doc) - {"keep", "policy", "params", "prompt_length"})
+    if unknown:
+        raise PlanError(f"{where}: compression: unknown field {unknown[0]!r}")
+    keep = doc.get("keep")
+    if isinstance(keep, bool) or not isinstance(keep, (int, float)) or keep <= 0 or (isinstance(keep, float) and keep >= 1):
+        raise PlanError(f"{where}: compression.keep: a number of positions (1 or more) or a share in (0, 1), got {keep!r}")
+    name = doc.get("policy", "snapkv")
+    params = doc.get("params", {})
+    # checked as the scorer would be at a budget it can always hold (its windows below it), online
+    _spec(name, 10**9, params, where, "compression.")
+    prompt = doc.get("prompt_length")
+    if prompt is not None and (type(prompt) is not int or prompt < 2):
+        raise PlanError(f"{where}: compression.prompt_length: an integer of 2 or more, got {prompt!r}")
+    return Compression(keep, name, tuple(sorted(params.items())), prompt)
+
+
+__all__ = ["FORMAT", "Compression", "Plan", "PlanError"]
