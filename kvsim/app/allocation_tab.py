@@ -12,7 +12,7 @@ import streamlit as st
 from kvsim.analysis import allocation as al
 from kvsim.data.catalog import available_bundles
 from kvsim.policies import POLICIES, PolicySpec
-from kvsim.views.figures.allocation import budget_grids, mass_bars
+from kvsim.views.figures.allocators import budget_grids, mass_bars
 
 from . import services
 from .memo import cached_bundle
