@@ -64,7 +64,8 @@ def main() -> int:
     ap.add_argument("grids", nargs="+", type=Path)
     ap.add_argument("--by", choices=("budget", "length"), default="budget")
     args = ap.parse_args()
-    from kvsim.models.needle import NeedleError, read_grid
+    from kvsim.models.needle import read_grid
+    from kvsim.models.needle_prompt import NeedleError
 
     try:
         docs = [read_grid(p) for p in args.grids]
