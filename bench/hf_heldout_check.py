@@ -21,7 +21,7 @@ def main() -> None:
 
     import kvsim.hf as hf
     from kvsim.models.loading import load_model
-    from kvsim.models.quality import heapq_path, tokenize
+    from kvsim.models.texts import heapq_path, tokenize
 
     torch.set_num_threads(1)
     model, tokenizer = load_model(None)
