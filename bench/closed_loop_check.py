@@ -25,7 +25,7 @@ FIGURES = ("nll", "kl", "retained_mass")
 
 
 def measure(real: bool) -> dict:
-    from kvsim.bench import this_checkout
+    from checkout import this_checkout
 
     sys.path.insert(0, str(this_checkout(__file__) / "tests"))  # the suite's helpers: modules of tests/, not a package
     from test_quality import TEXT, ByteTokenizer, _tiny

@@ -13,7 +13,7 @@ import time
 
 
 def main() -> None:
-    from kvsim.bench import this_checkout
+    from checkout import this_checkout
 
     sys.path.insert(0, str(this_checkout(__file__) / "tests"))  # the suite's helpers: modules of tests/, not a package
     import test_hf

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvsim.bench import this_checkout
+from checkout import this_checkout
 
 ROOT = this_checkout(__file__)
 

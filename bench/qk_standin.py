@@ -27,8 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from kvsim.bench import this_checkout
+from checkout import this_checkout
 
 ROOT = this_checkout(__file__)
 

@@ -20,9 +20,9 @@ import argparse
 import time
 
 import numpy as np
+from checkout import this_checkout
 
 import kvsim
-from kvsim.bench import this_checkout
 from kvsim.data import qk, qk_files
 from kvsim.sim import engine
 from kvsim.sim.harness import replay_reference
