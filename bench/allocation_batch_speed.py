@@ -12,8 +12,9 @@ import os
 import sys
 import time
 
+from checkout import this_checkout
+
 from kvsim.analysis import allocation as al
-from kvsim.bench import this_checkout
 from kvsim.policies import PolicySpec
 
 this_checkout(__file__)

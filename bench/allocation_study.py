@@ -12,8 +12,9 @@ import json
 import sys
 import time
 
+from checkout import this_checkout
+
 from kvsim.analysis import allocation as al
-from kvsim.bench import this_checkout
 from kvsim.data.catalog import resolve_bundle
 from kvsim.policies import PolicySpec
 from kvsim.progress import stderr

@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvsim.bench import this_checkout
+from checkout import this_checkout
 
 this_checkout(__file__)
 

@@ -26,8 +26,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from checkout import this_checkout
+
 from kvsim.bench import browser as bb
-from kvsim.bench import checkout_env, this_checkout
+from kvsim.bench import checkout_env
 
 this_checkout(__file__)
 

@@ -39,9 +39,10 @@ import time
 from pathlib import Path
 
 import browser_floor as floor
+from checkout import this_checkout
 
 from kvsim.bench import browser as bb
-from kvsim.bench import checkout_env, this_checkout
+from kvsim.bench import checkout_env
 
 this_checkout(__file__)
 

@@ -30,8 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from checkout import this_checkout
+
 from kvsim.bench import browser as bb
-from kvsim.bench import client, load, this_checkout
+from kvsim.bench import client, load
 from kvsim.bench.browser.server import Server, server_env
 
 this_checkout(__file__)

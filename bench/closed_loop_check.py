@@ -25,12 +25,12 @@ FIGURES = ("nll", "kl", "retained_mass")
 
 
 def measure(real: bool) -> dict:
-    from kvsim.bench import this_checkout
+    from checkout import this_checkout
 
     sys.path.insert(0, str(this_checkout(__file__) / "tests"))  # the suite's helpers: modules of tests/, not a package
     from test_quality import TEXT, ByteTokenizer, _tiny
 
-    from kvsim.models import quality
+    from kvsim.models import quality, texts
 
     text = pathlib.Path(tempfile.mkdtemp()) / "text.txt"
     text.write_text(TEXT)
@@ -39,7 +39,7 @@ def measure(real: bool) -> dict:
         s = quality.Session(_tiny(kind), ByteTokenizer(), text, 32, model_id=f"tiny-{kind}", progress=None)
         out[kind] = [{k: r[k] for k in FIGURES} for r in s.evaluate_many([s.configuration(*j) for j in TINY_JOBS], "closed")]
     if real:
-        s = quality.open_session(quality.heapq_path(), 192, progress=None)
+        s = quality.open_session(texts.heapq_path(), 192, progress=None)
         out["gemma"] = [{k: r[k] for k in FIGURES} for r in s.evaluate_many([s.configuration(*j) for j in REAL_JOBS], "closed")]
     return out
 

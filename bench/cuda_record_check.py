@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from checkout import this_checkout
 
-from kvsim.bench import this_checkout
 from kvsim.data.trace import load_npz
 from kvsim.models.record import RecordConfig, record
 

@@ -13,7 +13,7 @@ import time
 
 
 def main() -> None:
-    from kvsim.bench import this_checkout
+    from checkout import this_checkout
 
     sys.path.insert(0, str(this_checkout(__file__) / "tests"))  # the suite's helpers: modules of tests/, not a package
     import test_hf
@@ -21,7 +21,7 @@ def main() -> None:
 
     import kvsim.hf as hf
     from kvsim.models.loading import load_model
-    from kvsim.models.quality import heapq_path, tokenize
+    from kvsim.models.texts import heapq_path, tokenize
 
     torch.set_num_threads(1)
     model, tokenizer = load_model(None)

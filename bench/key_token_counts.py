@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvsim.bench import this_checkout
+from checkout import this_checkout
+
 from kvsim.cli.proxies_command import DEFAULT_MODELS, DEFAULT_TEXTS
 from kvsim.models import quality
 from kvsim.models.truth import TEXTS_DIR

@@ -19,8 +19,9 @@ import tempfile
 from pathlib import Path
 from urllib.parse import quote
 
+from checkout import this_checkout
+
 from kvsim.bench import browser as bb
-from kvsim.bench import this_checkout
 from kvsim.data import catalog
 
 this_checkout(__file__)

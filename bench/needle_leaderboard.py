@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvsim.bench import this_checkout
+from checkout import this_checkout
 
 ROOT = this_checkout(__file__)
 
@@ -64,7 +64,8 @@ def main() -> int:
     ap.add_argument("grids", nargs="+", type=Path)
     ap.add_argument("--by", choices=("budget", "length"), default="budget")
     args = ap.parse_args()
-    from kvsim.models.needle import NeedleError, read_grid
+    from kvsim.models.needle import read_grid
+    from kvsim.models.needle_prompt import NeedleError
 
     try:
         docs = [read_grid(p) for p in args.grids]

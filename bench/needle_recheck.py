@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvsim.bench import this_checkout
+from checkout import this_checkout
 
 ROOT = this_checkout(__file__)
 
@@ -46,18 +46,18 @@ def main() -> int:
 
     import numpy as np
 
-    from kvsim.models import needle
+    from kvsim.models import needle, needle_prompt
     from kvsim.models.quality import load
 
     model, tokenizer, model_id = load(None, None)
-    builder = needle.Builder(tokenizer, needle.Template())
+    builder = needle_prompt.Builder(tokenizer, needle_prompt.Template())
     eos = getattr(tokenizer, "eos_token_id", None)
     differ = 0
     for policy in args.policies.split(","):
         for length in lengths:
             for budget in budgets:
                 for depth in depths:
-                    prompt = builder.prompt(length, depth, needle.pass_key(0, length, depth, 0), 0)
+                    prompt = builder.prompt(length, depth, needle_prompt.pass_key(0, length, depth, 0), 0)
                     key = needle.trial_key(model_id, prompt, policy, budget, {}, needle.NEW_TOKENS, 0)
                     cached = needle.read_trial(key)
                     where = f"{policy} @ {budget}, {length} tokens, depth {depth:g}"

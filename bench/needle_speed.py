@@ -17,7 +17,7 @@ import json
 import os
 import time
 
-from kvsim.bench import this_checkout
+from checkout import this_checkout
 
 ROOT = this_checkout(__file__)
 
@@ -49,21 +49,21 @@ def main() -> None:
     args = ap.parse_args()
     specs = [_spec(text) for text in args.policies]  # every name checked before the model loads
 
-    from kvsim.models import needle
+    from kvsim.models import needle, needle_prompt
     from kvsim.models.quality import load
 
     print(f"load average {os.getloadavg()[0]:.2f} at the start")
     t0 = time.perf_counter()
     model, tokenizer, _ = load(None, None)
     print(f"model ready in {time.perf_counter() - t0:.1f} s")
-    prompt = needle.Builder(tokenizer, needle.Template()).prompt(
-        args.length, args.depth, needle.pass_key(0, args.length, args.depth, 0))
+    prompt = needle_prompt.Builder(tokenizer, needle_prompt.Template()).prompt(
+        args.length, args.depth, needle_prompt.pass_key(0, args.length, args.depth, 0))
     rows = []
     for text, (name, params) in zip([needle.CONTROL, *args.policies], [(needle.CONTROL, {}), *specs], strict=True):
         t = time.perf_counter()
         run = needle.run_trial(model, prompt, name, None if name == needle.CONTROL else args.budget, params)
         total = time.perf_counter() - t
-        found = needle.answer(tokenizer.decode(run["tokens"])) == prompt.key
+        found = needle_prompt.answer(tokenizer.decode(run["tokens"])) == prompt.key
         rows.append({"policy": text, "prompt_s": round(run["prefill_seconds"], 2),
                      "decode_s": round(run["decode_seconds"], 2), "total_s": round(total, 2), "found": found})
         verdict = "" if name == needle.CONTROL else ("  within 30 s" if total <= TARGET_S else "  OVER 30 s")

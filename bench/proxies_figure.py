@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import plotly.graph_objects as go
+from checkout import this_checkout
 from plotly.subplots import make_subplots
 
-from kvsim.bench import this_checkout
 from kvsim.bench.browser.driver import CHROMIUM, CHROMIUM_ARGS
 
 this_checkout(__file__)

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvsim.bench import this_checkout
+from checkout import this_checkout
 
 ROOT = this_checkout(__file__)
 

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from checkout import this_checkout
 
-from kvsim.bench import this_checkout
 from kvsim.data.trace import unpack_lower
 
 this_checkout(__file__)

@@ -17,7 +17,7 @@ import json
 import sys
 import time
 
-from kvsim.bench import this_checkout
+from checkout import this_checkout
 
 ROOT = this_checkout(__file__)
 

@@ -27,8 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from kvsim.bench import this_checkout
+from checkout import this_checkout
 
 ROOT = this_checkout(__file__)
 
@@ -71,7 +70,7 @@ def write_bundle(folder: Path, name: str, layers: dict, steps: int, text: dict, 
     """One ``.qk.npz`` per (layer, KV head), queries, keys and values as ``dtype``, and a manifest with
     ``"store": "qk"``."""
     from kvsim.data.bundle import write_manifest
-    from kvsim.data.qk import save_qk
+    from kvsim.data.qk_files import save_qk
 
     folder.mkdir(parents=True, exist_ok=True)
     entries = []

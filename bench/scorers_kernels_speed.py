@@ -18,8 +18,7 @@ import subprocess
 import time
 
 import numpy as np
-
-from kvsim.bench import this_checkout
+from checkout import this_checkout
 
 ROOT = this_checkout(__file__)
 

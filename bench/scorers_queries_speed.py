@@ -20,10 +20,10 @@ import argparse
 import time
 
 import numpy as np
+from checkout import this_checkout
 
 import kvsim
-from kvsim.bench import this_checkout
-from kvsim.data import qk
+from kvsim.data import qk, qk_files
 from kvsim.sim import engine
 from kvsim.sim.harness import replay_reference
 
@@ -67,7 +67,7 @@ def main() -> None:
     ap.add_argument("--refresh", default="1", help="comma-separated refresh values (default 1)")
     ap.add_argument("--reference", action="store_true")
     args = ap.parse_args()
-    trace = qk.load_qk(args.trace) if args.trace else gemma_like(args.steps)
+    trace = qk_files.load_qk(args.trace) if args.trace else gemma_like(args.steps)
     if args.trace and args.steps < trace.steps:
         trace = trace.prefix(args.steps)
     G_, N, d = trace.qk.Q.shape

@@ -18,9 +18,9 @@ import os
 import time
 
 import numpy as np
+from checkout import this_checkout
 
 import kvsim
-from kvsim.bench import this_checkout
 from kvsim.sim import engine
 
 this_checkout(__file__)

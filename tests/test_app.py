@@ -540,7 +540,7 @@ def test_a_slow_curve_is_drawn_coarse_first_then_refined_in_the_background(monke
     import threading
 
     from kvsim.analysis.windows import choose_window, sweep_coarse_to_fine
-    from kvsim.app import curve
+    from kvsim.app import curve_tab as curve
 
     monkeypatch.setattr(curve, "PROGRESSIVE_COST", 0)  # every budget counts as slow (as 1024 is on the shipped traces)
     every_window = threading.Event()

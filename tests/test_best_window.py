@@ -139,7 +139,7 @@ def test_the_app_marks_the_exact_best_and_recommended_window(exact):
 
 
 def test_a_sampled_curve_in_the_app_calls_its_peak_the_peak_so_far(monkeypatch):
-    from kvsim.app import curve
+    from kvsim.app import curve_tab as curve
 
     monkeypatch.setattr(curve, "every_window", lambda trace, budget, primary: False)
     at = run({"trace": REAL, "budget": str(BUDGET), "curve_policy": "h2o"}, view="Choosing recent_window")

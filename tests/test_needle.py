@@ -57,17 +57,17 @@ def _simulated_departures(shown: dict, policy: str, seen: int, **params) -> np.n
 
 
 def test_a_tiny_models_grid_runs_end_to_end_and_its_key_fates_are_the_simulators(folder, capsys):
-    from kvsim.models import needle
+    from kvsim.models import needle, needle_prompt
     from kvsim.models.quality import load
 
     doc = _grid(folder, capsys)
     assert doc["lengths"] == [100, 140] and doc["depths"] == [0.0, 0.5, 1.0] and len(doc["cells"]) == 6
     assert [g["label"] for g in doc["grids"]] == ["h2o @ 24, recent_window 4", "streaming_llm @ 24, sinks 2"]
-    assert doc["template"]["needle"] == needle.NEEDLE and doc["template"]["filler_repeated"] is True
+    assert doc["template"]["needle"] == needle_prompt.NEEDLE and doc["template"]["filler_repeated"] is True
     # random weights never find the key: every cell is labelled (None), none counted
     assert doc["control"]["fails"] and all(v is None for g in doc["grids"] for row in g["accuracy"] for v in row)
     model, tokenizer, _ = load(str(folder), None)
-    builder = needle.Builder(tokenizer, needle.Template())
+    builder = needle_prompt.Builder(tokenizer, needle_prompt.Template())
     for cell in doc["cells"]:
         prompt = builder.prompt(cell["length"], cell["depth"], cell["key"], cell["trial"])
         assert len(prompt.ids) == cell["length"] and list(prompt.key_positions) == cell["key_positions"]

@@ -35,7 +35,7 @@ def saved(tmp_path, monkeypatch):
 
 def saved_grid() -> dict:
     """A grid of one policy over two depths, written into ``KVSIM_CACHE_DIR`` as ``kvsim needle`` writes one."""
-    from kvsim.models import needle
+    from kvsim.models import needle, needle_prompt
 
     # a sliding window of 16 over 47 positions: position p leaves at step p + 16
     left = np.where(np.arange(48) + 16 < 47, np.arange(48) + 16, -1).astype(np.int32)[None, None, :]
@@ -51,7 +51,7 @@ def saved_grid() -> dict:
     cells[1]["control"] = _run("full", keys, correct=False)  # the control misses at depth 1: that cell is not counted
     jobs = [needle.Job("sliding_window", 16)]
     doc = {"model": "tiny", "model_id": "tiny", "context": 512, "lengths": [40], "depths": [0.0, 1.0], "trials": 1,
-           "seed": 0, "new_tokens": 8, "template": needle.Template().to_dict(), "run": {"executor": "serial", "seconds": 3},
+           "seed": 0, "new_tokens": 8, "template": needle_prompt.Template().to_dict(), "run": {"executor": "serial", "seconds": 3},
            **needle.accuracy(cells, jobs, [40], [0.0, 1.0]), "cells": cells}
     assert needle.save_grid(doc) is not None
     return doc

@@ -90,7 +90,7 @@ def test_a_split_and_a_compressed_prompt_run_and_key_their_trials(folder, capsys
 
 
 def test_the_optimum_is_optimal_replayed_on_the_controls_attention(folder, capsys):  # noqa: F811
-    from kvsim.models import needle
+    from kvsim.models import needle, needle_prompt
     from kvsim.models.needle_traces import control_traces
     from kvsim.models.quality import load
     from kvsim.sim.simulate import replay
@@ -98,7 +98,7 @@ def test_the_optimum_is_optimal_replayed_on_the_controls_attention(folder, capsy
     doc = _grid(folder, capsys, "--optimum")
     cell = doc["cells"][0]
     model, tokenizer, _ = load(str(folder), None)
-    prompt = needle.Builder(tokenizer, needle.Template()).prompt(100, 0.5, cell["key"])
+    prompt = needle_prompt.Builder(tokenizer, needle_prompt.Template()).prompt(100, 0.5, cell["key"])
     control = needle.read_trial(cell["control"]["cache_key"])
     ids = list(prompt.ids) + list(control["tokens"])[:-1]
     traces = control_traces(model, ids)

@@ -146,7 +146,7 @@ def test_the_bench_scripts_take_kvsim_as_installed_and_refuse_another_checkouts(
         if any(name.split(".")[0] == "kvsim" for name in imported):  # itself, not in a child process's code
             assert "this_checkout(__file__)" in text, script.name
     other = ROOT.parent / "another-checkout" / "bench" / "tool.py"
-    code = f"from kvsim.bench import this_checkout; this_checkout({str(other)!r})"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    code = f"from checkout import this_checkout; this_checkout({str(other)!r})"  # as a script in bench/ imports it
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT / "bench", timeout=120)
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith("tool.py: error: kvsim is imported from ") and f"PYTHONPATH={other.parents[1]}" in done.stderr

@@ -160,7 +160,7 @@ def loaded(plugin):
 def test_the_apps_lists_offer_it_and_it_says_a_plugin_that_failed(loaded, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
-    from kvsim.app.allocation import allocation_policies, frontier_policies
+    from kvsim.app.allocation_tab import allocation_policies, frontier_policies
 
     assert "newest" in allocation_policies()
     assert "newest" in frontier_policies([{"policy": "newest"}]) and "newest" not in frontier_policies([])

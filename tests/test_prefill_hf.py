@@ -316,7 +316,7 @@ def test_gemma_3_270m_compresses_a_short_prompt_as_the_simulator_does():
     from kvsim.data.qk import from_qk
     from kvsim.models.loading import load_model, token_ids
     from kvsim.models.qkv_capture import capture_qkv
-    from kvsim.models.quality import heapq_path
+    from kvsim.models.texts import heapq_path
 
     model, tokenizer = load_model(progress=None)
     ids = token_ids(tokenizer, heapq_path().read_text())[:, :97]
@@ -350,7 +350,7 @@ def test_gemma_3_270m_expected_attention_keeps_what_the_simulator_keeps():
     from kvsim.models.layer_vectors import rope_meta
     from kvsim.models.loading import load_model, token_ids
     from kvsim.models.qkv_capture import capture_qkv
-    from kvsim.models.quality import heapq_path
+    from kvsim.models.texts import heapq_path
 
     model, tokenizer = load_model(progress=None)
     ids = token_ids(tokenizer, heapq_path().read_text())[:, :97]

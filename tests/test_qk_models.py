@@ -8,6 +8,7 @@ reason without it."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -33,9 +34,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _standin():
+    """bench/qk_standin.py as a module, its folder first on ``sys.path`` as when it runs as a script (it
+    imports its neighbour ``bench/checkout``)."""
     spec = importlib.util.spec_from_file_location("qk_standin", ROOT / "bench" / "qk_standin.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
     return module
 
 

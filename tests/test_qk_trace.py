@@ -15,7 +15,7 @@ from tolerance import attention_rows, logit_magnitude, rounding
 
 from kvsim import cli
 from kvsim.analysis.tune import tune
-from kvsim.data import qk, qk_rows
+from kvsim.data import qk, qk_files, qk_rows
 from kvsim.data.bundle import load_bundle, write_manifest
 from kvsim.data.catalog import resolve_trace
 from kvsim.data.trace import Trace, TraceError, load_npz
@@ -84,7 +84,7 @@ def test_every_policy_replays_the_same_from_queries_and_keys_as_from_the_matrix(
 def test_a_file_round_trips_and_its_normalisers_are_read_back_not_recomputed(tmp_path, monkeypatch):
     q, k, v = _arrays(2)
     path = tmp_path / "toy-L01.qk.npz"
-    qk.save_qk(path, q, k, v, _meta(softcap=2.5, window=30))
+    qk_files.save_qk(path, q, k, v, _meta(softcap=2.5, window=30))
     first = resolve_trace(str(path))
     assert isinstance(first, qk.QKTrace) and first.name == "toy-L01" and first.meta["steps"] == N - 1
     mass = replay(first, "h2o", budget=40).retained_mass
@@ -96,7 +96,7 @@ def test_a_file_round_trips_and_its_normalisers_are_read_back_not_recomputed(tmp
         raise AssertionError("the normalisers were computed again")
 
     monkeypatch.setattr(qk_rows, "row_pass", no_pass)
-    again = qk.load_qk(path)
+    again = qk_files.load_qk(path)
     assert replay(again, "h2o", budget=40).retained_mass == mass and again.fingerprint == first.fingerprint
     copy = pickle.loads(pickle.dumps(again))  # what a Dask worker gets
     assert replay(copy, "h2o", budget=40).retained_mass == mass
@@ -109,7 +109,7 @@ def _write_bundle(folder, n_layers=2, store="qk"):
         q, k, v = _arrays(10 + layer)
         window = 50 if layer == 0 else None
         name = f"toy-L{layer:02d}.qk.npz"
-        qk.save_qk(folder / name, q, k, v, _meta(layer=layer, window=window))
+        qk_files.save_qk(folder / name, q, k, v, _meta(layer=layer, window=window))
         entries.append({"file": name, "layer": layer, "head": 0, "query_heads": [2, 3],
                         "attention": "sliding" if window else "global", "sliding_window": window})
     write_manifest(folder, {"name": "toyqk", "model": "random", "text": {"source": "none"}, "steps": N - 1,
@@ -147,8 +147,8 @@ def _saved(tmp_path):
     q, k, v = _arrays(3)
     path = tmp_path / "bad.qk.npz"
     arrays = {"q": q, "k": k, "v": v}
-    meta = {"format": qk.FORMAT, "version": qk.VERSION, "steps": N - 1, **_meta()}
-    qk.save_qk(path, q, k, v, meta)
+    meta = {"format": qk_files.FORMAT, "version": qk_files.VERSION, "steps": N - 1, **_meta()}
+    qk_files.save_qk(path, q, k, v, meta)
     return path, arrays, meta
 
 
@@ -177,7 +177,7 @@ def test_an_inconsistent_file_is_refused_in_one_line_naming_it(tmp_path, change,
     change(arrays, meta)
     _rewrite(path, arrays, meta)
     with pytest.raises(TraceError) as e:
-        qk.load_qk(path)
+        qk_files.load_qk(path)
     assert str(e.value).startswith(str(path)) and message in str(e.value) and "\n" not in str(e.value)
 
 
@@ -187,7 +187,7 @@ def test_a_truncated_file_is_refused_in_one_line(tmp_path):
     for cut in (len(data) // 2, len(data) - 30):
         path.write_bytes(data[:cut])
         with pytest.raises(TraceError, match="truncated") as e:
-            qk.load_qk(path)
+            qk_files.load_qk(path)
         assert "\n" not in str(e.value)
 
 
@@ -195,9 +195,9 @@ def test_save_refuses_inconsistent_arrays_and_writes_nothing(tmp_path):
     q, k, v = _arrays(4)
     path = tmp_path / "x.qk.npz"
     with pytest.raises(TraceError, match="names 3 query heads"):
-        qk.save_qk(path, q, k, v, _meta(query_heads=[0, 1, 2]))
+        qk_files.save_qk(path, q, k, v, _meta(query_heads=[0, 1, 2]))
     with pytest.raises(TraceError, match="'v' has shape"):
-        qk.save_qk(path, q, k, v[:-1], _meta())
+        qk_files.save_qk(path, q, k, v[:-1], _meta())
     assert list(tmp_path.iterdir()) == []
 
 

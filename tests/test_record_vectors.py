@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from kvsim.data import vectors
-from kvsim.data.qk import load_qk, save_qk
+from kvsim.data.qk_files import load_qk, save_qk
 from kvsim.data.trace import TraceError, from_array, load_npz, save_npz
 
 torch = pytest.importorskip("torch", reason="the recorder's extra is not installed (pip install -r requirements-record.txt)")

@@ -11,7 +11,7 @@ import pytest
 from tolerance import rounding
 
 from kvsim.analysis import features, metrics
-from kvsim.data import qk, row_stats
+from kvsim.data import qk, qk_files, row_stats
 from kvsim.views.figures import trace as trace_figure
 
 G, D = 2, 16
@@ -66,15 +66,15 @@ def test_the_long_path_gives_the_dense_features_statistics_and_image(window, mon
 def test_the_pass_runs_once_and_is_read_back_from_disk(tmp_path, monkeypatch):
     monkeypatch.setattr(qk, "DENSE_LIMIT", 100)
     path = tmp_path / "t.qk.npz"
-    qk.save_qk(path, *_arrays(400), {"layer": 0, "head": 0, "query_heads": [0, 1], "scale": D ** -0.5, "softcap": None,
+    qk_files.save_qk(path, *_arrays(400), {"layer": 0, "head": 0, "query_heads": [0, 1], "scale": D ** -0.5, "softcap": None,
                "sliding_window": None, "gqa": "mean", "model": "random", "text": {"source": "none"}})
-    first = qk.load_qk(path)
+    first = qk_files.load_qk(path)
     calls = []
     stats = first.derived.row_stats(lambda f, note="": calls.append(f))
     assert calls and calls[-1] == 1.0
     stored = row_stats.path_for(first.derived.disk_stem)
     assert stored.is_file()
-    again = qk.load_qk(path)
+    again = qk_files.load_qk(path)
     monkeypatch.setattr(row_stats, "compute", lambda *a, **k: pytest.fail("the pass ran again"))
     back = again.derived.row_stats()
     assert np.array_equal(back.column, stats.column) and np.array_equal(back.top, stats.top)
@@ -82,7 +82,7 @@ def test_the_pass_runs_once_and_is_read_back_from_disk(tmp_path, monkeypatch):
     monkeypatch.undo()
     monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(qk, "DENSE_LIMIT", 100)
-    third = qk.load_qk(path)
+    third = qk_files.load_qk(path)
     assert np.array_equal(third.derived.row_stats().column, stats.column)
 
 
@@ -130,9 +130,9 @@ def test_describe_on_the_command_line_takes_a_long_trace_and_refuses_what_it_can
     from kvsim import cli
 
     path = tmp_path / "t.qk.npz"
-    qk.save_qk(path, *_arrays(400), {"layer": 0, "head": 0, "query_heads": [0, 1], "scale": D ** -0.5, "softcap": None,
+    qk_files.save_qk(path, *_arrays(400), {"layer": 0, "head": 0, "query_heads": [0, 1], "scale": D ** -0.5, "softcap": None,
                                       "sliding_window": None, "gqa": "mean", "model": "random", "text": {"source": "none"}})
-    want = metrics.describe(qk.load_qk(path), band=64)
+    want = metrics.describe(qk_files.load_qk(path), band=64)
     monkeypatch.setattr(qk, "DENSE_LIMIT", 100)
     assert cli.main(["describe", "--trace", str(path), "--json"]) == 0
     got = json.loads(capsys.readouterr().out)

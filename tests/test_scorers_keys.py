@@ -13,7 +13,7 @@ import pytest
 
 import kvsim
 from kvsim import cli
-from kvsim.data import qk
+from kvsim.data import qk_files
 from kvsim.data.trace import TraceError
 from kvsim.policies.keydiff import unit_keys
 from kvsim.policies.knorm import KNorm, key_norms
@@ -222,9 +222,9 @@ def test_replay_reads_the_keys_of_a_query_key_trace_file(tmp_path, monkeypatch, 
     k = (rng.normal(size=(N, D)) * rng.uniform(0.5, 2.0, size=(N, 1))).astype(np.float16)
     v = rng.normal(size=(N, D)).astype(np.float16)
     path = tmp_path / "toy-L00.qk.npz"
-    qk.save_qk(path, q, k, v, {"layer": 0, "head": 0, "query_heads": [0, 1], "scale": D ** -0.5, "softcap": None,
+    qk_files.save_qk(path, q, k, v, {"layer": 0, "head": 0, "query_heads": [0, 1], "scale": D ** -0.5, "softcap": None,
                                "sliding_window": None, "gqa": "mean", "model": "random", "text": {"source": "none"}})
-    trace = qk.load_qk(path)
+    trace = qk_files.load_qk(path)
     norms = key_norms(k)
     for name in NAMES:
         kw = dict(budget=16, record_kept=True, record_scores=True, record_victims=True)

@@ -15,7 +15,7 @@ from tolerance import rounding64
 
 import kvsim
 from kvsim import cli
-from kvsim.data import qk
+from kvsim.data import qk, qk_files
 from kvsim.data.trace import TraceError
 from kvsim.policies.expected_attention import ExpectedAttention, Rope
 from kvsim.sim import engine
@@ -198,12 +198,12 @@ def test_the_engine_is_the_reference_bit_for_bit(params):
 def test_replays_a_query_key_file_through_the_cli(tmp_path, capsys):
     q, k, v, meta = qk_arrays(seed=3)
     path = tmp_path / "toy-L01.qk.npz"
-    qk.save_qk(path, q, k, v, meta)
+    qk_files.save_qk(path, q, k, v, meta)
     argv = ["replay", "--trace", str(path), "--policy", "expected_attention", "--budget", "32", "--query-window", "16",
             "--json"]
     assert cli.main(argv) == 0
     out = json.loads(capsys.readouterr().out)
-    trace = qk.load_qk(path)
+    trace = qk_files.load_qk(path)
     again = replay_reference(trace, kvsim.make_policy("expected_attention", budget=32, query_window=16, trace=trace))
     assert out["retained_mass"] == again.retained_mass
     window = kvsim.replay(trace, "sliding_window", budget=32).retained_mass
@@ -221,8 +221,8 @@ def test_a_trace_without_queries_or_rope_is_refused_in_one_line(tmp_path, capsys
     q, k, v, meta = qk_arrays(n=30)
     del meta["rope_inv_freq"]
     path = tmp_path / "old.qk.npz"
-    qk.save_qk(path, q, k, v, meta)  # a file recorded before the meta said the RoPE: it still loads
-    assert qk.load_qk(path).steps == 29
+    qk_files.save_qk(path, q, k, v, meta)  # a file recorded before the meta said the RoPE: it still loads
+    assert qk_files.load_qk(path).steps == 29
     assert cli.main(["replay", "--trace", str(path), "--policy", "expected_attention", "--budget", "8"]) != 0
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "meta has no 'rope_inv_freq'" in err and "old" in err
@@ -286,7 +286,7 @@ def test_the_recorders_rope_turns_its_keys_back_to_the_models_own(tmp_path, fami
         out = caught[i][0]  # k_proj's (n, heads x d), or k_norm's (heads, n, d)
         pre = (out.permute(1, 0, 2) if out.ndim == 3 else out.reshape(steps + 1, cfg.num_key_value_heads, 8)).numpy()
         for h in range(cfg.num_key_value_heads):
-            trace = qk.load_qk(tmp_path / "qk" / f"m-L{i:02d}-kv{h}.qk.npz")
+            trace = qk_files.load_qk(tmp_path / "qk" / f"m-L{i:02d}-kv{h}.qk.npz")
             rope = Rope.from_meta(trace.meta, trace.name, 8)
             thetas.add(trace.meta["rope_theta"])
             back = np.stack([rope.pre_rope(trace.qk.K[p], p) for p in range(steps + 1)])

@@ -193,8 +193,8 @@ runpy.run_module("kvsim", run_name="__main__")
 #: source where no bytecode is kept, as on the project's machines
 OTHER_COMMANDS = ("kvsim.cli.commands", "kvsim.cli.needle_command", "kvsim.cli.proxies_command",
                   "kvsim.cli.generate_command", "kvsim.cli.cache_command", "kvsim.analysis.metrics", "kvsim.analysis.table",
-                  "kvsim.analysis.tune", "kvsim.analysis.proxies", "kvsim.analysis.windows", "kvsim.data.qk", "subprocess",
-                  "statistics", "concurrent.futures")
+                  "kvsim.analysis.tune", "kvsim.analysis.proxies", "kvsim.analysis.windows", "kvsim.data.qk",
+                  "kvsim.data.qk_files", "subprocess", "statistics", "concurrent.futures")
 NOT_FOR_A_REPLAY = ("numba.np.arrayobj", "numba.cpython.unicode", "numba.cpython.charseq", "numpy.ma", "scipy",
                     "pandas", "torch", "plotly", "streamlit", *OTHER_COMMANDS)
 
@@ -355,7 +355,7 @@ def test_a_query_key_files_digest_is_read_back_by_its_stamp_and_a_changed_file_h
     import builtins
     import time
 
-    from kvsim.data import files, qk
+    from kvsim.data import files, qk_files
 
     monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(files, "SETTLED_NS", 50_000_000, raising=False)
@@ -364,21 +364,21 @@ def test_a_query_key_files_digest_is_read_back_by_its_stamp_and_a_changed_file_h
 
     def write(seed):
         rng = np.random.default_rng(seed)
-        qk.save_qk(path, *(rng.normal(size=s).astype(np.float16) for s in ((2, 60, 8), (60, 8), (60, 8))), meta)
+        qk_files.save_qk(path, *(rng.normal(size=s).astype(np.float16) for s in ((2, 60, 8), (60, 8), (60, 8))), meta)
 
     path = tmp_path / "toy-L01.qk.npz"
     write(0)
     time.sleep(0.1)
     opened = []
     real_open = builtins.open
-    monkeypatch.setattr(qk, "open", lambda p, *a, **k: opened.append(Path(p)) or real_open(p, *a, **k), raising=False)
-    stems = [qk.load_qk(path).derived.disk_stem for _ in range(3)]
+    monkeypatch.setattr(qk_files, "open", lambda p, *a, **k: opened.append(Path(p)) or real_open(p, *a, **k), raising=False)
+    stems = [qk_files.load_qk(path).derived.disk_stem for _ in range(3)]
     assert len(set(stems)) == 1 and opened == [path.resolve()]  # hashed once, then read back by its stamp
     write(1)  # same size, new bytes
-    changed = qk.load_qk(path).derived.disk_stem
+    changed = qk_files.load_qk(path).derived.disk_stem
     assert changed != stems[0] and opened == [path.resolve()] * 2
     with real_open(path, "rb") as f:  # as bytes (a Dask worker's): hashed, the same digest
-        assert qk.load_qk(f, source=str(path)).derived.disk_stem == changed
+        assert qk_files.load_qk(f, source=str(path)).derived.disk_stem == changed
 
 
 @needs_numba

@@ -77,7 +77,8 @@ def test_window_truth_keeps_proxies_beside_the_truth_and_the_views_find_it(text_
 
 def test_a_recording_names_its_model_and_text_or_says_which_is_missing(tmp_path):
     from kvsim.models.loading import MODEL, SMOLLM2
-    from kvsim.models.quality import HEAPQ_SHA256, QualityError
+    from kvsim.models.quality import QualityError
+    from kvsim.models.texts import HEAPQ_SHA256
     from kvsim.models.truth import recording_source
 
     model, text, steps = recording_source({"model": MODEL, "text": {"sha256": HEAPQ_SHA256, "file": "heapq.py"},

@@ -247,7 +247,7 @@ def _units(source: Bundle | Trace | Sequence[Trace]) -> list[_Unit]:
 
 
 def _load(payload: bytes | Trace | str, name: str) -> Trace:
-    from ..data.qk import is_qk_path, load_qk
+    from ..data.qk_files import is_qk_path, load_qk
 
     if isinstance(payload, Trace):
         return payload

@@ -23,18 +23,18 @@ from kvsim import jit
 from kvsim.policies import registry as policy_registry
 
 from . import memo, services, state
-from .allocation import allocation_view
-from .claims import claims_view
+from .allocation_tab import allocation_view
+from .claims_tab import claims_view
 from .controls import Settings, controls, tour_box
-from .curve import curve_view
-from .kept import kept_view
-from .lab import lab_view
-from .model import model_view
-from .needle import needle_view
+from .curve_tab import curve_view
+from .kept_tab import kept_view
+from .lab_tab import lab_view
+from .model_tab import model_view
+from .needle_tab import needle_view
 from .plan_download import plan_download
-from .quality import quality_view
-from .scores import score_view
-from .trace import trace_view
+from .quality_tab import quality_view
+from .scores_tab import score_view
+from .trace_tab import trace_view
 
 
 def run() -> None:

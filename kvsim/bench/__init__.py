@@ -1,6 +1,7 @@
-"""Benchmarks, imported only by ``python -m kvsim bench`` and the checkout's ``bench/`` scripts: ``speed``
-(the reference path against the fast engine, and whole CLI processes) and ``browser`` (the app in headless
-Chromium)."""
+"""What ``python -m kvsim bench`` runs, one module per section (``speed``: the reference path against the
+fast engine, and whole CLI processes; ``browser``: the app in headless Chromium; ``load``, ``long``,
+``generate``, ``truth_speed``), imported by nothing else in the package. The checkout's ``bench/`` scripts
+(one-off studies) reuse some of it; what only they need lives beside them (``bench/checkout``)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,3 @@ def checkout_env(**extra: str) -> dict:
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     return {**os.environ, **extra, "PYTHONPATH": path}
 
-
-def this_checkout(script: str) -> Path:
-    """The checkout of the ``bench/`` script whose ``__file__`` is ``script``, once it is the checkout whose
-    kvsim is imported. The scripts take kvsim as installed (``pip install -e .``, the README's set-up) or
-    as PYTHONPATH names it, not by editing ``sys.path``; a figure measured on another copy's code would be
-    that copy's, so a mismatch is refused in one line saying how to run the script."""
-    root = Path(script).resolve().parents[1]
-    if root != ROOT:
-        raise SystemExit(f"{Path(script).name}: error: kvsim is imported from {ROOT}, not this checkout ({root}); "
-                         f"install it (pip install -e {root}) or run with PYTHONPATH={root}")
-    return root

@@ -29,10 +29,10 @@ TARGETS = {"one_configuration_seconds": 10.0, "sweep_16_seconds": 180.0}
 def run(progress: Progress | None = None, steps: int = STEPS) -> dict:
     import torch
 
-    from ..models import quality
+    from ..models import quality, texts
     from ..models.scoring import full_pass_key, read_full_pass
 
-    text = quality.resolve_text("heapq")
+    text = texts.resolve_text("heapq")
     model_id = quality.model_id_of(None)
     cached = read_full_pass(full_pass_key(model_id, text.read_bytes(), steps)) is not None
     t0 = time.perf_counter()

@@ -268,9 +268,10 @@ def _open_session(args: argparse.Namespace):
     """``quality --allocate``'s text, progress, model session and (layer, KV head) shape, once the flags are checked."""
     from ..models import quality as q
     from ..models.loading import require_extra
+    from ..models.texts import resolve_text
     from .errors import read_input
 
-    text = q.resolve_text(args.text)
+    text = resolve_text(args.text)
     read_input("TEXT", text)
     if args.model is None:
         require_extra()

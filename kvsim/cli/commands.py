@@ -419,13 +419,13 @@ def cmd_quality(args: argparse.Namespace) -> object:
         if given is not None:
             raise CLIError(f"{what} chooses how --allocate's split is made: give --allocate optimal")
     # torch and transformers are imported by kvsim.models.quality's functions only when a measurement runs
-    from ..models import quality
+    from ..models import quality, texts
     from ..models.loading import require_extra
 
     names, budgets, params, swept = _quality_plan(args)
     modes = ["closed", "open"] if args.mode == "both" else [args.mode]
     say = None if args.quiet else quality.QUALITY_STDERR
-    text = quality.resolve_text(args.text)
+    text = texts.resolve_text(args.text)
     read_input("TEXT", text)  # refuse a missing or empty text before loading a model
     if args.model is None:
         require_extra()

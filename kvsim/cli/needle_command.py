@@ -111,7 +111,8 @@ def depths(text: str) -> list[float]:
 
 def check(args: argparse.Namespace) -> dict:
     """Everything that needs no model (raises, one line): the jobs, lengths, depths, template."""
-    from ..models.needle import NEW_TOKENS, Job, Template
+    from ..models.needle import NEW_TOKENS, Job
+    from ..models.needle_prompt import Template
 
     names = [x.strip() for x in args.policies.split(",") if x.strip()]
     if names == ["all"]:  # every online policy of the registry, plugins included
@@ -160,7 +161,7 @@ def check(args: argparse.Namespace) -> dict:
     if args.filler is not None:
         template = Template(read_input("--filler", args.filler), repeat=False, needle=template.needle,
                             question=template.question, source=args.filler)
-    from ..models.needle import NeedleError
+    from ..models.needle_prompt import NeedleError
 
     try:
         template.check()
@@ -279,7 +280,8 @@ def _prefill(args: argparse.Namespace, lengths: list[int]) -> tuple | None:
 def cmd_needle(args: argparse.Namespace) -> dict:
     plan = check(args)
     from .. import progress as protocol
-    from ..models.needle import Builder, NeedleError, open_model, run_grid, save_grid
+    from ..models.needle import open_model, run_grid, save_grid
+    from ..models.needle_prompt import Builder, NeedleError
 
     say = None if args.quiet else protocol.stderr("needle")
     try:

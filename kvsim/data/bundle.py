@@ -71,9 +71,9 @@ class BundleTrace:
 
     def load(self) -> Trace:
         """The trace: a dense file through ``load_npz``; a query/key file (``*.qk.npz``) through
-        ``kvsim.data.qk.load_qk``, which must agree with this entry's layer, KV head, query heads and
+        ``kvsim.data.qk_files.load_qk``, which must agree with this entry's layer, KV head, query heads and
         sliding window."""
-        from .qk import is_qk_path, load_qk  # the query/key reader loads with the first such trace
+        from .qk_files import is_qk_path, load_qk  # the query/key reader loads with the first such trace
 
         if is_qk_path(self.path):
             expect = {"layer": self.layer, "head": self.head, "sliding_window": self.sliding_window}
@@ -159,7 +159,7 @@ def load_bundle(path: str | Path) -> Bundle:
 
     The traces themselves are read only when asked for (``Bundle.load``). Raises BundleError (one line).
     """
-    from .qk import is_qk_path
+    from .qk_files import is_qk_path
 
     folder = Path(path)
     src = folder / MANIFEST

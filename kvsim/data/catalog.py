@@ -97,8 +97,8 @@ def resolve_trace(spec: str) -> Trace:
         raise TraceError(f"{spec} is a bundle of {bundle.describe()}: name one trace, e.g. {spec}:L{first.layer:02d} "
                          f"or {spec}:{first.label} (layer, KV head), or use a command that takes a bundle (tune)")
     path = Path(spec)
-    if spec.endswith(".qk.npz"):  # kvsim.data.qk.SUFFIX: its reader loads only for such a file
-        from .qk import load_qk
+    if spec.endswith(".qk.npz"):  # kvsim.data.qk_files.SUFFIX: its reader loads only for such a file
+        from .qk_files import load_qk
 
         return load_qk(path)
     # anything that looks like a path goes to the loader, whose error names the file and the problem

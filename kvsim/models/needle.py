@@ -1,7 +1,7 @@
 """The pass-key test (issue 35, docs/needle.md): does the model still find a key hidden in filler text
 when every layer's cache is held to a budget, and at which step did each layer's cache lose the key?
 
-A prompt is ``[start] filler[:a] needle filler[a:] question``, exactly ``length`` tokens: the needle
+A prompt (``kvsim.models.needle_prompt``) is ``[start] filler[:a] needle filler[a:] question``, exactly ``length`` tokens: the needle
 (``NEEDLE``, its ``{key}`` a random five-digit number) goes in at the sentence boundary of the filler
 nearest ``depth`` x the filler's length (0: before all of it, 1: after all of it). The model decodes
 ``NEW_TOKENS`` greedily (``kvsim.hf.decoding.greedy``) with ``kvsim.hf.cache`` in every layer, and
@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,154 +33,16 @@ import numpy as np
 from ..data.files import atomic_write
 from ..data.store import cache_dir
 from ..progress import Progress
+from .needle_prompt import Builder, NeedleError, Prompt, Template, answer, pass_key
 
 #: what a cached trial means; bump it when a trial's figures change meaning
 VERSION = 1
-#: the classic pass-key filler (Mohtashami and Jaggi, "Landmark Attention", 2023), repeated as needed
-FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
-QUESTION = "What is the pass key? The pass key is"
+#: the tokens decoded after the prompt
 NEW_TOKENS = 8
-KEY_DIGITS = 5
 #: the cache directory's folder of trials and grids (``kvsim cache list``: kind ``needle``)
 NEEDLE_DIR = "needle"
 #: the full cache's name in a grid's runs
 CONTROL = "full"
-
-
-class NeedleError(ValueError):
-    """A needle test that cannot run as asked; ``flag`` names the option at fault (one line)."""
-
-    def __init__(self, message: str, flag: str | None = None) -> None:
-        super().__init__(message)
-        self.flag = flag
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """One trial's prompt: its token ids, the key and where the key's tokens are."""
-
-    ids: tuple[int, ...]
-    key: str
-    key_positions: tuple[int, ...]  # the positions of the key's digits (both mentions)
-    needle_start: int  # the needle's first position
-    length: int
-    depth: float
-    trial: int
-
-    @property
-    def digest(self) -> str:
-        return hashlib.sha256(np.asarray(self.ids, dtype=np.int64).tobytes()).hexdigest()[:24]
-
-
-@dataclass(frozen=True)
-class Template:
-    """The text a prompt is made of, stated in every result: the filler (``FILLER`` repeated, or a text
-    file used once, as it is), the needle with its ``{key}`` and the question."""
-
-    filler: str = FILLER
-    repeat: bool = True  # repeat the filler as needed; a file's filler is read once and must be long enough
-    needle: str = NEEDLE
-    question: str = QUESTION
-    source: str = "built-in"  # where the filler comes from: built-in or the file's path
-
-    def check(self) -> None:
-        if "{key}" not in self.needle:
-            raise NeedleError(f"--needle: {self.needle!r}: has no {{key}} to put the pass key in", "--needle")
-        if not self.question.strip():
-            raise NeedleError("--question: empty", "--question")
-        if not self.filler.strip():
-            raise NeedleError(f"--filler: {self.source}: empty", "--filler")
-
-    def to_dict(self) -> dict:
-        return {"filler_source": self.source, "filler_repeated": self.repeat, "filler_start": self.filler[:120],
-                "needle": self.needle, "question": self.question}
-
-
-class Builder:
-    """Prompts of a tokenizer and a template: the filler, needle and question tokenised once each."""
-
-    def __init__(self, tokenizer, template: Template) -> None:
-        template.check()
-        self.tokenizer = tokenizer
-        self.template = template
-        self.bos = getattr(tokenizer, "bos_token_id", None)
-        self._filler: list[int] = []
-        self._ends: list[int] = []
-        self.question = self._encode(" " + template.question.strip())[0]
-        if not template.repeat:
-            self._grow(None)
-
-    def _encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
-
-    def _grow(self, tokens: int | None) -> None:
-        """Tokenise enough filler for ``tokens`` tokens (a file's filler: all of it), and the sentence
-        boundaries in it: the token indices right after a token that ends a sentence."""
-        t = self.template
-        if t.repeat:
-            unit = t.filler.strip() + " "
-            times = 1
-            while True:
-                ids, offsets = self._encode(unit * times)
-                if len(ids) >= tokens:
-                    break
-                times *= 2
-            text = unit * times
-        else:
-            text = t.filler
-            ids, offsets = self._encode(text)
-        self._filler = ids
-        self._ends = [i + 1 for i, (_a, b) in enumerate(offsets) if text[max(b - 1, 0) : b] in (".", "!", "?", "\n")]
-
-    def filler_tokens(self, length: int, key: str = "0" * KEY_DIGITS) -> int:
-        """How many filler tokens a prompt of ``length`` tokens holds (negative: the needle and the
-        question alone are longer)."""
-        return length - (self.bos is not None) - len(self._needle(key)[0]) - len(self.question)
-
-    def available(self) -> int | None:
-        """The filler's tokens when it is read once (a file), else None (it repeats)."""
-        return None if self.template.repeat else len(self._filler)
-
-    def _needle(self, key: str) -> tuple[list[int], list[int]]:
-        """The needle's token ids and the indices of the key's digits among them."""
-        text = " " + self.template.needle.strip().replace("{key}", key)
-        ids, offsets = self._encode(text)
-        spans = [(m.start(), m.end()) for m in re.finditer(re.escape(key), text)]
-        at = [i for i, (a, b) in enumerate(offsets) if any(a < e and b > s for s, e in spans)]
-        return ids, at
-
-    def prompt(self, length: int, depth: float, key: str, trial: int = 0) -> Prompt:
-        needle, at = self._needle(key)
-        f = self.filler_tokens(length, key)
-        if f < 0:
-            raise NeedleError(f"--lengths: {length}: shorter than the needle and the question "
-                              f"({length - f} tokens)", "--lengths")
-        if len(self._filler) < f:
-            if not self.template.repeat:
-                raise NeedleError(f"--filler: {self.template.source}: {len(self._filler)} tokens, a "
-                                  f"{length}-token prompt needs {f}", "--filler")
-            self._grow(f)
-        filler = self._filler[:f]
-        cuts = [0, *[e for e in self._ends if e < f], f]
-        a = min(cuts, key=lambda c: (abs(c - depth * f), c))
-        head = [self.bos] if self.bos is not None else []
-        ids = head + filler[:a] + needle + filler[a:] + self.question
-        start = len(head) + a
-        return Prompt(tuple(int(i) for i in ids), key, tuple(start + i for i in at), start, length, depth, trial)
-
-
-def pass_key(seed: int, length: int, depth: float, trial: int) -> str:
-    """The trial's five-digit key, the same for every policy and the control."""
-    rng = np.random.default_rng([seed, length, round(depth * 1000), trial])
-    return str(int(rng.integers(10 ** (KEY_DIGITS - 1), 10**KEY_DIGITS)))
-
-
-def answer(text: str) -> str | None:
-    """The first run of digits the model wrote (what it gives as the key), or None."""
-    m = re.search(r"\d+", text)
-    return m.group() if m else None
 
 
 # --- one trial ---------------------------------------------------------------------------------------
@@ -710,6 +571,5 @@ def read_grid(path: Path) -> dict:
     return doc
 
 
-__all__ = ["CONTROL", "FILLER", "NEEDLE", "NEW_TOKENS", "QUESTION", "Builder", "Job", "NeedleError", "Prompt",
-           "Template", "accuracy", "answer", "fate", "first_loss", "pass_key", "read_grid", "run_grid", "run_trial",
+__all__ = ["CONTROL", "NEW_TOKENS", "Job", "accuracy", "fate", "first_loss", "read_grid", "run_grid", "run_trial",
            "save_grid", "saved_grids"]

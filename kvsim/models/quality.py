@@ -59,14 +59,13 @@ from .decode import ClosedLoopDecoder, MaskedPass, hidden_states, layer_params, 
 from .errors import QualityError, RecordError
 from .loading import no_progress
 from .scoring import FullPass, Scorer, full_pass_key, read_full_pass, write_full_pass
+from .texts import resolve_text, text_bytes, tokenize
 
 #: the version of what a cached result means; bump it when the figures change meaning
 #: (2: a result carries the key-token loss; a version-1 record lacks it and is not served)
 VERSION = 2
 DEFAULT_STEPS = 1024
 MODES = ("closed", "open")
-#: sha256 of CPython 3.11.7's Lib/heapq.py, the text of the shipped traces (REAL_TRACES.md)
-HEAPQ_SHA256 = "6d43277e5c76fc0f073cd388fcff852d14d068f6bb6d4886c340f8b75a1229a9"
 #: the key tokens' short window: every query sees <bos> and the last SHORT_WINDOW positions. LongPPL
 #: reads 32k-token texts through a 4k window (an eighth); 128 is an eighth of the default 1024 steps,
 #: and <bos> stays visible because without its attention sink every token's loss rises
@@ -110,7 +109,7 @@ class Configuration:
         return {k: [o[k] for o in own] if any(o[k] != own[0][k] for o in own) else own[0][k] for k in own[0]}
 
 
-# --- the text and the model ---------------------------------------------------------------------
+# --- key tokens, and the model (the text: ``kvsim.models.texts``) ------------------------------
 
 
 def key_token_mask(nll_full, nll_short, alpha: float = KEY_ALPHA, beta: float = KEY_BETA) -> np.ndarray:
@@ -130,35 +129,6 @@ def short_window_masks(layers: int, kv_heads: int, n: int, window: int) -> dict:
     t = torch.arange(n)
     seen = (t[None, :] <= t[:, None]) & ((t[None, :] > t[:, None] - window) | (t[None, :] == 0))
     return {layer: seen[None].expand(kv_heads, n, n) for layer in range(layers)}
-
-
-def heapq_path() -> Path:
-    """CPython 3.11.7's ``Lib/heapq.py``, the shipped traces' text, found beside this interpreter's
-    standard library and checked by sha256. Raises QualityError when it is not there."""
-    import sysconfig
-
-    candidates = [Path(sysconfig.get_paths()["stdlib"]) / "heapq.py"]
-    try:
-        import heapq
-
-        candidates.append(Path(heapq.__file__))
-    except (ImportError, AttributeError, TypeError):  # pragma: no cover - heapq is always there
-        pass
-    for path in candidates:
-        if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == HEAPQ_SHA256:
-            return path
-    raise QualityError(
-        f"CPython 3.11.7's Lib/heapq.py (sha256 {HEAPQ_SHA256[:12]}...) is not this interpreter's "
-        f"({candidates[0]}); pass the file's path instead of 'heapq'"
-    )
-
-
-def resolve_text(text: str | Path) -> Path:
-    """A text file's path; the name ``heapq`` means the shipped traces' text (``heapq_path()``)."""
-    path = Path(text)
-    if str(text) == "heapq" and not path.exists():
-        return heapq_path()
-    return path
 
 
 #: model names ``load`` knows beside a folder: the two shipped families
@@ -228,23 +198,6 @@ def _folder_id(path: Path) -> str:
     return f"local-{h.hexdigest()[:16]}"
 
 
-def tokenize(tokenizer, text_path: str | Path, steps: int):
-    """``x_0 .. x_N`` as a ``(1, N + 1)`` tensor: ``<bos>`` first (added if the tokenizer does not),
-    then the text, cut to ``steps + 1`` tokens. N is ``steps`` or less for a short text."""
-    from .loading import read_text, token_ids
-
-    if steps < 2:
-        raise QualityError(f"steps must be at least 2 (the loss is over positions 1 .. N-1), got {steps}")
-    try:
-        text = read_text(text_path)
-    except RecordError as e:
-        raise QualityError(str(e)) from None
-    ids = token_ids(tokenizer, text)[:, : steps + 1]
-    if ids.shape[1] < 3:
-        raise QualityError(f"{text_path}: the text has {ids.shape[1]} tokens; the loss needs at least 3")
-    return ids
-
-
 # --- scoring and the session: one model, one text, the full-cache pass --------------------------
 
 
@@ -275,7 +228,7 @@ class Session:
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         use_cache = use_cache and model_id != "model"  # the default names no model: nothing to key a cache by
         self.use_cache = use_cache
-        key = full_pass_key(model_id, _text_bytes(self.text_path), steps)
+        key = full_pass_key(model_id, text_bytes(self.text_path), steps)
         cached = read_full_pass(key) if use_cache else None
         if cached is None:
             if tokenizer is None:
@@ -555,21 +508,10 @@ def open_session(text: str | Path, steps: int = DEFAULT_STEPS, model: str | Path
     it from the cache (then the tokenizer is not loaded at all)."""
     path = resolve_text(text)
     if model_and_tokenizer is None:
-        cached = use_cache and read_full_pass(full_pass_key(model_id_of(model), _text_bytes(path), steps)) is not None
+        cached = use_cache and read_full_pass(full_pass_key(model_id_of(model), text_bytes(path), steps)) is not None
         model_and_tokenizer = load(model, progress, tokenizer=not cached)
     m, tok, model_id = model_and_tokenizer
     return Session(m, tok, path, steps, model_id=model_id, progress=progress, use_cache=use_cache)
-
-
-def _text_bytes(path: Path) -> bytes:
-    """The text's bytes (what the full-pass cache is keyed by), after ``read_text``'s checks."""
-    from .loading import read_text
-
-    try:
-        read_text(path)
-        return path.read_bytes()
-    except RecordError as e:
-        raise QualityError(str(e)) from None
 
 
 def grid(session: Session, policies: Sequence[str], budgets: Sequence[int], modes: Sequence[str] = ("closed",),
@@ -635,7 +577,6 @@ def sink_claim(text: str | Path = "heapq", *, steps: int = 1024, budget: int = 6
 
 __all__ = [
     "DEFAULT_STEPS",
-    "HEAPQ_SHA256",
     "KEY_ALPHA",
     "KEY_BETA",
     "MODES",
@@ -643,11 +584,8 @@ __all__ = [
     "QualityError",
     "Session",
     "grid",
-    "heapq_path",
     "key_token_mask",
     "load",
     "open_session",
-    "resolve_text",
     "sink_claim",
-    "tokenize",
 ]

@@ -185,7 +185,8 @@ def recording_source(meta: dict, folder: Path | None = None, *, text: str | Path
     trace's meta), for measuring its truth; ``text`` and ``model`` override what the recording names.
     QualityError, one line, when the text or the model is not at hand."""
     from .loading import MODEL, SMOLLM2, file_sha256
-    from .quality import HEAPQ_SHA256, QualityError, heapq_path
+    from .quality import QualityError
+    from .texts import HEAPQ_SHA256, heapq_path
 
     steps = int(meta.get("steps") or 0)
     if steps < 2:

@@ -14,7 +14,7 @@ from pathlib import Path
 import streamlit as st
 
 from kvsim.cluster import INSTALL_HINT
-from kvsim.models import needle
+from kvsim.models import needle, needle_prompt
 from kvsim.views.figures import needle as figures
 
 from . import needle_kept
@@ -34,7 +34,7 @@ def needle_view() -> None:
     for path in found:
         try:
             docs[path] = needle.read_grid(path)
-        except needle.NeedleError as e:
+        except needle_prompt.NeedleError as e:
             st.warning(str(e))
     if not docs:
         return

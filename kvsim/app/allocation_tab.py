@@ -12,7 +12,7 @@ import streamlit as st
 from kvsim.analysis import allocation as al
 from kvsim.data.catalog import available_bundles
 from kvsim.policies import PolicySpec, registry
-from kvsim.views.figures.allocation import budget_grids, mass_bars
+from kvsim.views.figures.allocators import budget_grids, mass_bars
 
 from . import services
 from .memo import cached_bundle
@@ -120,6 +120,7 @@ def _source(bundle) -> tuple[str, str, str, str]:
     from kvsim.models import quality as q
     from kvsim.models.errors import QualityError, RecordError
     from kvsim.models.loading import file_sha256
+    from kvsim.models.texts import HEAPQ_SHA256
     from kvsim.models.truth import recording_source
 
     try:
@@ -128,7 +129,7 @@ def _source(bundle) -> tuple[str, str, str, str]:
     except (QualityError, RecordError, OSError) as e:
         return "", "", "", f"its truth cannot be looked up here: {' '.join(str(e).split())}"
     sha = file_sha256(text)
-    if sha == q.HEAPQ_SHA256:
+    if sha == HEAPQ_SHA256:
         shown = "heapq"  # the quality command's own name for the shipped traces' text
     else:
         try:
