@@ -28,6 +28,7 @@ from .controls import Settings, controls, tour_box
 from .curve import curve_view
 from .kept import kept_view
 from .lab import lab_view
+from .memory_panel import memory_panel
 from .model import model_view
 from .needle import needle_view
 from .quality import quality_view
@@ -59,6 +60,7 @@ def run() -> None:
     settings = Settings.read(trace)
     for problem in settings.problems:
         st.error(problem)
+    memory_panel(trace.meta, trace.steps, settings.budget)
 
     views = (
         lambda: kept_view(trace, settings), lambda: score_view(trace, settings), lambda: curve_view(trace, settings),
