@@ -6,6 +6,8 @@ from __future__ import annotations
 from test_app import problems, run
 
 from kvsim.app import services
+from kvsim.views import support as views
+from kvsim.views.quality_figures import spearman
 
 
 def test_a_pending_optimum_is_watched_so_its_line_is_drawn_when_known(monkeypatch):
@@ -18,3 +20,15 @@ def test_a_pending_optimum_is_watched_so_its_line_is_drawn_when_known(monkeypatc
     assert "The exact optimum at budget 256 is being solved in the background" in said
     assert "The page draws its line by itself when the solve ends." in said and "next redraw" not in said
     assert "Still replaying in the background: the exact optimum" in " ".join(c.value for c in at.caption)
+
+
+def test_the_rank_correlation_shown_large_carries_its_reading():
+    at = run({"budget": "64"}, view="Proxy against truth")  # the shipped quality runs' budget
+    assert problems(at) == []
+    results, _meta = views.quality_results()
+    said = " ".join(m.value for m in at.markdown)
+    for mode in ("closed", "open"):
+        pts = [r for r in results if r["mode"] == mode]
+        rho = spearman([r["retained_mass"] for r in pts], [r["delta_nll"] for r in pts])
+        assert views.rho_reading(rho) in said
+    assert said.count("A good proxy is near -1") == 2

@@ -77,6 +77,21 @@ def test_rank_correlations_are_spearmans_per_mode():
     assert views.swept_policies(rows + [_result("tova", "open", 0.5, 0.5)]) == ["h2o"]
 
 
+@pytest.mark.parametrize(("rho", "verdict"), [
+    (-0.95, "A good proxy here"), (-0.7, "A good proxy here"), (-0.5, "A fair proxy here"), (-0.3, "A weak proxy here"),
+    (-0.1, "No useful agreement"), (0.064, "No useful agreement"), (0.5, "The wrong way round"), (1.0, "The wrong way round"),
+])
+def test_a_rank_correlation_is_read_in_words(rho, verdict):
+    """Issue 44: the quality view showed a large "0.064" with no verdict and no word on which sign is good."""
+    text = views.rho_reading(rho)
+    assert text.startswith(f"**{verdict}**") and "A good proxy is near -1" in text
+    assert ("wrong side of 0" in text) == (rho >= 0)
+
+
+def test_no_rank_correlation_is_read_as_none():
+    assert views.rho_reading(math.nan).startswith("**No reading**")
+
+
 def test_the_shipped_results_are_what_the_view_reads():
     found = views.quality_results()
     assert found is not None, f"no {views.QUALITY_RESULTS.name}: produce it with {views.QUALITY_COMMAND}"
