@@ -31,8 +31,11 @@ def test_the_bars_are_the_difference_from_uniform_from_zero():
     assert np.allclose(bar.y, [0.0, -0.0213, 0.0020, 0.0044])
     low, high = fig.layout.yaxis.range
     assert low < -0.0213 and high > 0.0044 and low < 0 < high  # zero (uniform) on the axis: a bar's length is its gap
-    assert bar.text[1] == "0.8387: worse than uniform by 0.0213"
-    assert not any("% of the gap" in t for t in bar.text)
+    assert list(bar.text) == ["0.8600", "0.8387", "0.8620", "0.8644"]  # the mass on the bar, its reading under it
+    ticks = list(fig.layout.xaxis.ticktext)
+    assert ticks[1] == "<b>pyramidkv</b><br>worse than uniform by 0.0213"
+    assert ticks[2] == "<b>cake</b><br>better than uniform by 0.0020,<br>45% of the way to the optimum"
+    assert not any("% of the gap" in t for t in ticks)
     assert list(bar.marker.color) == ["#4c78a8", "#e45756", "#4c78a8", "#4c78a8"]  # the worse one stands out
 
 

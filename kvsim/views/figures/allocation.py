@@ -28,7 +28,7 @@ def budget_grids(rows: list[dict], *, title: str = "") -> go.Figure:
     fig.update_yaxes(title_text="layer", row=1, col=1)
     # the panels' three-line titles sit between the figure's title and the grids
     fig.update_layout(title={"text": title, "y": 0.99, "yanchor": "top"}, template="plotly_white",
-                      height=max(390, 180 + 18 * len(grids[0][0])), margin={"l": 60, "r": 20, "t": 150, "b": 40})
+                      height=max(410, 200 + 18 * len(grids[0][0])), margin={"l": 60, "r": 20, "t": 170, "b": 40})
     for a in fig.layout.annotations:  # the panels' titles: read at a glance, as large as the axes' labels
         a.font = {"size": 14}
     return fig
@@ -56,8 +56,8 @@ def _uniform(rows: list[dict]) -> float | None:
 
 
 def _panel_title(row: dict, uniform: float | None = None) -> str:
-    said = against_uniform(row, uniform)
-    return f"<b>{row['allocator']}</b><br>mass {row['retained_mass']:.4f}" + (f"<br>{said}" if said else "")
+    said = _wrapped(against_uniform(row, uniform))  # a panel is narrow: the reading broken after its comma and colon
+    return f"<b>{row['allocator']}</b><br>mass {row['retained_mass']:.4f}" + "".join(f"<br>{part}" for part in said)
 
 
 #: a mass better than uniform's, and one worse
@@ -74,10 +74,12 @@ def mass_bars(rows: list[dict], *, title: str = "") -> go.Figure:
     mass = np.asarray([r["retained_mass"] for r in rows], dtype=np.float64)
     base = _uniform(rows)
     y = mass - (base if base is not None else 0.0)
-    text = [f"{m:.4f}" + (f": {w}" if (w := against_uniform(r, base)) else "") for m, r in zip(mass, rows, strict=True)]
+    # the mass on the bar, the reading under it (a bar is too narrow for a sentence: plotly would shrink it)
+    ticks = [f"<b>{r['allocator']}</b>" + "".join(f"<br>{part}" for part in _wrapped(against_uniform(r, base)))
+             for r in rows]
     colours = [WORSE if d < 0 else BETTER for d in y]
-    fig = go.Figure(go.Bar(x=names, y=y, text=text, textposition="outside", marker={"color": colours},
-                           customdata=mass, cliponaxis=False,
+    fig = go.Figure(go.Bar(x=names, y=y, text=[f"{m:.4f}" for m in mass], textposition="outside", constraintext="none",
+                           textfont={"size": 13}, marker={"color": colours}, customdata=mass, cliponaxis=False,
                            hovertemplate="%{x}: retained mass %{customdata:.4f} (%{y:+.4f} against uniform)<extra></extra>"))
     if base is not None:
         fig.add_hline(y=0, line={"color": "black", "width": 1.2},
@@ -89,9 +91,15 @@ def mass_bars(rows: list[dict], *, title: str = "") -> go.Figure:
     pad = 0.25 * ((high - low) or 0.01)
     axis = ("retained mass minus uniform's" if base is not None else "bundle mean retained mass")
     fig.update_yaxes(title_text=axis, range=[low - pad, high + pad], zeroline=True, tickformat="+.3f" if base is not None else None)
-    fig.update_layout(title=title, template="plotly_white", height=380, margin={"l": 70, "r": 110, "t": 60, "b": 40},
+    fig.update_xaxes(tickvals=names, ticktext=ticks)
+    fig.update_layout(title=title, template="plotly_white", height=440, margin={"l": 70, "r": 110, "t": 60, "b": 90},
                       font={"size": 13})
     return fig
+
+
+def _wrapped(words: str) -> list[str]:
+    """A reading in the lines of a tick label: broken after its comma and colon."""
+    return [part.strip() for part in words.replace(": ", ":|").replace(", ", ",|").split("|") if part.strip()]
 
 
 __all__ = ["against_uniform", "budget_grids", "mass_bars"]
