@@ -9,6 +9,7 @@ whose replay of the same policy keeps what the trial's cache kept (``needle_kept
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import streamlit as st
@@ -46,6 +47,13 @@ def needle_view() -> None:
     board_view(docs)
 
 
+@st.cache_resource(max_entries=16, show_spinner=False)
+def board_figure(table: str):
+    """A leaderboard table's figure (``table``: its JSON), built once per server (read-only: Streamlit
+    copies a figure to send it), so a new session's Pass key tab does not build it again."""
+    return figures.leaderboard_figure(json.loads(table))
+
+
 def board_view(docs: dict) -> None:
     """The leaderboard: the tables docs/needle.md measured (shipped) and every grid saved here (``docs``,
     by path), one at a time, each labelled with its model, lengths, budgets, depths, trials and date."""
@@ -74,7 +82,7 @@ def board_view(docs: dict) -> None:
     st.markdown(f"**{lb.label(table)}**, {table['origin']}. Each cell is one depth of the key in the prompt: *found* "
                 "where the policy's cache still let the model write the key, *-* where it did not; the full cache (the "
                 "control) comes first, and a policy's trial counts only where the control found the key.")
-    st.plotly_chart(figures.leaderboard_figure(table), key="needle_board_chart")
+    st.plotly_chart(board_figure(json.dumps(table, sort_keys=True)), key="needle_board_chart")
     if table.get("command"):
         st.caption(f"Measured with `{table['command']}`" + (f" (docs/needle.md, \"{table['section']}\")"
                                                              if table.get("section") else "") + ".")
