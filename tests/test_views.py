@@ -112,3 +112,17 @@ def test_the_disk_cache_is_read_one_run_at_a_time(tmp_path):
     found = views.cached_quality_results(tmp_path)
     assert len(found) == 2 and {r["steps"] for r in found} == {256}
     assert views.cached_quality_results(tmp_path / "absent") == []
+
+
+def test_the_quality_scatter_colours_each_policy_as_every_view_does():
+    """Issue 44: a palette by index gave a policy another colour here than on every other chart, and
+    repeated after eight; each policy now has its own, held apart from every other (test_views_text.py)."""
+    import kvsim
+    from kvsim.views import quality_figures
+
+    results, _meta = views.quality_results()
+    fig = quality_figures.scatter_figure(results)
+    for t in fig.data:
+        policy = t.name.rsplit(" (", 1)[0]
+        assert t.marker.color == kvsim.POLICIES[policy].display.colour, t.name
+    assert len({t.marker.color for t in fig.data}) == len({r["policy"] for r in results})

@@ -77,7 +77,7 @@ def board_view(docs: dict) -> None:
         st.info("No leaderboard here: this install has no traces/needle-leaderboard.json and no grid of its own.")
         return
     i = st.selectbox("table", range(len(tables)), key="needle_board",
-                     format_func=lambda k: f"{tables[k]['title']} ({'shipped' if 'shipped' in tables[k]['origin'] else 'yours'})")
+                     format_func=lambda k: f"{tables[k]['title']} ({'shipped' if tables[k]['shipped'] else 'yours'})")
     table = tables[i]
     st.markdown(f"**{lb.label(table)}**, {table['origin']}. Each cell is one depth of the key in the prompt: *found* "
                 "where the policy's cache still let the model write the key, *-* where it did not; the full cache (the "

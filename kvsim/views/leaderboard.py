@@ -34,7 +34,8 @@ def shipped_tables() -> list[dict]:
     if not isinstance(tables, list) or not all(isinstance(t, dict) and {"columns", "rows", "control", "depths"} <= set(t)
                                                for t in tables):
         raise LeaderboardError(f"{path.name}: not a leaderboard (no tables of columns, rows, control and depths)")
-    return [dict(t, origin=f"measured for docs/needle.md, shipped in traces/{LEADERBOARD_NAME}") for t in tables]
+    return [dict(t, origin=f"measured for docs/needle.md, shipped in traces/{LEADERBOARD_NAME}", shipped=True)
+            for t in tables]
 
 
 def from_grid(doc: dict, source: str, date: str = "") -> dict:
@@ -56,7 +57,7 @@ def from_grid(doc: dict, source: str, date: str = "") -> dict:
     return {"title": f"{doc['model']}: {', '.join(map(str, lengths))} tokens, budget {', '.join(map(str, budgets))}",
             "model": doc["model"], "date": date, "trials": doc["trials"], "depths": doc["depths"],
             "columns": [{"length": n, "budget": b} for n, b in columns], "control": control, "rows": rows,
-            "origin": f"measured here ({source})"}
+            "origin": f"measured here ({source})", "shipped": False}
 
 
 def word(share: float | None) -> str:
