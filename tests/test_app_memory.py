@@ -30,13 +30,14 @@ def test_the_panel_gives_the_recorded_models_bytes_and_the_budgets_share():
     assert "**Gemma-3-270M**, this trace's model" in text
     assert "18 layers x 1 KV head x 256 dims x 2 (K and V) x 2 bytes = 18,432 bytes" in text
     assert "full cache is **18 MiB**; budget 256 in every layer and KV head holds **4.5 MiB**, 25% of the full cache" in text
-    assert "| Llama-3.1-8B | 128k | 16 GiB | 32 MiB (0.2%) |" in text
-    assert "| Gemma-3-27B | 128k | 62 GiB | 124 MiB (0.2%) |" in text
+    assert ("- **Llama-3.1-8B**, 128 KiB a token: full cache 4 GiB at 32k, 16 GiB at 128k; budget 256: **32 MiB** "
+            "(0.78%, 0.2%)") in text
+    assert "- **Gemma-3-27B**, 496 KiB a token: full cache 15.5 GiB at 32k, 62 GiB at 128k; budget 256: **124 MiB**" in text
     assert "only masked out of attention" in text and "really frees them" in text
     widget(at, "number_input", "budget").set_value(512).run()
     text = sidebar_text(at)
     assert "budget 512 in every layer and KV head holds **9 MiB**, 50% of the full cache" in text
-    assert "| Llama-3.1-8B | 32k | 4 GiB | 64 MiB (1.6%) |" in text
+    assert "- **Llama-3.1-8B**, 128 KiB a token: full cache 4 GiB at 32k, 16 GiB at 128k; budget 512: **64 MiB** (1.6%, 0.39%)" in text
 
 
 def test_a_trace_with_no_model_says_so_and_shows_one_head():

@@ -49,7 +49,7 @@ def memory_text(meta: dict, steps: int, budget: int) -> list[str]:
             f"and Gemma-3-27B's head size) one position of it is 128 dims x 2 (K and V) x 2 bytes = "
             f"**{unit.per_position} bytes**. Its {n:,} positions: {memory.human(unit.full_bytes(n))}; budget {budget}: "
             f"**{memory.human(unit.budget_bytes(budget, n))}**, {_share(unit.budget_bytes(budget, n), unit.full_bytes(n))}. "
-            "A whole model multiplies this by its layers x KV heads (the table below).")
+            "A whole model multiplies this by its layers x KV heads (the models below).")
     else:
         full, kept = shape.full_bytes(n), shape.budget_bytes(budget, n)
         out.append(
@@ -61,11 +61,16 @@ def memory_text(meta: dict, steps: int, budget: int) -> list[str]:
             out.append(f"The model itself keeps {shape.sliding_layers} of its {shape.layers} layers to a sliding window "
                        f"of {shape.window}, so its own full cache is {memory.human(shape.windowed_bytes(n))}.")
         out.append(f":small[Shape from the {shape.source}.]")
+    # a line per model, not a table: the sidebar is too narrow for four columns
     rows = memory.table(memory.LARGER, budget)
-    lines = [f"| model | tokens | full cache | budget {budget} |", "| --- | ---: | ---: | ---: |"]
-    lines += [f"| {r['model']} | {r['tokens'] // 1024}k | {memory.human(r['full cache'])} | "
-              f"{memory.human(r[f'budget {budget}'])} ({100 * r['share']:.2g}%) |" for r in rows]
-    out.append("**Larger models, bf16, every layer at the full length:**\n\n" + "\n".join(lines))
+    lines = []
+    for shape in memory.LARGER:
+        mine = [r for r in rows if r["model"] == shape.name]
+        full = ", ".join(f"{memory.human(r['full cache'])} at {r['tokens'] // 1024}k" for r in mine)
+        kept = ", ".join(f"{100 * r['share']:.2g}%" for r in mine)
+        lines.append(f"- **{shape.name}**, {memory.human(shape.per_position)} a token: full cache {full}; budget {budget}: "
+                     f"**{memory.human(mine[0][f'budget {budget}'])}** ({kept})")
+    out.append("**Larger models**, bf16, every layer at the full length:\n\n" + "\n".join(lines))
     gemma = memory.LARGER[-1]
     out.append(":small[" + "; ".join(f"{s.name}: {s.source}" for s in memory.LARGER)
                + f". Gemma-3-27B's own sliding windows bring its 128k cache to {memory.human(gemma.windowed_bytes(131_072))}. "

@@ -82,7 +82,7 @@ def board_view(docs: dict) -> None:
     st.markdown(f"**{lb.label(table)}**, {table['origin']}. Each cell is one depth of the key in the prompt: *found* "
                 "where the policy's cache still let the model write the key, *-* where it did not; the full cache (the "
                 "control) comes first, and a policy's trial counts only where the control found the key.")
-    st.plotly_chart(board_figure(json.dumps(table, sort_keys=True)), key="needle_board_chart")
+    st.plotly_chart(board_figure(json.dumps(table)), key="needle_board_chart")  # its rows in their order, not sorted
     if table.get("command"):
         st.caption(f"Measured with `{table['command']}`" + (f" (docs/needle.md, \"{table['section']}\")"
                                                              if table.get("section") else "") + ".")
