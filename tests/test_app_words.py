@@ -32,3 +32,16 @@ def test_the_rank_correlation_shown_large_carries_its_reading():
         rho = spearman([r["retained_mass"] for r in pts], [r["delta_nll"] for r in pts])
         assert views.rho_reading(rho) in said
     assert said.count("A good proxy is near -1") == 2
+
+
+def test_the_app_gives_the_readmes_install_command():
+    """Issue 44: the empty views told the user `pip install -r requirements-record.txt` where the README
+    installs the extra, `pip install -e '.[dev,record]'`: the app says the README's way, one way."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    assert "pip install -q -e '.[dev,record]'" in (root / "README.md").read_text(encoding="utf-8")
+    app = {p.name: p.read_text(encoding="utf-8") for p in (root / "kvsim" / "app").glob("*.py")}
+    assert [n for n, text in app.items() if "requirements-record.txt" in text] == []
+    assert {n for n, text in app.items() if "pip install -e '.[record]'" in text} == {
+        "model.py", "needle.py", "quality.py", "truth_panel.py"}

@@ -98,7 +98,8 @@ def test_a_fresh_install_draws_the_measured_leaderboard(tmp_path, monkeypatch):
     assert heat[1]["text"][names.index("vatp")] == ["found", "found", "found"]
     assert heat[1]["text"][names.index("h2o")] == ["found", "found", "-"]
     assert heat[0]["text"][names.index("h2o")] == ["-", "-", "-"]
-    assert any("python -m kvsim needle" in i.value and "joins the leaderboard" in i.value for i in at.info)
+    assert any("python -m kvsim needle" in i.value and "joins the leaderboard" in i.value and "pip install -e '.[record]'" in i.value
+               for i in at.info)
     at.selectbox(key="needle_board").set_value(2).run()
     heat = [t for t in board(at)["data"] if t["type"] == "heatmap" and t.get("name")]
     assert [t["name"] for t in heat] == ["1024 tokens", "2048 tokens", "4096 tokens"]

@@ -34,7 +34,7 @@ def model_view(budget: int) -> None:
     names = available_bundles()
     if not names:
         st.info("No recorded model is shipped here. Record one with `python -m kvsim record` "
-                "(needs requirements-record.txt), into traces/<name>/.")
+                "(needs the record extra: `pip install -e '.[record]'`), into traces/<name>/.")
         return
     top = st.columns([2, 2, 3])
     with top[0]:

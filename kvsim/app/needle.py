@@ -33,7 +33,7 @@ def needle_view() -> None:
     if not docs:  # a fresh install: the measured leaderboard, and how to add a grid of one's own
         board_view(docs)
         st.info("No pass-key grids of your own here yet; the leaderboard above is the one docs/needle.md measured. "
-                "Yours need a real model run (torch and transformers: `pip install -r requirements-record.txt`); "
+                "Yours need a real model run (torch and transformers: `pip install -e '.[record]'`); "
                 f"measure one with\n\n`{COMMAND}`\n\nand it joins the leaderboard, with each trial's cache drawn below "
                 "it (it is kept in the cache directory, `kvsim cache list`: needle).")
         return

@@ -17,7 +17,7 @@ def quality_view(budget: int) -> None:
     if not found:
         st.info(
             "No quality results here yet. They need a real model run (torch and transformers: "
-            "`pip install -r requirements-record.txt`; a few minutes on two cores). Produce them with\n\n"
+            "`pip install -e '.[record]'`; a few minutes on two cores). Produce them with\n\n"
             f"`{views.QUALITY_COMMAND}`\n\nand save the printed JSON as `traces/{views.QUALITY_RESULTS.name}` "
             "(or leave them in the disk cache, which this view also reads)."
         )

@@ -189,7 +189,7 @@ def _start(key: tuple, meta: dict, policy: str, budget: int) -> None:
                 return
             state["done"] = True
         except ImportError as e:
-            state["error"] = f"the truth needs the record extra (pip install -r requirements-record.txt): {e}"
+            state["error"] = f"the truth needs the record extra (pip install -e '.[record]'): {e}"
 
     threading.Thread(target=work, daemon=True, name=f"kvsim-truth-{policy}-{budget}").start()
 
