@@ -32,8 +32,14 @@ def test_the_view_draws_each_allocators_split_and_mass():
     shown = np.asarray(values(heatmaps[-1]["z"]), dtype=np.float64).ravel()
     assert shown.tolist() == [float(b) for b in best.budgets]
     assert sum(shown) == 64 * 18
-    masses = values(bars["data"][0]["y"])
-    assert masses[-1] == max(masses)  # the optimum bounds every static split
+    gains = values(bars["data"][0]["y"])  # each allocator's mass minus uniform's, on a zero-based axis
+    assert gains[0] == 0 and gains[-1] == max(gains)  # the optimum bounds every static split
+    low, high = bars["layout"]["yaxis"]["range"]
+    assert low < min(gains) and low <= 0 <= high
+    table = at.dataframe[0].value
+    assert list(table["against uniform"])[0] == "the baseline"
+    assert all(w.startswith(("better than uniform by", "worse than uniform by", "level with uniform", "the optimum: "))
+               for w in list(table["against uniform"])[1:])
     caption = " ".join(c.value for c in at.caption)
     assert "adakv is uniform within a layer" in caption and "duo splits" in caption
 

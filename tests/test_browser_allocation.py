@@ -22,7 +22,7 @@ def test_the_allocation_view_and_its_frontier_in_a_real_browser(server, chromium
         page.goto(f"{server}/?view=Allocation&budget=64", wait_until="domcontentloaded")
         page.wait_for_function(f"() => ({JS_TRACES})().filter(t => t.type === 'heatmap').length === 4",
                                timeout=LOAD_TIMEOUT_MS)
-        wait_text(page, "of the gap")
+        wait_text(page, "than uniform by")
         shoot(page, "screenshot-allocation.png")
         page.wait_for_function(f"() => ({JS_TRACES})().filter(t => t.name === 'Pareto-best').length === 1",
                                timeout=LOAD_TIMEOUT_MS)

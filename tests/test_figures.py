@@ -479,7 +479,7 @@ def test_curve_draws_companions_and_offline_references_apart():
     for t in greedy + bound:
         assert max(float(v.removesuffix("px")) for v in t.line.dash.split(",")[::2]) <= 3, t.line.dash
     assert greedy[0].line.dash != bound[0].line.dash
-    assert bound[0].line.color == "black" and greedy[0].line.color == "#7f7f7f"
+    assert bound[0].line.color == "black" and greedy[0].line.color == "#b0b0b0"  # light grey beside the black
     assert "offline references" in fig.layout.legend2.title.text and "h2o" in fig.layout.legend3.title.text
     # the legend lists h2o first, then scissorhands, then the lines
     ranks = {t.name: t.legendrank for t in fig.data if t.showlegend is not False and t.legend in (None, "legend")}

@@ -70,7 +70,7 @@ def test_the_needle_view_draws_each_grid_beside_the_control_and_opens_a_trial(sa
     assert titles[:2] == ["full cache (control)", "sliding_window @ 16"]
     at.selectbox(key="needle_depth").set_value(0.0).run()
     specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
-    trial = specs[-1]
+    (trial,) = [s for s in specs if any(t.get("name") == "key token left" for t in s["data"])]
     (gone,) = [t for t in trial["data"] if t.get("name") == "key token left"]
     assert list(gone["x"]) == [10, 11] and list(gone["y"]) == [26, 27]  # each key token left 16 steps after it came
     assert trial["layout"]["title"]["text"] == "sliding_window @ 16, layer 0"

@@ -17,7 +17,9 @@ def rows(policy, values):
 
 
 def test_gap_says_within_below_or_above():
-    assert story.gap(0.955, 0.961, "h2o's") == "within 0.01 of h2o's 0.961"
+    assert story.gap(0.955, 0.961, "h2o's") == "0.006 below h2o's 0.961, within 0.01"
+    assert story.gap(0.965, 0.961, "h2o's peak") == "0.004 above h2o's peak 0.961, within 0.01"  # issue 44: the sign said
+    assert story.gap(0.9612, 0.961, "h2o's") == "level with h2o's 0.961"
     assert story.gap(0.878, 0.961, "h2o's") == "0.083 below h2o's 0.961"
     assert story.gap(0.97, 0.90, "the bound") == "0.070 above the bound 0.900"
 

@@ -77,6 +77,21 @@ def test_rank_correlations_are_spearmans_per_mode():
     assert views.swept_policies(rows + [_result("tova", "open", 0.5, 0.5)]) == ["h2o"]
 
 
+@pytest.mark.parametrize(("rho", "verdict"), [
+    (-0.95, "A good proxy here"), (-0.7, "A good proxy here"), (-0.5, "A fair proxy here"), (-0.3, "A weak proxy here"),
+    (-0.1, "No useful agreement"), (0.064, "No useful agreement"), (0.5, "The wrong way round"), (1.0, "The wrong way round"),
+])
+def test_a_rank_correlation_is_read_in_words(rho, verdict):
+    """Issue 44: the quality view showed a large "0.064" with no verdict and no word on which sign is good."""
+    text = views.rho_reading(rho)
+    assert text.startswith(f"**{verdict}**") and "A good proxy is near -1" in text
+    assert ("wrong side of 0" in text) == (rho >= 0)
+
+
+def test_no_rank_correlation_is_read_as_none():
+    assert views.rho_reading(math.nan).startswith("**No reading**")
+
+
 def test_the_shipped_results_are_what_the_view_reads():
     found = views.quality_results()
     assert found is not None, f"no {views.QUALITY_RESULTS.name}: produce it with {views.QUALITY_COMMAND}"
@@ -97,3 +112,17 @@ def test_the_disk_cache_is_read_one_run_at_a_time(tmp_path):
     found = views.cached_quality_results(tmp_path)
     assert len(found) == 2 and {r["steps"] for r in found} == {256}
     assert views.cached_quality_results(tmp_path / "absent") == []
+
+
+def test_the_quality_scatter_colours_each_policy_as_every_view_does():
+    """Issue 44: a palette by index gave a policy another colour here than on every other chart, and
+    repeated after eight; each policy now has its own, held apart from every other (test_views_text.py)."""
+    import kvsim
+    from kvsim.views import quality_figures
+
+    results, _meta = views.quality_results()
+    fig = quality_figures.scatter_figure(results)
+    for t in fig.data:
+        policy = t.name.rsplit(" (", 1)[0]
+        assert t.marker.color == kvsim.POLICIES[policy].display.colour, t.name
+    assert len({t.marker.color for t in fig.data}) == len({r["policy"] for r in results})

@@ -135,6 +135,43 @@ def test_every_registered_policy_has_a_colour_and_a_line_of_its_own():
         assert (s.symbol is not None) == ("recent_window" in kvsim.policy_params(name)), name
 
 
+def _lab(colour: str) -> tuple[float, float, float]:
+    """A colour (``#rrggbb`` or ``black``) in CIELAB (sRGB, D65): where a distance is what the eye sees."""
+    hexa = {"black": "000000"}.get(colour.lower(), colour.lstrip("#"))
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in (int(hexa[i:i + 2], 16) / 255 for i in (0, 2, 4))]
+    x = (0.4124 * lin[0] + 0.3576 * lin[1] + 0.1805 * lin[2]) / 0.95047
+    y = 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+    z = (0.0193 * lin[0] + 0.1192 * lin[1] + 0.9505 * lin[2]) / 1.08883
+
+    def f(t):
+        return t ** (1 / 3) if t > 0.008856 else 7.787 * t + 16 / 116
+
+    return 116 * f(y) - 16, 500 * (f(x) - f(y)), 200 * (f(y) - f(z))
+
+
+#: the least CIE76 distance two series' colours keep: sliding_window's olive (#bcbd22) and random's yellow
+#: (#f5c400) were 25 apart and read as one colour at a glance (issue 44); vatp and keydiff's browns were 10,
+#: h2o's and critical's blues 14, greedy_future's and optimal's greys 20
+COLOUR_APART = 27.0
+
+
+def test_the_lab_distance_is_cie76():
+    assert _lab("#ffffff") == pytest.approx((100.0, 0.0, 0.0), abs=0.05)
+    assert _lab("black") == pytest.approx((0.0, 0.0, 0.0), abs=1e-9)
+    assert _lab("#ff0000") == pytest.approx((53.24, 80.09, 67.20), abs=0.1)
+
+
+def test_every_policy_colour_is_apart_from_every_other_to_the_eye():
+    """Distinct strings are not enough: every two colours of the registry (and the bound's, and the curve's
+    marks) are at least ``COLOUR_APART`` apart in CIELAB, so the policies of any view read apart."""
+    every = {name: curve_figures.style_of(name).colour for name in kvsim.POLICIES}
+    every |= {"upper bound": curve_figures.BOUND_STYLE.colour, "default mark": "#ff7f0e", "band mark": "#17becf",
+              "current": curve_figures.CURRENT_COLOUR}
+    for (a, ca), (b, cb) in itertools.combinations(every.items(), 2):
+        distance = sum((p - q) ** 2 for p, q in zip(_lab(ca), _lab(cb), strict=True)) ** 0.5
+        assert distance >= COLOUR_APART, f"{a} ({ca}) and {b} ({cb}) are {distance:.1f} apart"
+
+
 #: two dash patterns whose proportions differ by less than this share of a period look alike (the
 #: issue's tova and streaming_llm, Plotly's "dash" and "longdash" at width 4: 12-on-12-off and 20-on-20-off)
 ALIKE = 0.1

@@ -289,8 +289,8 @@ def budget_curves(heads: list[Head], spec: PolicySpec, low: int, high: int,
         rows = sweep(h.trace, spec, param="budget", values=values, progress=None)
         out[i] = [r["retained_mass"] for r in rows]
         if part is not None:
-            part(1.0, f"optimal: budget curve of layer {h.layer} KV head {h.kv_head} ({i + 1}/{len(heads)}, "
-                      f"{len(values)} budgets)")
+            part(1.0, f"budget curve of layer {h.layer} KV head {h.kv_head} (head {i + 1} of {len(heads)}, "
+                      f"{len(values)} budgets each)")
     return out
 
 
@@ -389,6 +389,19 @@ def usable(heads: list[Head], spec: PolicySpec) -> list[str]:
     return out
 
 
+def _told(progress: Progress | None, what: str, name: str) -> Progress | None:
+    """``progress`` with each note led by ``what`` (which allocator of how many) in place of the
+    allocator's own ``name: ``, so a bar that counts the whole comparison says which part of it is running."""
+    if progress is None:
+        return None
+
+    def report(fraction: float | None, note: str = "") -> None:
+        note = note.removeprefix(f"{name}: ")
+        progress(fraction, f"{what}: {note}" if note else what)
+
+    return report
+
+
 def compare(heads: list[Head], spec: PolicySpec, allocators: list[str] | None = None, *,
             progress: Progress | None = None) -> list[dict]:
     """Each allocator's split and mass at ``spec``'s memory, with the share of the gap from uniform to
@@ -396,7 +409,10 @@ def compare(heads: list[Head], spec: PolicySpec, allocators: list[str] | None = 
     names = usable(heads, spec) if allocators is None else allocators
     measured = {}
     for i, name in enumerate(names):
-        part = scaled(progress, i / len(names), (i + 1) / len(names))
+        part = _told(scaled(progress, i / len(names), (i + 1) / len(names)), f"allocator {i + 1} of {len(names)}, {name}",
+                     name)
+        if part is not None:
+            part(0.0, "")
         alloc = allocate(name, heads, spec, progress=part)
         measured[name] = measure(heads, spec, alloc)
     base = measured["uniform"].retained_mass if "uniform" in measured else None

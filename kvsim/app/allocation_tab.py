@@ -12,7 +12,7 @@ import streamlit as st
 from kvsim.analysis import allocation as al
 from kvsim.data.catalog import available_bundles
 from kvsim.policies import PolicySpec, registry
-from kvsim.views.figures.allocators import budget_grids, mass_bars
+from kvsim.views.figures.allocators import against_uniform, budget_grids, mass_bars
 
 from . import services
 from .memo import cached_bundle
@@ -40,7 +40,11 @@ def compared(name: str, spec: PolicySpec) -> list[dict]:
     def compute():
         bundle = cached_bundle(name)
         bar = st.progress(0.0, text=f"allocating {bundle.describe()} for {spec.name} at budget {spec.budget}")
-        rows = al.compare_bundle(bundle, spec, progress=lambda f, note="": bar.progress(min(f or 0.0, 1.0), text=note))
+        def told(f, note=""):  # the bar counts the whole comparison, and says so beside what is running
+            share = min(f or 0.0, 1.0)
+            bar.progress(share, text=f"{100 * share:.0f}% of the comparison of every allocator; now {note}")
+
+        rows = al.compare_bundle(bundle, spec, progress=told)
         bar.empty()
         return rows
 
@@ -74,14 +78,18 @@ def allocation_view(budget: int) -> None:
     st.markdown(
         f"**Where should {policy}'s memory go?** Each panel is one allocator's split: a row per layer, a column per "
         f"KV head, colour the positions it holds (one scale for all). Over each panel: the bundle's mean retained "
-        f"mass (each layer and KV head weighed equally) and the share of the gap from uniform to the exact optimum "
-        f"it closes (below 0: worse than uniform at the same memory).")
+        f"mass (each layer and KV head weighed equally) and how it compares with uniform's at the same memory: "
+        f"better or worse, by how much mass, and for a better split how much of the way to the exact optimum it goes.")
     st.plotly_chart(budget_grids(rows, title=f"{policy} on {name}: budgets per layer and KV head at {budget * n} "
                                              f"positions"), key="allocation_grids")
-    st.plotly_chart(mass_bars(rows, title="the same memory, split differently: bundle mean retained mass"),
+    st.plotly_chart(mass_bars(rows, title="the same memory, split differently: mass kept against uniform's"),
                     key="allocation_mass")
+    uniform = next((r["retained_mass"] for r in rows if r["allocator"] == "uniform"), None)
+    st.caption("Each bar is an allocator's bundle mean retained mass minus uniform's, from zero: up keeps more than "
+               "uniform, down less, so the bars' lengths compare. The masses differ in the second or third decimal; "
+               "the label on each bar gives the mass itself.")
     st.dataframe([{"allocator": r["allocator"], "retained mass": round(r["retained_mass"], 4),
-                   "gap closed": None if r["gap_closed"] is None else f"{100 * r['gap_closed']:.0f}%",
+                   "against uniform": against_uniform(r, uniform),
                    "what it does": al.SUMMARIES[r["allocator"]]} for r in rows], hide_index=True)
     if skipped:
         why = []

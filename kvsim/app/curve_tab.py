@@ -138,7 +138,7 @@ def optimal_line(trace: kvsim.Trace, spec: PolicySpec) -> tuple[dict | None, ser
         solve = memo.solves().poll(
             (trace.fingerprint, spec.budget), lambda progress: optimal.optimal_schedule(trace, spec.budget, progress=progress),
             needed=needed)
-    except Exception as e:  # said on the page in one line, and tried again on the next redraw
+    except Exception as e:  # said on the page in one line, and tried again the next time the view is drawn
         raise ValueError(f"the exact optimum could not be solved: {' '.join(str(e).split())}") from None
     if not solve.done:
         return None, solve
@@ -160,7 +160,7 @@ def reference_lines(trace: kvsim.Trace, settings: Settings, pending: Pending) ->
             continue
         inner = ", ".join(f"{k}={v}" for k, v in spec.params)
         label = f"{name} ({inner})" if inner else name
-        summary = _optimal(trace, spec) if name == "optimal" else _summary(trace, spec, pending)
+        summary = _optimal(trace, spec, pending) if name == "optimal" else _summary(trace, spec, pending)
         if summary is None:
             continue
         if cls.needs_trace:
@@ -185,16 +185,18 @@ def _summary(trace: kvsim.Trace, spec: PolicySpec, pending: Pending) -> dict | N
                               pending)
 
 
-def _optimal(trace: kvsim.Trace, spec: PolicySpec) -> dict | None:
-    """The optimum's line, or None with the page saying why (a failed solve, or one still running)."""
+def _optimal(trace: kvsim.Trace, spec: PolicySpec, pending: Pending) -> dict | None:
+    """The optimum's line, or None with the page saying why (a failed solve, or one still running: then
+    it joins ``pending``, so the page is drawn again when the solve ends and the line appears)."""
     try:
         summary, done = optimal_line(trace, spec)
     except (ValueError, MemoryError) as e:
         st.error(f"{e}; its line is left out.")
         return None
     if summary is None:
+        pending.add("the exact optimum", lambda: memo.solves().busy((trace.fingerprint, spec.budget)))
         st.info(f"The exact optimum at budget {spec.budget} is being solved in the background: "
-                f"{story.when_done(done.fraction, done.elapsed_s)} Its line appears on the next redraw once it is known.")
+                f"{story.when_done(done.fraction, done.elapsed_s)} The page draws its line by itself when the solve ends.")
     return summary
 
 

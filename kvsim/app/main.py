@@ -29,6 +29,7 @@ from .controls import Settings, controls, tour_box
 from .curve_tab import curve_view
 from .kept_tab import kept_view
 from .lab_tab import lab_view
+from .memory_panel import memory_panel
 from .model_tab import model_view
 from .needle_tab import needle_view
 from .plan_download import plan_download
@@ -63,6 +64,7 @@ def run() -> None:
     settings = Settings.read(trace)
     for problem in settings.problems:
         st.error(problem)
+    memory_panel(trace.meta, trace.steps, settings.budget)
     with st.sidebar:
         plan_download(settings.runs)
 

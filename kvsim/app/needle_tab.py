@@ -9,6 +9,7 @@ whose replay of the same policy keeps what the trial's cache kept (``needle_kept
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import streamlit as st
@@ -24,19 +25,18 @@ COMMAND = ("python -m kvsim needle --policies streaming_llm,h2o --budget 64 --le
 
 
 def needle_view() -> None:
-    found = needle.saved_grids()
-    if not found:
-        st.info("No pass-key grids here yet. They need a real model run (torch and transformers: "
-                f"`{INSTALL_HINT}`); measure one with\n\n`{COMMAND}`\n\nand it appears here (it is kept in the "
-                "cache directory, `kvsim cache list`: needle).")
-        return
     docs = {}
-    for path in found:
+    for path in needle.saved_grids():
         try:
             docs[path] = needle.read_grid(path)
         except needle_prompt.NeedleError as e:
             st.warning(str(e))
-    if not docs:
+    if not docs:  # a fresh install: the measured leaderboard, and how to add a grid of one's own
+        board_view(docs)
+        st.info("No pass-key grids of your own here yet; the leaderboard above is the one docs/needle.md measured. "
+                f"Yours need a real model run (torch and transformers: `{INSTALL_HINT}`); "
+                f"measure one with\n\n`{COMMAND}`\n\nand it joins the leaderboard, with each trial's cache drawn below "
+                "it (it is kept in the cache directory, `kvsim cache list`: needle).")
         return
     path = st.selectbox("grid", list(docs), format_func=lambda p: _grid_name(docs[p]), key="needle_grid_file")
     doc = docs[path]
@@ -45,6 +45,48 @@ def needle_view() -> None:
                             selection_mode="points")
     _follow(event, doc)
     _trial(doc)
+    board_view(docs)
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def board_figure(table: str):
+    """A leaderboard table's figure (``table``: its JSON), built once per server (read-only: Streamlit
+    copies a figure to send it), so a new session's Pass key tab does not build it again."""
+    return figures.leaderboard_figure(json.loads(table))
+
+
+def board_view(docs: dict) -> None:
+    """The leaderboard: the tables docs/needle.md measured (shipped) and every grid saved here (``docs``,
+    by path), one at a time, each labelled with its model, lengths, budgets, depths, trials and date."""
+    from datetime import UTC, datetime
+
+    from kvsim.views import leaderboard as lb
+
+    st.subheader("Leaderboard: which policy still finds the key")
+    try:
+        tables = lb.shipped_tables()
+    except lb.LeaderboardError as e:
+        st.warning(str(e))
+        tables = []
+    for path, doc in docs.items():
+        try:
+            when = datetime.fromtimestamp(Path(path).stat().st_mtime, tz=UTC).strftime("%d %b %Y %H:%M UTC")
+            tables.append(lb.from_grid(doc, Path(path).name, when))
+        except (OSError, KeyError, TypeError, ValueError) as e:
+            st.warning(f"{Path(path).name}: left out of the leaderboard ({' '.join(str(e).split())})")
+    if not tables:
+        st.info("No leaderboard here: this install has no traces/needle-leaderboard.json and no grid of its own.")
+        return
+    i = st.selectbox("table", range(len(tables)), key="needle_board",
+                     format_func=lambda k: f"{tables[k]['title']} ({'shipped' if tables[k]['shipped'] else 'yours'})")
+    table = tables[i]
+    st.markdown(f"**{lb.label(table)}**, {table['origin']}. Each cell is one depth of the key in the prompt: *found* "
+                "where the policy's cache still let the model write the key, *-* where it did not; the full cache (the "
+                "control) comes first, and a policy's trial counts only where the control found the key.")
+    st.plotly_chart(board_figure(json.dumps(table)), key="needle_board_chart")  # its rows in their order, not sorted
+    if table.get("command"):
+        st.caption(f"Measured with `{table['command']}`" + (f" (docs/needle.md, \"{table['section']}\")"
+                                                             if table.get("section") else "") + ".")
 
 
 def _grid_name(doc: dict) -> str:

@@ -49,6 +49,7 @@ def quality_view(budget: int) -> None:
         col.metric(f"Spearman rank correlation, {mode} ({n} points)", views.rho_text(rho),
                    help="of delta NLL against retained mass across policies and windows: -1 means more mass "
                         "kept is always less loss")
+        col.markdown(views.rho_reading(rho))
     st.plotly_chart(quality_figures.scatter_figure(results), key="quality_scatter")
     for policy in views.swept_policies(results):
         st.plotly_chart(quality_figures.curve_figure(results, policy=policy), key=f"quality_curve_{policy}")

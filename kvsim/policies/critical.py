@@ -46,7 +46,7 @@ class CriticalKV(ValueWeighted):
     order = 90
     table_rows = ({"recent_window": 32},)
     summary = "keep the newest recent_window positions and, of the rest, the largest cumulative attention x |W_O v|"
-    display = Display("#3b5b92", "4px,2px,10px,2px", 2.5, "pentagon", score_name="cumulative attention x |W_O v|_2")
+    display = Display("#000080", "4px,2px,10px,2px", 2.5, "pentagon", score_name="cumulative attention x |W_O v|_2")
     reads = ("out_norms",)
 
     @classmethod

@@ -151,7 +151,7 @@ class ExpectedAttention(SlotPolicy):
     table_rows = ({"refresh": 64},)
     summary = ("evict the lowest attention expected from the next queries (a Gaussian fitted to the recent queries, "
                "their RoPE advanced) times the value's norm; the first sinks positions are kept")
-    display = Display("#6a3d9a", "18px,3px,2px,3px", 3, score_name="expected attention")
+    display = Display("#b8860b", "18px,3px,2px,3px", 3, score_name="expected attention")
     engine_binding = EngineBinding("kvsim.sim.kernels_expected:EXPECTED_ATTENTION", compile_s=50)
     keeps_scores = True
     reads = ("queries", "keys", "values")

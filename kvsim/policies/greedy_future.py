@@ -32,7 +32,7 @@ class GreedyFuture(SlotPolicy):
     name = "greedy_future"
     order = 140
     summary = "evicts the position with the least attention still to come: greedy with future knowledge, not the optimum"
-    display = Display("#7f7f7f", "2px,6px", 3)
+    display = Display("#b0b0b0", "2px,6px", 3)
     engine_binding = EngineBinding("kvsim.sim.kernels:GREEDY_FUTURE")
     needs_trace = True
 

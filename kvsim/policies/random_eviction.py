@@ -30,7 +30,7 @@ class RandomEviction(SlotPolicy):
     order = 130
     deterministic = False
     summary = "evict uniformly at random, from the rng it is given: the floor any informed policy must clear"
-    display = Display("#f5c400", "12px,3px,3px,3px,3px,3px", 4)
+    display = Display("#fb9a99", "12px,3px,3px,3px,3px,3px", 4)
     engine_binding = EngineBinding("kvsim.sim.kernels:RANDOM")
     uses_rng = True
 

@@ -136,7 +136,7 @@ class VATP(ValueWeighted):
     table_rows = ({"recent_window": 32},)
     summary = ("keep the newest recent_window and the first sinks positions and, of the rest, the largest "
                "cumulative attention x |value|_1")
-    display = Display("#b5651d", "9px,3px,2px,3px", 2.5, "square", score_name="cumulative attention x |v|_1")
+    display = Display("#556b2f", "9px,3px,2px,3px", 2.5, "square", score_name="cumulative attention x |v|_1")
     reads = ("values",)
     tunables = (RECENT_WINDOW, SINKS)
 

@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..analysis.windows import spearman
+from .figures.curve import style_of
 
 #: one colour per policy, in registry order; modes differ by dash (lines) and symbol (markers)
 _COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
@@ -67,7 +68,7 @@ def scatter_figure(results: list[dict]) -> go.Figure:
         raise ValueError("no results to plot")
     policies = list(dict.fromkeys(r["policy"] for r in results))
     fig = go.Figure()
-    for pi, policy in enumerate(policies):
+    for policy in policies:  # each in its own colour, the one every view gives it (held apart: test_views_text.py)
         for mode in ("closed", "open"):
             pts = [r for r in results if r["policy"] == policy and r["mode"] == mode]
             if not pts:
@@ -75,7 +76,7 @@ def scatter_figure(results: list[dict]) -> go.Figure:
             fig.add_trace(go.Scatter(
                 x=[r["retained_mass"] for r in pts], y=[r["delta_nll"] for r in pts], mode="markers",
                 name=f"{policy} ({mode})",
-                marker={"color": _COLORS[pi % len(_COLORS)], "symbol": _SYMBOL[mode], "size": 9},
+                marker={"color": style_of(policy).colour, "symbol": _SYMBOL[mode], "size": 9},
                 text=[f"budget {r['budget']} {_label(r['params'])}" for r in pts],
                 hovertemplate="%{text}<br>retained mass %{x:.4f}<br>delta NLL %{y:.4f}<extra></extra>",
             ))

@@ -18,11 +18,14 @@ from .selection import Region
 
 
 def gap(value: float, other: float, whose: str) -> str:
-    """``0.083 below h2o's 0.961``, or ``within 0.01 of h2o's 0.961``: how two retained masses compare."""
+    """``0.083 below h2o's 0.961``, ``0.004 above h2o's 0.961, within 0.01``, or ``level with h2o's 0.961``
+    (equal to three decimals): how two retained masses compare, always in the direction of the figure (a
+    close one said as close, never with its sign hidden)."""
     d = value - other
-    if abs(d) < 0.01:
-        return f"within 0.01 of {whose} {other:.3f}"
-    return f"{abs(d):.3f} {'below' if d < 0 else 'above'} {whose} {other:.3f}"
+    if round(abs(d), 3) == 0:
+        return f"level with {whose} {other:.3f}"
+    near = ", within 0.01" if abs(d) < 0.01 else ""
+    return f"{abs(d):.3f} {'below' if d < 0 else 'above'} {whose} {other:.3f}{near}"
 
 
 def possessive(name: str) -> str:

@@ -202,8 +202,31 @@ def rho_text(rho: float) -> str:
     return f"{rho:.3f}" if math.isfinite(rho) else "n/a"
 
 
+#: the reading of a rank correlation of loss against retained mass: (upper end, verdict, what it means), in
+#: order; the sign to hope for is negative (more mass kept, less loss), -1 the best
+RHO_READINGS = (
+    (-0.7, "a good proxy here", "strong agreement: the runs that keep more mass lose less, nearly always"),
+    (-0.4, "a fair proxy here", "moderate agreement: more mass kept mostly goes with less loss, with exceptions"),
+    (-0.2, "a weak proxy here", "weak agreement: more mass kept goes with less loss only loosely"),
+    (0.2, "no useful agreement", "near 0: retained mass ranks these runs by their loss little better than chance"),
+    (1.0, "the wrong way round", "more mass kept goes with *more* loss in these runs"),
+)
+
+
+def rho_reading(rho: float) -> str:
+    """What a rank correlation of delta NLL against retained mass says, in words beside its number:
+    the verdict, what it means, and which way is good (-1: more mass kept is always less loss)."""
+    if not math.isfinite(rho):
+        return "**No reading**: too few points, or all alike, to rank."
+    upper, verdict, meaning = next(r for r in RHO_READINGS if rho <= r[0])
+    side = "" if rho < 0 else f" ({rho:.3f} is on the wrong side of 0)"
+    return (f"**{verdict[0].upper()}{verdict[1:]}**: {meaning}{side}. A good proxy is near -1, more mass kept always "
+            "less loss; 0 is no relation.")
+
+
 __all__ = [
     "QUALITY_COMMAND", "QUALITY_RESULTS", "VERDICT_COLOURS", "VERDICT_MARKS", "QualityResultsError",
-    "bundle_trace_names", "cached_quality_results", "claim_link", "link_params", "quality_results", "rank_correlations", "rho_text",
+    "bundle_trace_names", "cached_quality_results", "claim_link", "link_params", "quality_results", "rank_correlations",
+    "rho_reading", "rho_text",
     "measured_at", "selected_row", "swept_policies", "trace_selector", "truth_as_quality",
 ]

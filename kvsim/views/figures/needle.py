@@ -67,6 +67,44 @@ def needle_heatmaps(doc: dict):
     return fig
 
 
+def leaderboard_figure(table: dict, *, title: str = ""):
+    """A leaderboard table (``kvsim.views.leaderboard``) as one heatmap per column (prompt length, budget):
+    a row per policy, the control's first, a cell per depth, coloured by the share of trials it found the
+    key in and labelled as docs/needle.md writes it (found, -, a share); grey where not run or not counted."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from ..leaderboard import column_label, word
+
+    names = ["full cache (control)", *table["rows"]]
+    lines = [table["control"], *table["rows"].values()]
+    depths = [f"depth {d:g}" for d in table["depths"]]
+    columns = table["columns"]
+    fig = make_subplots(rows=1, cols=len(columns), shared_yaxes=True, horizontal_spacing=0.015,
+                        subplot_titles=[column_label(c, table) for c in columns])
+    for i in range(len(columns)):
+        cells = [line[i] for line in lines]
+        z = np.array([[np.nan] * len(depths) if c is None else [np.nan if v is None else v for v in c] for c in cells],
+                     dtype=float)
+        text = [["not run"] * len(depths) if c is None else [word(v) for v in c] for c in cells]
+        grey = np.isnan(z)
+        if grey.any():
+            fig.add_trace(go.Heatmap(z=np.where(grey, 0.0, np.nan), x=depths, y=names, showscale=False, text=text,
+                                     texttemplate="%{text}", colorscale=[[0, FAILED_COLOUR], [1, FAILED_COLOUR]],
+                                     hoverinfo="skip", xgap=2, ygap=2), row=1, col=i + 1)
+        fig.add_trace(go.Heatmap(z=z, x=depths, y=names, zmin=0, zmax=1, colorscale="Viridis", text=text,
+                                 texttemplate="%{text}", showscale=i == len(columns) - 1, xgap=2, ygap=2,
+                                 colorbar=dict(title="found", tickformat=".0%"), name=column_label(columns[i], table),
+                                 hovertemplate="%{y}, %{x}: %{text}<extra></extra>"), row=1, col=i + 1)
+    for a in fig.layout.annotations:
+        a.font = dict(size=14)
+    fig.update_yaxes(autorange="reversed", type="category")
+    fig.update_xaxes(type="category", tickfont=dict(size=11))
+    fig.update_layout(title=title or None, height=120 + 26 * len(names), template="plotly_white",
+                      margin=dict(l=150, r=20, t=90 if title else 50, b=40))
+    return fig
+
+
 def kept_mask(left: np.ndarray, steps: int) -> np.ndarray:
     """bool ``(steps, steps)``: row t, position p held after step t (``left`` is each position's
     departure step, -1 for held to the end; position p is admitted at step p)."""
@@ -136,4 +174,4 @@ def fate_rows(cell: dict) -> list[dict]:
     return rows
 
 
-__all__ = ["fate_rows", "kept_mask", "needle_heatmaps", "trial_kept"]
+__all__ = ["fate_rows", "kept_mask", "leaderboard_figure", "needle_heatmaps", "trial_kept"]
