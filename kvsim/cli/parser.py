@@ -232,6 +232,9 @@ def _add_bench(sub, traces) -> None:
                    "run a lesson against a real server (Streamlit's websocket protocol, no browser), e.g. 1,8,30")
     p.add_argument("--profile", type=Path, default=None, metavar="FILE", help="with --load: sample the last class's "
                    "server (every thread's stack) during the lesson, write the collapsed stacks to FILE, print a summary")
+    p.add_argument("--serve", type=positive_int, default=None, metavar="K", help="with --load: the class through "
+                   "kvsim serve --processes K (nginx in front of K Streamlit processes, each warmed by one lesson) instead "
+                   "of one plain Streamlit process")
     p.add_argument("--truth", action="store_true", help="instead: what the truth costs (needs the record extra): "
                    "Gemma-3-270M open loop at 1024 steps, one configuration and a 16-window sweep")
     p.add_argument("--rounds", type=positive_int, default=3, help="with --browser: rounds, each on a fresh server (default: 3)")
