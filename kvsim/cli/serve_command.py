@@ -1,5 +1,5 @@
 """``kvsim serve --processes K``: the app for a class, K Streamlit processes behind nginx (``kvsim.serve``),
-in the foreground until Ctrl-C or SIGTERM; docs/classroom.md, "kvsim serve".
+in the foreground until Ctrl-C or SIGTERM (docs/classroom.md says how it is built and what it measured).
 
 Each thing that keeps the proxy from running is one line on stderr, and the app still starts as one
 plain Streamlit process on the port asked for: nginx not installed, or its configuration test failing.
