@@ -54,6 +54,8 @@ def test_the_table_shows_each_step_its_page_files_and_the_server_memory():
     (["bench", "--long", "--lengths", "2048"], "--lengths only applies with --generate"),
     (["bench", "--generate", "--full-reference"], "--full-reference applies to the speed benchmark, not to --generate"),
     (["bench", "--profile", "p.txt"], "--profile only applies with --load"),
+    (["bench", "--serve", "2"], "--serve only applies with --load"),
+    (["bench", "--load", "8", "--serve", "2", "--profile", "p.txt"], "--profile samples one plain Streamlit process"),
 ])
 def test_the_cli_refuses_load_flags_that_do_not_go_together(argv, message, capsys):
     assert cli.main(argv) == 2

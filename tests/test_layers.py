@@ -18,7 +18,7 @@ import pytest
 from test_package import PACKAGE, ROOT, import_statements, module_name
 
 RANK = {"data": 1, "policies": 2, "sim": 3, "hf": 3.5, "analysis": 4, "models": 4, "views": 5, "app": 6, "cli": 6}
-FOUNDATIONS = {"kvsim.progress", "kvsim.jit", "kvsim.cluster"}
+FOUNDATIONS = {"kvsim.progress", "kvsim.jit", "kvsim.cluster", "kvsim.serve"}
 FACADE = "kvsim"
 FACADE_RANK = RANK["analysis"]
 BENCH_RANK = RANK["views"]  # what kvsim.bench may import: everything below the entry points

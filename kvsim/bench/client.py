@@ -86,6 +86,11 @@ class Student:
         return self.http.cookies.get("_streamlit_xsrf", "")
 
     @property
+    def cookie_header(self) -> str:
+        """The cookies this browser sends back (the XSRF cookie; behind kvsim serve, the proxy's pin)."""
+        return "; ".join(f"{k}={v}" for k, v in self.http.cookies.items())
+
+    @property
     def files_bytes(self) -> int:
         """Bytes the server sent this student's browser over HTTP (the page's files, its chunks)."""
         return self.http.tally.wire_bytes
@@ -127,7 +132,9 @@ class Student:
                 "Content-Type: application/octet-stream\r\n\r\n").encode() + data + f"\r\n--{boundary}--\r\n".encode()
         headers = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
         if self.xsrf:
-            headers |= {"X-Xsrftoken": self.xsrf, "Cookie": f"_streamlit_xsrf={self.xsrf}"}
+            headers |= {"X-Xsrftoken": self.xsrf}
+        if self.http.cookies:
+            headers["Cookie"] = self.cookie_header
         url = url if url.startswith("http") else self.url + "/" + url.lstrip("/")
         with urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers, method="PUT"), timeout=60):
             pass
@@ -138,7 +145,9 @@ class Student:
         import websockets
 
         ws_url = self.url.replace("http://", "ws://") + "/_stcore/stream"
-        self.ws = await websockets.connect(ws_url, subprotocols=["streamlit"], max_size=None, open_timeout=60)
+        cookies = {"Cookie": self.cookie_header} if self.http.cookies else None  # as the browser sends them
+        self.ws = await websockets.connect(ws_url, subprotocols=["streamlit"], max_size=None, open_timeout=60,
+                                           additional_headers=cookies)
         self.reader = asyncio.create_task(self._read())
 
     async def close(self) -> None:

@@ -112,6 +112,7 @@ class Pool:
         self.cache: dict[str, Stored] = {}
         self.tally = Tally()
         self.cookies: dict[str, str] = {}
+        self.process = ""  # behind kvsim serve: the Streamlit process that answered last (its X-Kvsim-Process)
         self.lock = threading.Lock()
 
     def submit(self, path: str) -> Future:
@@ -175,8 +176,12 @@ class Pool:
         with self.lock:
             self.tally.requests += 1
             self.tally.wire_bytes += len(wire)
-            if cookie := re.search(r"_streamlit_xsrf=([^;]+)", head.get("set-cookie", "")):
-                self.cookies["_streamlit_xsrf"] = cookie.group(1)
+            # every cookie set (Streamlit's XSRF cookie; behind kvsim serve, the proxy's kvsim_process), as a
+            # browser keeps them and sends them back on every later request, the websocket's included
+            for name, value in re.findall(r"(?:^|,\s*)([A-Za-z0-9_-]+)=([^;,]*)", head.get("set-cookie", "")):
+                self.cookies[name] = value
+            if "x-kvsim-process" in head:  # behind kvsim serve: the process that answered
+                self.process = head["x-kvsim-process"]
         if status == 304 and stored is not None:
             stored.fresh_until = fresh_until
             with self.lock:

@@ -81,18 +81,24 @@ async def isolation(students: list[Student]) -> str:
 # --- the class: N students, step by step ------------------------------------------------------
 
 
-def server_cpu_s(pid: int) -> float:
-    """CPU seconds of the server process and its live children (a kernel compile) so far."""
+def server_cpu_s(pid: int | list[int]) -> float:
+    """CPU seconds of the server process and its live children (a kernel compile) so far; with a list,
+    of every one of those processes (behind ``kvsim serve``: nginx and each Streamlit process)."""
     import psutil
 
     total = 0.0
-    proc = psutil.Process(pid)
-    for p in (proc, *proc.children(recursive=True)):
+    for one in [pid] if isinstance(pid, int) else pid:
         try:
-            t = p.cpu_times()
-            total += t.user + t.system
+            proc = psutil.Process(one)
+            procs = [proc, *proc.children(recursive=True)]
         except psutil.Error:
-            pass
+            continue
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
     return total
 
 
@@ -107,6 +113,8 @@ class StepFigures:
     files_s: list[float | None] | None = None
     #: for the first step of a session alone on the server: the server's CPU for its page's files
     files_cpu_s: float | None = None
+    #: behind ``kvsim serve``: nginx's share of ``cpu_per_session_s``
+    proxy_cpu_per_session_s: float | None = None
 
     def doc(self) -> dict:
         doc = {"step": self.name, "target_s": self.target_s, **spread(self.seconds), "cpu_per_session_s": self.cpu_per_session_s,
@@ -117,6 +125,8 @@ class StepFigures:
             doc["parts"] = {"the page's files": spread(self.files_s), "its first run": spread(runs)}
             if self.files_cpu_s is not None:
                 doc["files_cpu_s"] = self.files_cpu_s
+        if self.proxy_cpu_per_session_s is not None:
+            doc["proxy_cpu_per_session_s"] = self.proxy_cpu_per_session_s
         return doc
 
 
@@ -127,8 +137,11 @@ def spread(seconds: list[float | None]) -> dict:
             "worst_s": max(done) if done and len(done) == len(seconds) else None, "misses": len(seconds) - len(done)}
 
 
-async def lesson(url: str, n: int, pid: int, progress=None) -> tuple[list[StepFigures], str]:
-    """``n`` students through ``LESSON`` in step, then the upload's isolation (with two or more)."""
+async def lesson(url: str, n: int, pid: int | list[int], progress=None, proxy_pid: int | None = None,
+                 sessions: dict | None = None) -> tuple[list[StepFigures], str]:
+    """``n`` students through ``LESSON`` in step, then the upload's isolation (with two or more).
+    ``pid``: the server's process, or every one of them (``proxy_pid``: nginx's among them, whose share
+    of the CPU is told apart); ``sessions`` gets how many students each process served, by its address."""
     students = [Student(url) for _ in range(n)]  # each its own browser: six connections and a cache of its own
     if n == 1:  # alone on the server: the CPU of its page's files is told apart from its first run's
         students[0].cpu = lambda: server_cpu_s(pid)
@@ -137,12 +150,16 @@ async def lesson(url: str, n: int, pid: int, progress=None) -> tuple[list[StepFi
         for step in LESSON:
             await asyncio.gather(*(s.quiet() for s in students if hasattr(s, "ws")))
             await asyncio.sleep(THINK_S)
-            cpu0 = server_cpu_s(pid)
+            cpu0, proxy0 = server_cpu_s(pid), proxy_pid and server_cpu_s(proxy_pid)
             timings = await asyncio.gather(*(s.timed(step.action, step.expect) for s in students))
             cpu = (server_cpu_s(pid) - cpu0) / n
+            proxy = None if proxy_pid is None else (server_cpu_s(proxy_pid) - proxy0) / n
             files = [s.files_s for s in students] if isinstance(step.action, Open) else None
             figures.append(StepFigures(step.name, step.target_s, [t for t, _ in timings], [e for _, e in timings if e], cpu, files,
-                                       students[0].files_cpu_s if files and n == 1 else None))
+                                       students[0].files_cpu_s if files and n == 1 else None, proxy))
+            if sessions is not None and isinstance(step.action, Open):
+                for s in students:
+                    sessions[s.http.process or "?"] = sessions.get(s.http.process or "?", 0) + 1
             if progress:
                 done = [t for t, _ in timings if t is not None]
                 progress(None, f"{n} session{'s' if n > 1 else ''}: {step.name}: worst {max(done, default=float('nan')):.2f} s, "
@@ -183,6 +200,68 @@ def settle(pid: int, timeout_s: float = 120, idle_share: float = 0.05) -> None:
             return
 
 
+def served_class(n: int, processes: int, progress=None) -> dict:
+    """``kvsim serve --processes K`` on a free loopback port: each Streamlit process warmed by one lesson
+    of its own (straight to its port, all at once), then ``n`` students at once through nginx; the CPU
+    is every process's, nginx's included (and said apart)."""
+    from .. import serve
+
+    server = serve.Serve(processes, port=serve.free_port(), address="127.0.0.1")
+    server.start()
+    try:
+        if not server.proxied:
+            raise RuntimeError("kvsim serve did not start nginx (is it installed?): --serve measures the proxy")
+        pids = server.pids()
+        sts = server.procs
+
+        async def warm_all() -> list[float]:
+            pairs = zip(server.upstreams, sts, strict=True)
+            return await asyncio.gather(*(warm(f"http://127.0.0.1:{port}", proc.pid) for port, proc in pairs))
+
+        warm_s = max(asyncio.run(warm_all()))
+        settle(pids)
+
+        def rss() -> float | None:
+            return _sum(_rss_mb(pid) for pid in pids)
+
+        idle_mb = rss()
+        bench0 = time.process_time()
+        sessions: dict[str, int] = {}
+        with PeakSampler(rss, interval_s=0.5) as peak:
+            steps, separate = asyncio.run(lesson(server.url, n, pids, progress, proxy_pid=pids[0], sessions=sessions))
+        return {"sessions": n, "serve": {"processes": len(sts), "proxy": "nginx", "sessions_per_process": sessions,
+                                         "start_s": server.start_s},
+                "steps": [s.doc() for s in steps], "warm_s": warm_s, "idle_mb": idle_mb, "peak_rss_mb": peak.peak,
+                "vmhwm_mb": _sum(_vmhwm_mb(pid) for pid in pids), "isolation": separate,
+                "bench_cpu_s": time.process_time() - bench0}
+    finally:
+        server.stop()
+
+
+def _sum(values) -> float | None:
+    values = list(values)
+    return None if any(v is None for v in values) else sum(values)
+
+
+def _rss_mb(pid: int) -> float | None:
+    try:
+        import psutil
+
+        proc = psutil.Process(pid)
+        return sum(p.memory_info().rss for p in (proc, *proc.children(recursive=True))) / 2**20
+    except Exception:  # psutil missing or the process gone: the figure is simply unknown
+        return None
+
+
+def _vmhwm_mb(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            kb = next((line.split()[1] for line in f if line.startswith("VmHWM:")), None)
+        return int(kb) / 1024 if kb else None
+    except OSError:
+        return None
+
+
 def one_class(n: int, progress=None, profile: Path | None = None) -> dict:
     """A fresh server, warmed by one lesson, then ``n`` students at once; its figures as a dict. With
     ``profile``, the server runs under ``sampler`` and its stacks are written there."""
@@ -214,15 +293,20 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({model}), {mem:.0f} GB"
 
 
-def run(sizes=SIZES, progress=None, profile: Path | None = None) -> dict:
+def run(sizes=SIZES, progress=None, profile: Path | None = None, serve: int | None = None) -> dict:
     """Each class size on a fresh server (``profile``: the last size's server sampled, the warm-up
-    included; its stacks written there and summarised in the document)."""
+    included; its stacks written there and summarised in the document); with ``serve``, on a fresh
+    ``kvsim serve --processes SERVE`` (nginx in front) instead of one plain Streamlit process."""
     load0 = os.getloadavg()
     classes = []
     for i, n in enumerate(sizes):
         if progress:
-            progress(None, f"{n} session{'s' if n > 1 else ''}: a fresh server, warmed by one lesson")
-        classes.append(one_class(n, progress, profile if i == len(sizes) - 1 else None))
+            what = f"kvsim serve --processes {serve}, each process" if serve else "a fresh server"
+            progress(None, f"{n} session{'s' if n > 1 else ''}: {what} warmed by one lesson")
+        if serve:
+            classes.append(served_class(n, serve, progress))
+        else:
+            classes.append(one_class(n, progress, profile if i == len(sizes) - 1 else None))
     if profile is not None:
         from .sampler import summary
 
@@ -239,14 +323,19 @@ def _s(x) -> str:
 def render(doc: dict) -> str:
     lines = [f"kvsim bench --load: {doc['machine']}; load average before {doc['load_before']}, after {doc['load_after']}"]
     for c in doc["classes"]:
+        if "serve" in c:
+            per = ", ".join(f"{k}: {v}" for k, v in sorted(c["serve"]["sessions_per_process"].items()))
+            lines += ["", f"behind kvsim serve: nginx in front of {c['serve']['processes']} Streamlit processes (sessions per "
+                          f"process: {per}); memory and CPU are all of them together, nginx's share of the CPU in brackets"]
         lines += ["", f"{c['sessions']} session(s) at once (server warmed by one lesson in {c['warm_s']:.1f} s; "
                       f"idle {_s(c['idle_mb'])} MB, peak {_s(c['peak_rss_mb'])} MB resident, VmHWM {_s(c['vmhwm_mb'])} MB; "
                       f"this benchmark's own CPU {c['bench_cpu_s']:.1f} s)",
                   f"  {'step':40} {'median':>7} {'worst':>7} {'target':>7} {'CPU/session':>12}  verdict"]
         for s in c["steps"]:
             miss = f" ({s['misses']} missed: {'; '.join(s['errors'])})" if s["misses"] else ""
+            nginx = f" (nginx {s['proxy_cpu_per_session_s']:.3f}s)" if "proxy_cpu_per_session_s" in s else ""
             lines.append(f"  {s['step']:40} {_s(s['median_s']):>7} {_s(s['worst_s']):>7} {s['target_s']:>7.1f} "
-                         f"{s['cpu_per_session_s']:>11.2f}s  {s['result']}{miss}")
+                         f"{s['cpu_per_session_s']:>11.2f}s  {s['result']}{miss}{nginx}")
             for i, (part, t) in enumerate(s.get("parts", {}).items()):
                 cpu = s.get("files_cpu_s") if i == 0 else None if "files_cpu_s" not in s else s["cpu_per_session_s"] - s["files_cpu_s"]
                 lines.append(f"    {'of which ' + part:38} {_s(t['median_s']):>7} {_s(t['worst_s']):>7} {'':>7} "

@@ -19,7 +19,7 @@ MISSED = BAD_INPUT
 SECTIONS = {
     "browser": (("rounds", "--rounds", 3), ("sessions", "--sessions", 8), ("no_load", "--no-load", False),
                 ("only_load", "--only-load", False), ("cold_cache", "--cold-cache", False)),
-    "load": (("profile", "--profile", None),),
+    "load": (("profile", "--profile", None), ("serve", "--serve", None)),
     "long": (("trace", "--trace", None), ("no_tune", "--no-tune", False), ("study", "--study", False)),
     "generate": (("lengths", "--lengths", None), ("decode", "--decode", None), ("prefill", "--prefill", "exact")),
     "truth": (),
@@ -54,7 +54,9 @@ def cmd_bench(args: argparse.Namespace) -> object:
     if section == "load":
         from ..bench import load
 
-        return load.run(sizes=args.load, progress=say, profile=args.profile)
+        if args.serve and args.profile:
+            raise CLIError("--profile samples one plain Streamlit process; it does not go with --serve")
+        return load.run(sizes=args.load, progress=say, profile=args.profile, serve=args.serve)
     if section == "long":
         from ..bench import long
 

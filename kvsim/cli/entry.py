@@ -21,7 +21,7 @@ from .plan_flags import TAKES_PLAN as PLAN_COMMANDS
 #: the simulator, and a replay none of the other commands' analyses (issue 36: tests/test_startup.py)
 OWN_MODULE = {"bench": "bench_command", "cache": "cache_command", "generate": "generate_command", "proxies": "proxies_command",
               "needle": "needle_command", "policies": "policies_command", "replay": "replay_command",
-              "sweep": "replay_command"}
+              "serve": "serve_command", "sweep": "replay_command"}
 
 
 def command(name: str):

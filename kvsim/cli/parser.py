@@ -238,6 +238,9 @@ def _add_bench(sub, traces) -> None:
                    "run a lesson against a real server (Streamlit's websocket protocol, no browser), e.g. 1,8,30")
     p.add_argument("--profile", type=Path, default=None, metavar="FILE", help="with --load: sample the last class's "
                    "server (every thread's stack) during the lesson, write the collapsed stacks to FILE, print a summary")
+    p.add_argument("--serve", type=positive_int, default=None, metavar="K", help="with --load: the class through "
+                   "kvsim serve --processes K (nginx in front of K Streamlit processes, each warmed by one lesson) instead "
+                   "of one plain Streamlit process")
     p.add_argument("--truth", action="store_true", help="instead: what the truth costs (needs the record extra): "
                    "Gemma-3-270M open loop at 1024 steps, one configuration and a 16-window sweep")
     p.add_argument("--rounds", type=positive_int, default=3, help="with --browser: rounds, each on a fresh server (default: 3)")
@@ -461,6 +464,12 @@ def _add_policies(sub, traces) -> None:
     add_policies(sub)
 
 
+def _add_serve(sub, traces) -> None:
+    from .serve_command import add_serve
+
+    add_serve(sub, positive_int)
+
+
 def _add_app(sub, traces) -> None:
     sub.add_parser("app", help="start the Streamlit app; any further options go to streamlit run",
                    usage=f"{PROG} app [STREAMLIT RUN OPTIONS, e.g. --server.port 8502]")
@@ -471,7 +480,7 @@ def _add_app(sub, traces) -> None:
 _ADD = {"replay": _add_replay, "sweep": _add_sweep, "describe": _add_describe, "export": _add_export, "table": _add_table,
         "claims": _add_claims, "bench": _add_bench, "tune": _add_tune, "record": _add_record, "quality": _add_quality,
         "generate": _add_generate, "proxies": _add_proxies, "cache": _add_cache, "needle": _add_needle,
-        "policies": _add_policies, "app": _add_app}
+        "policies": _add_policies, "app": _add_app, "serve": _add_serve}
 #: every command's name
 COMMANDS = tuple(_ADD)
 

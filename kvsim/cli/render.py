@@ -523,7 +523,8 @@ RENDERERS = {"replay": _replay, "sweep": _sweep, "describe": _describe, "record"
              "generate": lambda doc: _own("generate_command", "render_generate", doc),
              "proxies": lambda doc: _own("proxies_command", "render_proxies", doc),
              "needle": lambda doc: _own("needle_command", "render_needle", doc),
-             "policies": lambda doc: _own("policies_command", "render_policies", doc)}
+             "policies": lambda doc: _own("policies_command", "render_policies", doc),
+             "serve": lambda doc: _own("serve_command", "render_serve", doc)}
 
 
 def _own(module: str, name: str, doc) -> str:
