@@ -43,5 +43,8 @@ def test_the_app_gives_the_readmes_install_command():
     assert "pip install -q -e '.[dev,record]'" in (root / "README.md").read_text(encoding="utf-8")
     app = {p.name: p.read_text(encoding="utf-8") for p in (root / "kvsim" / "app").glob("*.py")}
     assert [n for n, text in app.items() if "requirements-record.txt" in text] == []
-    assert {n for n, text in app.items() if "pip install -e '.[record]'" in text} == {
-        "model.py", "needle.py", "quality.py", "truth_panel.py"}
+    from kvsim.cluster import INSTALL_HINT
+
+    assert INSTALL_HINT == "pip install -e '.[record]'"  # the one place the app's empty views take it from
+    assert {n for n, text in app.items() if "INSTALL_HINT" in text} == {
+        "model_tab.py", "needle_tab.py", "quality_tab.py", "truth_panel.py"}

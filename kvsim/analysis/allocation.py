@@ -426,7 +426,7 @@ def compare(heads: list[Head], spec: PolicySpec, allocators: list[str] | None = 
     return out
 
 
-#: the comparisons' disk cache (docs/caches.md, "allocation"): bump when what ``compare`` measures changes
+#: the comparisons' disk cache (kind allocation in docs/caches.md): bump when what ``compare`` measures changes
 COMPARE_VERSION = 1
 
 
