@@ -453,7 +453,7 @@ def test_model_view_shows_the_command_and_the_python_that_deploy_the_recommended
     # the tune file the shell lines write deploys exactly the per-layer windows the Python lines set
     assert ("kvsim tune --trace gemma3-270m-heapq --policy h2o --budget 64 --by retained_mass --per-layer --serial "
             "--json > tune.json") in shell
-    assert "kvsim generate --model gemma --policy h2o --budget 64 --windows tune.json" in shell
+    assert "kvsim generate --model gemma3-270m --policy h2o --budget 64 --windows tune.json" in shell
     windows = {r["layer"]: r["recommended_window"] for r in expected.per_layer()}
     namespace: dict = {}
     exec(python.split("windows = ", 1)[1].split("\ncache")[0].join(["windows = ", ""]), namespace)  # the dict, as printed

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -365,3 +366,48 @@ def test_app_runs_streamlit_on_the_one_app_script(monkeypatch, tmp_path):
     assert ran == [[sys.executable, "-m", "streamlit", "run", str(commands.APP_SCRIPT), "--server.port", "8502"]]
     monkeypatch.setattr(commands, "APP_SCRIPT", tmp_path / "app.py")
     assert cli.main(["app"]) == 1 and len(ran) == 1
+
+
+# --- the README and docs/ (issue 44) ------------------------------------------------------------------
+
+POLICY_TABLE = ("<!-- kvsim policies --markdown -->\n", "<!-- end of kvsim policies -->\n")
+
+
+def _pages() -> list[Path]:
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def test_every_policy_table_of_the_docs_is_the_registrys_markdown(capsys):
+    """The README's policy table (and any page's, between the same markers) is exactly what
+    ``kvsim policies --markdown`` prints: derived from the registry, never kept by hand."""
+    assert cli.main(["policies", "--markdown"]) == 0
+    printed = capsys.readouterr().out
+    found = []
+    for page in _pages():
+        text = page.read_text(encoding="utf-8")
+        for block in text.split(POLICY_TABLE[0])[1:]:
+            assert POLICY_TABLE[1] in block, f"{page.name}: the policy table has no end marker"
+            assert block.split(POLICY_TABLE[1])[0] == printed, f"{page.name}: run kvsim policies --markdown and paste it"
+            found.append(page.name)
+    assert "README.md" in found
+
+
+def test_the_readme_fits_two_screens_and_names_every_subcommand():
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 200
+    commands = cli.build_parser()._subparsers._group_actions[0].choices
+    assert [name for name in commands if f"`{name}`" not in text] == []
+    assert "`table --wide`" in text and "docs/screenshot.png" in text and "docs/README.md" in text
+
+
+def test_docs_readme_indexes_every_page():
+    index = (REPO / "docs" / "README.md").read_text(encoding="utf-8")
+    pages = [p.name for p in sorted((REPO / "docs").glob("*.md")) if p.name != "README.md"]
+    assert [name for name in pages if f"]({name})" not in index] == []
+
+
+def test_no_page_names_a_path_of_the_machine_it_was_written_on():
+    machine = re.compile(r"(?<![\w.])/(?:work|root|tmp)/")
+    found = [f"{p.name}:{i}" for p in _pages() for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if machine.search(line)]
+    assert found == []

@@ -24,7 +24,7 @@ MISSING = [
     (["generate", "--policy", "h2o", "--max-new-tokens", "1", "--windows", "{d}/nope.json", "hi"],
      "--windows: {d}/nope.json: no such file"),
     (["generate", "--policy", "h2o", "--max-new-tokens", "1", "--model", "{d}/nope", "hi"],
-     "--model: {d}/nope: not a local Hugging Face model folder (no config.json), nor gemma"),
+     "--model: {d}/nope: not a local Hugging Face model folder (no config.json), nor gemma3-270m"),
 ]
 
 

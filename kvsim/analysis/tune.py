@@ -33,7 +33,7 @@ import numpy as np
 from ..cluster import ClusterError, dask_client
 from ..data.trace import Trace, load_npz
 from ..policies import POLICIES, PolicySpec, policy_params
-from ..policies.registry import baselines
+from ..policies.registry import baselines, suggest
 from ..progress import Progress
 from ..sim.harness import DEFAULT_TOP_K
 from . import proxies as px
@@ -284,7 +284,7 @@ def _run_unit(payload, name: str, specs: list[PolicySpec], top_k: int) -> dict:
 
 def _check(policy: str, budget: int, windows: list[int], tolerance: float, params: dict) -> None:
     if policy not in POLICIES:
-        raise TuneError(f"unknown policy {policy!r}; the registry has {', '.join(POLICIES)}")
+        raise TuneError(f"unknown policy {policy!r}{suggest(policy)}; the registry has {', '.join(POLICIES)}")
     if PARAM not in policy_params(policy):
         takes = [p for p in POLICIES if PARAM in policy_params(p)]
         raise TuneError(f"tune sweeps {PARAM}; policy {policy} does not take it (these do: {', '.join(takes)})")

@@ -14,10 +14,11 @@ from pathlib import Path
 
 from ..analysis import allocation as al
 from ..analysis.windows import best_of
-from ..data import vectors
+from ..data import jsontext, vectors
 from ..data.bundle import Bundle, BundleError, is_bundle
 from ..data.catalog import resolve_bundle, shipped_bundles
 from ..policies import DEFAULT_BUDGET, POLICIES, PolicySpec, policy_params
+from ..policies.registry import suggest
 from ..policies.split import read_allocation
 from . import report
 from .errors import CLIError, InputError, flag
@@ -215,13 +216,12 @@ SHIPPED_KV_HEADS = {"gemma3-270m": ("Gemma-3-270M", 18, 1), "smollm2-135m": ("Sm
 def _kv_heads_before_loading(model) -> tuple[str, int, int] | None:
     """(name, layers, KV heads per layer) of ``--model`` read without loading it (a shipped model's, a local
     folder's config.json), None when it cannot be read."""
-    import json
 
     name = "gemma3-270m" if model is None else str(model)
     if name in SHIPPED_KV_HEADS:
         return SHIPPED_KV_HEADS[name]
     try:
-        cfg = json.loads((Path(name) / "config.json").read_text(encoding="utf-8"))
+        cfg = jsontext.loads((Path(name) / "config.json").read_text(encoding="utf-8"))
         cfg = cfg.get("text_config", cfg)
         return Path(name).name, int(cfg["num_hidden_layers"]), int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -249,7 +249,7 @@ def _truth_plan(args: argparse.Namespace) -> tuple[list[str], list[str], list[in
     policies = [args.policy] if args.policy else [x.strip() for x in args.policies.split(",") if x.strip()]
     unknown = [x for x in policies if x not in POLICIES]
     if unknown or not policies:
-        raise CLIError(f"--policies: unknown policy {unknown[0]!r}; known: {', '.join(POLICIES)}" if unknown
+        raise CLIError(f"--policies: unknown policy {unknown[0]!r}{suggest(unknown[0])}; known: {', '.join(POLICIES)}" if unknown
                        else "--policies: no policy given")
     try:
         budgets = [positive_int(part.strip()) for part in args.budget.split(",")]

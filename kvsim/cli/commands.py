@@ -24,6 +24,7 @@ from ..data.catalog import available_traces
 from ..data.qk import DENSE_LIMIT
 from ..data.trace import save_npz
 from ..policies import POLICIES, PolicySpec, policy_params
+from ..policies.registry import suggest
 from ..sim.simulate import replay
 from . import prefill_command, report
 from .errors import CLIError, InputError, flag, read_input
@@ -393,7 +394,7 @@ def _quality_plan(args: argparse.Namespace) -> tuple[list[str], list[int], dict,
         names = list(POLICIES)
     unknown = [x for x in names if x not in POLICIES]
     if unknown or not names:
-        raise CLIError(f"--policies: unknown policy {unknown[0]!r}; known: {', '.join(POLICIES)}" if unknown
+        raise CLIError(f"--policies: unknown policy {unknown[0]!r}{suggest(unknown[0])}; known: {', '.join(POLICIES)}" if unknown
                        else "--policies: no policy given")
     budgets = _budgets(args.budget)
     params = {name[len("param_"):]: v for name, v in vars(args).items() if name.startswith("param_") and v is not None}

@@ -13,9 +13,12 @@ import time
 from pathlib import Path
 
 from ..policies import POLICIES, ParamError, PolicySpec
+from ..policies.registry import suggest
 from .errors import CLIError, InputError, flag, input_error, read_input
 
-SHIPPED = "gemma"
+#: the shipped model, spelt as needle, tune, quality and proxies spell it; the old "gemma" still means it
+SHIPPED = "gemma3-270m"
+OLD_SPELLINGS = ("gemma",)
 
 
 def _params(args: argparse.Namespace) -> dict:
@@ -71,7 +74,7 @@ def _allocation(args: argparse.Namespace, params: dict):
 def check(args: argparse.Namespace) -> tuple[dict, str]:
     """Everything that needs no model: the parameters and the prompt (raises, one line)."""
     if args.policy not in POLICIES:
-        raise CLIError(f"--policy {args.policy!r}: unknown; known: {', '.join(POLICIES)}")
+        raise CLIError(f"--policy {args.policy!r}: unknown{suggest(args.policy)}; known: {', '.join(POLICIES)}")
     if POLICIES[args.policy].needs_trace:
         raise CLIError(f"--policy {args.policy} is an offline reference (it reads the future) and cannot be deployed")
     params = _params(args)
@@ -83,6 +86,8 @@ def check(args: argparse.Namespace) -> tuple[dict, str]:
             PolicySpec.of(args.policy, args.budget, **params)  # a ParamError says it in the flags' terms
     else:
         _check_windows(args, params)
+    if args.model in OLD_SPELLINGS:
+        args.model = SHIPPED
     if args.model != SHIPPED and not (Path(args.model) / "config.json").is_file():
         raise InputError(f"--model: {args.model}: not a local Hugging Face model folder (no config.json), nor {SHIPPED}")
     return params, _prompt(args)

@@ -15,6 +15,7 @@ import argparse
 import statistics
 
 from ..policies import DEFAULT_BUDGET, POLICIES, ParamError, PolicySpec, all_tunables
+from ..policies.registry import suggest
 from .errors import CLIError, InputError, flag, param_message, read_input
 
 DEFAULT_MODEL = "gemma3-270m"
@@ -121,7 +122,7 @@ def check(args: argparse.Namespace) -> dict:
         raise InputError("--policies: nothing listed")
     for name in names:
         if name not in POLICIES:
-            raise InputError(f"--policies: {name}: unknown; known: {', '.join(POLICIES)}")
+            raise InputError(f"--policies: {name}: unknown{suggest(name)}; known: {', '.join(POLICIES)}")
         if POLICIES[name].needs_trace:
             raise InputError(f"--policies: {name}: an offline reference (it reads the future) cannot be deployed")
     lengths = _ints("--lengths", args.lengths)

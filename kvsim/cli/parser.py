@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..data.catalog import available_bundles, available_traces
 from ..policies import DEFAULT_BUDGET, POLICIES, all_tunables, policy_params
+from ..policies.registry import suggest
 from ..sim.harness import DEFAULT_TOP_K
 from .errors import BAD_INPUT, USAGE, CLIError, flag
 from .plan_flags import add_plan_flags
@@ -46,6 +47,14 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise CLIError(message)
+
+    def _check_value(self, action, value):
+        """A value outside a flag's choices (a policy's name, a command's) is said with the nearest choice
+        (``--policy h20``: did you mean 'h2o'?), on the same one line argparse's own message takes."""
+        if action.choices is not None and value not in action.choices:
+            names = [str(c) for c in action.choices]
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}{suggest(str(value), names)}; "
+                                                 f"choose from {', '.join(map(repr, names))}")
 
 
 def positive_int(text: str) -> int:
@@ -346,8 +355,8 @@ def _add_generate(sub, traces) -> None:
                        "(kvsim.hf; needs the record extra)")
     p.add_argument("prompt", nargs="?", default=None, help="the prompt text (or --prompt-file)")
     p.add_argument("--prompt-file", default=None, metavar="F", help="read the prompt from a UTF-8 file")
-    p.add_argument("--model", default="gemma", metavar="DIR|gemma", help="a local Hugging Face model folder, or gemma "
-                   "for the shipped Gemma-3-270M (default)")
+    p.add_argument("--model", default="gemma3-270m", metavar="DIR|gemma3-270m", help="a local Hugging Face model folder, "
+                   "or gemma3-270m for the shipped Gemma-3-270M (default)")
     online = ", ".join(n for n, c in POLICIES.items() if not c.needs_trace)
     p.add_argument("--policy", help=f"an online registry policy ({online}); required unless --plan gives it")
     p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET, action=_Given, help="positions each layer "

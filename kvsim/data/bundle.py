@@ -32,6 +32,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import jsontext
 from .trace import Trace, TraceError, load_npz
 
 MANIFEST = "manifest.json"
@@ -171,7 +172,7 @@ def load_bundle(path: str | Path) -> Bundle:
     if size > MAX_MANIFEST_BYTES:
         raise BundleError(f"{src}: {size} bytes, more than the limit of {MAX_MANIFEST_BYTES}")
     try:
-        m = json.loads(src.read_text(encoding="utf-8"))
+        m = jsontext.loads(src.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
         raise BundleError(f"{src}: not UTF-8 (byte {e.start})") from None
     except json.JSONDecodeError as e:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import qk_rows
+from . import jsontext, qk_rows
 from .files import atomic_write, settled, stamp
 from .gqa import GQA_CODES
 from .qk import QKTrace, from_qk
@@ -151,7 +151,7 @@ def _read_meta_bytes(z, header, src: str) -> dict:
     else:
         raise TraceError(f"{src}: meta must be uint8 bytes (or a 0-d string) holding JSON, got shape {shape} dtype {dtype}")
     try:
-        meta = json.loads(text)
+        meta = jsontext.loads(text)
     except json.JSONDecodeError as e:
         raise TraceError(f"{src}: meta is not valid JSON ({e.msg})") from None
     if not isinstance(meta, dict):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import jsontext
 from .derived import TraceStore
 from .files import atomic_write
 
@@ -328,7 +329,7 @@ def _check_meta_header(header: tuple[tuple, np.dtype], src: str) -> None:
 
 def _read_meta(m: np.ndarray, src: str) -> dict:
     try:
-        meta = json.loads(str(m[()]))
+        meta = jsontext.loads(str(m[()]))
     except json.JSONDecodeError as e:
         raise TraceError(f"{src}: meta is not valid JSON ({e.msg})") from None
     if not isinstance(meta, dict):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..data import jsontext
 from ..policies import PolicySpec
 from ..policies import split as al
 from .cache import HFError
@@ -59,9 +60,8 @@ def read_file(path) -> tuple[dict[tuple[int, int], int], str | None]:
 def pooled_file(path) -> str | None:
     """Why an allocation file (already read by ``read_file``) cannot deploy as a split: adakv's rows are each
     head's share of a pool (``"pooled": true``, what ``replay --allocate adakv --json`` writes); None otherwise."""
-    import json
 
-    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    doc = jsontext.loads(Path(path).read_text(encoding="utf-8"))
     if isinstance(doc, dict) and doc.get("pooled") is True:
         return (f"{path}: adakv's pool (each row is a head's share, 'pooled': true), not a split of budgets; deploy "
                 "the pool itself with --allocate adakv (allocate='adakv') at its budget")

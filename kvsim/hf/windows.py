@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..data import jsontext
+
 PARAM = "recent_window"
 BY = ("layer", "head")
 
@@ -29,7 +31,7 @@ def read_tune(path: str | Path) -> dict:
     """The tune document at ``path``; WindowsError when it is missing, not JSON, or not a tune file."""
     p = Path(path)
     try:
-        doc = json.loads(p.read_text())
+        doc = jsontext.loads(p.read_text())
     except OSError as e:
         raise WindowsError(f"{p}: cannot read it ({e.strerror or e})") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:

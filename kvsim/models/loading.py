@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
-import json
 import mmap
 import shutil
 import struct
@@ -24,6 +23,7 @@ import time
 from pathlib import Path
 
 from ..cluster import INSTALL_HINT
+from ..data import jsontext
 from ..data.store import cache_dir
 from ..progress import Progress, stderr
 from .errors import RecordError
@@ -445,7 +445,7 @@ def check_fits(path: Path, available: int | None = None) -> None:
     it: a load that runs out of memory takes the machine down with it."""
     weights = sum(f.stat().st_size for f in path.iterdir() if f.suffix in (".safetensors", ".bin", ".pt", ".pth"))
     try:
-        dtype = json.loads((path / "config.json").read_text(encoding="utf-8")).get("torch_dtype") or "float32"
+        dtype = jsontext.loads((path / "config.json").read_text(encoding="utf-8")).get("torch_dtype") or "float32"
     except (OSError, ValueError, AttributeError):
         dtype = "float32"
     need = weights * (2 if str(dtype) in ("bfloat16", "float16") else 1)

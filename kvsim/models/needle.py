@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data import jsontext
 from ..data.files import atomic_write
 from ..data.store import cache_dir
 from ..progress import Progress
@@ -563,7 +564,7 @@ def saved_grids(folder: Path | None = None) -> list[Path]:
 def read_grid(path: Path) -> dict:
     """A grid document; NeedleError naming the file when it is not one."""
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        doc = jsontext.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError, UnicodeDecodeError) as e:
         raise NeedleError(f"{path}: not a needle grid ({' '.join(str(e).split())})") from None
     if not isinstance(doc, dict) or not {"grids", "cells", "lengths", "depths"} <= set(doc):

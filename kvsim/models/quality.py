@@ -54,6 +54,7 @@ from ..data.files import atomic_write
 from ..data.store import cache_dir
 from ..data.trace import Trace, from_array
 from ..policies import POLICIES, PolicySpec
+from ..policies.registry import suggest
 from ..progress import Progress, scaled, stderr
 from .decode import ClosedLoopDecoder, MaskedPass, hidden_states, layer_params, replay_masks
 from .errors import QualityError, RecordError
@@ -333,7 +334,7 @@ class Session:
         a list of the wrong length, ``ValueError`` (``ParamError``) for a value out of bounds."""
         params = dict(params or {})
         if policy not in POLICIES:
-            raise QualityError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+            raise QualityError(f"unknown policy {policy!r}{suggest(policy)}; known: {', '.join(POLICIES)}")
         try:
             per_layer = layer_params(params, self.layers)
         except ValueError as e:

@@ -64,7 +64,7 @@ def policy_class(name: str) -> type[Policy]:
     try:
         return POLICIES[name]
     except KeyError:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
+        raise ValueError(f"unknown policy {name!r}{suggest(name)}; known: {', '.join(POLICIES)}") from None
 
 
 def tunables(name: str) -> tuple[Param, ...]:

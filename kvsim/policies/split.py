@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data import jsontext
 from .registry import POLICIES
 from .spec import PolicySpec
 
@@ -117,7 +118,7 @@ def read_allocation(path) -> tuple[dict[tuple[int, int], int], str | None]:
     if p.stat().st_size > MAX_FILE_BYTES:
         raise AllocationError(f"{path}: {p.stat().st_size} bytes, more than the limit of {MAX_FILE_BYTES}")
     try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
+        doc = jsontext.loads(p.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
         raise AllocationError(f"{path}: not UTF-8 (byte {e.start})") from None
     except json.JSONDecodeError as e:

@@ -36,6 +36,7 @@ import numpy as np
 from ..data import vectors as vec
 from ..data.trace import Trace
 from ..policies import POLICIES, ParamError, Policy, PolicySpec
+from ..policies.registry import suggest
 from .harness import DEFAULT_TOP_K, ReplayResult, Taken, kept_sum, step
 
 #: the default scorer of the one-time choice
@@ -143,7 +144,7 @@ class Prefill:
         n = keep_count(keep, int(P))
         name = scorer.name if isinstance(scorer, PolicySpec) else scorer
         if name not in POLICIES:
-            raise PrefillError(f"prefill_policy: unknown policy {name!r}; it takes one of {', '.join(rankers())}",
+            raise PrefillError(f"prefill_policy: unknown policy {name!r}{suggest(name, rankers())}; it takes one of {', '.join(rankers())}",
                                field="prefill_policy")
         if POLICIES[name].needs_trace:
             raise PrefillError(f"prefill_policy: {name} cannot rank the prompt (an offline reference: it reads the "

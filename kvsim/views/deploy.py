@@ -4,7 +4,7 @@ tune file deploys by each figure. Text only; no torch."""
 
 from __future__ import annotations
 
-#: what the shipped bundle's manifest names as its model (``kvsim generate --model gemma`` loads it)
+#: what the shipped bundle's manifest names as its model (``kvsim generate --model gemma3-270m`` loads it)
 SHIPPED_MODEL = "gemma-3-270m"
 
 
@@ -32,7 +32,7 @@ def deploy_snippets(result, bundle: str, model: str, truth=None) -> tuple[str, s
     truth, one window in every layer, with its KL where ``truth`` has every candidate measured).
     ``model`` is the bundle's manifest entry for its model."""
     shipped = SHIPPED_MODEL in model.lower()
-    where = "gemma" if shipped else "MODEL_DIR"
+    where = "gemma3-270m" if shipped else "MODEL_DIR"
     windows = {r["layer"]: r["recommended_window"] for r in result.per_layer()}
     flags = f"--trace {bundle} --policy {result.policy} --budget {result.budget}"
     shell = "\n".join([

@@ -18,7 +18,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 from ..analysis.tune import TuneResult
-from ..data import catalog
+from ..data import catalog, jsontext
 from .quality_figures import spearman
 
 # --- claims --------------------------------------------------------------------------------------
@@ -106,7 +106,7 @@ def quality_results(path: str | Path | None = None) -> tuple[list[dict], dict] |
     if not path.is_file():
         return None
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = jsontext.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, UnicodeDecodeError) as e:
         raise QualityResultsError(f"{path.name}: not readable JSON ({e})") from None
     results, meta = (doc, {}) if isinstance(doc, list) else (doc.get("results"), doc.get("meta") or {})
