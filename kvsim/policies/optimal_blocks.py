@@ -54,11 +54,11 @@ step one position the block schedule no longer holds: there is one, since it hol
 ``budget`` of the ``budget + 1``), so the block optimum is never above ``optimal``.
 
 Cost: the block costs are ``(T / s)^2 / 2`` float64 (0.26 MB at 4096 steps, ``s`` 16), one pass over
-the trace's lower triangle to build them; the assignment has ``T / s`` columns. Measured at 4096 steps, budget 256, ``s`` 16 (one process, solve
-and harness-measured mass, no cache): 0.07 s on ``gemma3-270m-L05`` (``optimal``: 15.8 s) and 0.15 s on
-the canonical trace (``optimal``: 0.9 s). Results are cached on
-disk like ``optimal``'s, keyed by the trace's fingerprint, the blocks, the block size and
-``SOLVER_VERSION``.
+the trace's lower triangle to build them; the assignment has ``T / s`` columns. Measured at 4096
+steps, budget 256, ``s`` 16 (solve and harness-measured mass, no cache): 0.07 s on
+``gemma3-270m-L05`` (``optimal``: 15.8 s) and 0.15 s on the canonical trace (``optimal``: 0.9 s).
+Results are cached on disk like ``optimal``'s, keyed by the trace's fingerprint, the blocks, the block
+size and ``SOLVER_VERSION``.
 """
 
 from __future__ import annotations
