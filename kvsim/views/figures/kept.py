@@ -102,9 +102,9 @@ def _kept_histories(results: Sequence[ReplayResult], features: TraceFeatures, co
 #: the sink strip's and the age strip's widths, as shares of the region's width of positions
 SINK_SHARE, AGE_SHARE = 0.10, 0.36
 #: the height of a row of panels, in pixels of plot: with the key above the titles and the axis
-#: below, one row of panels (the default view) is ``ROW_HEIGHT + TOP + BOTTOM`` = 475 px high, so the
+#: below, one row of panels (the default view) is ``ROW_HEIGHT + TOP + BOTTOM`` = 479 px high, so the
 #: page's first screen at 1280 x 800 holds the whole figure and its key
-ROW_HEIGHT, TOP, BOTTOM = 320, 110, 45
+ROW_HEIGHT, TOP, BOTTOM = 320, 114, 45
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ def _frame(titles: list[str], rows: int, cols: int, height: int, at: _Geometry) 
         height=height + TOP + BOTTOM,
         margin=dict(l=60, r=10, t=TOP, b=BOTTOM),
         # the key on top, above the panels' titles: read before the panels, and on the first screen
-        legend=dict(orientation="h", yanchor="bottom", y=1 + 46 / height, x=0, font=dict(size=12)),
+        legend=dict(orientation="h", yanchor="bottom", y=1 + 50 / height, x=0, font=dict(size=12)),
         plot_bgcolor="white",
         dragmode="zoom",  # zoom by default; the box-select tool asks for a full-resolution region
     )
