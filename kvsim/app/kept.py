@@ -135,8 +135,8 @@ def _intro(block: tuple[int, int], compare: bool, zoomed: bool = False) -> tuple
            "steps here): a block is dark when every position in it is kept, mid-grey when some are. For single "
            "positions, draw a box with the chart's **box select** tool (or set the ranges under *zoom*): that "
            "region is re-drawn from the replay, one pixel per position once it is narrow enough. The zoom tool "
-           "(the default) only magnifies the pooled picture; double-click to reset it. The notes below say what "
-           "to look for: the sinks, the recency band and the heavy hitters.")
+           "(the default) only magnifies the pooled picture; double-click to reset it. The three notes below say "
+           "what to look for in it.")
     if compare:
         return ("**One panel: what the first two chosen policies keep differently**, pooled so that a single "
                 "differing column stays visible.", how)

@@ -39,7 +39,7 @@ from .trace import trace_view
 #: top at y = 600 and its legend below the fold. Style only (sent to Streamlit's event container, no
 #: space taken, no script run); the sidebar and every other view are as before.
 PAGE_CSS = """<style>
-[data-testid="stMainBlockContainer"] { padding-top: 3.5rem; }
+[data-testid="stMainBlockContainer"] { padding-top: 4rem; }
 [data-testid="stMainBlockContainer"] h1 { font-size: 2.1rem; padding: 0 0 0.25rem 0; }
 </style>"""
 
