@@ -178,7 +178,7 @@ def test_the_heavy_hitters_step_says_what_its_panels_draw():
     at = run({"tour": "heavy-hitters"})
     spec = kept_figure(at)
     text = " ".join(m.value for m in at.markdown)
-    assert [t for t in spec["data"] if t.get("name") == "evicted here"] and shapes(spec, "protected window edge (age 32)")
+    assert [t for t in spec["data"] if t.get("name") == "evicted here"] and shapes(spec, "protected window (age 32)")
     assert "a red line runs while the policy holds it" in text and "dashed green line" in text
     # the step's words and the notes under its figure tell the same story: h2o loses two of them
     assert "h2o's cumulative scores keep all but two" in text and "h2o (recent_window=32) loses 2 of" in text

@@ -19,6 +19,7 @@ from kvsim import replay, sweep
 from kvsim.analysis import features
 from kvsim.sim.harness import kept_mask_of
 from kvsim.views import figures
+from kvsim.views.figures import kept as kept_figures
 from kvsim.views.figures import pooling
 
 
@@ -138,18 +139,43 @@ def test_kept_heatmap_pools_to_the_pixels_shown_and_keeps_thin_columns(canonical
     # the axes span the data, plus the header and the strips, and no more
     assert tuple(fig.layout.yaxis.range)[0] == 4096.5 and -400 < fig.layout.yaxis.range[1] < 0.5
     lo, hi = fig.layout.xaxis.range
-    assert -0.1 * 4096 < lo < 0 and 4096 < hi < 1.3 * 4096
+    assert -0.15 * 4096 < lo < 0 and 4096 < hi < 1.45 * 4096  # the strips, widened to read (issue 44), and no more
     assert all(0 <= v <= 4096 for v in fig.layout.xaxis.tickvals)
     # the markers are traces, the lines shapes; each legend entry is shown once, on its first use
     # (the window edge first appears in the third panel: sliding_window and streaming_llm have none)
     shown = [x.name for x in [*fig.data, *fig.layout.shapes] if getattr(x, "showlegend", None) and x.name]
     assert len(shown) == len(set(shown))
-    assert {"heavy hitter (its column)", "step 1000", "recency band edge (age 64)", "protected window edge (age 32)",
-            "heavy hitter held while live", "heavy hitter evicted, still live", "evicted here"} <= set(shown)
-    windows = [s for s in fig.layout.shapes if s.name == "protected window edge (age 32)"]
+    assert {"heavy hitter (×n: n side by side)", "step 1000", "band edge (age 64)", "protected window (age 32)",
+            "held while live", "evicted, still live", "evicted here"} <= set(shown)
+    # the key above the panels (read first, and on the first screen), not under the axis
+    assert fig.layout.legend.yanchor == "bottom" and fig.layout.legend.y > 1
+    # one ▼ per group of neighbours, ×n over a shared one: the marks drawn are the marks counted
+    heads = [t for t in fig.data if t.name == "heavy hitter (×n: n side by side)"]
+    groups = kept_figures.heavy_marks([p for p, _, _ in f.heavy], 4097, 3)
+    for t in heads:
+        assert len(t.x) == len(groups) == 8 and [int(x[1:]) if x else 1 for x in t.text] == [len(g) for g in groups]
+    # the age strip's edges run from the image's top down, clear of the strips' names under the axis
+    edges = [s for s in fig.layout.shapes if s.name in ("band edge (age 64)", "protected window (age 32)")]
+    assert edges and all(min(s.y0, s.y1) == 0.5 for s in edges)
+    names = [a for a in fig.layout.annotations if a.text in ("sinks", "newest 128 →")]
+    assert len(names) == 6 and all(a.yref.endswith(" domain") and a.y == 0 and a.yshift < 0 for a in names)
+    windows = [s for s in fig.layout.shapes if s.name == "protected window (age 32)"]
     assert [(s.xref, s.yref) for s in windows] == [("x3", "y3")]
     titles = " ".join(a.text for a in fig.layout.annotations)
     assert "streaming_llm (sinks=4)" in titles and f"{story[1].retained_mass:.3f}" in titles
+
+
+def test_the_age_strip_is_shaded_by_the_share_held(canonical, story):
+    """Issue 44: with "mid-grey when any is held", h2o's few survivors past its window drew the age
+    strip as a dense hatch; shaded by the share held, its window is dark and what lies past it pale."""
+    f = features.trace_features(canonical)
+    fig = figures.kept_heatmap(story, f, step=1000, size=341)
+    h2o = np.asarray(png_of(images(fig, "newest positions")[2].source))
+    assert h2o.shape[1] == 64  # 128 ages, two to a column
+    assert (h2o[-1, :15] == pooling.KEPT).all() and (h2o[-1, 16:] == pooling.EVICTED).all()
+    assert h2o[100:, 16:].mean() > 245 and len(np.unique(h2o)) > 3  # pale past the window, in shades, not 3 levels
+    lay = figures.panel_layers([story[2].kept_history], figures.Region.whole(4096), 4, 128, 341)
+    assert lay["age"][0] == images(fig, "newest positions")[2].source  # the app's cached layers draw the same
 
 
 def test_the_kept_figure_is_valid_plotly(canonical, story):

@@ -287,15 +287,33 @@ def canonical_story():
     return trace, results
 
 
+#: the kept figure's width in the app at 1280 x 800 and at 1500 x 1100
+KEPT_WIDTHS = (820, 1040)
+#: the kept figure's heavy-hitter marks, one ▼ per group of neighbours (×n above a shared one)
+HEADS = "heavy hitter (×n: n side by side)"
+TEXTS = """(name) => document.getElementById('plot')._fullData.filter(t => t.name === name).map(t => Array.from(t.text))"""
+
+
 def test_the_heavy_hitters_count_said_is_the_count_drawn(canonical_story):
+    """Issue 44: the 24 heavy hitters were drawn as 24 triangles that read as 8, beside a note of
+    "24, drawn as 8" and no ×3 anywhere: now one ▼ per group, ×n over it, apart at both window sizes."""
     trace, results = canonical_story
     f = features.trace_features(trace)
     fig = figures.kept_heatmap(results, f, step=1000)
-    heads = drawn(fig, f"({PIXELS})('heavy hitter (its column)')", KEPT_WIDTH)
-    assert len(heads) == 3 and all(len(h) == 24 for h in heads)  # every heavy hitter is drawn, in each panel
-    visible = seen(heads[0], 9)  # the triangles are 9 px wide
     text = story.heavy_text(f, {figures.policy_label(r): features.heavy_fates(r.kept_history, f) for r in results})
-    assert visible == 8 and "24 here, drawn as 8 ▼" in text
+    assert "24 here, drawn as 8 ▼" in text and "marked ×n" in text
+    for width in KEPT_WIDTHS:
+        heads = drawn(fig, f"({PIXELS})({json.dumps(HEADS)})", width)
+        assert len(heads) == 3 and all(len(h) == 8 for h in heads)  # one mark per group, in each panel
+        assert all(seen(h, 9) == 8 for h in heads), (width, heads)  # the triangles are 9 px wide: none touch
+        assert drawn(fig, f"({TEXTS})({json.dumps(HEADS)})", width) == [["×3"] * 8] * 3
+    # zoomed on the first 300 positions: 3 heavy hitters there, and the text says which ones it counts
+    zoom = figures.Region(0, 300, 1, trace.steps)
+    text = story.heavy_text(f, {}, region=zoom, panels=3)
+    assert "24 here (3 of them in the zoomed positions 0-300" in text
+    zoomed = figures.kept_heatmap(results, f, region=zoom, size=341)
+    (first, *_) = [t for t in zoomed.data if t.name == HEADS]
+    assert (f", drawn as {len(first.x)} ▼" in text) == (len(first.x) < 3)  # the marks the zoomed figure draws
     # zoomed on the first 300 positions: 3 heavy hitters there, and the text says which ones it counts
     zoom = figures.Region(0, 300, 1, trace.steps)
     text = story.heavy_text(f, {}, region=zoom, panels=3)
@@ -400,10 +418,15 @@ def test_on_a_real_trace_the_heavy_hitters_note_counts_what_is_drawn():
     trace = resolve_trace("gemma3-270m-L11")
     f = features.trace_features(trace)
     results = [kvsim.replay(trace, name, budget=256, record_kept=True) for name in ("sliding_window", "streaming_llm", "h2o")]
-    heads = drawn(figures.kept_heatmap(results, f, step=1000), f"({PIXELS})('heavy hitter (its column)')", KEPT_WIDTH)
-    visible, n = seen(heads[0], 9), len(f.heavy)
+    fig = figures.kept_heatmap(results, f, step=1000)
+    n = len(f.heavy)
     text = story.heavy_text(f, {figures.policy_label(r): features.heavy_fates(r.kept_history, f) for r in results})
-    assert (f"{n} here, drawn as {visible} ▼" in text) if visible < n else (f"{n} here;" in text or f"{n} here." in text)
+    for width in KEPT_WIDTHS:
+        heads = drawn(fig, f"({PIXELS})({json.dumps(HEADS)})", width)
+        marks = len(heads[0])
+        assert seen(heads[0], 9) == marks  # every mark drawn is seen as one
+        said = (f"{n} here, drawn as {marks} ▼" in text) if marks < n else (f"{n} here;" in text or f"{n} here." in text)
+        assert said, (width, marks, text)
 
 
 # --------------------------------------------------------------------------------------------

@@ -86,9 +86,7 @@ def kept_view(trace: kvsim.Trace, settings: Settings) -> None:
     size = KEPT_PIXELS // (1 if compare else min(len(runs), 3))
     box = (region.p0, region.p1, region.t0, region.t1)
     layers = kept_layers(trace, runs, box, ages, size, compare)
-    intro = _intro(layers[0]["block"], compare, zoomed=region != figures.Region.whole(T))
-    if slot is None:
-        st.markdown(intro)
+    intro, how = _intro(layers[0]["block"], compare, zoomed=region != figures.Region.whole(T))
     fig = cached_kept_figure(trace, runs, settings.step, box, ages, size, compare)
     trial = needle_kept.key_positions(trace) is not None and not compare  # a pass-key trial: its key marked
     if trial:
@@ -97,12 +95,14 @@ def kept_view(trace: kvsim.Trace, settings: Settings) -> None:
     # once it is narrow enough; the zoom tool (the default) only magnifies the pooled picture
     (slot or st).plotly_chart(fig, key="kept_chart", config={"scrollZoom": True}, on_select=lambda: zoom_to_box(T),
                               selection_mode="box")
-    if slot is not None:
-        st.markdown(intro)
+    # the reading right under the figure (above it, it pushed the figure's bottom and key past the fold)
+    st.markdown(intro)
+    with st.expander("how to read this picture"):
+        st.markdown(how)
     results = replays(trace, runs)
     if trial:
         needle_kept.note(trace, results)
-    _notes(trace, runs, results, ages, compare)
+    _notes(trace, runs, results, ages, compare, region)
     st.caption(f"The dashed line is the sidebar's **step** ({settings.step}).")
     c1, c2 = st.columns(2)
     with c1:
@@ -127,23 +127,29 @@ def _mode(runs: int) -> bool:
     return compare
 
 
-def _intro(block: tuple[int, int], compare: bool, zoomed: bool = False) -> str:
+def _intro(block: tuple[int, int], compare: bool, zoomed: bool = False) -> tuple[str, str]:
+    """The figure's one-line reading, said above it, and the rest of how to read it, folded away
+    below it: the four-line paragraph above the figure pushed its bottom and its key past the fold
+    at 1280 x 800."""
+    how = (f"The picture is pooled to about the pixels on screen (blocks of {block[1]} positions x {block[0]} "
+           "steps here): a block is dark when every position in it is kept, mid-grey when some are. For single "
+           "positions, draw a box with the chart's **box select** tool (or set the ranges under *zoom*): that "
+           "region is re-drawn from the replay, one pixel per position once it is narrow enough. The zoom tool "
+           "(the default) only magnifies the pooled picture; double-click to reset it. The three notes below say "
+           "what to look for in it.")
     if compare:
-        return ("**One panel: what the first two chosen policies keep differently**, pooled so that a single differing "
-                "column stays visible. Drag a box to zoom (double-click to reset).")
-    return (
-        f"**Each panel is one policy's cache over {'the region zoomed to' if zoomed else 'the whole run'}.** "
-        "Row *t* is what the cache holds after decode step "
-        "*t*: dark is kept, mid-grey a block of positions where some are kept, white evicted, light grey not "
-        f"generated yet. The picture is pooled to about the pixels on screen (blocks of "
-        f"{block[1]} positions x {block[0]} steps here). For single positions, draw a box "
-        "with the chart's **box select** tool (or set the ranges under *zoom*): that region is re-drawn from the "
-        "replay, one pixel per position once it is narrow enough."
-    )
+        return ("**One panel: what the first two chosen policies keep differently**, pooled so that a single "
+                "differing column stays visible.", how)
+    return (f"**Each panel is one policy's cache over {'the region zoomed to' if zoomed else 'the whole run'}.** "
+            "Row *t* is the cache after decode step *t*: dark kept, mid-grey partly kept, white evicted, light "
+            "grey not generated yet.", how)
 
 
-def _notes(trace: kvsim.Trace, runs: tuple[PolicySpec, ...], results: list, ages: int, compare: bool) -> None:
-    """What to look for, under the picture: each note quotes this trace, or says it lacks the feature."""
+def _notes(trace: kvsim.Trace, runs: tuple[PolicySpec, ...], results: list, ages: int, compare: bool,
+           region: figures.Region | None = None) -> None:
+    """What to look for, under the picture: each note quotes this trace, or says it lacks the feature.
+    The heavy hitters' count is told as the figure draws their marks: over the ``region`` shown, as
+    many panels across as it draws."""
     features = cached_features(trace)
     info = describe(trace, features)
     sinks, band, heavy = st.columns(3)
@@ -151,10 +157,10 @@ def _notes(trace: kvsim.Trace, runs: tuple[PolicySpec, ...], results: list, ages
     windows = [w for spec in runs[: 2 if compare else None] if 0 < (w := spec.get("recent_window", 0)) <= ages]
     band.markdown(_as_drawn(story.band_text(features, info, ages), windows))
     if compare:  # the difference draws where heavy hitters are, not what each policy does with them
-        heavy.markdown(_difference_heavy_text(features) if features.heavy else story.heavy_text(features, {}))
+        heavy.markdown(_difference_heavy_text(features, region) if features.heavy else story.heavy_text(features, {}))
     else:
         fates = {figures.policy_label(r): cached_fates(trace, spec) for r, spec in zip(results, runs, strict=True)}
-        heavy.markdown(story.heavy_text(features, fates))
+        heavy.markdown(story.heavy_text(features, fates, region=region, panels=len(runs)))
     if compare:
         a, b = results[0], results[1]
         counts = cached_difference(trace, runs[0], runs[1])
@@ -173,10 +179,12 @@ def _as_drawn(band_note: str, windows: list[int]) -> str:
     return band_note.replace(GREEN_EDGE, " (none of the policies shown protects one).")
 
 
-def _difference_heavy_text(features) -> str:
-    """The difference view's note on heavy hitters: it marks their columns and nothing more."""
-    return (f"**Heavy hitters** (red ▼ over their columns; {features.heavy_source}): older positions that draw a "
-            "large share for a stretch. The difference marks only where they are; *a panel per policy* shows which "
+def _difference_heavy_text(features, region: figures.Region | None = None) -> str:
+    """The difference view's note on heavy hitters: it marks their columns (counted as its one
+    panel draws them) and nothing more."""
+    n, drawn = len(features.heavy), story.heavy_drawn(features, region, 1)
+    return (f"**Heavy hitters** (red ▼ over their columns; {features.heavy_source}): {n} here{drawn}; older "
+            "positions that draw a large share for a stretch. The difference marks only where they are; *a panel per policy* shows which "
             "each keeps, with a red "
             "line while it is held and an × where it is evicted while still wanted.")
 

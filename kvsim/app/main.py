@@ -37,22 +37,31 @@ from .quality_tab import quality_view
 from .scores_tab import score_view
 from .trace_tab import trace_view
 
+#: Streamlit's page starts 6rem down and its title is 2.75rem: at 1280 x 800 that put the kept figure's
+#: top at y = 600 and its legend below the fold. Style only (sent to Streamlit's event container, no
+#: space taken, no script run); the sidebar and every other view are as before.
+PAGE_CSS = """<style>
+[data-testid="stMainBlockContainer"] { padding-top: 4rem; }
+[data-testid="stMainBlockContainer"] h1 { font-size: 2.1rem; padding: 0 0 0.25rem 0; }
+</style>"""
+
 
 def run() -> None:
     st.set_page_config(page_title="kvsim: KV-cache eviction, step by step", layout="wide")
+    st.html(PAGE_CSS)
     if "_link_read" not in st.session_state:
         st.session_state["_link_problems"] = state.read_link()
         st.session_state["_link_read"] = True
     if not state.touring():  # a tour step is a slide: its box is the heading, so the figure fits the screen
         st.title("kvsim: what a KV cache keeps")
-        st.caption(
-            "Replay one attention trace through KV-cache eviction policies and see, step by step, which "
-            "positions each keeps and how much of the model's attention that cache still holds."
-        )
+        # one line at 1280 x 800 (two pushed the kept figure's bottom past the fold)
+        st.caption("Replay an attention trace through KV-cache eviction policies: what each keeps, step by step, "
+                   "and how much attention it holds.")
     for problem in st.session_state.pop("_link_problems", []):
         st.warning(problem)
 
     tour_box()
+    sidebar_top = st.sidebar.container()  # the compile's note, if any: read at once, never above the figure
     st.sidebar.header("settings")
     for problem in policy_registry.PROBLEMS:  # a plugin that failed to load (KVSIM_PLUGINS, an entry point): one line each
         st.sidebar.warning(problem.removeprefix("kvsim: "))
@@ -74,7 +83,7 @@ def run() -> None:
         lambda: quality_view(settings.budget), needle_view, lambda: allocation_view(settings.budget),
     )
     needs = [*settings.chosen, "pooling", st.session_state.get("curve_policy", "h2o")]
-    compile_later = warm_up(needs)
+    compile_later = warm_up(needs, sidebar_top)
     tabs = st.tabs(list(state.TABS), key="view", bind="query-params")
     try:  # the background work the view asks for starts once its page is drawn
         with jit.compiled_only(), services.starting_after():
@@ -86,17 +95,19 @@ def run() -> None:
         compile_later()
 
 
-def warm_up(needs: list[str]):
+def warm_up(needs: list[str], where=None):
     """The kernels this page may use (``needs``: the policies shown, the kept view's pooling, the
     curve's policy): loaded now where numba's disk cache holds them (a fraction of a second), else
-    said in one line above the views (in the sidebar on a tour step) and, once the page is drawn, compiled in the background (the
-    views meanwhile take the reference path). Returns what starts that compile."""
+    said in one line at the top of the sidebar (``where``; above the views it pushed a brand-new
+    install's first figure and its key past the fold at 1280 x 800) and, once the page is drawn,
+    compiled in the background (the views meanwhile take the reference path). Returns what starts
+    that compile."""
     warm = memo.warmup()
     if warm.cached(needs):
         warm.load(needs)
         return lambda: None
-    if warm.note(needs):  # on a tour step (a slide) the note goes to the sidebar, so the step's figure still fits the screen
-        with st.sidebar if state.touring() else st.container():
+    if warm.note(needs):  # in the sidebar, so the first figure (and a tour step's) still fits the screen
+        with where or st.sidebar:
             compile_banner(warm, needs)
     return lambda: warm.want(needs)
 

@@ -166,8 +166,8 @@ def _sink_figure(info: Mapping) -> str:
 def band_text(features: TraceFeatures, info: Mapping, ages: int) -> str:
     """The kept view's note on the recency band and the strip that shows the newest positions."""
     strip = (f"The strip at each panel's right shows the newest {ages} positions of every step by age (newest at "
-             "its left edge), widened: a policy's protected window is the dark stripe there, its edge a dashed "
-             "green line.")
+             "its left edge), widened and shaded by the share of them held (dark: all, white: none): a policy's "
+             "protected window is the dark stripe there, its edge a dashed green line.")
     if not features.band_known:
         return (f"**No sharp recency band** on this trace: attention fades with age without a cliff; the newest "
                 f"{features.band} positions take {_share(info.get('recent_share'))} of each row. " + strip)
@@ -193,7 +193,7 @@ def heavy_text(features: TraceFeatures, fates: Mapping[str, Sequence[HeavyFate]]
         life = f"; {stale} of them go stale (stop drawing attention) before the end"
     else:
         life = "; all of them still draw attention at the end of the trace"
-    drawn = _heavy_drawn(features, region, panels or max(1, len(fates)))
+    drawn = heavy_drawn(features, region, panels or max(1, len(fates)))
     out = [f"**Heavy hitters** (red ▼ over their columns; {features.heavy_source}): {n} here{drawn}{life}. Beside each "
            "column a red line runs while the policy holds it" + (" and it is live" if features.live_known else "")
            + "; an × marks where the policy evicts it while still wanted, dotted after."]
@@ -217,14 +217,16 @@ def budget_note(steps: int, budget: int) -> str | None:
             f"1.000 everywhere. Set the budget below {steps + 1} to see the policies differ.")
 
 
-def _heavy_drawn(features: TraceFeatures, region: Region | None, panels: int) -> str:
+def heavy_drawn(features: TraceFeatures, region: Region | None, panels: int) -> str:
     """What of the heavy hitters the kept figure shows: ", drawn as 8 ▼ at this scale ..." where
-    neighbours' marks merge, "; 3 of them in the zoomed positions ..." where it shows part of the run."""
+    neighbours' marks merge (the figure groups them with the same ``heavy_marks``, over the same
+    region and panels, and writes ×n beside a shared mark), " (3 of them in the zoomed positions ...)"
+    where it shows part of the run."""
     region = (region or Region.whole(features.steps)).clip(features.steps)
     inside = [p for p, _, _ in features.heavy if region.p0 <= p <= region.p1]
     marks = len(heavy_marks(inside, region.p1 - region.p0 + 1, panels))
-    merged = (f"drawn as {marks} ▼ at this scale (neighbours closer than a mark's width share one: zoom in to tell "
-              "them apart)")
+    merged = (f"drawn as {marks} ▼ at this scale (neighbours closer than a mark's width share one, marked ×n: zoom "
+              "in to tell them apart)")
     if len(inside) < len(features.heavy):
         return (f" ({len(inside)} of them in the zoomed positions {region.p0}-{region.p1}"
                 + (f", {merged}" if inside and marks < len(inside) else "") + ")")

@@ -64,7 +64,7 @@ def kept_heatmap(
     cols = min(len(panels), max_cols)
     rows = math.ceil(len(panels) / cols)
     size = size or max(128, 1024 // cols)
-    frame, refs = _frame(_titles(results, compare), rows, cols, (560 if compare else 500) * rows, at)
+    frame, refs = _frame(_titles(results, compare), rows, cols, ROW_HEIGHT * rows, at)
     d = _Drawing()
     for i, panel in enumerate(panels):
         d.at(*refs[i])
@@ -74,7 +74,7 @@ def kept_heatmap(
             fate = None
         else:
             fate = fates[results.index(panel[0])] if fates is not None else heavy_fates(pk[0], features)
-        _panel(d, lay, panel, [windows[results.index(r)] for r in panel], fate, features, at, step)
+        _panel(d, lay, panel, [windows[results.index(r)] for r in panel], fate, features, at, step, cols)
     if compare:
         _difference_legend(d, results[0], results[1])
     return d.figure(frame)
@@ -99,12 +99,20 @@ def _kept_histories(results: Sequence[ReplayResult], features: TraceFeatures, co
     return [r.kept_history for r in results]
 
 
+#: the sink strip's and the age strip's widths, as shares of the region's width of positions
+SINK_SHARE, AGE_SHARE = 0.10, 0.36
+#: the height of a row of panels, in pixels of plot: with the key above the titles and the axis
+#: below, one row of panels (the default view) is ``ROW_HEIGHT + TOP + BOTTOM`` = 479 px high, so the
+#: page's first screen at 1280 x 800 holds the whole figure and its key
+ROW_HEIGHT, TOP, BOTTOM = 320, 114, 45
+
+
 @dataclass(frozen=True)
 class _Geometry:
     """Where a panel's parts lie, in data coordinates: the region's image between the sink strip
     (at the left, ``sink_w`` wide, only when the trace has sinks) and the age strip (at the right,
     ``age_w`` wide, the newest ``ages`` positions), ``gap`` apart, under a ``header`` that holds the
-    strips' labels and the heavy hitters' heads. Every panel shares it."""
+    heavy hitters' heads (the strips' names are under the axis). Every panel shares it."""
 
     region: Region
     ages: int
@@ -118,11 +126,12 @@ class _Geometry:
 
     @classmethod
     def of(cls, region: Region, features: TraceFeatures, ages: int) -> _Geometry:
+        # at 5% and 22% of the region's width the strips were 8 and 37 px at 1280 x 800: too thin to read
         W = region.width
-        gap = max(1.0, 0.015 * W)
-        sink_w = 0.05 * W if features.sinks else 0.0
-        age_w = 0.22 * W
-        header = 0.07 * region.height
+        gap = max(1.0, 0.02 * W)
+        sink_w = SINK_SHARE * W if features.sinks else 0.0
+        age_w = AGE_SHARE * W
+        header = 0.09 * region.height  # the heavy hitters' ▼, and ×n above a shared one
         return cls(
             region, ages, gap, sink_w, age_w, x_lo=region.p0 - 0.5 - (gap + sink_w if features.sinks else 0),
             x_hi=region.p1 + 0.5 + gap + age_w, header=header, y_top=region.t0 - 0.5 - header,
@@ -139,8 +148,9 @@ def _titles(results: Sequence[ReplayResult], compare: bool) -> list[str]:
     if compare:
         a, b = results[0], results[1]
         return [
-            f"<b>blue: kept by {policy_label(a)}</b> (mass {a.retained_mass:.3f}) <b>and not by {policy_label(b)}</b> "
-            f"(mass {b.retained_mass:.3f}); orange: the reverse"
+            # two lines, as the panels' titles: on one, "orange: the reverse" ran off the figure at 1280 x 800
+            f"<b>blue: kept by {policy_label(a)}</b> (mass {a.retained_mass:.3f}) <b>and not by {policy_label(b)}</b>"
+            f"<br>orange: the reverse (mass {b.retained_mass:.3f}); grey: kept by both"
         ]
     return [
         f"{panel_label(r)}<br>mass {r.retained_mass:.3f} · top-{r.top_k} recall {r.top_k_recall:.3f}"
@@ -152,7 +162,7 @@ def _frame(titles: list[str], rows: int, cols: int, height: int, at: _Geometry) 
     """The subplots, their axes and the layout, as a figure's dict, and each panel's axes."""
     region = at.region
     # the axes and the layout set as plain dicts: through Plotly's objects, most of the time
-    frame = subplots(titles, rows=rows, cols=cols, horizontal_spacing=0.035,
+    frame = subplots(titles, rows=rows, cols=cols, horizontal_spacing=0.025,
                      vertical_spacing=min(0.3, 130 / (height + 120)) if rows > 1 else 0.0)
     refs = [_refs(k) for k in range(1, rows * cols + 1)]
     layout = frame["layout"]
@@ -170,9 +180,10 @@ def _frame(titles: list[str], rows: int, cols: int, height: int, at: _Geometry) 
         else:
             yaxis["showticklabels"] = False
     layout.update(
-        height=height + 150,
-        margin=dict(l=60, r=20, t=70, b=110),
-        legend=dict(orientation="h", yanchor="top", y=-60 / height, x=0, font=dict(size=13)),
+        height=height + TOP + BOTTOM,
+        margin=dict(l=60, r=10, t=TOP, b=BOTTOM),
+        # the key on top, above the panels' titles: read before the panels, and on the first screen
+        legend=dict(orientation="h", yanchor="bottom", y=1 + 50 / height, x=0, font=dict(size=12)),
         plot_bgcolor="white",
         dragmode="zoom",  # zoom by default; the box-select tool asks for a full-resolution region
     )
@@ -180,9 +191,10 @@ def _frame(titles: list[str], rows: int, cols: int, height: int, at: _Geometry) 
 
 
 def _panel(d: _Drawing, lay: dict, panel: Sequence[ReplayResult], windows: Sequence[int],
-           fate: Sequence[HeavyFate] | None, f: TraceFeatures, at: _Geometry, step: int | None) -> None:
+           fate: Sequence[HeavyFate] | None, f: TraceFeatures, at: _Geometry, step: int | None, across: int) -> None:
     """One panel: its images (``lay``, ``panel_layers``), the edges in its age strip, the strips'
-    labels, the heavy hitters' fates (``fate``; None in the difference view) and the step line."""
+    labels, the heavy hitters' fates (``fate``; None in the difference view), their marks (grouped
+    as ``heavy_marks`` groups them for ``across`` panels side by side) and the step line."""
     region = at.region
     br, bc, ba = lay["block"]
     name = " vs ".join(r.policy for r in panel)
@@ -202,9 +214,9 @@ def _panel(d: _Drawing, lay: dict, panel: Sequence[ReplayResult], windows: Seque
                 hovertemplate=f"the newest {at.ages} positions by age, widened<br>after step %{{y:.0f}}" + hover)
         _age_marks(d, at, f, windows)
     _strip_labels(d, f, at)
+    _heavy_heads(d, f, at, across)  # first: its key entry leads the heavy hitters' in the legend
     if fate is not None:
         _fates(d, fate, f, at)
-    _heavy_heads(d, f, at)
     if step is not None and region.t0 <= step <= region.t1:
         d.line(at.x_lo, step, at.x_hi, step, dict(color="black", width=1, dash="dash"), f"step {step}", "step")
 
@@ -293,21 +305,25 @@ def _age_marks(d: _Drawing, at: _Geometry, f: TraceFeatures, windows: Sequence[i
     per_age = at.age_w / ages
     marks = []
     if f.band_known and f.band <= ages:
-        marks.append((f.band, BAND_COLOUR, "dot", f"recency band edge (age {f.band})", "band"))
+        marks.append((f.band, BAND_COLOUR, "dot", f"band edge (age {f.band})", "band"))
     for w in sorted(set(w for w in windows if 0 < w <= ages)):
-        marks.append((w, RECENT_COLOUR, "dash", f"protected window edge (age {w})", f"window{w}"))
+        marks.append((w, RECENT_COLOUR, "dash", f"protected window (age {w})", f"window{w}"))
     for age, colour, dash, name, group in marks:
         x = at.a0 + age * per_age
-        d.line(x, at.y_top, x, at.region.t1 + 0.5, dict(color=colour, width=2.5, dash=dash), name, group)
+        # from the image's top down: through the header the line crossed the strip's name
+        d.line(x, at.region.t0 - 0.5, x, at.region.t1 + 0.5, dict(color=colour, width=2.5, dash=dash), name, group)
 
 
 def _strip_labels(d: _Drawing, f: TraceFeatures, at: _Geometry) -> None:
-    """The strips' names, in the header above them."""
-    y = at.y_top + at.header / 2
-    note = dict(showarrow=False, font=dict(size=10, color="#333"), yanchor="middle")
+    """The strips' names, under them on the level of the axis's title, beside "position": clear of
+    the tick labels, of every line (in the header the band's edge ran through "newest 128") and of
+    the heavy hitters' marks and counts."""
+    xref, yref = d.refs
+    note = dict(showarrow=False, font=dict(size=11, color="#333"), xref=xref, yref=yref + " domain", y=0,
+                yanchor="top", yshift=-36)
     if f.sinks:
-        d.note(x=at.x_lo + at.sink_w / 2, y=y, text="sinks", **note)
-    d.note(x=at.a0 + at.age_w / 2, y=y, text=f"newest {at.ages} →", **note)
+        d.notes.append(dict(note, x=at.x_lo + at.sink_w / 2, text="sinks"))
+    d.notes.append(dict(note, x=at.a0 + at.age_w / 2, text=f"newest {at.ages} →"))
 
 
 def _refs(k: int) -> tuple[str, str]:
@@ -317,9 +333,10 @@ def _refs(k: int) -> tuple[str, str]:
 
 
 #: a heavy hitter's mark (a 9 px triangle) takes about this share of a panel's width of positions:
-#: heavy hitters closer than that are drawn as one mark (the canonical trace's 24 as 8 at the whole run;
-#: three panels across the app's 1100 px at 1500 x 1100 give each main image about 250 px)
-MARK_SHARE = 0.012
+#: heavy hitters closer than that are drawn as one mark, ×n above it (the canonical trace's 24 as 8 at
+#: the whole run). Three panels across the app at 1280 x 800 give each main image about 155 px, a
+#: triangle 6% of it: 2% a panel across (at 1.2%, set for wider panels, two marks could touch there)
+MARK_SHARE = 0.02
 
 
 def heavy_marks(positions: Sequence[int], span: int, panels: int = 1) -> list[list[int]]:
@@ -335,14 +352,20 @@ def heavy_marks(positions: Sequence[int], span: int, panels: int = 1) -> list[li
     return groups
 
 
-def _heavy_heads(d: _Drawing, f: TraceFeatures, at: _Geometry) -> None:
-    """A red triangle above each heavy hitter's column, in the header: where to look."""
+def _heavy_heads(d: _Drawing, f: TraceFeatures, at: _Geometry, across: int = 1) -> None:
+    """A red triangle above each heavy hitter's column, in the header: where to look. Neighbours
+    closer than a triangle's width (``heavy_marks``, ``across`` panels side by side) share one, ×n
+    written above it: the count the notes say is the count drawn (24 triangles drawn on one another
+    read as 8, beside a note of 24)."""
     inside = [p for p, _, _ in f.heavy if at.region.p0 <= p <= at.region.p1]
     if not inside:
         return
-    d.trace(type="scatter", x=inside, y=[at.y_top + at.header * 0.75] * len(inside), mode="markers",
-            name="heavy hitter (its column)", marker=dict(symbol="triangle-down", size=9, color=HEAVY_COLOUR),
-            group="heavyhead", hovertemplate="heavy hitter at position %{x}<extra></extra>")
+    groups = heavy_marks(inside, at.region.p1 - at.region.p0 + 1, across)
+    d.trace(type="scatter", x=[g[0] for g in groups], y=[at.y_top + at.header * 0.78] * len(groups),
+            mode="markers+text", text=[f"×{len(g)}" if len(g) > 1 else "" for g in groups], textposition="top center",
+            textfont=dict(size=10, color="#b01e1e"), customdata=[", ".join(map(str, g)) for g in groups],
+            name="heavy hitter (×n: n side by side)", marker=dict(symbol="triangle-down", size=9, color=HEAVY_COLOUR),
+            group="heavyhead", cliponaxis=False, hovertemplate="heavy hitters at positions %{customdata}<extra></extra>")
 
 
 def _fates(d: _Drawing, fates: Sequence[HeavyFate], f: TraceFeatures, at: _Geometry) -> None:
@@ -350,8 +373,8 @@ def _fates(d: _Drawing, fates: Sequence[HeavyFate], f: TraceFeatures, at: _Geome
     the policy holds it and it is live, an x where it is evicted while live, dotted while missed."""
     region = at.region
     off = at.gap * 0.6
-    held = f"heavy hitter held {'while live' if f.live_known else ''}".strip()
-    missed = "heavy hitter evicted, still live" if f.live_known else "heavy hitter evicted"
+    held = "held while live" if f.live_known else "held"
+    missed = "evicted, still live" if f.live_known else "evicted"
     ex, ey, text, kept, lost = [], [], [], [], []
     for h in fates:
         if not region.p0 <= h.position <= region.p1:

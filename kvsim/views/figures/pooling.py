@@ -101,6 +101,17 @@ def _levels(kept: np.ndarray, exists: np.ndarray) -> np.ndarray:
     return img
 
 
+def _shares(kept: np.ndarray, exists: np.ndarray) -> np.ndarray:
+    """Grey levels of pooled blocks by the share of their existing positions held: KEPT when all
+    are, EVICTED when none, between in proportion. The age strip's shading: widened, it needs no
+    single column kept visible, and there "mid-grey when any is held" drew a score-keeping
+    policy's few survivors past its window as a dense hatch."""
+    share = np.divide(kept, exists, out=np.zeros(kept.shape), where=exists > 0)
+    img = np.rint(EVICTED - share * (EVICTED - KEPT)).astype(np.uint8)
+    img[exists == 0] = FUTURE
+    return img
+
+
 def _split(a: np.ndarray, b: np.ndarray, exists: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Held by the first only, by the second only, by both."""
     return a & ~b & exists, b & ~a & exists, a & b & exists
@@ -237,13 +248,13 @@ def panel_layers(histories: Sequence[np.ndarray], region: Region, sinks: int, ag
     else:
         main, sink, age = _pool_panel([kept_mask_of(h) for h in histories], r, sinks, ages, br, bc, ba)
 
-    def image(pooled):
+    def image(pooled, shade=_levels):
         counts, exists = pooled
-        return _levels(counts[0], exists) if len(counts) == 1 else _difference_rgb(counts, exists)
+        return shade(counts[0], exists) if len(counts) == 1 else _difference_rgb(counts, exists)
 
     main_img = image(main)
     sink_img = None if sink is None else image(sink)
-    age_img = None if age is None else image(age)
+    age_img = None if age is None else image(age, _shares)
     return {
         "block": (br, bc, ba),
         "main": _source(main_img),

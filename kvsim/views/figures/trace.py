@@ -90,6 +90,7 @@ def trace_matrix(trace: Trace, features: TraceFeatures, size: int = 1024) -> go.
                 textfont=dict(size=12, color="#b01e1e"),
                 customdata=[", ".join(map(str, group)) for group in marks],
                 marker=dict(symbol="triangle-left", size=9, color=HEAVY_COLOUR),
+                cliponaxis=False,  # the first, born in the top rows, was cut in half by the plot's edge, its ×3 too
                 hovertemplate="heavy hitters at positions %{customdata}<extra></extra>",
             )
         )
