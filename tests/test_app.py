@@ -396,6 +396,9 @@ def test_claims_view_lists_every_claim_with_the_ledgers_verdict(trace):
     assert problems(at) == [] and [e.value for e in at.error] == []
     expected = {r["id"]: r["verdict"] for r in claims.ledger(resolve_trace(trace))}
     assert claim_cards(at) == expected
+    (ledger,) = charts(at)  # the ledger at a glance: each bar a verdict's count per card, summing to every claim
+    assert sum(sum(bar["x"]) for bar in ledger["data"]) == len(expected)
+    assert {bar["name"] for bar in ledger["data"]} == set(expected.values())
     links = [link for m in at.markdown for link in LINK.findall(m.value)]
     assert len(links) == len(expected)
     tabs = set(app_tabs())
