@@ -187,8 +187,9 @@ class BlockSchedule:
 def kept_masses(trace: Trace, evicted_at: np.ndarray) -> np.ndarray:
     """float64 per step t = 1 .. T: the retained mass of the kept sets a schedule implies, measured as
     the harness measures it (``kvsim.sim.harness.steps``): the held positions ``p < t`` (those whose
-    eviction step is ``>= t``) in ascending order, ``kept_sum`` of ``trace.derived.row``."""
-    from ..sim.harness import kept_sum  # the harness imports the policies package: import it late
+    eviction step is ``>= t``) in ascending order, summed as the harness's ``kept_sum`` sums them
+    (``position_sum`` of the row at the kept positions, added in kept order)."""
+    from ..data.gqa import position_sum  # the harness's kept_sum is this very sum (sim sits above policies)
 
     store = trace.derived
     out_row = store.row_scratch()
@@ -196,7 +197,7 @@ def kept_masses(trace: Trace, evicted_at: np.ndarray) -> np.ndarray:
     series = np.empty(T, dtype=np.float64)
     for t in range(1, T + 1):
         kept = np.flatnonzero(evicted_at[:t] >= t)
-        series[t - 1] = kept_sum(store.row(t, kept, out_row), kept)
+        series[t - 1] = float(position_sum(store.row(t, kept, out_row)[kept]))
     return series
 
 
