@@ -73,4 +73,21 @@ def loads(text: str | bytes) -> Any:
                            text, 0) from None
 
 
-__all__ = ["MAX_DEPTH", "NestingError", "loads", "too_deep"]
+def read_file(path, limit: int, error: type[Exception], what: str = "the limit") -> Any:
+    """The document in the small JSON file ``path`` (its existence checked by the caller, who says what a
+    missing one means): ``error`` (a one-line ``ValueError``), starting with the path, for a file over
+    ``limit`` bytes, one that is not UTF-8, or not JSON (nesting included)."""
+    from pathlib import Path
+
+    p = Path(path)
+    if p.stat().st_size > limit:
+        raise error(f"{path}: {p.stat().st_size} bytes, more than {what} of {limit}")
+    try:
+        return loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not UTF-8 (byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise error(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+
+
+__all__ = ["MAX_DEPTH", "NestingError", "loads", "read_file", "too_deep"]

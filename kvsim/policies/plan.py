@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data import jsontext
 from .base import ParamError
 from .registry import POLICIES, suggest
 from .spec import PolicySpec
@@ -113,20 +114,9 @@ class Plan:
     @classmethod
     def read(cls, path) -> Plan:
         """The plan in the JSON file ``path``; PlanError naming the file for anything else."""
-        p = Path(path)
-        if not p.is_file():
+        if not Path(path).is_file():
             raise PlanError(f"{path}: no such file")
-        if p.stat().st_size > MAX_BYTES:
-            raise PlanError(f"{path}: {p.stat().st_size} bytes, more than a plan's limit of {MAX_BYTES}")
-        try:
-            doc = json.loads(p.read_text(encoding="utf-8"))
-        except UnicodeDecodeError as e:
-            raise PlanError(f"{path}: not UTF-8 (byte {e.start})") from None
-        except json.JSONDecodeError as e:
-            raise PlanError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
-        except RecursionError:
-            raise PlanError(f"{path}: nested too deeply to be a plan") from None
-        return cls.from_dict(doc, str(path))
+        return cls.from_dict(jsontext.read_file(path, MAX_BYTES, PlanError, "a plan's limit"), str(path))
 
 
 def _spec(name, budget, params, where: str, field: str) -> PolicySpec:

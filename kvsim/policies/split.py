@@ -7,7 +7,6 @@ allocators on it (those that read a bundle's attention among them); the deployed
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -115,14 +114,7 @@ def read_allocation(path) -> tuple[dict[tuple[int, int], int], str | None]:
     p = Path(path)
     if not p.is_file():
         raise AllocationError(f"{path}: no such file (and not an allocator: {', '.join(ALLOCATORS)})")
-    if p.stat().st_size > MAX_FILE_BYTES:
-        raise AllocationError(f"{path}: {p.stat().st_size} bytes, more than the limit of {MAX_FILE_BYTES}")
-    try:
-        doc = jsontext.loads(p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise AllocationError(f"{path}: not UTF-8 (byte {e.start})") from None
-    except json.JSONDecodeError as e:
-        raise AllocationError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    doc = jsontext.read_file(p, MAX_FILE_BYTES, AllocationError)
     rows = doc.get("allocation") if isinstance(doc, dict) else doc
     if not isinstance(rows, list) or not rows:
         raise AllocationError(f"{path}: 'allocation' must be a non-empty list of rows (layer, kv_head, budget)")
