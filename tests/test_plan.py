@@ -136,8 +136,20 @@ def test_the_app_offers_each_chosen_policy_as_a_plan():
 
     made = plans([PolicySpec.of("h2o", 128, recent_window=16), PolicySpec.of("optimal", 128)])
     assert list(made) == ["h2o"]  # an offline reference reads the future: no plan to run
-    assert Plan.from_dict(json.loads(made["h2o"])) == Plan(PolicySpec.of("h2o", 128, recent_window=16))
+    assert Plan.from_dict(json.loads(made["h2o"].to_json())) == Plan(PolicySpec.of("h2o", 128, recent_window=16))
     at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=180)
     at.run()
     assert [e.value for e in at.exception] == []
     assert "run these settings elsewhere" in [e.label for e in at.sidebar.expander]
+
+
+def test_save_plan_refuses_what_the_run_would_refuse_and_writes_nothing(small, tmp_path, capsys):
+    saved = tmp_path / "never.json"
+    cases = [(["--policy", "h2o", "--budget", "16", "--sinks", "2"], "sinks"),
+             (["--policy", "h2o", "--budget", "16", "--recent-window", "4", "--prefill-budget", "abc"], "--prefill-budget"),
+             (["--policy", "h2o", "--budget", "16", "--recent-window", "4", "--prefill-budget", "8",
+               "--prefill-policy", "snapkv:nope=3"], "--save-plan: compression.")]
+    for argv, said in cases:
+        code, out, err = run(capsys, "replay", "--trace", str(small), *argv, "--save-plan", str(saved))
+        assert code != 0 and out == "" and len(err.strip().splitlines()) == 1 and said in err, err
+        assert not saved.exists()

@@ -10,9 +10,9 @@ from kvsim.policies import POLICIES, PolicySpec
 from kvsim.policies.plan import Plan
 
 
-def plans(specs) -> dict[str, str]:
-    """The plan JSON of each online spec among ``specs`` (offline references read the future: no plan)."""
-    return {s.name: Plan(s).to_json() for s in specs if isinstance(s, PolicySpec) and not POLICIES[s.name].needs_trace}
+def plans(specs) -> dict[str, Plan]:
+    """The plan of each online spec among ``specs`` (offline references read the future: no plan)."""
+    return {s.name: Plan(s) for s in specs if isinstance(s, PolicySpec) and not POLICIES[s.name].needs_trace}
 
 
 def plan_download(specs) -> None:
@@ -24,6 +24,6 @@ def plan_download(specs) -> None:
         st.caption("Each policy at the sidebar's budget and parameters as a run's plan (JSON). Then "
                    "`python -m kvsim generate --plan FILE \"your prompt\"`, `python -m kvsim needle --plan FILE` or, "
                    "in Python, `kvsim.hf.cache(model, plan=FILE)`.")
-        for name, text in made.items():
-            st.download_button(f"plan: {name}", text, file_name=f"plan-{name}.json", mime="application/json",
+        for name, plan in made.items():  # the file is written when it is asked for, not on every run of the page
+            st.download_button(f"plan: {name}", plan.to_json, file_name=f"plan-{name}.json", mime="application/json",
                                key=f"plan_{name}", on_click="ignore")

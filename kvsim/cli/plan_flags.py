@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..policies import DEFAULT_BUDGET, POLICIES, ParamError, PolicySpec
+from ..policies import DEFAULT_BUDGET, PolicySpec
 from ..policies.plan import GROW, Compression, Plan, PlanError
+from ..policies.split import ALLOCATORS
 from .errors import CLIError, InputError, flag
 
 #: the commands that take --plan, and those that also take --save-plan (one decode policy, not a grid)
@@ -92,20 +93,22 @@ def of_args(args: argparse.Namespace) -> Plan:
     params = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}
     compression = None
     if getattr(args, "prefill_budget", None) is not None:
-        from ..sim.prefill import parse_scorer
+        from ..sim.prefill import PrefillError, parse_keep
+        from .prefill_command import _say, _scorer
 
-        name, scorer_params = parse_scorer(args.prefill_policy)
-        keep = float(args.prefill_budget) if "." in str(args.prefill_budget) else int(args.prefill_budget)
+        name, scorer_params = _scorer(args.prefill_policy)  # the command's own refusal, in --prefill-policy's terms
+        try:
+            keep = parse_keep(args.prefill_budget)
+        except PrefillError as e:
+            raise CLIError(_say(e)) from None
         compression = Compression(keep, name, tuple(sorted(scorer_params.items())), getattr(args, "prompt_length", None))
     if args.policy == GROW:
         return Plan(None, compression=compression)
-    try:
-        spec = PolicySpec.of(args.policy, DEFAULT_BUDGET if args.budget is None else args.budget,
-                             **{k: v for k, v in params.items() if k in {p.name for p in POLICIES[args.policy].tunables}})
-    except ParamError as e:
-        raise CLIError(str(e)) from None
+    # every parameter flag given, as the command itself takes them: one a policy does not take is refused here,
+    # before the plan is written, in the flags' terms (kvsim.cli.entry turns a ParamError into them)
+    spec = PolicySpec.of(args.policy, DEFAULT_BUDGET if args.budget is None else args.budget, **params)
     allocate, rows = getattr(args, "allocate", None), None
-    if allocate is not None and allocate not in ("uniform", "pyramidkv", "cake", "adakv", "duo", "optimal"):
+    if allocate is not None and allocate not in ALLOCATORS:
         from ..policies.split import AllocationError, read_allocation
 
         try:
@@ -125,7 +128,12 @@ def save(args: argparse.Namespace) -> None:
 
     from ..data.files import atomic_write
 
-    text = of_args(args).to_json()
+    plan = of_args(args)
+    try:  # a plan is written only as --plan will read it: its every field checked as a file's would be
+        Plan.from_dict(plan.to_dict(), "--save-plan")
+    except PlanError as e:
+        raise CLIError(str(e)) from None
+    text = plan.to_json()
     try:
         atomic_write(Path(path), lambda f: f.write(text.encode("utf-8")))
     except OSError as e:

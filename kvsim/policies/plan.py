@@ -23,14 +23,13 @@ from ..data import jsontext
 from .base import ParamError
 from .registry import POLICIES, suggest
 from .spec import PolicySpec
+from .split import ALLOCATORS
 
 FORMAT = 1
 #: the policy name that lets the cache grow after a compressed prompt (``kvsim.sim.prefill.GROW``)
 GROW = "none"
 #: a plan is a small document; anything larger is refused before it is read
 MAX_BYTES = 4 * 1024 * 1024
-#: the allocators a plan may name (``kvsim.policies.split.ALLOCATORS``)
-_ALLOCATORS = ("uniform", "pyramidkv", "cake", "adakv", "duo", "optimal")
 
 
 class PlanError(ValueError):
@@ -107,8 +106,8 @@ class Plan:
         allocate, rows = doc.get("allocate"), doc.get("allocation")
         if allocate is not None and rows is not None:
             raise PlanError(f"{where}: allocate and allocation: give one (a split by name, or its rows)")
-        if allocate is not None and allocate not in _ALLOCATORS:
-            raise PlanError(f"{where}: allocate: {allocate!r} is not an allocator ({', '.join(_ALLOCATORS)})")
+        if allocate is not None and allocate not in ALLOCATORS:
+            raise PlanError(f"{where}: allocate: {allocate!r} is not an allocator ({', '.join(ALLOCATORS)})")
         return cls(spec, allocate, None if rows is None else _rows(rows, where), compression)
 
     @classmethod

@@ -92,20 +92,27 @@ def prompt_length(trace: Trace, given: int | None = None) -> int:
     return int(given)
 
 
+def parse_keep(value):
+    """``--prefill-budget``'s text as the number it names (an int, else a float); other values as they are.
+    PrefillError (field "prefill_budget") for text that is neither."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            raise PrefillError(f"prefill_budget: expected an integer or a ratio in (0, 1), got {text!r}",
+                               field="prefill_budget") from None
+
+
 def keep_count(value, prompt: int) -> int:
     """N, the positions kept per head: an integer 1 .. ``prompt``, or a ratio in (0, 1), the share of the
     prompt kept: ``int(prompt x ratio)`` (kvpress keeps ``int(q_len x (1 - compression_ratio))``: its
     compression_ratio is the share evicted, so kvpress's 0.25 is kvsim's 0.75)."""
-    if isinstance(value, str):
-        text = value.strip()
-        try:
-            value = int(text)
-        except ValueError:
-            try:
-                value = float(text)
-            except ValueError:
-                raise PrefillError(f"prefill_budget: expected an integer or a ratio in (0, 1), got {text!r}",
-                                   field="prefill_budget") from None
+    value = parse_keep(value)
     if isinstance(value, bool):
         raise PrefillError(f"prefill_budget: expected an integer or a ratio, got {value!r}", field="prefill_budget")
     if isinstance(value, (int, np.integer)):
