@@ -212,16 +212,6 @@ def _allocation(args: argparse.Namespace, names: list[str], own: dict) -> tuple:
     return rows, [budgets[0] if typed else None]
 
 
-def _scorer(text: str) -> tuple[str, dict]:
-    """``--prefill-policy NAME[:param=N,...]`` as replay reads it (``kvsim.sim.prefill.parse_scorer``)."""
-    from ..sim.prefill import PrefillError, parse_scorer
-
-    try:
-        return parse_scorer(text)
-    except PrefillError as e:
-        raise InputError(f"--prefill-policy: {e}") from None
-
-
 def _nothing_evicted(rows, length: int, source: str) -> None:
     """A split whose largest head holds the shortest prompt whole evicts nothing there: say so."""
     x, h, b = max(rows, key=lambda r: (r[2], -r[0], -r[1]))
@@ -264,7 +254,9 @@ def _prefill(args: argparse.Namespace, lengths: list[int]) -> tuple | None:
     except PrefillError as e:
         raise InputError(f"--prefill-budget: {str(e).removeprefix('prefill_budget: ')}") from None
     value = keep if "." not in text and "e" not in text.lower() else float(text)
-    name, params = _scorer(args.prefill_policy or DEFAULT_SCORER)
+    from . import prefill_flags
+
+    name, params = prefill_flags.scorer(args.prefill_policy or DEFAULT_SCORER, InputError)
     flags = {"prefill_budget": "--prefill-budget", "prompt_length": "--lengths", "prefill_policy": "--prefill-policy"}
     for n in lengths:
         try:

@@ -93,14 +93,10 @@ def of_args(args: argparse.Namespace) -> Plan:
     params = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}
     compression = None
     if getattr(args, "prefill_budget", None) is not None:
-        from ..sim.prefill import PrefillError, parse_keep
-        from .prefill_command import _say, _scorer
+        from .prefill_flags import keep as parse_keep, scorer
 
-        name, scorer_params = _scorer(args.prefill_policy)  # the command's own refusal, in --prefill-policy's terms
-        try:
-            keep = parse_keep(args.prefill_budget)
-        except PrefillError as e:
-            raise CLIError(_say(e)) from None
+        name, scorer_params = scorer(args.prefill_policy)  # the command's own refusal, in --prefill-policy's terms
+        keep = parse_keep(args.prefill_budget)
         compression = Compression(keep, name, tuple(sorted(scorer_params.items())), getattr(args, "prompt_length", None))
     if args.policy == GROW:
         return Plan(None, compression=compression)

@@ -14,13 +14,10 @@ import argparse
 
 from ..data import vectors
 from ..policies import DEFAULT_BUDGET, POLICIES, ParamError, PolicySpec, policy_params
-from ..sim.prefill import DEFAULT_SCORER, GROW, Prefill, PrefillError, parse_scorer, rankers, replay_prefill
+from ..sim.prefill import DEFAULT_SCORER, GROW, Prefill, PrefillError, rankers, replay_prefill
 from .errors import CLIError, flag, param_message
 from .parser import parse_range, sweep_ranges
-
-#: a PrefillError's field, as the flag that sets it
-FLAGS = {"prefill_budget": "--prefill-budget", "prompt_length": "--prompt-length", "prefill_policy": "--prefill-policy"}
-
+from .prefill_flags import say as _say, scorer as _scorer
 
 def given(args: argparse.Namespace) -> bool:
     return getattr(args, "prefill_budget", None) is not None
@@ -35,24 +32,12 @@ def refuse_none(args: argparse.Namespace) -> None:
         raise CLIError("--prompt-length and --prefill-policy go with --prefill-budget")
 
 
-def _scorer(text: str) -> tuple[str, dict]:
-    try:
-        return parse_scorer(text)
-    except PrefillError as e:
-        raise CLIError(f"--prefill-policy: {e}") from None
-
-
 def _prefill(args: argparse.Namespace, trace, keep) -> Prefill:
     name, params = _scorer(args.prefill_policy)
     try:
         return Prefill.of(trace, keep, name, prompt=args.prompt_length, **params)
     except PrefillError as e:
         raise CLIError(_say(e)) from None
-
-
-def _say(e: PrefillError) -> str:
-    text = str(e)
-    return FLAGS[e.field] + text[len(e.field):] if text.startswith(e.field) else f"{FLAGS[e.field]}: {text}"
 
 
 def _decode(args: argparse.Namespace, budget=None, **params) -> PolicySpec | None:
