@@ -93,7 +93,8 @@ def of_args(args: argparse.Namespace) -> Plan:
     params = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}
     compression = None
     if getattr(args, "prefill_budget", None) is not None:
-        from .prefill_flags import keep as parse_keep, scorer
+        from .prefill_flags import keep as parse_keep
+        from .prefill_flags import scorer
 
         name, scorer_params = scorer(args.prefill_policy)  # the command's own refusal, in --prefill-policy's terms
         keep = parse_keep(args.prefill_budget)

@@ -17,7 +17,9 @@ from ..policies import DEFAULT_BUDGET, POLICIES, ParamError, PolicySpec, policy_
 from ..sim.prefill import DEFAULT_SCORER, GROW, Prefill, PrefillError, rankers, replay_prefill
 from .errors import CLIError, flag, param_message
 from .parser import parse_range, sweep_ranges
-from .prefill_flags import say as _say, scorer as _scorer
+from .prefill_flags import say as _say
+from .prefill_flags import scorer as _scorer
+
 
 def given(args: argparse.Namespace) -> bool:
     return getattr(args, "prefill_budget", None) is not None
