@@ -125,10 +125,12 @@ def _make(k: Kernel, made: dict, njit, files: dict) -> None:
 
 def sources_digest(fns, files: dict | None = None) -> str:
     """A digest of the source files of ``fns`` and of every function or kernel they name, transitively
-    (read from each function's module globals, as numba resolves them). ``files``: the digests of the
-    files read so far, shared by the calls of one dispatch (a file is read once)."""
+    (read from each function's module globals, as numba resolves them), and of the values of the constants
+    they read there (numba freezes a global number, string or array into the code; one imported from
+    another module, ``from .greedy_future import BLOCK``, is in no file the code reaches). ``files``: the
+    digests of the files read so far, shared by the calls of one dispatch (a file is read once)."""
     files = {} if files is None else files
-    seen, paths, todo = set(), set(), list(fns)
+    seen, paths, consts, todo = set(), set(), set(), list(fns)
     while todo:
         f = todo.pop()
         f = getattr(f, "py_func", f)  # a kvsim kernel or a numba dispatcher: the function numba compiles
@@ -136,7 +138,12 @@ def sources_digest(fns, files: dict | None = None) -> str:
             continue
         seen.add(f)
         paths.add(f.__code__.co_filename)
-        todo += [g for n in _names(f.__code__) if callable(g := f.__globals__.get(n))]
+        for n in _names(f.__code__):
+            g = f.__globals__.get(n)
+            if callable(g):
+                todo.append(g)
+            elif (constant := _constant(g)) is not None:
+                consts.add(f"{n}={constant}")
     digest = hashlib.sha256()
     for path in sorted(paths):
         if path not in files:
@@ -145,7 +152,19 @@ def sources_digest(fns, files: dict | None = None) -> str:
             except OSError:  # no file to read (made in memory): its bytecode is numba's own key
                 files[path] = b""
         digest.update(files[path])
+    for constant in sorted(consts):
+        digest.update(constant.encode())
     return digest.hexdigest()[:10]
+
+
+def _constant(value) -> str | None:
+    """What numba would freeze of a global ``value`` into a kernel's code, as text: a number's or a
+    string's repr, an array's dtype, shape and a digest of its bytes; None for anything else."""
+    if isinstance(value, (bool, int, float, complex, str, bytes)):
+        return repr(value)
+    if type(value).__module__ == "numpy" and hasattr(value, "tobytes") and hasattr(value, "dtype"):
+        return f"{value.dtype.str}{getattr(value, 'shape', ())}:{hashlib.sha256(value.tobytes()).hexdigest()}"
+    return None
 
 
 def _key_by_sources(dispatcher, digest: str) -> None:

@@ -43,6 +43,17 @@ def test_the_digest_follows_a_hook_and_the_helpers_it_calls_in_other_files(tmp_p
     assert kernels._sources_digest([sys.modules["kc_hooks"].pick]) not in (first, second)
 
 
+def test_the_digest_follows_a_constant_imported_from_another_module(tmp_path, monkeypatch):
+    """numba freezes a global constant into the code: greedy_future's ``BLOCK``, read by the one-victim pick
+    from another module, changes the digest when its value does."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    hooks = "from kc_const import BLOCK\n\ndef pick(x):\n    return x + BLOCK\n"
+    _module(tmp_path, "kc_const", "BLOCK = 64\n")
+    first = kernels._sources_digest([_module(tmp_path, "kc_const_hooks", hooks).pick])
+    _module(tmp_path, "kc_const", "BLOCK = 32\n")  # the hook's own file unchanged
+    assert kernels._sources_digest([_module(tmp_path, "kc_const_hooks", hooks).pick]) != first
+
+
 def test_every_specialisation_is_named_after_its_policy_and_its_sources():
     for policy in ("h2o", "tova", "snapkv"):
         steps = engine.FAST[policy].steps
