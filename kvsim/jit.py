@@ -21,18 +21,26 @@ stand-in that compiles on its first call; at that moment every stand-in that the
 globals, because numba compiles a kernel's call of another kernel only when the name resolves to a
 dispatcher. The module's other kernels stay stand-ins: a replay makes the dozen dispatchers its step
 kernel calls, not the fifty of its module (0.02-0.06 s a process here, issue 36).
+
+numba keys a kernel's disk cache by its own file's time stamp and its own bytecode: a kernel whose
+helper in another module was edited would load its old compiled code, the old helper inlined. Each
+dispatcher's cache key here also holds ``sources_digest`` of the kernel, a digest of every file its
+code reaches (its own, and, transitively, those of the kernels and functions it names), so editing a
+module recompiles the kernels that call into it and nothing else.
 """
 
 from __future__ import annotations
 
 import contextvars
 import functools
+import hashlib
 import importlib.util
 import sys
 import threading
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 #: True when kernels are compiled; False means the reference paths run instead (identical results).
 #: Asked of the import system without importing numba (numba is in requirements.txt; without it every
@@ -90,18 +98,19 @@ def _dispatch(k: Kernel) -> None:
         _load_cached_code_only()
         _type_arrays_without_numpy_ma()
     made: dict[Kernel, object] = {}
-    _make(k, made, njit)
+    _make(k, made, njit, {})
     for stand_in, dispatcher in made.items():
         stand_in._dispatcher = dispatcher
 
 
-def _make(k: Kernel, made: dict, njit) -> None:
+def _make(k: Kernel, made: dict, njit, files: dict) -> None:
     if k._dispatcher is not None or k in made:
         return
     if njit is None:
         made[k] = k.py_func
     else:
         made[k] = dispatcher = njit(cache=True, nogil=True)(k.py_func)
+        _key_by_sources(dispatcher, sources_digest([k.py_func], files))
         # numba reads every installed distribution's entry points for its extensions ahead of a first
         # call (0.04-0.09 s a process here, issue 36); code read from disk needs none, so they are
         # loaded where a kernel is compiled instead (``load_overload`` on a miss), before its compile
@@ -110,8 +119,70 @@ def _make(k: Kernel, made: dict, njit) -> None:
     names = k.py_func.__globals__
     found = {name: value for name in _names(k.py_func.__code__) if isinstance(value := names.get(name), Kernel)}
     for value in found.values():
-        _make(value, made, njit)
+        _make(value, made, njit, files)
     names.update({name: value._dispatcher or made[value] for name, value in found.items()})
+
+
+def sources_digest(fns, files: dict | None = None) -> str:
+    """A digest of the source files of ``fns`` and of every function or kernel they name, transitively
+    (read from each function's module globals, as numba resolves them), and of the values of the constants
+    they read there (numba freezes a global number, string or array into the code; one imported from
+    another module, ``from .greedy_future import BLOCK``, is in no file the code reaches). ``files``: the
+    digests of the files read so far, shared by the calls of one dispatch (a file is read once)."""
+    files = {} if files is None else files
+    seen, paths, consts, todo = set(), set(), set(), list(fns)
+    while todo:
+        f = todo.pop()
+        f = getattr(f, "py_func", f)  # a kvsim kernel or a numba dispatcher: the function numba compiles
+        if not isinstance(f, types.FunctionType) or f in seen:
+            continue
+        seen.add(f)
+        paths.add(f.__code__.co_filename)
+        for n in _names(f.__code__):
+            g = f.__globals__.get(n)
+            if callable(g):
+                todo.append(g)
+            elif (constant := _constant(g)) is not None:
+                consts.add(f"{n}={constant}")
+    digest = hashlib.sha256()
+    for path in sorted(paths):
+        if path not in files:
+            try:
+                files[path] = hashlib.sha256(Path(path).read_bytes()).digest()
+            except OSError:  # no file to read (made in memory): its bytecode is numba's own key
+                files[path] = b""
+        digest.update(files[path])
+    for constant in sorted(consts):
+        digest.update(constant.encode())
+    return digest.hexdigest()[:10]
+
+
+def _constant(value) -> str | None:
+    """What numba would freeze of a global ``value`` into a kernel's code, as text: a number's or a
+    string's repr, an array's dtype, shape and a digest of its bytes; None for anything else."""
+    if isinstance(value, (bool, int, float, complex, str, bytes)):
+        return repr(value)
+    if type(value).__module__ == "numpy" and hasattr(value, "tobytes") and hasattr(value, "dtype"):
+        return f"{value.dtype.str}{getattr(value, 'shape', ())}:{hashlib.sha256(value.tobytes()).hexdigest()}"
+    return None
+
+
+def _key_by_sources(dispatcher, digest: str) -> None:
+    """Add ``digest`` (``sources_digest`` of the kernel) to every key of ``dispatcher``'s disk cache: numba
+    keys an entry by the kernel's bytecode and finds the index by its own file's stamp, so an entry compiled
+    before a helper in another file changed would still be loaded. Where numba's cache is not as this was
+    written against (0.68), its own key."""
+    cache = getattr(dispatcher, "_cache", None)
+    own = getattr(cache, "_index_key", None)
+    if own is None or not hasattr(cache, "_cache_file"):
+        return
+
+    def index_key(sig, codegen):
+        key = own(sig, codegen)
+        return (*key[:-1], (*key[-1], digest))
+
+    cache._index_key = index_key
+    dispatcher.kvsim_sources = digest
 
 
 def _names(code: types.CodeType) -> set[str]:
@@ -293,6 +364,14 @@ def on_disk(*kernels) -> bool:
     if not AVAILABLE:
         return True
     try:
-        return all(bool((k.dispatcher if isinstance(k, Kernel) else k)._cache._cache_file._load_index()) for k in kernels)
+        return all(_fresh_on_disk(k.dispatcher if isinstance(k, Kernel) else k) for k in kernels)
     except Exception:  # another numba's internals, an unreadable index: assume a compile
         return False
+
+
+def _fresh_on_disk(dispatcher) -> bool:
+    """Whether ``dispatcher``'s cache index, fresh for its file's stamp, holds an entry for the sources
+    as they are now (``_key_by_sources``: one whose key ends with their digest)."""
+    index = dispatcher._cache._cache_file._load_index()
+    digest = getattr(dispatcher, "kvsim_sources", None)
+    return bool(index) if digest is None else any(key[-1][-1] == digest for key in index)

@@ -141,7 +141,7 @@ def test_a_registered_policy_can_bind_an_existing_kernel(tmp_path):
         class H2OAgain(H2O):
             name = "h2o_again"
             display = Display("#5d6d7e", "solid", 2, "square")
-            engine_binding = EngineBinding("kvsim.sim.kernels:H2O")
+            engine_binding = EngineBinding("kvsim.policies.h2o:STEPS")
         '''))
     _import_file(path, "kvsim_test_h2o_again")
     try:

@@ -103,13 +103,14 @@ class Display:
 
 @dataclass(frozen=True)
 class EngineBinding:
-    """How the fast engine (``kvsim.sim.engine``) replays a policy, declared beside it: a path, not an
-    import, so this layer loads neither numba nor the simulator; the engine resolves it on first use.
-    What the kernel reads comes from the policy's ``engine_inputs``."""
+    """How the fast engine (``kvsim.sim.engine``) replays a policy, declared beside it: its hooks of the
+    engine's step loop, or a path to them, so that this layer loads neither numba nor the engine; the
+    engine specialises the loop on first use. What the kernel reads comes from the policy's ``engine_inputs``."""
 
-    #: ``"module:name"`` of the policy's ``kvsim.sim.kernels.SlotKernel`` (its specialised step loop
-    #: and the state it allocates), e.g. ``"kvsim.sim.kernels:H2O"``
-    kernel: str
+    #: the policy's ``kvsim.policies.slot_hooks.SlotHooks`` (h2o's, beside it: ``EngineBinding(STEPS)``), or the
+    #: ``"module:name"`` of its hooks or of a ``SlotKernel`` (the step loop specialised already, and the
+    #: state it allocates), e.g. ``"kvsim.sim.kernels_snapkv:SNAPKV"``
+    kernel: object
     #: about how long its kernels take to compile from nothing on two cores (the app's warm-up estimate)
     compile_s: float = 2.0
 

@@ -33,7 +33,7 @@ class GreedyFuture(SlotPolicy):
     order = 140
     summary = "evicts the position with the least attention still to come: greedy with future knowledge, not the optimum"
     display = Display("#b0b0b0", "2px,6px", 3)
-    engine_binding = EngineBinding("kvsim.sim.kernels:GREEDY_FUTURE")
+    engine_binding = EngineBinding("kvsim.sim.kernels_unobserved:GREEDY_FUTURE")
     needs_trace = True
 
     def __init__(

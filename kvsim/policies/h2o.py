@@ -9,19 +9,70 @@ float64 from float32 weights (four thousand float32 additions would lose the low
 eviction comparison depends on). ``attn=None`` means "no information": scores stay as they are.
 Eviction is repeated argmin over ``kept[:len - recent_window]``; equal scores evict the lower
 position; victims come back in ascending position order, not in the order they were chosen.
+
+Its fast path is declared here too (``STEPS``): the hooks with which the engine's one step loop
+(``kvsim.sim.kernels``) replays every configuration at once, the same arithmetic. A score gains
+``float64(float32(float64(A[t, p]) / mass))`` (nothing when the mass is 0), the newcomer starts at 0, the
+victim is the first minimum over ``kept[:len - recent_window]``. Declaring them compiles nothing: the
+engine specialises the loop with them on the first fast replay.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..jit import kernel
 from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
 from .registry import register
+from .slot_hooks import Shape, SlotHooks, _drop, _first_min, _slots
 
 #: shared with the policies that protect the newest positions the same way (scissorhands)
 RECENT_WINDOW = Param(
     "recent_window", 32, "the newest recent_window positions are never evicted", below_budget=True
 )
+
+
+# --------------------------------------------------------------------------------------------
+# the fast path: a cumulative score per slot (``state[1]``), evicting the first minimum outside the
+# recent window (``state[0]``: one per configuration, ``engine_inputs``'s ``windows``)
+
+
+@kernel
+def _h2o_observe(state, c, p_c, n, gather, total):
+    s_c = state[1][c]
+    if total > 0:
+        for i in range(n):
+            s_c[i] += np.float64(np.float32(gather[i] / total))
+
+
+@kernel
+def _h2o_admit(state, c, p_c, n):
+    state[1][c, n] = 0.0  # the newcomer starts with score 0
+
+
+@kernel
+def _h2o_score(state, c, p_c, i):
+    return state[1][c, i]
+
+
+@kernel
+def _h2o_pick(state, c, t, p_c, n, A, a0, scored):
+    windows, score = state
+    return _first_min(score[c], n - windows[c])
+
+
+@kernel
+def _h2o_drop(state, c, best, n):
+    _drop(state[1][c], best, n)
+
+
+def _h2o_state(shape: Shape, windows):
+    return windows, _slots(shape, 0.0, np.float64)
+
+
+#: h2o's hooks of the engine's step loop, which its ``engine_binding`` names
+STEPS = SlotHooks("h2o_steps", _h2o_state, observe=_h2o_observe, admit=_h2o_admit, score=_h2o_score, pick=_h2o_pick,
+                  drop=_h2o_drop)
 
 
 @register
@@ -31,7 +82,7 @@ class H2O(SlotPolicy):
     table_rows = ({"recent_window": 32}, {"recent_window": 64})
     summary = "keep the newest recent_window positions and, of the rest, the largest cumulative attention"
     display = Display("#1f77b4", "solid", 2, "circle")
-    engine_binding = EngineBinding("kvsim.sim.kernels:H2O")
+    engine_binding = EngineBinding(STEPS)
     reads_attention = True
     keeps_scores = True
     tunables = (RECENT_WINDOW,)

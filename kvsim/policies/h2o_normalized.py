@@ -31,7 +31,7 @@ class H2ONormalized(SlotPolicy):
     table_rows = ({"recent_window": 32},)
     summary = "h2o with each cumulative score divided by the steps the position has been held, so age alone does not win"
     display = Display("#8c564b", "solid", 2, "triangle-up")
-    engine_binding = EngineBinding("kvsim.sim.kernels:H2O_NORMALIZED")
+    engine_binding = EngineBinding("kvsim.sim.kernels_attention:H2O_NORMALIZED")
     reads_attention = True
     keeps_scores = True
     tunables = (RECENT_WINDOW,)

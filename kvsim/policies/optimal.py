@@ -379,7 +379,7 @@ class Optimal(Policy):
     order = 150
     summary = "the best eviction schedule under the cache's rules, solved exactly from the whole trace: the ceiling for any policy"
     display = Display("#4d4d4d", "2px,3px,2px,3px,2px,8px", 3)
-    engine_binding = EngineBinding("kvsim.sim.kernels:OPTIMAL")
+    engine_binding = EngineBinding("kvsim.sim.kernels_unobserved:OPTIMAL")
     needs_trace = True
     needs_matrix = True  # the solver's suffix costs are O(T^2): 4 GB of float64 at 32k steps
 

@@ -31,7 +31,7 @@ class RandomEviction(SlotPolicy):
     deterministic = False
     summary = "evict uniformly at random, from the rng it is given: the floor any informed policy must clear"
     display = Display("#fb9a99", "12px,3px,3px,3px,3px,3px", 4)
-    engine_binding = EngineBinding("kvsim.sim.kernels:RANDOM")
+    engine_binding = EngineBinding("kvsim.sim.kernels_unobserved:RANDOM")
     uses_rng = True
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:

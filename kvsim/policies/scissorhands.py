@@ -47,7 +47,7 @@ class Scissorhands(SlotPolicy):
     table_rows = ({"recent_window": 32}, {"recent_window": 64})
     summary = "keep the newest recent_window positions and, of the rest, the ones that most often drew more than a fair share"
     display = Display("#9467bd", "solid", 2, "diamond", score_name="votes (steps above a fair share)")
-    engine_binding = EngineBinding("kvsim.sim.kernels:SCISSORHANDS")
+    engine_binding = EngineBinding("kvsim.sim.kernels_attention:SCISSORHANDS")
     reads_attention = True
     keeps_scores = True
     tunables = (RECENT_WINDOW, HISTORY_WINDOW)

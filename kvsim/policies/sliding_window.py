@@ -23,7 +23,7 @@ class SlidingWindow(StreamingLLM):
     table_rows = ({},)  # not its parent streaming_llm's sinks
     summary = "keep the newest budget positions"
     display = Display("#bcbd22", "12px,4px,3px,4px", 4)
-    engine_binding = EngineBinding("kvsim.sim.kernels:WINDOW", compile_s=1)
+    engine_binding = EngineBinding("kvsim.sim.kernels_unobserved:WINDOW", compile_s=1)
     tunables = ()
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:

@@ -39,7 +39,7 @@ class SnapKV(SlotPolicy):
     table_rows = ({"recent_window": 32, "observation_window": 32},)
     summary = "keep the newest recent_window positions and, of the rest, the most attended by the last observation_window queries"
     display = Display("#e377c2", "solid", 2, "x")
-    engine_binding = EngineBinding("kvsim.sim.kernels:SNAPKV")
+    engine_binding = EngineBinding("kvsim.sim.kernels_snapkv:SNAPKV")
     reads_attention = True
     keeps_scores = True
     tunables = (RECENT_WINDOW, OBSERVATION_WINDOW)

@@ -25,7 +25,7 @@ class StreamingLLM(Policy):
     table_rows = ({"sinks": 4},)
     summary = "pin the first sinks positions and keep the newest of the rest"
     display = Display("#2ca02c", "12px,4px", 4)
-    engine_binding = EngineBinding("kvsim.sim.kernels:WINDOW", compile_s=1)
+    engine_binding = EngineBinding("kvsim.sim.kernels_unobserved:WINDOW", compile_s=1)
     tunables = (SINKS,)
 
     def __init__(

@@ -33,7 +33,7 @@ class TOVA(SlotPolicy):
     order = 50
     summary = "evict the lowest weight in the latest attention row, never the newest position"
     display = Display("#00796b", "8px,3px,8px,9px", 4, score_name="latest weight")
-    engine_binding = EngineBinding("kvsim.sim.kernels:TOVA")
+    engine_binding = EngineBinding("kvsim.sim.kernels_attention:TOVA")
     reads_attention = True
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:

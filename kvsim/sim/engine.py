@@ -5,9 +5,10 @@ policy; this module allocates the arrays every policy's loop shares, runs it a c
 time (so that ``progress`` can be told between chunks) and spreads a sweep's batches over threads.
 
 Which policies it replays is read off the registry: a policy whose class declares an
-``engine_binding`` (``kvsim.policies.EngineBinding``: the path of its ``SlotKernel``, resolved here on
-first use, so the policies layer imports neither numba nor this module) is replayed by that kernel,
-every other registered policy by the reference harness. What the kernel reads comes through the
+``engine_binding`` (``kvsim.policies.EngineBinding``: its ``SlotHooks``, declared beside it as h2o's are,
+or the path of its hooks or ``SlotKernel``, resolved here on first use, so the policies layer imports
+neither numba nor this module) is replayed by that kernel, every other registered policy by the
+reference harness. What the kernel reads comes through the
 policy's own public hook, ``Policy.engine_inputs(policies, steps)``: a classmethod declared next to the
 policy that turns its configurations (built on one trace) into arrays named after the keyword
 arguments of its kernel's ``state``. h2o gives ``windows`` (one recent window per configuration),
@@ -185,19 +186,26 @@ FAST: Mapping[str, kernels.SlotKernel] = _Fast()
 _resolved: dict[str, kernels.SlotKernel] = {}
 
 
-def _resolve(name: str, path: str) -> kernels.SlotKernel:
-    """The ``SlotKernel`` at ``path`` ("module:name"), imported once; a ``ValueError`` naming the policy
-    and what is wrong with its binding."""
-    if path not in _resolved:
-        module, _, attr = path.partition(":")
+def _resolve(name: str, bound) -> kernels.SlotKernel:
+    """The ``SlotKernel`` a binding names: its ``SlotHooks`` specialised (once a process), or what is at the
+    path ("module:name", imported once: a ``SlotKernel``, or hooks to specialise); a ``ValueError`` naming
+    the policy and what is wrong with its binding."""
+    if isinstance(bound, kernels.SlotHooks):
+        return kernels.specialise(bound)
+    if not isinstance(bound, str):
+        raise ValueError(f"policy {name!r}: engine_binding {bound!r} is a {type(bound).__name__}, not SlotHooks or a path")
+    if bound not in _resolved:
+        module, _, attr = bound.partition(":")
         try:
             found = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError, ValueError) as e:
-            raise ValueError(f"policy {name!r}: engine_binding {path!r} cannot be resolved ({e})") from None
+            raise ValueError(f"policy {name!r}: engine_binding {bound!r} cannot be resolved ({e})") from None
+        if isinstance(found, kernels.SlotHooks):
+            found = kernels.specialise(found)
         if not isinstance(found, kernels.SlotKernel):
-            raise ValueError(f"policy {name!r}: engine_binding {path!r} is a {type(found).__name__}, not a SlotKernel")
-        _resolved[path] = found
-    return _resolved[path]
+            raise ValueError(f"policy {name!r}: engine_binding {bound!r} is a {type(found).__name__}, not a SlotKernel")
+        _resolved[bound] = found
+    return _resolved[bound]
 
 
 def covers(trace: Trace, name: str) -> bool:

@@ -19,7 +19,8 @@ import numpy as np
 
 from ..jit import kernel
 from ..policies.expected_attention import combine, key_logits, window_stats
-from .kernels import Shape, _first_min, _slots, slot_kernel
+from ..policies.slot_hooks import Shape, _first_min, _slots
+from .kernels import slot_kernel
 
 
 @kernel

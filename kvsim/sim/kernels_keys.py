@@ -24,7 +24,8 @@ import math
 import numpy as np
 
 from ..jit import kernel
-from .kernels import Shape, _drop, slot_kernel
+from ..policies.slot_hooks import Shape, _drop
+from .kernels import slot_kernel
 
 # --------------------------------------------------------------------------------------------
 # the keys as the hooks read them: ``key_norms`` and ``unit_keys`` of ``kvsim.policies.knorm`` /

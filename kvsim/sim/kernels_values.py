@@ -6,7 +6,7 @@ on one row, so the products are the reference's bit for bit.
 
 The reference's rules, restated where the hooks rely on them:
 
-- a slot's accumulated attention gains ``float64(float32(w / mass))`` (h2o's, ``kvsim.sim.kernels``);
+- a slot's accumulated attention gains ``float64(float32(w / mass))`` (h2o's, ``kvsim.policies.h2o``);
   the newcomer starts at 0;
 - its score is ``accumulated x multipliers[position]``, one float64 product;
 - the victim (one per step under the harness) is the first minimum of the scores over
@@ -23,7 +23,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..jit import kernel
-from .kernels import Shape, _drop, _slots, slot_kernel
+from ..policies.slot_hooks import Shape, _drop, _slots
+from .kernels import slot_kernel
 
 
 @kernel
