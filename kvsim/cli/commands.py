@@ -26,7 +26,7 @@ from ..data.trace import save_npz
 from ..policies import POLICIES, PolicySpec, policy_params
 from ..policies.registry import suggest
 from ..sim.simulate import replay
-from . import prefill_command, report
+from . import layout_flags, prefill_command, report
 from .errors import CLIError, InputError, flag, read_input
 from .parser import parse_range, positive_int
 from .replay_command import allocated, cmd_replay, cmd_sweep, load, measured
@@ -69,6 +69,8 @@ def cmd_export(args: argparse.Namespace) -> object:
 
 def cmd_table(args: argparse.Namespace) -> object:
     prefill_command.refuse_none(args)
+    layout = layout_flags.of(args)
+    layout_flags.refuse_with(args, layout)
     if prefill_command.given(args):
         return prefill_command.table(args, load)
     if (variant := allocated(args)) is not None:
@@ -76,6 +78,11 @@ def cmd_table(args: argparse.Namespace) -> object:
     budget = TABLE_BUDGET if args.budget is None else args.budget
     if budget < 1:
         raise CLIError(f"--budget {budget} must be at least 1")
+    if layout is not None:  # the notes once (rounding, one KV head); each row the layout refuses says why in the table
+        layout_flags.check(layout, "sliding_window", [(budget, {})])
+        trace = load(args.trace)
+        with report.step("table", f"measuring every row at budget {budget} under {layout.label} on {trace.name}"):
+            return build_table(trace, budget=budget, top_k=args.top_k, layout=layout)
     trace = load(args.trace)
     with report.step("table", f"measuring every row at budget {budget} on {trace.name}") as progress:
         report.prepare(POLICIES, progress)

@@ -290,21 +290,28 @@ def _table(doc: dict, width: int | None = None) -> str:
     if "prefill_budget" in doc:
         return _prefill_table(doc, width)
     k = doc["top_k"]
+    lay = doc.get("layout")
+    layout_col = ["layout"] if lay else []
+    under = f", under the serving layout {lay['label']} (memory {lay['memory']} positions)" if lay else ""
     parts = [
-        prose(f"Measured at budget {doc['budget']} on the {doc['trace']} trace ({doc['steps']} steps):", width),
+        prose(f"Measured at budget {doc['budget']} on the {doc['trace']} trace ({doc['steps']} steps){under}:", width),
         "",
         aligned(
-            ["policy", "params", "retained_mass", f"top_{k}_recall", "gap_share", *_proxy_cols(doc["rows"])],
-            [[r["policy"], params_label(r["params"]), r["retained_mass"], r["top_k_recall"], r.get("gap_share"),
+            ["policy", "params", *layout_col, "retained_mass", f"top_{k}_recall", "gap_share", *_proxy_cols(doc["rows"])],
+            [[r["policy"], params_label(r["params"]), *([r["layout"]] if lay else []), r["retained_mass"],
+              r["top_k_recall"], r.get("gap_share"),
               *(r.get(c) for c in _proxy_cols(doc["rows"]))] for r in doc["rows"] if "absent" not in r],
             width=width,
         ),
         "",
         *(prose(line, width) for line in [
             "gap_share: the share of the way from sliding_window's retained mass to the exact optimum's (0: no better "
-            "than the latest positions, 1: the optimum).",
+            "than the latest positions, 1: the optimum)."
+            + (" Under a layout both ends are under it: the optimum is the optimum under blocks." if lay else ""),
+            *([lay["note"]] if lay and lay.get("note") else []),
             *_proxy_note(doc["rows"]),
-            *(f"{r['policy']} {params_label(r['params'])}: refused at this budget ({r['refused']})"
+            *(f"{r['policy']} {params_label(r['params'])}: refused {'under this layout' if lay else 'at this budget'} "
+              f"({r['refused']})"
               for r in doc["rows"] if "refused" in r),
             *(f"{r['policy']}: not measured on this trace ({r['absent']})" for r in doc["rows"] if "absent" in r),
         ]),

@@ -14,7 +14,7 @@ from ..data.catalog import resolve_trace
 from ..data.trace import Trace, TraceError
 from ..policies import DEFAULT_BUDGET, PolicySpec
 from ..sim.simulate import replay, sweep
-from . import prefill_command, report
+from . import layout_flags, prefill_command, report
 from .errors import flag, input_error
 from .parser import policy_args, sweep_ranges
 
@@ -41,21 +41,25 @@ def allocated(args: argparse.Namespace):
 
 def cmd_replay(args: argparse.Namespace) -> object:
     prefill_command.refuse_none(args)
+    layout = layout_flags.of(args)
+    layout_flags.refuse_with(args, layout)
     if prefill_command.given(args):
         return prefill_command.replay(args, load)
     if (variant := allocated(args)) is not None:
         return variant(args)
     # the one validation: a bad value is refused before the trace loads, and the spec is what replays
     spec = PolicySpec.of(args.policy, DEFAULT_BUDGET if args.budget is None else args.budget, **policy_args(args))
+    layout_flags.check(layout, spec.name, [(spec.budget, spec.params)])
     trace = load(args.trace)
     with report.step("replay", f"replaying {args.policy} on {trace.name}") as progress:
-        report.prepare([args.policy], progress)
-        result = replay(trace, spec, top_k=args.top_k, progress=progress, record_kept=args.proxies)
+        if layout is None:  # a layout replays on the reference path: nothing to compile
+            report.prepare([args.policy], progress)
+        result = replay(trace, spec, top_k=args.top_k, progress=progress, record_kept=args.proxies, layout=layout)
     if not args.proxies:
         return {"trace": trace.name, **result.summary()}
     from ..analysis import proxies as px
 
-    return {"trace": trace.name, **measured(trace, px.summary(trace, result))}
+    return {"trace": trace.name, **measured(trace, px.summary(trace, result)), **result.layout_fields()}
 
 
 def measured(trace, row: dict) -> dict:
@@ -72,22 +76,30 @@ def measured(trace, row: dict) -> dict:
 
 def cmd_sweep(args: argparse.Namespace) -> object:
     prefill_command.refuse_none(args)
+    layout = layout_flags.of(args)
+    layout_flags.refuse_with(args, layout)
     if prefill_command.given(args):
         rows, param = prefill_command.sweep(args, load)
         return mark_choice(rows, param)
     if (variant := allocated(args)) is not None:
         return variant(args)
     param, ranges, fixed, budget = sweep_ranges(args)
+    if layout is not None:
+        base = DEFAULT_BUDGET if budget is None else budget
+        layout_flags.check(layout, args.policy, [(v, fixed) if param == "budget" else (base, {**fixed, param: v})
+                                                 for v in ranges[param]])
     trace = load(args.trace)
     note = f"sweeping {args.policy} over {flag(param)} ({len(ranges[param])} values) on {trace.name}"
     with report.step("sweep", note) as progress:
-        report.prepare([args.policy], progress)
+        if layout is None:
+            report.prepare([args.policy], progress)
         if args.proxies:
             from ..analysis import proxies as px
 
             rows = px.sweep(trace, args.policy, budget, param, ranges[param], top_k=args.top_k, progress=progress, **fixed)
         else:
-            rows = sweep(trace, args.policy, budget, param, ranges[param], top_k=args.top_k, progress=progress, **fixed)
+            rows = sweep(trace, args.policy, budget, param, ranges[param], top_k=args.top_k, progress=progress,
+                         layout=layout, **fixed)
     rows = [measured(trace, r) for r in rows] if args.proxies else rows
     return mark_choice([{"trace": trace.name, **r} for r in rows], param)
 
