@@ -16,12 +16,11 @@ import pytest
 from random_traces import random_trace
 
 import kvsim
+from kvsim.data import vectors
 from kvsim.data.catalog import resolve_trace
-from kvsim.policies import PolicySpec
+from kvsim.policies import POLICIES, PolicySpec
 from kvsim.policies.layouts import Layout, LayoutError, paged
 from kvsim.policies.layouts.held import LayoutPolicy
-from kvsim.data import vectors
-from kvsim.policies import POLICIES
 from kvsim.policies.registry import compared, online
 from kvsim.sim.harness import replay_reference
 from kvsim.sim.layered import replay_layer
