@@ -105,3 +105,33 @@ def test_the_plan_carries_the_layout_and_a_plan_without_one_is_unchanged(small, 
     doc = {**plan.to_dict(), "layout": {"block_size": 0}}
     with pytest.raises(PlanError, match="block_size"):
         Plan.from_dict(doc)
+
+
+def test_shared_selection_on_a_bundle_layer_replays_its_kv_heads_together(tmp_path, capsys):
+    from kvsim.data.bundle import write_manifest
+    from kvsim.sim.layered import replay_layer
+
+    folder = tmp_path / "two"
+    folder.mkdir()
+    entries, traces = [], []
+    for head in (0, 1):
+        trace = random_trace(60, seed=20 + head)
+        save_npz(trace, folder / f"two-L00-kv{head}.npz")
+        traces.append(trace)
+        entries.append({"file": f"two-L00-kv{head}.npz", "layer": 0, "head": head, "query_heads": [head],
+                        "attention": "global", "sliding_window": None})
+    write_manifest(folder, {"name": "two", "model": "random", "model_licence": "CC0",
+                            "text": {"source": "none", "licence": "CC0"}, "steps": 60, "traces": entries})
+    argv = ["replay", "--trace", f"{folder}:L00", "--policy", "tova", "--budget", "16", "--block-size", "4",
+            "--shared-selection"]
+    code, out, err = run(capsys, *argv, "--json")
+    assert code == 0, err
+    row = json.loads(out)
+    want = replay_layer([t for t in traces], PolicySpec.of("tova", 16), Layout(4, True))
+    assert row["kv_heads"] == 2 and row["retained_mass"] == want["retained_mass"]
+    assert [h["retained_mass"] for h in row["heads"]] == [r.retained_mass for r in want["heads"]]
+    assert "no-op" not in err
+    code, text, err = run(capsys, *argv)
+    assert code == 0 and "2 KV heads of the layer, replayed together" in text
+    code, _, err = run(capsys, *argv[:-1], "--json")  # without shared selection a layer of two heads is refused as before
+    assert code == 1 and "pick one" in err
