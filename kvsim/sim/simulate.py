@@ -50,6 +50,9 @@ def replay(
     if isinstance(policy, Policy):
         if params:
             raise ValueError("params are only accepted with a policy name")
+        if layout is not None and not layout.plain:
+            raise ValueError("a layout is given with a policy name or spec (a built policy is wrapped by "
+                             "kvsim.policies.layouts.held.wrap)")
         return replay_reference(trace, policy, budget, **kw)
     spec = _spec(policy, budget, params)
     _check_top_k(top_k)
