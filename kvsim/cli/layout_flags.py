@@ -67,5 +67,9 @@ def check(layout, name: str, configs, heads: int | None = 1) -> None:
         except ValueError as e:  # ParamError and LayoutError are ValueErrors
             raise CLIError(f"{layout_flags_text(layout)}: {' '.join(str(e).split())}") from None
         notes += [n for n in found if n not in notes]
+    say(notes)
+
+
+def say(notes: list[str]) -> None:
     for note in notes:
         print(f"kvsim: note: {note}", file=sys.stderr)

@@ -440,6 +440,7 @@ def _add_quality(sub, traces) -> None:
     p.add_argument("--no-cache", action="store_true", help="measure again instead of reading cached results")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     add_plan_flags(p, "quality")
+    add_layout_flags(p)
     p.add_argument("--allocate", default=None, metavar="NAME[,NAME...]", help="each layer and KV head at the budget "
                    "an allocator gives it (uniform, pyramidkv, cake, optimal), the same memory as uniform's; one --policy, "
                    "--budget and NAME: beside uniform's, --mode closed or open (adakv's pool per layer: closed); lists "
