@@ -176,3 +176,14 @@ def test_refusals_name_the_problem():
     assert Layout(16).check("h2o", 250, {}) == [
         "budget 250 is no multiple of block_size 16: rounded down to 15 whole blocks (240 positions)"]
     assert Layout(1, True).check("h2o", 64, {}, heads=1) == ["shared selection on a trace with one KV head: a no-op"]
+
+
+def test_every_online_policy_runs_under_every_layout():
+    """The scores a layout sums are each policy's own, read the one way for every SlotPolicy (the key, value and
+    query scorers included), and removal keeps their per-position state aligned: nothing fails, nothing overfills."""
+    trace = random_trace(150, 3, members=True)
+    for name in online():
+        params = {p.name: 3 for p in kvsim.policies.tunables(name) if p.below_budget}
+        for layout in (Layout(4), Layout(4, False, 3), Layout(1, False, 5), Layout(1, True, 1)):
+            result = replay(trace, name, budget=32, layout=layout, record_kept=True, **params)
+            assert counts(result.kept_history).max() <= 32, (name, layout)
