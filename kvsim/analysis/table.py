@@ -58,9 +58,15 @@ def params_label(params: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in params.items()) or "-"
 
 
-def build_table(trace: Trace, budget: int = TABLE_BUDGET, top_k: int = DEFAULT_TOP_K, targets: bool | None = None) -> dict:
+def build_table(trace: Trace, budget: int = TABLE_BUDGET, top_k: int = DEFAULT_TOP_K, targets: bool | None = None,
+                layout=None) -> dict:
     """Measure every row of ``table_rows()``, the h2o sweep and (on the canonical trace at budget 256, or when
-    ``targets`` is True) the eight calibration targets. A JSON-ready dict."""
+    ``targets`` is True) the eight calibration targets. A JSON-ready dict.
+
+    ``layout`` (``kvsim.policies.layouts.Layout``, not ``Layout()``): every row under that serving layout
+    instead (``layout_table``)."""
+    if layout is not None and not layout.plain:
+        return layout_table(trace, budget, top_k, layout)
     # the engine loads with the first measurement, not with this module (the CLI's --help reads TABLE_BUDGET)
     from ..sim.simulate import replay, sweep
 
@@ -124,6 +130,49 @@ def build_table(trace: Trace, budget: int = TABLE_BUDGET, top_k: int = DEFAULT_T
         out["targets"] = calibration_targets(trace, budget, top_k, lambda p, params: measure(Row(p, params)), sweep_rows)
     out["window"] = best_window(trace, budget, top_k)
     return out
+
+
+#: the row of the unconstrained optimum beside a layout's rows
+UNCONSTRAINED = "optimal, no layout (offline reference)"
+
+
+def layout_table(trace: Trace, budget: int, top_k: int, layout) -> dict:
+    """Every online policy's rows under ``layout`` (reference replays), the offline references it takes
+    (``optimal`` with blocks alone: the optimum under blocks) and, beside them, the unconstrained optimum at
+    the same budget: its gap to the optimum under blocks is what the page layout itself costs. A row the layout
+    refuses says why (``refused``). No sweep, no calibration targets (they are today's, without a layout)."""
+    from ..sim.simulate import replay
+
+    rows = []
+    for row in table_rows():
+        entry = {"policy": row.policy, "params": dict(row.params), "layout": layout.label}
+        name = row.policy.removesuffix(" (offline reference)")
+        cls = POLICIES.get(name)
+        if cls is None:  # the upper bound: from the trace alone, whatever the layout
+            m = row.measure(trace, budget, top_k)
+            rows.append({**entry, "layout": "-", "retained_mass": m["retained_mass"], "top_k_recall": m["top_k_recall"]})
+            continue
+        lacking = vectors.missing(trace, cls.reads, getattr(cls, "reads_meta", False))
+        if lacking:
+            rows.append({**entry, "retained_mass": None, "top_k_recall": None,
+                         "absent": f"it reads {', '.join(lacking)}, which this trace does not hold"})
+            continue
+        try:
+            layout.check(name, budget, row.params)
+            m = replay(trace, name, budget=budget, top_k=top_k, layout=layout, **row.params).summary()
+        except ValueError as e:
+            rows.append({**entry, "retained_mass": None, "top_k_recall": None, "refused": " ".join(str(e).split())})
+            continue
+        rows.append({**entry, "retained_mass": m["retained_mass"], "top_k_recall": m["top_k_recall"]})
+    free = replay(trace, "optimal", budget=budget, top_k=top_k).summary()
+    rows.append({"policy": UNCONSTRAINED, "params": {}, "layout": "-", "retained_mass": free["retained_mass"],
+                 "top_k_recall": free["top_k_recall"]})
+    _gap_shares(rows)
+    memory, note = layout.memory(budget)
+    return {"trace": trace.name, "steps": trace.steps, "budget": budget, "top_k": top_k, "rows": rows,
+            "layout": {**layout.to_dict(), "label": layout.label, "memory": memory, "note": note},
+            "sweep": {"policy": SWEEP_POLICY, "param": SWEEP_PARAM, "rows": [], "argmax": None, "max_retained_mass": None},
+            "targets": None, "window": None}
 
 
 def _gap_shares(rows: list[dict]) -> None:

@@ -26,7 +26,7 @@ from ..data.trace import save_npz
 from ..policies import POLICIES, PolicySpec, policy_params
 from ..policies.registry import suggest
 from ..sim.simulate import replay
-from . import prefill_command, report
+from . import layout_flags, prefill_command, report
 from .errors import CLIError, InputError, flag, read_input
 from .parser import parse_range, positive_int
 from .replay_command import allocated, cmd_replay, cmd_sweep, load, measured
@@ -69,6 +69,8 @@ def cmd_export(args: argparse.Namespace) -> object:
 
 def cmd_table(args: argparse.Namespace) -> object:
     prefill_command.refuse_none(args)
+    layout = layout_flags.of(args)
+    layout_flags.refuse_with(args, layout)
     if prefill_command.given(args):
         return prefill_command.table(args, load)
     if (variant := allocated(args)) is not None:
@@ -76,6 +78,11 @@ def cmd_table(args: argparse.Namespace) -> object:
     budget = TABLE_BUDGET if args.budget is None else args.budget
     if budget < 1:
         raise CLIError(f"--budget {budget} must be at least 1")
+    if layout is not None:  # the notes once (rounding, one KV head); each row the layout refuses says why in the table
+        layout_flags.check(layout, "sliding_window", [(budget, {})])
+        trace = load(args.trace)
+        with report.step("table", f"measuring every row at budget {budget} under {layout.label} on {trace.name}"):
+            return build_table(trace, budget=budget, top_k=args.top_k, layout=layout)
     trace = load(args.trace)
     with report.step("table", f"measuring every row at budget {budget} on {trace.name}") as progress:
         report.prepare(POLICIES, progress)
@@ -424,6 +431,13 @@ def cmd_quality(args: argparse.Namespace) -> object:
     from ..models.loading import require_extra
 
     names, budgets, params, swept = _quality_plan(args)
+    layout = layout_flags.of(args)
+    if layout is not None:  # the open loop only, one configuration; refused before a model loads
+        layout_flags.refuse_with(args, layout)
+        if args.mode != "open" or not args.policy or swept or len(budgets) != 1:
+            raise CLIError(f"{layout_flags.layout_flags_text(layout)}: quality runs a serving layout in the open loop, "
+                           "one --policy at one --budget (--mode open); the closed loop takes it in a later step")
+        layout_flags.check(layout, args.policy, [(budgets[0], params)], heads=None)
     modes = ["closed", "open"] if args.mode == "both" else [args.mode]
     say = None if args.quiet else quality.QUALITY_STDERR
     text = texts.resolve_text(args.text)
@@ -431,6 +445,12 @@ def cmd_quality(args: argparse.Namespace) -> object:
     if args.model is None:
         require_extra()
     session = quality.open_session(text, args.steps, args.model, progress=say)
+    if layout is not None:
+        from ..models.quality_layout import measure_open
+
+        if layout.shared_selection and session.kv_heads == 1:
+            layout_flags.say(["shared selection on a model with one KV head per layer: a no-op"])
+        return measure_open(session, args.policy, budgets[0], params, layout, use_cache=not args.no_cache)
     rows = quality.grid(session, names, budgets, modes, params, swept, use_cache=not args.no_cache,
                         batch=args.batch, progress=say)
     if args.policy and not swept and len(budgets) == 1 and len(modes) == 1:

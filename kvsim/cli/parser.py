@@ -20,6 +20,7 @@ from ..policies import DEFAULT_BUDGET, POLICIES, all_tunables, policy_params
 from ..policies.registry import suggest
 from ..sim.harness import DEFAULT_TOP_K
 from .errors import BAD_INPUT, USAGE, CLIError, flag
+from .layout_flags import add as add_layout_flags
 from .plan_flags import add_plan_flags
 
 PROG = "kvsim"
@@ -160,6 +161,7 @@ def _add_replay(sub, traces) -> None:
     _allocate_flag(p)
     _prefill_flags(p)
     add_plan_flags(p, "replay")
+    add_layout_flags(p)
 
 
 def _add_sweep(sub, traces) -> None:
@@ -170,6 +172,7 @@ def _add_sweep(sub, traces) -> None:
     _allocate_flag(p)
     _prefill_flags(p, ranges=True)
     add_plan_flags(p, "sweep")
+    add_layout_flags(p)
 
 
 #: kvsim.analysis.allocation.ALLOCATORS, named here so that --help imports none of the simulator
@@ -215,6 +218,7 @@ def _add_table(sub, traces) -> None:
     _allocate_flag(p)
     _prefill_flags(p)
     add_plan_flags(p, "table")
+    add_layout_flags(p)
 
 
 def _add_claims(sub, traces) -> None:
@@ -436,6 +440,7 @@ def _add_quality(sub, traces) -> None:
     p.add_argument("--no-cache", action="store_true", help="measure again instead of reading cached results")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     add_plan_flags(p, "quality")
+    add_layout_flags(p)
     p.add_argument("--allocate", default=None, metavar="NAME[,NAME...]", help="each layer and KV head at the budget "
                    "an allocator gives it (uniform, pyramidkv, cake, optimal), the same memory as uniform's; one --policy, "
                    "--budget and NAME: beside uniform's, --mode closed or open (adakv's pool per layer: closed); lists "

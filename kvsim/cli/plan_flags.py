@@ -80,6 +80,16 @@ def _into(args: argparse.Namespace, sub, plan: Plan) -> None:
         put("allocate", str(args.plan), "--allocate")  # a plan with rows is an allocation file itself
         if hasattr(args, "budget_given"):  # generate: the file's split is the memory, not a default budget
             args.budget_given = False
+    if plan.layout is not None:
+        if not hasattr(args, "block_size"):
+            raise CLIError(f"{where}: sets a serving layout, which {args.command} does not take yet")
+        lay = plan.layout
+        if lay.block_size > 1:
+            put("block_size", lay.block_size, "--block-size")
+        if lay.shared_selection:
+            put("shared_selection", True, "--shared-selection")
+        if lay.evict_every > 1:
+            put("evict_every", lay.evict_every, "--evict-every")
     if plan.compression is not None:
         c = plan.compression
         put("prefill_budget", str(c.keep), "--prefill-budget")
@@ -99,7 +109,12 @@ def of_args(args: argparse.Namespace) -> Plan:
         name, scorer_params = scorer(args.prefill_policy)  # the command's own refusal, in --prefill-policy's terms
         keep = parse_keep(args.prefill_budget)
         compression = Compression(keep, name, tuple(sorted(scorer_params.items())), getattr(args, "prompt_length", None))
+    from .layout_flags import of as layout_of
+
+    layout = layout_of(args)
     if args.policy == GROW:
+        if layout is not None:
+            raise CLIError("--policy none (the cache growing) takes no serving layout")
         return Plan(None, compression=compression)
     # every parameter flag given, as the command itself takes them: one a policy does not take is refused here,
     # before the plan is written, in the flags' terms (kvsim.cli.entry turns a ParamError into them)
@@ -113,7 +128,7 @@ def of_args(args: argparse.Namespace) -> Plan:
         except AllocationError as e:
             raise InputError(f"--allocate: {e}") from None
         allocate, rows = None, tuple(sorted((x, h, b) for (x, h), b in budgets.items()))
-    return Plan(spec, allocate, rows, compression)
+    return Plan(spec, allocate, rows, compression, layout)
 
 
 def save(args: argparse.Namespace) -> None:

@@ -132,8 +132,16 @@ def params_label(params: dict) -> str:
 
 def _summary_params(r: dict) -> dict:
     skip = {"trace", "policy", "budget", "retained_mass", "top_k_recall", "top_k", "steps", "best", "recommended",
-            *PROXY_COLUMNS, "proxy_fallback", "not_applicable"}
+            *PROXY_COLUMNS, "proxy_fallback", "not_applicable", *LAYOUT_KEYS}
     return {k: v for k, v in r.items() if k not in skip}
+
+
+#: a row's serving-layout keys (kvsim.policies.layouts): shown as the layout and memory columns, not as parameters
+LAYOUT_KEYS = ("layout", "block_size", "shared_selection", "evict_every", "memory", "kv_heads", "heads")
+
+
+def _layout_cols(rows: list[dict]) -> list[str]:
+    return ["layout", "memory"] if any("layout" in r for r in rows) else []
 
 
 def _proxy_cols(rows: list[dict]) -> list[str]:
@@ -186,11 +194,16 @@ def _replay(doc: dict) -> str:
     if "allocate" in doc:
         return _allocated(doc)
     cols = _proxy_cols([doc])
+    lay = _layout_cols([doc])
+    heads = [] if "heads" not in doc else ["", f"{doc['kv_heads']} KV heads of the layer, replayed together "
+                                           "(retained_mass and recall above: their mean):", aligned(
+        ["kv_head", "retained_mass", f"top_{doc['top_k']}_recall"],
+        [[h["kv_head"], h["retained_mass"], h["top_k_recall"]] for h in doc["heads"]])]
     return "\n".join([aligned(
-        ["trace", "policy", "params", "budget", "steps", "retained_mass", f"top_{doc['top_k']}_recall", *cols],
-        [[doc["trace"], doc["policy"], params_label(_summary_params(doc)), doc["budget"], doc["steps"],
-          doc["retained_mass"], doc["top_k_recall"], *(doc[c] for c in cols)]],
-    ), *_proxy_note([doc])])
+        ["trace", "policy", "params", *lay, "budget", "steps", "retained_mass", f"top_{doc['top_k']}_recall", *cols],
+        [[doc["trace"], doc["policy"], params_label(_summary_params(doc)), *(doc[c] for c in lay), doc["budget"],
+          doc["steps"], doc["retained_mass"], doc["top_k_recall"], *(doc[c] for c in cols)]],
+    ), *_proxy_note([doc]), *heads])
 
 
 def _swept(doc: list[dict]) -> str:
@@ -208,9 +221,11 @@ def _sweep(doc: list[dict]) -> str:
         return _allocated_sweep(doc)
     param = _swept(doc)
     cols = _proxy_cols(doc)
+    lay = _layout_cols(doc)
     table = "\n".join([aligned(
-        ["trace", "policy", "params", "budget", "retained_mass", f"top_{doc[0]['top_k']}_recall", *cols, "choice"],
-        [[r["trace"], r["policy"], params_label(_summary_params(r)), r["budget"], r["retained_mass"], r["top_k_recall"],
+        ["trace", "policy", "params", *lay, "budget", "retained_mass", f"top_{doc[0]['top_k']}_recall", *cols, "choice"],
+        [[r["trace"], r["policy"], params_label(_summary_params(r)), *(r[c] for c in lay), r["budget"],
+          r["retained_mass"], r["top_k_recall"],
           *(r[c] for c in cols), ", ".join(w for w in ("best", "recommended") if r.get(w))] for r in doc],
     ), *_proxy_note(doc)])
     best = next((r for r in doc if r.get("best")), None)
@@ -290,21 +305,28 @@ def _table(doc: dict, width: int | None = None) -> str:
     if "prefill_budget" in doc:
         return _prefill_table(doc, width)
     k = doc["top_k"]
+    lay = doc.get("layout")
+    layout_col = ["layout"] if lay else []
+    under = f", under the serving layout {lay['label']} (memory {lay['memory']} positions)" if lay else ""
     parts = [
-        prose(f"Measured at budget {doc['budget']} on the {doc['trace']} trace ({doc['steps']} steps):", width),
+        prose(f"Measured at budget {doc['budget']} on the {doc['trace']} trace ({doc['steps']} steps){under}:", width),
         "",
         aligned(
-            ["policy", "params", "retained_mass", f"top_{k}_recall", "gap_share", *_proxy_cols(doc["rows"])],
-            [[r["policy"], params_label(r["params"]), r["retained_mass"], r["top_k_recall"], r.get("gap_share"),
+            ["policy", "params", *layout_col, "retained_mass", f"top_{k}_recall", "gap_share", *_proxy_cols(doc["rows"])],
+            [[r["policy"], params_label(r["params"]), *([r["layout"]] if lay else []), r["retained_mass"],
+              r["top_k_recall"], r.get("gap_share"),
               *(r.get(c) for c in _proxy_cols(doc["rows"]))] for r in doc["rows"] if "absent" not in r],
             width=width,
         ),
         "",
         *(prose(line, width) for line in [
             "gap_share: the share of the way from sliding_window's retained mass to the exact optimum's (0: no better "
-            "than the latest positions, 1: the optimum).",
+            "than the latest positions, 1: the optimum)."
+            + (" Under a layout both ends are under it: the optimum is the optimum under blocks." if lay else ""),
+            *([lay["note"]] if lay and lay.get("note") else []),
             *_proxy_note(doc["rows"]),
-            *(f"{r['policy']} {params_label(r['params'])}: refused at this budget ({r['refused']})"
+            *(f"{r['policy']} {params_label(r['params'])}: refused {'under this layout' if lay else 'at this budget'} "
+              f"({r['refused']})"
               for r in doc["rows"] if "refused" in r),
             *(f"{r['policy']}: not measured on this trace ({r['absent']})" for r in doc["rows"] if "absent" in r),
         ]),

@@ -14,7 +14,7 @@ from ..data.catalog import resolve_trace
 from ..data.trace import Trace, TraceError
 from ..policies import DEFAULT_BUDGET, PolicySpec
 from ..sim.simulate import replay, sweep
-from . import prefill_command, report
+from . import layout_flags, prefill_command, report
 from .errors import flag, input_error
 from .parser import policy_args, sweep_ranges
 
@@ -41,21 +41,69 @@ def allocated(args: argparse.Namespace):
 
 def cmd_replay(args: argparse.Namespace) -> object:
     prefill_command.refuse_none(args)
+    layout = layout_flags.of(args)
+    layout_flags.refuse_with(args, layout)
     if prefill_command.given(args):
         return prefill_command.replay(args, load)
     if (variant := allocated(args)) is not None:
         return variant(args)
     # the one validation: a bad value is refused before the trace loads, and the spec is what replays
     spec = PolicySpec.of(args.policy, DEFAULT_BUDGET if args.budget is None else args.budget, **policy_args(args))
+    layer = layer_heads(args.trace) if layout is not None and layout.shared_selection else None
+    layout_flags.check(layout, spec.name, [(spec.budget, spec.params)], heads=1 if layer is None else len(layer[1]))
+    if layer is not None:
+        return replay_layer_row(args, spec, layout, *layer)
     trace = load(args.trace)
     with report.step("replay", f"replaying {args.policy} on {trace.name}") as progress:
-        report.prepare([args.policy], progress)
-        result = replay(trace, spec, top_k=args.top_k, progress=progress, record_kept=args.proxies)
+        if layout is None:  # a layout replays on the reference path: nothing to compile
+            report.prepare([args.policy], progress)
+        result = replay(trace, spec, top_k=args.top_k, progress=progress, record_kept=args.proxies, layout=layout)
     if not args.proxies:
         return {"trace": trace.name, **result.summary()}
     from ..analysis import proxies as px
 
-    return {"trace": trace.name, **measured(trace, px.summary(trace, result))}
+    return {"trace": trace.name, **measured(trace, px.summary(trace, result)), **result.layout_fields()}
+
+
+def layer_heads(spec: str):
+    """``(bundle, heads, layer)`` for a bundle's layer named without a KV head (``BUNDLE:L05``) that has several
+    KV heads: what shared selection replays together. None for anything else (one trace, one head)."""
+    from ..data.bundle import BundleError, parse_selector
+    from ..data.catalog import resolve_bundle
+
+    selector = parse_selector(str(spec).strip())
+    if selector is None or selector[2] is not None:
+        return None
+    try:
+        bundle = resolve_bundle(selector[0])
+        heads = bundle.heads(selector[1])
+    except (BundleError, TraceError, OSError):
+        return None  # not a bundle's layer: --trace is read (and refused) as any trace is
+    return (bundle, heads, selector[1]) if len(heads) > 1 else None
+
+
+def replay_layer_row(args: argparse.Namespace, spec: PolicySpec, layout, bundle, heads: list[int], layer: int) -> dict:
+    """``replay --shared-selection --trace BUNDLE:L05`` on a layer of several KV heads: its heads replayed together
+    (``kvsim.sim.layered.replay_layer``), the row their mean, each head's figures under ``heads``."""
+    from ..sim.layered import replay_layer
+
+    if args.proxies:
+        from .errors import CLIError
+
+        raise CLIError("--proxies measures one trace; a layer's KV heads under --shared-selection are several")
+    traces = []
+    for h in heads:
+        try:
+            traces.append(bundle.load(layer, h))
+        except (TraceError, OSError) as e:
+            raise input_error("--trace", e) from None
+    with report.step("replay", f"replaying {spec.name} on {len(heads)} KV heads of {args.trace} together"):
+        out = replay_layer(traces, spec, layout, top_k=args.top_k)
+    row = out["heads"][0].summary()
+    return {"trace": args.trace, **row, "retained_mass": out["retained_mass"], "top_k_recall": out["top_k_recall"],
+            "kv_heads": len(heads), "heads": [{"kv_head": h, "retained_mass": r.retained_mass,
+                                                "top_k_recall": r.top_k_recall} for h, r in zip(heads, out["heads"],
+                                                                                               strict=True)]}
 
 
 def measured(trace, row: dict) -> dict:
@@ -72,22 +120,30 @@ def measured(trace, row: dict) -> dict:
 
 def cmd_sweep(args: argparse.Namespace) -> object:
     prefill_command.refuse_none(args)
+    layout = layout_flags.of(args)
+    layout_flags.refuse_with(args, layout)
     if prefill_command.given(args):
         rows, param = prefill_command.sweep(args, load)
         return mark_choice(rows, param)
     if (variant := allocated(args)) is not None:
         return variant(args)
     param, ranges, fixed, budget = sweep_ranges(args)
+    if layout is not None:
+        base = DEFAULT_BUDGET if budget is None else budget
+        layout_flags.check(layout, args.policy, [(v, fixed) if param == "budget" else (base, {**fixed, param: v})
+                                                 for v in ranges[param]])
     trace = load(args.trace)
     note = f"sweeping {args.policy} over {flag(param)} ({len(ranges[param])} values) on {trace.name}"
     with report.step("sweep", note) as progress:
-        report.prepare([args.policy], progress)
+        if layout is None:
+            report.prepare([args.policy], progress)
         if args.proxies:
             from ..analysis import proxies as px
 
             rows = px.sweep(trace, args.policy, budget, param, ranges[param], top_k=args.top_k, progress=progress, **fixed)
         else:
-            rows = sweep(trace, args.policy, budget, param, ranges[param], top_k=args.top_k, progress=progress, **fixed)
+            rows = sweep(trace, args.policy, budget, param, ranges[param], top_k=args.top_k, progress=progress,
+                         layout=layout, **fixed)
     rows = [measured(trace, r) for r in rows] if args.proxies else rows
     return mark_choice([{"trace": trace.name, **r} for r in rows], param)
 

@@ -109,23 +109,30 @@ def layer_params(params: dict, layers: int) -> list[dict]:
     return [{k: (v[layer] if isinstance(v, (list, tuple)) else v) for k, v in params.items()} for layer in range(layers)]
 
 
-def replay_masks(traces, policy: str, budget, params: dict, n: int, streaming=None):
+def replay_masks(traces, policy: str, budget, params: dict, n: int, streaming=None, layout=None):
     """The open loop's schedule: per layer, what each query sees when ``policy`` replays the
     full-cache traces (``traces[layer][kv head]``), as ``MaskedPass``'s ``allowed``; and the retained
     mass of each replay (layers x KV heads). ``budget``: one for every head, or ``budget[layer][kv head]``
     (an allocation's split); ``params``: see ``layer_params``. ``streaming[layer][kv head]``: None, or the
-    streaming_llm parameters that head replays with instead of ``policy`` (duo's streaming heads)."""
+    streaming_llm parameters that head replays with instead of ``policy`` (duo's streaming heads).
+    ``layout``: a serving layout (``kvsim.policies.layouts``) every head replays under, a layer's KV heads
+    together under shared selection (``kvsim.sim.layered.replay_layer``); one budget, no streaming heads."""
     import torch
 
     layers, kv_heads = len(traces), len(traces[0])
     per_layer = layer_params(params, layers)
     allowed, mass = {}, np.zeros((layers, kv_heads))
+    if layout is not None and not layout.plain and (streaming is not None or not isinstance(budget, (int, np.integer))):
+        raise QualityError("a serving layout runs at one budget for every head, without streaming heads")
     for layer in range(layers):
         masks = torch.zeros(kv_heads, n, n, dtype=torch.bool)
+        together = _layer_under(traces[layer], policy, budget, per_layer[layer], layout)
         for h in range(kv_heads):
             b = budget if isinstance(budget, (int, np.integer)) else int(budget[layer][h])
             stream = None if streaming is None else streaming[layer][h]
-            if stream is None:
+            if together is not None:
+                res = together[h]
+            elif stream is None:
                 res = replay(traces[layer][h], policy, budget=b, record_kept=True, **per_layer[layer])
             else:
                 res = replay(traces[layer][h], "streaming_llm", budget=b, record_kept=True, **stream)
@@ -139,6 +146,18 @@ def replay_masks(traces, policy: str, budget, params: dict, n: int, streaming=No
             masks[h] = torch.from_numpy(m)
         allowed[layer] = masks
     return allowed, mass
+
+
+def _layer_under(traces, policy: str, budget: int, params: dict, layout):
+    """Each KV head's replay of one layer under ``layout`` (kept sets recorded), or None without one."""
+    if layout is None or layout.plain:
+        return None
+    if layout.shared_selection and len(traces) > 1:
+        from ..policies import PolicySpec
+        from ..sim.layered import replay_layer
+
+        return replay_layer(traces, PolicySpec.of(policy, budget, **params), layout, record_kept=True)["heads"]
+    return [replay(t, policy, budget=budget, record_kept=True, layout=layout, **params) for t in traces]
 
 
 class ClosedLoopDecoder:

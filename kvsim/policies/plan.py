@@ -11,6 +11,11 @@ Its JSON (``Plan.to_dict``) is a superset of an allocation file: the ``allocatio
     {"kvsim_plan": 1, "policy": "h2o", "budget": 256, "params": {"recent_window": 32},
      "allocate": null, "allocation": null,
      "compression": {"keep": 0.5, "policy": "snapkv", "params": {}, "prompt_length": null}}
+
+A plan may also name a serving layout (``kvsim.policies.layouts``; docs/serving.md), written only when there is
+one, so a plan without it reads and writes as before::
+
+     "layout": {"block_size": 16, "shared_selection": false, "evict_every": 1}
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from pathlib import Path
 
 from ..data import jsontext
 from .base import ParamError
+from .layouts import Layout, LayoutError
 from .registry import POLICIES, suggest
 from .spec import PolicySpec
 from .split import ALLOCATORS
@@ -64,9 +70,16 @@ class Plan:
     allocate: str | None = None
     allocation: tuple[tuple[int, int, int], ...] | None = None
     compression: Compression | None = None
+    #: the serving layout (None: none; ``Layout()`` is read as None, so equal plans stay equal)
+    layout: Layout | None = None
+
+    def __post_init__(self) -> None:
+        if self.layout is not None and self.layout.plain:
+            object.__setattr__(self, "layout", None)
 
     def to_dict(self) -> dict:
         p = self.policy
+        layout = {} if self.layout is None else {"layout": self.layout.to_dict()}
         return {
             "kvsim_plan": FORMAT,
             "policy": GROW if p is None else p.name,
@@ -76,6 +89,7 @@ class Plan:
             "allocation": None if self.allocation is None else
             [{"layer": x, "kv_head": h, "budget": b} for x, h, b in self.allocation],
             "compression": None if self.compression is None else self.compression.to_dict(),
+            **layout,
         }
 
     def to_json(self) -> str:
@@ -91,11 +105,15 @@ class Plan:
         """The plan ``doc`` states, every field checked; PlanError (``where: field: problem``) otherwise."""
         if not isinstance(doc, dict) or doc.get("kvsim_plan") != FORMAT:
             raise PlanError(f"{where}: not a kvsim plan (an object with \"kvsim_plan\": {FORMAT})")
-        unknown = sorted(set(doc) - {"kvsim_plan", "policy", "budget", "params", "allocate", "allocation", "compression"})
+        unknown = sorted(set(doc) - {"kvsim_plan", "policy", "budget", "params", "allocate", "allocation", "compression",
+                                   "layout"})
         if unknown:
             raise PlanError(f"{where}: unknown field {unknown[0]!r}")
         name = doc.get("policy")
         compression = _compression(doc.get("compression"), where)
+        layout = _layout(doc.get("layout"), where)
+        if name == GROW and layout is not None:
+            raise PlanError(f"{where}: layout: policy 'none' lets the cache grow: no layout")
         if name == GROW:
             if compression is None:
                 raise PlanError(f"{where}: policy: 'none' (the cache growing) needs a compression")
@@ -108,7 +126,12 @@ class Plan:
             raise PlanError(f"{where}: allocate and allocation: give one (a split by name, or its rows)")
         if allocate is not None and allocate not in ALLOCATORS:
             raise PlanError(f"{where}: allocate: {allocate!r} is not an allocator ({', '.join(ALLOCATORS)})")
-        return cls(spec, allocate, None if rows is None else _rows(rows, where), compression)
+        if layout is not None:
+            try:
+                layout.check(spec.name, spec.budget, spec.params)
+            except (ParamError, ValueError) as e:
+                raise PlanError(f"{where}: layout: {' '.join(str(e).split())}") from None
+        return cls(spec, allocate, None if rows is None else _rows(rows, where), compression, layout)
 
     @classmethod
     def read(cls, path) -> Plan:
@@ -131,6 +154,16 @@ def _spec(name, budget, params, where: str, field: str) -> PolicySpec:
         return PolicySpec.of(name, budget, **params)
     except (ParamError, ValueError) as e:
         raise PlanError(f"{where}: {field}{' '.join(str(e).split())}") from None
+
+
+def _layout(doc, where: str) -> Layout | None:
+    if doc is None:
+        return None
+    try:
+        layout = Layout.from_dict(doc, f"{where}: layout")
+    except (LayoutError, ParamError) as e:
+        raise PlanError(" ".join(str(e).split())) from None
+    return None if layout.plain else layout
 
 
 def _rows(rows, where: str) -> tuple[tuple[int, int, int], ...]:

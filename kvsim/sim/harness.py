@@ -45,6 +45,10 @@ class ReplayResult:
     #: what was replayed, as one validated value (None when a built policy was handed in: it may be
     #: one the registry does not know); ``policy``, ``budget`` and ``params`` say the same in plain terms
     spec: PolicySpec | None = None
+    #: the serving layout it ran under (``kvsim.policies.layouts``; None: none), and the positions that
+    #: layout allocates (the budget in whole blocks); both stated in ``summary`` only when there is one
+    layout: object | None = None
+    memory: int | None = None
 
     @property
     def retained_mass(self) -> float:
@@ -63,7 +67,14 @@ class ReplayResult:
             "top_k_recall": self.top_k_recall,
             "top_k": self.top_k,
             "steps": self.steps,
+            **self.layout_fields(),
         }
+
+    def layout_fields(self) -> dict:
+        """The layout's columns of a row (none without a layout, so a bare replay's row is today's)."""
+        if self.layout is None or self.layout.plain:
+            return {}
+        return {"layout": self.layout.label, **self.layout.to_dict(), "memory": self.memory}
 
     def kept_mask(self) -> np.ndarray:
         """uint8 ``(T, T + 1)``: 1 where position p is held after step t (row t - 1)."""
@@ -246,8 +257,10 @@ def _check_victims(policy: Policy, t: int, before: np.ndarray, victims: list[int
         raise ContractError(f"{policy!r} step {t}: victims {victims} not in ascending order")
     if v.size and not np.all(_holds(before, v)):
         raise ContractError(f"{policy!r} step {t}: victims {victims} include positions it did not hold")
-    expected = min(t + 1, budget)
-    if after.size != expected:
+    bounds = getattr(policy, "held_bounds", None)  # a policy under a serving layout (kvsim.policies.layouts)
+    low, high = bounds(t, budget) if bounds is not None else (min(t + 1, budget),) * 2
+    if not low <= after.size <= high:
+        expected = low if low == high else f"{low} to {high}"
         raise ContractError(f"{policy!r} step {t}: holds {after.size} positions after eviction, expected {expected}")
     if after.size + v.size != before.size or (v.size and np.any(_holds(after, v))):
         raise ContractError(f"{policy!r} step {t}: victims {victims} are still held or the cache changed otherwise")

@@ -32,6 +32,7 @@ def replay(
     record_victims: bool = False,
     reference: bool = False,
     progress: Progress | None = None,
+    layout=None,
     **params,
 ) -> ReplayResult:
     """Replay ``trace`` through ``policy``: a ``PolicySpec``, a registry name with ``budget``
@@ -39,15 +40,26 @@ def replay(
     harness, which steps that very object). ``reference=True`` forces the reference harness for a
     spec or a name too, and so does a caller inside ``kvsim.jit.compiled_only()`` while the engine's
     kernels for the policy are not compiled yet (``engine.ready``): the same result, without waiting
-    for numba. The result carries the spec (``ReplayResult.spec``)."""
+    for numba. The result carries the spec (``ReplayResult.spec``).
+
+    ``layout`` (``kvsim.policies.layouts.Layout``): the serving layout the policy runs under, on the
+    reference path (``kvsim.sim.layered``); ``optimal`` with blocks is the optimum under blocks. None or
+    ``Layout()`` is today's replay, bit for bit."""
     kw = dict(top_k=top_k, record_kept=record_kept, record_scores=record_scores, record_victims=record_victims,
               progress=progress)
     if isinstance(policy, Policy):
         if params:
             raise ValueError("params are only accepted with a policy name")
+        if layout is not None and not layout.plain:
+            raise ValueError("a layout is given with a policy name or spec (a built policy is wrapped by "
+                             "kvsim.policies.layouts.held.wrap)")
         return replay_reference(trace, policy, budget, **kw)
     spec = _spec(policy, budget, params)
     _check_top_k(top_k)
+    if layout is not None and not layout.plain:
+        from .layered import replay_layout
+
+        return replay_layout(trace, spec, layout, **kw)
     built = spec.build(trace)
     if not reference and engine.covers(trace, spec.name) and engine.ready(trace, spec.name):
         return engine.replay(trace, built, spec=spec, **kw)
@@ -65,6 +77,7 @@ def sweep(
     reference: bool = False,
     progress: Progress | None = None,
     summarise: Callable[[ReplayResult], dict] | None = None,
+    layout=None,
     **params,
 ) -> list[dict]:
     """One ``ReplayResult.summary()`` per value of ``param`` (a policy parameter, or ``"budget"``),
@@ -78,9 +91,17 @@ def sweep(
     trace per batch; otherwise each is a reference replay. ``summarise``: each configuration is
     replayed alone (``replay``) with its kept sets recorded, and its row is ``summarise(result)``
     (the value-aware proxies, ``kvsim.analysis.proxies.sweep``: at 1024 steps a replay takes
-    milliseconds)."""
+    milliseconds). ``layout``: every configuration under that serving layout, each a reference replay."""
     specs = _specs(policy, budget, param, values, params)
     _check_top_k(top_k)
+    if layout is not None and not layout.plain:
+        out = []
+        for i, s in enumerate(specs):
+            result = replay(trace, s, top_k=top_k, record_kept=summarise is not None, layout=layout)
+            out.append(result.summary() if summarise is None else {**summarise(result), **result.layout_fields()})
+            if progress is not None:
+                progress((i + 1) / len(specs))
+        return out
     if summarise is not None:
         rows = (summarise(replay(trace, s, top_k=top_k, record_kept=True, reference=reference)) for s in specs)
     else:
