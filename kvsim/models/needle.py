@@ -86,22 +86,26 @@ class _Departures:
         admit, store = layer._admit, layer._store
 
         def admitting(b, h, t, shown, key, value, queries=None):
-            self._heads(layer)
+            if self.left is None:
+                self._heads(layer)
             order = layer.order[b][h]
-            before = layer.pos[h][b, order].copy()
-            if t and shown is not None:
+            before = layer.pos[h][b, order]  # a new array (fancy indexing), the held positions ascending
+            kept = self.rows[b]
+            if t and shown is not None and (kept is not None or (self.listen is not None and b == 0)):
                 row = np.asarray(shown, dtype=np.float32)[order]
-                kept = self.rows[b]
                 if kept is not None:
                     full = kept.setdefault((li, h), np.zeros((self.positions, self.positions), dtype=np.float32))
                     full[t, before] = row
                 if self.listen is not None and b == 0:
                     self.listen(li, h, t, before, row)
             admit(b, h, t, shown, key, value, queries)
+            after = layer.order[b][h]
+            if after.size == before.size + 1:  # t admitted, nothing left
+                return
             # both ascending, what it holds after among what it held with t: the rest left
             had = np.append(before, t)
             gone = np.ones(had.size, dtype=bool)
-            gone[np.searchsorted(had, layer.pos[h][b, layer.order[b][h]])] = False
+            gone[np.searchsorted(had, layer.pos[h][b, after])] = False
             self.left[b, li, h, had[gone]] = t
 
         def storing(b, h, held, keys, values):
