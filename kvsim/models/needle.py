@@ -20,6 +20,7 @@ the model's identity, the prompt's token ids, the policy spec, the prefill and t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -50,72 +51,95 @@ CONTROL = "full"
 
 
 class _Departures:
-    """Every position's departure step per (layer, KV head), heard from each layer's own cache: each
+    """Every position's departure step per (row, layer, KV head), heard from each layer's own cache: each
     step of a layer (``EvictingLayer._admit``: step t admits position t, then evicts) is wrapped, and
     what it held before, with t, less what it holds after, left at step t. A compressed prompt
     (``prefill="compress"``: every prompt position stored or dropped at once, ``EvictingLayer._store``)
     drops the positions it does not keep at the prompt's last step. Nothing here depends on how a
-    policy numbers its positions (a policy resumed after compression numbers its own).
+    policy numbers its positions (a policy resumed after compression numbers its own). A batch's rows
+    (``run_batch``: one policy configuration each) are heard apart, each its own ``left[row]``.
 
-    With ``rows`` it also keeps, per (layer, KV head), the attention each step showed the cache's policy
-    (the combined row over the positions held then, ``kvsim.hf.cache``), as a trace's rows: row t over
-    the positions held when query t came, zero elsewhere (what ``needle_traces.save_bundle`` writes for the
-    kept-positions view). ``listen(layer, kv_head, t, held, row)`` hears the same at each step t >= 1."""
+    With ``rows`` (one flag per batch row, or one for all) it also keeps, per (layer, KV head), the attention
+    each step showed the cache's policy (the combined row over the positions held then, ``kvsim.hf.cache``),
+    as a trace's rows: row t over the positions held when query t came, zero elsewhere (what
+    ``needle_traces.save_bundle`` writes for the kept-positions view), ``self.rows[row]``.
+    ``listen(layer, kv_head, t, held, row)`` hears the same of batch row 0 at each step t >= 1."""
 
-    def __init__(self, cache, positions: int, listen=None, rows: bool = False) -> None:
+    def __init__(self, cache, positions: int, listen=None, rows=False, batch: int = 1) -> None:
         self.cache = cache
         self.listen = listen
         self.positions = positions
-        self.left = None  # (layers, KV heads, positions) once the first token has told the heads
-        self.rows: dict[tuple[int, int], np.ndarray] | None = {} if rows else None
+        self.batch = batch
+        self.left = None  # (rows, layers, KV heads, positions) once the first token has told the heads
+        wanted = [rows] * batch if isinstance(rows, bool) else list(rows)
+        self.rows: list[dict[tuple[int, int], np.ndarray] | None] = [{} if w else None for w in wanted]
         for li, layer in enumerate(cache.layers):
             self._wrap(layer, li)
 
     def _heads(self, layer) -> int:
         if self.left is None:
-            self.left = np.full((len(self.cache.layers), len(layer.keys), self.positions), -1, dtype=np.int32)
-        return self.left.shape[1]
+            self.left = np.full((self.batch, len(self.cache.layers), len(layer.keys), self.positions), -1,
+                                dtype=np.int32)
+        return self.left.shape[2]
 
     def _wrap(self, layer, li: int) -> None:
         admit, store = layer._admit, layer._store
 
         def admitting(b, h, t, shown, key, value, queries=None):
-            self._heads(layer)
+            if self.left is None:
+                self._heads(layer)
             order = layer.order[b][h]
-            before = layer.pos[h][b, order].copy()
-            if t and shown is not None:
+            before = layer.pos[h][b, order]  # a new array (fancy indexing), the held positions ascending
+            kept = self.rows[b]
+            if t and shown is not None and (kept is not None or (self.listen is not None and b == 0)):
                 row = np.asarray(shown, dtype=np.float32)[order]
-                if self.rows is not None:
-                    full = self.rows.setdefault((li, h), np.zeros((self.positions, self.positions), dtype=np.float32))
+                if kept is not None:
+                    full = kept.setdefault((li, h), np.zeros((self.positions, self.positions), dtype=np.float32))
                     full[t, before] = row
-                if self.listen is not None:
+                if self.listen is not None and b == 0:
                     self.listen(li, h, t, before, row)
             admit(b, h, t, shown, key, value, queries)
+            after = layer.order[b][h]
+            if after.size == before.size + 1:  # t admitted, nothing left
+                return
             # both ascending, what it holds after among what it held with t: the rest left
             had = np.append(before, t)
             gone = np.ones(had.size, dtype=bool)
-            gone[np.searchsorted(had, layer.pos[h][b, layer.order[b][h]])] = False
-            self.left[li, h, had[gone]] = t
+            gone[np.searchsorted(had, layer.pos[h][b, after])] = False
+            self.left[b, li, h, had[gone]] = t
 
         def storing(b, h, held, keys, values):
             self._heads(layer)
             n = keys.shape[0]  # a compressed prompt is stored in one pass, from position 0
             store(b, h, held, keys, values)
             gone = np.setdiff1d(np.arange(n), held)
-            self.left[li, h, gone] = n - 1
+            self.left[b, li, h, gone] = n - 1
 
         layer._admit = admitting
         layer._store = storing
 
-    def check(self, seen: int) -> None:
-        """What the departures say is held after the last step must be what each layer holds."""
-        for li, layer in enumerate(self.cache.layers):
-            for h in range(self.left.shape[1]):
-                said = np.flatnonzero(self.left[li, h, :seen] < 0)
-                held = layer.held(0, h)
-                if not np.array_equal(said, held):
+    def held(self, row: int = 0) -> list[list[np.ndarray]]:
+        """What each (layer, KV head) of ``row`` holds now."""
+        return [[layer.held(row, h) for h in range(self.left.shape[2])] for layer in self.cache.layers]
+
+    def ended(self, row: int, seen: int) -> np.ndarray:
+        """``row``'s departures as its own run ends after ``seen`` positions: what left at a later step (a
+        batch decodes on until its last row ends) was still held at the row's end (-1)."""
+        left = self.left[row].copy()
+        left[left >= seen] = -1
+        return left
+
+    def check(self, seen: int, row: int = 0, held: list[list[np.ndarray]] | None = None) -> None:
+        """What the departures say is held after ``row``'s last step must be what each layer holds (``held``:
+        what it held then, when the batch went on after it)."""
+        held = self.held(row) if held is None else held
+        left = self.ended(row, seen)
+        for li in range(left.shape[0]):
+            for h in range(left.shape[1]):
+                said = np.flatnonzero(left[li, h, :seen] < 0)
+                if not np.array_equal(said, held[li][h]):
                     raise RuntimeError(f"layer {li} KV head {h}: the policy's victims leave {said.size} positions, "
-                                       f"the cache holds {held.size}")
+                                       f"the cache holds {held[li][h].size}")
 
 
 def fate(left: np.ndarray, key_positions: Sequence[int]) -> list[list[int | None]]:
@@ -175,12 +199,172 @@ def run_trial(model, prompt: Prompt, policy: str, budget: int | None = None, par
     seen = cache.layers[0].seen
     watch.check(seen)
     budgets = cache.budgets
-    heads = watch.left.shape[1]
-    out = {**run, "positions": seen, "left": watch.left,
+    heads = watch.left.shape[2]
+    out = {**run, "positions": seen, "left": watch.left[0],
            "budgets": [[budgets[(x, h)] for h in range(heads)] for x in range(len(cache.layers))]}
     if rows:
-        out["rows"] = {k: v[:seen, :seen] for k, v in watch.rows.items()}
+        out["rows"] = {k: v[:seen, :seen] for k, v in watch.rows[0].items()}
     return out
+
+
+def _cache_how(prefill: dict | None) -> dict:
+    """``kvsim.hf.cache``'s prompt arguments for a trial's ``prefill`` (None: the exact prefill)."""
+    if not prefill:
+        return {"prefill": "exact"}
+    return {"prefill": "compress", "prefill_budget": prefill["budget"], "prefill_policy": prefill["policy"],
+            "prefill_params": dict(prefill.get("params") or {})}
+
+
+def run_batch(model, prompt: Prompt, jobs: Sequence, *, new_tokens: int = NEW_TOKENS, seed: int | None = None, eos=None,
+              rows: bool | Sequence[bool] = False, progress: Progress | None = None) -> list[dict]:
+    """``run_trial`` for several policy configurations over one prompt in one batched pass: each job
+    (``(policy, budget, params, allocate, prefill)``, or a ``Job``) a row of one ``EvictingCache``, its
+    own policy in every (layer, KV head) at its own budgets (``EvictingLayer(policies=...)``, as
+    ``kvsim.models.quality`` batches configurations): the prompt's forward passes and each decoding
+    step read the weights once for every row. One record per job, what ``run_trial`` gives for it alone:
+    the same tokens and departures (tests/test_needle_batch.py), ``prefill_seconds`` and
+    ``decode_seconds`` the batch's shared equally (``batch``: its rows). A row that ends at ``eos``
+    before the others is decoded on (its tokens and departures cut where its own run stops, what it held
+    then checked against its departures).
+
+    The jobs share one batch when their prompt mode (``prefill``) and every (layer, KV head)'s budget
+    agree (one layer takes one prompt mode; a head's storage is its largest row's budget, and a row at
+    another budget would see its slots in another layout); the rest go in further batches, each
+    decoded the same way. ``rows``: as ``run_trial``'s, per job or for all."""
+    import kvsim.hf as hf
+    from kvsim.hf import EvictingCache, EvictingLayer, LayerMeta
+
+    jobs = [j if isinstance(j, Job) else Job(j[0], j[1], tuple(sorted((j[2] or {}).items())),
+                                             *(_job_how(j[3] if len(j) > 3 else None, j[4] if len(j) > 4 else None)))
+            for j in jobs]
+    wanted = [rows] * len(jobs) if isinstance(rows, bool) else list(rows)
+    if any(w and j.prefill is not None for w, j in zip(wanted, jobs, strict=True)):
+        raise NeedleError("a compressed prompt shows its policy no rows one by one; its attention is not kept",
+                          "--prefill-budget")
+    # each job's own cache, as run_trial builds it (every check, its specs, seed, meta and scorer), then grouped
+    built = []
+    for job in jobs:
+        how = job.how
+        one = hf.cache(model, job.policy, job.budget, seed=seed, allocate=how["allocate"], **_cache_how(how["prefill"]),
+                       **dict(job.params))
+        budgets = tuple(tuple(spec.budget for spec in layer.specs) for layer in one.layers)
+        built.append((one, (job.prefill, budgets)))
+    groups: dict = {}
+    for i, (_, key) in enumerate(built):
+        groups.setdefault(key, []).append(i)
+    positions = len(prompt.ids) + new_tokens
+    out: list[dict | None] = [None] * len(jobs)
+    for members in groups.values():
+        # attention kept per row is positions^2 float32 per (layer, KV head): at most about 2 GB of it at once
+        one = built[members[0]][0]
+        per_row = positions * positions * 4 * sum(len(layer.specs) for layer in one.layers)
+        size = max(1, int(2e9 // per_row)) if any(wanted[i] for i in members) else len(members)
+        for a in range(0, len(members), size):
+            part = members[a : a + size]
+            layers = []
+            for x in range(len(one.layers)):
+                firsts = [built[i][0].layers[x] for i in part]
+                policies = []
+                for lay in firsts:
+                    rng = None if lay.rng_seed is None else np.random.default_rng(lay.rng_seed)  # as the layer's own
+                    trace = LayerMeta(f"layer {x}", dict(lay.meta))
+                    policies.append([None if spec is None else spec.build(trace, rng=rng) for spec in lay.specs])
+                meta = next((lay.meta for lay in firsts if lay.meta), {})
+                head = firsts[0]
+                layers.append(EvictingLayer(policies=policies, prefill=head.prefill, prefill_budget=head.prefill_budget,
+                                            prefill_policy=head.prefill_policy, meta=meta))
+            cache = EvictingCache(layers, progress=progress)
+            for i, record in zip(part, _decode_batch(model, prompt, cache, new_tokens, eos, [wanted[i] for i in part]),
+                                 strict=True):
+                out[i] = record
+    return out
+
+
+def _job_how(allocate, prefill) -> tuple:
+    """A ``Job``'s ``allocate`` and ``prefill`` from ``run_trial``'s arguments."""
+    if allocate is not None and not isinstance(allocate, str):
+        allocate = tuple(allocation_rows(allocate))
+    if prefill:
+        prefill = (prefill["budget"], prefill["policy"], tuple(sorted((prefill.get("params") or {}).items())))
+    return allocate, prefill or None
+
+
+@contextlib.contextmanager
+def _one_row_at_a_time(model):
+    """Every linear layer of ``model`` takes a batch of single positions (``(rows, 1, features)``: each decoding
+    step, the prompt's last logits) one row at a time, as a batch of one does. A product of one row runs
+    another kernel (a matrix-vector product) than a product of several, which rounds otherwise, and each row's
+    figures must be its run alone's; a chunk of several positions (the prompt) is one product either way, the
+    same kernel as alone, row by row the same bits (tests/test_needle_batch.py). The layers' own ``forward``
+    is back afterwards."""
+    import torch
+
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+    def rowwise(forward):
+        def run(x):
+            if x.dim() < 3 or x.shape[0] < 2 or x.shape[-2] != 1:
+                return forward(x)
+            return torch.cat([forward(x[b : b + 1].clone()) for b in range(x.shape[0])])
+
+        return run
+
+    for m in linears:
+        m.forward = rowwise(m.forward)
+    try:
+        yield
+    finally:
+        for m in linears:
+            del m.forward
+
+
+def _decode_batch(model, prompt: Prompt, cache, new_tokens: int, eos, wanted: list[bool]) -> list[dict]:
+    """Greedy decoding of ``prompt`` in every row of ``cache`` at once (``kvsim.hf.decoding.greedy``'s, row by
+    row: each row stops at its own ``eos`` or after ``new_tokens``); per row ``run_trial``'s record."""
+    import torch
+
+    from kvsim.hf.decoding import prefill as feed
+
+    batch = len(wanted)
+    ids = torch.tensor([prompt.ids], dtype=torch.long).expand(batch, -1)
+    stops = set() if eos is None else {eos} if isinstance(eos, int) else set(eos)
+    watch = _Departures(cache, len(prompt.ids) + new_tokens, rows=wanted, batch=batch)
+    tokens: list[list[int]] = [[] for _ in range(batch)]
+    ends: dict[int, tuple[int, list]] = {}  # row -> (positions seen, what it held) once its run has ended
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as run_trial: tiny products, which a second thread only slows on a busy machine
+    try:
+        with _one_row_at_a_time(model):
+            t0 = time.perf_counter()
+            out = feed(model, ids, cache)
+            prefill_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                while True:
+                    nxt = out.logits[:, -1].argmax(dim=-1, keepdim=True)
+                    for b in range(batch):
+                        if b in ends:
+                            continue
+                        tokens[b].append(int(nxt[b, 0]))
+                        if len(tokens[b]) == new_tokens or tokens[b][-1] in stops:
+                            ends[b] = (cache.layers[0].seen, watch.held(b))
+                    if len(ends) == batch:
+                        break
+                    out = model(nxt, cache=cache, use_cache=True)
+            decode_s = time.perf_counter() - t0
+    finally:
+        torch.set_num_threads(threads)
+    records = []
+    for b in range(batch):
+        seen, held = ends[b]
+        watch.check(seen, b, held)
+        budgets = [[row[h] for h in range(watch.left.shape[2])] for row in (layer.budgets[b] for layer in cache.layers)]
+        record = {"tokens": tokens[b], "prefill_seconds": prefill_s / batch, "decode_seconds": decode_s / batch,
+                  "batch": batch, "positions": seen, "left": watch.ended(b, seen), "budgets": budgets}
+        if wanted[b]:
+            record["rows"] = {k: v[:seen, :seen] for k, v in watch.rows[b].items()}
+        records.append(record)
+    return records
 
 
 # --- the disk cache -------------------------------------------------------------------------------------
@@ -306,36 +490,45 @@ class Unit:
 
 
 def run_unit(model, tokenizer, model_id: str, template: Template, unit: Unit, seed: int, new_tokens: int,
-             use_cache: bool = True, on_run=None) -> dict:
+             use_cache: bool = True, on_run=None, on_batch=None) -> dict:
     """One cell's trial: the prompt, then the control and each job, each read from the disk cache when
-    there, else decoded and cached. The trial's record, with each run's answer and the key's fate (and,
-    as ``unit`` asks, the exact optimum's fate at the run's budgets, and the run's attention kept as a
-    bundle the kept-positions view opens). ``on_run(i, run)`` hears of each run as it ends (the control
-    is run 0), so a long cell shows progress."""
+    there; the control decoded alone (transformers' full cache), every other job not cached decoded
+    together in one batched pass over the prompt (``run_batch``: each job a row with its own policy),
+    each then cached as its own trial. The trial's record, with each run's answer and the key's fate
+    (and, as ``unit`` asks, the exact optimum's fate at the run's budgets, and the run's attention kept
+    as a bundle the kept-positions view opens). ``on_run(i, run)`` hears of each run as it ends (the
+    control is run 0; the batch's runs end together), ``on_batch(n)`` of a batch of ``n`` runs as it
+    starts, so a long cell shows progress."""
     from . import needle_traces as nt
 
     builder = Builder(tokenizer, template)
     key = pass_key(seed, unit.length, unit.depth, unit.trial)
     prompt = builder.prompt(unit.length, unit.depth, key, unit.trial)
     eos = getattr(tokenizer, "eos_token_id", None)
-    runs = []
-    control_ids = None
-    for job in [Job(CONTROL), *unit.jobs]:
-        params = dict(job.params)
-        how = job.how
-        ck = trial_key(model_id, prompt, job.policy, job.budget, params, new_tokens, seed, **how)
+    jobs = [Job(CONTROL), *unit.jobs]
+    keys, records, wanted = [], [], []
+    for job in jobs:
+        ck = trial_key(model_id, prompt, job.policy, job.budget, dict(job.params), new_tokens, seed, **job.how)
         record = read_trial(ck) if use_cache else None
         want_rows = unit.attention and job.policy != CONTROL and job.prefill is None
         if record is not None and want_rows and not nt.has_bundle(ck):
             record = None  # decoded again to keep its attention
-        cached = record is not None
-        if record is None:
-            record = run_trial(model, prompt, job.policy, job.budget, params, new_tokens=new_tokens, seed=seed, eos=eos,
-                               rows=want_rows, **how)
-            record["text"] = tokenizer.decode(record["tokens"], skip_special_tokens=True)
-            if want_rows:
-                record["attention"] = _keep_attention(model, model_id, ck, record, prompt, job)
-            write_trial(ck, record)
+        keys.append(ck)
+        records.append(record)
+        wanted.append(want_rows)
+    runs = []
+    control_ids = None
+
+    def fresh(i: int, record: dict) -> dict:
+        record["text"] = tokenizer.decode(record["tokens"], skip_special_tokens=True)
+        if wanted[i]:
+            record["attention"] = _keep_attention(model, model_id, keys[i], record, prompt, jobs[i])
+        write_trial(keys[i], record)
+        return record
+
+    def finish(i: int, record: dict, cached: bool) -> None:
+        nonlocal control_ids
+        job, params, how = jobs[i], dict(jobs[i].params), jobs[i].how
         if job.policy == CONTROL:
             control_ids = list(prompt.ids) + list(record["tokens"])[:-1]
         said = answer(record["text"])
@@ -348,13 +541,28 @@ def run_unit(model, tokenizer, model_id: str, template: Template, unit: Unit, se
                [list(r) for r in job.allocate], "prefill": how["prefill"],
                "text": record["text"], "answer": said, "correct": said == key, "cached": cached,
                "prefill_seconds": record["prefill_seconds"], "decode_seconds": record["decode_seconds"],
-               "positions": record["positions"], "budgets": budgets,
+               "batch": record.get("batch", 1), "positions": record["positions"], "budgets": budgets,
                "key_left": None if left is None else fate(left, prompt.key_positions),
                "key_first_left": None if left is None else first_loss(left, prompt.key_positions),
-               "attention": record.get("attention"), "cache_key": ck}
+               "attention": record.get("attention"), "cache_key": keys[i]}
         runs.append(run)
         if on_run is not None:
-            on_run(len(runs) - 1, run)
+            on_run(i, run)
+
+    if records[0] is None:
+        finish(0, fresh(0, run_trial(model, prompt, CONTROL, new_tokens=new_tokens, seed=seed, eos=eos)), False)
+    else:
+        finish(0, records[0], True)
+    todo = [i for i in range(1, len(jobs)) if records[i] is None]
+    if todo:
+        if on_batch is not None:
+            on_batch(len(todo))
+        decoded = run_batch(model, prompt, [jobs[i] for i in todo], new_tokens=new_tokens, seed=seed, eos=eos,
+                            rows=[wanted[i] for i in todo])
+        for i, record in zip(todo, decoded, strict=True):
+            records[i] = fresh(i, record)
+    for i in range(1, len(jobs)):
+        finish(i, records[i], i not in todo)
     if unit.optimum and unit.jobs:
         _add_optimum(model, model_id, prompt, control_ids, runs[1:], use_cache, unit.attention)
     return {"length": unit.length, "depth": unit.depth, "trial": unit.trial, "key": key,
@@ -505,12 +713,20 @@ def run_grid(model_name: str, template: Template, jobs: Sequence[Job], lengths: 
         model, tokenizer, model_id = loaded or _worker_model(model_name, progress)
         for i, u in enumerate(units):
             def each(j: int, r: dict, i: int = i, u: Unit = u) -> None:
+                n = r.get("batch", 1)
                 how = "from the cache" if r["cached"] else \
-                    f"decoded, {r['prefill_seconds']:.1f} s prompt + {r['decode_seconds']:.1f} s decoding"
+                    f"decoded, {r['prefill_seconds']:.1f} s prompt + {r['decode_seconds']:.1f} s decoding" if n == 1 else \
+                    f"decoded in a batch of {n}, {r['prefill_seconds'] * n:.1f} s prompt + {r['decode_seconds'] * n:.1f} s " \
+                    "decoding for the batch"
                 say((i + (j + 1) / (len(jobs) + 2)) / len(units),
                     f"length {u.length} depth {u.depth:g} trial {u.trial + 1}: {r['label']} {how}")
 
-            results[i] = run_unit(model, tokenizer, model_id, template, u, seed, new_tokens, use_cache, on_run=each)
+            def batch(n: int, i: int = i, u: Unit = u) -> None:
+                say((i + 1 / (len(jobs) + 2)) / len(units), f"length {u.length} depth {u.depth:g} trial {u.trial + 1}: "
+                    f"decoding {n} run(s) as one batch over the prompt")
+
+            results[i] = run_unit(model, tokenizer, model_id, template, u, seed, new_tokens, use_cache, on_run=each,
+                                  on_batch=batch)
             note(i + 1, u, results[i])
         run = {"executor": "serial", "workers": 1}
     else:
