@@ -117,6 +117,11 @@ def test_the_deployed_cache_and_generate_take_the_plan(tmp_path, capsys):
     assert tokens["plan"] == tokens["args"]
     with pytest.raises(hf.HFError, match="plan= gives the policy"):
         hf.cache(model, "h2o", 12, plan=str(path))
+    from kvsim.policies.layouts import Layout
+
+    laid = Plan(PolicySpec.of("h2o", 16, recent_window=3), layout=Layout(block_size=4))
+    with pytest.raises(hf.HFError, match=r"^plan: the deployed cache does not take a serving layout yet \(block_size=4\)"):
+        hf.cache(model, plan=laid)
     folder = _model_folder(tmp_path)
     argv = ["generate", "--model", str(folder), "--max-new-tokens", "6", "the quick brown fox jumps over the lazy dog", "--json"]
     code, by_plan, err = run(capsys, *argv, "--plan", str(path))

@@ -186,6 +186,9 @@ def _from_plan(plan, policy, budget, allocate, prefill, prefill_budget, params) 
             raise HFError(f"plan: {e}") from None
     if policy is not None or budget is not None or allocate is not None or prefill_budget is not None or params:
         raise HFError("plan= gives the policy, budget, parameters, allocate and compression: give them there, not here too")
+    if plan.layout is not None:  # deploying it as written would silently run the cache without it
+        raise HFError(f"plan: the deployed cache does not take a serving layout yet ({plan.layout.label}); "
+                      "the simulator replays it (docs/serving.md)")
     spec, c = plan.policy, plan.compression
     extra = {"allocate": plan.allocate if plan.allocate is not None else plan.budgets, "prefill_budget": None}
     if c is not None:
