@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from ..data.gqa import group
+
 
 def weights(query, key, scale: float, softcap: float | None, mask=None):
     """The attention weights of ``query`` over ``key`` (any leading dimensions that broadcast; the last
@@ -19,6 +21,12 @@ def weights(query, key, scale: float, softcap: float | None, mask=None):
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     return torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+
+
+def grouped(x, kv_heads: int):
+    """``x`` ``(batch, query heads, ...)`` as ``(batch, kv heads, G, ...)``: the query heads that read each KV
+    head together (``kvsim.data.gqa.group``)."""
+    return x.reshape(x.shape[0], kv_heads, group(x.shape[1], kv_heads), *x.shape[2:])
 
 
 def output_norms(weight, value, group: int, first_kv_head: int = 0):
