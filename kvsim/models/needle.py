@@ -73,7 +73,7 @@ class _Departures:
 
     def _heads(self, layer) -> int:
         if self.left is None:
-            self.left = np.full((len(self.cache.layers), len(layer.keys), self.positions), -1, dtype=np.int32)
+            self.left = np.full((len(self.cache.layers), layer.kv_heads, self.positions), -1, dtype=np.int32)
         return self.left.shape[1]
 
     def _wrap(self, layer, li: int) -> None:
@@ -81,10 +81,9 @@ class _Departures:
 
         def admitting(b, h, t, shown, key, value, queries=None):
             self._heads(layer)
-            order = layer.order[b][h]
-            before = layer.pos[h][b, order].copy()
-            if t and shown is not None:
-                row = np.asarray(shown, dtype=np.float32)[order]
+            before = layer.held(b, h).copy()
+            if t and shown is not None:  # the row over what (b, h) holds, ascending
+                row = np.asarray(shown, dtype=np.float32)
                 if self.rows is not None:
                     full = self.rows.setdefault((li, h), np.zeros((self.positions, self.positions), dtype=np.float32))
                     full[t, before] = row
@@ -94,7 +93,7 @@ class _Departures:
             # both ascending, what it holds after among what it held with t: the rest left
             had = np.append(before, t)
             gone = np.ones(had.size, dtype=bool)
-            gone[np.searchsorted(had, layer.pos[h][b, layer.order[b][h]])] = False
+            gone[np.searchsorted(had, layer.held(b, h))] = False
             self.left[li, h, had[gone]] = t
 
         def storing(b, h, held, keys, values):
