@@ -2,7 +2,8 @@
 ``softmax(softcap(scale * q k^T))`` with the positions a mask hides at minus infinity, the softmax in
 float32 and cast back to the query's dtype, as the model families' own eager attention computes it; and
 the output projection's per-head norms of the values (``output_norms``), the one statement of those that
-the recorder, the truth's full pass and the deployed cache share."""
+the recorder, the truth's full pass and the deployed cache share; and ``grouped``, the query heads laid
+out by the KV head they read."""
 
 from __future__ import annotations
 
