@@ -15,8 +15,8 @@ A layer is three parts, on transformers' split between a cache layer and the att
   ``kvsim.hf.cache(..., allocate=...)``; the largest row's, when a batch's rows differ) with a map of
   the position in each slot. ``update`` stores the new position's key and value in each head's spare
   slot and returns the two tensors; the attention reads them through the store's validity mask. A chunk
-  of several positions (a prompt) waits beside the store until the attention takes it, by the layer's
-  prompt mode (``kvsim.hf.modes``: ``exact`` one position at a time through the same step, ``fast``
+  of several positions (a prompt) is returned as it came and waits beside the store until the attention
+  steps it in, by the layer's prompt mode (``kvsim.hf.modes``: ``exact`` one position at a time through the same step, ``fast``
   attended at once and stepped after, ``compress`` attended at once and chosen from once);
 - its steps (``kvsim.hf.stepping``): per (row, KV head) its own policy at its own budget, shown the row
   and naming the victims, whose slots the store frees (t, if it stays, moves from the spare to one);
@@ -142,10 +142,12 @@ class EvictingLayer(CacheLayerMixin):
         return Blocks(batch, caps, key_states, value_states), HeadSteps(self.policies, self.budgets)
 
     def update(self, key_states, value_states, *args, **kwargs):
-        """Store the new keys and values and return the layer's ``keys`` and ``values``, which the attention
-        reads (the store's ``visible`` says which slots each head's queries see). One new position goes into
-        each KV head's spare slot here; a chunk of several waits beside the store until the attention steps
-        through it by the prompt mode. The layer reaches that attention call through its keyword arguments:
+        """Store the new keys and values and return what the attention reads. One new position (decoding) goes
+        into each KV head's free slot here, and the layer's ``keys`` and ``values`` come back as ``(batch, 1,
+        slots, head_dim)``: one run of slots that every query head reads through the store's mask (``visible``:
+        its own KV head's slots, the new one among them). A chunk of several positions (a prompt) is more than
+        the ``budget + 1`` slots hold: it comes back as given and waits beside the store until the attention
+        steps it in by the prompt mode. The layer reaches that attention call through its keyword arguments:
         transformers' model families pass theirs to the cache (``update(..., kwargs=kwargs)``) and then to
         the attention function."""
         call = kwargs.get("kwargs")
@@ -157,12 +159,15 @@ class EvictingLayer(CacheLayerMixin):
             raise HFError(self.lost())
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        self.pending = (key_states, value_states)
         if key_states.shape[2] == 1 and not self._compressing:
             self.put(key_states[:, :, 0], value_states[:, :, 0])
-        self.pending = (key_states, value_states)
-        self.handed = self.store.keys
+            keys, values = self.store.keys[:, None], self.store.values[:, None]  # one run of slots, masked per head
+        else:  # a chunk is more than the store holds: it passes through the attention, which steps it in
+            keys, values = key_states, value_states
+        self.handed = keys
         call[LAYER] = self
-        return self.store.keys, self.store.values
+        return keys, values
 
     def put(self, key, value) -> None:
         """Position ``seen``'s key and value ``(batch, kv heads, d)`` into the store, a slot per (row, KV head)."""
