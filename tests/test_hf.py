@@ -99,8 +99,10 @@ def test_streaming_llm_generates_what_the_masked_full_cache_generates_holding_at
     assert cache.peak_positions == [BUDGET] * len(cache.layers)
     fed = PROMPT + NEW - 1  # the last token generated is never fed back
     for layer in cache.layers:
-        for h, keys in enumerate(layer.keys):  # one block per KV head
-            assert keys.shape[1] == BUDGET + 1  # the storage: the budget and the step's new key
+        assert layer.keys.shape == layer.values.shape == (1, 2 * (BUDGET + 1), 8)  # one tensor, a run per KV head
+        for h in range(2):
+            span = layer.store.span(h)
+            assert span.stop - span.start == BUDGET + 1  # the storage: the budget and the step's new key
             assert layer.held(0, h).tolist() == _streaming_held(fed)  # what query `fed` would see
     model.set_attn_implementation("eager")
     full = model.generate(ids, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)

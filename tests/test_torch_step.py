@@ -109,7 +109,7 @@ def test_the_combining_rule_is_written_once():
     itself: each of the five places imports the rule (the kernels call its jitted ``fold``/``finish``)."""
     users = {"kvsim/models/recorder.py": {"combine", "renormalise"},
              "kvsim/data/qk_rows.py": {"combine", "fold", "finish", "renormalise"},
-             "kvsim/hf/cache.py": {"combine"}, "kvsim/sim/harness.py": {"renormalise", "position_sum"}}
+             "kvsim/hf/modes.py": {"combine"}, "kvsim/sim/harness.py": {"renormalise", "position_sum"}}
     for path, names in users.items():
         tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
         imported = {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
@@ -145,7 +145,7 @@ def test_the_deployed_cache_takes_the_harness_step_and_its_victims_contract():
 
     import kvsim.hf as hf
 
-    assert importlib.import_module("kvsim.hf.cache").step is harness.step  # (kvsim.hf.cache is also a function)
+    assert importlib.import_module("kvsim.hf.stepping").step is harness.step
     model, ids = _tiny_llama()
     cache = hf.cache(model, "h2o", 8, recent_window=2)
     with torch.no_grad():

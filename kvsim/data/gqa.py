@@ -46,6 +46,15 @@ def _python(k):
     return getattr(k, "py_func", k)
 
 
+def group(query_heads: int, kv_heads: int) -> int:
+    """Query heads per KV head (the group ``g`` of step 1: heads ``h * g .. h * g + g - 1`` read KV head
+    ``h``, transformers' ``repeat_kv``); ValueError when the query heads do not divide into the KV heads.
+    The one place kvsim computes it, for the recorder, the closed loop and the deployed cache alike."""
+    if kv_heads < 1 or query_heads % kv_heads:
+        raise ValueError(f"{query_heads} query heads cannot be shared evenly by {kv_heads} KV heads")
+    return query_heads // kv_heads
+
+
 def code(gqa: str) -> int:
     """The kernels' code of a GQA rule; ValueError naming the rules for any other."""
     if gqa not in GQA_CODES:
@@ -94,4 +103,4 @@ def kv_head_weights(weights, gqa: str = "mean", others=None) -> tuple[np.ndarray
     return renormalise(combine(weights, gqa), others)
 
 
-__all__ = ["GQA", "GQA_CODES", "code", "combine", "finish", "fold", "kv_head_weights", "position_sum", "renormalise"]
+__all__ = ["GQA", "GQA_CODES", "code", "combine", "finish", "fold", "group", "kv_head_weights", "position_sum", "renormalise"]

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from transformers.masking_utils import eager_mask
 
+from ..data.gqa import group as gqa_group
 from .cache import LAYER, HFError
 from .eager import weights
 
@@ -88,7 +89,7 @@ def kvsim_attention(module, query, key, value, attention_mask, **kwargs):
 
 def eager(call: Call):
     """Eager attention over keys a standard cache returned (``repeat_kv``, scores, soft-cap, mask, softmax)."""
-    group = call.query.shape[1] // call.key.shape[1]
+    group = gqa_group(call.query.shape[1], call.key.shape[1])
     key = call.key.repeat_interleave(group, dim=1)
     value = call.value.repeat_interleave(group, dim=1)
     mask = None if call.mask is None else call.mask[:, :, :, : key.shape[-2]]

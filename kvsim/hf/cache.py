@@ -4,40 +4,33 @@ per KV head, and a kvsim policy decides which (docs/deploy.md, docs/domain.md, "
 The order is the harness's, and so is the step: the query at position t attends to the positions
 its layer holds (those inside the layer's own sliding window, if it has one) and to itself; then, for
 t >= 1, ``kvsim.sim.harness.step`` shows the policy that attention, admits t and evicts down to the
-budget, and checks the victims as the harness does (``ContractError``). The policy starts holding
-``[0]``, so position 0 is simply stored. What it is shown is the combining rule of
-``kvsim.data.gqa`` (the recorder's): per KV head, the mean in float64 of the weights of the query
-heads sharing it, the query's own weight dropped, renormalised over the held set, float32.
+budget, and checks the victims as the harness does (``ContractError``). What it is shown is the
+combining rule of ``kvsim.data.gqa`` (the recorder's): per KV head, the mean in float64 of the weights of
+the query heads sharing it, the query's own weight dropped, renormalised over the held set, float32.
 
-``update`` takes the new keys and values and returns them (each head's block of slots has its own
-size, so no one tensor holds what the queries may see; ``attend`` stores them and reads each block);
-it hands the layer to that attention call in the call's own keyword arguments (``kvsim_layer``, which
-``kvsim.hf.attention`` reads), and a layer whose keys were not taken by an attention call refuses the
-next update (HFError): a lost link is said, never decoded through.
+A layer is three parts, on transformers' split between a cache layer and the attention function:
 
-Storage is one block per KV head of ``budget + 1`` slots per row, each head at its own budget (an
-allocation, ``kvsim.hf.cache(..., allocate=...)``; the largest row's, when a batch's rows differ), so
-the layer's bytes follow the split rather than its largest head: each step puts the new position's
-key into each head's spare last slot (the query attends to it there), and the step moves it into the
-slot its victim left, so a step writes two keys per head and moves nothing else. Per (row, KV head)
-the layer keeps the positions held (``pos``, ``order``) beside their keys and values and steps that
-head's own policy at that head's budget (``budgets[row][head]``). Keys keep the rotary positions they
-were encoded at. A chunk of several tokens (a prompt) is taken one position at a time through the same
-step, so a prompt longer than the budget is seen by the policy exactly as decoding would show it
-(``prefill="exact"``); ``prefill="fast"`` attends over the whole chunk at once and steps the policy
-through those rows afterwards (the prompt's own outputs are then the full cache's). ``prefill="compress"``
-attends over the whole prompt too, then each head keeps the positions ``kvsim.sim.prefill.choose`` picks
-from that attention (a scorer's one-time choice: SnapKV's by default) and decoding goes on from them as
-``kvsim.sim.prefill.Resumed`` says: the cache growing (no policy: a head's block doubles when it fills)
-or a decode-time policy resumed from the kept set, so the kept sets are the simulator's on the same rows.
+- its store (``kvsim.hf.storage``): ``keys`` and ``values``, one tensor each ``(batch, slots, head_dim)``,
+  per KV head a run of ``budget + 1`` slots (each head at its own budget: an allocation,
+  ``kvsim.hf.cache(..., allocate=...)``; the largest row's, when a batch's rows differ) with a map of
+  the position in each slot. ``update`` stores the new position's key and value in each head's spare
+  slot and returns the two tensors; the attention reads them through the store's validity mask. A chunk
+  of several positions (a prompt) is returned as it came and waits beside the store until the attention
+  steps it in, by the layer's prompt mode (``kvsim.hf.modes``: ``exact`` one position at a time through the same step, ``fast``
+  attended at once and stepped after, ``compress`` attended at once and chosen from once);
+- its steps (``kvsim.hf.stepping``): per (row, KV head) its own policy at its own budget, shown the row
+  and naming the victims, whose slots the store frees (t, if it stays, moves from the spare to one);
+- the link: ``update`` hands the layer to the attention call in the call's own keyword arguments
+  (``kvsim_layer``, which ``kvsim.hf.attention`` reads, because the policy needs the new query's weights,
+  which transformers' attention functions never return), and a layer whose keys were not taken by an
+  attention call refuses the next update (HFError): a lost link is said, never decoded through.
 
-Policies that read vectors (``Policy.reads``) are handed, before each position is admitted, that
-position's key (post-RoPE, as stored), value, the KV head's group of queries ``(G, d)`` and
-``out_norms``, ``|W_O^h v|`` for each query head h of the group (the slice of the layer's ``o_proj``
-that head's output goes through), as the harness hands a trace's rows. A policy that also reads its
-trace's meta (``reads_meta``: expected_attention's RoPE) is built with the layer's ``meta``, the fields a
-recording of that layer states (``kvsim.policies.rope.rope_meta``, which ``kvsim.hf.cache`` calls on the
-model), handed over as ``LayerMeta`` where a replay hands the trace.
+adakv (``kvsim.hf.pooled``) is the same layer over another store: a layer's KV heads share one pool of
+slots, and one joint step per row decides for all of them.
+
+A policy that reads its trace's meta (``reads_meta``: expected_attention's RoPE) is built with the
+layer's ``meta``, the fields a recording of that layer states (``kvsim.policies.rope.rope_meta``, which
+``kvsim.hf.cache`` calls on the model), handed over as ``LayerMeta`` where a replay hands the trace.
 
 torch and transformers are imported here at module level: ``kvsim.hf`` is the optional torch extra.
 """
@@ -51,20 +44,17 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from ..data.gqa import combine
+from ..data.gqa import group
 from ..policies import Policy, PolicySpec, policy_class
 from ..progress import Progress
-from ..sim.harness import step
-from ..sim.prefill import Prefill, PrefillError, Resumed, choose
-from . import eager
+from . import modes
+from .refusal import HFError
+from .stepping import HeadSteps, Vectors
+from .storage import Blocks
 
 PREFILL = ("exact", "fast", "compress")
 #: the attention call keyword through which ``update`` hands the layer to its attention call
 LAYER = "kvsim_layer"
-
-
-class HFError(ValueError):
-    """kvsim.hf cannot run as asked; one line, said before any generation starts."""
 
 
 class LayerMeta(NamedTuple):
@@ -83,7 +73,7 @@ class EvictingLayer(CacheLayerMixin):
     head]``, built by the caller, with ``budgets`` per row, or each policy's own budget when None: the
     quality measurement's batch of configurations). ``budgets`` becomes ``[row][kv head]``."""
 
-    is_sliding = False  # a model's own window is applied in ``attend``; the policy decides what is held
+    is_sliding = False  # a model's own window is applied in the attention; the policy decides what is held
     is_croppable = False
     is_compileable = False
     supports_early_init = False
@@ -91,6 +81,7 @@ class EvictingLayer(CacheLayerMixin):
     def __init__(self, specs: list[PolicySpec | None] | None = None, *, policies: list[list[Policy]] | None = None,
                  budgets: list[int] | None = None, prefill: str = "exact", rng_seed: int | None = None,
                  prefill_budget=None, prefill_policy: PolicySpec | None = None, meta: dict | None = None):
+        self.store = None  # ``kvsim.hf.storage``, made when the first keys tell the batch and the heads
         super().__init__()
         if (specs is None) == (policies is None):
             raise HFError("an evicting layer takes policy specs or built policies, not both or neither")
@@ -111,19 +102,14 @@ class EvictingLayer(CacheLayerMixin):
         self.prefill_budget, self.prefill_policy = prefill_budget, prefill_policy
         #: the layer's meta as a recording states it (``rope_meta``), for the policies that ``reads_meta``
         self.meta = dict(meta or {})
-        #: compress: ``[row][kv head]`` ``kvsim.sim.prefill.Resumed``, set by the prompt
-        self.resumed: list[list[Resumed]] | None = None
-        self._module = None  # the attention module of the last call: its o_proj gives out_norms
-        #: the chunk's ``out_norms`` ``(batch, kv heads, n, G)`` and its first position, while a chunk is
-        #: stepped: one batched product for the chunk instead of one per position (``_chunk_norms``)
-        self._norms: tuple[int, np.ndarray] | None = None
+        self.steps = None  # ``kvsim.hf.stepping``, made with the store
+        self.vectors = Vectors("an evicting layer")
         self.seen = 0  # positions processed: the next one's position
-        self.index: int | None = None  # the decoder layer it serves (``EvictingCache`` sets it), for messages
-        #: what ``update`` returned and stored until the attention call takes it: (keys returned, the new keys,
-        #: the new values); None between steps
-        self.handed: tuple | None = None
-        self.peak = 0  # the most positions any (row, KV head) held after a step
-        self.head_peaks: list[int] = []  # per KV head, the most positions any row held after a step
+        self._index: int | None = None
+        #: the keys ``update`` returned until the attention call takes them, and the new keys and values
+        #: beside them; None between steps
+        self.handed: torch.Tensor | None = None
+        self.pending: tuple | None = None
         #: told when this layer has stepped through a prompt (``EvictingCache(progress=...)``): an exact
         #: prefill is a minute or more of Python per long prompt, and it must not look hung
         self.prefilled: Callable[[int], None] | None = None
@@ -131,12 +117,18 @@ class EvictingLayer(CacheLayerMixin):
     # --- transformers' layer API --------------------------------------------------------------------
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        batch, hkv, _, head_dim = key_states.shape
+        self.device = key_states.device
+        self.store, self.steps = self._layout(key_states, value_states)
+        self.is_initialized = True
+
+    def _layout(self, key_states, value_states):
+        """The store and the steps for a batch of these keys: per (row, KV head) a policy and a run of slots."""
+        batch, hkv = key_states.shape[:2]
         if self.policies is None:
             if len(self.specs) != hkv:
                 raise HFError(f"the cache was built for {len(self.specs)} KV head(s), the model gives {hkv}")
             rng = None if self.rng_seed is None else np.random.default_rng(self.rng_seed)
-            self.policies = [[None if spec is None else spec.build(self._trace, rng=rng) for spec in self.specs]
+            self.policies = [[None if spec is None else spec.build(self.trace, rng=rng) for spec in self.specs]
                              for _ in range(batch)]
         if len(self.policies) != batch or any(len(row) != hkv for row in self.policies):
             raise HFError(f"the cache was built for {len(self.policies)} row(s) x {len(self.policies[0])} KV head(s), "
@@ -146,48 +138,87 @@ class EvictingLayer(CacheLayerMixin):
         else:  # a head without a policy grows: it starts with room for the prompt
             self.budgets = [[key_states.shape[2] if policy is None else int(policy.budget) for policy in row]
                             for row in self.policies]
-        self.device = key_states.device
-        # per KV head: its held slots (the largest row's budget) and one more, the last, for the new position
-        caps = [max(row[h] for row in self.budgets) for h in range(hkv)]
-        self.keys = [torch.zeros(batch, cap + 1, head_dim, dtype=key_states.dtype, device=self.device) for cap in caps]
-        self.values = [torch.zeros(batch, cap + 1, head_dim, dtype=value_states.dtype, device=self.device) for cap in caps]
-        self.pos = [np.full((batch, cap + 1), -1, dtype=np.int64) for cap in caps]  # position in each slot, -1 free
-        self.order = [[np.zeros(0, dtype=np.int64) for _ in range(hkv)] for _ in range(batch)]  # slots, ascending position
-        self.free = [[list(range(caps[h] - 1, -1, -1)) for h in range(hkv)] for _ in range(batch)]
-        self.head_peaks = [0] * hkv
-        self.is_initialized = True
+        caps = [max(row[h] for row in self.budgets) for h in range(hkv)]  # each head's run: the largest row's
+        return Blocks(batch, caps, key_states, value_states), HeadSteps(self.policies, self.budgets)
 
     def update(self, key_states, value_states, *args, **kwargs):
-        """Take the new keys and values and hand the attention call what its queries may see: the new
-        keys and values themselves, which ``attend`` stores (a new position in each head's spare slot)
-        and reads beside each head's block of slots, whose sizes differ per head when the budgets do.
-        The policies decide in the attention call what stays (``attend``), which finds this layer in its
-        keyword arguments: transformers' model families pass theirs to the cache (``update(...,
-        kwargs=kwargs)``) and then to the attention function."""
+        """Store the new keys and values and return what the attention reads. One new position (decoding) goes
+        into each KV head's free slot here, and the layer's ``keys`` and ``values`` come back as ``(batch, 1,
+        slots, head_dim)``: one run of slots that every query head reads through the store's mask (``visible``:
+        its own KV head's slots, the new one among them). A chunk of several positions (a prompt) is more than
+        the ``budget + 1`` slots hold: it comes back as given and waits beside the store until the attention
+        steps it in by the prompt mode. The layer reaches that attention call through its keyword arguments:
+        transformers' model families pass theirs to the cache (``update(..., kwargs=kwargs)``) and then to
+        the attention function."""
         call = kwargs.get("kwargs")
         if not isinstance(call, dict):
-            raise HFError(f"{self._name}: the model does not pass its attention call's keyword arguments to the cache "
+            raise HFError(f"{self.name}: the model does not pass its attention call's keyword arguments to the cache "
                           "(update(..., kwargs=kwargs), as transformers' model families do), so the evicting cache "
                           "cannot reach the attention that must step it")
         if self.handed is not None:
-            raise HFError(self._lost())
+            raise HFError(self.lost())
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        self.handed = (key_states, key_states, value_states)
+        self.pending = (key_states, value_states)
+        if key_states.shape[2] == 1 and not self._compressing:
+            self.put(key_states[:, :, 0], value_states[:, :, 0])
+            keys, values = self.store.keys[:, None], self.store.values[:, None]  # one run of slots, masked per head
+        else:  # a chunk is more than the store holds: it passes through the attention, which steps it in
+            keys, values = key_states, value_states
+        self.handed = keys
         call[LAYER] = self
-        return key_states, value_states
+        return keys, values
+
+    def put(self, key, value) -> None:
+        """Position ``seen``'s key and value ``(batch, kv heads, d)`` into the store, a slot per (row, KV head)."""
+        for b in range(key.shape[0]):
+            for h in range(key.shape[1]):
+                self.store.put(b, h, self.seen, key[b, h], value[b, h])
 
     @property
-    def _name(self) -> str:
+    def _compressing(self) -> bool:
+        return self.prefill == "compress" and self.steps.resumed is None
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        """``(batch, slots, head_dim)``: every KV head's run of slots (``store.span(h)``), None before the first keys."""
+        return None if self.store is None else self.store.keys
+
+    @keys.setter
+    def keys(self, keys) -> None:
+        if self.store is not None:
+            self.store.keys = keys
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return None if self.store is None else self.store.values
+
+    @values.setter
+    def values(self, values) -> None:
+        if self.store is not None:
+            self.store.values = values
+
+    @property
+    def index(self) -> int | None:
+        """The decoder layer it serves (``EvictingCache`` sets it), for messages."""
+        return self._index
+
+    @index.setter
+    def index(self, index: int | None) -> None:
+        self._index = index
+        self.vectors.name = self.name
+
+    @property
+    def name(self) -> str:
         return "an evicting layer" if self.index is None else f"layer {self.index}"
 
     @property
-    def _trace(self) -> LayerMeta:
+    def trace(self) -> LayerMeta:
         """What ``PolicySpec.build`` hands a policy that reads its trace's meta, in the trace's place."""
-        return LayerMeta(self._name, self.meta)
+        return LayerMeta(self.name, self.meta)
 
-    def _lost(self) -> str:
-        return (f"{self._name}: the keys this cache returned for position {self.seen} never reached kvsim's attention "
+    def lost(self) -> str:
+        return (f"{self.name}: the keys this cache returned for position {self.seen} never reached kvsim's attention "
                 "(the model's attention was changed after kvsim.hf.cache attached it, or the family drops the call's "
                 "keyword arguments); nothing was evicted for them")
 
@@ -199,7 +230,7 @@ class EvictingLayer(CacheLayerMixin):
         return -1
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        # the mask transformers builds is not read (``attend`` builds its own from the held positions);
+        # the mask transformers builds is not read (the attention builds its own from the store's map);
         # keep it the size of the new tokens alone
         return query_length, self.seen
 
@@ -213,291 +244,79 @@ class EvictingLayer(CacheLayerMixin):
 
     def held(self, row: int = 0, head: int = 0) -> np.ndarray:
         """Positions held by (row, KV head), ascending."""
-        return self.pos[head][row, self.order[row][head]] if self.is_initialized else np.zeros(0, dtype=np.int64)
+        return self.store.held(row, head) if self.is_initialized else np.zeros(0, dtype=np.int64)
+
+    @property
+    def kv_heads(self) -> int | None:
+        return None if self.store is None else self.store.kv_heads
+
+    @property
+    def resumed(self):
+        """compress: ``[row][kv head]`` ``kvsim.sim.prefill.Resumed``, set by the prompt."""
+        return None if self.steps is None else getattr(self.steps, "resumed", None)
+
+    @property
+    def peak(self) -> int:
+        """The most positions any (row, KV head) held after a step."""
+        return 0 if self.store is None else self.store.peak
+
+    @property
+    def head_peaks(self) -> list[int]:
+        """Per KV head, the most positions any row held after a step."""
+        return [] if self.store is None else self.store.head_peaks
 
     @property
     def nbytes(self) -> int:
         """Bytes of the key and value storage (allocated once, each KV head at its budget plus one spare slot)."""
-        return 0 if not self.is_initialized else sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values, strict=True))
+        return 0 if not self.is_initialized else self.store.nbytes
 
     # --- attention ----------------------------------------------------------------------------------
 
     def attend(self, call):
         """The attention output ``(batch, n, query heads, head_dim)`` for the ``n`` new tokens ``update``
-        stored, the cache stepped through each; the weights of the last step (``(batch, query heads, 1,
-        slots + 1)``, the own key last) when ``n`` is 1 and every KV head holds as many slots, else None.
-        ``call``: ``kvsim.hf.attention.Call``, whose keys must be those ``update`` returned (HFError otherwise)."""
-        if self.handed is None or call.key is not self.handed[0]:
-            raise HFError(f"{self._name}: the attention call got keys this cache did not return for it; the call and "
+        took, the cache stepped through each; the weights of the last step (``(batch, query heads, 1,
+        slots)``, over each head's span, its own key last) when ``n`` is 1 and every KV head reads as many
+        slots, else None. ``call``: ``kvsim.hf.attention.Call``, whose keys must be those ``update`` returned
+        (HFError otherwise)."""
+        if self.handed is None or call.key is not self.handed:
+            raise HFError(f"{self.name}: the attention call got keys this cache did not return for it; the call and "
                           "the cache are out of step")
-        _, key, value = self.handed
-        self.handed = None
+        key, value = self.pending
+        self.handed = self.pending = None
         query, scale, softcap, window = call.query, call.scale, call.softcap, call.window
-        self._module = call.module
-        self._norms = self._chunk_norms(value, query.shape[1] // key.shape[1])
-        try:
-            return self._attend(query, key, value, scale, softcap, window)
-        finally:
-            self._norms = None
-
-    def _attend(self, query, key, value, scale, softcap, window):
-        """``attend``'s work, by the prefill: compressed, fast, or each position stepped."""
-        n = query.shape[2]
-        if self.prefill == "compress" and self.resumed is None:
-            return self._attend_compress(query, key, value, scale, softcap, window), None
-        if n > 1 and self.prefill == "fast":
-            return self._attend_fast(query, key, value, scale, softcap, window), None
-        outs, weights = [], None
-        for i in range(n):
-            out, weights = self._step(query[:, :, i : i + 1], key[:, :, i : i + 1], value[:, :, i : i + 1],
-                                      scale, softcap, window)
-            outs.append(out)
-        if n > 1 and self.prefilled is not None:
-            self.prefilled(n)
-        return torch.stack(outs, dim=1), (weights if n == 1 else None)
-
-    def _step(self, query, key, value, scale, softcap, window):
-        """One position: its key goes into each head's spare last slot, the query attends over the held
-        slots and that one, then every policy is stepped and the key moves to a free slot if it stays."""
-        t = self.seen
-        batch, hq, _, head_dim = query.shape
-        hkv = key.shape[1]
-        q = query.reshape(batch, hkv, hq // hkv, head_dim)
-        outs, per_head = [], []
-        for h in range(hkv):  # one block per head: the heads' slot counts differ when their budgets do
-            keys, values, pos = self.keys[h], self.values[h], self.pos[h]
-            keys[:, -1] = key[:, h, 0]
-            values[:, -1] = value[:, h, 0]
-            visible = pos >= 0
-            if window is not None:
-                visible &= pos > t - window
-            visible[:, -1] = True
-            weights = eager.weights(q[:, h], keys, scale, softcap, torch.from_numpy(visible)[:, None, :])
-            outs.append(torch.matmul(weights, values))
-            per_head.append(weights)
-            # (batch, slots): the own key's weight (the last slot) dropped here, the rest in ``_admit``
-            shown = combine(np.moveaxis(weights[..., :-1].double().numpy(), 1, 0)) if t else None
-            for b in range(batch):
-                self._admit(b, h, t, None if shown is None else shown[b], key[b, h, 0], value[b, h, 0], q[b, h])
-        self.seen = t + 1
-        same = len({w.shape[-1] for w in per_head}) == 1
-        return (torch.stack(outs, dim=1).reshape(batch, hq, head_dim),
-                torch.stack(per_head, dim=1).reshape(batch, hq, 1, -1) if same else None)
-
-    def _reader(self, b: int, h: int) -> Policy | None:
-        """The policy that decides for (row b, KV head h): its own, or the one resumed after a compressed prompt."""
-        return self.resumed[b][h].policy if self.resumed is not None else self.policies[b][h]
-
-    def _vectors(self, policy: Policy | None, h: int, key, value, queries, b: int = 0, t: int = -1) -> dict | None:
-        """Position t's rows of what ``policy`` reads (``kvsim.data.vectors``): its key and value as stored, the
-        group's queries ``(G, d)``, and ``out_norms`` ``(G,)`` through the layer's ``o_proj`` (row b's, from the
-        chunk's when it has them); None if it reads nothing."""
-        if policy is None or not policy.reads:
-            return None
-        out = {}
-        for name in policy.reads:
-            if name == "keys":
-                out[name] = _array(key)
-            elif name == "values":
-                out[name] = _array(value)
-            elif name == "queries":
-                out[name] = _array(queries)
-            elif name == "out_norms":
-                chunk = self._norms
-                if chunk is not None and 0 <= t - chunk[0] < chunk[1].shape[2]:
-                    out[name] = chunk[1][b, h, t - chunk[0]]
-                else:
-                    out[name] = self._out_norms(h, value, queries.shape[0])
-            else:
-                raise HFError(f"{self._name}: {policy.name} reads {name}, which the deployed cache does not compute")
-        return out
-
-    def _out_norms(self, h: int, value, group: int) -> np.ndarray:
-        """``|W_O^j v|_2`` for each query head j of KV head h's group: the columns of ``o_proj`` its output enters."""
-        return _array(eager.output_norms(self._o_proj(), value.reshape(1, 1, -1), group, h)[0, 0])
-
-    def _o_proj(self):
-        proj = getattr(self._module, "o_proj", None)
-        weight = getattr(proj, "weight", None)
-        if weight is None:
-            raise HFError(f"{self._name}: out_norms need the attention module's o_proj, which "
-                          f"{type(self._module).__name__} does not have")
-        return weight
-
-    def _chunk_norms(self, value, group: int) -> tuple[int, np.ndarray] | None:
-        """``(first position, (batch, kv heads, n, G))``: every new position's ``out_norms`` in one product per
-        row, when a chunk of several positions comes and some policy reads them (None otherwise). The same
-        float64 statement as one position's (``eager.output_norms``), so each float32 is within one rounding of
-        the exact norm either way; the recorder computes a whole recording's in one product too."""
-        if value.shape[2] < 2 or self.policies is None:
-            return None
-        readers = [type(p) for row in self.policies for p in row if p is not None]
-        if self.prefill == "compress" and self.resumed is None:  # the prompt's scorer reads them too
+        n, compressing = query.shape[2], self._compressing
+        self.vectors.module = call.module
+        readers = self.steps.readers()
+        if compressing:  # the prompt's scorer reads them too
             readers.append(policy_class(self.prefill_policy.name))
-        if not any("out_norms" in r.reads for r in readers):
-            return None
-        weight = self._o_proj()
-        norms = np.stack([_array(eager.output_norms(weight, value[b], group)) for b in range(value.shape[0])])
-        return self.seen, norms
-
-    def _admit(self, b: int, h: int, t: int, shown, key, value, queries=None) -> None:
-        """Show (row b, KV head h)'s policy the attention of step t (and t's vectors, if it reads any), let it
-        admit t and evict, and store t's key in a free slot if it stays."""
-        policy, order, pos = self._reader(b, h), self.order[b][h], self.pos[h]
-        held = pos[b, order]
-        vectors = self._vectors(policy, h, key, value, queries, b, t)
-        victims = []
-        if self.resumed is not None:
-            victims = self.resumed[b][h].step(t, shown[order] if policy is not None and policy.reads_attention else None,
-                                              None, vectors)
-        elif t:  # the held slots in position order: the harness renormalises over them
-            victims = step(policy, t, shown[order] if policy.reads_attention else None, self.budgets[b][h],
-                           vectors=vectors).victims
-        elif vectors is not None:  # position 0, held from the start: never admitted, but seen (as the harness does)
-            policy.see(0, vectors)
-        slots = np.append(order, -1)  # -1 stands for t, not stored yet
-        if len(victims):
-            at = np.searchsorted(np.append(held, t), np.asarray(victims, dtype=np.int64))
-            for s in slots[at].tolist():
-                if s >= 0:
-                    pos[b, s] = -1
-                    self.free[b][h].append(s)
-            slots = np.delete(slots, at)
-        if slots.size and slots[-1] == -1:
-            if not self.free[b][h]:  # only a head without a policy fills up: the cache grows
-                self._grow(h)
-                pos = self.pos[h]
-            s = self.free[b][h].pop()
-            self.keys[h][b, s] = key
-            self.values[h][b, s] = value
-            pos[b, s] = t
-            slots[-1] = s
-        self.order[b][h] = slots
-        self.peak = max(self.peak, slots.size)
-        self.head_peaks[h] = max(self.head_peaks[h], slots.size)
-
-    def _attend_fast(self, query, key, value, scale, softcap, window):
-        """Prefill-then-evict: every query of the chunk attends causally over the held slots and the
-        chunk (as a full cache would), then each policy is stepped through those rows, position by
-        position, and only what it keeps is stored. Blocks of 256 queries bound the score matrix."""
-        t0, n = self.seen, query.shape[2]
-        batch, hq, _, head_dim = query.shape
-        hkv = key.shape[1]
-        q = query.reshape(batch, hkv, hq // hkv, n, head_dim)
-        out = torch.empty(batch, hkv, hq // hkv, n, head_dim, dtype=query.dtype)
-        for h in range(hkv):
-            keys = torch.cat([self.keys[h], key[:, h]], dim=1)[:, None]  # (batch, 1, slots + n, d)
-            values = torch.cat([self.values[h], value[:, h]], dim=1)[:, None]
-            cols = np.concatenate([self.pos[h], np.broadcast_to(t0 + np.arange(n), (batch, n))], axis=1)
-            for a in range(0, n, 256):
-                ts = t0 + np.arange(a, min(a + 256, n))
-                visible = (cols[:, None, :] >= 0) & (cols[:, None, :] <= ts[None, :, None])
-                if window is not None:
-                    visible &= cols[:, None, :] > ts[None, :, None] - window
-                weights = eager.weights(q[:, h, :, a : a + ts.size], keys, scale, softcap, torch.from_numpy(visible)[:, None])
-                out[:, h, :, a : a + ts.size] = torch.matmul(weights, values)
-                shown = combine(np.moveaxis(weights.double().numpy(), 1, 0))  # (batch, block, slots + n)
-                for i, t in enumerate(ts.tolist()):
-                    for b in range(batch):
-                        self._admit_fast(b, h, t, t0, shown[b, i], key[b, h, t - t0], value[b, h, t - t0],
-                                         q[b, h, :, t - t0])
-        self.seen = t0 + n
-        return out.reshape(batch, hq, n, head_dim).transpose(1, 2)
-
-    def _admit_fast(self, b, h, t, t0, row, key, value, queries) -> None:
-        """``_admit`` for a row over (the slots as they were when the chunk starting at ``t0`` came, the
-        chunk): a held position from the chunk finds its weight in the chunk's columns, one held from
-        before in its slot's (a slot keeps its position until that position is evicted)."""
-        order = self.order[b][h]
-        slots = self.pos[h].shape[1]
-        held = self.pos[h][b, order]
-        shown = np.zeros(slots)
-        if t and held.size:
-            shown[order] = row[np.where(held >= t0, slots + held - t0, order)]
-        self._admit(b, h, t, shown, key, value, queries)
-
-    def _attend_compress(self, query, key, value, scale, softcap, window):
-        """The prompt, in one pass: every query attends causally over the whole prompt (nothing evicted, as
-        ``fast``), then per (row, KV head) ``kvsim.sim.prefill.choose`` picks the kept positions from those
-        rows (combined over the group as the recorder combines them) and ``Resumed`` resumes the decode policy
-        from them; only what it holds is stored. Holds each head's ``n x n`` combined rows (float64) meanwhile."""
-        if self.seen:
-            raise HFError(f"{self._name}: prefill='compress' takes the prompt in one forward pass (a first pass of "
-                          f"the prompt's tokens); this one came after {self.seen} positions")
-        n = query.shape[2]
-        batch, hq, _, head_dim = query.shape
-        hkv = key.shape[1]
-        group = hq // hkv
+        self.vectors.chunk(self.seen, value, group(query.shape[1], self.store.kv_heads), readers)
         try:
-            prefill = Prefill.of(n, self.prefill_budget, self.prefill_policy)
-        except PrefillError as e:
-            raise HFError(f"{self._name}: a prompt of {n} tokens: {e}") from None
-        q = query.reshape(batch, hkv, group, n, head_dim)
-        out = torch.empty(batch, hkv, group, n, head_dim, dtype=query.dtype)
-        cols = np.arange(n)
-        self.resumed = [[None] * hkv for _ in range(batch)]
-        for h in range(hkv):
-            rows = np.empty((batch, n, n))
-            for a in range(0, n, 256):
-                ts = np.arange(a, min(a + 256, n))
-                visible = cols[None, :] <= ts[:, None]
-                if window is not None:
-                    visible &= cols[None, :] > ts[:, None] - window
-                weights = eager.weights(q[:, h, :, a : a + ts.size], key[:, h][:, None], scale, softcap,
-                                        torch.from_numpy(visible))
-                out[:, h, :, a : a + ts.size] = torch.matmul(weights, value[:, h][:, None])
-                rows[:, a : a + ts.size] = combine(np.moveaxis(weights.double().numpy(), 1, 0))
-            for b in range(batch):
-                row = rows[b]
+            if compressing:
+                return modes.compress(self, query, key, value, scale, softcap, window), None
+            if n == 1:
+                out, weights = modes.one(self, query, key[:, :, 0], value[:, :, 0], scale, softcap, window)
+                return out.unsqueeze(1), weights
+            if self.prefill == "fast":
+                return modes.fast(self, query, key, value, scale, softcap, window), None
+            out, _ = modes.exact(self, query, key, value, scale, softcap, window)
+            if self.prefilled is not None:
+                self.prefilled(n)
+            return out, None
+        finally:
+            self.vectors.norms = None
 
-                def weights_of(t, held, row=row):
-                    return row[t, held]
+    # --- the step of one (row, KV head), and a compressed prompt's kept set: what needle listens to -----
 
-                def vectors_of(policy, b=b, h=h):
-                    return lambda p: self._vectors(policy, h, key[b, h, p], value[b, h, p], q[b, h, :, p], b, p)
-
-                kept = choose(prefill, weights_of, vectors_of(prefill.scorer.build(self._trace)), self._trace)
-                policy = self.policies[b][h]
-                resumed = Resumed(policy, kept, n, weights_of, vectors_of(policy))
-                self.resumed[b][h] = resumed
-                self._store(b, h, resumed.kept, key[b, h], value[b, h])
-        self.seen = n
-        return out.reshape(batch, hq, n, head_dim).transpose(1, 2)
+    def _admit(self, b: int, h: int, t: int, row, key, value, queries=None) -> None:
+        """Show (row b, KV head h)'s policy ``row`` (step t's weights on what it holds, ascending; None at t = 0)
+        and t's vectors if it reads any, let it admit t and evict, and free the victims' slots (t, in the
+        spare, moved into one if it stays)."""
+        vectors = self.vectors.of(self.steps.reader(b, h), b, h, t, key, value, queries)
+        self.store.settle(b, h, t, self.steps.step(b, h, t, row, vectors))
 
     def _store(self, b: int, h: int, held: np.ndarray, keys, values) -> None:
-        """Store positions ``held`` (ascending) of a chunk that started at position 0 in free slots."""
-        while len(self.free[b][h]) < held.size:
-            self._grow(h)
-        slots = []
-        for p in held.tolist():
-            s = self.free[b][h].pop()
-            self.keys[h][b, s] = keys[p]
-            self.values[h][b, s] = values[p]
-            self.pos[h][b, s] = p
-            slots.append(s)
-        self.order[b][h] = np.asarray(slots, dtype=np.int64)
-        self.peak = max(self.peak, held.size)
-        self.head_peaks[h] = max(self.head_peaks[h], held.size)
-
-    def _grow(self, h: int) -> None:
-        """Double KV head h's block of held slots (its spare last slot stays last): a head without a policy
-        holds every position after the compressed prompt."""
-        keys, values, pos = self.keys[h], self.values[h], self.pos[h]
-        cap = pos.shape[1] - 1
-        more = max(cap, 1)
-        batch = pos.shape[0]
-        def pad(x):
-            return torch.cat([x[:, :cap], x.new_zeros(batch, more, x.shape[-1]), x[:, cap:]], dim=1)
-
-        self.keys[h], self.values[h] = pad(keys), pad(values)
-        self.pos[h] = np.concatenate([pos[:, :cap], np.full((batch, more), -1, dtype=np.int64), pos[:, cap:]], axis=1)
-        for b in range(batch):
-            self.free[b][h] = list(range(cap + more - 1, cap - 1, -1)) + self.free[b][h]
-
-
-def _array(x) -> np.ndarray:
-    """A tensor's values as a float32 array of its own (a policy may keep what it is handed)."""
-    return x.detach().to(torch.float32).cpu().numpy().copy()
+        """Store positions ``held`` (ascending) of a prompt that started at position 0 in free slots."""
+        self.store.keep(b, h, held, keys, values)
 
 
 class EvictingCache(Cache):
@@ -518,7 +337,7 @@ class EvictingCache(Cache):
         took: the layers step in turn, so a lost link is said at the next layer, not decoded through."""
         for layer in self.layers:
             if layer.handed is not None:
-                raise HFError(layer._lost())
+                raise HFError(layer.lost())
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     @property

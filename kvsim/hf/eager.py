@@ -2,11 +2,14 @@
 ``softmax(softcap(scale * q k^T))`` with the positions a mask hides at minus infinity, the softmax in
 float32 and cast back to the query's dtype, as the model families' own eager attention computes it; and
 the output projection's per-head norms of the values (``output_norms``), the one statement of those that
-the recorder, the truth's full pass and the deployed cache share."""
+the recorder, the truth's full pass and the deployed cache share; and ``grouped``, the query heads laid
+out by the KV head they read."""
 
 from __future__ import annotations
 
 import torch
+
+from ..data.gqa import group
 
 
 def weights(query, key, scale: float, softcap: float | None, mask=None):
@@ -19,6 +22,12 @@ def weights(query, key, scale: float, softcap: float | None, mask=None):
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     return torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+
+
+def grouped(x, kv_heads: int):
+    """``x`` ``(batch, query heads, ...)`` as ``(batch, kv heads, G, ...)``: the query heads that read each KV
+    head together (``kvsim.data.gqa.group``)."""
+    return x.reshape(x.shape[0], kv_heads, group(x.shape[1], kv_heads), *x.shape[2:])
 
 
 def output_norms(weight, value, group: int, first_kv_head: int = 0):

@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from ..data.gqa import group as gqa_group
 from ..progress import Progress
 from ..sim.simulate import replay
 from .errors import QualityError, RecordError
@@ -76,7 +77,7 @@ class MaskedPass:
         query, key, value, scale, softcap, window = call.query, call.key, call.value, call.scale, call.softcap, call.window
         _, hq, n, _ = query.shape
         hkv = key.shape[1]
-        group = hq // hkv
+        group = gqa_group(hq, hkv)
         if self.captured is not None:
             self.values[layer] = value[0].float().numpy().copy()
             self.vectors[layer] = _vectors(call.module, query[0], key[0], value[0], group, layer)

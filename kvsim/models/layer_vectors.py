@@ -15,6 +15,7 @@ torch is imported inside the functions, never at module level.
 
 from __future__ import annotations
 
+from ..data.gqa import group
 from ..policies.rope import rope_layout, rope_meta
 from .errors import RecordError
 
@@ -44,7 +45,7 @@ def output_norms(module, value, heads: int, layer: int):
     if weight.shape[1] != heads * d_v:
         raise RecordError(f"layer {layer}: the output projection takes {weight.shape[1]} inputs, not the "
                           f"{heads} heads x {d_v} value dimensions the attention produced")
-    return eager.output_norms(weight, value[0], heads // kv_heads).to(value.device)
+    return eager.output_norms(weight, value[0], group(heads, kv_heads)).to(value.device)
 
 
 __all__ = ["OUTPUT_PROJECTIONS", "output_norms", "output_projection", "rope_layout", "rope_meta"]

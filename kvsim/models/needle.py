@@ -78,7 +78,7 @@ class _Departures:
 
     def _heads(self, layer) -> int:
         if self.left is None:
-            self.left = np.full((self.batch, len(self.cache.layers), len(layer.keys), self.positions), -1,
+            self.left = np.full((self.batch, len(self.cache.layers), layer.kv_heads, self.positions), -1,
                                 dtype=np.int32)
         return self.left.shape[2]
 
@@ -86,26 +86,24 @@ class _Departures:
         admit, store = layer._admit, layer._store
 
         def admitting(b, h, t, shown, key, value, queries=None):
-            if self.left is None:
-                self._heads(layer)
-            order = layer.order[b][h]
-            before = layer.pos[h][b, order]  # a new array (fancy indexing), the held positions ascending
+            self._heads(layer)
+            before = layer.held(b, h)  # a new array (fancy indexing), the held positions ascending
             kept = self.rows[b]
             if t and shown is not None and (kept is not None or (self.listen is not None and b == 0)):
-                row = np.asarray(shown, dtype=np.float32)[order]
+                row = np.asarray(shown, dtype=np.float32)  # the row over what (b, h) holds, ascending
                 if kept is not None:
                     full = kept.setdefault((li, h), np.zeros((self.positions, self.positions), dtype=np.float32))
                     full[t, before] = row
                 if self.listen is not None and b == 0:
                     self.listen(li, h, t, before, row)
             admit(b, h, t, shown, key, value, queries)
-            after = layer.order[b][h]
+            after = layer.held(b, h)
             if after.size == before.size + 1:  # t admitted, nothing left
                 return
             # both ascending, what it holds after among what it held with t: the rest left
             had = np.append(before, t)
             gone = np.ones(had.size, dtype=bool)
-            gone[np.searchsorted(had, layer.pos[h][b, after])] = False
+            gone[np.searchsorted(had, after)] = False
             self.left[b, li, h, had[gone]] = t
 
         def storing(b, h, held, keys, values):

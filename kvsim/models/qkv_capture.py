@@ -27,6 +27,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from ..data.gqa import group
 from .errors import RecordError
 from .layer_vectors import output_norms
 
@@ -251,7 +252,7 @@ class LayerQKV:
 
     @property
     def group(self) -> int:
-        return self.query.shape[0] // self.key.shape[0]
+        return group(self.query.shape[0], self.key.shape[0])
 
 
 def capture_qkv(lm, ids, layers: list[int], sink: Callable[[LayerQKV], None], chunk_elements: int = CHUNK_ELEMENTS) -> None:
@@ -326,8 +327,7 @@ def _check_constants(layer: int, query, key, block: Block, constants: dict) -> N
     """Refuse a layer whose eager weights are not softmax(softcap(scale q.k)) over the mask."""
     import torch
 
-    group = query.shape[1] // key.shape[1]
-    k = key[0, :, block.lo : block.hi].repeat_interleave(group, dim=0)  # (heads, keys, d)
+    k = key[0, :, block.lo : block.hi].repeat_interleave(group(query.shape[1], key.shape[1]), dim=0)  # (heads, keys, d)
     s = torch.matmul(query[0, :, block.i : block.j], k.transpose(1, 2)) * constants["scale"]
     if constants["softcap"] is not None:
         s = torch.tanh(s / constants["softcap"]) * constants["softcap"]

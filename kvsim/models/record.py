@@ -54,6 +54,7 @@ import numpy as np
 
 from ..data.bundle import write_manifest
 from ..data.files import atomic_write
+from ..data.gqa import group
 from ..data.trace import MAX_STEPS, META_KEY, PACKED_KEY, STEPS_KEY, VALUES_KEY
 from ..progress import Progress
 from .errors import RecordError
@@ -330,9 +331,10 @@ class _BundleWriter:
                               "(no eager attention to record)", argument="--model")
         self.q_heads = q_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or q_heads
-        if q_heads % self.kv_heads:
-            raise RecordError(f"{q_heads} query heads cannot be shared evenly by {self.kv_heads} KV heads")
-        self.group = q_heads // self.kv_heads
+        try:
+            self.group = group(q_heads, self.kv_heads)
+        except ValueError as e:
+            raise RecordError(str(e)) from None
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // q_heads
         self.context = getattr(cfg, "max_position_embeddings", None)
         self.layers = _chosen_layers(config.layers, cfg)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..data.gqa import GQA, combine, renormalise
+from ..data.gqa import GQA, combine, group, renormalise
 from .errors import RecordError
 from .layer_vectors import output_norms
 from .qkv_capture import CHUNK_ELEMENTS, attention_blocks, block_rows, run_pass
@@ -49,13 +49,14 @@ def kv_head_rows(softmax: np.ndarray, kv_heads: int, gqa: str = "mean") -> list[
     heads, n, _ = softmax.shape
     if gqa not in GQA:
         raise RecordError(f"gqa must be one of {', '.join(GQA)}, got {gqa!r}")
-    if kv_heads < 1 or heads % kv_heads:
-        raise RecordError(f"{heads} query heads cannot be shared evenly by {kv_heads} KV heads")
-    group = heads // kv_heads
+    try:
+        g = group(heads, kv_heads)
+    except ValueError as e:
+        raise RecordError(str(e)) from None
     below = np.tri(n, k=-1, dtype=bool)  # p < t: what the trace keeps of row t
     out = []
     for h in range(kv_heads):
-        rows, sums = renormalise(combine(softmax[h * group : (h + 1) * group], gqa), below)
+        rows, sums = renormalise(combine(softmax[h * g : (h + 1) * g], gqa), below)
         empty = np.flatnonzero(sums[1:] <= 0)
         if empty.size:
             raise RecordError(f"KV head {h}: step {int(empty[0]) + 1} puts all its attention on itself")
@@ -107,7 +108,7 @@ class _Recorder:
         import torch
 
         heads, kv_heads, n = query.shape[1], key.shape[1], query.shape[2]
-        q = query[0].to(torch.float32).reshape(kv_heads, heads // kv_heads, n, -1).permute(0, 2, 1, 3)
+        q = query[0].to(torch.float32).reshape(kv_heads, group(heads, kv_heads), n, -1).permute(0, 2, 1, 3)
         return {"keys": key[0].to(torch.float32).cpu().numpy(), "queries": q.cpu().numpy(),
                 "out_norms": output_norms(module, value, heads, layer).cpu().numpy()}
 
@@ -116,13 +117,14 @@ class _Recorder:
 
         w = b.weights[0].to(torch.float64).cpu().numpy()  # (heads, rows, keys lo .. hi-1)
         heads, rows, _ = w.shape
-        if heads % kv_heads:
-            raise RecordError(f"layer {layer}: {heads} query heads cannot be shared evenly by {kv_heads} KV heads")
-        i, group = b.i, heads // kv_heads
+        try:
+            i, g = b.i, group(heads, kv_heads)
+        except ValueError as e:
+            raise RecordError(f"layer {layer}: {e}") from None
         t = np.arange(i, i + rows)[:, None]
         below = np.arange(b.lo, b.hi)[None, :] < t  # p < t: what the trace keeps of row t
         for h in range(kv_heads):
-            comb = combine(w[h * group : (h + 1) * group], self.gqa)  # (rows, keys)
+            comb = combine(w[h * g : (h + 1) * g], self.gqa)  # (rows, keys)
             bad = ~np.isfinite(comb) & below
             if bad.any():
                 raise RecordError(f"layer {layer} KV head {h}: step {i + int(np.nonzero(bad)[0][0])} has NaN or "
