@@ -59,6 +59,11 @@ class RandomEviction(SlotPolicy):
         self._step_attention(None)  # the free-slot check only: attention is never read
         self._admit(pos)
 
+    def layout_priorities(self) -> np.ndarray:
+        """A serving layout's per-position score (kvsim.policies.layouts): one uniform draw per held position
+        from the policy's own generator, the lowest going first."""
+        return self.rng.random(self.kept.size)
+
     def evict(self, budget: int) -> list[int]:
         n_evict = self._len - budget
         if n_evict <= 0:

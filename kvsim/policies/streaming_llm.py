@@ -65,6 +65,26 @@ class StreamingLLM(Policy):
     def on_decode_step(self, pos: int, attn: np.ndarray | None) -> None:
         self._admit(pos)
 
+    def layout_priorities(self) -> np.ndarray:
+        """A serving layout's per-position score (kvsim.policies.layouts): the position itself, so the oldest
+        of the ring goes first; the sinks never go (``inf``)."""
+        kept = self.kept
+        out = np.full(kept.size, np.inf)
+        sinks = len(self._sink_positions)
+        out[sinks:] = kept[sinks:]
+        return out
+
+    def layout_drop(self, victims: np.ndarray) -> None:
+        """Remove ``victims`` (ring positions, ascending) that a layout chose; the ring keeps its order."""
+        if np.isin(victims, self._sink_positions).any():
+            from .layouts.priorities import LayoutError
+
+            raise LayoutError(f"{self.name}: its sinks are pinned; a layout cannot evict them")
+        ring = self.kept[len(self._sink_positions):]
+        left = ring[~np.isin(ring, victims)]
+        self._slots[: left.size] = left
+        self._head, self._len = 0, left.size
+
     def evict(self, budget: int) -> list[int]:
         victims = []
         while len(self._sink_positions) + self._len > budget:

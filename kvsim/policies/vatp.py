@@ -148,3 +148,13 @@ class VATP(ValueWeighted):
     @classmethod
     def multipliers(cls, members):
         return value_l1(members["values"])
+
+    def layout_priorities(self) -> np.ndarray:
+        """A serving layout's per-position score (kvsim.policies.layouts): vatp ranks its pinned sinks after
+        every other position rather than scoring them, so its score here is its own product, cumulative
+        attention x |v|_1, with the sinks and the recent window never going (``inf``)."""
+        out = np.full(self.kept.size, np.inf)
+        n = max(self._len - self.recent_window, 0)
+        product = self._score[:n] * self._mult[:n]
+        out[:n] = np.where(self._pos[:n] < self._sinks, np.inf, product)
+        return out

@@ -9,13 +9,11 @@ online policy, a plugin's included, without the policy knowing of layouts:
   calls that ``evict`` with ``_evict_lowest`` replaced for the call by one that records ``values`` and
   evicts nothing, so the scores are the policy's own, computed by its own code. The slots beyond the
   prefix are protected (``inf``). Removal compacts the slot arrays as ``_evict_lowest`` does.
-- vatp ranks rather than scores (its pinned sinks after every other position): its score is its own
-  product, cumulative attention x |v|_1, the sinks and the recent window protected.
-- random draws its victims: its scores are one uniform draw per held position from its own generator.
-- streaming_llm and sliding_window (a ring of positions after the pinned sinks): the score is the
-  position (the oldest goes first), the sinks protected.
-- any other policy may define ``layout_priorities()`` (aligned with ``kept``) and ``layout_drop(victims)``;
-  one with neither is refused in one line (``LayoutError``).
+- a policy whose evict does not rank that way defines ``layout_priorities()`` (aligned with ``kept``) and,
+  if it is no SlotPolicy, ``layout_drop(victims)`` beside its own rule, in its own module: vatp (it ranks its
+  pinned sinks last rather than scoring them), random (a draw from its own generator), streaming_llm and
+  sliding_window (a ring after the pinned sinks: the oldest goes first). One with neither is refused in one
+  line (``LayoutError``).
 """
 
 from __future__ import annotations
@@ -54,24 +52,8 @@ def priorities(policy: Policy) -> np.ndarray:
     own = getattr(policy, "layout_priorities", None)
     if own is not None:
         return np.asarray(own(), dtype=np.float64)
-    from ..random_eviction import RandomEviction
-    from ..streaming_llm import StreamingLLM
-    from ..vatp import VATP
-
-    kept = policy.kept
-    out = np.full(kept.size, np.inf)
-    if isinstance(policy, StreamingLLM):
-        sinks = len(policy._sink_positions)
-        out[sinks:] = kept[sinks:]
-        return out
-    if isinstance(policy, RandomEviction):
-        return policy.rng.random(kept.size)
-    if isinstance(policy, VATP):
-        n = max(policy._len - policy.recent_window, 0)
-        product = policy._score[:n] * policy._mult[:n]
-        out[:n] = np.where(policy._pos[:n] < policy._sinks, np.inf, product)
-        return out
     if isinstance(policy, SlotPolicy):
+        out = np.full(policy.kept.size, np.inf)
         values = _capture(policy)
         out[: values.size] = values
         return out
@@ -86,16 +68,6 @@ def drop(policy: Policy, victims: np.ndarray) -> None:
     own = getattr(policy, "layout_drop", None)
     if own is not None:
         own(victims)
-        return
-    from ..streaming_llm import StreamingLLM
-
-    if isinstance(policy, StreamingLLM):
-        ring = policy.kept[len(policy._sink_positions):]
-        if np.isin(victims, policy._sink_positions).any():
-            raise LayoutError(f"{policy.name}: its sinks are pinned; a layout cannot evict them")
-        left = ring[~np.isin(ring, victims)]
-        policy._slots[: left.size] = left
-        policy._head, policy._len = 0, left.size
         return
     if isinstance(policy, SlotPolicy):
         n = policy._len
