@@ -150,3 +150,15 @@ def test_the_bench_scripts_take_kvsim_as_installed_and_refuse_another_checkouts(
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT / "bench", timeout=120)
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith("tool.py: error: kvsim is imported from ") and f"PYTHONPATH={other.parents[1]}" in done.stderr
+
+
+def test_every_module_says_what_it_holds_in_at_most_600_lines_and_no_file_name_three_times():
+    """A room one can read whole (docs/architecture.md): a module past 600 lines holds two things; a file
+    name used three times in the package says nothing of what each holds (``__init__.py`` aside)."""
+    long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 600}
+    assert long == {}
+    names: dict[str, int] = {}
+    for p in PACKAGE.rglob("*.py"):
+        names[p.name] = names.get(p.name, 0) + 1
+    assert {n: c for n, c in names.items() if c >= 3 and n != "__init__.py"} == {}

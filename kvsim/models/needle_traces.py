@@ -7,7 +7,7 @@ a trial the kept-positions view can open.
   row renormalised), replayed through kvsim's offline ``optimal`` at each head's budget. What the best
   possible cache of that size keeps of the key, per layer, and when it lets the key's tokens go.
 - **A trial's own attention** (``save_bundle``): the rows each step of a policy's trial showed each
-  (layer, KV head)'s policy (``needle._Departures``: row t over the positions held when query t came,
+  (layer, KV head)'s policy (``needle_runs._Departures``: row t over the positions held when query t came,
   zero elsewhere), written as a bundle in the cache directory's recordings (``<cache>/recordings/``),
   which the app offers as traces (``needle-<digest>:L05``). Replayed through the same policy at the same
   budget, the simulator's kept sets are the trial's own (``departures_of``; tests/test_needle_traces.py
