@@ -103,6 +103,12 @@ def kept_sum(row: np.ndarray, kept: np.ndarray) -> float:
     return float(position_sum(row[kept]))
 
 
+def top_k_hits(store, t: int, top_k: int, kept: np.ndarray) -> int:
+    """How many of row t's ``top_k`` largest weights (``store.topk_row``) sit at positions ``kept`` holds;
+    divided by ``min(top_k, t)`` it is the step's top-k recall."""
+    return int(store.topk_row(t, top_k)[kept].sum(dtype=np.int64))
+
+
 def observed_attention(row: np.ndarray, kept: np.ndarray, total: float | None = None) -> np.ndarray:
     """What a serving stack holding only ``kept`` would expose: the row renormalised over kept,
     as float32 (a softmax over a subset is the full softmax renormalised). Zeros if it sums to 0."""
@@ -182,7 +188,7 @@ def steps(trace: Trace, policy: Policy, budget: int | None = None, *, top_k: int
         kept = policy.kept
         row = store.row(t, kept, out)  # the whole row of a dense trace; a query/key trace's at kept
         total = kept_sum(row, kept)
-        hits = int(store.topk_row(t, top_k)[kept].sum(dtype=np.int64)) if top_k is not None else 0
+        hits = top_k_hits(store, t, top_k, kept) if top_k is not None else 0
         taken = step(policy, t, row[kept] if reads else None, budget, total, vectors.at(members, t) if members else None)
         yield Step(t, kept, total, hits, taken.observed, taken.scores, taken.before if scored else None,
                    taken.victims, taken.after)

@@ -22,7 +22,7 @@ from ..policies import PolicySpec, policy_class
 from ..policies.layouts import Layout
 from ..policies.layouts.held import LayoutCache, LayoutPolicy
 from ..progress import Progress
-from .harness import ReplayResult, kept_sum, observe, replay_reference
+from .harness import ReplayResult, kept_sum, observe, replay_reference, top_k_hits
 
 
 def replay_layout(trace: Trace, spec: PolicySpec, layout: Layout, *, top_k: int, record_kept: bool = False,
@@ -51,7 +51,7 @@ def _block_optimum(trace: Trace, spec: PolicySpec, layout: Layout, top_k: int, r
     recall = np.empty(trace.steps)
     for t in range(1, trace.steps + 1):
         kept = np.flatnonzero(gone[:t] >= t)
-        recall[t - 1] = int(store.topk_row(t, top_k)[kept].sum(dtype=np.int64)) / min(top_k, t)
+        recall[t - 1] = top_k_hits(store, t, top_k, kept) / min(top_k, t)
     return ReplayResult(policy="optimal", budget=spec.budget, params={}, steps=trace.steps, top_k=top_k,
                         retained_mass_series=x.retained_mass_series, top_k_recall_series=recall,
                         kept_history=x.kept_history() if record_kept else None, spec=spec, layout=layout,
@@ -95,7 +95,7 @@ def replay_layer(traces: list[Trace], spec: PolicySpec, layout: Layout, *, top_k
             row = store.row(t, kept, scratch[i])
             total = kept_sum(row, kept)
             mass[i, t - 1] = total
-            recall[i, t - 1] = int(store.topk_row(t, top_k)[kept].sum(dtype=np.int64)) / min(top_k, t)
+            recall[i, t - 1] = top_k_hits(store, t, top_k, kept) / min(top_k, t)
             if members[i]:
                 h.see(t, vectors.at(members[i], t))
             h.on_decode_step(t, observe(row[kept], total) if h.reads_attention else None)

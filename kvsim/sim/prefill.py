@@ -37,7 +37,7 @@ from ..data import vectors as vec
 from ..data.trace import Trace
 from ..policies import POLICIES, ParamError, Policy, PolicySpec
 from ..policies.registry import suggest
-from .harness import DEFAULT_TOP_K, ReplayResult, Taken, kept_sum, step
+from .harness import DEFAULT_TOP_K, ReplayResult, Taken, kept_sum, step, top_k_hits
 
 #: the default scorer of the one-time choice
 DEFAULT_SCORER = "snapkv"
@@ -314,7 +314,7 @@ def replay_prefill(trace: Trace, prefill: Prefill, decode: PolicySpec | None = N
         row = store.row(t, held, out)
         total = kept_sum(row, held)
         mass[i] = total
-        recall[i] = (int(store.topk_row(t, top_k)[held].sum(dtype=np.int64)) / min(top_k, t))
+        recall[i] = top_k_hits(store, t, top_k, held) / min(top_k, t)
         reads = policy is not None and policy.reads_attention
         resumed.step(t, row[held] if reads else None, total, _vectors(policy, t, vectors) if policy is not None else None)
         if record_kept:
