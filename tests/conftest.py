@@ -103,6 +103,22 @@ def chromium():
     return _CHROMIUM[0][1]
 
 
+#: the fixtures that drive the app in Chromium: their tests share one app server and one Chromium, so they
+#: run in one process of the suite
+_BROWSER_FIXTURES = {"chromium", "server"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """With pytest-xdist (the README's command runs the suite on every core: ``-n auto``), each test file
+    runs whole in one worker, so a module's fixtures (the loaded model, a swept trace) are made once, and
+    the tests that drive the app in Chromium run in one worker, sharing one server and one Chromium."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        browser = item.get_closest_marker("browser") or _BROWSER_FIXTURES & set(getattr(item, "fixturenames", ()))
+        item.add_marker(pytest.mark.xdist_group("browser" if browser else item.path.name))
+
+
 def pytest_runtest_teardown(item, nextitem):
     if _CHROMIUM and "chromium" not in getattr(nextitem, "fixturenames", ()):
         launch, _ = _CHROMIUM.pop()

@@ -76,7 +76,7 @@ def test_the_verdict_counts_missed_steps_and_the_isolation_check():
 def test_the_table_shows_each_step_against_its_target_and_why_a_run_failed():
     text = bb.render(_doc())
     line = next(x for x in text.splitlines() if x.startswith("budget 256 -> 128"))
-    assert "1.0s" in line and "0.60s" in line and "0.70s" in line and line.rstrip().endswith("without a time)")
+    assert "1.00s" in line and "0.60s" in line and "0.70s" in line and line.rstrip().endswith("without a time)")
     assert " FAIL " in line and " 0.25s " in line and " 3.0MB " in line
     assert "error: TimeoutError: never idle" in text
     assert " PASS " in next(x for x in text.splitlines() if x.startswith("a new session"))
@@ -97,6 +97,39 @@ def test_the_step_lists_are_well_formed():
     assert isinstance(bb.EXPLORATION[0].action, bb.Open) and bb.EXPLORATION[0].action.new_session
     six = next(s for s in bb.ROUND if "six" in s.name)
     assert all(p in six.action.query for p in bb.SIX_POLICIES) and six.min_images == 6
+
+
+def test_each_step_is_measured_against_the_same_action_on_the_bare_page():
+    floors = {s.name: s for s in bb.FLOOR}
+    for step in bb.ROUND:
+        floor = floors[step.floor]  # every step of a round has its floor
+        assert type(floor.action) is type(step.action)
+        if isinstance(step.action, bb.Open):
+            assert (floor.action.new_session, floor.action.new_tab) == (step.action.new_session, step.action.new_tab)
+            assert bool(floor.action.query) == bool(step.action.query)
+        if isinstance(step.action, bb.SetNumber):  # the bare page has the input the step types into
+            assert f'number_input("{step.action.label}"' in bb.FLOOR_SCRIPT
+    compile(bb.FLOOR_SCRIPT, "floor_page.py", "exec")
+    assert floors[bb.ROUND[0].floor] is bb.FLOOR[0]  # a fresh server's first page against a fresh bare server's
+
+
+def test_a_steps_target_is_its_floors_worst_run_plus_the_margin_and_the_table_says_how_far_beyond():
+    floor = bb.StepReport("floor: a link", 1.0, [T(0.7), T(0.9), T(0.8)])
+    step = bb.StepReport("a link with all six policies", 1.0, [T(1.0), T(1.3), T(1.1)])
+    step.measure_against(floor, 0.3)
+    assert step.target_s == 1.2 and step.floor == {"name": "floor: a link", "median_s": 0.8, "worst_s": 0.9,
+                                                   "margin_s": 0.3}
+    doc = {"kind": "browser", "cold_cache": False, "rounds": 3, "server_start_s": [1.0], "floor": [floor.to_dict()],
+           "floor_margin_s": 0.3, "steps": [step.to_dict()], "load": None,
+           "machine": {"cpus": 2, "python": "3.11", "streamlit": "x"}}
+    text = bb.render(bb.overall(doc))
+    line = next(x for x in text.splitlines() if x.startswith("a link with all six policies"))
+    assert " FAIL " in line and " 0.80s " in line and line.rstrip().endswith("+0.30s")  # median 1.1 vs the floor's 0.8
+    assert next(x for x in text.splitlines() if x.startswith("floor: a link"))
+    assert "the floor's worst run + 0.3 s" in text and doc["failed_steps"] == 1 and doc["total_steps"] == 1
+    missing = bb.StepReport("budget 256 -> 128", 1.0, [T(0.5)])
+    missing.measure_against(bb.StepReport("floor: a control change", 1.0, [T(None, "TimeoutError")]), 0.3)
+    assert missing.target_s == 1.0 and missing.floor["worst_s"] is None  # no floor measured: the fixed target
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -25,6 +25,13 @@ fresh server; one of them uploads a small trace and the others must not see it; 
 memory is sampled throughout (resident set of the server and its children) and read at the end
 (VmHWM).
 
+Before each round, ``FLOOR`` runs the same kinds of action (a first page, a new session, a new tab, a
+control change, a link) on a bare Streamlit page (``FLOOR_SCRIPT``: one small chart and two number
+inputs) served by a fresh server of its own: the floor of this machine, this Streamlit and this browser,
+measured in the same run. Each ``ROUND`` step names its floor (``Step.floor``) and its target is then
+the floor's worst run plus ``FLOOR_MARGIN_S`` (0.3 s); the table prints the floor's median beside each
+step and how far beyond it the step went.
+
 A step PASSES when its worst run is within its target; a run that times out or raises counts as a
 miss (reported, never a crash). Nothing here is a test: the figures depend on the machine.
 
@@ -37,10 +44,27 @@ from .driver import CHROMIUM, CHROMIUM_ARGS, run
 from .page import Session
 from .report import StepReport, Timing, dumps, overall, render, summarize, upload_isolation
 from .server import ROOT, PeakSampler, Server, install_env
-from .steps import EXPLORATION, INSTALL, LOAD_SESSIONS, REAL_TRACE, ROUND, SIX_POLICIES, UPLOAD_STEP, Open, SetNumber, Step, Tab, Upload
+from .steps import (
+    EXPLORATION,
+    FLOOR,
+    FLOOR_MARGIN_S,
+    FLOOR_SCRIPT,
+    INSTALL,
+    LOAD_SESSIONS,
+    REAL_TRACE,
+    ROUND,
+    SIX_POLICIES,
+    UPLOAD_STEP,
+    Open,
+    SetNumber,
+    Step,
+    Tab,
+    Upload,
+)
 
 __all__ = [
-    "CHROMIUM", "CHROMIUM_ARGS", "EXPLORATION", "INSTALL", "LOAD_SESSIONS", "REAL_TRACE", "ROOT", "ROUND", "SIX_POLICIES", "UPLOAD_STEP",
+    "CHROMIUM", "CHROMIUM_ARGS", "EXPLORATION", "FLOOR", "FLOOR_MARGIN_S", "FLOOR_SCRIPT",
+    "INSTALL", "LOAD_SESSIONS", "REAL_TRACE", "ROOT", "ROUND", "SIX_POLICIES", "UPLOAD_STEP",
     "Open", "PeakSampler", "Server", "Session", "SetNumber", "Step", "StepReport", "Tab", "Timing", "Upload", "dumps", "install_env",
     "overall", "render", "run", "summarize", "upload_isolation",
 ]

@@ -16,7 +16,7 @@ from ...progress import Progress
 from .page import Session
 from .report import StepReport, Timing, overall, upload_isolation
 from .server import PeakSampler, Server, install_env, server_env
-from .steps import EXPLORATION, INSTALL, LOAD_SESSIONS, ROUND, UPLOAD_STEP, Step
+from .steps import EXPLORATION, FLOOR, FLOOR_MARGIN_S, FLOOR_SCRIPT, INSTALL, LOAD_SESSIONS, ROUND, UPLOAD_STEP, Step
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -78,10 +78,22 @@ async def _explore(browser, url: str, steps: list[Step], upload: Path | None, up
 
 
 async def _rounds(browser, tmp: Path, cache_dir: Path | None, rounds: int, doc: dict, say: _Tally) -> None:
-    """``INSTALL`` then ``ROUND``, ``rounds`` times, each on a fresh server (``INSTALL``'s with empty
-    numba and trace caches); the step reports go into ``doc``."""
+    """``FLOOR`` (a bare page), ``INSTALL`` then ``ROUND``, ``rounds`` times, each on a fresh server
+    (``INSTALL``'s with empty numba and trace caches); the step reports go into ``doc``, each ``ROUND`` step
+    measured against its floor."""
     reports = [StepReport(s.name, s.target_s) for s in (INSTALL, *ROUND)]
+    floors = [StepReport(s.name, s.target_s) for s in FLOOR]
+    bare = tmp / "floor"
+    bare.mkdir(exist_ok=True)
+    (bare / "floor_page.py").write_text(FLOOR_SCRIPT)
     for i in range(rounds):
+        say(f"round {i + 1} of {rounds}: the floor, a bare Streamlit page")
+        server = Server(server_env(cache_dir), tmp / f"server-floor-{i}.log", root=bare, script="floor_page.py")
+        try:
+            for rep, timing in zip(floors, await _round(browser, server, FLOOR, say), strict=True):
+                rep.runs.append(timing)
+        finally:
+            server.stop()
         say(f"round {i + 1} of {rounds}: a brand-new install")
         server = Server(install_env(tmp / "install"), tmp / f"server-install-{i}.log")
         doc["install_server_start_s"].append(server.start_s)
@@ -99,7 +111,13 @@ async def _rounds(browser, tmp: Path, cache_dir: Path | None, rounds: int, doc: 
                 rep.runs.append(timing)
         finally:
             server.stop()
+    by_name = {r.name: r for r in floors}
+    for step, rep in zip(ROUND, reports[1:], strict=True):
+        if step.floor is not None:
+            rep.measure_against(by_name[step.floor], FLOOR_MARGIN_S)
     doc["rounds"] = rounds
+    doc["floor"] = [r.to_dict() for r in floors]
+    doc["floor_margin_s"] = FLOOR_MARGIN_S
     doc["steps"] = [r.to_dict() for r in reports]
 
 
@@ -120,7 +138,7 @@ def run(rounds: int = 3, sessions: int = LOAD_SESSIONS, cold_cache: bool = False
         raise RuntimeError("the browser benchmark needs playwright (pip install -r requirements-dev.txt)") from None
     if not os.path.exists(CHROMIUM):
         raise RuntimeError(f"the browser benchmark needs Debian's chromium at {CHROMIUM} (apt-get install chromium)")
-    say = _Tally(progress, (rounds * (1 + len(ROUND)) if single else 0) + (1 if load else 0))
+    say = _Tally(progress, (rounds * (1 + len(FLOOR) + len(ROUND)) if single else 0) + (1 if load else 0))
     doc: dict = {"kind": "browser", "cold_cache": cold_cache, "steps": [], "load": None, "rounds": 0,
                  "server_start_s": [], "install_server_start_s": [], "machine": _machine()}
     with tempfile.TemporaryDirectory(prefix="kvsim-bench-browser-") as tmp:

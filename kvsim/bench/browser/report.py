@@ -25,9 +25,19 @@ class StepReport:
     name: str
     target_s: float
     runs: list[Timing] = field(default_factory=list)
+    #: the same action on the bare page in the same run (its name, median and worst), when measured
+    floor: dict | None = None
+
+    def measure_against(self, floor: StepReport, margin_s: float) -> None:
+        """Make the target the floor's worst run plus ``margin_s`` (the floor measured in this run), when
+        the floor has a time; else the step keeps its fixed target."""
+        got = summarize(floor.runs, floor.target_s)
+        self.floor = {"name": floor.name, "median_s": got["median_s"], "worst_s": got["worst_s"], "margin_s": margin_s}
+        if got["worst_s"] is not None:
+            self.target_s = round(got["worst_s"] + margin_s, 3)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "target_s": self.target_s, **summarize(self.runs, self.target_s),
+        return {"name": self.name, "target_s": self.target_s, "floor": self.floor, **summarize(self.runs, self.target_s),
                 "runs": [{"seconds": r.seconds, "error": r.error, "server_s": r.server_s, "sent_mb": r.sent_mb}
                          for r in self.runs]}
 
@@ -58,15 +68,19 @@ def render(doc: dict) -> str:
     def table(title: str, steps: list[dict]) -> list[str]:
         width = max([len(s["name"]) for s in steps] + [4])
         out = [title, "", f"{'step':<{width}}  {'target':>7}  {'median':>7}  {'worst':>7}  {'runs':>5}  result  "
-               f"{'server':>7}  {'sent':>7}",
-               f"{'-' * width}  {'-' * 7}  {'-' * 7}  {'-' * 7}  {'-' * 5}  ------  {'-' * 7}  {'-' * 7}"]
+               f"{'server':>7}  {'sent':>7}  {'floor':>7}  {'beyond':>7}",
+               f"{'-' * width}  {'-' * 7}  {'-' * 7}  {'-' * 7}  {'-' * 5}  ------  {'-' * 7}  {'-' * 7}  {'-' * 7}  {'-' * 7}"]
         for s in steps:
             note = f" ({s['failed_runs']} run(s) without a time)" if s["failed_runs"] else ""
             server = s.get("median_server_s")
             server = "-" if server is None else f"{server:.2f}s"
             mb = "-" if s.get("median_sent_mb") is None else f"{s['median_sent_mb']:.1f}MB"
-            out.append(f"{s['name']:<{width}}  {s['target_s']:>6.1f}s  {sec(s['median_s']):>6}s  "
-                       f"{sec(s['worst_s']):>6}s  {s['count']:>5}  {s['result']:<6}  {server:>7}  {mb:>7}{note}")
+            floor = (s.get("floor") or {}).get("median_s")
+            beyond = "-" if floor is None or s["median_s"] is None else f"{s['median_s'] - floor:+.2f}s"
+            floor = "-" if floor is None else f"{floor:.2f}s"
+            out.append(f"{s['name']:<{width}}  {s['target_s']:>6.2f}s  {sec(s['median_s']):>6}s  "
+                       f"{sec(s['worst_s']):>6}s  {s['count']:>5}  {s['result']:<6}  {server:>7}  {mb:>7}  {floor:>7}  "
+                       f"{beyond:>7}{note}")
             out += [f"{'':<{width}}    error: {r['error']}" for r in s["runs"] if r["error"]][:3]
         return out
 
@@ -83,6 +97,11 @@ def render(doc: dict) -> str:
         lines.append("load average (1, 5, 15 min) at the start " + ", ".join(map(str, load_avg[0]))
                      + "; at the end " + ", ".join(map(str, load_avg[1])))
     lines.append("")
+    if doc.get("floor"):
+        lines += table("the floor: the same actions on a bare Streamlit page (one small chart, two number inputs), a "
+                       "fresh server of its own before each round", doc["floor"])
+        lines += ["", "floor / beyond: the median of the same action on the bare page, and how much longer kvsim's "
+                  f"step took; a step's target is the floor's worst run + {doc.get('floor_margin_s', 0.3)} s", ""]
     if doc.get("rounds"):
         starts = ", ".join(f"{s:.1f}" for s in doc["server_start_s"])
         lines += table(f"one session at a time: {doc['rounds']} round(s), each on a fresh server "

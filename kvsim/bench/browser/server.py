@@ -27,14 +27,15 @@ def free_port() -> int:
 
 
 class Server:
-    """``streamlit run app.py`` (in ``root``, the checkout unless told) on a free localhost port, in its
-    own process group; ``launcher``: what runs streamlit, after ``python`` (``bench --load --profile``
-    gives its sampler)."""
+    """``streamlit run app.py`` (in ``root``, the checkout unless told; ``script``, another page there) on a
+    free localhost port, in its own process group; ``launcher``: what runs streamlit, after ``python``
+    (``bench --load --profile`` gives its sampler)."""
 
-    def __init__(self, env: dict, log: Path, root: Path = ROOT, launcher: tuple[str, ...] = ("-m", "streamlit")):
+    def __init__(self, env: dict, log: Path, root: Path = ROOT, launcher: tuple[str, ...] = ("-m", "streamlit"),
+                 script: str = "app.py"):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, *launcher, "run", "app.py", "--server.headless", "true",
+        cmd = [sys.executable, *launcher, "run", script, "--server.headless", "true",
                "--server.port", str(self.port), "--server.address", "127.0.0.1",
                "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
         self.log = log

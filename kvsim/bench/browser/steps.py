@@ -66,11 +66,39 @@ class Step:
     min_figures: int = 1
     #: images inside those figures (the kept view draws one per policy, as panels of one figure)
     min_images: int = 0
+    #: the name of the ``FLOOR`` step this one is measured against (the same action on a bare page)
+    floor: str | None = None
 
 
 def _query(**params) -> str:
     return "?" + urllib.parse.urlencode(params)
 
+
+#: the floor: a bare Streamlit page (one three-point Plotly chart, the two sidebar number inputs the round
+#: changes), served by the same Streamlit in the same run. What a step of kvsim's takes beyond the same
+#: action on this page is what kvsim's script and page add; a step PASSES within ``FLOOR_MARGIN_S`` of it
+FLOOR_SCRIPT = """import plotly.graph_objects as go
+import streamlit as st
+
+st.set_page_config(page_title="a bare Streamlit page", layout="wide")
+st.sidebar.number_input("recent_window", value=32, step=1)
+st.sidebar.number_input("budget", value=256, step=1)
+st.title("A bare Streamlit page")
+st.plotly_chart(go.Figure(go.Scatter(x=[1, 2, 3], y=[1, 3, 2])))
+"""
+FLOOR_MARGIN_S = 0.3
+FIRST_PAGE, NEW_SESSION, NEW_TAB, CONTROL, LINK = (
+    "floor: first page of a fresh server", "floor: a new session", "floor: a new tab", "floor: a control change",
+    "floor: a link")
+#: the same actions on the bare page, on a fresh server of its own before each round (their targets are
+#: only for the bare page itself)
+FLOOR: list[Step] = [
+    Step(FIRST_PAGE, Open(new_session=True), 5.0),
+    Step(NEW_SESSION, Open(new_session=True), 2.0),
+    Step(NEW_TAB, Open(new_tab=True), 2.0),
+    Step(CONTROL, SetNumber("budget", 128), 1.0),
+    Step(LINK, Open(_query(x=1)), 1.0),
+]
 
 #: before each round, on a server of its own whose numba cache (``NUMBA_CACHE_DIR``) and trace cache
 #: (``KVSIM_CACHE_DIR``) are empty: what a brand-new install shows first (the page is drawn while the
@@ -79,16 +107,16 @@ INSTALL = Step("first page of a brand-new install", Open(new_session=True), 10.0
 
 #: one round, in order, on a fresh server; every control change starts from the state before it
 ROUND: list[Step] = [
-    Step("first page of a fresh server", Open(new_session=True), 5.0, min_images=3),
-    Step("a new session, default view", Open(new_session=True), 2.0, min_images=3),
-    Step("a new tab of the same browser, default view", Open(new_tab=True), 2.0, min_images=3),
-    Step("sidebar recent_window 32 -> 64", SetNumber("recent_window", 64), 1.0, min_images=3),
-    Step("budget 256 -> 128", SetNumber("budget", 128), 1.0, min_images=3),
-    Step("budget back to 256 (cached)", SetNumber("budget", 256), 1.0, min_images=3),
-    Step("a link with all six policies", Open(_query(policies=",".join(SIX_POLICIES))), 1.0, min_images=6),
+    Step("first page of a fresh server", Open(new_session=True), 5.0, min_images=3, floor=FIRST_PAGE),
+    Step("a new session, default view", Open(new_session=True), 2.0, min_images=3, floor=NEW_SESSION),
+    Step("a new tab of the same browser, default view", Open(new_tab=True), 2.0, min_images=3, floor=NEW_TAB),
+    Step("sidebar recent_window 32 -> 64", SetNumber("recent_window", 64), 1.0, min_images=3, floor=CONTROL),
+    Step("budget 256 -> 128", SetNumber("budget", 128), 1.0, min_images=3, floor=CONTROL),
+    Step("budget back to 256 (cached)", SetNumber("budget", 256), 1.0, min_images=3, floor=CONTROL),
+    Step("a link with all six policies", Open(_query(policies=",".join(SIX_POLICIES))), 1.0, min_images=6, floor=LINK),
     Step("recent_window curve at budget 1024 (cold cache)",
-         Open(_query(budget=1024, view="Choosing recent_window")), 1.0, min_figures=1),
-    Step("a shipped real trace, kept view", Open(_query(trace=REAL_TRACE)), 1.0, min_images=3),
+         Open(_query(budget=1024, view="Choosing recent_window")), 1.0, min_figures=1, floor=LINK),
+    Step("a shipped real trace, kept view", Open(_query(trace=REAL_TRACE)), 1.0, min_images=3, floor=LINK),
 ]
 
 #: what each of the eight concurrent sessions does (the first one also uploads a trace)
