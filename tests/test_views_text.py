@@ -22,6 +22,7 @@ from tolerance import rounding64
 
 import kvsim
 from kvsim.analysis import features
+from kvsim.sim import summaries
 from kvsim.views import figures, model_figures, story
 from kvsim.views.figures import curve as curve_figures
 
@@ -457,7 +458,7 @@ def real_curve(trace_name: str, budget: int = 256):
     for name, cls in kvsim.POLICIES.items():
         if "recent_window" in kvsim.policy_params(name) or name == "optimal" or vectors.missing(trace, cls.reads):
             continue  # (a policy reading queries or keys has no line on a trace without them, as in the app)
-        summary = kvsim.replay(trace, name, budget=budget, top_k=32).summary()
+        summary = summaries.summary(trace, kvsim.PolicySpec.of(name, budget), 32)
         kind = "offline" if cls.needs_trace else "policy"
         lines.append(figures.Line.of(summary, name + (" (offline reference)" if cls.needs_trace else ""), kind, name))
     lines.append(figures.Line.of(upper_bound_summary(trace, budget, 32), "upper bound (offline reference)", "bound"))

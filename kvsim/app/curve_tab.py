@@ -14,6 +14,7 @@ import kvsim
 from kvsim.analysis.windows import WINDOW, sweep_coarse_to_fine
 from kvsim.policies import PolicySpec, describe_policy
 from kvsim.policies.upper_bound import upper_bound_summary
+from kvsim.sim import summaries
 from kvsim.views import figures, story
 
 from . import memo, services, state
@@ -181,7 +182,10 @@ def reference_lines(trace: kvsim.Trace, settings: Settings, pending: Pending) ->
 def _summary(trace: kvsim.Trace, spec: PolicySpec, pending: Pending) -> dict | None:
     if not progressive(trace, spec.budget):
         return cached_summary(trace, spec)
-    return background_summary(trace, ("summary", spec, TOP_K), lambda: memo.replay(trace, spec).summary(), spec.name,
+    kept = summaries.stored(trace, spec, TOP_K)  # measured by an earlier server: read, not replayed in the background
+    if kept is not None:
+        return kept
+    return background_summary(trace, ("summary", spec, TOP_K), lambda: summaries.summary(trace, spec, TOP_K), spec.name,
                               pending)
 
 

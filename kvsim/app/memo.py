@@ -20,7 +20,7 @@ from kvsim.data import qk
 from kvsim.data.catalog import resolve_bundle, resolve_trace
 from kvsim.policies import PolicySpec
 from kvsim.policies.upper_bound import upper_bound_summary
-from kvsim.sim import engine
+from kvsim.sim import engine, summaries
 from kvsim.views import figures
 from kvsim.views import support as views
 from kvsim.views.figures import pooling
@@ -104,8 +104,9 @@ def kept_history(trace: kvsim.Trace, spec: PolicySpec):
 @st.cache_resource(max_entries=64, show_spinner=False, hash_funcs=BY_TRACE)
 def cached_summary(trace: kvsim.Trace, spec: PolicySpec) -> dict:
     """One replay's summary, nothing recorded: what a line on the curve needs (a fraction of the
-    memory and time of ``cached_replay``), shared by every session."""
-    return replay(trace, spec).summary()
+    memory and time of ``cached_replay``), shared by every session, and kept on disk beside a shipped or
+    canonical trace's cache entry, so a fresh server reads it (``kvsim.sim.summaries``)."""
+    return summaries.summary(trace, spec, TOP_K)
 
 
 @st.cache_resource(max_entries=4, show_spinner=False, hash_funcs=BY_TRACE)

@@ -233,15 +233,10 @@ def derived(
     stem = trace.derived.disk_stem
     if stem is None:
         return compute()
-    head = {"name": name, "params": _jsonable(params), "version": version}
-    digest = hashlib.sha256(json.dumps(head, sort_keys=True).encode()).hexdigest()[:16]
-    path = Path(stem).with_name(f"{Path(stem).name}-{name}-{digest}.json")
-    try:
-        stored = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(stored, dict) and {k: stored.get(k) for k in head} == head and isinstance(stored.get("record"), dict):
-            return decode(stored["record"])
-    except (OSError, ValueError, TypeError, KeyError, UnicodeDecodeError, RecursionError):
-        pass  # missing or damaged: computed again and rewritten
+    head, path = _derived_at(stem, name, params, version)
+    found = _read_derived(path, head, decode)
+    if found is not None:
+        return found
     value = compute()
     try:
         record = encode(value)
@@ -253,6 +248,31 @@ def derived(
     except (OSError, ValueError, TypeError, KeyError):
         pass  # unwritable, or not a JSON record: computed again next time
     return value
+
+
+def derived_stored(trace: Trace, name: str, params: dict, version: str,
+                   decode: Callable[[dict], V] = lambda record: record) -> V | None:
+    """What ``derived`` would read for these arguments, or None when nothing is kept (nothing is computed)."""
+    stem = trace.derived.disk_stem
+    if stem is None:
+        return None
+    return _read_derived(*reversed(_derived_at(stem, name, params, version)), decode)
+
+
+def _derived_at(stem, name: str, params: dict, version: str) -> tuple[dict, Path]:
+    head = {"name": name, "params": _jsonable(params), "version": version}
+    digest = hashlib.sha256(json.dumps(head, sort_keys=True).encode()).hexdigest()[:16]
+    return head, Path(stem).with_name(f"{Path(stem).name}-{name}-{digest}.json")
+
+
+def _read_derived(path: Path, head: dict, decode: Callable[[dict], V]) -> V | None:
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(stored, dict) and {k: stored.get(k) for k in head} == head and isinstance(stored.get("record"), dict):
+            return decode(stored["record"])
+    except (OSError, ValueError, TypeError, KeyError, UnicodeDecodeError, RecursionError):
+        pass  # missing or damaged: computed again and rewritten
+    return None
 
 
 @functools.cache
