@@ -65,7 +65,7 @@ def render(doc: dict) -> str:
     def sec(x) -> str:
         return "-" if x is None else f"{x:.2f}"
 
-    def table(title: str, steps: list[dict]) -> list[str]:
+    def table(title: str, steps: list[dict], verdicts: bool = True) -> list[str]:
         width = max([len(s["name"]) for s in steps] + [4])
         out = [title, "", f"{'step':<{width}}  {'target':>7}  {'median':>7}  {'worst':>7}  {'runs':>5}  result  "
                f"{'server':>7}  {'sent':>7}  {'floor':>7}  {'beyond':>7}",
@@ -78,8 +78,9 @@ def render(doc: dict) -> str:
             floor = (s.get("floor") or {}).get("median_s")
             beyond = "-" if floor is None or s["median_s"] is None else f"{s['median_s'] - floor:+.2f}s"
             floor = "-" if floor is None else f"{floor:.2f}s"
-            out.append(f"{s['name']:<{width}}  {s['target_s']:>6.2f}s  {sec(s['median_s']):>6}s  "
-                       f"{sec(s['worst_s']):>6}s  {s['count']:>5}  {s['result']:<6}  {server:>7}  {mb:>7}  {floor:>7}  "
+            target, result = (f"{s['target_s']:>6.2f}s", s["result"]) if verdicts else (f"{'-':>7}", "-")
+            out.append(f"{s['name']:<{width}}  {target}  {sec(s['median_s']):>6}s  "
+                       f"{sec(s['worst_s']):>6}s  {s['count']:>5}  {result:<6}  {server:>7}  {mb:>7}  {floor:>7}  "
                        f"{beyond:>7}{note}")
             out += [f"{'':<{width}}    error: {r['error']}" for r in s["runs"] if r["error"]][:3]
         return out
@@ -99,7 +100,8 @@ def render(doc: dict) -> str:
     lines.append("")
     if doc.get("floor"):
         lines += table("the floor: the same actions on a bare Streamlit page (one small chart, two number inputs), a "
-                       "fresh server of its own before each round", doc["floor"])
+                       "fresh server of its own before each round (what the steps below are measured against, no target of its own)",
+                       doc["floor"], verdicts=False)
         lines += ["", "floor / beyond: the median of the same action on the bare page, and how much longer kvsim's "
                   f"step took; a step's target is the floor's worst run + {doc.get('floor_margin_s', 0.3)} s", ""]
     if doc.get("rounds"):
