@@ -166,3 +166,16 @@ def test_the_plan_download_carries_the_layout(monkeypatch):
     from kvsim.policies.plan import Plan
 
     assert Plan.from_dict(doc).layout == Layout(16, False, 8)  # what --plan reads back
+
+
+def test_the_difference_under_blocks_and_the_tour_leaves_the_layout():
+    at = run({"block_size": "16", "kept_mode": "difference", "policies": "h2o,tova"})
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    (kept,) = charts(at)
+    (image,) = mains(kept)
+    assert image["dx"] % 16 == 0 and image["x0"] == (image["dx"] - 1) / 2
+    assert "blue: kept by h2o (recent_window=32, block_size=16)" in kept["layout"]["annotations"][0]["text"]
+    assert any("keeps" in m.value and "h2o" in m.value for m in at.markdown)  # the difference's counts, said
+    [b for b in at.sidebar.button if b.label == "start the guided tour"][0].click().run()
+    assert problems(at) == [] and "block_size" not in at.query_params  # the tour tells of policies in no layout
+    assert not any(c.value.startswith("**layout:") for c in at.sidebar.caption)
