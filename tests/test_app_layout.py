@@ -140,7 +140,7 @@ def test_shared_selection_is_one_table_per_layer_on_a_model_of_several_kv_heads(
     assert "one per layer and KV head: 90 tables, 5.62 KiB" in alone
     assert "one per layer, shared by its KV heads (shared selection): 30 tables, 1.88 KiB" in shared
     # 30 x 3 x 64 x 2 x 2 = 23,040 bytes a position; 256 = 16 whole blocks: the same memory as without
-    assert "16 whole blocks of 16 positions in every layer and KV head, 256 positions: **5.62 MiB**, beside **5.62 MiB**" in shared
+    assert "16 whole blocks of 16 positions in every layer and KV head, 256 positions: **5.62 MiB**, the same as **5.62 MiB**" in shared
     one = layout_text(memory.ONE_HEAD, 4097, 256, Layout(1, False, 8))
     assert "slot map of 256 entries" in one and "Once full it holds 249 to 256 positions" in one
     assert "block_size 64 is larger than the budget (32)" in layout_text(smol, 1025, 32, Layout(64))

@@ -70,7 +70,8 @@ def layout_text(shape, n: int, budget: int, layout) -> str:
     cache = (f"{units} whole blocks of {s} positions in every layer and KV head, {held} positions"
              + (f" (the budget {budget} rounded down to whole blocks)" if note else "") if s > 1
              else f"the budget, {budget} positions in every layer and KV head")
-    text = (f"{head}: the engine allocates {cache}: **{memory.human(laid)}**, beside **{memory.human(unconstrained)}** "
+    beside = "the same as" if laid == unconstrained else "beside"
+    text = (f"{head}: the engine allocates {cache}: **{memory.human(laid)}**, {beside} **{memory.human(unconstrained)}** "
             f"for budget {budget} with no layout. Its {what} ({INDEX_BYTES}-byte entries) is {per}: {tables:,} "
             f"table{'s' * (tables != 1)}, {memory.human(tables * units * INDEX_BYTES)}.")
     floor = layout.floor(budget)
