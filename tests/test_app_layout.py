@@ -12,10 +12,12 @@ import json
 import numpy as np
 from PIL import Image
 from test_app import charts, problems, run, widget
+from test_qk_app import shipped_qk  # noqa: F401
 
 from kvsim.analysis import memory
 from kvsim.app.layout_control import LABEL, LAYOUT_OPEN
 from kvsim.app.memory_panel import MEMORY_OPEN, layout_text
+from kvsim.data import qk
 from kvsim.policies.layouts import Layout
 from kvsim.views.figures.pooling import EVICTED, FUTURE, KEPT, PARTIAL
 
@@ -179,3 +181,12 @@ def test_the_difference_under_blocks_and_the_tour_leaves_the_layout():
     [b for b in at.sidebar.button if b.label == "start the guided tour"][0].click().run()
     assert problems(at) == [] and "block_size" not in at.query_params  # the tour tells of policies in no layout
     assert not any(c.value.startswith("**layout:") for c in at.sidebar.caption)
+
+
+def test_a_query_key_trace_longer_than_its_matrix_replays_under_the_layout(shipped_qk, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(qk, "DENSE_LIMIT", 150)
+    at = run({"trace": "toyqk:L01", "budget": "64", "block_size": "8", "policies": "h2o,tova"})
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    (kept,) = charts(at)
+    assert [t["name"] for t in mains(kept)] == ["h2o", "tova"] and all(t["dx"] % 8 == 0 for t in mains(kept))
+    assert "| tova (block_size=8) |" in " ".join(m.value for m in at.markdown)
