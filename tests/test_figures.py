@@ -641,3 +641,29 @@ def test_kept_mask_marks_exactly_the_recorded_kept_positions(story):
         for t in (0, 1, 255, 256, 1000, result.steps - 1):
             held = result.kept_history[t][result.kept_history[t] >= 0]
             assert np.flatnonzero(mask[t]).tolist() == sorted(held.tolist())
+
+
+def test_under_blocks_a_cell_is_whole_blocks_of_the_cache(small, monkeypatch):
+    """Issue 45: a replay in blocks of 4 drawn from position 5 (inside block 1, positions 4..7): its cells start
+    on a block and are whole blocks, all held or all gone, with and without the kernels; the figure pools
+    that way by itself from the replay's layout, and refuses replays of two block sizes in one figure."""
+    from kvsim.policies.layouts import Layout
+
+    paged = replay(small, "h2o", budget=16, recent_window=4, record_kept=True, layout=Layout(4))
+    region = figures.Region(5, 40, 1, 40)
+    lay = figures.panel_layers([paged.kept_history], region, 0, 8, 64, block_size=4)
+    assert lay["block"][:2] == (1, 4) and lay["origin"] == 4 and lay["block_size"] == 4
+    grey = np.asarray(png_of(lay["main"]))
+    assert grey.shape == (40, 10) and pooling.PARTIAL not in grey  # positions 4..40; blocks leave whole
+    assert (grey == pooling.KEPT).any() and (grey == pooling.EVICTED).any()
+    assert figures.panel_layers([paged.kept_history], region, 0, 8, 64)["block"][:2] == (1, 1)  # no blocks: positions
+    if kvsim.sim.engine.AVAILABLE:
+        monkeypatch.setattr(pooling, "AVAILABLE", False)
+        assert figures.panel_layers([paged.kept_history], region, 0, 8, 64, block_size=4) == lay
+    fig = figures.kept_heatmap([paged], features.trace_features(small), region=region, size=64)
+    (main,) = [t for t in fig.data if t.type == "image" and t.name == "h2o"]
+    assert (main.dx, main.x0) == (4, 4 + 1.5) and "one cache block of 4 positions" in main.hovertemplate
+    assert "block_size=4" in fig.layout.annotations[0].text
+    plain = replay(small, "h2o", budget=16, recent_window=4, record_kept=True)
+    with pytest.raises(ValueError, match="one block size"):
+        figures.kept_heatmap([paged, plain], features.trace_features(small))

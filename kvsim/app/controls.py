@@ -4,15 +4,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import streamlit as st
 
 import kvsim
 from kvsim.data import qk, vectors
 from kvsim.policies import PolicySpec, all_tunables
+from kvsim.policies.layouts import Layout
 from kvsim.views import tour
 
+from . import layout_control
 from .state import MAX_VALUE, apply_tour, dense_only
 
 #: the session key of the sidebar's "more policy parameters" expander: True while it is open
@@ -45,6 +47,9 @@ class Settings:
     #: the policies this trace cannot take: those that read the whole matrix, on a trace too long to have it,
     #: and those that read keys, values, queries or output norms the trace was recorded without
     left_out: tuple[str, ...] = ()
+    #: the serving layout the kept view replays under (None: none), and why it refuses a policy, by name
+    layout: Layout | None = None
+    refused: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def read(cls, trace: kvsim.Trace) -> Settings:
@@ -60,17 +65,34 @@ class Settings:
                 specs[name] = (f"{name} reads the {' and '.join(lacking)} of the attention's KV head, which the {trace.name} "
                                "trace was recorded without; it is left out on this trace (the shipped real trace and "
                                "query/key recordings carry them)")
-        return cls(budget, int(st.session_state["step"]), specs, tuple(st.session_state["policies"]), left_out)
+        chosen = tuple(st.session_state["policies"])
+        layout, refused = layout_control.chosen(), {}
+        if layout is not None:  # the CLI's own check (``--block-size`` ...), for the policies shown
+            for name in chosen:
+                if isinstance(spec := specs[name], PolicySpec):
+                    try:
+                        layout.check(name, budget, spec.params, heads=1)
+                    except ValueError as e:  # ParamError and LayoutError are ValueErrors
+                        why = " ".join(str(e).split())
+                        refused[name] = f"{name}: {why}" if layout.label in why else f"{name} under the layout {layout.label}: {why}"
+        return cls(budget, int(st.session_state["step"]), specs, chosen, left_out, layout, refused)
 
     @property
     def runs(self) -> tuple[PolicySpec, ...]:
         return tuple(s for n in self.chosen if isinstance(s := self.specs[n], PolicySpec))
 
     @property
+    def laid_out(self) -> tuple[PolicySpec, ...]:
+        """The runs the layout takes (all of them without one): what the kept view and the plan download show."""
+        return tuple(s for s in self.runs if s.name not in self.refused)
+
+    @property
     def problems(self) -> list[str]:
         """A sentence for each chosen policy left out, saying why and what to do."""
         return [s + ("." if n in self.left_out else ". Change the setting in the sidebar; this policy is left out until then.")
-                for n in self.chosen if isinstance(s := self.specs[n], str)]
+                for n in self.chosen if isinstance(s := self.specs[n], str)] + [
+            f"{why}. Change the layout or the setting in the sidebar; the kept view and the plan leave this policy out "
+            "until then." for why in self.refused.values()]
 
 
 def controls(trace: kvsim.Trace) -> None:
@@ -96,6 +118,7 @@ def controls(trace: kvsim.Trace) -> None:
                 for k, param in extra.items():
                     owners = ", ".join(n for n in kvsim.POLICIES if k in kvsim.policy_params(n))
                     st.number_input(k, min_value=0, max_value=MAX_VALUE, step=1, key=k, help=f"{param.help} ({owners})")
+    layout_control.layout_control(int(st.session_state["budget"]))
     T = trace.steps
     step = st.session_state.get("step")
     st.session_state["step"] = T if step is None else min(max(1, int(step)), T)

@@ -8,6 +8,7 @@ import streamlit as st
 
 import kvsim
 from kvsim.policies import PolicySpec
+from kvsim.policies.layouts import Layout
 from kvsim.views import figures, story
 
 from . import needle_kept
@@ -23,43 +24,46 @@ ZOOM_OPEN = "zoom_open"
 
 
 @st.cache_resource(max_entries=64, show_spinner=False, hash_funcs=BY_TRACE)
-def cached_fates(trace: kvsim.Trace, spec: PolicySpec) -> list:
+def cached_fates(trace: kvsim.Trace, spec: PolicySpec, layout: Layout | None = None) -> list:
     """When the replay held and lost each heavy hitter of the trace (the kept view's notes)."""
-    return figures.heavy_fates(kept_history(trace, spec), cached_features(trace))
+    return figures.heavy_fates(kept_history(trace, spec, layout), cached_features(trace))
 
 
 @st.cache_resource(max_entries=48, show_spinner="drawing the kept positions", hash_funcs=BY_TRACE)
-def cached_layers(trace: kvsim.Trace, runs: tuple[PolicySpec, ...], region: tuple, ages: int, size: int) -> dict:
-    """One panel's pooled images (``runs``: one run, or two for the difference), encoded once."""
-    kept = [kept_history(trace, spec) for spec in runs]
-    return figures.panel_layers(kept, figures.Region(*region), cached_features(trace).sinks, ages, size)
+def cached_layers(trace: kvsim.Trace, runs: tuple[PolicySpec, ...], region: tuple, ages: int, size: int,
+                  layout: Layout | None = None) -> dict:
+    """One panel's pooled images (``runs``: one run, or two for the difference), encoded once; under a
+    layout with blocks, a cell is one block of the cache or several."""
+    kept = [kept_history(trace, spec, layout) for spec in runs]
+    return figures.panel_layers(kept, figures.Region(*region), cached_features(trace).sinks, ages, size,
+                                block_size=1 if layout is None else layout.block_size)
 
 
 def kept_layers(trace: kvsim.Trace, runs: tuple[PolicySpec, ...], region: tuple, ages: int, size: int,
-                compare: bool) -> list[dict]:
+                compare: bool, layout: Layout | None = None) -> list[dict]:
     """Each kept panel's pooled images: one panel per run, or one for the first two's difference."""
     panels = [tuple(runs[:2])] if compare else [(r,) for r in runs]
-    return [cached_layers(trace, panel, region, ages, size) for panel in panels]
+    return [cached_layers(trace, panel, region, ages, size, layout) for panel in panels]
 
 
 @st.cache_resource(max_entries=32, show_spinner=False, hash_funcs=BY_TRACE)
 def cached_kept_figure(trace: kvsim.Trace, runs: tuple[PolicySpec, ...], step: int, region: tuple, ages: int,
-                       size: int, compare: bool):
+                       size: int, compare: bool, layout: Layout | None = None):
     """The kept view's figure, built once per server for these settings: a new session, or a view
     opened again, sends it without rebuilding (read-only: Streamlit copies it to send it)."""
-    layers = kept_layers(trace, runs, region, ages, size, compare)
-    fates = None if compare else [cached_fates(trace, spec) for spec in runs]
-    return figures.kept_heatmap(replays(trace, runs), cached_features(trace), step=step, region=figures.Region(*region),
-                                size=size, compare=compare, layers=layers, fates=fates)
+    layers = kept_layers(trace, runs, region, ages, size, compare, layout)
+    fates = None if compare else [cached_fates(trace, spec, layout) for spec in runs]
+    return figures.kept_heatmap(replays(trace, runs, layout=layout), cached_features(trace), step=step,
+                                region=figures.Region(*region), size=size, compare=compare, layers=layers, fates=fates)
 
 
 @st.cache_resource(max_entries=8, show_spinner=False, hash_funcs=BY_TRACE)
-def cached_difference(trace: kvsim.Trace, a: PolicySpec, b: PolicySpec) -> tuple[float, float]:
-    return figures.difference_counts(kept_history(trace, a), kept_history(trace, b))
+def cached_difference(trace: kvsim.Trace, a: PolicySpec, b: PolicySpec, layout: Layout | None = None) -> tuple[float, float]:
+    return figures.difference_counts(kept_history(trace, a, layout), kept_history(trace, b, layout))
 
 
 def kept_view(trace: kvsim.Trace, settings: Settings) -> None:
-    runs = settings.runs
+    runs, layout = settings.laid_out, settings.layout
     if not runs:
         st.info("Choose at least one policy (with valid settings) in the sidebar.")
         return
@@ -85,12 +89,12 @@ def kept_view(trace: kvsim.Trace, settings: Settings) -> None:
     ages = figures.age_span(features, [spec.get("recent_window", 0) for spec in runs], settings.budget)
     size = KEPT_PIXELS // (1 if compare else min(len(runs), 3))
     box = (region.p0, region.p1, region.t0, region.t1)
-    layers = kept_layers(trace, runs, box, ages, size, compare)
-    intro, how = _intro(layers[0]["block"], compare, zoomed=region != figures.Region.whole(T))
-    fig = cached_kept_figure(trace, runs, settings.step, box, ages, size, compare)
+    layers = kept_layers(trace, runs, box, ages, size, compare, layout)
+    intro, how = _intro(layers[0]["block"], compare, zoomed=region != figures.Region.whole(T), layout=layout)
+    fig = cached_kept_figure(trace, runs, settings.step, box, ages, size, compare, layout)
     trial = needle_kept.key_positions(trace) is not None and not compare  # a pass-key trial: its key marked
     if trial:
-        fig = needle_kept.marked(fig, trace, replays(trace, runs))
+        fig = needle_kept.marked(fig, trace, replays(trace, runs, layout=layout))
     # a box drawn with the select tool re-draws that region from the replay, at full resolution
     # once it is narrow enough; the zoom tool (the default) only magnifies the pooled picture
     (slot or st).plotly_chart(fig, key="kept_chart", config={"scrollZoom": True}, on_select=lambda: zoom_to_box(T),
@@ -99,10 +103,10 @@ def kept_view(trace: kvsim.Trace, settings: Settings) -> None:
     st.markdown(intro)
     with st.expander("how to read this picture"):
         st.markdown(how)
-    results = replays(trace, runs)
+    results = replays(trace, runs, layout=layout)
     if trial:
         needle_kept.note(trace, results)
-    _notes(trace, runs, results, ages, compare, region)
+    _notes(trace, runs, results, ages, compare, region, layout)
     st.caption(f"The dashed line is the sidebar's **step** ({settings.step}).")
     c1, c2 = st.columns(2)
     with c1:
@@ -127,10 +131,23 @@ def _mode(runs: int) -> bool:
     return compare
 
 
-def _intro(block: tuple[int, int], compare: bool, zoomed: bool = False) -> tuple[str, str]:
+def _intro(block: tuple[int, int], compare: bool, zoomed: bool = False, layout: Layout | None = None) -> tuple[str, str]:
     """The figure's one-line reading, said above it, and the rest of how to read it, folded away
     below it: the four-line paragraph above the figure pushed its bottom and its key past the fold
-    at 1280 x 800."""
+    at 1280 x 800. Under a layout, what it is and, with blocks, that a cell is whole blocks."""
+    intro, how = _plain_intro(block, compare, zoomed)
+    if layout is None:
+        return intro, how
+    s = layout.block_size
+    laid = f" Every panel runs under the serving layout **{layout.label}**"
+    if s > 1:
+        cells = ("one block of the cache" if block[1] == s else
+                 f"{block[1] // s} blocks of the cache (zoom in for one block a cell)")
+        laid += f": the cache is blocks of {s} positions that leave whole, and a cell across is {cells}"
+    return intro + laid + ".", how
+
+
+def _plain_intro(block: tuple[int, int], compare: bool, zoomed: bool = False) -> tuple[str, str]:
     how = (f"The picture is pooled to about the pixels on screen (blocks of {block[1]} positions x {block[0]} "
            "steps here): a block is dark when every position in it is kept, mid-grey when some are. For single "
            "positions, draw a box with the chart's **box select** tool (or set the ranges under *zoom*): that "
@@ -146,7 +163,7 @@ def _intro(block: tuple[int, int], compare: bool, zoomed: bool = False) -> tuple
 
 
 def _notes(trace: kvsim.Trace, runs: tuple[PolicySpec, ...], results: list, ages: int, compare: bool,
-           region: figures.Region | None = None) -> None:
+           region: figures.Region | None = None, layout: Layout | None = None) -> None:
     """What to look for, under the picture: each note quotes this trace, or says it lacks the feature.
     The heavy hitters' count is told as the figure draws their marks: over the ``region`` shown, as
     many panels across as it draws."""
@@ -159,11 +176,11 @@ def _notes(trace: kvsim.Trace, runs: tuple[PolicySpec, ...], results: list, ages
     if compare:  # the difference draws where heavy hitters are, not what each policy does with them
         heavy.markdown(_difference_heavy_text(features, region) if features.heavy else story.heavy_text(features, {}))
     else:
-        fates = {figures.policy_label(r): cached_fates(trace, spec) for r, spec in zip(results, runs, strict=True)}
+        fates = {figures.policy_label(r): cached_fates(trace, spec, layout) for r, spec in zip(results, runs, strict=True)}
         heavy.markdown(story.heavy_text(features, fates, region=region, panels=len(runs)))
     if compare:
         a, b = results[0], results[1]
-        counts = cached_difference(trace, runs[0], runs[1])
+        counts = cached_difference(trace, runs[0], runs[1], layout)
         st.markdown(story.difference_text(a.policy, b.policy, a.retained_mass, b.retained_mass, counts))
 
 

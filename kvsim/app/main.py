@@ -73,9 +73,9 @@ def run() -> None:
     settings = Settings.read(trace)
     for problem in settings.problems:
         st.error(problem)
-    memory_panel(trace.meta, trace.steps, settings.budget)
+    memory_panel(trace.meta, trace.steps, settings.budget, settings.layout)
     with st.sidebar:
-        plan_download(settings.runs)
+        plan_download(settings.laid_out, settings.layout)
 
     views = (
         lambda: kept_view(trace, settings), lambda: score_view(trace, settings), lambda: curve_view(trace, settings),

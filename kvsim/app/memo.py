@@ -85,20 +85,23 @@ def cached_bundle(name: str):
 
 
 @st.cache_resource(max_entries=24, show_spinner="replaying", hash_funcs=BY_TRACE)
-def cached_replay(trace: kvsim.Trace, spec: PolicySpec, scores: bool = False) -> kvsim.ReplayResult:
+def cached_replay(trace: kvsim.Trace, spec: PolicySpec, scores: bool = False, layout=None) -> kvsim.ReplayResult:
     """One replay with its kept sets recorded, and its scores too with ``scores`` (the score view's:
-    T x budget floats that the kept view never reads)."""
+    T x budget floats that the kept view never reads). ``layout``: under that serving layout (the kept
+    view's; ``kvsim.policies.layouts.Layout``, None for none), on the reference path."""
+    if layout is not None:
+        return replay(trace, spec, record_kept=True, record_scores=scores, layout=layout)
     return replay(trace, spec, record_kept=True, record_scores=scores)
 
 
-def replays(trace: kvsim.Trace, runs, scores: bool = False) -> list[kvsim.ReplayResult]:
-    return [cached_replay(trace, spec, scores) for spec in runs]
+def replays(trace: kvsim.Trace, runs, scores: bool = False, layout=None) -> list[kvsim.ReplayResult]:
+    return [cached_replay(trace, spec, scores, layout) for spec in runs]
 
 
-def kept_history(trace: kvsim.Trace, spec: PolicySpec):
+def kept_history(trace: kvsim.Trace, spec: PolicySpec, layout=None):
     """The replay's kept positions after each step, ``(T, budget)``: what the kept view's images,
     heavy-hitter fates and difference counts are all drawn from (no ``(T, T + 1)`` mask is built)."""
-    return cached_replay(trace, spec, False).kept_history
+    return cached_replay(trace, spec, False, layout).kept_history
 
 
 @st.cache_resource(max_entries=64, show_spinner=False, hash_funcs=BY_TRACE)

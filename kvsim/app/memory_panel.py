@@ -14,12 +14,13 @@ MEMORY_OPEN = "memory_open"
 LABEL = "memory: how many bytes is this?"
 
 
-def memory_panel(meta: dict, steps: int, budget: int) -> None:
-    """The panel, in the sidebar, for a trace of ``steps`` steps with ``meta`` at ``budget``."""
+def memory_panel(meta: dict, steps: int, budget: int, layout=None) -> None:
+    """The panel, in the sidebar, for a trace of ``steps`` steps with ``meta`` at ``budget``, under ``layout``
+    (the sidebar's serving layout, None for none)."""
     panel = st.sidebar.expander(LABEL, key=MEMORY_OPEN, on_change="rerun")
     if panel.open:
         with panel:
-            for block in memory_text(meta, steps, budget):
+            for block in memory_text(meta, steps, budget, layout):
                 st.markdown(block)
 
 
@@ -30,8 +31,57 @@ def _share(kept: int, full: int) -> str:
     return f"{100 * share:.3g}% of the full cache, {full / kept:.3g}x smaller"
 
 
-def memory_text(meta: dict, steps: int, budget: int) -> list[str]:
-    """The panel's paragraphs, from the arithmetic alone (``AppTest`` and the user read the same words)."""
+def memory_text(meta: dict, steps: int, budget: int, layout=None) -> list[str]:
+    """The panel's paragraphs, from the arithmetic alone (``AppTest`` and the user read the same words); under
+    a serving layout, its memory beside the unconstrained one (``layout_text``) second."""
+    from kvsim.analysis import memory
+
+    out = _memory_text(meta, steps, budget)
+    if layout is not None:
+        shape = memory.model_of(meta)
+        larger = next(i for i, p in enumerate(out) if p.startswith("**Larger models**"))  # after this trace's own
+        out.insert(larger, layout_text(shape or memory.ONE_HEAD, steps + 1, budget, layout))
+    return out
+
+
+#: bytes of one entry of a block table or slot map (an int32 index, as vLLM's block tables are)
+INDEX_BYTES = 4
+
+
+def layout_text(shape, n: int, budget: int, layout) -> str:
+    """What ``layout`` allocates for ``shape`` (``kvsim.analysis.memory.ModelShape``) after ``n`` positions at
+    ``budget``, beside the unconstrained cache: whole blocks (the budget rounded down to them, as the simulator
+    runs it), and the index that maps them, one per layer and KV head, or one per layer under shared selection."""
+    from kvsim.analysis import memory
+
+    s, k = layout.block_size, layout.evict_every
+    head = f"**Under the layout {layout.label}**"
+    try:
+        held, note = layout.memory(budget)
+    except ValueError as e:  # a block larger than the budget: the page's error says it for each policy
+        return f"{head}: {' '.join(str(e).split())}."
+    unconstrained, laid = shape.budget_bytes(budget, n), shape.budget_bytes(held, n)
+    units = budget // s if s > 1 else budget  # the index's entries: a block each, or a position each
+    what = f"block table of {units} entries" if s > 1 else f"slot map of {units} entries"
+    tables = shape.layers if layout.shared_selection else shape.layers * shape.kv_heads
+    per = ("one per layer, shared by its KV heads (shared selection)" if layout.shared_selection and shape.kv_heads > 1
+           else "one per layer and KV head" + (" (one KV head: shared selection changes nothing)"
+                                                if layout.shared_selection else ""))
+    cache = (f"{units} whole blocks of {s} positions in every layer and KV head, {held} positions"
+             + (f" (the budget {budget} rounded down to whole blocks)" if note else "") if s > 1
+             else f"the budget, {budget} positions in every layer and KV head")
+    beside = "the same as" if laid == unconstrained else "beside"
+    text = (f"{head}: the engine allocates {cache}: **{memory.human(laid)}**, {beside} **{memory.human(unconstrained)}** "
+            f"for budget {budget} with no layout. Its {what} ({INDEX_BYTES}-byte entries) is {per}: {tables:,} "
+            f"table{'s' * (tables != 1)}, {memory.human(tables * units * INDEX_BYTES)}.")
+    floor = layout.floor(budget)
+    if floor < held:
+        text += (f" Once full it holds {max(1, floor)} to {held} positions, fewer right after each decision"
+                 + (f" (decisions every {k} steps)" if k > 1 else " (a whole block leaves at once)") + ".")
+    return text
+
+
+def _memory_text(meta: dict, steps: int, budget: int) -> list[str]:
     from kvsim.analysis import memory
 
     n = steps + 1  # positions 0 .. T exist at the run's end
@@ -84,4 +134,4 @@ def memory_text(meta: dict, steps: int, budget: int) -> list[str]:
     return out
 
 
-__all__ = ["LABEL", "MEMORY_OPEN", "memory_panel", "memory_text"]
+__all__ = ["LABEL", "MEMORY_OPEN", "layout_text", "memory_panel", "memory_text"]

@@ -10,20 +10,27 @@ from kvsim.policies import POLICIES, PolicySpec
 from kvsim.policies.plan import Plan
 
 
-def plans(specs) -> dict[str, Plan]:
-    """The plan of each online spec among ``specs`` (offline references read the future: no plan)."""
-    return {s.name: Plan(s) for s in specs if isinstance(s, PolicySpec) and not POLICIES[s.name].needs_trace}
+def plans(specs, layout=None) -> dict[str, Plan]:
+    """The plan of each online spec among ``specs`` (offline references read the future: no plan), under
+    ``layout`` (the sidebar's serving layout, None for none)."""
+    return {s.name: Plan(s, layout=layout) for s in specs
+            if isinstance(s, PolicySpec) and not POLICIES[s.name].needs_trace}
 
 
-def plan_download(specs) -> None:
+def plan_download(specs, layout=None) -> None:
     """Drawn in the sidebar: a download per chosen online policy and the commands that take the file."""
-    made = plans(specs)
+    made = plans(specs, layout)
     if not made:
         return
     with st.expander("run these settings elsewhere"):
-        st.caption("Each policy at the sidebar's budget and parameters as a run's plan (JSON). Then "
-                   "`python -m kvsim generate --plan FILE \"your prompt\"`, `python -m kvsim needle --plan FILE` or, "
-                   "in Python, `kvsim.hf.cache(model, plan=FILE)`.")
+        if layout is None:
+            st.caption("Each policy at the sidebar's budget and parameters as a run's plan (JSON). Then "
+                       "`python -m kvsim generate --plan FILE \"your prompt\"`, `python -m kvsim needle --plan FILE` "
+                       "or, in Python, `kvsim.hf.cache(model, plan=FILE)`.")
+        else:  # the commands that take a plan's layout (docs/serving.md); the others refuse it in one line
+            st.caption(f"Each policy at the sidebar's budget and parameters, under the layout {layout.label}, as a "
+                       "run's plan (JSON). Then `python -m kvsim replay --trace TRACE --plan FILE` (`sweep` and "
+                       "`table` take it too); a command that takes no layout yet refuses the file in one line.")
         for name, plan in made.items():  # the file is written when it is asked for, not on every run of the page
             st.download_button(f"plan: {name}", plan.to_json, file_name=f"plan-{name}.json", mime="application/json",
                                key=f"plan_{name}", on_click="ignore")

@@ -31,6 +31,10 @@ TABS = ("Kept positions", "Cumulative scores", "Choosing recent_window", "The tr
         "Your model", "Proxy against truth", "Pass key", "Allocation")
 #: the kept view's two modes: a panel per policy, or one panel of what the first two keep differently
 KEPT_MODES = {"each": "a panel per policy", "difference": "difference of the first two"}
+#: the serving layout's controls (``layout_control``) and their values for none: the link states them only when set
+LAYOUT_KEYS = {"block_size": 1, "shared_selection": False, "evict_every": 1}
+#: the block sizes the layout control offers (1: none; vLLM's page is 16)
+BLOCK_SIZES = (1, 8, 16, 32)
 #: the settings that belong to one trace: the kept view's zoom into its positions and steps
 ZOOM_KEYS = ("zoom_positions", "zoom_steps")
 
@@ -59,6 +63,7 @@ def defaults() -> dict:
         "curve_policy": "h2o" if "h2o" in kvsim.POLICIES else next(iter(kvsim.POLICIES)),
         "kept_mode": "each",
         "bundle": next(iter(available_bundles()), None),
+        **LAYOUT_KEYS,
     }
 
 
@@ -79,6 +84,8 @@ CHOICES = {
     "kept_mode": (lambda: list(KEPT_MODES), f"is not one of {', '.join(KEPT_MODES)}"),
     "curve_policy": (curve_policies, "has no recent_window"),
 }
+#: the link's yes-or-no keys and the words they take
+FLAGS = {"1": True, "true": True, "0": False, "false": False}
 
 
 def read_link() -> list[str]:
@@ -112,6 +119,20 @@ def _from_link(key: str, raw: str, default, problems: list[str]):
             return raw
         problems.append(f"{key} {raw!r} from the link {why}; showing {default}.")
         return default
+    if key == "block_size":
+        value = _parse_count(key, raw, default, problems, low=1)
+        if value in BLOCK_SIZES:
+            return value
+        problems.append(f"block_size {value} from the link is not one of {', '.join(map(str, BLOCK_SIZES))}; showing "
+                        f"{default}.")
+        return default
+    if key == "shared_selection":
+        if raw.lower() in FLAGS:
+            return FLAGS[raw.lower()]
+        problems.append(f"shared_selection={raw!r} in the link is not 1 or 0; using {int(default)}.")
+        return default
+    if key == "evict_every":
+        return _parse_count(key, raw, default, problems, low=1)
     if key == "policies":
         asked = [p for p in raw.split(",") if p]
         value = [p for p in asked if p in kvsim.POLICIES]
@@ -145,6 +166,13 @@ def write_link() -> None:
         text = ",".join(value) if isinstance(value, list) else str(value)
         if st.query_params.get(key) != text:
             st.query_params[key] = text
+    for key, none in LAYOUT_KEYS.items():  # only when set: a link of no layout is as before
+        value = st.session_state.get(key, none)
+        if value == none:
+            if key in st.query_params:
+                del st.query_params[key]
+        elif st.query_params.get(key) != (text := str(int(value))):
+            st.query_params[key] = text
 
 
 def apply_tour(key: str) -> None:
@@ -160,6 +188,7 @@ def apply_tour(key: str) -> None:
         st.session_state[name] = value
     for name in ZOOM_KEYS:  # a slide shows the whole run
         st.session_state.pop(name, None)
+    st.session_state.update(LAYOUT_KEYS)  # the tour tells of the policies as they are, in no serving layout
     if "step" in step.settings:
         st.session_state["_step_given"] = True  # the step is the tour's, whatever trace was on screen before
     st.session_state["view"] = step.view  # the tabs are bound to the URL's view; set through the state

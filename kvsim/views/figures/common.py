@@ -24,21 +24,28 @@ CURRENT_COLOUR = "#d62728"
 
 
 def policy_label(result: ReplayResult) -> str:
-    """``h2o (recent_window=32)``: the name plus the parameters that made this run."""
-    params = {k: v for k, v in result.params.items() if isinstance(v, (int, float, str))}
-    inner = ", ".join(f"{k}={v}" for k, v in params.items())
-    return f"{result.policy} ({inner})" if inner else result.policy
+    """``h2o (recent_window=32)``: the name plus the parameters that made this run; under a serving layout
+    (``kvsim.policies.layouts``) its constraints too, ``h2o (recent_window=32, block_size=16)``."""
+    parts = _label_parts(result)
+    return f"{result.policy} ({', '.join(parts)})" if parts else result.policy
+
+
+def _label_parts(result: ReplayResult) -> list[str]:
+    """The parameters, then the layout's constraints (none without one: today's labels)."""
+    parts = [f"{k}={v}" for k, v in result.params.items() if isinstance(v, (int, float, str))]
+    layout = getattr(result, "layout", None)
+    return parts + ([] if layout is None or layout.plain else layout.label.split())
 
 
 def panel_label(result: ReplayResult, width: int = 34) -> str:
     """``policy_label`` for a narrow panel's title: on one line when it fits ``width`` characters, else the
-    name in bold and the parameters below it in smaller type, broken between parameters (expected_attention's
-    four ran across its neighbour's title)."""
+    name in bold and the parameters (and layout) below it in smaller type, broken between parameters
+    (expected_attention's four ran across its neighbour's title)."""
     label = policy_label(result)
     if len(label) <= width:
         return f"<b>{label}</b>"
     lines, line = [], ""
-    for part in (f"{k}={v}" for k, v in result.params.items() if isinstance(v, (int, float, str))):
+    for part in _label_parts(result):
         if line and len(line) + len(part) + 2 > width:
             lines.append(line + ",")
             line = part
@@ -46,7 +53,6 @@ def panel_label(result: ReplayResult, width: int = 34) -> str:
             line = f"{line}, {part}" if line else part
     lines.append(line)
     return f"<b>{result.policy}</b><br><span style='font-size:11px'>{'<br>'.join(lines)}</span>"
-
 
 
 def log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:

@@ -61,6 +61,7 @@ def kept_heatmap(
     windows = [int(r.params.get("recent_window", 0) or 0) for r in results]
     at = _Geometry.of(region, features, age_span(features, windows, max(r.budget for r in results)))
     panels = [(results[0], results[1])] if compare else [(r,) for r in results]
+    block = block_size(results)
     cols = min(len(panels), max_cols)
     rows = math.ceil(len(panels) / cols)
     size = size or max(128, 1024 // cols)
@@ -69,7 +70,7 @@ def kept_heatmap(
     for i, panel in enumerate(panels):
         d.at(*refs[i])
         pk = None if kept is None else [kept[results.index(r)] for r in panel]
-        lay = layers[i] if layers is not None else panel_layers(pk, region, features.sinks, at.ages, size)
+        lay = layers[i] if layers is not None else panel_layers(pk, region, features.sinks, at.ages, size, block)
         if compare:
             fate = None
         else:
@@ -78,6 +79,15 @@ def kept_heatmap(
     if compare:
         _difference_legend(d, results[0], results[1])
     return d.figure(frame)
+
+
+def block_size(results: Sequence[ReplayResult]) -> int:
+    """The block size the replays ran under (``kvsim.policies.layouts``; 1 without blocks): a panel's cells are
+    then whole blocks. Replays under different block sizes are refused (one figure, one geometry)."""
+    sizes = {getattr(r.layout, "block_size", 1) if r.layout is not None else 1 for r in results}
+    if len(sizes) > 1:
+        raise ValueError(f"kept_heatmap draws replays of one block size, got {sorted(sizes)}")
+    return sizes.pop()
 
 
 def _kept_histories(results: Sequence[ReplayResult], features: TraceFeatures, compare: bool,
@@ -199,8 +209,12 @@ def _panel(d: _Drawing, lay: dict, panel: Sequence[ReplayResult], windows: Seque
     br, bc, ba = lay["block"]
     name = " vs ".join(r.policy for r in panel)
     hover = "<extra>" + name + "</extra>"
-    d.trace(type="image", source=lay["main"], x0=region.p0 + (bc - 1) / 2, dx=bc, y0=region.t0 + (br - 1) / 2, dy=br,
-            name=name, hovertemplate=f"position %{{x:.0f}}<br>after step %{{y:.0f}}<br>block of {bc} x {br}" + hover)
+    s = lay.get("block_size", 1)
+    cell = (f"block of {bc} x {br}" if s == 1 else
+            f"{'one cache block' if bc == s else f'{bc // s} cache blocks'} of {s} positions x {br} step{'s' * (br > 1)}")
+    d.trace(type="image", source=lay["main"], x0=lay.get("origin", region.p0) + (bc - 1) / 2, dx=bc,
+            y0=region.t0 + (br - 1) / 2, dy=br, name=name,
+            hovertemplate=f"position %{{x:.0f}}<br>after step %{{y:.0f}}<br>{cell}" + hover)
     if lay["sink"] is not None:
         source, s = lay["sink"]
         dx = at.sink_w / s

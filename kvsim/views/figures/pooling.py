@@ -231,17 +231,28 @@ def _pool_panel_fast(histories: Sequence[np.ndarray], region: Region, sinks: int
     return main, sink, age
 
 
-def panel_layers(histories: Sequence[np.ndarray], region: Region, sinks: int, ages: int, size: int) -> dict:
+def panel_layers(histories: Sequence[np.ndarray], region: Region, sinks: int, ages: int, size: int,
+                 block_size: int = 1) -> dict:
     """The three images of one panel, pooled to about ``size`` pixels across the main image: the
     main image (the region), the sink strip (positions 0 .. sinks-1, one column each, widened) and
     the age strip (the newest ``ages`` positions of every step, by age, widened). One kept history
     (a replay's ``kept_history``): grey levels; two: the difference's colours. Returns the blocks
     and each image as a PNG data URI (with its column count for the strips): small, and cheap to
-    keep per replay and region."""
+    keep per replay and region.
+
+    ``block_size`` s > 1 (a replay under a serving layout in blocks, ``kvsim.policies.layouts``): the main
+    image's cells are whole blocks of the cache, one block at the zoom where a pooled cell would be at most s
+    positions wide (every zoom closer than that too), else as many whole blocks as the pixels ask; its first
+    cell starts at the first position of the block holding ``region.p0`` (``origin``), which may lie left of
+    the region. Blocks leave whole, so a cell is then all kept or all evicted (the filling block: its
+    positions that exist)."""
     r = region
     br = max(1, math.ceil(r.height / size))
     bc = max(1, math.ceil(r.width / size))
     ba = max(1, math.ceil(ages / max(1, size // 4)))
+    if block_size > 1:  # the strips read only the region's steps: widening its positions moves the main image alone
+        bc = block_size * math.ceil(bc / block_size)
+        r = Region(r.p0 - r.p0 % block_size, r.p1, r.t0, r.t1)
     if _fast():
         main, sink, age = _pool_panel_fast(histories, r, sinks, ages, br, bc, ba)
         mark_compiled(KERNELS)  # both kernels have run: compiled (the histories are always int32)
@@ -257,6 +268,8 @@ def panel_layers(histories: Sequence[np.ndarray], region: Region, sinks: int, ag
     age_img = None if age is None else image(age, _shares)
     return {
         "block": (br, bc, ba),
+        "origin": r.p0,
+        "block_size": block_size,
         "main": _source(main_img),
         "sink": None if sink_img is None else (_source(sink_img), sink_img.shape[1]),
         "age": None if age_img is None else (_source(age_img), age_img.shape[1]),
