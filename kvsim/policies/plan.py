@@ -28,7 +28,7 @@ from ..data import jsontext
 from .base import ParamError
 from .layouts import Layout, LayoutError
 from .registry import POLICIES, suggest
-from .spec import PolicySpec
+from .spec import ParamValues, PolicySpec
 from .split import ALLOCATORS
 
 FORMAT = 1
@@ -49,8 +49,13 @@ class Compression:
 
     keep: int | float
     policy: str = "snapkv"
-    params: tuple[tuple[str, int], ...] = ()
+    #: the scorer's parameters as given (``compression.params.recent_window``), in name order
+    params: ParamValues = ParamValues()
     prompt_length: int | None = None
+
+    def __post_init__(self) -> None:
+        if type(self.params) is not ParamValues:
+            object.__setattr__(self, "params", ParamValues(self.params))
 
     @property
     def scorer(self) -> str:
