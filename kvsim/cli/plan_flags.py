@@ -13,11 +13,19 @@ from ..policies.split import ALLOCATORS
 from .errors import CLIError, InputError, flag
 
 #: the commands that take --plan, and those that also take --save-plan (one decode policy, not a grid)
-TAKES_PLAN = ("replay", "sweep", "table", "quality", "generate", "needle")
-SAVES_PLAN = ("replay", "generate")
+TAKES_PLAN = ("replay", "sweep", "table", "quality", "generate", "needle", "tune")
+SAVES_PLAN = ("replay", "generate", "tune")
 
 
 def add_plan_flags(p: argparse.ArgumentParser, command: str) -> None:
+    if command == "tune":
+        p.add_argument("--plan", default=None, metavar="FILE", help="tune within a run's plan: its policy, budget, "
+                       "other parameters and split (an allocator's name: its split at the tuned window; rows: kept) "
+                       "(docs/deploy.md, 'Tune, then run what you tuned')")
+        p.add_argument("--save-plan", default=None, metavar="FILE", help="write what was tuned as a plan (model_window "
+                       "in every layer, and the split chosen or given) to FILE, for generate --plan FILE or "
+                       "kvsim.hf.cache(plan=FILE)")
+        return
     p.add_argument("--plan", default=None, metavar="FILE", help="a run's plan (JSON: the policy, budget and parameters, "
                    "the split over layers and KV heads, the prompt's compression; docs/architecture.md, 'One plan per "
                    "run'): its settings as if given as flags")
@@ -34,16 +42,43 @@ def _defaults(parser: argparse.ArgumentParser, command: str) -> argparse.Argumen
 def apply(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """Read ``--plan`` into ``args``; then, where the command needs ``--policy``, check that one came."""
     sub = _defaults(parser, args.command)
+    if args.command == "tune":
+        args.run_plan = None if args.plan is None else _tune(args, sub, read(args.plan))
+        if args.save_plan is not None and args.per_layer:
+            raise CLIError("--save-plan writes one recent_window for every layer; --per-layer's windows deploy from "
+                           "the tune file (generate --windows)")
+        return
     if getattr(args, "plan", None) is not None:
-        try:
-            plan = Plan.read(args.plan)
-        except PlanError as e:
-            raise InputError(f"--plan: {e}") from None
-        _into(args, sub, plan)
+        _into(args, sub, read(args.plan))
     if args.command in ("replay", "sweep", "generate") and getattr(args, "policy", None) is None:
         raise CLIError("the following arguments are required: --policy (or --plan FILE)")
     if args.command == "quality" and args.policy is None and args.policies is None:
         raise CLIError("one of the arguments --policy --policies is required (or --plan FILE)")
+
+
+def read(path) -> Plan:
+    """``--plan FILE``'s plan, or its one line."""
+    try:
+        return Plan.read(path)
+    except PlanError as e:
+        raise InputError(f"--plan: {e}") from None
+
+
+def _tune(args: argparse.Namespace, sub, plan: Plan) -> Plan:
+    """The plan ``tune --plan`` tunes within: its policy, budget and split; what tune cannot measure yet (the prompt's
+    compression, a serving layout) and a flag it also sets refused, one line each."""
+    where = f"--plan {args.plan}"
+    if plan.policy is None:
+        raise CLIError(f"{where}: policy 'none' lets the cache grow after the prompt; tune sweeps a policy's recent_window")
+    for part, what in ((plan.compression, "the prompt's compression"), (plan.layout, "a serving layout")):
+        if part is not None:
+            raise CLIError(f"{where}: sets {what}, which tune does not measure yet (it sweeps windows over the whole trace)")
+    for dest, shown in (("policy", "--policy"), ("budget", "--budget")):
+        if getattr(args, dest) != sub.get_default(dest):
+            raise CLIError(f"{where} sets {shown} too: give it in one place")
+    if args.allocate is not None and (plan.allocate is not None or plan.allocation is not None):
+        raise CLIError(f"{where} sets the split, which --allocate auto would choose: give it in one place")
+    return plan
 
 
 def _into(args: argparse.Namespace, sub, plan: Plan) -> None:
@@ -132,15 +167,20 @@ def of_args(args: argparse.Namespace) -> Plan:
 
 
 def save(args: argparse.Namespace) -> None:
-    """``--save-plan FILE``: the run's plan written atomically (before the run, so a long run's plan is kept)."""
+    """``--save-plan FILE``: the run's plan written atomically (before the run, so a long run's plan is kept;
+    ``tune`` writes what it tuned, after)."""
     path = getattr(args, "save_plan", None)
-    if path is None:
+    if path is None or args.command == "tune":
         return
+    write(of_args(args), path)
+
+
+def write(plan: Plan, path) -> None:
+    """``plan`` written to ``path`` atomically, once it reads back as ``--plan`` will read it; one line otherwise."""
     from pathlib import Path
 
     from ..data.files import atomic_write
 
-    plan = of_args(args)
     try:  # a plan is written only as --plan will read it: its every field checked as a file's would be
         Plan.from_dict(plan.to_dict(), "--save-plan")
     except PlanError as e:
