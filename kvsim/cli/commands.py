@@ -26,10 +26,10 @@ from ..data.trace import save_npz
 from ..policies import POLICIES, PolicySpec, policy_params
 from ..policies.registry import suggest
 from ..sim.simulate import replay
-from . import layout_flags, prefill_command, report
+from . import layout_flags, report
 from .errors import CLIError, InputError, flag, read_input
 from .parser import parse_range, positive_int
-from .replay_command import allocated, cmd_replay, cmd_sweep, load, measured
+from .replay_command import allocated, cmd_replay, cmd_sweep, load, measured, routed
 
 #: the Streamlit script ``kvsim app`` runs: the thin entry at the checkout's root (a non-editable
 #: install does not carry it; the app runs from a checkout)
@@ -68,13 +68,9 @@ def cmd_export(args: argparse.Namespace) -> object:
 
 
 def cmd_table(args: argparse.Namespace) -> object:
-    prefill_command.refuse_none(args)
-    layout = layout_flags.of(args)
-    layout_flags.refuse_with(args, layout)
-    if prefill_command.given(args):
-        return prefill_command.table(args, load)
-    if (variant := allocated(args)) is not None:
-        return variant(args)
+    layout, doc = routed(args)
+    if doc is not None:
+        return doc
     budget = TABLE_BUDGET if args.budget is None else args.budget
     if budget < 1:
         raise CLIError(f"--budget {budget} must be at least 1")

@@ -39,21 +39,31 @@ def _defaults(parser: argparse.ArgumentParser, command: str) -> argparse.Argumen
     return parser._subparsers._group_actions[0].choices[command]  # noqa: SLF001 -- argparse keeps them there only
 
 
-def apply(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """Read ``--plan`` into ``args``; then, where the command needs ``--policy``, check that one came."""
+def make(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Plan | None:
+    """The run's one plan, made once and kept as ``args.run_plan``: ``--plan FILE`` (a flag it also sets refused),
+    or the flags' own (``of_args``) where the command runs one configuration (replay). ``replay`` and ``tune`` run
+    from it; the grids (sweep, table, quality, needle) and ``generate`` still read a plan file's settings as their
+    flags. Then, where the command needs ``--policy``, check that one came."""
     sub = _defaults(parser, args.command)
+    args.run_plan = None
     if args.command == "tune":
         args.run_plan = None if args.plan is None else _tune(args, sub, read(args.plan))
         if args.save_plan is not None and args.per_layer:
             raise CLIError("--save-plan writes one recent_window for every layer; --per-layer's windows deploy from "
                            "the tune file (generate --windows)")
-        return
+        return args.run_plan
     if getattr(args, "plan", None) is not None:
-        _into(args, sub, read(args.plan))
+        args.run_plan = read(args.plan)
+        _into(args, sub, args.run_plan, pour=args.command != "replay")
+        if args.command == "replay":
+            return args.run_plan
     if args.command in ("replay", "sweep", "generate") and getattr(args, "policy", None) is None:
         raise CLIError("the following arguments are required: --policy (or --plan FILE)")
     if args.command == "quality" and args.policy is None and args.policies is None:
         raise CLIError("one of the arguments --policy --policies is required (or --plan FILE)")
+    if args.command == "replay":
+        args.run_plan = of_args(args)
+    return args.run_plan
 
 
 def read(path) -> Plan:
@@ -81,7 +91,9 @@ def _tune(args: argparse.Namespace, sub, plan: Plan) -> Plan:
     return plan
 
 
-def _into(args: argparse.Namespace, sub, plan: Plan) -> None:
+def _into(args: argparse.Namespace, sub, plan: Plan, pour: bool = True) -> None:
+    """Refuse each flag ``plan`` also sets; with ``pour``, set the rest from it, as if given as flags (the commands
+    that still read their flags: a grid's fixed values, generate's)."""
     where = f"--plan {args.plan}"
 
     def put(dest: str, value, shown: str) -> None:
@@ -92,7 +104,8 @@ def _into(args: argparse.Namespace, sub, plan: Plan) -> None:
             return  # the swept range given on the command line runs over the plan's value
         if given:
             raise CLIError(f"{where} sets {shown} too: give it in one place")
-        setattr(args, dest, value)
+        if pour:
+            setattr(args, dest, value)
 
     many = args.command in ("needle", "quality")  # they take comma-separated lists
     spec = plan.policy
@@ -113,7 +126,7 @@ def _into(args: argparse.Namespace, sub, plan: Plan) -> None:
         if args.command == "quality":
             raise CLIError(f"{where}: its split is given as rows; quality --allocate takes an allocator's name")
         put("allocate", str(args.plan), "--allocate")  # a plan with rows is an allocation file itself
-        if hasattr(args, "budget_given"):  # generate: the file's split is the memory, not a default budget
+        if pour and hasattr(args, "budget_given"):  # generate: the file's split is the memory, not a default budget
             args.budget_given = False
     if plan.layout is not None:
         if not hasattr(args, "block_size"):
@@ -134,23 +147,12 @@ def _into(args: argparse.Namespace, sub, plan: Plan) -> None:
 
 
 def of_args(args: argparse.Namespace) -> Plan:
-    """The plan the flags of ``replay`` or ``generate`` state (the one validation: a bad value is one line)."""
+    """The plan the flags of ``replay`` or ``generate`` state (the one validation: a bad value is one line).
+    ``replay``'s refusals are the run's, in its words and order: the compressed prompt's, the split's (its bundle, file
+    and budgets checked as the replay will), the policy's parameters'."""
+    if args.command == "replay":
+        return _replay(args)
     params = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}
-    compression = None
-    if getattr(args, "prefill_budget", None) is not None:
-        from .prefill_flags import keep as parse_keep
-        from .prefill_flags import scorer
-
-        name, scorer_params = scorer(args.prefill_policy)  # the command's own refusal, in --prefill-policy's terms
-        keep = parse_keep(args.prefill_budget)
-        compression = Compression(keep, name, tuple(sorted(scorer_params.items())), getattr(args, "prompt_length", None))
-    from .layout_flags import of as layout_of
-
-    layout = layout_of(args)
-    if args.policy == GROW:
-        if layout is not None:
-            raise CLIError("--policy none (the cache growing) takes no serving layout")
-        return Plan(None, compression=compression)
     # every parameter flag given, as the command itself takes them: one a policy does not take is refused here,
     # before the plan is written, in the flags' terms (kvsim.cli.entry turns a ParamError into them)
     spec = PolicySpec.of(args.policy, DEFAULT_BUDGET if args.budget is None else args.budget, **params)
@@ -163,7 +165,31 @@ def of_args(args: argparse.Namespace) -> Plan:
         except AllocationError as e:
             raise InputError(f"--allocate: {e}") from None
         allocate, rows = None, tuple(sorted((x, h, b) for (x, h), b in budgets.items()))
-    return Plan(spec, allocate, rows, compression, layout)
+    return Plan(spec, allocate, rows)
+
+
+def _replay(args: argparse.Namespace) -> Plan:
+    from . import layout_flags, prefill_command
+    from .parser import policy_args
+    from .prefill_flags import keep, scorer
+
+    prefill_command.refuse_none(args)
+    layout = layout_flags.of(args)
+    layout_flags.refuse_with(args, layout)
+    budget = DEFAULT_BUDGET if args.budget is None else args.budget
+    if prefill_command.given(args):
+        prefill_command.refuse_with(args.allocate is not None, args.proxies)
+        decode = prefill_command.decode_spec(args, args.budget)
+        name, scorer_params = scorer(args.prefill_policy)
+        compression = Compression(keep(args.prefill_budget), name, tuple(sorted(scorer_params.items())), args.prompt_length)
+        return Plan(decode, compression=compression)
+    if args.allocate is not None:
+        from .allocate_command import checked
+
+        allocate, rows = checked(args)
+        return Plan(PolicySpec.of(args.policy, budget, **policy_args(args)), allocate, rows)
+    # the one validation: a bad value is refused before the trace loads, and the spec is what replays
+    return Plan(PolicySpec.of(args.policy, budget, **policy_args(args)), layout=layout)
 
 
 def save(args: argparse.Namespace) -> None:
@@ -172,7 +198,7 @@ def save(args: argparse.Namespace) -> None:
     path = getattr(args, "save_plan", None)
     if path is None or args.command == "tune":
         return
-    write(of_args(args), path)
+    write(args.run_plan if args.command == "replay" else of_args(args), path)
 
 
 def write(plan: Plan, path) -> None:
