@@ -138,7 +138,7 @@ def _checked(args: argparse.Namespace, policy: str, name: str, budget: int | Non
 
 def checked(args: argparse.Namespace) -> tuple[str | None, tuple | None]:
     """``replay --allocate``'s flags checked as the replay will be (the bundle, the file, each budget against the
-    policy's minimum), for the run's plan (``kvsim.cli.plan_flags.of_args``): the allocator's name, or the file's
+    policy's minimum), for the run's plan (``kvsim.cli.run_plan.of_args``): the allocator's name, or the file's
     rows."""
     refuse_proxies(args.proxies)
     split, _ = _checked(args, args.policy, args.allocate, args.budget, policy_args(args))

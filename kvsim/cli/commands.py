@@ -179,7 +179,7 @@ def _save_tuned(args: argparse.Namespace, what: _Tuning, window: int, chosen: li
     """``tune --save-plan FILE``: what was tuned as a plan, ``generate --plan FILE`` runs it as it is: model_window
     in every layer, the split chosen (``--allocate auto``, or the plan's allocator at that window) or the plan's rows."""
     from ..policies.plan import Plan
-    from . import plan_flags
+    from . import run_plan
 
     rows = None if chosen is None else tuple(sorted((r["layer"], r["kv_head"], r["budget"]) for r in chosen))
     if rows is None and what.plan is not None:
@@ -187,7 +187,7 @@ def _save_tuned(args: argparse.Namespace, what: _Tuning, window: int, chosen: li
     if rows is not None and (low := min(rows, key=lambda r: r[2]))[2] <= window:
         raise CLIError(f"--save-plan: the split gives layer {low[0]} KV head {low[1]} a budget of {low[2]}, not above the "
                        f"tuned recent_window {window}")
-    plan_flags.write(Plan(what.tuned(window), allocation=rows), args.save_plan)
+    run_plan.write(Plan(what.tuned(window), allocation=rows), args.save_plan)
 
 
 #: the figures tune --allocate auto chooses an allocator by (kvsim.analysis.tune_allocation.BY, named here

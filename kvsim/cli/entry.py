@@ -51,10 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         if args.command in PLAN_COMMANDS:  # the run's one plan (--plan FILE, or the flags'), --save-plan written
-            from . import plan_flags
+            from . import run_plan
 
-            plan_flags.make(args, parser)
-            plan_flags.save(args)
+            run_plan.make(args, parser)
+            run_plan.save(args)
         doc = command(args.command)(args)
         if args.json:
             from .jsondoc import as_json

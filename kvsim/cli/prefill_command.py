@@ -92,13 +92,7 @@ def _keeps(text: str) -> list:
 
 def sweep(args: argparse.Namespace, load) -> list[dict]:
     """A sweep over --prefill-budget (its values a range or a list) with the decode fixed, or over one of the
-    decode policy's flags or --budget with the prefill fixed; its rows marked as every sweep's are."""
-    from .replay_command import mark_choice
-
-    return mark_choice(*_sweep(args, load))
-
-
-def _sweep(args: argparse.Namespace, load) -> tuple[list[dict], str]:
+    decode policy's flags or --budget with the prefill fixed."""
     if getattr(args, "allocate", None) is not None or getattr(args, "proxies", False):
         raise CLIError("--allocate and --proxies do not go with --prefill-budget")
     keeps = _keeps(args.prefill_budget)

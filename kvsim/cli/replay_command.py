@@ -49,7 +49,8 @@ def routed(args: argparse.Namespace, run=None):
         layout = layout_flags.of(args)
         layout_flags.refuse_with(args, layout)
         if prefill_command.given(args):
-            return layout, getattr(prefill_command, args.command)(args, load)
+            doc = getattr(prefill_command, args.command)(args, load)
+            return layout, mark_choice(*doc) if args.command == "sweep" else doc  # a sweep's rows and its parameter
         variant = allocated(args)
         return layout, None if variant is None else variant(args)
     split = run.allocate is not None or run.allocation is not None
@@ -66,7 +67,7 @@ def routed(args: argparse.Namespace, run=None):
 
 
 def cmd_replay(args: argparse.Namespace) -> object:
-    run = args.run_plan  # made once, from --plan FILE or the flags (kvsim.cli.plan_flags.make): what replays
+    run = args.run_plan  # made once, from --plan FILE or the flags (kvsim.cli.run_plan.make): what replays
     layout, doc = routed(args, run)
     if doc is not None:
         return doc

@@ -2,7 +2,7 @@
 frozen, hashable value: the decode policy at its budget and parameters (a ``PolicySpec``), the split of the
 memory over (layer, KV head) (an allocator's name, or the budgets themselves), and the prompt's compression
 at its end (how many positions each head keeps, chosen by which policy's score). Made once from the flags
-(``kvsim.cli.plan_flags``), the app's controls (its "this run's plan" download) or a file; read by ``replay``,
+(``kvsim.cli.run_plan``), the app's controls (its "this run's plan" download) or a file; read by ``replay``,
 ``sweep``, ``table``, ``quality``, ``generate``, ``needle`` (``--plan FILE``) and ``kvsim.hf.cache(plan=...)``.
 
 Its JSON (``Plan.to_dict``) is a superset of an allocation file: the ``allocation`` rows (``layer``,
