@@ -75,6 +75,9 @@ def test_a_flag_the_plan_also_sets_and_a_bad_plan_are_one_line(small, tmp_path, 
     cases = {
         "conflict": (["--plan", str(good), "--budget", "32"], f"--plan {good} sets --budget too: give it in one place"),
         "missing": ([], "the following arguments are required: --policy (or --plan FILE)"),
+        # replay runs from the plan: a setting it leaves unset is not added beside it
+        "beside": (["--plan", str(good), "--prefill-budget", "0.5"],
+                   f"--plan {good} is the whole run: give --prefill-budget in the plan, not beside it"),
         "no file": (["--plan", str(tmp_path / "none.json")], f"--plan: {tmp_path}/none.json: no such file"),
         "deep": (["--plan", str(deep)], f"--plan: {deep}: "),
     }

@@ -73,18 +73,29 @@ def _tune(args: argparse.Namespace, sub, plan: Plan) -> Plan:
     return plan
 
 
+#: the flags that set a run's configuration besides the policy's parameters (what a plan holds)
+RUN_FLAGS = {"policy": "--policy", "budget": "--budget", "allocate": "--allocate", "prefill_budget": "--prefill-budget",
+             "prompt_length": "--prompt-length", "prefill_policy": "--prefill-policy", "block_size": "--block-size",
+             "shared_selection": "--shared-selection", "evict_every": "--evict-every"}
+
+
 def _into(args: argparse.Namespace, sub, plan: Plan, pour: bool = True) -> None:
-    """Refuse each flag ``plan`` also sets; with ``pour``, set the rest from it, as if given as flags (the commands
-    that still read their flags: a grid's fixed values, generate's)."""
+    """Refuse each flag ``plan`` also sets; with ``pour``, set the rest from it, as if given as flags (the grids:
+    their fixed values). Without it (replay, generate: they run from the plan) a setting the plan leaves unset is
+    refused beside it too: the plan is the whole run."""
     where = f"--plan {args.plan}"
+    seen = set()
+
+    def given(dest: str) -> bool:
+        return getattr(args, f"{dest}_given", False) or getattr(args, dest) != sub.get_default(dest)
 
     def put(dest: str, value, shown: str) -> None:
         if not hasattr(args, dest):
             raise CLIError(f"{where}: sets {shown}, which {args.command} does not take")
-        given = getattr(args, f"{dest}_given", False) or getattr(args, dest) != sub.get_default(dest)
-        if given and args.command == "sweep" and (dest == "budget" or dest.startswith("param_")):
+        seen.add(dest)
+        if given(dest) and args.command == "sweep" and (dest == "budget" or dest.startswith("param_")):
             return  # the swept range given on the command line runs over the plan's value
-        if given:
+        if given(dest):
             raise CLIError(f"{where} sets {shown} too: give it in one place")
         if pour:
             setattr(args, dest, value)
@@ -126,6 +137,11 @@ def _into(args: argparse.Namespace, sub, plan: Plan, pour: bool = True) -> None:
         put("prefill_policy", c.scorer, "--prefill-policy")
         if c.prompt_length is not None:
             put("prompt_length", c.prompt_length, "--prompt-length")
+    if not pour:
+        for dest in sorted(RUN_FLAGS.keys() | {k for k in vars(args) if k.startswith("param_")}):
+            if dest not in seen and hasattr(args, dest) and given(dest):
+                shown = RUN_FLAGS.get(dest) or flag(dest[len("param_"):])
+                raise CLIError(f"{where} is the whole run: give {shown} in the plan, not beside it")
 
 
 def of_args(args: argparse.Namespace) -> Plan:
