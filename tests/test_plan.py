@@ -120,6 +120,11 @@ def test_the_deployed_cache_and_generate_take_the_plan(tmp_path, capsys):
         tokens[how] = model.generate(ids, cache=cache, max_new_tokens=16, min_new_tokens=16, do_sample=False)[0].tolist()
         assert cache.peak_positions == [12] * len(cache.layers)
     assert tokens["plan"] == tokens["args"]
+    # a plan with rows (what tune --save-plan writes after a split) deploys each head at its own budget
+    rows = Plan(PolicySpec.of("h2o", 12, recent_window=3), allocation=((0, 0, 10), (0, 1, 14), (1, 0, 12), (1, 1, 12)))
+    cache = hf.cache(model, plan=rows)
+    model.generate(ids, cache=cache, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    assert cache.budgets == cache.head_peaks == rows.budgets
     with pytest.raises(hf.HFError, match="plan= gives the policy"):
         hf.cache(model, "h2o", 12, plan=str(path))
     from kvsim.policies.layouts import Layout
