@@ -67,6 +67,23 @@ def test_an_allocation_file_replays_the_same_split(bundle, capsys, tmp_path):
     assert again["allocation"] == first["allocation"] and again["retained_mass"] == first["retained_mass"]
 
 
+def test_replay_runs_a_split_from_its_plan_as_from_its_flags(bundle, capsys, tmp_path):
+    """The plan replay --allocate saves replays the same split; a plan holding the rows is named by its file, as
+    --allocate FILE is."""
+    saved = tmp_path / "by-name.json"
+    flags = ["--policy", "h2o", "--budget", "24", "--recent-window", "4", "--allocate", "pyramidkv"]
+    first = kvsim_json(capsys, "replay", "--trace", str(bundle), *flags, "--save-plan", str(saved))
+    assert kvsim_json(capsys, "replay", "--trace", str(bundle), "--plan", str(saved)) == first
+    rows = tmp_path / "rows.json"
+    doc = json.loads(saved.read_text())
+    rows.write_text(json.dumps({**doc, "allocate": None, "allocation": first["allocation"]}))
+    by_rows = kvsim_json(capsys, "replay", "--trace", str(bundle), "--plan", str(rows))
+    by_file = kvsim_json(capsys, "replay", "--trace", str(bundle), "--policy", "h2o", "--recent-window", "4",
+                         "--allocate", str(rows))
+    assert by_rows == by_file and by_rows["allocate"] == "rows.json"
+    assert by_rows["retained_mass"] == first["retained_mass"]
+
+
 def test_sweep_allocate_over_the_budget(bundle, capsys):
     rows = kvsim_json(capsys, "sweep", "--trace", str(bundle), "--policy", "tova", "--budget", "8:40:16",
                       "--allocate", "optimal")

@@ -9,6 +9,8 @@ import importlib.util
 import json
 
 import pytest
+from doc_chains import chains
+from doc_chains import run as run_chain
 from random_traces import random_trace
 
 from kvsim import cli
@@ -73,6 +75,9 @@ def test_a_flag_the_plan_also_sets_and_a_bad_plan_are_one_line(small, tmp_path, 
     cases = {
         "conflict": (["--plan", str(good), "--budget", "32"], f"--plan {good} sets --budget too: give it in one place"),
         "missing": ([], "the following arguments are required: --policy (or --plan FILE)"),
+        # replay runs from the plan: a setting it leaves unset is not added beside it
+        "beside": (["--plan", str(good), "--prefill-budget", "0.5"],
+                   f"--plan {good} is the whole run: give --prefill-budget in the plan, not beside it"),
         "no file": (["--plan", str(tmp_path / "none.json")], f"--plan: {tmp_path}/none.json: no such file"),
         "deep": (["--plan", str(deep)], f"--plan: {deep}: "),
     }
@@ -115,6 +120,11 @@ def test_the_deployed_cache_and_generate_take_the_plan(tmp_path, capsys):
         tokens[how] = model.generate(ids, cache=cache, max_new_tokens=16, min_new_tokens=16, do_sample=False)[0].tolist()
         assert cache.peak_positions == [12] * len(cache.layers)
     assert tokens["plan"] == tokens["args"]
+    # a plan with rows (what tune --save-plan writes after a split) deploys each head at its own budget
+    rows = Plan(PolicySpec.of("h2o", 12, recent_window=3), allocation=((0, 0, 10), (0, 1, 14), (1, 0, 12), (1, 1, 12)))
+    cache = hf.cache(model, plan=rows)
+    model.generate(ids, cache=cache, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    assert cache.budgets == cache.head_peaks == rows.budgets
     with pytest.raises(hf.HFError, match="plan= gives the policy"):
         hf.cache(model, "h2o", 12, plan=str(path))
     from kvsim.policies.layouts import Layout
@@ -158,3 +168,70 @@ def test_save_plan_refuses_what_the_run_would_refuse_and_writes_nothing(small, t
         code, out, err = run(capsys, "replay", "--trace", str(small), *argv, "--save-plan", str(saved))
         assert code != 0 and out == "" and len(err.strip().splitlines()) == 1 and said in err, err
         assert not saved.exists()
+
+
+def test_spec_parameters_are_typed_attributes_and_the_same_pairs_underneath():
+    spec = PolicySpec.of("snapkv", 64, recent_window=8)
+    assert spec.params.recent_window == 8 and spec.params.observation_window == 32
+    assert spec.params.names == ("recent_window", "observation_window")
+    with pytest.raises(AttributeError, match="no parameter 'sinks'"):
+        _ = spec.params.sinks
+    # what keys caches and JSON is unchanged: equal, hashed, printed and dumped as the plain pairs
+    plain = PolicySpec("snapkv", 64, (("recent_window", 8), ("observation_window", 32)))
+    assert plain == spec and hash(plain) == hash(spec) and repr(plain) == repr(spec)
+    assert repr(spec.params) == "(('recent_window', 8), ('observation_window', 32))"
+    assert json.dumps(dict(spec.params)) == '{"recent_window": 8, "observation_window": 32}'
+    assert plain.params.recent_window == 8  # made from pairs, typed all the same
+    assert Compression(0.5, "snapkv", (("recent_window", 4),)).params.recent_window == 4
+
+
+def _tune_chain() -> list[str]:
+    found = [c for c in chains("docs/deploy.md") if any(" tune " in line and "--save-plan" in line for line in c)]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_tune_takes_a_plan_and_saves_what_it_tuned(tmp_path, capsys):
+    """tune --plan: the plan's policy, budget and allocator held, the window tuned; --save-plan: that run as a plan."""
+    chain = _tune_chain()
+    given = tmp_path / "plan.json"
+    given.write_text(Plan(PolicySpec.of("h2o", 24, recent_window=8), "pyramidkv").to_json())
+    tuned = tmp_path / "tuned.json"
+    argv = ["tune", "--trace", "gemma3-270m-heapq", "--by", "retained_mass", "--serial", "--quiet", "--json"]
+    code, out, err = run(capsys, *argv, "--plan", str(given), "--save-plan", str(tuned))
+    assert code == 0, err
+    doc = json.loads(out)
+    assert (doc["policy"], doc["budget"], doc["allocate"]["chosen"]) == ("h2o", 24, "pyramidkv")
+    assert [c["allocator"] for c in doc["allocate"]["candidates"]] == ["pyramidkv"]
+    plan = Plan.read(tuned)
+    assert plan.policy == PolicySpec.of("h2o", 24, recent_window=doc["model_window"])
+    assert plan.budgets == {(r["layer"], r["kv_head"]): r["budget"] for r in doc["allocation"]}
+    # what the docs print: the same plan made by replay --save-plan, then tuned into the same file
+    assert "--plan plan.json" in chain[1] and "--plan tuned.json" in chain[2]
+    refusals = [
+        (["--plan", str(given), "--budget", "32"], f"--plan {given} sets --budget too: give it in one place"),
+        (["--plan", str(given), "--allocate", "auto"], "sets the split, which --allocate auto would choose"),
+        (["--per-layer", "--save-plan", str(tmp_path / "never.json")], "--save-plan writes one recent_window for every layer"),
+    ]
+    laid = tmp_path / "laid.json"
+    laid.write_text(Plan(PolicySpec.of("h2o", 24, recent_window=8), compression=Compression(0.5)).to_json())
+    refusals.append((["--plan", str(laid)], "sets the prompt's compression, which tune does not measure yet"))
+    for flags, said in refusals:
+        code, out, err = run(capsys, *argv, *flags)
+        assert code != 0 and out == "" and len(err.strip().splitlines()) == 1 and said in err, (flags, err)
+    assert not (tmp_path / "never.json").exists()
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not installed (the record extra)")
+@pytest.mark.record
+def test_the_documented_tune_then_run_chain_runs_as_printed(tmp_path):
+    chain = _tune_chain()
+    done = run_chain(chain, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    tuned = Plan.read(tmp_path / "tuned.json")
+    tune = json.loads((tmp_path / "tune.json").read_text())
+    assert tuned.policy.params.recent_window == tune["model_window"]
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["policy"] == "h2o" and out["recent_window_per_layer"] == [tune["model_window"]] * 18
+    assert {(r["layer"], r["kv_head"]): r["budget"] for r in out["allocation"]} == tuned.budgets
+    assert all(r["peak_positions"] <= r["budget"] for r in out["allocation"])

@@ -362,7 +362,7 @@ def measure(heads: list[Head], spec: PolicySpec, allocation: Allocation, *,
         for j, x in enumerate(layers):
             idx = [i for i, h in enumerate(heads) if h.layer == x]
             pool = sum(allocation.budgets[i] for i in idx)
-            series = joint_replay([heads[i].trace for i in idx], pool, allocation.floor, spec["recent_window"])
+            series = joint_replay([heads[i].trace for i in idx], pool, allocation.floor, spec.params.recent_window)
             mass[idx] = series.mean(axis=1)
             if progress is not None:
                 progress((j + 1) / len(layers), f"adakv: layer {x}'s heads replayed jointly")

@@ -48,12 +48,14 @@ def _spec(policy: str, budget: int, params: dict, where: str) -> PolicySpec:
     return PolicySpec.of(policy, budget, **params)
 
 
-def _file(path: str, bundle: Bundle, spec_of) -> tuple[dict, PolicySpec]:
-    """An allocation file's budgets, checked against ``bundle`` (its shape, each budget's bounds)."""
-    try:
-        budgets, _ = read_allocation(path)
-    except al.AllocationError as e:
-        raise InputError(f"--allocate: {e}") from None
+def _file(path: str, bundle: Bundle, spec_of, budgets: dict | None = None) -> tuple[dict, PolicySpec]:
+    """An allocation file's budgets (``budgets``: a plan's rows, read from ``path`` already), checked against
+    ``bundle`` (its shape, each budget's bounds)."""
+    if budgets is None:
+        try:
+            budgets, _ = read_allocation(path)
+        except al.AllocationError as e:
+            raise InputError(f"--allocate: {e}") from None
     spec = spec_of(min(budgets.values()), path)
     try:
         al.check_split(budgets, spec, [(t.layer, t.head) for t in bundle.traces], bundle.steps, path)
@@ -62,22 +64,23 @@ def _file(path: str, bundle: Bundle, spec_of) -> tuple[dict, PolicySpec]:
     return budgets, spec
 
 
-class Plan:
-    """What ``--allocate`` asked for on which bundle, checked: an allocator's name or a file's budgets."""
+class Split:
+    """What ``--allocate`` asked for on which bundle, checked: an allocator's name, or a file's budgets (``budgets``:
+    a plan's rows, ``name`` the file they came from)."""
 
-    def __init__(self, args: argparse.Namespace, bundle: Bundle, params: dict) -> None:
-        self.args, self.bundle = args, bundle
+    def __init__(self, policy: str, name: str, bundle: Bundle, params: dict, budgets: dict | None = None) -> None:
+        self.policy, self.bundle = policy, bundle
         #: the policy's parameters (a sweep sets each value's in turn)
         self.params = params
-        self.name = args.allocate.strip()
+        self.name = name.strip()
         self.budgets = None
         self.shape = [(t.layer, t.head) for t in bundle.traces]
-        if self.name not in al.ALLOCATORS:
-            self.budgets, _ = _file(self.name, bundle, lambda b, where: self._spec(b, where))
+        if budgets is not None or self.name not in al.ALLOCATORS:
+            self.budgets, _ = _file(self.name, bundle, lambda b, where: self._spec(b, where), budgets)
         self.heads = None
 
     def _spec(self, budget: int, where: str | None = None) -> PolicySpec:
-        return _spec(self.args.policy, budget, self.params, where or self.bundle.name)
+        return _spec(self.policy, budget, self.params, where or self.bundle.name)
 
     def check(self, spec: PolicySpec) -> None:
         """The allocator's refusals for ``spec`` on this bundle, before any trace is read."""
@@ -104,7 +107,7 @@ def _scaled(progress, a, b):
     return scaled(progress, a, b)
 
 
-def _doc(plan: Plan, m: al.Measured) -> dict:
+def _doc(plan: Split, m: al.Measured) -> dict:
     spec = m.policy
     a = m.allocation
     # a file's split has no one budget: its mean per head says its memory
@@ -115,21 +118,46 @@ def _doc(plan: Plan, m: al.Measured) -> dict:
             "allocation": a.rows(), **({"floor": a.floor, "pooled": True} if a.pooled else {})}
 
 
-def replay(args: argparse.Namespace) -> dict:
-    if args.proxies:
+def refuse_proxies(proxies: bool) -> None:
+    if proxies:
         raise CLIError("--proxies does not go with --allocate (the allocation's figure is the bundle's retained mass)")
-    params = policy_args(args)
+
+
+def _checked(args: argparse.Namespace, policy: str, name: str, budget: int | None, params: dict,
+             budgets: dict | None = None) -> tuple[Split, PolicySpec]:
+    """The split on ``--trace``'s bundle and the spec it replays, every refusal said before a trace is read."""
     bundle = _bundle(args)
-    plan = Plan(args, bundle, params)
-    budget = DEFAULT_BUDGET if args.budget is None else args.budget
-    if plan.budgets is not None:
-        budget = min(plan.budgets.values())
-    spec = plan._spec(budget)
-    plan.check(spec)
-    with report.step("replay", f"allocating {bundle.name} by {plan.name} for {spec.name}") as progress:
+    split = Split(policy, name, bundle, params, budgets)
+    budget = DEFAULT_BUDGET if budget is None else budget
+    if split.budgets is not None:
+        budget = min(split.budgets.values())
+    spec = split._spec(budget)
+    split.check(spec)
+    return split, spec
+
+
+def checked(args: argparse.Namespace) -> tuple[str | None, tuple | None]:
+    """``replay --allocate``'s flags checked as the replay will be (the bundle, the file, each budget against the
+    policy's minimum), for the run's plan (``kvsim.cli.run_plan.of_args``): the allocator's name, or the file's
+    rows."""
+    refuse_proxies(args.proxies)
+    split, _ = _checked(args, args.policy, args.allocate, args.budget, policy_args(args))
+    if split.budgets is None:
+        return split.name, None
+    return None, tuple(sorted((x, h, b) for (x, h), b in split.budgets.items()))
+
+
+def replay(args: argparse.Namespace, run) -> dict:
+    """``run`` (a ``kvsim.policies.plan.Plan`` with a split) replayed on ``--trace``'s bundle."""
+    refuse_proxies(args.proxies)
+    spec = run.policy
+    # a split given as rows is named by the file it came from (--allocate FILE, or the plan itself)
+    name = run.allocate if run.allocate is not None else (args.allocate or args.plan)
+    split, spec = _checked(args, spec.name, name, spec.budget, dict(spec.params), run.budgets)
+    with report.step("replay", f"allocating {split.bundle.name} by {split.name} for {spec.name}") as progress:
         report.prepare([spec.name], progress)
-        m = plan.run(spec, progress)
-    return _doc(plan, m)
+        m = split.run(spec, progress)
+    return _doc(split, m)
 
 
 def sweep(args: argparse.Namespace) -> list[dict]:
@@ -137,7 +165,7 @@ def sweep(args: argparse.Namespace) -> list[dict]:
         raise CLIError("--proxies does not go with --allocate (the allocation's figure is the bundle's retained mass)")
     param, ranges, fixed, budget = sweep_ranges(args)
     bundle = _bundle(args)
-    plan = Plan(args, bundle, fixed)
+    plan = Split(args.policy, args.allocate, bundle, fixed)
     if plan.budgets is not None and param == "budget":
         raise CLIError(f"--allocate {args.allocate} fixes every head's budget; sweep a policy parameter instead")
     specs = []

@@ -26,10 +26,10 @@ from ..data.trace import save_npz
 from ..policies import POLICIES, PolicySpec, policy_params
 from ..policies.registry import suggest
 from ..sim.simulate import replay
-from . import layout_flags, prefill_command, report
+from . import layout_flags, report
 from .errors import CLIError, InputError, flag, read_input
 from .parser import parse_range, positive_int
-from .replay_command import allocated, cmd_replay, cmd_sweep, load, measured
+from .replay_command import allocated, cmd_replay, cmd_sweep, load, measured, routed
 
 #: the Streamlit script ``kvsim app`` runs: the thin entry at the checkout's root (a non-editable
 #: install does not carry it; the app runs from a checkout)
@@ -68,13 +68,9 @@ def cmd_export(args: argparse.Namespace) -> object:
 
 
 def cmd_table(args: argparse.Namespace) -> object:
-    prefill_command.refuse_none(args)
-    layout = layout_flags.of(args)
-    layout_flags.refuse_with(args, layout)
-    if prefill_command.given(args):
-        return prefill_command.table(args, load)
-    if (variant := allocated(args)) is not None:
-        return variant(args)
+    layout, doc = routed(args)
+    if doc is not None:
+        return doc
     budget = TABLE_BUDGET if args.budget is None else args.budget
     if budget < 1:
         raise CLIError(f"--budget {budget} must be at least 1")
@@ -113,14 +109,38 @@ def cmd_claims(args: argparse.Namespace) -> object:
     return records
 
 
+class _Tuning:
+    """What ``tune`` tunes: the policy, its budget, its other parameters held (those a plan sets away from their
+    defaults, as a model's measurement keys them) and the split (``--plan``'s allocator or rows, or None)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from ..analysis.tune import PARAM
+
+        plan = getattr(args, "run_plan", None)
+        if plan is None:  # the flags: the policy at the budget, its window what is tuned
+            self.policy, self.budget, self.fixed, self.plan = args.policy, args.budget, {}, None
+            return
+        spec = plan.policy
+        declared = {p.name: p.default for p in POLICIES[spec.name].tunables}
+        self.policy, self.budget, self.plan = spec.name, spec.budget, plan
+        self.fixed = {k: v for k, v in spec.params if k != PARAM and v != declared[k]}
+
+    def tuned(self, window: int) -> PolicySpec:
+        from ..analysis.tune import PARAM
+
+        return PolicySpec.of(self.policy, self.budget, **self.fixed, **{PARAM: window})
+
+
 def cmd_tune(args: argparse.Namespace) -> object:
     from ..analysis.tune import AUTO, TRUTH_BY, tune
     from ..cluster import LOCAL, dask_available
     from ..data.catalog import resolve_bundle, shipped_bundles
 
+    what = _Tuning(args)
     spec = args.trace.strip()
-    _check_tune_allocate(args, spec in shipped_bundles() or is_bundle(spec))
-    source = resolve_bundle(spec) if spec in shipped_bundles() or is_bundle(spec) else load(spec)
+    bundle = spec in shipped_bundles() or is_bundle(spec)
+    _check_tune_allocate(args, bundle, what)
+    source = resolve_bundle(spec) if bundle else load(spec)
     if args.workers is not None and (args.serial or args.scheduler):
         raise CLIError("--workers is for local Dask processes; it does not go with --serial or --scheduler")
     if args.scheduler:
@@ -132,23 +152,42 @@ def cmd_tune(args: argparse.Namespace) -> object:
     say = None if args.quiet else protocol.stderr("tune")
     truth, why = None, None
     if args.by in TRUTH_BY:
-        truth = _tune_truth(args, source, say, "kl_open" if args.by == "kl" else "delta_nll_open")
+        truth = _tune_truth(args, source, say, "kl_open" if args.by == "kl" else "delta_nll_open", what)
     elif args.by == AUTO:
-        truth, why = _auto_truth(args, source, say)
-    result = tune(source, args.policy, args.budget, tolerance=args.tolerance, top_k=args.top_k, scheduler=scheduler,
-                  workers=args.workers, progress=say, by=args.by, truth=truth, why=why, per_layer=args.per_layer)
+        truth, why = _auto_truth(args, source, say, what)
+    result = tune(source, what.policy, what.budget, tolerance=args.tolerance, top_k=args.top_k, scheduler=scheduler,
+                  workers=args.workers, progress=say, by=args.by, truth=truth, why=why, per_layer=args.per_layer,
+                  **what.fixed)
     doc = result.to_dict(curves=args.curves)
-    if args.allocate is not None:
+    plan = what.plan
+    if args.allocate is not None or (plan is not None and plan.allocate is not None):
         import time
 
         t0 = time.perf_counter()
-        doc.update(_tune_allocation(args, source, result, truth, say))
+        doc.update(_tune_allocation(args, source, result, truth, say, what))
         run = doc["run"]  # the summary counts the allocators' time and their truth too
         run["allocate_seconds"] = round(time.perf_counter() - t0, 2)
         run["seconds"] = round(run["seconds"] + run["allocate_seconds"], 2)
         if truth is not None and hasattr(truth, "counts"):
             run["truth"] = dict(truth.counts)
+    if args.save_plan is not None:
+        _save_tuned(args, what, result.model_window, doc.get("allocation"))
     return doc
+
+
+def _save_tuned(args: argparse.Namespace, what: _Tuning, window: int, chosen: list[dict] | None) -> None:
+    """``tune --save-plan FILE``: what was tuned as a plan, ``generate --plan FILE`` runs it as it is: model_window
+    in every layer, the split chosen (``--allocate auto``, or the plan's allocator at that window) or the plan's rows."""
+    from ..policies.plan import Plan
+    from . import run_plan
+
+    rows = None if chosen is None else tuple(sorted((r["layer"], r["kv_head"], r["budget"]) for r in chosen))
+    if rows is None and what.plan is not None:
+        rows = what.plan.allocation
+    if rows is not None and (low := min(rows, key=lambda r: r[2]))[2] <= window:
+        raise CLIError(f"--save-plan: the split gives layer {low[0]} KV head {low[1]} a budget of {low[2]}, not above the "
+                       f"tuned recent_window {window}")
+    run_plan.write(Plan(what.tuned(window), allocation=rows), args.save_plan)
 
 
 #: the figures tune --allocate auto chooses an allocator by (kvsim.analysis.tune_allocation.BY, named here
@@ -156,9 +195,10 @@ def cmd_tune(args: argparse.Namespace) -> object:
 _ALLOCATE_BY = ("retained_mass", "kl", "delta_nll")
 
 
-def _check_tune_allocate(args: argparse.Namespace, bundle: bool) -> None:
-    """``tune --allocate auto``'s refusals, one line each, before any trace is swept."""
-    if args.allocate is None:
+def _check_tune_allocate(args: argparse.Namespace, bundle: bool, what: _Tuning) -> None:
+    """``tune --allocate auto``'s refusals (and a plan's allocator's, in the same words), one line each, before any
+    trace is swept."""
+    if args.allocate is None and (what.plan is None or what.plan.allocate is None):
         return
     if not bundle:
         raise InputError(f"--trace: {args.trace}: --allocate auto splits a bundle's memory over its layers and KV heads; "
@@ -171,13 +211,13 @@ def _check_tune_allocate(args: argparse.Namespace, bundle: bool) -> None:
                        f"--by {args.by} is a proxy of one window's figure, not of a split's")
 
 
-def _tune_allocation(args: argparse.Namespace, source, result, truth, say) -> dict:
+def _tune_allocation(args: argparse.Namespace, source, result, truth, say, what: _Tuning) -> dict:
     """``tune --allocate auto``: each candidate allocator's split at model_window in every layer, by tune's
     figure (retained mass, or the truth, open loop, each split cached), the best chosen
-    (``kvsim.analysis.tune_allocation``); the tune file carries the chosen split as ``allocation`` rows."""
+    (``kvsim.analysis.tune_allocation``); the tune file carries the chosen split as ``allocation`` rows. A plan's
+    allocator is the one candidate."""
     from ..analysis import allocation as al
-    from ..analysis.tune_allocation import choose
-    from ..policies import PolicySpec
+    from ..analysis.tune_allocation import CANDIDATES, choose
 
     by = result.by.get("by", args.by)
     note = None
@@ -185,14 +225,16 @@ def _tune_allocation(args: argparse.Namespace, source, result, truth, say) -> di
         note = f"by retained_mass: the truth is not at hand and {by} measures one window, not a split"
         by = "retained_mass"
     window = result.model_window
-    spec = PolicySpec.of(args.policy, args.budget, recent_window=window)
+    spec = what.tuned(window)
     heads = al.load_heads(source)
+    candidates = CANDIDATES if what.plan is None or what.plan.allocate is None else (what.plan.allocate,)
     try:
-        al.check("optimal", spec, [(h.layer, h.kv_head) for h in heads], heads[0].trace.steps)
+        al.check("optimal" if len(candidates) > 1 else candidates[0], spec, [(h.layer, h.kv_head) for h in heads],
+                 heads[0].trace.steps)
     except al.AllocationError as e:
         raise InputError(f"--allocate auto: {source.name}: {e}") from None
     measure = None if by == "retained_mass" else (lambda flat: truth.split(flat, window))
-    got = choose(heads, spec, by, measure, progress=say)
+    got = choose(heads, spec, by, measure, candidates=candidates, progress=say)
     chosen = next(c for c in got["candidates"] if c["allocator"] == got["chosen"])
     return {"allocate": {"chosen": got["chosen"], "by": by, "note": note, "recent_window": window,
                          "rule": f"the window first (model_window {window}, at uniform's split), then the allocator at "
@@ -201,7 +243,7 @@ def _tune_allocation(args: argparse.Namespace, source, result, truth, say) -> di
             "allocation": got["allocation"]}
 
 
-def _auto_truth(args: argparse.Namespace, source, say):
+def _auto_truth(args: argparse.Namespace, source, say, what: _Tuning):
     """``tune``'s default: the truth (KL, open loop) when ``source`` is a bundle (a recording of the whole
     model) whose model and text are at hand and the record extra is installed, with one line on stderr
     saying so and how to skip it; else no truth and the reason (the study's best proxy then recommends)."""
@@ -217,7 +259,7 @@ def _auto_truth(args: argparse.Namespace, source, say):
     if missing:
         return None, f"the record extra is not installed ({', '.join(missing)}): {BEST_PROXY}, the proxy study's best"
     try:
-        truth = _tune_truth(args, source, say, "kl_open")
+        truth = _tune_truth(args, source, say, "kl_open", what)
     except InputError as e:
         return None, f"{str(e).split(': ', 1)[-1]}: {BEST_PROXY}, the proxy study's best"
     if say is not None:
@@ -232,10 +274,11 @@ class _Truth:
     (cached on disk) by a session opened on first use; and ``configurations``, the same for windows set
     per layer (``--per-layer``'s search), kept in the same on-disk cache of measurements."""
 
-    def __init__(self, args, meta: dict, model, text, steps: int, key: str, say) -> None:
+    def __init__(self, args, meta: dict, model, text, steps: int, key: str, say, what: _Tuning) -> None:
         from ..models.loading import file_sha256
 
         self.args, self.model, self.text, self.steps, self.key, self.say = args, model, text, steps, key, say
+        self.policy, self.budget, self.fixed = what.policy, what.budget, what.fixed
         self.recording = str(meta.get("model") or model)
         self.sha = file_sha256(text)
         self.what = f"{model} on {Path(text).name}, {steps} steps, open loop"
@@ -259,13 +302,13 @@ class _Truth:
         from ..models.errors import RecordError
 
         args = self.args
-        jobs = [(args.policy, args.budget, {"recent_window": int(w)}) for w in windows]
+        jobs = [(self.policy, self.budget, {**self.fixed, "recent_window": int(w)}) for w in windows]
         rows = [None] * len(jobs) if args.no_cache else truth.known_rows(self.recording, self.sha, self.steps, jobs)
         todo = [w for w, r in zip(windows, rows, strict=True) if r is None]
         self.counts["read"] += len(jobs) - len(todo)
         if todo:
             try:
-                got = truth.window_truth(self._open(), args.policy, args.budget, todo, proxies=px.configuration,
+                got = truth.window_truth(self._open(), self.policy, self.budget, todo, self.fixed, proxies=px.configuration,
                                          use_cache=not args.no_cache, progress=self.say, recording=self.recording)
             except (quality.QualityError, RecordError) as e:
                 raise InputError(f"{args.trace}: {e}") from None
@@ -286,7 +329,7 @@ class _Truth:
             session = self._open()
             k = session.kv_heads
             grid = [[int(flat[x * k + h]) for h in range(k)] for x in range(len(flat) // k)]
-            r = cached_open_truth(session, self.args.policy, grid, {"recent_window": int(window)},
+            r = cached_open_truth(session, self.policy, grid, {**self.fixed, "recent_window": int(window)},
                                   use_cache=not self.args.no_cache)
         except (quality.QualityError, RecordError) as e:
             raise InputError(f"{self.args.trace}: {e}") from None
@@ -306,7 +349,7 @@ class _Truth:
         if per_layer:
             try:
                 session = self._open()
-                jobs = [session.configuration(self.args.policy, self.args.budget, {"recent_window": list(c)})
+                jobs = [session.configuration(self.policy, self.budget, {**self.fixed, "recent_window": list(c)})
                         for c in per_layer]
                 rows = session.measure_many(jobs, "open", use_cache=not self.args.no_cache)
             except (quality.QualityError, RecordError) as e:
@@ -317,7 +360,7 @@ class _Truth:
         return [known[c[0]][f"{figure}_open"] if len(set(c)) == 1 else measured[c] for c in configs]
 
 
-def _tune_truth(args: argparse.Namespace, source, say, key: str) -> _Truth:
+def _tune_truth(args: argparse.Namespace, source, say, key: str, what: _Tuning) -> _Truth:
     """The truth of ``tune --by kl`` (``key``: the figure read, ``kl_open`` or ``delta_nll_open``) for the
     recording ``source`` is; InputError, one line, when its model or text is not at hand."""
     from ..data.bundle import Bundle
@@ -332,7 +375,7 @@ def _tune_truth(args: argparse.Namespace, source, say, key: str) -> _Truth:
     if steps > DENSE_LIMIT:  # a session keeps every layer's full-cache rows: 77 GB for Gemma at 32k
         raise InputError(f"{args.trace}: the truth of {steps} steps is out of reach here: a truth session holds every "
                          f"layer's full-cache rows, dense, so at most {DENSE_LIMIT} steps")
-    return _Truth(args, meta, model, text, steps, key, say)
+    return _Truth(args, meta, model, text, steps, key, say, what)
 
 
 def cmd_record(args: argparse.Namespace) -> object:

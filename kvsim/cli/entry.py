@@ -50,11 +50,11 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_app(extra)
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        if args.command in PLAN_COMMANDS:  # the run's plan: --plan read into the flags, --save-plan written
-            from . import plan_flags
+        if args.command in PLAN_COMMANDS:  # the run's one plan (--plan FILE, or the flags'), --save-plan written
+            from . import run_plan
 
-            plan_flags.apply(args, parser)
-            plan_flags.save(args)
+            run_plan.make(args, parser)
+            run_plan.save(args)
         doc = command(args.command)(args)
         if args.json:
             from .jsondoc import as_json

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..policies import POLICIES, ParamError, PolicySpec
@@ -21,12 +22,38 @@ SHIPPED = "gemma3-270m"
 OLD_SPELLINGS = ("gemma",)
 
 
-def _params(args: argparse.Namespace) -> dict:
-    taken = {p.name for p in POLICIES[args.policy].tunables}
+@dataclass
+class _Run:
+    """What generate deploys, from ``--plan FILE`` (``kvsim.cli.run_plan.make``) or the flags, checked once: the
+    policy, the budget (None: a split given as rows is the memory), the parameters, and ``allocate`` (an allocator's
+    name or the file holding the rows) with ``allocation`` (the name, or the budgets per (layer, KV head))."""
+
+    policy: str
+    budget: int | None
+    params: dict
+    allocate: str | None = None
+    allocation: object = None
+    #: a split's rows handed over already (a plan's), with whether --budget was typed beside them
+    rows: dict | None = None
+    budget_given: bool = False
+
+
+def _of(args: argparse.Namespace) -> _Run:
+    plan = getattr(args, "run_plan", None)
+    if plan is None:
+        return _Run(args.policy, args.budget, None, args.allocate, budget_given=getattr(args, "budget_given", False))
+    spec = plan.policy
+    if plan.allocation is not None:  # a plan with rows is an allocation file itself: the split is the memory
+        return _Run(spec.name, None, dict(spec.params), str(args.plan), rows=plan.budgets)
+    return _Run(spec.name, spec.budget, dict(spec.params), plan.allocate)
+
+
+def _params(args: argparse.Namespace, policy: str) -> dict:
+    taken = {p.name for p in POLICIES[policy].tunables}
     given = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}
     foreign = sorted(set(given) - taken)
     if foreign:
-        raise CLIError(f"{args.policy} does not take {', '.join(flag(k) for k in foreign)}")
+        raise CLIError(f"{policy} does not take {', '.join(flag(k) for k in foreign)}")
     return given
 
 
@@ -40,85 +67,87 @@ def _prompt(args: argparse.Namespace) -> str:
     return read_input("--prompt-file", args.prompt_file)
 
 
-def _allocation(args: argparse.Namespace, params: dict):
-    """``--allocate``'s name, or its file's budgets, checked as far as the model is not needed; a file
-    given without --budget sets ``args.budget`` to None (the split is what it holds)."""
+def _allocation(args: argparse.Namespace, run: _Run):
+    """``--allocate``'s name, or its file's budgets (a plan's rows), checked as far as the model is not needed; a
+    file given without --budget sets ``run.budget`` to None (the split is what it holds)."""
     from ..analysis.allocation import ALLOCATORS
     from ..hf.allocation import POOLED, adakv_refusal, check_minimum, pooled_file, read_file, refusal
     from ..hf.cache import HFError
 
-    name = args.allocate.strip()
+    name = run.allocate.strip()
     if name in ALLOCATORS:
-        why = refusal(name) or (adakv_refusal(args.policy) if name in POOLED else None)
+        why = refusal(name) or (adakv_refusal(run.policy) if name in POOLED else None)
         if why is not None:
             raise CLIError(f"--allocate {name}: {why}")
         return name
     try:
-        budgets, made_for = read_file(name)
+        budgets, made_for = read_file(name) if run.rows is None else (run.rows, run.policy)
         if (why := pooled_file(name)) is not None:
             raise HFError(why)
-        if made_for is not None and made_for != args.policy:
-            raise HFError(f"{name}: a split made for {made_for}, --policy is {args.policy}")
+        if made_for is not None and made_for != run.policy:
+            raise HFError(f"{name}: a split made for {made_for}, --policy is {run.policy}")
         if args.windows is None:  # with a tune file each head's window sets its minimum: checked with the split
-            check_minimum(budgets, args.policy, params, name)
+            check_minimum(budgets, run.policy, run.params, name)
     except HFError as e:
         raise input_error("--allocate", e) from None
-    if not getattr(args, "budget_given", False):
-        args.budget = None  # the split is the memory
-    elif sum(budgets.values()) != args.budget * len(budgets):
-        raise CLIError(f"--allocate {name}: the split holds {sum(budgets.values())} positions, not --budget {args.budget} "
+    if not run.budget_given:
+        run.budget = None  # the split is the memory
+    elif sum(budgets.values()) != run.budget * len(budgets):
+        raise CLIError(f"--allocate {name}: the split holds {sum(budgets.values())} positions, not --budget {run.budget} "
                        f"x {len(budgets)} heads; leave out --budget to deploy the split as it is")
     return budgets
 
 
-def check(args: argparse.Namespace) -> tuple[dict, str]:
+def check(args: argparse.Namespace) -> tuple[_Run, str]:
     """Everything that needs no model: the parameters and the prompt (raises, one line)."""
-    if args.policy not in POLICIES:
-        raise CLIError(f"--policy {args.policy!r}: unknown{suggest(args.policy)}; known: {', '.join(POLICIES)}")
-    if POLICIES[args.policy].needs_trace:
-        raise CLIError(f"--policy {args.policy} is an offline reference (it reads the future) and cannot be deployed")
-    params = _params(args)
-    args.allocation = None if args.allocate is None else _allocation(args, params)
+    run = _of(args)
+    if run.policy not in POLICIES:
+        raise CLIError(f"--policy {run.policy!r}: unknown{suggest(run.policy)}; known: {', '.join(POLICIES)}")
+    if POLICIES[run.policy].needs_trace:
+        raise CLIError(f"--policy {run.policy} is an offline reference (it reads the future) and cannot be deployed")
+    if run.params is None:
+        run.params = _params(args, run.policy)
+    run.allocation = None if run.allocate is None else _allocation(args, run)
     if args.windows is None:
         if args.by != "layer":
             raise CLIError("--by applies with --windows")
-        if args.budget is not None:
-            PolicySpec.of(args.policy, args.budget, **params)  # a ParamError says it in the flags' terms
+        if run.budget is not None:
+            PolicySpec.of(run.policy, run.budget, **run.params)  # a ParamError says it in the flags' terms
     else:
-        _check_windows(args, params)
+        _check_windows(args, run)
     if args.model in OLD_SPELLINGS:
         args.model = SHIPPED
     if args.model != SHIPPED and not (Path(args.model) / "config.json").is_file():
         raise InputError(f"--model: {args.model}: not a local Hugging Face model folder (no config.json), nor {SHIPPED}")
-    return params, _prompt(args)
+    return run, _prompt(args)
 
 
-def _check_windows(args: argparse.Namespace, params: dict) -> None:
+def _check_windows(args: argparse.Namespace, run: _Run) -> None:
     """The tune file's own form and every window in it against the budget (the model is checked later)."""
     from ..hf.windows import PARAM, WindowsError, read_tune, tune_windows
 
-    if PARAM in params:
+    if PARAM in run.params:
         raise CLIError(f"{flag(PARAM)} and --windows exclude each other (the file sets it per layer)")
-    if PARAM not in {p.name for p in POLICIES[args.policy].tunables}:
-        raise CLIError(f"--windows: {args.policy} has no {PARAM}")
+    if PARAM not in {p.name for p in POLICIES[run.policy].tunables}:
+        raise CLIError(f"--windows: {run.policy} has no {PARAM}")
     if not Path(args.windows).exists():
         raise InputError(f"--windows: {args.windows}: no such file")
     try:
         windows = tune_windows(read_tune(args.windows), args.by, source=args.windows)
     except WindowsError as e:
         raise input_error("--windows", e) from None
-    if args.allocate is not None:  # each head's own budget bounds its window: checked when the split is known
+    if run.allocate is not None:  # each head's own budget bounds its window: checked when the split is known
         return
     for where, w in windows.items():
         try:
-            PolicySpec.of(args.policy, args.budget, **params, **{PARAM: w})
+            PolicySpec.of(run.policy, run.budget, **run.params, **{PARAM: w})
         except ParamError:
             layer = f"layer {where[0]} KV head {where[1]}" if isinstance(where, tuple) else f"layer {where}"
-            raise CLIError(f"--windows {args.windows}: {layer}'s {PARAM} {w} must be below --budget {args.budget}") from None
+            raise CLIError(f"--windows {args.windows}: {layer}'s {PARAM} {w} must be below --budget {run.budget}") from None
 
 
 def cmd_generate(args: argparse.Namespace) -> dict:
-    params, text = check(args)
+    run, text = check(args)
     from .. import progress as protocol
     from ..models.loading import load_hf_model, load_model, token_ids
 
@@ -129,36 +158,36 @@ def cmd_generate(args: argparse.Namespace) -> dict:
 
     ids = token_ids(tokenizer, text)
     n = ids.shape[1]
-    cache = hf.cache(model, args.policy, args.budget, windows=args.windows, by=args.by, allocate=args.allocation,
+    cache = hf.cache(model, run.policy, run.budget, windows=args.windows, by=args.by, allocate=run.allocation,
                      prefill=args.prefill, seed=args.seed, progress=say if args.prefill == "exact" and n > 1 else None,
-                     **params)
-    if args.budget is not None and n > args.budget:
-        say(None, f"the prompt's {n} tokens exceed the budget {args.budget}: "
+                     **run.params)
+    if run.budget is not None and n > run.budget:
+        say(None, f"the prompt's {n} tokens exceed the budget {run.budget}: "
             + ("each layer takes them one position at a time, as decoding would show them to the policy"
                if args.prefill == "exact" else "they attend with nothing evicted, then each layer's cache is cut to the budget"))
     t0 = time.perf_counter()
-    run = greedy(model, ids, cache, args.max_new_tokens, tokenizer.eos_token_id)
-    steps = len(run["tokens"]) - 1
-    return {"model": args.model, "policy": args.policy, "budget": args.budget, "params": params,
+    out = greedy(model, ids, cache, args.max_new_tokens, tokenizer.eos_token_id)
+    steps = len(out["tokens"]) - 1
+    return {"model": args.model, "policy": run.policy, "budget": run.budget, "params": run.params,
             "windows": args.windows, "by": args.by if args.windows else None, "prefill": args.prefill,
             # what was deployed, whatever it came from: a tune file's deploy rows, --recent-window, the default
             "recent_window_per_layer": _deployed_windows(cache),
-            "prompt_tokens": n, "token_ids": run["tokens"], "text": tokenizer.decode(run["tokens"], skip_special_tokens=True),
+            "prompt_tokens": n, "token_ids": out["tokens"], "text": tokenizer.decode(out["tokens"], skip_special_tokens=True),
             "peak_positions": cache.peak_positions, "cache_bytes": cache.nbytes,
-            "prefill_seconds": run["prefill_seconds"], "decode_seconds": run["decode_seconds"],
-            "tokens_per_second": steps / run["decode_seconds"] if steps and run["decode_seconds"] > 0 else None,
+            "prefill_seconds": out["prefill_seconds"], "decode_seconds": out["decode_seconds"],
+            "tokens_per_second": steps / out["decode_seconds"] if steps and out["decode_seconds"] > 0 else None,
             "seconds": time.perf_counter() - t0,
-            **(_allocated(args, cache, cache.get_seq_length()) if args.allocate is not None else {})}
+            **(_allocated(run, cache, cache.get_seq_length()) if run.allocate is not None else {})}
 
 
-def _allocated(args: argparse.Namespace, cache, seen: int) -> dict:
+def _allocated(run: _Run, cache, seen: int) -> dict:
     """What ``--allocate`` deployed: each head's budget and peak, and the heads whose budget reaches past the
     positions processed (nothing was evicted there; their slots beyond them were allocated for nothing)."""
     budgets, peaks = cache.budgets, cache.head_peaks
     rows = [{"layer": x, "kv_head": h, "budget": b, "peak_positions": peaks[(x, h)]} for (x, h), b in sorted(budgets.items())]
     pools = [{"layer": x, "pool": layer.pool, "floor": layer.floor, "peak_positions": layer.pool_peak}
              for x, layer in enumerate(cache.layers) if hasattr(layer, "pool")]  # adakv: each layer's heads share one
-    return {"allocate": args.allocate, "allocation": rows, "positions": sum(budgets.values()), "positions_seen": seen,
+    return {"allocate": run.allocate, "allocation": rows, "positions": sum(budgets.values()), "positions_seen": seen,
             "unevicted_heads": sum(b >= seen for b in budgets.values()), **({"pools": pools} if pools else {})}
 
 
@@ -167,7 +196,7 @@ def _deployed_windows(cache) -> list | None:
     policy without one."""
     out = []
     for layer in cache.layers:
-        per_head = [dict(spec.kwargs).get("recent_window") for spec in layer.specs]
+        per_head = [spec.get("recent_window") for spec in layer.specs]
         out.append(per_head[0] if len(set(per_head)) == 1 else per_head)
     return None if all(w is None for w in out) else out
 

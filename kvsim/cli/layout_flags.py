@@ -36,12 +36,14 @@ def of(args: argparse.Namespace):
     return None if layout.plain else layout
 
 
-def refuse_with(args: argparse.Namespace, layout) -> None:
-    """The flags a layout does not go with yet, in one line."""
+def refuse_with(args: argparse.Namespace, layout, *, split: bool | None = None, compressed: bool | None = None) -> None:
+    """The flags a layout does not go with yet, in one line (``split``, ``compressed``: a plan's, in place of the
+    flags')."""
     if layout is None:
         return
-    others = [f for f, on in (("--allocate", getattr(args, "allocate", None) is not None),
-                              ("--prefill-budget", getattr(args, "prefill_budget", None) is not None),
+    split = getattr(args, "allocate", None) is not None if split is None else split
+    compressed = getattr(args, "prefill_budget", None) is not None if compressed is None else compressed
+    others = [f for f, on in (("--allocate", split), ("--prefill-budget", compressed),
                               ("--proxies", args.command != "replay" and getattr(args, "proxies", False))) if on]
     if others:
         raise CLIError(f"{layout_flags_text(layout)} does not go with {others[0]} yet")

@@ -323,6 +323,7 @@ def _add_tune(sub, traces) -> None:
                    "pyramidkv, cake, optimal), at model_window, by --by's figure (retained_mass, or the truth: kl, "
                    "delta_nll); the tune file then also deploys the split (generate --allocate tune.json) "
                    "(docs/allocation.md)")
+    add_plan_flags(p, "tune")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     _json(p)
 

@@ -1,152 +1,28 @@
-"""``--plan FILE`` and ``--save-plan FILE``: a run's plan (``kvsim.policies.plan``) read into a command's
-flags, or written from them. One plan file runs the same configuration through ``replay``, ``sweep``,
-``table``, ``quality``, ``generate`` and ``needle``, and ``kvsim.hf.cache(plan=FILE)``; a flag the plan also
-sets is refused in one line (the plan or the flag: not both), so what runs is what the file says."""
+"""``--plan FILE`` and ``--save-plan FILE``, the flags: which commands take them and what their help says. The
+run's plan itself is made in ``kvsim.cli.run_plan`` (apart, so that the grammar imports none of the commands'
+checks)."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..policies import DEFAULT_BUDGET, PolicySpec
-from ..policies.plan import GROW, Compression, Plan, PlanError
-from ..policies.split import ALLOCATORS
-from .errors import CLIError, InputError, flag
-
 #: the commands that take --plan, and those that also take --save-plan (one decode policy, not a grid)
-TAKES_PLAN = ("replay", "sweep", "table", "quality", "generate", "needle")
-SAVES_PLAN = ("replay", "generate")
+TAKES_PLAN = ("replay", "sweep", "table", "quality", "generate", "needle", "tune")
+SAVES_PLAN = ("replay", "generate", "tune")
 
 
 def add_plan_flags(p: argparse.ArgumentParser, command: str) -> None:
+    if command == "tune":
+        p.add_argument("--plan", default=None, metavar="FILE", help="tune within a run's plan: its policy, budget, "
+                       "other parameters and split (an allocator's name: its split at the tuned window; rows: kept) "
+                       "(docs/deploy.md, 'Tune, then run what you tuned')")
+        p.add_argument("--save-plan", default=None, metavar="FILE", help="write what was tuned as a plan (model_window "
+                       "in every layer, and the split chosen or given) to FILE, for generate --plan FILE or "
+                       "kvsim.hf.cache(plan=FILE)")
+        return
     p.add_argument("--plan", default=None, metavar="FILE", help="a run's plan (JSON: the policy, budget and parameters, "
                    "the split over layers and KV heads, the prompt's compression; docs/architecture.md, 'One plan per "
                    "run'): its settings as if given as flags")
     if command in SAVES_PLAN:
         p.add_argument("--save-plan", default=None, metavar="FILE", help="write this run's plan (made from the flags) "
                        "to FILE, for --plan elsewhere or kvsim.hf.cache(plan=FILE)")
-
-
-def _defaults(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
-    """The command's own sub-parser (its defaults tell a flag the user typed from one left alone)."""
-    return parser._subparsers._group_actions[0].choices[command]  # noqa: SLF001 -- argparse keeps them there only
-
-
-def apply(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """Read ``--plan`` into ``args``; then, where the command needs ``--policy``, check that one came."""
-    sub = _defaults(parser, args.command)
-    if getattr(args, "plan", None) is not None:
-        try:
-            plan = Plan.read(args.plan)
-        except PlanError as e:
-            raise InputError(f"--plan: {e}") from None
-        _into(args, sub, plan)
-    if args.command in ("replay", "sweep", "generate") and getattr(args, "policy", None) is None:
-        raise CLIError("the following arguments are required: --policy (or --plan FILE)")
-    if args.command == "quality" and args.policy is None and args.policies is None:
-        raise CLIError("one of the arguments --policy --policies is required (or --plan FILE)")
-
-
-def _into(args: argparse.Namespace, sub, plan: Plan) -> None:
-    where = f"--plan {args.plan}"
-
-    def put(dest: str, value, shown: str) -> None:
-        if not hasattr(args, dest):
-            raise CLIError(f"{where}: sets {shown}, which {args.command} does not take")
-        given = getattr(args, f"{dest}_given", False) or getattr(args, dest) != sub.get_default(dest)
-        if given and args.command == "sweep" and (dest == "budget" or dest.startswith("param_")):
-            return  # the swept range given on the command line runs over the plan's value
-        if given:
-            raise CLIError(f"{where} sets {shown} too: give it in one place")
-        setattr(args, dest, value)
-
-    many = args.command in ("needle", "quality")  # they take comma-separated lists
-    spec = plan.policy
-    if args.command != "table":  # the table measures every policy: the plan gives its budget, split and compression
-        if args.command == "needle":
-            put("policies", GROW if spec is None else spec.name, "the policy")
-        elif args.command == "quality" and getattr(args, "policies", None) is None and spec is not None:
-            put("policy", spec.name, "the policy")
-        else:
-            put("policy", GROW if spec is None else spec.name, "the policy")
-    if spec is not None:
-        put("budget", str(spec.budget) if many or args.command == "sweep" else spec.budget, "--budget")
-        for name, value in spec.params:
-            put(f"param_{name}", str(value) if args.command == "sweep" else value, flag(name))
-    if plan.allocate is not None:
-        put("allocate", plan.allocate, "--allocate")
-    elif plan.allocation is not None:
-        if args.command == "quality":
-            raise CLIError(f"{where}: its split is given as rows; quality --allocate takes an allocator's name")
-        put("allocate", str(args.plan), "--allocate")  # a plan with rows is an allocation file itself
-        if hasattr(args, "budget_given"):  # generate: the file's split is the memory, not a default budget
-            args.budget_given = False
-    if plan.layout is not None:
-        if not hasattr(args, "block_size"):
-            raise CLIError(f"{where}: sets a serving layout, which {args.command} does not take yet")
-        lay = plan.layout
-        if lay.block_size > 1:
-            put("block_size", lay.block_size, "--block-size")
-        if lay.shared_selection:
-            put("shared_selection", True, "--shared-selection")
-        if lay.evict_every > 1:
-            put("evict_every", lay.evict_every, "--evict-every")
-    if plan.compression is not None:
-        c = plan.compression
-        put("prefill_budget", str(c.keep), "--prefill-budget")
-        put("prefill_policy", c.scorer, "--prefill-policy")
-        if c.prompt_length is not None:
-            put("prompt_length", c.prompt_length, "--prompt-length")
-
-
-def of_args(args: argparse.Namespace) -> Plan:
-    """The plan the flags of ``replay`` or ``generate`` state (the one validation: a bad value is one line)."""
-    params = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}
-    compression = None
-    if getattr(args, "prefill_budget", None) is not None:
-        from .prefill_flags import keep as parse_keep
-        from .prefill_flags import scorer
-
-        name, scorer_params = scorer(args.prefill_policy)  # the command's own refusal, in --prefill-policy's terms
-        keep = parse_keep(args.prefill_budget)
-        compression = Compression(keep, name, tuple(sorted(scorer_params.items())), getattr(args, "prompt_length", None))
-    from .layout_flags import of as layout_of
-
-    layout = layout_of(args)
-    if args.policy == GROW:
-        if layout is not None:
-            raise CLIError("--policy none (the cache growing) takes no serving layout")
-        return Plan(None, compression=compression)
-    # every parameter flag given, as the command itself takes them: one a policy does not take is refused here,
-    # before the plan is written, in the flags' terms (kvsim.cli.entry turns a ParamError into them)
-    spec = PolicySpec.of(args.policy, DEFAULT_BUDGET if args.budget is None else args.budget, **params)
-    allocate, rows = getattr(args, "allocate", None), None
-    if allocate is not None and allocate not in ALLOCATORS:
-        from ..policies.split import AllocationError, read_allocation
-
-        try:
-            budgets, _ = read_allocation(allocate)
-        except AllocationError as e:
-            raise InputError(f"--allocate: {e}") from None
-        allocate, rows = None, tuple(sorted((x, h, b) for (x, h), b in budgets.items()))
-    return Plan(spec, allocate, rows, compression, layout)
-
-
-def save(args: argparse.Namespace) -> None:
-    """``--save-plan FILE``: the run's plan written atomically (before the run, so a long run's plan is kept)."""
-    path = getattr(args, "save_plan", None)
-    if path is None:
-        return
-    from pathlib import Path
-
-    from ..data.files import atomic_write
-
-    plan = of_args(args)
-    try:  # a plan is written only as --plan will read it: its every field checked as a file's would be
-        Plan.from_dict(plan.to_dict(), "--save-plan")
-    except PlanError as e:
-        raise CLIError(str(e)) from None
-    text = plan.to_json()
-    try:
-        atomic_write(Path(path), lambda f: f.write(text.encode("utf-8")))
-    except OSError as e:
-        raise InputError(f"--save-plan: {path}: {e.strerror or e}") from None

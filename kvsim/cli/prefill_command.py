@@ -42,7 +42,7 @@ def _prefill(args: argparse.Namespace, trace, keep) -> Prefill:
         raise CLIError(_say(e)) from None
 
 
-def _decode(args: argparse.Namespace, budget=None, **params) -> PolicySpec | None:
+def decode_spec(args: argparse.Namespace, budget=None, **params) -> PolicySpec | None:
     """The decode-time spec (None: the cache grows), refusing --budget and parameter flags with none."""
     given_params = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}
     if args.policy == GROW:
@@ -61,15 +61,24 @@ def _decode(args: argparse.Namespace, budget=None, **params) -> PolicySpec | Non
         raise CLIError(param_message(e)) from None
 
 
-def replay(args: argparse.Namespace, load) -> dict:
-    if getattr(args, "allocate", None) is not None:
+def refuse_with(split: bool, proxies: bool) -> None:
+    """What a replay's compressed prompt does not go with (its flags, or a plan's split), one line."""
+    if split:
         raise CLIError("--allocate does not go with --prefill-budget")
-    if getattr(args, "proxies", False):
+    if proxies:
         raise CLIError("--proxies does not go with --prefill-budget")
-    decode = _decode(args, args.budget)
+
+
+def replay(args: argparse.Namespace, run, load) -> dict:
+    """``run`` (a ``kvsim.policies.plan.Plan`` with a compression) replayed on ``--trace``: its prompt compressed once,
+    then its policy (None: the cache grows) decoding from the kept set."""
+    c = run.compression
     trace = load(args.trace)
-    prefill = _prefill(args, trace, args.prefill_budget)
-    return {"trace": trace.name, **replay_prefill(trace, prefill, decode, top_k=args.top_k).summary()}
+    try:
+        prefill = Prefill.of(trace, c.keep, c.policy, prompt=c.prompt_length, **dict(c.params))
+    except PrefillError as e:
+        raise CLIError(_say(e)) from None
+    return {"trace": trace.name, **replay_prefill(trace, prefill, run.policy, top_k=args.top_k).summary()}
 
 
 def _keeps(text: str) -> list:
@@ -97,7 +106,7 @@ def sweep(args: argparse.Namespace, load) -> list[dict]:
         for k in fixed:
             setattr(args, f"param_{k}", None)
         budget = None if args.budget is None else parse_range("--budget", args.budget)[0]
-        decode = _decode(args, budget, **fixed)
+        decode = decode_spec(args, budget, **fixed)
         trace = load(args.trace)
         prefills = [_prefill(args, trace, k) for k in keeps]
         rows = [replay_prefill(trace, pf, decode, top_k=args.top_k).summary() for pf in prefills]
@@ -147,4 +156,4 @@ def table(args: argparse.Namespace, load) -> dict:
             "decode_steps": trace.steps - first.prompt + 1, "top_k": args.top_k, "rows": rows}
 
 
-__all__ = ["given", "refuse_none", "replay", "sweep", "table"]
+__all__ = ["decode_spec", "given", "refuse_none", "refuse_with", "replay", "sweep", "table"]

@@ -1,5 +1,5 @@
 """The prompt-compression flags' refusals, in the flags' own terms: one reader for ``replay``/``sweep``/``table``
-(kvsim.cli.prefill_command), ``needle`` and a plan built from flags (kvsim.cli.plan_flags).
+(kvsim.cli.prefill_command), ``needle`` and a plan built from flags (kvsim.cli.run_plan).
 
 Kept apart from prefill_command because that module reads sweep ranges through kvsim.cli.parser, and the
 parser imports the commands that use these.

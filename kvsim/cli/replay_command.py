@@ -16,7 +16,7 @@ from ..policies import DEFAULT_BUDGET, PolicySpec
 from ..sim.simulate import replay, sweep
 from . import layout_flags, prefill_command, report
 from .errors import flag, input_error
-from .parser import policy_args, sweep_ranges
+from .parser import sweep_ranges
 
 
 def load(spec: str, name: str = "--trace") -> Trace:
@@ -39,24 +39,47 @@ def allocated(args: argparse.Namespace):
     return getattr(allocate_command, args.command)
 
 
+def routed(args: argparse.Namespace, run=None):
+    """The one dispatch of ``replay``, ``sweep`` and ``table``: ``(layout, document)``, the document the variant made
+    when the prompt is compressed (``kvsim.cli.prefill_command``) or the memory split (``allocate_command``), else
+    None for the command's own run under ``layout``. ``run``: the plan replay runs from (what it replays is read from
+    it); the grids read theirs from the flags (a --plan FILE's settings among them)."""
+    if run is None:
+        prefill_command.refuse_none(args)
+        layout = layout_flags.of(args)
+        layout_flags.refuse_with(args, layout)
+        if prefill_command.given(args):
+            doc = getattr(prefill_command, args.command)(args, load)
+            return layout, mark_choice(*doc) if args.command == "sweep" else doc  # a sweep's rows and its parameter
+        variant = allocated(args)
+        return layout, None if variant is None else variant(args)
+    split = run.allocate is not None or run.allocation is not None
+    # what a plan file may hold together and a replay does not take, said as its flags would be
+    layout_flags.refuse_with(args, run.layout, split=split, compressed=run.compression is not None)
+    if run.compression is not None:
+        prefill_command.refuse_with(split, args.proxies)
+        return None, prefill_command.replay(args, run, load)
+    if split:
+        from . import allocate_command
+
+        return None, allocate_command.replay(args, run)
+    return run.layout, None
+
+
 def cmd_replay(args: argparse.Namespace) -> object:
-    prefill_command.refuse_none(args)
-    layout = layout_flags.of(args)
-    layout_flags.refuse_with(args, layout)
-    if prefill_command.given(args):
-        return prefill_command.replay(args, load)
-    if (variant := allocated(args)) is not None:
-        return variant(args)
-    # the one validation: a bad value is refused before the trace loads, and the spec is what replays
-    spec = PolicySpec.of(args.policy, DEFAULT_BUDGET if args.budget is None else args.budget, **policy_args(args))
+    run = args.run_plan  # made once, from --plan FILE or the flags (kvsim.cli.run_plan.make): what replays
+    layout, doc = routed(args, run)
+    if doc is not None:
+        return doc
+    spec = run.policy
     layer = layer_heads(args.trace) if layout is not None and layout.shared_selection else None
     layout_flags.check(layout, spec.name, [(spec.budget, spec.params)], heads=1 if layer is None else len(layer[1]))
     if layer is not None:
         return replay_layer_row(args, spec, layout, *layer)
     trace = load(args.trace)
-    with report.step("replay", f"replaying {args.policy} on {trace.name}") as progress:
+    with report.step("replay", f"replaying {spec.name} on {trace.name}") as progress:
         if layout is None:  # a layout replays on the reference path: nothing to compile
-            report.prepare([args.policy], progress)
+            report.prepare([spec.name], progress)
         result = replay(trace, spec, top_k=args.top_k, progress=progress, record_kept=args.proxies, layout=layout)
     if not args.proxies:
         return {"trace": trace.name, **result.summary()}
@@ -119,14 +142,9 @@ def measured(trace, row: dict) -> dict:
 
 
 def cmd_sweep(args: argparse.Namespace) -> object:
-    prefill_command.refuse_none(args)
-    layout = layout_flags.of(args)
-    layout_flags.refuse_with(args, layout)
-    if prefill_command.given(args):
-        rows, param = prefill_command.sweep(args, load)
-        return mark_choice(rows, param)
-    if (variant := allocated(args)) is not None:
-        return variant(args)
+    layout, doc = routed(args)
+    if doc is not None:
+        return doc
     param, ranges, fixed, budget = sweep_ranges(args)
     if layout is not None:
         base = DEFAULT_BUDGET if budget is None else budget

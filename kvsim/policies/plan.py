@@ -2,7 +2,7 @@
 frozen, hashable value: the decode policy at its budget and parameters (a ``PolicySpec``), the split of the
 memory over (layer, KV head) (an allocator's name, or the budgets themselves), and the prompt's compression
 at its end (how many positions each head keeps, chosen by which policy's score). Made once from the flags
-(``kvsim.cli.plan_flags``), the app's controls (its "this run's plan" download) or a file; read by ``replay``,
+(``kvsim.cli.run_plan``), the app's controls (its "this run's plan" download) or a file; read by ``replay``,
 ``sweep``, ``table``, ``quality``, ``generate``, ``needle`` (``--plan FILE``) and ``kvsim.hf.cache(plan=...)``.
 
 Its JSON (``Plan.to_dict``) is a superset of an allocation file: the ``allocation`` rows (``layer``,
@@ -28,7 +28,7 @@ from ..data import jsontext
 from .base import ParamError
 from .layouts import Layout, LayoutError
 from .registry import POLICIES, suggest
-from .spec import PolicySpec
+from .spec import ParamValues, PolicySpec
 from .split import ALLOCATORS
 
 FORMAT = 1
@@ -49,8 +49,13 @@ class Compression:
 
     keep: int | float
     policy: str = "snapkv"
-    params: tuple[tuple[str, int], ...] = ()
+    #: the scorer's parameters as given (``compression.params.recent_window``), in name order
+    params: ParamValues = ParamValues()
     prompt_length: int | None = None
+
+    def __post_init__(self) -> None:
+        if type(self.params) is not ParamValues:
+            object.__setattr__(self, "params", ParamValues(self.params))
 
     @property
     def scorer(self) -> str:

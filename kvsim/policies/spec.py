@@ -6,6 +6,11 @@ its arguments. It is frozen and hashable: the app keys its caches by it, the rep
 policy from it (``build``), and the result carries it back to the figure (``ReplayResult.spec``).
 Parameters the caller leaves out take their defaults, so two specs that replay the same thing are
 equal however they were asked for.
+
+Its parameters are typed: ``spec.params`` is a ``ParamValues``, every tunable the policy declares (its
+``Param``) an attribute (``spec.params.recent_window``), a name it does not declare an ``AttributeError``
+naming the ones it does. It stays the ``(name, value)`` pairs it always was, in the declared order, so a
+spec hashes, compares, prints and keys a cache (``dict(spec.params)`` in a JSON key) exactly as before.
 """
 
 from __future__ import annotations
@@ -18,12 +23,36 @@ from .base import DEFAULT_BUDGET, Policy, check_budget
 from .registry import policy_class
 
 
+class ParamValues(tuple):
+    """A spec's parameter values: ``(name, value)`` pairs in the order the policy declares its ``Param``s, each
+    also an attribute. A tuple underneath, so equality, hashing, ``repr``, ``dict(...)`` and JSON are a tuple's."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> int:
+        for key, value in self:
+            if key == name:
+                return value
+        raise AttributeError(f"no parameter {name!r} here; these are set: {', '.join(self.names) or 'none'}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(key for key, _ in self)
+
+    def __repr__(self) -> str:  # a plain tuple's, so a spec prints (and any text key made of it reads) as before
+        return tuple.__repr__(self)
+
+
 @dataclass(frozen=True)
 class PolicySpec:
     name: str
     budget: int
-    #: every tunable of the policy, in the order it declares them, with its value
-    params: tuple[tuple[str, int], ...] = ()
+    #: every tunable of the policy, in the order it declares them, with its value (``spec.params.recent_window``)
+    params: ParamValues = ParamValues()
+
+    def __post_init__(self) -> None:
+        if type(self.params) is not ParamValues:  # made from pairs (a caller's tuple): the same pairs, typed
+            object.__setattr__(self, "params", ParamValues(self.params))
 
     @classmethod
     def of(cls, name: str, budget: int = DEFAULT_BUDGET, **params) -> PolicySpec:
@@ -37,7 +66,7 @@ class PolicySpec:
             raise ValueError(
                 f"{name} does not take parameter(s) {', '.join(unknown)}; it takes: {', '.join(declared) or 'none beyond budget'}"
             )
-        values = tuple((p.name, p.check(params.get(p.name, p.default), budget)) for p in policy.tunables)
+        values = ParamValues((p.name, p.check(params.get(p.name, p.default), budget)) for p in policy.tunables)
         return cls(name, budget, values)
 
     @property
@@ -46,12 +75,15 @@ class PolicySpec:
         return dict(self.params)
 
     def __getitem__(self, param: str) -> int:
+        """A parameter named by a variable (a generic loop over ``Param``s); a known one reads as
+        ``spec.params.NAME``."""
         for name, value in self.params:
             if name == param:
                 return value
         raise KeyError(f"{self.name} has no parameter {param!r}")
 
     def get(self, param: str, default: int | None = None) -> int | None:
+        """The parameter named ``param``, or ``default`` for a policy that does not declare it."""
         return dict(self.params).get(param, default)
 
     def replace(self, *, budget: int | None = None, **params) -> PolicySpec:
