@@ -226,3 +226,45 @@ def test_smollm2_with_blocks_of_16_and_shared_selection_holds_the_same_whole_blo
     assert cache.layers[0].kv_heads is None
     _step_through(model, cache, _ids(60, vocab=1000), lambda t: _whole_blocks(cache, t, budget))
     assert all(layer.kv_heads == 3 for layer in cache.layers)
+
+
+def test_cli_generate_deploys_a_layout_and_says_its_memory_in_blocks(tmp_path, capsys):
+    import json
+
+    from test_hf import _model_folder
+
+    from kvsim import cli
+
+    folder = _model_folder(tmp_path)
+    prompt = "the quick brown fox jumps over the lazy dog and on"
+    flags = ["generate", "--model", str(folder), "--policy", "h2o", "--budget", "16", "--recent-window", "3",
+             "--block-size", "8", "--shared-selection", "--max-new-tokens", "12", prompt]
+    assert cli.main([*flags, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["layout"] == {"block_size": 8, "shared_selection": True, "evict_every": 1}
+    m = doc["blocks"]
+    assert (m["blocks"], m["block_tables"], m["block_peak"], m["memory_positions"]) == (2, 1, 2, 16)
+    layers = len(doc["peak_positions"])
+    assert doc["cache_bytes"] == layers * (m["blocks"] * m["block_bytes"] + m["staging_bytes"])
+    assert max(doc["peak_positions"]) == 16
+    assert cli.main(flags) == 0
+    out = capsys.readouterr().out
+    assert "h2o at budget 16 under block_size=8 shared_selection" in out
+    assert "cache 2 blocks of 8 positions in one block table per layer (2 held at most) and one staging position" in out
+    bad = [
+        (["--block-size", "32"], "--block-size 32: block_size 32 is larger than the budget (16): the cache would hold no whole block"),
+        (["--evict-every", "0"], "--evict-every 0 must be at least 1"),
+        (["--block-size", "8", "--allocate", "uniform"], "--block-size 8 does not go with --allocate yet"),
+        (["--block-size", "8", "--evict-every", "9"], "--block-size 8 --evict-every 9: block_size=8 evict_every=9 leaves"),
+    ]
+    for extra, message in bad:
+        code = cli.main(["generate", "--model", str(folder), "--policy", "h2o", "--budget", "16", "--recent-window", "3",
+                         *extra, "--max-new-tokens", "4", prompt])
+        out = capsys.readouterr()
+        assert code != 0 and out.out == "" and len(out.err.splitlines()) == 1 and message in out.err, (extra, out.err)
+    code = cli.main(["generate", "--model", str(folder), "--policy", "h2o", "--budget", "20", "--recent-window", "3",
+                     "--block-size", "8", "--max-new-tokens", "2", prompt, "--json"])
+    out = capsys.readouterr()
+    assert code == 0 and "kvsim: note: budget 20 is no multiple of block_size 8: rounded down to 2 whole blocks (16 positions)" \
+        in out.err
+    assert json.loads(out.out)["blocks"]["memory_positions"] == 16

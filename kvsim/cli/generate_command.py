@@ -90,7 +90,33 @@ def check(args: argparse.Namespace) -> tuple[dict, str]:
         args.model = SHIPPED
     if args.model != SHIPPED and not (Path(args.model) / "config.json").is_file():
         raise InputError(f"--model: {args.model}: not a local Hugging Face model folder (no config.json), nor {SHIPPED}")
+    _check_layout(args, params)
     return params, _prompt(args)
+
+
+def _check_layout(args: argparse.Namespace, params: dict) -> None:
+    """``--block-size``, ``--shared-selection``, ``--evict-every`` (``args.layout``, None for none), checked
+    against the policy and the budget before the model loads; its notes said on stderr."""
+    from . import layout_flags
+
+    args.layout = layout = layout_flags.of(args)
+    layout_flags.refuse_with(args, layout)
+    if layout is not None:
+        heads = 1 if args.model == SHIPPED else _kv_heads(Path(args.model) / "config.json")
+        layout_flags.check(layout, args.policy, [(args.budget, params)], heads=heads)
+
+
+def _kv_heads(config: Path) -> int | None:
+    """A model folder's KV heads per layer, from its config.json (None where it does not say)."""
+    from ..data import jsontext
+
+    try:
+        doc = jsontext.loads(config.read_text(encoding="utf-8"))
+        doc = doc.get("text_config", doc)
+        heads = doc.get("num_key_value_heads") or doc.get("num_attention_heads")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return heads if type(heads) is int else None
 
 
 def _check_windows(args: argparse.Namespace, params: dict) -> None:
@@ -131,7 +157,7 @@ def cmd_generate(args: argparse.Namespace) -> dict:
     n = ids.shape[1]
     cache = hf.cache(model, args.policy, args.budget, windows=args.windows, by=args.by, allocate=args.allocation,
                      prefill=args.prefill, seed=args.seed, progress=say if args.prefill == "exact" and n > 1 else None,
-                     **params)
+                     **_layout_kwargs(args.layout), **params)
     if args.budget is not None and n > args.budget:
         say(None, f"the prompt's {n} tokens exceed the budget {args.budget}: "
             + ("each layer takes them one position at a time, as decoding would show them to the policy"
@@ -147,8 +173,21 @@ def cmd_generate(args: argparse.Namespace) -> dict:
             "peak_positions": cache.peak_positions, "cache_bytes": cache.nbytes,
             "prefill_seconds": run["prefill_seconds"], "decode_seconds": run["decode_seconds"],
             "tokens_per_second": steps / run["decode_seconds"] if steps and run["decode_seconds"] > 0 else None,
-            "seconds": time.perf_counter() - t0,
+            "seconds": time.perf_counter() - t0, **_blocks(args.layout, cache),
             **(_allocated(args, cache, cache.get_seq_length()) if args.allocate is not None else {})}
+
+
+def _layout_kwargs(layout) -> dict:
+    return {} if layout is None else layout.to_dict()
+
+
+def _blocks(layout, cache) -> dict:
+    """Under a serving layout: the layout and what the cache allocated, in whole blocks (``kvsim.hf.layout.memory``)."""
+    if layout is None:
+        return {}
+    from kvsim.hf.layout import memory
+
+    return {"layout": layout.to_dict(), "blocks": memory(cache)}
 
 
 def _allocated(args: argparse.Namespace, cache, seen: int) -> dict:
@@ -182,6 +221,13 @@ def render_generate(doc: dict) -> str:
         if doc["unevicted_heads"]:
             note = (f"; {doc['unevicted_heads']} of {heads} heads' budgets reach the {doc['positions_seen']} positions "
                     "processed: nothing was evicted there")
+    cache = f"{doc['cache_bytes'] / (1 << 20):.1f} MiB"
+    if doc.get("blocks"):
+        m = doc["blocks"]
+        tables = "one block table per layer" if m["block_tables"] == 1 else f"{m['block_tables']} block tables per layer"
+        held += f" under {m['layout']}"
+        cache = (f"{m['blocks']} blocks of {m['block_size']} positions in {tables} ({m['block_peak']} held at most) and one "
+                 f"staging position, {cache}")
     return (f"{doc['text']}\n\n[{len(doc['token_ids'])} tokens after a {doc['prompt_tokens']}-token prompt; {doc['policy']} "
-            f"{held}: at most {max(doc['peak_positions'])} positions per layer, cache "
-            f"{doc['cache_bytes'] / (1 << 20):.1f} MiB; prompt {doc['prefill_seconds']:.1f} s ({doc['prefill']}), {tps}{note}]")
+            f"{held}: at most {max(doc['peak_positions'])} positions per layer, cache {cache}; "
+            f"prompt {doc['prefill_seconds']:.1f} s ({doc['prefill']}), {tps}{note}]")

@@ -75,7 +75,7 @@ class LayoutSteps:
         for b in range(store.batch):
             shown = [None if rows[h] is None else rows[h][b, store.order[b][h] - store.span(h).start]
                      for h in range(store.kv_heads)]
-            self.step(layer, b, t, shown, key[b], value[b], q[b])
+            layer._decide(b, t, shown, key[b], value[b], q[b])
 
     def chunk(self, layer, found, block, starts, key, value, q) -> None:
         """A chunk attended at once (``kvsim.hf.modes.fast``), stepped position by position: every head's rows
@@ -90,7 +90,7 @@ class LayoutSteps:
                     shown = [found.row(b, h, rows[b, i]) if t else None for h, (_, rows) in enumerate(blocks)]
                     for h in range(store.kv_heads):
                         store.put(b, h, t, key[b, h, p], value[b, h, p])
-                    self.step(layer, b, t, shown, key[b, :, p], value[b, :, p], q[b, :, :, p])
+                    layer._decide(b, t, shown, key[b, :, p], value[b, :, p], q[b, :, :, p])
 
 
 def _check(policy: Policy, cache: LayoutCache, t: int, before: np.ndarray, victims: np.ndarray, where: str) -> None:
@@ -137,6 +137,11 @@ class LayoutLayer(EvictingLayer):
         store = Paged(batch, hkv, self.block_count, self.layout.block_size, self.layout.shared_selection,
                       key_states, value_states)
         return store, LayoutSteps(self.policies, asked, self.layout, store.groups)
+
+    def _decide(self, b: int, t: int, shown: list, key, value, q) -> None:
+        """Row b's step t (``LayoutSteps.step``): what a listener wraps to hear each row's step, as it wraps
+        ``_admit`` on a layer without a layout (``kvsim.models.needle_runs``)."""
+        self.steps.step(self, b, t, shown, key, value, q)
 
     @property
     def block_size(self) -> int:
