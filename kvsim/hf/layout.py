@@ -108,18 +108,23 @@ def _check(policy: Policy, cache: LayoutCache, t: int, before: np.ndarray, victi
 
 class LayoutLayer(EvictingLayer):
     """One decoder layer's cache under ``layout``: ``specs`` (one per KV head, at the asked budget) built at the
-    layout's memory, held in blocks (``Paged``), decided by ``LayoutCache``."""
+    layout's memory when the first keys tell the batch, or ``policies`` (``[row][kv head]``, built by the caller
+    at the layout's memory: the closed loop's configurations, ``kvsim.models.quality_layout``), held in blocks
+    (``Paged``), decided by ``LayoutCache``."""
 
-    def __init__(self, specs: list[PolicySpec], layout: Layout, *, prefill: str = "exact", rng_seed: int | None = None,
-                 meta: dict | None = None):
+    def __init__(self, specs: list[PolicySpec] | None, layout: Layout, *, policies: list[list[Policy]] | None = None,
+                 prefill: str = "exact", rng_seed: int | None = None, meta: dict | None = None):
         if prefill == "compress":
             raise HFError("a serving layout holds the cache while decoding; prefill='compress' chooses each head's "
                           "positions once, alone: use prefill='exact' or 'fast'")
         if layout.plain:
             raise HFError("no layout to hold (block size 1, no shared selection, an interval of 1): an EvictingLayer")
-        super().__init__(specs, prefill=prefill, rng_seed=rng_seed, meta=meta)
+        super().__init__(specs, policies=policies, prefill=prefill, rng_seed=rng_seed, meta=meta)
         self.layout = layout
-        memories = {layout.memory(s.budget)[0] for s in specs}
+        budgets = [s.budget for s in specs] if specs is not None else [p.budget for row in policies for p in row]
+        memories = {layout.memory(b)[0] for b in budgets}
+        if policies is not None and memories != set(budgets):
+            raise HFError(f"policies under {layout.label} are built at its memory (whole blocks): got budgets {sorted(set(budgets))}")
         if len(memories) != 1:
             raise HFError("a layout holds a layer's KV heads in blocks of one size: give them one budget")
         self.memory = memories.pop()
@@ -127,12 +132,18 @@ class LayoutLayer(EvictingLayer):
 
     def _layout(self, key_states, value_states):
         batch, hkv = key_states.shape[:2]
-        if len(self.specs) != hkv:
+        if self.specs is not None and len(self.specs) != hkv:
             raise HFError(f"the cache was built for {len(self.specs)} KV head(s), the model gives {hkv}")
-        rng = None if self.rng_seed is None else np.random.default_rng(self.rng_seed)
-        self.policies = [[s.replace(budget=self.memory).build(self.trace, rng=rng) for s in self.specs]
-                         for _ in range(batch)]
-        asked = [[int(s.budget) for s in self.specs] for _ in range(batch)]
+        if self.specs is not None:
+            rng = None if self.rng_seed is None else np.random.default_rng(self.rng_seed)
+            self.policies = [[s.replace(budget=self.memory).build(self.trace, rng=rng) for s in self.specs]
+                             for _ in range(batch)]
+            asked = [[int(s.budget) for s in self.specs] for _ in range(batch)]
+        else:  # built at the memory, which the layout holds as asked (a whole number of blocks)
+            asked = [[self.memory] * hkv for _ in range(batch)]
+        if len(self.policies) != batch or any(len(row) != hkv for row in self.policies):
+            raise HFError(f"the cache was built for {len(self.policies)} row(s) x {len(self.policies[0])} KV head(s), "
+                          f"the model gives {batch} x {hkv}")
         self.budgets = [[self.memory] * hkv for _ in range(batch)]
         store = Paged(batch, hkv, self.block_count, self.layout.block_size, self.layout.shared_selection,
                       key_states, value_states)
@@ -150,7 +161,7 @@ class LayoutLayer(EvictingLayer):
     @property
     def block_tables(self) -> int:
         """Block tables per row: one for the layer under shared selection, one per KV head else."""
-        return 1 if self.layout.shared_selection else len(self.specs)
+        return 1 if self.layout.shared_selection else len(self.specs or self.policies[0])
 
     @property
     def block_peak(self) -> int:
