@@ -4,6 +4,7 @@
     cache = kvsim.hf.cache(model, "h2o", 256, recent_window=32)           # or windows="tune.json"
     cache = kvsim.hf.cache(model, "h2o", 256, allocate="pyramidkv")      # or {(layer, kv_head): budget}, "split.json"
     cache = kvsim.hf.cache(model, "h2o", 256, allocate="adakv")          # a layer's KV heads share one pool
+    cache = kvsim.hf.cache(model, "h2o", 256, block_size=16, shared_selection=True)  # pages, one table a layer
     out = model.generate(ids, cache=cache, max_new_tokens=200, do_sample=False)  # past_key_values= before 5.x
 
 Every decoder layer holds at most ``budget`` positions per KV head (or each (layer, KV head) its own
@@ -11,7 +12,8 @@ budget, ``allocate``: the cache's bytes follow the split), chosen by one policy 
 head) from the registry's online policies, fed the attention the model computes (``kvsim.hf.cache``,
 docs/domain.md, "The deployed cache", docs/deploy.md). The model is put on kvsim's attention function (eager
 arithmetic, which exposes the weights); with transformers' own caches it still computes eager
-attention.
+attention. Under a serving layout (``block_size``, ``shared_selection``, ``evict_every``; docs/serving.md) the
+cache is held in whole blocks as a paged engine holds it (``kvsim.hf.layout``).
 
 Importing this package needs torch and transformers (the model extra); ``import kvsim``, the CLI and
 the app never import it until a command or a measurement decodes.

@@ -215,7 +215,7 @@ def _keep_attention(model, model_id: str, ck: dict, record: dict, prompt: Prompt
     rows = record.pop("rows")
     meta = {"key_positions": list(prompt.key_positions), "prompt_length": len(prompt.ids), "policy": job.policy,
             "budget": job.budget, "params": dict(job.params), "label": job.label, "model_id": model_id,
-            "budgets": record["budgets"]}
+            "budgets": record["budgets"], **({} if job.layout is None else {"layout": job.layout.to_dict()})}
     return nt.save_bundle(ck, rows, meta, model_id, kinds, window)
 
 
