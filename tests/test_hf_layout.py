@@ -268,3 +268,16 @@ def test_cli_generate_deploys_a_layout_and_says_its_memory_in_blocks(tmp_path, c
     assert code == 0 and "kvsim: note: budget 20 is no multiple of block_size 8: rounded down to 2 whole blocks (16 positions)" \
         in out.err
     assert json.loads(out.out)["blocks"]["memory_positions"] == 16
+
+
+def test_cli_generate_says_shared_selection_on_one_kv_head_is_a_no_op_before_the_model_loads(tmp_path, capsys):
+    from kvsim import cli
+
+    folder = tmp_path / "one-kv-head"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 1}')
+    code = cli.main(["generate", "--model", str(folder), "--policy", "h2o", "--budget", "32", "--recent-window", "4",
+                     "--shared-selection", "--max-new-tokens", "2", "a prompt"])
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "kvsim: note: shared selection on a trace with one KV head: a no-op"
+    assert code != 0  # the folder has no weights: the note came before the model was read
