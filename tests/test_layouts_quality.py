@@ -1,7 +1,8 @@
 """``kvsim quality --mode open`` under a serving layout (``kvsim.models.quality_layout``): the open loop's
 masks are the layout's kept sets (a layer's KV heads the same under shared selection), the measurement is the
-open loop's document with the layout's columns, cached apart from the bare one; the closed loop and grids are
-refused in one line before a model loads. Tiny random models (tests/test_quality.py), nothing downloaded."""
+open loop's document with the layout's columns, cached apart from the bare one; the closed loop decodes through
+the deployed cache under the layout; both loops at once and grids are refused in one line before a model loads.
+Tiny random models (tests/test_quality.py), nothing downloaded."""
 
 from __future__ import annotations
 
@@ -54,14 +55,35 @@ def test_measure_open_under_a_layout_is_the_open_loops_document_with_its_columns
     assert bare["cached"] is False and "layout" not in bare  # the bare result keeps its own key
 
 
-def test_the_cli_refuses_a_layout_in_the_closed_loop_before_a_model_loads(capsys, tmp_path):
+def test_the_cli_refuses_a_layout_in_both_loops_at_once_before_a_model_loads(capsys, tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("some text")
     code = cli.main(["quality", str(text), "--model", str(tmp_path / "no-model"), "--policy", "h2o", "--budget", "64",
-                     "--block-size", "16"])
+                     "--block-size", "16", "--mode", "both"])
     err = capsys.readouterr().err
-    assert code == 2 and "the open loop" in err and err.count("\n") == 1
+    assert code == 2 and "in the open loop or the closed loop (--mode open or closed)" in err and err.count("\n") == 1
     code = cli.main(["quality", str(text), "--model", str(tmp_path / "no-model"), "--policy", "h2o", "--budget", "64",
                      "--block-size", "128", "--mode", "open"])
     err = capsys.readouterr().err
     assert code == 2 and "larger than the budget" in err and err.count("\n") == 1
+
+
+def test_measure_closed_under_a_layout_decodes_through_the_deployed_cache_in_whole_blocks(session, monkeypatch):
+    from kvsim.hf.layout import memory
+    from kvsim.models import quality_layout
+
+    seen = []
+    own = quality_layout._LayoutDecoder._cache
+    monkeypatch.setattr(quality_layout._LayoutDecoder, "_cache", lambda self: seen.append(own(self)) or seen[-1])
+    doc = quality_layout.measure_closed(session, "h2o", 16, {"recent_window": 2}, Layout(4, True, 1))
+    assert doc["mode"] == "closed" and doc["layout"] == "block_size=4 shared_selection" and doc["memory"] == 16
+    assert doc["cached"] is False and doc["kl"] >= 0 and 0 < doc["retained_mass"] <= 1
+    (cache,) = seen
+    assert memory(cache)["block_tables"] == 1 and memory(cache)["block_peak"] == 4
+    for layer in cache.layers:
+        held = [layer.held(0, h) for h in range(2)]
+        assert np.array_equal(held[0], held[1]) and held[0].size <= 16
+    again = quality_layout.measure_closed(session, "h2o", 16, {"recent_window": 2}, Layout(4, True, 1))
+    assert again["cached"] is True and again["kl"] == doc["kl"]
+    bare = session.measure("h2o", 16, "closed", recent_window=2)
+    assert "layout" not in bare and bare["cached"] is False

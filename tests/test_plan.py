@@ -130,8 +130,11 @@ def test_the_deployed_cache_and_generate_take_the_plan(tmp_path, capsys):
     from kvsim.policies.layouts import Layout
 
     laid = Plan(PolicySpec.of("h2o", 16, recent_window=3), layout=Layout(block_size=4))
-    with pytest.raises(hf.HFError, match=r"^plan: the deployed cache does not take a serving layout yet \(block_size=4\)"):
-        hf.cache(model, plan=laid)
+    paged = {}  # a plan's layout deploys (kvsim.hf.layout): as the same layout given by its arguments
+    for how, cache in (("plan", hf.cache(model, plan=laid)), ("args", hf.cache(model, "h2o", 16, block_size=4, recent_window=3))):
+        paged[how] = model.generate(ids, cache=cache, max_new_tokens=16, min_new_tokens=16, do_sample=False)[0].tolist()
+        assert cache.layers[0].layout == Layout(block_size=4)
+    assert paged["plan"] == paged["args"]
     folder = _model_folder(tmp_path)
     argv = ["generate", "--model", str(folder), "--max-new-tokens", "6", "the quick brown fox jumps over the lazy dog", "--json"]
     code, by_plan, err = run(capsys, *argv, "--plan", str(path))

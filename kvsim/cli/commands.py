@@ -477,9 +477,9 @@ def cmd_quality(args: argparse.Namespace) -> object:
     layout = layout_flags.of(args)
     if layout is not None:  # the open loop only, one configuration; refused before a model loads
         layout_flags.refuse_with(args, layout)
-        if args.mode != "open" or not args.policy or swept or len(budgets) != 1:
-            raise CLIError(f"{layout_flags.layout_flags_text(layout)}: quality runs a serving layout in the open loop, "
-                           "one --policy at one --budget (--mode open); the closed loop takes it in a later step")
+        if args.mode == "both" or not args.policy or swept or len(budgets) != 1:
+            raise CLIError(f"{layout_flags.layout_flags_text(layout)}: quality runs a serving layout for one --policy at "
+                           "one --budget, in the open loop or the closed loop (--mode open or closed)")
         layout_flags.check(layout, args.policy, [(budgets[0], params)], heads=None)
     modes = ["closed", "open"] if args.mode == "both" else [args.mode]
     say = None if args.quiet else quality.QUALITY_STDERR
@@ -489,10 +489,13 @@ def cmd_quality(args: argparse.Namespace) -> object:
         require_extra()
     session = quality.open_session(text, args.steps, args.model, progress=say)
     if layout is not None:
-        from ..models.quality_layout import measure_open
+        from ..models.quality_layout import measure_closed, measure_open
 
         if layout.shared_selection and session.kv_heads == 1:
             layout_flags.say(["shared selection on a model with one KV head per layer: a no-op"])
+        if args.mode == "closed":
+            return measure_closed(session, args.policy, budgets[0], params, layout, use_cache=not args.no_cache,
+                                  progress=say)
         return measure_open(session, args.policy, budgets[0], params, layout, use_cache=not args.no_cache)
     rows = quality.grid(session, names, budgets, modes, params, swept, use_cache=not args.no_cache,
                         batch=args.batch, progress=say)

@@ -36,6 +36,8 @@ class _Run:
     #: a split's rows handed over already (a plan's), with whether --budget was typed beside them
     rows: dict | None = None
     budget_given: bool = False
+    #: the serving layout (``kvsim.policies.layouts.Layout``), None for none
+    layout: object = None
 
 
 def _of(args: argparse.Namespace) -> _Run:
@@ -44,8 +46,8 @@ def _of(args: argparse.Namespace) -> _Run:
         return _Run(args.policy, args.budget, None, args.allocate, budget_given=getattr(args, "budget_given", False))
     spec = plan.policy
     if plan.allocation is not None:  # a plan with rows is an allocation file itself: the split is the memory
-        return _Run(spec.name, None, dict(spec.params), str(args.plan), rows=plan.budgets)
-    return _Run(spec.name, spec.budget, dict(spec.params), plan.allocate)
+        return _Run(spec.name, None, dict(spec.params), str(args.plan), rows=plan.budgets, layout=plan.layout)
+    return _Run(spec.name, spec.budget, dict(spec.params), plan.allocate, layout=plan.layout)
 
 
 def _params(args: argparse.Namespace, policy: str) -> dict:
@@ -119,7 +121,35 @@ def check(args: argparse.Namespace) -> tuple[_Run, str]:
         args.model = SHIPPED
     if args.model != SHIPPED and not (Path(args.model) / "config.json").is_file():
         raise InputError(f"--model: {args.model}: not a local Hugging Face model folder (no config.json), nor {SHIPPED}")
+    _check_layout(args, run)
     return run, _prompt(args)
+
+
+def _check_layout(args: argparse.Namespace, run: _Run) -> None:
+    """The serving layout (a plan's, or ``--block-size``, ``--shared-selection``, ``--evict-every``; ``args.layout``,
+    None for none), checked against the policy and the budget before the model loads; its notes said on stderr."""
+    from . import layout_flags
+
+    if getattr(args, "run_plan", None) is None:
+        run.layout = layout_flags.of(args)
+    args.layout = layout = run.layout
+    layout_flags.refuse_with(args, layout, split=run.allocate is not None)
+    if layout is not None:
+        heads = 1 if args.model == SHIPPED else _kv_heads(Path(args.model) / "config.json")
+        layout_flags.check(layout, run.policy, [(run.budget, run.params)], heads=heads)
+
+
+def _kv_heads(config: Path) -> int | None:
+    """A model folder's KV heads per layer, from its config.json (None where it does not say)."""
+    from ..data import jsontext
+
+    try:
+        doc = jsontext.loads(config.read_text(encoding="utf-8"))
+        doc = doc.get("text_config", doc)
+        heads = doc.get("num_key_value_heads") or doc.get("num_attention_heads")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return heads if type(heads) is int else None
 
 
 def _check_windows(args: argparse.Namespace, run: _Run) -> None:
@@ -160,7 +190,7 @@ def cmd_generate(args: argparse.Namespace) -> dict:
     n = ids.shape[1]
     cache = hf.cache(model, run.policy, run.budget, windows=args.windows, by=args.by, allocate=run.allocation,
                      prefill=args.prefill, seed=args.seed, progress=say if args.prefill == "exact" and n > 1 else None,
-                     **run.params)
+                     **_layout_kwargs(args.layout), **run.params)
     if run.budget is not None and n > run.budget:
         say(None, f"the prompt's {n} tokens exceed the budget {run.budget}: "
             + ("each layer takes them one position at a time, as decoding would show them to the policy"
@@ -176,8 +206,21 @@ def cmd_generate(args: argparse.Namespace) -> dict:
             "peak_positions": cache.peak_positions, "cache_bytes": cache.nbytes,
             "prefill_seconds": out["prefill_seconds"], "decode_seconds": out["decode_seconds"],
             "tokens_per_second": steps / out["decode_seconds"] if steps and out["decode_seconds"] > 0 else None,
-            "seconds": time.perf_counter() - t0,
+            "seconds": time.perf_counter() - t0, **_blocks(args.layout, cache),
             **(_allocated(run, cache, cache.get_seq_length()) if run.allocate is not None else {})}
+
+
+def _layout_kwargs(layout) -> dict:
+    return {} if layout is None else layout.to_dict()
+
+
+def _blocks(layout, cache) -> dict:
+    """Under a serving layout: the layout and what the cache allocated, in whole blocks (``kvsim.hf.layout.memory``)."""
+    if layout is None:
+        return {}
+    from kvsim.hf.layout import memory
+
+    return {"layout": layout.to_dict(), "blocks": memory(cache)}
 
 
 def _allocated(run: _Run, cache, seen: int) -> dict:
@@ -211,6 +254,13 @@ def render_generate(doc: dict) -> str:
         if doc["unevicted_heads"]:
             note = (f"; {doc['unevicted_heads']} of {heads} heads' budgets reach the {doc['positions_seen']} positions "
                     "processed: nothing was evicted there")
+    cache = f"{doc['cache_bytes'] / (1 << 20):.1f} MiB"
+    if doc.get("blocks"):
+        m = doc["blocks"]
+        tables = "one block table per layer" if m["block_tables"] == 1 else f"{m['block_tables']} block tables per layer"
+        held += f" under {m['layout']}"
+        cache = (f"{m['blocks']} blocks of {m['block_size']} positions in {tables} ({m['block_peak']} held at most) and one "
+                 f"staging position, {cache}")
     return (f"{doc['text']}\n\n[{len(doc['token_ids'])} tokens after a {doc['prompt_tokens']}-token prompt; {doc['policy']} "
-            f"{held}: at most {max(doc['peak_positions'])} positions per layer, cache "
-            f"{doc['cache_bytes'] / (1 << 20):.1f} MiB; prompt {doc['prefill_seconds']:.1f} s ({doc['prefill']}), {tps}{note}]")
+            f"{held}: at most {max(doc['peak_positions'])} positions per layer, cache {cache}; "
+            f"prompt {doc['prefill_seconds']:.1f} s ({doc['prefill']}), {tps}{note}]")

@@ -45,6 +45,9 @@ def add_needle(sub) -> None:
                    "attention (kvsim.hf prefill='compress'); then each policy decodes from that kept set at --budget")
     p.add_argument("--prefill-policy", default=None, metavar="NAME[:K=V,...]", help="with --prefill-budget: the policy "
                    "whose score chooses once (default: snapkv, at its defaults), e.g. snapkv:recent_window=8")
+    from .layout_flags import add as add_layout_flags
+
+    add_layout_flags(p)
     p.add_argument("--optimum", action="store_true", help="also the exact optimum's fate of the key: the control's "
                    "attention replayed through the offline optimal at each run's budgets (per layer, when it would let "
                    "the key's tokens go); not with --prefill-budget")
@@ -137,6 +140,7 @@ def check(args: argparse.Namespace) -> dict:
                          "policy would be the full cache; give budgets below every length")
     if isinstance(allocate, tuple):
         _nothing_evicted(allocate, lengths[0], args.allocate)
+    layout = _layout(args, names, budgets, own)
     prefill = _prefill(args, lengths)
     if prefill is not None and (args.optimum or args.attention):
         raise InputError(f"--{'optimum' if args.optimum else 'attention'} does not go with --prefill-budget: a compressed "
@@ -149,7 +153,7 @@ def check(args: argparse.Namespace) -> dict:
                     PolicySpec.of(name, b, **own[name])
             except ParamError as e:
                 raise InputError(f"{name}: {param_message(e)}") from None
-            jobs.append(Job(name, b, tuple(sorted(own[name].items())), allocate, prefill))
+            jobs.append(Job(name, b, tuple(sorted(own[name].items())), allocate, prefill, layout))
     if args.trials < 1:
         raise InputError(f"--trials: {args.trials}: must be at least 1")
     new_tokens = NEW_TOKENS if args.new_tokens is None else args.new_tokens
@@ -169,6 +173,30 @@ def check(args: argparse.Namespace) -> dict:
     except NeedleError as e:
         raise InputError(str(e)) from None
     return {"jobs": jobs, "lengths": lengths, "depths": depths(args.depths), "template": template, "new_tokens": new_tokens}
+
+
+#: the KV heads per layer of the shipped models, for what a layout says before one loads
+SHIPPED_KV_HEADS = {"gemma3-270m": 1, "smollm2-135m": 3}
+
+
+def _layout(args: argparse.Namespace, names: list[str], budgets: list, own: dict):
+    """``--block-size``, ``--shared-selection``, ``--evict-every``: the layout every job deploys (None: none),
+    checked against every policy at every budget before the model loads, its notes said once."""
+    from . import layout_flags
+
+    layout = layout_flags.of(args)
+    layout_flags.refuse_with(args, layout)
+    if layout is None:
+        return None
+    heads = SHIPPED_KV_HEADS.get(args.model)
+    layout_flags.check(layout, names[0], [(b, own[names[0]]) for b in budgets], heads=heads)  # its notes, once
+    for name in names[1:]:
+        for b in budgets:
+            try:
+                layout.check(name, b, own[name], heads=heads)
+            except ValueError as e:
+                raise CLIError(f"{layout_flags.layout_flags_text(layout)}: {' '.join(str(e).split())}") from None
+    return layout
 
 
 def _allocation(args: argparse.Namespace, names: list[str], own: dict) -> tuple:

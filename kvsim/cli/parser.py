@@ -382,6 +382,7 @@ def _add_generate(sub, traces) -> None:
     p.add_argument("--max-new-tokens", type=positive_int, required=True, metavar="N", help="tokens to generate "
                    "(fewer if the model ends the text)")
     p.add_argument("--seed", type=int, default=None, help="the generator the random policy draws from")
+    add_layout_flags(p)
     add_plan_flags(p, "generate")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
 

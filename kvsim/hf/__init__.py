@@ -4,6 +4,7 @@
     cache = kvsim.hf.cache(model, "h2o", 256, recent_window=32)           # or windows="tune.json"
     cache = kvsim.hf.cache(model, "h2o", 256, allocate="pyramidkv")      # or {(layer, kv_head): budget}, "split.json"
     cache = kvsim.hf.cache(model, "h2o", 256, allocate="adakv")          # a layer's KV heads share one pool
+    cache = kvsim.hf.cache(model, "h2o", 256, block_size=16, shared_selection=True)  # pages, one table a layer
     out = model.generate(ids, cache=cache, max_new_tokens=200, do_sample=False)  # past_key_values= before 5.x
 
 Every decoder layer holds at most ``budget`` positions per KV head (or each (layer, KV head) its own
@@ -11,7 +12,8 @@ budget, ``allocate``: the cache's bytes follow the split), chosen by one policy 
 head) from the registry's online policies, fed the attention the model computes (``kvsim.hf.cache``,
 docs/domain.md, "The deployed cache", docs/deploy.md). The model is put on kvsim's attention function (eager
 arithmetic, which exposes the weights); with transformers' own caches it still computes eager
-attention.
+attention. Under a serving layout (``block_size``, ``shared_selection``, ``evict_every``; docs/serving.md) the
+cache is held in whole blocks as a paged engine holds it (``kvsim.hf.layout``).
 
 Importing this package needs torch and transformers (the model extra); ``import kvsim``, the CLI and
 the app never import it until a command or a measurement decodes.
@@ -112,7 +114,8 @@ def layer_specs(model, policy: str, budget: int | None, windows=None, by: str = 
 
 def cache(model, policy: str | None = None, budget: int | None = None, *, plan=None, windows=None, by: str = "layer",
           allocate=None, prefill: str = "exact", seed: int | None = None, progress=None, prefill_budget=None,
-          prefill_policy: str = DEFAULT_SCORER, prefill_params: dict | None = None, **params) -> EvictingCache:
+          prefill_policy: str = DEFAULT_SCORER, prefill_params: dict | None = None, block_size: int = 1,
+          shared_selection: bool = False, evict_every: int = 1, **params) -> EvictingCache:
     """An ``EvictingCache`` for ``model``: ``policy`` at ``budget`` in every layer with ``params``, and
     ``windows`` (see ``layer_specs``) per layer; ``allocate`` (see ``layer_specs``) gives each (layer,
     KV head) its own budget, and each head's storage is that budget plus one spare slot; ``allocate="adakv"``
@@ -131,11 +134,26 @@ def cache(model, policy: str | None = None, budget: int | None = None, *, plan=N
     its defaults updated by ``prefill_params``), and decoding goes on from them: ``policy`` ``"none"`` lets the
     cache grow, any online policy runs at ``budget`` from the kept set (``kvsim.sim.prefill``).
 
+    ``block_size``, ``shared_selection``, ``evict_every``: the serving layout (docs/serving.md, "The deployed
+    cache under a layout"; ``kvsim.hf.layout``): the cache in physical blocks of ``block_size`` positions (the
+    budget rounded down to whole blocks is the memory), one block table for a layer's KV heads under shared
+    selection, decisions every ``evict_every`` steps, decided by the simulator's own layout code. The cache's
+    ``notes`` say what the layout rounded or made a no-op; ``kvsim.hf.layout.memory(cache)`` its blocks.
+
     ``plan``: a run's plan (``kvsim.policies.plan.Plan``, or the path of its JSON, e.g. ``kvsim replay ...
-    --save-plan FILE`` or the app's download) in place of the policy, budget, parameters, ``allocate`` and the
-    compression, which are then not given here."""
+    --save-plan FILE`` or the app's download) in place of the policy, budget, parameters, ``allocate``, the
+    compression and the layout, which are then not given here."""
+    from ..policies.layouts import Layout, LayoutError
+
+    try:
+        layout = Layout(block_size, shared_selection, evict_every)
+    except (ParamError, LayoutError) as e:
+        raise HFError(str(e)) from None
     if plan is not None:
+        if not layout.plain:
+            raise HFError("plan= gives the layout: give block_size, shared_selection and evict_every there, not here too")
         policy, budget, extra = _from_plan(plan, policy, budget, allocate, prefill, prefill_budget, params)
+        layout = extra.pop("layout")
         allocate, prefill_budget = extra.pop("allocate"), extra.pop("prefill_budget")
         prefill = extra.pop("prefill", prefill)
         prefill_policy, prefill_params = extra.pop("prefill_policy", prefill_policy), extra.pop("prefill_params", None)
@@ -164,6 +182,8 @@ def cache(model, policy: str | None = None, budget: int | None = None, *, plan=N
         attach(model)
         return EvictingCache([PooledLayer(row, pool, floor, prefill=prefill) for row, floor in zip(specs, floors, strict=True)],
                              progress=progress)
+    elif not layout.plain:
+        return _under_layout(model, layout, policy, budget, windows, by, allocate, prefill, seed, progress, params)
     else:
         specs = layer_specs(model, policy, budget, windows, by, allocate, **params)
     metas = layer_metas(model, [s for s in (None if policy == GROW else policy, scorer and scorer.name) if s])
@@ -186,11 +206,11 @@ def _from_plan(plan, policy, budget, allocate, prefill, prefill_budget, params) 
             raise HFError(f"plan: {e}") from None
     if policy is not None or budget is not None or allocate is not None or prefill_budget is not None or params:
         raise HFError("plan= gives the policy, budget, parameters, allocate and compression: give them there, not here too")
-    if plan.layout is not None:  # deploying it as written would silently run the cache without it
-        raise HFError(f"plan: the deployed cache does not take a serving layout yet ({plan.layout.label}); "
-                      "the simulator replays it (docs/serving.md)")
+    from ..policies.layouts import NONE
+
     spec, c = plan.policy, plan.compression
-    extra = {"allocate": plan.allocate if plan.allocate is not None else plan.budgets, "prefill_budget": None}
+    extra = {"allocate": plan.allocate if plan.allocate is not None else plan.budgets, "prefill_budget": None,
+             "layout": plan.layout or NONE}
     if c is not None:
         if prefill != "exact":
             raise HFError(f"plan= compresses the prompt; prefill={prefill!r} is another prompt mode")
@@ -198,6 +218,36 @@ def _from_plan(plan, policy, budget, allocate, prefill, prefill_budget, params) 
     if spec is None:
         return PLAN_GROW, None, extra
     return spec.name, spec.budget, {**extra, **dict(spec.params)}
+
+
+def _under_layout(model, layout, policy: str, budget, windows, by: str, allocate, prefill: str, seed, progress,
+                  params: dict) -> EvictingCache:
+    """The cache under ``layout`` (``kvsim.hf.layout``), every check before any token: the layout against each
+    head's policy and budget (``Layout.check``: a block larger than the budget, an interval that does not fit,
+    an offline policy), and what it does not go with (an allocation, adakv, a compressed prompt)."""
+    from .layout import LayoutLayer
+
+    if allocate is not None:
+        raise HFError(f"a serving layout ({layout.label}) holds every KV head at one budget in whole blocks; "
+                      "allocate= is not taken with it")
+    if prefill == "compress":
+        raise HFError(f"a serving layout ({layout.label}) holds the cache while decoding; prefill='compress' "
+                      "chooses each head's positions once, alone: use prefill='exact' or 'fast'")
+    specs = layer_specs(model, policy, budget, windows, by, **params)
+    kv_heads = len(specs[0])
+    notes: list[str] = []
+    for spec in dict.fromkeys(s for row in specs for s in row):
+        try:
+            found = layout.check(spec.name, spec.budget, spec.params, heads=kv_heads)
+        except ValueError as e:
+            raise HFError(f"{layout.label}: {' '.join(str(e).split())}") from None
+        notes += [n for n in found if n not in notes]
+    metas = layer_metas(model, [policy])
+    attach(model)
+    out = EvictingCache([LayoutLayer(row, layout, prefill=prefill, rng_seed=seed, meta=meta)
+                         for row, meta in zip(specs, metas, strict=True)], progress=progress)
+    out.notes = notes
+    return out
 
 
 def layer_metas(model, policies: list[str]) -> list[dict]:

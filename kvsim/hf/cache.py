@@ -326,6 +326,9 @@ class EvictingCache(Cache):
 
     def __init__(self, layers: list[EvictingLayer], progress: Progress | None = None):
         super().__init__(layers=layers)
+        #: what the cache's construction only says (a serving layout's budget rounded to whole blocks, shared
+        #: selection on one KV head): one line each
+        self.notes: list[str] = []
         for i, layer in enumerate(layers):
             layer.index = i
         if progress is not None:

@@ -12,7 +12,8 @@ The needle's fate (every position's departure step per layer and KV head) and a 
 as a row of a cell's one batched pass, are kvsim.models.needle_runs'.
 
 Each trial is cached on disk (``<cache_dir>/needle/``) under a key made of everything it depends on:
-the model's identity, the prompt's token ids, the policy spec, the prefill and the tokens decoded.
+the model's identity, the prompt's token ids, the policy spec, the prefill, the serving layout (when there
+is one) and the tokens decoded.
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ NEEDLE_DIR = "needle"
 
 
 def trial_key(model_id: str, prompt: Prompt, policy: str, budget: int | None, params: dict, new_tokens: int,
-              seed: int | None, allocate=None, prefill: dict | None = None) -> dict:
+              seed: int | None, allocate=None, prefill: dict | None = None, layout=None) -> dict:
     """What a trial depends on. ``allocate``: a split's name or its ``[[layer, kv_head, budget], ...]``
-    rows (a file's content, not its path); ``prefill``: the compression (budget, scorer, its parameters)."""
+    rows (a file's content, not its path); ``prefill``: the compression (budget, scorer, its parameters);
+    ``layout``: the serving layout (``Layout``; None, a trial without one, keeps the key it always had)."""
     import transformers
 
     key = {"version": VERSION, "model": model_id, "prompt": prompt.digest, "key_positions": list(prompt.key_positions),
@@ -55,6 +57,8 @@ def trial_key(model_id: str, prompt: Prompt, policy: str, budget: int | None, pa
     if prefill:
         key["prefill"] = {"budget": prefill["budget"], "policy": prefill["policy"],
                           "params": dict(sorted((prefill.get("params") or {}).items()))}
+    if layout is not None:
+        key["layout"] = layout.to_dict()
     return key
 
 
@@ -169,6 +173,7 @@ def run_unit(model, tokenizer, model_id: str, template: Template, unit: Unit, se
         run = {"policy": job.policy, "budget": job.budget, "params": params, "label": job.label,
                "allocate": how["allocate"] if isinstance(how["allocate"], (str, type(None))) else
                [list(r) for r in job.allocate], "prefill": how["prefill"],
+               **({} if job.layout is None else {"layout": job.layout.to_dict()}),
                "text": record["text"], "answer": said, "correct": said == key, "cached": cached,
                "prefill_seconds": record["prefill_seconds"], "decode_seconds": record["decode_seconds"],
                "batch": record.get("batch", 1), "positions": record["positions"], "budgets": budgets,
@@ -210,7 +215,7 @@ def _keep_attention(model, model_id: str, ck: dict, record: dict, prompt: Prompt
     rows = record.pop("rows")
     meta = {"key_positions": list(prompt.key_positions), "prompt_length": len(prompt.ids), "policy": job.policy,
             "budget": job.budget, "params": dict(job.params), "label": job.label, "model_id": model_id,
-            "budgets": record["budgets"]}
+            "budgets": record["budgets"], **({} if job.layout is None else {"layout": job.layout.to_dict()})}
     return nt.save_bundle(ck, rows, meta, model_id, kinds, window)
 
 
@@ -271,7 +276,7 @@ def accuracy(trials: Sequence[dict], jobs: Sequence[Job], lengths: Sequence[int]
 
         grids.append({"policy": job.policy, "budget": job.budget, "params": dict(job.params), "label": job.label,
                       "allocate": job.allocate if not isinstance(job.allocate, tuple) else [list(r) for r in job.allocate],
-                      "prefill": job.how["prefill"],
+                      "prefill": job.how["prefill"], **({} if job.layout is None else {"layout": job.layout.to_dict()}),
                       "accuracy": cell(trials, counted),
                       "counted": cell(trials, lambda rows: sum(r["control"]["correct"] for r in rows))})
     total = [r["control"]["correct"] for r in trials]

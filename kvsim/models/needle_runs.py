@@ -38,6 +38,8 @@ class Job:
     allocate: str | tuple | None = None
     #: a compressed prompt: (positions kept or a ratio, the scorer's name, its sorted (name, value) pairs)
     prefill: tuple | None = None
+    #: a serving layout (``kvsim.policies.layouts.Layout``; None: none), deployed by ``kvsim.hf.cache``
+    layout: object = None
 
     @property
     def label(self) -> str:
@@ -49,6 +51,8 @@ class Job:
         if self.prefill is not None:
             keep, scorer, sp = self.prefill
             extra += f", prompt compressed to {keep} by {scorer}" + "".join(f" {k} {v}" for k, v in sp)
+        if self.layout is not None:
+            extra += f", {self.layout.label}"
         return f"{self.policy} @ {self.budget if self.budget is not None else 'the split'}{extra}"
 
     @property
@@ -58,7 +62,7 @@ class Job:
             {(x, h): b for x, h, b in self.allocate}
         prefill = None if self.prefill is None else {"budget": self.prefill[0], "policy": self.prefill[1],
                                                      "params": dict(self.prefill[2])}
-        return {"allocate": allocate, "prefill": prefill}
+        return {"allocate": allocate, "prefill": prefill, "layout": self.layout}
 
 
 
@@ -103,29 +107,39 @@ class _Departures:
                                 dtype=np.int32)
         return self.left.shape[2]
 
+    def _shown(self, li: int, b: int, h: int, t: int, before: np.ndarray, shown) -> None:
+        """(row b, layer li, KV head h) was shown ``shown`` over ``before`` at step t: kept, heard."""
+        kept = self.rows[b]
+        if t and shown is not None and (kept is not None or (self.listen is not None and b == 0)):
+            row = np.asarray(shown, dtype=np.float32)  # the row over what (b, h) holds, ascending
+            if kept is not None:
+                full = kept.setdefault((li, h), np.zeros((self.positions, self.positions), dtype=np.float32))
+                full[t, before] = row
+            if self.listen is not None and b == 0:
+                self.listen(li, h, t, before, row)
+
+    def _left(self, li: int, b: int, h: int, t: int, before: np.ndarray, after: np.ndarray) -> None:
+        """What (row b, layer li, KV head h) held before step t, with t, less what it holds after, left at t."""
+        if after.size == before.size + 1:  # t admitted, nothing left
+            return
+        # both ascending, what it holds after among what it held with t: the rest left
+        had = np.append(before, t)
+        gone = np.ones(had.size, dtype=bool)
+        gone[np.searchsorted(had, after)] = False
+        self.left[b, li, h, had[gone]] = t
+
     def _wrap(self, layer, li: int) -> None:
+        if hasattr(layer, "_decide"):  # a layout's layer decides for all a row's KV heads at once (kvsim.hf.layout)
+            self._wrap_rows(layer, li)
+            return
         admit, store = layer._admit, layer._store
 
         def admitting(b, h, t, shown, key, value, queries=None):
             self._heads(layer)
             before = layer.held(b, h)  # a new array (fancy indexing), the held positions ascending
-            kept = self.rows[b]
-            if t and shown is not None and (kept is not None or (self.listen is not None and b == 0)):
-                row = np.asarray(shown, dtype=np.float32)  # the row over what (b, h) holds, ascending
-                if kept is not None:
-                    full = kept.setdefault((li, h), np.zeros((self.positions, self.positions), dtype=np.float32))
-                    full[t, before] = row
-                if self.listen is not None and b == 0:
-                    self.listen(li, h, t, before, row)
+            self._shown(li, b, h, t, before, shown)
             admit(b, h, t, shown, key, value, queries)
-            after = layer.held(b, h)
-            if after.size == before.size + 1:  # t admitted, nothing left
-                return
-            # both ascending, what it holds after among what it held with t: the rest left
-            had = np.append(before, t)
-            gone = np.ones(had.size, dtype=bool)
-            gone[np.searchsorted(had, after)] = False
-            self.left[b, li, h, had[gone]] = t
+            self._left(li, b, h, t, before, layer.held(b, h))
 
         def storing(b, h, held, keys, values):
             self._heads(layer)
@@ -136,6 +150,20 @@ class _Departures:
 
         layer._admit = admitting
         layer._store = storing
+
+    def _wrap_rows(self, layer, li: int) -> None:
+        decide = layer._decide
+
+        def deciding(b, t, shown, key, value, q):
+            heads = self._heads(layer)
+            before = [layer.held(b, h) for h in range(heads)]
+            for h in range(heads):
+                self._shown(li, b, h, t, before[h], shown[h])
+            decide(b, t, shown, key, value, q)
+            for h in range(heads):
+                self._left(li, b, h, t, before[h], layer.held(b, h))
+
+        layer._decide = deciding
 
     def held(self, row: int = 0) -> list[list[np.ndarray]]:
         """What each (layer, KV head) of ``row`` holds now."""
@@ -176,7 +204,7 @@ def first_loss(left: np.ndarray, key_positions: Sequence[int]) -> list[list[int 
 
 def run_trial(model, prompt: Prompt, policy: str, budget: int | None = None, params: dict | None = None, *,
               new_tokens: int = NEW_TOKENS, seed: int | None = None, eos=None, listen=None, allocate=None,
-              prefill: dict | None = None, rows: bool = False) -> dict:
+              prefill: dict | None = None, rows: bool = False, layout=None) -> dict:
     """Decode ``prompt`` with ``policy`` at ``budget`` in every layer (``CONTROL``: the full cache).
     The record (``tokens``, the ``prefill_seconds`` / ``decode_seconds`` split) and, for a policy,
     ``left``: each position's departure step per (layer, KV head), -1 for held to the end, and
@@ -205,7 +233,8 @@ def run_trial(model, prompt: Prompt, policy: str, budget: int | None = None, par
     if prefill:
         how = {"prefill": "compress", "prefill_budget": prefill["budget"], "prefill_policy": prefill["policy"],
                "prefill_params": dict(prefill.get("params") or {})}
-    cache = hf.cache(model, policy, budget, seed=seed, allocate=allocate, **how, **(params or {}))
+    cache = hf.cache(model, policy, budget, seed=seed, allocate=allocate, **how, **_layout_how(layout),
+                     **(params or {}))
     watch = _Departures(cache, len(prompt.ids) + new_tokens, listen, rows)
     # one thread: an exact prefill steps each position through tiny matrix-vector products, which a
     # second thread only slows down on a busy machine (kvsim.models.decode measured the same)
@@ -234,6 +263,11 @@ def _cache_how(prefill: dict | None) -> dict:
             "prefill_params": dict(prefill.get("params") or {})}
 
 
+def _layout_how(layout) -> dict:
+    """``kvsim.hf.cache``'s layout arguments for a trial's ``layout`` (None: none)."""
+    return {} if layout is None else layout.to_dict()
+
+
 def run_batch(model, prompt: Prompt, jobs: Sequence, *, new_tokens: int = NEW_TOKENS, seed: int | None = None, eos=None,
               rows: bool | Sequence[bool] = False, progress: Progress | None = None) -> list[dict]:
     """``run_trial`` for several policy configurations over one prompt in one batched pass: each job
@@ -249,7 +283,8 @@ def run_batch(model, prompt: Prompt, jobs: Sequence, *, new_tokens: int = NEW_TO
     The jobs share one batch when their prompt mode (``prefill``) and every (layer, KV head)'s budget
     agree (one layer takes one prompt mode; a head's storage is its largest row's budget, and a row at
     another budget would see its slots in another layout); the rest go in further batches, each
-    decoded the same way. ``rows``: as ``run_trial``'s, per job or for all."""
+    decoded the same way. A job under a serving layout (``Job.layout``) decodes alone, in the cache
+    ``kvsim.hf.cache`` built for it. ``rows``: as ``run_trial``'s, per job or for all."""
     import kvsim.hf as hf
     from kvsim.hf import EvictingCache, EvictingLayer, LayerMeta
 
@@ -265,17 +300,20 @@ def run_batch(model, prompt: Prompt, jobs: Sequence, *, new_tokens: int = NEW_TO
     for job in jobs:
         how = job.how
         one = hf.cache(model, job.policy, job.budget, seed=seed, allocate=how["allocate"], **_cache_how(how["prefill"]),
-                       **dict(job.params))
+                       **_layout_how(job.layout), **dict(job.params))
         budgets = tuple(tuple(spec.budget for spec in layer.specs) for layer in one.layers)
-        built.append((one, (job.prefill, budgets)))
+        built.append((one, (job.prefill, budgets) if job.layout is None else ("layout", len(built))))
     groups: dict = {}
     for i, (_, key) in enumerate(built):
         groups.setdefault(key, []).append(i)
     positions = len(prompt.ids) + new_tokens
     out: list[dict | None] = [None] * len(jobs)
     for members in groups.values():
-        # attention kept per row is positions^2 float32 per (layer, KV head): at most about 2 GB of it at once
         one = built[members[0]][0]
+        if jobs[members[0]].layout is not None:  # a layout's job decodes alone, in the cache it was built as
+            out[members[0]] = _decode_batch(model, prompt, one, new_tokens, eos, [wanted[members[0]]])[0]
+            continue
+        # attention kept per row is positions^2 float32 per (layer, KV head): at most about 2 GB of it at once
         per_row = positions * positions * 4 * sum(len(layer.specs) for layer in one.layers)
         size = max(1, int(2e9 // per_row)) if any(wanted[i] for i in members) else len(members)
         for a in range(0, len(members), size):

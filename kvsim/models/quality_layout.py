@@ -2,15 +2,19 @@
 policy replays the full-cache traces under the layout (``decode.replay_masks(..., layout=)``: a layer's KV
 heads together under shared selection), and its kept sets mask one teacher-forced pass, as the open loop
 does without a layout. The result is the open loop's document with the layout's columns added; it is cached
-under the open loop's key plus the layout, so no result without a layout changes key. The closed loop (the
-deployed cache) takes a layout in a later step."""
+under the open loop's key plus the layout, so no result without a layout changes key.
+
+``measure_closed``: ``kvsim quality --mode closed`` under a layout, token by token through the deployed cache
+under it (``kvsim.hf.layout``: whole blocks, one block table per layer under shared selection, the
+simulator's own ``LayoutCache`` deciding), one configuration a decode; cached the same way."""
 
 from __future__ import annotations
 
 import time
 
 from ..policies.layouts import Layout
-from .decode import MaskedPass, hidden_states, replay_masks
+from ..progress import Progress
+from .decode import ClosedLoopDecoder, MaskedPass, hidden_states, replay_masks
 from .quality import Session, read_cached, write_cached
 
 
@@ -29,6 +33,48 @@ def measure_open(session: Session, policy: str, budget: int, params: dict, layou
     hidden = hidden_states(session.model, session.ids, MaskedPass(allowed=allowed))
     ((nll, kl),) = session._scorer.score([hidden])
     result = {**session._result(c.policy, c.budget, c.params, "open", mass, nll, kl, time.perf_counter() - t0, 1),
+              **columns}
+    if use_cache:
+        write_cached(key, result)
+    return {**result, "cached": False}
+
+
+class _LayoutDecoder(ClosedLoopDecoder):
+    """The closed loop through layers under ``layout`` (``kvsim.hf.layout.LayoutLayer``, the policies built at
+    its memory)."""
+
+    def __init__(self, model, policies, full_rows, n, layout: Layout):
+        super().__init__(model, policies, None, full_rows, n)
+        self.layout = layout
+
+    def _cache(self):
+        from ..hf import EvictingCache
+        from ..hf.layout import LayoutLayer
+
+        return EvictingCache([LayoutLayer(None, self.layout, policies=[config[layer] for config in self.policies])
+                              for layer in range(len(self.policies[0]))])
+
+
+def measure_closed(session: Session, policy: str, budget: int, params: dict, layout: Layout, *,
+                   use_cache: bool = True, progress: Progress | None = None) -> dict:
+    """One closed-loop measurement of ``policy`` at ``budget`` and ``params`` under ``layout``: the deployed cache
+    under it decodes the text token by token (the closed loop's truth); the closed loop's document with the
+    layout's columns."""
+    c = session.configuration(policy, budget, params)
+    memory, _ = layout.memory(budget)
+    columns = {"layout": layout.label, **layout.to_dict(), "memory": memory}
+    key = {**session.cache_key(c, "closed"), "layout": layout.to_dict()}
+    hit = read_cached(key) if use_cache else None
+    if hit is not None:
+        return {**hit, "cached": True}
+    t0 = time.perf_counter()
+    policies = [[spec.replace(budget=memory).build(session.traces[x][h]) for h in range(session.kv_heads)]
+                for x, spec in enumerate(c.specs)]
+    rows = [[tr.attention for tr in layer] for layer in session.traces]
+    decoder = _LayoutDecoder(session.model, [policies], rows, session.n, layout)
+    ((hidden, mass),) = decoder.decode(session.ids, session.hidden_full.shape[1], progress)
+    ((nll, kl),) = session._scorer.score([hidden])
+    result = {**session._result(c.policy, c.budget, c.params, "closed", mass, nll, kl, time.perf_counter() - t0, 1),
               **columns}
     if use_cache:
         write_cached(key, result)
