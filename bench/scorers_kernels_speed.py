@@ -4,9 +4,10 @@ another revision's, side by side in one process, and checked to give the same bi
     PYTHONPATH=. python bench/scorers_kernels_speed.py [--rev main] [--rounds 21]
 
 ``key_logits`` (kvsim/policies/expected_attention.py: 257 held keys of 256 dimensions, 4 query heads, a
-window of 256 centred queries: one step at refresh 1) and ``_keydiff_cosines`` (kvsim/sim/kernels_keys.py:
-the same 257 keys held), each compiled from ``git show REV:path`` with numba beside this checkout's; ``--rounds``
-alternating rounds, the median and minimum of each. Timings are wall-clock on whatever machine runs it.
+window of 256 centred queries: one step at refresh 1) and ``_keydiff_cosines`` (kvsim/policies/keydiff.py,
+kvsim/sim/kernels_keys.py at a revision before the hooks moved beside their policies: the same 257 keys
+held), each compiled from ``git show REV:path`` with numba beside this checkout's; ``--rounds`` alternating
+rounds, the median and minimum of each. Timings are wall-clock on whatever machine runs it.
 """
 
 from __future__ import annotations
@@ -23,11 +24,18 @@ from checkout import this_checkout
 ROOT = this_checkout(__file__)
 
 
-def at_revision(rev: str, path: str, name: str):
-    """The kernel ``name`` of ``path`` as revision ``rev`` wrote it, compiled with numba (not cached)."""
+def at_revision(rev: str, paths: tuple[str, ...], name: str):
+    """The kernel ``name`` as revision ``rev`` wrote it, in the first of ``paths`` that holds it there, compiled
+    with numba (not cached)."""
     import numba
 
-    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"], capture_output=True, text=True, check=True).stdout
+    for path in paths:
+        done = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"], capture_output=True, text=True)
+        if done.returncode == 0 and f"@kernel\ndef {name}(" in done.stdout:
+            src = done.stdout
+            break
+    else:
+        raise SystemExit(f"{rev}: no kernel {name} in {', '.join(paths)}")
     start = src.index(f"@kernel\ndef {name}(")
     end = src.index("\n@kernel", start + 1)
     scope = {"np": np, "math": math, "BLOCK": 8}
@@ -37,8 +45,8 @@ def at_revision(rev: str, path: str, name: str):
 
 def main() -> None:
     from kvsim.policies import expected_attention as ea
-    from kvsim.sim import kernels_keys as kk
-    from kvsim.sim.kernels import Shape
+    from kvsim.policies import keydiff as kk
+    from kvsim.policies.slot_hooks import Shape
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rev", default="main", help="the revision to compare with (default main)")
@@ -52,8 +60,9 @@ def main() -> None:
     state = kk._keydiff_state(Shape(1, n, 4096), keys)
     for i in range(n):
         kk._keydiff_admit(state, 0, held, i)
-    logits = {"this": ea.key_logits, args.rev: at_revision(args.rev, "kvsim/policies/expected_attention.py", "key_logits")}
-    cosines = {"this": kk._keydiff_cosines, args.rev: at_revision(args.rev, "kvsim/sim/kernels_keys.py", "_keydiff_cosines")}
+    logits = {"this": ea.key_logits, args.rev: at_revision(args.rev, ("kvsim/policies/expected_attention.py",), "key_logits")}
+    cosines = {"this": kk._keydiff_cosines,
+               args.rev: at_revision(args.rev, ("kvsim/policies/keydiff.py", "kvsim/sim/kernels_keys.py"), "_keydiff_cosines")}
 
     def run_logits(fn):
         out = np.zeros((n, G))

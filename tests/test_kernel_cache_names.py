@@ -1,8 +1,9 @@
 """numba keys a cached kernel by its own file's time stamp, and every policy's step loop is made in
-kvsim/sim/kernels.py from hooks that live elsewhere (beside the policy, a module of hooks, the GQA rule's
-jitted helpers). A specialisation's name carries a digest of every source file its hooks reach, and every
-kernel's cache key the digest of every file its code reaches, so editing a hook or a helper it calls
-compiles its callers afresh instead of running the old cached code, and nothing else."""
+kvsim/sim/kernels.py from hooks that live elsewhere (beside the policy, the helpers hooks share in
+kvsim/policies/slot_hooks.py, the GQA rule's jitted helpers). A specialisation's name carries a digest of
+every source file its hooks reach, and every kernel's cache key the digest of every file its code reaches, so
+editing a hook or a helper it calls compiles its callers afresh instead of running the old cached code, and
+nothing else."""
 
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ def test_the_digest_follows_a_hook_and_the_helpers_it_calls_in_other_files(tmp_p
 
 
 def test_the_digest_follows_a_constant_imported_from_another_module(tmp_path, monkeypatch):
-    """numba freezes a global constant into the code: greedy_future's ``BLOCK``, read by the one-victim pick
-    from another module, changes the digest when its value does."""
+    """numba freezes a global constant into the code: one read from another module (``from .greedy_future import
+    BLOCK`` in a hook's file) changes the digest when its value does."""
     monkeypatch.syspath_prepend(str(tmp_path))
     hooks = "from kc_const import BLOCK\n\ndef pick(x):\n    return x + BLOCK\n"
     _module(tmp_path, "kc_const", "BLOCK = 64\n")

@@ -15,9 +15,9 @@ import kvsim
 from kvsim import cli
 from kvsim.data import qk_files
 from kvsim.data.trace import TraceError
-from kvsim.policies.keydiff import unit_keys
-from kvsim.policies.knorm import KNorm, key_norms
-from kvsim.sim import engine, kernels_keys
+from kvsim.policies.keydiff import compiled_unit_keys, unit_keys
+from kvsim.policies.knorm import KNorm, compiled_key_norms, key_norms
+from kvsim.sim import engine
 from kvsim.sim.simulate import replay
 
 NAMES = ("knorm", "keydiff")
@@ -201,8 +201,8 @@ def test_the_kernels_norms_and_unit_keys_are_the_references_row_by_row(dtype):
     # and what the engine computes from the keys ``engine_inputs`` hands it
     handed = KNorm.engine_inputs([], 39, {"keys": keys})["keys"]
     assert handed.dtype == np.float64 and np.array_equal(handed, keys)
-    assert np.array_equal(kernels_keys.key_norms(handed), norms)
-    assert np.array_equal(kernels_keys.unit_keys(handed), units) and not units[7].any()
+    assert np.array_equal(compiled_key_norms(handed), norms)
+    assert np.array_equal(compiled_unit_keys(handed), units) and not units[7].any()
 
 
 @pytest.mark.parametrize("name", NAMES)

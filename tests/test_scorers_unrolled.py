@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 
 from kvsim.policies.expected_attention import key_logits
-from kvsim.policies.keydiff import cosines, unit_keys
+from kvsim.policies.keydiff import _keydiff_admit, _keydiff_cosines, _keydiff_state, cosines, unit_keys
 from kvsim.policies.knorm import kernel_keys
-from kvsim.sim.kernels import Shape
-from kvsim.sim.kernels_keys import _keydiff_admit, _keydiff_cosines, _keydiff_state
+from kvsim.policies.slot_hooks import Shape
 
 
 def _logits_by_hand(keys, rows, n, sinks, adv, cols, count, logits, stamp, period):

@@ -235,14 +235,14 @@ nrtdynmod.compile_nrt_functions = lambda ctx: compiled.append(1) or compile_nrt(
 from kvsim.cli import main
 import re
 from kvsim import jit
-from kvsim.policies import h2o, slot_hooks
-from kvsim.sim import kernels, kernels_attention, kernels_snapkv
+from kvsim.policies import h2o, slot_hooks, snapkv, tova
+from kvsim.sim import kernels
 def named(module):  # a specialisation by its policy's name, without the digest of its sources
     return {re.sub(r"_steps_[0-9a-f]{10}$", "_steps", n): v for n, v in vars(module).items() if isinstance(v, jit.Kernel)}
-kernel = {n: v for m in (kernels, slot_hooks, kernels_attention, kernels_snapkv, h2o) for n, v in named(m).items()}  # before any is swapped
+kernel = {n: v for m in (kernels, slot_hooks, tova, snapkv, h2o) for n, v in named(m).items()}  # before any is swapped
 with contextlib.redirect_stdout(io.StringIO()):
     assert main(sys.argv[1:]) == 0
-kernel["h2o_steps"] = named(kernels)["h2o_steps"]  # h2o's hooks (beside the policy) specialised by the replay
+kernel.update(named(kernels))  # the step loops the replay specialised with the hooks beside their policies: h2o's alone
 loaded = len(compiled)
 made = sorted(n for n, v in kernel.items() if v._dispatcher is not None)
 stand_ins = sorted(n for n, v in kernel.items() if v._dispatcher is None)
@@ -263,7 +263,8 @@ print(json.dumps([loaded, made, stand_ins, doubled(np.arange(4.0)), len(compiled
     loaded, made, stand_ins, doubled, after = run()
     assert loaded == 0 and doubled == 12.0 and after == 1
     assert "h2o_steps" in made and "_h2o_observe" in made and "_first_min" in made
-    assert "tova_steps" in stand_ins and "_tova_observe" in stand_ins and "snapkv_steps" in stand_ins
+    assert "_tova_observe" in stand_ins and "_tova_pick" in stand_ins and "_snapkv_observe" in stand_ins
+    assert not {"tova_steps", "snapkv_steps"} & {*made, *stand_ins}  # the loops of policies not replayed: never made
 
 
 def test_a_commands_own_parser_reads_its_line_as_the_whole_grammar_does():

@@ -107,9 +107,9 @@ class EngineBinding:
     engine's step loop, or a path to them, so that this layer loads neither numba nor the engine; the
     engine specialises the loop on first use. What the kernel reads comes from the policy's ``engine_inputs``."""
 
-    #: the policy's ``kvsim.policies.slot_hooks.SlotHooks`` (h2o's, beside it: ``EngineBinding(STEPS)``), or the
-    #: ``"module:name"`` of its hooks or of a ``SlotKernel`` (the step loop specialised already, and the
-    #: state it allocates), e.g. ``"kvsim.sim.kernels_snapkv:SNAPKV"``
+    #: the policy's ``kvsim.policies.slot_hooks.SlotHooks`` (every built-in's, beside it: ``EngineBinding(STEPS)``),
+    #: or the ``"module:name"`` of its hooks or of a ``SlotKernel`` (the step loop specialised already, and the
+    #: state it allocates), e.g. ``"kvsim.policies.h2o:STEPS"``
     kernel: object
     #: about how long its kernels take to compile from nothing on two cores (the app's warm-up estimate)
     compile_s: float = 2.0

@@ -37,8 +37,9 @@ when it comes, and the softmax over the held keys is taken at every step. kvpres
 this way with its ``compression_interval`` (512), compressing once per interval.
 
 The arithmetic of a step is three kernels, ``window_stats``, ``key_logits`` and ``combine`` (plain loops,
-every sum in a stated order), which this reference and the engine's kernel (``kvsim.sim.kernels_expected``)
-both call, so the two agree bit for bit; the trigonometry (``turns``) and the queries turned back
+every sum in a stated order), which this reference and the engine's hooks (declared here, ``STEPS``, for
+the engine's one step loop in ``kvsim.sim.kernels``) both call, so the two agree bit for bit
+(tests/test_scorers_queries.py); the trigonometry (``turns``) and the queries turned back
 (``pre_rope``) are NumPy, per position, in the same calls on both paths. Its cost per step is
 O(held x window x head dim x heads) when the statistics are taken afresh (docs/scorers.md).
 """
@@ -54,6 +55,7 @@ from ..data.trace import TraceError
 from ..jit import kernel
 from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
 from .registry import register
+from .slot_hooks import Shape, SlotHooks, _first_min, _slots
 from .streaming_llm import SINKS
 
 QUERY_WINDOW = Param("query_window", 256, "the statistics come from the queries of the newest query_window positions "
@@ -143,6 +145,82 @@ class Rope:
         return np.cos(angle).mean(axis=0), np.sin(angle).mean(axis=0)
 
 
+# --------------------------------------------------------------------------------------------
+# the fast path: the state holds what ``engine_inputs`` made a position at a time with the reference's own
+# calls (keys in float64, value norms, the queries turned back before RoPE, each position's turn) and, per
+# configuration, its sinks, query window, refresh and future average, with the statistics of its current
+# period and each slot's logits against them (stamped with the period). A step's scores are computed when
+# the loop first asks for them (the scores record, or the pick once the cache is over its budget): the
+# statistics of the period's first step (``period_of``; its window the positions ``max(sinks, p - window + 1)
+# .. p``, oldest first, as the reference's ring held them), the logits of the slots not stamped with it, the
+# softmax over the held. Skipping a step changes nothing: what is computed depends on the step, not on when.
+
+
+@kernel
+def _fresh(state, c, p_c):
+    """Configuration c's scores, computed once per step (``due[c]``: how many slots are held, newest last,
+    while the step's scores are still to compute; 0 once they are)."""
+    (keys, vnorm, pre, cos, sin, sinks, windows, refresh, cbar, sbar, scores, due, adv, cols, logits, stamp, period,
+     counts) = state
+    n = due[c]
+    if n > 0:
+        t = p_c[n - 1]
+        s = sinks[c]
+        per = 1 + (t - 1) // refresh[c] * refresh[c]  # ``period_of``
+        if per != period[c]:  # the window and turn of step ``per``, as the reference's ring held them then
+            lo = max(s, per - windows[c] + 1)
+            count = per - lo + 1 if per >= s else 0
+            window_stats(pre, lo if count > 0 else 0, count, pre.shape[0], cos[per], sin[per], cbar[c], sbar[c], adv[c],
+                         cols[c])
+            period[c] = per
+            counts[c] = count
+        held_sinks = min(s, n)
+        key_logits(keys, p_c, n, held_sinks, adv[c], cols[c], counts[c], logits[c], stamp[c], per)
+        combine(logits[c], p_c, vnorm, n, held_sinks, scores[c])
+        due[c] = 0
+    return scores[c]
+
+
+@kernel
+def _expected_admit(state, c, p_c, n):
+    state[11][c] = n + 1  # slot n is the newcomer: the n + 1 held are to be scored
+    state[15][c, n] = -1  # its logits are not taken yet
+
+
+@kernel
+def _expected_score(state, c, p_c, i):
+    return _fresh(state, c, p_c)[i]
+
+
+@kernel
+def _expected_pick(state, c, t, p_c, n, A, a0, scored):
+    return _first_min(_fresh(state, c, p_c), n)
+
+
+@kernel
+def _expected_drop(state, c, best, n):
+    """Slot ``best`` leaves: the later slots' logits and stamps move up with their positions."""
+    logits = state[14][c]
+    stamp = state[15][c]
+    for i in range(best, n - 1):
+        stamp[i] = stamp[i + 1]
+        for g in range(logits.shape[1]):
+            logits[i, g] = logits[i + 1, g]
+
+
+def _expected_state(shape: Shape, keys, vnorm, pre, cos, sin, sinks, windows, refresh, cbar, sbar):
+    G, d = pre.shape[1:]
+    return (keys, vnorm, pre, cos, sin, sinks, windows, refresh, cbar, sbar, _slots(shape, 0.0, np.float64),
+            np.zeros(shape.configs, dtype=np.int64), np.zeros((shape.configs, G, d)),
+            np.zeros((shape.configs, G, d, int(windows.max()))), np.zeros((shape.configs, shape.width, G)),
+            _slots(shape, -1, np.int64), np.full(shape.configs, -1, dtype=np.int64), np.zeros(shape.configs, dtype=np.int64))
+
+
+#: expected_attention's hooks of the engine's step loop, which its ``engine_binding`` names
+STEPS = SlotHooks("expected_attention_steps", _expected_state, admit=_expected_admit, score=_expected_score,
+                  pick=_expected_pick, drop=_expected_drop)
+
+
 @register
 class ExpectedAttention(SlotPolicy):
     name = "expected_attention"
@@ -152,7 +230,7 @@ class ExpectedAttention(SlotPolicy):
     summary = ("evict the lowest attention expected from the next queries (a Gaussian fitted to the recent queries, "
                "their RoPE advanced) times the value's norm; the first sinks positions are kept")
     display = Display("#b8860b", "18px,3px,2px,3px", 3, score_name="expected attention")
-    engine_binding = EngineBinding("kvsim.sim.kernels_expected:EXPECTED_ATTENTION", compile_s=50)
+    engine_binding = EngineBinding(STEPS, compile_s=50)
     keeps_scores = True
     reads = ("queries", "keys", "values")
     #: built with the trace (``PolicySpec.build`` hands it over): its meta says the model's RoPE

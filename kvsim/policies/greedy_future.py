@@ -13,6 +13,11 @@ while the exact optimum (``optimal``) with the same knowledge all but reaches th
 bound there (0.96854 against 0.96858). The distance between this line and ``optimal`` is what a
 schedule adds over a ranking (0.04-0.05 on the shipped gemma3 traces). It was called ``oracle`` before; the name said
 "the best", which it is not.
+
+Its fast path is declared here too (``STEPS``): the hook with which the engine's one step loop
+(``kvsim.sim.kernels``) replays every configuration at once, one victim a step from step ``budget`` on: the
+first minimum, over every slot (the newcomer's included), of the attention still to come, from the policy's
+own block suffix sums plus the rows up to the next block, added in numpy's order (``future_attention``'s).
 """
 
 from __future__ import annotations
@@ -20,11 +25,55 @@ from __future__ import annotations
 import numpy as np
 
 from ..data.trace import Trace
+from ..jit import kernel
 from .base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
 from .registry import register
+from .slot_hooks import Shape, SlotHooks, _first_min
 
 #: rows per block of the precomputed suffix sums (memory ~ (T / BLOCK) * T * 8 bytes)
 BLOCK = 64
+
+
+# --------------------------------------------------------------------------------------------
+# the fast path: nothing per slot but the positions; ``state``: the block suffix sums (one trace: one
+# array for every configuration) and a row to add the attention still to come into
+
+
+@kernel
+def _future_attention(A, a0, suffix, block, t, p_c, n, out):
+    """``GreedyFuture.future_attention`` of the n slots after step t, into ``out[:n]``, bit for bit:
+    the rows t+1 .. min(c * block, T) (c = ceil(t / block)) added one after another from 0.0 (numpy's
+    ``sum(axis=0)`` over a (rows, n >= 2) array adds its rows in order), then added to the block
+    suffix ``suffix[c, p]``. Rows outer, slots inner: the same per-slot order, read along rows. ``A``'s
+    first row is step ``a0`` (a query/key trace's chunk, which holds the whole block: chunks and blocks
+    are both 64 steps from step 1)."""
+    T = suffix.shape[1] - 1
+    c = (t + block - 1) // block
+    for i in range(n):
+        out[i] = 0.0
+    for r in range(t + 1, min(c * block, T) + 1):
+        row = A[r - a0]
+        for i in range(n):
+            out[i] += np.float64(row[p_c[i]])
+    for i in range(n):
+        out[i] = suffix[c, p_c[i]] + out[i]
+
+
+@kernel
+def _greedy_future_pick(state, c, t, p_c, n, A, a0, scored):
+    """The first minimum of the attention still to come over every slot, the newcomer's included (the
+    reference's ``_evict_lowest`` over all ``_len`` slots)."""
+    suffix, future = state
+    _future_attention(A, a0, suffix, BLOCK, t, p_c, n, future)
+    return _first_min(future, n)
+
+
+def _greedy_future_state(shape: Shape, suffix):
+    return suffix, np.empty(shape.width, dtype=np.float64)
+
+
+#: greedy_future's hooks of the engine's step loop, which its ``engine_binding`` names
+STEPS = SlotHooks("greedy_future_steps", _greedy_future_state, pick=_greedy_future_pick)
 
 
 @register
@@ -33,7 +82,7 @@ class GreedyFuture(SlotPolicy):
     order = 140
     summary = "evicts the position with the least attention still to come: greedy with future knowledge, not the optimum"
     display = Display("#b0b0b0", "2px,6px", 3)
-    engine_binding = EngineBinding("kvsim.sim.kernels_unobserved:GREEDY_FUTURE")
+    engine_binding = EngineBinding(STEPS)
     needs_trace = True
 
     def __init__(

@@ -13,15 +13,79 @@ every score stays exactly as it was. A position no row has shown yet has score 0
 collected nothing; the recent window is what protects it, as in h2o). Eviction is repeated argmin
 of the score over ``kept[:len - recent_window]``; equal scores evict the lower position; victims
 come back in ascending position order.
+
+Its fast path is declared here too (``STEPS``): the hooks with which the engine's one step loop
+(``kvsim.sim.kernels``) replays every configuration at once, the same arithmetic. A sum gains
+``float64(float32(float64(A[t, p]) / mass))`` as h2o's does (nothing when the mass is 0) and the count
+gains one for every row shown (a row of zeros counts); the score is ``sum / count`` (0 while the count
+is 0), the victim its first minimum over ``kept[:len - recent_window]``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..jit import kernel
 from .base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy, per_config
 from .h2o import RECENT_WINDOW
 from .registry import register
+from .slot_hooks import Shape, SlotHooks, _drop, _slots
+
+# --------------------------------------------------------------------------------------------
+# the fast path: h2o's sum (``state[1]``) with a count of the steps shown (``state[2]``), evicting by
+# ``sum / count`` (0 while the count is 0), the reference's ``np.divide``, outside the recent window
+# (``state[0]``)
+
+
+@kernel
+def _normalized_observe(state, c, p_c, n, gather, total):
+    s_c = state[1][c]
+    k_c = state[2][c]
+    for i in range(n):
+        if total > 0:
+            s_c[i] += np.float64(np.float32(gather[i] / total))
+        k_c[i] += 1
+
+
+@kernel
+def _normalized_admit(state, c, p_c, n):
+    state[1][c, n] = 0.0
+    state[2][c, n] = 0
+
+
+@kernel
+def _normalized_score(state, c, p_c, i):
+    s = state[1][c, i]
+    k = state[2][c, i]
+    return s / k if k > 0 else 0.0
+
+
+@kernel
+def _normalized_pick(state, c, t, p_c, n, A, a0, scored):
+    best = 0
+    low = _normalized_score(state, c, p_c, 0)
+    for i in range(1, n - state[0][c]):
+        v = _normalized_score(state, c, p_c, i)
+        if v < low:  # strict: the first minimum, the lower position
+            low = v
+            best = i
+    return best
+
+
+@kernel
+def _normalized_drop(state, c, best, n):
+    _drop(state[1][c], best, n)
+    _drop(state[2][c], best, n)
+
+
+def _normalized_state(shape: Shape, windows):
+    return windows, _slots(shape, 0.0, np.float64), _slots(shape, 0, np.int64)
+
+
+#: h2o_normalized's hooks of the engine's step loop, which its ``engine_binding`` names
+STEPS = SlotHooks("h2o_normalized_steps", _normalized_state, observe=_normalized_observe, admit=_normalized_admit,
+                  score=_normalized_score, pick=_normalized_pick, drop=_normalized_drop)
+
 
 
 @register
@@ -31,7 +95,7 @@ class H2ONormalized(SlotPolicy):
     table_rows = ({"recent_window": 32},)
     summary = "h2o with each cumulative score divided by the steps the position has been held, so age alone does not win"
     display = Display("#8c564b", "solid", 2, "triangle-up")
-    engine_binding = EngineBinding("kvsim.sim.kernels_attention:H2O_NORMALIZED")
+    engine_binding = EngineBinding(STEPS)
     reads_attention = True
     keeps_scores = True
     tunables = (RECENT_WINDOW,)

@@ -14,7 +14,7 @@ the two choices the one-line definition leaves open, and kvsim follows it:
 What it reads: the KV head's keys (``reads = ("keys",)``), post-RoPE as stored, handed over by
 ``see`` before each position is admitted. No attention.
 
-Arithmetic (the engine's kernel, ``kvsim.sim.kernels_keys``, is held to it bit for bit), in float64:
+Arithmetic (the engine's, below, is held to it bit for bit), in float64:
 ``u_p = k_p / ||k_p||`` (``kvsim.policies.knorm.key_norms``; a zero key stays zero, as
 ``F.normalize`` leaves it); ``s = sum of u_p`` over the held slots, added in kept order, one
 dimension at a time; ``cos_p = (u_p . s) / ||s||`` with the products added in dimension order and
@@ -29,16 +29,28 @@ ascending position order. Deterministic: ``rng`` is never used.
 
 The score kept for the scores view is ``1 - cos`` (in 0 .. 2, the lowest goes, as for every policy);
 eviction itself compares the cosines.
+
+Its fast path is declared here too (``STEPS``): the hooks with which the engine's one step loop
+(``kvsim.sim.kernels``) replays every configuration at once. Its state takes ``keys`` (``engine_inputs``,
+as knorm's) and computes every unit key once (``compiled_unit_keys``); a step's cosines are the sum of the
+held unit keys added in kept order (a cumulative sum: it starts from the first slot's row, not from 0.0),
+each dot product's terms added in dimension order from the first, ``||s||`` likewise, then one division
+per slot, and the victim is their first maximum. Its cost is O(budget x head dim) a step against h2o's
+O(budget): every step's newcomer moves the anchor, so every held key's dot product changes. It reads no
+attention, so the loop's default ``measure`` only counts the kept mass and the top-k hits.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from ..jit import kernel
 from .base import DEFAULT_BUDGET, Display, EngineBinding
-from .knorm import KeyedSlots, kernel_keys, key_norms
+from .knorm import KeyedSlots, _key_norm, kernel_keys, key_norms
 from .registry import register
+from .slot_hooks import Shape, SlotHooks, _drop, _first_max
 
 
 def unit_keys(keys) -> np.ndarray:
@@ -84,13 +96,136 @@ def _cosines(units, out):
         out[i] = dot / norm
 
 
+@kernel
+def _unit_keys(keys, out):
+    for p in range(keys.shape[0]):
+        row = keys[p]
+        norm = _key_norm(row)
+        o = out[p]
+        for k in range(row.shape[0]):
+            o[k] = np.float64(row[k]) / norm if norm > 0 else 0.0
+
+
+def compiled_unit_keys(keys: np.ndarray) -> np.ndarray:
+    """``unit_keys`` of a position-major array of keys, compiled in one pass: the same bits."""
+    out = np.empty(keys.shape, dtype=np.float64)
+    _unit_keys(keys, out)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# the fast path: each held slot's unit key is also a column of ``cols[c]`` (``(d, width)``; column
+# ``col_of[c, slot]``; an eviction hands its column to the next newcomer, so columns never move), so
+# the dot products run along a row of columns: every slot's product is still added in dimension order,
+# and the additions of different slots, side by side, vectorise
+
+
+@kernel
+def _keydiff_cosines(state, c, p_c, n):
+    """``cos[:n]``: each held slot's cosine to the sum of the held unit keys. Both long sums take four terms
+    per pass (``((s + u_1) + u_2) + u_3 ...``, ``((dot + c_0 s_0) + c_1 s_1) + ...``): the same additions in
+    the same order, so the same bits, with each partial sum loaded and stored once per four terms."""
+    units, cols, col_of, s, dots, cos, held = state
+    d = units.shape[1]
+    first = units[p_c[0]]
+    for k in range(d):
+        s[k] = first[k]
+    n4 = 1 + (n - 1) // 4 * 4
+    for i in range(1, n4, 4):  # kept order, each dimension's sum in that order; side by side over k
+        r1, r2, r3, r4 = units[p_c[i]], units[p_c[i + 1]], units[p_c[i + 2]], units[p_c[i + 3]]
+        for k in range(d):
+            s[k] = (((s[k] + r1[k]) + r2[k]) + r3[k]) + r4[k]
+    for i in range(n4, n):
+        row = units[p_c[i]]
+        for k in range(d):
+            s[k] += row[k]
+    ss = s[0] * s[0]
+    for k in range(1, d):
+        ss += s[k] * s[k]
+    norm = math.sqrt(ss)
+    if norm == 0.0:
+        for i in range(n):
+            cos[i] = 0.0
+        return
+    c_cols = cols[c]
+    w = c_cols.shape[1]
+    col = c_cols[0]
+    s0 = s[0]
+    for j in range(w):
+        dots[j] = col[j] * s0
+    d4 = 1 + (d - 1) // 4 * 4
+    for k in range(1, d4, 4):  # every column's dot product gains its k-th terms: dimension order, per column
+        c1, c2, c3, c4 = c_cols[k], c_cols[k + 1], c_cols[k + 2], c_cols[k + 3]
+        s1, s2, s3, s4 = s[k], s[k + 1], s[k + 2], s[k + 3]
+        for j in range(w):
+            dots[j] = (((dots[j] + c1[j] * s1) + c2[j] * s2) + c3[j] * s3) + c4[j] * s4
+    for k in range(d4, d):
+        col = c_cols[k]
+        sk = s[k]
+        for j in range(w):
+            dots[j] += col[j] * sk
+    o_c = col_of[c]
+    for i in range(n):
+        cos[i] = dots[o_c[i]] / norm
+
+
+@kernel
+def _keydiff_admit(state, c, p_c, n):
+    units, cols, col_of, s, dots, cos, held = state
+    j = col_of[c, n]
+    row = units[p_c[n]]
+    c_cols = cols[c]
+    for k in range(row.shape[0]):
+        c_cols[k, j] = row[k]
+    held[c] = n + 1  # held after admitting slot n: what ``score`` scores
+
+
+@kernel
+def _keydiff_score(state, c, p_c, i):
+    """Slot i's ``1 - cos``; the cosines are computed once, when slot 0 is asked (``pick`` reads them back)."""
+    if i == 0:
+        _keydiff_cosines(state, c, p_c, state[6][c])
+    return 1.0 - state[5][i]
+
+
+@kernel
+def _keydiff_pick(state, c, t, p_c, n, A, a0, scored):
+    if not scored:  # else ``score`` has just computed them for these n slots
+        _keydiff_cosines(state, c, p_c, n)
+    return _first_max(state[5], n)
+
+
+@kernel
+def _keydiff_drop(state, c, best, n):
+    o_c = state[2][c]
+    freed = o_c[best]
+    _drop(o_c, best, n)
+    o_c[n - 1] = freed  # the next newcomer's column
+
+
+def _keydiff_state(shape: Shape, keys):
+    units = compiled_unit_keys(keys)
+    n_cfg, width, d = shape.configs, shape.width, units.shape[1]
+    # O(configs x d x budget) float64: every held unit key once more, as a column
+    cols = np.zeros((n_cfg, d, width), dtype=np.float64)
+    cols[:, :, 0] = units[0]  # position 0, held from the start, in column 0
+    col_of = np.tile(np.arange(width, dtype=np.int64), (n_cfg, 1))
+    return (units, cols, col_of, np.empty(d, dtype=np.float64), np.empty(width, dtype=np.float64),
+            np.empty(width, dtype=np.float64), np.zeros(n_cfg, dtype=np.int64))
+
+
+#: keydiff's hooks of the engine's step loop, which its ``engine_binding`` names
+STEPS = SlotHooks("keydiff_steps", _keydiff_state, admit=_keydiff_admit, score=_keydiff_score, pick=_keydiff_pick,
+                  drop=_keydiff_drop)
+
+
 @register
 class KeyDiff(KeyedSlots):
     name = "keydiff"
     order = 110
     summary = "evict the held key most similar (cosine) to the mean of the held unit keys, the newest included"
     display = Display("#b15928", "6px,6px,2px,6px", 3, score_name="1 - cosine to the mean key")
-    engine_binding = EngineBinding("kvsim.sim.kernels_keys:KEYDIFF")
+    engine_binding = EngineBinding(STEPS)
     keeps_scores = True
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:

@@ -47,6 +47,9 @@ among equal distances); the policy's victims come back in ascending order (one p
 
 Results are cached on disk (``kvsim.data.store.cache_dir()``), keyed by a hash of the attention's bytes,
 the budget and ``SOLVER_VERSION``, so the app and the CLI solve a trace at a budget once.
+
+Its fast path is declared here too (``STEPS``, just above the policy): the hook with which the
+engine's one step loop (``kvsim.sim.kernels``) replays the schedule, the position each step evicts.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ from ..data.trace import Trace
 from ..jit import kernel
 from .base import DEFAULT_BUDGET, ContractError, Display, EngineBinding, Policy, check_budget
 from .registry import register
+from .slot_hooks import Shape, SlotHooks
 
 #: bump when the solver's output for a given trace and budget could change (invalidates the cache)
 SOLVER_VERSION = 1
@@ -367,6 +371,25 @@ def optimal_schedule(
 # the policy
 
 
+# --------------------------------------------------------------------------------------------
+# the fast path: nothing per slot but the positions; ``state[0]``: the schedules, ``plan[c, t - 1]`` the
+# position step t evicts (``Optimal.engine_inputs``), one victim per step from step ``budget`` on
+
+
+@kernel
+def _optimal_pick(state, c, t, p_c, n, A, a0, scored):
+    """The slot of the position the schedule evicts at step t: a position held (kept is ascending)."""
+    return np.searchsorted(p_c[:n], state[0][c, t - 1])
+
+
+def _optimal_state(shape: Shape, plan):
+    return (plan,)
+
+
+#: optimal's hooks of the engine's step loop, which its ``engine_binding`` names
+STEPS = SlotHooks("optimal_steps", _optimal_state, pick=_optimal_pick)
+
+
 @register
 class Optimal(Policy):
     """Replays the optimal schedule (see the module docstring) through the harness: at step t it
@@ -379,7 +402,7 @@ class Optimal(Policy):
     order = 150
     summary = "the best eviction schedule under the cache's rules, solved exactly from the whole trace: the ceiling for any policy"
     display = Display("#4d4d4d", "2px,3px,2px,3px,2px,8px", 3)
-    engine_binding = EngineBinding("kvsim.sim.kernels_unobserved:OPTIMAL")
+    engine_binding = EngineBinding(STEPS)
     needs_trace = True
     needs_matrix = True  # the solver's suffix costs are O(T^2): 4 GB of float64 at 32k steps
 

@@ -11,17 +11,39 @@ seed gives the same victims. ``rng=None`` means ``numpy.random.default_rng(DEFAU
 replay by name is deterministic too. Each eviction draws its victims as one uniform sample
 without replacement (``rng.choice``) from the held positions (one victim per step under the
 harness); victims come back in ascending position order. Attention is never read.
+
+Its fast path is declared here too (``STEPS``): the hook with which the engine's one step loop
+(``kvsim.sim.kernels``) replays every configuration at once. The draws depend on the cache's length alone,
+so ``engine_inputs`` makes them ahead, with the very calls ``evict`` makes, and the pick evicts the slot
+drawn for the step (one victim a step from step ``budget`` on).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..jit import kernel
 from .base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
 from .registry import register
+from .slot_hooks import Shape, SlotHooks
 
 #: the seed of the generator used when none is passed
 DEFAULT_SEED = 0
+
+
+@kernel
+def _random_pick(state, c, t, p_c, n, A, a0, scored):
+    """``plan[c, t - 1]``: the slot (kept order, after admitting t) drawn for step t (``engine_inputs``)."""
+    return state[0][c, t - 1]
+
+
+def _random_state(shape: Shape, plan):
+    return (plan,)
+
+
+#: random's hooks of the engine's step loop, which its ``engine_binding`` names: nothing per slot but the
+#: positions, one victim per step from step ``budget`` on
+STEPS = SlotHooks("random_steps", _random_state, pick=_random_pick)
 
 
 @register
@@ -31,7 +53,7 @@ class RandomEviction(SlotPolicy):
     deterministic = False
     summary = "evict uniformly at random, from the rng it is given: the floor any informed policy must clear"
     display = Display("#fb9a99", "12px,3px,3px,3px,3px,3px", 4)
-    engine_binding = EngineBinding("kvsim.sim.kernels_unobserved:RANDOM")
+    engine_binding = EngineBinding(STEPS)
     uses_rng = True
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:

@@ -27,17 +27,91 @@ favours newcomers, a count for favours positions that have been held long.
 Eviction is repeated argmin of the count over ``kept[:len - recent_window]``; equal counts evict
 the lower position (counts tie often, so this rule matters here more than for H2O); victims come
 back in ascending position order.
+
+Its fast path is declared here too (``STEPS``): the hooks with which the engine's one step loop
+(``kvsim.sim.kernels``) replays every configuration at once, the same arithmetic. A vote is
+``float32(observed) > float32(1 / n)`` (``observed = float32(float64(A[t, p]) / mass)``, n = the positions
+held before the step); a row of zeros gives no vote but still advances the history window; the victim is the
+first minimum of the counts over ``kept[:len - recent_window]``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..jit import kernel
 from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
 from .h2o import RECENT_WINDOW
 from .registry import register
+from .slot_hooks import Shape, SlotHooks
 
 HISTORY_WINDOW = Param("history_window", 0, "votes of the last history_window observed steps count (0: the whole run)")
+
+
+# --------------------------------------------------------------------------------------------
+# the fast path: votes by position (eviction moves positions only); with a history window,
+# ``ring[c, j]`` lists the voters of the j-th observed step (mod the window), so the vote that leaves
+# the window is taken back in O(voters)
+
+
+@kernel
+def _scissorhands_observe(state, c, p_c, n, gather, total):
+    windows, histories, votes, observed, ring, ring_len = state
+    v_c = votes[c]
+    h = histories[c]
+    col = 0
+    if h > 0:  # the oldest observed step in the window takes its votes back
+        col = observed[c] % h
+        for j in range(ring_len[c, col]):
+            v_c[ring[c, col, j]] -= 1
+        ring_len[c, col] = 0
+    if total > 0:  # a row of zeros is shown as zeros: nobody beats the fair share
+        share = np.float32(1.0 / n)
+        for i in range(n):
+            if np.float32(gather[i] / total) > share:
+                p = p_c[i]
+                v_c[p] += 1
+                if h > 0:
+                    ring[c, col, ring_len[c, col]] = p
+                    ring_len[c, col] += 1
+    observed[c] += 1
+
+
+@kernel
+def _scissorhands_admit(state, c, p_c, n):
+    state[2][c, p_c[n]] = 0
+
+
+@kernel
+def _scissorhands_score(state, c, p_c, i):
+    return state[2][c, p_c[i]]
+
+
+@kernel
+def _scissorhands_pick(state, c, t, p_c, n, A, a0, scored):
+    windows, histories, votes, observed, ring, ring_len = state
+    v_c = votes[c]
+    best = 0
+    low = v_c[p_c[0]]
+    for i in range(1, n - windows[c]):
+        if v_c[p_c[i]] < low:  # strict: the first minimum, the lower position
+            low = v_c[p_c[i]]
+            best = i
+    return best
+
+
+def _scissorhands_state(shape: Shape, windows, histories):
+    # voters of each observed step in the window, O(configs x history_window x budget) int32; a step's
+    # voters are among the n <= budget positions held, so `width` entries suffice
+    h = int(histories.max())
+    ring = np.zeros((shape.configs, max(1, h), shape.width if h else 1), dtype=np.int32)
+    return (windows, histories, np.zeros((shape.configs, shape.steps + 1), dtype=np.int64),
+            np.zeros(shape.configs, dtype=np.int64), ring, np.zeros(ring.shape[:2], dtype=np.int64))
+
+
+#: scissorhands' hooks of the engine's step loop, which its ``engine_binding`` names
+STEPS = SlotHooks("scissorhands_steps", _scissorhands_state, observe=_scissorhands_observe, admit=_scissorhands_admit,
+                  score=_scissorhands_score, pick=_scissorhands_pick)
 
 
 @register
@@ -47,7 +121,7 @@ class Scissorhands(SlotPolicy):
     table_rows = ({"recent_window": 32}, {"recent_window": 64})
     summary = "keep the newest recent_window positions and, of the rest, the ones that most often drew more than a fair share"
     display = Display("#9467bd", "solid", 2, "diamond", score_name="votes (steps above a fair share)")
-    engine_binding = EngineBinding("kvsim.sim.kernels_attention:SCISSORHANDS")
+    engine_binding = EngineBinding(STEPS)
     reads_attention = True
     keeps_scores = True
     tunables = (RECENT_WINDOW, HISTORY_WINDOW)

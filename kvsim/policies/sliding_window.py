@@ -5,6 +5,8 @@ holds (right after the new position is admitted). Victims come back oldest first
 increase, so that is also ascending position order and the domain's "lower position first" tie
 rule holds trivially. Attention is never read. Position 0 is the oldest thing held, so it is the
 first thing evicted: the attention sink goes as soon as the cache fills.
+
+The engine replays it with streaming_llm's hooks (``kvsim.policies.streaming_llm.STEPS``), its sinks 0.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import numpy as np
 
 from .base import DEFAULT_BUDGET, Display, EngineBinding, Policy
 from .registry import register
-from .streaming_llm import StreamingLLM
+from .streaming_llm import STEPS, StreamingLLM
 
 
 @register
@@ -23,7 +25,7 @@ class SlidingWindow(StreamingLLM):
     table_rows = ({},)  # not its parent streaming_llm's sinks
     summary = "keep the newest budget positions"
     display = Display("#bcbd22", "12px,4px,3px,4px", 4)
-    engine_binding = EngineBinding("kvsim.sim.kernels_unobserved:WINDOW", compile_s=1)
+    engine_binding = EngineBinding(STEPS, compile_s=1)
     tunables = ()
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:

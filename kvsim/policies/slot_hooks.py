@@ -1,7 +1,8 @@
 """What a policy's fast path is made of, declared beside the policy (h2o's: ``kvsim.policies.h2o``): its
 ``SlotHooks``, the hooks of the engine's one step loop (``kvsim.sim.kernels``, which states the loop's
 rules and each hook's arguments), the ``Shape`` its state is sized by, and the helpers hooks share:
-``_first_min`` (the victim among equal scores: the first, the lower position), ``_drop`` (a slot's gap
+``_first_min`` (the victim among equal scores: the first, the lower position; ``_first_max`` likewise,
+for the policies that evict the largest), ``_drop`` (a slot's gap
 closed, kept order kept) and ``_slots`` (a per-slot array for every configuration). Here, in the policies
 layer, so that a policy module declares its hooks without importing the simulator; they are
 ``kvsim.jit`` kernels, stand-ins until the engine's first call compiles them.
@@ -55,6 +56,18 @@ def _first_min(values, count):
     for i in range(1, count):
         if values[i] < low:  # strict: the first minimum, the lower position
             low = values[i]
+            best = i
+    return best
+
+
+@kernel
+def _first_max(values, n):
+    """The slot of the largest of ``values[:n]``; strict, so the first maximum: the lower position."""
+    best = 0
+    high = values[0]
+    for i in range(1, n):
+        if values[i] > high:
+            high = values[i]
             best = i
     return best
 

@@ -6,16 +6,63 @@ sinks); a window that throws them away degrades sharply. Tie rule: victims are t
 unpinned positions, oldest first, which is ascending position order. Attention is never read.
 
 With ``sinks = 0`` this is the sliding window (``sliding_window.py`` is exactly that).
+
+Its fast path, sliding_window's too, is declared here (``STEPS``): the hooks with which the engine's one
+step loop (``kvsim.sim.kernels``) replays every configuration at once. The victim is the oldest unpinned
+position, slot ``sinks`` in kept order, once the cache is over its budget; what is held before step t is a
+closed form of the budget and the sinks, so the kept mass and the top-k hits are read along the row.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..jit import kernel
 from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, Policy, per_config
 from .registry import register
+from .slot_hooks import Shape, SlotHooks
 
 SINKS = Param("sinks", 4, "the first sinks positions are pinned forever", below_budget=True)
+
+
+# --------------------------------------------------------------------------------------------
+# the fast path (sliding_window's with ``sinks == 0``): the oldest unpinned position, slot ``sinks`` in
+# kept order, leaves once the cache is over its budget; ``state``: each configuration's sinks and budget
+
+
+@kernel
+def _window_measure(state, c, t, row, p_c, n, stamp, gather):
+    """The closed form of what is held before step t (the slots hold the same, in the same order):
+    everything when t <= budget, else positions ``0 .. sinks-1`` and the newest ``budget - sinks``.
+    Read along the row, not through the slots: nothing to gather, since nothing is observed."""
+    sinks, budgets = state
+    b = budgets[c]
+    s = sinks[c] if t > b else t
+    lo = t - (b - s) if t > b else t
+    total = 0.0
+    hits = 0
+    for p in range(s):
+        total += np.float64(row[p])
+        if stamp[p] == t:
+            hits += 1
+    for p in range(lo, t):
+        total += np.float64(row[p])
+        if stamp[p] == t:
+            hits += 1
+    return total, hits
+
+
+@kernel
+def _window_pick(state, c, t, p_c, n, A, a0, scored):
+    return state[0][c]
+
+
+def _window_state(shape: Shape, sinks, budgets):
+    return sinks, budgets
+
+
+#: streaming_llm's and sliding_window's hooks of the engine's step loop, which their ``engine_binding`` names
+STEPS = SlotHooks("window_steps", _window_state, measure=_window_measure, pick=_window_pick)
 
 
 @register
@@ -25,7 +72,7 @@ class StreamingLLM(Policy):
     table_rows = ({"sinks": 4},)
     summary = "pin the first sinks positions and keep the newest of the rest"
     display = Display("#2ca02c", "12px,4px", 4)
-    engine_binding = EngineBinding("kvsim.sim.kernels_unobserved:WINDOW", compile_s=1)
+    engine_binding = EngineBinding(STEPS, compile_s=1)
     tunables = (SINKS,)
 
     def __init__(

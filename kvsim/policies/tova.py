@@ -13,18 +13,60 @@ position had in the latest row it was shown. Positions admitted since the latest
 no weight and rank above every weighted position (no evidence against them); among themselves
 the lower position goes first. Equal weights evict the lower position; victims come back in
 ascending position order. Deterministic: ``rng`` is never used.
+
+Its fast path is declared here too (``STEPS``): the hooks with which the engine's one step loop
+(``kvsim.sim.kernels``) replays every configuration at once, the same arithmetic. A slot's weight is
+``float64(float32(float64(A[t, p]) / mass))`` of the latest row (zeros when the mass is 0), the
+newcomer's ``UNSEEN``; the victim is the first minimum over every slot but the newest.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..jit import kernel
 from .base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
 from .registry import register
+from .slot_hooks import Shape, SlotHooks, _drop, _first_min, _slots
 
 #: the weight of a position no row has shown yet: above any real weight (at most 1), below the
 #: +inf that marks a chosen victim during eviction
 UNSEEN = np.finfo(np.float64).max
+
+
+# --------------------------------------------------------------------------------------------
+# the fast path: each slot's weight in the latest row (``state[0]``; a newcomer's UNSEEN), never
+# evicting the newest
+
+
+@kernel
+def _tova_observe(state, c, p_c, n, gather, total):
+    w_c = state[0][c]
+    for i in range(n):
+        w_c[i] = np.float64(np.float32(gather[i] / total)) if total > 0 else 0.0
+
+
+@kernel
+def _tova_admit(state, c, p_c, n):
+    state[0][c, n] = UNSEEN
+
+
+@kernel
+def _tova_pick(state, c, t, p_c, n, A, a0, scored):
+    return _first_min(state[0][c], n - 1)  # the newest is never a candidate
+
+
+@kernel
+def _tova_drop(state, c, best, n):
+    _drop(state[0][c], best, n)
+
+
+def _tova_state(shape: Shape):
+    return (_slots(shape, UNSEEN, np.float64),)  # position 0: no row has shown it yet
+
+
+#: tova's hooks of the engine's step loop, which its ``engine_binding`` names
+STEPS = SlotHooks("tova_steps", _tova_state, observe=_tova_observe, admit=_tova_admit, pick=_tova_pick, drop=_tova_drop)
 
 
 @register
@@ -33,7 +75,7 @@ class TOVA(SlotPolicy):
     order = 50
     summary = "evict the lowest weight in the latest attention row, never the newest position"
     display = Display("#00796b", "8px,3px,8px,9px", 4, score_name="latest weight")
-    engine_binding = EngineBinding("kvsim.sim.kernels_attention:TOVA")
+    engine_binding = EngineBinding(STEPS)
     reads_attention = True
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:

@@ -20,6 +20,13 @@ paper applies VATP on top of H2O (and Scissorhands) with their recent window, an
 With ``sinks = 0`` and every value of the same non-zero L1 norm it is h2o exactly (the product keeps the order).
 ``ValueWeighted`` is the mechanism shared with ``critical`` (``kvsim.policies.critical``), which
 multiplies by a different per-position norm.
+
+Their fast path is declared here too (``STEPS``): the hooks with which the engine's one step loop
+(``kvsim.sim.kernels``) replays every configuration at once, the same arithmetic. A slot's accumulated
+attention gains ``float64(float32(w / mass))`` (h2o's), the newcomer's starts at 0; its score is
+``accumulated x multipliers[position]``, one float64 product; the victim is the first minimum of the scores
+over ``kept[:len - recent_window]`` leaving out the positions below ``sinks`` (held sinks are a prefix of kept
+order, which is ascending), and, when only sinks are left to choose from, the oldest (slot 0).
 """
 
 from __future__ import annotations
@@ -28,13 +35,12 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ..jit import kernel
 from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
 from .h2o import RECENT_WINDOW
 from .registry import register
+from .slot_hooks import Shape, SlotHooks, _drop, _slots
 from .streaming_llm import SINKS
-
-#: the one kernel both value-weighted policies replay with (the multiplier is all that differs)
-BINDING = EngineBinding("kvsim.sim.kernels_values:VALUE_WEIGHTED")
 
 
 def value_l1(values) -> np.ndarray:
@@ -46,6 +52,70 @@ def value_l1(values) -> np.ndarray:
     return np.cumsum(v, axis=-1)[..., -1]
 
 
+# --------------------------------------------------------------------------------------------
+# the fast path of both value-weighted policies (vatp, critical): h2o's accumulated attention per slot
+# (``state[3]``) times a fixed float64 multiplier per position (``state[2]``: ``engine_inputs``'s
+# ``multipliers``, computed once for the whole trace with the very function ``see`` calls on one row, so
+# the products are the reference's bit for bit); ``state[0]``, ``state[1]``: each configuration's recent
+# window and sinks
+
+
+@kernel
+def _value_weighted_observe(state, c, p_c, n, gather, total):
+    s_c = state[3][c]
+    if total > 0:
+        for i in range(n):
+            s_c[i] += np.float64(np.float32(gather[i] / total))
+
+
+@kernel
+def _value_weighted_admit(state, c, p_c, n):
+    state[3][c, n] = 0.0  # the newcomer starts with no attention
+
+
+@kernel
+def _value_weighted_score(state, c, p_c, i):
+    return state[3][c, i] * state[2][p_c[i]]
+
+
+@kernel
+def _value_weighted_pick(state, c, t, p_c, n, A, a0, scored):
+    windows, sinks, mult, acc = state
+    count = n - windows[c]
+    first = 0
+    while first < count and p_c[first] < sinks[c]:  # the held sinks: a prefix of kept order
+        first += 1
+    if first == count:
+        return 0  # nothing but sinks to choose from: the oldest goes
+    a_c = acc[c]
+    best = first
+    low = a_c[first] * mult[p_c[first]]
+    for i in range(first + 1, count):
+        s = a_c[i] * mult[p_c[i]]
+        if s < low:  # strict: the first minimum, the older position
+            low = s
+            best = i
+    return best
+
+
+@kernel
+def _value_weighted_drop(state, c, best, n):
+    _drop(state[3][c], best, n)
+
+
+def _value_weighted_state(shape: Shape, windows, sinks, multipliers):
+    if multipliers.shape != (shape.steps + 1,):
+        raise ValueError(f"multipliers has shape {multipliers.shape}, expected ({shape.steps + 1},): one per position")
+    return windows, sinks, multipliers, _slots(shape, 0.0, np.float64)
+
+
+#: the value-weighted policies' hooks of the engine's step loop, one set for both (the multiplier is all
+#: that differs), which ``ValueWeighted.engine_binding`` names
+STEPS = SlotHooks("value_weighted_steps", _value_weighted_state, observe=_value_weighted_observe,
+                  admit=_value_weighted_admit, score=_value_weighted_score, pick=_value_weighted_pick,
+                  drop=_value_weighted_drop)
+
+
 class ValueWeighted(SlotPolicy):
     """Accumulated attention (h2o's) times a fixed per-position multiplier that ``multipliers`` computes
     from the members the policy ``reads``; the newest ``recent_window`` positions are never evicted and
@@ -53,7 +123,7 @@ class ValueWeighted(SlotPolicy):
 
     reads_attention = True
     keeps_scores = True
-    engine_binding = BINDING
+    engine_binding = EngineBinding(STEPS)
     #: the class's own: sinks is VATP's alone (CriticalKV pins none)
     tunables: tuple[Param, ...] = (RECENT_WINDOW,)
 

@@ -5,7 +5,7 @@ policy; this module allocates the arrays every policy's loop shares, runs it a c
 time (so that ``progress`` can be told between chunks) and spreads a sweep's batches over threads.
 
 Which policies it replays is read off the registry: a policy whose class declares an
-``engine_binding`` (``kvsim.policies.EngineBinding``: its ``SlotHooks``, declared beside it as h2o's are,
+``engine_binding`` (``kvsim.policies.EngineBinding``: its ``SlotHooks``, declared beside it as every built-in's are,
 or the path of its hooks or ``SlotKernel``, resolved here on first use, so the policies layer imports
 neither numba nor this module) is replayed by that kernel, every other registered policy by the
 reference harness. What the kernel reads comes through the

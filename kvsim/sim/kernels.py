@@ -5,13 +5,11 @@ policies differ, with exactly the arithmetic of the reference policies (``kvsim.
 for its own state and calls its specialised loop a chunk of steps at a time.
 
 This module holds the loop and the machinery that specialises it; what a policy's hooks are made of (its
-``SlotHooks``, the ``Shape`` its state is sized by, the helpers hooks share: ``_first_min``, ``_drop``,
+``SlotHooks``, the ``Shape`` its state is sized by, the helpers hooks share: ``_first_min``, ``_first_max``, ``_drop``,
 ``_slots``) is in ``kvsim.policies.slot_hooks``, so that a policy declares its hooks beside it without
-importing the simulator. The hooks sit with their policies' kin: h2o's beside the policy
-(``kvsim.policies.h2o``, declared as its ``SlotHooks``), tova's, scissorhands' and h2o_normalized's in
-``kernels_attention``, snapkv's in ``kernels_snapkv``, the window and one-victim policies' in
-``kernels_unobserved``, the key scorers' in ``kernels_keys``, the value-weighted ones' in
-``kernels_values``, expected_attention's in ``kernels_expected``. Each states the rules its hooks keep.
+importing the simulator. Each policy's hooks sit beside it, in its own module of ``kvsim.policies``
+(h2o's in ``kvsim.policies.h2o``, declared as its ``SlotHooks``, ``STEPS``; streaming_llm's serve
+sliding_window too, vatp's critical), and its docstring states the rules its hooks keep.
 
 Why a specialisation per policy rather than hooks passed as arguments: numba compiles a jitted
 function taken as an argument into its caller, but keys its disk cache by the argument's type, which
