@@ -191,6 +191,7 @@ def test_tunes_truth_measures_a_split_at_the_tuned_window_once_then_reads_it(ses
 
     truth = _Truth.__new__(_Truth)
     truth.args = argparse.Namespace(policy="h2o", no_cache=False, trace="tiny")
+    truth.policy, truth.fixed = "h2o", {}  # what tune holds (its plan's or its flags' policy, other parameters as given)
     truth.session, truth.counts = session, {"read": 0, "measured": 0}
     flat = [16, 8] * session.layers  # the same memory as 12 per head
     got = truth.split(flat, 4)
