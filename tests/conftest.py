@@ -64,6 +64,23 @@ def gemma():
     return quality.load(None, progress=None)
 
 
+@pytest.fixture
+def deferred_downloads(monkeypatch) -> dict:
+    """The app's deferred downloads by file name (a download's bytes are made only when clicked): each
+    callable is kept here, so a test can call it and read what a click would have saved."""
+    from streamlit.runtime.media_file_manager import MediaFileManager
+
+    deferred = {}
+    add = MediaFileManager.add_deferred
+
+    def keep(self, data_callable, mimetype, coordinates, file_name=None, **kw):
+        deferred[file_name] = data_callable
+        return add(self, data_callable, mimetype, coordinates, file_name, **kw)
+
+    monkeypatch.setattr(MediaFileManager, "add_deferred", keep)
+    return deferred
+
+
 @pytest.fixture(scope="session")
 def canonical() -> kvsim.Trace:
     return resolve_trace("canonical")

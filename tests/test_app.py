@@ -102,18 +102,9 @@ def test_changing_recent_window_moves_the_curve_marker_and_the_heatmap():
     assert named(curve, "current recent_window")[0]["x"] == [48]
 
 
-def test_the_curve_draws_the_family_and_exports_both_sweeps(monkeypatch):
-    # the CSV is built only when clicked (a deferred download): keep its callable to call it here
-    from streamlit.runtime.media_file_manager import MediaFileManager
-
-    deferred = {}
-    add = MediaFileManager.add_deferred
-
-    def keep(self, data_callable, mimetype, coordinates, file_name=None, **kw):
-        deferred[file_name] = data_callable
-        return add(self, data_callable, mimetype, coordinates, file_name, **kw)
-
-    monkeypatch.setattr(MediaFileManager, "add_deferred", keep)
+def test_the_curve_draws_the_family_and_exports_both_sweeps(deferred_downloads):
+    # the CSV is built only when clicked (a deferred download): its callable is kept (conftest.deferred_downloads)
+    deferred = deferred_downloads
     at = run(view="Choosing recent_window")
     for _ in range(120):  # the exact optimum is solved in the background: the page says so, then draws it
         if not any("being solved in the background" in i.value for i in at.info):

@@ -148,17 +148,8 @@ def test_shared_selection_is_one_table_per_layer_on_a_model_of_several_kv_heads(
     assert "block_size 64 is larger than the budget (32)" in layout_text(smol, 1025, 32, Layout(64))
 
 
-def test_the_plan_download_carries_the_layout(monkeypatch):
-    from streamlit.runtime.media_file_manager import MediaFileManager
-
-    deferred = {}
-    add = MediaFileManager.add_deferred
-
-    def keep(self, data_callable, mimetype, coordinates, file_name=None, **kw):
-        deferred[file_name] = data_callable
-        return add(self, data_callable, mimetype, coordinates, file_name, **kw)
-
-    monkeypatch.setattr(MediaFileManager, "add_deferred", keep)
+def test_the_plan_download_carries_the_layout(deferred_downloads):
+    deferred = deferred_downloads
     at = run({"policies": "h2o,optimal", "block_size": "16", "evict_every": "8"})
     assert problems(at) == [] and {b.label for b in at.get("download_button")} >= {"plan: h2o"}
     doc = json.loads(deferred["plan-h2o.json"]())
