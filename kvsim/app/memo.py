@@ -89,9 +89,7 @@ def cached_replay(trace: kvsim.Trace, spec: PolicySpec, scores: bool = False, la
     """One replay with its kept sets recorded, and its scores too with ``scores`` (the score view's:
     T x budget floats that the kept view never reads). ``layout``: under that serving layout (the kept
     view's; ``kvsim.policies.layouts.Layout``, None for none), on the reference path."""
-    if layout is not None:
-        return replay(trace, spec, record_kept=True, record_scores=scores, layout=layout)
-    return replay(trace, spec, record_kept=True, record_scores=scores)
+    return replay(trace, spec, record_kept=True, record_scores=scores, layout=layout)
 
 
 def replays(trace: kvsim.Trace, runs, scores: bool = False, layout=None) -> list[kvsim.ReplayResult]:

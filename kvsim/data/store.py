@@ -256,7 +256,8 @@ def derived_stored(trace: Trace, name: str, params: dict, version: str,
     stem = trace.derived.disk_stem
     if stem is None:
         return None
-    return _read_derived(*reversed(_derived_at(stem, name, params, version)), decode)
+    head, path = _derived_at(stem, name, params, version)
+    return _read_derived(path, head, decode)
 
 
 def _derived_at(stem, name: str, params: dict, version: str) -> tuple[dict, Path]:
