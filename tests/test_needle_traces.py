@@ -121,6 +121,36 @@ def test_the_optimum_is_optimal_replayed_on_the_controls_attention(folder, capsy
     assert out == 0 and "the exact optimum on the control's attention at the same budgets:" in printed
 
 
+def test_under_blocks_the_optimum_is_the_optimum_under_the_same_blocks(folder, capsys):  # noqa: F811
+    """``--optimum --block-size 8``: each run's optimum is ``optimal`` under blocks of 8 (whole-block
+    evictions, docs/serving.md) on the control's attention, not the free optimum, and the text says so."""
+    from kvsim.models import needle, needle_prompt
+    from kvsim.models.needle_traces import control_traces
+    from kvsim.models.quality import load
+    from kvsim.policies.layouts import Layout
+    from kvsim.sim.simulate import replay
+
+    doc = _grid(folder, capsys, "--optimum", "--block-size", "8", policies="h2o")
+    cell = doc["cells"][0]
+    (run,) = cell["runs"]
+    assert run["layout"]["block_size"] == 8 and run["optimal_cache_key"]["block_size"] == 8
+    model, tokenizer, _ = load(str(folder), None)
+    prompt = needle_prompt.Builder(tokenizer, needle_prompt.Template()).prompt(100, 0.5, cell["key"])
+    control = needle.read_trial(cell["control"]["cache_key"])
+    traces = control_traces(model, list(prompt.ids) + list(control["tokens"])[:-1])
+    differs = False
+    for (x, h), trace in traces.items():
+        paged = _loop_departures(replay(trace, "optimal", budget=24, layout=Layout(8), record_kept=True).kept_history,
+                                 trace.steps)
+        free = _loop_departures(replay(trace, "optimal", budget=24, record_kept=True).kept_history, trace.steps)
+        key = paged[cell["key_positions"]]
+        assert run["optimal_key_left"][x][h] == (None if (key < 0).any() else int(key.max()))
+        differs |= not np.array_equal(paged, free)
+    assert differs  # whole blocks are another schedule than single positions
+    out = cli.main(["needle", "--model", str(folder), "--policies", "h2o", *BASE[:-1], "--optimum", "--block-size", "8"])
+    assert out == 0 and "the exact optimum under the same blocks of 8 on the control's attention" in capsys.readouterr().out
+
+
 def test_a_trials_attention_replays_to_its_own_departures(folder, capsys):  # noqa: F811
     """The kept view's replay of a trial's bundle (the same policy, budget and parameters) evicts each
     position at the step the trial's cache did: the simulator on the same attention."""

@@ -358,8 +358,10 @@ def _kept_to_the_end(cells: list[dict], j: int) -> str | None:
     heads = sum(len(row) for r in runs for row in r["key_left"])
     mine = sum(v is None for r in runs for row in r["key_left"] for v in row)
     best = sum(v is None for r in runs for row in r["optimal_key_left"] for v in row)
+    block = (runs[0].get("layout") or {}).get("block_size", 1)
+    which = "optimum" if block == 1 else f"optimum under the same blocks of {block}"
     return (f"  a key token held to the end: {mine} of {heads} (layer, KV head)s over {len(runs)} trial(s); the exact "
-            f"optimum on the control's attention at the same budgets: {best} of {heads}")
+            f"{which} on the control's attention at the same budgets: {best} of {heads}")
 
 
 def render_needle(doc: dict) -> str:

@@ -222,8 +222,9 @@ def _keep_attention(model, model_id: str, ck: dict, record: dict, prompt: Prompt
 def _add_optimum(model, model_id: str, prompt: Prompt, ids: list[int], runs: list[dict], use_cache: bool,
                  attention: bool = False) -> None:
     """Each run's ``optimal_key_left`` / ``optimal_key_first_left``: the key's fate in the exact optimum's
-    cache at the run's budgets, on the control's attention (``needle_traces.optimum``); cached on disk
-    under the control's tokens and the budgets. With ``attention``, the control's attention is kept as a
+    cache at the run's budgets, on the control's attention (``needle_traces.optimum``); for a run in blocks of
+    S (its layout's ``block_size``), the optimum under the same blocks. Cached on disk under the control's
+    tokens, the budgets and the block size. With ``attention``, the control's attention is kept as a
     bundle too (``optimal_attention``), which the kept view replays through ``optimal``."""
     from . import needle_traces as nt
 
@@ -232,12 +233,16 @@ def _add_optimum(model, model_id: str, prompt: Prompt, ids: list[int], runs: lis
     for run in runs:
         if run["budgets"] is None or run["prefill"] is not None:  # a compressed prompt's budgets hold the prompt
             continue
-        ck = {"version": VERSION, "kind": "optimum", "model": model_id, "ids": digest, "budgets": run["budgets"]}
+        # under pages, the optimum under the same blocks (whole-block evictions: kvsim.policies.optimal_blocks);
+        # shared selection and intervals are the online policy's constraints, which the block optimum has not
+        block = (run.get("layout") or {}).get("block_size", 1)
+        ck = {"version": VERSION, "kind": "optimum", "model": model_id, "ids": digest, "budgets": run["budgets"],
+              **({"block_size": block} if block > 1 else {})}
         found = read_trial(ck) if use_cache else None
         if found is None:
             if traces is None:
                 traces = nt.control_traces(model, ids)
-            left = nt.optimum(traces, run["budgets"])
+            left = nt.optimum(traces, run["budgets"], block)
             found = {"positions": len(ids), "left": left}
             write_trial(ck, found)
         left = found["left"]

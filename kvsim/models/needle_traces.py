@@ -79,15 +79,19 @@ def control_traces(model, ids: list[int], name: str = "control") -> dict[tuple[i
     return out
 
 
-def optimum(traces: dict[tuple[int, int], Trace], budgets: list[list[int]]) -> np.ndarray:
+def optimum(traces: dict[tuple[int, int], Trace], budgets: list[list[int]], block_size: int = 1) -> np.ndarray:
     """``optimal``'s departures per (layer, KV head) at each head's budget, ``(layers, KV heads, T + 1)``;
-    a head whose budget holds every position evicts nothing (-1 throughout)."""
+    a head whose budget holds every position evicts nothing (-1 throughout). ``block_size`` above 1: the
+    optimum under blocks of that size (``--policy optimal --block-size S``; docs/serving.md)."""
+    from ..policies.layouts import Layout
+
     layers, heads = len(budgets), len(budgets[0])
     steps = next(iter(traces.values())).steps
     left = np.full((layers, heads, steps + 1), -1, dtype=np.int32)
+    layout = Layout(block_size) if block_size > 1 else None
     for (x, h), trace in traces.items():
         if budgets[x][h] <= steps:
-            left[x, h] = replay_departures(trace, "optimal", budgets[x][h])
+            left[x, h] = replay_departures(trace, "optimal", budgets[x][h], layout=layout)
     return left
 
 
