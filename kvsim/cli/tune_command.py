@@ -51,8 +51,8 @@ def cmd_tune(args: argparse.Namespace) -> object:
     what = _Tuning(args)
     spec = args.trace.strip()
     bundle = spec in shipped_bundles() or is_bundle(spec)
-    _check_tune_allocate(args, bundle, what)
     layouts = _check_tune_layout(args, what)
+    _check_tune_allocate(args, bundle, what)
     source = resolve_bundle(spec) if bundle else load(spec)
     _say_one_head(source, layouts)
     if args.workers is not None and (args.serial or args.scheduler):
