@@ -12,6 +12,8 @@ import re
 
 import numpy as np
 import pytest
+from doc_chains import chains
+from doc_chains import run as run_chain
 from test_quality import HAS_TORCH, STEPS, ByteTokenizer, _tiny
 
 import kvsim
@@ -190,3 +192,21 @@ def test_the_truth_under_a_layout_is_measure_opens_and_cached_apart(session, tmp
     assert session.measure("h2o", 16, "open", recent_window=windows[0])["cached"] is False  # its own key
     with pytest.raises(TuneError, match="the truth is measured under block_size=4 evict_every=2, the sweep under no layout"):
         tune(traces, "h2o", 16, by="kl", truth=truth)
+
+
+@needs_torch
+@pytest.mark.record
+def test_the_documented_tune_under_a_layout_then_generate_chain_runs_as_printed(tmp_path):
+    """docs/deploy.md: the window tuned under blocks of 8 deciding every 4 steps, saved with the layout, deployed by
+    generate --plan in those blocks (Gemma-3-270M, 16 tokens)."""
+    (chain,) = [c for c in chains("docs/deploy.md") if any(" tune " in line and "--block-size" in line for line in c)]
+    done = run_chain(chain, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    tune_doc = json.loads((tmp_path / "paged-tune.json").read_text())
+    plan = Plan.read(tmp_path / "paged.json")
+    assert plan.layout == Layout(8, False, 4) and plan.policy.params.recent_window == tune_doc["model_window"]
+    assert tune_doc["layout"] == "block_size=8 evict_every=4" and tune_doc["model_window"] in tune_doc["swept_windows"]
+    out = json.loads((tmp_path / "paged-out.json").read_text())
+    assert out["layout"]["block_size"] == 8 and out["layout"]["evict_every"] == 4
+    assert out["recent_window_per_layer"] == [tune_doc["model_window"]] * 18
+    assert out["blocks"]["block_peak"] <= 4

@@ -525,10 +525,10 @@ def _tune_time_line(doc: dict, how: str) -> str:
         parts.append(f"the per-layer search {search['measurements']} configurations in {search['seconds']:.1f} s")
     if "allocate_seconds" in run:
         parts.append(f"the allocators {run['allocate_seconds']:.1f} s")
-    if doc.get("layout_search"):
-        t = doc["layout_search"]
+    if t := doc.get("layout_search"):  # the search's tunes, the chosen one's among them, are the run
         parts.append(f"the layout search {len(t['candidates'])} tunes in {t['seconds']:.1f} s")
-    return "; ".join(parts) + f"; {run['seconds']:.1f} s in all"
+    total = t["seconds"] if t else run["seconds"]
+    return "; ".join(parts) + f"; {total:.1f} s in all"
 
 
 def _targets(targets: list[dict], width: int | None) -> str:

@@ -70,20 +70,23 @@ def cmd_tune(args: argparse.Namespace) -> object:
     elif args.by == AUTO:
         truth, why = _auto_truth(args, source, say, what)
 
-    def run(layout) -> dict:
+    def tuned_under(layout) -> dict:
         under = truth if truth is None else truth.under(layout)
+        said = f"the truth: {under.what}" if under is not None and why and why.startswith("the truth: ") else why
         return tune(source, what.policy, what.budget, tolerance=args.tolerance, top_k=args.top_k, scheduler=scheduler,
-                    workers=args.workers, progress=say, by=args.by, truth=under, why=why, per_layer=args.per_layer,
+                    workers=args.workers, progress=say, by=args.by, truth=under, why=said, per_layer=args.per_layer,
                     layout=layout, **what.fixed).to_dict(curves=args.curves)
 
     if args.search_layout is None:
-        doc = run(what.layout)
+        doc = tuned_under(what.layout)
     else:
         from ..analysis.tune_layout import search
 
         field, _ = args.search_layout
-        doc, table = search(run, layouts, field, what.policy, what.budget, what.fixed, say)
+        doc, table = search(tuned_under, layouts, field, what.policy, what.budget, what.fixed, say)
         doc["layout_search"] = table
+        if truth is not None and hasattr(truth, "counts"):  # the whole search's measurements, not the chosen one's
+            doc["run"]["truth"] = dict(truth.counts)
     plan = what.plan
     if args.allocate is not None or (plan is not None and plan.allocate is not None):
         import time
@@ -261,11 +264,10 @@ class _Truth:
         self.policy, self.budget, self.fixed = what.policy, what.budget, what.fixed
         self.recording = str(meta.get("model") or model)
         self.sha = file_sha256(text)
-        self.what = f"{model} on {Path(text).name}, {steps} steps, open loop"
+        self.bare_what = f"{model} on {Path(text).name}, {steps} steps, open loop"
         #: the serving layout measured under (None: none, the shipped and cached truth read as today)
         self.layout = what.layout
-        if self.layout is not None:
-            self.what += f", under {self.layout.label}"
+        self.what = self.bare_what + ("" if self.layout is None else f", under {self.layout.label}")
         self.session = None
         #: what the summary says of the truth: configurations read (shipped or cached) and measured
         self.counts = {"read": 0, "measured": 0}
@@ -287,6 +289,8 @@ class _Truth:
 
         other = copy.copy(self)
         other.layout = None if layout is None or layout.plain else layout
+        if hasattr(self, "bare_what"):
+            other.what = self.bare_what + ("" if other.layout is None else f", under {other.layout.label}")
         return other
 
     def _uniform(self, windows) -> list[dict]:
