@@ -210,3 +210,18 @@ def test_the_documented_tune_under_a_layout_then_generate_chain_runs_as_printed(
     assert out["layout"]["block_size"] == 8 and out["layout"]["evict_every"] == 4
     assert out["recent_window_per_layer"] == [tune_doc["model_window"]] * 18
     assert out["blocks"]["block_peak"] <= 4
+
+
+def test_on_dask_a_layout_gives_the_serial_results(make_trace):
+    """The same groups (a layer's KV heads together under shared selection) run on local Dask workers."""
+    from kvsim.cluster import dask_available
+
+    if not dask_available():
+        pytest.skip("dask is not installed (the record extra)")
+    traces = [dataclasses.replace(make_trace(40, seed=10 + 2 * x + h, name=f"L{x:02d}-kv{h}"), meta={"layer": x, "head": h})
+              for x in range(2) for h in range(2)]
+    layout = Layout(2, True, 2)
+    serial = tune(traces, "h2o", 12, by="retained_mass", layout=layout)
+    on_dask = tune(traces, "h2o", 12, by="retained_mass", layout=layout, scheduler="local", workers=2)
+    assert on_dask.run["executor"] == "dask"
+    assert _same_but_time(on_dask.to_dict(curves=True), serial.to_dict(curves=True))
