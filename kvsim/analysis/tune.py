@@ -12,6 +12,10 @@ engine) and reports:
   and the smallest within ``tolerance`` of it), for per-layer windows and for per-KV-head windows;
 - sliding_window and streaming_llm at the same budget beside them.
 
+Under a serving layout (``layout=``; docs/serving.md, "Tuning under a layout") every window and baseline is
+replayed under it (``kvsim.analysis.tune_sweep``) and the truth handed in measures under it;
+``kvsim.analysis.tune_layout`` searches over layouts with whole tunes.
+
 The sweeps are independent, so they can run on Dask (``scheduler="local"`` for local processes, or a
 scheduler's address): the same function runs per trace, so the results are identical to the serial
 run. Dask is in the optional extra (``pip install -e '.[record]'``); nothing here imports it until asked.
@@ -396,6 +400,9 @@ def _deployment(result: TuneResult, by: str, truth, per_layer: bool, progress: P
     else:
         note = ("not measured: the truth is not at hand here (the recording's model or text), or --by chose a proxy; "
                 "--by kl measures it")
+    if result.layout is not None:  # a tune file's windows carry no layout: the plan does
+        rule += (f", tuned under {result.layout.label} (--save-plan's plan carries it; with generate --windows, give "
+                 "the same layout flags)")
     return {"by": result.by.get("by", by), "rule": rule,
             "per_layer": [{"layer": layer, "recent_window": int(w)} for layer, w in zip(layers, windows, strict=True)],
             "kl": kl, "kl_note": note, "search": search}
