@@ -107,6 +107,8 @@ def test_a_layout_the_policy_refuses_is_one_line_before_any_trace_loads(capsys, 
     with pytest.raises(TuneError, match="does not take it"):  # an offline reference takes no window to tune
         tune(kvsim.from_array(np.tril(np.ones((9, 9)), -1)), "optimal", 4, by="retained_mass", layout=Layout(2))
     assert parse("evict_every") == ("evict_every", (1, 2, 4, 8, 16))
+    # so little room after a decision (budget - k + 1 = 7) that no evenly spaced window fits: each that does
+    assert layout_windows("h2o", 256, Layout(1, False, 250), {}) == [1, 2, 3, 4, 5, 6]
     assert [lay.label for lay in candidates(Layout(1, False, 8), "block_size", (1, 16))] == [
         "evict_every=8", "block_size=16 evict_every=8"]
 

@@ -151,8 +151,11 @@ def groups_of(units: list[Unit], layout: Layout | None) -> list[list[int]]:
 def layout_windows(policy: str, budget: int, layout: Layout, params: dict) -> list[int]:
     """The windows tune sweeps under a layout by default: the ``CANDIDATES`` evenly spaced windows the truth is
     measured at (each window is a reference replay per trace, not one pass of the fast engine), those the
-    layout leaves room for (below the fewest positions held right after a decision, ``Layout.floor``)."""
-    return [w for w in px.even_windows(budget, CANDIDATES) if _fits(layout, policy, budget, params, w)]
+    layout leaves room for (below the fewest positions held right after a decision, ``Layout.floor``); where none
+    of them fits, every window that does."""
+    fits = [w for w in px.even_windows(budget, CANDIDATES) if _fits(layout, policy, budget, params, w)]
+    # so little room that no evenly spaced window fits: every window that does (1 always does: check_layout)
+    return fits or [w for w in range(1, budget) if _fits(layout, policy, budget, params, w)]
 
 
 def _fits(layout: Layout, policy: str, budget: int, params: dict, window: int) -> bool:
