@@ -154,6 +154,9 @@ def test_the_layout_search_tunes_under_each_candidate_and_saves_the_best(tmp_pat
     assert (saved.layout or Layout()) == Layout(best["block_size"], best["shared_selection"], best["evict_every"])
     text = render("tune", doc)
     assert "serving layouts searched" in text and re.search(r"chosen: .* left out: block_size=64", text)
+    code, out, err = run(capsys, *argv, "--search-layout", "block_size=64,128")
+    assert code != 0 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "--search-layout block_size: h2o at budget 32 runs under none of the candidates (block_size=64: " in err
 
 
 @pytest.fixture(scope="module")

@@ -169,8 +169,6 @@ def _check_tune_layout(args: argparse.Namespace, what: _Tuning) -> list:
             shown = "--" + field.replace("_", "-")
             raise CLIError(f"--search-layout {field} searches {shown}: give one or the other")
         layouts = candidates(what.layout, field, values)
-    if args.search_layout is not None and all(lay.plain for lay in layouts):
-        raise CLIError(f"--search-layout {args.search_layout[0]}: no candidate sets a layout")
     for layout in layouts:
         if layout is None or layout.plain:
             continue
