@@ -193,7 +193,8 @@ def test_the_truth_under_a_layout_is_measure_opens_and_cached_apart(session, tmp
     assert windows == result.windows == layout_windows("h2o", 16, layout, {})
     want = [measure_open(session, "h2o", 16, {"recent_window": w}, layout)["kl"] for w in windows]
     assert result.by["curve"] == want and result.model_window == windows[want.index(min(want))]
-    assert truth.counts["measured"] == len(windows)  # shared with the bare truth: one session, one count
+    assert truth.counts["measured"] == len(windows) and bare.counts["measured"] == 0  # one session, counted apart
+    assert bare.under(None) is bare and truth.under(layout) is truth
     assert session.measure("h2o", 16, "open", recent_window=windows[0])["cached"] is False  # its own key
     with pytest.raises(TuneError, match="the truth is measured under block_size=4 evict_every=2, the sweep under no layout"):
         tune(traces, "h2o", 16, by="kl", truth=truth)

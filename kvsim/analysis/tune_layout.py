@@ -87,13 +87,16 @@ def search(run: Callable[[Layout], dict], layouts: list[Layout], field: str, pol
         name, value, sign = figure(doc)
         memory, _ = lay.memory(budget)
         rows.append({"layout": _label(lay), **lay.to_dict(), "memory": memory, "model_window": doc["model_window"],
-                     "by": name, "figure": value, "seconds": doc["run"]["seconds"]})
+                     "by": name, "figure": value, "seconds": doc["run"]["seconds"], "truth": doc["run"].get("truth")})
         docs.append((sign * value, doc))
     best = max(range(len(docs)), key=lambda i: (docs[i][0], -i))  # ties: the earlier candidate (the smaller value)
     chosen = rows[best]["layout"]
     table = {"field": field, "values": [getattr(lay, field) for lay in layouts], "by": rows[best]["by"],
              "candidates": rows, "left_out": left_out, "chosen": chosen,
              "seconds": round(sum(r["seconds"] for r in rows), 2),
+             # the configurations the truth read and measured over every candidate (each tune counts its own)
+             "truth": {k: sum(r["truth"][k] for r in rows) for k in ("read", "measured")} if all(
+                 r["truth"] for r in rows) else None,
              "rule": f"{field} over {', '.join(str(getattr(lay, field)) for lay in layouts)}, the other fields held; "
                      f"each candidate a whole tune under it (model_window by {rows[best]['by']}); the best "
                      f"model_window's figure chosen, at equal memory (the budget)"}

@@ -476,8 +476,7 @@ def _tune(doc: dict) -> str:
 
 def _layout_search_lines(doc: dict) -> list[str]:
     """``tune --search-layout``: each candidate layout's model_window and its figure, and the one chosen."""
-    t = doc.get("layout_search")
-    if not t:
+    if not (t := doc.get("layout_search")):
         return []
     rows = [[c["layout"], c["memory"], c["model_window"], c["figure"], c["seconds"]] for c in t["candidates"]]
     left = "; ".join(f"{k}: {v}" for k, v in t["left_out"].items())
@@ -526,7 +525,8 @@ def _tune_time_line(doc: dict, how: str) -> str:
     if "allocate_seconds" in run:
         parts.append(f"the allocators {run['allocate_seconds']:.1f} s")
     if t := doc.get("layout_search"):  # the search's tunes, the chosen one's among them, are the run
-        parts.append(f"the layout search {len(t['candidates'])} tunes in {t['seconds']:.1f} s")
+        parts.append(f"the layout search {len(t['candidates'])} tunes in {t['seconds']:.1f} s" + (
+            f" (the truth: {t['truth']['read']} read, {t['truth']['measured']} measured)" if t.get("truth") else ""))
     total = t["seconds"] if t else run["seconds"]
     return "; ".join(parts) + f"; {total:.1f} s in all"
 

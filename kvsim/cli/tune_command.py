@@ -85,8 +85,6 @@ def cmd_tune(args: argparse.Namespace) -> object:
         field, _ = args.search_layout
         doc, table = search(tuned_under, layouts, field, what.policy, what.budget, what.fixed, say)
         doc["layout_search"] = table
-        if truth is not None and hasattr(truth, "counts"):  # the whole search's measurements, not the chosen one's
-            doc["run"]["truth"] = dict(truth.counts)
     plan = what.plan
     if args.allocate is not None or (plan is not None and plan.allocate is not None):
         import time
@@ -282,11 +280,15 @@ class _Truth:
         return [r[self.key] for r in self._uniform(windows)]
 
     def under(self, layout) -> _Truth:
-        """The same truth (its session and counts shared) measured under ``layout`` (None or plain: none)."""
+        """The same truth (its session shared) measured under ``layout`` (None or plain: none): itself where that is
+        its own layout, else a copy counting its own measurements (a search's candidates each count theirs)."""
         import copy
 
+        layout = None if layout is None or layout.plain else layout
+        if layout == self.layout:
+            return self
         other = copy.copy(self)
-        other.layout = None if layout is None or layout.plain else layout
+        other.layout, other.counts = layout, {"read": 0, "measured": 0}
         if hasattr(self, "bare_what"):
             other.what = self.bare_what + ("" if other.layout is None else f", under {other.layout.label}")
         return other
