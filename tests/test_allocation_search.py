@@ -186,7 +186,7 @@ def test_tunes_truth_measures_a_split_at_the_tuned_window_once_then_reads_it(ses
     open-loop truth at model_window, through the disk cache, counted as tune's summary counts it."""
     import argparse
 
-    from kvsim.cli.commands import _Truth
+    from kvsim.cli.tune_command import _Truth
     from kvsim.models.allocation_truth import open_truth
 
     truth = _Truth.__new__(_Truth)

@@ -191,7 +191,7 @@ runpy.run_module("kvsim", run_name="__main__")
 #: other commands run (their modules, the analyses their flags and documents name, the query/key reader
 #: and the thread pool of a sweep's batches): every kvsim module a process imports is compiled from
 #: source where no bytecode is kept, as on the project's machines
-OTHER_COMMANDS = ("kvsim.cli.commands", "kvsim.cli.needle_command", "kvsim.cli.proxies_command",
+OTHER_COMMANDS = ("kvsim.cli.commands", "kvsim.cli.tune_command", "kvsim.cli.needle_command", "kvsim.cli.proxies_command",
                   "kvsim.cli.generate_command", "kvsim.cli.cache_command", "kvsim.analysis.metrics", "kvsim.analysis.table",
                   "kvsim.analysis.tune", "kvsim.analysis.proxies", "kvsim.analysis.windows", "kvsim.data.qk",
                   "kvsim.data.qk_files", "subprocess", "statistics", "concurrent.futures")

@@ -5,7 +5,7 @@ better) falls, so the result is never worse by the truth than the best static sp
 
 - **Start**: the static splits at the same memory (``START``: uniform, pyramidkv, cake and the optimum by
   retained mass), each measured; the search starts from the lowest.
-- **Move set**: the heads are cut into groups of whole layers (``kvsim.analysis.tune.layer_groups``: the
+- **Move set**: the heads are cut into groups of whole layers (``kvsim.analysis.layer_search.layer_groups``: the
   model's runs of layers of one attention kind, at most ``GROUPS``); a move gives every head of one group
   ``step`` more positions, taken as evenly as the bounds allow from all the other heads, or takes ``step``
   from each of them and gives it to the others. Every head stays between the policy's minimum and the
@@ -31,7 +31,7 @@ import numpy as np
 from ..policies import PolicySpec
 from ..progress import Progress
 from . import allocation as al
-from .tune import GROUPS, layer_groups
+from .layer_search import GROUPS, layer_groups
 
 #: the static splits measured first; the search starts from the best of them by the truth
 START = ("uniform", "pyramidkv", "cake", "optimal")

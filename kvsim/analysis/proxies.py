@@ -166,11 +166,12 @@ def score(row: dict, proxy: str) -> float:
 
 
 def sweep(trace: Trace, policy: PolicySpec | str, budget: int | None, param: str, values, *, reference: bool = False,
-          progress=None, top_k: int = DEFAULT_TOP_K, **params) -> list[dict]:
+          progress=None, top_k: int = DEFAULT_TOP_K, layout=None, **params) -> list[dict]:
     """``summary`` of one replay per value of ``param``: ``kvsim.sim.simulate.sweep`` with the proxies
-    (each replay records its kept sets, so it runs alone rather than batched)."""
+    (each replay records its kept sets, so it runs alone rather than batched); ``layout``: under that serving
+    layout."""
     return simulate.sweep(trace, policy, budget, param, values, reference=reference, progress=progress, top_k=top_k,
-                          summarise=lambda result: summary(trace, result), **params)
+                          summarise=lambda result: summary(trace, result), layout=layout, **params)
 
 
 def configuration(trace: Trace, spec: PolicySpec) -> dict[str, float]:

@@ -12,6 +12,10 @@ engine) and reports:
   and the smallest within ``tolerance`` of it), for per-layer windows and for per-KV-head windows;
 - sliding_window and streaming_llm at the same budget beside them.
 
+Under a serving layout (``layout=``; docs/serving.md, "Tuning under a layout") every window and baseline is
+replayed under it (``kvsim.analysis.tune_sweep``) and the truth handed in measures under it;
+``kvsim.analysis.tune_layout`` searches over layouts with whole tunes.
+
 The sweeps are independent, so they can run on Dask (``scheduler="local"`` for local processes, or a
 scheduler's address): the same function runs per trace, so the results are identical to the serial
 run. Dask is in the optional extra (``pip install -e '.[record]'``); nothing here imports it until asked.
@@ -19,32 +23,42 @@ run. Dask is in the optional extra (``pip install -e '.[record]'``); nothing her
 
 from __future__ import annotations
 
-import contextlib
-import io
-import os
 import time
-import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..cluster import ClusterError, dask_client
-from ..data.trace import Trace, load_npz
-from ..policies import POLICIES, PolicySpec, policy_params
-from ..policies.registry import baselines, suggest
+from ..data.trace import Trace
+from ..policies import POLICIES, policy_params
+from ..policies.layouts import Layout
+from ..policies.registry import suggest
 from ..progress import Progress
 from ..sim.harness import DEFAULT_TOP_K
 from . import proxies as px
+from .layer_search import GROUPS, SEARCH_STEP, layer_groups, search_layer_windows
+from .tune_sweep import (
+    CANDIDATES,
+    PARAM,
+    TuneError,
+    Unit,
+    check_layout,
+    groups_of,
+    layout_windows,
+    load_unit,
+    run_dask,
+    run_group,
+    tune_layer,
+    tune_trace,
+    units_of,
+    window_specs,
+)
 from .windows import TOLERANCE, WindowChoice, best_of, covers, pick
 
 if TYPE_CHECKING:  # bundles, query/key files and the engine load when a tune runs: the CLI's parser reads BY
     from ..data.bundle import Bundle
 
-#: the policies measured beside the tuned one, each at its defaults and the same budget: the registry's
-#: recency baselines (``kvsim.policies.registry.baselines``: deterministic, reading no attention)
-PARAM = "recent_window"
 #: the truth: measured by a model (``tune(..., truth=...)``; ``kvsim tune --by kl`` opens one)
 TRUTH_BY = ("kl", "delta_nll")
 #: the proxy the study ranks best (docs/proxies.md: the least worst-case and mean within-sweep regret
@@ -62,12 +76,6 @@ PROXY_CAVEAT = ("no proxy's worst within-sweep regret is under 5% in the proxy s
 #: a proxy averaged over the deeper half of the layers only (``output_error_late``)
 LATE = "_late"
 BY = (AUTO, *(f"{p}{late}" for p in px.PROXIES for late in ("", LATE)), *TRUTH_BY)
-#: how many candidate windows a costly figure (the truth, a value proxy) is measured at
-CANDIDATES = 16
-
-
-class TuneError(ValueError):
-    """Tuning cannot run as asked; one line."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +120,8 @@ class TuneResult:
     recording: dict = field(default_factory=dict)
     #: the windows a tune file deploys (``deployment``), filled in by ``tune``
     deploy: dict = field(default_factory=dict)
+    #: the serving layout every window was measured under (None: none, and no layout key in ``to_dict``)
+    layout: Layout | None = None
 
     def choice(self, t: TraceTuning) -> WindowChoice:
         """One trace's best and recommended windows as ``kvsim.analysis.windows`` names them everywhere
@@ -188,8 +198,15 @@ class TuneResult:
             "layers": rows, "per_layer": self.per_layer(), "model": self.model_wide(), "run": self.run,
             "by": self.by.get("by", "retained_mass"), "model_window": self.model_window, "by_detail": self.by,
             "by_caveat": None if self.by.get("by") in TRUTH_BY else PROXY_CAVEAT,
-            "recording": self.recording, "deploy": self.deploy,
+            "recording": self.recording, "deploy": self.deploy, **self.layout_fields(),
         }
+
+    def layout_fields(self) -> dict:
+        """The layout's keys of the document, as a replay's row has them (none without a layout)."""
+        if self.layout is None:
+            return {}
+        return {"layout": self.layout.label, **self.layout.to_dict(), "memory": self.layout.memory(self.budget)[0],
+                "swept_windows": list(self.windows)}
 
     @property
     def model_window(self) -> int:
@@ -217,69 +234,6 @@ def recording_identity(source: Bundle | Trace | Sequence[Trace]) -> dict:
         windows = {t.meta.get("sliding_window") for t in traces if str(t.meta.get("attention", "")).startswith("sliding")}
     windows.discard(None)
     return {"model": model, "sliding_window": int(next(iter(windows))) if len(windows) == 1 else None}
-
-
-@dataclass(frozen=True)
-class _Unit:
-    """One trace to sweep: where to get it (a file's bytes, so a remote worker needs no shared disk,
-    or the Trace itself) and how to label it."""
-
-    layer: int
-    head: int
-    name: str
-    attention: str
-    payload: bytes | Trace | str
-
-
-def _units(source: Bundle | Trace | Sequence[Trace]) -> list[_Unit]:
-    from ..data.bundle import Bundle
-
-    if isinstance(source, Bundle):
-        return [_Unit(t.layer, t.head, t.name, t.attention, str(t.path)) for t in source.traces]
-    traces = [source] if isinstance(source, Trace) else list(source)
-    units = []
-    for i, tr in enumerate(traces):
-        layer, head = tr.meta.get("layer", i), tr.meta.get("head", 0)
-        scope = "sliding" if str(tr.meta.get("attention", "global")).startswith("sliding") else "global"
-        units.append(_Unit(int(layer) if isinstance(layer, int) else i, int(head) if isinstance(head, int) else 0,
-                           tr.name, scope, tr))
-    return units
-
-
-def _load(payload: bytes | Trace | str, name: str) -> Trace:
-    from ..data.qk_files import is_qk_path, load_qk
-
-    if isinstance(payload, Trace):
-        return payload
-    if isinstance(payload, bytes):  # a query/key file is a zip holding 'q.npy'
-        qk = zipfile.is_zipfile(io.BytesIO(payload)) and "q.npy" in zipfile.ZipFile(io.BytesIO(payload)).namelist()
-        return (load_qk if qk else load_npz)(io.BytesIO(payload), source=name)
-    return load_qk(payload) if is_qk_path(payload) else load_npz(payload)
-
-
-def window_specs(policy: str, budget: int, windows: Sequence[int], params: dict) -> list[PolicySpec]:
-    """The configuration of each window a tune sweeps, made (and so checked) once, before any trace
-    is read: a bad value fails here, in the spec's one line, not in a worker."""
-    return [PolicySpec.of(policy, budget, **params, **{PARAM: int(w)}) for w in windows]
-
-
-def tune_trace(trace: Trace, specs: Sequence[PolicySpec], top_k: int = DEFAULT_TOP_K) -> dict:
-    """One trace's sweep of ``specs`` (``window_specs``) and the baselines at their budget, as plain
-    lists and floats (what a Dask worker sends back)."""
-    from ..sim.simulate import sweep
-
-    rows = sweep(trace, specs, top_k=top_k)
-    budget = specs[0].budget
-    base = {}
-    for p in baselines():  # a one-value sweep over budget: the fast engine, the policy's defaults
-        r = sweep(trace, p, budget, "budget", [budget], top_k=top_k)[0]
-        base[p] = (float(r["retained_mass"]), float(r["top_k_recall"]))
-    return {"retained_mass": [float(r["retained_mass"]) for r in rows],
-            "top_k_recall": [float(r["top_k_recall"]) for r in rows], "baselines": base}
-
-
-def _run_unit(payload, name: str, specs: list[PolicySpec], top_k: int) -> dict:
-    return tune_trace(_load(payload, name), specs, top_k=top_k)
 
 
 def _check(policy: str, budget: int, windows: list[int], tolerance: float, params: dict) -> None:
@@ -313,6 +267,7 @@ def tune(
     truth=None,
     why: str | None = None,
     per_layer: bool = False,
+    layout: Layout | None = None,
     **params,
 ) -> TuneResult:
     """Sweep ``recent_window`` (default ``1 .. budget - 1``) on every trace of ``source`` (a bundle, a
@@ -334,7 +289,15 @@ def tune(
     from ``model_window`` (``truth`` then also measures a configuration of per-layer windows:
     ``truth.configurations(configs, figure)``), by retained mass, each layer's recommended window.
     Where ``truth`` is given, the deployed windows' KL is measured too.
+
+    ``layout`` (``kvsim.policies.layouts.Layout``; docs/serving.md): every window, and the baselines, measured
+    under that serving layout: the traces replayed under it (a layer's KV heads together under shared
+    selection), ``truth`` measuring under it too (the caller's: ``kvsim tune``'s is built with the layout).
+    The windows swept default to ``layout_windows`` (each is a reference replay); ``per_layer`` is refused.
+    ``None`` or ``Layout()``: no layout, today's tune exactly.
     """
+    if layout is not None and layout.plain:
+        layout = None
     if by not in BY:
         raise TuneError(f"--by must be one of {', '.join(BY)}, got {by!r}")
     asked = by
@@ -342,6 +305,9 @@ def tune(
         by = "kl" if truth is not None else BEST_PROXY
     if by in TRUTH_BY and truth is None:
         raise TuneError(f"--by {by} needs the model and the text the traces were recorded from")
+    if truth is not None and getattr(truth, "layout", layout) != layout:  # a truth that says what it measures under
+        raise TuneError(f"the truth is measured under {getattr(truth.layout, 'label', 'no layout')}, the sweep under "
+                        f"{'no layout' if layout is None else layout.label}")
     if per_layer and by not in (*TRUTH_BY, "retained_mass"):
         raise TuneError(f"--per-layer windows are searched by the truth (kl, delta_nll) or read off retained mass's "
                         f"per-layer curves; by {by} " + ("(the truth is not at hand: " + why + ")" if asked == AUTO and why
@@ -350,10 +316,17 @@ def tune(
 
     if per_layer and by in TRUTH_BY and not isinstance(source, Bundle):
         raise TuneError("--per-layer needs a bundle (a recording of every layer): the truth changes every layer's window")
-    windows = list(range(1, budget)) if windows is None else [int(w) for w in windows]
-    _check(policy, budget, windows, tolerance, params)
+    if layout is not None and per_layer:
+        raise TuneError(f"--per-layer under a serving layout ({layout.label}): not measured yet; tune deploys "
+                        "model_window in every layer under it")
+    _check(policy, budget, [1] if windows is None else [int(w) for w in windows], tolerance, params)
+    if layout is not None:
+        check_layout(policy, budget, layout, params, windows)
+    if windows is None:
+        windows = list(range(1, budget)) if layout is None else layout_windows(policy, budget, layout, params)
+    windows = [int(w) for w in windows]
     specs = window_specs(policy, budget, windows, params)
-    units = _units(source)
+    units = units_of(source)
     if not units:
         raise TuneError("nothing to tune: no traces")
     name = source.name if isinstance(source, Bundle) else ", ".join(u.name for u in units[:3]) + (
@@ -363,18 +336,23 @@ def tune(
             progress(done / len(units), f"{done}/{len(units)} traces swept ({name})")
 
     t0 = time.perf_counter()
+    groups = groups_of(units, layout)
     if scheduler is None:
-        results = []
-        for i, u in enumerate(units):
-            results.append(_run_unit(u.payload, u.name, specs, top_k))
-            say(i + 1, u.name)
+        results: list[dict | None] = [None] * len(units)
+        done = 0
+        for g in groups:
+            got = run_group([units[i].payload for i in g], [units[i].name for i in g], specs, top_k, layout)
+            for i, r in zip(g, got, strict=True):
+                results[i] = r
+            done += len(g)
+            say(done, units[g[-1]].name)
         run = {"executor": "serial", "workers": 1}
     else:
-        results, run = _run_dask(units, scheduler, workers, say, specs, top_k)
+        results, run = run_dask(units, groups, scheduler, workers, say, specs, top_k, layout)
     run["sweep_seconds"] = round(time.perf_counter() - t0, 2)
     tunings = tuple(_tuning(u, r, windows, tolerance) for u, r in zip(units, results, strict=True))
     result = TuneResult(source=name, policy=policy, budget=budget, windows=windows, tolerance=tolerance, top_k=top_k,
-                        params=dict(params), traces=tunings, run=run, recording=recording_identity(source))
+                        params=dict(params), traces=tunings, run=run, recording=recording_identity(source), layout=layout)
     t1 = time.perf_counter()
     if by != "retained_mass":
         result.by.update(_by_curve(result, units, by, truth, params))
@@ -392,73 +370,6 @@ def tune(
     if truth is not None and hasattr(truth, "counts"):
         run["truth"] = dict(truth.counts)
     return result
-
-
-#: the per-layer search moves a group's window by the budget over this (32 at budget 256)
-SEARCH_STEP = 8
-#: the per-layer search moves at most this many groups of layers: each try is a pass of the whole model
-#: over the text (about 6 s at 1024 steps on Gemma-3-270M on a quiet core, 40-75 s with the project
-#: machine shared five ways), so 1 + 2 x 18 single-layer tries would take 25-45 minutes there
-GROUPS = 6
-
-
-def layer_groups(kinds: Sequence[str], most: int = GROUPS) -> list[list[int]]:
-    """The groups of layers the search moves together: the model's runs of layers of one attention kind
-    (``global`` / ``sliding``; Gemma-3-270M's five sliding layers, one global, ... are six), long runs
-    cut into even pieces while there are fewer than ``most``; more runs than ``most`` (kinds
-    alternating) are cut into ``most`` contiguous blocks instead."""
-    runs: list[list[int]] = []
-    for layer, kind in enumerate(kinds):
-        if runs and kinds[runs[-1][-1]] == kind:
-            runs[-1].append(layer)
-        else:
-            runs.append([layer])
-    if len(runs) > most:
-        edges = np.linspace(0, len(kinds), most + 1).round().astype(int)
-        return [list(range(a, b)) for a, b in zip(edges[:-1], edges[1:], strict=True) if b > a]
-    pieces = [1] * len(runs)  # fewer runs than most: the longest runs (per piece) cut into even pieces
-    while sum(pieces) < most and any(p < len(r) for p, r in zip(pieces, runs, strict=True)):
-        i = max((j for j in range(len(runs)) if pieces[j] < len(runs[j])), key=lambda j: len(runs[j]) / pieces[j])
-        pieces[i] += 1
-    return [part.tolist() for r, p in zip(runs, pieces, strict=True) for part in np.array_split(np.array(r), p)]
-
-
-def search_layer_windows(start: int, groups: Sequence[Sequence[int]], budget: int, measure, *, figure: str = "kl",
-                         toward: Sequence[int] | None = None, progress: Progress | None = None) -> dict:
-    """Per-layer windows by the truth: from ``start`` (the truth's model_window) in every layer, one pass
-    over ``groups`` (``layer_groups``), each group's window tried one step (``budget // SEARCH_STEP``)
-    away, the other groups as they stand; a group moves only when the whole model's ``figure`` (lower is
-    better) falls, so the result is never worse by the truth than ``start`` everywhere. The step goes
-    toward the mean of ``toward`` over the group's layers (retained mass's per-layer windows: the proxy
-    only points, the truth decides; down where it points nowhere, a smaller window leaving more of the
-    cache to the heavy hitters). ``measure(configs)``: the figure of each configuration (a tuple of
-    one window per layer). Cost: 1 + groups measurements, the first the model-wide window's, usually
-    known already; each is a pass of the whole model over the text, 40-75 s at 1024 steps on
-    Gemma-3-270M with the project machine shared five ways, so one direction per group, not two."""
-    step = max(1, budget // SEARCH_STEP)
-    layers = sum(len(g) for g in groups)
-    current = [int(start)] * layers
-    t0 = time.perf_counter()
-    best = float(measure([tuple(current)])[0])
-    first, count, moves = best, 1, []
-    for n, group in enumerate(groups, start=1):
-        now = current[group[0]]
-        up = toward is not None and float(np.mean([toward[layer] for layer in group])) > now
-        w = min(budget - 1, max(1, now + (step if up else -step)))
-        if w != now:
-            config = tuple(w if layer in group else c for layer, c in enumerate(current))
-            value = float(measure([config])[0])
-            count += 1
-            if value < best:
-                moves.append({"layers": list(group), "from": now, "to": w, figure: value})
-                current, best = list(config), value
-        if progress is not None:
-            progress(n / len(groups), f"per-layer search by {figure}: group {n}/{len(groups)} (layers {group[0]}-{group[-1]}), "
-                     f"{figure} {best:.4f} (model_window {start} everywhere: {first:.4f}), {count} measurements, "
-                     f"{time.perf_counter() - t0:.0f} s")
-    return {"start": int(start), figure: best, f"start_{figure}": first, "windows": current, "step": step,
-            "groups": [list(g) for g in groups], "moves": moves, "measurements": count,
-            "seconds": round(time.perf_counter() - t0, 2)}
 
 
 def _deployment(result: TuneResult, by: str, truth, per_layer: bool, progress: Progress | None) -> dict:
@@ -489,12 +400,15 @@ def _deployment(result: TuneResult, by: str, truth, per_layer: bool, progress: P
     else:
         note = ("not measured: the truth is not at hand here (the recording's model or text), or --by chose a proxy; "
                 "--by kl measures it")
+    if result.layout is not None:  # a tune file's windows carry no layout: the plan does
+        rule += (f", tuned under {result.layout.label} (--save-plan's plan carries it; with generate --windows, give "
+                 "the same layout flags)")
     return {"by": result.by.get("by", by), "rule": rule,
             "per_layer": [{"layer": layer, "recent_window": int(w)} for layer, w in zip(layers, windows, strict=True)],
             "kl": kl, "kl_note": note, "search": search}
 
 
-def _by_curve(result: TuneResult, units: list[_Unit], by: str, truth, params: dict) -> dict:
+def _by_curve(result: TuneResult, units: list[Unit], by: str, truth, params: dict) -> dict:
     """``model_window`` by ``by``: the model-wide curve of the figure over the candidate windows (every
     window swept for retained mass and top-k recall; ``CANDIDATES`` evenly spaced, plus retained mass's
     recommendation, for the costly ones), and the best of it. A ``_late`` figure is the mean over the
@@ -510,20 +424,23 @@ def _by_curve(result: TuneResult, units: list[_Unit], by: str, truth, params: di
     if base in ("retained_mass", "top_k_recall"):
         curve = np.stack([getattr(t, base) for t in chosen]).mean(axis=0).tolist()
         return _best(by, result.windows, curve, +1, None)
-    traces = [_load(u.payload, u.name) for u, k in zip(units, keep, strict=True) if k]
+    traces = [load_unit(u.payload, u.name) for u, k in zip(units, keep, strict=True) if k]
     note = next((n for n in (px.fallback_note(t, base) for t in traces) if n), None)
     if note is not None:
         out = _best("retained_mass", result.windows, result.mass_matrix().mean(axis=0).tolist(), +1, note)
         out.update(by=by, fell_back_to="retained_mass", model_window=mass_pick)
         return out
-    rows = [px.sweep(t, result.policy, result.budget, PARAM, windows, **params) for t in traces]
+    rows = [px.sweep(t, result.policy, result.budget, PARAM, windows, layout=result.layout, **params) for t in traces]
     curve = [float(np.mean([r[i][base] for r in rows])) for i in range(len(windows))]
     return _best(by, windows, curve, px.PROXIES[base].sign, None)
 
 
 def candidate_windows(result: TuneResult) -> list[int]:
     """The windows a costly figure (the truth, a value proxy) is measured at for ``model_window``:
-    ``CANDIDATES`` evenly spaced and retained mass's model-wide recommendation."""
+    ``CANDIDATES`` evenly spaced and retained mass's model-wide recommendation; under a layout, the windows
+    swept (``layout_windows``: those of the even ones the layout leaves room for)."""
+    if result.layout is not None:
+        return list(result.windows)
     return sorted(set(px.even_windows(result.budget, CANDIDATES)) | {result.model_wide()["one_window"]["recommended_window"]})
 
 
@@ -541,7 +458,7 @@ def _best(by: str, windows: list[int], curve: list[float], sign: int, note: str 
             "value": float(curve[i]), "note": note}
 
 
-def _tuning(u: _Unit, r: dict, windows: list[int], tolerance: float) -> TraceTuning:
+def _tuning(u: Unit, r: dict, windows: list[int], tolerance: float) -> TraceTuning:
     mass, recall = np.asarray(r["retained_mass"], dtype=np.float64), np.asarray(r["top_k_recall"], dtype=np.float64)
     best, rec = pick(mass, tolerance)
     return TraceTuning(
@@ -552,39 +469,7 @@ def _tuning(u: _Unit, r: dict, windows: list[int], tolerance: float) -> TraceTun
     )
 
 
-@contextlib.contextmanager
-def _client(scheduler: str, workers: int | None):
-    """``cluster.dask_client``, its refusals as TuneError (the tune's one-line errors)."""
-    try:
-        with dask_client(scheduler, workers) as got:
-            yield got
-    except ClusterError as e:
-        raise TuneError(str(e)) from None
-
-
-def _run_dask(units, scheduler, workers, say, specs, top_k) -> tuple[list[dict], dict]:
-    from distributed import as_completed
-
-    with _client(scheduler, workers) as (client, address):
-        n_workers = len(client.scheduler_info().get("workers", {}))
-        futures = []
-        for u in units:
-            # a file goes as its bytes: a worker on another machine does not share this disk
-            payload = u.payload
-            if isinstance(payload, str):
-                with open(payload, "rb") as f:
-                    payload = f.read()
-            data = client.scatter(payload)  # sent to a worker once, not embedded in the task graph (64 MB at 4096 steps)
-            futures.append(client.submit(_run_unit, data, u.name, specs, top_k,
-                                         pure=False, key=f"kvsim-tune-{u.name}-{os.getpid()}-{time.time_ns()}"))
-        index = {f.key: i for i, f in enumerate(futures)}
-        results: list[dict | None] = [None] * len(futures)
-        for done, fut in enumerate(as_completed(futures), start=1):
-            results[index[fut.key]] = fut.result()
-            say(done, units[index[fut.key]].name)
-    return results, {"executor": "dask", "workers": n_workers, "scheduler": address}
-
-
 __all__ = ["AUTO", "BEST_PROXY", "BY", "DEFAULT_BY", "GROUPS", "PROXY_CAVEAT", "SEARCH_STEP", "TOLERANCE",
-           "TRUTH_BY", "TraceTuning", "TuneError", "TuneResult", "candidate_windows",
-           "layer_groups", "recording_identity", "search_layer_windows", "tune", "tune_trace", "window_specs"]
+           "TRUTH_BY", "TraceTuning", "TuneError", "TuneResult", "candidate_windows", "check_layout",
+           "layer_groups", "layout_windows", "recording_identity", "search_layer_windows", "tune", "tune_layer",
+           "tune_trace", "window_specs"]

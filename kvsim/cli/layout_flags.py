@@ -1,4 +1,4 @@
-"""``--block-size S``, ``--shared-selection`` and ``--evict-every K`` (replay, sweep, table): the serving layout
+"""``--block-size S``, ``--shared-selection`` and ``--evict-every K`` (replay, sweep, table, tune): the serving layout
 a run's policy is held to (``kvsim.policies.layouts``; docs/serving.md), read into one ``Layout`` and checked
 before any trace or model loads. A refusal is one line; what is only worth saying (a budget rounded down to
 whole blocks, shared selection on one KV head) goes to stderr as a note and the run goes on."""
@@ -11,7 +11,7 @@ import sys
 from .errors import CLIError
 
 #: the commands that take the flags
-TAKES_LAYOUT = ("replay", "sweep", "table")
+TAKES_LAYOUT = ("replay", "sweep", "table", "tune")
 
 
 def add(p: argparse.ArgumentParser) -> None:

@@ -323,6 +323,11 @@ def _add_tune(sub, traces) -> None:
                    "pyramidkv, cake, optimal), at model_window, by --by's figure (retained_mass, or the truth: kl, "
                    "delta_nll); the tune file then also deploys the split (generate --allocate tune.json) "
                    "(docs/allocation.md)")
+    add_layout_flags(p)
+    p.add_argument("--search-layout", default=None, metavar="FIELD[=V,...]", help="which serving layout costs least: "
+                   "a whole tune under each candidate (block_size: 1, 8, 16, 32; evict_every: 1, 2, 4, 8, 16; or the "
+                   "values given, block_size=8,16,32), the other layout flags held, the best model_window's figure by "
+                   "--by chosen; --save-plan writes it (docs/serving.md, 'Tuning under a layout')")
     add_plan_flags(p, "tune")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     _json(p)

@@ -442,8 +442,11 @@ def _tune(doc: dict) -> str:
     per_layer, by_head = _tune_per_layer(doc, k)
     run = doc["run"]
     how = "serially" if run["executor"] == "serial" else f"on Dask ({run['workers']} workers, {run['scheduler']})"
+    swept = (f"under {doc['layout']} ({doc['memory']} positions), recent_window at "
+             f"{', '.join(map(str, doc['swept_windows']))} (the candidates the layout leaves room for, each a reference "
+             "replay)" if "layout" in doc else f"recent_window {doc['windows'][0]}..{doc['windows'][1]}")
     return "\n".join([
-        f"{doc['policy']} on {doc['trace']} at budget {doc['budget']}: recent_window {doc['windows'][0]}..{doc['windows'][1]}; "
+        f"{doc['policy']} on {doc['trace']} at budget {doc['budget']}: {swept}; "
         f"recommended = the smallest window within {tol} of the trace's best retained mass",
         "",
         aligned(["layer", "kv_head", "attention", "recommended", "retained_mass", f"top_{k}_recall", "best",
@@ -466,8 +469,21 @@ def _tune(doc: dict) -> str:
         *([f"({doc['by_caveat']})"] if doc.get("by_caveat") else []),
         *_deploy_lines(doc),
         *_allocate_lines(doc),
+        *_layout_search_lines(doc),
         _tune_time_line(doc, how),
     ])
+
+
+def _layout_search_lines(doc: dict) -> list[str]:
+    """``tune --search-layout``: each candidate layout's model_window and its figure, and the one chosen."""
+    if not (t := doc.get("layout_search")):
+        return []
+    rows = [[c["layout"], c["memory"], c["model_window"], c["figure"], c["seconds"]] for c in t["candidates"]]
+    left = "; ".join(f"{k}: {v}" for k, v in t["left_out"].items())
+    return ["", f"serving layouts searched ({t['rule']}):", "",
+            aligned(["layout", "memory", "model_window", t["by"], "seconds"], rows), "",
+            f"chosen: {t['chosen']} (the document above is its tune; --save-plan writes it)"
+            + (f"; left out: {left}" if left else "")]
 
 
 def _allocate_lines(doc: dict) -> list[str]:
@@ -508,7 +524,11 @@ def _tune_time_line(doc: dict, how: str) -> str:
         parts.append(f"the per-layer search {search['measurements']} configurations in {search['seconds']:.1f} s")
     if "allocate_seconds" in run:
         parts.append(f"the allocators {run['allocate_seconds']:.1f} s")
-    return "; ".join(parts) + f"; {run['seconds']:.1f} s in all"
+    if t := doc.get("layout_search"):  # the search's tunes, the chosen one's among them, are the run
+        parts.append(f"the layout search {len(t['candidates'])} tunes in {t['seconds']:.1f} s" + (
+            f" (the truth: {t['truth']['read']} read, {t['truth']['measured']} measured)" if t.get("truth") else ""))
+    total = t["seconds"] if t else run["seconds"]
+    return "; ".join(parts) + f"; {total:.1f} s in all"
 
 
 def _targets(targets: list[dict], width: int | None) -> str:

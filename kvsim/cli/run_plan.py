@@ -57,15 +57,19 @@ def read(path) -> Plan:
 
 
 def _tune(args: argparse.Namespace, sub, plan: Plan) -> Plan:
-    """The plan ``tune --plan`` tunes within: its policy, budget and split; what tune cannot measure yet (the prompt's
-    compression, a serving layout) and a flag it also sets refused, one line each."""
+    """The plan ``tune --plan`` tunes within: its policy, budget, split and serving layout; what tune cannot measure
+    yet (the prompt's compression) and a flag it also sets refused, one line each."""
     where = f"--plan {args.plan}"
     if plan.policy is None:
         raise CLIError(f"{where}: policy 'none' lets the cache grow after the prompt; tune sweeps a policy's recent_window")
-    for part, what in ((plan.compression, "the prompt's compression"), (plan.layout, "a serving layout")):
-        if part is not None:
-            raise CLIError(f"{where}: sets {what}, which tune does not measure yet (it sweeps windows over the whole trace)")
-    for dest, shown in (("policy", "--policy"), ("budget", "--budget")):
+    if plan.compression is not None:
+        raise CLIError(f"{where}: sets the prompt's compression, which tune does not measure yet (it sweeps windows over "
+                       "the whole trace)")
+    flags = (("policy", "--policy"), ("budget", "--budget"))
+    if plan.layout is not None:  # the plan's layout is what is tuned under: a layout flag beside it is refused
+        flags += (("block_size", "--block-size"), ("shared_selection", "--shared-selection"),
+                  ("evict_every", "--evict-every"))
+    for dest, shown in flags:
         if getattr(args, dest) != sub.get_default(dest):
             raise CLIError(f"{where} sets {shown} too: give it in one place")
     if args.allocate is not None and (plan.allocate is not None or plan.allocation is not None):
