@@ -171,9 +171,7 @@ class EvictingLayer(CacheLayerMixin):
 
     def put(self, key, value) -> None:
         """Position ``seen``'s key and value ``(batch, kv heads, d)`` into the store, a slot per (row, KV head)."""
-        for b in range(key.shape[0]):
-            for h in range(key.shape[1]):
-                self.store.put(b, h, self.seen, key[b, h], value[b, h])
+        self.store.put_rows(self.seen, key, value)
 
     @property
     def _compressing(self) -> bool:

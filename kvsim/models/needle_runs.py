@@ -120,7 +120,16 @@ class _Departures:
 
     def _left(self, li: int, b: int, h: int, t: int, before: np.ndarray, after: np.ndarray) -> None:
         """What (row b, layer li, KV head h) held before step t, with t, less what it holds after, left at t."""
-        if after.size == before.size + 1:  # t admitted, nothing left
+        gone = before.size + 1 - after.size
+        if gone == 0:  # t admitted, nothing left
+            return
+        if gone == 1:  # the usual step: t left, or t stayed and the one held position where the two part
+            n = after.size - 1
+            if n < 0 or after[-1] != t:
+                self.left[b, li, h, t] = t
+            else:
+                differ = np.flatnonzero(before[:n] != after[:n])
+                self.left[b, li, h, before[differ[0] if differ.size else n]] = t
             return
         # both ascending, what it holds after among what it held with t: the rest left
         had = np.append(before, t)
