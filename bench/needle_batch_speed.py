@@ -5,9 +5,12 @@
 The model loads once; then the control (the full cache), one policy alone (h2o), every online policy as rows of
 one batched pass (``needle.run_batch``; expected_attention at refresh 64), and with ``--singles`` each policy
 alone again (``needle.run_trial``, what a cell did before), each checked against its batched row: the same
-tokens and the same departure step of every position in every (layer, KV head). Nothing is read from or
-written to the needle cache. Each line gives wall seconds and this process's CPU seconds (``time.process_time``,
-which a busy neighbour moves less than the wall clock), and the load average; then one JSON line.
+tokens and the same departure step of every position in every (layer, KV head); last, h2o once more with the
+whole prompt in one pass (``kvsim.hf.decoding.greedy``; a trial feeds the prompt's shared start apart),
+checked against h2o alone. Nothing is read from or written to the needle cache. Each line gives wall seconds
+and this process's CPU seconds (``time.process_time``, which a busy neighbour moves less than the wall
+clock), and the load average; then the two cells (control and h2o; control and the batch) and their ratio,
+by CPU and by wall; then one JSON line.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ def main() -> None:
     needle.run_trial(model, prompt, needle.CONTROL, eos=eos)
     rows.append(said("full cache (control)", t0))
     t0 = clock()
-    needle.run_batch(model, prompt, [("h2o", args.budget, {})], seed=0, eos=eos)
+    h2o = needle.run_batch(model, prompt, [("h2o", args.budget, {})], seed=0, eos=eos)[0]
     rows.append(said("h2o alone", t0))
     jobs = [(p, args.budget, PARAMS.get(p, {})) for p in ONLINE]
     t0 = clock()
@@ -72,8 +75,41 @@ def main() -> None:
             same = alone["tokens"] == batched["tokens"] and np.array_equal(alone["left"], batched["left"])
             rows.append(said(f"{job[0]} alone", t0, "  same as its row" if same else "  DIFFERS from its row"))
             rows[-1]["same"] = same
+    rows.append(whole(model, prompt, args.budget, eos, h2o, clock, said))
+    cells = {}
+    for by in ("cpu_s", "wall_s"):
+        one, many = rows[0][by] + rows[1][by], rows[0][by] + rows[2][by]
+        cells[by] = {"one_policy_cell": round(one, 2), "cell": round(many, 2), "ratio": round(many / one, 2)}
+        print(f"{'by ' + by[:-2].upper():>34}  one policy's cell {one:7.1f} s  {len(jobs)} policies' cell "
+              f"{many:7.1f} s  ratio {many / one:5.2f}", flush=True)
     print(json.dumps({"length": args.length, "budget": args.budget, "depth": args.depth, "model": args.model,
-                      "runs": rows}))
+                      "runs": rows, "cells": cells}))
+
+
+def whole(model, prompt, budget: int, eos, row: dict, clock, said) -> dict:
+    """h2o with the whole prompt in one pass (``kvsim.hf.decoding.greedy``, what a trial ran before the shared
+    start was fed apart), checked against ``row``, its trial: the same tokens and departures."""
+    import numpy as np
+    import torch
+
+    import kvsim.hf as hf
+    from kvsim.hf.decoding import greedy
+    from kvsim.models import needle_runs
+
+    t0 = clock()
+    cache = hf.cache(model, "h2o", budget, seed=0)
+    watch = needle_runs._Departures(cache, len(prompt.ids) + needle_runs.NEW_TOKENS)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run = greedy(model, torch.tensor([prompt.ids], dtype=torch.long), cache, needle_runs.NEW_TOKENS, eos)
+    finally:
+        torch.set_num_threads(threads)
+    seen = cache.layers[0].seen
+    same = run["tokens"] == row["tokens"] and np.array_equal(watch.left[0][:, :, :seen], row["left"][:, :, :seen])
+    said_row = said("h2o, the prompt in one pass", t0, "  same as h2o alone" if same else "  DIFFERS from h2o alone")
+    said_row["same"] = same
+    return said_row
 
 
 if __name__ == "__main__":

@@ -103,3 +103,49 @@ def test_a_grid_decodes_each_cell_as_one_batch_and_caches_each_run(folder, capsy
     assert all(r["cached"] for r in again["cells"][0]["runs"])
     strip = lambda d: [(r["text"], r["key_left"], r["key_first_left"]) for r in d["cells"][0]["runs"]]  # noqa: E731
     assert strip(again) == strip(first)
+
+
+@pytest.mark.parametrize("job", [JOBS[0], JOBS[7]], ids=["uniform", "pyramidkv"])
+def test_the_prompts_shared_start_fed_apart_decodes_as_the_whole_prompt_in_one_pass(tiny, job):
+    """A trial feeds the positions every row attends over in full (up to the smallest budget,
+    ``EvictingLayer.shared_start``) as a pass of their own, one row for every row of a batch, then the
+    rest: the same tokens and the same departure of every position as the whole prompt in one pass
+    (``kvsim.hf.decoding.greedy``, what a trial ran before), so a shared start changes no figure."""
+    import torch
+
+    import kvsim.hf as hf
+    from kvsim.hf.decoding import greedy
+    from kvsim.models import needle, needle_runs
+
+    model, prompt = tiny
+    policy, budget, params, *how = job
+    cache = hf.cache(model, policy, budget, seed=0, allocate=how[0] if how else None, **params)
+    watch = needle_runs._Departures(cache, len(prompt.ids) + needle.NEW_TOKENS)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        whole = greedy(model, torch.tensor([prompt.ids], dtype=torch.long), cache, needle.NEW_TOKENS)
+    finally:
+        torch.set_num_threads(threads)
+    start = min(layer.shared_start() for layer in cache.layers)
+    assert 2 <= start < len(prompt.ids)  # the prompt is fed in two passes
+    alone = _alone(model, prompt, job)
+    assert alone["tokens"] == whole["tokens"]
+    assert np.array_equal(alone["left"], watch.left[0])
+
+
+def test_one_row_for_several_past_the_shared_start_is_refused(tiny):
+    """One row's positions stand for every row's only while no row has evicted: past the smallest budget
+    the layer refuses (one line) instead of attending with row 0 for rows that hold other positions."""
+    import torch
+
+    import kvsim.hf as hf
+    from kvsim.hf import HFError
+
+    model, prompt = tiny
+    cache = hf.cache(model, "h2o", 24, seed=0, recent_window=4)
+    ids = torch.tensor([prompt.ids], dtype=torch.long)
+    with torch.no_grad():
+        model(ids[:, :5].expand(2, -1), cache=cache, use_cache=True)  # two rows
+        with pytest.raises(HFError, match=r"one row of positions 5 to 39 for 2 rows.*first 25 positions.*feed every row"):
+            model(ids[:, 5:40], cache=cache, use_cache=True)

@@ -110,6 +110,8 @@ class EvictingLayer(CacheLayerMixin):
         #: beside them; None between steps
         self.handed: torch.Tensor | None = None
         self.pending: tuple | None = None
+        #: the current call is one row taken by every row (``shared_start``): attended once, stepped per row
+        self.shared = False
         #: told when this layer has stepped through a prompt (``EvictingCache(progress=...)``): an exact
         #: prefill is a minute or more of Python per long prompt, and it must not look hung
         self.prefilled: Callable[[int], None] | None = None
@@ -157,8 +159,17 @@ class EvictingLayer(CacheLayerMixin):
                           "cannot reach the attention that must step it")
         if self.handed is not None:
             raise HFError(self.lost())
+        rows = len(self.policies) if self.policies is not None else None if self.store is None else self.store.batch
+        self.shared = key_states.shape[0] == 1 and rows is not None and rows > 1
+        if self.shared:  # one row of a prompt's start for all the rows (``shared_start``): seen as every row's
+            key_states = key_states.expand(rows, -1, -1, -1)
+            value_states = value_states.expand(rows, -1, -1, -1)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        if self.shared and self.seen + key_states.shape[2] > self.shared_start():
+            raise HFError(f"{self.name}: one row of positions {self.seen} to {self.seen + key_states.shape[2] - 1} "
+                          f"for {rows} rows, where the rows attend alike only over the first {self.shared_start()} "
+                          "positions (EvictingLayer.shared_start); feed every row")
         self.pending = (key_states, value_states)
         if key_states.shape[2] == 1 and not self._compressing:
             self.put(key_states[:, :, 0], value_states[:, :, 0])
@@ -171,9 +182,24 @@ class EvictingLayer(CacheLayerMixin):
 
     def put(self, key, value) -> None:
         """Position ``seen``'s key and value ``(batch, kv heads, d)`` into the store, a slot per (row, KV head)."""
-        for b in range(key.shape[0]):
-            for h in range(key.shape[1]):
-                self.store.put(b, h, self.seen, key[b, h], value[b, h])
+        self.store.put_rows(self.seen, key, value)
+
+    def shared_start(self) -> int:
+        """How many of a prompt's first positions every row of this layer attends over in full, and so takes
+        as one row (``update`` with a batch of one; 0: none): an exact prefill's plain steps hold every
+        position until the smallest budget is passed (the harness holds each policy to exactly ``min(t + 1,
+        budget)`` positions), so up to that budget every row's queries attend over the same keys and the
+        rows' hidden states stay one; the policies still step per row. A layout (whole blocks), a pool
+        (adakv) or a compressed prompt decides otherwise: none."""
+        if type(self) is not EvictingLayer or self.prefill != "exact":
+            return 0
+        if self.budgets is not None:
+            return min(min(row) for row in self.budgets) + 1
+        if self._row_budgets is not None:
+            return min(int(b) for b in self._row_budgets) + 1
+        budgets = [int(p.budget) for row in self.policies for p in row] if self.policies is not None else \
+            [int(spec.budget) for spec in self.specs]
+        return min(budgets) + 1
 
     @property
     def _compressing(self) -> bool:
@@ -284,6 +310,8 @@ class EvictingLayer(CacheLayerMixin):
         key, value = self.pending
         self.handed = self.pending = None
         query, scale, softcap, window = call.query, call.scale, call.softcap, call.window
+        if self.shared:  # every row's queries are row 0's; modes.one attends with row 0 alone
+            query = query.expand(key.shape[0], -1, -1, -1)
         n, compressing = query.shape[2], self._compressing
         self.vectors.module = call.module
         readers = self.steps.readers()
@@ -304,6 +332,7 @@ class EvictingLayer(CacheLayerMixin):
             return out, None
         finally:
             self.vectors.norms = None
+            self.shared = False
 
     # --- the step of one (row, KV head), and a compressed prompt's kept set: what needle listens to -----
 

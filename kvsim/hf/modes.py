@@ -36,17 +36,22 @@ def one(layer, query, key, value, scale, softcap, window):
     heads, d)`` are its own, for the policies that read them."""
     store, t = layer.store, layer.seen
     q = grouped(query[:, :, 0], store.kv_heads)  # (batch, kv heads, G, d)
+    # one row taken by every row (``EvictingLayer.shared_start``): every row holds the same slots, so row 0
+    # attends for all, and each row's policy is shown row 0's weights
+    att = slice(0, 1) if layer.shared else slice(None)
     outs, per_head, rows = [], [], []
     for h in range(store.kv_heads):  # each head over its own span: the heads' spans differ when their budgets do
         span = store.span(h)
-        visible = torch.from_numpy(store.visible(h, t, window))[:, None, :]
-        weights = eager.weights(q[:, h], store.keys[:, span], scale, softcap, visible)
-        outs.append(torch.matmul(weights, store.values[:, span]))
+        visible = torch.from_numpy(store.visible(h, t, window)[att])[:, None, :]
+        weights = eager.weights(q[att, h], store.keys[att, span], scale, softcap, visible)
+        outs.append(torch.matmul(weights, store.values[att, span]))
         per_head.append(weights)
-        rows.append(combine(np.moveaxis(weights.double().numpy(), 1, 0)) if t else None)  # (batch, span)
+        row = combine(np.moveaxis(weights.double().numpy(), 1, 0)) if t else None  # (batch, span)
+        rows.append(np.broadcast_to(row, (store.batch, row.shape[1])) if layer.shared and t else row)
     layer.steps.after(layer, t, rows, key, value, q)
     layer.seen = t + 1
-    batch, hq, _, head_dim = query.shape
+    _, hq, _, head_dim = query.shape
+    batch = outs[0].shape[0]
     same = len({w.shape[-1] for w in per_head}) == 1
     return (torch.stack(outs, dim=1).reshape(batch, hq, head_dim),
             torch.stack(per_head, dim=1).reshape(batch, hq, 1, -1) if same else None)

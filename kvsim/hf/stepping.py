@@ -62,9 +62,12 @@ class HeadSteps:
         d)`` and ``q`` ``(batch, kv heads, G, d)`` are t's own."""
         store = layer.store
         for h in range(store.kv_heads):
+            start = store.span(h).start
+            # each row's views in one call apiece (indexing a tensor row by row costs more than a step's policy)
+            keys, values, queries = key[:, h].unbind(0), value[:, h].unbind(0), q[:, h].unbind(0)
             for b in range(store.batch):
-                row = None if rows[h] is None else rows[h][b, store.order[b][h] - store.span(h).start]
-                layer._admit(b, h, t, row, key[b, h], value[b, h], q[b, h])
+                row = None if rows[h] is None else rows[h][b, store.order[b][h] - start]
+                layer._admit(b, h, t, row, keys[b], values[b], queries[b])
 
     def chunk(self, layer, found, block, starts, key, value, q) -> None:
         """A chunk attended at once (``kvsim.hf.modes.fast``), stepped head by head: ``block(h, a)`` attends
@@ -123,12 +126,16 @@ class PoolSteps:
 class Vectors:
     """Position t's rows of what a policy reads, for one layer: the attention module of the call (its
     ``o_proj`` gives ``out_norms``) and, while a chunk of several positions is stepped, every position's
-    ``out_norms`` ``(batch, kv heads, n, G)`` from one product per row (``chunk``)."""
+    ``out_norms`` ``(kv heads, n, G)`` from one product per row (``chunk``), made for a row when one of its
+    policies first asks: a batch whose rows are a cell's policies has one row that reads them (vatp), and
+    the product is float64 over the whole chunk (a tenth of a 13-row needle cell's time when made for
+    every row)."""
 
     def __init__(self, name: str):
         self.name = name
         self.module = None
-        self.norms: tuple[int, np.ndarray] | None = None
+        #: while a chunk is stepped: (its first position, its values, the group, each row's norms once asked)
+        self.norms: tuple[int, object, int, dict[int, np.ndarray]] | None = None
 
     def of(self, policy: Policy | None, b: int, h: int, t: int, key, value, queries) -> dict | None:
         """``policy``'s rows at position t of (row b, KV head h): its key and value as stored, the group's
@@ -146,7 +153,10 @@ class Vectors:
             elif name == "out_norms":
                 chunk = self.norms
                 if chunk is not None and 0 <= t - chunk[0] < chunk[1].shape[2]:
-                    out[name] = chunk[1][b, h, t - chunk[0]]
+                    first, values, group, rows = chunk
+                    if b not in rows:
+                        rows[b] = array(eager.output_norms(self.o_proj(), values[b], group))
+                    out[name] = rows[b][h, t - first]
                 else:
                     out[name] = array(eager.output_norms(self.o_proj(), value.reshape(1, 1, -1), queries.shape[0], h)[0, 0])
             else:
@@ -162,14 +172,15 @@ class Vectors:
 
     def chunk(self, first: int, value, group: int, readers: list[type]) -> None:
         """Before a chunk of ``value`` ``(batch, kv heads, n, d)`` from position ``first`` is stepped: every
-        position's ``out_norms`` in one product per row when some of ``readers`` reads them. The same float64
-        statement as one position's (``eager.output_norms``), so each float32 is within one rounding of the
-        exact norm either way; the recorder computes a whole recording's in one product too."""
+        position's ``out_norms`` in one product per row (the row's first ask, ``of``) when some of ``readers``
+        reads them. The same float64 statement as one position's (``eager.output_norms``), so each float32
+        is within one rounding of the exact norm either way; the recorder computes a whole recording's in
+        one product too."""
         self.norms = None
         if value.shape[2] < 2 or not any("out_norms" in r.reads for r in readers):
             return
-        weight = self.o_proj()
-        self.norms = first, np.stack([array(eager.output_norms(weight, value[b], group)) for b in range(value.shape[0])])
+        self.o_proj()  # said before the chunk is stepped, not at its first reader
+        self.norms = first, value, group, {}
 
 
 def array(x) -> np.ndarray:

@@ -39,6 +39,7 @@ class Store:
         self.order = [[np.zeros(0, dtype=np.int64) for _ in range(kv_heads)] for _ in range(batch)]
         self.peak = 0  # the most positions any (row, KV head) held after a step
         self.head_peaks = [0] * kv_heads  # per KV head, the most positions any row held after a step
+        self._arrays = None  # ``arrays``: (keys, values, their NumPy views or None)
 
     @property
     def batch(self) -> int:
@@ -71,6 +72,37 @@ class Store:
         self.values[b, s] = value
         self.pos[b, s], self.owner[b, s] = t, h
 
+    def put_rows(self, t: int, key, value) -> None:
+        """Position t's key and value ``(batch, kv heads, d)`` into every (row, KV head)'s slot for it."""
+        for b in range(key.shape[0]):
+            for h in range(key.shape[1]):
+                self.put(b, h, t, key[b, h], value[b, h])
+
+    def arrays(self) -> tuple | None:
+        """``keys`` and ``values`` as NumPy arrays sharing their memory (a slot's row copied there costs a
+        fifteenth of torch's indexing, and a step copies several per row), or None where they cannot
+        (another device, a dtype NumPy lacks): the callers copy through torch then. Remade whenever
+        ``keys`` or ``values`` is another tensor (``grow``, the layer's setters)."""
+        views = self._arrays
+        if views is None or views[0] is not self.keys or views[1] is not self.values:
+            k, v = self.keys, self.values
+            plain = k.device.type == "cpu" and v.device.type == "cpu" and not (k.requires_grad or v.requires_grad)
+            try:
+                self._arrays = views = (k, v, k.numpy(), v.numpy()) if plain else (k, v, None, None)
+            except (TypeError, RuntimeError):  # bfloat16 and the like: no NumPy dtype
+                self._arrays = views = (k, v, None, None)
+        return None if views[2] is None else views[2:]
+
+    def copy_slot(self, b: int, to: int, source: int) -> None:
+        """Row b's key and value in slot ``source`` copied into slot ``to``."""
+        views = self.arrays()
+        if views is None:
+            self.keys[b, to] = self.keys[b, source]
+            self.values[b, to] = self.values[b, source]
+        else:
+            views[0][b, to] = views[0][b, source]
+            views[1][b, to] = views[1][b, source]
+
     def noted(self, h: int, held: int) -> None:
         self.peak = max(self.peak, held)
         self.head_peaks[h] = max(self.head_peaks[h], held)
@@ -99,31 +131,49 @@ class Blocks(Store):
         self.write(b, s, h, t, key, value)
         return s
 
+    def put_rows(self, t: int, key, value) -> None:
+        """Every row's KV head h takes t in the same spare slot: one copy per head for all the rows."""
+        for h in range(key.shape[1]):
+            s = self.spare(h)
+            self.keys[:, s] = key[:, h]
+            self.values[:, s] = value[:, h]
+            self.pos[:, s], self.owner[:, s] = t, h
+
     def settle(self, b: int, h: int, t: int, victims) -> None:
-        """After step t of (row b, KV head h): the victims' slots freed, and t, if it stays, moved from the
-        spare into a free slot (the run doubled first if it has none: a head without a policy)."""
+        """After step t of (row b, KV head h): the victims' slots freed (in the victims' order, the order
+        later steps take free slots back in), and t, if it stays, moved from the spare into a free slot (the
+        run doubled first if it has none: a head without a policy). The victims are held positions or t
+        (the harness checked them)."""
         order = self.order[b][h]
-        slots = np.append(order, -1)  # -1 stands for t, still in the spare
+        stays = True
         if len(victims):
-            at = np.searchsorted(np.append(self.pos[b, order], t), np.asarray(victims, dtype=np.int64))
-            for s in slots[at].tolist():
-                if s >= 0:
-                    self.pos[b, s] = -1
-                    self.free[b][h].append(s)
-            slots = np.delete(slots, at)
+            held = self.pos[b, order]  # ascending
+            keep = None
+            for v in victims:
+                if v == t:
+                    stays = False
+                    continue
+                i = int(held.searchsorted(v))
+                s = int(order[i])
+                self.pos[b, s] = -1
+                self.free[b][h].append(s)
+                if keep is None:
+                    keep = np.ones(order.size, dtype=bool)
+                keep[i] = False
+            if keep is not None:
+                order = order[keep]
         spare = self.spare(h)
-        if slots.size and slots[-1] == -1:
+        if stays:
             if not self.free[b][h]:
-                slots[:-1] = self.grow(h, slots[:-1])
+                order = self.grow(h, order)
                 spare = self.spare(h)
             s = self.free[b][h].pop()
-            self.keys[b, s] = self.keys[b, spare]
-            self.values[b, s] = self.values[b, spare]
+            self.copy_slot(b, s, spare)
             self.pos[b, s] = t
-            slots[-1] = s
+            order = np.append(order, s)
         self.pos[b, spare] = -1
-        self.order[b][h] = slots
-        self.noted(h, slots.size)
+        self.order[b][h] = order
+        self.noted(h, order.size)
 
     def keep(self, b: int, h: int, held: np.ndarray, keys, values) -> None:
         """Positions ``held`` (ascending) of a prompt that started at position 0 into free slots of (row b,

@@ -120,7 +120,16 @@ class _Departures:
 
     def _left(self, li: int, b: int, h: int, t: int, before: np.ndarray, after: np.ndarray) -> None:
         """What (row b, layer li, KV head h) held before step t, with t, less what it holds after, left at t."""
-        if after.size == before.size + 1:  # t admitted, nothing left
+        gone = before.size + 1 - after.size
+        if gone == 0:  # t admitted, nothing left
+            return
+        if gone == 1:  # the usual step: t left, or t stayed and the one held position where the two part
+            n = after.size - 1
+            if n < 0 or after[-1] != t:
+                self.left[b, li, h, t] = t
+            else:
+                differ = np.flatnonzero(before[:n] != after[:n])
+                self.left[b, li, h, before[differ[0] if differ.size else n]] = t
             return
         # both ascending, what it holds after among what it held with t: the rest left
         had = np.append(before, t)
@@ -219,8 +228,8 @@ def run_trial(model, prompt: Prompt, policy: str, budget: int | None = None, par
     import kvsim.hf as hf
     from kvsim.hf.decoding import greedy
 
-    ids = torch.tensor([prompt.ids], dtype=torch.long)
     if policy == CONTROL:
+        ids = torch.tensor([prompt.ids], dtype=torch.long)
         from transformers import DynamicCache
 
         hf.attach(model)
@@ -235,23 +244,10 @@ def run_trial(model, prompt: Prompt, policy: str, budget: int | None = None, par
                "prefill_params": dict(prefill.get("params") or {})}
     cache = hf.cache(model, policy, budget, seed=seed, allocate=allocate, **how, **_layout_how(layout),
                      **(params or {}))
-    watch = _Departures(cache, len(prompt.ids) + new_tokens, listen, rows)
-    # one thread: an exact prefill steps each position through tiny matrix-vector products, which a
-    # second thread only slows down on a busy machine (kvsim.models.decode measured the same)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        run = greedy(model, ids, cache, new_tokens, eos)
-    finally:
-        torch.set_num_threads(threads)
-    seen = cache.layers[0].seen
-    watch.check(seen)
-    budgets = cache.budgets
-    heads = watch.left.shape[2]
-    out = {**run, "positions": seen, "left": watch.left[0],
-           "budgets": [[budgets[(x, h)] for h in range(heads)] for x in range(len(cache.layers))]}
-    if rows:
-        out["rows"] = {k: v[:seen, :seen] for k, v in watch.rows[0].items()}
+    # decoded as a batch of one row (run_batch's loop): the prompt fed in the same passes as a batch feeds it
+    # (``_feed``), so a row of a batch is this run by construction
+    out = _decode_batch(model, prompt, cache, new_tokens, eos, [rows], listen)[0]
+    del out["batch"]
     return out
 
 
@@ -375,17 +371,37 @@ def _one_row_at_a_time(model):
             del m.forward
 
 
-def _decode_batch(model, prompt: Prompt, cache, new_tokens: int, eos, wanted: list[bool]) -> list[dict]:
+def _feed(model, ids, cache, batch: int):
+    """The prompt ``ids`` ``(1, n)`` into the ``batch`` rows of ``cache``: first the positions every row attends over
+    in full (``EvictingLayer.shared_start``: up to the smallest budget, nothing is evicted yet), as one row
+    for all of them, then the rest, row by row as a batch; the last pass's output. A batch of one is fed
+    in the same two passes, so each row's products are its run alone's: the prompt's start is one product
+    either way, and the rest one product per chunk whatever the number of rows (``_one_row_at_a_time``).
+    Feeding the start once cuts the model's arithmetic of a 13-row needle cell at 1,024 tokens and budget
+    256 by a quarter (docs/needle.md)."""
+    from kvsim.hf.decoding import prefill
+
+    n = ids.shape[1]
+    starts = [layer.shared_start() for layer in cache.layers]
+    first = min(min(starts), n)
+    out = prefill(model, ids[:, :first], cache) if first >= 2 else None
+    if first < 2:  # nothing to share (a layout, a pool, a compressed prompt): the prompt as it comes
+        first = 0
+    if first < n:
+        out = prefill(model, ids[:, first:].expand(batch, -1), cache)
+    return out
+
+
+def _decode_batch(model, prompt: Prompt, cache, new_tokens: int, eos, wanted: list[bool], listen=None) -> list[dict]:
     """Greedy decoding of ``prompt`` in every row of ``cache`` at once (``kvsim.hf.decoding.greedy``'s, row by
-    row: each row stops at its own ``eos`` or after ``new_tokens``); per row ``run_trial``'s record."""
+    row: each row stops at its own ``eos`` or after ``new_tokens``); per row ``run_trial``'s record.
+    ``listen``: as ``run_trial``'s, for row 0."""
     import torch
 
-    from kvsim.hf.decoding import prefill as feed
-
     batch = len(wanted)
-    ids = torch.tensor([prompt.ids], dtype=torch.long).expand(batch, -1)
+    ids = torch.tensor([prompt.ids], dtype=torch.long)
     stops = set() if eos is None else {eos} if isinstance(eos, int) else set(eos)
-    watch = _Departures(cache, len(prompt.ids) + new_tokens, rows=wanted, batch=batch)
+    watch = _Departures(cache, len(prompt.ids) + new_tokens, listen, rows=wanted, batch=batch)
     tokens: list[list[int]] = [[] for _ in range(batch)]
     ends: dict[int, tuple[int, list]] = {}  # row -> (positions seen, what it held) once its run has ended
     threads = torch.get_num_threads()
@@ -393,12 +409,12 @@ def _decode_batch(model, prompt: Prompt, cache, new_tokens: int, eos, wanted: li
     try:
         with _one_row_at_a_time(model):
             t0 = time.perf_counter()
-            out = feed(model, ids, cache)
+            out = _feed(model, ids, cache, batch)
             prefill_s = time.perf_counter() - t0
             t0 = time.perf_counter()
             with torch.no_grad():
                 while True:
-                    nxt = out.logits[:, -1].argmax(dim=-1, keepdim=True)
+                    nxt = out.logits[:, -1].argmax(dim=-1, keepdim=True).expand(batch, -1)  # a shared prompt's: one row
                     for b in range(batch):
                         if b in ends:
                             continue

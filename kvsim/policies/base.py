@@ -253,6 +253,14 @@ class SlotPolicy(Policy):
         candidates = values.size
         if candidates < n_evict:
             raise ValueError(f"{self.name}: cannot evict to budget {budget} from {candidates} evictable positions")
+        if n_evict == 1:  # the usual step (one admitted, one out): no copy, the later slots shifted down one
+            i = int(np.argmin(values))  # float32 or float64 alike: the same order, the same first minimum
+            n = self._len
+            victim = int(self._pos[i])
+            for arr in (self._pos, *self._slot_arrays()):
+                arr[i : n - 1] = arr[i + 1 : n]  # NumPy copies an overlapping slice as if through a buffer
+            self._len = n - 1
+            return [victim]
         values = values.astype(np.float64)  # a copy: chosen slots are set to +inf below
         chosen = np.zeros(self._len, dtype=bool)
         for _ in range(n_evict):

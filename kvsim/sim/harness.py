@@ -249,24 +249,27 @@ def replay_reference(
     )
 
 
-def _holds(arr: np.ndarray, v: np.ndarray) -> np.ndarray:
+def _holds(arr: np.ndarray, v: list[int]) -> np.ndarray:
     """Whether each of ``v`` is in ``arr``: ``np.isin``, but without its sort for the usual one or
     two victims (a comparison per victim is ~20x cheaper there, and this runs every step)."""
-    if v.size <= 8:
-        return np.array([bool((arr == x).any()) for x in v.tolist()], dtype=bool)
-    return np.isin(v, arr)
+    if len(v) <= 8:
+        return np.array([bool((arr == x).any()) for x in v], dtype=bool)
+    return np.isin(np.asarray(v, dtype=np.int64), arr)
 
 
 def _check_victims(policy: Policy, t: int, before: np.ndarray, victims: list[int], budget: int, after: np.ndarray) -> None:
-    v = np.asarray(victims, dtype=np.int64)
-    if v.size and np.any(np.diff(v) <= 0):
+    # victims are Python ints (``step``'s); the checks stay in Python for the usual one or two, where
+    # NumPy's array and diff would cost more than the comparisons (the deployed cache runs this per
+    # row, KV head and position)
+    n = len(victims)
+    if n > 1 and any(victims[i + 1] <= victims[i] for i in range(n - 1)):
         raise ContractError(f"{policy!r} step {t}: victims {victims} not in ascending order")
-    if v.size and not np.all(_holds(before, v)):
+    if n and not _holds(before, victims).all():
         raise ContractError(f"{policy!r} step {t}: victims {victims} include positions it did not hold")
     bounds = getattr(policy, "held_bounds", None)  # a policy under a serving layout (kvsim.policies.layouts)
     low, high = bounds(t, budget) if bounds is not None else (min(t + 1, budget),) * 2
     if not low <= after.size <= high:
         expected = low if low == high else f"{low} to {high}"
         raise ContractError(f"{policy!r} step {t}: holds {after.size} positions after eviction, expected {expected}")
-    if after.size + v.size != before.size or (v.size and np.any(_holds(after, v))):
+    if after.size + n != before.size or (n and _holds(after, victims).any()):
         raise ContractError(f"{policy!r} step {t}: victims {victims} are still held or the cache changed otherwise")
