@@ -12,6 +12,14 @@ from pathlib import Path
 SUITE_CACHE = Path(__file__).resolve().parent.parent / ".test-cache"
 os.environ["KVSIM_CACHE_DIR"] = str(SUITE_CACHE)
 
+#: pytest-xdist's workers (``-n auto``: one per core) share the cores: each worker's PyTorch, and every
+#: process it starts (a documented chain, the app's server), gets its share of them as OpenMP threads, set
+#: before anything imports torch, unless the caller chose. PyTorch's default, every core in every worker,
+#: left threads spinning on a busy core: docs/allocation.md's ``quality ... --by kl`` chain took 106 s
+#: with two threads and 22 s with one on the 2-core machine at load average 6 (the same split and KL).
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 import pytest  # noqa: E402
 from random_traces import random_trace  # noqa: E402
 
