@@ -12,6 +12,14 @@ from pathlib import Path
 SUITE_CACHE = Path(__file__).resolve().parent.parent / ".test-cache"
 os.environ["KVSIM_CACHE_DIR"] = str(SUITE_CACHE)
 
+#: pytest-xdist's workers (``-n auto``: one per core) share the cores: each worker's PyTorch, and every
+#: process it starts (a documented chain, the app's server), gets its share of them as OpenMP threads, set
+#: before anything imports torch, unless the caller chose. PyTorch's default, every core in every worker,
+#: left threads spinning on a busy core: docs/allocation.md's ``quality ... --by kl`` chain took 106 s
+#: with two threads and 22 s with one on the 2-core machine at load average 6 (the same split and KL).
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 import pytest  # noqa: E402
 from random_traces import random_trace  # noqa: E402
 
@@ -124,7 +132,12 @@ def pytest_configure(config):
     """Streamlit's ``AppTest`` scans every installed package's metadata for components on the first run of
     each ``AppTest`` (0.5-2.4 s here, 398 metadata files read and parsed); a server scans once, at its start.
     The installed packages do not change while the suite runs, so the scan is made once per process and
-    its result handed to every later ``AppTest``, as a server would."""
+    its result handed to every later ``AppTest``, as a server would.
+
+    With pytest-xdist, its controller hands out the test groups in the order the workers collected them
+    (``_slowest_groups_first``) instead of sorting them again by their number of tests."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     try:
         from streamlit.components.v2 import manifest_scanner
     except ImportError:  # a Streamlit without v2 components scans nothing
@@ -144,15 +157,63 @@ def pytest_configure(config):
 _BROWSER_FIXTURES = {"chromium", "server"}
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """With pytest-xdist (the README's command runs the suite on every core: ``-n auto``), each test file
     runs whole in one worker, so a module's fixtures (the loaded model, a swept trace) are made once, and
-    the tests that drive the app in Chromium run in one worker, sharing one server and one Chromium."""
+    the tests that drive the app in Chromium run in one worker, sharing one server and one Chromium.
+
+    ``--dist loadgroup`` schedules by the group named at the end of each test's id (``...@group``). xdist
+    3.8's worker names it by setting ``item._nodeid``, which pytest 9 no longer reads (``Node.nodeid`` is
+    ``str(item._id)``), so every test was a group of its own: each file's tests were dealt out to both
+    workers, each building the module's fixtures (and each its own app server and Chromium). The group is
+    named here instead (``_named``), first of this hook's implementations."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
+    groups = {}
     for item in items:
         browser = item.get_closest_marker("browser") or _BROWSER_FIXTURES & set(getattr(item, "fixturenames", ()))
-        item.add_marker(pytest.mark.xdist_group("browser" if browser else item.path.name))
+        groups[item] = "browser" if browser else item.path.name
+        item.add_marker(pytest.mark.xdist_group(groups[item]))
+        if getattr(config.option, "loadgroup", False):  # set in xdist's workers under --dist loadgroup
+            _named(item, groups[item])
+    if hasattr(config, "workerinput"):  # a worker's collection: the order the controller hands the groups out in
+        items[:] = _slowest_groups_first(items, groups)
+
+
+def _named(item, group: str) -> None:
+    """``item``'s id with its group at the end (``tests/test_x.py::test_y@test_x.py``), as xdist means to
+    name it (its ``loadgroup`` scheduler reads the group from there)."""
+    from _pytest.nodeid import coerce_node_id
+
+    if not item.nodeid.endswith("@" + group):
+        item._id = coerce_node_id(f"{item.nodeid}@{group}")
+
+
+#: the files whose tests took longest in a fresh clone's run of the README's command (6517563, 3 Dec 2026:
+#: the sum of each file's tests among the 20 slowest), slowest first. Each has few tests, so xdist's own
+#: order (most tests first) handed them out last, and the worker that drew one ran on alone. A stale
+#: entry costs only balance, never a test.
+SLOWEST_FILES = ("test_best_window.py",      # 135 s: the app's exact best window, table and claims, tune
+                 "test_allocation_docs.py",  # 120 s: docs/allocation.md's two model chains
+                 "test_quality.py",          # 80 s: the key-token command on Gemma-3-270M
+                 "test_deploy_chain.py",     # 73 s: docs/deploy.md's three tune -> generate chains
+                 "test_needle_docs.py")      # 58 s: docs/needle.md's grid on Gemma-3-270M
+
+
+def _slowest_groups_first(items: list, groups: dict) -> list:
+    """The items with their groups (file names, or ``browser``) in the order a worker should draw them:
+    ``SLOWEST_FILES`` first, slowest first, then the rest as xdist would order them itself (most tests
+    first; collection order on a tie), so that the slowest files start while the other worker still has
+    work rather than at the end (longest first). Each group's items keep their order."""
+    count = {}
+    for item in items:
+        count[groups[item]] = count.get(groups[item], 0) + 1
+    first = {name: i for i, name in enumerate(SLOWEST_FILES)}
+    seen = list(dict.fromkeys(groups[item] for item in items))
+    rank = {g: (first.get(g, len(first)), -count[g], i) for i, g in enumerate(seen)}
+    return sorted(items, key=lambda item: rank[groups[item]])
+
 
 
 def pytest_runtest_teardown(item, nextitem):
