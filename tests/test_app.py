@@ -20,8 +20,8 @@ APP = str(Path(__file__).resolve().parent.parent / "app.py")
 TIMEOUT = 120  # the first run builds the canonical trace and replays it; later runs hit the caches
 
 
-def run(query: dict | None = None, view: str | None = None) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+def run(query: dict | None = None, view: str | None = None, timeout: float = TIMEOUT) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=timeout)
     at.query_params.update(query or {})
     if view is not None:
         at.query_params["view"] = view

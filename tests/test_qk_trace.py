@@ -133,7 +133,7 @@ def test_a_bundle_of_query_key_traces_serves_selectors_tune_and_export(tmp_path,
 def test_export_refuses_a_query_key_trace_longer_than_the_dense_limit_in_one_line(tmp_path, capsys, monkeypatch):
     folder = _write_bundle(tmp_path / "toyqk", n_layers=1)
     monkeypatch.setattr(qk, "DENSE_LIMIT", 100)
-    monkeypatch.setattr(importlib.import_module("kvsim.cli.tune_command"), "DENSE_LIMIT", 100)  # imported lazily by cli.main
+    monkeypatch.setattr(importlib.import_module("kvsim.cli.commands"), "DENSE_LIMIT", 100)  # export's, imported lazily
     assert cli.main(["export", "--trace", f"{folder}:L00", "--out", str(tmp_path / "d.npz")]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "199 steps" in err and "100 steps" in err
