@@ -66,7 +66,7 @@ PASSKEY_LAYOUTS = {"gemma3-270m": ("none", "blocks of 16", "every 8", "every 32"
 
 
 def _layout(name: str) -> Layout:
-    return dict(LAYOUTS)[name]
+    return dict(LAYOUTS + OPTIMUM)[name]
 
 
 def _fits(layout: Layout, policy: str, budget: int, heads: int) -> str | None:
@@ -92,9 +92,27 @@ def _row(model: str, text: str, budget: int, policy: str, name: str, layout: Lay
     return row
 
 
+def _one(session, model, text, budget, policy, name, mode, say) -> dict:
+    """One row: ``policy`` at ``budget`` under the layout ``name`` in ``mode`` (open or closed), through the
+    quality cache (a plain layout is ``kvsim quality``'s own result), or the reason it is not measured."""
+    from kvsim.models.quality_layout import measure_closed, measure_open
+
+    layout = _layout(name)
+    why = _fits(layout, policy, budget, session.kv_heads)
+    result = None
+    if why is None:
+        t0 = time.perf_counter()
+        if layout.plain:
+            result = session.measure(policy, budget, mode)
+        else:
+            result = (measure_open if mode == "open" else measure_closed)(session, policy, budget, {}, layout)
+        say(f"{model} {text} {budget} {policy} [{name}] {mode}: KL {result['kl']:.4f} "
+            f"({time.perf_counter() - t0:.1f} s{', cached' if result.get('cached') else ''})")
+    return _row(model, text, budget, policy, name, layout, mode, result, why)
+
+
 def measure_quality(models, parts, say) -> list[dict]:
     from kvsim.models import quality
-    from kvsim.models.quality_layout import measure_closed, measure_open
     from kvsim.models.truth import TEXTS_DIR
 
     rows = []
@@ -107,37 +125,12 @@ def measure_quality(models, parts, say) -> list[dict]:
             if loaded is None:
                 loaded = quality.load(model)
             session = quality.open_session(TEXTS_DIR / text, STEPS, model, model_and_tokenizer=loaded)
-            heads = session.kv_heads
             if "open" in parts:
-                for budget in BUDGETS:
-                    jobs = [(p, n, lay) for p in POLICIES for n, lay in LAYOUTS] + [("optimal", n, lay) for n, lay in OPTIMUM]
-                    for policy, name, layout in jobs:
-                        why = _fits(layout, policy, budget, heads)
-                        result = None
-                        if why is None:
-                            t0 = time.perf_counter()
-                            if layout.plain:
-                                result = session.measure(policy, budget, "open")
-                            else:
-                                result = measure_open(session, policy, budget, {}, layout)
-                            say(f"{model} {text} {budget} {policy} [{name}] open: KL {result['kl']:.4f} "
-                                f"({time.perf_counter() - t0:.1f} s{', cached' if result.get('cached') else ''})")
-                        rows.append(_row(model, text, budget, policy, name, layout, "open", result, why))
-            for _, _, budget, policies, names in closed:
-                for policy in policies:
-                    for name in names:
-                        layout = _layout(name)
-                        why = _fits(layout, policy, budget, heads)
-                        result = None
-                        if why is None:
-                            t0 = time.perf_counter()
-                            if layout.plain:
-                                result = session.measure(policy, budget, "closed")
-                            else:
-                                result = measure_closed(session, policy, budget, {}, layout)
-                            say(f"{model} {text} {budget} {policy} [{name}] closed: KL {result['kl']:.4f} "
-                                f"({time.perf_counter() - t0:.1f} s{', cached' if result.get('cached') else ''})")
-                        rows.append(_row(model, text, budget, policy, name, layout, "closed", result, why))
+                jobs = [(p, n) for p in POLICIES for n, _ in LAYOUTS] + [("optimal", n) for n, _ in OPTIMUM]
+                rows += [_one(session, model, text, budget, policy, name, "open", say)
+                         for budget in BUDGETS for policy, name in jobs]
+            rows += [_one(session, model, text, budget, policy, name, "closed", say)
+                     for _, _, budget, policies, names in closed for policy in policies for name in names]
     return rows
 
 
