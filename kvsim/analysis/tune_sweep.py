@@ -112,16 +112,7 @@ def tune_layer(traces: Sequence[Trace], specs: Sequence[PolicySpec], top_k: int,
 
 def _baselines(budget: int, layout: Layout | None) -> list[str]:
     """The recency baselines measured beside the tuned policy; under a layout, those it accepts at ``budget``."""
-    if layout is None:
-        return list(baselines())
-    out = []
-    for p in baselines():
-        try:
-            layout.check(p, budget, heads=None)
-        except ValueError:
-            continue
-        out.append(p)
-    return out
+    return [p for p in baselines() if layout is None or _runs(layout, p, budget, {})]
 
 
 def _run_unit(payload, name: str, specs: list[PolicySpec], top_k: int) -> dict:
@@ -153,14 +144,17 @@ def layout_windows(policy: str, budget: int, layout: Layout, params: dict) -> li
     measured at (each window is a reference replay per trace, not one pass of the fast engine), those the
     layout leaves room for (below the fewest positions held right after a decision, ``Layout.floor``); where none
     of them fits, every window that does."""
-    fits = [w for w in px.even_windows(budget, CANDIDATES) if _fits(layout, policy, budget, params, w)]
+    def fits(w: int) -> bool:
+        return _runs(layout, policy, budget, {**params, PARAM: int(w)})
+
     # so little room that no evenly spaced window fits: every window that does (1 always does: check_layout)
-    return fits or [w for w in range(1, budget) if _fits(layout, policy, budget, params, w)]
+    return [w for w in px.even_windows(budget, CANDIDATES) if fits(w)] or [w for w in range(1, budget) if fits(w)]
 
 
-def _fits(layout: Layout, policy: str, budget: int, params: dict, window: int) -> bool:
+def _runs(layout: Layout, policy: str, budget: int, params: dict) -> bool:
+    """Whether ``layout`` runs ``policy`` at ``budget`` with ``params`` (``Layout.check`` refuses nothing)."""
     try:
-        layout.check(policy, budget, {**params, PARAM: int(window)}, heads=None)
+        layout.check(policy, budget, params, heads=None)
     except ValueError:
         return False
     return True

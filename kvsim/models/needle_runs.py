@@ -384,9 +384,9 @@ def _feed(model, ids, cache, batch: int):
     n = ids.shape[1]
     starts = [layer.shared_start() for layer in cache.layers]
     first = min(min(starts), n)
-    out = prefill(model, ids[:, :first], cache) if first >= 2 else None
     if first < 2:  # nothing to share (a layout, a pool, a compressed prompt): the prompt as it comes
         first = 0
+    out = prefill(model, ids[:, :first], cache) if first else None
     if first < n:
         out = prefill(model, ids[:, first:].expand(batch, -1), cache)
     return out
