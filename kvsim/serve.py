@@ -252,7 +252,7 @@ class Serve:
 
     def _streamlit(self, port: int, address: str) -> subprocess.Popen:
         log = open(self.run_dir / f"streamlit-{port}.log", "wb")  # the child holds it
-        cmd = [sys.executable, "-m", "streamlit", "run", str(APP_SCRIPT), "--server.headless", "true",
+        cmd = [sys.executable, "-m", "kvsim.app.launch", "run", str(APP_SCRIPT), "--server.headless", "true",
                "--server.port", str(port), "--server.address", address, "--browser.gatherUsageStats", "false",
                "--server.fileWatcherType", "none", *self.streamlit_args]
         with log:

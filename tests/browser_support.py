@@ -31,8 +31,9 @@ CHROMIUM_ARGS = [
 
 
 def app_command(port: int) -> list[str]:
-    """``streamlit run app.py`` headless on ``port`` of localhost: no usage statistics, no file watcher."""
-    return [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
+    """``streamlit run app.py`` headless on ``port`` of localhost, started as ``kvsim app`` starts it
+    (``kvsim.app.launch``): no usage statistics, no file watcher."""
+    return [sys.executable, "-m", "kvsim.app.launch", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
             "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
 
 

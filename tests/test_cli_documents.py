@@ -363,7 +363,7 @@ def test_app_runs_streamlit_on_the_one_app_script(monkeypatch, tmp_path):
     monkeypatch.setattr(commands.subprocess, "run", lambda argv, check: ran.append(argv) or SimpleNamespace(returncode=3))
     assert commands.APP_SCRIPT.is_file()
     assert cli.main(["app", "--server.port", "8502"]) == 3
-    assert ran == [[sys.executable, "-m", "streamlit", "run", str(commands.APP_SCRIPT), "--server.port", "8502"]]
+    assert ran == [[sys.executable, "-m", "kvsim.app.launch", "run", str(commands.APP_SCRIPT), "--server.port", "8502"]]
     monkeypatch.setattr(commands, "APP_SCRIPT", tmp_path / "app.py")
     assert cli.main(["app"]) == 1 and len(ran) == 1
 

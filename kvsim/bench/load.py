@@ -266,7 +266,7 @@ def one_class(n: int, progress=None, profile: Path | None = None) -> dict:
     """A fresh server, warmed by one lesson, then ``n`` students at once; its figures as a dict. With
     ``profile``, the server runs under ``sampler`` and its stacks are written there."""
     with tempfile.TemporaryDirectory() as tmp:
-        launcher = ("-m", "streamlit") if profile is None else ("-m", "kvsim.bench.sampler", str(profile))
+        launcher = None if profile is None else ("-m", "kvsim.bench.sampler", str(profile))
         server = Server(server_env(None), Path(tmp) / "server.log", launcher=launcher)
         try:
             warm_s = asyncio.run(warm(server.url, server.proc.pid))

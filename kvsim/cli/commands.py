@@ -153,11 +153,12 @@ def _record_config(args: argparse.Namespace):
 
 
 def cmd_app(streamlit_args: list[str]) -> int:
-    """``streamlit run`` on the app's script with this interpreter (the one kvsim is installed in), the
-    rest of the command line passed on; streamlit's exit status is the command's."""
+    """``streamlit run`` on the app's script with this interpreter (the one kvsim is installed in), through
+    ``kvsim.app.launch`` (the app's modules and first caches loaded before the server answers), the rest of
+    the command line passed on; streamlit's exit status is the command's."""
     if not APP_SCRIPT.is_file():
         raise InputError(f"kvsim app runs the app from a checkout of kvsim (pip install -e . in it); there is no {APP_SCRIPT}")
-    return subprocess.run([sys.executable, "-m", "streamlit", "run", str(APP_SCRIPT), *streamlit_args], check=False).returncode
+    return subprocess.run([sys.executable, "-m", "kvsim.app.launch", "run", str(APP_SCRIPT), *streamlit_args], check=False).returncode
 
 
 def _budgets(text: str) -> list[int]:

@@ -18,6 +18,8 @@ from pathlib import Path
 from .. import ROOT, checkout_env
 
 SERVER_START_S = 120  # a fresh server on a busy two-core machine
+#: how ``kvsim app`` and ``kvsim serve`` run the app's server (``python -m kvsim.app.launch run app.py ...``)
+APP_LAUNCHER = ("-m", "kvsim.app.launch")
 
 
 def free_port() -> int:
@@ -29,10 +31,14 @@ def free_port() -> int:
 class Server:
     """``streamlit run app.py`` (in ``root``, the checkout unless told; ``script``, another page there) on a
     free localhost port, in its own process group; ``launcher``: what runs streamlit, after ``python``
-    (``bench --load --profile`` gives its sampler)."""
+    (``bench --load --profile`` gives its sampler). The checkout's app is started as ``kvsim app`` starts
+    it (``kvsim.app.launch``: its modules and first caches loaded before the server answers), any other
+    page by Streamlit alone."""
 
-    def __init__(self, env: dict, log: Path, root: Path = ROOT, launcher: tuple[str, ...] = ("-m", "streamlit"),
+    def __init__(self, env: dict, log: Path, root: Path = ROOT, launcher: tuple[str, ...] | None = None,
                  script: str = "app.py"):
+        if launcher is None:
+            launcher = APP_LAUNCHER if (Path(root).resolve(), script) == (ROOT.resolve(), "app.py") else ("-m", "streamlit")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, *launcher, "run", script, "--server.headless", "true",

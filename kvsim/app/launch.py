@@ -1,0 +1,66 @@
+"""The app's server process: Streamlit's own command line, run in this process once what every first page
+needs is loaded. ``kvsim app`` and ``kvsim serve`` start the app so:
+
+    python -m kvsim.app.launch run app.py [streamlit run's options]
+
+Streamlit runs a page's script inside the server's process, so a module the script imports, or an
+``st.cache_resource`` it fills, is ready for every later session. A plain ``streamlit run app.py`` made a
+fresh server's first visitor wait while their script run imported pandas, Plotly and kvsim's views,
+loaded the engine's kernels from numba's disk cache and read the canonical trace (docs/speed.md, "A
+fresh server's first page"). Here that happens before the server answers, so the first page costs what
+any new session's does. A kernel that is not on disk yet is not compiled here: the page compiles it in
+the background, as before, and says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+
+def preload() -> float:
+    """Import the app and fill the caches its default view reads first; the seconds it took."""
+    t0 = time.perf_counter()
+    quiet = logging.getLogger("streamlit")  # st.cache_resource outside a script run warns once per call
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        import plotly.graph_objects as go
+
+        from . import main, memo, state  # noqa: F401  (main: streamlit, pandas, Plotly, every view)
+
+        first = state.defaults()
+        needs = [*first["policies"], "pooling", first["curve_policy"]]
+        warm = memo.warmup()
+        if warm.cached(needs):
+            warm.load(needs)
+        memo.load_named_trace(first["trace"])
+        memo.bundle_traces()
+        # Plotly reads a trace type's validators on its first figure: the kept view's kinds
+        go.Figure([go.Image(z=[[[0, 0, 0]]]), go.Scatter(x=[0], y=[0])],
+                  layout={"annotations": [{"text": ""}], "shapes": [{"type": "line"}]})
+    finally:
+        quiet.setLevel(level)
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        preload()
+    except Exception as e:  # the page says what is wrong when it is opened; the server starts regardless
+        sys.stderr.write(f"kvsim app: nothing preloaded ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
+                         "the first page loads it\n")
+    from streamlit.web import cli
+
+    sys.argv = ["streamlit", *argv]
+    try:
+        cli.main(prog_name="streamlit")
+    except SystemExit as e:
+        return int(e.code or 0) if not isinstance(e.code, str) else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""``kvsim.app.launch``: the app's server process (``kvsim app``, ``kvsim serve``) loads what a first page
+needs before Streamlit starts, and starts Streamlit whatever the preload met."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from kvsim.app import launch
+
+
+def test_preload_fills_the_caches_the_default_view_reads_first():
+    from kvsim.app import memo, state
+
+    launch.preload()
+    assert "kvsim.app.main" in sys.modules and "pandas" in sys.modules
+    first = state.defaults()
+    trace = memo.load_named_trace(first["trace"])
+    assert memo.load_named_trace(first["trace"]) is trace  # the resource cache holds it: no second read
+    assert trace.steps > 0
+
+
+def test_streamlit_gets_the_command_line_as_given(monkeypatch):
+    got = []
+    monkeypatch.setattr(launch, "preload", lambda: 0.0)
+    import streamlit.web.cli as cli
+
+    def fake_main(prog_name):
+        got.append((prog_name, list(sys.argv)))
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cli, "main", fake_main)
+    monkeypatch.setattr(sys, "argv", ["launch"])
+    assert launch.main(["run", "app.py", "--server.port", "8502"]) == 0
+    assert got == [("streamlit", ["streamlit", "run", "app.py", "--server.port", "8502"])]
+
+
+def test_a_failed_preload_is_one_line_and_the_server_still_starts(monkeypatch, capsys):
+    def broken():
+        raise OSError("canonical.npz: no such file")
+
+    started = []
+    monkeypatch.setattr(launch, "preload", broken)
+    import streamlit.web.cli as cli
+
+    monkeypatch.setattr(cli, "main", lambda prog_name: started.append(sys.argv[1:]))
+    monkeypatch.setattr(sys, "argv", ["launch"])
+    assert launch.main(["run", "app.py"]) == 0
+    err = capsys.readouterr().err
+    assert started == [["run", "app.py"]]
+    assert err.count("\n") == 1 and "nothing preloaded" in err and "canonical.npz: no such file" in err
+
+
+@pytest.mark.parametrize("argv", [["--version"]])
+def test_the_module_runs_streamlits_own_command_line(argv):
+    done = subprocess.run([sys.executable, "-m", "kvsim.app.launch", *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "Streamlit, version" in done.stdout
