@@ -93,9 +93,10 @@ def sweep_coarse_to_fine(
     refine: bool = True,
     top_k: int = DEFAULT_TOP_K,
     progress: Progress | None = None,
+    run=None,
     **params,
 ) -> list[dict]:
-    """A sweep (``kvsim.sim.simulate.sweep``) of ``param`` over ``low .. high`` that costs a few times
+    """A sweep (``kvsim.sim.simulate.sweep``, or ``run`` with its signature) of ``param`` over ``low .. high`` that costs a few times
     ``points`` replays however wide the range: an even grid of about ``points`` values plus ``marks``
     (values a view must show exactly: a default, a band, the current setting); then, with ``refine``,
     grids eight times finer around the best so far (``best_row``), down to every value next to it. The
@@ -103,8 +104,10 @@ def sweep_coarse_to_fine(
     back sorted by ``param``; when the range has at most ``points`` values it is simply the full sweep.
     ``policy``: a ``PolicySpec`` (its ``param`` replaced at each value) or a registry name.
     """
-    from ..sim.simulate import sweep  # the engine loads with the first sweep, not with the rule
-
+    if run is None:
+        from ..sim.simulate import sweep  # the engine loads with the first sweep, not with the rule
+    else:
+        sweep = run
     if high < low:
         raise ValueError(f"sweep over {param} needs low <= high, got {low}..{high}")
     points = max(2, points)

@@ -85,11 +85,11 @@ def sweep_curve(trace: kvsim.Trace, spec: PolicySpec, marks: tuple[int, ...], pe
     store = memo.sweeps()
     key = (trace.fingerprint, spec.replace(recent_window=1), TOP_K, "every" if every else "sampled")
 
-    def exact(progress=None) -> list[dict]:
+    def exact(progress=None) -> list[dict]:  # each sweep kept on disk beside the trace (summaries.sweep)
         if every:
-            return kvsim.sweep(trace, spec, None, WINDOW, range(1, budget), top_k=TOP_K, progress=progress)
+            return summaries.sweep(trace, spec, None, WINDOW, range(1, budget), top_k=TOP_K, progress=progress)
         return sweep_coarse_to_fine(trace, spec, None, WINDOW, 1, budget - 1, marks=marks, points=curve_points(budget),
-                                    top_k=TOP_K, progress=progress)
+                                    top_k=TOP_K, progress=progress, run=summaries.sweep)
 
     def drawn() -> list[dict]:  # the exact sweep with its progress bar, drawn by the run that sweeps
         bar = st.progress(0.0, text=f"replaying {span}")
@@ -101,10 +101,10 @@ def sweep_curve(trace: kvsim.Trace, spec: PolicySpec, marks: tuple[int, ...], pe
         if not primary:
             return []
         return sweep_coarse_to_fine(trace, spec, None, WINDOW, 1, budget - 1, marks=marks, points=COARSE_POINTS,
-                                    refine=False, top_k=TOP_K)
+                                    refine=False, top_k=TOP_K, run=summaries.sweep)
 
     def add(missing: list[int]) -> list[dict]:  # a mark the first sweep did not include (a new current setting)
-        return kvsim.sweep(trace, spec, None, WINDOW, missing, top_k=TOP_K)
+        return summaries.sweep(trace, spec, None, WINDOW, missing, top_k=TOP_K)
 
     within = [m for m in marks if 1 <= m <= budget - 1]
     waiting = lambda: st.spinner(f"another session is replaying {span}")  # noqa: E731

@@ -29,6 +29,8 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 _CODE = ("sim", "policies", "data")
 #: the analysis's name in the file beside the trace (``<stem>-summary-<digest>.json``)
 NAME = "summary"
+#: a sweep's rows beside the trace (``<stem>-sweep-<digest>.json``)
+SWEEP = "sweep"
 
 
 @functools.cache
@@ -63,3 +65,31 @@ def summary(trace, spec: PolicySpec, top_k: int) -> dict:
 def stored(trace, spec: PolicySpec, top_k: int) -> dict | None:
     """The summary an earlier process kept, or None (nothing is replayed)."""
     return store.derived_stored(trace, NAME, _params(spec, top_k), code_version(spec.name))
+
+
+def sweep(trace, policy, budget: int | None = None, param: str | None = None, values=(), *, top_k: int,
+          progress=None, **params) -> list[dict]:
+    """``kvsim.sim.simulate.sweep`` of one policy spec over ``param``, its rows read from beside the trace's
+    cache entry when an earlier process swept the same values with the same code (the app's recent_window
+    curves, replayed afresh after every server start before: 3 s of a first visit to the curve view on the
+    canonical trace). Any other call (a name with ``budget`` and ``params``, a list of specs) is swept as
+    given, nothing kept; ``progress`` hears only a sweep that runs."""
+    from . import simulate
+
+    values = [int(v) for v in values]
+    if not isinstance(policy, PolicySpec) or budget is not None or params or param is None:
+        return simulate.sweep(trace, policy, budget, param, values, top_k=top_k, progress=progress, **params)
+    fixed = {k: v for k, v in policy.kwargs.items() if k != param}
+    key = {"policy": policy.name, "budget": None if param == "budget" else policy.budget, "params": fixed,
+           "param": param, "values": values, "top_k": top_k}
+
+    def decode(record: dict) -> list[dict]:
+        rows = record["rows"]
+        if not isinstance(rows, list) or len(rows) != len(values) or not all(isinstance(r, dict) for r in rows) or \
+                [r.get(param) for r in rows] != values:
+            raise ValueError("not this sweep's rows")
+        return rows
+
+    return store.derived(trace, SWEEP, key, code_version(policy.name),
+                         lambda: simulate.sweep(trace, policy, None, param, values, top_k=top_k, progress=progress),
+                         encode=lambda rows: {"rows": rows}, decode=decode)
