@@ -76,6 +76,7 @@ def _fill(root: Path) -> dict[str, int]:
         "recordings/gemma3-270m-long-32767-qk-0123/manifest.json": ("recordings", 500),
         "needle/trial-0123.json": ("needle", 80), "needle/trial-0123.npz": ("needle", 120),
         "allocation/compare-v1-0123.json": ("allocation", 90),
+        "tuning/unit-0123.json": ("tuning", 70),
         "notes.txt": ("other", 11),
     }
     sizes: dict[str, int] = {}
@@ -97,13 +98,14 @@ def test_cache_list_counts_each_kind(tmp_path, monkeypatch, capsys):
     kinds = _list(capsys)
     assert {k: r["bytes"] for k, r in kinds.items()} == sizes
     assert {k: r["entries"] for k, r in kinds.items()} == {"traces": 7, "optimal": 1, "quality": 2, "models": 3, "recordings": 1,
-                                                             "needle": 2, "allocation": 1, "other": 1}
+                                                             "needle": 2, "allocation": 1, "tuning": 1,
+                                                             "other": 1}
     assert cli.main(["cache", "list"]) == 0
     text = capsys.readouterr().out
     assert f"cache directory: {tmp_path}" in text and "models" in text and "16.6 KB" in text
 
 
-@pytest.mark.parametrize("kind", ["traces", "models", "quality", "optimal", "recordings", "needle", "allocation"])
+@pytest.mark.parametrize("kind", ["traces", "models", "quality", "optimal", "recordings", "needle", "allocation", "tuning"])
 def test_cache_clear_one_kind_leaves_the_others(tmp_path, monkeypatch, capsys, kind):
     monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path))
     sizes = _fill(tmp_path)

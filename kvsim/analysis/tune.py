@@ -268,6 +268,7 @@ def tune(
     why: str | None = None,
     per_layer: bool = False,
     layout: Layout | None = None,
+    keep: bool = False,
     **params,
 ) -> TuneResult:
     """Sweep ``recent_window`` (default ``1 .. budget - 1``) on every trace of ``source`` (a bundle, a
@@ -295,6 +296,9 @@ def tune(
     selection), ``truth`` measuring under it too (the caller's: ``kvsim tune``'s is built with the layout).
     The windows swept default to ``layout_windows`` (each is a reference replay); ``per_layer`` is refused.
     ``None`` or ``Layout()``: no layout, today's tune exactly.
+
+    ``keep``: run here, each trace file's sweep is kept in the cache directory and read back by a later tune of
+    the same file, configurations and code (``tune_sweep.kept_unit``; the app's *Your model* view).
     """
     if layout is not None and layout.plain:
         layout = None
@@ -341,7 +345,7 @@ def tune(
         results: list[dict | None] = [None] * len(units)
         done = 0
         for g in groups:
-            got = run_group([units[i].payload for i in g], [units[i].name for i in g], specs, top_k, layout)
+            got = run_group([units[i].payload for i in g], [units[i].name for i in g], specs, top_k, layout, keep)
             for i, r in zip(g, got, strict=True):
                 results[i] = r
             done += len(g)

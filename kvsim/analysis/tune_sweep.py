@@ -115,14 +115,62 @@ def _baselines(budget: int, layout: Layout | None) -> list[str]:
     return [p for p in baselines() if layout is None or _runs(layout, p, budget, {})]
 
 
-def _run_unit(payload, name: str, specs: list[PolicySpec], top_k: int) -> dict:
+def _run_unit(payload, name: str, specs: list[PolicySpec], top_k: int, keep: bool = False) -> dict:
+    if keep and isinstance(payload, str):
+        return kept_unit(payload, name, specs, top_k)
     return tune_trace(load_unit(payload, name), specs, top_k=top_k)
 
 
-def run_group(payloads: list, names: list[str], specs: list[PolicySpec], top_k: int, layout: Layout | None) -> list[dict]:
-    """A group of traces (``groups_of``): one trace, or under shared selection a layer's KV heads together."""
+#: the layout of a kept unit's file (``kept_unit``); another one is swept again
+KEPT_VERSION = 1
+
+
+def kept_unit(path: str, name: str, specs: list[PolicySpec], top_k: int) -> dict:
+    """``tune_trace`` of the trace file ``path``, kept in the cache directory (``tuning/unit-<digest>.json``),
+    keyed by the file's bytes, the configurations, the top-k and the code that replays and tunes: the app's
+    *Your model* view tuned the shipped bundle again after every server start (3.4 s of its first visit).
+    A missing, damaged or foreign file is swept again and rewritten; an unwritable cache only costs the sweep."""
+    import hashlib
+    import json
+
+    from ..data.files import atomic_write
+    from ..data.store import cache_dir, source_version
+    from ..sim.summaries import code_version
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    key = {"version": KEPT_VERSION, "file": digest.hexdigest(), "top_k": top_k,
+           "specs": [[s.name, s.budget, json.loads(json.dumps(s.kwargs, sort_keys=True))] for s in specs],
+           "code": code_version(specs[0].name) + "-" + source_version(__file__)}
+    where = cache_dir() / "tuning" / f"unit-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]}.json"
+    try:
+        doc = json.loads(where.read_text(encoding="utf-8"))
+        if doc["key"] == key:
+            r = doc["result"]
+            if len(r["retained_mass"]) == len(r["top_k_recall"]) == len(specs):
+                return {"retained_mass": [float(x) for x in r["retained_mass"]],
+                        "top_k_recall": [float(x) for x in r["top_k_recall"]],
+                        "baselines": {p: (float(m), float(k)) for p, (m, k) in r["baselines"].items()}}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+        pass  # missing or damaged: swept again below
+    result = tune_trace(load_unit(path, name), specs, top_k=top_k)
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({"key": key, "trace": name, "result": result}, allow_nan=False)
+        atomic_write(where, lambda f: f.write(text.encode("utf-8")))
+    except (OSError, ValueError):
+        pass
+    return result
+
+
+def run_group(payloads: list, names: list[str], specs: list[PolicySpec], top_k: int, layout: Layout | None,
+              keep: bool = False) -> list[dict]:
+    """A group of traces (``groups_of``): one trace, or under shared selection a layer's KV heads together.
+    ``keep``: a lone trace file's sweep is kept on disk (``kept_unit``)."""
     if len(payloads) == 1 and layout is None:
-        return [_run_unit(payloads[0], names[0], specs, top_k)]
+        return [_run_unit(payloads[0], names[0], specs, top_k, keep)]
     traces = [load_unit(p, n) for p, n in zip(payloads, names, strict=True)]
     if len(traces) == 1:
         return [tune_trace(traces[0], specs, top_k=top_k, layout=layout)]

@@ -169,13 +169,14 @@ def tunings() -> services.Shared:
 
 
 def tuned(name: str, policy: str, budget: int):
-    """The bundle's tuning, computed once per server (the progress bar drawn by the run that does it)."""
+    """The bundle's tuning, once per server, each trace's sweep read from the cache directory where an earlier
+    server swept it (``keep``), else swept with the progress bar drawn by the run that does it."""
     from kvsim.analysis.tune import tune  # the bundle's engine work loads with the first tuning
 
     def compute():
         bundle = cached_bundle(name)
         bar = st.progress(0.0, text=f"tuning {policy}'s recent_window (1 .. {budget - 1}) on {bundle.describe()}")
-        result = tune(bundle, policy, budget, top_k=TOP_K, by="retained_mass",  # per layer; no model_window shown
+        result = tune(bundle, policy, budget, top_k=TOP_K, by="retained_mass", keep=True,  # kept on disk; per layer
                       progress=lambda fraction, note="": bar.progress(fraction or 0.0, text=note))
         bar.empty()
         return result

@@ -13,6 +13,8 @@ Every entry is named by a pattern its writer uses (docs/caches.md says which wri
   ``recordings/<prefix>-<steps>-<store>-<key>/``; the long bundle is about 2 GB).
 - ``allocation``: the app's allocation comparisons (``kvsim.analysis.allocation.compare_bundle``,
   ``allocation/compare-v*.json``, a few kB each);
+- ``tuning``: the app's per-trace recent_window sweeps of a bundle (``kvsim.analysis.tune_sweep.kept_unit``,
+  ``tuning/unit-*.json``, a few kB each);
 - ``needle``: ``kvsim needle``'s trials and grids (``kvsim.models.needle``, ``needle/trial-*.json`` with each
   policy run's departures as ``.npz``, ``needle/grid-*.json``).
 
@@ -41,6 +43,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "recordings": ("recordings",),
     "needle": ("needle",),
     "allocation": ("allocation",),
+    "tuning": ("tuning",),
 }
 OTHER = "other"
 
