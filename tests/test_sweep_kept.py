@@ -80,3 +80,16 @@ def test_a_trace_without_a_cache_entry_is_swept_and_nothing_written(tmp_path, mo
     rows = summaries.sweep(trace, PolicySpec.of("h2o", 64), None, "recent_window", [1, 8], top_k=8)
     assert [r["recent_window"] for r in rows] == [1, 8]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_claims_ledger_is_kept_and_read_back_the_same(trace, monkeypatch, tmp_path):
+    import importlib
+
+    ledger_module = importlib.import_module("kvsim.analysis.claims.ledger")  # the package's ledger is the function
+
+    first = ledger_module.kept_ledger(trace)
+    assert first == ledger_module.ledger(trace)
+    assert len(list(tmp_path.glob("canonical-*-claims-*.json"))) == 1
+    calls = []
+    monkeypatch.setattr(ledger_module, "ledger", lambda *a, **k: calls.append(a) or [])
+    assert ledger_module.kept_ledger(trace) == first and calls == []

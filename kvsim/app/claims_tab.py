@@ -6,7 +6,8 @@ import streamlit as st
 
 import kvsim
 from kvsim.analysis.claims import BUDGET as CLAIMS_BUDGET
-from kvsim.analysis.claims import VERDICTS, ledger
+from kvsim.analysis.claims import VERDICTS
+from kvsim.analysis.claims.ledger import kept_ledger
 from kvsim.views import support as views
 
 from .memo import BY_TRACE
@@ -16,7 +17,7 @@ from .state import showing_upload
 @st.cache_resource(max_entries=4, show_spinner="measuring every claim of the two cards on this trace",
                    hash_funcs=BY_TRACE)
 def cached_ledger(trace: kvsim.Trace) -> list[dict]:
-    return ledger(trace)
+    return kept_ledger(trace)  # read from beside the trace where an earlier server measured it
 
 
 def claims_view(trace: kvsim.Trace) -> None:

@@ -38,6 +38,33 @@ def pins_canonical(claim) -> bool:
     return " ".join(claim.words.split()).lower().startswith(("on the canonical trace", "the canonical trace"))
 
 
+def kept_ledger(trace: Trace, budget: int = BUDGET) -> list[dict]:
+    """``ledger``, kept beside the trace's cache entry (``kvsim.data.store.derived``) and read back by a later
+    process: the app measured all 31 claims again after every server start (2-3 s of the Claims view's first
+    visit). Its version is a digest of kvsim's engine, policies, data and analysis code, so an edit of any
+    of them measures it afresh; a trace without a cache entry (an upload) is measured every time."""
+    import hashlib
+    from pathlib import Path
+
+    from ...data import store
+    from ...sim.summaries import _package_digest
+
+    analysis = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256(_package_digest().encode())
+    for f in sorted(analysis.rglob("*.py")):
+        digest.update(str(f.relative_to(analysis)).encode() + b"\0" + f.read_bytes())
+
+    def decode(record: dict) -> list[dict]:
+        records = record["records"]
+        if not isinstance(records, list) or len(records) != len(CLAIMS) or \
+                [r["id"] for r in records] != [c.id for c in CLAIMS]:
+            raise ValueError("not this ledger")
+        return records
+
+    return store.derived(trace, "claims", {"budget": budget}, digest.hexdigest()[:16], lambda: ledger(trace, budget),
+                         encode=lambda records: {"records": records}, decode=decode)
+
+
 def ledger_frame(records: list[dict]) -> pd.DataFrame:
     """The ledger as a table for the app: one row per (claim, trace), the figures as ``k=v`` text."""
     import pandas as pd
