@@ -4,6 +4,11 @@ a tab after a server start, e.g. Allocation, on a warm cache).
 
     KVSIM_CACHE_DIR=<empty dir> python bench/app_tabs.py TREE            # every tab, an empty cache
     python bench/app_tabs.py OLD_TREE NEW_TREE --tabs Allocation --rounds 2   # a tab's first visit, twice
+    python bench/app_tabs.py OLD_TREE NEW_TREE --rounds 2 --started          # as on a server kvsim app started
+
+``--started`` times the visit alone, after what a server started by ``kvsim app`` has loaded before it answers
+(``kvsim.app.launch.preload``; a tree without it: the app's modules imported), as a fresh server's first
+visitor to that tab meets it; without it the time includes the child's imports.
 
 Each visit is its own process (a fresh server's memory), the tree first on the path; the cache directory is
 the environment's (``KVSIM_CACHE_DIR``), shared by the rounds, so the second round reads what the first kept.
@@ -25,7 +30,14 @@ TABS = ("Kept positions", "Cumulative scores", "Choosing recent_window", "The tr
 _CHILD = """
 import json, sys, time
 from streamlit.testing.v1 import AppTest
-tree, tab = sys.argv[1], sys.argv[2]
+tree, tab, started = sys.argv[1], sys.argv[2], sys.argv[3] == "started"
+if started:
+    try:
+        from kvsim.app.launch import preload
+    except ImportError:  # a tree from before the launcher: its modules, as the script's first run imports them
+        import kvsim.app.main as preload_main
+        preload = lambda: preload_main
+    preload()
 t = time.perf_counter()
 at = AppTest.from_file(tree + "/app.py", default_timeout=1800)
 at.query_params.update({"view": tab})
@@ -35,9 +47,10 @@ print(json.dumps({"tab": tab, "seconds": round(time.perf_counter() - t, 2), "exc
 """
 
 
-def visit(tree: Path, tab: str) -> dict:
+def visit(tree: Path, tab: str, started: bool = False) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-c", _CHILD, str(tree), tab], cwd=tree, env=env, capture_output=True,
+    argv = [sys.executable, "-c", _CHILD, str(tree), tab, "started" if started else "cold"]
+    done = subprocess.run(argv, cwd=tree, env=env, capture_output=True,
                           text=True, timeout=3600)
     if done.returncode != 0:
         return {"tab": tab, "seconds": None, "exceptions": [done.stderr.strip().splitlines()[-1:]], "errors": [], "charts": 0}
@@ -49,13 +62,14 @@ def main() -> int:
     p.add_argument("trees", nargs="+", type=Path, help="one or two checkouts")
     p.add_argument("--tabs", default=",".join(TABS), help="comma-separated tab names (default: every tab)")
     p.add_argument("--rounds", type=int, default=1, help="visits per tab and tree, one after another (default 1)")
+    p.add_argument("--started", action="store_true", help="time the visit alone, after kvsim app's preload")
     args = p.parse_args()
     print(f"cache: {os.environ.get('KVSIM_CACHE_DIR', '(the default)')}")
     bad = 0
     for r in range(args.rounds):
         for tab in [t.strip() for t in args.tabs.split(",") if t.strip()]:
             for tree in args.trees:
-                v = visit(tree.resolve(), tab)
+                v = visit(tree.resolve(), tab, args.started)
                 bad += bool(v["exceptions"] or v["errors"] or not v["charts"])
                 print(f"round {r + 1}  {tree.name:12s} {tab:24s} {v['seconds']} s  charts {v['charts']}  "
                       f"exceptions {len(v['exceptions'])}  errors {len(v['errors'])}", flush=True)
