@@ -541,11 +541,17 @@ def test_a_slow_curve_is_drawn_coarse_first_then_refined_in_the_background(monke
     sweep = kvsim.sweep
 
     def held(trace, name, budget, param, values, **kw):  # the windows the refinement left, replayed once released
+        values = list(values)
         if len(values) > 8:
             every_window.wait(60)
         return sweep(trace, name, budget, param, values, **kw)
 
-    monkeypatch.setattr(kvsim, "sweep", held)
+    def coarse_to_fine(*args, **kwargs):  # the grid and its refinements: never held
+        return sweep_coarse_to_fine(*args, **{**kwargs, "run": sweep})
+
+    # the view's sweeps replayed, never read from the disk where an earlier test kept them (summaries.sweep)
+    monkeypatch.setattr("kvsim.sim.summaries.sweep", held)
+    monkeypatch.setattr(curve, "sweep_coarse_to_fine", coarse_to_fine)
     at = run({"budget": "96"}, view="Choosing recent_window")
     assert problems(at) == [] and [e.value for e in at.error] == []
 
