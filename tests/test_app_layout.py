@@ -17,6 +17,7 @@ from test_qk_app import shipped_qk  # noqa: F401
 from kvsim.analysis import memory
 from kvsim.app.layout_control import LABEL, LAYOUT_OPEN
 from kvsim.app.memory_panel import MEMORY_OPEN, layout_text
+from kvsim.app.plan_download import PLAN_OPEN
 from kvsim.data import qk
 from kvsim.policies.layouts import Layout
 from kvsim.views.figures.pooling import EVICTED, FUTURE, KEPT, PARTIAL
@@ -151,6 +152,9 @@ def test_shared_selection_is_one_table_per_layer_on_a_model_of_several_kv_heads(
 def test_the_plan_download_carries_the_layout(deferred_downloads):
     deferred = deferred_downloads
     at = run({"policies": "h2o,optimal", "block_size": "16", "evict_every": "8"})
+    assert problems(at) == [] and "plan: h2o" not in {b.label for b in at.get("download_button")}  # folded: not built
+    at.session_state[PLAN_OPEN] = True
+    at.run()
     assert problems(at) == [] and {b.label for b in at.get("download_button")} >= {"plan: h2o"}
     doc = json.loads(deferred["plan-h2o.json"]())
     assert doc["layout"] == {"block_size": 16, "shared_selection": False, "evict_every": 8}

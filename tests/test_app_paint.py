@@ -20,6 +20,23 @@ def test_the_first_paint_builds_no_folded_inputs():
         e.label for e in at.expander}
 
 
+def test_the_plan_and_the_reading_are_built_only_when_opened():
+    """The sidebar's "run these settings elsewhere" and the kept view's "how to read this picture" are
+    folded on a first paint and build nothing inside; opened, they hold a plan per online policy and the
+    paragraph."""
+    at = run()
+    assert problems(at) == [] and {"run these settings elsewhere", "how to read this picture"} <= {e.label for e in at.expander}
+    assert not [b for b in at.get("download_button") if b.label.startswith("plan: ")]
+    assert not any("box select" in m.value for m in at.markdown)
+    at.session_state["plan_open"] = True
+    at.session_state["kept_how_open"] = True
+    at.run()
+    assert problems(at) == []
+    assert [b.label for b in at.get("download_button") if b.label.startswith("plan: ")] == [
+        "plan: sliding_window", "plan: streaming_llm", "plan: h2o"]
+    assert any("box select" in m.value for m in at.main.markdown)
+
+
 def test_a_policy_parameter_set_in_the_panel_outlives_its_folding():
     at = run({"policies": "snapkv"})
     at.session_state["more_params_open"] = True

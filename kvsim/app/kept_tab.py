@@ -21,6 +21,8 @@ from .state import KEPT_MODES, mirrored, touring, zoom_reset
 KEPT_PIXELS = 1024
 #: the session key of the zoom's expander: True while it is open
 ZOOM_OPEN = "zoom_open"
+#: the session key of the "how to read this picture" expander: True while it is open
+HOW_OPEN = "kept_how_open"
 
 
 @st.cache_resource(max_entries=64, show_spinner=False, hash_funcs=BY_TRACE)
@@ -101,8 +103,11 @@ def kept_view(trace: kvsim.Trace, settings: Settings) -> None:
                               selection_mode="box")
     # the reading right under the figure (above it, it pushed the figure's bottom and key past the fold)
     st.markdown(intro)
-    with st.expander("how to read this picture"):
-        st.markdown(how)
+    # its paragraph is built only while open, like the zoom's inputs (a first paint draws less)
+    reading = st.expander("how to read this picture", key=HOW_OPEN, on_change="rerun")
+    if reading.open:
+        with reading:
+            st.markdown(how)
     results = replays(trace, runs, layout=layout)
     if trial:
         needle_kept.note(trace, results)

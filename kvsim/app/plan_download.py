@@ -1,6 +1,10 @@
 """The sidebar's "run it elsewhere": each chosen policy at the sidebar's settings as a run's plan
 (``kvsim.policies.plan``), to download and hand to ``--plan`` on the command line or to
-``kvsim.hf.cache(plan=...)``: what was tuned here, run on a model with nothing retyped."""
+``kvsim.hf.cache(plan=...)``: what was tuned here, run on a model with nothing retyped.
+
+Drawn only while open, like the sidebar's other folded panels (a first paint draws less): its caption and
+a download button per policy were built on every run of every session although the panel is folded.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,10 @@ import streamlit as st
 
 from kvsim.policies import POLICIES, PolicySpec
 from kvsim.policies.plan import Plan
+
+#: the session key of the panel's expander: True while it is open
+PLAN_OPEN = "plan_open"
+LABEL = "run these settings elsewhere"
 
 
 def plans(specs, layout=None) -> dict[str, Plan]:
@@ -22,7 +30,10 @@ def plan_download(specs, layout=None) -> None:
     made = plans(specs, layout)
     if not made:
         return
-    with st.expander("run these settings elsewhere"):
+    panel = st.expander(LABEL, key=PLAN_OPEN, on_change="rerun")
+    if not panel.open:
+        return
+    with panel:
         if layout is None:
             st.caption("Each policy at the sidebar's budget and parameters as a run's plan (JSON). Then "
                        "`python -m kvsim generate --plan FILE \"your prompt\"`, `python -m kvsim needle --plan FILE` "
