@@ -7,7 +7,7 @@ Streamlit runs a page's script inside the server's process, so a module the scri
 ``st.cache_resource`` it fills, is ready for every later session. A plain ``streamlit run app.py`` made a
 fresh server's first visitor wait while their script run imported pandas, Plotly and kvsim's views,
 loaded the engine's kernels from numba's disk cache and read the canonical trace (docs/speed.md, "A
-fresh server's first page"). Here that happens before the server answers, so the first page costs what
+fresh server's first page, and each view's first visit"). Here that happens before the server answers, so the first page costs what
 any new session's does. A kernel that is not on disk yet is not compiled here: the page compiles it in
 the background, as before, and says so.
 """
