@@ -38,7 +38,7 @@ def test_every_shipped_row_is_the_pages(table):
     if "| full cache (control) |" in text:
         assert rows[0] in text
     else:  # the page says it in words
-        assert table["control_said"] in text and set(rows[0].split(" | ")[1:]) == {"found / found / found", "found / found / found |"}
+        assert table["control_said"] in text and set(rows[0].split(" | ")[1:]) <= {"found / found / found", "found / found / found |"}
     header = "| policy | " + " | ".join(
         f"{c['length']} tokens" if len({x["length"] for x in table["columns"]}) > 1 else f"budget {c['budget']}"
         for c in table["columns"]) + " |"
