@@ -11,8 +11,8 @@ import pytest
 from kvsim.app import launch
 
 
-def test_preload_fills_the_caches_the_default_view_reads_first():
-    from kvsim.app import memo, state
+def test_preload_fills_the_caches_the_default_view_reads_first(monkeypatch):
+    from kvsim.app import memo, state, trace_tab
 
     launch.preload()
     assert "kvsim.app.main" in sys.modules and "pandas" in sys.modules
@@ -20,6 +20,20 @@ def test_preload_fills_the_caches_the_default_view_reads_first():
     trace = memo.load_named_trace(first["trace"])
     assert memo.load_named_trace(first["trace"]) is trace  # the resource cache holds it: no second read
     assert trace.steps > 0
+    drawn = []  # the Trace view's picture of the default trace is there too: its first visit draws nothing
+    monkeypatch.setattr(trace_tab.figures, "trace_matrix", lambda *a: drawn.append(a))
+    assert trace_tab.cached_trace_matrix(trace) is not None and drawn == []
+
+
+def test_preload_loads_every_policys_kernel_on_disk_not_only_the_default_views(monkeypatch):
+    from kvsim.app import memo
+    from kvsim.sim import engine
+
+    warm, loaded = memo.warmup(), []  # the server's one Warmup (st.cache_resource): the one preload uses
+    monkeypatch.setattr(warm, "cached", lambda names: True)  # as if every kernel were on disk
+    monkeypatch.setattr(warm, "load", loaded.extend)
+    launch.preload()
+    assert set(engine.FAST) <= set(loaded) and "pooling" in loaded
 
 
 def test_streamlit_gets_the_command_line_as_given(monkeypatch):
