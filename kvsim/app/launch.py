@@ -36,11 +36,9 @@ def preload() -> float:
         first = state.defaults()
         needs = [*first["policies"], "pooling", first["curve_policy"]]
         warm = memo.warmup()
-        if warm.cached(needs):
-            warm.load(needs)
-        # every other policy's kernel numba's disk cache holds (0.15 s for twelve here): a link naming other
-        # policies, or another curve, then loads none on a fresh server (the six-policy link loaded three, 0.14 s)
-        warm.load([n for n in engine.FAST if warm.cached([n])])
+        # the default view's kernels first, then every other policy's, each that numba's disk cache holds (0.15 s
+        # for twelve here): a link naming other policies, or another curve, then loads none on a fresh server
+        warm.load([n for n in (*needs, *engine.FAST) if warm.cached([n])])
         trace = memo.load_named_trace(first["trace"])
         trace_tab.cached_trace_matrix(trace)  # the Trace view's picture of it: 0.3 s of that view's first visit
         memo.bundle_traces()
