@@ -85,24 +85,31 @@ def _masked_reference(model, ids, new: int) -> list[int]:
     return seq[0, ids.shape[1]:].tolist()
 
 
+@pytest.mark.parametrize("tensor", [False, True], ids=["reference", "tensor"])
 @pytest.mark.parametrize("kind", ["gemma3", "llama"])
-def test_streaming_llm_generates_what_the_masked_full_cache_generates_holding_at_most_the_budget(kind):
+def test_streaming_llm_generates_what_the_masked_full_cache_generates_holding_at_most_the_budget(kind, tensor):
     """The issue's check: sinks 4, budget 32, a 16-token prompt, 96 greedy tokens through
-    ``model.generate(cache=...)``; and the eviction matters (the full cache decodes otherwise)."""
+    ``model.generate(cache=...)``; and the eviction matters (the full cache decodes otherwise). On both
+    paths: the reference's one tensor of runs per KV head, the tensor path's transformers' own
+    ``(batch, KV heads, slots, head_dim)``, the same bytes."""
     import kvsim.hf as hf
 
     model, ids = _tiny(kind), _prompt()
     expected = _masked_reference(model, ids, NEW)
-    cache = hf.cache(model, "streaming_llm", BUDGET, sinks=SINKS)
+    cache = hf.cache(model, "streaming_llm", BUDGET, sinks=SINKS, tensor=tensor)
     out = model.generate(ids, cache=cache, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
     assert out[0, PROMPT:].tolist() == expected
     assert cache.peak_positions == [BUDGET] * len(cache.layers)
     fed = PROMPT + NEW - 1  # the last token generated is never fed back
     for layer in cache.layers:
-        assert layer.keys.shape == layer.values.shape == (1, 2 * (BUDGET + 1), 8)  # one tensor, a run per KV head
+        if tensor:
+            assert layer.keys.shape == layer.values.shape == (1, 2, BUDGET + 1, 8)  # the budget and the step's new key
+        else:
+            assert layer.keys.shape == layer.values.shape == (1, 2 * (BUDGET + 1), 8)  # one tensor, a run per KV head
         for h in range(2):
-            span = layer.store.span(h)
-            assert span.stop - span.start == BUDGET + 1  # the storage: the budget and the step's new key
+            if not tensor:
+                span = layer.store.span(h)
+                assert span.stop - span.start == BUDGET + 1  # the storage: the budget and the step's new key
             assert layer.held(0, h).tolist() == _streaming_held(fed)  # what query `fed` would see
     model.set_attn_implementation("eager")
     full = model.generate(ids, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)

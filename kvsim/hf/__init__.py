@@ -30,6 +30,7 @@ from ..policies.rope import rope_meta
 from ..sim.prefill import DEFAULT_SCORER, GROW, Prefill, PrefillError
 from .attention import ATTN, attach
 from .cache import PREFILL, EvictingCache, EvictingLayer, HFError, LayerMeta
+from .tensor import CHUNK, TensorLayer, refusal
 from .windows import PARAM, WindowsError, check_model, read_tune, tune_windows
 
 #: the policies a deployed cache can run: the registry's online ones at import (the offline references read
@@ -115,7 +116,8 @@ def layer_specs(model, policy: str, budget: int | None, windows=None, by: str = 
 def cache(model, policy: str | None = None, budget: int | None = None, *, plan=None, windows=None, by: str = "layer",
           allocate=None, prefill: str = "exact", seed: int | None = None, progress=None, prefill_budget=None,
           prefill_policy: str = DEFAULT_SCORER, prefill_params: dict | None = None, block_size: int = 1,
-          shared_selection: bool = False, evict_every: int = 1, **params) -> EvictingCache:
+          shared_selection: bool = False, evict_every: int = 1, tensor: bool | None = None, chunk: int | None = None,
+          **params) -> EvictingCache:
     """An ``EvictingCache`` for ``model``: ``policy`` at ``budget`` in every layer with ``params``, and
     ``windows`` (see ``layer_specs``) per layer; ``allocate`` (see ``layer_specs``) gives each (layer,
     KV head) its own budget, and each head's storage is that budget plus one spare slot; ``allocate="adakv"``
@@ -142,8 +144,26 @@ def cache(model, policy: str | None = None, budget: int | None = None, *, plan=N
 
     ``plan``: a run's plan (``kvsim.policies.plan.Plan``, or the path of its JSON, e.g. ``kvsim replay ...
     --save-plan FILE`` or the app's download) in place of the policy, budget, parameters, ``allocate``, the
-    compression and the layout, which are then not given here."""
+    compression and the layout, which are then not given here.
+
+    ``tensor``: the tensor path (``kvsim.hf.tensor``: every row and KV head of a layer stepped at once as tensor
+    operations on the model's device, an exact prompt ``chunk`` positions at a time, 512 or the model's context
+    by default) where the policy declares a tensor
+    step and the cache is plain (no layout, adakv or compressed prompt); ``None`` (the default) takes it
+    wherever it can and says in the cache's ``notes``, once, when it cannot; ``True`` refuses (HFError) where it
+    cannot; ``False`` runs the reference path (one Python policy per (row, KV head)), the authority the tensor
+    path is held to."""
     from ..policies.layouts import Layout, LayoutError
+
+    context = _context(model)
+    if chunk is None:
+        chunk = CHUNK if context is None else min(CHUNK, context)
+    elif isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+        raise HFError(f"chunk must be an integer of at least 1, got {chunk!r}")
+    elif context is not None and chunk > context:
+        raise HFError(f"chunk {chunk} is above {type(model).__name__}'s context of {context} positions")
+    if tensor not in (None, True, False):
+        raise HFError(f"tensor must be True, False or None (where it can), got {tensor!r}")
 
     try:
         layout = Layout(block_size, shared_selection, evict_every)
@@ -178,19 +198,42 @@ def cache(model, policy: str | None = None, budget: int | None = None, *, plan=N
     elif isinstance(allocate, str) and allocate == "adakv":
         from .pooled import PooledLayer
 
+        if tensor:
+            raise HFError("tensor=True: allocate='adakv' pools a layer's heads on the reference path")
         specs, pool, floors = _adakv(model, policy, budget, windows, by, params)
         attach(model)
         return EvictingCache([PooledLayer(row, pool, floor, prefill=prefill) for row, floor in zip(specs, floors, strict=True)],
                              progress=progress)
     elif not layout.plain:
+        if tensor:
+            raise HFError(f"tensor=True: a serving layout ({layout.label}) runs on the reference path")
         return _under_layout(model, layout, policy, budget, windows, by, allocate, prefill, seed, progress, params)
     else:
         specs = layer_specs(model, policy, budget, windows, by, allocate, **params)
     metas = layer_metas(model, [s for s in (None if policy == GROW else policy, scorer and scorer.name) if s])
+    why = "prefill='compress' runs on the reference path" if prefill == "compress" else \
+        refusal(specs)
+    if tensor and why is not None:
+        raise HFError(f"tensor=True: {why}")
     attach(model)
-    return EvictingCache([EvictingLayer(row, prefill=prefill, rng_seed=seed, prefill_budget=prefill_budget,
-                                        prefill_policy=scorer, meta=meta) for row, meta in zip(specs, metas, strict=True)],
-                         progress=progress)
+    if tensor is not False and why is None:
+        return EvictingCache([TensorLayer(row, prefill=prefill, meta=meta, chunk=int(chunk))
+                              for row, meta in zip(specs, metas, strict=True)], progress=progress)
+    out = EvictingCache([EvictingLayer(row, prefill=prefill, rng_seed=seed, prefill_budget=prefill_budget,
+                                       prefill_policy=scorer, meta=meta) for row, meta in zip(specs, metas, strict=True)],
+                        progress=progress)
+    if tensor is None:
+        device = next(model.parameters()).device.type
+        out.notes = [f"{why}: the reference path steps it, one (row, KV head) at a time in Python"
+                     + (f", each step waiting for the {device} device" if device != "cpu" else "")]
+    return out
+
+
+def _context(model) -> int | None:
+    """The most positions the model's config says it attends over (None when it does not say)."""
+    cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    n = getattr(cfg, "max_position_embeddings", None)
+    return int(n) if isinstance(n, int) and n > 0 else None
 
 
 def _from_plan(plan, policy, budget, allocate, prefill, prefill_budget, params) -> tuple:

@@ -148,6 +148,10 @@ class Policy:
     display: ClassVar[Display | None] = None
     #: how the fast engine replays it (None: the reference harness replays it)
     engine_binding: ClassVar[EngineBinding | None] = None
+    #: how the deployed cache steps it as tensor operations on the model's device, every row and KV head of a
+    #: layer at once (``kvsim.policies.tensor_hooks.TensorHooks``, declared beside the policy as its engine
+    #: hooks are; None: the deployed cache steps it on the reference path, one (row, KV head) at a time)
+    tensor_step: ClassVar[object | None] = None
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:
         self.budget = check_budget(budget)

@@ -25,6 +25,7 @@ from ..jit import kernel
 from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
 from .registry import register
 from .slot_hooks import Shape, SlotHooks, _drop, _first_min, _slots
+from .tensor_hooks import TensorHooks, TensorState, param, slots
 
 #: shared with the policies that protect the newest positions the same way (scissorhands)
 RECENT_WINDOW = Param(
@@ -75,6 +76,32 @@ STEPS = SlotHooks("h2o_steps", _h2o_state, observe=_h2o_observe, admit=_h2o_admi
                   drop=_h2o_drop)
 
 
+# --------------------------------------------------------------------------------------------
+# the tensor step (the deployed cache's, ``kvsim.hf.tensor``): the same arithmetic on every (row, KV head) at
+# once, a float64 score per column gaining the float32 row shown, the victim the first minimum outside the window
+
+
+def _h2o_tensor_state(policies, batch, heads, width, device):
+    return TensorState({"recent_window": param(policies, "recent_window", device)},
+                       {"score": slots(batch, heads, width, device)})
+
+
+def _h2o_tensor_observe(state, shown, before):
+    state.slots["score"] += shown.double()  # zero off the held columns
+
+
+def _h2o_tensor_admit(state, new, before):
+    state.slots["score"].masked_fill_(new, 0.0)
+
+
+def _h2o_tensor_rank(state, cols):
+    return state.slots["score"], cols.newer >= state.params["recent_window"][..., None]
+
+
+#: h2o's tensor step, which its ``tensor_step`` names
+TENSOR = TensorHooks("h2o", _h2o_tensor_state, _h2o_tensor_rank, observe=_h2o_tensor_observe, admit=_h2o_tensor_admit)
+
+
 @register
 class H2O(SlotPolicy):
     name = "h2o"
@@ -83,6 +110,7 @@ class H2O(SlotPolicy):
     summary = "keep the newest recent_window positions and, of the rest, the largest cumulative attention"
     display = Display("#1f77b4", "solid", 2, "circle")
     engine_binding = EngineBinding(STEPS)
+    tensor_step = TENSOR
     reads_attention = True
     keeps_scores = True
     tunables = (RECENT_WINDOW,)

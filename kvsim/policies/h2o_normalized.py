@@ -30,6 +30,7 @@ from .base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy, per_config
 from .h2o import RECENT_WINDOW
 from .registry import register
 from .slot_hooks import Shape, SlotHooks, _drop, _slots
+from .tensor_hooks import TensorHooks, TensorState, param, slots
 
 # --------------------------------------------------------------------------------------------
 # the fast path: h2o's sum (``state[1]``) with a count of the steps shown (``state[2]``), evicting by
@@ -88,6 +89,36 @@ STEPS = SlotHooks("h2o_normalized_steps", _normalized_state, observe=_normalized
 
 
 
+# the tensor step (``kvsim.hf.tensor``): a float64 sum and a count of rows shown per column, the score their
+# quotient (0 while the count is 0), the victim its first minimum outside the window
+
+
+def _normalized_tensor_state(policies, batch, heads, width, device):
+    return TensorState({"recent_window": param(policies, "recent_window", device)},
+                       {"sum": slots(batch, heads, width, device), "count": slots(batch, heads, width, device)})
+
+
+def _normalized_tensor_observe(state, shown, before):
+    state.slots["sum"] += shown.double()
+    state.slots["count"] += before.double()
+
+
+def _normalized_tensor_admit(state, new, before):
+    state.slots["sum"].masked_fill_(new, 0.0)
+    state.slots["count"].masked_fill_(new, 0.0)
+
+
+def _normalized_tensor_rank(state, cols):
+    count = state.slots["count"]
+    score = (state.slots["sum"] / count.clamp(min=1.0)).where(count > 0, 0.0)
+    return score, cols.newer >= state.params["recent_window"][..., None]
+
+
+#: h2o_normalized's tensor step, which its ``tensor_step`` names
+TENSOR = TensorHooks("h2o_normalized", _normalized_tensor_state, _normalized_tensor_rank,
+                     observe=_normalized_tensor_observe, admit=_normalized_tensor_admit)
+
+
 @register
 class H2ONormalized(SlotPolicy):
     name = "h2o_normalized"
@@ -96,6 +127,7 @@ class H2ONormalized(SlotPolicy):
     summary = "h2o with each cumulative score divided by the steps the position has been held, so age alone does not win"
     display = Display("#8c564b", "solid", 2, "triangle-up")
     engine_binding = EngineBinding(STEPS)
+    tensor_step = TENSOR
     reads_attention = True
     keeps_scores = True
     tunables = (RECENT_WINDOW,)

@@ -44,6 +44,7 @@ from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per
 from .h2o import RECENT_WINDOW
 from .registry import register
 from .slot_hooks import Shape, SlotHooks
+from .tensor_hooks import TensorHooks, TensorState, param, slots
 
 HISTORY_WINDOW = Param("history_window", 0, "votes of the last history_window observed steps count (0: the whole run)")
 
@@ -114,6 +115,34 @@ STEPS = SlotHooks("scissorhands_steps", _scissorhands_state, observe=_scissorhan
                   score=_scissorhands_score, pick=_scissorhands_pick)
 
 
+# the tensor step (``kvsim.hf.tensor``) of the whole-run count (``history_window`` 0, the default): a vote per
+# column whose float32 weight beats float32(1 / n), n the positions the query attended over
+
+
+def _scissorhands_tensor_state(policies, batch, heads, width, device):
+    return TensorState({"recent_window": param(policies, "recent_window", device)},
+                       {"votes": slots(batch, heads, width, device)})
+
+
+def _scissorhands_tensor_observe(state, shown, before):
+    fair = (1.0 / before.sum(-1, keepdim=True).double()).float()
+    state.slots["votes"] += (before & (shown > fair)).double()
+
+
+def _scissorhands_tensor_admit(state, new, before):
+    state.slots["votes"].masked_fill_(new, 0.0)
+
+
+def _scissorhands_tensor_rank(state, cols):
+    return state.slots["votes"], cols.newer >= state.params["recent_window"][..., None]
+
+
+#: scissorhands' tensor step, which its ``tensor_step`` names (a finite history window steps on the reference path)
+TENSOR = TensorHooks("scissorhands", _scissorhands_tensor_state, _scissorhands_tensor_rank,
+                     observe=_scissorhands_tensor_observe, admit=_scissorhands_tensor_admit,
+                     takes=lambda spec: spec.params.history_window == 0)
+
+
 @register
 class Scissorhands(SlotPolicy):
     name = "scissorhands"
@@ -122,6 +151,7 @@ class Scissorhands(SlotPolicy):
     summary = "keep the newest recent_window positions and, of the rest, the ones that most often drew more than a fair share"
     display = Display("#9467bd", "solid", 2, "diamond", score_name="votes (steps above a fair share)")
     engine_binding = EngineBinding(STEPS)
+    tensor_step = TENSOR
     reads_attention = True
     keeps_scores = True
     tunables = (RECENT_WINDOW, HISTORY_WINDOW)

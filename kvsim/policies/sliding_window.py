@@ -15,7 +15,7 @@ import numpy as np
 
 from .base import DEFAULT_BUDGET, Display, EngineBinding, Policy
 from .registry import register
-from .streaming_llm import STEPS, StreamingLLM
+from .streaming_llm import STEPS, TENSOR, StreamingLLM
 
 
 @register
@@ -26,6 +26,7 @@ class SlidingWindow(StreamingLLM):
     summary = "keep the newest budget positions"
     display = Display("#bcbd22", "12px,4px,3px,4px", 4)
     engine_binding = EngineBinding(STEPS, compile_s=1)
+    tensor_step = TENSOR
     tunables = ()
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:

@@ -21,6 +21,7 @@ from ..jit import kernel
 from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, Policy, per_config
 from .registry import register
 from .slot_hooks import Shape, SlotHooks
+from .tensor_hooks import TensorHooks, TensorState, param
 
 SINKS = Param("sinks", 4, "the first sinks positions are pinned forever", below_budget=True)
 
@@ -65,6 +66,22 @@ def _window_state(shape: Shape, sinks, budgets):
 STEPS = SlotHooks("window_steps", _window_state, measure=_window_measure, pick=_window_pick)
 
 
+# the tensor step (``kvsim.hf.tensor``), sliding_window's too: the oldest held position that is not among
+# the ``sinks`` oldest
+
+
+def _window_tensor_state(policies, batch, heads, width, device):
+    return TensorState({"sinks": param(policies, "sinks", device)}, {})
+
+
+def _window_tensor_rank(state, cols):
+    return cols.pos.double(), cols.older >= state.params["sinks"][..., None]
+
+
+#: streaming_llm's and sliding_window's tensor step, which their ``tensor_step`` names
+TENSOR = TensorHooks("streaming_llm", _window_tensor_state, _window_tensor_rank)
+
+
 @register
 class StreamingLLM(Policy):
     name = "streaming_llm"
@@ -73,6 +90,7 @@ class StreamingLLM(Policy):
     summary = "pin the first sinks positions and keep the newest of the rest"
     display = Display("#2ca02c", "12px,4px", 4)
     engine_binding = EngineBinding(STEPS, compile_s=1)
+    tensor_step = TENSOR
     tunables = (SINKS,)
 
     def __init__(

@@ -28,6 +28,7 @@ from ..jit import kernel
 from .base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
 from .registry import register
 from .slot_hooks import Shape, SlotHooks, _drop, _first_min, _slots
+from .tensor_hooks import TensorHooks, TensorState, slots
 
 #: the weight of a position no row has shown yet: above any real weight (at most 1), below the
 #: +inf that marks a chosen victim during eviction
@@ -69,6 +70,30 @@ def _tova_state(shape: Shape):
 STEPS = SlotHooks("tova_steps", _tova_state, observe=_tova_observe, admit=_tova_admit, pick=_tova_pick, drop=_tova_drop)
 
 
+# the tensor step (``kvsim.hf.tensor``): each column's weight in the latest row shown, UNSEEN for a newcomer,
+# the newest never a candidate
+
+
+def _tova_tensor_state(policies, batch, heads, width, device):
+    return TensorState({}, {"weight": slots(batch, heads, width, device, UNSEEN)})
+
+
+def _tova_tensor_observe(state, shown, before):
+    state.slots["weight"] = shown.double().where(before, state.slots["weight"])  # float32 widened exactly
+
+
+def _tova_tensor_admit(state, new, before):
+    state.slots["weight"].masked_fill_(new, UNSEEN)
+
+
+def _tova_tensor_rank(state, cols):
+    return state.slots["weight"], cols.newer >= 1
+
+
+#: tova's tensor step, which its ``tensor_step`` names
+TENSOR = TensorHooks("tova", _tova_tensor_state, _tova_tensor_rank, observe=_tova_tensor_observe, admit=_tova_tensor_admit)
+
+
 @register
 class TOVA(SlotPolicy):
     name = "tova"
@@ -76,6 +101,7 @@ class TOVA(SlotPolicy):
     summary = "evict the lowest weight in the latest attention row, never the newest position"
     display = Display("#00796b", "8px,3px,8px,9px", 4, score_name="latest weight")
     engine_binding = EngineBinding(STEPS)
+    tensor_step = TENSOR
     reads_attention = True
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:

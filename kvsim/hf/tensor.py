@@ -1,0 +1,410 @@
+"""The deployed cache's tensor path: every row and KV head of a decoder layer stepped at once, as tensor
+operations on the model's device, with nothing read back to the host (docs/deploy.md, "The tensor path").
+
+The reference path (``kvsim.hf.cache.EvictingLayer`` over ``kvsim.hf.storage`` and ``kvsim.hf.stepping``)
+keeps the slot map in NumPy and steps one Python policy per (row, KV head). Here the layer's keys and values
+are transformers' own shape, ``(batch, KV heads, slots, head_dim)`` with ``slots = budget + 1`` (the largest
+head's, when an allocation gives the heads different budgets), beside a map of the position each slot holds
+(``pos``, -1 free) and the policy's state (``kvsim.policies.tensor_hooks``), all tensors on the model's device.
+A decode step of position t:
+
+1. ``update`` writes t's key and value into each (row, KV head)'s first free slot (there is always one: a
+   head holds at most its budget between steps) and returns the layer's keys and values whole;
+2. the attention (kvsim's, reached through the call's keyword arguments as on the reference path) computes
+   every query head's weights over its KV head's slots, those it holds and t, inside the model's sliding
+   window if the layer has one: the family's eager arithmetic (``kvsim.hf.eager.weights``);
+3. the policy is shown what the reference shows it (the combining rule, ``kvsim.data.gqa``: the group's
+   mean folded in head order in float64, the query's own weight dropped, renormalised over what the head
+   holds by a sum in position order, float32), admits t, and where a head is over its budget its victim is
+   the first minimum of the policy's values over its candidates, the lower position on ties: the cards'
+   rule, which is the reference's repeated argmin over kept order.
+
+A prompt chunk of n positions (``prefill="exact"``) is the same step n times over one product: the chunk's
+queries against the held keys and the chunk's in one matmul, then position by position each query's softmax
+over what it still sees (held before it, the chunk's positions up to it, less what an earlier position of
+the chunk evicted), the policy stepped on that row, and the chunk's outputs from the same rows. Memory is
+``O(budget + chunk)`` per head, never the prompt squared. ``prefill="fast"`` attends over what the chunk
+found and the chunk causally (the full cache's outputs) and steps the policies through those rows after.
+After a chunk, the positions of the chunk that stayed move into the free slots.
+
+The products here are batched over the heads where the reference multiplies head by head, so a weight may
+differ from the reference's in its last float32 bit; the held sets and tokens are the reference's on every
+model the tests run (tests/test_hf_tensor.py), and docs/deploy.md states the bound.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..policies.tensor_hooks import Columns, TensorHooks
+from .cache import LAYER, EvictingLayer
+from .eager import grouped
+from .refusal import HFError
+
+#: the largest position any sort key can hold: where a column that holds none sorts
+_LAST = torch.iinfo(torch.int64).max
+#: positions of a prompt stepped per chunk by ``prefill="exact"``, when the cache is not told otherwise
+CHUNK = 512
+
+
+def hooks_of(cls) -> TensorHooks | None:
+    """The class's tensor step, or None when it declares none."""
+    step = getattr(cls, "tensor_step", None)
+    return step if isinstance(step, TensorHooks) else None
+
+
+class TensorLayer(EvictingLayer):
+    """One decoder layer of the deployed cache on the tensor path: one policy class in every (row, KV head),
+    each at its own parameters and budget (``EvictingLayer``'s ``specs`` or ``policies``)."""
+
+    def __init__(self, *args, chunk: int = CHUNK, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.prefill == "compress":
+            raise HFError("the tensor path steps prompts exactly or fast; prefill='compress' runs on the reference path")
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise HFError(f"chunk must be an integer of at least 1, got {chunk!r}")
+        self.chunk = chunk
+        self.hooks: TensorHooks | None = None
+        self.pos = None  # (batch, heads, slots) int64, the position in each slot, -1 free
+        self.state = None  # the policy's TensorState
+        self.budget = None  # (batch, heads) int64
+        self._peak = None  # (batch, heads) int64, the most positions held after a step
+        self.broken = None  # (batch, heads) bool: a head over its budget with no candidate (a policy's bug)
+        self._keys = self._values = None
+        self._col = None  # decoding: the slot t was written to (batch, heads)
+
+    # --- set-up ---------------------------------------------------------------------------------------
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        self.device = key_states.device
+        batch, heads = key_states.shape[:2]
+        if self.policies is None:
+            if len(self.specs) != heads:
+                raise HFError(f"the cache was built for {len(self.specs)} KV head(s), the model gives {heads}")
+            self.policies = [[spec.build(self.trace) for spec in self.specs] for _ in range(batch)]
+        if len(self.policies) != batch or any(len(row) != heads for row in self.policies):
+            raise HFError(f"the cache was built for {len(self.policies)} row(s) x {len(self.policies[0])} KV head(s), "
+                          f"the model gives {batch} x {heads}")
+        classes = {type(p) for row in self.policies for p in row}
+        if len(classes) != 1 or hooks_of(next(iter(classes))) is None:
+            raise HFError(f"{self.name}: the tensor path steps one policy class with a tensor step in every head; "
+                          f"this layer has {', '.join(sorted(c.name for c in classes))}")
+        cls = classes.pop()
+        self.hooks = hooks_of(cls)
+        if self._row_budgets is not None:
+            self.budgets = [[int(b)] * heads for b in self._row_budgets]
+        else:
+            self.budgets = [[int(p.budget) for p in row] for row in self.policies]
+        width = max(max(row) for row in self.budgets) + 1
+        dev = key_states.device
+        self.budget = torch.tensor(self.budgets, dtype=torch.int64, device=dev)
+        self._keys = key_states.new_zeros(batch, heads, width, key_states.shape[-1])
+        self._values = value_states.new_zeros(batch, heads, width, value_states.shape[-1])
+        self.pos = torch.full((batch, heads, width), -1, dtype=torch.int64, device=dev)
+        self.state = self.hooks.state(self.policies, batch, heads, width, dev)
+        self._peak = torch.zeros(batch, heads, dtype=torch.int64, device=dev)
+        self.broken = torch.zeros(batch, heads, dtype=torch.bool, device=dev)
+        self.reads_attention = cls.reads_attention
+        self.is_initialized = True
+
+    # --- transformers' layer API --------------------------------------------------------------------
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        """Store a decode step's key and value in each head's free slot and return the layer's keys and values
+        ``(batch, KV heads, slots, head_dim)``; a prompt chunk comes back as given and is stepped in by the
+        attention. The attention call is reached through its keyword arguments, as on the reference path."""
+        call = kwargs.get("kwargs")
+        if not isinstance(call, dict):
+            raise HFError(f"{self.name}: the model does not pass its attention call's keyword arguments to the cache "
+                          "(update(..., kwargs=kwargs), as transformers' model families do), so the evicting cache "
+                          "cannot reach the attention that must step it")
+        if self.handed is not None:
+            raise HFError(self.lost())
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.pending = (key_states, value_states)
+        if key_states.shape[2] == 1:
+            self._col = self._free_slot()
+            self._write(self._col, key_states, value_states)
+            keys, values = self._keys, self._values
+        else:
+            keys, values = key_states, value_states
+        self.handed = keys
+        call[LAYER] = self
+        return keys, values
+
+    def _free_slot(self):
+        """``(batch, heads)``: each head's first free slot."""
+        return (self.pos < 0).to(torch.uint8).argmax(-1)
+
+    def _write(self, col, key, value) -> None:
+        """Position ``seen``'s key and value ``(batch, heads, 1, d)`` into slot ``col`` of each head."""
+        at = col[..., None, None]
+        self._keys.scatter_(2, at.expand(-1, -1, 1, key.shape[-1]), key)
+        self._values.scatter_(2, at.expand(-1, -1, 1, value.shape[-1]), value)
+        self.pos.scatter_(2, col[..., None], self.seen)
+
+    @property
+    def keys(self):
+        return self._keys
+
+    @keys.setter
+    def keys(self, keys) -> None:
+        if keys is not None:
+            self._keys = keys
+
+    @property
+    def values(self):
+        return self._values
+
+    @values.setter
+    def values(self, values) -> None:
+        if values is not None:
+            self._values = values
+
+    def shared_start(self) -> int:
+        return 0
+
+    @property
+    def _compressing(self) -> bool:
+        return False
+
+    # --- what it holds (read back on request, never on the decode path) --------------------------------
+
+    def held(self, row: int = 0, head: int = 0):
+        import numpy as np
+
+        if not self.is_initialized:
+            return np.zeros(0, dtype=np.int64)
+        self.check()
+        p = self.pos[row, head]
+        return torch.sort(p[p >= 0]).values.cpu().numpy()
+
+    def check(self) -> None:
+        """HFError when a head went over its budget with no candidate to evict (a tensor step's bug: the
+        reference path's ``ContractError``), found at the first read rather than on the decode path."""
+        if self.broken is not None and bool(self.broken.any()):
+            b, h = (int(i) for i in self.broken.nonzero()[0])
+            raise HFError(f"{self.name}: {self.hooks.name} named no victim for row {b} KV head {h} over its "
+                          f"budget {self.budgets[b][h]}")
+
+    @property
+    def peak(self) -> int:
+        return 0 if self._peak is None else int(self._peak.max())
+
+    @property
+    def head_peaks(self) -> list[int]:
+        return [] if self._peak is None else [int(x) for x in self._peak.amax(0).tolist()]
+
+    @property
+    def kv_heads(self):
+        return None if self.pos is None else self.pos.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if not self.is_initialized else self._keys.nbytes + self._values.nbytes
+
+    @property
+    def resumed(self):
+        return None
+
+    # --- attention and the step -------------------------------------------------------------------------
+
+    def attend(self, call):
+        if self.handed is None or call.key is not self.handed:
+            raise HFError(f"{self.name}: the attention call got keys this cache did not return for it; the call and "
+                          "the cache are out of step")
+        key, value = self.pending
+        self.handed = self.pending = None
+        heads = self.pos.shape[1]
+        q = grouped(call.query, heads)  # (batch, heads, G, n, d)
+        if q.shape[3] == 1:
+            out, weights = self._decode(q[:, :, :, 0], call)
+            return out, weights
+        out = self._chunk(q, key, value, call)
+        if self.prefilled is not None:
+            self.prefilled(q.shape[3])
+        return out, None
+
+    def _decode(self, q, call):
+        """Position ``seen``, written to slot ``_col`` by ``update``: ``(out (batch, 1, query heads, d), weights
+        (batch, query heads, 1, slots))``."""
+        t, col = self.seen, self._col
+        pos = self.pos
+        new = torch.arange(pos.shape[-1], device=pos.device) == col[..., None]
+        before = (pos >= 0) & ~new
+        logits = _logits(q, self._keys, call)  # (batch, heads, G, slots)
+        w = _softmax(logits, before | new, pos, t, call.window, q.dtype)
+        out = torch.matmul(w, self._values)  # (batch, heads, G, d)
+        self._step(t, pos, before, new, w, self.state.slots)
+        self.seen = t + 1
+        batch, heads, g, d = out.shape
+        return out.reshape(batch, 1, heads * g, d), w.reshape(batch, heads * g, 1, -1)
+
+    def _chunk(self, q, key, value, call):
+        """A prompt chunk ``(batch, heads, G, n, d)``: ``(batch, n, query heads, d)``. ``exact`` steps it
+        ``self.chunk`` positions at a time, compacting after each; ``fast`` attends every query over what the
+        whole call found and the call's positions before it (the full cache's rows), ``self.chunk`` queries'
+        logits at a time, and compacts once."""
+        n = q.shape[3]
+        if self.prefill == "fast":
+            out = self._part(q, key, value, call)
+        else:
+            out = torch.cat([self._part(q[:, :, :, a : a + self.chunk], key[:, :, a : a + self.chunk],
+                                        value[:, :, a : a + self.chunk], call) for a in range(0, n, self.chunk)], dim=3)
+        batch, heads, g, _, d = out.shape
+        return out.permute(0, 3, 1, 2, 4).reshape(batch, n, heads * g, d)
+
+    def _part(self, q, key, value, call):
+        """Up to ``self.chunk`` positions from ``seen``: their outputs ``(batch, heads, G, n, d)``."""
+        t0, n = self.seen, q.shape[3]
+        batch, heads, width = self.pos.shape
+        dev = self.pos.device
+        keys = torch.cat([self._keys, key], dim=2)
+        values = torch.cat([self._values, value], dim=2)
+        pos = torch.cat([self.pos, torch.full((batch, heads, n), -1, dtype=torch.int64, device=dev)], dim=2)
+        slots = {name: torch.cat([s, s.new_zeros(batch, heads, n)], dim=2) for name, s in self.state.slots.items()}
+        fast = self.prefill == "fast"
+        cols = torch.arange(width + n, device=dev)
+        found = pos >= 0
+        # each column's position as the call found it (an evicted one keeps it): what the model's window reads
+        # in fast mode, where the queries attend over columns the policy has since evicted
+        posf = torch.where(cols >= width, t0 - width + cols, pos)
+        out = q.new_empty(batch, heads, q.shape[2], n, value.shape[-1])
+        for i in range(n):
+            if i % self.chunk == 0:  # the next block of queries' logits (batch, heads, block, G, width + n)
+                logits = _logits(q[:, :, :, i : i + self.chunk].transpose(2, 3), keys, call)
+            t = t0 + i
+            new = (cols == width + i).expand(batch, heads, -1)
+            pos[..., width + i] = t
+            before = (pos >= 0) & ~new
+            if fast:  # what the chunk found, and the chunk up to t: the full cache's row
+                seen = found | ((cols >= width) & (cols <= width + i))
+            else:
+                seen = before | new
+            w = _softmax(logits[:, :, i % self.chunk], seen, posf if fast else pos, t, call.window, q.dtype)
+            out[:, :, :, i] = torch.matmul(w, values)
+            if fast:
+                w = w * (before | new)[:, :, None, :].to(w.dtype)  # the policy sees only what it holds
+            self._step(t, pos, before, new, w, slots)
+        self._compact(width, keys, values, pos, slots)
+        self.seen = t0 + n
+        return out
+
+    def _step(self, t: int, pos, before, new, w, slots) -> None:
+        """Step t of every (row, KV head): shown ``w`` (the query heads' weights over the columns), admit t
+        (its column ``new``), evict where over budget. ``pos`` and ``slots`` are changed in place."""
+        hooks, state = self.hooks, self.state
+        state.slots = slots
+        if t and self.reads_attention and hooks.observe is not None:
+            hooks.observe(state, _shown(w, before, pos), before)
+        if hooks.admit is not None:
+            hooks.admit(state, new, before)
+        held = before | new
+        count = held.sum(-1)
+        if t:
+            older, newer = _ranks(pos, held, count)
+            values, candidates = hooks.rank(state, Columns(t, pos, held, newer, older))
+            candidates = candidates & held
+            over = count > self.budget
+            values = torch.where(candidates, values, torch.inf)
+            low = values.amin(-1, keepdim=True)
+            tied = candidates & (values == low)
+            victim = torch.where(tied, pos, _LAST).argmin(-1, keepdim=True)  # the lower position on ties
+            gone = torch.zeros_like(held).scatter_(-1, victim, True) & over[..., None]
+            pos.masked_fill_(gone, -1)
+            self.broken |= over & ~candidates.any(-1)
+            count = count - over.to(count.dtype)
+        torch.maximum(self._peak, count, out=self._peak)
+
+    def _compact(self, width: int, keys, values, pos, slots) -> None:
+        """After a chunk: the chunk's positions that stayed moved into the free slots (lowest first), the rest of
+        the columns dropped; ``width`` slots again."""
+        free = pos[..., :width] < 0
+        stayed = pos[..., width:] >= 0  # (batch, heads, n)
+        ar = torch.arange(width, device=pos.device)
+        free_slots = torch.sort(torch.where(free, ar, width + ar), dim=-1).indices  # free slots first, ascending
+        rank = (stayed.cumsum(-1) - 1).clamp(min=0)
+        target = torch.where(stayed, free_slots.gather(-1, rank), width)  # width: a column that is dropped
+        source = torch.cat([ar.expand(*free.shape), torch.zeros_like(free[..., :1], dtype=torch.int64)], dim=-1)
+        source.scatter_(-1, target, (width + torch.arange(stayed.shape[-1], device=pos.device)).expand(*stayed.shape))
+        source = source[..., :width]
+        self._keys = keys.gather(2, source[..., None].expand(-1, -1, -1, keys.shape[-1]))
+        self._values = values.gather(2, source[..., None].expand(-1, -1, -1, values.shape[-1]))
+        self.pos = pos.gather(-1, source)
+        self.state.slots = {name: s.gather(-1, source) for name, s in slots.items()}
+
+
+def _logits(q, keys, call):
+    """``q`` ``(batch, heads, ..., G, d)`` against ``keys`` ``(batch, heads, width, d)``: scaled, soft-capped
+    scores ``(batch, heads, ..., G, width)``, the arithmetic of ``kvsim.hf.eager.weights``."""
+    k = keys.transpose(-1, -2)
+    if q.dim() == 5:
+        k = k[:, :, None]
+    scores = torch.matmul(q, k) * call.scale
+    if call.softcap is not None:
+        scores = torch.tanh(scores / call.softcap) * call.softcap
+    return scores
+
+
+def _softmax(logits, seen, pos, t: int, window, dtype):
+    """``logits`` ``(batch, heads, G, width)`` over the columns ``seen`` marks (inside the model's window when
+    the layer has one), the family's eager softmax: float32, cast back to the query's dtype."""
+    if window is not None:
+        seen = seen & (pos > t - window)
+    scores = logits.masked_fill(~seen[:, :, None, :], float("-inf"))
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
+
+
+def _shown(w, before, pos):
+    """What the reference path shows each (row, KV head)'s policy: the group's weights ``w`` ``(batch, heads,
+    G, width)`` combined (their mean, folded in head order in float64), kept on the columns held ``before``
+    t was admitted, renormalised by their sum in position order, float32; zero where the sum is not
+    positive and off ``before``."""
+    combined = w[:, :, 0].double()
+    for g in range(1, w.shape[2]):
+        combined = combined + w[:, :, g].double()
+    combined = torch.where(before, combined / w.shape[2], 0.0)
+    order = torch.where(before, pos, _LAST).argsort(-1)  # held first, ascending position
+    total = combined.gather(-1, order).cumsum(-1)[..., -1:]  # zeros after the held ones add nothing
+    positive = total > 0
+    return torch.where(positive & before, combined / torch.where(positive, total, 1.0), 0.0).float()
+
+
+def _ranks(pos, held, count):
+    """Per held column, how many held positions are older and how many newer (a sort of each head's columns)."""
+    order = torch.where(held, pos, _LAST).argsort(-1)
+    older = torch.empty_like(order).scatter_(-1, order, torch.arange(pos.shape[-1], device=pos.device).expand_as(order))
+    return older, count[..., None] - 1 - older
+
+
+def refusal(layers) -> str | None:
+    """Why layers of these specs (``PolicySpec``, ``[layer][KV head]``) cannot run on the tensor path, in a
+    phrase; None when they can: one policy, with a tensor step that takes each configuration, reading no
+    vectors (keys, values, queries, output norms) and no trace meta, and one budget in each layer (a layer's
+    heads are one tensor of slots; an allocation that splits a layer's heads keeps each head's bytes on the
+    reference path)."""
+    from ..policies import policy_class
+
+    layers = [list(row) for row in layers]
+    specs = [s for row in layers for s in row]
+    names = sorted({s.name for s in specs if s is not None})
+    if None in specs or len(names) != 1:
+        return "the tensor path runs one policy in every head"
+    cls = policy_class(names[0])
+    hooks = hooks_of(cls)
+    if hooks is None:
+        return f"{cls.name} declares no tensor step"
+    if cls.reads or getattr(cls, "reads_meta", False):
+        return f"{cls.name} reads {', '.join(cls.reads) or 'its trace meta'}, which the tensor path does not hand over"
+    if hooks.takes is not None:
+        odd = next((s for s in specs if not hooks.takes(s)), None)
+        if odd is not None:
+            return f"{cls.name}'s tensor step does not cover {odd.label}"
+    split = next((x for x, row in enumerate(layers) if len({s.budget for s in row}) > 1), None)
+    if split is not None:
+        return f"layer {split}'s KV heads hold different budgets"
+    return None
+
+
+__all__ = ["CHUNK", "TensorLayer", "hooks_of", "refusal"]

@@ -1,0 +1,88 @@
+"""What a policy's tensor step is made of, declared beside the policy as its numba hooks are
+(``kvsim.policies.slot_hooks``): the deployed cache (``kvsim.hf.tensor``) steps every row and KV head of a
+decoder layer at once with it, as a handful of tensor operations on the model's device, nothing read back
+to the host.
+
+The layer keeps, per (row, KV head), a run of columns (the cache's slots, and during a prompt chunk the
+chunk's positions after them) and a map of what each holds (``Columns.pos``, -1 for none). A policy
+keeps its state in tensors the same shape (``TensorState.slots``, one value per column, moved with the
+column when the layer compacts a chunk into its slots) and its parameters per (row, KV head)
+(``TensorState.params``). One step t of every (row, KV head), in the harness's order:
+
+1. ``observe(state, shown, cols)``: ``shown`` ``(batch, heads, width)`` float32 is what the reference
+   path shows the policy (the combining rule's row renormalised over the held columns, float32), zero off
+   them; only called for a policy that ``reads_attention``;
+2. ``admit(state, new, cols)``: ``new`` ``(batch, heads, width)`` bool marks position t's column;
+   position 0, held from the start, is admitted the same way (its state is the policy's starting one);
+3. ``rank(state, cols)`` -> ``(values, candidates)``: where the cache is over its budget, the layer evicts
+   the candidate with the smallest value, and among equal values the lower position (the cards' tie
+   rule); a policy that evicts the largest returns the values negated (exact in floating point).
+
+``Columns`` gives what the rules are written in: positions, the held mask (after t is admitted), and
+for each held column how many held positions are newer (``newer``: a recent window protects
+``newer < recent_window``) and older (``older``: sinks are ``older < sinks``).
+
+Declaring hooks imports nothing: the hook functions import torch when the layer first calls them, so
+``kvsim.policies`` loads without the torch extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TensorState:
+    """A policy's state on the device: ``params``, name -> ``(batch, heads)`` tensor (a parameter per
+    (row, KV head): each may differ, as a quality batch's rows do); ``slots``, name -> ``(batch, heads,
+    width)`` tensor, one value per column, which the layer widens for a chunk and compacts after."""
+
+    params: dict = field(default_factory=dict)
+    slots: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Columns:
+    """What the layer's columns hold at step ``t``: ``pos`` ``(batch, heads, width)`` int64 (-1: none),
+    ``held`` bool (t admitted), ``newer`` and ``older`` int64, per held column the held positions newer
+    and older than its own (undefined off ``held``)."""
+
+    t: int
+    pos: object
+    held: object
+    newer: object
+    older: object
+
+
+@dataclass(frozen=True)
+class TensorHooks:
+    """A policy's tensor step, given to its class as ``tensor_step``. ``state(policies, batch, heads, width,
+    device)``: the ``TensorState`` for ``policies[row][kv head]`` (built policies of this class, at their
+    parameters), its slot tensors ``(batch, heads, width)``; ``rank`` is the one every policy has; the
+    others, left out, do nothing."""
+
+    name: str
+    state: Callable
+    rank: Callable
+    observe: Callable | None = None
+    admit: Callable | None = None
+    #: ``takes(spec)``: False for a configuration (a ``PolicySpec``) the step does not cover (None: every one does)
+    takes: Callable | None = None
+
+
+def param(policies, name: str, device):
+    """``(batch, heads)`` int64: each built policy's parameter ``name``."""
+    import torch
+
+    return torch.tensor([[int(getattr(p, name)) for p in row] for row in policies], dtype=torch.int64, device=device)
+
+
+def slots(batch: int, heads: int, width: int, device, fill: float = 0.0):
+    """``(batch, heads, width)`` float64, every column ``fill``: a per-column score."""
+    import torch
+
+    return torch.full((batch, heads, width), fill, dtype=torch.float64, device=device)
+
+
+__all__ = ["Columns", "TensorHooks", "TensorState", "param", "slots"]
