@@ -70,6 +70,9 @@ class TensorLayer(EvictingLayer):
         self.budget = None  # (batch, heads) int64
         self._peak = None  # (batch, heads) int64, the most positions held after a step
         self.broken = None  # (batch, heads) bool: a head over its budget with no candidate (a policy's bug)
+        self._count = None  # (batch, heads) int64, the positions each head holds
+        self._least = 0  # the smallest budget: no step before it fills evicts
+        self._aranges = {}  # 0, 1, 2, ... on the device, by length: the ranks a sort hands out
         self._keys = self._values = None
         self._col = None  # decoding: the slot t was written to (batch, heads)
 
@@ -104,6 +107,8 @@ class TensorLayer(EvictingLayer):
         self.state = self.hooks.state(self.policies, batch, heads, width, dev)
         self._peak = torch.zeros(batch, heads, dtype=torch.int64, device=dev)
         self.broken = torch.zeros(batch, heads, dtype=torch.bool, device=dev)
+        self._count = torch.zeros(batch, heads, dtype=torch.int64, device=dev)
+        self._least = min(min(row) for row in self.budgets)
         self.reads_attention = cls.reads_attention
         self.is_initialized = True
 
@@ -229,14 +234,14 @@ class TensorLayer(EvictingLayer):
     def _decode(self, q, call):
         """Position ``seen``, written to slot ``_col`` by ``update``: ``(out (batch, 1, query heads, d), weights
         (batch, query heads, 1, slots))``."""
-        t, col = self.seen, self._col
-        pos = self.pos
-        new = torch.arange(pos.shape[-1], device=pos.device) == col[..., None]
+        t, pos = self.seen, self.pos
+        new = torch.arange(pos.shape[-1], device=pos.device) == self._col[..., None]
         before = (pos >= 0) & ~new
-        logits = _logits(q, self._keys, call)  # (batch, heads, G, slots)
-        w = _softmax(logits, before | new, pos, t, call.window, q.dtype)
+        held = before | new
+        seen = held if call.window is None else held & (pos > t - call.window)
+        w = _softmax(_logits(q, self._keys, call), seen, q.dtype)  # (batch, heads, G, slots)
         out = torch.matmul(w, self._values)  # (batch, heads, G, d)
-        self._step(t, pos, before, new, w, self.state.slots)
+        self._count = self._step(t, pos, before, new, held, self._count, w, self.state.slots)
         self.seen = t + 1
         batch, heads, g, d = out.shape
         return out.reshape(batch, 1, heads * g, d), w.reshape(batch, heads * g, 1, -1)
@@ -256,7 +261,10 @@ class TensorLayer(EvictingLayer):
         return out.permute(0, 3, 1, 2, 4).reshape(batch, n, heads * g, d)
 
     def _part(self, q, key, value, call):
-        """Up to ``self.chunk`` positions from ``seen``: their outputs ``(batch, heads, G, n, d)``."""
+        """Up to ``self.chunk`` positions from ``seen`` (all of a call's, ``fast``): their outputs ``(batch,
+        heads, G, n, d)``. The policy steps position by position; the masks that do not depend on what it
+        evicts (the chunk's causal order, the model's window) are made once for the block of queries, and the
+        outputs are one product per block after its steps."""
         t0, n = self.seen, q.shape[3]
         batch, heads, width = self.pos.shape
         dev = self.pos.device
@@ -264,58 +272,71 @@ class TensorLayer(EvictingLayer):
         values = torch.cat([self._values, value], dim=2)
         pos = torch.cat([self.pos, torch.full((batch, heads, n), -1, dtype=torch.int64, device=dev)], dim=2)
         slots = {name: torch.cat([s, s.new_zeros(batch, heads, n)], dim=2) for name, s in self.state.slots.items()}
-        fast = self.prefill == "fast"
+        fast, window = self.prefill == "fast", call.window
         cols = torch.arange(width + n, device=dev)
-        found = pos >= 0
+        news = (cols[None, :] == width + torch.arange(n, device=dev)[:, None])  # (n, columns): position i's column
         # each column's position as the call found it (an evicted one keeps it): what the model's window reads
-        # in fast mode, where the queries attend over columns the policy has since evicted
         posf = torch.where(cols >= width, t0 - width + cols, pos)
+        found = pos >= 0
+        count = self._count
         out = q.new_empty(batch, heads, q.shape[2], n, value.shape[-1])
-        for i in range(n):
-            if i % self.chunk == 0:  # the next block of queries' logits (batch, heads, block, G, width + n)
-                logits = _logits(q[:, :, :, i : i + self.chunk].transpose(2, 3), keys, call)
-            t = t0 + i
-            new = (cols == width + i).expand(batch, heads, -1)
-            pos[..., width + i] = t
-            before = (pos >= 0) & ~new
-            if fast:  # what the chunk found, and the chunk up to t: the full cache's row
-                seen = found | ((cols >= width) & (cols <= width + i))
-            else:
-                seen = before | new
-            w = _softmax(logits[:, :, i % self.chunk], seen, posf if fast else pos, t, call.window, q.dtype)
-            out[:, :, :, i] = torch.matmul(w, values)
-            if fast:
-                w = w * (before | new)[:, :, None, :].to(w.dtype)  # the policy sees only what it holds
-            self._step(t, pos, before, new, w, slots)
+        for a in range(0, n, self.chunk):
+            z = min(a + self.chunk, n)
+            ts = t0 + torch.arange(a, z, device=dev)
+            logits = _logits(q[:, :, :, a:z].transpose(2, 3), keys, call)  # (batch, heads, block, G, columns)
+            sees = torch.ones(batch, heads, z - a, width + n, dtype=torch.bool, device=dev)
+            if window is not None:
+                sees &= posf[:, :, None, :] > (ts[:, None] - window)
+            if fast:  # what the call found, and its positions up to t: the full cache's rows
+                sees &= found[:, :, None, :] | ((cols >= width) & (cols[None, :] <= width + ts[:, None] - t0))
+            ws = torch.empty(batch, heads, q.shape[2], z - a, width + n, dtype=q.dtype, device=dev)
+            for i in range(a, z):
+                t, new = t0 + i, news[i]
+                before = pos >= 0
+                pos[..., width + i] = t
+                held = before | new
+                w = _softmax(logits[:, :, i - a], sees[:, :, i - a] if fast else held & sees[:, :, i - a], q.dtype)
+                ws[:, :, :, i - a] = w
+                count = self._step(t, pos, before, new, held, count, w * held[:, :, None, :] if fast else w, slots)
+            out[:, :, :, a:z] = torch.matmul(ws, values[:, :, None])
+        self._count = count
         self._compact(width, keys, values, pos, slots)
         self.seen = t0 + n
         return out
 
-    def _step(self, t: int, pos, before, new, w, slots) -> None:
+    def _step(self, t: int, pos, before, new, held, count, w, slots):
         """Step t of every (row, KV head): shown ``w`` (the query heads' weights over the columns), admit t
-        (its column ``new``), evict where over budget. ``pos`` and ``slots`` are changed in place."""
+        (its column ``new``), evict where over budget. ``pos`` and ``slots`` are changed in place; the held
+        counts after the step come back. One sort of the held columns by position serves the renormalising
+        sum (added in position order, as the reference adds), the ranks and the tie rule."""
         hooks, state = self.hooks, self.state
         state.slots = slots
-        if t and self.reads_attention and hooks.observe is not None:
-            hooks.observe(state, _shown(w, before, pos), before)
+        count = count + 1
+        evicting = t + 1 > self._least  # no head can be over its budget before the smallest budget fills
+        observing = t and self.reads_attention and hooks.observe is not None
+        order = torch.where(held, pos, _LAST).argsort(-1) if observing or evicting else None
+        if observing:
+            hooks.observe(state, _shown(w, before, order), before)
         if hooks.admit is not None:
             hooks.admit(state, new, before)
-        held = before | new
-        count = held.sum(-1)
-        if t:
-            older, newer = _ranks(pos, held, count)
-            values, candidates = hooks.rank(state, Columns(t, pos, held, newer, older))
-            candidates = candidates & held
+        if evicting:
+            older = torch.empty_like(order).scatter_(-1, order, self._arange(order.shape[-1]).expand_as(order))
+            values, candidates = hooks.rank(state, Columns(t, pos, held, count[..., None] - 1 - older, older))
+            # in position order, so that the first minimum is the lower position (the cards' tie rule)
+            ranked = torch.where(candidates & held, values, torch.inf).gather(-1, order)
+            first = ranked.argmin(-1, keepdim=True)
+            victim = order.gather(-1, first)
             over = count > self.budget
-            values = torch.where(candidates, values, torch.inf)
-            low = values.amin(-1, keepdim=True)
-            tied = candidates & (values == low)
-            victim = torch.where(tied, pos, _LAST).argmin(-1, keepdim=True)  # the lower position on ties
-            gone = torch.zeros_like(held).scatter_(-1, victim, True) & over[..., None]
-            pos.masked_fill_(gone, -1)
-            self.broken |= over & ~candidates.any(-1)
+            pos.scatter_(-1, victim, torch.where(over[..., None], -1, pos.gather(-1, victim)))
+            self.broken |= over & ranked.gather(-1, first)[..., 0].isinf()  # over its budget with no candidate
             count = count - over.to(count.dtype)
         torch.maximum(self._peak, count, out=self._peak)
+        return count
+
+    def _arange(self, n: int):
+        if n not in self._aranges:
+            self._aranges[n] = torch.arange(n, device=self.pos.device)
+        return self._aranges[n]
 
     def _compact(self, width: int, keys, values, pos, slots) -> None:
         """After a chunk: the chunk's positions that stayed moved into the free slots (lowest first), the rest of
@@ -324,7 +345,7 @@ class TensorLayer(EvictingLayer):
         stayed = pos[..., width:] >= 0  # (batch, heads, n)
         ar = torch.arange(width, device=pos.device)
         free_slots = torch.sort(torch.where(free, ar, width + ar), dim=-1).indices  # free slots first, ascending
-        rank = (stayed.cumsum(-1) - 1).clamp(min=0)
+        rank = (stayed.cumsum(-1) - 1).clamp(0, width - 1)
         target = torch.where(stayed, free_slots.gather(-1, rank), width)  # width: a column that is dropped
         source = torch.cat([ar.expand(*free.shape), torch.zeros_like(free[..., :1], dtype=torch.int64)], dim=-1)
         source.scatter_(-1, target, (width + torch.arange(stayed.shape[-1], device=pos.device)).expand(*stayed.shape))
@@ -347,35 +368,29 @@ def _logits(q, keys, call):
     return scores
 
 
-def _softmax(logits, seen, pos, t: int, window, dtype):
-    """``logits`` ``(batch, heads, G, width)`` over the columns ``seen`` marks (inside the model's window when
-    the layer has one), the family's eager softmax: float32, cast back to the query's dtype."""
-    if window is not None:
-        seen = seen & (pos > t - window)
+def _softmax(logits, seen, dtype):
+    """``logits`` ``(batch, heads, G, width)`` over the columns ``seen`` ``(batch, heads, width)`` marks, the
+    family's eager softmax: float32, cast back to the query's dtype."""
     scores = logits.masked_fill(~seen[:, :, None, :], float("-inf"))
     return torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
 
 
-def _shown(w, before, pos):
+#: the smallest positive float64: a renormalising sum floored at it divides a row of zeros into zeros
+_TINY = torch.finfo(torch.float64).tiny
+
+
+def _shown(w, before, order):
     """What the reference path shows each (row, KV head)'s policy: the group's weights ``w`` ``(batch, heads,
     G, width)`` combined (their mean, folded in head order in float64), kept on the columns held ``before``
-    t was admitted, renormalised by their sum in position order, float32; zero where the sum is not
-    positive and off ``before``."""
-    combined = w[:, :, 0].double()
+    t was admitted, renormalised by their sum in position order (``order``: the columns by position, held
+    first), float32; zero where the sum is not positive and off ``before``."""
+    wide = w.double()
+    combined = wide[:, :, 0]
     for g in range(1, w.shape[2]):
-        combined = combined + w[:, :, g].double()
-    combined = torch.where(before, combined / w.shape[2], 0.0)
-    order = torch.where(before, pos, _LAST).argsort(-1)  # held first, ascending position
-    total = combined.gather(-1, order).cumsum(-1)[..., -1:]  # zeros after the held ones add nothing
-    positive = total > 0
-    return torch.where(positive & before, combined / torch.where(positive, total, 1.0), 0.0).float()
-
-
-def _ranks(pos, held, count):
-    """Per held column, how many held positions are older and how many newer (a sort of each head's columns)."""
-    order = torch.where(held, pos, _LAST).argsort(-1)
-    older = torch.empty_like(order).scatter_(-1, order, torch.arange(pos.shape[-1], device=pos.device).expand_as(order))
-    return older, count[..., None] - 1 - older
+        combined = combined + wide[:, :, g]
+    combined = (combined / w.shape[2]) * before  # exact: a product by one or zero
+    total = combined.gather(-1, order).cumsum(-1)[..., -1:]  # zeros among and after the held ones add nothing
+    return (combined / total.clamp(min=_TINY)).float()
 
 
 def refusal(layers) -> str | None:

@@ -1,0 +1,167 @@
+"""The deployed cache's tensor path (kvsim.hf.tensor) held to the reference path (one Python policy per (row,
+KV head), ``tensor=False``): the same tokens, the same held sets in every layer and KV head, the same peaks,
+for every policy that declares a tensor step, on a tiny Llama, a tiny Gemma 3 (sliding layers: the model's
+window cuts what a query sees) and the shipped Gemma-3-270M; and a decode step that reads nothing back to
+the host."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
+pytestmark = pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not installed (requirements-record.txt)")
+
+#: every policy with a tensor step, at parameters that evict at BUDGET
+TENSOR_POLICIES = [("h2o", {"recent_window": 4}), ("tova", {}), ("streaming_llm", {"sinks": 2}), ("sliding_window", {}),
+                   ("scissorhands", {"recent_window": 4}), ("h2o_normalized", {"recent_window": 4})]
+BUDGET, PROMPT, NEW, CHUNK = 16, 40, 30, 7
+
+
+def _tiny(kind: str):
+    from test_hf import _tiny as tiny
+
+    return tiny(kind)
+
+
+def _decode(model, ids, cache, new: int = NEW) -> dict:
+    from kvsim.hf.decoding import greedy
+
+    tokens = greedy(model, ids, cache, new)["tokens"]
+    heads = cache.layers[0].kv_heads
+    return {"tokens": tokens, "peaks": cache.peak_positions,
+            "held": [[layer.held(0, h).tolist() for h in range(heads)] for layer in cache.layers]}
+
+
+def test_every_online_policy_with_a_tensor_step_is_covered():
+    """The list above is the registry's: a policy that declares a tensor step is held to the reference here."""
+    from kvsim.hf.tensor import hooks_of
+    from kvsim.policies import POLICIES
+
+    declared = {name for name, cls in POLICIES.items() if hooks_of(cls) is not None and not cls.needs_trace}
+    assert declared == {name for name, _ in TENSOR_POLICIES}
+
+
+@pytest.mark.parametrize("prefill", ["exact", "fast"])
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+@pytest.mark.parametrize(("policy", "params"), TENSOR_POLICIES, ids=[p for p, _ in TENSOR_POLICIES])
+def test_the_tensor_path_holds_and_generates_what_the_reference_path_does(policy, params, kind, prefill):
+    """A prompt over twice the budget, in chunks smaller than it (exact) or at once (fast), then greedy decoding:
+    the tokens, every layer's and KV head's held set, and the peaks equal the reference path's."""
+    import kvsim.hf as hf
+    from kvsim.hf.tensor import TensorLayer
+    from test_hf import _prompt
+
+    model, ids = _tiny(kind), _prompt(PROMPT)
+    ref = hf.cache(model, policy, BUDGET, prefill=prefill, tensor=False, **params)
+    fast = hf.cache(model, policy, BUDGET, prefill=prefill, tensor=True, chunk=CHUNK, **params)
+    assert all(isinstance(layer, TensorLayer) for layer in fast.layers)
+    assert not any(isinstance(layer, TensorLayer) for layer in ref.layers)
+    expected = _decode(model, ids, ref)
+    assert _decode(model, ids, fast) == expected
+    assert expected["peaks"] == [BUDGET] * len(fast.layers)
+
+
+def test_a_batch_of_rows_each_at_its_own_parameters_matches_the_reference():
+    """Two rows, each (row, KV head) its own built policy (recent_window 3 in row 0, 8 in row 1, as a quality
+    batch's rows are configurations): every row's held sets match the reference layer's."""
+    import torch
+
+    from kvsim.hf import EvictingCache, EvictingLayer
+    from kvsim.hf.attention import attach
+    from kvsim.hf.tensor import TensorLayer
+    from kvsim.policies import make_policy
+    from test_hf import _prompt
+
+    model = _tiny("llama")
+    attach(model)
+    ids = _prompt(PROMPT).expand(2, -1)
+    out = {}
+    for kind in (EvictingLayer, TensorLayer):
+        layers = [kind(policies=[[make_policy("h2o", BUDGET, recent_window=w) for _ in range(2)] for w in (3, 8)])
+                  for _ in range(2)]
+        cache = EvictingCache(layers)
+        with torch.no_grad():
+            step = model(ids, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            for _ in range(10):
+                step = model(step, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+        out[kind] = [[[layer.held(b, h).tolist() for h in range(2)] for b in range(2)] for layer in cache.layers]
+    assert out[TensorLayer] == out[EvictingLayer]
+    assert all(layer[0] != layer[1] for layer in out[TensorLayer])  # each row at its own window
+
+
+def test_a_decode_step_reads_nothing_back_to_the_host(monkeypatch):
+    """After the prompt, decode steps of every layer with ``Tensor.item``, ``.cpu``, ``.numpy`` and ``.tolist``
+    made to raise: the tensor path's step is tensor operations only (on a GPU it never waits for the host)."""
+    import torch
+
+    import kvsim.hf as hf
+    from test_hf import _prompt
+
+    model = _tiny("gemma3")
+    for policy, params in TENSOR_POLICIES:
+        cache = hf.cache(model, policy, BUDGET, tensor=True, chunk=CHUNK, **params)
+        with torch.no_grad():
+            nxt = model(_prompt(PROMPT), cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            with monkeypatch.context() as m:
+                for name in ("item", "cpu", "numpy", "tolist"):
+                    m.setattr(torch.Tensor, name, _raiser(name))
+                for _ in range(4):
+                    nxt = model(nxt, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+        assert cache.peak_positions == [BUDGET] * len(cache.layers)
+
+
+def _raiser(name: str):
+    def read_back(*args, **kwargs):
+        raise AssertionError(f"Tensor.{name} on the decode path")
+
+    return read_back
+
+
+def test_the_cache_says_once_when_a_policy_runs_on_the_reference_path_and_refuses_bad_input():
+    """A policy without a tensor step runs on the reference path, said once in the cache's notes; tensor=True
+    refuses it, and a chunk below 1 or above the model's context, in one line before any token."""
+    import kvsim.hf as hf
+
+    model = _tiny("llama")
+    ref = hf.cache(model, "knorm", BUDGET)
+    assert ref.notes == ["knorm declares no tensor step: the reference path steps it, one (row, KV head) at a time "
+                         "in Python"]
+    assert hf.cache(model, "h2o", BUDGET, recent_window=4).notes == []
+    for kwargs, message in (
+        ({"tensor": True, "policy": "knorm"}, "tensor=True: knorm declares no tensor step"),
+        ({"chunk": 0}, "chunk must be an integer of at least 1, got 0"),
+        ({"chunk": 513}, "chunk 513 is above LlamaForCausalLM's context of 512 positions"),
+        ({"tensor": True, "scissorhands": True}, "tensor=True: scissorhands's tensor step does not cover scissorhands "
+                                                 "recent_window=4 history_window=2"),
+        ({"tensor": True, "block_size": 4}, "tensor=True: a serving layout"),
+    ):
+        kwargs = dict(kwargs)
+        policy = kwargs.pop("policy", "h2o")
+        extra = {"recent_window": 4}
+        if kwargs.pop("scissorhands", False):
+            policy, extra = "scissorhands", {"recent_window": 4, "history_window": 2}
+        with pytest.raises(hf.HFError) as e:
+            hf.cache(model, policy, BUDGET, **kwargs, **({} if policy == "knorm" else extra))
+        assert str(e.value).startswith(message)
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.record
+@pytest.mark.parametrize(("policy", "params"), [("h2o", {"recent_window": 32}), ("streaming_llm", {}), ("tova", {})],
+                         ids=["h2o", "streaming_llm", "tova"])
+def test_on_the_shipped_model_the_tensor_path_holds_and_generates_what_the_reference_does(policy, params):
+    """Gemma-3-270M (18 layers, sliding and global), a 130-token prompt at budget 48 in chunks of 40, 6 greedy
+    tokens: every layer's held set and every token equal the reference path's."""
+    import torch
+
+    import kvsim.hf as hf
+    from kvsim.models.loading import load_model
+
+    model, tokenizer = load_model(None)
+    text = "The heap queue algorithm keeps the smallest item at the root. " * 30
+    ids = torch.tensor([[tokenizer.bos_token_id, *tokenizer(text, add_special_tokens=False).input_ids[:129]]])
+    ref = _decode(model, ids, hf.cache(model, policy, 48, tensor=False, **params), new=6)
+    got = _decode(model, ids, hf.cache(model, policy, 48, tensor=True, chunk=40, **params), new=6)
+    assert got == ref
