@@ -49,9 +49,10 @@ def test_every_online_policy_with_a_tensor_step_is_covered():
 def test_the_tensor_path_holds_and_generates_what_the_reference_path_does(policy, params, kind, prefill):
     """A prompt over twice the budget, in chunks smaller than it (exact) or at once (fast), then greedy decoding:
     the tokens, every layer's and KV head's held set, and the peaks equal the reference path's."""
+    from test_hf import _prompt
+
     import kvsim.hf as hf
     from kvsim.hf.tensor import TensorLayer
-    from test_hf import _prompt
 
     model, ids = _tiny(kind), _prompt(PROMPT)
     ref = hf.cache(model, policy, BUDGET, prefill=prefill, tensor=False, **params)
@@ -67,12 +68,12 @@ def test_a_batch_of_rows_each_at_its_own_parameters_matches_the_reference():
     """Two rows, each (row, KV head) its own built policy (recent_window 3 in row 0, 8 in row 1, as a quality
     batch's rows are configurations): every row's held sets match the reference layer's."""
     import torch
+    from test_hf import _prompt
 
     from kvsim.hf import EvictingCache, EvictingLayer
     from kvsim.hf.attention import attach
     from kvsim.hf.tensor import TensorLayer
     from kvsim.policies import make_policy
-    from test_hf import _prompt
 
     model = _tiny("llama")
     attach(model)
@@ -95,9 +96,9 @@ def test_a_decode_step_reads_nothing_back_to_the_host(monkeypatch):
     """After the prompt, decode steps of every layer with ``Tensor.item``, ``.cpu``, ``.numpy`` and ``.tolist``
     made to raise: the tensor path's step is tensor operations only (on a GPU it never waits for the host)."""
     import torch
+    from test_hf import _prompt
 
     import kvsim.hf as hf
-    from test_hf import _prompt
 
     model = _tiny("gemma3")
     for policy, params in TENSOR_POLICIES:
