@@ -71,3 +71,14 @@ def test_the_policies_given_twice_is_one_line(capsys):
     assert cli.main(["quality", "heapq", "--policy", "h2o", "--policies", "tova"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "give the policies once" in err
+
+
+@pytest.mark.parametrize("by", ["retained_mass", "top_k_recall"])
+def test_tune_fits_100_columns_and_recommends_once_with_its_rule(by, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", str(WIDTH))
+    assert cli.main(["tune", "--trace", "gemma3-270m-L05", "--budget", "64", "--by", by, "--serial", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    widest = max(out.splitlines(), key=len)
+    assert len(widest) <= WIDTH, f"{len(widest)} columns: {widest}"
+    said = " ".join(out.split())
+    assert said.count("recommended") == 1 and "recommended: recent_window" in said and f"by {by}" in said
