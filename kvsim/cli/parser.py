@@ -43,8 +43,21 @@ its flag first: `kvsim: error: --prompt-file: /nope.txt: no such file`.
 `kvsim COMMAND --help` lists a command's flags; `kvsim policies` lists the policies."""
 
 
+class _Unhyphenated:
+    """A flag's help wrapped at spaces only: ``--prefill-budget`` is never cut after its hyphen."""
+
+    def _split_lines(self, text, width):
+        import textwrap
+
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse prints the usage block and the error on several lines; the contract is one line."""
+
+    def __init__(self, *args, formatter_class=argparse.HelpFormatter, **kwargs):
+        super().__init__(*args, formatter_class=type(formatter_class.__name__, (_Unhyphenated, formatter_class), {}),
+                         **kwargs)
 
     def error(self, message: str):
         raise CLIError(message)
