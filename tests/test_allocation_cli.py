@@ -149,7 +149,7 @@ QUALITY_REFUSED = [
      "--allocate adakv: a pool, not a split, has no open-loop schedule here; give --mode closed (the deployed pool "
      "decodes the text)"),
     (["--policies", "h2o,nope", "--allocate", "optimal", "--mode", "open"],
-     "--policies: unknown policy 'nope'; known: " + ", ".join(POLICIES)),
+     "--policy: unknown policy 'nope'; known: " + ", ".join(POLICIES)),
     (["--policy", "h2o", "--allocate", "uniform,duo", "--mode", "open", "--budget", "64,128"],
      "--allocate: quality measures a static split (uniform, pyramidkv, cake, optimal); 'duo' is not one (adakv's "
      "pool and duo's streaming heads are measured one split at a time: --policy h2o --budget B --allocate adakv|duo)"),

@@ -71,3 +71,33 @@ def test_a_failed_preload_is_one_line_and_the_server_still_starts(monkeypatch, c
 def test_the_module_runs_streamlits_own_command_line(argv):
     done = subprocess.run([sys.executable, "-m", "kvsim.app.launch", *argv], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "Streamlit, version" in done.stdout
+
+
+QUIET = """
+import sys
+from kvsim.app.launch import OUTSIDE_A_RUN, outside_a_run
+from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
+import logging, streamlit as st
+with outside_a_run():
+    get_script_run_ctx()                      # 'missing ScriptRunContext!'
+    st.cache_data(lambda: 1)                  # 'No runtime found'
+    logging.getLogger(OUTSIDE_A_RUN[0]).error("a real error is still said")
+sys.stderr.write("--after--\\n")
+get_script_run_ctx()                          # said again: the levels are put back
+"""
+
+
+def test_the_preloads_streamlit_warnings_are_quiet_and_nothing_else():
+    """Every ``kvsim app`` start printed five Streamlit WARNING lines about running outside a script run
+    (issue 56); the preload silences those two loggers, for itself only, and an error is still said."""
+    done = subprocess.run([sys.executable, "-c", QUIET], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    during, after = done.stderr.split("--after--\n")
+    assert "WARNING" not in during and "ERROR" in during and "a real error is still said" in during
+    assert "missing ScriptRunContext" in after
+
+
+def test_a_whole_preload_prints_no_streamlit_warning():
+    done = subprocess.run([sys.executable, "-c", "from kvsim.app import launch; launch.preload()"], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0 and "WARNING" not in done.stderr, done.stderr

@@ -209,9 +209,12 @@ def test_tune_refuses_what_it_cannot_sweep(bundle_dir):
 def test_cli_tune_prints_each_layer_and_the_model_wide_figures(bundle_dir, capsys):
     assert cli.main(["tune", "--trace", str(bundle_dir), "--budget", "64", "--serial", "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "recommended" in out and "per-layer recommended windows" in out and "one window for all layers" in out
+    assert "per-layer windows by retained mass" in out and "one window, within 0.005 of the best mass" in out
     assert "streaming_llm sinks=4" in out and "3 traces swept serially" in out
-    assert "One window per layer, shared by its KV heads" in out and "per-KV-head recommended windows" in out
+    assert "One window per layer, shared by its KV heads" in out and "per-KV-head windows by retained mass" in out
+    # one recommendation, said once with the rule that chose it (issue 56), in 100 columns
+    assert out.count("recommended") == 1 and "recommended: recent_window" in out
+    assert max(map(len, out.splitlines())) <= 100
     assert cli.main(["tune", "--trace", str(bundle_dir), "--budget", "64", "--serial", "--json", "--curves"]) == 0
     captured = capsys.readouterr()
     doc = json.loads(captured.out)
@@ -295,8 +298,9 @@ def test_tune_says_the_one_window_for_the_model_and_what_chose_it(bundle_dir, ca
     assert "is not at hand" in doc["by_detail"]["auto"] and tune_mod.BEST_PROXY in doc["by_detail"]["auto"]
     assert doc["model_window"] == doc["model"]["one_window"]["recommended_window"]
     assert cli.main(["tune", "--trace", str(bundle_dir), "--budget", "64", "--serial", "--quiet", "--by", "value_mass"]) == 0
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # its sentences wrapped to 100 columns
     assert "model_window" in out and "toy-L00-kv0: the trace carries no values" in out  # said, and labelled as mass
+    assert "recommended: recent_window" in out and "by retained mass, the smallest window within 0.005" in out
 
 
 def test_tune_by_the_truth_says_in_one_line_what_is_not_at_hand(bundle_dir, capsys):

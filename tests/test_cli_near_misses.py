@@ -42,10 +42,12 @@ def one_line(capsys, code: int, expected: int, *fragments: str) -> str:
          ["--prefill-policy", "'snapvk'", "(did you mean 'snapkv'?)"]),
         (["tune", "--trace", "gemma3-270m-heapq", "--policy", "h20"], 2, ["--policy", "'h20'", "(did you mean 'h2o'?)"]),
         (["quality", "heapq", "--policy", "h20"], 2, ["--policy", "'h20'", "(did you mean 'h2o'?)"]),
-        (["quality", "heapq", "--policies", "h2o,tovva"], 2, ["--policies", "'tovva'", "(did you mean 'tova'?)"]),
+        (["quality", "heapq", "--policy", "h2o,tovva"], 2, ["--policy", "'tovva'", "(did you mean 'tova'?)"]),
+        (["quality", "heapq", "--policies", "h2o,tovva"], 2, ["--policy", "'tovva'", "(did you mean 'tova'?)"]),  # the old spelling
         (["generate", "--policy", "snapvk", "--max-new-tokens", "1", "hi"], 2,
          ["--policy", "'snapvk'", "(did you mean 'snapkv'?)"]),
-        (["needle", "--policies", "h2o,strming_llm"], 1, ["--policies", "strming_llm", "(did you mean 'streaming_llm'?)"]),
+        (["needle", "--policy", "h2o,strming_llm"], 1, ["--policy", "strming_llm", "(did you mean 'streaming_llm'?)"]),
+        (["needle", "--policies", "h2o,strming_llm"], 1, ["--policy", "strming_llm", "(did you mean 'streaming_llm'?)"]),
         (["replya", "--policy", "h2o"], 2, ["COMMAND", "'replya'", "(did you mean 'replay'?)"]),
     ],
 )

@@ -113,7 +113,8 @@ def test_bad_input_is_one_line_before_the_weights_load(folder, tmp_path, capsys)
         (["--depths", "0:1.5:0.5"], "--depths: 0:1.5:0.5: 1.5 is outside [0, 1]"),
         (["--depths", "-0.1"], "--depths: -0.1: -0.1 is outside [0, 1]"),
         (["--filler", str(short), "--lengths", "200"], f"--filler: {short}: 34 tokens, a 200-token prompt needs"),
-        (["--policies", "optimal"], "--policies: optimal: an offline reference"),
+        (["--policy", "optimal"], "--policy: optimal: an offline reference"),
+        (["--policies", "optimal"], "--policy: optimal: an offline reference"),  # the old spelling, still taken
         (["--needle", "no key here"], "--needle: 'no key here': has no {key}"),
         (["--policies", "h2o", "--recent-window", "30"], "h2o: --recent-window 30 must be below --budget 24"),
     ]

@@ -130,7 +130,8 @@ def test_tune_plan_with_a_layout_saves_it_and_replays_as_tuned(tmp_path, capsys)
     assert doc["model_window"] in doc["swept_windows"]
     assert row["retained_mass"] == doc["model"]["one_window"]["recommended_mass"] == doc["layers"][0]["recommended_mass"]
     text = render("tune", doc)
-    assert "under block_size=16 evict_every=4 (48 positions), recent_window at" in text
+    assert max(map(len, text.splitlines())) <= 100
+    assert "under block_size=16 evict_every=4 (48 positions), recent_window at" in " ".join(text.split())
 
 
 def test_the_layout_search_tunes_under_each_candidate_and_saves_the_best(tmp_path, capsys):

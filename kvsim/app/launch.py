@@ -14,19 +14,41 @@ yet is not compiled here: the page compiles it in the background, as before, and
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
+
+#: the two Streamlit loggers that warn about what the preload does by design, outside any script run: an
+#: ``st.cache_data`` decorated at import, before the runtime exists ("No runtime found, using
+#: MemoryCacheStorageManager": only its parameters are checked then), and each ``st.cache_*`` call made with no
+#: session ("missing ScriptRunContext! This warning can be ignored when running in bare mode"). Streamlit
+#: gives each of its loggers its own level and no propagation, so the parent "streamlit" logger's level
+#: does not reach them: each is raised to ERROR by name, for the preload only, and put back after it.
+OUTSIDE_A_RUN = ("streamlit.runtime.caching.cache_data_api", "streamlit.runtime.scriptrunner_utils.script_run_context")
+
+
+@contextlib.contextmanager
+def outside_a_run():
+    """Streamlit's two warnings about running outside a script run silenced (ERROR and above still said)."""
+    import streamlit  # noqa: F401  (creates its loggers, at the configured level, before they are raised here)
+
+    loggers = [logging.getLogger(name) for name in OUTSIDE_A_RUN]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(max(log.level, logging.ERROR))
+    try:
+        yield
+    finally:
+        for log, level in zip(loggers, levels, strict=True):
+            log.setLevel(level)
 
 
 def preload() -> float:
     """Import the app, fill the caches its default view reads first and load every policy's kernel that
     numba's disk cache holds; the seconds it took."""
     t0 = time.perf_counter()
-    quiet = logging.getLogger("streamlit")  # st.cache_resource outside a script run warns once per call
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    try:
+    with outside_a_run():
         import plotly.graph_objects as go
 
         from kvsim.sim import engine
@@ -45,8 +67,6 @@ def preload() -> float:
         # Plotly reads a trace type's validators on its first figure: the kept view's kinds
         go.Figure([go.Image(z=[[[0, 0, 0]]]), go.Scatter(x=[0], y=[0])],
                   layout={"annotations": [{"text": ""}], "shapes": [{"type": "line"}]})
-    finally:
-        quiet.setLevel(level)
     return time.perf_counter() - t0
 
 

@@ -277,8 +277,8 @@ def _truth_plan(args: argparse.Namespace) -> tuple[list[str], list[str], list[in
     policies = [args.policy] if args.policy else [x.strip() for x in args.policies.split(",") if x.strip()]
     unknown = [x for x in policies if x not in POLICIES]
     if unknown or not policies:
-        raise CLIError(f"--policies: unknown policy {unknown[0]!r}{suggest(unknown[0])}; known: {', '.join(POLICIES)}" if unknown
-                       else "--policies: no policy given")
+        raise CLIError(f"--policy: unknown policy {unknown[0]!r}{suggest(unknown[0])}; known: {', '.join(POLICIES)}" if unknown
+                       else "--policy: no policy given")
     try:
         budgets = [positive_int(part.strip()) for part in args.budget.split(",")]
     except argparse.ArgumentTypeError as e:
@@ -400,7 +400,7 @@ def _quality_one(args: argparse.Namespace, name: str, by: str) -> dict:
 def _quality_grid(args: argparse.Namespace) -> dict | list[dict]:
     """``quality --allocate NAME[,NAME...] --mode open``: the model's loss and KL with each (layer, KV head)
     at its own budget (``kvsim.models.allocation_truth``). One allocator, policy and budget: that split beside
-    uniform's at the same memory (a dict). Several (``--policies``, ``--budget B,B``, ``--allocate A,A``): the
+    uniform's at the same memory (a dict). Several (``--policy A,B``, ``--budget B,B``, ``--allocate A,A``): the
     frontier's grid, a row per cell, a cell no policy or trace allows said on stderr and skipped. Every cell is
     cached on disk and gathered in the frontier document the app reads; an interrupted grid resumes;
     ``--batch`` splits share one batched pass."""

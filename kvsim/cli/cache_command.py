@@ -18,7 +18,7 @@ def add_cache(sub) -> None:
     q = which.add_parser("list", help=f"each kind of entry ({kinds}, other) with its file count and size")
     q.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
     q = which.add_parser("clear", help="delete the cache's entries of one kind, or of every kind (never other files)")
-    q.add_argument("--kind", choices=[*caches.KINDS, "all"], default="all", help="what to delete (default: all: "
+    q.add_argument("--kind", choices=[*caches.KINDS, "all"], default="all", metavar="KIND", help="what to delete (default: all: "
                    f"{kinds}; files the cache did not write are kept)")
     q.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
 

@@ -175,8 +175,8 @@ def _quality_plan(args: argparse.Namespace) -> tuple[list[str], list[int], dict,
         names = list(POLICIES)
     unknown = [x for x in names if x not in POLICIES]
     if unknown or not names:
-        raise CLIError(f"--policies: unknown policy {unknown[0]!r}{suggest(unknown[0])}; known: {', '.join(POLICIES)}" if unknown
-                       else "--policies: no policy given")
+        raise CLIError(f"--policy: unknown policy {unknown[0]!r}{suggest(unknown[0])}; known: {', '.join(POLICIES)}" if unknown
+                       else "--policy: no policy given")
     budgets = _budgets(args.budget)
     params = {name[len("param_"):]: v for name, v in vars(args).items() if name.startswith("param_") and v is not None}
     taken = {p for n in names for p in policy_params(n)}

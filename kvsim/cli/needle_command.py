@@ -24,7 +24,6 @@ DEFAULT_DEPTHS = "0:1:0.1"
 
 
 def add_needle(sub) -> None:
-    online = ", ".join(n for n, c in POLICIES.items() if not c.needs_trace)
     p = sub.add_parser("needle", help="the pass-key test: does the model still find a key hidden in filler with its "
                        "cache held to the budget, and at which step did each layer lose it (needs the record extra)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="gemma3-270m (default), smollm2-135m or a local Hugging Face "
@@ -32,8 +31,10 @@ def add_needle(sub) -> None:
     from .plan_flags import add_plan_flags
 
     add_plan_flags(p, "needle")
-    p.add_argument("--policies", default="streaming_llm,h2o", help=f"comma-separated online policies ({online}; "
-                   "'all': every one; default: streaming_llm,h2o)")
+    p.add_argument("--policy", dest="policies", default="streaming_llm,h2o", metavar="NAME[,NAME...]", help="online "
+                   "policies, comma-separated (`kvsim policies` lists them; all: every online one; default: "
+                   "streaming_llm,h2o)")
+    p.add_argument("--policies", dest="policies", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # the old spelling
     p.add_argument("--budget", default=None, metavar="B[,B...]", help="positions each layer holds per KV "
                    f"head; several give a grid each (default: {DEFAULT_BUDGET}), with --allocate FILE the file's split; "
                    "each below every length")
@@ -122,12 +123,12 @@ def check(args: argparse.Namespace) -> dict:
     if names == ["all"]:  # every online policy of the registry, plugins included
         names = [n for n, cls in POLICIES.items() if not cls.needs_trace]
     if not names:
-        raise InputError("--policies: nothing listed")
+        raise InputError("--policy: nothing listed")
     for name in names:
         if name not in POLICIES:
-            raise InputError(f"--policies: {name}: unknown{suggest(name)}; known: {', '.join(POLICIES)}")
+            raise InputError(f"--policy: {name}: unknown{suggest(name)}; known: {', '.join(POLICIES)}")
         if POLICIES[name].needs_trace:
-            raise InputError(f"--policies: {name}: an offline reference (it reads the future) cannot be deployed")
+            raise InputError(f"--policy: {name}: an offline reference (it reads the future) cannot be deployed")
     lengths = _ints("--lengths", args.lengths)
     given = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}
     taken = {p.name for n in names for p in POLICIES[n].tunables}
@@ -227,7 +228,7 @@ def _allocation(args: argparse.Namespace, names: list[str], own: dict) -> tuple:
         split, made_for = read_file(name)
         for policy in names:
             if made_for is not None and made_for != policy:
-                raise HFError(f"{name}: a split made for {made_for}, --policies has {policy}")
+                raise HFError(f"{name}: a split made for {made_for}, --policy has {policy}")
             check_minimum(split, policy, own[policy], name)
     except HFError as e:
         said = " ".join(str(e).split())

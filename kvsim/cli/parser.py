@@ -35,16 +35,29 @@ exit status:
   {USAGE}  the command line is wrong: an unknown command or flag, a value out of its bounds
      (--recent-window 32 must be below --budget 16), flags that do not go together; bare `kvsim`
   {BAD_INPUT}  the command line is fine but what it names is not: a trace, bundle, text, model, prompt or
-     tune file that is missing, malformed or too short, an output that cannot be written; `kvsim bench
-     --check`: a target was missed
-Every error is one line on stderr, `kvsim: error: ...`, never a traceback; a missing input names its flag
-first: `kvsim: error: --prompt-file: /nope.txt: no such file`.
+     tune file that is missing, malformed or too short, an output that cannot be written;
+     `kvsim bench --check`: a target was missed
+Every error is one line on stderr, `kvsim: error: ...`, never a traceback; a missing input names
+its flag first: `kvsim: error: --prompt-file: /nope.txt: no such file`.
 
-`kvsim COMMAND --help` lists a command's flags."""
+`kvsim COMMAND --help` lists a command's flags; `kvsim policies` lists the policies."""
+
+
+class _Unhyphenated:
+    """A flag's help wrapped at spaces only: ``--prefill-budget`` is never cut after its hyphen."""
+
+    def _split_lines(self, text, width):
+        import textwrap
+
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse prints the usage block and the error on several lines; the contract is one line."""
+
+    def __init__(self, *args, formatter_class=argparse.HelpFormatter, **kwargs):
+        super().__init__(*args, formatter_class=type(formatter_class.__name__, (_Unhyphenated, formatter_class), {}),
+                         **kwargs)
 
     def error(self, message: str):
         raise CLIError(message)
@@ -122,15 +135,18 @@ def _json(p: argparse.ArgumentParser, what: str = "one JSON document") -> None:
 def _common(p: argparse.ArgumentParser, traces: str, budget_default: int | None, budget_type=int) -> None:
     p.add_argument("--trace", default="canonical", help=f"{traces} (default: canonical)")
     if budget_default is not None:
-        p.add_argument("--budget", type=budget_type, default=None, help=f"cache budget (default: {budget_default})")
+        swept = ", or a range A:B[:STEP] to sweep" if budget_type is str else ""
+        p.add_argument("--budget", type=budget_type, default=None, metavar="B",
+                       help=f"cache budget (default: {budget_default}){swept}")
     p.add_argument("--top-k", type=positive_int, default=DEFAULT_TOP_K, help=f"k of top-k recall (default: {DEFAULT_TOP_K})")
     _json(p)
 
 
 def _policy_flags(p: argparse.ArgumentParser, ranges: bool) -> None:
     # "none" is kvsim.sim.prefill.GROW, named here so that --help imports none of the simulator
-    p.add_argument("--policy", choices=[*POLICIES, "none"], help="registry name (none: with --prefill-budget, the "
-                   "cache grows after the prompt); required unless --plan gives it")
+    p.add_argument("--policy", choices=[*POLICIES, "none"], metavar="NAME", help="a registry policy (`kvsim policies` "
+                   "lists them) or none (with --prefill-budget: the cache grows after the prompt); required unless "
+                   "--plan gives it")
     for param, spec in all_tunables().items():
         owners = ", ".join(n for n, cls in POLICIES.items() if spec in cls.tunables)
         p.add_argument(flag(param), dest=f"param_{param}", type=str if ranges else int, default=None,
@@ -229,12 +245,14 @@ def _add_claims(sub, traces) -> None:
 
 
 BENCH_EPILOG = """\
-Each target is reported PASS or FAIL, then "overall: PASS" or "overall: FAIL (N of M ... missed)"; --json
-carries the same as "result" (and each target's or step's verdict).
+Each target is reported PASS or FAIL, then "overall: PASS" or "overall: FAIL (N of M ... missed)";
+--json carries the same as "result" (and each target's or step's verdict).
 
 exit status:
-  0  done: the figures are printed, whatever the verdict (without --check, a missed target is a report)
-  1  with --check: at least one target was missed (overall: FAIL); also a trace or output that cannot be used
+  0  done: the figures are printed, whatever the verdict (without --check, a missed target is a
+     report)
+  1  with --check: at least one target was missed (overall: FAIL); also a trace or output that
+     cannot be used
   2  the command line is wrong"""
 
 
@@ -286,16 +304,17 @@ def _add_tune(sub, traces) -> None:
     from ..analysis.tune import DEFAULT_BY as TUNE_DEFAULT_BY
 
     tunable = [name for name in POLICIES if "recent_window" in policy_params(name)]
-    p = sub.add_parser("tune", help="per layer and KV head of a bundle: the smallest recent_window within 0.005 "
-                       "of the best retained mass, and the model-wide figures")
+    p = sub.add_parser("tune", help="the recent_window to deploy on a recorded model, one recommendation by --by's "
+                       "rule, beside each layer's and KV head's window by retained mass")
     p.add_argument("--trace", required=True, help="a bundle (a shipped bundle's name or a folder with a manifest.json), "
                    f"or any one trace ({traces()})")
-    p.add_argument("--policy", default="h2o", choices=tunable, help="a policy with a recent_window (default: h2o)")
-    p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET, help=f"cache budget (default: {DEFAULT_BUDGET}); "
+    p.add_argument("--policy", default="h2o", choices=tunable, metavar="NAME", help="a policy with a recent_window: "
+                   f"{', '.join(tunable)} (default: h2o)")
+    p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET, metavar="B", help=f"cache budget (default: {DEFAULT_BUDGET}); "
                    "recent_window is swept over 1 .. budget - 1")
     p.add_argument("--top-k", type=positive_int, default=DEFAULT_TOP_K, help=f"k of top-k recall (default: {DEFAULT_TOP_K})")
-    p.add_argument("--tolerance", type=float, default=0.005, help="recommend the smallest window within this much "
-                   "of the best retained mass (default: 0.005)")
+    p.add_argument("--tolerance", type=float, default=0.005, help="retained mass's rule: the smallest window within "
+                   "this much of the best retained mass (default: 0.005)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--serial", action="store_true", help="sweep here, one trace after another (the default "
                        "when Dask is not installed)")
@@ -304,10 +323,12 @@ def _add_tune(sub, traces) -> None:
     p.add_argument("--workers", type=positive_int, default=None, help="local Dask worker processes (default: one "
                    "per core)")
     p.add_argument("--curves", action="store_true", help="with --json, add every trace's curve over the windows")
-    p.add_argument("--by", default=TUNE_DEFAULT_BY, choices=list(TUNE_BY), help="what the one window for the whole "
-                   "model (model_window) is chosen by: the truth (kl, delta_nll: measured by the model, open loop, "
-                   "cached; needs the record extra) or a proxy. Default: auto, the truth (kl) when the recording's model "
-                   f"and text are at hand, else {TUNE_BEST_PROXY}, the proxy study's best (docs/proxies.md)")
+    p.add_argument("--by", default=TUNE_DEFAULT_BY, choices=list(TUNE_BY), metavar="FIGURE", help="the rule of the "
+                   "run's one recommendation, the window for the whole model (model_window): the truth (kl, delta_nll: "
+                   "measured by the model, open loop, cached; needs the record extra) or a proxy ("
+                   f"{', '.join(b for b in TUNE_BY if b not in ('auto', 'kl', 'delta_nll'))}). Default: auto, the truth "
+                   f"(kl) when the recording's model and text are at hand, else {TUNE_BEST_PROXY}, the proxy study's best "
+                   "(docs/proxies.md)")
     p.add_argument("--model", default=None, help="with --by kl/delta_nll/auto: the model (gemma3-270m, smollm2-135m or a "
                    "local folder; default: the one the recording names)")
     p.add_argument("--text", default=None, help="with --by kl/delta_nll/auto: the text file (default: the one the recording "
@@ -318,7 +339,7 @@ def _add_tune(sub, traces) -> None:
                    "by the truth, searched from model_window over the model's groups of layers (its runs of sliding and "
                    "global layers, at most 6), each tried a budget/8 step down and up and moved only when the model's "
                    "KL falls: at most 1 + 2 x 6 open-loop measurements of the whole model, each cached; by "
-                   "retained_mass, each layer's recommended window. Default: model_window in every layer")
+                   "retained_mass, each layer's window by its rule. Default: model_window in every layer")
     p.add_argument("--allocate", default=None, choices=["auto"], help="on a bundle: choose the allocator too (uniform, "
                    "pyramidkv, cake, optimal), at model_window, by --by's figure (retained_mass, or the truth: kl, "
                    "delta_nll); the tune file then also deploys the split (generate --allocate tune.json) "
@@ -334,23 +355,46 @@ def _add_tune(sub, traces) -> None:
 
 
 RECORD_EPILOG = """\
-stores (--store): qk keeps, per (layer, KV head), the post-norm, post-RoPE queries of its query heads,
-its keys and values and the attention's constants (O(T x head_dim)); every row is computed from them on
-demand, equal to the dense rows within float16 rounding. dense keeps the rows (a packed lower triangle,
-O(T^2), at most 16384 steps). auto (the default) is dense up to 4096 steps, as every shipped trace (its
-compressed files are the smaller there: Gemma-3-270M's 18 layers at 4096 steps are 94 MB dense, 227 MB
-qk), and qk above where its file is the smaller (always for Gemma-3-270M: a dense global layer grows as
-T^2, 1 GB at 32k steps against 100 MB qk, and the dense format stops at 16384 steps).
+stores (--store): qk keeps, per (layer, KV head), the post-norm, post-RoPE queries of its query
+heads, its keys and values and the attention's constants (O(T x head_dim)); every row is computed
+from them on demand, equal to the dense rows within float16 rounding. dense keeps the rows (a packed
+lower triangle, O(T^2), at most 16384 steps). auto (the default) is dense up to 4096 steps, as every
+shipped trace (its compressed files are the smaller there: Gemma-3-270M's 18 layers at 4096 steps
+are 94 MB dense, 227 MB qk), and qk above where its file is the smaller (always for Gemma-3-270M: a
+dense global layer grows as T^2, 1 GB at 32k steps against 100 MB qk, and the dense format stops at
+16384 steps).
 
-cache: without --out the bundle goes to the cache directory, keyed by the text's sha256, the model and
-the settings, and is recorded only when it is not there yet (kvsim cache list / clear --kind recordings).
---preset long is Gemma-3-270M over its whole 32,768-token context, every layer, as qk traces, on the
-shipped text traces/long/ (CPython 3.11.7 standard library, PSF licence); flags given beside it win.
+cache: without --out the bundle goes to the cache directory, keyed by the text's sha256, the model
+and the settings, and is recorded only when it is not there yet (kvsim cache list / clear --kind
+recordings). --preset long is Gemma-3-270M over its whole 32,768-token context, every layer, as qk
+traces, on the shipped text traces/long/ (CPython 3.11.7 standard library, PSF licence); flags
+given beside it win.
 
-vectors: every trace stores its values, and its meta the layer's rotary constants (rope_theta, rope_layout,
-head_dim). A qk trace also holds the queries, keys and per-head output norms |W_O^h v| (out_norms); a
-dense one only with --vectors (at 4096 steps they add about 10 MB to a global Gemma-3-270M layer's 15.8 MB).
+vectors: every trace stores its values, and its meta the layer's rotary constants (rope_theta,
+rope_layout, head_dim). A qk trace also holds the queries, keys and per-head output norms
+|W_O^h v| (out_norms); a dense one only with --vectors (at 4096 steps they add about 10 MB to a
+global Gemma-3-270M layer's 15.8 MB).
 """
+
+
+class _PolicyOrGrid(argparse.Action):
+    """``quality --policy``: one registry name (checked as a choice, its near miss named), or a comma-separated
+    list or ``all``, a grid (``policies``, checked when the command reads it); ``--policies`` (the old spelling
+    of the list) lands in the same place. Given twice, in either spelling, is one line."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if namespace.policy is not None or namespace.policies is not None:
+            raise argparse.ArgumentError(self, "give the policies once (one --policy NAME[,NAME...])")
+        if "," in values or values.strip() == "all" or option_string == "--policies":
+            namespace.policies = values
+            return
+        if values not in POLICIES:
+            names = list(POLICIES)
+            raise argparse.ArgumentError(self, f"invalid choice: {values!r}{suggest(values, names)}; "
+                                               f"choose from {', '.join(map(repr, names))}")
+        namespace.policy = values
+
+
 class _Given(argparse.Action):
     """Store the value and note that it was typed (``budget_given``): with an allocation file, a default
     budget is not the split's memory, a typed one must be."""
@@ -367,9 +411,9 @@ def _add_generate(sub, traces) -> None:
     p.add_argument("--prompt-file", default=None, metavar="F", help="read the prompt from a UTF-8 file")
     p.add_argument("--model", default="gemma3-270m", metavar="DIR|gemma3-270m", help="a local Hugging Face model folder, "
                    "or gemma3-270m for the shipped Gemma-3-270M (default)")
-    online = ", ".join(n for n, c in POLICIES.items() if not c.needs_trace)
-    p.add_argument("--policy", help=f"an online registry policy ({online}); required unless --plan gives it")
-    p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET, action=_Given, help="positions each layer "
+    p.add_argument("--policy", metavar="NAME", help="an online registry policy (`kvsim policies` lists them); required "
+                   "unless --plan gives it")
+    p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET, action=_Given, metavar="B", help="positions each layer "
                    f"holds per KV head (default: {DEFAULT_BUDGET}) or, with --allocate FILE, on average (by default the file's split)")
     p.add_argument("--allocate", default=None, metavar="NAME|FILE", help="a budget per (layer, KV head) at --budget's "
                    "memory: uniform or pyramidkv, adakv (h2o: each layer's KV heads share one pool), or the allocation rows of "
@@ -427,9 +471,10 @@ def _add_quality(sub, traces) -> None:
                                        "(needs the record extra)")
     p.add_argument("text", metavar="TEXT", help="a UTF-8 text file, or heapq for the shipped traces' text (CPython 3.11.7 "
                    "Lib/heapq.py)")
-    which = p.add_mutually_exclusive_group()  # one of them, or --plan FILE
-    which.add_argument("--policy", choices=list(POLICIES), help="registry name")
-    which.add_argument("--policies", help="comma-separated registry names: a grid ('all': every registered policy)")
+    # one of them, or --plan FILE; --policies is the old spelling of a list, still taken
+    p.add_argument("--policy", action=_PolicyOrGrid, default=None, metavar="NAME[,NAME...]", help="a registry policy "
+                   "(`kvsim policies` lists them); several, comma-separated, or all (every registered policy): a grid")
+    p.add_argument("--policies", action=_PolicyOrGrid, default=None, help=argparse.SUPPRESS)
     p.add_argument("--budget", default=str(DEFAULT_BUDGET), metavar="B[,B...]",
                    help=f"cache budget per layer (default: {DEFAULT_BUDGET})")
     for param, spec in all_tunables().items():
@@ -451,7 +496,7 @@ def _add_quality(sub, traces) -> None:
     p.add_argument("--allocate", default=None, metavar="NAME[,NAME...]", help="each layer and KV head at the budget "
                    "an allocator gives it (uniform, pyramidkv, cake, optimal), the same memory as uniform's; one --policy, "
                    "--budget and NAME: beside uniform's, --mode closed or open (adakv's pool per layer: closed); lists "
-                   "(--policies, --budget B,B, NAME,NAME), --mode open: the frontier's grid, every cell cached, --batch "
+                   "(--policy A,B, --budget B,B, NAME,NAME), --mode open: the frontier's grid, every cell cached, --batch "
                    "splits in one pass (docs/allocation.md)")
     p.add_argument("--by", default=None, choices=["retained_mass", "kl", "delta_nll"], help="with --allocate optimal: "
                    "the split by retained mass (the exact optimum, the default), or searched by the truth (kl, delta_nll): "

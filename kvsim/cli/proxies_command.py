@@ -22,11 +22,15 @@ DEFAULT_MODELS = ("gemma3-270m", "smollm2-135m")
 def add_proxies(sub) -> None:
     p = sub.add_parser("proxies", help="the proxy study: each proxy of the loss against the truth (KL, delta NLL) on "
                        "real models and texts, with Spearman and regret per proxy (needs the record extra)")
-    p.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated: gemma3-270m, smollm2-135m or "
-                   f"local model folders (default: {','.join(DEFAULT_MODELS)})")
-    p.add_argument("--texts", default=",".join(DEFAULT_TEXTS), help="comma-separated text files; a bare name is looked "
-                   f"up in traces/texts/ (default: {','.join(DEFAULT_TEXTS)})")
-    p.add_argument("--budgets", default="64,256", help="comma-separated cache budgets (default: 64,256)")
+    # one spelling per idea in every command (--model, --text, --budget); the plural ones are the old spellings, still taken
+    p.add_argument("--model", dest="models", default=",".join(DEFAULT_MODELS), metavar="M[,M...]", help="comma-separated: "
+                   f"gemma3-270m, smollm2-135m or local model folders (default: {','.join(DEFAULT_MODELS)})")
+    p.add_argument("--text", dest="texts", default=",".join(DEFAULT_TEXTS), metavar="T[,T...]", help="comma-separated "
+                   f"text files; a bare name is looked up in traces/texts/ (default: {','.join(DEFAULT_TEXTS)})")
+    p.add_argument("--budget", dest="budgets", default="64,256", metavar="B[,B...]", help="comma-separated cache budgets "
+                   "(default: 64,256)")
+    for old in ("models", "texts", "budgets"):
+        p.add_argument(f"--{old}", dest=old, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, default=512, help="decode steps per text (default: 512)")
     p.add_argument("--windows", type=int, default=8, help="recent_windows per sweep, evenly spaced (default: 8)")
     p.add_argument("--sweeps", default=",".join(study_sweeps()), help=f"the policies whose recent_window is swept "
@@ -57,16 +61,16 @@ def _list(text: str, flag: str) -> list[str]:
 def _plan(args: argparse.Namespace) -> tuple[list[Path], list[int], dict]:
     from ..models.truth import TEXTS_DIR
 
-    texts = [Path(t) if Path(t).exists() or "/" in t else TEXTS_DIR / t for t in _list(args.texts, "--texts")]
+    texts = [Path(t) if Path(t).exists() or "/" in t else TEXTS_DIR / t for t in _list(args.texts, "--text")]
     for t in texts:
         if not t.is_file():
-            raise CLIError(f"--texts: {t}: no such file")
+            raise CLIError(f"--text: {t}: no such file")
     try:
-        budgets = [int(b) for b in _list(args.budgets, "--budgets")]
+        budgets = [int(b) for b in _list(args.budgets, "--budget")]
     except ValueError:
-        raise CLIError(f"--budgets: expected comma-separated integers, got {args.budgets!r}") from None
+        raise CLIError(f"--budget: expected comma-separated integers, got {args.budgets!r}") from None
     if min(budgets) < 4 or args.windows < 2 or args.steps < 16:
-        raise CLIError("--budgets must be at least 4, --windows at least 2 and --steps at least 16")
+        raise CLIError("--budget must be at least 4, --windows at least 2 and --steps at least 16")
     closed = {}
     if args.closed != "none":
         for item in _list(args.closed, "--closed"):
@@ -91,7 +95,7 @@ def cmd_proxies(args: argparse.Namespace) -> dict:
     if unknown := [f for f in fixed if f not in online()]:
         raise CLIError(f"--fixed: {', '.join(unknown)} is not an online policy ({', '.join(online())})")
     say = None if args.quiet else stderr("kvsim proxies")
-    models = _list(args.models, "--models")
+    models = _list(args.models, "--model")
 
     def sessions():
         for model in models:

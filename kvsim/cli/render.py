@@ -408,20 +408,25 @@ def _key_tokens_line(r: dict) -> str:
             f"is above {rule['beta']:g}; docs/domain.md, \"The truth\")")
 
 
-def _tune_per_layer(doc: dict, k: int) -> tuple[list[str], list[list]]:
+#: the columns ``tune``'s text fits, on a terminal or in a file (issue 56: a terminal of 100 columns)
+TUNE_WIDTH = 100
+
+
+def _tune_per_layer(doc: dict, k: int, width: int) -> tuple[list[str], list[list]]:
     """The one-window-per-layer table and its model-wide row, shown only where KV heads share a layer."""
     if not any(r["kv_heads"] > 1 for r in doc["per_layer"]):
         return [], []
     head = doc["model"]["per_head_windows"]
     table = [
         "",
-        "One window per layer, shared by its KV heads (on the mean of their curves):",
+        "One window per layer, shared by its KV heads (on the mean of their curves), by retained mass:",
         "",
-        aligned(["layer", "kv_heads", "recommended", "retained_mass", f"top_{k}_recall", "best", "best_mass"],
+        aligned(["layer", "kv_heads", "window", "mass", "recall", "best", "best_mass"],
                 [[r["layer"], r["kv_heads"], r["recommended_window"], r["recommended_mass"], r["recommended_recall"],
-                  r["best_window"], r["best_mass"]] for r in doc["per_layer"]]),
+                  r["best_window"], r["best_mass"]] for r in doc["per_layer"]], width=width),
     ]
-    return table, [["per-KV-head recommended windows", "per head", head["recommended_mass"], head["recommended_recall"]]]
+    return table, [["per-KV-head windows by retained mass", "per head", head["recommended_mass"],
+                    head["recommended_recall"]]]
 
 
 def _at_defaults(name: str) -> str:
@@ -433,60 +438,66 @@ def _at_defaults(name: str) -> str:
     return f"{name} {params}".strip()
 
 
-def _tune(doc: dict) -> str:
+def _tune(doc: dict, width: int = TUNE_WIDTH) -> str:
+    """``kvsim tune``'s document in ``width`` columns: each trace's figures by retained mass (the window rule of
+    ``kvsim.analysis.windows``), the model-wide figures, then the run's one recommendation, said once with the
+    rule that chose it (``--by``), and what the tune file deploys."""
     k, tol = doc["top_k"], doc["tolerance"]
     m = doc["model"]
     one, per, base = m["one_window"], m["per_layer_windows"], m["baselines"]
     rows = [[r["layer"], r["head"], r["attention"], r["recommended_window"], r["recommended_mass"], r["recommended_recall"],
              r["best_window"], r["best_mass"], *(r[p]["retained_mass"] for p in base)] for r in doc["layers"]]
-    per_layer, by_head = _tune_per_layer(doc, k)
+    per_layer, by_head = _tune_per_layer(doc, k, width)
     run = doc["run"]
     how = "serially" if run["executor"] == "serial" else f"on Dask ({run['workers']} workers, {run['scheduler']})"
     swept = (f"under {doc['layout']} ({doc['memory']} positions), recent_window at "
              f"{', '.join(map(str, doc['swept_windows']))} (the candidates the layout leaves room for, each a reference "
-             "replay)" if "layout" in doc else f"recent_window {doc['windows'][0]}..{doc['windows'][1]}")
+             "replay)" if "layout" in doc else f"recent_window {doc['windows'][0]}..{doc['windows'][1]} swept")
+    baselines = f"; {', '.join(base)}: each baseline's retained mass" if base else ""
     return "\n".join([
-        f"{doc['policy']} on {doc['trace']} at budget {doc['budget']}: {swept}; "
-        f"recommended = the smallest window within {tol} of the trace's best retained mass",
+        prose(f"{doc['policy']} on {doc['trace']} at budget {doc['budget']}: {swept}.", width),
         "",
-        aligned(["layer", "kv_head", "attention", "recommended", "retained_mass", f"top_{k}_recall", "best",
-                 "best_mass", *base], rows),
+        prose(f"Each trace by retained mass: window, the smallest within {tol} of the trace's best retained mass, "
+              f"its mass and recall (top-{k}); best, that best, and best_mass{baselines}.", width),
+        "",
+        aligned(["layer", "kv_head", "attention", "window", "mass", "recall", "best", "best_mass", *base], rows,
+                width=width),
         *per_layer,
         "",
         "Model-wide (mean over every layer and KV head):",
         "",
         aligned(["setting", "recent_window", "retained_mass", f"top_{k}_recall"], [
-            ["per-layer recommended windows", "per layer", per["recommended_mass"], per["recommended_recall"]],
+            ["per-layer windows by retained mass", "per layer", per["recommended_mass"], per["recommended_recall"]],
             *by_head,
-            ["one window for all layers (recommended)", one["recommended_window"], one["recommended_mass"],
+            [f"one window, within {tol} of the best mass", one["recommended_window"], one["recommended_mass"],
              one["recommended_recall"]],
-            ["one window for all layers (best)", one["best_window"], one["best_mass"], one["best_recall"]],
+            ["one window, the best mass", one["best_window"], one["best_mass"], one["best_recall"]],
             *([_at_defaults(p), "n/a", b["retained_mass"], b["top_k_recall"]] for p, b in base.items()),
-        ], text=False),
+        ], text=False, width=width),
         "",
-        _model_window_line(doc),
-        *([f"(by default: {doc['by_detail']['auto']})"] if (doc.get("by_detail") or {}).get("auto") else []),
-        *([f"({doc['by_caveat']})"] if doc.get("by_caveat") else []),
-        *_deploy_lines(doc),
-        *_allocate_lines(doc),
-        *_layout_search_lines(doc),
-        _tune_time_line(doc, how),
+        prose(_recommendation(doc), width),
+        *([prose(f"(by default: {doc['by_detail']['auto']})", width)] if (doc.get("by_detail") or {}).get("auto") else []),
+        *([prose(f"({doc['by_caveat']})", width)] if doc.get("by_caveat") else []),
+        *_allocate_lines(doc, width),
+        *_layout_search_lines(doc, width),
+        "",
+        prose(_tune_time_line(doc, how), width),
     ])
 
 
-def _layout_search_lines(doc: dict) -> list[str]:
+def _layout_search_lines(doc: dict, width: int) -> list[str]:
     """``tune --search-layout``: each candidate layout's model_window and its figure, and the one chosen."""
     if not (t := doc.get("layout_search")):
         return []
     rows = [[c["layout"], c["memory"], c["model_window"], c["figure"], c["seconds"]] for c in t["candidates"]]
     left = "; ".join(f"{k}: {v}" for k, v in t["left_out"].items())
-    return ["", f"serving layouts searched ({t['rule']}):", "",
-            aligned(["layout", "memory", "model_window", t["by"], "seconds"], rows), "",
-            f"chosen: {t['chosen']} (the document above is its tune; --save-plan writes it)"
-            + (f"; left out: {left}" if left else "")]
+    return ["", prose(f"serving layouts searched ({t['rule']}):", width), "",
+            aligned(["layout", "memory", "model_window", t["by"], "seconds"], rows, width=width), "",
+            prose(f"chosen: {t['chosen']} (the document above is its tune; --save-plan writes it)"
+                  + (f"; left out: {left}" if left else ""), width)]
 
 
-def _allocate_lines(doc: dict) -> list[str]:
+def _allocate_lines(doc: dict, width: int) -> list[str]:
     """``tune --allocate auto``: each candidate allocator's figure and the one chosen (``generate --allocate``)."""
     a = doc.get("allocate")
     if not a:
@@ -494,21 +505,45 @@ def _allocate_lines(doc: dict) -> list[str]:
     cols = ["allocator", a["by"]] + (["retained_mass"] if a["by"] != "retained_mass" else [])
     rows = [[c["allocator"], c["figure"]] + ([c["retained_mass"]] if a["by"] != "retained_mass" else [])
             for c in a["candidates"]]
-    return ["", f"allocator at recent_window {a['recent_window']} in every layer, by {a['by']}"
-            + (f" ({a['note']})" if a.get("note") else "") + ":", "", aligned(cols, rows), "",
-            f"chosen: {a['chosen']} (deploys with generate --allocate on this file); left out: "
-            + "; ".join(f"{k}: {v}" for k, v in a["left_out"].items())]
+    return ["", prose(f"allocator at recent_window {a['recent_window']} in every layer, by {a['by']}"
+                      + (f" ({a['note']})" if a.get("note") else "") + ":", width), "", aligned(cols, rows, width=width),
+            "", prose(f"chosen: {a['chosen']} (deploys with generate --allocate on this file); left out: "
+                      + "; ".join(f"{k}: {v}" for k, v in a["left_out"].items()), width)]
 
 
-def _deploy_lines(doc: dict) -> list[str]:
-    """What the tune file deploys (``generate --windows``, ``kvsim.hf.cache(windows=...)``) and its KL."""
-    d = doc.get("deploy")
-    if not d:
-        return []
-    windows = [r["recent_window"] for r in d["per_layer"]]
-    shown = str(windows[0]) + " in every layer" if len(set(windows)) == 1 else ", ".join(map(str, windows))
-    kl = f"KL {d['kl']:.4f} (open loop)" if d.get("kl") is not None else f"KL {d['kl_note']}"
-    return ["", f"deploys (generate --windows): recent_window {shown}; {d['rule']}; {kl}"]
+def _recommendation(doc: dict) -> str:
+    """The run's one recommendation, said once with the rule that chose it: what the tune file deploys
+    (``generate --windows``, ``kvsim.hf.cache(windows=...)``), by ``--by``, and its KL where the truth measured it.
+    Every other window the text shows is a figure by retained mass, labelled so."""
+    d = doc.get("deploy") or {}
+    window, by = doc["model_window"], doc["by"]
+    windows = [r["recent_window"] for r in d.get("per_layer", [])] or [window]
+    if len(set(windows)) == 1:
+        what = f"recent_window {windows[0]} in every layer" + (" (model_window)" if windows[0] == window else "")
+    else:
+        what = f"recent_window per layer {', '.join(map(str, windows))}"
+    rule = d.get("rule", "")
+    if rule.startswith("per layer"):  # --per-layer: the deploy rows' own rule
+        how = f"by {d.get('by', by)}: " + rule.replace("each layer's recommended window by retained mass",
+                                                       "each layer's window by retained mass")
+    else:
+        bd = doc.get("by_detail") or {}
+        if bd.get("note"):
+            how = (f"by retained mass, the smallest window within {doc['tolerance']} of the best model-wide mass "
+                   f"({by} fell back: {bd['note']})")
+        elif bd.get("windows"):
+            lowest = by in ("kl", "delta_nll")
+            value = "" if by == "kl" and d.get("kl") is not None else f" ({by} {bd['value']:.4g})"  # said once
+            how = (f"by {by}{' (the truth)' if lowest else ''}: the {'lowest' if lowest else 'best'} of "
+                   f"{len(bd['windows'])} candidate windows{value}")
+        else:
+            how = f"by {by}: the smallest window within {doc['tolerance']} of the best model-wide retained mass"
+        if "layout" in doc:
+            how += f", under {doc['layout']}"
+    kl = (f"KL {d['kl']:.4f} (open loop)" if d.get("kl") is not None
+          else f"KL {d['kl_note']}" if d.get("kl_note") else "")
+    return (f"recommended: {what}, {how}" + (f"; {kl}" if kl else "")
+            + ". The tune file (--json) deploys it: generate --windows FILE.")
 
 
 def _tune_time_line(doc: dict, how: str) -> str:
@@ -547,17 +582,6 @@ def _targets(targets: list[dict], width: int | None) -> str:
                    *textwrap.wrap(f"target {target}; measured {measured}", max(width, 26), initial_indent="      ",
                                   subsequent_indent="      ", break_long_words=False)]
     return "\n".join(blocks)
-
-
-def _model_window_line(doc: dict) -> str:
-    """The one window recommended for every layer, and what it was chosen by (``tune --by``)."""
-    d = doc.get("by_detail") or {}
-    if d.get("note"):
-        return f"model_window {doc['model_window']} (by retained mass: {d['note']})"
-    if d.get("windows"):
-        return (f"model_window {doc['model_window']} (by {doc['by']}, the best of {len(d['windows'])} candidate windows: "
-                f"{d['value']:.4g})")
-    return f"model_window {doc['model_window']} (by {doc['by']}: the one window for all layers, recommended)"
 
 
 RENDERERS = {"replay": _replay, "sweep": _sweep, "describe": _describe, "record": _record, "export": _export,

@@ -42,7 +42,7 @@ def make(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Plan | No
     if args.command in ("replay", "sweep", "generate") and getattr(args, "policy", None) is None:
         raise CLIError("the following arguments are required: --policy (or --plan FILE)")
     if args.command == "quality" and args.policy is None and args.policies is None:
-        raise CLIError("one of the arguments --policy --policies is required (or --plan FILE)")
+        raise CLIError("the following arguments are required: --policy (or --plan FILE)")
     if args.command == "replay":
         args.run_plan = of_args(args)
     return args.run_plan
