@@ -119,7 +119,8 @@ def test_the_prompts_shared_start_fed_apart_decodes_as_the_whole_prompt_in_one_p
 
     model, prompt = tiny
     policy, budget, params, *how = job
-    cache = hf.cache(model, policy, budget, seed=0, allocate=how[0] if how else None, **params)
+    # the reference path's shared start (the tensor path steps every row at once and shares none)
+    cache = hf.cache(model, policy, budget, seed=0, allocate=how[0] if how else None, tensor=False, **params)
     watch = needle_runs._Departures(cache, len(prompt.ids) + needle.NEW_TOKENS)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -143,7 +144,7 @@ def test_one_row_for_several_past_the_shared_start_is_refused(tiny):
     from kvsim.hf import HFError
 
     model, prompt = tiny
-    cache = hf.cache(model, "h2o", 24, seed=0, recent_window=4)
+    cache = hf.cache(model, "h2o", 24, seed=0, recent_window=4, tensor=False)  # the reference path's shared start
     ids = torch.tensor([prompt.ids], dtype=torch.long)
     with torch.no_grad():
         model(ids[:, :5].expand(2, -1), cache=cache, use_cache=True)  # two rows

@@ -73,6 +73,10 @@ class TensorLayer(EvictingLayer):
         self._count = None  # (batch, heads) int64, the positions each head holds
         self._least = 0  # the smallest budget: no step before it fills evicts
         self._aranges = {}  # 0, 1, 2, ... on the device, by length: the ranks a sort hands out
+        #: ``watch``: the positions whose departures are kept, and per (row, KV head, position) the step at which
+        #: each left (-1: never), int64 on the device
+        self._watched = 0
+        self.left = None
         self._keys = self._values = None
         self._col = None  # decoding: the slot t was written to (batch, heads)
 
@@ -110,7 +114,17 @@ class TensorLayer(EvictingLayer):
         self._count = torch.zeros(batch, heads, dtype=torch.int64, device=dev)
         self._least = min(min(row) for row in self.budgets)
         self.reads_attention = cls.reads_attention
+        if self._watched:
+            self.left = torch.full((batch, heads, self._watched), -1, dtype=torch.int64, device=dev)
         self.is_initialized = True
+
+    def watch(self, positions: int) -> None:
+        """Keep, on the device, the step at which each of the first ``positions`` positions left each (row, KV
+        head) (``left``; -1 while held or never seen): what the pass-key test asks of every key token, heard
+        without reading anything back while decoding (the observer ``kvsim.models.needle_runs`` uses)."""
+        if self.is_initialized:
+            raise HFError(f"{self.name}: watch before the first token")
+        self._watched = int(positions)
 
     # --- transformers' layer API --------------------------------------------------------------------
 
@@ -127,6 +141,9 @@ class TensorLayer(EvictingLayer):
             raise HFError(self.lost())
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        elif key_states.shape[0] != self.pos.shape[0]:
+            raise HFError(f"{self.name}: a call of {key_states.shape[0]} row(s) for a cache of {self.pos.shape[0]}; "
+                          "feed every row (the tensor path shares no prompt start between rows)")
         self.pending = (key_states, value_states)
         if key_states.shape[2] == 1:
             self._col = self._free_slot()
@@ -327,7 +344,11 @@ class TensorLayer(EvictingLayer):
             first = ranked.argmin(-1, keepdim=True)
             victim = order.gather(-1, first)
             over = count > self.budget
-            pos.scatter_(-1, victim, torch.where(over[..., None], -1, pos.gather(-1, victim)))
+            gone = pos.gather(-1, victim)
+            if self.left is not None:  # the victim's departure, where a head evicted one
+                at = gone.clamp(0, self._watched - 1)
+                self.left.scatter_(-1, at, torch.where(over[..., None] & (gone < self._watched), t, self.left.gather(-1, at)))
+            pos.scatter_(-1, victim, torch.where(over[..., None], -1, gone))
             self.broken |= over & ranked.gather(-1, first)[..., 0].isinf()  # over its budget with no candidate
             count = count - over.to(count.dtype)
         torch.maximum(self._peak, count, out=self._peak)

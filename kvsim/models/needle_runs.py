@@ -138,6 +138,11 @@ class _Departures:
         self.left[b, li, h, had[gone]] = t
 
     def _wrap(self, layer, li: int) -> None:
+        if hasattr(layer, "watch"):  # the tensor path (kvsim.hf.tensor) keeps the departures on the device
+            if self.listen is not None or any(r is not None for r in self.rows):
+                raise NeedleError("the tensor path shows no rows one by one; build the cache with tensor=False")
+            layer.watch(self.positions)
+            return
         if hasattr(layer, "_decide"):  # a layout's layer decides for all a row's KV heads at once (kvsim.hf.layout)
             self._wrap_rows(layer, li)
             return
@@ -176,7 +181,14 @@ class _Departures:
 
     def held(self, row: int = 0) -> list[list[np.ndarray]]:
         """What each (layer, KV head) of ``row`` holds now."""
-        return [[layer.held(row, h) for h in range(self.left.shape[2])] for layer in self.cache.layers]
+        return [[layer.held(row, h) for h in range(layer.kv_heads)] for layer in self.cache.layers]
+
+    def collect(self) -> None:
+        """The departures the tensor path's layers kept on the device, read back once the run has ended."""
+        for li, layer in enumerate(self.cache.layers):
+            if getattr(layer, "left", None) is not None:
+                self._heads(layer)
+                self.left[:, li] = layer.left.cpu().numpy()
 
     def ended(self, row: int, seen: int) -> np.ndarray:
         """``row``'s departures as its own run ends after ``seen`` positions: what left at a later step (a
@@ -242,8 +254,9 @@ def run_trial(model, prompt: Prompt, policy: str, budget: int | None = None, par
     if prefill:
         how = {"prefill": "compress", "prefill_budget": prefill["budget"], "prefill_policy": prefill["policy"],
                "prefill_params": dict(prefill.get("params") or {})}
+    # the tensor path keeps each key token's departure on the device; rows shown one by one need the reference
     cache = hf.cache(model, policy, budget, seed=seed, allocate=allocate, **how, **_layout_how(layout),
-                     **(params or {}))
+                     **({"tensor": False} if rows or listen is not None else {}), **(params or {}))
     # decoded as a batch of one row (run_batch's loop): the prompt fed in the same passes as a batch feeds it
     # (``_feed``), so a row of a batch is this run by construction
     out = _decode_batch(model, prompt, cache, new_tokens, eos, [rows], listen)[0]
@@ -427,6 +440,7 @@ def _decode_batch(model, prompt: Prompt, cache, new_tokens: int, eos, wanted: li
             decode_s = time.perf_counter() - t0
     finally:
         torch.set_num_threads(threads)
+    watch.collect()
     records = []
     for b in range(batch):
         seen, held = ends[b]
