@@ -41,8 +41,9 @@ REFRESH_S = 0.5
 #: default refresh of 1 rescores every held position at every step: 125 s on gemma3-270m-L11 at load 8, where
 #: every curve took 7 s): replayed in the background, after the curves, and drawn when known
 SLOW_LINES = ("expected_attention",)
-#: after this long replaying, the chart is drawn with what is known so far before the next replay
-PAINT_AFTER_S = 0.3
+#: after this long replaying (since the view began, or the last chart so far), the chart is drawn with what is known
+#: so far before the next replay: each such chart costs a figure (0.1-0.3 s), so only a slow replay earns one
+PAINT_AFTER_S = 1.0
 
 
 class Live:
