@@ -145,16 +145,28 @@ def kept_unit(path: str, name: str, specs: list[PolicySpec], top_k: int) -> dict
            "specs": [[s.name, s.budget, json.loads(json.dumps(s.kwargs, sort_keys=True))] for s in specs],
            "code": code_version(specs[0].name) + "-" + source_version(__file__)}
     where = cache_dir() / "tuning" / f"unit-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]}.json"
+    from ..data import kept
+
+    def read(doc) -> dict | None:
+        try:
+            if doc["key"] == key:
+                r = doc["result"]
+                if len(r["retained_mass"]) == len(r["top_k_recall"]) == len(specs):
+                    return {"retained_mass": [float(x) for x in r["retained_mass"]],
+                            "top_k_recall": [float(x) for x in r["top_k_recall"]],
+                            "baselines": {p: (float(m), float(k)) for p, (m, k) in r["baselines"].items()}}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass  # damaged: swept again below
+        return None
+
     try:
-        doc = json.loads(where.read_text(encoding="utf-8"))
-        if doc["key"] == key:
-            r = doc["result"]
-            if len(r["retained_mass"]) == len(r["top_k_recall"]) == len(specs):
-                return {"retained_mass": [float(x) for x in r["retained_mass"]],
-                        "top_k_recall": [float(x) for x in r["top_k_recall"]],
-                        "baselines": {p: (float(m), float(k)) for p, (m, k) in r["baselines"].items()}}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
-        pass  # missing or damaged: swept again below
+        found = read(json.loads(where.read_text(encoding="utf-8")))
+    except (OSError, ValueError, UnicodeDecodeError):
+        found = None  # missing or damaged: swept again below
+    if found is None:  # shipped with the repo under the same name (kvsim.data.kept)
+        found = read(kept.tuning(where.name) or {})
+    if found is not None:
+        return found
     result = tune_trace(load_unit(path, name), specs, top_k=top_k)
     try:
         where.parent.mkdir(parents=True, exist_ok=True)

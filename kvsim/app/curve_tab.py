@@ -5,6 +5,7 @@ per-step upper bound), with a click on a point setting recent_window everywhere.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -36,6 +37,55 @@ PROGRESSIVE_COST = 4096 * 256
 COARSE_POINTS = 4
 #: how often a page with replays in the background looks whether one has ended
 REFRESH_S = 0.5
+#: reference lines whose replay alone takes most of a minute on a 4096-step trace (expected_attention at its
+#: default refresh of 1 rescores every held position at every step: 125 s on gemma3-270m-L11 at load 8, where
+#: every curve took 7 s): replayed in the background, after the curves, and drawn when known
+SLOW_LINES = ("expected_attention",)
+#: after this long replaying (since the view began, or the last chart so far), the chart is drawn with what is known
+#: so far before the next replay: each such chart costs a figure (0.1-0.3 s), so only a slow replay earns one
+PAINT_AFTER_S = 1.0
+
+
+class Live:
+    """The chart's place while the view replays what it does not know yet: emptied at once, so nothing of the
+    previous trace's chart stays on screen, then a progress bar that counts what is replayed and, once the
+    replays have taken a moment, the chart of what is known so far with a line saying what it holds. The
+    finished view replaces it all (``final``)."""
+
+    def __init__(self, where) -> None:
+        self.slot = where.empty()
+        self.started = self.painted = time.monotonic()
+        self.parts = None
+        self.paints = 0
+
+    def _parts(self):
+        if self.parts is None:
+            box = self.slot.container()
+            self.parts = (box.empty(), box.empty(), box.empty())
+        return self.parts
+
+    def bar(self, text: str) -> Callable[[float, str], None]:
+        """A progress bar under the note: ``tell(fraction, text)``."""
+        _, bar, _ = self._parts()
+        shown = bar.progress(0.0, text=text)
+        return lambda fraction, words=text: shown.progress(min(1.0, max(0.0, fraction)), text=words)
+
+    def paint(self, fig, note: str) -> None:
+        """The chart of what is known so far (not clickable: the finished view's is), if replaying took a moment
+        since the view began or the last such chart."""
+        if time.monotonic() - self.painted < PAINT_AFTER_S:
+            return
+        words, bar, chart = self._parts()
+        words.caption(note)
+        bar.empty()
+        self.paints += 1
+        chart.plotly_chart(fig, key=f"curve_so_far_{self.paints}")
+        self.painted = time.monotonic()
+
+    def final(self):
+        """The container the finished view is drawn in (in place of the progress and the chart so far)."""
+        self.parts = None
+        return self.slot.container()
 
 
 def curve_points(budget: int) -> int:
@@ -71,14 +121,15 @@ def every_window(trace: kvsim.Trace, budget: int, primary: bool) -> bool:
 
 
 def sweep_curve(trace: kvsim.Trace, spec: PolicySpec, marks: tuple[int, ...], pending: Pending,
-                primary: bool = True) -> services.Curve:
+                primary: bool = True, live: Live | None = None, counted: str = "") -> services.Curve:
     """The policy's curve over recent_window 1 .. budget - 1 (``spec``: its other parameters), each
     window replayed once per server however many sessions ask. The primary curve, where it is quick
     (``every_window``), replays every window; otherwise an even grid refined around the peak, plus
     the marks (the default, the band, the current setting). Where that is slow (``progressive``) the
     primary curve is first a coarse grid and a companion is left out; the refined sweep runs in the
     background, then (the primary curve) every window, so that its exact best is marked once known;
-    what is still running is said in ``pending``."""
+    what is still running is said in ``pending``. ``live``: where the progress bar is drawn (``counted``: which
+    curve of how many, said on it)."""
     name, budget = spec.name, spec.budget
     span = f"{name} over {WINDOW} 1 .. {budget - 1}"
     every = every_window(trace, budget, primary)
@@ -92,9 +143,20 @@ def sweep_curve(trace: kvsim.Trace, spec: PolicySpec, marks: tuple[int, ...], pe
                                     top_k=TOP_K, progress=progress, run=summaries.sweep)
 
     def drawn() -> list[dict]:  # the exact sweep with its progress bar, drawn by the run that sweeps
-        bar = st.progress(0.0, text=f"replaying {span}")
-        rows = exact(lambda f: bar.progress(min(1.0, f)))
-        bar.empty()
+        windows = budget - 1 if every else None
+        first = f"replaying {span}" + (f" ({counted})" if counted else "")
+        if live is None:
+            shown = st.progress(0.0, text=first)
+            tell = lambda f, words=first: shown.progress(min(1.0, f), text=words)  # noqa: E731
+        else:
+            tell = live.bar(first)
+
+        def told(f: float) -> None:  # the windows counted where every one is replayed; else the share done
+            tell(f, f"{first}: window {min(windows, int(f * windows))} of {windows}" if windows else first)
+
+        rows = exact(told)
+        if live is None:
+            shown.empty()
         return rows
 
     def coarse() -> list[dict]:  # a companion is drawn once its exact sweep is known
@@ -135,6 +197,9 @@ def optimal_line(trace: kvsim.Trace, spec: PolicySpec) -> tuple[dict | None, ser
     def needed() -> bool:
         return trace.steps >= optimal.CACHE_MIN_STEPS and optimal.cached(trace, spec.budget) is None
 
+    kept = summaries.stored(trace, spec, TOP_K)  # its line kept (or shipped, kvsim.data.kept): no solve needed
+    if kept is not None:
+        return kept, services.Status(True, 1.0)
     try:
         solve = memo.solves().poll(
             (trace.fingerprint, spec.budget), lambda progress: optimal.optimal_schedule(trace, spec.budget, progress=progress),
@@ -146,28 +211,42 @@ def optimal_line(trace: kvsim.Trace, spec: PolicySpec) -> tuple[dict | None, ser
     return cached_summary(trace, spec), solve
 
 
-def reference_lines(trace: kvsim.Trace, settings: Settings, pending: Pending) -> list[figures.Line]:
+def reference_lines(trace: kvsim.Trace, settings: Settings, pending: Pending, live: Live | None = None,
+                    paint: Callable[[list], None] | None = None) -> list[figures.Line]:
     """The curve's horizontal lines: every registered policy without a recent_window (the ones that
     read the trace as offline references), plus the per-step upper bound. The exact optimum is
     solved in the background where that is slow, and so is every line where the curve is drawn
-    coarse first (``progressive``); until one is known the page says so."""
-    lines = []
-    for name, cls in kvsim.POLICIES.items():
-        if "recent_window" in kvsim.policy_params(name) or name in settings.left_out:  # the sidebar says why
-            continue
+    coarse first (``progressive``) and a line slow to replay anywhere (``SLOW_LINES``); until one is
+    known the page says so. The optimum, the slowest, is drawn last: its solve starts once every other
+    line is known. ``live``: a progress bar counts the lines replayed now; ``paint(lines)``: the chart
+    drawn with the lines known so far after each."""
+    lines, order = [], list(kvsim.POLICIES)
+    names = [n for n in order if n != "optimal"] + [n for n in order if n == "optimal"]  # the slowest last
+    names = [n for n in names if "recent_window" not in kvsim.policy_params(n) and n not in settings.left_out]
+    tell = None
+    for i, name in enumerate(names):  # the sidebar says why the others are left out
+        cls = kvsim.POLICIES[name]
         spec = settings.specs[name]
         if isinstance(spec, str):
             st.error(f"{spec}; its reference line is left out.")
             continue
         inner = ", ".join(f"{k}={v}" for k, v in spec.params)
         label = f"{name} ({inner})" if inner else name
-        summary = _optimal(trace, spec, pending) if name == "optimal" else _summary(trace, spec, pending)
+        now = name != "optimal" and name not in SLOW_LINES and not progressive(trace, settings.budget)
+        if now and live is not None and not _known(trace, spec):
+            words = f"replaying the reference lines: {name} ({i + 1} of {len(names)})"
+            tell = tell or live.bar(words)
+            tell(i / len(names), words)
+        summary = _optimal_last(trace, spec, pending) if name == "optimal" else _summary(trace, spec, pending)
         if summary is None:
             continue
         if cls.needs_trace:
             lines.append(figures.Line.of(summary, f"{label} (offline reference)", "offline", name, note=describe_policy(cls)))
         else:
             lines.append(figures.Line.of(summary, label, "policy", name))
+        lines.sort(key=lambda line: order.index(line.policy) if line.policy in order else len(order))
+        if paint is not None and tell is not None:
+            paint(lines)
     budget = settings.budget
     if progressive(trace, budget):
         bound = background_summary(trace, ("upper bound", budget, TOP_K), lambda: upper_bound_summary(trace, budget, TOP_K),
@@ -179,8 +258,13 @@ def reference_lines(trace: kvsim.Trace, settings: Settings, pending: Pending) ->
     return lines
 
 
+def _known(trace: kvsim.Trace, spec: PolicySpec) -> bool:
+    """Whether the line's summary is kept (on disk, or shipped): read, not replayed."""
+    return summaries.stored(trace, spec, TOP_K) is not None
+
+
 def _summary(trace: kvsim.Trace, spec: PolicySpec, pending: Pending) -> dict | None:
-    if not progressive(trace, spec.budget):
+    if not progressive(trace, spec.budget) and spec.name not in SLOW_LINES:
         return cached_summary(trace, spec)
     kept = summaries.stored(trace, spec, TOP_K)  # measured by an earlier server: read, not replayed in the background
     if kept is not None:
@@ -204,25 +288,40 @@ def _optimal(trace: kvsim.Trace, spec: PolicySpec, pending: Pending) -> dict | N
     return summary
 
 
-def curve_figure(curves: dict[str, list[dict]], policy: str, lines: tuple, rw: int, features, budget: int):
+def _optimal_last(trace: kvsim.Trace, spec: PolicySpec, pending: Pending) -> dict | None:
+    """The optimum's line where it is kept; else, while other lines are still replayed in the background, None
+    with the page saying that it is the slowest and comes last (its solve starts once they are known)."""
+    from kvsim.policies import optimal
+
+    slow = trace.steps >= optimal.CACHE_MIN_STEPS and not _known(trace, spec) and optimal.cached(trace, spec.budget) is None
+    if pending.names and slow and not memo.solves().busy((trace.fingerprint, spec.budget)):
+        st.info(f"The exact optimum at budget {spec.budget} costs the most (a solve over every step and position): "
+                "it is solved once the other lines are known, and its line is drawn last.")
+        return None
+    return _optimal(trace, spec, pending)
+
+
+def curve_figure(curves: dict[str, list[dict]], policy: str, lines: tuple, rw: int, features, budget: int,
+                 keep: bool = True):
     """The recent_window chart of these curves and lines, built once per server for what it draws
     (read-only: Streamlit copies a figure to send it). Where the primary curve has every window its
     best and recommended windows are marked (``kvsim.analysis.windows``); otherwise its peak, as the
-    peak so far of the windows sampled."""
+    peak so far of the windows sampled. ``keep=False``: a chart of what is known so far, built and not kept."""
     default = kvsim.policy_params(policy)["recent_window"]
     # a tour step is a slide: its chart is shorter, so the figure and its legends fit one screen
     plot_height = TOUR_PLOT_HEIGHT if state.touring() else None
     key = (policy, rw, default, features.band, features.band_known, lines, budget, plot_height,
            tuple((n, tuple(tuple(sorted(r.items())) for r in rows)) for n, rows in curves.items()))  # flat rows
     store = memo.curve_figures()
-    fig = store.get(key)
+    fig = store.get(key) if keep else None
     if fig is None:
         fig = figures.recent_window_curve(
             curves[policy], list(lines), current=rw, default=default, band=features.band, top_k=TOP_K, policy=policy,
             band_known=features.band_known, companions={n: r for n, r in curves.items() if n != policy}, budget=budget,
             plot_height=plot_height,
         )
-        store.put(key, fig)
+        if keep:
+            store.put(key, fig)
     return fig
 
 
@@ -241,10 +340,11 @@ def curve_view(trace: kvsim.Trace, settings: Settings) -> None:
     if not policies:
         st.info("No registered policy takes a recent_window.")
         return
-    features = cached_features(trace)
-    info = describe(trace, features)
     budget, rw = settings.budget, int(st.session_state["recent_window"])
     text, chart = st.columns([1, 3])
+    live = Live(chart)  # the previous chart goes before anything is measured or replayed on this trace
+    features = cached_features(trace)
+    info = describe(trace, features)
     with text:
         policy = mirrored(
             st.selectbox, "policy the markers follow", policies, "curve_policy", "curve_policy_choice",
@@ -261,15 +361,22 @@ def curve_view(trace: kvsim.Trace, settings: Settings) -> None:
         st.error(f"the curve needs a budget of at least 2 (recent_window runs from 1 to budget - 1); budget is {budget}.")
         return
     pending = Pending()
-    curves = _curves(trace, budget, policy, policies, rw, pending)
+
+    def so_far(rows: dict[str, list[dict]], lines: list, still: str) -> None:  # the chart of what is known, said
+        fig = curve_figure(rows, policy, tuple(lines), rw, features, budget, keep=False)
+        drawn = ", ".join(f"{story.possessive(n)} curve" for n in rows) + (f" and {len(lines)} reference lines" if lines else "")
+        live.paint(fig, f"Drawn so far: {drawn}. Still replaying: {still}; each is drawn when known.")
+
+    curves = _curves(trace, budget, policy, policies, rw, pending, live, so_far)
     if policy not in curves:
         return
     if not curves[policy].rows:  # chosen while its sweep waits behind the others' in the background
-        _waiting(pending, exact=False, complete=False)
+        with live.final():
+            _waiting(pending, exact=False, complete=False)
         return
     exact, complete = curves[policy].exact, curves[policy].complete
     rows = {n: c.rows for n, c in curves.items() if c.rows}
-    lines = reference_lines(trace, settings, pending)
+    lines = reference_lines(trace, settings, pending, live, lambda known: so_far(rows, known, "the reference lines"))
     if not 1 <= rw <= budget - 1:
         st.error(f"recent_window {rw} is outside 1..{budget - 1} (it must be below the budget); no point is marked.")
     explain.markdown(
@@ -278,7 +385,7 @@ def curve_view(trace: kvsim.Trace, settings: Settings) -> None:
         + "\n\n" + _points_text(budget, policy, every_window(trace, budget, True) or complete)
     )
     fig = curve_figure(rows, policy, tuple(lines), rw, features, budget)
-    with chart:
+    with live.final():
         if pending.names:
             _waiting(pending, exact, complete)
         st.plotly_chart(fig, key="curve", on_select=pick_from_curve, selection_mode=("points", "box"))
@@ -309,19 +416,27 @@ def _points_text(budget: int, policy: str, every: bool) -> str:
 
 
 def _curves(trace: kvsim.Trace, budget: int, policy: str, policies: list[str], rw: int,
-            pending: Pending) -> dict[str, services.Curve]:
+            pending: Pending, live: Live | None = None,
+            so_far: Callable[[dict, list, str], None] | None = None) -> dict[str, services.Curve]:
     """Each policy's curve, the chosen one first (the primary curve; the others are drawn beside
     it). A policy whose other settings are refused is said in one line and left out. (The policies
-    are swept one after another: each sweep already keeps every core busy.)"""
+    are swept one after another: each sweep already keeps every core busy.) ``live``: where each sweep's
+    progress is drawn; ``so_far(rows, lines, still)``: the chart of the curves known, drawn after each."""
     band = cached_features(trace).band
     curves = {}
-    for name in [policy] + [n for n in policies if n != policy]:
+    names = [policy] + [n for n in policies if n != policy]
+    for i, name in enumerate(names):
         spec = spec_for(name, budget, recent_window=1)
         if isinstance(spec, str):
             st.error(f"{spec}. Change the setting in the sidebar to draw {name}'s curve.")
             continue
         marks = (kvsim.policy_params(name)["recent_window"], band, rw)
-        curves[name] = sweep_curve(trace, spec, marks, pending, primary=name == policy)
+        curves[name] = sweep_curve(trace, spec, marks, pending, primary=name == policy, live=live,
+                                   counted=f"curve {i + 1} of {len(names)}")
+        rest = names[i + 1:]
+        if so_far is not None and rest and curves[policy].rows and not progressive(trace, budget):
+            still = ", ".join(f"{story.possessive(n)} curve" for n in rest) + ", then the reference lines"
+            so_far({n: c.rows for n, c in curves.items() if c.rows}, [], still)
     return curves
 
 

@@ -218,8 +218,10 @@ def derived(
     keeps each trace's top-k positions: for analyses that depend on the trace alone (its features,
     its ``describe``), so that a fresh process (a new app server) reads them instead of recomputing.
 
-    A trace without a ``disk_stem`` (an upload, a generated trace) gets ``compute()`` and the disk is
-    never touched. Otherwise the value is read from ``{stem}-{name}-{digest}.json``, ``digest`` a hash
+    What ships with the repo for the trace's content (``kvsim.data.kept``: the shipped traces, and an
+    upload that is a copy of one) is read where the disk holds nothing, under the same name. Else a trace
+    without a ``disk_stem`` (an upload, a generated trace) gets ``compute()`` and the disk is never
+    touched. Otherwise the value is read from ``{stem}-{name}-{digest}.json``, ``digest`` a hash
     of ``params`` (the analysis's arguments, JSON) and ``version``. ``version`` says which code made
     the value: callers pass a hash of the source of the module that defines the analysis (see
     ``source_version``), so any edit of that module reads as a different file and the value is
@@ -231,13 +233,15 @@ def derived(
     back to an equal value is returned but never written; an unwritable cache only costs the
     computation next time (writes are atomic, errors ignored)."""
     stem = trace.derived.disk_stem
-    if stem is None:
-        return compute()
     head, path = _derived_at(stem, name, params, version)
-    found = _read_derived(path, head, decode)
+    found = None if path is None else _read_derived(path, head, decode)
+    if found is None:
+        found = _read_shipped(trace, head, decode)
     if found is not None:
         return found
     value = compute()
+    if path is None:
+        return value
     try:
         record = encode(value)
         text = json.dumps({**head, "record": record}, allow_nan=False)
@@ -253,27 +257,48 @@ def derived(
 def derived_stored(trace: Trace, name: str, params: dict, version: str,
                    decode: Callable[[dict], V] = lambda record: record) -> V | None:
     """What ``derived`` would read for these arguments, or None when nothing is kept (nothing is computed)."""
-    stem = trace.derived.disk_stem
-    if stem is None:
-        return None
-    head, path = _derived_at(stem, name, params, version)
-    return _read_derived(path, head, decode)
+    head, path = _derived_at(trace.derived.disk_stem, name, params, version)
+    found = None if path is None else _read_derived(path, head, decode)
+    return found if found is not None else _read_shipped(trace, head, decode)
 
 
-def _derived_at(stem, name: str, params: dict, version: str) -> tuple[dict, Path]:
+def derived_name(name: str, params: dict, version: str) -> tuple[dict, str]:
+    """The head of a derived file and its name after the entry's stem (``<name>-<digest>.json``): the one
+    key function of the cache and of what ships with the repo (``kvsim.data.kept``)."""
     head = {"name": name, "params": _jsonable(params), "version": version}
     digest = hashlib.sha256(json.dumps(head, sort_keys=True).encode()).hexdigest()[:16]
-    return head, Path(stem).with_name(f"{Path(stem).name}-{name}-{digest}.json")
+    return head, f"{name}-{digest}.json"
+
+
+def _derived_at(stem, name: str, params: dict, version: str) -> tuple[dict, Path | None]:
+    head, file_name = derived_name(name, params, version)
+    return head, None if stem is None else Path(stem).with_name(f"{Path(stem).name}-{file_name}")
 
 
 def _read_derived(path: Path, head: dict, decode: Callable[[dict], V]) -> V | None:
     try:
-        stored = json.loads(path.read_text(encoding="utf-8"))
+        return _decoded(json.loads(path.read_text(encoding="utf-8")), head, decode)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None  # missing or damaged: computed again and rewritten
+
+
+def _decoded(stored, head: dict, decode: Callable[[dict], V]) -> V | None:
+    try:
         if isinstance(stored, dict) and {k: stored.get(k) for k in head} == head and isinstance(stored.get("record"), dict):
             return decode(stored["record"])
-    except (OSError, ValueError, TypeError, KeyError, UnicodeDecodeError, RecursionError):
-        pass  # missing or damaged: computed again and rewritten
+    except (ValueError, TypeError, KeyError, RecursionError):
+        pass
     return None
+
+
+def _read_shipped(trace: Trace, head: dict, decode: Callable[[dict], V]) -> V | None:
+    """The value as shipped with the repo for this trace's content (``kvsim.data.kept``), or None. Not written
+    to the cache: reading the shipped file is as quick, and an edit of the code finds neither."""
+    from . import kept
+
+    _, file_name = derived_name(head["name"], head["params"], head["version"])
+    stored = kept.derived(trace, file_name)
+    return None if stored is None else _decoded(stored, head, decode)
 
 
 @functools.cache
