@@ -96,7 +96,7 @@ def kept_view(trace: kvsim.Trace, settings: Settings) -> None:
     fig = cached_kept_figure(trace, runs, settings.step, box, ages, size, compare, layout)
     trial = needle_kept.key_positions(trace) is not None and not compare  # a pass-key trial: its key marked
     if trial:
-        fig = needle_kept.marked(fig, trace, replays(trace, runs, layout=layout))
+        fig = figures.fit_key(needle_kept.marked(fig, trace, replays(trace, runs, layout=layout)))
     # a box drawn with the select tool re-draws that region from the replay, at full resolution
     # once it is narrow enough; the zoom tool (the default) only magnifies the pooled picture
     (slot or st).plotly_chart(fig, key="kept_chart", config={"scrollZoom": True}, on_select=lambda: zoom_to_box(T),
