@@ -357,7 +357,8 @@ def test_the_key_sits_above_the_tallest_title_under_a_serving_layout(canonical, 
     for name in names:
         more.add_trace(go.Scatter(x=[None], y=[None], name=name, mode="lines"))
     figures.fit_key(more)
-    assert more.layout.margin.t > fig.layout.margin.t and more.layout.height - more.layout.margin.t == fig.layout.height - fig.layout.margin.t
+    assert more.layout.margin.t > fig.layout.margin.t
+    assert more.layout.height - more.layout.margin.t == fig.layout.height - fig.layout.margin.t
     assert (more.layout.legend.y - 1) * kept_figures.ROW_HEIGHT == pytest.approx((fig.layout.legend.y - 1) * kept_figures.ROW_HEIGHT)
 
 
