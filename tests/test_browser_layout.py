@@ -20,7 +20,8 @@ IDS = ["1280x800", "1500x1100"]
 #: each Plotly figure's legends and annotations, as boxes on the screen
 JS_PARTS = """() => [...document.querySelectorAll('.js-plotly-plot')].map(d => {
   const box = e => { const b = e.getBoundingClientRect(); return {x0: b.left, x1: b.right, y0: b.top, y1: b.bottom, text: e.textContent}; };
-  return {kinds: (d.data || []).map(t => t.type), legends: [...d.querySelectorAll('g.legend')].map(box),
+  return {kinds: (d.data || []).map(t => t.type + ':' + (t.name || '')),
+          legends: [...d.querySelectorAll('g.legend, g.legend2, g.legend3')].map(box),
           notes: [...d.querySelectorAll('g.annotation')].map(box)};
 })"""
 #: the tab bar: its widths, and each tab's box against the bar's
@@ -63,7 +64,7 @@ def test_under_a_layout_no_key_lies_on_a_title_and_every_tab_shows(server, chrom
         no_exceptions(page)
         page.screenshot(path=str(ARTIFACTS / f"layout-kept-{w}x{h}.png"))  # the window only: the first screen
         whole_tab_bar(page, w)
-        (kept,) = [c for c in page.evaluate(JS_PARTS) if "image" in c["kinds"]]
+        (kept,) = [c for c in page.evaluate(JS_PARTS) if any(k.startswith("image:") for k in c["kinds"])]
     titles = [n for n in kept["notes"] if "mass" in n["text"]]
     assert len(titles) == 3 and any("block_size=16" in t["text"] for t in titles)
     assert kept["legends"], "the kept figure has no legend on the page"
@@ -88,7 +89,7 @@ def test_the_allocation_views_titles_keep_apart_and_its_table_shows_whole(server
         page.wait_for_timeout(1500)
         no_exceptions(page)
         whole_tab_bar(page, w)
-        (grids,) = [c for c in page.evaluate(JS_PARTS) if "heatmap" in c["kinds"]]
+        (grids,) = [c for c in page.evaluate(JS_PARTS) if any(k.startswith("heatmap:") for k in c["kinds"])]
         cells = page.evaluate(JS_CELLS)
         page.locator('[data-testid="stTable"]').first.scroll_into_view_if_needed()
         page.screenshot(path=str(ARTIFACTS / f"allocation-table-{w}x{h}.png"))
@@ -99,3 +100,33 @@ def test_the_allocation_views_titles_keep_apart_and_its_table_shows_whole(server
             assert _apart(a, b), (a, b)
     assert any("what it does" == c["text"] for c in cells) and any("dynamic programme" in c["text"] for c in cells)
     assert not [c for c in cells if c["cut"] or c["right"] > w], "a table cell is cut"
+
+
+#: the two views whose key was below the fold at 1280 x 800, and a trace kind only their figure has
+KEYED = {"Cumulative scores": "histogram:", "Choosing recent_window": "scatter:current recent_window"}
+
+
+@pytest.mark.parametrize("view", list(KEYED))
+@pytest.mark.parametrize("viewport", SIZES, ids=IDS)
+def test_the_curves_and_the_scores_key_is_on_the_first_screen(server, chromium, viewport, view):
+    """Before: at 1280 x 800 the scores' key was under its axis and the curve's legends under its lower panel,
+    both below the fold. Now, nothing scrolled, every legend lies inside the window and clear of every title
+    and note of its figure."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    w, h = viewport["width"], viewport["height"]
+    with opened(chromium) as browser:
+        page = browser.new_page(viewport=viewport)
+        page.goto(f"{server}/?view={view.replace(' ', '+')}", wait_until="domcontentloaded")
+        kind = KEYED[view]
+        page.wait_for_function(f"() => ({JS_TRACES})().some(t => (t.type + ':' + (t.name || '')).startsWith({kind!r}))",
+                               timeout=LOAD_TIMEOUT_MS)
+        page.wait_for_timeout(1500)
+        no_exceptions(page)
+        page.screenshot(path=str(ARTIFACTS / f"key-{view.split()[-1]}-{w}x{h}.png"))
+        whole_tab_bar(page, w)
+        (chart,) = [c for c in page.evaluate(JS_PARTS) if any(k.startswith(kind) for k in c["kinds"])]
+    assert chart["legends"], f"the {view} figure has no legend on the page"
+    for legend in chart["legends"]:
+        assert 0 <= legend["y0"] and legend["y1"] <= h and legend["x1"] <= w, legend
+        for note in chart["notes"]:
+            assert _apart(legend, note), (legend, note)
