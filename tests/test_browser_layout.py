@@ -65,6 +65,11 @@ def test_under_a_layout_no_key_lies_on_a_title_and_every_tab_shows(server, chrom
         page.screenshot(path=str(ARTIFACTS / f"layout-kept-{w}x{h}.png"))  # the window only: the first screen
         whole_tab_bar(page, w)
         (kept,) = [c for c in page.evaluate(JS_PARTS) if any(k.startswith("image:") for k in c["kinds"])]
+        page.locator(".js-plotly-plot").first.hover()  # the tool bar (the box select is there) shows while hovered
+        bar = page.locator(".js-plotly-plot .modebar").first.bounding_box()
+    assert bar is not None
+    bar = {"x0": bar["x"], "x1": bar["x"] + bar["width"], "y0": bar["y"], "y1": bar["y"] + bar["height"]}
+    assert all(_apart(bar, legend) for legend in kept["legends"]), (bar, kept["legends"])
     titles = [n for n in kept["notes"] if "mass" in n["text"]]
     assert len(titles) == 3 and any("block_size=16" in t["text"] for t in titles)
     assert kept["legends"], "the kept figure has no legend on the page"

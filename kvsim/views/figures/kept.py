@@ -114,9 +114,13 @@ def _kept_histories(results: Sequence[ReplayResult], features: TraceFeatures, co
 SINK_SHARE, AGE_SHARE = 0.10, 0.36
 #: the height of a row of panels, in pixels of plot: with the key above the titles and the axis
 #: below, one row of panels (the default view: two-line titles, a key of two rows) is
-#: ``ROW_HEIGHT + TOP + BOTTOM`` = 479 px high, so the page's first screen at 1280 x 800 holds the
-#: whole figure and its key. ``TOP`` grows with the titles' lines and the key's rows (``top_margin``).
-ROW_HEIGHT, TOP, BOTTOM = 320, 114, 45
+#: ``ROW_HEIGHT + TOP + BOTTOM`` = 507 px high, so the page's first screen at 1280 x 800 holds the
+#: whole figure, its key and the first lines of its notes. ``TOP`` grows with the titles' lines and the
+#: key's rows (``top_margin``).
+ROW_HEIGHT, TOP, BOTTOM = 320, 142, 45
+#: room above the key for Plotly's tool bar, drawn at the figure's top right while the pointer is on it
+#: (the box select is there): on the key's first row it covered the band's entry at 1280 x 800
+MODEBAR = 28
 #: a line of a panel's title in pixels (16 px type at Plotly's line spacing of 1.3: a title of three
 #: lines is 66 px high in Chromium), and the space between the key's bottom and the tallest title's top
 TITLE_LINE, KEY_GAP = 22, 10
@@ -148,9 +152,10 @@ def key_rows(names: Sequence[str], width: float = KEY_WIDTH) -> int:
 def top_margin(titles: Sequence[str], names: Sequence[str]) -> tuple[int, int]:
     """The figure's top margin and the key's bottom above the panels, both in pixels: room for the
     key's rows above the tallest title, so that no row of the key lies on a title (under a serving
-    layout the titles took a third line and the key's second row sat on them)."""
+    layout the titles took a third line and the key's second row sat on them), and above the key the
+    tool bar's (``MODEBAR``)."""
     above = KEY_GAP + TITLE_LINE * title_lines(titles)
-    return above + KEY_ROW * max(2, key_rows(names)), above
+    return above + KEY_ROW * max(2, key_rows(names)) + MODEBAR, above
 
 
 @dataclass(frozen=True)
