@@ -36,7 +36,7 @@ def test_the_view_draws_each_allocators_split_and_mass():
     assert gains[0] == 0 and gains[-1] == max(gains)  # the optimum bounds every static split
     low, high = bars["layout"]["yaxis"]["range"]
     assert low < min(gains) and low <= 0 <= high
-    table = at.dataframe[0].value
+    table = at.table[0].value
     assert list(table["against uniform"])[0] == "the baseline"
     assert all(w.startswith(("better than uniform by", "worse than uniform by", "level with uniform", "the optimum: "))
                for w in list(table["against uniform"])[1:])

@@ -328,6 +328,40 @@ def test_more_than_three_panels_leave_room_for_the_second_row_titles(canonical, 
     assert (top_row_bottom - second_row_top) * fig.layout.height > 100  # pixels for the axis and the titles
 
 
+def test_the_key_sits_above_the_tallest_title_under_a_serving_layout(canonical, story):
+    """Issue 56: under a serving layout the panels' titles take a third line (the layout's constraints) and
+    the key's second row sat on them. The key's bottom is placed above the tallest title and the top margin
+    holds its rows, the panels' height unchanged; without a layout the figure is 507 px high (on the first
+    screen at 1280 x 800, with the first lines of its notes)."""
+    from kvsim.policies.layouts import Layout
+
+    f = features.trace_features(canonical)
+    plain = figures.kept_heatmap(story, f, step=1000)
+    assert (plain.layout.height, plain.layout.margin.t) == (507, 142)
+    laid = [replay(canonical, r.policy, budget=256, record_kept=True, layout=Layout(16), **r.params) for r in story]
+    fig = figures.kept_heatmap(laid, f, step=1000)
+    titles = [a.text for a in fig.layout.annotations if a.yref == "paper"]
+    assert kept_figures.title_lines(titles) == 3 and kept_figures.title_lines([a.text for a in plain.layout.annotations
+                                                                              if a.yref == "paper"]) == 2
+    for figure, lines in ((plain, 2), (fig, 3)):
+        lay = figure.layout
+        plot = lay.height - lay.margin.t - lay.margin.b
+        assert plot == kept_figures.ROW_HEIGHT  # the panels keep their height
+        above = (lay.legend.y - 1) * plot  # the key's bottom, in pixels above the panels
+        assert lay.legend.yanchor == "bottom" and above >= kept_figures.KEY_GAP + kept_figures.TITLE_LINE * lines - 1e-9
+        assert lay.margin.t - above >= 2 * kept_figures.KEY_ROW + kept_figures.MODEBAR - 1e-9  # two rows of the key, within the figure
+    # a key of more entries than two rows hold gets the room for them; a figure drawn on is placed again
+    names = [f"protected window (age {w})" for w in range(10, 100, 10)]
+    assert kept_figures.key_rows(names[:3]) == 1 and kept_figures.key_rows(names) == 3
+    more = go.Figure(fig)
+    for name in names:
+        more.add_trace(go.Scatter(x=[None], y=[None], name=name, mode="lines"))
+    figures.fit_key(more)
+    assert more.layout.margin.t > fig.layout.margin.t
+    assert more.layout.height - more.layout.margin.t == fig.layout.height - fig.layout.margin.t
+    assert (more.layout.legend.y - 1) * kept_figures.ROW_HEIGHT == pytest.approx((fig.layout.legend.y - 1) * kept_figures.ROW_HEIGHT)
+
+
 # --------------------------------------------------------------------------------------------
 # cumulative scores
 
@@ -360,6 +394,11 @@ def test_score_distribution_marks_threshold_and_categories(canonical, story):
     assert any(isinstance(t, go.Histogram) for t in fig.data)
     assert any("eviction threshold" in (a.text or "") for a in fig.layout.annotations)
     assert fig.layout.yaxis.type == "log"
+    # the key above the panels' titles, under the figure's title (issue 56: under the axis it was below the
+    # fold at 1280 x 800); the panels keep their 340 px
+    lay = fig.layout
+    assert lay.legend.yanchor == "bottom" and (lay.legend.y - 1) * 340 >= 30
+    assert lay.height - lay.margin.t - lay.margin.b == 340 and lay.margin.t >= 36 + 2 * 26
 
 
 def test_score_axis_spans_the_scores_for_votes_too(canonical):
@@ -529,6 +568,30 @@ def test_the_curve_figure_is_valid_plotly():
                 figures.recent_window_curve(every, lines, current=1, default=2, band=3, budget=5, plot_height=470),
                 figures.recent_window_curve(rows, (), current=None, default=2, band=3, band_known=False)):
         assert json.loads(pio.to_json(go.Figure(fig.to_dict()), validate=True)) == json.loads(pio.to_json(fig, validate=False))
+
+
+@pytest.mark.parametrize("plot_height", [None, 470])
+def test_the_curves_legends_lie_between_its_panels(plot_height):
+    """Issue 56: under the lower panel the legends were below the fold at 1280 x 800; between the panels they
+    follow the retained mass. Each panel keeps its height; the gap holds the taller column of legends."""
+    from kvsim.views.figures import curve as curves
+
+    rows, scissors, lines = fake_family()
+    fig = figures.recent_window_curve(rows, lines, current=4, default=2, band=3, companions={"scissorhands": scissors},
+                                      plot_height=plot_height)
+    lay = fig.layout
+    plot = lay.height - lay.margin.t - lay.margin.b
+    panel = (plot_height or curves.PLOT_HEIGHT) * (1 - 0.08) / 2
+    (u0, u1), (l0, l1) = lay.yaxis.domain, lay.yaxis2.domain
+    assert u1 == 1 and l0 == 0
+    assert (u1 - u0) * plot == pytest.approx(panel, abs=1) and (l1 - l0) * plot == pytest.approx(panel, abs=1)
+    lower_top = lay.margin.b + l1 * plot  # in pixels from the figure's foot, as the legends' container y
+    upper_bottom = lay.margin.b + u0 * plot
+    for legend in (lay.legend, lay.legend2, lay.legend3):
+        assert legend.yref == "container" and legend.yanchor == "top"
+        assert lower_top + curves.KEY_BELOW <= legend.y * lay.height <= upper_bottom - curves.KEY_ABOVE + 1e-6
+    titles = [a for a in lay.annotations if a.text in ("retained mass", "top-5 recall", "top-32 recall")]
+    assert sorted(a.y for a in titles) == pytest.approx([l1, 1.0])
 
 
 def test_the_recommended_note_reads_away_from_the_nearer_edge():

@@ -88,9 +88,11 @@ def allocation_view(budget: int) -> None:
     st.caption("Each bar is an allocator's bundle mean retained mass minus uniform's, from zero: up keeps more than "
                "uniform, down less, so the bars' lengths compare. The masses differ in the second or third decimal; "
                "the label on each bar gives the mass itself.")
-    st.dataframe([{"allocator": r["allocator"], "retained mass": round(r["retained_mass"], 4),
-                   "against uniform": against_uniform(r, uniform),
-                   "what it does": al.SUMMARIES[r["allocator"]]} for r in rows], hide_index=True)
+    # a static table, whose cells wrap: in a data frame's grid the "what it does" column (up to 99 characters) was
+    # cut at 1500 x 1100 and at 1280 x 800 alike
+    st.table([{"allocator": r["allocator"], "retained mass": f"{r['retained_mass']:.4f}",
+               "against uniform": against_uniform(r, uniform),
+               "what it does": al.SUMMARIES[r["allocator"]]} for r in rows], hide_index=True)
     if skipped:
         why = []
         for a in skipped:

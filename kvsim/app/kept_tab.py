@@ -15,7 +15,7 @@ from . import needle_kept
 from .controls import Settings
 from .downloads import csv_button, html_button, stem
 from .memo import BY_TRACE, TOP_K, cached_features, describe, kept_history, replays
-from .state import KEPT_MODES, mirrored, touring, zoom_reset
+from .state import KEPT_MODES, mirrored, zoom_reset
 
 #: pixels across the kept images, shared among the panels of a row
 KEPT_PIXELS = 1024
@@ -74,8 +74,10 @@ def kept_view(trace: kvsim.Trace, settings: Settings) -> None:
         st.warning(note)
     features = cached_features(trace)
     T = trace.steps
-    # on a tour step the figure comes first, then its controls and the words: a slide fits the screen
-    slot = st.container() if touring() else None
+    # the figure first, then what to look for in it (the sinks, the band, the heavy hitters), then its reading
+    # and its controls: with the controls above it and the reading between, the notes began below the fold at
+    # 1280 x 800 (issue 56). Drawn in that order into these places, filled in the order they are computed.
+    zoomed_slot, figure_slot, notes_slot, intro_slot = st.container(), st.container(), st.container(), st.container()
     top = st.columns([2, 3])
     with top[0]:
         compare = _mode(len(runs))
@@ -87,7 +89,8 @@ def kept_view(trace: kvsim.Trace, settings: Settings) -> None:
     if zoom.open:
         with zoom:
             zoom_controls(T)
-    _zoom_note(region, T)
+    with zoomed_slot:  # above the figure whenever a zoom applies: the picture is a region
+        _zoom_note(region, T)
     ages = figures.age_span(features, [spec.get("recent_window", 0) for spec in runs], settings.budget)
     size = KEPT_PIXELS // (1 if compare else min(len(runs), 3))
     box = (region.p0, region.p1, region.t0, region.t1)
@@ -96,13 +99,13 @@ def kept_view(trace: kvsim.Trace, settings: Settings) -> None:
     fig = cached_kept_figure(trace, runs, settings.step, box, ages, size, compare, layout)
     trial = needle_kept.key_positions(trace) is not None and not compare  # a pass-key trial: its key marked
     if trial:
-        fig = needle_kept.marked(fig, trace, replays(trace, runs, layout=layout))
+        fig = figures.fit_key(needle_kept.marked(fig, trace, replays(trace, runs, layout=layout)))
     # a box drawn with the select tool re-draws that region from the replay, at full resolution
     # once it is narrow enough; the zoom tool (the default) only magnifies the pooled picture
-    (slot or st).plotly_chart(fig, key="kept_chart", config={"scrollZoom": True}, on_select=lambda: zoom_to_box(T),
-                              selection_mode="box")
-    # the reading right under the figure (above it, it pushed the figure's bottom and key past the fold)
-    st.markdown(intro)
+    figure_slot.plotly_chart(fig, key="kept_chart", config={"scrollZoom": True}, on_select=lambda: zoom_to_box(T),
+                             selection_mode="box")
+    # the reading under the figure and its notes (above it, it pushed the figure's bottom and key past the fold)
+    intro_slot.markdown(intro)
     # its paragraph is built only while open, like the zoom's inputs (a first paint draws less)
     reading = st.expander("how to read this picture", key=HOW_OPEN, on_change="rerun")
     if reading.open:
@@ -111,7 +114,8 @@ def kept_view(trace: kvsim.Trace, settings: Settings) -> None:
     results = replays(trace, runs, layout=layout)
     if trial:
         needle_kept.note(trace, results)
-    _notes(trace, runs, results, ages, compare, region, layout)
+    with notes_slot:
+        _notes(trace, runs, results, ages, compare, region, layout)
     st.caption(f"The dashed line is the sidebar's **step** ({settings.step}).")
     c1, c2 = st.columns(2)
     with c1:
@@ -224,7 +228,7 @@ def _zoom_note(region: figures.Region, T: int) -> None:
     way back to the whole run."""
     if region == figures.Region.whole(T):
         return
-    text, button = st.columns([5, 1])
+    text, button = st.columns([7, 2])  # [5, 1] cut the button's label at 1280 x 800
     text.caption(f"**zoomed to positions {region.p0}..{region.p1}, steps {region.t0}..{region.t1} of {T}**: the "
                  "picture shows that region only; the masses in the titles are over the whole run.")
     button.button("reset: the whole run", key="zoom_note_reset", on_click=zoom_reset, args=(T,))

@@ -38,11 +38,16 @@ from .scores_tab import score_view
 from .trace_tab import trace_view
 
 #: Streamlit's page starts 6rem down and its title is 2.75rem: at 1280 x 800 that put the kept figure's
-#: top at y = 600 and its legend below the fold. Style only (sent to Streamlit's event container, no
-#: space taken, no script run); the sidebar and every other view are as before.
+#: top at y = 600 and its legend below the fold. Its sides are 5rem each: at 1280 x 800 the views were
+#: 820 px wide and the tab bar, 918 px of names and gaps, hid Pass key and Allocation behind a scroll
+#: arrow; with sides of 2.5rem and gaps of 0.625rem between the tabs (16 px before) they are 900 px and
+#: 864 px, every tab on one row. Where a window is narrower still (a wider sidebar), the tabs wrap onto
+#: a second row rather than scroll out of sight. Style only (sent to Streamlit's event container, no
+#: space taken, no script run).
 PAGE_CSS = """<style>
-[data-testid="stMainBlockContainer"] { padding-top: 4rem; }
+[data-testid="stMainBlockContainer"] { padding-top: 4rem; padding-left: 2.5rem; padding-right: 2.5rem; }
 [data-testid="stMainBlockContainer"] h1 { font-size: 2.1rem; padding: 0 0 0.25rem 0; }
+.st-key-view [role="tablist"] { gap: 0.25rem 0.625rem; flex-wrap: wrap; overflow-x: visible; }
 </style>"""
 
 

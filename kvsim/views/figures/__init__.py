@@ -16,7 +16,7 @@ from ...analysis.features import HeavyFate, TraceFeatures, curve_peak, heavy_fat
 from ..selection import Region, selected_recent_window, selected_region
 from .common import policy_label
 from .curve import Line, coinciding, recent_window_curve
-from .kept import age_span, kept_heatmap
+from .kept import age_span, fit_key, kept_heatmap
 from .pooling import difference_counts, kept_image, panel_layers
 from .scores import eviction_threshold, score_distribution, score_name, score_snapshot
 from .tables import per_step_table, sweep_table
@@ -24,7 +24,7 @@ from .trace import attention_image, trace_matrix
 
 __all__ = [
     "HeavyFate", "Line", "Region", "TraceFeatures", "age_span", "attention_image", "coinciding", "curve_peak",
-    "difference_counts", "eviction_threshold", "heavy_fates", "kept_heatmap", "kept_image", "panel_layers",
+    "difference_counts", "eviction_threshold", "fit_key", "heavy_fates", "kept_heatmap", "kept_image", "panel_layers",
     "per_step_table", "policy_label", "recent_window_curve", "score_distribution", "score_name", "score_snapshot",
     "selected_recent_window", "selected_region", "sweep_table", "trace_features", "trace_features_cached",
     "trace_matrix",

@@ -56,7 +56,9 @@ def _uniform(rows: list[dict]) -> float | None:
 
 
 def _panel_title(row: dict, uniform: float | None = None) -> str:
-    said = _wrapped(against_uniform(row, uniform))  # a panel is narrow: the reading broken after its comma and colon
+    # a panel is narrow: the reading broken after its comma and colon, and before "by" (at 1280 x 800 four
+    # panels are about 190 px each, and "worse than uniform by 0.0171" ran into its neighbour's title)
+    said = _wrapped(against_uniform(row, uniform), before=(" by ", " to the optimum"))
     return f"<b>{row['allocator']}</b><br>mass {row['retained_mass']:.4f}" + "".join(f"<br>{part}" for part in said)
 
 
@@ -97,9 +99,12 @@ def mass_bars(rows: list[dict], *, title: str = "") -> go.Figure:
     return fig
 
 
-def _wrapped(words: str) -> list[str]:
-    """A reading in the lines of a tick label: broken after its comma and colon."""
-    return [part.strip() for part in words.replace(": ", ":|").replace(", ", ",|").split("|") if part.strip()]
+def _wrapped(words: str, before: tuple[str, ...] = ()) -> list[str]:
+    """A reading in the lines of a tick label: broken after its comma and colon, and before each of ``before``."""
+    words = words.replace(": ", ":|").replace(", ", ",|")
+    for b in before:
+        words = words.replace(b, "|" + b.lstrip())
+    return [part.strip() for part in words.split("|") if part.strip()]
 
 
 __all__ = ["against_uniform", "budget_grids", "mass_bars"]

@@ -207,22 +207,37 @@ PLOT_HEIGHT = 580
 LEGEND_ROW = 21
 #: room under the lower panel for its tick labels and the axis title
 AXIS_ROOM = 48
+#: between the panels, around the legends: above them the upper panel's tick labels, below them the
+#: lower panel's title
+KEY_ABOVE, KEY_BELOW = 34, 40
 
 
 def _legends(fig, policy: str, plot_height: int = PLOT_HEIGHT) -> None:
-    """Three legends under the chart, one entry per row so each one's height is known: the policies
+    """Three legends between the panels, one entry per row so each one's height is known: the policies
     on the left; the offline references, and under them the marks on ``policy``'s curve, on the right.
-    The figure is made as tall as the taller column needs, so no legend overlaps another, the plot or
-    the figure's edge, whatever width the figure is drawn at (a label is never cut)."""
+    Under the lower panel they were below the fold at 1280 x 800 (issue 56); between the panels they
+    follow the retained mass, the panel the story reads, on the first screen. Each panel keeps its
+    height (``plot_height`` shared as before); the gap between them is as tall as the taller column of
+    legends needs, so no legend overlaps another, a panel or the figure's edge, whatever width the
+    figure is drawn at (a label is never cut)."""
     entries = {"legend": 0, "legend2": 0, "legend3": 0}
     for t in fig.data:
         if t.get("showlegend") is not False:
             entries[t.get("legend") or "legend"] += 1
     left = (1 + entries["legend"]) * LEGEND_ROW
     right = (1 + entries["legend2"]) * LEGEND_ROW + LEGEND_ROW // 2
-    bottom = AXIS_ROOM + max(left, right + (1 + entries["legend3"]) * LEGEND_ROW) + 12
-    height = plot_height + 40 + bottom
-    top = (bottom - AXIS_ROOM) / height  # container coordinates: 0 at the figure's foot
+    block = max(left, right + (1 + entries["legend3"]) * LEGEND_ROW) + 12
+    panel = plot_height * (1 - 0.08) / 2  # each panel's height, as ``_upper_panel`` has it
+    plot = round(2 * panel + KEY_ABOVE + block + KEY_BELOW)
+    top_margin = 40
+    height = plot + top_margin + AXIS_ROOM
+    layout = fig.layout
+    layout["yaxis"] = {**layout.get("yaxis", {}), "domain": [1 - panel / plot, 1.0]}
+    layout["yaxis2"] = {**layout.get("yaxis2", {}), "domain": [0.0, panel / plot]}
+    layout["xaxis"] = {**layout.get("xaxis", {}), "showticklabels": True}  # the upper panel read on its own
+    upper_title, lower_title = layout["annotations"][:2]  # ``subplots``' titles, first of the notes
+    upper_title["y"], lower_title["y"] = 1.0, panel / plot
+    top = 1 - (top_margin + panel + KEY_ABOVE) / height  # container coordinates: 0 at the figure's foot
 
     def legend(x: float, anchor: str, y: float, title: str) -> dict:
         # titles sized explicitly: a theme styles the first legend's title, never the extra legends'
@@ -230,8 +245,8 @@ def _legends(fig, policy: str, plot_height: int = PLOT_HEIGHT) -> None:
                     font=dict(size=13), tracegroupgap=0, itemsizing="constant",
                     title=dict(text=title, side="top", font=dict(size=13)))
 
-    fig.layout.update(
-        height=height, margin=dict(l=60, r=20, t=40, b=bottom, autoexpand=False), hovermode="closest",
+    layout.update(
+        height=height, margin=dict(l=60, r=20, t=top_margin, b=AXIS_ROOM, autoexpand=False), hovermode="closest",
         legend=legend(0.01, "left", top, "<b>policies</b>"),
         legend2=legend(0.99, "right", top, OFFLINE_TITLE),
         legend3=legend(0.99, "right", top - right / height, f"<b>marks on {policy}</b>"),

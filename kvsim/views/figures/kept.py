@@ -9,6 +9,7 @@ objects, each property checked as it is set, the six-panel figure took longer th
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -112,9 +113,49 @@ def _kept_histories(results: Sequence[ReplayResult], features: TraceFeatures, co
 #: the sink strip's and the age strip's widths, as shares of the region's width of positions
 SINK_SHARE, AGE_SHARE = 0.10, 0.36
 #: the height of a row of panels, in pixels of plot: with the key above the titles and the axis
-#: below, one row of panels (the default view) is ``ROW_HEIGHT + TOP + BOTTOM`` = 479 px high, so the
-#: page's first screen at 1280 x 800 holds the whole figure and its key
-ROW_HEIGHT, TOP, BOTTOM = 320, 114, 45
+#: below, one row of panels (the default view: two-line titles, a key of two rows) is
+#: ``ROW_HEIGHT + TOP + BOTTOM`` = 507 px high, so the page's first screen at 1280 x 800 holds the
+#: whole figure, its key and the first lines of its notes. ``TOP`` grows with the titles' lines and the
+#: key's rows (``top_margin``).
+ROW_HEIGHT, TOP, BOTTOM = 320, 142, 45
+#: room above the key for Plotly's tool bar, drawn at the figure's top right while the pointer is on it
+#: (the box select is there): on the key's first row it covered the band's entry at 1280 x 800
+MODEBAR = 28
+#: a line of a panel's title in pixels (16 px type at Plotly's line spacing of 1.3: a title of three
+#: lines is 66 px high in Chromium), and the space between the key's bottom and the tallest title's top
+TITLE_LINE, KEY_GAP = 22, 10
+#: the key: a row of it in pixels (two rows are 58 px high in Chromium, its padding included), and what
+#: an entry takes across (its symbol and gap, then each character of its name at 12 px, both rounded
+#: up), counted in rows at ``KEY_WIDTH``, less than the narrowest the app draws the figure (900 px in a
+#: window 1280 px wide with the sidebar open, less the margins and the key's inset)
+KEY_ROW, KEY_ENTRY, KEY_CHAR, KEY_WIDTH = 30, 40, 5.6, 700
+
+
+def title_lines(titles: Sequence[str]) -> int:
+    """The most lines any panel's title takes (a serving layout's constraints add one, a long
+    parameter list more)."""
+    return max((t.count("<br>") + 1 for t in titles), default=1)
+
+
+def key_rows(names: Sequence[str], width: float = KEY_WIDTH) -> int:
+    """How many rows a horizontal key of ``names`` wraps to in ``width`` pixels (Plotly fills a row
+    left to right and starts another when the next entry does not fit)."""
+    rows, used = 1, 0.0
+    for name in names:
+        w = KEY_ENTRY + KEY_CHAR * len(re.sub(r"<[^>]*>", "", name))
+        if used and used + w > width:
+            rows, used = rows + 1, 0.0
+        used += w
+    return rows
+
+
+def top_margin(titles: Sequence[str], names: Sequence[str]) -> tuple[int, int]:
+    """The figure's top margin and the key's bottom above the panels, both in pixels: room for the
+    key's rows above the tallest title, so that no row of the key lies on a title (under a serving
+    layout the titles took a third line and the key's second row sat on them), and above the key the
+    tool bar's (``MODEBAR``)."""
+    above = KEY_GAP + TITLE_LINE * title_lines(titles)
+    return above + KEY_ROW * max(2, key_rows(names)) + MODEBAR, above
 
 
 @dataclass(frozen=True)
@@ -172,8 +213,10 @@ def _frame(titles: list[str], rows: int, cols: int, height: int, at: _Geometry) 
     """The subplots, their axes and the layout, as a figure's dict, and each panel's axes."""
     region = at.region
     # the axes and the layout set as plain dicts: through Plotly's objects, most of the time
+    # between two rows of panels: the upper row's axis and strips' names, and the lower row's titles
+    between = 86 + TITLE_LINE * title_lines(titles)
     frame = subplots(titles, rows=rows, cols=cols, horizontal_spacing=0.025,
-                     vertical_spacing=min(0.3, 130 / (height + 120)) if rows > 1 else 0.0)
+                     vertical_spacing=min(0.3, between / (height + 120)) if rows > 1 else 0.0)
     refs = [_refs(k) for k in range(1, rows * cols + 1)]
     layout = frame["layout"]
     ticks = _ticks(region.p0, region.p1)  # on the positions only: the strips beside them have their own labels
@@ -190,10 +233,10 @@ def _frame(titles: list[str], rows: int, cols: int, height: int, at: _Geometry) 
         else:
             yaxis["showticklabels"] = False
     layout.update(
-        height=height + TOP + BOTTOM,
+        height=height + TOP + BOTTOM,  # the top margin is set once the key's entries are known (``fit_key``)
         margin=dict(l=60, r=10, t=TOP, b=BOTTOM),
         # the key on top, above the panels' titles: read before the panels, and on the first screen
-        legend=dict(orientation="h", yanchor="bottom", y=1 + 50 / height, x=0, font=dict(size=12)),
+        legend=dict(orientation="h", yanchor="bottom", y=1, x=0, font=dict(size=12)),
         plot_bgcolor="white",
         dragmode="zoom",  # zoom by default; the box-select tool asks for a full-resolution region
     )
@@ -298,9 +341,45 @@ class _Drawing:
         added; not validated again (the tests validate the result once, so a misspelt property
         still fails there)."""
         layout = frame["layout"]
+        titles = [a["text"] for a in layout.get("annotations", [])]  # the subplots' titles: the frame's only notes
         layout["annotations"] = layout.get("annotations", []) + self.notes
         layout["shapes"] = layout.get("shapes", []) + self.shapes
-        return go.Figure(dict(data=frame.get("data", []) + self.traces, layout=layout), _validate=False)
+        data = frame.get("data", []) + self.traces
+        height, top, y = _key_place(layout["height"], layout["margin"], titles,
+                                    [x["name"] for x in [*data, *self.shapes] if _in_key(x)])
+        layout.update(height=height)
+        layout["margin"]["t"] = top
+        layout["legend"]["y"] = y
+        return go.Figure(dict(data=data, layout=layout), _validate=False)
+
+
+def _in_key(x: dict) -> bool:
+    """Whether a trace or shape (as a dict) has an entry in the key: a shape or trace that says so, a
+    scatter that does not say otherwise (an image never has one)."""
+    shown = x.get("showlegend")
+    return bool(x.get("name")) and (shown if shown is not None else x.get("type") == "scatter")
+
+
+def fit_key(fig: go.Figure) -> go.Figure:
+    """``fig`` (a kept figure, changed in place) with its top margin and key placed again for the
+    entries it has now: for a figure drawn on after ``kept_heatmap`` (a pass-key trial's marks add
+    entries to the key)."""
+    layout = fig.layout
+    titles = [a.text for a in layout.annotations if a.yref == "paper"]  # the subplots' titles
+    names = [x.name for x in [*fig.data, *layout.shapes]
+             if x.name and _in_key({"name": x.name, "showlegend": getattr(x, "showlegend", None), "type": x.type})]
+    height, top, y = _key_place(layout.height, dict(t=layout.margin.t, b=layout.margin.b), titles, names)
+    fig.update_layout(height=height, margin_t=top, legend_y=y)
+    return fig
+
+
+def _key_place(height: int, margin: dict, titles: Sequence[str], names: Sequence[str]) -> tuple[int, int, float]:
+    """The figure's height, its top margin and the key's ``y`` (in the panels' heights, from their
+    bottom) that put the key's rows above the tallest title (``top_margin``), the panels' height
+    unchanged."""
+    plot = height - margin["t"] - margin["b"]
+    top, above = top_margin(titles, names)
+    return plot + top + margin["b"], top, 1 + above / plot
 
 
 def _ticks(lo: int, hi: int, n: int = 5) -> list[int]:

@@ -77,6 +77,10 @@ def score_name(policy: str) -> str:
     return display.score_name if display is not None else Display.score_name
 
 
+#: the panels' height and the room above them (the title, two rows of the key, the panels' titles), in pixels
+SCORES_PLOT, SCORES_TOP = 340, 126
+
+
 def score_distribution(result: ReplayResult, step: int, features: TraceFeatures) -> go.Figure:
     """Left: each held position's cumulative score against its position (log scale). Right: the
     distribution of those scores, stacked by kind. The eviction threshold is marked on both."""
@@ -136,9 +140,13 @@ def score_distribution(result: ReplayResult, step: int, features: TraceFeatures)
     fig.update_xaxes(title_text="position", row=1, col=1)
     fig.update_xaxes(title_text=f"{score_name(result.policy)} (log)", tickvals=ticks, ticktext=labels, row=1, col=2)
     fig.update_yaxes(title_text="positions", row=1, col=2)
+    # the key between the title and the panels' titles (under the axis it was below the fold at 1280 x 800):
+    # room for two rows of it, growing upwards from just above the panels' titles
     fig.update_layout(
-        barmode="stack", height=460, title=dict(text=title, x=0, font=dict(size=14)),
-        margin=dict(l=60, r=20, t=80, b=40), legend=dict(orientation="h", yanchor="bottom", y=-0.3, x=0),
+        barmode="stack", height=SCORES_PLOT + SCORES_TOP + 50, title=dict(text=title, x=0, y=1, yref="container",
+                                                                          yanchor="top", pad=dict(t=8), font=dict(size=14)),
+        margin=dict(l=60, r=20, t=SCORES_TOP, b=50),
+        legend=dict(orientation="h", yanchor="bottom", y=1 + 36 / SCORES_PLOT, x=0),
     )
     return fig
 
