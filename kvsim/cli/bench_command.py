@@ -23,6 +23,7 @@ SECTIONS = {
     "long": (("trace", "--trace", None), ("no_tune", "--no-tune", False), ("study", "--study", False)),
     "generate": (("lengths", "--lengths", None), ("decode", "--decode", None), ("prefill", "--prefill", "exact")),
     "truth": (),
+    "deploy": (("lengths", "--lengths", None),),
 }
 
 
@@ -36,9 +37,10 @@ def chosen_section(args: argparse.Namespace) -> str | None:
     if len(chosen) > 1:
         raise CLIError(f"{' and '.join(map(_flag, chosen))} are separate benchmarks; run one at a time")
     section = chosen[0] if chosen else None
+    mine = {dest for dest, _, _ in SECTIONS.get(section, ())}
     for other, flags in SECTIONS.items():
         if other != section:
-            stray = [flag for dest, flag, default in flags if getattr(args, dest) != default]
+            stray = [flag for dest, flag, default in flags if dest not in mine and getattr(args, dest) != default]
             if stray:
                 raise CLIError(f"{', '.join(stray)} only {'applies' if len(stray) == 1 else 'apply'} with {_flag(other)}")
     if section and args.full_reference:
@@ -51,6 +53,10 @@ def cmd_bench(args: argparse.Namespace) -> object:
     say = None if args.json else protocol.stderr("bench")
     if section == "generate":
         return _generate(args, say)
+    if section == "deploy":
+        from ..bench import deploy
+
+        return deploy.run(_lengths(args.lengths, deploy.LENGTHS), progress=say)
     if section == "load":
         from ..bench import load
 
@@ -82,16 +88,23 @@ def cmd_bench(args: argparse.Namespace) -> object:
 def _generate(args: argparse.Namespace, say) -> dict:
     from ..bench import generate
 
-    lengths = generate.LENGTHS
-    if args.lengths is not None:
-        try:
-            lengths = tuple(int(x) for x in args.lengths.split(","))
-        except ValueError:
-            raise CLIError(f"--lengths: expected comma-separated integers, got {args.lengths!r}") from None
+    lengths = _lengths(args.lengths, generate.LENGTHS)
     decode = generate.DECODE if args.decode is None else args.decode
     if min(lengths) <= decode + 1:
         raise CLIError(f"--lengths: every length must exceed --decode + 1 ({decode + 1}), got {min(lengths)}")
     return generate.run(lengths, decode, prefill=args.prefill, progress=say)
+
+
+def _lengths(text: str | None, default: tuple) -> tuple:
+    if text is None:
+        return default
+    try:
+        lengths = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise CLIError(f"--lengths: expected comma-separated integers, got {text!r}") from None
+    if min(lengths) < 2:
+        raise CLIError(f"--lengths: every length must be at least 2, got {min(lengths)}")
+    return lengths
 
 
 def bench_status(args: argparse.Namespace, doc: dict) -> int:

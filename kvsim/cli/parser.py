@@ -283,8 +283,11 @@ def _add_bench(sub, traces) -> None:
     p.add_argument("--generate", action="store_true", help="instead: decode with Gemma-3-270M on one CPU thread, "
                    "transformers' full cache against kvsim.hf's at budgets 256 and 1024 (h2o, streaming_llm); long "
                    "(about an hour at the default lengths)")
-    p.add_argument("--lengths", type=str, default=None, metavar="L[,L...]", help="with --generate: context lengths "
-                   "(default: 2048,4096,8192)")
+    p.add_argument("--lengths", type=str, default=None, metavar="L[,L...]", help="with --generate or --deploy: "
+                   "context lengths (default: 2048,4096,8192; --deploy: 1024,8000)")
+    p.add_argument("--deploy", action="store_true", help="instead: the deployed cache (tensor path, and the "
+                   "reference path up to 1024 tokens) against transformers' full cache under sdpa, one thread: "
+                   "prefill, decode, bytes (Gemma-3-270M; SmolLM2-135M with its wheel)")
     p.add_argument("--decode", type=positive_int, default=None, metavar="G", help="with --generate: tokens decoded "
                    "after each prompt of L - G (default: 256)")
     p.add_argument("--prefill", choices=["exact", "fast"], default="exact", help="with --generate: how kvsim's cache "

@@ -252,16 +252,22 @@ class TensorLayer(EvictingLayer):
         """Position ``seen``, written to slot ``_col`` by ``update``: ``(out (batch, 1, query heads, d), weights
         (batch, query heads, 1, slots))``."""
         t, pos = self.seen, self.pos
-        new = torch.arange(pos.shape[-1], device=pos.device) == self._col[..., None]
+        new = self._arange(pos.shape[-1]) == self._col[..., None]
         before = (pos >= 0) & ~new
         held = before | new
         seen = held if call.window is None else held & (pos > t - call.window)
         w = _softmax(_logits(q, self._keys, call), seen, q.dtype)  # (batch, heads, G, slots)
         out = torch.matmul(w, self._values)  # (batch, heads, G, d)
-        self._count = self._step(t, pos, before, new, held, self._count, w, self.state.slots)
+        order = torch.where(held, pos, _LAST).argsort(-1)  # held first, ascending position
+        shown = _shown(w, before, order) if t and self._observes else None
+        self._count = self._step(t, pos, before, new, held, self._count, shown, self.state.slots, order)
         self.seen = t + 1
         batch, heads, g, d = out.shape
         return out.reshape(batch, 1, heads * g, d), w.reshape(batch, heads * g, 1, -1)
+
+    @property
+    def _observes(self) -> bool:
+        return self.reads_attention and self.hooks.observe is not None
 
     def _chunk(self, q, key, value, call):
         """A prompt chunk ``(batch, heads, G, n, d)``: ``(batch, n, query heads, d)``. ``exact`` steps it
@@ -279,9 +285,12 @@ class TensorLayer(EvictingLayer):
 
     def _part(self, q, key, value, call):
         """Up to ``self.chunk`` positions from ``seen`` (all of a call's, ``fast``): their outputs ``(batch,
-        heads, G, n, d)``. The policy steps position by position; the masks that do not depend on what it
-        evicts (the chunk's causal order, the model's window) are made once for the block of queries, and the
-        outputs are one product per block after its steps."""
+        heads, G, n, d)``. What does not depend on what the policy evicts is computed once per block of queries:
+        the logits; every row's softmax under ``fast`` (over what the call found and the call up to the query),
+        and under ``exact`` the rows of the positions before the smallest budget fills (nothing can have been
+        evicted yet), with what the policy is shown on those; the columns' position order (a column's position
+        never changes inside a part: an evicted one only stops counting). The policy then steps position by
+        position, and the outputs are one product per block."""
         t0, n = self.seen, q.shape[3]
         batch, heads, width = self.pos.shape
         dev = self.pos.device
@@ -289,55 +298,63 @@ class TensorLayer(EvictingLayer):
         values = torch.cat([self._values, value], dim=2)
         pos = torch.cat([self.pos, torch.full((batch, heads, n), -1, dtype=torch.int64, device=dev)], dim=2)
         slots = {name: torch.cat([s, s.new_zeros(batch, heads, n)], dim=2) for name, s in self.state.slots.items()}
-        fast, window = self.prefill == "fast", call.window
-        cols = torch.arange(width + n, device=dev)
-        news = (cols[None, :] == width + torch.arange(n, device=dev)[:, None])  # (n, columns): position i's column
-        # each column's position as the call found it (an evicted one keeps it): what the model's window reads
+        fast, window, g = self.prefill == "fast", call.window, q.shape[2]
+        cols = self._arange(width + n)
+        # each column's position as the part found it (an evicted one keeps it): what the model's window reads in
+        # fast mode, where the queries attend over columns the policy has since evicted; and the columns' order
         posf = torch.where(cols >= width, t0 - width + cols, pos)
+        order = torch.where(posf >= 0, posf, _LAST).argsort(-1)
         found = pos >= 0
         count = self._count
-        out = q.new_empty(batch, heads, q.shape[2], n, value.shape[-1])
+        out = q.new_empty(batch, heads, g, n, value.shape[-1])
         for a in range(0, n, self.chunk):
-            z = min(a + self.chunk, n)
-            ts = t0 + torch.arange(a, z, device=dev)
-            logits = _logits(q[:, :, :, a:z].transpose(2, 3), keys, call)  # (batch, heads, block, G, columns)
-            sees = torch.ones(batch, heads, z - a, width + n, dtype=torch.bool, device=dev)
+            m = min(a + self.chunk, n) - a
+            ts = t0 + torch.arange(a, a + m, device=dev)
+            logits = _logits(q[:, :, :, a : a + m].transpose(2, 3), keys, call)  # (batch, heads, m, G, columns)
+            mine = cols[None, :] - width  # a chunk column's index in the part, negative for the found ones
+            earlier = found[:, :, None, :] | ((mine >= 0) & (mine < (a + torch.arange(m, device=dev))[:, None]))
+            sees = earlier | (mine == (a + torch.arange(m, device=dev))[:, None])  # (batch, heads, m, columns)
             if window is not None:
-                sees &= posf[:, :, None, :] > (ts[:, None] - window)
-            if fast:  # what the call found, and its positions up to t: the full cache's rows
-                sees &= found[:, :, None, :] | ((cols >= width) & (cols[None, :] <= width + ts[:, None] - t0))
-            ws = torch.empty(batch, heads, q.shape[2], z - a, width + n, dtype=q.dtype, device=dev)
-            for i in range(a, z):
-                t, new = t0 + i, news[i]
+                sees = sees & (posf[:, :, None, :] > (ts[:, None] - window))
+            pre = m if fast else max(0, min(m, self._least - (t0 + a)))  # rows whose softmax is known now
+            ws = torch.empty(batch, heads, m, g, width + n, dtype=q.dtype, device=dev)
+            if pre:
+                ws[:, :, :pre] = _softmax(logits[:, :, :pre], sees[:, :, :pre], q.dtype)
+            steady = max(0, min(m, self._least - (t0 + a)))  # rows before any eviction: shown all at once
+            shown = _shown(ws[:, :, :steady], earlier[:, :, :steady], order) if steady and self._observes else None
+            for j in range(m):
+                i = a + j
+                t, new = t0 + i, cols == width + i
                 before = pos >= 0
                 pos[..., width + i] = t
                 held = before | new
-                w = _softmax(logits[:, :, i - a], sees[:, :, i - a] if fast else held & sees[:, :, i - a], q.dtype)
-                ws[:, :, :, i - a] = w
-                count = self._step(t, pos, before, new, held, count, w * held[:, :, None, :] if fast else w, slots)
-            out[:, :, :, a:z] = torch.matmul(ws, values[:, :, None])
+                if j >= pre:
+                    ws[:, :, j] = _softmax(logits[:, :, j], held & sees[:, :, j], q.dtype)
+                row = None
+                if t and self._observes:
+                    row = shown[:, :, j] if j < steady else _shown(ws[:, :, j], before, order)
+                count = self._step(t, pos, before, new, held, count, row, slots, order)
+            out[:, :, :, a : a + m] = torch.matmul(ws.transpose(2, 3), values[:, :, None])
         self._count = count
         self._compact(width, keys, values, pos, slots)
         self.seen = t0 + n
         return out
 
-    def _step(self, t: int, pos, before, new, held, count, w, slots):
-        """Step t of every (row, KV head): shown ``w`` (the query heads' weights over the columns), admit t
-        (its column ``new``), evict where over budget. ``pos`` and ``slots`` are changed in place; the held
-        counts after the step come back. One sort of the held columns by position serves the renormalising
-        sum (added in position order, as the reference adds), the ranks and the tie rule."""
+    def _step(self, t: int, pos, before, new, held, count, shown, slots, order):
+        """Step t of every (row, KV head): ``shown`` (what the policy sees, ``_shown``; None before step 1 or for a
+        policy that reads no attention), admit t (its column ``new``), evict where over budget. ``order``: the
+        columns in position order (held ones ascending, the rest anywhere), for the ranks and the tie rule.
+        ``pos`` and ``slots`` are changed in place; the held counts after the step come back."""
         hooks, state = self.hooks, self.state
         state.slots = slots
         count = count + 1
-        evicting = t + 1 > self._least  # no head can be over its budget before the smallest budget fills
-        observing = t and self.reads_attention and hooks.observe is not None
-        order = torch.where(held, pos, _LAST).argsort(-1) if observing or evicting else None
-        if observing:
-            hooks.observe(state, _shown(w, before, order), before)
+        if shown is not None:
+            hooks.observe(state, shown, before)
         if hooks.admit is not None:
             hooks.admit(state, new, before)
-        if evicting:
-            older = torch.empty_like(order).scatter_(-1, order, self._arange(order.shape[-1]).expand_as(order))
+        if t + 1 > self._least:  # no head can be over its budget before the smallest budget fills
+            ranks = held.gather(-1, order).cumsum(-1) - 1  # each held column's rank, in position order
+            older = torch.empty_like(order).scatter_(-1, order, ranks)
             values, candidates = hooks.rank(state, Columns(t, pos, held, count[..., None] - 1 - older, older))
             # in position order, so that the first minimum is the lower position (the cards' tie rule)
             ranked = torch.where(candidates & held, values, torch.inf).gather(-1, order)
@@ -392,7 +409,7 @@ def _logits(q, keys, call):
 def _softmax(logits, seen, dtype):
     """``logits`` ``(batch, heads, G, width)`` over the columns ``seen`` ``(batch, heads, width)`` marks, the
     family's eager softmax: float32, cast back to the query's dtype."""
-    scores = logits.masked_fill(~seen[:, :, None, :], float("-inf"))
+    scores = logits.masked_fill(~seen.unsqueeze(-2), float("-inf"))
     return torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
 
 
@@ -402,15 +419,18 @@ _TINY = torch.finfo(torch.float64).tiny
 
 def _shown(w, before, order):
     """What the reference path shows each (row, KV head)'s policy: the group's weights ``w`` ``(batch, heads,
-    G, width)`` combined (their mean, folded in head order in float64), kept on the columns held ``before``
-    t was admitted, renormalised by their sum in position order (``order``: the columns by position, held
-    first), float32; zero where the sum is not positive and off ``before``."""
+    [rows,] G, width)`` combined (their mean, folded in head order in float64), kept on the columns held
+    ``before`` t was admitted, renormalised by their sum in position order (``order`` ``(batch, heads, width)``:
+    the columns by position, any column not held anywhere), float32; zero where the sum is not positive and off
+    ``before``."""
     wide = w.double()
-    combined = wide[:, :, 0]
-    for g in range(1, w.shape[2]):
-        combined = combined + wide[:, :, g]
-    combined = (combined / w.shape[2]) * before  # exact: a product by one or zero
-    total = combined.gather(-1, order).cumsum(-1)[..., -1:]  # zeros among and after the held ones add nothing
+    combined = wide[..., 0, :]
+    for g in range(1, w.shape[-2]):
+        combined = combined + wide[..., g, :]
+    combined = (combined / w.shape[-2]) * before  # exact: a product by one or zero
+    if combined.dim() > order.dim():
+        order = order[:, :, None, :].expand_as(combined)
+    total = combined.gather(-1, order).cumsum(-1)[..., -1:]  # the zeros of what is not held add nothing
     return (combined / total.clamp(min=_TINY)).float()
 
 
