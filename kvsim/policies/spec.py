@@ -94,7 +94,7 @@ class PolicySpec:
         """A fresh policy in its starting state (offline references are handed ``trace``)."""
         cls = policy_class(self.name)
         # offline references read the trace; a policy that ``reads_meta`` reads constants of its meta (a RoPE)
-        extra = {"trace": trace} if cls.needs_trace or getattr(cls, "reads_meta", False) else {}
+        extra = {"trace": trace} if cls.needs_trace or cls.reads_meta else {}
         return cls(budget=self.budget, rng=rng, **self.kwargs, **extra)
 
     @property
