@@ -12,7 +12,7 @@ import streamlit as st
 
 import kvsim
 from kvsim.analysis.windows import WINDOW, sweep_coarse_to_fine
-from kvsim.policies import PolicySpec, describe_policy
+from kvsim.policies import PolicySpec, describe_policy, registry
 from kvsim.policies.upper_bound import upper_bound_summary
 from kvsim.sim import summaries
 from kvsim.views import figures, story
@@ -153,7 +153,7 @@ def reference_lines(trace: kvsim.Trace, settings: Settings, pending: Pending) ->
     coarse first (``progressive``); until one is known the page says so."""
     lines = []
     for name, cls in kvsim.POLICIES.items():
-        if "recent_window" in kvsim.policy_params(name) or name in settings.left_out:  # the sidebar says why
+        if registry.window_param(name) is not None or name in settings.left_out:  # the sidebar says why
             continue
         spec = settings.specs[name]
         if isinstance(spec, str):
@@ -161,10 +161,10 @@ def reference_lines(trace: kvsim.Trace, settings: Settings, pending: Pending) ->
             continue
         inner = ", ".join(f"{k}={v}" for k, v in spec.params)
         label = f"{name} ({inner})" if inner else name
-        summary = _optimal(trace, spec, pending) if name == "optimal" else _summary(trace, spec, pending)
+        summary = _optimal(trace, spec, pending) if registry.is_optimum(name) else _summary(trace, spec, pending)
         if summary is None:
             continue
-        if cls.needs_trace:
+        if registry.is_offline(name):
             lines.append(figures.Line.of(summary, f"{label} (offline reference)", "offline", name, note=describe_policy(cls)))
         else:
             lines.append(figures.Line.of(summary, label, "policy", name))

@@ -16,8 +16,8 @@ import functools
 from pathlib import Path
 
 from ..data.catalog import available_bundles, available_traces
-from ..policies import DEFAULT_BUDGET, POLICIES, all_tunables, policy_params
-from ..policies.registry import suggest
+from ..policies import DEFAULT_BUDGET, POLICIES, all_tunables, policy_params, registry
+from ..policies.registry import suggest, windowed
 from ..sim.harness import DEFAULT_TOP_K
 from .errors import BAD_INPUT, USAGE, CLIError, flag
 from .layout_flags import add as add_layout_flags
@@ -285,7 +285,7 @@ def _add_tune(sub, traces) -> None:
     from ..analysis.tune import BY as TUNE_BY
     from ..analysis.tune import DEFAULT_BY as TUNE_DEFAULT_BY
 
-    tunable = [name for name in POLICIES if "recent_window" in policy_params(name)]
+    tunable = windowed()
     p = sub.add_parser("tune", help="per layer and KV head of a bundle: the smallest recent_window within 0.005 "
                        "of the best retained mass, and the model-wide figures")
     p.add_argument("--trace", required=True, help="a bundle (a shipped bundle's name or a folder with a manifest.json), "
@@ -367,7 +367,7 @@ def _add_generate(sub, traces) -> None:
     p.add_argument("--prompt-file", default=None, metavar="F", help="read the prompt from a UTF-8 file")
     p.add_argument("--model", default="gemma3-270m", metavar="DIR|gemma3-270m", help="a local Hugging Face model folder, "
                    "or gemma3-270m for the shipped Gemma-3-270M (default)")
-    online = ", ".join(n for n, c in POLICIES.items() if not c.needs_trace)
+    online = ", ".join(registry.online())
     p.add_argument("--policy", help=f"an online registry policy ({online}); required unless --plan gives it")
     p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET, action=_Given, help="positions each layer "
                    f"holds per KV head (default: {DEFAULT_BUDGET}) or, with --allocate FILE, on average (by default the file's split)")

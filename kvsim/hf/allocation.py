@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..data import jsontext
-from ..policies import PolicySpec
+from ..policies import PolicySpec, registry
 from ..policies import split as al
 from .cache import HFError
 
@@ -40,8 +40,8 @@ def refusal(name: str) -> str | None:
 def adakv_refusal(policy: str, kv_heads: int | None = None, shape: str = "the model has 1 KV head per layer") -> str | None:
     """Why adakv cannot deploy ``policy`` on a model of ``kv_heads`` KV heads per layer (None: not known
     yet), one line; None when it can."""
-    if policy != "h2o":
-        return f"adakv pools h2o's scores across a layer's heads; {policy} is not h2o (use h2o)"
+    if not registry.can_pool(policy):
+        return f"{registry.missing(policy, 'pools_heads', 'adakv')} (use {' or '.join(registry.poolers())})"
     if kv_heads == 1:
         return (f"adakv pools a layer's KV heads, and with one KV head per layer the pool is that head: adakv is "
                 f"uniform within a layer on this model ({shape}); use uniform, pyramidkv or a split file")

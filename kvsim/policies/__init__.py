@@ -3,7 +3,8 @@ from .registry import POLICIES, PROBLEMS, all_tunables, load_policies, policy_cl
 from .spec import ParamValues, PolicySpec, make_policy
 
 __all__ = [
-    "Capabilities", "DEFAULT_BUDGET", "POLICIES", "ContractError", "Display", "EngineBinding", "Param", "ParamError", "ParamValues", "Policy",
+    "Capabilities", "DEFAULT_BUDGET", "POLICIES", "ContractError", "Display", "EngineBinding", "Param", "ParamError",
+    "ParamValues", "Policy",
     "PolicySpec", "PROBLEMS", "all_tunables", "load_policies", "describe_policy", "make_policy", "policy_class",
     "policy_params", "register", "tunables",
 ]

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..base import ParamError, check_budget, check_param
 from .. import registry
+from ..base import ParamError, check_budget, check_param
 from ..registry import policy_class
 from .priorities import LayoutError
 
