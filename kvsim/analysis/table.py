@@ -93,7 +93,7 @@ def build_table(trace: Trace, budget: int = TABLE_BUDGET, top_k: int = DEFAULT_T
     for row in table_rows():
         entry = {"policy": row.policy, "params": dict(row.params)}
         cls = POLICIES.get(row.policy)
-        lacking = vectors.missing(trace, cls.reads, reads_meta(row.policy)) if cls is not None else []
+        lacking = vectors.missing(trace, cls.reads, reads_meta(cls.name)) if cls is not None else []
         if lacking:  # a scorer that reads what this trace was recorded without: said, not measured
             rows.append({**entry, "retained_mass": None, "top_k_recall": None,
                          "absent": f"it reads {', '.join(lacking)}, which this trace does not hold"})
@@ -152,7 +152,7 @@ def layout_table(trace: Trace, budget: int, top_k: int, layout) -> dict:
             m = row.measure(trace, budget, top_k)
             rows.append({**entry, "layout": "-", "retained_mass": m["retained_mass"], "top_k_recall": m["top_k_recall"]})
             continue
-        lacking = vectors.missing(trace, cls.reads, reads_meta(row.policy))
+        lacking = vectors.missing(trace, cls.reads, reads_meta(cls.name))
         if lacking:
             rows.append({**entry, "retained_mass": None, "top_k_recall": None,
                          "absent": f"it reads {', '.join(lacking)}, which this trace does not hold"})
