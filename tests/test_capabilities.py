@@ -106,8 +106,13 @@ def test_register_holds_each_declaration_to_its_code():
         name = "declares_a_window_it_lacks"
         window = "recent_window"
 
+    class PoolsNoWindow(Policy):
+        name = "pools_without_a_window"
+        pools_heads = True
+
     for cls, words in ((NoMethods, "declares layout_score but defines no layout_priorities()"),
-                       (NoSuchWindow, "window 'recent_window' is none of its tunables")):
+                       (NoSuchWindow, "window 'recent_window' is none of its tunables"),
+                       (PoolsNoWindow, "declares pools_heads, which protects its window in every head")):
         with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")) as e:
             register(cls)
         assert "\n" not in str(e.value) and cls.name not in POLICIES
@@ -162,3 +167,14 @@ def test_the_deployed_cache_refuses_a_plugin_without_a_layout_score_and_runs_the
         cache = hf.cache(model, name, 12, block_size=4)
         out[name] = model.generate(ids, cache=cache, max_new_tokens=12, min_new_tokens=12, do_sample=False)[0].tolist()
     assert out["newest"] == out["sliding_window"]
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_a_specs_window_is_its_declared_parameters_value(name):
+    """``spec.window``: the value of the parameter the policy declares as its window (``spec.params.recent_window``),
+    None for a policy without one."""
+    spec = kvsim.PolicySpec.of(name, 64)
+    param = registry.window_param(name)
+    assert spec.window == (None if param is None else dict(spec.params)[param])
+    if param is not None:
+        assert spec.replace(**{param: 5}).window == 5 == spec.replace(**{param: 5}).params.recent_window

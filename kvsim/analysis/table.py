@@ -17,7 +17,7 @@ from ..policies.registry import offline, online, reads_meta
 from ..policies.upper_bound import upper_bound_summary
 from ..sim.harness import DEFAULT_TOP_K
 from .metrics import describe
-from .windows import best_row, choose_window
+from .windows import WINDOW, best_row, choose_window
 
 TABLE_BUDGET = 256
 
@@ -50,7 +50,7 @@ def _offline(trace: Trace, name: str, budget: int, top_k: int) -> dict:
 
 #: the second part: h2o's retained mass over recent_window 8 .. 192 (docs/domain.md, "The canonical trace", last target)
 SWEEP_POLICY = "h2o"
-SWEEP_PARAM = "recent_window"
+SWEEP_PARAM = WINDOW
 SWEEP_VALUES = range(8, 193, 8)
 
 

@@ -239,7 +239,7 @@ def _deployed_windows(cache) -> list | None:
     policy without one."""
     out = []
     for layer in cache.layers:
-        per_head = [spec.get("recent_window") for spec in layer.specs]
+        per_head = [spec.window for spec in layer.specs]
         out.append(per_head[0] if len(set(per_head)) == 1 else per_head)
     return None if all(w is None for w in out) else out
 

@@ -328,8 +328,8 @@ def _adakv(model, policy: str, budget: int | None, windows, by: str, params: dic
         raise HFError(f"allocate=adakv pools budget x {kv_heads} KV heads in each layer; give the budget")
     specs = layer_specs(model, policy, budget, windows, by, **params)
     for x, row in enumerate(specs):
-        if len({s["recent_window"] for s in row}) != 1:
-            raise HFError(f"allocate=adakv: layer {x}'s KV heads have recent_windows {[s['recent_window'] for s in row]}; "
+        if len({s.window for s in row}) != 1:
+            raise HFError(f"allocate=adakv: layer {x}'s KV heads have recent_windows {[s.window for s in row]}; "
                           "a pool protects one window in all its heads (give windows per layer)")
     return specs, budget * kv_heads, [adakv_floor(row[0]) for row in specs]
 

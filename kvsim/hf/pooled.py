@@ -37,7 +37,7 @@ class PooledLayer(EvictingLayer):
                           "head's positions once, alone: use prefill='exact' or 'fast'")
         if lacking := next((s.name for s in specs if not registry.can_pool(s.name)), None):
             raise HFError(registry.missing(lacking, "pools_heads", "adakv"))
-        windows = {s["recent_window"] for s in specs}
+        windows = {s.window for s in specs}
         if len(windows) != 1:
             raise HFError(f"adakv pools a layer's heads with one recent_window; this layer's heads have {sorted(windows)}")
         super().__init__(specs, prefill=prefill)

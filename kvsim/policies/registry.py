@@ -80,6 +80,9 @@ def _check_capabilities(cls: type[Policy]) -> None:
         for method in ("layout_priorities", "layout_drop"):
             if getattr(cls, method) is getattr(Policy, method):
                 raise ValueError(f"register: {cls.__name__} declares layout_score but defines no {method}()")
+    if cls.pools_heads and window is None:
+        raise ValueError(f"register: {cls.__name__} declares pools_heads, which protects its window in every head: "
+                         "declare window")
     if cls.optimum and not cls.needs_trace:
         raise ValueError(f"register: {cls.__name__} declares optimum, which is offline (needs_trace)")
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import DEFAULT_BUDGET, Policy, check_budget
-from .registry import policy_class
+from .registry import policy_class, window_param
 
 
 class ParamValues(tuple):
@@ -81,6 +81,13 @@ class PolicySpec:
             if name == param:
                 return value
         raise KeyError(f"{self.name} has no parameter {param!r}")
+
+    @property
+    def window(self) -> int | None:
+        """The value of the policy's window parameter (its declared ``window``: ``spec.params.recent_window``), None
+        for a policy without one."""
+        param = window_param(self.name)
+        return None if param is None else self[param]
 
     def get(self, param: str, default: int | None = None) -> int | None:
         """The parameter named ``param``, or ``default`` for a policy that does not declare it."""
