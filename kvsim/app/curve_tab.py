@@ -209,7 +209,7 @@ def curve_figure(curves: dict[str, list[dict]], policy: str, lines: tuple, rw: i
     (read-only: Streamlit copies a figure to send it). Where the primary curve has every window its
     best and recommended windows are marked (``kvsim.analysis.windows``); otherwise its peak, as the
     peak so far of the windows sampled."""
-    default = kvsim.policy_params(policy)["recent_window"]
+    default = kvsim.policy_params(policy)[registry.window_param(policy)]
     # a tour step is a slide: its chart is shorter, so the figure and its legends fit one screen
     plot_height = TOUR_PLOT_HEIGHT if state.touring() else None
     key = (policy, rw, default, features.band, features.band_known, lines, budget, plot_height,
@@ -320,7 +320,7 @@ def _curves(trace: kvsim.Trace, budget: int, policy: str, policies: list[str], r
         if isinstance(spec, str):
             st.error(f"{spec}. Change the setting in the sidebar to draw {name}'s curve.")
             continue
-        marks = (kvsim.policy_params(name)["recent_window"], band, rw)
+        marks = (kvsim.policy_params(name)[registry.window_param(name)], band, rw)
         curves[name] = sweep_curve(trace, spec, marks, pending, primary=name == policy)
     return curves
 

@@ -4,6 +4,12 @@ names, the app's warm-up, the CLI's choices, the app's lists) is derived from th
 which carries its own parameters, display and engine binding. ``register`` adds one more; nothing else
 needs editing (docs/architecture.md, "Adding a policy").
 
+What a policy can do beyond the interface (its window parameter, a score a serving layout can sum, a score
+adakv can pool, the meta it reads, the future, a fast path, a tensor step) each class declares once
+(``Capabilities``); the queries below (``capabilities``, ``window_param``, ``layout_ready``, ``can_pool``,
+``reads_meta``, ``is_offline``, ``is_optimum``, ``has_engine``, ``tensor_step``) are how every other package
+asks, and ``missing`` is the one line that refuses a run needing what a policy lacks.
+
 ``tunables`` lists each policy's integer parameters with their defaults and bounds, which is what
 the CLI's flags and the app's controls are made from; ``kvsim.policies.spec`` validates a choice of
 them once (``PolicySpec``) and builds the policy from it (``make_policy``).
