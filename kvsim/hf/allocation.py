@@ -17,6 +17,7 @@ from ..data import jsontext
 from ..policies import PolicySpec, registry
 from ..policies import split as al
 from .cache import HFError
+from .windows import PARAM
 
 #: allocators whose split this module computes from the model's shape alone
 FROM_SHAPE = ("uniform", "pyramidkv")
@@ -76,7 +77,7 @@ def _minimum(policy: str, params: dict) -> tuple[int, PolicySpec]:
 def _head_params(params: dict, windows: dict | None, layer: int, head: int) -> dict:
     """``params`` with the recent_window ``windows`` sets for (layer, head) (``{layer: w}`` or ``{(layer, head): w}``)."""
     w = None if not windows else windows.get((layer, head), windows.get(layer))
-    return params if w is None else {**params, "recent_window": w}
+    return params if w is None else {**params, PARAM: w}
 
 
 def check_minimum(budgets: dict[tuple[int, int], int], policy: str, params: dict, where: str,
