@@ -96,7 +96,7 @@ def test_table_allocate_says_which_policies_it_cannot_allocate(bundle, capsys):
     doc = kvsim_json(capsys, "table", "--trace", str(bundle), "--budget", "40", "--allocate", "adakv")
     by = {r["policy"]: r for r in doc["rows"]}
     assert by["h2o"]["retained_mass"] is not None
-    assert "tova is not h2o" in by["tova"]["refused"]
+    assert "tova declares no score to pool a layer's heads by (pools_heads)" in by["tova"]["refused"]
 
 
 REFUSED = [
@@ -160,7 +160,7 @@ QUALITY_REFUSED = [
 
 QUALITY_INPUT_REFUSED = [
     (["--policy", "tova", "--allocate", "adakv", "--budget", "64", "--model", "smollm2-135m"],
-     "--allocate: adakv pools h2o's scores across a layer's heads; tova is not h2o (use --policy h2o)"),
+     "--allocate: tova declares no score to pool a layer's heads by (pools_heads): adakv cannot run it (use --policy h2o)"),
     (["--policy", "h2o", "--allocate", "adakv", "--budget", "64"],
      "--allocate: adakv pools a layer's KV heads, and with one KV head per layer the pool is that head: adakv is "
      "uniform within a layer on this model; use uniform, pyramidkv, cake or optimal (Gemma-3-270M: 18 layers x 1 KV head)"),

@@ -129,7 +129,8 @@ def test_exact_decoding_steps_the_pool_on_what_each_head_was_shown():
 
 
 @pytest.mark.parametrize("policy, budget, params, prefill, message", [
-    ("tova", 8, {}, "exact", "allocate=adakv: adakv pools h2o's scores across a layer's heads; tova is not h2o"),
+    ("tova", 8, {}, "exact",
+     "allocate=adakv: tova declares no score to pool a layer's heads by (pools_heads): adakv cannot run it (use h2o)"),
     ("h2o", None, {"recent_window": 3}, "exact", "allocate=adakv pools budget x 2 KV heads in each layer; give the budget"),
     ("h2o", 8, {"recent_window": 8}, "exact", "recent_window"),
     ("h2o", 8, {"recent_window": 3}, "compress", "prefill='compress' chooses each head's positions once"),
@@ -187,8 +188,8 @@ def test_cli_generate_deploys_adakv_and_says_each_layers_pool(tmp_path, capsys):
                      "--max-new-tokens", "4", "a prompt"])
     out = capsys.readouterr()
     err = [line for line in out.err.splitlines() if not line.startswith("generate: ")]
-    assert code != 0 and len(err) == 1 and "--allocate adakv: adakv pools h2o's scores across a layer's heads; tova is not h2o" \
-        in err[0]
+    assert code != 0 and len(err) == 1 and ("--allocate adakv: tova declares no score to pool a layer's heads by "
+                                            "(pools_heads): adakv cannot run it (use h2o)") in err[0]
     assert "generate: " not in out.err  # refused before the model loaded
 
 

@@ -41,6 +41,7 @@ class LeastRecentlyAttended(SlotPolicy):
     summary = "evict the position that last drew more than a fair share longest ago"
     reads_attention = True
     tunables = (RECENT_WINDOW,)
+    window = RECENT_WINDOW.name
     display = Display("#17a589", "6px,2px,2px,2px", 3, "square", score_name="step of the last fair share")
 
     def __init__(self, budget=DEFAULT_BUDGET, rng=None, recent_window=RECENT_WINDOW.default):
@@ -183,6 +184,7 @@ def test_an_engine_binding_that_names_no_kernel_fails_by_the_policys_name():
 
     class Unbound(H2O):
         name = "unbound_h2o"
+        display = None  # h2o's colour is h2o's: register refuses it
         engine_binding = EngineBinding("kvsim.sim.kernels:NO_SUCH_KERNEL")
 
     register(Unbound)

@@ -44,7 +44,7 @@ import numpy as np
 from ..data.bundle import Bundle
 from ..data.store import cache_dir
 from ..data.trace import Trace
-from ..policies import PolicySpec
+from ..policies import PolicySpec, registry
 from ..policies.split import (
     ALLOCATORS,
     AllocationError,
@@ -161,9 +161,9 @@ def check(allocator: str, spec: PolicySpec, shape: list[tuple[int, int]], steps:
                 "uniform within a layer" if allocator == "adakv" else
                 "duo splits a layer's KV heads into retrieval and streaming heads, and each layer has one KV head")
         raise AllocationError(f"{what} on this model; use uniform, pyramidkv, cake or optimal")
-    if allocator == "adakv" and spec.name != "h2o":
-        raise AllocationError(f"adakv pools h2o's scores across a layer's heads; {spec.name} is not h2o "
-                              "(use --policy h2o)")
+    if allocator == "adakv" and not registry.can_pool(spec.name):
+        raise AllocationError(f"{registry.missing(spec.name, 'pools_heads', 'adakv')} (use --policy "
+                              f"{' or '.join(registry.poolers())})")
     if allocator == "duo" and _duo_streaming_budget(B) < DUO_SINKS + 1:
         raise AllocationError(f"duo's streaming heads hold budget // 4 = {B // 4} positions, below "
                               f"{DUO_SINKS} sinks + 1; give --budget {4 * (DUO_SINKS + 1)} or more")

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from ..data import vectors
 from ..data.trace import Trace
 from ..policies import POLICIES
-from ..policies.registry import offline, online
+from ..policies.registry import offline, online, reads_meta
 from ..policies.upper_bound import upper_bound_summary
 from ..sim.harness import DEFAULT_TOP_K
 from .metrics import describe
-from .windows import best_row, choose_window
+from .windows import WINDOW, best_row, choose_window
 
 TABLE_BUDGET = 256
 
@@ -50,7 +50,7 @@ def _offline(trace: Trace, name: str, budget: int, top_k: int) -> dict:
 
 #: the second part: h2o's retained mass over recent_window 8 .. 192 (docs/domain.md, "The canonical trace", last target)
 SWEEP_POLICY = "h2o"
-SWEEP_PARAM = "recent_window"
+SWEEP_PARAM = WINDOW
 SWEEP_VALUES = range(8, 193, 8)
 
 
@@ -93,7 +93,7 @@ def build_table(trace: Trace, budget: int = TABLE_BUDGET, top_k: int = DEFAULT_T
     for row in table_rows():
         entry = {"policy": row.policy, "params": dict(row.params)}
         cls = POLICIES.get(row.policy)
-        lacking = vectors.missing(trace, cls.reads, getattr(cls, "reads_meta", False)) if cls is not None else []
+        lacking = vectors.missing(trace, cls.reads, reads_meta(cls.name)) if cls is not None else []
         if lacking:  # a scorer that reads what this trace was recorded without: said, not measured
             rows.append({**entry, "retained_mass": None, "top_k_recall": None,
                          "absent": f"it reads {', '.join(lacking)}, which this trace does not hold"})
@@ -152,7 +152,7 @@ def layout_table(trace: Trace, budget: int, top_k: int, layout) -> dict:
             m = row.measure(trace, budget, top_k)
             rows.append({**entry, "layout": "-", "retained_mass": m["retained_mass"], "top_k_recall": m["top_k_recall"]})
             continue
-        lacking = vectors.missing(trace, cls.reads, getattr(cls, "reads_meta", False))
+        lacking = vectors.missing(trace, cls.reads, reads_meta(cls.name))
         if lacking:
             rows.append({**entry, "retained_mass": None, "top_k_recall": None,
                          "absent": f"it reads {', '.join(lacking)}, which this trace does not hold"})

@@ -21,13 +21,14 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..policies.h2o import RECENT_WINDOW
 from ..progress import Progress
 from ..sim.harness import DEFAULT_TOP_K
 
 #: a window is recommended when its retained mass is within this much of the best's
 TOLERANCE = 0.005
 #: the parameter the rule chooses: a policy's ``recent_window`` (the curve, the tune and the truth sweep it)
-WINDOW = "recent_window"
+WINDOW = RECENT_WINDOW.name
 
 
 @dataclass(frozen=True)

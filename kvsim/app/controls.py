@@ -10,7 +10,7 @@ import streamlit as st
 
 import kvsim
 from kvsim.data import qk, vectors
-from kvsim.policies import PolicySpec, all_tunables
+from kvsim.policies import PolicySpec, all_tunables, registry
 from kvsim.policies.layouts import Layout
 from kvsim.views import tour
 
@@ -60,7 +60,7 @@ class Settings:
             specs[name] = (f"{name} reads the whole attention matrix, which a trace of {trace.steps} steps stored as queries "
                            f"and keys does not have here (at most {qk.DENSE_LIMIT} steps); it is left out on this trace")
         for name, cls_ in kvsim.POLICIES.items():
-            if lacking := vectors.missing(trace, cls_.reads, getattr(cls_, "reads_meta", False)):
+            if lacking := vectors.missing(trace, cls_.reads, registry.reads_meta(name)):
                 left_out += (name,)
                 specs[name] = (f"{name} reads the {' and '.join(lacking)} of the attention's KV head, which the {trace.name} "
                                "trace was recorded without; it is left out on this trace (the shipped real trace and "

@@ -13,7 +13,7 @@ import streamlit as st
 
 import kvsim
 from kvsim.analysis.windows import WINDOW, sweep_coarse_to_fine
-from kvsim.policies import PolicySpec, describe_policy
+from kvsim.policies import PolicySpec, describe_policy, registry
 from kvsim.policies.upper_bound import upper_bound_summary
 from kvsim.sim import summaries
 from kvsim.views import figures, story
@@ -221,8 +221,8 @@ def reference_lines(trace: kvsim.Trace, settings: Settings, pending: Pending, li
     line is known. ``live``: a progress bar counts the lines replayed now; ``paint(lines)``: the chart
     drawn with the lines known so far after each."""
     lines, order = [], list(kvsim.POLICIES)
-    names = [n for n in order if n != "optimal"] + [n for n in order if n == "optimal"]  # the slowest last
-    names = [n for n in names if "recent_window" not in kvsim.policy_params(n) and n not in settings.left_out]
+    names = [n for n in order if not registry.is_optimum(n)] + [n for n in order if registry.is_optimum(n)]  # the slowest last
+    names = [n for n in names if registry.window_param(n) is None and n not in settings.left_out]
     tell = None
     for i, name in enumerate(names):  # the sidebar says why the others are left out
         cls = kvsim.POLICIES[name]
@@ -232,15 +232,15 @@ def reference_lines(trace: kvsim.Trace, settings: Settings, pending: Pending, li
             continue
         inner = ", ".join(f"{k}={v}" for k, v in spec.params)
         label = f"{name} ({inner})" if inner else name
-        now = name != "optimal" and name not in SLOW_LINES and not progressive(trace, settings.budget)
+        now = not registry.is_optimum(name) and name not in SLOW_LINES and not progressive(trace, settings.budget)
         if now and live is not None and not _known(trace, spec):
             words = f"replaying the reference lines: {name} ({i + 1} of {len(names)})"
             tell = tell or live.bar(words)
             tell(i / len(names), words)
-        summary = _optimal_last(trace, spec, pending) if name == "optimal" else _summary(trace, spec, pending)
+        summary = _optimal_last(trace, spec, pending) if registry.is_optimum(name) else _summary(trace, spec, pending)
         if summary is None:
             continue
-        if cls.needs_trace:
+        if registry.is_offline(name):
             lines.append(figures.Line.of(summary, f"{label} (offline reference)", "offline", name, note=describe_policy(cls)))
         else:
             lines.append(figures.Line.of(summary, label, "policy", name))
@@ -307,7 +307,7 @@ def curve_figure(curves: dict[str, list[dict]], policy: str, lines: tuple, rw: i
     (read-only: Streamlit copies a figure to send it). Where the primary curve has every window its
     best and recommended windows are marked (``kvsim.analysis.windows``); otherwise its peak, as the
     peak so far of the windows sampled. ``keep=False``: a chart of what is known so far, built and not kept."""
-    default = kvsim.policy_params(policy)["recent_window"]
+    default = kvsim.policy_params(policy)[registry.window_param(policy)]
     # a tour step is a slide: its chart is shorter, so the figure and its legends fit one screen
     plot_height = TOUR_PLOT_HEIGHT if state.touring() else None
     key = (policy, rw, default, features.band, features.band_known, lines, budget, plot_height,
@@ -430,7 +430,7 @@ def _curves(trace: kvsim.Trace, budget: int, policy: str, policies: list[str], r
         if isinstance(spec, str):
             st.error(f"{spec}. Change the setting in the sidebar to draw {name}'s curve.")
             continue
-        marks = (kvsim.policy_params(name)["recent_window"], band, rw)
+        marks = (kvsim.policy_params(name)[registry.window_param(name)], band, rw)
         curves[name] = sweep_curve(trace, spec, marks, pending, primary=name == policy, live=live,
                                    counted=f"curve {i + 1} of {len(names)}")
         rest = names[i + 1:]

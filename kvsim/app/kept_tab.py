@@ -91,7 +91,7 @@ def kept_view(trace: kvsim.Trace, settings: Settings) -> None:
             zoom_controls(T)
     with zoomed_slot:  # above the figure whenever a zoom applies: the picture is a region
         _zoom_note(region, T)
-    ages = figures.age_span(features, [spec.get("recent_window", 0) for spec in runs], settings.budget)
+    ages = figures.age_span(features, [spec.window or 0 for spec in runs], settings.budget)
     size = KEPT_PIXELS // (1 if compare else min(len(runs), 3))
     box = (region.p0, region.p1, region.t0, region.t1)
     layers = kept_layers(trace, runs, box, ages, size, compare, layout)
@@ -180,7 +180,7 @@ def _notes(trace: kvsim.Trace, runs: tuple[PolicySpec, ...], results: list, ages
     info = describe(trace, features)
     sinks, band, heavy = st.columns(3)
     sinks.markdown(story.sink_text(features, info, difference=compare))
-    windows = [w for spec in runs[: 2 if compare else None] if 0 < (w := spec.get("recent_window", 0)) <= ages]
+    windows = [w for spec in runs[: 2 if compare else None] if 0 < (w := spec.window or 0) <= ages]
     band.markdown(_as_drawn(story.band_text(features, info, ages), windows))
     if compare:  # the difference draws where heavy hitters are, not what each policy does with them
         heavy.markdown(_difference_heavy_text(features, region) if features.heavy else story.heavy_text(features, {}))

@@ -7,6 +7,7 @@ import streamlit as st
 
 import kvsim
 from kvsim.analysis import lab
+from kvsim.policies import registry
 from kvsim.views import lab as lab_figures
 
 from .state import lab_reset, lasting
@@ -19,7 +20,7 @@ def lab_policy(side: str, preset: lab.Preset) -> lab.LabPolicy:
     name = lasting(st.selectbox, f"{side} policy", f"lab_{side}", spec.name, options=options,
                    then=lambda: _switched(side))
     params = dict(spec.params) if name == spec.name else {}
-    if "recent_window" in kvsim.policy_params(name):
+    if registry.window_param(name) is not None:
         rw = int(lasting(st.number_input, "recent_window", f"lab_{side}_rw", spec.params.get("recent_window", 0),
                          min_value=0, step=1, then=lambda: st.session_state.pop(f"_lab_{side}_rw_note", None)))
         params["recent_window"] = rw
@@ -40,7 +41,7 @@ def _switched(side: str) -> None:
     spec = preset.left if side == "left" else preset.right
     name, budget = st.session_state[f"lab_{side}"], int(st.session_state.get("_lab_budget", preset.budget))
     st.session_state.pop(f"_lab_{side}_rw_note", None)
-    param = next((p for p in kvsim.tunables(name) if p.name == "recent_window"), None)
+    param = next((p for p in kvsim.tunables(name) if p.name == registry.window_param(name)), None)
     if name == spec.name:
         st.session_state[f"_lab_{side}_rw"] = spec.params.get("recent_window", 0)
     elif param is not None:

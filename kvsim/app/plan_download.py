@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvsim.policies import POLICIES, PolicySpec
+from kvsim.policies import PolicySpec, registry
 from kvsim.policies.plan import Plan
 
 #: the session key of the panel's expander: True while it is open
@@ -22,7 +22,7 @@ def plans(specs, layout=None) -> dict[str, Plan]:
     """The plan of each online spec among ``specs`` (offline references read the future: no plan), under
     ``layout`` (the sidebar's serving layout, None for none)."""
     return {s.name: Plan(s, layout=layout) for s in specs
-            if isinstance(s, PolicySpec) and not POLICIES[s.name].needs_trace}
+            if isinstance(s, PolicySpec) and not registry.is_offline(s.name)}
 
 
 def plan_download(specs, layout=None) -> None:

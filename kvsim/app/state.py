@@ -14,7 +14,7 @@ from kvsim.analysis import lab
 from kvsim.analysis.metrics import repair_note
 from kvsim.data import qk, vectors
 from kvsim.data.catalog import CANONICAL, available_bundles, available_traces
-from kvsim.policies import all_tunables
+from kvsim.policies import all_tunables, registry
 from kvsim.views import tour
 
 from . import memo
@@ -48,10 +48,10 @@ def curve_policies(trace: kvsim.Trace | None = None) -> list[str]:
     """The registered policies with a recent_window: the ones the curve and the model view sweep; with
     ``trace``, those it can replay (a scorer reading values the trace lacks is left out); without, those
     that read attention alone (a recorded bundle's traces carry nothing more)."""
-    names = [n for n in kvsim.POLICIES if "recent_window" in kvsim.policy_params(n)]
+    names = registry.windowed()
     if trace is None:
         return [n for n in names if not kvsim.POLICIES[n].reads]
-    return [n for n in names if not vectors.missing(trace, kvsim.POLICIES[n].reads, getattr(kvsim.POLICIES[n], "reads_meta", False))]
+    return [n for n in names if not vectors.missing(trace, kvsim.POLICIES[n].reads, registry.reads_meta(n))]
 
 
 def defaults() -> dict:

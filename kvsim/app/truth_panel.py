@@ -15,6 +15,7 @@ import kvsim
 from kvsim.analysis.windows import best_of, choose_window
 from kvsim.cluster import INSTALL_HINT
 from kvsim.data.catalog import available_bundles
+from kvsim.policies import registry
 from kvsim.views import window_truth as vt
 
 from .memo import BY_TRACE, cached_bundle, tuned  # tuned: the model view's tuning, cached per server
@@ -41,7 +42,7 @@ def _output_error_pick(trace: kvsim.Trace, policy: str, budget: int, windows: tu
     if px.fallback_note(trace, "output_error") is not None:
         return None
     try:
-        rows = px.sweep(trace, policy, budget, "recent_window", list(windows))
+        rows = px.sweep(trace, policy, budget, registry.window_param(policy), list(windows))
     except ValueError:
         return None
     return int(windows[best_of([r["output_error"] for r in rows], px.PROXIES["output_error"].sign)])

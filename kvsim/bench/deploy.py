@@ -144,15 +144,15 @@ def run(lengths=LENGTHS, names=None, progress: Progress | None = None) -> dict:
                 say(f"{name}: {length} + {DECODE} tokens are past its context of {context}; skipped")
                 continue
             ids, _ = text_ids(tokenizer, length + DECODE)
-            configs = {"full": (lambda: DynamicCacheOf(model), "sdpa")}
+            configs = {"full": (lambda m=model: DynamicCacheOf(m), "sdpa")}
             for policy, params in POLICIES:
                 for path in ("tensor", "reference"):
                     if path == "reference" and length > REFERENCE_MAX:
                         continue
                     for prefill in ("exact", "fast"):
                         configs[f"{policy} {prefill} {path}"] = (
-                            lambda p=policy, k=params, f=prefill, r=path: hf.cache(model, p, BUDGET, prefill=f,
-                                                                                  tensor=r == "tensor", **k), "kvsim")
+                            lambda m=model, p=policy, k=params, f=prefill, r=path: hf.cache(
+                                m, p, BUDGET, prefill=f, tensor=r == "tensor", **k), "kvsim")
             say(f"{name} at {length} tokens: the full cache and {len(configs) - 1} of kvsim's")
             rows = measure(model, ids, length, configs, say)
             full = rows["full"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..policies import POLICIES, ParamError, PolicySpec
-from ..policies.registry import suggest
+from ..policies.registry import is_offline, suggest, window_param
 from .errors import CLIError, InputError, flag, input_error, read_input
 
 #: the shipped model, spelt as needle, tune, quality and proxies spell it; the old "gemma" still means it
@@ -105,7 +105,7 @@ def check(args: argparse.Namespace) -> tuple[_Run, str]:
     run = _of(args)
     if run.policy not in POLICIES:
         raise CLIError(f"--policy {run.policy!r}: unknown{suggest(run.policy)}; known: {', '.join(POLICIES)}")
-    if POLICIES[run.policy].needs_trace:
+    if is_offline(run.policy):
         raise CLIError(f"--policy {run.policy} is an offline reference (it reads the future) and cannot be deployed")
     if run.params is None:
         run.params = _params(args, run.policy)
@@ -158,7 +158,7 @@ def _check_windows(args: argparse.Namespace, run: _Run) -> None:
 
     if PARAM in run.params:
         raise CLIError(f"{flag(PARAM)} and --windows exclude each other (the file sets it per layer)")
-    if PARAM not in {p.name for p in POLICIES[run.policy].tunables}:
+    if window_param(run.policy) != PARAM:
         raise CLIError(f"--windows: {run.policy} has no {PARAM}")
     if not Path(args.windows).exists():
         raise InputError(f"--windows: {args.windows}: no such file")
@@ -239,7 +239,7 @@ def _deployed_windows(cache) -> list | None:
     policy without one."""
     out = []
     for layer in cache.layers:
-        per_head = [spec.get("recent_window") for spec in layer.specs]
+        per_head = [spec.window for spec in layer.specs]
         out.append(per_head[0] if len(set(per_head)) == 1 else per_head)
     return None if all(w is None for w in out) else out
 

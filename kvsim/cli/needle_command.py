@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from ..policies import DEFAULT_BUDGET, POLICIES, ParamError, PolicySpec, all_tunables
+from ..policies import DEFAULT_BUDGET, POLICIES, ParamError, PolicySpec, all_tunables, registry
 from ..policies.registry import suggest
 from .errors import CLIError, InputError, flag, param_message, read_input
 
@@ -121,13 +121,13 @@ def check(args: argparse.Namespace) -> dict:
 
     names = [x.strip() for x in args.policies.split(",") if x.strip()]
     if names == ["all"]:  # every online policy of the registry, plugins included
-        names = [n for n, cls in POLICIES.items() if not cls.needs_trace]
+        names = registry.online()
     if not names:
         raise InputError("--policy: nothing listed")
     for name in names:
         if name not in POLICIES:
             raise InputError(f"--policy: {name}: unknown{suggest(name)}; known: {', '.join(POLICIES)}")
-        if POLICIES[name].needs_trace:
+        if registry.is_offline(name):
             raise InputError(f"--policy: {name}: an offline reference (it reads the future) cannot be deployed")
     lengths = _ints("--lengths", args.lengths)
     given = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..data.catalog import available_bundles, available_traces
 from ..policies import DEFAULT_BUDGET, POLICIES, all_tunables, policy_params
-from ..policies.registry import suggest
+from ..policies.registry import suggest, windowed
 from ..sim.harness import DEFAULT_TOP_K
 from .errors import BAD_INPUT, USAGE, CLIError, flag
 from .layout_flags import add as add_layout_flags
@@ -306,7 +306,7 @@ def _add_tune(sub, traces) -> None:
     from ..analysis.tune import BY as TUNE_BY
     from ..analysis.tune import DEFAULT_BY as TUNE_DEFAULT_BY
 
-    tunable = [name for name in POLICIES if "recent_window" in policy_params(name)]
+    tunable = windowed()
     p = sub.add_parser("tune", help="the recent_window to deploy on a recorded model, one recommendation by --by's "
                        "rule, beside each layer's and KV head's window by retained mass")
     p.add_argument("--trace", required=True, help="a bundle (a shipped bundle's name or a folder with a manifest.json), "

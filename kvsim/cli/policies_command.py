@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..policies import POLICIES, describe_policy
+from ..policies import POLICIES, describe_policy, registry
 from ..policies.registry import PROBLEMS
 
 
@@ -23,10 +23,10 @@ def describe(name: str) -> dict:
     cls = POLICIES[name]
     return {
         "name": name,
-        "kind": "offline reference" if cls.needs_trace else "online",
+        "kind": "offline reference" if registry.is_offline(name) else "online",
         "reads": ["attention"] * cls.reads_attention + list(cls.reads),
         "params": {p.name: p.default for p in cls.tunables},
-        "engine": "kernel" if cls.engine_binding is not None else "reference",
+        "engine": "kernel" if registry.has_engine(name) else "reference",
         "module": cls.__module__,
         "summary": describe_policy(cls),
     }

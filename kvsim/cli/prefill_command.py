@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from ..data import vectors
-from ..policies import DEFAULT_BUDGET, POLICIES, ParamError, PolicySpec, policy_params
+from ..policies import DEFAULT_BUDGET, POLICIES, ParamError, PolicySpec, policy_params, registry
 from ..sim.prefill import DEFAULT_SCORER, GROW, Prefill, PrefillError, rankers, replay_prefill
 from .errors import CLIError, flag, param_message
 from .parser import parse_range, sweep_ranges
@@ -141,7 +141,7 @@ def table(args: argparse.Namespace, load) -> dict:
     rows = []
     for name in rankers():
         cls = POLICIES[name]
-        if lacking := vectors.missing(trace, cls.reads, getattr(cls, "reads_meta", False)):  # what the trace lacks: said
+        if lacking := vectors.missing(trace, cls.reads, registry.reads_meta(name)):  # what the trace lacks: said
             rows.append({"policy": name, "refused": f"it reads {', '.join(lacking)}, which this trace does not hold"})
             continue
         try:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..policies import POLICIES, ParamError, PolicySpec, policy_class
+from ..policies import POLICIES, ParamError, PolicySpec, policy_class, registry
 from ..policies.rope import rope_meta
 from ..sim.prefill import DEFAULT_SCORER, GROW, Prefill, PrefillError
 from .attention import ATTN, attach
@@ -35,7 +35,7 @@ from .windows import PARAM, WindowsError, check_model, read_tune, tune_windows
 
 #: the policies a deployed cache can run: the registry's online ones at import (the offline references read
 #: the future); a policy registered later deploys too (``layer_specs`` asks its class)
-ONLINE = tuple(name for name, cls in POLICIES.items() if not cls.needs_trace)
+ONLINE = tuple(registry.online())
 
 
 def model_layout(model) -> tuple[list[str], int, int | None]:
@@ -62,11 +62,11 @@ def layer_specs(model, policy: str, budget: int | None, windows=None, by: str = 
     ``uniform`` or ``pyramidkv`` at ``budget``, an allocation file, or ``{(layer, kv_head): budget}``, with
     which ``budget`` may be None). HFError / WindowsError, one line, for anything that cannot run."""
     try:
-        cls = policy_class(policy)
+        policy_class(policy)  # an unknown name: one line
     except ValueError as e:
         raise HFError(str(e)) from None
-    if cls.needs_trace:
-        deployable = ", ".join(name for name, c in POLICIES.items() if not c.needs_trace)  # registered later too
+    if registry.is_offline(policy):
+        deployable = ", ".join(registry.online())  # registered later too
         raise HFError(f"{policy} is an offline reference (it reads the future); deployable: {deployable}")
     kinds, kv_heads, model_window = model_layout(model)
     if isinstance(windows, (str, Path)):
@@ -80,7 +80,7 @@ def layer_specs(model, policy: str, budget: int | None, windows=None, by: str = 
                or (isinstance(k, tuple) and k[1] not in range(kv_heads))]
     if outside:
         raise HFError(f"windows for {outside[0]}: the model has layers 0-{len(kinds) - 1} and {kv_heads} KV head(s)")
-    if windows and PARAM not in {p.name for p in cls.tunables}:
+    if windows and registry.window_param(policy) != PARAM:
         raise HFError(f"{policy} has no {PARAM}; windows are for a policy that takes one")
     budgets = None
     if allocate is not None:
@@ -300,7 +300,7 @@ def layer_metas(model, policies: list[str]) -> list[dict]:
     is refused (HFError, one line naming the layer) before any token."""
     cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
     n = cfg.num_hidden_layers
-    readers = [POLICIES[name] for name in policies if getattr(POLICIES[name], "reads_meta", False)]
+    readers = [POLICIES[name] for name in policies if registry.reads_meta(name)]
     if not readers:
         return [{} for _ in range(n)]
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -328,8 +328,8 @@ def _adakv(model, policy: str, budget: int | None, windows, by: str, params: dic
         raise HFError(f"allocate=adakv pools budget x {kv_heads} KV heads in each layer; give the budget")
     specs = layer_specs(model, policy, budget, windows, by, **params)
     for x, row in enumerate(specs):
-        if len({s["recent_window"] for s in row}) != 1:
-            raise HFError(f"allocate=adakv: layer {x}'s KV heads have recent_windows {[s['recent_window'] for s in row]}; "
+        if len({s.window for s in row}) != 1:
+            raise HFError(f"allocate=adakv: layer {x}'s KV heads have recent_windows {[s.window for s in row]}; "
                           "a pool protects one window in all its heads (give windows per layer)")
     return specs, budget * kv_heads, [adakv_floor(row[0]) for row in specs]
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..data import jsontext
-from ..policies import PolicySpec
+from ..policies import PolicySpec, registry
 from ..policies import split as al
 from .cache import HFError
+from .windows import PARAM
 
 #: allocators whose split this module computes from the model's shape alone
 FROM_SHAPE = ("uniform", "pyramidkv")
@@ -40,8 +41,8 @@ def refusal(name: str) -> str | None:
 def adakv_refusal(policy: str, kv_heads: int | None = None, shape: str = "the model has 1 KV head per layer") -> str | None:
     """Why adakv cannot deploy ``policy`` on a model of ``kv_heads`` KV heads per layer (None: not known
     yet), one line; None when it can."""
-    if policy != "h2o":
-        return f"adakv pools h2o's scores across a layer's heads; {policy} is not h2o (use h2o)"
+    if not registry.can_pool(policy):
+        return f"{registry.missing(policy, 'pools_heads', 'adakv')} (use {' or '.join(registry.poolers())})"
     if kv_heads == 1:
         return (f"adakv pools a layer's KV heads, and with one KV head per layer the pool is that head: adakv is "
                 f"uniform within a layer on this model ({shape}); use uniform, pyramidkv or a split file")
@@ -76,7 +77,7 @@ def _minimum(policy: str, params: dict) -> tuple[int, PolicySpec]:
 def _head_params(params: dict, windows: dict | None, layer: int, head: int) -> dict:
     """``params`` with the recent_window ``windows`` sets for (layer, head) (``{layer: w}`` or ``{(layer, head): w}``)."""
     w = None if not windows else windows.get((layer, head), windows.get(layer))
-    return params if w is None else {**params, "recent_window": w}
+    return params if w is None else {**params, PARAM: w}
 
 
 def check_minimum(budgets: dict[tuple[int, int], int], policy: str, params: dict, where: str,

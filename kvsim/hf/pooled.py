@@ -21,7 +21,7 @@ prompt with nothing evicted and steps the pool through those rows afterwards (th
 
 from __future__ import annotations
 
-from ..policies import PolicySpec
+from ..policies import PolicySpec, registry
 from .cache import EvictingLayer, HFError
 from .stepping import PoolSteps
 from .storage import Shared
@@ -35,9 +35,9 @@ class PooledLayer(EvictingLayer):
         if prefill == "compress":
             raise HFError("allocate='adakv' pools a layer's heads while decoding; prefill='compress' chooses each "
                           "head's positions once, alone: use prefill='exact' or 'fast'")
-        if any(s.name != "h2o" for s in specs):
-            raise HFError(f"adakv pools h2o's scores across a layer's heads; {specs[0].name} is not h2o")
-        windows = {s["recent_window"] for s in specs}
+        if lacking := next((s.name for s in specs if not registry.can_pool(s.name)), None):
+            raise HFError(registry.missing(lacking, "pools_heads", "adakv"))
+        windows = {s.window for s in specs}
         if len(windows) != 1:
             raise HFError(f"adakv pools a layer's heads with one recent_window; this layer's heads have {sorted(windows)}")
         super().__init__(specs, prefill=prefill)

@@ -18,8 +18,9 @@ import json
 from pathlib import Path
 
 from ..data import jsontext
+from ..policies.h2o import RECENT_WINDOW
 
-PARAM = "recent_window"
+PARAM = RECENT_WINDOW.name
 BY = ("layer", "head")
 
 

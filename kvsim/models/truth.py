@@ -22,7 +22,7 @@ from ..data.files import atomic_write
 from ..data.store import cache_dir
 from ..data.trace import Trace
 from ..policies import PolicySpec
-from ..policies.registry import study_fixed, study_sweeps
+from ..policies.registry import missing, study_fixed, study_sweeps, window_param
 from ..progress import Progress, scaled
 from ..sim.simulate import even_windows
 from .loading import no_progress
@@ -97,11 +97,14 @@ def window_truth(session: Session, policy: str, budget: int, windows: Sequence[i
     ``recent_window``), for ``tune --by kl`` and the curve view. ``recording``: the model as the
     recording names it (its manifest's ``model``); with it the rows are also kept in the truth
     document the views read (``save_truth``)."""
-    base = {k: v for k, v in (params or {}).items() if k != "recent_window"}
-    jobs = [session.configuration(policy, budget, {**base, "recent_window": int(w)}) for w in windows]  # all checked first
+    param = window_param(policy)  # the parameter swept: the policy's declared window (recent_window)
+    if param is None:
+        raise ValueError(missing(policy, "window", "a window sweep"))
+    base = {k: v for k, v in (params or {}).items() if k != param}
+    jobs = [session.configuration(policy, budget, {**base, param: int(w)}) for w in windows]  # all checked first
     rows = measure(session, jobs, (mode,), proxies=proxies, use_cache=use_cache, progress=progress)
     for row, w in zip(rows, windows, strict=True):
-        row["recent_window"] = int(w)
+        row[param] = int(w)
     if recording is not None:
         save_truth(session, rows, recording, mode)
     return rows
@@ -245,7 +248,7 @@ def study_jobs(budget: int, windows: Sequence[int], sweeps: Sequence[str] | None
     sweeps = study_sweeps() if sweeps is None else sweeps
     fixed = study_fixed() if fixed is None else fixed
     jobs = [(p, budget, {}, None) for p in fixed]
-    jobs += [(p, budget, {"recent_window": w}, p) for p in sweeps for w in windows]
+    jobs += [(p, budget, {window_param(p): w}, p) for p in sweeps for w in windows]
     return jobs
 
 

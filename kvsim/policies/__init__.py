@@ -1,9 +1,10 @@
-from .base import DEFAULT_BUDGET, ContractError, Display, EngineBinding, Param, ParamError, Policy, describe_policy
+from .base import DEFAULT_BUDGET, Capabilities, ContractError, Display, EngineBinding, Param, ParamError, Policy, describe_policy
 from .registry import POLICIES, PROBLEMS, all_tunables, load_policies, policy_class, policy_params, register, tunables
 from .spec import ParamValues, PolicySpec, make_policy
 
 __all__ = [
-    "DEFAULT_BUDGET", "POLICIES", "ContractError", "Display", "EngineBinding", "Param", "ParamError", "ParamValues", "Policy",
+    "Capabilities", "DEFAULT_BUDGET", "POLICIES", "ContractError", "Display", "EngineBinding", "Param", "ParamError",
+    "ParamValues", "Policy",
     "PolicySpec", "PROBLEMS", "all_tunables", "load_policies", "describe_policy", "make_policy", "policy_class",
     "policy_params", "register", "tunables",
 ]

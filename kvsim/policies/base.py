@@ -23,6 +23,11 @@ class ContractError(AssertionError):
     that would (an offline reference's, from a damaged cache)."""
 
 
+class LayoutError(ValueError):
+    """A layout that cannot run as asked: one line naming the policy, the layout and the problem
+    (``kvsim.policies.layouts``)."""
+
+
 class ParamError(ValueError):
     """A policy parameter (or the budget) out of its bounds. Its fields name what was wrong, so an
     entry point can say it in its own terms (the CLI: ``--recent-window 32 must be below --budget 16``)
@@ -115,6 +120,39 @@ class EngineBinding:
     compile_s: float = 2.0
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a policy can do beyond the interface, as its class declares it (``registry.capabilities(name)``; one
+    query each: ``registry.window_param``, ``layout_ready``, ``can_pool``, ``reads_meta``, ``is_offline``,
+    ``is_optimum``, ``has_engine``, ``tensor_step``). ``MISSING`` names each in the words a refusal uses."""
+
+    #: the parameter its recent_window curve sweeps, or None
+    window: str | None
+    #: a serving layout can sum its scores (``layout_priorities``, ``layout_drop``)
+    layout_score: bool
+    #: adakv can pool a layer's KV heads by its score
+    pools_heads: bool
+    #: it reads constants of its trace's meta (``check_meta``)
+    reads_meta: bool
+    #: an offline reference: it reads the whole trace, future rows included (``needs_trace``)
+    offline: bool
+    #: the exact optimum (offline), solved under blocks too
+    optimum: bool
+    #: the fast engine replays it (``engine_binding``)
+    engine: bool
+    #: the deployed cache steps it as tensor operations (``tensor_step``)
+    tensor: bool
+
+    #: each capability a run may need, as a refusal names it when it is missing
+    MISSING: ClassVar[dict[str, str]] = {
+        "window": "no window parameter (window)",
+        "layout_score": "no layout score (layout_score: layout_priorities() and layout_drop())",
+        "pools_heads": "no score to pool a layer's heads by (pools_heads)",
+        "engine": "no fast path (engine_binding)",
+        "tensor": "no tensor step (tensor_step)",
+    }
+
+
 class Policy:
     """Base class: the members of docs/domain.md ("The policy interface"), plus the cache's starting state ``[0]``."""
 
@@ -152,6 +190,21 @@ class Policy:
     #: layer at once (``kvsim.policies.tensor_hooks.TensorHooks``, declared beside the policy as its engine
     #: hooks are; None: the deployed cache steps it on the reference path, one (row, KV head) at a time)
     tensor_step: ClassVar[object | None] = None
+    # --- what it can do beyond the interface: read by the registry's queries (``registry.capabilities``), never
+    # --- by ``getattr`` at the point of use; ``register`` holds each declaration to the code that backs it
+    #: the parameter a recent_window curve sweeps (one of ``tunables``), or None: a horizontal line on the curve
+    window: ClassVar[str | None] = None
+    #: True when a serving layout (blocks, shared selection, intervals) can sum its scores: it backs
+    #: ``layout_priorities()`` and ``layout_drop()`` (a ``SlotPolicy`` that ranks in one ``_evict_lowest`` call
+    #: has both)
+    layout_score: ClassVar[bool] = False
+    #: True when adakv can pool a layer's KV heads under it: one score comparable across heads (h2o's)
+    pools_heads: ClassVar[bool] = False
+    #: True when it reads constants of its trace's meta (a RoPE); built with ``trace=``, and its ``check_meta``
+    #: says in one line a meta it cannot follow
+    reads_meta: ClassVar[bool] = False
+    #: True for the exact optimum (offline): solved in one pass, under blocks too (``--block-size``)
+    optimum: ClassVar[bool] = False
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:
         self.budget = check_budget(budget)
@@ -177,6 +230,21 @@ class Policy:
         """Position ``pos``'s row of each member the policy ``reads`` (``vectors["keys"]`` its key, ...),
         handed over right before ``on_decode_step(pos, ...)`` admits it: by the harness from the trace,
         by the deployed cache from what the model computed. A policy that reads nothing ignores it."""
+
+    @classmethod
+    def check_meta(cls, meta: Mapping, source: str, head_dim: int) -> None:
+        """Refuse (ValueError, one line) a trace's ``meta`` the policy cannot follow (``source`` names where it came
+        from); only a policy that ``reads_meta`` is asked."""
+
+    def layout_priorities(self) -> np.ndarray:
+        """float64, aligned with ``kept``: each held position's score under the policy's own rule, the lowest going
+        first, ``inf`` where the rule never evicts it. A policy that declares ``layout_score`` defines it."""
+        raise NotImplementedError(f"{self.name} declares no layout score (layout_score)")
+
+    def layout_drop(self, victims: np.ndarray) -> None:
+        """Remove ``victims`` (held positions, ascending) and their per-position state: what a layout chose. A
+        policy that declares ``layout_score`` defines it."""
+        raise NotImplementedError(f"{self.name} declares no layout score (layout_score)")
 
     @property
     def kept(self) -> np.ndarray:  # pragma: no cover - abstract
@@ -215,10 +283,46 @@ class SlotPolicy(Policy):
     Subclasses name their per-slot arrays in ``_slot_arrays`` so eviction compacts them together.
     """
 
+    #: a layout sums the scores its ``evict`` hands ``_evict_lowest`` (a subclass that ranks another way overrides
+    #: ``layout_priorities``)
+    layout_score: ClassVar[bool] = True
+
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:
         super().__init__(budget, rng)
         self._pos = np.zeros(self.budget + 1, dtype=np.int64)
         self._len = 1  # position 0
+
+    def layout_priorities(self) -> np.ndarray:
+        """The values ``evict`` hands ``_evict_lowest`` (its scores of the evictable prefix, computed by its own
+        code, nothing evicted), ``inf`` for the slots beyond the prefix."""
+        seen: list[np.ndarray] = []
+
+        def record(budget: int, values: np.ndarray) -> list[int]:
+            seen.append(np.asarray(values, dtype=np.float64).copy())
+            return []
+
+        self._evict_lowest = record  # an instance attribute, shadowing the method for this one call
+        try:
+            self.evict(0)
+        finally:
+            del self._evict_lowest
+        if len(seen) != 1:
+            raise LayoutError(f"{self.name}: its evict did not rank its positions in one _evict_lowest call; "
+                              "a layout needs layout_priorities() on it")
+        out = np.full(self._len, np.inf)
+        out[: seen[0].size] = seen[0]
+        return out
+
+    def layout_drop(self, victims: np.ndarray) -> None:
+        """Compact the slot arrays as ``_evict_lowest`` does, ``victims`` out."""
+        n = self._len
+        keep = ~np.isin(self._pos[:n], victims)
+        m = int(keep.sum())
+        if n - m != victims.size:
+            raise LayoutError(f"{self.name}: asked to drop {victims.tolist()}, not all held")
+        for arr in (self._pos, *self._slot_arrays()):
+            arr[:m] = arr[:n][keep]
+        self._len = m
 
     def _slot_arrays(self) -> list[np.ndarray]:
         """Per-slot state besides the positions, compacted along with them on eviction."""

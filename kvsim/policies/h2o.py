@@ -114,6 +114,9 @@ class H2O(SlotPolicy):
     reads_attention = True
     keeps_scores = True
     tunables = (RECENT_WINDOW,)
+    window = RECENT_WINDOW.name
+    #: adakv pools a layer's KV heads by this score (cumulative attention, comparable across heads)
+    pools_heads = True
 
     def __init__(
         self,

@@ -131,6 +131,7 @@ class H2ONormalized(SlotPolicy):
     reads_attention = True
     keeps_scores = True
     tunables = (RECENT_WINDOW,)
+    window = RECENT_WINDOW.name
 
     def __init__(
         self,

@@ -404,6 +404,7 @@ class Optimal(Policy):
     display = Display("#4d4d4d", "2px,3px,2px,3px,2px,8px", 3)
     engine_binding = EngineBinding(STEPS)
     needs_trace = True
+    optimum = True
     needs_matrix = True  # the solver's suffix costs are O(T^2): 4 GB of float64 at 32k steps
 
     def __init__(

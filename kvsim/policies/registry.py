@@ -4,6 +4,12 @@ names, the app's warm-up, the CLI's choices, the app's lists) is derived from th
 which carries its own parameters, display and engine binding. ``register`` adds one more; nothing else
 needs editing (docs/architecture.md, "Adding a policy").
 
+What a policy can do beyond the interface (its window parameter, a score a serving layout can sum, a score
+adakv can pool, the meta it reads, the future, a fast path, a tensor step) each class declares once
+(``Capabilities``); the queries below (``capabilities``, ``window_param``, ``layout_ready``, ``can_pool``,
+``reads_meta``, ``is_offline``, ``is_optimum``, ``has_engine``, ``tensor_step``) are how every other package
+asks, and ``missing`` is the one line that refuses a run needing what a policy lacks.
+
 ``tunables`` lists each policy's integer parameters with their defaults and bounds, which is what
 the CLI's flags and the app's controls are made from; ``kvsim.policies.spec`` validates a choice of
 them once (``PolicySpec``) and builds the policy from it (``make_policy``).
@@ -19,7 +25,7 @@ import re
 import sys
 from pathlib import Path
 
-from .base import Display, EngineBinding, Param, Policy
+from .base import Capabilities, Display, EngineBinding, Param, Policy
 
 #: every registered policy by name, in the order the lists show them (``Policy.order``, then load order);
 #: filled by ``load_policies``, which ``kvsim.policies`` runs once on import
@@ -56,8 +62,35 @@ def register(cls: type[Policy]) -> type[Policy]:
         value = getattr(cls, field)
         if value is not None and not isinstance(value, kind):
             raise ValueError(f"register: {cls.__name__}.{field} must be a {kind.__name__} or None, got {value!r}")
+    if cls.display is not None:
+        colour = cls.display.colour.lower()
+        other = next((n for n, c in POLICIES.items() if n != name and c.display is not None
+                      and c.display.colour.lower() == colour), None)
+        if other is not None:
+            raise ValueError(f"register: {cls.__name__}.display's colour {cls.display.colour} is {other}'s; "
+                             "give it a colour no other policy has")
+    _check_capabilities(cls)
     POLICIES[name] = cls
     return cls
+
+
+def _check_capabilities(cls: type[Policy]) -> None:
+    """Each capability the class declares, held to the code that backs it (one line naming what is wrong)."""
+    for field in ("layout_score", "pools_heads", "reads_meta", "needs_trace", "optimum"):
+        if not isinstance(getattr(cls, field), bool):
+            raise ValueError(f"register: {cls.__name__}.{field} must be True or False, got {getattr(cls, field)!r}")
+    window = cls.window
+    if window is not None and window not in {p.name for p in cls.tunables}:
+        raise ValueError(f"register: {cls.__name__}.window {window!r} is none of its tunables")
+    if cls.layout_score:
+        for method in ("layout_priorities", "layout_drop"):
+            if getattr(cls, method) is getattr(Policy, method):
+                raise ValueError(f"register: {cls.__name__} declares layout_score but defines no {method}()")
+    if cls.pools_heads and window is None:
+        raise ValueError(f"register: {cls.__name__} declares pools_heads, which protects its window in every head: "
+                         "declare window")
+    if cls.optimum and not cls.needs_trace:
+        raise ValueError(f"register: {cls.__name__} declares optimum, which is offline (needs_trace)")
 
 
 def policy_class(name: str) -> type[Policy]:
@@ -84,6 +117,79 @@ def all_tunables() -> dict[str, Param]:
         for p in cls.tunables:
             out.setdefault(p.name, p)
     return out
+
+
+# --- what each policy can do: one query per capability, read off its declaration (``Capabilities``) ----------
+
+
+def capabilities(name: str) -> Capabilities:
+    """What policy ``name`` declares it can do (ValueError for an unknown name)."""
+    cls = policy_class(name)
+    return Capabilities(window=cls.window, layout_score=cls.layout_score, pools_heads=cls.pools_heads,
+                        reads_meta=cls.reads_meta, offline=cls.needs_trace, optimum=cls.optimum,
+                        engine=cls.engine_binding is not None, tensor=cls.tensor_step is not None)
+
+
+def window_param(name: str) -> str | None:
+    """The parameter policy ``name``'s recent_window curve sweeps (``"recent_window"``), None when it has none."""
+    return policy_class(name).window
+
+
+def layout_ready(name: str) -> bool:
+    """Whether a serving layout (blocks, shared selection, intervals) can sum ``name``'s scores."""
+    return policy_class(name).layout_score
+
+
+def can_pool(name: str) -> bool:
+    """Whether adakv can pool a layer's KV heads by ``name``'s score."""
+    return policy_class(name).pools_heads
+
+
+def reads_meta(name: str) -> bool:
+    """Whether ``name`` reads constants of its trace's meta (built with ``trace=``; its ``check_meta`` runs)."""
+    return policy_class(name).reads_meta
+
+
+def is_offline(name: str) -> bool:
+    """Whether ``name`` is an offline reference (it reads the whole trace, future rows included)."""
+    return policy_class(name).needs_trace
+
+
+def is_optimum(name: str) -> bool:
+    """Whether ``name`` is the exact optimum (solved in one pass; under blocks, the block optimum)."""
+    return policy_class(name).optimum
+
+
+def has_engine(name: str) -> bool:
+    """Whether the fast engine replays ``name`` (it declares an ``engine_binding``)."""
+    return policy_class(name).engine_binding is not None
+
+
+def tensor_step(name: str):
+    """``name``'s tensor step (``kvsim.policies.tensor_hooks.TensorHooks``), None when the deployed cache steps it
+    on the reference path."""
+    return policy_class(name).tensor_step
+
+
+def missing(name: str, capability: str, what: str) -> str:
+    """The one line that refuses ``what`` (a layout, a pool, a split, a deployment) for ``name``, which lacks
+    ``capability`` (a field of ``Capabilities``)."""
+    return f"{name} declares {Capabilities.MISSING[capability]}: {what} cannot run it"
+
+
+def windowed(names=None) -> list[str]:
+    """Of ``names`` (default: every policy), those with a window parameter (a recent_window curve)."""
+    return [n for n in (POLICIES if names is None else names) if POLICIES[n].window is not None]
+
+
+def poolers() -> list[str]:
+    """The policies adakv can pool a layer's KV heads under (``pools_heads``)."""
+    return [n for n, cls in POLICIES.items() if cls.pools_heads]
+
+
+def optimum() -> str | None:
+    """The registered exact optimum's name (``optimal``), None when none is registered."""
+    return next((n for n, cls in POLICIES.items() if cls.optimum), None)
 
 
 def _report(source: str, error: BaseException) -> None:
@@ -221,8 +327,8 @@ def suggest(name: str, names=None) -> str:
 
 
 def study_sweeps() -> list[str]:
-    """The proxy study's window sweeps: the compared policies with a ``recent_window``."""
-    return taking("recent_window", compared())
+    """The proxy study's window sweeps: the compared policies with a window parameter (``recent_window``)."""
+    return windowed(compared())
 
 
 def study_fixed() -> list[str]:

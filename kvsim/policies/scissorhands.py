@@ -155,6 +155,7 @@ class Scissorhands(SlotPolicy):
     reads_attention = True
     keeps_scores = True
     tunables = (RECENT_WINDOW, HISTORY_WINDOW)
+    window = RECENT_WINDOW.name
 
     def __init__(
         self,

@@ -179,6 +179,7 @@ class SnapKV(SlotPolicy):
     reads_attention = True
     keeps_scores = True
     tunables = (RECENT_WINDOW, OBSERVATION_WINDOW)
+    window = RECENT_WINDOW.name
 
     def __init__(
         self,

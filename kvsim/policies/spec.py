@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import DEFAULT_BUDGET, Policy, check_budget
-from .registry import policy_class
+from .registry import policy_class, window_param
 
 
 class ParamValues(tuple):
@@ -82,6 +82,13 @@ class PolicySpec:
                 return value
         raise KeyError(f"{self.name} has no parameter {param!r}")
 
+    @property
+    def window(self) -> int | None:
+        """The value of the policy's window parameter (its declared ``window``: ``spec.params.recent_window``), None
+        for a policy without one."""
+        param = window_param(self.name)
+        return None if param is None else self[param]
+
     def get(self, param: str, default: int | None = None) -> int | None:
         """The parameter named ``param``, or ``default`` for a policy that does not declare it."""
         return dict(self.params).get(param, default)
@@ -94,7 +101,7 @@ class PolicySpec:
         """A fresh policy in its starting state (offline references are handed ``trace``)."""
         cls = policy_class(self.name)
         # offline references read the trace; a policy that ``reads_meta`` reads constants of its meta (a RoPE)
-        extra = {"trace": trace} if cls.needs_trace or getattr(cls, "reads_meta", False) else {}
+        extra = {"trace": trace} if cls.needs_trace or cls.reads_meta else {}
         return cls(budget=self.budget, rng=rng, **self.kwargs, **extra)
 
     @property

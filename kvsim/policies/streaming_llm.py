@@ -92,6 +92,8 @@ class StreamingLLM(Policy):
     engine_binding = EngineBinding(STEPS, compile_s=1)
     tensor_step = TENSOR
     tunables = (SINKS,)
+    #: a ring after the pinned sinks: ``layout_priorities`` and ``layout_drop`` below
+    layout_score = True
 
     def __init__(
         self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None, sinks: int = SINKS.default

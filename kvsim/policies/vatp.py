@@ -126,6 +126,7 @@ class ValueWeighted(SlotPolicy):
     engine_binding = EngineBinding(STEPS)
     #: the class's own: sinks is VATP's alone (CriticalKV pins none)
     tunables: tuple[Param, ...] = (RECENT_WINDOW,)
+    window = RECENT_WINDOW.name
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None,
                  recent_window: int = RECENT_WINDOW.default, sinks: int = 0) -> None:

@@ -39,7 +39,7 @@ from .. import jit
 from ..data import vectors
 from ..data.trace import Trace, from_array
 from ..jit import AVAILABLE
-from ..policies import POLICIES, Policy, PolicySpec, tunables
+from ..policies import POLICIES, Policy, PolicySpec, registry, tunables
 from ..policies.greedy_future import BLOCK as GREEDY_BLOCK
 from ..progress import Progress
 from . import kernels
@@ -166,16 +166,16 @@ class _Fast(Mapping):
     in it): name -> its ``SlotKernel``, resolved from the class's ``engine_binding`` on first use."""
 
     def __getitem__(self, name: str) -> kernels.SlotKernel:
-        binding = getattr(POLICIES.get(name), "engine_binding", None)
-        if binding is None:
+        if name not in self:
             raise KeyError(name)
+        binding = POLICIES[name].engine_binding
         return _resolve(name, binding.kernel)
 
     def __contains__(self, name: object) -> bool:
-        return getattr(POLICIES.get(name), "engine_binding", None) is not None  # type: ignore[arg-type]
+        return name in POLICIES and registry.has_engine(name)  # type: ignore[operator]
 
     def __iter__(self) -> Iterator[str]:
-        return iter([name for name, cls in POLICIES.items() if cls.engine_binding is not None])
+        return iter([name for name in POLICIES if registry.has_engine(name)])
 
     def __len__(self) -> int:
         return sum(1 for _ in self)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..data.trace import Trace
-from ..policies import PolicySpec, policy_class
+from ..policies import PolicySpec, registry
 from ..policies.layouts import Layout
 from ..policies.layouts.held import LayoutCache, LayoutPolicy
 from ..progress import Progress
@@ -31,7 +31,7 @@ def replay_layout(trace: Trace, spec: PolicySpec, layout: Layout, *, top_k: int,
     """``spec`` replayed on ``trace`` under ``layout`` (not ``Layout()``: that is ``kvsim.replay``'s own path)."""
     layout.check(spec.name, spec.budget, spec.params)
     memory, _ = layout.memory(spec.budget)
-    if spec.name == "optimal":
+    if registry.is_optimum(spec.name):
         return _block_optimum(trace, spec, layout, top_k, record_kept, progress)
     inner = spec.replace(budget=memory).build(trace)
     policy = LayoutPolicy(inner, layout, spec.budget)
@@ -52,7 +52,7 @@ def _block_optimum(trace: Trace, spec: PolicySpec, layout: Layout, top_k: int, r
     for t in range(1, trace.steps + 1):
         kept = np.flatnonzero(gone[:t] >= t)
         recall[t - 1] = top_k_hits(store, t, top_k, kept) / min(top_k, t)
-    return ReplayResult(policy="optimal", budget=spec.budget, params={}, steps=trace.steps, top_k=top_k,
+    return ReplayResult(policy=spec.name, budget=spec.budget, params={}, steps=trace.steps, top_k=top_k,
                         retained_mass_series=x.retained_mass_series, top_k_recall_series=recall,
                         kept_history=x.kept_history() if record_kept else None, spec=spec, layout=layout,
                         memory=x.capacity)
@@ -72,7 +72,7 @@ def replay_layer(traces: list[Trace], spec: PolicySpec, layout: Layout, *, top_k
         raise ValueError(f"a layer's heads must have one length; got {sorted(steps)} steps")
     T = steps.pop()
     layout.check(spec.name, spec.budget, spec.params, heads=len(traces))
-    if policy_class(spec.name).needs_trace:
+    if registry.is_offline(spec.name):
         raise ValueError(f"{spec.name} is an offline reference: a layer replay runs online policies")
     memory, _ = layout.memory(spec.budget)
     inner = spec.replace(budget=memory)

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..data import vectors as vec
 from ..data.trace import Trace
-from ..policies import POLICIES, ParamError, Policy, PolicySpec
+from ..policies import POLICIES, ParamError, Policy, PolicySpec, registry
 from ..policies.registry import suggest
 from .harness import DEFAULT_TOP_K, ReplayResult, Taken, kept_sum, step, top_k_hits
 
@@ -73,7 +73,7 @@ def parse_scorer(text: str) -> tuple[str, dict]:
 def rankers() -> list[str]:
     """The registered policies that can rank a prompt: the online ones (an offline reference reads the
     future, which the prompt's end does not have)."""
-    return [name for name, cls in POLICIES.items() if not cls.needs_trace]
+    return registry.online()
 
 
 def prompt_length(trace: Trace, given: int | None = None) -> int:
@@ -153,7 +153,7 @@ class Prefill:
         if name not in POLICIES:
             raise PrefillError(f"prefill_policy: unknown policy {name!r}{suggest(name, rankers())}; it takes one of {', '.join(rankers())}",
                                field="prefill_policy")
-        if POLICIES[name].needs_trace:
+        if registry.is_offline(name):
             raise PrefillError(f"prefill_policy: {name} cannot rank the prompt (an offline reference: it reads the "
                                f"future); it takes one of {', '.join(rankers())}", field="prefill_policy")
         kwargs = {**(scorer.kwargs if isinstance(scorer, PolicySpec) else {}), **params}

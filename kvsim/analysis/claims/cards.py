@@ -3,7 +3,7 @@ is measured, the app view that shows it (URL query parameters) and the check tha
 
 from __future__ import annotations
 
-from ...policies import POLICIES
+from ...policies import POLICIES, registry
 from . import h2o as h
 from . import sliding_window as sw
 from .measure import BUDGET, Claim, check_cost_not_measured, check_deterministic
@@ -107,7 +107,7 @@ CLAIMS: list[Claim] = [
           "At a budget of a quarter of the sequence, every policy in this domain looks alike.", "trace",
           "retained mass of every online registry policy that reads attention or nothing (defaults) at budget T/4; alike = all within 0.01",
           {"view": KEPT, "trace": "{trace}", "budget": "{quarter}",
-           "policies": ",".join(n for n, c in POLICIES.items() if not c.needs_trace and not c.reads)}, sw.check_sw_quarter),
+           "policies": ",".join(n for n in registry.online() if not POLICIES[n].reads)}, sw.check_sw_quarter),
     Claim("sw-0.7367-against-0.5966", "sliding_window",
           "On the canonical trace at a budget of 256 it retains 0.7367 of the attention mass against this "
           "policy’s 0.5966", "canonical", "retained mass at budget 256 of streaming_llm and sliding_window",

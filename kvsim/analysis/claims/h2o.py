@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...policies import POLICIES, make_policy
+from ...policies import POLICIES, make_policy, registry
 from ...sim.simulate import replay
 from .measure import BAND_TOLERANCE, BUDGET, FIGURE_TOLERANCE, Measurer, canonical_only, rounded, spike_trace, step, steps_from, verdict
 
@@ -13,7 +13,7 @@ def _attention_blind(trace) -> list[str]:
     """Registry policies that read nothing (no attention, no keys, values or queries) and are not offline
     references: the cards' domain is eviction by attention, and a scorer by keys is not "blind" but another
     kind of policy (docs/scorers.md)."""
-    return [n for n, cls in POLICIES.items() if not cls.reads_attention and not cls.needs_trace and not cls.reads]
+    return [n for n, cls in POLICIES.items() if not cls.reads_attention and not registry.is_offline(n) and not cls.reads]
 
 
 def check_h2o_recall_vs_blind(m: Measurer):

@@ -8,7 +8,7 @@ import json
 import numpy as np
 
 from ...data.catalog import TRACES_DIR
-from ...policies import POLICIES, make_policy
+from ...policies import POLICIES, make_policy, registry
 from ...sim.simulate import replay, sweep
 from .measure import ALIKE, FIGURE_TOLERANCE, Measurer, canonical_only, rounded, step, verdict
 
@@ -22,7 +22,7 @@ def check_sw_quarter(m: Measurer):
     budget = max(1, m.trace.steps // 4)
     mass, refused = {}, []
     # the cards' domain: the online policies that evict by attention (the scorers beyond it: docs/scorers.md)
-    for n in (n for n, cls in POLICIES.items() if not cls.needs_trace and not cls.reads):
+    for n in (n for n in registry.online() if not POLICIES[n].reads):
         try:
             mass[n] = m.run(n, budget=budget)["retained_mass"]
         except ValueError:  # its default parameters do not fit this budget (recent_window 32 at budget 10)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import registry
 from ..base import ParamError, check_budget, check_param
 from ..registry import policy_class
 from .priorities import LayoutError
@@ -97,19 +98,22 @@ class Layout:
 
     def check(self, name: str, budget: int, params: dict | tuple = (), heads: int | None = None) -> list[str]:
         """Refuse, in one line each, what cannot run (ParamError/LayoutError, ValueErrors): a block larger
-        than the budget, an interval leaving fewer positions than the policy's windows need, an offline
-        policy other than ``optimal`` (and ``optimal`` with anything but blocks). The notes to say (on
+        than the budget, an interval leaving fewer positions than the policy's windows need, a policy that
+        declares no layout score, an offline policy other than the optimum (and the optimum with anything but
+        blocks): before any trace or model loads. The notes to say (on
         stderr): the budget rounded down to whole blocks; shared selection on one KV head, a no-op."""
         if self.plain:
             return []
         cls = policy_class(name)
-        if cls.needs_trace:
-            if name != "optimal":
-                raise LayoutError(f"{name} is an offline reference: a layout wraps an online policy, or optimal "
-                                  "(--block-size: the optimum under blocks)")
+        if registry.is_offline(name):
+            if not registry.is_optimum(name):
+                raise LayoutError(f"{name} is an offline reference: a layout wraps an online policy, or "
+                                  f"{registry.optimum() or 'the optimum'} (--block-size: the optimum under blocks)")
             if self.shared_selection or self.evict_every > 1:
-                raise LayoutError("optimal under a layout is the optimum under blocks: --block-size only (no "
+                raise LayoutError(f"{name} under a layout is the optimum under blocks: --block-size only (no "
                                   "--shared-selection, no --evict-every)")
+        elif not registry.layout_ready(name):
+            raise LayoutError(registry.missing(name, "layout_score", f"a serving layout ({self.label})"))
         memory, note = self.memory(budget)
         notes = [note] if note else []
         floor = self.floor(budget)
