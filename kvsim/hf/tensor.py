@@ -49,7 +49,9 @@ CHUNK = 512
 
 def hooks_of(cls) -> TensorHooks | None:
     """The class's tensor step, or None when it declares none."""
-    step = getattr(cls, "tensor_step", None)
+    from ..policies import registry
+
+    step = registry.tensor_step(cls.name)
     return step if isinstance(step, TensorHooks) else None
 
 
@@ -440,7 +442,7 @@ def refusal(layers) -> str | None:
     vectors (keys, values, queries, output norms) and no trace meta, and one budget in each layer (a layer's
     heads are one tensor of slots; an allocation that splits a layer's heads keeps each head's bytes on the
     reference path)."""
-    from ..policies import policy_class
+    from ..policies import policy_class, registry
 
     layers = [list(row) for row in layers]
     specs = [s for row in layers for s in row]
@@ -451,7 +453,7 @@ def refusal(layers) -> str | None:
     hooks = hooks_of(cls)
     if hooks is None:
         return f"{cls.name} declares no tensor step"
-    if cls.reads or getattr(cls, "reads_meta", False):
+    if cls.reads or registry.reads_meta(cls.name):
         return f"{cls.name} reads {', '.join(cls.reads) or 'its trace meta'}, which the tensor path does not hand over"
     if hooks.takes is not None:
         odd = next((s for s in specs if not hooks.takes(s)), None)
