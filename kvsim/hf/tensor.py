@@ -336,7 +336,8 @@ class TensorLayer(EvictingLayer):
                 if t and self._observes:
                     row = shown[:, :, j] if j < steady else _shown(ws[:, :, j], before, order)
                 count = self._step(t, pos, before, new, held, count, row, slots, order)
-            out[:, :, :, a : a + m] = torch.matmul(ws.transpose(2, 3), values[:, :, None])
+            rows = torch.matmul(ws.reshape(batch, heads, m * g, width + n), values)  # one product per head
+            out[:, :, :, a : a + m] = rows.reshape(batch, heads, m, g, -1).transpose(2, 3)
         self._count = count
         self._compact(width, keys, values, pos, slots)
         self.seen = t0 + n
@@ -399,10 +400,10 @@ class TensorLayer(EvictingLayer):
 def _logits(q, keys, call):
     """``q`` ``(batch, heads, ..., G, d)`` against ``keys`` ``(batch, heads, width, d)``: scaled, soft-capped
     scores ``(batch, heads, ..., G, width)``, the arithmetic of ``kvsim.hf.eager.weights``."""
-    k = keys.transpose(-1, -2)
-    if q.dim() == 5:
-        k = k[:, :, None]
-    scores = torch.matmul(q, k) * call.scale
+    shape = q.shape
+    if q.dim() == 5:  # (batch, heads, m, G, d): one product per head, m x G rows against its keys
+        q = q.reshape(shape[0], shape[1], shape[2] * shape[3], shape[4])
+    scores = torch.matmul(q, keys.transpose(-1, -2)).reshape(*shape[:-1], keys.shape[2]) * call.scale
     if call.softcap is not None:
         scores = torch.tanh(scores / call.softcap) * call.softcap
     return scores
