@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -161,3 +162,51 @@ def test_proxies_on_dask_gives_the_local_study_and_resumes(folder, text, cluster
     resumed = _run(capsys, *_proxies(folder, text, "--scheduler", cluster.scheduler_address))
     assert counted == [3]  # the proxies and closed loops all cached; the three open loops sent again
     assert _strip(resumed) == _strip(here)
+
+
+@pytest.fixture
+def serving_study(folder, text, monkeypatch):
+    """bench/serving_study.py with its grid made small: the tiny model, one text, one budget, two policies under three
+    layouts open (the optimum left out: its solve alone took 17 s here), h2o closed under two."""
+    import importlib
+
+    from kvsim.policies.layouts import Layout
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    study = importlib.import_module("serving_study")
+    for name, value in {"MODELS": (str(folder),), "TEXTS": (str(text),), "BUDGETS": (40,), "STEPS": 64,
+                        "POLICIES": ("h2o", "streaming_llm"),
+                        "LAYOUTS": (("none", Layout()), ("blocks of 8", Layout(8)), ("shared", Layout(1, True))),
+                        "OPTIMUM": (), "PASSKEY_DEPTHS": {str(folder): (0.5,)}, "PASSKEY_LAYOUTS": {str(folder): ("none",)},
+                        "CLOSED": ((str(folder), str(text), 40, ("h2o",), ("none", "blocks of 8")),)}.items():
+        monkeypatch.setattr(study, name, value)
+    return study
+
+
+def test_the_serving_study_on_dask_gives_the_local_rows_and_resumes(serving_study, folder, cluster, tmp_path, monkeypatch,
+                                                                    counted):
+    def measure(out, *flags):
+        assert serving_study.main(["measure", "--out", str(tmp_path / out), "--models", str(folder), *flags]) == 0
+        return json.loads((tmp_path / out).read_text())
+
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "here"))
+    here = measure("here.json", "--parts", "open,closed")
+    assert len(here["rows"]) == 8 and all(r["why"] is None for r in here["rows"])
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "dask"))
+    # an interrupted study: its open part measured, here; the run on Dask measures only the two closed cells
+    measure("open.json", "--parts", "open")
+    assert counted == []
+    spread = measure("dask.json", "--parts", "open,closed", "--scheduler", cluster.scheduler_address)
+    assert counted == [2] and _strip(spread) == _strip(here)
+    # on Dask from nothing: every cell sent, the same rows
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "dask-only"))
+    assert _strip(measure("dask-only.json", "--parts", "open,closed", "--scheduler", cluster.scheduler_address)) == \
+        _strip(here) and counted == [2, 8]
+
+
+def test_the_serving_study_refuses_an_unreachable_scheduler_in_one_line(serving_study, folder, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        serving_study.main(["measure", "--out", str(tmp_path / "x.json"), "--models", str(folder), "--parts", "open",
+                            "--scheduler", "tcp://127.0.0.1:9"])
+    assert str(e.value).startswith("serving_study.py: --scheduler: cannot reach the Dask scheduler at tcp://127.0.0.1:9")
+    assert "\n" not in str(e.value)
