@@ -1,4 +1,5 @@
-"""Dask beyond one process: the client ``kvsim tune`` and ``kvsim needle`` spread their work over. A
+"""Dask beyond one process: the client ``kvsim tune``, ``kvsim needle``, ``kvsim quality`` and ``kvsim proxies``
+(``kvsim.models.fanout``) spread their work over. A
 foundation (docs/architecture.md): analysis and models both use it, and neither may import the other.
 
 Dask is in the optional extra ``record`` (``INSTALL_HINT``); importing this module imports none of it.
@@ -31,7 +32,8 @@ def dask_available() -> bool:
 def dask_client(scheduler: str, workers: int | None = None):
     """``(client, address)`` on Dask: ``scheduler`` ``"local"`` starts local worker processes (``workers``,
     default one per core), else the address of a running scheduler. ClusterError (one line) when Dask is not
-    installed or the scheduler cannot be reached. ``kvsim tune`` and ``kvsim needle`` spread their work this way."""
+    installed or the scheduler cannot be reached. ``kvsim tune``, ``needle``, ``quality`` and ``proxies`` spread their
+    work this way."""
     if not dask_available():
         raise ClusterError("running on Dask needs the optional extra (distributed is not installed): "
                         f"{INSTALL_HINT}")

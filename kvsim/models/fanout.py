@@ -90,11 +90,6 @@ def worker_session(spec: Spec):
     return _SESSIONS[spec]
 
 
-def evaluate(session, configurations, mode: str) -> list[dict]:
-    """A cell of ``Session.measure_many``: ``evaluate_many`` of one chunk (closed loops decoded as one batch)."""
-    return session.evaluate_many(configurations, mode)
-
-
 def _on_worker(spec: Spec, fn: Callable, args: tuple):
     return fn(worker_session(spec), *args)
 
@@ -138,4 +133,4 @@ def compute(session, calls: Sequence[tuple[Callable, tuple]]) -> Iterator[tuple[
         yield i, fn(session, *args)
 
 
-__all__ = ["Fanout", "Spec", "compute", "evaluate", "spec_of", "worker_model", "worker_session"]
+__all__ = ["Fanout", "Spec", "compute", "spec_of", "worker_model", "worker_session"]

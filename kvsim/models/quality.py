@@ -58,7 +58,6 @@ from ..policies.registry import suggest
 from ..progress import Progress, scaled, stderr
 from .decode import ClosedLoopDecoder, MaskedPass, hidden_states, layer_params, replay_masks
 from .errors import QualityError, RecordError
-from .fanout import evaluate
 from .loading import no_progress
 from .scoring import FullPass, Scorer, full_pass_key, read_full_pass, write_full_pass
 from .texts import resolve_text, text_bytes, tokenize
@@ -450,7 +449,7 @@ class Session:
             got = ((k, self.evaluate_many([jobs[i] for i in chunk], mode, progress=scaled(
                 progress, done / len(jobs), (done + len(chunk)) / len(jobs)))) for k, chunk in enumerate(chunks))
         else:  # on Dask (kvsim.models.fanout): the same chunks, all at once, each kept as it comes back
-            got = self.fanout.compute(self, [(evaluate, ([jobs[i] for i in chunk], mode)) for chunk in chunks])
+            got = self.fanout.compute(self, [(Session.evaluate_many, ([jobs[i] for i in c], mode)) for c in chunks])
         for k, results in got:
             for i, result in zip(chunks[k], results, strict=True):
                 if write_cache:
