@@ -104,6 +104,29 @@ def test_quality_on_dask_gives_the_local_grid(folder, text, cluster, tmp_path, m
     assert all(r["cached"] for r in again) and counted == [3, 6] and _strip(again) == _strip(here)
 
 
+def test_a_cell_computes_with_this_processs_torch_threads(folder, text, cluster, tmp_path, monkeypatch):
+    """A Dask worker runs one torch thread of its own; a float32 product summed by two threads may round otherwise
+    (Gemma-3-270M's KL did, in the fourth significant digit), so a cell runs with as many threads as the process
+    that sent it."""
+    import torch
+
+    from kvsim.cluster import dask_client
+    from kvsim.models import quality
+    from kvsim.models.fanout import Fanout
+
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "cache"))
+    session = quality.open_session(text, 32, str(folder), progress=None)
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        with dask_client(cluster.scheduler_address) as (client, address):
+            cell = lambda session: __import__("torch").get_num_threads()  # noqa: E731 (sent by value)
+            got = dict(Fanout(client, address).compute(session, [(cell, ()), (cell, ())]))
+    finally:
+        torch.set_num_threads(before)
+    assert got == {0: 3, 1: 3}
+
+
 def test_a_resumed_quality_grid_computes_only_the_missing_cells(folder, text, cluster, tmp_path, monkeypatch, capsys,
                                                                counted):
     monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "cache"))

@@ -7,8 +7,9 @@ cache first, sends only the cells it lacks (``Fanout.compute``), and writes each
 comes back, so a grid that stops resumes where it stopped, here or on Dask, and a worker needs no share of this
 disk. A cell is a function of the session and picklable arguments; a worker opens the same session once per
 process (the model by the name it was loaded by, the text as its bytes, the steps and the key-token rule: a
-``Spec``) and checks it is the same one (the model id and the token ids), so its results are the ones this
-process would compute.
+``Spec``), checks it is the same one (the model id and the token ids) and computes with this process's torch
+threads, so its results are the ones this process would compute, bit for bit on the same machine (a worker's
+own single thread rounded Gemma-3-270M's KL differently in the fourth significant digit).
 
 torch and Dask are imported inside the functions: importing this module imports neither.
 """
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data.files import atomic_write
 from .errors import QualityError
 
 
@@ -38,17 +40,22 @@ class Spec:
     rule: tuple
     model_id: str
     tokens_id: str
+    #: this process's torch threads: a worker computes with as many (a float32 product summed by more threads may
+    #: round otherwise), so its figures are this process's bit for bit
+    threads: int
 
 
 def spec_of(session) -> Spec:
     """The ``Spec`` of ``session`` (opened by ``quality.open_session``, which names its model)."""
+    import torch
+
     from .texts import text_bytes
 
     if not hasattr(session, "model_name"):
         raise QualityError("this session was not opened from a model's name; it cannot be opened on a Dask worker")
     return Spec(session.model_name, session.text_path.name, text_bytes(session.text_path), session.steps_asked,
                 session.use_cache, (session.short_window, session.key_alpha, session.key_beta), session.model_id,
-                session.tokens_id)
+                session.tokens_id, torch.get_num_threads())
 
 
 #: per worker process: the last model loaded (name -> (model, tokenizer, model_id)) and the sessions opened on it
@@ -76,8 +83,8 @@ def worker_session(spec: Spec):
         folder = Path(tempfile.gettempdir()) / f"kvsim-text-{hashlib.sha256(spec.text).hexdigest()[:16]}"
         folder.mkdir(exist_ok=True)
         path = folder / spec.text_name
-        if not path.is_file() or path.read_bytes() != spec.text:
-            path.write_bytes(spec.text)
+        if not path.is_file() or path.read_bytes() != spec.text:  # atomically: the worker beside it may read it now
+            atomic_write(path, lambda f: f.write(spec.text))
         session = Session(model, tokenizer, path, spec.steps, model_id=model_id, progress=None, use_cache=spec.use_cache,
                           short_window=spec.rule[0], key_alpha=spec.rule[1], key_beta=spec.rule[2])
         if (session.model_id, session.tokens_id) != (spec.model_id, spec.tokens_id):
@@ -91,7 +98,14 @@ def worker_session(spec: Spec):
 
 
 def _on_worker(spec: Spec, fn: Callable, args: tuple):
-    return fn(worker_session(spec), *args)
+    import torch
+
+    before = torch.get_num_threads()  # a Dask worker's own: one (its nanny sets OMP_NUM_THREADS=1)
+    torch.set_num_threads(spec.threads)
+    try:
+        return fn(worker_session(spec), *args)
+    finally:
+        torch.set_num_threads(before)
 
 
 class Fanout:
@@ -104,10 +118,6 @@ class Fanout:
     @property
     def workers(self) -> int:
         return len(self.client.scheduler_info().get("workers", {}))
-
-    def run(self) -> dict:
-        """How a grid ran, as ``needle``'s and ``tune``'s documents say it."""
-        return {"executor": "dask", "workers": self.workers, "scheduler": self.address}
 
     def compute(self, session, calls: Sequence[tuple[Callable, tuple]]) -> Iterator[tuple[int, object]]:
         """``(index, fn(session, *args))`` for each of ``calls``, as the workers finish them (in no set order)."""
