@@ -28,6 +28,14 @@ def dask_available() -> bool:
     return importlib.util.find_spec("distributed") is not None
 
 
+def _restore(saved: dict) -> None:
+    for key in set(os.environ) | set(saved):
+        if key not in saved:
+            del os.environ[key]
+        elif os.environ.get(key) != saved[key]:
+            os.environ[key] = saved[key]
+
+
 @contextlib.contextmanager
 def dask_client(scheduler: str, workers: int | None = None):
     """``(client, address)`` on Dask: ``scheduler`` ``"local"`` starts local worker processes (``workers``,
@@ -47,8 +55,13 @@ def dask_client(scheduler: str, workers: int | None = None):
             # own logs silenced below CRITICAL: as the cluster closes, their heartbeats to the closing
             # scheduler print CommClosedError tracebacks that mean nothing (a task's failure still reaches
             # fut.result())
+            saved = dict(os.environ)
             cluster = stack.enter_context(LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
                                                        dashboard_address=":0", silence_logs=logging.CRITICAL))
+            # Dask's nanny sets its workers' variables (OMP_NUM_THREADS=1, MKL_NUM_THREADS=1, ...) in this process's
+            # environment to spawn them, and leaves them there: torch first imported here afterwards (quality
+            # opening its session) would run one thread, slower, and round otherwise than the same run without Dask
+            _restore(saved)
             client = stack.enter_context(Client(cluster))
         else:
             try:

@@ -104,6 +104,22 @@ def test_quality_on_dask_gives_the_local_grid(folder, text, cluster, tmp_path, m
     assert all(r["cached"] for r in again) and counted == [3, 6] and _strip(again) == _strip(here)
 
 
+def test_a_local_cluster_leaves_this_processs_thread_variables_alone(monkeypatch):
+    """Dask's nanny sets OMP_NUM_THREADS=1 (and MKL's, OpenBLAS's) in the starting process to spawn its workers; left
+    there, torch imported afterwards (quality opening its session after the cluster starts) ran one thread here."""
+    import os
+
+    from kvsim.cluster import dask_client
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "2")
+    with dask_client("local", 1) as (client, _):
+        assert "OMP_NUM_THREADS" not in os.environ and os.environ["MKL_NUM_THREADS"] == "2"
+        assert client.run(lambda: __import__("os").environ.get("OMP_NUM_THREADS")) == {w: "1" for w in
+                                                                                         client.scheduler_info()["workers"]}
+    assert "OMP_NUM_THREADS" not in os.environ
+
+
 def test_a_cell_computes_with_this_processs_torch_threads(folder, text, cluster, tmp_path, monkeypatch):
     """A Dask worker runs one torch thread of its own; a float32 product summed by two threads may round otherwise
     (Gemma-3-270M's KL did, in the fourth significant digit), so a cell runs with as many threads as the process
