@@ -171,6 +171,12 @@ def test_an_unreachable_scheduler_is_one_line_before_any_model_loads(folder, tex
         err = capsys.readouterr().err
         assert err.startswith("kvsim: error: --scheduler: cannot reach the Dask scheduler at tcp://127.0.0.1:9")
         assert err.count("\n") == 1
+    # what spreads is the grid: one --allocate split or one serving layout's measurement is refused, in one line
+    for extra in (["--allocate", "uniform"], ["--block-size", "8"]):
+        assert cli.main(["quality", str(text), "--model", str(folder), "--policy", "h2o", "--budget", "12", "--workers", "2",
+                         *extra, "--quiet"]) == 2
+        assert capsys.readouterr().err == ("kvsim: error: --workers spreads quality's grid of policies, budgets and modes; "
+                                           "not --allocate nor a serving layout\n")
 
 
 def _proxies(folder, text, *flags):
