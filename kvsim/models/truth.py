@@ -25,8 +25,8 @@ from ..policies import PolicySpec
 from ..policies.registry import study_fixed, study_sweeps
 from ..progress import Progress, scaled
 from ..sim.simulate import even_windows
-from .loading import no_progress
 from .fanout import compute
+from .loading import no_progress
 from .quality import Configuration, Session, read_cached, write_cached
 
 #: what a cached proxy record means; bump it when the proxies change meaning
