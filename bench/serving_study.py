@@ -1,6 +1,7 @@
 """docs/serving.md's study: what each serving layout costs the model, against the same policy free of it.
 
     python bench/serving_study.py measure --out docs/serving-study.json [--models ...] [--parts open,closed,passkey]
+        [--scheduler ADDRESS | --workers N]
     python bench/serving_study.py tables docs/serving-study.json
 
 ``measure`` runs the study's grid and writes every row to ``--out`` (atomically). Each figure goes through
@@ -14,6 +15,10 @@ can run in separate processes at once and a last run over all of them reads them
   the text token by token), for the subset ``CLOSED`` names.
 - ``passkey``: the pass key at 1,024 tokens (``kvsim needle``), each policy x layout at ``PASSKEY_BUDGET``.
 
+``--scheduler ADDRESS`` (or ``--workers N``, local processes) sends the open and closed cells the cache lacks to
+Dask (``kvsim.models.fanout``, as ``kvsim quality --scheduler``) and keeps each result in this cache as it comes
+back, and passes the flag on to ``kvsim needle`` for the pass key: the rows are the local run's, their seconds aside.
+
 ``tables`` prints docs/serving.md's tables from the JSON; tests/test_serving_study.py checks the page
 against it.
 """
@@ -21,6 +26,7 @@ against it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -92,26 +98,42 @@ def _row(model: str, text: str, budget: int, policy: str, name: str, layout: Lay
     return row
 
 
-def _one(session, model, text, budget, policy, name, mode, say) -> dict:
-    """One row: ``policy`` at ``budget`` under the layout ``name`` in ``mode`` (open or closed), through the
-    quality cache (a plain layout is ``kvsim quality``'s own result), or the reason it is not measured."""
-    from kvsim.models.quality_layout import measure_closed, measure_open
+def _measure(session, model, text, jobs, say) -> list[dict]:
+    """Each job's row (``(budget, policy, layout name, mode)``, open or closed): its result from the quality cache
+    (a plain layout's is ``kvsim quality``'s own result), else a cell measured here or on the session's Dask workers
+    (``kvsim.models.fanout``), kept in the cache as it comes back; or the reason it is not measured."""
+    from kvsim.models.fanout import compute
+    from kvsim.models.quality import read_cached, write_cached
+    from kvsim.models.quality_layout import layout_cell, layout_key
 
-    layout = _layout(name)
-    why = _fits(layout, policy, budget, session.kv_heads)
-    result = None
-    if why is None:
-        t0 = time.perf_counter()
-        if layout.plain:
-            result = session.measure(policy, budget, mode)
+    results: list[dict | None] = [None] * len(jobs)
+    whys: list[str | None] = [None] * len(jobs)
+    todo, calls = [], []
+    for j, (budget, policy, name, mode) in enumerate(jobs):
+        layout = _layout(name)
+        whys[j] = _fits(layout, policy, budget, session.kv_heads)
+        if whys[j] is not None:
+            continue
+        key = layout_key(session, session.configuration(policy, budget, {}), mode, layout)
+        hit = read_cached(key)
+        if hit is not None:
+            results[j] = {**hit, "cached": True}
+            say(f"{model} {text} {budget} {policy} [{name}] {mode}: KL {hit['kl']:.4f} (cached)")
         else:
-            result = (measure_open if mode == "open" else measure_closed)(session, policy, budget, {}, layout)
-        say(f"{model} {text} {budget} {policy} [{name}] {mode}: KL {result['kl']:.4f} "
-            f"({time.perf_counter() - t0:.1f} s{', cached' if result.get('cached') else ''})")
-    return _row(model, text, budget, policy, name, layout, mode, result, why)
+            todo.append((j, key))
+            calls.append((layout_cell, (policy, budget, {}, layout, mode)))
+    for k, result in compute(session, calls):
+        j, key = todo[k]
+        write_cached(key, result)
+        results[j] = {**result, "cached": False}
+        budget, policy, name, mode = jobs[j]
+        say(f"{model} {text} {budget} {policy} [{name}] {mode}: KL {result['kl']:.4f} ({result['seconds']:.1f} s)")
+    return [_row(model, text, budget, policy, name, _layout(name), mode, results[j], whys[j])
+            for j, (budget, policy, name, mode) in enumerate(jobs)]
 
 
-def measure_quality(models, parts, say) -> list[dict]:
+def measure_quality(models, parts, say, fanout=None) -> list[dict]:
+    """The open and closed parts' rows; ``fanout``: a ``kvsim.models.fanout.Fanout`` to measure on (default: here)."""
     from kvsim.models import quality
     from kvsim.models.truth import TEXTS_DIR
 
@@ -125,12 +147,14 @@ def measure_quality(models, parts, say) -> list[dict]:
             if loaded is None:
                 loaded = quality.load(model)
             session = quality.open_session(TEXTS_DIR / text, STEPS, model, model_and_tokenizer=loaded)
+            session.fanout = fanout
+            jobs = []
             if "open" in parts:
-                jobs = [(p, n) for p in POLICIES for n, _ in LAYOUTS] + [("optimal", n) for n, _ in OPTIMUM]
-                rows += [_one(session, model, text, budget, policy, name, "open", say)
-                         for budget in BUDGETS for policy, name in jobs]
-            rows += [_one(session, model, text, budget, policy, name, "closed", say)
-                     for _, _, budget, policies, names in closed for policy in policies for name in names]
+                pairs = [(p, n) for p in POLICIES for n, _ in LAYOUTS] + [("optimal", n) for n, _ in OPTIMUM]
+                jobs += [(budget, policy, name, "open") for budget in BUDGETS for policy, name in pairs]
+            jobs += [(budget, policy, name, "closed") for _, _, budget, policies, names in closed for policy in policies
+                     for name in names]
+            rows += _measure(session, model, text, jobs, say)
     return rows
 
 
@@ -145,9 +169,10 @@ def _layout_flags(layout: Layout) -> list[str]:
     return flags
 
 
-def measure_passkey(models, say) -> list[dict]:
+def measure_passkey(models, say, where: tuple[str, ...] = ()) -> list[dict]:
     """Each layout's needle grid at ``PASSKEY_LENGTH`` tokens, ``PASSKEY_BUDGET`` positions, one trial at each
-    of ``PASSKEY_DEPTHS``: the policies the layout takes, through ``kvsim needle`` (its trials cached)."""
+    of ``PASSKEY_DEPTHS``: the policies the layout takes, through ``kvsim needle`` (its trials cached); ``where``:
+    its ``--scheduler ADDRESS`` or ``--workers N``."""
     heads = {"gemma3-270m": 1, "smollm2-135m": 3}
     rows = []
     for model in models:
@@ -160,7 +185,7 @@ def measure_passkey(models, say) -> list[dict]:
                 command = [sys.executable, "-m", "kvsim", "needle", "--model", model, "--policies", ",".join(run),
                            "--budget", str(PASSKEY_BUDGET), "--lengths", str(PASSKEY_LENGTH), "--depths",
                            ",".join(map(str, PASSKEY_DEPTHS[model])), "--trials", "1", "--quiet", "--json",
-                           *_layout_flags(layout)]
+                           *_layout_flags(layout), *where]
                 t0 = time.perf_counter()
                 done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
                 if done.returncode:
@@ -184,6 +209,11 @@ def main(argv=None) -> int:
     m.add_argument("--out", required=True)
     m.add_argument("--models", default=",".join(MODELS))
     m.add_argument("--parts", default="open,closed,passkey")
+    on = m.add_mutually_exclusive_group()
+    on.add_argument("--scheduler", default=None, metavar="ADDRESS", help="the cells on the workers of a running Dask "
+                    "scheduler (tcp://host:8786), as kvsim quality --scheduler; the pass key through kvsim needle "
+                    "--scheduler (whose workers share this cache directory)")
+    on.add_argument("--workers", type=int, default=None, metavar="N", help="the cells on N local Dask worker processes")
     t = sub.add_parser("tables")
     t.add_argument("study")
     args = ap.parse_args(argv)
@@ -202,9 +232,23 @@ def main(argv=None) -> int:
         print(f"serving_study: {line}", file=sys.stderr, flush=True)
 
     t0 = time.time()
-    rows = measure_quality(models, parts, say) if parts & {"open", "closed"} else []
+    where = ("--scheduler", args.scheduler) if args.scheduler else ("--workers", str(args.workers)) if args.workers else ()
+    rows = []
+    if parts & {"open", "closed"}:
+        with contextlib.ExitStack() as stack:
+            fanout = None
+            if where:  # reached before any model loads; refused in one line naming the flag
+                from kvsim.cluster import LOCAL, ClusterError, dask_client
+                from kvsim.models.fanout import Fanout
+
+                try:
+                    fanout = Fanout(*stack.enter_context(dask_client(args.scheduler or LOCAL, args.workers)))
+                except ClusterError as e:
+                    raise SystemExit(f"serving_study.py: {where[0]}: {e}") from None
+                say(f"on Dask: {fanout.workers} worker(s) at {fanout.address}")
+            rows = measure_quality(models, parts, say, fanout)
     if "passkey" in parts:
-        rows += measure_passkey(models, say)
+        rows += measure_passkey(models, say, where)
     plan = {"models": models, "texts": list(TEXTS), "budgets": list(BUDGETS), "steps": STEPS,
             "policies": list(POLICIES), "layouts": {n: lay.to_dict() for n, lay in LAYOUTS},
             "closed": [list(c[:3]) + [list(c[3]), list(c[4])] for c in CLOSED],

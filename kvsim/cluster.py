@@ -1,4 +1,5 @@
-"""Dask beyond one process: the client ``kvsim tune`` and ``kvsim needle`` spread their work over. A
+"""Dask beyond one process: the client ``kvsim tune``, ``kvsim needle``, ``kvsim quality`` and ``kvsim proxies``
+(``kvsim.models.fanout``) spread their work over. A
 foundation (docs/architecture.md): analysis and models both use it, and neither may import the other.
 
 Dask is in the optional extra ``record`` (``INSTALL_HINT``); importing this module imports none of it.
@@ -27,11 +28,20 @@ def dask_available() -> bool:
     return importlib.util.find_spec("distributed") is not None
 
 
+def _restore(saved: dict) -> None:
+    for key in set(os.environ) | set(saved):
+        if key not in saved:
+            del os.environ[key]
+        elif os.environ.get(key) != saved[key]:
+            os.environ[key] = saved[key]
+
+
 @contextlib.contextmanager
 def dask_client(scheduler: str, workers: int | None = None):
     """``(client, address)`` on Dask: ``scheduler`` ``"local"`` starts local worker processes (``workers``,
     default one per core), else the address of a running scheduler. ClusterError (one line) when Dask is not
-    installed or the scheduler cannot be reached. ``kvsim tune`` and ``kvsim needle`` spread their work this way."""
+    installed or the scheduler cannot be reached. ``kvsim tune``, ``needle``, ``quality`` and ``proxies`` spread their
+    work this way."""
     if not dask_available():
         raise ClusterError("running on Dask needs the optional extra (distributed is not installed): "
                         f"{INSTALL_HINT}")
@@ -45,8 +55,13 @@ def dask_client(scheduler: str, workers: int | None = None):
             # own logs silenced below CRITICAL: as the cluster closes, their heartbeats to the closing
             # scheduler print CommClosedError tracebacks that mean nothing (a task's failure still reaches
             # fut.result())
+            saved = dict(os.environ)
             cluster = stack.enter_context(LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
                                                        dashboard_address=":0", silence_logs=logging.CRITICAL))
+            # Dask's nanny sets its workers' variables (OMP_NUM_THREADS=1, MKL_NUM_THREADS=1, ...) in this process's
+            # environment to spawn them, and leaves them there: torch first imported here afterwards (quality
+            # opening its session) would run one thread, slower, and round otherwise than the same run without Dask
+            _restore(saved)
             client = stack.enter_context(Client(cluster))
         else:
             try:

@@ -25,7 +25,7 @@ from ..data.trace import save_npz
 from ..policies import POLICIES, PolicySpec, policy_params
 from ..policies.registry import suggest
 from ..sim.simulate import replay
-from . import layout_flags, report, tune_command
+from . import cluster_flags, layout_flags, report, tune_command
 from .errors import CLIError, InputError, flag, read_input
 from .parser import parse_range, positive_int
 from .replay_command import allocated, cmd_replay, cmd_sweep, load, measured, routed
@@ -195,6 +195,8 @@ def _quality_plan(args: argparse.Namespace) -> tuple[list[str], list[int], dict,
 
 
 def cmd_quality(args: argparse.Namespace) -> object:
+    if (on := cluster_flags.wanted(args)) and (args.allocate is not None or layout_flags.of(args) is not None):
+        raise CLIError(f"{on} spreads quality's grid of policies, budgets and modes; not --allocate nor a serving layout")
     if (variant := allocated(args)) is not None:
         return variant(args)
     for given, what in ((args.by, "--by"), (args.measurements, "--measurements")):
@@ -218,7 +220,22 @@ def cmd_quality(args: argparse.Namespace) -> object:
     read_input("TEXT", text)  # refuse a missing or empty text before loading a model
     if args.model is None:
         require_extra()
-    session = quality.open_session(text, args.steps, args.model, progress=say)
+    with cluster_flags.fanout(args, say) as fanout:  # an unreachable scheduler is refused before the model loads
+        session = quality.open_session(text, args.steps, args.model, progress=say)
+        session.fanout = fanout
+        rows = _quality_rows(args, session, layout, names, budgets, modes, params, swept, say)
+    if layout is not None:  # one measurement's document
+        return rows
+    if args.policy and not swept and len(budgets) == 1 and len(modes) == 1:
+        if not rows:
+            raise CLIError(f"{args.policy} cannot run at budget {budgets[0]} with these parameters")
+        return rows[0]
+    return rows
+
+
+def _quality_rows(args, session, layout, names, budgets, modes, params, swept, say) -> list[dict] | dict:
+    from ..models import quality
+
     if layout is not None:
         from ..models.quality_layout import measure_closed, measure_open
 
@@ -228,13 +245,8 @@ def cmd_quality(args: argparse.Namespace) -> object:
             return measure_closed(session, args.policy, budgets[0], params, layout, use_cache=not args.no_cache,
                                   progress=say)
         return measure_open(session, args.policy, budgets[0], params, layout, use_cache=not args.no_cache)
-    rows = quality.grid(session, names, budgets, modes, params, swept, use_cache=not args.no_cache,
-                        batch=args.batch, progress=say)
-    if args.policy and not swept and len(budgets) == 1 and len(modes) == 1:
-        if not rows:
-            raise CLIError(f"{args.policy} cannot run at budget {budgets[0]} with these parameters")
-        return rows[0]
-    return rows
+    return quality.grid(session, names, budgets, modes, params, swept, use_cache=not args.no_cache, batch=args.batch,
+                        progress=say)
 
 
 COMMANDS = {"replay": cmd_replay, "sweep": cmd_sweep, "describe": cmd_describe, "export": cmd_export, "table": cmd_table,

@@ -19,6 +19,7 @@ from ..data.catalog import available_bundles, available_traces
 from ..policies import DEFAULT_BUDGET, POLICIES, all_tunables, policy_params
 from ..policies.registry import suggest, windowed
 from ..sim.harness import DEFAULT_TOP_K
+from .cluster_flags import add_cluster_flags
 from .errors import BAD_INPUT, USAGE, CLIError, flag
 from .layout_flags import add as add_layout_flags
 from .plan_flags import add_plan_flags
@@ -493,6 +494,7 @@ def _add_quality(sub, traces) -> None:
     p.add_argument("--batch", type=positive_int, default=8, help="closed loops decoded together, sharing each "
                    "step's read of the weights; with --allocate, splits masking one pass (default: 8)")
     p.add_argument("--no-cache", action="store_true", help="measure again instead of reading cached results")
+    add_cluster_flags(p, "the grid's measurements (--batch closed loops a cell)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     add_plan_flags(p, "quality")
     add_layout_flags(p)

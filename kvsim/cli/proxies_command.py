@@ -13,6 +13,8 @@ from ..analysis.study import TRUTH_CHOICES, agreement, ranking, verdict
 from ..data.files import atomic_write
 from ..policies.registry import online, study_fixed, study_sweeps
 from ..progress import stderr
+from . import cluster_flags
+from .cluster_flags import add_cluster_flags
 from .errors import CLIError
 
 DEFAULT_TEXTS = ("code-heapq.py", "prose-rust-book-introduction.txt", "legal-gpl-3.0.txt")
@@ -47,6 +49,7 @@ def add_proxies(sub) -> None:
                    "key tokens only, LongPPL's rule: docs/proxies.md); the ranking is in --json and --out, in the text "
                    "output, and, for a truth other than kl, a table of its own in --markdown (default: kl)")
     p.add_argument("--markdown", action="store_true", help="print the tables as Markdown (docs/proxies.md's)")
+    add_cluster_flags(p, "each configuration's proxies and truth")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
 
@@ -97,18 +100,21 @@ def cmd_proxies(args: argparse.Namespace) -> dict:
     say = None if args.quiet else stderr("kvsim proxies")
     models = _list(args.models, "--model")
 
-    def sessions():
+    def sessions(fanout):
         for model in models:
             loaded = quality.load(model, say)
             for text in texts:
-                yield quality.open_session(text, args.steps, model_and_tokenizer=loaded, progress=say,
-                                           use_cache=not args.no_cache)
+                session = quality.open_session(text, args.steps, model, model_and_tokenizer=loaded, progress=say,
+                                               use_cache=not args.no_cache)
+                session.fanout = fanout
+                yield session
 
     try:
         ids = {m: quality.model_id_of(m) for m in models}
         where = {(ids[m], t, b): w for m in models for (only, t, b), w in closed.items() if only in (None, m)}
-        rows = truth.study(sessions(), budgets, args.windows, where, proxies=configuration, use_cache=not args.no_cache,
-                           progress=say, sweeps=sweeps, fixed=fixed)
+        with cluster_flags.fanout(args, say) as fanout:  # an unreachable scheduler is refused before a model loads
+            rows = truth.study(sessions(fanout), budgets, args.windows, where, proxies=configuration,
+                               use_cache=not args.no_cache, progress=say, sweeps=sweeps, fixed=fixed)
     except (quality.QualityError, RecordError) as e:
         raise CLIError(str(e)) from None
     doc = {"plan": {"models": models, "texts": [t.name for t in texts], "budgets": budgets, "steps": args.steps,

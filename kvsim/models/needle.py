@@ -313,17 +313,12 @@ def open_model(name: str, progress: Progress | None = None):
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config, tokenizer, weights, model_id
 
 
-_WORKER: dict = {}
-
-
 def _worker_model(model_name: str, progress: Progress | None):
-    """The model, loaded once per process (a Dask worker runs many cells)."""
-    if _WORKER.get("name") != model_name:
-        from .quality import load
+    """The model, loaded once per process (a Dask worker runs many cells): ``kvsim.models.fanout``'s, which
+    ``quality`` and ``proxies`` cells share on the same worker."""
+    from .fanout import worker_model
 
-        model, tokenizer, model_id = load(None if model_name == "gemma3-270m" else model_name, progress)
-        _WORKER.update(name=model_name, model=model, tokenizer=tokenizer, model_id=model_id)
-    return _WORKER["model"], _WORKER["tokenizer"], _WORKER["model_id"]
+    return worker_model(None if model_name == "gemma3-270m" else model_name, progress)
 
 
 def _remote_unit(model_name: str, template: Template, unit: Unit, seed: int, new_tokens: int, use_cache: bool) -> dict:

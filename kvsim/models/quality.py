@@ -218,10 +218,11 @@ class Session:
         if self.short_window < 1:
             raise QualityError(f"the key tokens' short window must be at least 1 position, got {self.short_window}")
         self._nll_short: np.ndarray | None = None
+        self.fanout = None  # where measurements run: here, or a kvsim.models.fanout.Fanout (Dask workers)
         self.short_seconds = 0.0
         self.model = model
         self.model_id = model_id
-        self.text_path = Path(text_path)
+        self.text_path, self.steps_asked = Path(text_path), steps
         if steps < 2:
             raise QualityError(f"steps must be at least 2 (the loss is over positions 1 .. N-1), got {steps}")
         cfg = model.config
@@ -443,10 +444,14 @@ class Session:
                 todo.append(i)
         done = len(jobs) - len(todo)
         step = max(1, batch) if mode == "closed" else 1
-        for a in range(0, len(todo), step):
-            chunk = todo[a : a + step]
-            part = scaled(progress, done / len(jobs), (done + len(chunk)) / len(jobs))
-            for i, result in zip(chunk, self.evaluate_many([jobs[i] for i in chunk], mode, progress=part), strict=True):
+        chunks = [todo[a : a + step] for a in range(0, len(todo), step)]
+        if self.fanout is None:  # here, one chunk after another, each telling ``progress`` of its decoding
+            got = ((k, self.evaluate_many([jobs[i] for i in chunk], mode, progress=scaled(
+                progress, done / len(jobs), (done + len(chunk)) / len(jobs)))) for k, chunk in enumerate(chunks))
+        else:  # on Dask (kvsim.models.fanout): the same chunks, all at once, each kept as it comes back
+            got = self.fanout.compute(self, [(Session.evaluate_many, ([jobs[i] for i in c], mode)) for c in chunks])
+        for k, results in got:
+            for i, result in zip(chunks[k], results, strict=True):
                 if write_cache:
                     write_cached(keys[i], result)
                 out[i] = {**result, "cached": False}
@@ -512,7 +517,9 @@ def open_session(text: str | Path, steps: int = DEFAULT_STEPS, model: str | Path
         cached = use_cache and read_full_pass(full_pass_key(model_id_of(model), text_bytes(path), steps)) is not None
         model_and_tokenizer = load(model, progress, tokenizer=not cached)
     m, tok, model_id = model_and_tokenizer
-    return Session(m, tok, path, steps, model_id=model_id, progress=progress, use_cache=use_cache)
+    session = Session(m, tok, path, steps, model_id=model_id, progress=progress, use_cache=use_cache)
+    session.model_name = None if model is None else str(model)  # what a Dask worker loads (kvsim.models.fanout)
+    return session
 
 
 def grid(session: Session, policies: Sequence[str], budgets: Sequence[int], modes: Sequence[str] = ("closed",),

@@ -79,3 +79,19 @@ def measure_closed(session: Session, policy: str, budget: int, params: dict, lay
     if use_cache:
         write_cached(key, result)
     return {**result, "cached": False}
+
+
+def layout_key(session: Session, c, mode: str, layout: Layout) -> dict:
+    """What a measurement under ``layout`` is cached under: the plain one's key, plus the layout unless it is plain."""
+    key = session.cache_key(c, mode)
+    return key if layout.plain else {**key, "layout": layout.to_dict()}
+
+
+def layout_cell(session: Session, policy: str, budget: int, params: dict, layout: Layout, mode: str) -> dict:
+    """One measurement under ``layout`` in ``mode``, not through the cache (a cell of a grid whose runner reads and
+    writes the cache, here or on Dask: ``kvsim.models.fanout``): the plain open or closed loop's document when the
+    layout is plain, else ``measure_open``'s or ``measure_closed``'s."""
+    if layout.plain:
+        return session.evaluate_many([session.configuration(policy, budget, params)], mode)[0]
+    result = (measure_open if mode == "open" else measure_closed)(session, policy, budget, params, layout, use_cache=False)
+    return {k: v for k, v in result.items() if k != "cached"}

@@ -25,6 +25,7 @@ from ..policies import PolicySpec
 from ..policies.registry import missing, study_fixed, study_sweeps, window_param
 from ..progress import Progress, scaled
 from ..sim.simulate import even_windows
+from .fanout import compute
 from .loading import no_progress
 from .quality import Configuration, Session, read_cached, write_cached
 
@@ -34,20 +35,30 @@ PROXY_VERSION = 1
 Proxies = Callable[[Trace, PolicySpec], dict]
 
 
-def configuration_proxies(session: Session, c: Configuration, *, proxies: Proxies, use_cache: bool = True) -> dict:
+def proxies_key(session: Session, c: Configuration) -> dict:
+    """What a configuration's proxies are cached under (``quality/proxies-<hash>.json``)."""
+    return {"version": PROXY_VERSION, "model": session.model_id, "tokens": session.tokens_id, "steps": session.steps,
+            "policy": c.policy, "budget": c.budget, "params": dict(sorted(c.asked.items()))}
+
+
+def replay_proxies(session: Session, c: Configuration, proxies: Proxies) -> dict:
     """``{figure: (layers, kv heads) list}`` for every figure ``proxies`` gives, from one replay per
-    (layer, KV head) of the session's full-cache traces (which carry their values)."""
-    key = {"version": PROXY_VERSION, "model": session.model_id, "tokens": session.tokens_id, "steps": session.steps,
-           "policy": c.policy, "budget": c.budget, "params": dict(sorted(c.asked.items()))}
-    cached = read_cached(key, "proxies", "proxies") if use_cache else None
-    if cached is not None:
-        return cached
+    (layer, KV head) of the session's full-cache traces (which carry their values); no cache."""
     grid: dict[str, np.ndarray] = {}
     for layer, heads in enumerate(session.traces):
         for h, trace in enumerate(heads):
             for f, value in proxies(trace, c.specs[layer]).items():
                 grid.setdefault(f, np.zeros((session.layers, session.kv_heads)))[layer, h] = value
-    out = {f: g.tolist() for f, g in grid.items()}
+    return {f: g.tolist() for f, g in grid.items()}
+
+
+def configuration_proxies(session: Session, c: Configuration, *, proxies: Proxies, use_cache: bool = True) -> dict:
+    """``replay_proxies`` through the on-disk cache."""
+    key = proxies_key(session, c)
+    cached = read_cached(key, "proxies", "proxies") if use_cache else None
+    if cached is not None:
+        return cached
+    out = replay_proxies(session, c, proxies)
     if use_cache:
         write_cached(key, out, "proxies", "proxies")
     return out
@@ -71,11 +82,17 @@ def measure(session: Session, jobs: Sequence[Configuration], modes: Sequence[str
     ``delta_nll_open``, ``delta_nll_key_open`` with ``key_tokens``, ... and ``seconds_*``) beside the
     model-level proxies (``aggregate``), one flat row. Closed loops decode ``batch`` at once."""
     say = progress or no_progress
-    rows = []
-    for i, c in enumerate(jobs):
-        say(i / max(1, len(jobs)) * 0.05, f"proxies of {c.policy} {c.asked} budget={c.budget}")
-        rows.append({"policy": c.policy, "budget": c.budget, "params": dict(c.asked),
-                     **aggregate(configuration_proxies(session, c, proxies=proxies, use_cache=use_cache))})
+    found = [read_cached(proxies_key(session, c), "proxies", "proxies") if use_cache else None for c in jobs]
+    missing = [i for i, f in enumerate(found) if f is None]
+    # each configuration's replays a cell: here in order, or on the session's Dask workers (kvsim.models.fanout)
+    for done, (k, out) in enumerate(compute(session, [(replay_proxies, (jobs[i], proxies)) for i in missing]), start=1):
+        c = jobs[missing[k]]
+        found[missing[k]] = out
+        if use_cache:
+            write_cached(proxies_key(session, c), out, "proxies", "proxies")
+        say(done / max(1, len(missing)) * 0.05, f"proxies of {c.policy} {c.asked} budget={c.budget}")
+    rows = [{"policy": c.policy, "budget": c.budget, "params": dict(c.asked), **aggregate(f)} for c, f in zip(jobs, found,
+                                                                                                            strict=True)]
     for k, mode in enumerate(modes):
         part = scaled(progress, 0.05 + 0.95 * k / len(modes), 0.05 + 0.95 * (k + 1) / len(modes))
         for row, r in zip(rows, session.measure_many(list(jobs), mode, use_cache=use_cache, batch=batch, progress=part),
@@ -282,5 +299,5 @@ def study(sessions, budgets: Sequence[int], windows: int, closed: dict | None = 
 
 
 __all__ = ["TEXTS_DIR", "TRUTH_FORMAT", "Proxies", "recording_source", "save_truth", "truth_path",
-           "aggregate", "configuration_proxies", "measure", "study",
+           "aggregate", "configuration_proxies", "measure", "proxies_key", "replay_proxies", "study",
            "study_jobs", "window_truth"]
