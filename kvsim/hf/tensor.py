@@ -70,7 +70,6 @@ class TensorLayer(EvictingLayer):
         self.pos = None  # (batch, heads, slots) int64, the position in each slot, -1 free
         self.state = None  # the policy's TensorState
         self.budget = None  # (batch, heads) int64
-        self._peak = None  # (batch, heads) int64, the most positions held after a step
         self.broken = None  # (batch, heads) bool: a head over its budget with no candidate (a policy's bug)
         self._count = None  # (batch, heads) int64, the positions each head holds
         self._least = 0  # the smallest budget: no step before it fills evicts
@@ -111,7 +110,6 @@ class TensorLayer(EvictingLayer):
         self._values = value_states.new_zeros(batch, heads, width, value_states.shape[-1])
         self.pos = torch.full((batch, heads, width), -1, dtype=torch.int64, device=dev)
         self.state = self.hooks.state(self.policies, batch, heads, width, dev)
-        self._peak = torch.zeros(batch, heads, dtype=torch.int64, device=dev)
         self.broken = torch.zeros(batch, heads, dtype=torch.bool, device=dev)
         self._count = torch.zeros(batch, heads, dtype=torch.int64, device=dev)
         self._least = min(min(row) for row in self.budgets)
@@ -214,11 +212,13 @@ class TensorLayer(EvictingLayer):
 
     @property
     def peak(self) -> int:
-        return 0 if self._peak is None else int(self._peak.max())
+        """The most positions any (row, KV head) held after a step: what it holds now, since a head's count
+        never falls (one position in each step, one out once it is over its budget)."""
+        return 0 if self._count is None else int(self._count.max())
 
     @property
     def head_peaks(self) -> list[int]:
-        return [] if self._peak is None else [int(x) for x in self._peak.amax(0).tolist()]
+        return [] if self._count is None else [int(x) for x in self._count.amax(0).tolist()]
 
     @property
     def kv_heads(self):
@@ -260,8 +260,11 @@ class TensorLayer(EvictingLayer):
         seen = held if call.window is None else held & (pos > t - call.window)
         w = _softmax(_logits(q, self._keys, call), seen, q.dtype)  # (batch, heads, G, slots)
         out = torch.matmul(w, self._values)  # (batch, heads, G, d)
-        order = torch.where(held, pos, _LAST).argsort(-1)  # held first, ascending position
-        shown = _shown(w, before, order) if t and self._observes else None
+        observing = t and self._observes
+        order = None  # held first, ascending position: for the renormalising sum, the ranks and the tie rule
+        if observing or t + 1 > self._least:
+            order = torch.where(held, pos, _LAST).argsort(-1)
+        shown = _shown(w, before, order) if observing else None
         self._count = self._step(t, pos, before, new, held, self._count, shown, self.state.slots, order)
         self.seen = t + 1
         batch, heads, g, d = out.shape
@@ -371,7 +374,6 @@ class TensorLayer(EvictingLayer):
             pos.scatter_(-1, victim, torch.where(over[..., None], -1, gone))
             self.broken |= over & ranked.gather(-1, first)[..., 0].isinf()  # over its budget with no candidate
             count = count - over.to(count.dtype)
-        torch.maximum(self._peak, count, out=self._peak)
         return count
 
     def _arange(self, n: int):
