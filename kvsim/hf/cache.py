@@ -348,6 +348,18 @@ class EvictingLayer(CacheLayerMixin):
         self.store.keep(b, h, held, keys, values)
 
 
+def real_positions(mask, n: int, batch: int):
+    """``(batch, n)`` bool: which of a call's ``n`` new positions the mask transformers built for it lets be
+    attended (False: padding, a zero in the call's ``attention_mask``), read off the mask's diagonal (a
+    position's own key, which only padding hides from its query); None when the call has no 4-D mask. Read
+    on the device, nothing brought back to the host."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or mask.shape[-1] < n or mask.shape[-2] < n:
+        return None
+    diagonal = mask[:, 0, -n:, -n:].diagonal(dim1=-2, dim2=-1)  # (batch or 1, n)
+    real = diagonal if diagonal.dtype == torch.bool else diagonal > torch.finfo(diagonal.dtype).min / 2
+    return real.expand(batch, n)
+
+
 class EvictingCache(Cache):
     """One ``EvictingLayer`` per decoder layer. ``model.generate(..., cache=cache)`` and a plain forward
     loop (``model(ids, cache=cache, use_cache=True)``) both step it (``past_key_values=``, the name
