@@ -1,6 +1,7 @@
 """The deployed cache's tensor path (kvsim.hf.tensor) under transformers' own ``model.generate`` (issue 54 item
 3): with a budget larger than the run (nothing evicted) every token equals ``DynamicCache``'s under greedy
-decoding, sampling with two return sequences, beam search and a left-padded batch; with eviction, a padded
+decoding, sampling with two return sequences, beam search and a left-padded batch, on a tiny Llama and on a
+tiny Gemma 3's sliding layers; with eviction, a padded
 row holds and generates what the row alone does, and a reordered batch (beam search's ``reorder_cache``) goes
 on as the reordered rows would. Assisted generation (``crop``) is refused in one line, before any token; so
 are a padded batch and beam search on the reference path."""
@@ -86,6 +87,23 @@ def test_a_left_padded_batch_gives_dynamic_caches_tokens_and_holds_no_padding(ll
         for h in range(layer.kv_heads):
             assert layer.held(0, h).tolist() == list(range(fed))
             assert layer.held(1, h).tolist() == list(range(PADS, fed))
+
+
+@pytest.mark.parametrize("prefill", ["exact", "fast"])
+def test_on_sliding_layers_a_padded_batch_and_beams_give_dynamic_caches_tokens(prefill):
+    """A tiny Gemma 3 whose sliding layers' window (6) the run passes: the window counts the padding as
+    transformers' mask does, so a padded batch and beam search still give DynamicCache's tokens."""
+    from test_hf import _tiny
+
+    import kvsim.hf as hf
+
+    gemma, (rows, mask) = _tiny("gemma3", window=6), _padded()
+    full = _generate(gemma, rows, attention_mask=mask, do_sample=False)
+    cache = hf.cache(gemma, "tova", LARGE, prefill=prefill, tensor=True, chunk=5)
+    assert _generate(gemma, rows, cache, attention_mask=mask, do_sample=False).tolist() == full.tolist()
+    beams = _generate(gemma, _ids(), do_sample=False, num_beams=2)
+    cache = hf.cache(gemma, "h2o", LARGE, recent_window=3, prefill=prefill, tensor=True)
+    assert _generate(gemma, _ids(), cache, do_sample=False, num_beams=2).tolist() == beams.tolist()
 
 
 @pytest.mark.parametrize("prefill", ["exact", "fast"])
