@@ -80,6 +80,7 @@ class TensorLayer(EvictingLayer):
         self.left = None
         self._keys = self._values = None
         self._col = None  # decoding: the slot t was written to (batch, heads)
+        self._padded = False  # a prompt of this layer had padding: decode steps read their masks too
 
     # --- set-up ---------------------------------------------------------------------------------------
 
@@ -213,7 +214,7 @@ class TensorLayer(EvictingLayer):
             self.policies = None
         self.budgets = self.hooks = self.pos = self.state = self.budget = None
         self._peak = self.broken = self._count = self.left = self._keys = self._values = self._col = None
-        self.seen, self._least = 0, 0
+        self.seen, self._least, self._padded = 0, 0, False
         self.handed = self.pending = None
         self.is_initialized = False
 
@@ -309,7 +310,7 @@ class TensorLayer(EvictingLayer):
         self.handed = self.pending = None
         heads = self.pos.shape[1]
         q = grouped(call.query, heads)  # (batch, heads, G, n, d)
-        real = real_positions(call.mask, q.shape[3], q.shape[0])
+        real = self._real(call.mask, q.shape[3], q.shape[0])
         if q.shape[3] == 1:
             out, weights = self._decode(q[:, :, :, 0], call, None if real is None else real[:, 0])
             return out, weights
@@ -317,6 +318,21 @@ class TensorLayer(EvictingLayer):
         if self.prefilled is not None:
             self.prefilled(q.shape[3])
         return out, None
+
+    def _real(self, mask, n: int, batch: int):
+        """``(batch, n)``: which of the call's positions its mask leaves unpadded (``real_positions``), or None
+        where the layer need not tell. A call of several positions (a prompt) reads its mask back once and
+        gives None when nothing is padded, so an unpadded prompt steps as before; a decode step reads nothing
+        back and looks at its mask only once a prompt of this layer was padded (transformers' generate pads
+        only the prompt), so an unpadded run pays nothing for padding on the decode path."""
+        if n == 1 and not self._padded:
+            return None
+        real = real_positions(mask, n, batch)
+        if n > 1 and real is not None:
+            if bool(real.all()):
+                return None
+            self._padded = True
+        return real
 
     def _decode(self, q, call, real=None):
         """Position ``seen``, written to slot ``_col`` by ``update``: ``(out (batch, 1, query heads, d), weights
