@@ -261,10 +261,23 @@ class EvictingLayer(CacheLayerMixin):
         return query_length, self.seen
 
     def reset(self) -> None:
-        raise HFError("an evicting cache cannot be reset; build a new one with kvsim.hf.cache")
+        raise HFError("an evicting cache on the reference path cannot be reset; build a new one with kvsim.hf.cache "
+                      "(the tensor path's resets)")
 
     def reorder_cache(self, beam_idx) -> None:
-        raise HFError("an evicting cache does not support beam search")
+        raise HFError("an evicting cache on the reference path does not support beam search (the tensor path's does: "
+                      "a policy with a tensor step, kvsim.hf.cache(..., tensor=True))")
+
+    def batch_select_indices(self, indices) -> None:
+        raise HFError("an evicting cache on the reference path keeps its rows (the tensor path's selects them)")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise HFError("an evicting cache on the reference path keeps its rows (the tensor path's repeats them)")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove:
+            raise HFError(f"{self.name}: an evicting cache cannot crop (assisted generation's rollback): its policy has "
+                          "already heard the positions to remove, and what they evicted is gone")
 
     # --- what it holds ------------------------------------------------------------------------------
 
@@ -309,6 +322,10 @@ class EvictingLayer(CacheLayerMixin):
                           "the cache are out of step")
         key, value = self.pending
         self.handed = self.pending = None
+        real = real_positions(call.mask, call.query.shape[2], call.query.shape[0])
+        if real is not None and not bool(real.all()):
+            raise HFError(f"{self.name}: a padded batch (zeros in attention_mask) runs on the tensor path only; this "
+                          "layer (the reference path) would attend over the padding: feed its rows one at a time")
         query, scale, softcap, window = call.query, call.scale, call.softcap, call.window
         if self.shared:  # every row's queries are row 0's; modes.one attends with row 0 alone
             query = query.expand(key.shape[0], -1, -1, -1)
@@ -346,6 +363,18 @@ class EvictingLayer(CacheLayerMixin):
     def _store(self, b: int, h: int, held: np.ndarray, keys, values) -> None:
         """Store positions ``held`` (ascending) of a prompt that started at position 0 in free slots."""
         self.store.keep(b, h, held, keys, values)
+
+
+def real_positions(mask, n: int, batch: int):
+    """``(batch, n)`` bool: which of a call's ``n`` new positions the mask transformers built for it lets be
+    attended (False: padding, a zero in the call's ``attention_mask``), read off the mask's diagonal (a
+    position's own key, which only padding hides from its query); None when the call has no 4-D mask. Read
+    on the device, nothing brought back to the host."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or mask.shape[-1] < n or mask.shape[-2] < n:
+        return None
+    diagonal = mask[:, 0, -n:, -n:].diagonal(dim1=-2, dim2=-1)  # (batch or 1, n)
+    real = diagonal if diagonal.dtype == torch.bool else diagonal > torch.finfo(diagonal.dtype).min / 2
+    return real.expand(batch, n)
 
 
 class EvictingCache(Cache):

@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import torch
 
+from ..policies import Policy
 from ..policies.tensor_hooks import Columns, TensorHooks
-from .cache import LAYER, EvictingLayer
+from .cache import LAYER, EvictingLayer, real_positions
 from .eager import grouped
 from .refusal import HFError
 
@@ -80,6 +81,7 @@ class TensorLayer(EvictingLayer):
         self.left = None
         self._keys = self._values = None
         self._col = None  # decoding: the slot t was written to (batch, heads)
+        self._padded = False  # a prompt of this layer had padding: decode steps read their masks too
 
     # --- set-up ---------------------------------------------------------------------------------------
 
@@ -154,6 +156,73 @@ class TensorLayer(EvictingLayer):
         self.handed = keys
         call[LAYER] = self
         return keys, values
+
+    # --- transformers' batch and lifetime API: beam search, batch selection, reset ------------------------
+
+    def reorder_cache(self, beam_idx) -> None:
+        """Beam search: row i becomes row ``beam_idx[i]`` in everything kept per row (keys, values, the slot map,
+        the policy's state and parameters, budgets, counts, peaks, ``broken``, ``left``), on the device; the rows'
+        Python lists (policies, budgets) are read back to reorder only where the rows differ."""
+        self._rows(lambda x: x.index_select(0, beam_idx.to(x.device)), lambda: beam_idx.tolist())
+
+    def batch_select_indices(self, indices) -> None:
+        """Keep the rows ``indices`` (transformers' ``Cache.batch_select_indices``)."""
+        at = indices if isinstance(indices, torch.Tensor) else torch.as_tensor(indices)
+        if at.dtype == torch.bool:
+            at = at.nonzero()[:, 0]
+        self._rows(lambda x: x.index_select(0, at.to(x.device)), lambda: at.tolist(), resized=True)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Each row ``repeats`` times in place (transformers' ``Cache.batch_repeat_interleave``)."""
+        rows = None if self.pos is None else self.pos.shape[0]
+        self._rows(lambda x: x.repeat_interleave(repeats, dim=0),
+                   lambda: [r for r in range(rows if rows is not None else self._python_rows()) for _ in range(repeats)],
+                   resized=True)
+
+    def _python_rows(self) -> int:
+        return len(self.policies) if self.policies is not None else len(self._row_budgets)
+
+    def _rows(self, tensors, rows, resized: bool = False) -> None:
+        """One selection of rows applied to every per-row tensor (``tensors``) and, where the batch changes size
+        or the rows differ, to the per-row lists (``rows()``: the old row of each new one)."""
+        if self.handed is not None:
+            raise HFError(self.lost())
+        lists = [name for name in ("policies", "_row_budgets", "budgets") if getattr(self, name) is not None
+                 and (name != "policies" or self.is_initialized or self.specs is None)]
+        if not self.is_initialized and not lists:
+            return  # built from specs and empty: the first call makes every row
+        if resized or any(_differ(getattr(self, name)) for name in lists):
+            at = rows()
+            for name in lists:
+                old = list(getattr(self, name))
+                setattr(self, name, [old[i] for i in at])
+        if not self.is_initialized:
+            return
+        self._keys, self._values, self.pos = tensors(self._keys), tensors(self._values), tensors(self.pos)
+        self.state.slots = {name: tensors(x) for name, x in self.state.slots.items()}
+        self.state.params = {name: tensors(x) for name, x in self.state.params.items()}
+        self.budget, self._count, self.broken = (tensors(x) for x in (self.budget, self._count, self.broken))
+        if self.left is not None:
+            self.left = tensors(self.left)
+
+    def reset(self) -> None:
+        """Back to empty (transformers' ``reset``): nothing held, no position seen, the policies' state gone; the
+        next call starts again from position 0, at any batch size when the layer was built from specs. What
+        ``watch`` asked stays asked."""
+        if self.specs is not None:
+            self.policies = None
+        self.budgets = self.hooks = self.pos = self.state = self.budget = None
+        self.broken = self._count = self.left = self._keys = self._values = self._col = None
+        self.seen, self._least, self._padded = 0, 0, False
+        self.handed = self.pending = None
+        self.is_initialized = False
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """transformers' ``crop`` (assisted generation's rollback): refused but for removing nothing, because a
+        policy's state already heard the positions to remove and what they evicted is gone."""
+        if tokens_to_remove:
+            raise HFError(f"{self.name}: an evicting cache cannot crop (assisted generation's rollback): its policy has "
+                          "already heard the positions to remove, and what they evicted is gone")
 
     def _free_slot(self):
         """``(batch, heads)``: each head's first free slot."""
@@ -242,17 +311,34 @@ class TensorLayer(EvictingLayer):
         self.handed = self.pending = None
         heads = self.pos.shape[1]
         q = grouped(call.query, heads)  # (batch, heads, G, n, d)
+        real = self._real(call.mask, q.shape[3], q.shape[0])
         if q.shape[3] == 1:
-            out, weights = self._decode(q[:, :, :, 0], call)
+            out, weights = self._decode(q[:, :, :, 0], call, None if real is None else real[:, 0])
             return out, weights
-        out = self._chunk(q, key, value, call)
+        out = self._chunk(q, key, value, call, real)
         if self.prefilled is not None:
             self.prefilled(q.shape[3])
         return out, None
 
-    def _decode(self, q, call):
+    def _real(self, mask, n: int, batch: int):
+        """``(batch, n)``: which of the call's positions its mask leaves unpadded (``real_positions``), or None
+        where the layer need not tell. A call of several positions (a prompt) reads its mask back once and
+        gives None when nothing is padded, so an unpadded prompt steps as before; a decode step reads nothing
+        back and looks at its mask only once a prompt of this layer was padded (transformers' generate pads
+        only the prompt), so an unpadded run pays nothing for padding on the decode path."""
+        if n == 1 and not self._padded:
+            return None
+        real = real_positions(mask, n, batch)
+        if n > 1 and real is not None:
+            if bool(real.all()):
+                return None
+            self._padded = True
+        return real
+
+    def _decode(self, q, call, real=None):
         """Position ``seen``, written to slot ``_col`` by ``update``: ``(out (batch, 1, query heads, d), weights
-        (batch, query heads, 1, slots))``."""
+        (batch, query heads, 1, slots))``. ``real`` ``(batch,)``: False where the call's mask pads the position
+        (``real_positions``), which is then neither shown to, admitted by nor held in that row."""
         t, pos = self.seen, self.pos
         new = self._arange(pos.shape[-1]) == self._col[..., None]
         before = (pos >= 0) & ~new
@@ -265,7 +351,7 @@ class TensorLayer(EvictingLayer):
         if observing or t + 1 > self._least:
             order = torch.where(held, pos, _LAST).argsort(-1)
         shown = _shown(w, before, order) if observing else None
-        self._count = self._step(t, pos, before, new, held, self._count, shown, self.state.slots, order)
+        self._count = self._step(t, pos, before, new, held, self._count, shown, self.state.slots, order, real)
         self.seen = t + 1
         batch, heads, g, d = out.shape
         return out.reshape(batch, 1, heads * g, d), w.reshape(batch, heads * g, 1, -1)
@@ -274,28 +360,32 @@ class TensorLayer(EvictingLayer):
     def _observes(self) -> bool:
         return self.reads_attention and self.hooks.observe is not None
 
-    def _chunk(self, q, key, value, call):
+    def _chunk(self, q, key, value, call, real=None):
         """A prompt chunk ``(batch, heads, G, n, d)``: ``(batch, n, query heads, d)``. ``exact`` steps it
         ``self.chunk`` positions at a time, compacting after each; ``fast`` attends every query over what the
         whole call found and the call's positions before it (the full cache's rows), ``self.chunk`` queries'
         logits at a time, and compacts once."""
         n = q.shape[3]
         if self.prefill == "fast":
-            out = self._part(q, key, value, call)
+            out = self._part(q, key, value, call, real)
         else:
             out = torch.cat([self._part(q[:, :, :, a : a + self.chunk], key[:, :, a : a + self.chunk],
-                                        value[:, :, a : a + self.chunk], call) for a in range(0, n, self.chunk)], dim=3)
+                                        value[:, :, a : a + self.chunk], call,
+                                        None if real is None else real[:, a : a + self.chunk])
+                             for a in range(0, n, self.chunk)], dim=3)
         batch, heads, g, _, d = out.shape
         return out.permute(0, 3, 1, 2, 4).reshape(batch, n, heads * g, d)
 
-    def _part(self, q, key, value, call):
+    def _part(self, q, key, value, call, real=None):
         """Up to ``self.chunk`` positions from ``seen`` (all of a call's, ``fast``): their outputs ``(batch,
         heads, G, n, d)``. What does not depend on what the policy evicts is computed once per block of queries:
         the logits; every row's softmax under ``fast`` (over what the call found and the call up to the query),
         and under ``exact`` the rows of the positions before the smallest budget fills (nothing can have been
         evicted yet), with what the policy is shown on those; the columns' position order (a column's position
         never changes inside a part: an evicted one only stops counting). The policy then steps position by
-        position, and the outputs are one product per block."""
+        position, and the outputs are one product per block. ``real`` ``(batch, n)``: False at a padded
+        position, which no other query sees (it attends over what it can, itself included, so its row stays
+        finite) and no row holds after its step; a padded part computes every row of ``exact`` one by one."""
         t0, n = self.seen, q.shape[3]
         batch, heads, width = self.pos.shape
         dev = self.pos.device
@@ -321,11 +411,14 @@ class TensorLayer(EvictingLayer):
             sees = earlier | (mine == (a + torch.arange(m, device=dev))[:, None])  # (batch, heads, m, columns)
             if window is not None:
                 sees = sees & (posf[:, :, None, :] > (ts[:, None] - window))
-            pre = m if fast else max(0, min(m, self._least - (t0 + a)))  # rows whose softmax is known now
+            if fast and real is not None:  # a padded column is seen by its own query alone
+                pad = torch.cat([real.new_zeros(batch, width), ~real], dim=-1)  # (batch, columns)
+                sees = sees & ~(pad[:, None, None, :] & (mine != (a + torch.arange(m, device=dev))[:, None]))
+            steady = 0 if real is not None else max(0, min(m, self._least - (t0 + a)))  # rows before any eviction
+            pre = m if fast else steady  # rows whose softmax is known now
             ws = torch.empty(batch, heads, m, g, width + n, dtype=q.dtype, device=dev)
             if pre:
                 ws[:, :, :pre] = _softmax(logits[:, :, :pre], sees[:, :, :pre], q.dtype)
-            steady = max(0, min(m, self._least - (t0 + a)))  # rows before any eviction: shown all at once
             shown = _shown(ws[:, :, :steady], earlier[:, :, :steady], order) if steady and self._observes else None
             for j in range(m):
                 i = a + j
@@ -338,7 +431,8 @@ class TensorLayer(EvictingLayer):
                 row = None
                 if t and self._observes:
                     row = shown[:, :, j] if j < steady else _shown(ws[:, :, j], before, order)
-                count = self._step(t, pos, before, new, held, count, row, slots, order)
+                count = self._step(t, pos, before, new, held, count, row, slots, order,
+                                   None if real is None else real[:, i])
             rows = torch.matmul(ws.reshape(batch, heads, m * g, width + n), values)  # one product per head
             out[:, :, :, a : a + m] = rows.reshape(batch, heads, m, g, -1).transpose(2, 3)
         self._count = count
@@ -346,14 +440,27 @@ class TensorLayer(EvictingLayer):
         self.seen = t0 + n
         return out
 
-    def _step(self, t: int, pos, before, new, held, count, shown, slots, order):
+    def _step(self, t: int, pos, before, new, held, count, shown, slots, order, real=None):
         """Step t of every (row, KV head): ``shown`` (what the policy sees, ``_shown``; None before step 1 or for a
         policy that reads no attention), admit t (its column ``new``), evict where over budget. ``order``: the
         columns in position order (held ones ascending, the rest anywhere), for the ranks and the tie rule.
-        ``pos`` and ``slots`` are changed in place; the held counts after the step come back."""
+        ``pos`` and ``slots`` are changed in place; the held counts after the step come back.
+
+        ``real`` ``(batch,)`` bool, where the call's mask pads some rows (None: none): in a row where t is padding
+        the policy is shown nothing (no column held before, which every ``observe`` leaves unchanged), admits
+        nothing and evicts nothing, and t's column is freed, so the row steps as if t never came."""
         hooks, state = self.hooks, self.state
         state.slots = slots
-        count = count + 1
+        if real is None:
+            count = count + 1
+        else:
+            pad = ~real[:, None, None]  # (batch, 1, 1)
+            padded = new & pad  # t's column in the rows where t is padding
+            before, new = before & ~pad, new & ~pad
+            held = before | new
+            count = count + real[:, None].to(count.dtype)
+            if shown is not None:
+                shown = shown * real[:, None, None]  # nothing to see in a padded row (exact: a product by 0 or 1)
         if shown is not None:
             hooks.observe(state, shown, before)
         if hooks.admit is not None:
@@ -374,6 +481,8 @@ class TensorLayer(EvictingLayer):
             pos.scatter_(-1, victim, torch.where(over[..., None], -1, gone))
             self.broken |= over & ranked.gather(-1, first)[..., 0].isinf()  # over its budget with no candidate
             count = count - over.to(count.dtype)
+        if real is not None:  # a padded t leaves its column at once
+            pos.masked_fill_(padded, -1)
         return count
 
     def _arange(self, n: int):
@@ -397,6 +506,14 @@ class TensorLayer(EvictingLayer):
         self._values = values.gather(2, source[..., None].expand(-1, -1, -1, values.shape[-1]))
         self.pos = pos.gather(-1, source)
         self.state.slots = {name: s.gather(-1, source) for name, s in slots.items()}
+
+
+def _differ(rows) -> bool:
+    """Whether a per-row list's rows are not all alike (policies: at the same class and parameters)."""
+    first = rows[0] if rows else None
+    if isinstance(first, list) and first and isinstance(first[0], Policy):
+        return any([(type(p), p.budget, p.params) for p in row] != [(type(p), p.budget, p.params) for p in first] for row in rows)
+    return any(row != first for row in rows)
 
 
 def _logits(q, keys, call):

@@ -11,7 +11,8 @@ column when the layer compacts a chunk into its slots) and its parameters per (r
 
 1. ``observe(state, shown, cols)``: ``shown`` ``(batch, heads, width)`` float32 is what the reference
    path shows the policy (the combining rule's row renormalised over the held columns, float32), zero off
-   them; only called for a policy that ``reads_attention``;
+   them; only called for a policy that ``reads_attention``. A row with no column held before t (a padded
+   position of a left-padded batch, which the layer steps as if it never came) must come out unchanged;
 2. ``admit(state, new, cols)``: ``new`` ``(batch, heads, width)`` bool marks position t's column;
    position 0, held from the start, is admitted the same way (its state is the policy's starting one);
 3. ``rank(state, cols)`` -> ``(values, candidates)``: where the cache is over its budget, the layer evicts
