@@ -125,7 +125,10 @@ def test_a_prompt_longer_than_the_budget_is_stepped_as_decoding_would_step_it():
     import kvsim.hf as hf
 
     model, ids = _tiny("gemma3"), _prompt(48)
-    whole, single = hf.cache(model, "h2o", 16, recent_window=4), hf.cache(model, "h2o", 16, recent_window=4)
+    # the reference path, whose layers step the Python policy they hold (tests/test_hf_tensor.py holds the tensor
+    # path to it, prompt chunks against decoding included)
+    whole = hf.cache(model, "h2o", 16, recent_window=4, tensor=False)
+    single = hf.cache(model, "h2o", 16, recent_window=4, tensor=False)
     with torch.no_grad():
         a = model(ids, cache=whole, use_cache=True).logits[0, -1]
         for t in range(ids.shape[1]):
@@ -323,7 +326,7 @@ def test_the_hf_cache_holds_what_a_replay_on_its_own_attention_holds():
     from kvsim.policies import make_policy
 
     model, ids = _tiny("llama"), _prompt(40)
-    cache = hf.cache(model, "h2o", 10, recent_window=3)
+    cache = hf.cache(model, "h2o", 10, recent_window=3, tensor=False)  # the path that steps a Python policy
     shown = []
     layer = cache.layers[1]
     with torch.no_grad():

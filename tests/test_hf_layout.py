@@ -106,10 +106,15 @@ def test_no_layout_is_todays_cache_and_shared_selection_on_one_kv_head_changes_n
     from kvsim.hf.cache import EvictingLayer
     from kvsim.hf.decoding import greedy
     from kvsim.hf.layout import LayoutLayer
+    from kvsim.hf.tensor import TensorLayer
 
     model, ids = _llama(kv_heads=1), _ids(12)
-    today = hf.cache(model, "h2o", 16, recent_window=4)
-    plain = hf.cache(model, "h2o", 16, block_size=1, shared_selection=False, evict_every=1, recent_window=4)
+    # the reference path's layer, which a layout's store and steps extend (a plain layout takes the tensor path
+    # by default, as a cache without one does)
+    assert type(hf.cache(model, "h2o", 16, block_size=1, recent_window=4).layers[0]) is TensorLayer
+    today = hf.cache(model, "h2o", 16, recent_window=4, tensor=False)
+    plain = hf.cache(model, "h2o", 16, block_size=1, shared_selection=False, evict_every=1, recent_window=4,
+                     tensor=False)
     shared = hf.cache(model, "h2o", 16, shared_selection=True, recent_window=4)
     assert type(plain.layers[0]) is EvictingLayer and isinstance(shared.layers[0], LayoutLayer)
     assert shared.notes == ["shared selection on a trace with one KV head: a no-op"]

@@ -64,6 +64,30 @@ def test_the_tensor_path_holds_and_generates_what_the_reference_path_does(policy
     assert expected["peaks"] == [BUDGET] * len(fast.layers)
 
 
+def test_a_prompt_in_one_pass_holds_what_feeding_it_one_token_at_a_time_holds():
+    """The tensor path's chunked prompt (chunks of 7, 48 positions at budget 16) against the same tokens fed one
+    at a time (decode steps): the same held sets, and the next logits within two float32 passes' rounding."""
+    import torch
+    from test_hf import _prompt
+    from tolerance import forward_pass
+
+    import kvsim.hf as hf
+
+    model, ids = _tiny("gemma3"), _prompt(48)
+    whole = hf.cache(model, "h2o", BUDGET, recent_window=4, tensor=True, chunk=CHUNK)
+    single = hf.cache(model, "h2o", BUDGET, recent_window=4, tensor=True, chunk=CHUNK)
+    with torch.no_grad():
+        a = model(ids, cache=whole, use_cache=True).logits[0, -1]
+        for t in range(ids.shape[1]):
+            b = model(ids[:, t : t + 1], cache=single, use_cache=True).logits[0, -1]
+    torch.testing.assert_close(a, b, rtol=0, atol=forward_pass(model.config, BUDGET + 1, float(a.abs().max())))
+    for la, lb in zip(whole.layers, single.layers, strict=True):
+        for h in range(2):
+            assert la.held(0, h).tolist() == lb.held(0, h).tolist()
+            assert la.held(0, h).size == BUDGET and la.held(0, h)[-1] == 47
+    assert any(la.held(0, 0).tolist() != list(range(32, 48)) for la in whole.layers)  # not merely the newest 16
+
+
 def test_a_batch_of_rows_each_at_its_own_parameters_matches_the_reference():
     """Two rows, each (row, KV head) its own built policy (recent_window 3 in row 0, 8 in row 1, as a quality
     batch's rows are configurations): every row's held sets match the reference layer's."""
