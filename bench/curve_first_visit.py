@@ -68,6 +68,17 @@ def visit(tree: Path, trace: str, budget: int, shipped: bool = True, wait: bool 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _shipped(tree: Path) -> list[str]:
+    """The tree's shipped real traces, asked of the tree's own kvsim in a child (this script measures that tree's
+    code, never the copy it was started beside)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
+    code = "from kvsim.data.catalog import shipped_traces; print(','.join(shipped_traces()))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=tree, env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise SystemExit(f"curve_first_visit.py: error: {tree}: {done.stderr.strip().splitlines()[-1:]}")
+    return done.stdout.strip().split(",")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("tree", nargs="?", default=str(Path(__file__).resolve().parent.parent))
@@ -77,10 +88,7 @@ def main() -> int:
     parser.add_argument("--no-shipped", action="store_true", help="read nothing shipped in traces/kept/")
     parser.add_argument("--first", action="store_true", help="time the first run alone (not what it leaves running)")
     args = parser.parse_args()
-    sys.path.insert(0, args.tree)
-    from kvsim.data.catalog import shipped_traces
-
-    traces = args.traces.split(",") if args.traces else list(shipped_traces())
+    traces = args.traces.split(",") if args.traces else _shipped(Path(args.tree))
     if args.warm:
         visit(Path(args.tree), traces[0], args.budget)
     for trace in traces:

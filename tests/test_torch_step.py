@@ -147,7 +147,7 @@ def test_the_deployed_cache_takes_the_harness_step_and_its_victims_contract():
 
     assert importlib.import_module("kvsim.hf.stepping").step is harness.step
     model, ids = _tiny_llama()
-    cache = hf.cache(model, "h2o", 8, recent_window=2)
+    cache = hf.cache(model, "h2o", 8, recent_window=2, tensor=False)  # the path whose layers step a Python policy
     with torch.no_grad():
         model(ids[:, :3], cache=cache, use_cache=True)
         cache.layers[1].policies[0][1].evict = lambda budget: [99]

@@ -50,7 +50,7 @@ def markdown(rows: list[dict]) -> str:
 def render_policies(doc: dict) -> str:
     if doc.get("markdown"):
         return markdown(doc["policies"])
-    from .render import aligned
+    from .tables import aligned
 
     table = aligned(["policy", "kind", "reads", "parameters", "engine", "module"],
                     [[r["name"], r["kind"], ", ".join(r["reads"]) or "nothing",

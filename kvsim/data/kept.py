@@ -66,7 +66,6 @@ def content_key(trace) -> str | None:
     (``VECTOR_KEYS``) and its meta, so a copy of a shipped file (an upload) has the same one wherever it
     was read from. None for a trace whose attention is not at hand whole (a long query/key trace)."""
     from .derived import TraceStore
-    from .store import _jsonable
     from .trace import VECTOR_KEYS
 
     store = trace.derived
@@ -84,7 +83,7 @@ def content_key(trace) -> str | None:
         digest.update(f"\0{name}|{array.shape}|{array.dtype.str}\0".encode())
         digest.update(array.data)
     try:
-        meta = json.dumps(_jsonable(trace.meta), sort_keys=True)
+        meta = json.dumps(_round_trip(trace.meta), sort_keys=True)
     except (TypeError, ValueError):
         return None
     digest.update(b"\0meta\0" + meta.encode())
@@ -107,3 +106,8 @@ def derived(trace, file_name: str) -> dict | None:
 def tuning(file_name: str) -> dict | None:
     """The shipped ``tuning/<file_name>`` document, or None."""
     return documents().get(f"tuning/{file_name}")
+
+
+def _round_trip(value):
+    """What ``value`` reads back as after a JSON round trip (tuples become lists): how the cache keys it."""
+    return json.loads(json.dumps(value))

@@ -230,7 +230,10 @@ def cache(model, policy: str | None = None, budget: int | None = None, *, plan=N
 
 
 def _context(model) -> int | None:
-    """The most positions the model's config says it attends over (None when it does not say)."""
+    """The most positions the model's config says it attends over (None when it does not say, or there is no
+    model yet: the policy's own checks come first)."""
+    if getattr(model, "config", None) is None:
+        return None
     cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
     n = getattr(cfg, "max_position_embeddings", None)
     return int(n) if isinstance(n, int) and n > 0 else None
