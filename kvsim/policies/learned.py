@@ -144,6 +144,7 @@ class Learned(SlotPolicy):
     reads_attention = True
     keeps_scores = True
     tunables = (RECENT_WINDOW,)
+    table_rows = ({"recent_window": RECENT_WINDOW.default},)
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None,
                  recent_window: int = RECENT_WINDOW.default, weights=None) -> None:
