@@ -202,3 +202,24 @@ def test_the_score_view_draws_the_learned_weights():
     bars = [s for s in specs if s["data"] and s["data"][0].get("type") == "bar" and "learned: weights" in
             s["layout"]["title"]["text"]]
     assert len(bars) == 1 and list(bars[0]["data"][0]["y"])[::-1] == list(ATTENTION_FEATURES)
+
+
+def test_the_deployed_cache_runs_the_learned_policy():
+    """kvsim.hf.cache steps `learned` on its reference path inside a real (tiny, random) transformers model: every
+    layer and KV head holds the budget, its policy's own held set, the newest position included."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import torch
+    from test_hf import _prompt, _tiny
+
+    import kvsim.hf as hf
+
+    model, ids = _tiny("llama"), _prompt(40)
+    cache = hf.cache(model, "learned", 12, recent_window=3)
+    with torch.no_grad():
+        model(ids, cache=cache, use_cache=True)
+        model(ids[:, -1:], cache=cache, use_cache=True)
+    for layer in cache.layers:
+        for h in range(2):
+            held = layer.held(0, h).tolist()
+            assert len(held) == 12 and held == layer.policies[0][h].kept.tolist() and 40 in held
