@@ -173,6 +173,10 @@ def test_learn_writes_weights_and_a_study_the_doc_is_printed_from(tmp_path, caps
     assert load_weights(out)["weights"] == doc["weights"]["weights"]
     assert [r["budget"] for r in doc["rows"]] == [64]
     assert {"learned", "h2o", "tova", "snapkv", "optimal"} <= set(doc["rows"][0]["retained_mass"])
+    paged = doc["rows"][0]["pages"]  # in pages of 16 too, under the optimum under pages
+    assert paged["block_size"] == 16 and set(paged["retained_mass"]) == {"learned", "h2o", "tova", "snapkv", "optimal"}
+    assert max(paged["retained_mass"].values()) == paged["retained_mass"]["optimal"]
+    assert paged["retained_mass"]["learned"] != doc["rows"][0]["retained_mass"]["learned"]
     assert main(["learn", "--doc", str(study)]) == 0
     text = capsys.readouterr().out
     assert text.rstrip("\n") == study_markdown(json.loads(study.read_text())).rstrip("\n")
@@ -223,3 +227,13 @@ def test_the_deployed_cache_runs_the_learned_policy():
         for h in range(2):
             held = layer.held(0, h).tolist()
             assert len(held) == 12 and held == layer.policies[0][h].kept.tolist() and 40 in held
+
+
+def test_a_page_sums_exp_of_the_scores_and_the_window_never_goes():
+    p = Learned(8, recent_window=2, weights=load_weights(DEFAULT_WEIGHTS))
+    for t in range(1, 9):
+        p.on_decode_step(t, np.linspace(1, 2, p.kept.size, dtype=np.float32) / np.linspace(1, 2, p.kept.size).sum())
+        p.evict(8)
+    prio = p.layout_priorities()
+    assert np.isinf(prio[-2:]).all() and np.isfinite(prio[:-2]).all()
+    np.testing.assert_allclose(np.log(prio[:-2]), p.scores[:-2])

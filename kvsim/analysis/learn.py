@@ -16,16 +16,31 @@ backtracking line search (a handful of features: the Hessian is tiny).
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from ..data import vectors
 from ..data.trace import Trace
-from ..policies.learned import ATTENTION_FEATURES, FEATURES, NEEDS, WEIGHTS_FORMAT, WEIGHTS_VERSION, Learned, check_weights, feature_params
+from ..policies.learned import (
+    ATTENTION_FEATURES,
+    FEATURES,
+    NEEDS,
+    WEIGHTS_ENV,
+    WEIGHTS_FORMAT,
+    WEIGHTS_VERSION,
+    Learned,
+    check_weights,
+    feature_params,
+)
 from ..policies.optimal import optimal_schedule
 from ..sim.harness import kept_sum, observe
 
@@ -334,31 +349,71 @@ def runnable(trace: Trace, name: str) -> bool:
     return not vectors.missing(trace, cls.reads, meta=getattr(cls, "reads_meta", False))
 
 
-def evaluate(traces: Sequence[Trace], budgets: Sequence[int], weights: dict, say: Say | None = None) -> list[dict]:
+#: the page size of the serving layout the study also measures (vLLM's 16; docs/serving.md)
+PAGE = 16
+#: the policies measured in pages too (the scorers beyond attention are slow on the layered reference path)
+PAGED = ("learned", "h2o", "tova", "snapkv", "optimal")
+
+
+@contextmanager
+def _weights_by_name(weights: dict):
+    """While open, ``make_policy("learned", ...)`` (what a layout's replay builds) reads ``weights``."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "weights.json"
+        path.write_text(json.dumps(weights), encoding="utf-8")
+        before = os.environ.get(WEIGHTS_ENV)
+        os.environ[WEIGHTS_ENV] = str(path)
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(WEIGHTS_ENV, None)
+            else:
+                os.environ[WEIGHTS_ENV] = before
+
+
+def _closed(mass: dict) -> float:
+    gap = mass["optimal"] - mass["h2o"]
+    return (mass["learned"] - mass["h2o"]) / gap if gap > 0 else math.nan
+
+
+def evaluate(traces: Sequence[Trace], budgets: Sequence[int], weights: dict, say: Say | None = None,
+             pages: bool = True) -> list[dict]:
     """For each trace and budget: the retained mass of ``learned`` (these weights, their recent window), of each
     baseline that runs on the trace (at its defaults) and of the optimum, and the share of the h2o-to-optimum gap
-    the learned policy closes."""
+    the learned policy closes; with ``pages``, the same for ``PAGED`` in pages of ``PAGE`` positions (the optimum
+    under pages)."""
+    from ..policies.layouts import Layout
     from ..sim.simulate import replay
 
     say = say or (lambda line: None)
     rows = []
+    rw = weights["recent_window"]
     for tr in traces:
         for b in budgets:
-            if weights["recent_window"] >= b or tr.steps < b:
-                raise LearnError(f"{tr.name}: cannot evaluate at budget {b} (recent window {weights['recent_window']}, "
-                                 f"{tr.steps} steps)")
+            if rw >= b or tr.steps < b:
+                raise LearnError(f"{tr.name}: cannot evaluate at budget {b} (recent window {rw}, {tr.steps} steps)")
             start = time.perf_counter()
             mass = {}
-            mass["learned"] = replay(tr, Learned(b, recent_window=weights["recent_window"], weights=weights)).retained_mass
+            mass["learned"] = replay(tr, Learned(b, recent_window=rw, weights=weights)).retained_mass
             for name in BASELINES:
                 if runnable(tr, name):
                     mass[name] = replay(tr, name, budget=b).retained_mass
             mass["optimal"] = optimal_schedule(tr, b).retained_mass
-            gap = mass["optimal"] - mass["h2o"]
-            closed = (mass["learned"] - mass["h2o"]) / gap if gap > 0 else math.nan
+            closed = _closed(mass)
             best = max((n for n in mass if n not in ("learned", "optimal")), key=mass.get)
-            rows.append({"trace": tr.name, "budget": b, "retained_mass": {k: round(v, 6) for k, v in mass.items()},
-                         "gap_closed": round(closed, 6), "best_hand_written": best})
+            row = {"trace": tr.name, "budget": b, "retained_mass": {k: round(v, 6) for k, v in mass.items()},
+                   "gap_closed": round(closed, 6), "best_hand_written": best}
+            if pages and b >= 2 * PAGE:
+                with _weights_by_name(weights):
+                    paged = {n: replay(tr, n, budget=b, layout=Layout(PAGE),
+                                       **({"recent_window": rw} if n == "learned" else {})).retained_mass for n in PAGED}
+                row["pages"] = {"block_size": PAGE, "retained_mass": {k: round(v, 6) for k, v in paged.items()},
+                                "gap_closed": round(_closed(paged), 6),
+                                "best_hand_written": max((n for n in paged if n not in ("learned", "optimal")),
+                                                         key=paged.get)}
+            rows.append(row)
             say(f"learn: evaluated {tr.name} at budget {b} ({time.perf_counter() - start:.1f} s): learned "
-                f"{mass['learned']:.4f}, h2o {mass['h2o']:.4f}, optimal {mass['optimal']:.4f}, gap closed {closed:.1%}")
+                f"{mass['learned']:.4f}, h2o {mass['h2o']:.4f}, optimal {mass['optimal']:.4f}, gap closed {closed:.1%}"
+                + (f"; in pages of {PAGE}: gap closed {row['pages']['gap_closed']:.1%}" if "pages" in row else ""))
     return rows

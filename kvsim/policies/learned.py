@@ -23,7 +23,8 @@ read by ``load_weights``), by default the one shipped beside this module (``DEFA
 file ``KVSIM_LEARNED_WEIGHTS`` names, or ``weights=`` (a path or the document) when built in Python.
 
 Eviction: repeated argmin of the score over ``kept[:len - recent_window]``; equal scores evict the lower
-position; victims come back in ascending position order. Deterministic: ``rng`` is never used. No engine
+position; victims come back in ascending position order. Under a serving layout (pages) a page's score is
+the sum of its positions' ``exp(score)`` (``layout_priorities``). Deterministic: ``rng`` is never used. No engine
 binding: the reference harness replays it (about a second for 4096 steps).
 """
 
@@ -238,6 +239,16 @@ class Learned(SlotPolicy):
     def scores(self) -> np.ndarray:
         """The learned score of each held position, aligned with ``kept``: the lowest outside the window goes."""
         return ((self.feature_matrix() - self._mean) / self._scale) @ self._w
+
+    def layout_priorities(self) -> np.ndarray:
+        """What a serving layout sums over a page (docs/serving.md): ``exp(score)`` of each evictable position,
+        ``inf`` in the recent window. The exponential keeps the single positions' order and makes the score
+        additive: a linear function of log-features, exponentiated, is on the scale of attention, so a page's
+        sum weighs its positions as their attention would (a sum of the raw, signed scores would not)."""
+        out = np.full(self._len, np.inf)
+        m = self.evictable()
+        out[:m] = np.exp(np.minimum(self.scores[:m], 700.0))
+        return out
 
     def evictable(self) -> int:
         """How many of the held positions (the oldest) may go now: all but the newest ``recent_window``."""

@@ -58,6 +58,11 @@ def rows_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def paged_rows(rows: list[dict]) -> list[dict]:
+    """The rows measured in pages, in the shape of ``rows`` (``rows_table`` and ``verdict`` read either)."""
+    return [{"trace": r["trace"], "budget": r["budget"], **r["pages"]} for r in rows if r.get("pages")]
+
+
 def verdict(rows: list[dict]) -> list[str]:
     """One sentence per (trace, budget) where a hand-written policy beats the learned one, with the figures."""
     out = []
@@ -65,8 +70,9 @@ def verdict(rows: list[dict]) -> list[str]:
         mass = r["retained_mass"]
         best = r["best_hand_written"]
         if mass[best] > mass["learned"]:
-            out.append(f"- {r['trace']} at budget {r['budget']}: the learned policy ({mass['learned']:.4f}) loses to "
-                       f"{best} ({mass[best]:.4f}).")
+            digits = 4 if f"{mass[best]:.4f}" != f"{mass['learned']:.4f}" else 6
+            out.append(f"- {r['trace']} at budget {r['budget']}: the learned policy ({mass['learned']:.{digits}f}) loses "
+                       f"to {best} ({mass[best]:.{digits}f}).")
     return out
 
 
@@ -145,14 +151,33 @@ def study_markdown(study: dict) -> str:
         parts += ["Where it loses to a hand-written policy:", "", *losses, ""]
     else:
         parts += ["It beats every hand-written policy that runs on these traces at these budgets.", ""]
+    paged = paged_rows(rows)
+    if paged:
+        size = paged[0]["block_size"]
+        lost = verdict(paged)
+        parts += [f"## In pages of {size}", "",
+                  f"The same, with the cache in pages of {size} positions (docs/serving.md: a whole page leaves, the "
+                  "one whose positions' scores add up lowest, never the page still filling; `optimal` is the optimum "
+                  "under pages). A page's learned score is the sum of its positions' exp(score) "
+                  "(`Learned.layout_priorities`): the exponential keeps the single positions' order and puts the "
+                  "score on the scale of attention, where a sum means something (summing the raw scores, which are "
+                  "signed sums of log-features, lost to h2o in pages). The weights were fitted on single positions, "
+                  "not on pages.", "", rows_table(paged), ""]
+        if lost:
+            parts += ["Where it loses to a hand-written policy in pages:", "", *lost, ""]
     parts += ["## Not measured here", "",
               "All of this is one model (Gemma-3-270M) and one text (heapq.py); the shipped weights read attention "
               "only, because the trace they are fitted on holds no keys. The other text, the other model family, "
-              "the model's own KL and delta NLL, the pass key and pages of 16 are not in this study yet: the "
+              "the model's own KL and delta NLL and the pass key are not in this study yet: the "
               "policy runs in `replay`, `table`, `needle`, `quality` and the app like any other, so each is one "
               "command away, but no figure of them is claimed here.", ""]
-    parts += ["## The command", "", "```", study["command"], "python -m kvsim learn --doc docs/learned-study.json > "
-              "docs/learned.md", "```", ""]
+    parts += ["## The commands", "", "The study and this page:", "", "```", study["command"],
+              "python -m kvsim learn --doc docs/learned-study.json > docs/learned.md", "```", "",
+              "Weights of your own (`--out`) replace the shipped ones for every `learned` a process builds, in every "
+              "command and the app:", "", "```",
+              "python -m kvsim learn --trace gemma3-270m-L11 --budget 256 --out my-weights.json",
+              "KVSIM_LEARNED_WEIGHTS=my-weights.json python -m kvsim replay --policy learned --trace gemma3-270m-L17 "
+              "--budget 256", "```", ""]
     return "\n".join(parts)
 
 
