@@ -1,4 +1,5 @@
-"""The cumulative-score view: what each scoring policy (h2o, scissorhands, ...) holds at the sidebar's step."""
+"""The cumulative-score view: what each scoring policy (h2o, scissorhands, ...) holds at the sidebar's step, and
+for ``learned`` the weights its score is made of."""
 
 from __future__ import annotations
 
@@ -26,3 +27,20 @@ def score_view(trace: kvsim.Trace, settings: Settings) -> None:
         fig = figures.score_distribution(result, step, features)
         st.plotly_chart(fig, key=f"score_{name}")
         html_button(f"{name} scores at step {step} (HTML)", fig, f"{stem(trace)}-{name}-scores-{step}.html", f"html_score_{name}")
+        if name == "learned":
+            _learned_weights()
+
+
+def _learned_weights() -> None:
+    """What the learned policy's score looks at: its weights, one bar per feature (docs/learned.md)."""
+    from kvsim.policies.learned import WeightsError, default_weights
+    from kvsim.views.learned import weights_figure
+
+    try:
+        weights = default_weights()
+    except WeightsError as e:
+        st.warning(str(e))
+        return
+    st.plotly_chart(weights_figure(weights), key="learned_weights")
+    st.caption("The learned score is a weighted sum of these features, each standardised; the lowest score outside "
+               "the recent window is evicted. Fitted by `kvsim learn` to the exact optimum (docs/learned.md).")

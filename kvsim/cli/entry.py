@@ -19,7 +19,8 @@ from .plan_flags import TAKES_PLAN as PLAN_COMMANDS
 #: the module of each command that has one of its own; ``commands`` holds the rest (``COMMANDS``). A
 #: command's module is imported when it runs, so --help, a usage error and ``cache list`` load none of
 #: the simulator, and a replay none of the other commands' analyses (issue 36: tests/test_startup.py)
-OWN_MODULE = {"bench": "bench_command", "cache": "cache_command", "generate": "generate_command", "proxies": "proxies_command",
+OWN_MODULE = {"bench": "bench_command", "cache": "cache_command", "generate": "generate_command", "learn": "learn_command",
+              "proxies": "proxies_command",
               "needle": "needle_command", "policies": "policies_command", "replay": "replay_command",
               "serve": "serve_command", "sweep": "replay_command"}
 

@@ -541,6 +541,12 @@ def _add_serve(sub, traces) -> None:
     add_serve(sub, positive_int)
 
 
+def _add_learn(sub, traces) -> None:
+    from .learn_command import add_learn
+
+    add_learn(sub)
+
+
 def _add_app(sub, traces) -> None:
     sub.add_parser("app", help="start the Streamlit app; any further options go to streamlit run",
                    usage=f"{PROG} app [STREAMLIT RUN OPTIONS, e.g. --server.port 8502]")
@@ -551,7 +557,7 @@ def _add_app(sub, traces) -> None:
 _ADD = {"replay": _add_replay, "sweep": _add_sweep, "describe": _add_describe, "export": _add_export, "table": _add_table,
         "claims": _add_claims, "bench": _add_bench, "tune": _add_tune, "record": _add_record, "quality": _add_quality,
         "generate": _add_generate, "proxies": _add_proxies, "cache": _add_cache, "needle": _add_needle,
-        "policies": _add_policies, "app": _add_app, "serve": _add_serve}
+        "policies": _add_policies, "learn": _add_learn, "app": _add_app, "serve": _add_serve}
 #: every command's name
 COMMANDS = tuple(_ADD)
 

@@ -483,6 +483,7 @@ RENDERERS = {"replay": _replay, "sweep": _sweep, "describe": _describe, "record"
              "proxies": lambda doc: _own("proxies_command", "render_proxies", doc),
              "needle": lambda doc: _own("needle_command", "render_needle", doc),
              "policies": lambda doc: _own("policies_command", "render_policies", doc),
+             "learn": lambda doc: _own("learn_command", "render_learn", doc),
              "serve": lambda doc: _own("serve_command", "render_serve", doc)}
 
 

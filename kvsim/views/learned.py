@@ -1,0 +1,203 @@
+"""What the learned policy looks at, in words and a picture: its fitted weights as a table and a bar chart, the
+held-out study as a table, and docs/learned.md printed from the study's JSON (``kvsim learn --doc``).
+
+Pure functions: the app and the CLI call them; nothing here reads a file."""
+
+from __future__ import annotations
+
+import math
+
+#: what each feature is, in a few words (the weights' table and the bar chart's hover)
+FEATURE_WORDS = {
+    "log_cum": "cumulative attention (h2o's score), log",
+    "log_mean": "cumulative attention per row shown, log",
+    "log_recent": "attention of the last 8 rows shown, log",
+    "log_decayed": "attention decayed by 0.95 per row, log",
+    "log_last": "weight in the latest row (tova's score), log",
+    "vote_rate": "share of rows above the fair share 1/n",
+    "log_age": "rows shown since admitted, log(1 + n)",
+    "log_position": "position, log(1 + p)",
+    "log_key_norm": "key norm, log",
+}
+
+#: the columns of the study's table, in order: the learned policy, the hand-written ones, the optimum
+COLUMNS = ("learned", "h2o", "tova", "snapkv", "keydiff", "critical", "expected_attention", "optimal")
+
+
+def weights_rows(weights: dict) -> list[tuple[str, float, str]]:
+    """(feature, weight on the standardised feature, what it is), in the weights' order."""
+    return [(f, float(w), FEATURE_WORDS.get(f, f)) for f, w in zip(weights["features"], weights["weights"], strict=True)]
+
+
+def weights_table(weights: dict) -> str:
+    """The fitted weights as a Markdown table (a higher score is kept; the lowest outside the window goes)."""
+    lines = ["| feature | weight | what it is |", "| --- | ---: | --- |"]
+    lines += [f"| `{f}` | {w:+.3f} | {words} |" for f, w, words in weights_rows(weights)]
+    return "\n".join(lines)
+
+
+def _cell(v) -> str:
+    return "-" if v is None else f"{v:.4f}"
+
+
+def rows_table(rows: list[dict]) -> str:
+    """Retained mass per held-out (trace, budget): the learned policy, each hand-written one that ran, the optimum,
+    and the share of the h2o-to-optimum gap the learned policy closed."""
+    cols = [c for c in COLUMNS if any(c in r["retained_mass"] for r in rows)]
+    head = ["trace", "budget", *cols, "gap closed", "best hand-written (its gap closed)"]
+    lines = ["| " + " | ".join(head) + " |", "| --- | ---: | " + " | ".join("---:" for _ in cols) + " | ---: | --- |"]
+    for r in rows:
+        mass = r["retained_mass"]
+        gap = r["gap_closed"]
+        closed = "-" if gap is None or (isinstance(gap, float) and math.isnan(gap)) else f"{gap:.1%}"
+        best = r["best_hand_written"]
+        span = mass["optimal"] - mass["h2o"]
+        theirs = f" ({(mass[best] - mass['h2o']) / span:.1%})" if span > 0 else ""
+        lines.append("| " + " | ".join([r["trace"], str(r["budget"]), *(_cell(mass.get(c)) for c in cols), closed,
+                                        best + theirs]) + " |")
+    return "\n".join(lines)
+
+
+def paged_rows(rows: list[dict]) -> list[dict]:
+    """The rows measured in pages, in the shape of ``rows`` (``rows_table`` and ``verdict`` read either)."""
+    return [{"trace": r["trace"], "budget": r["budget"], **r["pages"]} for r in rows if r.get("pages")]
+
+
+def verdict(rows: list[dict]) -> list[str]:
+    """One sentence per (trace, budget) where a hand-written policy beats the learned one, with the figures."""
+    out = []
+    for r in rows:
+        mass = r["retained_mass"]
+        best = r["best_hand_written"]
+        if mass[best] > mass["learned"]:
+            digits = 4 if f"{mass[best]:.4f}" != f"{mass['learned']:.4f}" else 6
+            out.append(f"- {r['trace']} at budget {r['budget']}: the learned policy ({mass['learned']:.{digits}f}) loses "
+                       f"to {best} ({mass[best]:.{digits}f}).")
+    return out
+
+
+def study_markdown(study: dict) -> str:
+    """docs/learned.md: the study as measured, from its JSON (``kvsim learn --study``)."""
+    w = study["weights"]
+    fit = w.get("fit", {})
+    rows = study["rows"]
+    fitted_on = ", ".join(w.get("fitted_on", []))
+    budgets = ", ".join(map(str, w.get("budgets", [])))
+    losses = verdict(rows)
+    closed = [r["gap_closed"] for r in rows if r["gap_closed"] is not None and not math.isnan(r["gap_closed"])]
+    parts = [
+        "# A policy learned from the optimum",
+        "",
+        "<!-- printed by `python -m kvsim learn --doc docs/learned-study.json > docs/learned.md` from the study's JSON; "
+        "edit kvsim/views/learned.py, not this file -->",
+        "",
+        "`learned` (kvsim/policies/learned.py) is an online policy: at each step it scores every held position with a "
+        "linear function of features it computes from the attention rows it has been shown, and evicts the lowest "
+        "score outside the newest `recent_window` positions (lower position first on ties). Its weights are data, a "
+        "JSON file fitted by `kvsim learn` to the exact optimum's evictions (`optimal`); the shipped default is "
+        "`kvsim/policies/learned_weights.json`, and `KVSIM_LEARNED_WEIGHTS=FILE` points every `learned` at another.",
+        "",
+        "## The label and the loss",
+        "",
+        "The teacher is the exact optimum (`optimal`): for a trace and a budget it gives the step at which each "
+        "position leaves the best cache. The fit walks a schedule step by step with the learned policy's own "
+        "feature state (the same code the policy runs), so the features at each evicting step are exactly what "
+        "the online policy computes in that cache. The candidates are the held positions outside the newest "
+        "`recent_window`. The optimum labels each candidate at step t: *doomed* if it evicts the position by step "
+        "t + horizon (or has evicted it already), *kept* if it still holds it then.",
+        "",
+        "The loss (`--loss pairs`, the default) is pairwise logistic: for pairs (kept, doomed) drawn from one step, "
+        "log(1 + exp(-(score(kept) - score(doomed)))), averaged, plus a small L2 penalty on the weights of the "
+        "standardised features. Why pairs within a step: the policy's whole decision is an argmin among one step's "
+        "candidates, so only score differences within a step matter, and that is all this loss sees. Why doomed "
+        "within a horizon rather than the one victim: many candidates are worth nothing more to the optimum (no "
+        "attention still to come), and which of them it names first is close to arbitrary; the alternative "
+        "(`--loss choice`: a softmax over the step's candidates with the optimum's victim as the label) fits that "
+        "arbitrary choice and did worse. Both losses are convex, so Newton's method finds the optimum in a few "
+        "iterations, deterministically (the pairs are drawn with a fixed seed).",
+        "",
+        "Why DAgger rounds: the first round walks the optimum's own schedule, whose cache holds only positions worth "
+        "holding; a policy fitted there never sees the junk its own cache fills with once it departs from the "
+        "optimum, and it did poorly (h2o-level retained mass). Each further round (`--dagger`, default 3) walks "
+        "the schedule of the policy fitted so far, labels the caches it reaches by the optimum (a position the "
+        "optimum has already evicted is doomed), adds them to the examples and fits again. The label is the "
+        "optimum's schedule from the start, not the best continuation from the learner's cache, which `optimal` "
+        "does not solve.",
+        "",
+        "## The fit",
+        "",
+        f"Fitted on {fitted_on} at budgets {budgets}, recent window {w['recent_window']}, horizon "
+        f"{fit.get('horizon')}, {fit.get('dagger')} DAgger rounds: {fit.get('steps')} evicting steps in all, "
+        f"{fit.get('candidates')} candidates, {fit.get('examples')} pairs; on the optimum's own schedule "
+        f"{fit.get('skipped_inside_window')} of {fit.get('optimum_steps')} steps evict inside the recent window. "
+        f"Final loss {fit.get('final_loss')} after {fit.get('iterations')} Newton iterations.",
+        "",
+        "Weights on the standardised features (a higher score is kept):",
+        "",
+        weights_table(w),
+        "",
+        "## Held out",
+        "",
+        "Mean retained mass per step, each policy at its defaults and the budget shown; `-` where the trace lacks "
+        "what a policy reads (keys, values, queries, output norms, RoPE). Gap closed: (learned - h2o) / (optimal - h2o). "
+        "A trace named `BUNDLE-Lnn` is a layer of a recorded bundle (traces/README.md); the shipped bundle "
+        "gemma3-270m-heapq holds 1024 steps of every layer, and its layers 2, 8 and 14 attend over a sliding window "
+        "of 512 positions, a kind of layer the fit never saw (it was fitted on a global layer).",
+        "",
+        rows_table(rows),
+        "",
+    ]
+    if closed:
+        parts += [f"The learned policy closes {min(closed):.1%} to {max(closed):.1%} of the h2o-to-optimum gap on these "
+                  "traces and budgets.", ""]
+    if losses:
+        parts += [f"It matches or beats the best hand-written policy in {len(rows) - len(losses)} of {len(rows)} rows. "
+                  "Where it loses to a hand-written policy:", "", *losses, ""]
+    else:
+        parts += ["It beats every hand-written policy that runs on these traces at these budgets.", ""]
+    paged = paged_rows(rows)
+    if paged:
+        size = paged[0]["block_size"]
+        lost = verdict(paged)
+        parts += [f"## In pages of {size}", "",
+                  f"The same, with the cache in pages of {size} positions (docs/serving.md: a whole page leaves, the "
+                  "one whose positions' scores add up lowest, never the page still filling; `optimal` is the optimum "
+                  "under pages). A page's learned score is the sum of its positions' exp(score) "
+                  "(`Learned.layout_priorities`): the exponential keeps the single positions' order and puts the "
+                  "score on the scale of attention, where a sum means something (summing the raw scores, which are "
+                  "signed sums of log-features, lost to h2o in pages). The weights were fitted on single positions, "
+                  "not on pages.", "", rows_table(paged), ""]
+        if lost:
+            parts += [f"It matches or beats the best hand-written policy in {len(paged) - len(lost)} of {len(paged)} "
+                      "rows in pages. Where it loses to a hand-written policy in pages:", "", *lost, ""]
+    parts += ["## Not measured here", "",
+              "All of this is one model (Gemma-3-270M) and one text (heapq.py); the shipped weights read attention "
+              "only, because the trace they are fitted on holds no keys. The other text, the other model family, "
+              "the model's own KL and delta NLL and the pass key are not in this study yet: the "
+              "policy runs in `replay`, `table`, `needle`, `quality` and the app like any other, so each is one "
+              "command away, but no figure of them is claimed here.", ""]
+    parts += ["## The commands", "", "The study and this page:", "", "```", study["command"],
+              "python -m kvsim learn --doc docs/learned-study.json > docs/learned.md", "```", "",
+              "Weights of your own (`--out`) replace the shipped ones for every `learned` a process builds, in every "
+              "command and the app:", "", "```",
+              "python -m kvsim learn --trace gemma3-270m-L11 --budget 256 --out my-weights.json",
+              "KVSIM_LEARNED_WEIGHTS=my-weights.json python -m kvsim replay --policy learned --trace gemma3-270m-L17 "
+              "--budget 256", "```", ""]
+    return "\n".join(parts)
+
+
+def weights_figure(weights: dict, height: int = 320):
+    """The fitted weights as horizontal bars, one per feature (positive: kept; negative: evicted first)."""
+    import plotly.graph_objects as go
+
+    rows = weights_rows(weights)
+    names = [f for f, _, _ in rows][::-1]
+    values = [w for _, w, _ in rows][::-1]
+    words = [t for _, _, t in rows][::-1]
+    fig = go.Figure(go.Bar(x=values, y=names, orientation="h", customdata=words,
+                           marker_color=["#1b9e77" if v >= 0 else "#d95f02" for v in values],
+                           hovertemplate="%{y}: %{x:+.3f}<br>%{customdata}<extra></extra>"))
+    fitted = ", ".join(weights.get("fitted_on", [])) or "?"
+    fig.update_layout(title=f"learned: weights on standardised features (fitted on {fitted})", height=height,
+                      margin=dict(l=10, r=10, t=40, b=30), xaxis_title="weight (higher score: kept)")
+    return fig
