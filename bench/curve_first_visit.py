@@ -4,6 +4,13 @@ one), and the time until nothing is left in the background (the whole curve and 
 each trace in its own process (a fresh server) with its own empty ``KVSIM_CACHE_DIR``.
 
     python bench/curve_first_visit.py [TREE] [--traces gemma3-270m-L05,...] [--budget 256] [--no-shipped]
+    python bench/curve_first_visit.py [TREE] --browser       # the same visits in a real headless Chromium
+
+``--browser`` opens the view's link in a new browser session (Debian's chromium, as ``kvsim bench --browser``) on
+a fresh ``kvsim app``-style server per trace, each with its own empty ``KVSIM_CACHE_DIR``: ``idle_s`` is the
+benchmark's idle page (the script run over, the figures laid out and painted), ``complete_s`` the time until the
+page also says nothing is left in the background. ``--after-first-page`` opens the default view first and then
+follows the view's link in the same tab (the page a visitor meets after the app's first screen).
 
 ``--no-shipped`` reads nothing of ``traces/kept/`` (``KVSIM_NO_SHIPPED_CACHE``): a trace met for the first time, as
 an unshipped one is; the first run then draws what is quick and the rest comes in the background.
@@ -21,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from checkout import this_checkout
 
 _CHILD = """
 import json, sys, time
@@ -68,15 +77,71 @@ def visit(tree: Path, trace: str, budget: int, shipped: bool = True, wait: bool 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _shipped(tree: Path) -> list[str]:
-    """The tree's shipped real traces, asked of the tree's own kvsim in a child (this script measures that tree's
-    code, never the copy it was started beside)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
-    code = "from kvsim.data.catalog import shipped_traces; print(','.join(shipped_traces()))"
-    done = subprocess.run([sys.executable, "-c", code], cwd=tree, env=env, capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        raise SystemExit(f"curve_first_visit.py: error: {tree}: {done.stderr.strip().splitlines()[-1:]}")
-    return done.stdout.strip().split(",")
+#: what the curve view says while something is still computed in the background (the AppTest child reads the same)
+_BUSY = ("Still replaying", "being solved", "is solved once the other lines are known")
+
+
+def browser_visits(tree: Path, traces: list[str], budget: int, shipped: bool = True,
+                   after_first_page: bool = False) -> list[dict]:
+    """Each trace's first visit in headless Chromium, on a fresh server with an empty cache of its own: a new
+    browser session opening the view's link, or (``after_first_page``) the link followed in the tab that
+    opened the default view first."""
+    import asyncio
+    import time
+    import urllib.parse
+
+    from playwright.async_api import async_playwright
+
+    from kvsim.bench import checkout_env
+    from kvsim.bench.browser import CHROMIUM, CHROMIUM_ARGS, Open, Server, Session, Step
+    from kvsim.bench.browser.page import JS_IDLE
+
+    out: list[dict] = []
+
+    async def one(browser, trace: str, cache: str, log: Path) -> dict:
+        env = checkout_env(KVSIM_CACHE_DIR=cache, **({} if shipped else {"KVSIM_NO_SHIPPED_CACHE": "1"}))
+        server = Server(env, log, root=tree)
+        session = Session(browser, server.url)
+        query = "?" + urllib.parse.urlencode({"view": "Choosing recent_window", "trace": trace, "budget": budget})
+        try:
+            first = None
+            if after_first_page:  # the default view first, as a visitor who then follows the link in the same tab
+                first = await session.timed(Step("first page", Open(new_session=True), 5.0, min_images=3), timeout_s=600)
+            t0 = time.perf_counter()
+            timing = await session.timed(Step(trace, Open(query, new_session=not after_first_page), 5.0, min_figures=1),
+                                         timeout_s=1800)
+            complete = None
+            while timing.seconds is not None and time.perf_counter() - t0 < 1800:
+                words = await session.text()
+                if not any(b in words for b in _BUSY) and await session.page.evaluate(JS_IDLE, [1, 0]):
+                    complete = time.perf_counter() - t0
+                    break
+                await asyncio.sleep(0.1)
+            figures = await session.page.evaluate("() => document.querySelectorAll('.js-plotly-plot').length")
+        finally:
+            await session.close()
+            server.stop()
+        return {"trace": trace, "server_start_s": round(server.start_s, 2),
+                **({"first_page_s": first.seconds and round(first.seconds, 2)} if first is not None else {}),
+                "idle_s": None if timing.seconds is None else round(timing.seconds, 2),
+                "script_s": None if timing.server_s is None else round(timing.server_s, 2),
+                "complete_s": None if complete is None else round(complete, 2), "figures": figures,
+                "sent_mb": None if timing.sent_mb is None else round(timing.sent_mb, 2), "error": timing.error}
+
+    async def main() -> None:
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                for trace in traces:
+                    with tempfile.TemporaryDirectory(prefix="kvsim-cold-") as cache, \
+                            tempfile.TemporaryDirectory(prefix="kvsim-log-") as logs:
+                        out.append(await one(browser, trace, cache, Path(logs) / "server.log"))
+                        print(json.dumps(out[-1]), flush=True)
+            finally:
+                await browser.close()
+
+    asyncio.run(main())
+    return out
 
 
 def main() -> int:
@@ -87,10 +152,22 @@ def main() -> int:
     parser.add_argument("--warm", action="store_true", help="one throwaway visit first (numba's kernels compiled)")
     parser.add_argument("--no-shipped", action="store_true", help="read nothing shipped in traces/kept/")
     parser.add_argument("--first", action="store_true", help="time the first run alone (not what it leaves running)")
+    parser.add_argument("--browser", action="store_true", help="in headless Chromium, on a fresh server per trace")
+    parser.add_argument("--after-first-page", action="store_true",
+                        help="with --browser: open the default view first, then follow the view's link in that tab")
     args = parser.parse_args()
-    traces = args.traces.split(",") if args.traces else _shipped(Path(args.tree))
+    root = this_checkout(__file__)
+    if args.browser and Path(args.tree).resolve() != root:
+        parser.error(f"--browser serves this checkout's app ({root}): run {args.tree}/bench/curve_first_visit.py")
+    from kvsim.data.catalog import shipped_traces
+
+    traces = args.traces.split(",") if args.traces else list(shipped_traces())
     if args.warm:
         visit(Path(args.tree), traces[0], args.budget)
+    if args.browser:
+        browser_visits(Path(args.tree).resolve(), traces, args.budget, shipped=not args.no_shipped,
+                       after_first_page=args.after_first_page)
+        return 0
     for trace in traces:
         print(json.dumps(visit(Path(args.tree), trace, args.budget, shipped=not args.no_shipped, wait=not args.first)), flush=True)
     return 0
