@@ -17,8 +17,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from .argtypes import positive_int, size_list
 from .errors import CLIError
-from .parser import positive_int, size_list
 
 
 def _features(text: str) -> list[str]:

@@ -19,6 +19,7 @@ from ..data.catalog import available_bundles, available_traces
 from ..policies import DEFAULT_BUDGET, POLICIES, all_tunables, policy_params
 from ..policies.registry import suggest, windowed
 from ..sim.harness import DEFAULT_TOP_K
+from .argtypes import positive_int, size_list
 from .cluster_flags import add_cluster_flags
 from .errors import BAD_INPUT, USAGE, CLIError, flag
 from .layout_flags import add as add_layout_flags
@@ -70,24 +71,6 @@ class _Parser(argparse.ArgumentParser):
             names = [str(c) for c in action.choices]
             raise argparse.ArgumentError(action, f"invalid choice: {value!r}{suggest(str(value), names)}; "
                                                  f"choose from {', '.join(map(repr, names))}")
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def size_list(text: str) -> list[int]:
-    """``N[,N...]``: the class sizes of ``bench --load``, each a positive integer."""
-    try:
-        return [positive_int(part) for part in text.split(",")]
-    except argparse.ArgumentTypeError as e:
-        raise argparse.ArgumentTypeError(f"expected N[,N...]: {e}") from None
 
 
 def parse_range(flag: str, text: str) -> list[int]:
