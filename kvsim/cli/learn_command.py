@@ -32,8 +32,9 @@ def add_learn(sub) -> None:
                        "held-out traces (docs/learned.md)")
     p.add_argument("--trace", action="append", default=None, metavar="TRACE",
                    help="a trace to fit on (repeat for several; default: gemma3-270m-L05)")
-    p.add_argument("--budget", type=size_list, default=[128, 256], metavar="B[,B...]",
-                   help="the budgets whose optimal schedules are imitated (default: 128,256)")
+    p.add_argument("--budget", type=size_list, default=[256], metavar="B[,B...]",
+                   help="the budgets whose optimal schedules are imitated; the shipped weights used 128,256 "
+                   "(default: 256)")
     p.add_argument("--features", type=_features, default=None, metavar="F[,F...]",
                    help=f"the features (default: {','.join(ATTENTION_FEATURES)}; known: {', '.join(FEATURES)})")
     p.add_argument("--recent-window", type=int, default=None, metavar="N",

@@ -190,6 +190,9 @@ class Policy:
     #: layer at once (``kvsim.policies.tensor_hooks.TensorHooks``, declared beside the policy as its engine
     #: hooks are; None: the deployed cache steps it on the reference path, one (row, KV head) at a time)
     tensor_step: ClassVar[object | None] = None
+    #: True for a policy whose scorer was fitted on kvsim's own shipped traces (learned): the proxy study, whose
+    #: grid is the hand-written policies', leaves it out
+    fitted: ClassVar[bool] = False
     # --- what it can do beyond the interface: read by the registry's queries (``registry.capabilities``), never
     # --- by ``getattr`` at the point of use; ``register`` holds each declaration to the code that backs it
     #: the parameter a recent_window curve sweeps (one of ``tunables``), or None: a horizontal line on the curve

@@ -144,6 +144,7 @@ class Learned(SlotPolicy):
     display = Display("#ff00ff", "9px,3px,2px,3px,2px,3px", 3, "star", score_name="learned score")
     reads_attention = True
     keeps_scores = True
+    fitted = True
     tunables = (RECENT_WINDOW,)
     table_rows = ({"recent_window": RECENT_WINDOW.default},)
 

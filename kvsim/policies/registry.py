@@ -328,9 +328,9 @@ def suggest(name: str, names=None) -> str:
 
 def study_sweeps() -> list[str]:
     """The proxy study's window sweeps: the compared policies with a window parameter (``recent_window``)."""
-    return windowed(compared())
+    return windowed([n for n in compared() if not POLICIES[n].fitted])
 
 
 def study_fixed() -> list[str]:
     """The proxy study's policies at their defaults in every cell: the compared ones without a ``recent_window``."""
-    return [n for n in compared() if n not in study_sweeps()]
+    return [n for n in compared() if n not in study_sweeps() and not POLICIES[n].fitted]
