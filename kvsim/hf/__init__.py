@@ -148,11 +148,10 @@ def cache(model, policy: str | None = None, budget: int | None = None, *, plan=N
 
     ``tensor``: the tensor path (``kvsim.hf.tensor``: every row and KV head of a layer stepped at once as tensor
     operations on the model's device, an exact prompt ``chunk`` positions at a time, 512 or the model's context
-    by default) where the policy declares a tensor
-    step and the cache is plain (no layout, adakv or compressed prompt); ``None`` (the default) takes it
-    wherever it can and says in the cache's ``notes``, once, when it cannot; ``True`` refuses (HFError) where it
-    cannot; ``False`` runs the reference path (one Python policy per (row, KV head)), the authority the tensor
-    path is held to."""
+    by default) where the policy declares a tensor step and the cache is plain (no layout, adakv or compressed
+    prompt); ``None`` (the default) takes it wherever it can and says in the cache's ``notes``, once, when it
+    cannot; ``True`` refuses (HFError) where it cannot; ``False`` runs the reference path (one Python policy per
+    (row, KV head)), the authority the tensor path is held to."""
     from ..policies.layouts import Layout, LayoutError
 
     context = _context(model)
