@@ -161,7 +161,7 @@ class TensorLayer(EvictingLayer):
 
     def reorder_cache(self, beam_idx) -> None:
         """Beam search: row i becomes row ``beam_idx[i]`` in everything kept per row (keys, values, the slot map,
-        the policy's state and parameters, budgets, counts, peaks, ``broken``, ``left``), on the device; the rows'
+        the policy's state and parameters, budgets, counts (the peaks), ``broken``, ``left``), on the device; the rows'
         Python lists (policies, budgets) are read back to reorder only where the rows differ."""
         self._rows(lambda x: x.index_select(0, beam_idx.to(x.device)), lambda: beam_idx.tolist())
 
