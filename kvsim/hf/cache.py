@@ -152,13 +152,7 @@ class EvictingLayer(CacheLayerMixin):
         steps it in by the prompt mode. The layer reaches that attention call through its keyword arguments:
         transformers' model families pass theirs to the cache (``update(..., kwargs=kwargs)``) and then to
         the attention function."""
-        call = kwargs.get("kwargs")
-        if not isinstance(call, dict):
-            raise HFError(f"{self.name}: the model does not pass its attention call's keyword arguments to the cache "
-                          "(update(..., kwargs=kwargs), as transformers' model families do), so the evicting cache "
-                          "cannot reach the attention that must step it")
-        if self.handed is not None:
-            raise HFError(self.lost())
+        call = self.link(kwargs)
         rows = len(self.policies) if self.policies is not None else None if self.store is None else self.store.batch
         self.shared = key_states.shape[0] == 1 and rows is not None and rows > 1
         if self.shared:  # one row of a prompt's start for all the rows (``shared_start``): seen as every row's
@@ -179,6 +173,18 @@ class EvictingLayer(CacheLayerMixin):
         self.handed = keys
         call[LAYER] = self
         return keys, values
+
+    def link(self, kwargs: dict) -> dict:
+        """The attention call's keyword arguments, which ``update`` hands the layer through; HFError when the model
+        passes none, or when the keys this layer last returned never reached kvsim's attention."""
+        call = kwargs.get("kwargs")
+        if not isinstance(call, dict):
+            raise HFError(f"{self.name}: the model does not pass its attention call's keyword arguments to the cache "
+                          "(update(..., kwargs=kwargs), as transformers' model families do), so the evicting cache "
+                          "cannot reach the attention that must step it")
+        if self.handed is not None:
+            raise HFError(self.lost())
+        return call
 
     def put(self, key, value) -> None:
         """Position ``seen``'s key and value ``(batch, kv heads, d)`` into the store, a slot per (row, KV head)."""

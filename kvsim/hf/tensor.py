@@ -134,13 +134,7 @@ class TensorLayer(EvictingLayer):
         """Store a decode step's key and value in each head's free slot and return the layer's keys and values
         ``(batch, KV heads, slots, head_dim)``; a prompt chunk comes back as given and is stepped in by the
         attention. The attention call is reached through its keyword arguments, as on the reference path."""
-        call = kwargs.get("kwargs")
-        if not isinstance(call, dict):
-            raise HFError(f"{self.name}: the model does not pass its attention call's keyword arguments to the cache "
-                          "(update(..., kwargs=kwargs), as transformers' model families do), so the evicting cache "
-                          "cannot reach the attention that must step it")
-        if self.handed is not None:
-            raise HFError(self.lost())
+        call = self.link(kwargs)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         elif key_states.shape[0] != self.pos.shape[0]:
