@@ -14,15 +14,15 @@ import time
 
 from checkout import this_checkout
 
-from kvsim.analysis import allocation as al
+from kvsim.allocation import allocators as al
 from kvsim.policies import PolicySpec
 
 this_checkout(__file__)
 
 
 def main() -> int:
+    from kvsim.allocation.truth import open_truth, open_truths
     from kvsim.models import quality as q
-    from kvsim.models.allocation_truth import open_truth, open_truths
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=256)

@@ -13,7 +13,7 @@ import time
 
 from checkout import this_checkout
 
-from kvsim.analysis import allocation as al
+from kvsim.allocation import allocators as al
 from kvsim.data.catalog import resolve_bundle
 from kvsim.policies import PolicySpec
 from kvsim.progress import stderr

@@ -22,7 +22,7 @@ ALLOCATORS = ("uniform", "pyramidkv", "cake", "optimal")
 
 
 def main() -> int:
-    from kvsim.models.allocation_truth import documents_for
+    from kvsim.allocation.truth import documents_for
     from kvsim.models.loading import file_sha256
     from kvsim.models.quality import model_id_of
 

@@ -1,4 +1,4 @@
-"""Allocation (kvsim.analysis.allocation, kvsim.sim.joint): every allocator spends uniform's memory, the
+"""Allocation (kvsim.allocation.allocators, kvsim.sim.joint): every allocator spends uniform's memory, the
 optimum is exact (equal to exhaustive search) and bounds every static split, adakv's joint replay has an
 engine path equal to its reference bit for bit and is h2o alone when the floor is the share."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from random_traces import random_trace
 
-from kvsim.analysis import allocation as al
+from kvsim.allocation import allocators as al
 from kvsim.data.catalog import resolve_bundle
 from kvsim.policies import PolicySpec
 from kvsim.sim.joint import joint_reference, joint_replay

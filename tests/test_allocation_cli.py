@@ -10,7 +10,7 @@ import pytest
 from random_traces import random_trace
 
 from kvsim import cli
-from kvsim.analysis import allocation as al
+from kvsim.allocation import allocators as al
 from kvsim.data.bundle import write_manifest
 from kvsim.data.trace import save_npz
 from kvsim.policies import POLICIES
@@ -195,7 +195,7 @@ def test_quality_allocate_refusals_come_before_a_model_loads(argv, message, caps
 def test_a_comparison_is_kept_on_disk_and_read_back_to_the_bit_without_loading_the_traces(bundle, tmp_path, monkeypatch):
     """The app's Allocation view measures a comparison once per install (``compare_bundle``), not once per
     server start: the second call reads the same rows, every float equal, and loads no trace."""
-    from kvsim.analysis import allocation as al
+    from kvsim.allocation import allocators as al
     from kvsim.data.bundle import load_bundle
     from kvsim.policies import PolicySpec
 

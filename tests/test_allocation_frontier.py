@@ -1,4 +1,4 @@
-"""The frontier's truth (kvsim.models.allocation_truth): several splits masking ONE batched pass give what
+"""The frontier's truth (kvsim.allocation.truth): several splits masking ONE batched pass give what
 each gives alone, every cell is kept on disk (read back, not measured again, by a resumed grid) and
 gathered in the document the app reads."""
 
@@ -22,7 +22,7 @@ def _splits(session):  # noqa: F811
 
 
 def test_a_batched_pass_gives_each_split_what_it_gives_alone(session):  # noqa: F811
-    from kvsim.models.allocation_truth import open_truth, open_truths
+    from kvsim.allocation.truth import open_truth, open_truths
 
     splits = _splits(session)
     batched = open_truths(session, "h2o", [[list(r) for r in s] for s in splits], {"recent_window": 4})
@@ -40,7 +40,7 @@ def test_a_batched_pass_gives_each_split_what_it_gives_alone(session):  # noqa: 
 
 
 def test_cells_are_cached_resumed_and_gathered_for_the_app(session, monkeypatch):  # noqa: F811
-    from kvsim.models import allocation_truth as at
+    from kvsim.allocation import truth as at
     from kvsim.models.loading import file_sha256
 
     splits = _splits(session)

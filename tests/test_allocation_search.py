@@ -1,5 +1,5 @@
-"""The split searched by the truth (kvsim.analysis.allocation_search, ``quality --allocate optimal --by kl``)
-and ``tune --allocate auto`` (kvsim.analysis.tune_allocation): a move keeps the memory and the bounds, the
+"""The split searched by the truth (kvsim.allocation.search, ``quality --allocate optimal --by kl``)
+and ``tune --allocate auto`` (kvsim.allocation.tune): a move keeps the memory and the bounds, the
 search never ends worse by the truth than the best static split it starts from, a second run reads every
 measurement from the disk cache, and auto picks the candidate with the best figure."""
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from test_quality import HAS_TORCH, _private_cache, session, text_path  # noqa: F401  (the tiny model's session)
 
-from kvsim.analysis import allocation as al
-from kvsim.analysis.allocation_search import FIRST_STEP, head_groups, search, shift, spread
-from kvsim.analysis.tune_allocation import CANDIDATES, choose
+from kvsim.allocation import allocators as al
+from kvsim.allocation.search import FIRST_STEP, head_groups, search, shift, spread
+from kvsim.allocation.tune import CANDIDATES, choose
 from kvsim.cli.entry import main
 from kvsim.data.catalog import resolve_bundle
 from kvsim.policies import PolicySpec
@@ -85,7 +85,7 @@ def heads(session):  # noqa: F811
 
 
 def _truth(session, spec, counter):  # noqa: F811
-    from kvsim.models.allocation_truth import cached_open_truth
+    from kvsim.allocation.truth import cached_open_truth
 
     def measure(flat):
         grid = [[flat[x * session.kv_heads + h] for h in range(session.kv_heads)] for x in range(session.layers)]
@@ -98,7 +98,7 @@ def _truth(session, spec, counter):  # noqa: F811
 @needs_torch
 def test_the_search_by_the_truth_never_ends_worse_than_the_best_static_split_and_a_second_run_measures_nothing(
         session, heads):  # noqa: F811
-    from kvsim.analysis.allocation_search import search_from_static
+    from kvsim.allocation.search import search_from_static
 
     spec = PolicySpec.of("h2o", 12, recent_window=4)
     kinds = session.model.config.layer_types
@@ -165,7 +165,7 @@ def test_tune_allocate_auto_names_the_chosen_allocator_and_its_split(tmp_path, c
     assert a["chosen"] == max(a["candidates"], key=lambda c: c["figure"])["allocator"]
     assert sum(r["budget"] for r in doc["allocation"]) == 48 * 18 and min(r["budget"] for r in doc["allocation"]) > a["recent_window"]
     # what generate --allocate reads from the file: the split and the policy it was made for
-    from kvsim.policies.split import read_allocation
+    from kvsim.allocation.split import read_allocation
 
     (tmp_path / "tune.json").write_text(json.dumps(doc))
     budgets, policy = read_allocation(tmp_path / "tune.json")
@@ -186,8 +186,8 @@ def test_tunes_truth_measures_a_split_at_the_tuned_window_once_then_reads_it(ses
     open-loop truth at model_window, through the disk cache, counted as tune's summary counts it."""
     import argparse
 
+    from kvsim.allocation.truth import open_truth
     from kvsim.cli.tune_command import _Truth
-    from kvsim.models.allocation_truth import open_truth
 
     truth = _Truth.__new__(_Truth)
     truth.args = argparse.Namespace(policy="h2o", no_cache=False, trace="tiny")

@@ -1,4 +1,4 @@
-"""The open-loop truth of an allocation (kvsim.models.allocation_truth): equal budgets are exactly the
+"""The open-loop truth of an allocation (kvsim.allocation.truth): equal budgets are exactly the
 session's own open-loop measurement, and an uneven split of the same memory is measured, not assumed."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ pytestmark = pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not in
 
 
 def test_equal_budgets_are_the_sessions_open_loop(session):  # noqa: F811
-    from kvsim.models.allocation_truth import open_truth
+    from kvsim.allocation.truth import open_truth
 
     even = [[12] * session.kv_heads for _ in range(session.layers)]
     got = open_truth(session, "h2o", even, {"recent_window": 4})
@@ -20,7 +20,7 @@ def test_equal_budgets_are_the_sessions_open_loop(session):  # noqa: F811
 
 
 def test_an_uneven_split_of_the_same_memory_is_measured(session):  # noqa: F811
-    from kvsim.models.allocation_truth import open_truth
+    from kvsim.allocation.truth import open_truth
     from kvsim.models.errors import QualityError
 
     n = session.layers * session.kv_heads
@@ -37,7 +37,7 @@ def test_an_uneven_split_of_the_same_memory_is_measured(session):  # noqa: F811
 def test_equal_budgets_closed_loop_are_the_sessions_closed_loop(session):  # noqa: F811
     """The closed-loop truth of a split decodes through the deployed cache with each head at its own budget: with
     every budget equal it is ``quality --mode closed``'s measurement, bit for bit (the same cache, the same steps)."""
-    from kvsim.models.allocation_truth import closed_truth
+    from kvsim.allocation.truth import closed_truth
 
     even = [[12] * session.kv_heads for _ in range(session.layers)]
     got = closed_truth(session, "h2o", even, {"recent_window": 4})
@@ -48,7 +48,7 @@ def test_equal_budgets_closed_loop_are_the_sessions_closed_loop(session):  # noq
 
 
 def test_an_uneven_split_and_adakvs_pool_closed_loop_are_measured_and_cached(session):  # noqa: F811
-    from kvsim.models import allocation_truth as truth
+    from kvsim.allocation import truth as truth
 
     n = session.layers * session.kv_heads
     flat = [6 if i % 2 else 18 for i in range(n)]
@@ -75,7 +75,7 @@ def test_a_pool_with_its_floor_at_the_share_is_uniform_closed_loop(session):  # 
     the attention's sums (one store of pool + heads slots, masked per head, against a block per head)."""
     from test_quality import _nll_bound
 
-    from kvsim.models.allocation_truth import closed_truth
+    from kvsim.allocation.truth import closed_truth
 
     even = [[12] * session.kv_heads for _ in range(session.layers)]
     pooled = closed_truth(session, "h2o", even, {"recent_window": 4}, pooled=12)
@@ -125,7 +125,7 @@ def test_duos_streaming_heads_run_streaming_llm_in_both_loops(session):  # noqa:
     """duo's truth: a head marked streaming replays (open loop) or is deployed (closed loop) as streaming_llm
     with its sinks, every other head as the policy. No head streaming is the static split bit for bit; every
     head streaming is streaming_llm's own measurement bit for bit; a mix is a third measurement, cached apart."""
-    from kvsim.models import allocation_truth as truth
+    from kvsim.allocation import truth as truth
 
     layers, heads = session.layers, session.kv_heads
     even = [[12] * heads for _ in range(layers)]

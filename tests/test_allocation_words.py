@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from random_traces import random_trace
 
-from kvsim.analysis import allocation as al
+from kvsim.allocation import allocators as al
 from kvsim.policies import PolicySpec
 from kvsim.views.figures.allocators import against_uniform, mass_bars
 

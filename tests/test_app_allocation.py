@@ -9,7 +9,7 @@ import numpy as np
 from streamlit.testing.v1 import AppTest
 from test_app import APP, TIMEOUT, values
 
-from kvsim.analysis import allocation as al
+from kvsim.allocation import allocators as al
 from kvsim.data.catalog import resolve_bundle
 from kvsim.policies import PolicySpec
 

@@ -22,8 +22,8 @@ def test_pareto_keeps_what_no_cell_beats_with_as_little_memory():
 
 
 def _measured(steps: int) -> dict:
+    from kvsim.allocation.truth import documents_for
     from kvsim.app.allocation_tab import FRONTIER_ALLOCATORS, _source, frontier_policies
-    from kvsim.models.allocation_truth import documents_for
 
     _, sha, model_id, why = _source(resolve_bundle("gemma3-270m-heapq"))
     assert why == ""

@@ -91,7 +91,7 @@ def test_pyramidkv_by_name_spends_uniforms_memory_early_layers_first():
     import torch
 
     import kvsim.hf as hf
-    from kvsim.analysis.allocation import integer_split, pyramid_schedule
+    from kvsim.allocation.allocators import integer_split, pyramid_schedule
 
     model, ids = _tiny("gemma3"), _prompt(8)
     cache = hf.cache(model, "h2o", 32, allocate="pyramidkv", recent_window=3)
@@ -207,7 +207,7 @@ def test_docs_deploy_prints_one_replay_allocate_then_generate_chain():
 @pytest.mark.record
 def test_the_documented_allocation_chain_runs_as_printed_and_the_shipped_model_holds_the_split(tmp_path):
     """Gemma-3-270M (18 layers x 1 KV head, head dim 256, float32): the bytes and peaks the docs quote."""
-    from kvsim.hf.allocation import split
+    from kvsim.allocation.deployed import split
 
     (chain,) = _allocation_chains()
     done = run(chain, tmp_path)

@@ -8,6 +8,7 @@ each other freely; two packages on one level (analysis and models, app and cli) 
 public API of ``kvsim/__init__.py``) re-exports up to analysis, so only views and above import it.
 ``kvsim.bench`` stands beside: it measures everything below the entry points, and nothing but
 ``kvsim.cli.bench_command`` loads it. The thin ``app.py`` at the root is the app's layer too.
+``kvsim.allocation`` is one room over four floors: each of its modules counts as the layer it stands on.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ FACADE = "kvsim"
 FACADE_RANK = RANK["analysis"]
 BENCH_RANK = RANK["views"]  # what kvsim.bench may import: everything below the entry points
 BENCH_IMPORTER = "kvsim.cli.bench_command"
+#: kvsim/allocation/ holds allocation whole (issue 55), and each of its modules stands on the floor of what it
+#: imports: the split's arithmetic under the deployed cache and a plan file, the truth beside the models
+ROOMS = {"kvsim.allocation.split": "policies", "kvsim.allocation.deployed": "hf", "kvsim.allocation.truth": "models",
+         "kvsim.allocation": "analysis", "kvsim.allocation.allocators": "analysis", "kvsim.allocation.search": "analysis",
+         "kvsim.allocation.tune": "analysis"}
 
 
 def part(module: str) -> str:
@@ -33,6 +39,8 @@ def part(module: str) -> str:
         return "facade"
     if module in ("kvsim.__main__", "app"):
         return "cli" if module == "kvsim.__main__" else "app"
+    if module.startswith("kvsim.allocation"):
+        return ROOMS.get(module, "allocation")  # a new module of the room named here first
     return module.split(".")[1]
 
 
@@ -111,6 +119,13 @@ def test_every_folder_of_kvsim_has_its_place_in_the_order():
         ("kvsim.cli.commands", "kvsim.bench.speed", False),
         ("app", "kvsim.bench.browser", False),
         ("kvsim.policies.h2o", "kvsim", False),
+        ("kvsim.policies.plan", "kvsim.allocation.split", True),
+        ("kvsim.hf", "kvsim.allocation.deployed", True),
+        ("kvsim.allocation.search", "kvsim.analysis.layer_search", True),
+        ("kvsim.allocation.truth", "kvsim.models.decode", True),
+        ("kvsim.allocation.allocators", "kvsim.allocation.truth", False),
+        ("kvsim.allocation.split", "kvsim.sim.simulate", False),
+        ("kvsim.hf", "kvsim.allocation.allocators", False),
         ("kvsim.progress", "kvsim.data.trace", False),
         ("kvsim.bench.speed", "kvsim.cli.commands", False),
         ("kvsim", "kvsim.views.figures", False),

@@ -14,10 +14,10 @@ from doc_chains import run as run_chain
 from random_traces import random_trace
 
 from kvsim import cli
+from kvsim.allocation.split import read_allocation
 from kvsim.data.trace import save_npz
 from kvsim.policies import PolicySpec
 from kvsim.policies.plan import Compression, Plan
-from kvsim.policies.split import read_allocation
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
 

@@ -1,6 +1,6 @@
 """The per-layer search of ``tune --per-layer`` by the truth: the model's layers cut into groups of one attention
 kind (``layer_groups``), each group's window moved one step at a time and kept only where the whole model's
-truth falls (``search_layer_windows``). ``kvsim.analysis.tune`` deploys it; ``kvsim.analysis.allocation_search``
+truth falls (``search_layer_windows``). ``kvsim.analysis.tune`` deploys it; ``kvsim.allocation.search``
 moves budgets over the same groups."""
 
 from __future__ import annotations

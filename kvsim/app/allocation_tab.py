@@ -1,6 +1,6 @@
 """Where to spend the memory: each allocator's split of a recorded model's cache over its layers and KV
 heads at the sidebar's budget (the same memory as uniform's), the mass each reaches, and the share of the
-gap from uniform to the exact optimum it closes (``kvsim.analysis.allocation``); below, memory against KL
+gap from uniform to the exact optimum it closes (``kvsim.allocation.allocators``); below, memory against KL
 for policies x allocators at budgets 32-512 where the truth is measured (``frontier_view``)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from kvsim.analysis import allocation as al
+from kvsim.allocation import allocators as al
 from kvsim.data.catalog import available_bundles
 from kvsim.policies import PolicySpec, registry
 from kvsim.views.figures.allocators import against_uniform, budget_grids, mass_bars
@@ -161,7 +161,7 @@ def frontier_view(name: str, bundle, mass_here: dict) -> None:
     truth's cells on disk, ``quality --allocate``); each cell not measured said, with the command that
     measures it; a cell no policy or trace allows said as such. ``mass_here``: {(policy, allocator, budget):
     retained mass} this view computed on the bundle, shown where the truth is not measured."""
-    from kvsim.models.allocation_truth import documents_for
+    from kvsim.allocation.truth import documents_for
     from kvsim.views.figures.frontier import frontier_figure, pareto
 
     st.subheader("Memory against the truth: the frontier")

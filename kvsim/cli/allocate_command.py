@@ -1,5 +1,5 @@
 """``replay``, ``sweep`` and ``table`` with ``--allocate NAME|FILE``: a bundle's memory split over its
-layers and KV heads (``kvsim.analysis.allocation``), at uniform's memory (``--budget B``: ``B x heads``
+layers and KV heads (``kvsim.allocation.allocators``), at uniform's memory (``--budget B``: ``B x heads``
 positions in all), or as a file gives it (the ``allocation`` rows of an earlier ``--json``).
 
 Everything that can be refused is refused before a trace is loaded, in the one shape of
@@ -12,14 +12,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..analysis import allocation as al
+from ..allocation import allocators as al
+from ..allocation.split import read_allocation
 from ..analysis.windows import best_of
 from ..data import jsontext, vectors
 from ..data.bundle import Bundle, BundleError, is_bundle
 from ..data.catalog import resolve_bundle, shipped_bundles
 from ..policies import DEFAULT_BUDGET, POLICIES, PolicySpec, policy_params
 from ..policies.registry import suggest
-from ..policies.split import read_allocation
 from . import report
 from .errors import CLIError, InputError, flag
 from .parser import policy_args, positive_int, sweep_ranges
@@ -325,11 +325,11 @@ def quality(args: argparse.Namespace) -> dict | list[dict]:
 
 
 def _quality_one(args: argparse.Namespace, name: str, by: str) -> dict:
-    """One split's truth beside uniform's at the same memory (``kvsim.models.allocation_truth.measure``): closed
+    """One split's truth beside uniform's at the same memory (``kvsim.allocation.truth.measure``): closed
     loop through the deployed cache (adakv's pooled layers included) or open loop, each result in the quality
     cache (``--no-cache``); ``--by kl|delta_nll``: the split searched by the truth from the best static one."""
-    from ..models import allocation_truth as truth
-    from ..policies.split import adakv_floor
+    from ..allocation import truth
+    from ..allocation.split import adakv_floor
 
     if args.sweep:
         raise CLIError("--allocate does not go with --sweep")
@@ -376,7 +376,7 @@ def _quality_one(args: argparse.Namespace, name: str, by: str) -> dict:
     head = {"budget": budget, "allocate": name, "model": session.model_id, "text": Path(text).name,
             "uniform": {k: even[k] for k in ("nll", "delta_nll", "kl", "retained_mass", "seconds", "cached")}}
     if by != "retained_mass":
-        from ..analysis.allocation_search import DEFAULT_MEASUREMENTS, search_from_static
+        from ..allocation.search import DEFAULT_MEASUREMENTS, search_from_static
 
         kinds = getattr(session.model.config, "layer_types", None)
         found = search_from_static(heads, spec, truth_of, figure=by, kinds=kinds, progress=say,
@@ -399,12 +399,12 @@ def _quality_one(args: argparse.Namespace, name: str, by: str) -> dict:
 
 def _quality_grid(args: argparse.Namespace) -> dict | list[dict]:
     """``quality --allocate NAME[,NAME...] --mode open``: the model's loss and KL with each (layer, KV head)
-    at its own budget (``kvsim.models.allocation_truth``). One allocator, policy and budget: that split beside
+    at its own budget (``kvsim.allocation.truth``). One allocator, policy and budget: that split beside
     uniform's at the same memory (a dict). Several (``--policy A,B``, ``--budget B,B``, ``--allocate A,A``): the
     frontier's grid, a row per cell, a cell no policy or trace allows said on stderr and skipped. Every cell is
     cached on disk and gathered in the frontier document the app reads; an interrupted grid resumes;
     ``--batch`` splits share one batched pass."""
-    from ..models.allocation_truth import Cell, measure_cells
+    from ..allocation.truth import Cell, measure_cells
     from ..progress import scaled
 
     names, policies, budgets, params = _truth_plan(args)

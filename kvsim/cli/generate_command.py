@@ -72,8 +72,8 @@ def _prompt(args: argparse.Namespace) -> str:
 def _allocation(args: argparse.Namespace, run: _Run):
     """``--allocate``'s name, or its file's budgets (a plan's rows), checked as far as the model is not needed; a
     file given without --budget sets ``run.budget`` to None (the split is what it holds)."""
-    from ..analysis.allocation import ALLOCATORS
-    from ..hf.allocation import POOLED, adakv_refusal, check_minimum, pooled_file, read_file, refusal
+    from ..allocation.allocators import ALLOCATORS
+    from ..allocation.deployed import POOLED, adakv_refusal, check_minimum, pooled_file, read_file, refusal
     from ..hf.cache import HFError
 
     name = run.allocate.strip()

@@ -210,8 +210,8 @@ def _allocation(args: argparse.Namespace, names: list[str], own: dict) -> tuple:
         return None, budgets
     if args.prefill_budget is not None:
         raise InputError("--allocate does not go with --prefill-budget (as replay says): give one of them")
-    from ..analysis.allocation import ALLOCATORS
-    from ..hf.allocation import check_minimum, read_file, refusal
+    from ..allocation.allocators import ALLOCATORS
+    from ..allocation.deployed import check_minimum, read_file, refusal
     from ..hf.cache import HFError
 
     name = args.allocate.strip()
@@ -253,7 +253,7 @@ def _split_of_model(plan: dict, config, source: str) -> None:
     """The split on the model's shape, from its config (before its weights load): a named one (uniform,
     pyramidkv) computed, a file's rows checked to be this model's heads; each head's budget checked against
     the policy's minimum and the shortest length."""
-    from ..hf.allocation import split
+    from ..allocation.deployed import split
     from ..hf.cache import HFError
 
     layers = config.num_hidden_layers

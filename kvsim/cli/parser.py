@@ -175,7 +175,7 @@ def _add_sweep(sub, traces) -> None:
     add_layout_flags(p)
 
 
-#: kvsim.analysis.allocation.ALLOCATORS, named here so that --help imports none of the simulator
+#: kvsim.allocation.allocators.ALLOCATORS, named here so that --help imports none of the simulator
 ALLOCATOR_NAMES = "uniform, pyramidkv, cake, adakv, duo, optimal"
 
 

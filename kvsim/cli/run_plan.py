@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 
+from ..allocation.split import ALLOCATORS
 from ..policies import DEFAULT_BUDGET, PolicySpec
 from ..policies.plan import GROW, Compression, Plan, PlanError
-from ..policies.split import ALLOCATORS
 from .errors import CLIError, InputError, flag
 
 
@@ -160,7 +160,7 @@ def of_args(args: argparse.Namespace) -> Plan:
     spec = PolicySpec.of(args.policy, DEFAULT_BUDGET if args.budget is None else args.budget, **params)
     allocate, rows = getattr(args, "allocate", None), None
     if allocate is not None and allocate not in ALLOCATORS:
-        from ..policies.split import AllocationError, read_allocation
+        from ..allocation.split import AllocationError, read_allocation
 
         try:
             budgets, _ = read_allocation(allocate)

@@ -121,7 +121,7 @@ def _save_tuned(args: argparse.Namespace, what: _Tuning, window: int, chosen: li
     run_plan.write(Plan(what.tuned(window), allocation=rows, layout=layout), args.save_plan)
 
 
-#: the figures tune --allocate auto chooses an allocator by (kvsim.analysis.tune_allocation.BY, named here
+#: the figures tune --allocate auto chooses an allocator by (kvsim.allocation.tune.BY, named here
 #: so that a refusal imports none of the analysis)
 _ALLOCATE_BY = ("retained_mass", "kl", "delta_nll")
 
@@ -193,10 +193,10 @@ def _say_one_head(source, layouts: list) -> None:
 def _tune_allocation(args: argparse.Namespace, source, doc: dict, truth, say, what: _Tuning) -> dict:
     """``tune --allocate auto``: each candidate allocator's split at model_window in every layer, by tune's
     figure (retained mass, or the truth, open loop, each split cached), the best chosen
-    (``kvsim.analysis.tune_allocation``); the tune file carries the chosen split as ``allocation`` rows. A plan's
+    (``kvsim.allocation.tune``); the tune file carries the chosen split as ``allocation`` rows. A plan's
     allocator is the one candidate."""
-    from ..analysis import allocation as al
-    from ..analysis.tune_allocation import CANDIDATES, choose
+    from ..allocation import allocators as al
+    from ..allocation.tune import CANDIDATES, choose
 
     by = doc["by"]
     note = None
@@ -341,9 +341,9 @@ class _Truth:
 
     def split(self, flat, window: int) -> dict:
         """The open-loop truth of a split (flat per-head budgets in (layer, KV head) order) at the tuned
-        policy's model-wide window, cached on disk per split (``kvsim.models.allocation_truth``)."""
+        policy's model-wide window, cached on disk per split (``kvsim.allocation.truth``)."""
+        from ..allocation.truth import cached_open_truth
         from ..models import quality
-        from ..models.allocation_truth import cached_open_truth
         from ..models.errors import RecordError
 
         try:

@@ -11,7 +11,7 @@ Every entry is named by a pattern its writer uses (docs/caches.md says which wri
   versions put it at the top as ``gemma3-270m-<sha>-transformers-<version>/``).
 - ``recordings``: bundles ``kvsim record`` wrote without ``--out`` (``kvsim.models.record_cache``,
   ``recordings/<prefix>-<steps>-<store>-<key>/``; the long bundle is about 2 GB).
-- ``allocation``: the app's allocation comparisons (``kvsim.analysis.allocation.compare_bundle``,
+- ``allocation``: the app's allocation comparisons (``kvsim.allocation.allocators.compare_bundle``,
   ``allocation/compare-v*.json``, a few kB each);
 - ``tuning``: the app's per-trace recent_window sweeps of a bundle (``kvsim.analysis.tune_sweep.kept_unit``,
   ``tuning/unit-*.json``, a few kB each);

@@ -58,7 +58,7 @@ def layer_specs(model, policy: str, budget: int | None, windows=None, by: str = 
                 **params) -> list[list[PolicySpec]]:
     """One validated spec per (layer, KV head): ``params`` everywhere, ``recent_window`` per layer or per
     (layer, KV head) from ``windows`` (``{layer: w}``, ``{(layer, head): w}``, or a tune file's path,
-    read by ``by``), the budget per (layer, KV head) from ``allocate`` (``kvsim.hf.allocation.split``:
+    read by ``by``), the budget per (layer, KV head) from ``allocate`` (``kvsim.allocation.deployed.split``:
     ``uniform`` or ``pyramidkv`` at ``budget``, an allocation file, or ``{(layer, kv_head): budget}``, with
     which ``budget`` may be None). HFError / WindowsError, one line, for anything that cannot run."""
     try:
@@ -84,7 +84,7 @@ def layer_specs(model, policy: str, budget: int | None, windows=None, by: str = 
         raise HFError(f"{policy} has no {PARAM}; windows are for a policy that takes one")
     budgets = None
     if allocate is not None:
-        from .allocation import split
+        from ..allocation.deployed import split
 
         try:
             budgets = split(allocate, policy, budget, len(kinds), kv_heads, params, model=type(model).__name__,
@@ -318,9 +318,9 @@ def layer_metas(model, policies: list[str]) -> list[dict]:
 
 def _adakv(model, policy: str, budget: int | None, windows, by: str, params: dict):
     """adakv's layers (``kvsim.hf.pooled``): each layer's specs at the share ``budget``, its pool (``budget x KV
-    heads``) and each layer's floor (``kvsim.policies.split.adakv_floor``); HFError, one line, before any token."""
-    from ..policies.split import adakv_floor
-    from .allocation import adakv_refusal
+    heads``) and each layer's floor (``kvsim.allocation.split.adakv_floor``); HFError, one line, before any token."""
+    from ..allocation.deployed import adakv_refusal
+    from ..allocation.split import adakv_floor
 
     kinds, kv_heads, _ = model_layout(model)
     why = adakv_refusal(policy, kv_heads, f"{type(model).__name__} has {len(kinds)} layers x 1 KV head")

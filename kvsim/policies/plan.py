@@ -24,12 +24,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..allocation.split import ALLOCATORS
 from ..data import jsontext
 from .base import ParamError
 from .layouts import Layout, LayoutError
 from .registry import POLICIES, suggest
 from .spec import ParamValues, PolicySpec
-from .split import ALLOCATORS
 
 FORMAT = 1
 #: the policy name that lets the cache grow after a compressed prompt (``kvsim.sim.prefill.GROW``)

@@ -1,6 +1,6 @@
 """The allocation view's figures: each allocator's budget grid (layer x KV head) as a picture on one
 colour scale, and the bundle's mean retained mass each reaches at the same memory against uniform's, in
-words ("worse than uniform by 0.0213") and as zero-based bars (``kvsim.analysis.allocation.compare``'s rows)."""
+words ("worse than uniform by 0.0213") and as zero-based bars (``kvsim.allocation.allocators.compare``'s rows)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ shape, or a split given as data (``{(layer, kv_head): budget}``, or the ``alloca
 ``python -m kvsim replay --allocate NAME --json``), checked against the model before any token.
 
 Static splits deploy, and those whose split needs nothing but the model's shape are computed here:
-``uniform`` and ``pyramidkv`` (``kvsim.policies.split``, the arithmetic ``kvsim.analysis.allocation``
+``uniform`` and ``pyramidkv`` (``kvsim.allocation.split``, the arithmetic ``kvsim.allocation.allocators``
 builds on). ``cake``, ``duo`` and ``optimal`` read a recorded bundle's attention; their split comes from
 a replay's ``--json``. ``adakv`` is no split but a pool per layer: ``kvsim.hf.cache(..., allocate="adakv")``
 builds it (``kvsim.hf.pooled``); ``adakv_refusal`` says when it cannot.
@@ -14,10 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..data import jsontext
+from ..hf.cache import HFError
+from ..hf.windows import PARAM
 from ..policies import PolicySpec, registry
-from ..policies import split as al
-from .cache import HFError
-from .windows import PARAM
+from . import split as al
 
 #: allocators whose split this module computes from the model's shape alone
 FROM_SHAPE = ("uniform", "pyramidkv")

@@ -1,8 +1,8 @@
 """The arithmetic of a budget split across (layer, KV head), which needs nothing but numbers and the
 registry: the allocators' names, the least budget a policy's parameters allow per head, PyramidKV's
-schedule and the integer split in proportion to weights. ``kvsim.analysis.allocation`` builds the
+schedule and the integer split in proportion to weights. ``kvsim.allocation.allocators`` builds the
 allocators on it (those that read a bundle's attention among them); the deployed cache
-(``kvsim.hf.allocation``), below analysis, computes its shape-only splits with it.
+(``kvsim.allocation.deployed``), below analysis, computes its shape-only splits with it.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from ..data import jsontext
-from .registry import POLICIES
-from .spec import PolicySpec
+from ..policies.registry import POLICIES
+from ..policies.spec import PolicySpec
 
 ALLOCATORS = ("uniform", "pyramidkv", "cake", "adakv", "duo", "optimal")
 PYRAMID_BETA = 20

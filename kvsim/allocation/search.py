@@ -17,7 +17,7 @@ better) falls, so the result is never worse by the truth than the best static sp
   not measured again and not counted). Each try is one pass of the whole model over the text.
 
 Nothing here measures: ``measure(budgets)`` (the caller's, a function of the flat per-head budgets to
-``{"kl", "delta_nll", ...}``) does, cached on disk per split (``kvsim.models.allocation_truth``), so a
+``{"kl", "delta_nll", ...}``) does, cached on disk per split (``kvsim.allocation.truth``), so a
 second run of the same search follows the same path and measures nothing.
 """
 
@@ -28,10 +28,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..analysis.layer_search import GROUPS, layer_groups
 from ..policies import PolicySpec
 from ..progress import Progress
-from . import allocation as al
-from .layer_search import GROUPS, layer_groups
+from . import allocators as al
 
 #: the static splits measured first; the search starts from the best of them by the truth
 START = ("uniform", "pyramidkv", "cake", "optimal")

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 from ..policies import PolicySpec
 from ..progress import Progress, scaled
-from . import allocation as al
+from . import allocators as al
 
 #: the allocators ``--allocate auto`` chooses among, in the order a tie goes
 CANDIDATES = ("uniform", "pyramidkv", "cake", "optimal")

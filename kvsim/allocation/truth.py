@@ -11,7 +11,7 @@
 
 tests/test_allocation_truth.py holds both equalities. ``measure`` keeps each result in the quality cache
 (``kvsim.models.quality.read_cached``), keyed by the split itself. The split is made above this layer
-(``kvsim.analysis.allocation``, by the command line); this module reads it as ``budgets[layer][kv_head]``.
+(``kvsim.allocation.allocators``, by the command line); this module reads it as ``budgets[layer][kv_head]``.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import numpy as np
 
 from ..data.files import atomic_write
 from ..data.store import cache_dir
+from ..models.decode import ClosedLoopDecoder, MaskedPass, hidden_states, layer_params, replay_masks
+from ..models.errors import QualityError
+from ..models.loading import no_progress
 from ..progress import Progress
-from .decode import ClosedLoopDecoder, MaskedPass, hidden_states, layer_params, replay_masks
-from .errors import QualityError
-from .loading import no_progress
 
 MODES = ("open", "closed")
 
@@ -116,7 +116,7 @@ def split_key(session, policy: str, budgets, params: dict, mode: str, pooled: in
     """What a split's truth depends on: the model, the tokens and steps, the policy and its parameters as asked,
     the loop, every head's budget (and a pool's floor), and the key-token rule the session scores by. One key
     for ``measure`` and the frontier's cells (``measure_cells``), so a cell measured either way is read by both."""
-    from .quality import VERSION
+    from ..models.quality import VERSION
 
     return {"version": VERSION, "model": session.model_id, "tokens": session.tokens_id, "steps": session.steps,
             "policy": policy, "params": dict(sorted(dict(params).items())), "mode": mode,
@@ -131,7 +131,7 @@ def measure(session, policy: str, budgets, params: dict | None = None, mode: str
     keyed by the model, the tokens, the policy and its parameters, the mode and the split itself (each head's
     budget, the floor of a pool, duo's streaming heads: ``streaming[layer][kv_head]``, None or the
     streaming_llm parameters that head runs with); ``"cached": True`` on what was read."""
-    from .quality import read_cached, write_cached
+    from ..models.quality import read_cached, write_cached
 
     if mode not in MODES:
         raise QualityError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -202,7 +202,7 @@ FORMAT = "kvsim-allocation-truth"
 class Cell:
     """One cell of the frontier: ``policy`` (with ``params``) split by ``allocate`` at uniform's memory for
     ``budget`` per head, its split ``budgets[layer][kv_head]`` (made above this layer, by
-    ``kvsim.analysis.allocation``)."""
+    ``kvsim.allocation.allocators``)."""
 
     policy: str
     allocate: str
@@ -245,7 +245,7 @@ def _same_cell(a: dict, b: dict) -> bool:
 def save_cells(session, rows: list[dict]) -> Path:
     """Merge ``rows`` into the session's frontier document (atomically; a cell measured again replaces
     the old one). An unwritable cache costs the app its figures, nothing else."""
-    from .loading import file_sha256
+    from ..models.loading import file_sha256
 
     sha = file_sha256(session.text_path)
     path = document_path(session.model_id, sha, session.steps)
@@ -268,7 +268,7 @@ def measure_cells(session, cells, *, batch: int = 4, use_cache: bool = True, pro
     measured before (by this or an interrupted run) is read, the rest are measured ``batch`` splits of one
     policy at a time in one batched pass (``open_truths``), each kept as soon as its batch ends, so an
     interrupted grid resumes where it stopped. ``progress`` hears of every cell."""
-    from .quality import read_cached, write_cached
+    from ..models.quality import read_cached, write_cached
 
     say = progress or no_progress
     cells = list(cells)

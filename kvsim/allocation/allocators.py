@@ -18,7 +18,7 @@ CLI's ``--allocate``, the app's allocation view. The figure is the bundle's mean
   both are 1 unless given.
 - ``adakv`` (Feng et al., arXiv:2407.11550): not a static split. A layer's heads share one pool of
   ``B x heads``; each eviction removes the lowest h2o score across the layer's heads, with a floor of
-  ``ADAKV_ALPHA x B`` per head, never below the policy's minimum (``kvsim.policies.split.adakv_floor``):
+  ``ADAKV_ALPHA x B`` per head, never below the policy's minimum (``kvsim.allocation.split.adakv_floor``):
   ``kvsim.sim.joint``. h2o only: it is the policy whose scores are comparable across heads (each head's
   sums of its own normalised rows).
 - ``duo`` (Xiao et al., arXiv:2410.10819): DuoAttention learns a gate per head; kvsim measures one
@@ -45,7 +45,10 @@ from ..data.bundle import Bundle
 from ..data.store import cache_dir
 from ..data.trace import Trace
 from ..policies import PolicySpec, registry
-from ..policies.split import (
+from ..progress import Progress, scaled
+from ..sim.joint import joint_replay
+from ..sim.simulate import sweep
+from .split import (
     ALLOCATORS,
     AllocationError,
     adakv_floor,
@@ -54,9 +57,6 @@ from ..policies.split import (
     minimum_why,
     pyramid_schedule,
 )
-from ..progress import Progress, scaled
-from ..sim.joint import joint_replay
-from ..sim.simulate import sweep
 
 #: splits fixed before the replay, each head replaying the chosen policy alone: optimal bounds them
 STATIC = ("uniform", "pyramidkv", "cake")
