@@ -286,13 +286,13 @@ def test_a_gzipped_script_is_read_as_sent_and_its_elements_code_is_fetched_when_
 
 
 def test_the_client_against_browser_comparison_refuses_a_bad_run_count_in_one_line():
-    """``bench/client_vs_browser.py`` (docs/classroom.md quotes its figures) checks its flag before it
+    """``kvsim/bench/scripts/client_vs_browser.py`` (docs/classroom.md quotes its figures) checks its flag before it
     starts a server or a browser."""
     import subprocess
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "bench" / "client_vs_browser.py"
+    script = Path(__file__).resolve().parents[1] / "kvsim" / "bench" / "scripts" / "client_vs_browser.py"
     out = subprocess.run([sys.executable, str(script), "--runs", "0"], capture_output=True, text=True, timeout=120,
                          env=checkout_env())  # this checkout's kvsim, as installed (the script no longer puts it on sys.path)
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and "--runs 0: expected 1 to 50" in out.stderr

@@ -1,4 +1,4 @@
-"""Every script in bench/ answers ``--help`` with its usage and exit status 0, without running its work:
+"""Every script in kvsim/bench/scripts/ answers ``--help`` with its usage and exit status 0, without running its work:
 a reader finds out what a script measures, and what it needs, before it loads a model or a browser
 (one of them once wrote its figures into a file named ``--help``)."""
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = sorted((ROOT / "bench").glob("*.py"))
+SCRIPTS = sorted(p for p in (ROOT / "kvsim" / "bench" / "scripts").glob("*.py") if p.name != "__init__.py")
 
 
 def test_every_bench_script_answers_help_and_writes_nothing(tmp_path):

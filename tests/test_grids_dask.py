@@ -211,13 +211,13 @@ def test_proxies_on_dask_gives_the_local_study_and_resumes(folder, text, cluster
 
 @pytest.fixture
 def serving_study(folder, text, monkeypatch):
-    """bench/serving_study.py with its grid made small: the tiny model, one text, one budget, two policies under three
+    """kvsim/bench/scripts/serving_study.py with its grid made small: the tiny model, one text, one budget, two policies under three
     layouts open (the optimum left out: its solve alone took 17 s here), h2o closed under two."""
     import importlib
 
     from kvsim.policies.layouts import Layout
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "kvsim" / "bench" / "scripts"))
     study = importlib.import_module("serving_study")
     for name, value in {"MODELS": (str(folder),), "TEXTS": (str(text),), "BUDGETS": (40,), "STEPS": 64,
                         "POLICIES": ("h2o", "streaming_llm"),

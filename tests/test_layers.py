@@ -7,7 +7,8 @@ each other freely; two packages on one level (analysis and models, app and cli) 
 ``kvsim.progress``, ``kvsim.jit`` and ``kvsim.cluster`` are the foundations every layer may use; ``kvsim`` itself (the
 public API of ``kvsim/__init__.py``) re-exports up to analysis, so only views and above import it.
 ``kvsim.bench`` stands beside: it measures everything below the entry points, and nothing but
-``kvsim.cli.bench_command`` loads it. The thin ``app.py`` at the root is the app's layer too.
+``kvsim.cli.bench_command`` loads it; its ``scripts/``, run by hand, may time any layer and nothing
+imports them. The thin ``app.py`` at the root is the app's layer too.
 ``kvsim.allocation`` is one room over four floors: each of its modules counts as the layer it stands on.
 """
 
@@ -24,6 +25,8 @@ FACADE = "kvsim"
 FACADE_RANK = RANK["analysis"]
 BENCH_RANK = RANK["views"]  # what kvsim.bench may import: everything below the entry points
 BENCH_IMPORTER = "kvsim.cli.bench_command"
+#: the scripts run by hand from a checkout (kvsim/bench/scripts/): they may time anything, nothing imports them
+SCRIPTS = "kvsim.bench.scripts"
 #: kvsim/allocation/ holds allocation whole (issue 55), and each of its modules stands on the floor of what it
 #: imports: the split's arithmetic under the deployed cache and a plan file, the truth beside the models
 ROOMS = {"kvsim.allocation.split": "policies", "kvsim.allocation.deployed": "hf", "kvsim.allocation.truth": "models",
@@ -51,6 +54,10 @@ def rank(module: str) -> int:
 def violation(importer: str, target: str) -> str | None:
     """Why ``importer`` may not import ``target``, or None when it may."""
     mine, theirs = part(importer), part(target)
+    if target.startswith(SCRIPTS):
+        return None if importer.startswith(SCRIPTS) else "nothing in the package imports a bench script"
+    if importer.startswith(SCRIPTS):
+        return None  # a study run by hand times any layer, the app's included
     if theirs == "foundation" or mine == theirs:
         return None
     if theirs == "bench":
@@ -120,6 +127,8 @@ def test_every_folder_of_kvsim_has_its_place_in_the_order():
         ("app", "kvsim.bench.browser", False),
         ("kvsim.policies.h2o", "kvsim", False),
         ("kvsim.policies.plan", "kvsim.allocation.split", True),
+        ("kvsim.bench.scripts.app_tabs", "kvsim.app.main", True),
+        ("kvsim.bench.speed", "kvsim.bench.scripts.checkout", False),
         ("kvsim.hf", "kvsim.allocation.deployed", True),
         ("kvsim.allocation.search", "kvsim.analysis.layer_search", True),
         ("kvsim.allocation.truth", "kvsim.models.decode", True),

@@ -11,6 +11,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "kvsim"
+#: the benchmarks and studies run by hand from a checkout
+SCRIPTS = PACKAGE / "bench" / "scripts"
 
 
 def module_name(path: Path) -> str:
@@ -133,10 +135,10 @@ def test_ci_runs_exactly_the_readmes_test_command_and_the_setup_installs_the_pac
 
 
 def test_the_bench_scripts_take_kvsim_as_installed_and_refuse_another_checkouts():
-    """``bench/`` scripts import kvsim as installed (or as PYTHONPATH names it), never by putting the
+    """``kvsim/bench/scripts/`` scripts import kvsim as installed (or as PYTHONPATH names it), never by putting the
     checkout on ``sys.path`` themselves (issue 32); a script run against another copy of kvsim says so
     in one line instead of measuring that copy's code."""
-    for script in sorted((ROOT / "bench").glob("*.py")):
+    for script in sorted(SCRIPTS.glob("*.py")):
         text = script.read_text(encoding="utf-8")
         for line in text.splitlines():
             if "sys.path" in line:  # only the suite's helpers, which are modules of tests/, may be put there
@@ -145,11 +147,11 @@ def test_the_bench_scripts_take_kvsim_as_installed_and_refuse_another_checkouts(
         imported |= {node.module for node in ast.walk(ast.parse(text)) if isinstance(node, ast.ImportFrom) and node.module}
         if any(name.split(".")[0] == "kvsim" for name in imported):  # itself, not in a child process's code
             assert "this_checkout(__file__)" in text, script.name
-    other = ROOT.parent / "another-checkout" / "bench" / "tool.py"
-    code = f"from checkout import this_checkout; this_checkout({str(other)!r})"  # as a script in bench/ imports it
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT / "bench", timeout=120)
+    other = ROOT.parent / "another-checkout" / "kvsim" / "bench" / "scripts" / "tool.py"
+    code = f"from checkout import this_checkout; this_checkout({str(other)!r})"  # as a script in kvsim/bench/scripts/ imports it
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=SCRIPTS, timeout=120)
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
-    assert done.stderr.startswith("tool.py: error: kvsim is imported from ") and f"PYTHONPATH={other.parents[1]}" in done.stderr
+    assert done.stderr.startswith("tool.py: error: kvsim is imported from ") and f"PYTHONPATH={other.parents[3]}" in done.stderr
 
 
 def test_every_module_says_what_it_holds_in_at_most_600_lines_and_no_file_name_three_times():
@@ -162,3 +164,4 @@ def test_every_module_says_what_it_holds_in_at_most_600_lines_and_no_file_name_t
     for p in PACKAGE.rglob("*.py"):
         names[p.name] = names.get(p.name, 0) + 1
     assert {n: c for n, c in names.items() if c >= 3 and n != "__init__.py"} == {}
+

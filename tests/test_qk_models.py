@@ -1,6 +1,6 @@
 """A recording stored as queries and keys is the dense recording: tiny Gemma-3- and Llama-style models built
 here from configs (grouped-query attention, sliding-window layers; nothing downloaded), their own queries
-and keys as ``kvsim record --store qk`` writes them and as ``bench/qk_standin.py`` catches them, against the dense
+and keys as ``kvsim record --store qk`` writes them and as ``kvsim/bench/scripts/qk_standin.py`` catches them, against the dense
 recorder (``kvsim record``) on the same tokens: every row within float32 rounding (tests/tolerance.py), every
 registered policy's retained mass within that of its kept rows. Needs the recorder's extra; skipped with that
 reason without it."""
@@ -34,15 +34,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _standin():
-    """bench/qk_standin.py as a module, its folder first on ``sys.path`` as when it runs as a script (it
-    imports its neighbour ``bench/checkout``)."""
-    spec = importlib.util.spec_from_file_location("qk_standin", ROOT / "bench" / "qk_standin.py")
+    """kvsim/bench/scripts/qk_standin.py as a module, its folder first on ``sys.path`` as when it runs as a script (it
+    imports its neighbour ``kvsim/bench/scripts/checkout``)."""
+    spec = importlib.util.spec_from_file_location("qk_standin", ROOT / "kvsim" / "bench" / "scripts" / "qk_standin.py")
     module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "kvsim" / "bench" / "scripts"))
     try:
         spec.loader.exec_module(module)
     finally:
-        sys.path.remove(str(ROOT / "bench"))
+        sys.path.remove(str(ROOT / "kvsim" / "bench" / "scripts"))
     return module
 
 

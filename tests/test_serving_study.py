@@ -1,5 +1,5 @@
 """docs/serving.md's study: its tables are reprinted from the shipped JSON (docs/serving-study.json) by
-``kvsim.analysis.serving_study.markdown`` (``python bench/serving_study.py tables``), and the rule the page
+``kvsim.analysis.serving_study.markdown`` (``python kvsim/bench/scripts/serving_study.py tables``), and the rule the page
 draws from its "all three" column holds in the simulator."""
 
 from __future__ import annotations
@@ -52,13 +52,13 @@ def test_the_pass_key_table_says_found_per_depth():
 
 
 def test_docs_serving_prints_the_shipped_study():
-    """The page's tables are what ``python bench/serving_study.py tables docs/serving-study.json`` prints, run as
+    """The page's tables are what ``python kvsim/bench/scripts/serving_study.py tables docs/serving-study.json`` prints, run as
     the page prints it, from the checkout."""
     doc = json.loads((ROOT / "docs" / "serving-study.json").read_text())
     page = (ROOT / "docs" / "serving.md").read_text()
-    assert "python bench/serving_study.py tables docs/serving-study.json" in page
+    assert "python kvsim/bench/scripts/serving_study.py tables docs/serving-study.json" in page
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "bench/serving_study.py", "tables", "docs/serving-study.json"], cwd=ROOT,
+    done = subprocess.run([sys.executable, "kvsim/bench/scripts/serving_study.py", "tables", "docs/serving-study.json"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     tables = markdown(doc)

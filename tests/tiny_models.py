@@ -1,6 +1,6 @@
 """Tiny Hugging Face causal LMs for the recorder: a byte-level BPE tokenizer trained on a given text
 and model configs of three families (random weights once built, grouped-query attention, sliding-window
-layers), so nothing is downloaded. Used by the recorder's tests and by ``bench/cuda_record_check.py``,
+layers), so nothing is downloaded. Used by the recorder's tests and by ``kvsim/bench/scripts/cuda_record_check.py``,
 each at its own sizes. Needs the recorder's extra (transformers, tokenizers)."""
 
 from __future__ import annotations

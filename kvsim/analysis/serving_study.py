@@ -1,5 +1,5 @@
-"""docs/serving.md's study tables from the study's JSON (``bench/serving_study.py measure`` writes it,
-``bench/serving_study.py tables`` prints these): what each serving layout costs each policy, against the
+"""docs/serving.md's study tables from the study's JSON (``kvsim/bench/scripts/serving_study.py measure`` writes it,
+``kvsim/bench/scripts/serving_study.py tables`` prints these): what each serving layout costs each policy, against the
 same policy free of it, by the open-loop truth (KL, delta NLL, retained mass, each the mean over the
 study's texts), the closed loop on a subset, and the pass key.
 

@@ -1,7 +1,9 @@
 """What ``python -m kvsim bench`` runs, one module per section (``speed``: the reference path against the
 fast engine, and whole CLI processes; ``browser``: the app in headless Chromium; ``load``, ``long``,
-``generate``, ``truth_speed``), imported by nothing else in the package. The checkout's ``bench/`` scripts
-(one-off studies) reuse some of it; what only they need lives beside them (``bench/checkout``)."""
+``generate``, ``truth_speed``), imported by nothing else in the package; and, in ``scripts/``, every other
+benchmark and study, run from a checkout as ``python kvsim/bench/scripts/NAME.py`` (left out of the built
+wheel: some take the suite's tiny models from tests/). They reuse some of these modules; what only they need
+lives beside them (``scripts/checkout``)."""
 
 from __future__ import annotations
 

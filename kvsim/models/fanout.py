@@ -1,5 +1,5 @@
 """A session's measurements on Dask: what ``kvsim quality --scheduler``, ``kvsim proxies --scheduler`` and
-``bench/serving_study.py --scheduler`` send to workers, through ``kvsim.cluster.dask_client`` (the client ``tune``
+``kvsim/bench/scripts/serving_study.py --scheduler`` send to workers, through ``kvsim.cluster.dask_client`` (the client ``tune``
 and ``needle`` spread their work over).
 
 A grid is made of cells keyed as the on-disk caches key them (docs/caches.md): whoever runs the grid reads the

@@ -293,7 +293,7 @@ class _Drawing:
     once (``figure``): built through Plotly's objects, each property checked as it is set, the
     figure of six panels took longer than pooling them. The lines are layout shapes, not traces:
     a browser draws a shape far more cheaply than a trace of its own (the six-panel figure opened
-    as a link: 1.2 s with its lines as traces, 0.9 s as shapes, ``bench/browser_floor.py``). A
+    as a link: 1.2 s with its lines as traces, 0.9 s as shapes, ``kvsim/bench/scripts/browser_floor.py``). A
     legend group is shown once, on the first trace or shape that has it, whichever panel that is."""
 
     traces: list = field(default_factory=list)

@@ -1,0 +1,120 @@
+"""A needle cell in one pass against its policies one at a time (issue 43 item 4), in one process, one sitting:
+
+    python kvsim/bench/scripts/needle_batch_speed.py [--length 1024] [--budget 256] [--depth 0.5] [--model gemma3-270m] [--singles]
+
+The model loads once; then the control (the full cache), one policy alone (h2o), every online policy as rows of
+one batched pass (``needle.run_batch``; expected_attention at refresh 64), and with ``--singles`` each policy
+alone again (``needle.run_trial``, what a cell did before), each checked against its batched row: the same
+tokens and the same departure step of every position in every (layer, KV head); last, h2o once more with the
+whole prompt in one pass (``kvsim.hf.decoding.greedy``; a trial feeds the prompt's shared start apart),
+checked against h2o alone. Nothing is read from or written to the needle cache. Each line gives wall seconds
+and this process's CPU seconds (``time.process_time``, which a busy neighbour moves less than the wall
+clock), and the load average; then the two cells (control and h2o; control and the batch) and their ratio,
+by CPU and by wall; then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from checkout import this_checkout
+
+ROOT = this_checkout(__file__)
+
+ONLINE = ("sliding_window", "streaming_llm", "h2o", "scissorhands", "tova", "h2o_normalized", "snapkv", "vatp",
+          "critical", "expected_attention", "knorm", "keydiff", "random")
+PARAMS = {"expected_attention": {"refresh": 64}}
+#: issue 43: a cell of every online policy within this many times one policy's cell
+TARGET = 3.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--length", type=int, default=1024)
+    ap.add_argument("--budget", type=int, default=256)
+    ap.add_argument("--depth", type=float, default=0.5)
+    ap.add_argument("--model", default="gemma3-270m")
+    ap.add_argument("--singles", action="store_true", help="also every policy alone, checked against its row")
+    args = ap.parse_args()
+
+    import numpy as np
+
+    from kvsim.models import needle, needle_prompt
+    from kvsim.models.quality import load
+
+    def clock():
+        return time.perf_counter(), time.process_time()
+
+    def said(what, t0, extra=""):
+        w, c = time.perf_counter() - t0[0], time.process_time() - t0[1]
+        print(f"{what:>34}  wall {w:7.1f} s  cpu {c:7.1f} s  load {os.getloadavg()[0]:5.2f}{extra}", flush=True)
+        return {"what": what, "wall_s": round(w, 2), "cpu_s": round(c, 2), "load": os.getloadavg()[0]}
+
+    t0 = clock()
+    model, tokenizer, _ = load(None if args.model == "gemma3-270m" else args.model, None)
+    said("model ready", t0)
+    prompt = needle_prompt.Builder(tokenizer, needle_prompt.Template()).prompt(
+        args.length, args.depth, needle_prompt.pass_key(0, args.length, args.depth, 0))
+    eos = getattr(tokenizer, "eos_token_id", None)
+    rows = []
+    t0 = clock()
+    needle.run_trial(model, prompt, needle.CONTROL, eos=eos)
+    rows.append(said("full cache (control)", t0))
+    t0 = clock()
+    h2o = needle.run_batch(model, prompt, [("h2o", args.budget, {})], seed=0, eos=eos)[0]
+    rows.append(said("h2o alone", t0))
+    jobs = [(p, args.budget, PARAMS.get(p, {})) for p in ONLINE]
+    t0 = clock()
+    together = needle.run_batch(model, prompt, jobs, seed=0, eos=eos)
+    rows.append(said(f"{len(jobs)} policies in one batch", t0))
+    if args.singles:
+        for job, batched in zip(jobs, together, strict=True):
+            t0 = clock()
+            alone = needle.run_trial(model, prompt, job[0], job[1], job[2], seed=0, eos=eos)
+            same = alone["tokens"] == batched["tokens"] and np.array_equal(alone["left"], batched["left"])
+            rows.append(said(f"{job[0]} alone", t0, "  same as its row" if same else "  DIFFERS from its row"))
+            rows[-1]["same"] = same
+    rows.append(whole(model, prompt, args.budget, eos, h2o, clock, said))
+    cells = {}
+    for by in ("cpu_s", "wall_s"):
+        one, many = rows[0][by] + rows[1][by], rows[0][by] + rows[2][by]
+        met = many / one <= TARGET
+        cells[by] = {"one_policy_cell": round(one, 2), "cell": round(many, 2), "ratio": round(many / one, 2),
+                     "target": TARGET, "met": met}
+        print(f"{'by ' + by[:-2].upper():>34}  one policy's cell {one:7.1f} s  {len(jobs)} policies' cell "
+              f"{many:7.1f} s  ratio {many / one:5.2f}  (target {TARGET:g}x: {'PASS' if met else 'MISS'})", flush=True)
+    print(json.dumps({"length": args.length, "budget": args.budget, "depth": args.depth, "model": args.model,
+                      "runs": rows, "cells": cells}))
+
+
+def whole(model, prompt, budget: int, eos, row: dict, clock, said) -> dict:
+    """h2o with the whole prompt in one pass (``kvsim.hf.decoding.greedy``, what a trial ran before the shared
+    start was fed apart), checked against ``row``, its trial: the same tokens and departures."""
+    import numpy as np
+    import torch
+
+    import kvsim.hf as hf
+    from kvsim.hf.decoding import greedy
+    from kvsim.models import needle_runs
+
+    t0 = clock()
+    cache = hf.cache(model, "h2o", budget, seed=0)
+    watch = needle_runs._Departures(cache, len(prompt.ids) + needle_runs.NEW_TOKENS)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run = greedy(model, torch.tensor([prompt.ids], dtype=torch.long), cache, needle_runs.NEW_TOKENS, eos)
+    finally:
+        torch.set_num_threads(threads)
+    seen = cache.layers[0].seen
+    same = run["tokens"] == row["tokens"] and np.array_equal(watch.left[0][:, :, :seen], row["left"][:, :, :seen])
+    said_row = said("h2o, the prompt in one pass", t0, "  same as h2o alone" if same else "  DIFFERS from h2o alone")
+    said_row["same"] = same
+    return said_row
+
+
+if __name__ == "__main__":
+    main()
