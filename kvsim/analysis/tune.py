@@ -302,6 +302,39 @@ def tune(
     """
     if layout is not None and layout.plain:
         layout = None
+    asked, by = by, _chosen_by(by, truth, why, layout, per_layer)
+    from ..data.bundle import Bundle
+
+    if per_layer and by in TRUTH_BY and not isinstance(source, Bundle):
+        raise TuneError("--per-layer needs a bundle (a recording of every layer): the truth changes every layer's window")
+    _check(policy, budget, [1] if windows is None else [int(w) for w in windows], tolerance, params)
+    if layout is not None:
+        check_layout(policy, budget, layout, params, windows)
+    if windows is None:
+        windows = list(range(1, budget)) if layout is None else layout_windows(policy, budget, layout, params)
+    windows = [int(w) for w in windows]
+    specs = window_specs(policy, budget, windows, params)
+    units = units_of(source)
+    if not units:
+        raise TuneError("nothing to tune: no traces")
+    name = source.name if isinstance(source, Bundle) else ", ".join(u.name for u in units[:3]) + (
+        "" if len(units) <= 3 else f" and {len(units) - 3} more")
+    t0 = time.perf_counter()
+    results, run = _sweep(units, specs, top_k, layout, keep, scheduler, workers, progress)
+    run["sweep_seconds"] = round(time.perf_counter() - t0, 2)
+    tunings = tuple(_tuning(u, r, windows, tolerance) for u, r in zip(units, results, strict=True))
+    result = TuneResult(source=name, policy=policy, budget=budget, windows=windows, tolerance=tolerance, top_k=top_k,
+                        params=dict(params), traces=tunings, run=run, recording=recording_identity(source), layout=layout)
+    _choose(result, units, by, asked == AUTO, truth, why, per_layer, progress)
+    # the whole run, the truth's measurements included: the summary counts what the user waited for
+    run["seconds"] = round(time.perf_counter() - t0, 2)
+    if truth is not None and hasattr(truth, "counts"):
+        run["truth"] = dict(truth.counts)
+    return result
+
+
+def _chosen_by(by: str, truth, why: str | None, layout: Layout | None, per_layer: bool) -> str:
+    """The figure ``tune`` chooses by (``auto`` resolved), each refusal of ``by`` said before any sweep."""
     if by not in BY:
         raise TuneError(f"--by must be one of {', '.join(BY)}, got {by!r}")
     asked = by
@@ -316,64 +349,48 @@ def tune(
         raise TuneError(f"--per-layer windows are searched by the truth (kl, delta_nll) or read off retained mass's "
                         f"per-layer curves; by {by} " + ("(the truth is not at hand: " + why + ")" if asked == AUTO and why
                                                          else "has no per-layer search"))
-    from ..data.bundle import Bundle
-
-    if per_layer and by in TRUTH_BY and not isinstance(source, Bundle):
-        raise TuneError("--per-layer needs a bundle (a recording of every layer): the truth changes every layer's window")
     if layout is not None and per_layer:
         raise TuneError(f"--per-layer under a serving layout ({layout.label}): not measured yet; tune deploys "
                         "model_window in every layer under it")
-    _check(policy, budget, [1] if windows is None else [int(w) for w in windows], tolerance, params)
-    if layout is not None:
-        check_layout(policy, budget, layout, params, windows)
-    if windows is None:
-        windows = list(range(1, budget)) if layout is None else layout_windows(policy, budget, layout, params)
-    windows = [int(w) for w in windows]
-    specs = window_specs(policy, budget, windows, params)
-    units = units_of(source)
-    if not units:
-        raise TuneError("nothing to tune: no traces")
-    name = source.name if isinstance(source, Bundle) else ", ".join(u.name for u in units[:3]) + (
-        "" if len(units) <= 3 else f" and {len(units) - 3} more")
+    return by
+
+
+def _sweep(units, specs, top_k: int, layout: Layout | None, keep: bool, scheduler: str | None, workers: int | None,
+           progress: Progress | None) -> tuple[list, dict]:
+    """Every unit swept over ``specs``, here one group after another or on Dask: the rows and how they ran."""
     def say(done: int, name: str) -> None:
         if progress is not None:
             progress(done / len(units), f"{done}/{len(units)} traces swept ({name})")
 
-    t0 = time.perf_counter()
     groups = groups_of(units, layout)
-    if scheduler is None:
-        results: list[dict | None] = [None] * len(units)
-        done = 0
-        for g in groups:
-            got = run_group([units[i].payload for i in g], [units[i].name for i in g], specs, top_k, layout, keep)
-            for i, r in zip(g, got, strict=True):
-                results[i] = r
-            done += len(g)
-            say(done, units[g[-1]].name)
-        run = {"executor": "serial", "workers": 1}
-    else:
-        results, run = run_dask(units, groups, scheduler, workers, say, specs, top_k, layout)
-    run["sweep_seconds"] = round(time.perf_counter() - t0, 2)
-    tunings = tuple(_tuning(u, r, windows, tolerance) for u, r in zip(units, results, strict=True))
-    result = TuneResult(source=name, policy=policy, budget=budget, windows=windows, tolerance=tolerance, top_k=top_k,
-                        params=dict(params), traces=tunings, run=run, recording=recording_identity(source), layout=layout)
+    if scheduler is not None:
+        return run_dask(units, groups, scheduler, workers, say, specs, top_k, layout)
+    results: list[dict | None] = [None] * len(units)
+    done = 0
+    for g in groups:
+        got = run_group([units[i].payload for i in g], [units[i].name for i in g], specs, top_k, layout, keep)
+        for i, r in zip(g, got, strict=True):
+            results[i] = r
+        done += len(g)
+        say(done, units[g[-1]].name)
+    return results, {"executor": "serial", "workers": 1}
+
+
+def _choose(result: TuneResult, units, by: str, auto: bool, truth, why: str | None, per_layer: bool,
+            progress: Progress | None) -> None:
+    """``result``'s figure (``result.by``) and what it deploys (``result.deploy``), each timed in ``result.run``."""
     t1 = time.perf_counter()
     if by != "retained_mass":
-        result.by.update(_by_curve(result, units, by, truth, params))
+        result.by.update(_by_curve(result, units, by, truth, result.params))
     else:
         result.by["by"] = by
-    run["by_seconds"] = round(time.perf_counter() - t1, 2)
-    if asked == AUTO:
+    result.run["by_seconds"] = round(time.perf_counter() - t1, 2)
+    if auto:
         result.by["auto"] = why or ("the truth: measured by the model" if by in TRUTH_BY else
                                     f"no model at hand: {BEST_PROXY}, the proxy study's best")
     t2 = time.perf_counter()
     result.deploy.update(_deployment(result, by, truth, per_layer, progress))
-    run["deploy_seconds"] = round(time.perf_counter() - t2, 2)
-    # the whole run, the truth's measurements included: the summary counts what the user waited for
-    run["seconds"] = round(time.perf_counter() - t0, 2)
-    if truth is not None and hasattr(truth, "counts"):
-        run["truth"] = dict(truth.counts)
-    return result
+    result.run["deploy_seconds"] = round(time.perf_counter() - t2, 2)
 
 
 def _deployment(result: TuneResult, by: str, truth, per_layer: bool, progress: Progress | None) -> dict:

@@ -160,6 +160,50 @@ def _weights_mb(model) -> float:
     return sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6
 
 
+def _counted_reader(original, total: int | None, say: Progress):
+    """gguf's ``GGUFReader`` (``original``) telling ``say`` how far its parse has got, in the values it
+    visits out of ``total`` (none: the parse goes unreported but for its start)."""
+
+    class Counted(original):
+        def __init__(self, *args, **kwargs):
+            self._kvsim_seen, self._kvsim_next = 0, 0
+            say(0.0 if total else None, "reading the GGUF's metadata and vocabulary")
+            super().__init__(*args, **kwargs)
+            if total:
+                say(1.0, "reading the GGUF's metadata and vocabulary")
+
+        def _get_field_parts(self, *args, **kwargs):
+            self._kvsim_seen += 1
+            if total and self._kvsim_seen >= self._kvsim_next:
+                step = min(_STEPS, self._kvsim_seen * _STEPS // total)
+                if step < _STEPS:  # 100 % is said once the parse is over
+                    say(step / _STEPS, "reading the GGUF's metadata and vocabulary")
+                self._kvsim_next = -(-(step + 1) * total // _STEPS)
+            return super()._get_field_parts(*args, **kwargs)
+
+    return Counted
+
+
+def _dequantising(say: Progress):
+    """The stand-in for transformers' ``tqdm`` over the GGUF's tensors: each yielded as it was, ``say`` told
+    the share of their bytes dequantised."""
+
+    def dequantising(tensors, *args, **kwargs):
+        tensors = list(tensors)
+        weight = sum(int(t.n_bytes) for t in tensors) or 1
+        done, step = 0, 0
+        note = f"dequantising {len(tensors)} tensors"
+        say(0.0, note)
+        for t in tensors:
+            yield t
+            done += int(t.n_bytes)
+            if done * _STEPS // weight > step:
+                step = done * _STEPS // weight
+                say(step / _STEPS, note)
+
+    return dequantising
+
+
 @contextlib.contextmanager
 def _gguf_progress(say: Progress, path: Path, then: str | None = None):
     """While a GGUF's model and tokenizer load through transformers: its metadata is read and converted to
@@ -184,22 +228,7 @@ def _gguf_progress(say: Progress, path: Path, then: str | None = None):
         total = None  # the reader says what is wrong with the file; the parse goes unreported
     readers: dict = {}
 
-    class Counted(original):
-        def __init__(self, *args, **kwargs):
-            self._kvsim_seen, self._kvsim_next = 0, 0
-            say(0.0 if total else None, "reading the GGUF's metadata and vocabulary")
-            super().__init__(*args, **kwargs)
-            if total:
-                say(1.0, "reading the GGUF's metadata and vocabulary")
-
-        def _get_field_parts(self, *args, **kwargs):
-            self._kvsim_seen += 1
-            if total and self._kvsim_seen >= self._kvsim_next:
-                step = min(_STEPS, self._kvsim_seen * _STEPS // total)
-                if step < _STEPS:  # 100 % is said once the parse is over
-                    say(step / _STEPS, "reading the GGUF's metadata and vocabulary")
-                self._kvsim_next = -(-(step + 1) * total // _STEPS)
-            return super()._get_field_parts(*args, **kwargs)
+    Counted = _counted_reader(original, total, say)
 
     def reader(file, mode="r"):
         key = (str(Path(file).resolve()), mode)
@@ -230,22 +259,9 @@ def _gguf_progress(say: Progress, path: Path, then: str | None = None):
         parsed[id(value)] = (value, result := parse(value, types))
         return result
 
-    def dequantising(tensors, *args, **kwargs):
-        tensors = list(tensors)
-        weight = sum(int(t.n_bytes) for t in tensors) or 1
-        done, step = 0, 0
-        note = f"dequantising {len(tensors)} tensors"
-        say(0.0, note)
-        for t in tensors:
-            yield t
-            done += int(t.n_bytes)
-            if done * _STEPS // weight > step:
-                step = done * _STEPS // weight
-                say(step / _STEPS, note)
-
     patched = [(gguf, "GGUFReader", reader)]
     if hasattr(loader, "tqdm"):
-        patched.append((loader, "tqdm", dequantising))
+        patched.append((loader, "tqdm", _dequantising(say)))
     if parse is not None:
         patched.append((loader, "_gguf_parse_value", parse_once))
     saved = [(module, name, getattr(module, name)) for module, name, _ in patched]

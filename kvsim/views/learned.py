@@ -76,6 +76,51 @@ def verdict(rows: list[dict]) -> list[str]:
     return out
 
 
+#: docs/learned.md's account of the method, ahead of the study's figures
+_METHOD = (
+    "# A policy learned from the optimum",
+    "",
+    "<!-- printed by `python -m kvsim learn --doc docs/learned-study.json > docs/learned.md` from the study's JSON; "
+    "edit kvsim/views/learned.py, not this file -->",
+    "",
+    "`learned` (kvsim/policies/learned.py) is an online policy: at each step it scores every held position with a "
+    "linear function of features it computes from the attention rows it has been shown, and evicts the lowest "
+    "score outside the newest `recent_window` positions (lower position first on ties). Its weights are data, a "
+    "JSON file fitted by `kvsim learn` to the exact optimum's evictions (`optimal`); the shipped default is "
+    "`kvsim/policies/learned_weights.json`, and `KVSIM_LEARNED_WEIGHTS=FILE` points every `learned` at another.",
+    "",
+    "## The label and the loss",
+    "",
+    "The teacher is the exact optimum (`optimal`): for a trace and a budget it gives the step at which each "
+    "position leaves the best cache. The fit walks a schedule step by step with the learned policy's own "
+    "feature state (the same code the policy runs), so the features at each evicting step are exactly what "
+    "the online policy computes in that cache. The candidates are the held positions outside the newest "
+    "`recent_window`. The optimum labels each candidate at step t: *doomed* if it evicts the position by step "
+    "t + horizon (or has evicted it already), *kept* if it still holds it then.",
+    "",
+    "The loss (`--loss pairs`, the default) is pairwise logistic: for pairs (kept, doomed) drawn from one step, "
+    "log(1 + exp(-(score(kept) - score(doomed)))), averaged, plus a small L2 penalty on the weights of the "
+    "standardised features. Why pairs within a step: the policy's whole decision is an argmin among one step's "
+    "candidates, so only score differences within a step matter, and that is all this loss sees. Why doomed "
+    "within a horizon rather than the one victim: many candidates are worth nothing more to the optimum (no "
+    "attention still to come), and which of them it names first is close to arbitrary; the alternative "
+    "(`--loss choice`: a softmax over the step's candidates with the optimum's victim as the label) fits that "
+    "arbitrary choice and did worse. Both losses are convex, so Newton's method finds the optimum in a few "
+    "iterations, deterministically (the pairs are drawn with a fixed seed).",
+    "",
+    "Why DAgger rounds: the first round walks the optimum's own schedule, whose cache holds only positions worth "
+    "holding; a policy fitted there never sees the junk its own cache fills with once it departs from the "
+    "optimum, and it did poorly (h2o-level retained mass). Each further round (`--dagger`, default 3) walks "
+    "the schedule of the policy fitted so far, labels the caches it reaches by the optimum (a position the "
+    "optimum has already evicted is doomed), adds them to the examples and fits again. The label is the "
+    "optimum's schedule from the start, not the best continuation from the learner's cache, which `optimal` "
+    "does not solve.",
+    "",
+    "## The fit",
+    "",
+)
+
+
 def study_markdown(study: dict) -> str:
     """docs/learned.md: the study as measured, from its JSON (``kvsim learn --study``)."""
     w = study["weights"]
@@ -86,46 +131,7 @@ def study_markdown(study: dict) -> str:
     losses = verdict(rows)
     closed = [r["gap_closed"] for r in rows if r["gap_closed"] is not None and not math.isnan(r["gap_closed"])]
     parts = [
-        "# A policy learned from the optimum",
-        "",
-        "<!-- printed by `python -m kvsim learn --doc docs/learned-study.json > docs/learned.md` from the study's JSON; "
-        "edit kvsim/views/learned.py, not this file -->",
-        "",
-        "`learned` (kvsim/policies/learned.py) is an online policy: at each step it scores every held position with a "
-        "linear function of features it computes from the attention rows it has been shown, and evicts the lowest "
-        "score outside the newest `recent_window` positions (lower position first on ties). Its weights are data, a "
-        "JSON file fitted by `kvsim learn` to the exact optimum's evictions (`optimal`); the shipped default is "
-        "`kvsim/policies/learned_weights.json`, and `KVSIM_LEARNED_WEIGHTS=FILE` points every `learned` at another.",
-        "",
-        "## The label and the loss",
-        "",
-        "The teacher is the exact optimum (`optimal`): for a trace and a budget it gives the step at which each "
-        "position leaves the best cache. The fit walks a schedule step by step with the learned policy's own "
-        "feature state (the same code the policy runs), so the features at each evicting step are exactly what "
-        "the online policy computes in that cache. The candidates are the held positions outside the newest "
-        "`recent_window`. The optimum labels each candidate at step t: *doomed* if it evicts the position by step "
-        "t + horizon (or has evicted it already), *kept* if it still holds it then.",
-        "",
-        "The loss (`--loss pairs`, the default) is pairwise logistic: for pairs (kept, doomed) drawn from one step, "
-        "log(1 + exp(-(score(kept) - score(doomed)))), averaged, plus a small L2 penalty on the weights of the "
-        "standardised features. Why pairs within a step: the policy's whole decision is an argmin among one step's "
-        "candidates, so only score differences within a step matter, and that is all this loss sees. Why doomed "
-        "within a horizon rather than the one victim: many candidates are worth nothing more to the optimum (no "
-        "attention still to come), and which of them it names first is close to arbitrary; the alternative "
-        "(`--loss choice`: a softmax over the step's candidates with the optimum's victim as the label) fits that "
-        "arbitrary choice and did worse. Both losses are convex, so Newton's method finds the optimum in a few "
-        "iterations, deterministically (the pairs are drawn with a fixed seed).",
-        "",
-        "Why DAgger rounds: the first round walks the optimum's own schedule, whose cache holds only positions worth "
-        "holding; a policy fitted there never sees the junk its own cache fills with once it departs from the "
-        "optimum, and it did poorly (h2o-level retained mass). Each further round (`--dagger`, default 3) walks "
-        "the schedule of the policy fitted so far, labels the caches it reaches by the optimum (a position the "
-        "optimum has already evicted is doomed), adds them to the examples and fits again. The label is the "
-        "optimum's schedule from the start, not the best continuation from the learner's cache, which `optimal` "
-        "does not solve.",
-        "",
-        "## The fit",
-        "",
+        *_METHOD,
         f"Fitted on {fitted_on} at budgets {budgets}, recent window {w['recent_window']}, horizon "
         f"{fit.get('horizon')}, {fit.get('dagger')} DAgger rounds: {fit.get('steps')} evicting steps in all, "
         f"{fit.get('candidates')} candidates, {fit.get('examples')} pairs; on the optimum's own schedule "
@@ -170,19 +176,7 @@ def study_markdown(study: dict) -> str:
         if lost:
             parts += [f"It matches or beats the best hand-written policy in {len(paged) - len(lost)} of {len(paged)} "
                       "rows in pages. Where it loses to a hand-written policy in pages:", "", *lost, ""]
-    parts += ["## Not measured here", "",
-              "All of this is one model (Gemma-3-270M) and one text (heapq.py); the shipped weights read attention "
-              "only, because the trace they are fitted on holds no keys. The other text, the other model family, "
-              "the model's own KL and delta NLL and the pass key are not in this study yet: the "
-              "policy runs in `replay`, `table`, `needle`, `quality` and the app like any other, so each is one "
-              "command away, but no figure of them is claimed here.", ""]
-    parts += ["## The commands", "", "The study and this page:", "", "```", study["command"],
-              "python -m kvsim learn --doc docs/learned-study.json > docs/learned.md", "```", "",
-              "Weights of your own (`--out`) replace the shipped ones for every `learned` a process builds, in every "
-              "command and the app:", "", "```",
-              "python -m kvsim learn --trace gemma3-270m-L11 --budget 256 --out my-weights.json",
-              "KVSIM_LEARNED_WEIGHTS=my-weights.json python -m kvsim replay --policy learned --trace gemma3-270m-L17 "
-              "--budget 256", "```", ""]
+    parts += _closing(study["command"])
     return "\n".join(parts)
 
 
@@ -201,3 +195,20 @@ def weights_figure(weights: dict, height: int = 320):
     fig.update_layout(title=f"learned: weights on standardised features (fitted on {fitted})", height=height,
                       margin=dict(l=10, r=10, t=40, b=30), xaxis_title="weight (higher score: kept)")
     return fig
+
+
+def _closing(command: str) -> list[str]:
+    """docs/learned.md's last sections: what is not measured, and the commands (the study's own first)."""
+    return ["## Not measured here", "",
+            "All of this is one model (Gemma-3-270M) and one text (heapq.py); the shipped weights read attention "
+            "only, because the trace they are fitted on holds no keys. The other text, the other model family, "
+            "the model's own KL and delta NLL and the pass key are not in this study yet: the "
+            "policy runs in `replay`, `table`, `needle`, `quality` and the app like any other, so each is one "
+            "command away, but no figure of them is claimed here.", "",
+            "## The commands", "", "The study and this page:", "", "```", command,
+            "python -m kvsim learn --doc docs/learned-study.json > docs/learned.md", "```", "",
+            "Weights of your own (`--out`) replace the shipped ones for every `learned` a process builds, in every "
+            "command and the app:", "", "```",
+            "python -m kvsim learn --trace gemma3-270m-L11 --budget 256 --out my-weights.json",
+            "KVSIM_LEARNED_WEIGHTS=my-weights.json python -m kvsim replay --policy learned --trace gemma3-270m-L17 "
+            "--budget 256", "```", ""]
