@@ -36,7 +36,7 @@ ENTRY_POINT_GROUP = "kvsim.policies"
 #: comma-separated module names or ``.py`` paths, imported after the shipped policies and the entry points
 PLUGIN_ENV = "KVSIM_PLUGINS"
 #: the modules of this package that hold no policy: the interface, the registry and their helpers
-_SUPPORT = frozenset({"base", "registry", "spec", "split", "rope", "upper_bound", "optimal_blocks", "plan", "layouts"})
+_SUPPORT = frozenset({"base", "registry", "spec", "rope", "upper_bound", "optimal_blocks", "plan", "layouts"})
 #: one line per plugin (or policy module) that failed to load, as said on stderr; the app shows them too
 PROBLEMS: list[str] = []
 _loaded = False
