@@ -186,6 +186,7 @@ def test_the_truth_under_a_layout_is_measure_opens_and_cached_apart(session, tmp
     bare.args = argparse.Namespace(no_cache=False, trace="tiny")
     bare.policy, bare.budget, bare.fixed, bare.say, bare.layout, bare.key = "h2o", 16, {}, None, None, "kl_open"
     bare.session, bare.counts = session, {"read": 0, "measured": 0}
+    bare.at = lambda window: {**bare.fixed, "recent_window": window}  # as _Tuning.at hands it over
     truth = bare.under(layout)
     traces = [dataclasses.replace(t, meta={"layer": x, "head": h}) for x, layer in enumerate(session.traces)
               for h, t in enumerate(layer)]

@@ -26,6 +26,8 @@ class _Tuning:
     def __init__(self, args: argparse.Namespace) -> None:
         from ..analysis.tune import PARAM
 
+        #: the parameter tuned: the policy's window (``spec.params.recent_window``)
+        self.param = PARAM
         plan = getattr(args, "run_plan", None)
         #: the serving layout every window is measured under: the plan's, or the flags' (None: none)
         self.layout = layout_flags.of(args) if plan is None or plan.layout is None else plan.layout
@@ -37,10 +39,12 @@ class _Tuning:
         self.policy, self.budget, self.plan = spec.name, spec.budget, plan
         self.fixed = {k: v for k, v in spec.params if k != PARAM and v != declared[k]}
 
-    def tuned(self, window: int) -> PolicySpec:
-        from ..analysis.tune import PARAM
+    def at(self, window) -> dict:
+        """The parameters a measurement keys at ``window`` (a window, or one per layer): those held, and the window."""
+        return {**self.fixed, self.param: window}
 
-        return PolicySpec.of(self.policy, self.budget, **self.fixed, **{PARAM: window})
+    def tuned(self, window: int) -> PolicySpec:
+        return PolicySpec.of(self.policy, self.budget, **self.at(window))
 
 
 def cmd_tune(args: argparse.Namespace) -> object:
@@ -258,6 +262,7 @@ class _Truth:
 
         self.args, self.model, self.text, self.steps, self.key, self.say = args, model, text, steps, key, say
         self.policy, self.budget, self.fixed = what.policy, what.budget, what.fixed
+        self.at = what.at  # the parameters a measurement keys at a window
         self.recording = str(meta.get("model") or model)
         self.sha = file_sha256(text)
         self.bare_what = f"{model} on {Path(text).name}, {steps} steps, open loop"
@@ -300,7 +305,7 @@ class _Truth:
         args = self.args
         if self.layout is not None:
             return self._under_layout(windows)
-        jobs = [(self.policy, self.budget, {**self.fixed, "recent_window": int(w)}) for w in windows]
+        jobs = [(self.policy, self.budget, self.at(int(w))) for w in windows]
         rows = [None] * len(jobs) if args.no_cache else truth.known_rows(self.recording, self.sha, self.steps, jobs)
         todo = [w for w, r in zip(windows, rows, strict=True) if r is None]
         self.counts["read"] += len(jobs) - len(todo)
@@ -330,7 +335,7 @@ class _Truth:
                 self.say(i / max(1, len(windows)), f"the truth under {self.layout.label}: recent_window {int(w)} "
                          f"({i + 1}/{len(windows)})")
             try:
-                r = measure_open(self._open(), self.policy, self.budget, {**self.fixed, "recent_window": int(w)},
+                r = measure_open(self._open(), self.policy, self.budget, self.at(int(w)),
                                  self.layout, use_cache=not self.args.no_cache)
             except (quality.QualityError, RecordError) as e:
                 raise InputError(f"{self.args.trace}: {e}") from None
@@ -350,7 +355,7 @@ class _Truth:
             session = self._open()
             k = session.kv_heads
             grid = [[int(flat[x * k + h]) for h in range(k)] for x in range(len(flat) // k)]
-            r = cached_open_truth(session, self.policy, grid, {**self.fixed, "recent_window": int(window)},
+            r = cached_open_truth(session, self.policy, grid, self.at(int(window)),
                                   use_cache=not self.args.no_cache)
         except (quality.QualityError, RecordError) as e:
             raise InputError(f"{self.args.trace}: {e}") from None
@@ -370,7 +375,7 @@ class _Truth:
         if per_layer:
             try:
                 session = self._open()
-                jobs = [session.configuration(self.policy, self.budget, {**self.fixed, "recent_window": list(c)})
+                jobs = [session.configuration(self.policy, self.budget, self.at(list(c)))
                         for c in per_layer]
                 rows = session.measure_many(jobs, "open", use_cache=not self.args.no_cache)
             except (quality.QualityError, RecordError) as e:
