@@ -14,7 +14,8 @@ Streamlit's App in the browser), and the renderer's main-thread CPU by script (C
 ``--server STEP`` (default, six, curve1024, real: the default view and the three links) runs the app's script
 in Streamlit's AppTest in one process: the default view twice (a fresh server's first page, then a new
 session), then STEP cold (profiled: what its first visit computes) and warm (profiled again), and prints the
-script times, the figures' sizes and the profiles' top lines by cumulative time.
+script times, the figures' sizes and the profiles' top lines by cumulative time. With ``--preload``, the process
+first loads what ``kvsim app``'s server loads before it answers (``kvsim.app.launch.preload``), as a served step finds it.
 """
 
 from __future__ import annotations
@@ -133,8 +134,13 @@ async def browser_steps(rounds: int) -> None:
                 await browser.close()
 
 
-def server_step(name: str, top: int) -> None:
+def server_step(name: str, top: int, preload: bool = False) -> None:
     from streamlit.testing.v1 import AppTest
+
+    if preload:
+        from kvsim.app import launch
+
+        print(f"preloaded as kvsim app's server does: {launch.preload():.2f} s")
 
     with tempfile.TemporaryDirectory() as tmp:
         wrapper = Path(tmp) / "profiled_app.py"
@@ -170,9 +176,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="browser rounds, each on fresh servers (default: 1)")
     ap.add_argument("--server", choices=list(LINKS), help="instead: this step's script run under cProfile")
     ap.add_argument("--top", type=int, default=30, help="with --server: the profile's lines (default: 30)")
+    ap.add_argument("--preload", action="store_true", help="with --server: first load what kvsim app's server loads")
     args = ap.parse_args()
     if args.server:
-        server_step(args.server, args.top)
+        server_step(args.server, args.top, args.preload)
     else:
         asyncio.run(browser_steps(args.rounds))
 
