@@ -51,6 +51,7 @@ def preload() -> float:
     with outside_a_run():
         import plotly.graph_objects as go
 
+        from kvsim.data import kept as shipped
         from kvsim.sim import engine
 
         from . import main, memo, state, trace_tab  # noqa: F401  (main: streamlit, pandas, Plotly, every view)
@@ -64,6 +65,9 @@ def preload() -> float:
         trace = memo.load_named_trace(first["trace"])
         trace_tab.cached_trace_matrix(trace)  # the Trace view's picture of it: 0.3 s of that view's first visit
         memo.bundle_traces()
+        # the shipped derived data (traces/kept/, 0.6 MB of JSON) is decoded whole on a shipped trace's first
+        # derived read: 0.36 s of the first link to a real trace (issue 56 item 3), paid here instead
+        shipped.documents()
         # Plotly reads a trace type's validators on its first figure: the kept view's kinds
         go.Figure([go.Image(z=[[[0, 0, 0]]]), go.Scatter(x=[0], y=[0])],
                   layout={"annotations": [{"text": ""}], "shapes": [{"type": "line"}]})

@@ -156,7 +156,10 @@ def _parse_count(key: str, raw: str, default, problems: list[str], low: int = 0)
 
 
 def write_link() -> None:
-    """Mirror the controls into the URL, so the address bar is always a link to this view."""
+    """Mirror the controls into the URL, so the address bar is always a link to this view. The changed
+    parameters go in one ``update`` (one message to the browser): set one by one, a new session's first run
+    sent the browser 13 address changes (issue 56 item 3)."""
+    changed: dict[str, str] = {}
     for key in ("trace", "policies", "budget", *all_params(), "step", "curve_policy", "kept_mode", "bundle", "tour"):
         value = st.session_state.get(key)
         if value is None:
@@ -165,14 +168,16 @@ def write_link() -> None:
             continue
         text = ",".join(value) if isinstance(value, list) else str(value)
         if st.query_params.get(key) != text:
-            st.query_params[key] = text
+            changed[key] = text
     for key, none in LAYOUT_KEYS.items():  # only when set: a link of no layout is as before
         value = st.session_state.get(key, none)
         if value == none:
             if key in st.query_params:
                 del st.query_params[key]
         elif st.query_params.get(key) != (text := str(int(value))):
-            st.query_params[key] = text
+            changed[key] = text
+    if changed:
+        st.query_params.update(changed)
 
 
 def apply_tour(key: str) -> None:
