@@ -195,6 +195,13 @@ def _quality_plan(args: argparse.Namespace) -> tuple[list[str], list[int], dict,
 
 
 def cmd_quality(args: argparse.Namespace) -> object:
+    if args.conversation is not None:  # each turn's answer teacher-forced on one evicting cache
+        from . import conversation_command
+
+        conversation_command.check_quality(args)
+        return conversation_command.cmd_quality(args, *_quality_plan(args)[:3])
+    if args.text is None:
+        raise CLIError("give the TEXT to measure on, or --conversation FILE")
     if (on := cluster_flags.wanted(args)) and (args.allocate is not None or layout_flags.of(args) is not None):
         raise CLIError(f"{on} spreads quality's grid of policies, budgets and modes; not --allocate nor a serving layout")
     if (variant := allocated(args)) is not None:

@@ -21,6 +21,7 @@ from ..policies.registry import suggest, windowed
 from ..sim.harness import DEFAULT_TOP_K
 from .argtypes import positive_int, size_list
 from .cluster_flags import add_cluster_flags
+from .conversation_command import add_flag as add_conversation_flag
 from .errors import BAD_INPUT, USAGE, CLIError, flag
 from .layout_flags import add as add_layout_flags
 from .plan_flags import add_plan_flags
@@ -456,8 +457,9 @@ def _add_record(sub, traces) -> None:
 def _add_quality(sub, traces) -> None:
     p = sub.add_parser("quality", help="a real model's loss and KL on a text with its KV cache evicted by a policy "
                                        "(needs the record extra)")
-    p.add_argument("text", metavar="TEXT", help="a UTF-8 text file, or heapq for the shipped traces' text (CPython 3.11.7 "
-                   "Lib/heapq.py)")
+    p.add_argument("text", nargs="?", metavar="TEXT", help="a UTF-8 text file, or heapq for the shipped traces' text "
+                   "(CPython 3.11.7 Lib/heapq.py); or --conversation FILE")
+    add_conversation_flag(p, "each turn's reference answer teacher-forced, its delta NLL and KL")
     # one of them, or --plan FILE; --policies is the old spelling of a list, still taken
     p.add_argument("--policy", action=_PolicyOrGrid, default=None, metavar="NAME[,NAME...]", help="a registry policy "
                    "(`kvsim policies` lists them); several, comma-separated, or all (every registered policy): a grid")

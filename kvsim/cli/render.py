@@ -251,6 +251,8 @@ def _table(doc: dict, width: int | None = None) -> str:
 
 
 def _quality(doc) -> str:
+    if (doc.get("turns") if isinstance(doc, dict) else doc and isinstance(doc[0], dict) and doc[0].get("turns")):
+        return _own("conversation_command", "render_quality", doc)  # quality --conversation: a row per turn
     if isinstance(doc, dict) and "allocate" in doc:  # quality --allocate: the split beside uniform's, the same memory
         u = doc["uniform"]
         loop = "closed loop" if doc.get("mode") == "closed" else "open loop"
