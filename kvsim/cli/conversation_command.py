@@ -27,7 +27,7 @@ def read(args: argparse.Namespace, positional: str | None, needs_answers: bool):
 
     given = getattr(args, positional, None) if positional else None
     if given is not None:
-        raise CLIError(f"--conversation {args.conversation}: the conversation's context is the text; "
+        raise CLIError(f"--conversation {args.conversation}: the file holds the context and the questions; "
                        f"leave out the {positional.upper()} argument ({given!r})")
     try:
         return load_conversation(args.conversation, needs_answers=needs_answers)

@@ -397,6 +397,7 @@ def _add_generate(sub, traces) -> None:
                        "(kvsim.hf; needs the record extra)")
     p.add_argument("prompt", nargs="?", default=None, help="the prompt text (or --prompt-file)")
     p.add_argument("--prompt-file", default=None, metavar="F", help="read the prompt from a UTF-8 file")
+    add_conversation_flag(p, "each turn's answer written by the model (--max-new-tokens a turn), the reference printed beside")
     p.add_argument("--model", default="gemma3-270m", metavar="DIR|gemma3-270m", help="a local Hugging Face model folder, "
                    "or gemma3-270m for the shipped Gemma-3-270M (default)")
     p.add_argument("--policy", metavar="NAME", help="an online registry policy (`kvsim policies` lists them); required "
