@@ -141,6 +141,16 @@ def _record_config(args: argparse.Namespace):
               "store": args.store, "dtype": args.dtype, "gqa": args.gqa, "prefix": args.prefix, "source": args.source,
               "licence": args.licence, "model_licence": args.model_licence, "out": args.out,
               "vectors": True if args.vectors else None}
+    if getattr(args, "conversation", None) is not None:  # the context and every turn, the turns' positions in the meta
+        from .conversation_command import read
+
+        for given, name in ((args.preset, "--preset"), (args.steps, "--steps")):
+            if given is not None:
+                raise CLIError(f"{name} and --conversation: a conversation is recorded whole, its own text")
+        read(args, "text", needs_answers=True)
+        config = RecordConfig(args.conversation, args.out or ".", conversation=True,
+                              **{k: v for k, v in fields.items() if v is not None and k not in ("out", "steps")})
+        return config if args.out is not None else in_cache(config)
     if args.preset is not None:
         if args.text is not None:
             raise CLIError(f"--preset {args.preset} records its own text; give a TEXT or --preset, not both")

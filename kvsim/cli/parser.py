@@ -431,6 +431,7 @@ def _add_record(sub, traces) -> None:
     p.add_argument("text", nargs="?", metavar="TEXT", help="a UTF-8 text file; its first --steps + 1 tokens are read (not "
                    "with --preset)")
     p.add_argument("--preset", choices=["long"], default=None, help="a named recording (see below); into the cache")
+    add_conversation_flag(p, "recorded whole, each turn's reference answer teacher-forced, the turns' positions in the meta")
     p.add_argument("--model", default=None, help="a local Hugging Face model folder or a hub id already in the local "
                    "cache (nothing is downloaded); default: the shipped Gemma-3-270M")
     p.add_argument("--out", default=None, help="the bundle folder to write (traces + manifest.json); it must not exist "

@@ -52,6 +52,8 @@ def cache_key(config: RecordConfig) -> dict:
     fields = dataclasses.asdict(config)
     for name in ("text", "out", "chunk_elements"):
         fields.pop(name)
+    if not fields["conversation"]:  # a text's key as it was before conversations: its recordings still found
+        fields.pop("conversation")
     fields["model"] = MODEL if config.model is None else str(config.model)
     fields["layers"] = list(config.layers) if isinstance(config.layers, tuple) else config.layers
     versions = {pkg: _version(pkg) for pkg in ("torch", "transformers")}
