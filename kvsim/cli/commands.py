@@ -88,7 +88,21 @@ def cmd_table(args: argparse.Namespace) -> object:
                     result = replay(trace, row["policy"], budget=budget, top_k=args.top_k, record_kept=True, **row["params"])
                     extra = measured(trace, px.summary(trace, result))
                     row.update({k: extra[k] for k in (*px.VALUE_PROXIES, "not_applicable") if k in extra})
+        _table_turns(trace, doc, budget, args.top_k)
         return doc
+
+
+def _table_turns(trace, doc: dict, budget: int, top_k: int) -> None:
+    """A conversation's trace (``record --conversation``): each measured row's retained mass per turn, replayed again."""
+    from ..views.turns import turn_mass, turns_of
+
+    turns = turns_of(trace.meta, trace.steps)
+    if turns is None:
+        return
+    for row in doc["rows"]:
+        if row.get("retained_mass") is not None and row["policy"] in POLICIES and "refused" not in row:
+            result = replay(trace, row["policy"], budget=budget, top_k=top_k, **row["params"])
+            row["turns"] = turn_mass(result.retained_mass_series, turns)
 
 
 def cmd_claims(args: argparse.Namespace) -> object:
