@@ -48,4 +48,45 @@ def turn_fields(trace, series) -> dict:
     return {} if turns is None else {"turns": turn_mass(series, turns)}
 
 
-__all__ = ["turn_fields", "turn_mass", "turns_of"]
+
+
+
+def marked(fig, trace):
+    """A copy of a kept-position heatmap (``kvsim.views.figures.kept_heatmap``: positions across, steps down) with
+    each turn's start drawn on every panel: a dashed line where its question starts (the step and the position),
+    a dotted one where its answer starts; ``fig`` itself when the trace is not a conversation."""
+    import plotly.graph_objects as go
+
+    turns = turns_of(trace.meta, trace.steps)
+    if turns is None:
+        return fig
+    fig = go.Figure(fig)
+    panels = list(dict.fromkeys((t.xaxis or "x", t.yaxis or "y") for t in fig.data if t.type == "image"))
+    for i, (xa, ya) in enumerate(panels):
+        for k, t in enumerate(turns, 1):
+            q, a = t["question_start"] - 0.5, t["answer_start"] - 0.5
+            first = i == 0 and k == 1
+            for x0, x1, y0, y1, dash, name in ((-0.5, trace.steps + 0.5, q, q, "dash", "a turn's question starts"),
+                                               (q, q, q, trace.steps + 0.5, "dash", None),
+                                               (-0.5, trace.steps + 0.5, a, a, "dot", "its answer starts")):
+                fig.add_shape(type="line", x0=x0, x1=x1, y0=y0, y1=y1, xref=xa, yref=ya, line=dict(color=TURN_COLOUR,
+                              width=1, dash=dash), name=name if first and name else None,
+                              showlegend=bool(first and name))
+            if i == 0:
+                fig.add_annotation(x=q, y=q, xref=xa, yref=ya, text=f"turn {k}", showarrow=False, xanchor="left",
+                                   yanchor="bottom", font=dict(color=TURN_COLOUR, size=11))
+    return fig
+
+
+def caption(spans: list[dict], results, label) -> str:
+    """What the turns' lines are, and each replay's retained mass per turn (``label(result)`` names a replay)."""
+    per = "; ".join(f"{label(r)}: " + ", ".join(f"turn {t['turn']} {t['retained_mass']:.4f}"
+                                                for t in turn_mass(r.retained_mass_series, spans)) for r in results)
+    return (f"A conversation of {len(spans)} turns: purple dashed lines where each turn's question starts (the step "
+            f"and the position), dotted where its answer starts. Retained mass per turn (over its queries): {per}.")
+
+
+#: the turns' lines on the heatmap: a colour the kept/evicted palette does not use
+TURN_COLOUR = "#7b2cbf"
+
+__all__ = ["TURN_COLOUR", "caption", "marked", "turn_fields", "turn_mass", "turns_of"]
