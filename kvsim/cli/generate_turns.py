@@ -1,7 +1,8 @@
 """``kvsim generate --conversation FILE``: a conversation on one evicting cache (docs/domain.md, "A conversation").
 
 The context goes in first (as ``generate`` takes a prompt: ``--prefill``), then each turn's question; after it the
-model writes its answer, greedy, at most ``--max-new-tokens`` tokens (fewer if it ends the text), and the next
+model writes its answer, greedy, at most ``--max-new-tokens`` tokens (fewer if it ends the text or breaks the line,
+where the format's next question would start: that token is written, fed, and ends the turn), and the next
 question follows what it wrote, on the same cache, which keeps evicting all along. The file's reference answers,
 where it has them, are not fed: they are printed beside the model's, for the reader. The questions and answers
 are written around their text as ``kvsim.models.conversation_tokens`` writes them (``Q: ... A:``).
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace, run, conv, model, tokenizer, cache_of, say) ->
             while True:
                 nxt = int(out.logits[0, -1].argmax())
                 tokens.append(nxt)
-                if len(tokens) == args.max_new_tokens or nxt in eos:
+                if len(tokens) == args.max_new_tokens or nxt in eos or "\n" in tokenizer.decode([nxt]):
                     break
                 out = model(torch.tensor([[nxt]]), cache=cache, use_cache=True)
             pending = tokens[-1:]  # written but not yet fed: the next question's call feeds it first
