@@ -102,6 +102,8 @@ def test_bad_conversations_are_one_line_naming_the_file_and_turn_before_any_mode
         (["record", "text.txt", "--conversation", tmp_path / "empty.json"], "leave out the TEXT argument"),
         (["record", "--conversation", tmp_path / "empty.json", "--steps", "9"], "--steps and --conversation"),
         (["quality", "--policy", "h2o"], "give the TEXT to measure on, or --conversation FILE"),
+        (["quality", "--conversation", tmp_path / "empty.json", "--policy", "h2o", "--block-size", "8"],
+         "--block-size 8 and --conversation"),
     ]
     for argv, message in cases:
         code, out, err = _run(capsys, *argv, "--model", nowhere)

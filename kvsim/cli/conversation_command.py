@@ -38,10 +38,15 @@ def read(args: argparse.Namespace, positional: str | None, needs_answers: bool):
 def check_quality(args: argparse.Namespace) -> None:
     """What ``quality --conversation`` refuses before anything loads: flags it does not take, a TEXT beside it, a
     conversation file that cannot run (every turn needs its reference answer here)."""
+    from . import cluster_flags, layout_flags
+
+    layout = layout_flags.of(args)
     for on, name in ((args.allocate, "--allocate"), (args.sweep, "--sweep"), (getattr(args, "plan", None), "--plan"),
-                     (getattr(args, "scheduler", None), "--scheduler"), (getattr(args, "workers", None), "--workers")):
+                     (layout, layout and layout_flags.layout_flags_text(layout)),
+                     (cluster_flags.wanted(args), cluster_flags.wanted(args))):
         if on:
-            raise CLIError(f"{name} and --conversation: a conversation is measured for each --policy at each --budget")
+            raise CLIError(f"{name} and --conversation: a conversation is measured per --policy and --budget, without a "
+                           "layout, split, sweep, plan or cluster")
     read(args, "text", needs_answers=True)
 
 
