@@ -26,6 +26,8 @@ from .conversation_tokens import ConversationTokens, model_context, tokenize_con
 from .errors import QualityError
 from .loading import no_progress
 from .quality import (
+    KEY_ALPHA,
+    KEY_BETA,
     QUALITY_STDERR,
     SHORT_WINDOW,
     Configuration,
@@ -47,7 +49,7 @@ class ConversationSession(Session):
         import torch
 
         self.say = progress or no_progress
-        self.short_window, self.key_alpha, self.key_beta = SHORT_WINDOW, 2.0, -2.0
+        self.short_window, self.key_alpha, self.key_beta = SHORT_WINDOW, KEY_ALPHA, KEY_BETA
         self._nll_short = None
         self.fanout = None
         self.short_seconds = 0.0
