@@ -187,3 +187,36 @@ def test_turns_that_do_not_hold_together_are_no_turns():
     for bad in ([{**good, "end": 8}], [good, good], [{**good, "end": 11}], [{**good, "answer_start": "8"}], "x", []):
         assert turns_of({"turns": bad}, 9) is None
     assert turns_of({}, 9) is None
+
+
+@needs_torch
+def test_the_app_draws_a_recorded_conversations_turns_on_the_kept_heatmap(model, conversation, tmp_path, monkeypatch,
+                                                                         capsys):
+    """A conversation recorded into the cache is offered by the app; its kept view draws each turn's lines on every
+    panel and says the retained mass per turn, without an error."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from kvsim.app import memo
+    from kvsim.views.turns import TURN_COLOUR
+
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path))
+    code, _, err = _run(capsys, "record", "--conversation", conversation, "--model", model, "--layers", "1", "--quiet")
+    assert code == 0, err
+    memo.bundle_traces.clear()  # the trace list is kept a minute; this bundle is new
+    (name,) = [n for n in memo.bundle_traces() if "-conversation-" in n and n.endswith(":L01H0")]
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=300)
+    at.query_params.update({"view": "Kept positions", "trace": name, "budget": "48"})
+    at.run()
+    assert [e.value for e in at.exception] == [] and [e.value for e in at.error] == []
+    (chart,) = at.get("plotly_chart")
+    spec = json.loads(chart.proto.spec)
+    panels = {(t.get("xaxis", "x"), t.get("yaxis", "y")) for t in spec["data"] if t["type"] == "image"}
+    drawn = [s for s in spec["layout"]["shapes"] if s.get("line", {}).get("color") == TURN_COLOUR]
+    # three lines a turn on every panel, and a label a turn on the first
+    assert {(s["xref"], s["yref"]) for s in drawn} == panels and len(drawn) == 3 * 2 * len(panels)
+    assert [a["text"] for a in spec["layout"]["annotations"] if a.get("font", {}).get("color") == TURN_COLOUR] == [
+        "turn 1", "turn 2"]
+    (said,) = [c.value for c in at.caption if c.value.startswith("A conversation of 2 turns")]
+    assert "h2o (recent_window=32): turn 1 " in said

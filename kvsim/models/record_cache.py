@@ -76,7 +76,8 @@ def recording_path(config: RecordConfig) -> Path:
     key = cache_key(config)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     prefix = config.prefix or (DEFAULT_PREFIX if config.model is None else default_prefix(config.model))
-    return cache_dir() / RECORDINGS_DIR / f"{prefix}-{config.steps}-{config.store}-{digest}"
+    length = "conversation" if config.conversation else config.steps  # a conversation is recorded whole
+    return cache_dir() / RECORDINGS_DIR / f"{prefix}-{length}-{config.store}-{digest}"
 
 
 def in_cache(config: RecordConfig) -> RecordConfig:
