@@ -9,7 +9,7 @@ import streamlit as st
 import kvsim
 from kvsim.policies import PolicySpec
 from kvsim.policies.layouts import Layout
-from kvsim.views import figures, story
+from kvsim.views import figures, story, turns
 
 from . import needle_kept
 from .controls import Settings
@@ -100,6 +100,8 @@ def kept_view(trace: kvsim.Trace, settings: Settings) -> None:
     trial = needle_kept.key_positions(trace) is not None and not compare  # a pass-key trial: its key marked
     if trial:
         fig = figures.fit_key(needle_kept.marked(fig, trace, replays(trace, runs, layout=layout)))
+    elif turns.turns_of(trace.meta, trace.steps) is not None:  # a conversation's trace: where each turn starts
+        fig = figures.fit_key(turns.marked(fig, trace))
     # a box drawn with the select tool re-draws that region from the replay, at full resolution
     # once it is narrow enough; the zoom tool (the default) only magnifies the pooled picture
     figure_slot.plotly_chart(fig, key="kept_chart", config={"scrollZoom": True}, on_select=lambda: zoom_to_box(T),
@@ -114,6 +116,8 @@ def kept_view(trace: kvsim.Trace, settings: Settings) -> None:
     results = replays(trace, runs, layout=layout)
     if trial:
         needle_kept.note(trace, results)
+    elif (spans := turns.turns_of(trace.meta, trace.steps)) is not None:
+        st.caption(turns.caption(spans, results, figures.policy_label))
     with notes_slot:
         _notes(trace, runs, results, ages, compare, region, layout)
     st.caption(f"The dashed line is the sidebar's **step** ({settings.step}).")

@@ -88,7 +88,21 @@ def cmd_table(args: argparse.Namespace) -> object:
                     result = replay(trace, row["policy"], budget=budget, top_k=args.top_k, record_kept=True, **row["params"])
                     extra = measured(trace, px.summary(trace, result))
                     row.update({k: extra[k] for k in (*px.VALUE_PROXIES, "not_applicable") if k in extra})
+        _table_turns(trace, doc, budget, args.top_k)
         return doc
+
+
+def _table_turns(trace, doc: dict, budget: int, top_k: int) -> None:
+    """A conversation's trace (``record --conversation``): each measured row's retained mass per turn, replayed again."""
+    from ..views.turns import turn_mass, turns_of
+
+    turns = turns_of(trace.meta, trace.steps)
+    if turns is None:
+        return
+    for row in doc["rows"]:
+        if row.get("retained_mass") is not None and row["policy"] in POLICIES and "refused" not in row:
+            result = replay(trace, row["policy"], budget=budget, top_k=top_k, **row["params"])
+            row["turns"] = turn_mass(result.retained_mass_series, turns)
 
 
 def cmd_claims(args: argparse.Namespace) -> object:
@@ -141,6 +155,16 @@ def _record_config(args: argparse.Namespace):
               "store": args.store, "dtype": args.dtype, "gqa": args.gqa, "prefix": args.prefix, "source": args.source,
               "licence": args.licence, "model_licence": args.model_licence, "out": args.out,
               "vectors": True if args.vectors else None}
+    if getattr(args, "conversation", None) is not None:  # the context and every turn, the turns' positions in the meta
+        from .conversation_command import read
+
+        for given, name in ((args.preset, "--preset"), (args.steps, "--steps")):
+            if given is not None:
+                raise CLIError(f"{name} and --conversation: a conversation is recorded whole, its own text")
+        read(args, "text", needs_answers=True)
+        config = RecordConfig(args.conversation, args.out or ".", conversation=True,
+                              **{k: v for k, v in fields.items() if v is not None and k not in ("out", "steps")})
+        return config if args.out is not None else in_cache(config)
     if args.preset is not None:
         if args.text is not None:
             raise CLIError(f"--preset {args.preset} records its own text; give a TEXT or --preset, not both")
@@ -195,6 +219,13 @@ def _quality_plan(args: argparse.Namespace) -> tuple[list[str], list[int], dict,
 
 
 def cmd_quality(args: argparse.Namespace) -> object:
+    if args.conversation is not None:  # each turn's answer teacher-forced on one evicting cache
+        from . import conversation_command
+
+        conversation_command.check_quality(args)
+        return conversation_command.cmd_quality(args, *_quality_plan(args)[:3])
+    if args.text is None:
+        raise CLIError("give the TEXT to measure on, or --conversation FILE")
     if (on := cluster_flags.wanted(args)) and (args.allocate is not None or layout_flags.of(args) is not None):
         raise CLIError(f"{on} spreads quality's grid of policies, budgets and modes; not --allocate nor a serving layout")
     if (variant := allocated(args)) is not None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..policies import POLICIES, ParamError, PolicySpec
 from ..policies.registry import is_offline, suggest, window_param
+from . import generate_turns
 from .errors import CLIError, InputError, flag, input_error, read_input
 
 #: the shipped model, spelt as needle, tune, quality and proxies spell it; the old "gemma" still means it
@@ -122,7 +123,7 @@ def check(args: argparse.Namespace) -> tuple[_Run, str]:
     if args.model != SHIPPED and not (Path(args.model) / "config.json").is_file():
         raise InputError(f"--model: {args.model}: not a local Hugging Face model folder (no config.json), nor {SHIPPED}")
     _check_layout(args, run)
-    return run, _prompt(args)
+    return run, None if getattr(args, "conversation", None) is not None else _prompt(args)
 
 
 def _check_layout(args: argparse.Namespace, run: _Run) -> None:
@@ -177,6 +178,7 @@ def _check_windows(args: argparse.Namespace, run: _Run) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> dict:
+    conv = None if getattr(args, "conversation", None) is None else generate_turns.check(args)
     run, text = check(args)
     from .. import progress as protocol
     from ..models.loading import load_hf_model, load_model, token_ids
@@ -185,6 +187,12 @@ def cmd_generate(args: argparse.Namespace) -> dict:
     model, tokenizer = load_model(say) if args.model == SHIPPED else load_hf_model(args.model, progress=say)
     import kvsim.hf as hf
     from kvsim.hf.decoding import greedy
+
+    if conv is not None:  # turn by turn on one cache (kvsim.cli.generate_turns)
+        return generate_turns.run(args, run, conv, model, tokenizer, lambda n: hf.cache(
+            model, run.policy, run.budget, windows=args.windows, by=args.by, allocate=run.allocation, prefill=args.prefill,
+            seed=args.seed, progress=say if args.prefill == "exact" and n > 1 else None, **_layout_kwargs(args.layout),
+            **run.params), say)
 
     ids = token_ids(tokenizer, text)
     n = ids.shape[1]
@@ -245,6 +253,8 @@ def _deployed_windows(cache) -> list | None:
 
 
 def render_generate(doc: dict) -> str:
+    if "turns" in doc:  # generate --conversation
+        return generate_turns.render(doc)
     tps = f"{doc['tokens_per_second']:.1f} tokens/s" if doc["tokens_per_second"] else "one token"
     held = f"at budget {doc['budget']}"
     note = ""

@@ -21,6 +21,7 @@ from ..policies.registry import suggest, windowed
 from ..sim.harness import DEFAULT_TOP_K
 from .argtypes import positive_int, size_list
 from .cluster_flags import add_cluster_flags
+from .conversation_command import add_flag as add_conversation_flag
 from .errors import BAD_INPUT, USAGE, CLIError, flag
 from .layout_flags import add as add_layout_flags
 from .plan_flags import add_plan_flags
@@ -396,6 +397,7 @@ def _add_generate(sub, traces) -> None:
                        "(kvsim.hf; needs the record extra)")
     p.add_argument("prompt", nargs="?", default=None, help="the prompt text (or --prompt-file)")
     p.add_argument("--prompt-file", default=None, metavar="F", help="read the prompt from a UTF-8 file")
+    add_conversation_flag(p, "each turn's answer written by the model (--max-new-tokens a turn), the reference printed beside")
     p.add_argument("--model", default="gemma3-270m", metavar="DIR|gemma3-270m", help="a local Hugging Face model folder, "
                    "or gemma3-270m for the shipped Gemma-3-270M (default)")
     p.add_argument("--policy", metavar="NAME", help="an online registry policy (`kvsim policies` lists them); required "
@@ -429,6 +431,7 @@ def _add_record(sub, traces) -> None:
     p.add_argument("text", nargs="?", metavar="TEXT", help="a UTF-8 text file; its first --steps + 1 tokens are read (not "
                    "with --preset)")
     p.add_argument("--preset", choices=["long"], default=None, help="a named recording (see below); into the cache")
+    add_conversation_flag(p, "recorded whole, each turn's reference answer teacher-forced, the turns' positions in the meta")
     p.add_argument("--model", default=None, help="a local Hugging Face model folder or a hub id already in the local "
                    "cache (nothing is downloaded); default: the shipped Gemma-3-270M")
     p.add_argument("--out", default=None, help="the bundle folder to write (traces + manifest.json); it must not exist "
@@ -456,8 +459,9 @@ def _add_record(sub, traces) -> None:
 def _add_quality(sub, traces) -> None:
     p = sub.add_parser("quality", help="a real model's loss and KL on a text with its KV cache evicted by a policy "
                                        "(needs the record extra)")
-    p.add_argument("text", metavar="TEXT", help="a UTF-8 text file, or heapq for the shipped traces' text (CPython 3.11.7 "
-                   "Lib/heapq.py)")
+    p.add_argument("text", nargs="?", metavar="TEXT", help="a UTF-8 text file, or heapq for the shipped traces' text "
+                   "(CPython 3.11.7 Lib/heapq.py); or --conversation FILE")
+    add_conversation_flag(p, "each turn's reference answer teacher-forced, its delta NLL and KL")
     # one of them, or --plan FILE; --policies is the old spelling of a list, still taken
     p.add_argument("--policy", action=_PolicyOrGrid, default=None, metavar="NAME[,NAME...]", help="a registry policy "
                    "(`kvsim policies` lists them); several, comma-separated, or all (every registered policy): a grid")

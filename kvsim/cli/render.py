@@ -25,7 +25,7 @@ def params_label(params: dict) -> str:
 
 def _summary_params(r: dict) -> dict:
     skip = {"trace", "policy", "budget", "retained_mass", "top_k_recall", "top_k", "steps", "best", "recommended",
-            *PROXY_COLUMNS, "proxy_fallback", "not_applicable", *LAYOUT_KEYS}
+            *PROXY_COLUMNS, "proxy_fallback", "not_applicable", "turns", *LAYOUT_KEYS}
     return {k: v for k, v in r.items() if k not in skip}
 
 
@@ -96,7 +96,17 @@ def _replay(doc: dict) -> str:
         ["trace", "policy", "params", *lay, "budget", "steps", "retained_mass", f"top_{doc['top_k']}_recall", *cols],
         [[doc["trace"], doc["policy"], params_label(_summary_params(doc)), *(doc[c] for c in lay), doc["budget"],
           doc["steps"], doc["retained_mass"], doc["top_k_recall"], *(doc[c] for c in cols)]],
-    ), *_proxy_note([doc]), *heads])
+    ), *_proxy_note([doc]), *heads, *_turn_lines(doc)])
+
+
+def _turn_lines(doc: dict) -> list[str]:
+    """A conversation's trace (``record --conversation``): the retained mass over each turn's queries."""
+    if "turns" not in doc:
+        return []
+    return ["", "Per turn (positions: the question from question_start, the answer from answer_start to end):", aligned(
+        ["turn", "question_start", "answer_start", "end", "retained_mass", "answer_retained_mass"],
+        [[t["turn"], t["question_start"], t["answer_start"], t["end"], t["retained_mass"], t["answer_retained_mass"]]
+         for t in doc["turns"]])]
 
 
 def _swept(doc: list[dict]) -> str:
@@ -224,6 +234,12 @@ def _table(doc: dict, width: int | None = None) -> str:
             *(f"{r['policy']}: not measured on this trace ({r['absent']})" for r in doc["rows"] if "absent" in r),
         ]),
     ]
+    turned = [r for r in doc["rows"] if r.get("turns")]
+    if turned:  # a conversation's trace: each row's retained mass over each turn's queries
+        parts += ["", prose("Retained mass per turn (over each turn's queries: its question and its answer):", width), "",
+                  aligned(["policy", "params", *(f"turn {t['turn']}" for t in turned[0]["turns"])],
+                          [[r["policy"], params_label(r["params"]), *(t["retained_mass"] for t in r["turns"])]
+                           for r in turned], width=width)]
     s = doc["sweep"]
     if s["rows"]:
         parts += [
@@ -251,6 +267,8 @@ def _table(doc: dict, width: int | None = None) -> str:
 
 
 def _quality(doc) -> str:
+    if (doc.get("turns") if isinstance(doc, dict) else doc and isinstance(doc[0], dict) and doc[0].get("turns")):
+        return _own("conversation_command", "render_quality", doc)  # quality --conversation: a row per turn
     if isinstance(doc, dict) and "allocate" in doc:  # quality --allocate: the split beside uniform's, the same memory
         u = doc["uniform"]
         loop = "closed loop" if doc.get("mode") == "closed" else "open loop"

@@ -81,11 +81,14 @@ def cmd_replay(args: argparse.Namespace) -> object:
         if layout is None:  # a layout replays on the reference path: nothing to compile
             report.prepare([spec.name], progress)
         result = replay(trace, spec, top_k=args.top_k, progress=progress, record_kept=args.proxies, layout=layout)
+    from ..views.turns import turn_fields  # a conversation's trace: the retained mass per turn beside the whole
+
+    turns = turn_fields(trace, result.retained_mass_series)
     if not args.proxies:
-        return {"trace": trace.name, **result.summary()}
+        return {"trace": trace.name, **result.summary(), **turns}
     from ..analysis import proxies as px
 
-    return {"trace": trace.name, **measured(trace, px.summary(trace, result)), **result.layout_fields()}
+    return {"trace": trace.name, **measured(trace, px.summary(trace, result)), **result.layout_fields(), **turns}
 
 
 def layer_heads(spec: str):

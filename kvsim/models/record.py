@@ -119,6 +119,9 @@ class RecordConfig:
     chunk_elements: int = CHUNK_ELEMENTS
     store: str = "auto"
     vectors: bool = False
+    #: ``text`` is a conversation file (``kvsim.models.conversation``): its context and every turn teacher-forced
+    #: with the file's answers, all of it (``steps`` does not apply), the turns' positions in the meta
+    conversation: bool = False
 
     def __post_init__(self):
         # frozen: the normalised values are set the way dataclasses set them
@@ -349,8 +352,12 @@ class _BundleWriter:
         self.prefix = config.prefix or (DEFAULT_PREFIX if shipped else default_prefix(label))
 
     def _tokenize(self, tokenizer, text: str):
-        """The first ``steps + 1`` token ids, ``<bos>`` first; refuses a text too short for the steps."""
+        """The first ``steps + 1`` token ids, ``<bos>`` first; refuses a text too short for the steps. A
+        conversation's every token, its turns' positions kept for the meta (``self.turns``)."""
         config = self.config
+        self.turns = None
+        if config.conversation:
+            return self._conversation(tokenizer, text)
         ids = token_ids(tokenizer, text)
         available = ids.shape[1] - 1
         if available < 1:
@@ -368,6 +375,26 @@ class _BundleWriter:
             self.say(None, f"the text has {self.n} tokens, so the traces have {self.n - 1} steps rather than {config.steps}")
         self.tokens = [tokenizer.decode([i]) for i in ids[0].tolist()]
         self.sha = file_sha256(config.text)
+        return ids
+
+    def _conversation(self, tokenizer, text: str):
+        """The conversation's tokens (``kvsim.models.conversation_tokens``: context, question 1, answer 1, ...)."""
+        import torch
+
+        from .conversation import ConversationError, parse_conversation
+        from .conversation_tokens import tokenize_conversation
+
+        try:
+            conv = parse_conversation(json.loads(text), str(self.config.text), needs_answers=True)
+            tokens = tokenize_conversation(tokenizer, conv, self.context)
+        except (ConversationError, ValueError) as e:
+            raise RecordError(f"--conversation {e}" if isinstance(e, ConversationError) else
+                              f"--conversation {self.config.text}: not JSON ({e})") from None
+        ids = torch.tensor([list(tokens.ids)], dtype=torch.long)
+        self.n = ids.shape[1]
+        self.turns = {"context_end": tokens.context_end, "turns": [t.to_json() for t in tokens.turns]}
+        self.tokens = [tokenizer.decode([i]) for i in tokens.ids]
+        self.sha = file_sha256(self.config.text)
         return ids
 
     def start(self) -> None:
@@ -465,11 +492,15 @@ class _BundleWriter:
                 f"Teacher-forced pass over the first {n} tokens (position 0 = {self.tokens[0]!r}), float32, eager attention;",
                 f"{combine}; the self-attention weight is dropped",
                 "and each row renormalised over earlier positions;", stored,
+                self.turns and (f"A conversation: the context (positions 0-{self.turns['context_end'] - 1}), then "
+                                f"{len(self.turns['turns'])} turns of a question and its reference answer (turns: their "
+                                "positions)."),
                 self.config.notes,
             ])),
             "recorder": {"torch": torch.__version__, "transformers": transformers.__version__,
                          "device": str(self.device), "seconds_into_forward": round(time.perf_counter() - self.t0, 1)},
             "tokens": self.tokens,
+            **(self.turns or {}),
         }
 
     def manifest(self, seconds: float) -> dict:
@@ -491,6 +522,7 @@ class _BundleWriter:
             "query_heads": self.q_heads,
             "sliding_window": self.window,
             "traces": sorted(self.entries, key=lambda e: (e["layer"], e["head"])),
+            **(self.turns or {}),
             "recorder": {"torch": torch.__version__, "transformers": transformers.__version__,
                          "device": str(self.device), "seconds": seconds,
                          "peak_rss_mb": round(peak_rss_mb(), 1)},

@@ -52,6 +52,8 @@ def cache_key(config: RecordConfig) -> dict:
     fields = dataclasses.asdict(config)
     for name in ("text", "out", "chunk_elements"):
         fields.pop(name)
+    if not fields["conversation"]:  # a text's key as it was before conversations: its recordings still found
+        fields.pop("conversation")
     fields["model"] = MODEL if config.model is None else str(config.model)
     fields["layers"] = list(config.layers) if isinstance(config.layers, tuple) else config.layers
     versions = {pkg: _version(pkg) for pkg in ("torch", "transformers")}
@@ -74,7 +76,8 @@ def recording_path(config: RecordConfig) -> Path:
     key = cache_key(config)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     prefix = config.prefix or (DEFAULT_PREFIX if config.model is None else default_prefix(config.model))
-    return cache_dir() / RECORDINGS_DIR / f"{prefix}-{config.steps}-{config.store}-{digest}"
+    length = "conversation" if config.conversation else config.steps  # a conversation is recorded whole
+    return cache_dir() / RECORDINGS_DIR / f"{prefix}-{length}-{config.store}-{digest}"
 
 
 def in_cache(config: RecordConfig) -> RecordConfig:
