@@ -1,7 +1,7 @@
 """What each of ``kvsim bench --browser``'s steps pays beyond the bare page's, taken apart (issue 56 item 3).
 
-    python bench/step_costs.py [--rounds 1]            the browser: each step's parts, the floor's in the same run
-    python bench/step_costs.py --server STEP [--top 30]  the server: STEP's script run under cProfile, cold then warm
+    python kvsim/bench/scripts/step_costs.py [--rounds 1]            the browser: each step's parts, the floor's in the same run
+    python kvsim/bench/scripts/step_costs.py --server STEP [--top 30]  the server: STEP's script run under cProfile, cold then warm
 
 The browser part runs ``FLOOR`` on a bare page, then ``ROUND`` on a fresh app server, as the benchmark does,
 and every link once more at once (``again``: the same page with the server's caches warm, so what is left is
