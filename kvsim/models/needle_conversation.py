@@ -33,8 +33,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from .needle import NEEDLE_DIR, VERSION, read_trial, write_trial
-from .needle_prompt import (NEEDLE_NUMBERED, QUESTION_NUMBERED, Builder, ConversationPrompt, NeedleError, Template,
-                            answer, conversation, pass_keys)
+from .needle_prompt import (
+    NEEDLE_NUMBERED,
+    QUESTION_NUMBERED,
+    Builder,
+    ConversationPrompt,
+    NeedleError,
+    Template,
+    answer,
+    conversation,
+    pass_keys,
+)
 from .needle_runs import CONTROL, NEW_TOKENS, Job, _cache_how, _Departures, _layout_how, fate, first_loss
 
 #: how the prompt's compression sees the first question (``--query``)
