@@ -26,9 +26,7 @@ depends on; the optimum under the control's tokens and the budgets.
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -46,7 +44,7 @@ from .needle_prompt import (
 )
 from .needle_runs import CONTROL, NEW_TOKENS, Job, _cache_how, _Departures, _layout_how, fate, first_loss
 
-#: how the prompt's compression sees the first question (``--query``)
+#: how the prompt's compression sees the first question (``--query``; ``kvsim.hf.conversation.QUERY``)
 QUERY = ("aware", "agnostic")
 #: ``--query``'s default: the first question in the compressed prompt, as a one-key needle always ran
 DEFAULT_QUERY = "aware"
@@ -79,61 +77,6 @@ def _key(model_id: str, prompt: ConversationPrompt, job: Job, new_tokens: int, s
     return key
 
 
-@dataclass
-class _Talk:
-    """What a conversation fed and wrote: the answer tokens per turn and where each turn began."""
-
-    tokens: list[list[int]]
-    turn_starts: list[int]  # each turn's first position (its question's first token; turn 1: after the context)
-    seen: int
-    prefill_seconds: float
-    decode_seconds: float
-
-
-def _talk(model, cache, prompt: ConversationPrompt, new_tokens: int, eos, query: str, compressed: bool) -> _Talk:
-    """Feed the context and each turn on ``cache``; greedy answers. ``compressed`` with ``query == "aware"``: the
-    first call is the context and the first question; otherwise the context, then the question as its own call."""
-    import torch
-
-    from kvsim.hf.decoding import prefill
-
-    stops = set() if eos is None else {eos} if isinstance(eos, int) else set(eos)
-    context = list(prompt.context)
-    tokens: list[list[int]] = []
-    starts = []
-    seen = 0
-    pre = dec = 0.0
-    with torch.no_grad():
-        for i, question in enumerate(prompt.questions):
-            t0 = time.perf_counter()
-            if i == 0:
-                starts.append(len(context))
-                if compressed and query == "aware":
-                    out = prefill(model, torch.tensor([context + list(question)]), cache)
-                else:
-                    prefill(model, torch.tensor([context]), cache)
-                    out = prefill(model, torch.tensor([list(question)]), cache)
-                fed = len(context) + len(question)
-            else:
-                starts.append(seen + 1)  # after the previous answer's last token, fed first
-                out = prefill(model, torch.tensor([[tokens[-1][-1], *question]]), cache)
-                fed = 1 + len(question)
-            seen += fed
-            pre += time.perf_counter() - t0
-            t0 = time.perf_counter()
-            mine: list[int] = []
-            while True:
-                nxt = out.logits[:, -1].argmax(dim=-1, keepdim=True)
-                mine.append(int(nxt[0, 0]))
-                if len(mine) == new_tokens or mine[-1] in stops:
-                    break
-                out = model(nxt, cache=cache, use_cache=True)
-                seen += 1
-            tokens.append(mine)
-            dec += time.perf_counter() - t0
-    return _Talk(tokens, starts, seen, pre, dec)
-
-
 def conversation_ids(prompt: ConversationPrompt, tokens: Sequence[Sequence[int]]) -> list[int]:
     """Every position a conversation fed, in order: the context, each question, each answer but the last token
     of the last (written, never fed)."""
@@ -149,6 +92,7 @@ def run_conversation(model, prompt: ConversationPrompt, job: Job, *, new_tokens:
     ``positions``, ``turn_starts``; for a policy ``left`` (every position's departure step per (layer, KV head),
     -1 for held to the end) and ``budgets``."""
     import kvsim.hf as hf
+    from kvsim.hf.conversation import converse
 
     if query not in QUERY:
         raise NeedleError(f"--query: {query!r}: one of {', '.join(QUERY)}", "--query")
@@ -157,20 +101,18 @@ def run_conversation(model, prompt: ConversationPrompt, job: Job, *, new_tokens:
         from transformers import DynamicCache
 
         hf.attach(model)
-        talk = _talk(model, DynamicCache(config=model.config), prompt, new_tokens, eos, query, False)
-        return {"tokens": talk.tokens, "prefill_seconds": talk.prefill_seconds, "decode_seconds": talk.decode_seconds,
-                "positions": talk.seen, "turn_starts": talk.turn_starts, "left": None, "budgets": None}
+        talk = converse(model, DynamicCache(config=model.config), prompt.context, prompt.questions, new_tokens, eos=eos,
+                        query=query)
+        return {**talk, "left": None, "budgets": None}
     how = job.how
     cache = hf.cache(model, job.policy, job.budget, seed=seed, allocate=how["allocate"], **_cache_how(how["prefill"]),
                      **_layout_how(job.layout), tensor=False, **dict(job.params))
     watch = _Departures(cache, total)
-    talk = _talk(model, cache, prompt, new_tokens, eos, query, how["prefill"] is not None)
+    talk = converse(model, cache, prompt.context, prompt.questions, new_tokens, eos=eos, query=query)
     watch.collect()
-    watch.check(talk.seen)
+    watch.check(talk["positions"])
     budgets = [[row[h] for h in range(watch.left.shape[2])] for row in (layer.budgets[0] for layer in cache.layers)]
-    return {"tokens": talk.tokens, "prefill_seconds": talk.prefill_seconds, "decode_seconds": talk.decode_seconds,
-            "positions": talk.seen, "turn_starts": talk.turn_starts, "left": watch.ended(0, talk.seen),
-            "budgets": budgets}
+    return {**talk, "left": watch.ended(0, talk["positions"]), "budgets": budgets}
 
 
 def retained_mass(traces: dict, left: np.ndarray, start: int = 1) -> float:

@@ -1,0 +1,111 @@
+"""docs/multi-turn.md, reprinted from the study's JSON (``bench/multi_turn_study.py``; issue 57, item 5)::
+
+    python -m kvsim.views.multi_turn [docs/multi-turn-study.json] [docs/multi-turn.md]
+
+One table per (model, keys, length): a row per configuration, a column per budget, each cell turn 1's key found
+and the later turns' keys found, over the trials whose full cache found that turn's key; the retained attention
+mass of the run beside the exact optimum's over the whole conversation. The page says which cells were measured
+and which of the study's grid were not. Text only; no torch. tests/test_multi_turn_study.py checks the shipped
+page equals this reprint of the shipped JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+JSON = ROOT / "docs" / "multi-turn-study.json"
+PAGE = ROOT / "docs" / "multi-turn.md"
+
+HEAD = """# A conversation on one compressed cache: turn 1 against later turns
+
+A pass key per turn (docs/needle.md, "A conversation: a pass key per turn"): K five-digit keys hidden in one
+filler context, turn i asking for key i on the same cache, each question fed after what the cache wrote, each
+answer decoded greedily through the evicting cache (8 tokens a turn). *snapkv aware* compresses the prompt to
+the budget with the first question in snapkv's observation window, *snapkv agnostic* without it (the context
+alone, the question fed after); both then decode with snapkv at the budget. *reconstruction* is KVzip's
+query-agnostic scorer (its own branch). The other policies step the whole prompt at the budget.
+
+This page is reprinted from docs/multi-turn-study.json by `python -m kvsim.views.multi_turn`; the study is
+`python bench/multi_turn_study.py measure` (its flags choose a subset; it resumes from the JSON).
+"""
+
+
+def _cells(doc: dict) -> list[tuple[tuple, dict]]:
+    out = []
+    for key, cell in doc["cells"].items():
+        model, keys, length, budget, config, trial = (x.strip() for x in key.split("|"))
+        out.append(((model, int(keys.split()[0]), int(length), int(budget), config, int(trial.split()[1])), cell))
+    return out
+
+
+def _found(cells: list[dict]) -> str:
+    """``t1 a/b, later c/d``: found over the trials (turns) the control found."""
+    measured = [c for c in cells if "why" not in c]
+    if not measured:
+        why = sorted({c["why"] for c in cells})
+        return "not measured: " + "; ".join(why)
+    first = [c["found"][0] for c in measured if c["control_found"][0]]
+    later = [f for c in measured for f, ok in zip(c["found"][1:], c["control_found"][1:], strict=True) if ok]
+    text = f"turn 1 {sum(first)}/{len(first)}, later {sum(later)}/{len(later)}"
+    if all("retained" in c for c in measured):
+        mine = sum(c["retained_after_prompt"] for c in measured) / len(measured)
+        best = sum(c["optimal_retained_after_prompt"] for c in measured) / len(measured)
+        text += f"; mass {mine:.3f} (optimum {best:.3f})"
+    return text
+
+
+def markdown(doc: dict) -> str:
+    cells = _cells(doc)
+    plan = doc["plan"]
+    lines = [HEAD]
+    grid = [(m, k, n, b, c, t) for m in plan["models"] for k in plan["keys"] for n in plan["lengths"]
+            for b in plan["budgets"] for c in plan["configs"] for t in range(1, plan["trials"] + 1)]
+    have = {key for key, cell in cells if "why" not in cell}
+    lines.append("## What was measured\n")
+    lines.append(f"{len(have)} of the study's {len(grid)} cells (model x keys x length x budget x configuration x "
+                 f"trial) are measured here; the rest are not yet run and are not shown.\n")
+    groups = sorted({(m, k, n) for (m, k, n, *_), _ in cells})
+    for m, k, n in groups:
+        mine = [(key, c) for key, c in cells if key[:3] == (m, k, n)]
+        budgets = sorted({key[3] for key, _ in mine})
+        trials = sorted({key[5] for key, c in mine if "why" not in c})
+        depths = ", ".join(f"{d:g}" for d in plan["depths"][str(k)])
+        lines.append(f"## {m}, {k} keys (depths {depths}), {n:,} tokens\n")
+        lines.append(f"Trials measured: {', '.join(map(str, trials)) or 'none'}. Each cell: the key found at turn 1 and "
+                     "at the later turns, over the trials whose full cache found it; then the retained attention mass "
+                     "after the first question (the control's attention on what the run held), with the exact optimum's "
+                     "over the whole conversation at the same budget in brackets.\n")
+        lines.append("| configuration | " + " | ".join(f"budget {b}" for b in budgets) + " |")
+        lines.append("| --- |" + " --- |" * len(budgets))
+        for config in plan["configs"]:
+            row = [_found([c for key, c in mine if key[3] == b and key[4] == config]) if any(
+                key[3] == b and key[4] == config for key, _ in mine) else "-" for b in budgets]
+            if all(x == "-" for x in row):
+                continue
+            lines.append(f"| {config} | " + " | ".join(row) + " |")
+        control = [c for key, c in mine if "why" not in c]
+        if control:
+            by_trial = {key[5]: c["control_found"] for key, c in mine if "why" not in c}
+            said = "; ".join(f"trial {t}: " + ", ".join(f"turn {i + 1} {'found' if f else 'missed'}" for i, f in
+                                                          enumerate(v)) for t, v in sorted(by_trial.items()))
+            lines.append(f"\nThe full cache (control): {said}.\n")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    source = Path(argv[0]) if argv else JSON
+    target = Path(argv[1]) if len(argv) > 1 else PAGE
+    try:
+        doc = json.loads(source.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        print(f"multi_turn: {source}: cannot read the study ({' '.join(str(e).split())})", file=sys.stderr)
+        return 1
+    target.write_text(markdown(doc), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
