@@ -126,15 +126,15 @@ def measure(args) -> int:
             for b, c in mine:
                 if _missing(c) is not None:
                     cells[cell_key(m, k, n, b, c, t)] = {"why": _missing(c)}
-            if not runnable:
-                continue
-            cell = run_conversation_unit(model, tokenizer, model_id, Template(), n, list(DEPTHS[k]), t,
-                                         [_job(c, b) for b, c in runnable], query=query, optimum=not args.no_optimum)
-            for (b, c), run in zip(runnable, cell["runs"], strict=True):
-                cells[cell_key(m, k, n, b, c, t)] = {"model_id": model_id, **_summary(cell, run, not args.no_optimum)}
-            atomic_write(out, lambda f: f.write((json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()))
-            print(f"[{i + 1}/{len(todo)}] {m} {k} keys {n} tokens trial {t + 1}, query-{query}: {len(runnable)} run(s), "
-                  f"{time.perf_counter() - t0:.0f} s so far", file=sys.stderr, flush=True)
+            for b, c in runnable:  # one configuration at a time, each written as it ends
+                cell = run_conversation_unit(model, tokenizer, model_id, Template(), n, list(DEPTHS[k]), t, [_job(c, b)],
+                                             query=query, optimum=not args.no_optimum)
+                cells[cell_key(m, k, n, b, c, t)] = {"model_id": model_id, **_summary(cell, cell["runs"][0],
+                                                                                     not args.no_optimum)}
+                atomic_write(out, lambda f: f.write((json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()))
+                print(f"[{i + 1}/{len(todo)}] {m} {k} keys {n} tokens trial {t + 1}: {c} @ {b} (query-{query}) run(s) "
+                      f"{'read from the cache' if cell['runs'][0]['cached'] else 'measured'}, "
+                      f"{time.perf_counter() - t0:.0f} s so far", file=sys.stderr, flush=True)
     atomic_write(out, lambda f: f.write((json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()))
     return 0
 

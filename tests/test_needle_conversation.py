@@ -114,8 +114,11 @@ def test_query_aware_compression_chooses_with_the_question_and_agnostic_without(
     assert ra["query"] == "aware" and rg["query"] == "agnostic" and ra["cache_key"] != rg["cache_key"]
     n, context = int(LENGTH), aware["cells"][0]["context_tokens"]
     la, lg = needle.read_trial(ra["cache_key"])["left"], needle.read_trial(rg["cache_key"])["left"]
-    assert (la[:, :, :context] == n - 1).sum() > 0 and not (la[:, :, :context] == context - 1).any()
-    assert (lg[:, :, :context] == context - 1).sum() > 0 and not (lg[:, :, :context] == n - 1).any()
+    # aware: every head drops all but its 24 of the n positions at once, at the first question's last position
+    assert ((la[:, :, :n] == n - 1).sum(axis=2) == n - 24).all() and not (la == context - 1).any()
+    # agnostic: all but 24 of the context's, at the context's last position; then h2o steps the question in
+    assert ((lg[:, :, :context] == context - 1).sum(axis=2) == context - 24).all()
+    assert ((lg[:, :, :n] == n - 1).sum(axis=2) <= 1).all()
     # one key stays today's needle: no --keys, no --query gives the one-key grid as before
     assert "conversation" not in _doc(folder, capsys, "--policy", "h2o", "--budget", "24", "--recent-window", "4",
                                       "--depths", "0.5")

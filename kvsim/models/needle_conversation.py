@@ -184,20 +184,26 @@ def run_conversation_unit(model, tokenizer, model_id: str, template: Template, l
             "control": runs[0], "runs": runs[1:]}
 
 
+#: the control's attention of the last conversation an optimum was asked for, by (model, its ids' digest)
+_LAST_TRACES: dict = {}
+
+
 def _add_optimum(model, model_id: str, prompt: ConversationPrompt, ids: list[int], runs: list[dict], use_cache: bool,
                  nt) -> None:
     """Each run's ``optimal_key_left`` / ``optimal_key_first_left`` per key and ``optimal_retained`` beside its own
     ``retained``: on the control's attention over the whole conversation (every step it took), the exact optimum at
     the run's budgets. ``retained`` counts every step; ``retained_after_prompt`` the steps after the context and the
     first question (the steps at which a compressed prompt's run holds its budget too)."""
-    traces = None
     digest = hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()[:24]
+    traces = _LAST_TRACES.get((model_id, digest))
     after = prompt.length  # the context and the first question: every compression has been made by then
     for run in runs:
         ck = {"version": VERSION, "kind": "optimum", "model": model_id, "ids": digest, "budgets": run["budgets"]}
         found = read_trial(ck) if use_cache else None
         if traces is None:
             traces = nt.control_traces(model, ids)
+            _LAST_TRACES.clear()  # the last conversation's only: a study asks for one configuration at a time
+            _LAST_TRACES[(model_id, digest)] = traces
         if found is None:
             found = {"positions": len(ids), "left": nt.optimum(traces, run["budgets"])}
             write_trial(ck, found)
