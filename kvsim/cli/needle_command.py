@@ -51,7 +51,7 @@ def add_needle(sub) -> None:
     add_layout_flags(p)
     p.add_argument("--optimum", action="store_true", help="also the exact optimum's fate of the key: the control's "
                    "attention replayed through the offline optimal at each run's budgets (per layer, when it would let "
-                   "the key's tokens go); not with --prefill-budget")
+                   "the key's tokens go); with --keys, over the whole conversation, every key; one key: not with --prefill-budget")
     p.add_argument("--attention", action="store_true", help="also keep each policy run's attention as a bundle in the "
                    "cache directory, which the app's kept-positions view opens from the needle view (a 2,048-token "
                    "trial is about 8 MB per (layer, KV head)); not with --prefill-budget")
