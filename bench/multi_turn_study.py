@@ -107,7 +107,7 @@ def measure(args) -> int:
     out = Path(args.out)
     doc = json.loads(out.read_text(encoding="utf-8")) if out.exists() else {"cells": {}}
     doc["plan"] = {"models": MODELS, "keys": KEYS, "lengths": LENGTHS, "budgets": BUDGETS, "trials": TRIALS,
-                   "depths": {str(k): v for k, v in DEPTHS.items()}, "configs": {k: list(v) for k, v in CONFIGS.items()},
+                   "depths": {str(k): v for k, v in DEPTHS.items()}, "configs": [[k, *v] for k, v in CONFIGS.items()],
                    "new_tokens": 8, "seed": 0}
     cells = doc["cells"]
     models, keys, lengths = args.models.split(","), _ints(args.keys), _ints(args.lengths)

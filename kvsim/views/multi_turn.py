@@ -40,6 +40,12 @@ def _cells(doc: dict) -> list[tuple[tuple, dict]]:
     return out
 
 
+def _configs(plan: dict) -> list[str]:
+    """The study's configurations in its order (``[name, policy, scorer, query]`` rows)."""
+    configs = plan["configs"]
+    return list(configs) if isinstance(configs, dict) else [c[0] for c in configs]
+
+
 def _found(cells: list[dict]) -> str:
     """``t1 a/b, later c/d``: found over the trials (turns) the control found."""
     measured = [c for c in cells if "why" not in c]
@@ -49,10 +55,14 @@ def _found(cells: list[dict]) -> str:
     first = [c["found"][0] for c in measured if c["control_found"][0]]
     later = [f for c in measured for f, ok in zip(c["found"][1:], c["control_found"][1:], strict=True) if ok]
     text = f"turn 1 {sum(first)}/{len(first)}, later {sum(later)}/{len(later)}"
+    held = [sum(c["held_to_end"][i] for c in measured) for i in range(len(measured[0]["held_to_end"]))]
+    heads = sum(c["heads"] for c in measured)
+    text += f"; key held to the end in {', '.join(map(str, held))} of {heads} heads"
     if all("retained" in c for c in measured):
+        best_held = [sum(c["optimal_held_to_end"][i] for c in measured) for i in range(len(held))]
         mine = sum(c["retained_after_prompt"] for c in measured) / len(measured)
         best = sum(c["optimal_retained_after_prompt"] for c in measured) / len(measured)
-        text += f"; mass {mine:.3f} (optimum {best:.3f})"
+        text += f" (optimum {', '.join(map(str, best_held))}); mass {mine:.3f} (optimum {best:.3f})"
     return text
 
 
@@ -61,7 +71,7 @@ def markdown(doc: dict) -> str:
     plan = doc["plan"]
     lines = [HEAD]
     grid = [(m, k, n, b, c, t) for m in plan["models"] for k in plan["keys"] for n in plan["lengths"]
-            for b in plan["budgets"] for c in plan["configs"] for t in range(1, plan["trials"] + 1)]
+            for b in plan["budgets"] for c in _configs(plan) for t in range(1, plan["trials"] + 1)]
     have = {key for key, cell in cells if "why" not in cell}
     lines.append("## What was measured\n")
     lines.append(f"{len(have)} of the study's {len(grid)} cells (model x keys x length x budget x configuration x "
@@ -74,12 +84,13 @@ def markdown(doc: dict) -> str:
         depths = ", ".join(f"{d:g}" for d in plan["depths"][str(k)])
         lines.append(f"## {m}, {k} keys (depths {depths}), {n:,} tokens\n")
         lines.append(f"Trials measured: {', '.join(map(str, trials)) or 'none'}. Each cell: the key found at turn 1 and "
-                     "at the later turns, over the trials whose full cache found it; then the retained attention mass "
-                     "after the first question (the control's attention on what the run held), with the exact optimum's "
-                     "over the whole conversation at the same budget in brackets.\n")
+                     "at the later turns, over the trials whose full cache found it; in how many (layer, KV head)s a token "
+                     "of key 1, key 2, ... stayed to the end; then the retained attention mass after the first question "
+                     "(the control's attention on what the run held), with the exact optimum's over the whole "
+                     "conversation at the same budget in brackets.\n")
         lines.append("| configuration | " + " | ".join(f"budget {b}" for b in budgets) + " |")
         lines.append("| --- |" + " --- |" * len(budgets))
-        for config in plan["configs"]:
+        for config in _configs(plan):
             row = [_found([c for key, c in mine if key[3] == b and key[4] == config]) if any(
                 key[3] == b and key[4] == config for key, _ in mine) else "-" for b in budgets]
             if all(x == "-" for x in row):
