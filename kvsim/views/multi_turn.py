@@ -46,6 +46,13 @@ def _configs(plan: dict) -> list[str]:
     return list(configs) if isinstance(configs, dict) else [c[0] for c in configs]
 
 
+def _exact(plan: dict, config: str) -> bool:
+    """Whether ``config`` steps the whole prompt (no compression)."""
+    configs = plan["configs"]
+    row = configs[config] if isinstance(configs, dict) else next(c[1:] for c in configs if c[0] == config)
+    return row[1] is None
+
+
 def _found(cells: list[dict]) -> str:
     """``t1 a/b, later c/d``: found over the trials (turns) the control found."""
     measured = [c for c in cells if "why" not in c]
@@ -77,6 +84,11 @@ def markdown(doc: dict) -> str:
     lines.append(f"{len(have)} of the study's {len(grid)} cells (model x keys x length x budget x configuration x "
                  f"trial) are measured here; the rest are not yet run and are not shown.\n")
     groups = sorted({(m, k, n) for (m, k, n, *_), _ in cells})
+    absent = [f"{m}, {k} keys, {n:,} tokens" for m in plan["models"] for k in plan["keys"] for n in plan["lengths"]
+              if (m, k, n) not in groups]
+    if absent:
+        lines.append("Not measured at all yet: " + "; ".join(absent) + ". Below, a configuration or budget a table "
+                     "does not show (or shows as -) was not measured either.\n")
     for m, k, n in groups:
         mine = [(key, c) for key, c in cells if key[:3] == (m, k, n)]
         budgets = sorted({key[3] for key, _ in mine})
@@ -96,6 +108,13 @@ def markdown(doc: dict) -> str:
             if all(x == "-" for x in row):
                 continue
             lines.append(f"| {config} | " + " | ".join(row) + " |")
+        exact = [c for key, c in mine if "why" not in c and "retained" in c and _exact(plan, key[4])]
+        if exact:
+            above = sum(c["optimal_retained"] >= c["retained"] - 1e-9 for c in exact)
+            margin = min(c["optimal_retained"] - c["retained"] for c in exact)
+            lines.append(f"\nOver every step of the conversation, the optimum's retained mass is at or above the run's in "
+                         f"{above} of the {len(exact)} exact-prompt cells (the smallest margin {margin:.3f}); a compressed "
+                         "prompt attends in full during its one call, so only its mass after the first question compares.")
         control = [c for key, c in mine if "why" not in c]
         if control:
             by_trial = {key[5]: c["control_found"] for key, c in mine if "why" not in c}
