@@ -51,7 +51,7 @@ def add_needle(sub) -> None:
     add_layout_flags(p)
     p.add_argument("--optimum", action="store_true", help="also the exact optimum's fate of the key: the control's "
                    "attention replayed through the offline optimal at each run's budgets (per layer, when it would let "
-                   "the key's tokens go); not with --prefill-budget")
+                   "the key's tokens go); with --keys, over the whole conversation, every key; one key: not with --prefill-budget")
     p.add_argument("--attention", action="store_true", help="also keep each policy run's attention as a bundle in the "
                    "cache directory, which the app's kept-positions view opens from the needle view (a 2,048-token "
                    "trial is about 8 MB per (layer, KV head)); not with --prefill-budget")
@@ -61,7 +61,15 @@ def add_needle(sub) -> None:
     p.add_argument("--lengths", default=DEFAULT_LENGTHS, metavar="L[,L...]", help="prompt lengths in tokens, the start "
                    f"token, filler, needle and question together (default: {DEFAULT_LENGTHS})")
     p.add_argument("--depths", default=DEFAULT_DEPTHS, metavar="A:B:STEP|D[,D...]", help="where the needle goes, 0 (before "
-                   f"the filler) to 1 (after it), snapped to the nearest sentence boundary (default: {DEFAULT_DEPTHS})")
+                   f"the filler) to 1 (after it), snapped to the nearest sentence boundary (default: {DEFAULT_DEPTHS}); "
+                   "with --keys K, exactly K depths in key order, each its own boundary")
+    p.add_argument("--keys", type=int, default=1, metavar="K", help="a conversation of K turns on one cache: K numbered "
+                   "keys in one context, turn i asking for key i after what turn i-1 wrote; --depths then lists K depths, "
+                   "key i at the i-th (default: 1, one key and one question; with K above 1 and no --depths, evenly "
+                   "spaced at i/(K+1))")
+    p.add_argument("--query", choices=("aware", "agnostic"), default=None, help="with --prefill-budget: compress the "
+                   "context with the first question in the scorer's window (aware, the default, as one key always ran) "
+                   "or without it, the question fed after the compression (agnostic); said in every label")
     p.add_argument("--trials", type=int, default=1, help="trials per cell, each a new key (default: 1)")
     p.add_argument("--seed", type=int, default=0, help="what the keys (and the random policy) are drawn from (default: 0)")
     p.add_argument("--filler", default=None, metavar="FILE", help="a UTF-8 text used once as the filler, which must be "
@@ -143,7 +151,8 @@ def check(args: argparse.Namespace) -> dict:
         _nothing_evicted(allocate, lengths[0], args.allocate)
     layout = _layout(args, names, budgets, own)
     prefill = _prefill(args, lengths)
-    if prefill is not None and (args.optimum or args.attention):
+    talk = _conversation(args, prefill)
+    if talk is None and prefill is not None and (args.optimum or args.attention):
         raise InputError(f"--{'optimum' if args.optimum else 'attention'} does not go with --prefill-budget: a compressed "
                          "prompt is never shown to the policy row by row")
     jobs = []
@@ -173,7 +182,56 @@ def check(args: argparse.Namespace) -> dict:
         template.check()
     except NeedleError as e:
         raise InputError(str(e)) from None
-    return {"jobs": jobs, "lengths": lengths, "depths": depths(args.depths), "template": template, "new_tokens": new_tokens}
+    return {"jobs": jobs, "lengths": lengths, "depths": depths(args.depths) if talk is None else talk["depths"],
+            "template": template, "new_tokens": new_tokens, "conversation": talk}
+
+
+def _conversation(args: argparse.Namespace, prefill) -> dict | None:
+    """``--keys`` and ``--query``: a conversation (K keys, the depths in key order, the query mode, the needle and
+    question with ``{n}``), or None for today's one-key needle. One line for anything that cannot run."""
+    from ..models.needle_prompt import NEEDLE_NUMBERED, QUESTION_NUMBERED
+
+    k = args.keys
+    if k < 1:
+        raise InputError(f"--keys: {k}: must be at least 1")
+    if args.query is not None and prefill is None:
+        raise InputError(f"--query {args.query} goes with --prefill-budget: an exact prompt steps every position one by "
+                         "one, with or without the question")
+    if k == 1 and args.query in (None, "aware"):
+        return None
+    if args.attention:
+        raise InputError("--attention does not go with a conversation (--keys above 1 or --query agnostic) yet")
+    if args.workers is not None or args.scheduler is not None:
+        raise InputError(f"--{'workers' if args.workers is not None else 'scheduler'}: a conversation runs here, one "
+                         "cell after another")
+    if args.depths == DEFAULT_DEPTHS:
+        spots = [round((i + 1) / (k + 1), 6) for i in range(k)]
+    else:
+        try:
+            spots = [float(x) for x in args.depths.split(",")]
+        except ValueError:
+            raise InputError(f"--depths: {args.depths}: with --keys {k}, {k} depths D1,...,D{k} (numbers), key i at "
+                             "the i-th") from None
+        outside = [v for v in spots if not 0 <= v <= 1]
+        if outside:
+            raise InputError(f"--depths: {args.depths}: {outside[0]:g} is outside [0, 1]")
+        if len(spots) != k:
+            more = "more keys than depths" if k > len(spots) else "more depths than keys"
+            raise InputError(f"--depths: {args.depths}: {len(spots)} depth(s) for --keys {k} ({more}); give one depth "
+                             "per key, key i at the i-th")
+        for i, d in enumerate(spots):
+            if d in spots[:i]:
+                raise InputError(f"--depths: {args.depths}: keys {spots.index(d) + 1} and {i + 1} overlap (both at "
+                                 f"depth {d:g})")
+    needle = NEEDLE_NUMBERED if args.needle is None else args.needle
+    question = QUESTION_NUMBERED if args.question is None else args.question
+    for text, name in ((needle, "--needle"), (question, "--question")):
+        if not text.strip():
+            what = "ask nothing" if name == "--question" else "hide nothing"
+            raise InputError(f"{name}: empty: turn 1 and every later turn would {what}")
+        if "{n}" not in text:
+            raise InputError(f"{name}: {text!r}: a conversation needs {{n}} for the key's number (key n at turn n)")
+    return {"keys": k, "depths": spots, "query": args.query or "aware", "needle": needle, "question": question}
 
 
 #: the KV heads per layer of the shipped models, for what a layout says before one loads
@@ -318,6 +376,9 @@ def cmd_needle(args: argparse.Namespace) -> dict:
     if args.allocate is not None:
         _split_of_model(plan, config, args.allocate)
     builder = Builder(tokenizer, plan["template"])
+    if plan["conversation"] is not None:
+        prompts = _conversations(args, plan, builder, context)
+        return _run_conversations(args, plan, prompts, weights, tokenizer, model_id, context, say)
     try:
         for n in plan["lengths"]:
             builder.prompt(n, 0.5, "0" * 5)
@@ -337,6 +398,101 @@ def cmd_needle(args: argparse.Namespace) -> dict:
     path = save_grid(doc)
     doc["saved"] = None if path is None else str(path)
     return doc
+
+
+def _conversations(args: argparse.Namespace, plan: dict, builder, context: int | None) -> list:
+    """Every conversation's prompt, built and checked before the weights load: keys that snap to one sentence
+    boundary, and a turn longer than the model's context left (``kvsim.models.conversation.check_lengths``)."""
+    from ..models.conversation import Conversation, ConversationError, Turn, check_lengths
+    from ..models.needle_prompt import NeedleError, conversation, pass_keys
+
+    talk = plan["conversation"]
+    prompts = []
+    for n in plan["lengths"]:
+        for t in range(args.trials):
+            try:
+                keys = pass_keys(args.seed, n, talk["depths"], t)
+                prompt = conversation(builder, n, talk["depths"], keys, t, talk["needle"], talk["question"])
+            except NeedleError as e:
+                raise InputError(str(e)) from None
+            if context:
+                decode = builder.tokenizer.decode
+                turns = tuple(Turn(decode(list(q))) for q in prompt.questions)
+                try:
+                    conv = Conversation(decode(list(prompt.context)), turns, f"--keys {talk['keys']} --lengths {n}")
+                    check_lengths(conv, len(prompt.context), [len(q) + plan["new_tokens"] + (i > 0)
+                                                              for i, q in enumerate(prompt.questions)], context)
+                except ConversationError as e:
+                    raise InputError(str(e)) from None
+            prompts.append(prompt)
+    return prompts
+
+
+def _run_conversations(args: argparse.Namespace, plan: dict, prompts: list, weights, tokenizer, model_id: str,
+                       context: int | None, say) -> dict:
+    """Each length's and trial's conversation through the control and every job (``needle_conversation``)."""
+    import time
+
+    from ..models.needle_conversation import label, run_conversation_unit
+
+    talk = plan["conversation"]
+    model = weights()
+    cells = []
+    t0 = time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        def each(j: int, r: dict, i: int = i, prompt=prompt) -> None:
+            if say is not None:
+                how = "from the cache" if r["cached"] else f"decoded, {r['prefill_seconds']:.1f} s prompts + " \
+                    f"{r['decode_seconds']:.1f} s decoding"
+                say((i + (j + 1) / (len(plan["jobs"]) + 1)) / len(prompts),
+                    f"length {prompt.length} trial {prompt.trial + 1}: {r['label']} {how}")
+
+        cells.append(run_conversation_unit(model, tokenizer, model_id, plan["template"], prompt.length, talk["depths"],
+                                           prompt.trial, plan["jobs"], seed=args.seed, new_tokens=plan["new_tokens"],
+                                           query=talk["query"], optimum=args.optimum, use_cache=not args.no_cache,
+                                           needle=talk["needle"], question=talk["question"], on_run=each))
+    found = []
+    for j, job in enumerate(plan["jobs"]):
+        turns = []
+        for k in range(talk["keys"]):
+            ok = [c for c in cells if c["control"]["found"][k]]
+            turns.append({"found": sum(c["runs"][j]["found"][k] for c in ok), "counted": len(ok), "trials": len(cells)})
+        found.append({"label": label(job, talk["query"]), "policy": job.policy, "budget": job.budget,
+                      "params": dict(job.params), "prefill": job.how["prefill"], "turns": turns})
+    control = [sum(c["control"]["found"][k] for c in cells) for k in range(talk["keys"])]
+    return {"model": args.model, "model_id": model_id, "context": context, "conversation": True, "keys": talk["keys"],
+            "query": talk["query"], "lengths": plan["lengths"], "depths": talk["depths"], "trials": args.trials,
+            "seed": args.seed, "new_tokens": plan["new_tokens"], "needle": talk["needle"], "question": talk["question"],
+            "template": plan["template"].to_dict(), "seconds": time.perf_counter() - t0,
+            "control": {"found": control, "trials": len(cells)}, "grids": found, "cells": cells}
+
+
+def render_conversation(doc: dict) -> str:
+    """Found per turn, per job: over the trials whose control found that turn's key; with --optimum, each key held
+    to the end and the retained mass beside the optimum's over the whole conversation."""
+    k, n = doc["keys"], doc["control"]["trials"]
+    lines = [f"a pass key per turn, {doc['model']}: {k} keys at depths {', '.join(f'{d:g}' for d in doc['depths'])} "
+             f"(turn i asks for key i, on one cache), lengths {', '.join(map(str, doc['lengths']))}, {doc['trials']} "
+             f"trial(s); {doc['new_tokens']} tokens decoded per turn; found over the trials the full cache found it",
+             "  full cache (control): " + ", ".join(f"turn {i + 1} {c} of {n}" for i, c in enumerate(doc["control"]["found"]))]
+    for j, g in enumerate(doc["grids"]):
+        said = ", ".join(f"turn {i + 1} {t['found']} of {t['counted']}" for i, t in enumerate(g["turns"]))
+        lines.append(f"  {g['label']}: {said}")
+        runs = [c["runs"][j] for c in doc["cells"] if "optimal_retained" in c["runs"][j]]
+        if runs:
+            mine = statistics.mean(r["retained"] for r in runs)
+            best = statistics.mean(r["optimal_retained"] for r in runs)
+            after = statistics.mean(r["retained_after_prompt"] for r in runs)
+            best_after = statistics.mean(r["optimal_retained_after_prompt"] for r in runs)
+            held = [sum(v is None for r in runs for row in r["key_left"][i] for v in row) for i in range(k)]
+            opt = [sum(v is None for r in runs for row in r["optimal_key_left"][i] for v in row) for i in range(k)]
+            heads = sum(len(row) for row in runs[0]["key_left"][0]) * len(runs)
+            note = " (a compressed prompt attends in full: only the second compares)" if g["prefill"] else ""
+            lines.append(f"    retained mass over the conversation {mine:.3f} (the optimum over it at the same budgets "
+                         f"{best:.3f}); after the first question {after:.3f} ({best_after:.3f}){note}")
+            lines.append("    a key token held to the end, of " + f"{heads} (layer, KV head)s: " + ", ".join(
+                f"key {i + 1} {held[i]} (optimum {opt[i]})" for i in range(k)))
+    return "\n".join(lines)
 
 
 def _cell(value) -> str:
@@ -366,6 +522,8 @@ def _kept_to_the_end(cells: list[dict], j: int) -> str | None:
 
 
 def render_needle(doc: dict) -> str:
+    if doc.get("conversation"):
+        return render_conversation(doc)
     c = doc["control"]
     overall = "none" if c["overall"] is None else f"{100 * c['overall']:.0f}%"
     lines = [f"pass key in filler, {doc['model']}: {doc['trials']} trial(s) per cell, {doc['new_tokens']} tokens decoded "

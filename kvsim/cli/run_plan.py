@@ -80,7 +80,8 @@ def _tune(args: argparse.Namespace, sub, plan: Plan) -> Plan:
 #: the flags that set a run's configuration besides the policy's parameters (what a plan holds)
 RUN_FLAGS = {"policy": "--policy", "budget": "--budget", "allocate": "--allocate", "prefill_budget": "--prefill-budget",
              "prompt_length": "--prompt-length", "prefill_policy": "--prefill-policy", "block_size": "--block-size",
-             "shared_selection": "--shared-selection", "evict_every": "--evict-every"}
+             "shared_selection": "--shared-selection", "evict_every": "--evict-every",
+             "keys": "--keys", "query": "--query"}
 
 
 def _into(args: argparse.Namespace, sub, plan: Plan, pour: bool = True) -> None:
@@ -141,6 +142,10 @@ def _into(args: argparse.Namespace, sub, plan: Plan, pour: bool = True) -> None:
         put("prefill_policy", c.scorer, "--prefill-policy")
         if c.prompt_length is not None:
             put("prompt_length", c.prompt_length, "--prompt-length")
+        if c.query != "aware":
+            put("query", c.query, "--query")
+    if plan.keys is not None:
+        put("keys", plan.keys, "--keys")
     if not pour:
         for dest in sorted(RUN_FLAGS.keys() | {k for k in vars(args) if k.startswith("param_")}):
             if dest not in seen and hasattr(args, dest) and given(dest):

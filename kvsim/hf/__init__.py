@@ -30,6 +30,7 @@ from ..policies.rope import rope_meta
 from ..sim.prefill import DEFAULT_SCORER, GROW, Prefill, PrefillError
 from .attention import ATTN, attach
 from .cache import PREFILL, EvictingCache, EvictingLayer, HFError, LayerMeta
+from .conversation import converse
 from .tensor import CHUNK, TensorLayer, refusal
 from .windows import PARAM, WindowsError, check_model, read_tune, tune_windows
 
@@ -350,4 +351,4 @@ def _scorer(keep, name: str, params: dict) -> PolicySpec:
 
 
 __all__ = ["ATTN", "ONLINE", "EvictingCache", "EvictingLayer", "HFError", "LayerMeta", "WindowsError", "attach", "cache",
-           "layer_metas", "layer_specs", "model_layout"]
+           "converse", "layer_metas", "layer_specs", "model_layout"]

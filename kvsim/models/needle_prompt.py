@@ -17,6 +17,9 @@ FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. Th
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = "What is the pass key? The pass key is"
 KEY_DIGITS = 5
+#: a conversation's needles and questions (``--keys K`` above 1): ``{n}`` is the key's number, 1 to K
+NEEDLE_NUMBERED = "The pass key number {n} is {key}. Remember it. {key} is the pass key number {n}."
+QUESTION_NUMBERED = "What is the pass key number {n}? The pass key number {n} is"
 
 
 class NeedleError(ValueError):
@@ -110,6 +113,23 @@ class Builder:
         question alone are longer)."""
         return length - (self.bos is not None) - len(self._needle(key)[0]) - len(self.question)
 
+    def encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """``text``'s token ids and character offsets, no special tokens."""
+        return self._encode(text)
+
+    def filler(self, tokens: int) -> list[int]:
+        """The filler's first ``tokens`` tokens (grown as needed; a file's filler too short: NeedleError)."""
+        if len(self._filler) < tokens:
+            if not self.template.repeat:
+                raise NeedleError(f"--filler: {self.template.source}: {len(self._filler)} tokens, a prompt needs "
+                                  f"{tokens}", "--filler")
+            self._grow(tokens)
+        return self._filler[:tokens]
+
+    def sentence_ends(self) -> list[int]:
+        """The filler's sentence boundaries (token indices right after a sentence's end)."""
+        return list(self._ends)
+
     def available(self) -> int | None:
         """The filler's tokens when it is read once (a file), else None (it repeats)."""
         return None if self.template.repeat else len(self._filler)
@@ -142,6 +162,85 @@ class Builder:
         return Prompt(tuple(int(i) for i in ids), key, tuple(start + i for i in at), start, length, depth, trial)
 
 
+@dataclass(frozen=True)
+class ConversationPrompt:
+    """A pass key per turn: a context holding K numbered needles (key i at ``depths[i]``), then K turns, turn
+    i asking for key i. ``length`` is the context and the first question together (what a query-aware
+    compression sees at once)."""
+
+    context: tuple[int, ...]
+    questions: tuple[tuple[int, ...], ...]
+    keys: tuple[str, ...]
+    key_positions: tuple[tuple[int, ...], ...]  # per key, the positions of its digits (both mentions)
+    needle_starts: tuple[int, ...]
+    length: int
+    depths: tuple[float, ...]
+    trial: int
+
+    @property
+    def digest(self) -> str:
+        ids = list(self.context) + [-1] + [x for q in self.questions for x in (*q, -1)]
+        return hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()[:24]
+
+
+def conversation(builder: Builder, length: int, depths, keys, trial: int = 0, needle: str = NEEDLE_NUMBERED,
+                 question: str = QUESTION_NUMBERED) -> ConversationPrompt:
+    """K = len(keys) numbered needles in the filler of ``builder`` (its template's filler), key i at the sentence
+    boundary nearest ``depths[i]`` x the filler's length, the context and the first question exactly ``length``
+    tokens. NeedleError (one line) when the depths and keys differ in number or two keys snap to one boundary."""
+    if len(depths) != len(keys):
+        raise NeedleError(f"--depths: {len(depths)} depth(s) for --keys {len(keys)}: give one depth per key "
+                          "(key i at the i-th depth)", "--depths")
+    for text, flag in ((needle, "--needle"), (question, "--question")):
+        if "{n}" not in text:
+            raise NeedleError(f"{flag}: {text!r}: has no {{n}} for the key's number (a conversation asks for key n)", flag)
+    needles = []
+    for i, key in enumerate(keys, 1):
+        text = " " + needle.strip().replace("{n}", str(i)).replace("{key}", key)
+        ids, offsets = builder.encode(text)
+        spans = [(m.start(), m.end()) for m in re.finditer(re.escape(key), text)]
+        needles.append((ids, [j for j, (a, b) in enumerate(offsets) if any(a < e and b > s for s, e in spans)]))
+    questions = tuple(tuple(builder.encode(" " + question.strip().replace("{n}", str(i)))[0])
+                      for i in range(1, len(keys) + 1))
+    head = [builder.bos] if builder.bos is not None else []
+    f = length - len(head) - sum(len(ids) for ids, _ in needles) - len(questions[0])
+    if f < 0:
+        raise NeedleError(f"--lengths: {length}: shorter than the {len(keys)} needles and the first question "
+                          f"({length - f} tokens)", "--lengths")
+    filler = builder.filler(f)
+    cuts = [0, *[e for e in builder.sentence_ends() if e < f], f]
+    at = [min(cuts, key=lambda c, d=d: (abs(c - d * f), c)) for d in depths]
+    for i in range(len(at)):
+        for j in range(i):
+            if at[i] == at[j]:
+                raise NeedleError(f"--depths: {depths[j]:g} and {depths[i]:g}: keys {j + 1} and {i + 1} overlap (both "
+                                  f"snap to the sentence boundary at filler token {at[i]} of {f}); give depths further "
+                                  "apart", "--depths")
+    ids, positions, starts = list(head), [()] * len(keys), [0] * len(keys)
+    done = 0
+    for i in sorted(range(len(keys)), key=lambda i: at[i]):
+        ids += filler[done : at[i]]
+        done = at[i]
+        starts[i] = len(ids)
+        positions[i] = tuple(len(ids) + j for j in needles[i][1])
+        ids += needles[i][0]
+    ids += filler[done:]
+    return ConversationPrompt(tuple(int(x) for x in ids), questions, tuple(keys), tuple(positions), tuple(starts),
+                              length, tuple(float(d) for d in depths), trial)
+
+
+def pass_keys(seed: int, length: int, depths, trial: int) -> tuple[str, ...]:
+    """A conversation's keys: key i drawn from (seed, length, its depth, trial, i), each unlike the others."""
+    out: list[str] = []
+    for i, d in enumerate(depths):
+        rng = np.random.default_rng([seed, length, round(d * 1000), trial, i])
+        key = str(int(rng.integers(10 ** (KEY_DIGITS - 1), 10**KEY_DIGITS)))
+        while key in out:
+            key = str(int(rng.integers(10 ** (KEY_DIGITS - 1), 10**KEY_DIGITS)))
+        out.append(key)
+    return tuple(out)
+
+
 def pass_key(seed: int, length: int, depth: float, trial: int) -> str:
     """The trial's five-digit key, the same for every policy and the control."""
     rng = np.random.default_rng([seed, length, round(depth * 1000), trial])
@@ -154,5 +253,5 @@ def answer(text: str) -> str | None:
     return m.group() if m else None
 
 
-__all__ = ["FILLER", "KEY_DIGITS", "NEEDLE", "QUESTION", "Builder", "NeedleError", "Prompt", "Template", "answer",
-           "pass_key"]
+__all__ = ["FILLER", "KEY_DIGITS", "NEEDLE", "NEEDLE_NUMBERED", "QUESTION", "QUESTION_NUMBERED", "Builder",
+           "ConversationPrompt", "NeedleError", "Prompt", "Template", "answer", "conversation", "pass_key", "pass_keys"]

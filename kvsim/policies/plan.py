@@ -12,6 +12,12 @@ Its JSON (``Plan.to_dict``) is a superset of an allocation file: the ``allocatio
      "allocate": null, "allocation": null,
      "compression": {"keep": 0.5, "policy": "snapkv", "params": {}, "prompt_length": null}}
 
+A conversation's plan (``kvsim needle --keys K``; docs/needle.md, "A conversation: a pass key per turn") also
+says its turns and how the prompt's compression sees the first question, each written only when set, so a plan
+without them reads and writes as before::
+
+     "keys": 2, "compression": {..., "query": "agnostic"}
+
 A plan may also name a serving layout (``kvsim.policies.layouts``; docs/serving.md), written only when there is
 one, so a plan without it reads and writes as before::
 
@@ -32,6 +38,8 @@ from .registry import POLICIES, suggest
 from .spec import ParamValues, PolicySpec
 
 FORMAT = 1
+#: how a compressed prompt sees a conversation's first question (``kvsim.hf.conversation.QUERY``): the first, the default
+QUERY = ("aware", "agnostic")
 #: the policy name that lets the cache grow after a compressed prompt (``kvsim.sim.prefill.GROW``)
 GROW = "none"
 #: a plan is a small document; anything larger is refused before it is read
@@ -52,6 +60,8 @@ class Compression:
     #: the scorer's parameters as given (``compression.params.recent_window``), in name order
     params: ParamValues = ParamValues()
     prompt_length: int | None = None
+    #: aware: the first question in the compressed call (the scorer's window); agnostic: the context alone
+    query: str = QUERY[0]
 
     def __post_init__(self) -> None:
         if type(self.params) is not ParamValues:
@@ -63,7 +73,9 @@ class Compression:
         return self.policy + (":" + ",".join(f"{k}={v}" for k, v in self.params) if self.params else "")
 
     def to_dict(self) -> dict:
-        return {"keep": self.keep, "policy": self.policy, "params": dict(self.params), "prompt_length": self.prompt_length}
+        query = {} if self.query == QUERY[0] else {"query": self.query}
+        return {"keep": self.keep, "policy": self.policy, "params": dict(self.params), "prompt_length": self.prompt_length,
+                **query}
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,8 @@ class Plan:
     compression: Compression | None = None
     #: the serving layout (None: none; ``Layout()`` is read as None, so equal plans stay equal)
     layout: Layout | None = None
+    #: a conversation's keys, one a turn (``needle --keys``; None: no conversation)
+    keys: int | None = None
 
     def __post_init__(self) -> None:
         if self.layout is not None and self.layout.plain:
@@ -95,6 +109,7 @@ class Plan:
             [{"layer": x, "kv_head": h, "budget": b} for x, h, b in self.allocation],
             "compression": None if self.compression is None else self.compression.to_dict(),
             **layout,
+            **({} if self.keys is None else {"keys": self.keys}),
         }
 
     def to_json(self) -> str:
@@ -111,10 +126,13 @@ class Plan:
         if not isinstance(doc, dict) or doc.get("kvsim_plan") != FORMAT:
             raise PlanError(f"{where}: not a kvsim plan (an object with \"kvsim_plan\": {FORMAT})")
         unknown = sorted(set(doc) - {"kvsim_plan", "policy", "budget", "params", "allocate", "allocation", "compression",
-                                   "layout"})
+                                   "layout", "keys"})
         if unknown:
             raise PlanError(f"{where}: unknown field {unknown[0]!r}")
         name = doc.get("policy")
+        keys = doc.get("keys")
+        if keys is not None and (type(keys) is not int or keys < 1):
+            raise PlanError(f"{where}: keys: a conversation's number of keys (an integer from 1), got {keys!r}")
         compression = _compression(doc.get("compression"), where)
         layout = _layout(doc.get("layout"), where)
         if name == GROW and layout is not None:
@@ -124,7 +142,7 @@ class Plan:
                 raise PlanError(f"{where}: policy: 'none' (the cache growing) needs a compression")
             if doc.get("budget") is not None or doc.get("params") or doc.get("allocate") or doc.get("allocation"):
                 raise PlanError(f"{where}: policy: 'none' lets the cache grow: no budget, params or split")
-            return cls(None, compression=compression)
+            return cls(None, compression=compression, keys=keys)
         spec = _spec(name, doc.get("budget"), doc.get("params", {}), where, "")
         allocate, rows = doc.get("allocate"), doc.get("allocation")
         if allocate is not None and rows is not None:
@@ -136,7 +154,7 @@ class Plan:
                 layout.check(spec.name, spec.budget, spec.params)
             except (ParamError, ValueError) as e:
                 raise PlanError(f"{where}: layout: {' '.join(str(e).split())}") from None
-        return cls(spec, allocate, None if rows is None else _rows(rows, where), compression, layout)
+        return cls(spec, allocate, None if rows is None else _rows(rows, where), compression, layout, keys)
 
     @classmethod
     def read(cls, path) -> Plan:
@@ -193,7 +211,7 @@ def _compression(doc, where: str) -> Compression | None:
         return None
     if not isinstance(doc, dict):
         raise PlanError(f"{where}: compression: an object (keep, policy, params, prompt_length) or null")
-    unknown = sorted(set(doc) - {"keep", "policy", "params", "prompt_length"})
+    unknown = sorted(set(doc) - {"keep", "policy", "params", "prompt_length", "query"})
     if unknown:
         raise PlanError(f"{where}: compression: unknown field {unknown[0]!r}")
     keep = doc.get("keep")
@@ -206,7 +224,11 @@ def _compression(doc, where: str) -> Compression | None:
     prompt = doc.get("prompt_length")
     if prompt is not None and (type(prompt) is not int or prompt < 2):
         raise PlanError(f"{where}: compression.prompt_length: an integer of 2 or more, got {prompt!r}")
-    return Compression(keep, name, tuple(sorted(params.items())), prompt)
+    query = doc.get("query", QUERY[0])
+    if query not in QUERY:
+        raise PlanError(f"{where}: compression.query: {query!r}: one of {', '.join(QUERY)} (with the first question in "
+                        "the compressed call or without it)")
+    return Compression(keep, name, tuple(sorted(params.items())), prompt, query)
 
 
-__all__ = ["FORMAT", "Compression", "Plan", "PlanError"]
+__all__ = ["FORMAT", "QUERY", "Compression", "Plan", "PlanError"]

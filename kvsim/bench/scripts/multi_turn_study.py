@@ -1,0 +1,162 @@
+"""docs/multi-turn.md's study (issue 57, item 5): a pass key per turn on one cache, turn 1 against later turns.
+
+    python kvsim/bench/scripts/multi_turn_study.py measure --out docs/multi-turn-study.json [--models M,...] [--keys K,...]
+        [--lengths N,...] [--budgets B,...] [--policies NAME,...] [--trials T] [--no-optimum]
+    python -m kvsim.views.multi_turn docs/multi-turn-study.json docs/multi-turn.md
+
+``measure`` runs the grid's conversations (``kvsim.models.needle_conversation``: K numbered keys at
+``DEPTHS[K]``, turn i asking for key i, each question fed after what the cache wrote) and writes each cell to
+``--out`` as it ends (atomically), keyed by model, keys, length, budget, configuration and trial: a run that
+stops, or a second run over a larger subset, measures only what the file lacks (every conversation also goes
+through needle's disk cache). Progress on stderr. The configurations (``CONFIGS``):
+
+- ``snapkv aware`` / ``snapkv agnostic``: the prompt compressed to the budget by snapkv with the first question
+  in its observation window or without it, then snapkv decoding at the budget;
+- ``reconstruction``: the prompt compressed by the scorer named ``reconstruction`` (KVzip's context
+  reconstruction, its own branch), query-agnostic, then snapkv decoding; where this checkout has no such scorer
+  the cell is written as not measured, with the reason, and measured by a later run that has it;
+- h2o, tova, keydiff, knorm, critical, expected_attention, streaming_llm: the exact prompt, each policy at the
+  budget throughout.
+
+With the optimum (the default; ``--no-optimum`` leaves it out), each cell also holds the retained attention mass
+of the run and of the exact optimum over the whole conversation at the same budgets (the control's attention).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from checkout import this_checkout
+
+ROOT = this_checkout(__file__)
+
+from kvsim.data.files import atomic_write  # noqa: E402
+
+MODELS = ("gemma3-270m", "smollm2-135m")
+KEYS = (2, 4)
+LENGTHS = (1024, 2048)
+BUDGETS = (64, 256)
+TRIALS = 3
+#: each key count's depths, key i at the i-th
+DEPTHS = {2: (0.3, 0.7), 4: (0.2, 0.4, 0.6, 0.8)}
+#: name -> (decode policy, prompt scorer or None for the exact prompt, query mode)
+CONFIGS = {
+    "snapkv aware": ("snapkv", "snapkv", "aware"),
+    "snapkv agnostic": ("snapkv", "snapkv", "agnostic"),
+    "reconstruction": ("snapkv", "reconstruction", "agnostic"),
+    **{p: (p, None, "aware") for p in ("h2o", "tova", "keydiff", "knorm", "critical", "expected_attention",
+                                       "streaming_llm")},
+}
+
+
+def cell_key(model: str, keys: int, length: int, budget: int, config: str, trial: int) -> str:
+    return f"{model} | {keys} keys | {length} | {budget} | {config} | trial {trial + 1}"
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _names(text: str, known) -> list[str]:
+    out = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in out if x not in known]
+    if bad:
+        raise SystemExit(f"multi_turn_study.py: {bad[0]!r}: not one of {', '.join(known)}")
+    return out
+
+
+def _job(config: str, budget: int):
+    from kvsim.models.needle_runs import Job
+
+    policy, scorer, _ = CONFIGS[config]
+    return Job(policy, budget, (), None, None if scorer is None else (budget, scorer, ()))
+
+
+def _missing(config: str) -> str | None:
+    """Why ``config`` cannot run in this checkout (its scorer is not registered), or None."""
+    from kvsim.policies import POLICIES
+
+    _, scorer, _ = CONFIGS[config]
+    if scorer is not None and scorer not in POLICIES:
+        return f"the scorer {scorer!r} is not in this checkout"
+    return None
+
+
+def _summary(cell: dict, run: dict, optimum: bool) -> dict:
+    out = {"found": run["found"], "control_found": cell["control"]["found"], "answers": run["answers"],
+           "control_answers": cell["control"]["answers"], "keys": cell["keys"],
+           "held_to_end": [sum(v is None for row in k for v in row) for k in run["key_left"]],
+           "heads": sum(len(row) for row in run["key_left"][0]), "label": run["label"],
+           "seconds": run["prefill_seconds"] + run["decode_seconds"], "cached": run["cached"]}
+    if optimum:
+        out.update({k: run[k] for k in ("retained", "optimal_retained", "retained_after_prompt",
+                                        "optimal_retained_after_prompt")})
+        out["optimal_held_to_end"] = [sum(v is None for row in k for v in row) for k in run["optimal_key_left"]]
+    return out
+
+
+def measure(args) -> int:
+    from kvsim.models.needle_conversation import run_conversation_unit
+    from kvsim.models.needle_prompt import Template
+    from kvsim.models.quality import load
+
+    out = Path(args.out)
+    doc = json.loads(out.read_text(encoding="utf-8")) if out.exists() else {"cells": {}}
+    doc["plan"] = {"models": MODELS, "keys": KEYS, "lengths": LENGTHS, "budgets": BUDGETS, "trials": TRIALS,
+                   "depths": {str(k): v for k, v in DEPTHS.items()}, "configs": [[k, *v] for k, v in CONFIGS.items()],
+                   "new_tokens": 8, "seed": 0}
+    cells = doc["cells"]
+    models, keys, lengths = args.models.split(","), _ints(args.keys), _ints(args.lengths)
+    budgets, configs = _ints(args.budgets), _names(args.policies, CONFIGS)
+    todo = [(m, k, n, t) for m in models for k in keys for n in lengths for t in range(args.trials)]
+    t0 = time.perf_counter()
+    for i, (m, k, n, t) in enumerate(todo):
+        wanted = [(b, c) for b in budgets for c in configs
+                  if cell_key(m, k, n, b, c, t) not in cells or "why" in cells[cell_key(m, k, n, b, c, t)]]
+        if not wanted:
+            continue
+        model, tokenizer, model_id = load(m, None)
+        for query in ("aware", "agnostic"):
+            mine = [(b, c) for b, c in wanted if CONFIGS[c][2] == query]
+            runnable = [(b, c) for b, c in mine if _missing(c) is None]
+            for b, c in mine:
+                if _missing(c) is not None:
+                    cells[cell_key(m, k, n, b, c, t)] = {"why": _missing(c)}
+            for b, c in runnable:  # one configuration at a time, each written as it ends
+                cell = run_conversation_unit(model, tokenizer, model_id, Template(), n, list(DEPTHS[k]), t, [_job(c, b)],
+                                             query=query, optimum=not args.no_optimum)
+                cells[cell_key(m, k, n, b, c, t)] = {"model_id": model_id, **_summary(cell, cell["runs"][0],
+                                                                                     not args.no_optimum)}
+                atomic_write(out, lambda f: f.write((json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()))
+                print(f"[{i + 1}/{len(todo)}] {m} {k} keys {n} tokens trial {t + 1}: {c} @ {b} (query-{query}) run(s) "
+                      f"{'read from the cache' if cell['runs'][0]['cached'] else 'measured'}, "
+                      f"{time.perf_counter() - t0:.0f} s so far", file=sys.stderr, flush=True)
+    atomic_write(out, lambda f: f.write((json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()))
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="multi_turn_study.py", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("measure", help="run the grid (or a subset), resuming from --out")
+    m.add_argument("--out", default=str(ROOT / "docs" / "multi-turn-study.json"))
+    m.add_argument("--models", default=",".join(MODELS))
+    m.add_argument("--keys", default=",".join(map(str, KEYS)))
+    m.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
+    m.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
+    m.add_argument("--policies", default=",".join(CONFIGS), help="configurations: " + ", ".join(CONFIGS))
+    m.add_argument("--trials", type=int, default=TRIALS)
+    m.add_argument("--no-optimum", action="store_true")
+    args = p.parse_args(argv)
+    bad = [k for k in _ints(args.keys) if k not in DEPTHS]
+    if bad:
+        raise SystemExit(f"multi_turn_study.py: --keys {bad[0]}: the study's depths are for {', '.join(map(str, DEPTHS))}")
+    return measure(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,141 @@
+"""docs/multi-turn.md, reprinted from the study's JSON (``kvsim/bench/scripts/multi_turn_study.py``; issue 57, item 5)::
+
+    python -m kvsim.views.multi_turn [docs/multi-turn-study.json] [docs/multi-turn.md]
+
+One table per (model, keys, length): a row per configuration, a column per budget, each cell turn 1's key found
+and the later turns' keys found, over the trials whose full cache found that turn's key; the retained attention
+mass of the run beside the exact optimum's over the whole conversation. The page says which cells were measured
+and which of the study's grid were not. Text only; no torch. tests/test_multi_turn_study.py checks the shipped
+page equals this reprint of the shipped JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+JSON = ROOT / "docs" / "multi-turn-study.json"
+PAGE = ROOT / "docs" / "multi-turn.md"
+
+HEAD = """# A conversation on one compressed cache: turn 1 against later turns
+
+A pass key per turn (docs/needle.md, "A conversation: a pass key per turn"): K five-digit keys hidden in one
+filler context, turn i asking for key i on the same cache, each question fed after what the cache wrote, each
+answer decoded greedily through the evicting cache (8 tokens a turn). *snapkv aware* compresses the prompt to
+the budget with the first question in snapkv's observation window, *snapkv agnostic* without it (the context
+alone, the question fed after); both then decode with snapkv at the budget. *reconstruction* is KVzip's
+query-agnostic scorer (its own branch). The other policies step the whole prompt at the budget.
+
+This page is reprinted from docs/multi-turn-study.json by `python -m kvsim.views.multi_turn`; the study is
+`python kvsim/bench/scripts/multi_turn_study.py measure` (its flags choose a subset; it resumes from the JSON).
+"""
+
+
+def _cells(doc: dict) -> list[tuple[tuple, dict]]:
+    out = []
+    for key, cell in doc["cells"].items():
+        model, keys, length, budget, config, trial = (x.strip() for x in key.split("|"))
+        out.append(((model, int(keys.split()[0]), int(length), int(budget), config, int(trial.split()[1])), cell))
+    return out
+
+
+def _configs(plan: dict) -> list[str]:
+    """The study's configurations in its order (``[name, policy, scorer, query]`` rows)."""
+    configs = plan["configs"]
+    return list(configs) if isinstance(configs, dict) else [c[0] for c in configs]
+
+
+def _exact(plan: dict, config: str) -> bool:
+    """Whether ``config`` steps the whole prompt (no compression)."""
+    configs = plan["configs"]
+    row = configs[config] if isinstance(configs, dict) else next(c[1:] for c in configs if c[0] == config)
+    return row[1] is None
+
+
+def _found(cells: list[dict]) -> str:
+    """``t1 a/b, later c/d``: found over the trials (turns) the control found."""
+    measured = [c for c in cells if "why" not in c]
+    if not measured:
+        why = sorted({c["why"] for c in cells})
+        return "not measured: " + "; ".join(why)
+    first = [c["found"][0] for c in measured if c["control_found"][0]]
+    later = [f for c in measured for f, ok in zip(c["found"][1:], c["control_found"][1:], strict=True) if ok]
+    text = f"turn 1 {sum(first)}/{len(first)}, later {sum(later)}/{len(later)}"
+    held = [sum(c["held_to_end"][i] for c in measured) for i in range(len(measured[0]["held_to_end"]))]
+    heads = sum(c["heads"] for c in measured)
+    text += f"; key held to the end in {', '.join(map(str, held))} of {heads} heads"
+    if all("retained" in c for c in measured):
+        best_held = [sum(c["optimal_held_to_end"][i] for c in measured) for i in range(len(held))]
+        mine = sum(c["retained_after_prompt"] for c in measured) / len(measured)
+        best = sum(c["optimal_retained_after_prompt"] for c in measured) / len(measured)
+        text += f" (optimum {', '.join(map(str, best_held))}); mass {mine:.3f} (optimum {best:.3f})"
+    return text
+
+
+def markdown(doc: dict) -> str:
+    cells = _cells(doc)
+    plan = doc["plan"]
+    lines = [HEAD]
+    grid = [(m, k, n, b, c, t) for m in plan["models"] for k in plan["keys"] for n in plan["lengths"]
+            for b in plan["budgets"] for c in _configs(plan) for t in range(1, plan["trials"] + 1)]
+    have = {key for key, cell in cells if "why" not in cell}
+    lines.append("## What was measured\n")
+    lines.append(f"{len(have)} of the study's {len(grid)} cells (model x keys x length x budget x configuration x "
+                 f"trial) are measured here; the rest are not yet run and are not shown.\n")
+    groups = sorted({(m, k, n) for (m, k, n, *_), _ in cells})
+    absent = [f"{m}, {k} keys, {n:,} tokens" for m in plan["models"] for k in plan["keys"] for n in plan["lengths"]
+              if (m, k, n) not in groups]
+    if absent:
+        lines.append("Not measured at all yet: " + "; ".join(absent) + ". Below, a configuration or budget a table "
+                     "does not show (or shows as -) was not measured either.\n")
+    for m, k, n in groups:
+        mine = [(key, c) for key, c in cells if key[:3] == (m, k, n)]
+        budgets = sorted({key[3] for key, _ in mine})
+        trials = sorted({key[5] for key, c in mine if "why" not in c})
+        depths = ", ".join(f"{d:g}" for d in plan["depths"][str(k)])
+        lines.append(f"## {m}, {k} keys (depths {depths}), {n:,} tokens\n")
+        lines.append(f"Trials measured: {', '.join(map(str, trials)) or 'none'}. Each cell: the key found at turn 1 and "
+                     "at the later turns, over the trials whose full cache found it; in how many (layer, KV head)s a token "
+                     "of key 1, key 2, ... stayed to the end; then the retained attention mass after the first question "
+                     "(the control's attention on what the run held), with the exact optimum's over the whole "
+                     "conversation at the same budget in brackets.\n")
+        lines.append("| configuration | " + " | ".join(f"budget {b}" for b in budgets) + " |")
+        lines.append("| --- |" + " --- |" * len(budgets))
+        for config in _configs(plan):
+            row = [_found([c for key, c in mine if key[3] == b and key[4] == config]) if any(
+                key[3] == b and key[4] == config for key, _ in mine) else "-" for b in budgets]
+            if all(x == "-" for x in row):
+                continue
+            lines.append(f"| {config} | " + " | ".join(row) + " |")
+        exact = [c for key, c in mine if "why" not in c and "retained" in c and _exact(plan, key[4])]
+        if exact:
+            above = sum(c["optimal_retained"] >= c["retained"] - 1e-9 for c in exact)
+            margin = min(c["optimal_retained"] - c["retained"] for c in exact)
+            lines.append(f"\nOver every step of the conversation, the optimum's retained mass is at or above the run's in "
+                         f"{above} of the {len(exact)} exact-prompt cells (the smallest margin {margin:.3f}); a compressed "
+                         "prompt attends in full during its one call, so only its mass after the first question compares.")
+        control = [c for key, c in mine if "why" not in c]
+        if control:
+            by_trial = {key[5]: c["control_found"] for key, c in mine if "why" not in c}
+            said = "; ".join(f"trial {t}: " + ", ".join(f"turn {i + 1} {'found' if f else 'missed'}" for i, f in
+                                                          enumerate(v)) for t, v in sorted(by_trial.items()))
+            lines.append(f"\nThe full cache (control): {said}.\n")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    source = Path(argv[0]) if argv else JSON
+    target = Path(argv[1]) if len(argv) > 1 else PAGE
+    try:
+        doc = json.loads(source.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        print(f"multi_turn: {source}: cannot read the study ({' '.join(str(e).split())})", file=sys.stderr)
+        return 1
+    target.write_text(markdown(doc), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

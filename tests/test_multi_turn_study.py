@@ -1,0 +1,65 @@
+"""docs/multi-turn.md is the reprint of the shipped study (docs/multi-turn-study.json) by ``python -m
+kvsim.views.multi_turn``, and kvsim/bench/scripts/multi_turn_study.py measures a subset on a tiny model, writes each cell keyed,
+says a configuration it cannot run (a scorer this checkout lacks) and resumes without measuring again."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from kvsim.views.multi_turn import JSON, PAGE, main, markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
+
+
+def test_the_page_is_the_reprint_of_the_shipped_study(tmp_path):
+    doc = json.loads(JSON.read_text(encoding="utf-8"))
+    assert PAGE.read_text(encoding="utf-8") == markdown(doc)
+    out = tmp_path / "page.md"
+    assert main([str(JSON), str(out)]) == 0 and out.read_text(encoding="utf-8") == markdown(doc)
+    # the page says how many of the study's cells it measured, and each one it shows is in the JSON
+    measured = sum("why" not in c for c in doc["cells"].values())
+    assert f"{measured} of the study's" in markdown(doc)
+
+
+def test_an_unreadable_study_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "x.json"
+    bad.write_text("{", encoding="utf-8")
+    assert main([str(bad), str(tmp_path / "y.md")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"multi_turn: {bad}: cannot read the study") and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not installed (requirements-record.txt)")
+def test_the_study_measures_a_subset_keyed_and_resumes(tmp_path, monkeypatch, capsys):
+    from tiny_models import char_gemma3
+
+    folder = char_gemma3(tmp_path / "tiny")
+    monkeypatch.syspath_prepend(str(ROOT / "kvsim" / "bench" / "scripts"))
+    study = importlib.import_module("multi_turn_study")
+    out = tmp_path / "study.json"
+    flags = ["measure", "--out", str(out), "--models", str(folder), "--keys", "2", "--lengths", "330", "--budgets", "40",
+             "--policies", "h2o,streaming_llm,reconstruction", "--trials", "1", "--no-optimum"]
+    assert study.main(flags) == 0
+    cells = json.loads(out.read_text(encoding="utf-8"))["cells"]
+    key = study.cell_key(str(folder), 2, 330, 40, "h2o", 0)
+    assert key in cells and len(cells[key]["found"]) == 2 and cells[key]["heads"] == 6
+    recon = cells[study.cell_key(str(folder), 2, 330, 40, "reconstruction", 0)]
+    from kvsim.policies import POLICIES
+
+    if "reconstruction" not in POLICIES:
+        assert recon == {"why": "the scorer 'reconstruction' is not in this checkout"}
+    assert "query-aware" in capsys.readouterr().err
+    before = out.read_text(encoding="utf-8")
+    assert study.main(flags) == 0  # resumed: every cell is there (the missing scorer's said again, not run)
+    assert "run(s)" not in capsys.readouterr().err
+    assert json.loads(out.read_text(encoding="utf-8"))["cells"] == json.loads(before)["cells"]
+    # the page reprints what was measured, and says the rest of the grid was not
+    text = markdown(json.loads(before))
+    assert "| h2o | turn 1 " in text and "| streaming_llm | turn 1 " in text
+    assert "2 of the study's" in text or "3 of the study's" in text
