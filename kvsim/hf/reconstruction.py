@@ -97,9 +97,10 @@ class _Pass:
 
 
 def reconstruction_scores(model, ids, repeat, *, chunk: int = CHUNK) -> np.ndarray:
-    """``(layers, batch, kv heads, n)`` float32: each context position's reconstruction score (the module's doc) for
-    the context ``ids`` ``(batch, n)`` (a tensor or a list of ids), with the repeat prompts ``repeat``: a tokenizer, or
-    ``repeat_ids``' pair of id lists. One pass over the context, then one per chunk of ``chunk`` positions over a copy of the context's cache."""
+    """``(layers, batch, kv heads, n)`` float32: each context position's reconstruction score (the module's doc)
+    for the context ``ids`` ``(batch, n)`` (a tensor or a list of ids), with the repeat prompts ``repeat``: a
+    tokenizer, or ``repeat_ids``' pair of id lists. One pass over the context, then one per chunk of ``chunk``
+    positions over a copy of the context's cache."""
     from transformers import DynamicCache
 
     from .attention import PLAIN, SERVING, attending
