@@ -27,7 +27,6 @@ from ..policies import registry
 from ..sim.prefill import Prefill, PrefillError, Resumed, choose
 from . import eager
 from .eager import grouped
-from .reconstruction import given
 from .refusal import HFError
 
 #: queries per block of a chunk's attention
@@ -145,7 +144,7 @@ def compress(layer, query, key, value, scale, softcap, window):
     out = torch.empty(q.shape, dtype=query.dtype)
     cols = np.arange(n)
     steps, vectors = layer.steps, layer.vectors
-    scored = given(layer, batch, hkv, n) if registry.needs_model(prefill.scorer.name) else None  # the model's pass
+    scored = _given(layer, batch, hkv, n) if registry.needs_model(prefill.scorer.name) else None  # the model's pass
     resumed = steps.resumed = [[None] * hkv for _ in range(batch)]
     for h in range(hkv):
         rows = np.empty((batch, n, n))
@@ -175,6 +174,22 @@ def compress(layer, query, key, value, scale, softcap, window):
             layer._store(b, h, resumed[b][h].kept, key[b, h], value[b, h])
     layer.seen = n
     return out.reshape(batch, hq, n, head_dim).transpose(1, 2)
+
+
+def _given(layer, batch: int, heads: int, n: int):
+    """The scores of a model scorer (``kvsim.hf.reconstruction``) that ``layer`` holds for a prompt of ``n``
+    positions, ``(batch, heads, n)``; HFError, one line, when it holds none or scores of another shape."""
+    scores = layer.prefill_scores
+    name = layer.prefill_policy.name
+    if scores is None:
+        raise HFError(f"{layer.name}: prefill_policy={name!r} chooses from the model's scores of the prompt, and none were "
+                      "handed over: kvsim.hf.cache(..., prefill_scores=kvsim.hf.reconstruction_scores(model, ids, "
+                      "tokenizer)), or feed the prompt with kvsim.hf.decoding.prefill")
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.ndim != 3 or scores.shape[0] not in (1, batch) or scores.shape[1:] != (heads, n):
+        raise HFError(f"{layer.name}: prefill_scores have shape {scores.shape}, expected ({batch}, {heads}, {n}) for a "
+                      f"prompt of {n} tokens")
+    return np.broadcast_to(scores, (batch, heads, n))
 
 
 def _scores_of(scorer, scores: np.ndarray):

@@ -121,7 +121,7 @@ def reconstruction_scores(model, ids, repeat, *, chunk: int = CHUNK) -> np.ndarr
     serving = _Pass(layers, batch, int(kv_heads), n)
     cache = DynamicCache()  # no config: every layer holds every key, the window applied by position in _Pass
     with attending(model, PLAIN), torch.no_grad():
-        model.base_model(input_ids=ids, use_cache=True, past_key_values=cache, **{SERVING: serving})
+        model.base_model(input_ids=ids, use_cache=True, cache=cache, **{SERVING: serving})
         for lo in range(0, n, chunk):
             hi = min(lo + chunk, n)
             prompt = first if lo == 0 else later + ids[0, max(lo - OVERLAP, 0) : lo].tolist()
@@ -129,7 +129,7 @@ def reconstruction_scores(model, ids, repeat, *, chunk: int = CHUNK) -> np.ndarr
             serving.span = (lo, hi)
             serving.served.clear()
             past = cache if hi == n else copy.deepcopy(cache)  # each chunk's pass over the context alone
-            model.base_model(input_ids=torch.cat([head, ids[:, lo:hi]], dim=1), use_cache=True, past_key_values=past,
+            model.base_model(input_ids=torch.cat([head, ids[:, lo:hi]], dim=1), use_cache=True, cache=past,
                              **{SERVING: serving})
             if len(serving.served) != layers:
                 missing = sorted(set(range(layers)) - serving.served)[0]
@@ -181,22 +181,6 @@ def supply(model, ids, cache, repeat=None) -> None:
     for x, layer in enumerate(cache.layers):
         if layer in layers:
             layer.prefill_scores = scores[x]
-
-
-def given(layer, batch: int, heads: int, n: int):
-    """The scores ``layer`` holds for a prompt of ``n`` positions, ``(batch, heads, n)``; HFError, one line, when it
-    holds none or scores of another shape."""
-    scores = layer.prefill_scores
-    name = layer.prefill_policy.name
-    if scores is None:
-        raise HFError(f"{layer.name}: prefill_policy={name!r} chooses from the model's scores of the prompt, and none were "
-                      "handed over: kvsim.hf.cache(..., prefill_scores=kvsim.hf.reconstruction_scores(model, ids, "
-                      "tokenizer)), or feed the prompt with kvsim.hf.decoding.prefill")
-    scores = np.asarray(scores, dtype=np.float64)
-    if scores.ndim != 3 or scores.shape[0] not in (1, batch) or scores.shape[1:] != (heads, n):
-        raise HFError(f"{layer.name}: prefill_scores have shape {scores.shape}, expected ({batch}, {heads}, {n}) for a "
-                      f"prompt of {n} tokens")
-    return np.broadcast_to(scores, (batch, heads, n))
 
 
 __all__ = ["CHUNK", "reconstruction_scores", "repeat_ids", "supply"]
