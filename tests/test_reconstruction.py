@@ -184,3 +184,25 @@ def test_a_cache_without_the_scores_or_with_a_wrong_combination_is_refused_in_on
                      prefill_scores=np.zeros((3, 1, 2, N - 1)))  # another prompt's length
     with pytest.raises(HFError, match=r"prefill_scores have shape \(1, 2, 39\)"), torch.no_grad():
         model(ids, cache=cache, use_cache=True)
+
+
+@pytest.mark.record
+def test_gemma_3_270m_runs_it_as_needle_does_keeping_the_top_of_its_scores():
+    """The shipped model, a 160-token pass-key prompt, ``run_trial`` with a compressed prompt (what ``kvsim needle
+    --prefill-budget 32 --prefill-policy reconstruction`` runs): the scores come from the prompt ``kvsim.hf.decoding``
+    feeds, the repeat prompt in the tokenizer saved beside the model, and every (layer, KV head) holds, right
+    after the prompt, the top 32 of ``reconstruction_scores`` of that prompt."""
+    from kvsim.hf import reconstruction
+    from kvsim.models import needle_prompt
+    from kvsim.models.loading import load_model
+    from kvsim.models.needle_runs import run_trial
+
+    model, tokenizer = load_model(progress=None)
+    assert reconstruction.model_repeat_ids(model) == reconstruction.repeat_ids(tokenizer)
+    prompt = needle_prompt.Builder(tokenizer, needle_prompt.Template()).prompt(160, 0.5, "12345")
+    run = run_trial(model, prompt, "none", None, new_tokens=2, prefill={"budget": 32, "policy": "reconstruction"})
+    scores = reconstruction.reconstruction_scores(model, torch.tensor([prompt.ids]), tokenizer)
+    left = np.asarray(run["left"])  # the cache grows after the prompt: a kept prompt position is held to the end
+    assert scores.shape == (18, 1, 1, 160) and left.shape[:2] == (18, 1)
+    for layer in range(18):
+        np.testing.assert_array_equal(np.flatnonzero(left[layer, 0, :160] == -1), _top(scores[layer, 0, 0], 32))
