@@ -42,6 +42,8 @@ FIRST = "\n\nRepeat the previous context exactly.\n"
 LATER = "\n\nRepeat the part of the previous context exactly, starting with "
 #: queries per block of a pass's attention
 BLOCK = 256
+#: what the scores depend on beyond the model and the prompt (a cached measurement's key, ``kvsim.models.needle``)
+RECIPE = {"first": FIRST, "later": LATER, "chunk": CHUNK, "overlap": OVERLAP, "softmax": "float32 eager"}
 
 
 def repeat_ids(tokenizer) -> tuple[list[int], list[int]]:
@@ -183,4 +185,4 @@ def supply(model, ids, cache, repeat=None) -> None:
             layer.prefill_scores = scores[x]
 
 
-__all__ = ["CHUNK", "reconstruction_scores", "repeat_ids", "supply"]
+__all__ = ["CHUNK", "RECIPE", "reconstruction_scores", "repeat_ids", "supply"]
