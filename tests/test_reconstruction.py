@@ -75,6 +75,28 @@ def test_the_simulator_refuses_it_in_one_line_before_the_trace_loads(command, tm
     assert err.startswith("kvsim: error: --prefill-policy: reconstruction scores the prompt by a pass of the model")
 
 
+def test_a_plan_holds_it_as_the_compression_only_and_a_replay_of_the_plan_refuses_it(tmp_path, capsys):
+    import json
+
+    from kvsim.policies.plan import Plan, PlanError
+
+    doc = {"kvsim_plan": 1, "policy": "none",
+           "compression": {"keep": 8, "policy": "reconstruction", "params": {}, "prompt_length": 40}}
+    assert Plan.from_dict(doc, "p").compression.policy == "reconstruction"
+    with pytest.raises(PlanError, match="'reconstruction' is not a registered policy"):
+        Plan.from_dict({"kvsim_plan": 1, "policy": "reconstruction", "budget": 8}, "p")
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    from random_traces import random_trace
+
+    from kvsim.data.trace import save_npz
+
+    save_npz(random_trace(60, 3, name="t"), tmp_path / "t.npz")
+    code = cli.main(["replay", "--plan", str(path), "--trace", str(tmp_path / "t.npz")])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1 and "a trace holds no model" in err, err
+
+
 torch = pytest.importorskip("torch", reason="the model extra is not installed")
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
