@@ -45,7 +45,8 @@ def add_needle(sub) -> None:
                    "keeps N of the prompt's positions, or a ratio in (0, 1) of them, chosen once from the prompt's "
                    "attention (kvsim.hf prefill='compress'); then each policy decodes from that kept set at --budget")
     p.add_argument("--prefill-policy", default=None, metavar="NAME[:K=V,...]", help="with --prefill-budget: the policy "
-                   "whose score chooses once (default: snapkv, at its defaults), e.g. snapkv:recent_window=8")
+                   "whose score chooses once (default: snapkv, at its defaults), e.g. snapkv:recent_window=8, or reconstruction "
+                   "(KVzip: the attention the model's repeat of the prompt draws, query-agnostic; docs/scorers.md)")
     from .layout_flags import add as add_layout_flags
 
     add_layout_flags(p)

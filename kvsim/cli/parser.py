@@ -147,11 +147,13 @@ def _prefill_flags(p: argparse.ArgumentParser, *, ranges: bool = False) -> None:
                    "or --policy none lets the cache grow (docs/scorers.md, prefill compression)")
     p.add_argument("--prompt-length", type=positive_int, default=None, metavar="P", help="with --prefill-budget: "
                    "positions 0 .. P - 1 are the prompt (default: the trace's meta prompt_length)")
+    from ..policies import registry
     from ..sim.prefill import DEFAULT_SCORER, rankers  # only where the command takes these flags
 
     p.add_argument("--prefill-policy", default=DEFAULT_SCORER, metavar="NAME[:K=V,...]", help="with --prefill-budget: "
                    f"the policy whose score chooses once (default: {DEFAULT_SCORER}, at its defaults; any online policy: "
-                   f"{', '.join(rankers())}), e.g. snapkv:recent_window=8,observation_window=16")
+                   f"{', '.join(rankers())}), e.g. snapkv:recent_window=8,observation_window=16; a trace has no model "
+                   f"for {', '.join(registry.model_scorers())} (kvsim needle runs it)")
 
 
 def _add_replay(sub, traces) -> None:

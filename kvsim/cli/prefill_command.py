@@ -14,7 +14,7 @@ import argparse
 
 from ..data import vectors
 from ..policies import DEFAULT_BUDGET, POLICIES, ParamError, PolicySpec, policy_params, registry
-from ..sim.prefill import DEFAULT_SCORER, GROW, Prefill, PrefillError, rankers, replay_prefill
+from ..sim.prefill import DEFAULT_SCORER, GROW, Prefill, PrefillError, rankers, refuse_model, replay_prefill
 from .errors import CLIError, flag, param_message
 from .parser import parse_range, sweep_ranges
 from .prefill_flags import say as _say
@@ -32,6 +32,13 @@ def refuse_none(args: argparse.Namespace) -> None:
     if not given(args) and (getattr(args, "prompt_length", None) is not None
                             or getattr(args, "prefill_policy", DEFAULT_SCORER) != DEFAULT_SCORER):
         raise CLIError("--prompt-length and --prefill-policy go with --prefill-budget")
+    if given(args):  # a scorer that runs the model, refused before the trace loads
+        name, _ = _scorer(getattr(args, "prefill_policy", DEFAULT_SCORER))
+        try:
+            if name in registry.SCORERS:
+                refuse_model(name)
+        except PrefillError as e:
+            raise CLIError(_say(e)) from None
 
 
 def _prefill(args: argparse.Namespace, trace, keep) -> Prefill:

@@ -31,6 +31,7 @@ from ..sim.prefill import DEFAULT_SCORER, GROW, Prefill, PrefillError
 from .attention import ATTN, attach
 from .cache import PREFILL, EvictingCache, EvictingLayer, HFError, LayerMeta
 from .conversation import converse
+from .reconstruction import reconstruction_scores
 from .tensor import CHUNK, TensorLayer, refusal
 from .windows import PARAM, WindowsError, check_model, read_tune, tune_windows
 
@@ -66,6 +67,9 @@ def layer_specs(model, policy: str, budget: int | None, windows=None, by: str = 
         policy_class(policy)  # an unknown name: one line
     except ValueError as e:
         raise HFError(str(e)) from None
+    if registry.needs_model(policy):
+        raise HFError(f"{policy} scores a prompt by a pass of the model (needs_model): it is a prefill_policy, not a "
+                      "decode-time policy")
     if registry.is_offline(policy):
         deployable = ", ".join(registry.online())  # registered later too
         raise HFError(f"{policy} is an offline reference (it reads the future); deployable: {deployable}")
@@ -118,7 +122,7 @@ def cache(model, policy: str | None = None, budget: int | None = None, *, plan=N
           allocate=None, prefill: str = "exact", seed: int | None = None, progress=None, prefill_budget=None,
           prefill_policy: str = DEFAULT_SCORER, prefill_params: dict | None = None, block_size: int = 1,
           shared_selection: bool = False, evict_every: int = 1, tensor: bool | None = None, chunk: int | None = None,
-          **params) -> EvictingCache:
+          prefill_scores=None, **params) -> EvictingCache:
     """An ``EvictingCache`` for ``model``: ``policy`` at ``budget`` in every layer with ``params``, and
     ``windows`` (see ``layer_specs``) per layer; ``allocate`` (see ``layer_specs``) gives each (layer,
     KV head) its own budget, and each head's storage is that budget plus one spare slot; ``allocate="adakv"``
@@ -136,6 +140,9 @@ def cache(model, policy: str | None = None, budget: int | None = None, *, plan=N
     or a ratio in (0, 1) of the prompt), chosen once by ``prefill_policy``'s score (``snapkv`` by default, at
     its defaults updated by ``prefill_params``), and decoding goes on from them: ``policy`` ``"none"`` lets the
     cache grow, any online policy runs at ``budget`` from the kept set (``kvsim.sim.prefill``).
+    ``prefill_policy="reconstruction"`` (KVzip, query-agnostic) chooses from a pass of the model repeating the
+    prompt: ``prefill_scores``, ``reconstruction_scores(model, ids, tokenizer)`` of the prompt, or, left out, the
+    scores ``kvsim.hf.decoding.prefill`` computes from the prompt it feeds (``kvsim.hf.reconstruction``).
 
     ``block_size``, ``shared_selection``, ``evict_every``: the serving layout (docs/serving.md, "The deployed
     cache under a layout"; ``kvsim.hf.layout``): the cache in physical blocks of ``block_size`` positions (the
@@ -187,6 +194,8 @@ def cache(model, policy: str | None = None, budget: int | None = None, *, plan=N
         scorer = _scorer(prefill_budget, prefill_policy, prefill_params or {})
     elif prefill_budget is not None or prefill_params:
         raise HFError("prefill_budget and prefill_params go with prefill='compress'")
+    if prefill_scores is not None and (scorer is None or not registry.needs_model(scorer.name)):
+        raise HFError("prefill_scores are a model scorer's (prefill='compress', prefill_policy='reconstruction')")
     if policy == GROW:
         if prefill != "compress":
             raise HFError("policy 'none' (the cache growing) is for prefill='compress'")
@@ -222,6 +231,13 @@ def cache(model, policy: str | None = None, budget: int | None = None, *, plan=N
     out = EvictingCache([EvictingLayer(row, prefill=prefill, rng_seed=seed, prefill_budget=prefill_budget,
                                        prefill_policy=scorer, meta=meta) for row, meta in zip(specs, metas, strict=True)],
                         progress=progress)
+    if prefill_scores is not None:
+        scores = np.asarray(prefill_scores)
+        if scores.ndim != 4 or scores.shape[0] != len(out.layers):
+            raise HFError(f"prefill_scores have shape {scores.shape}, expected (layers {len(out.layers)}, batch, KV heads, "
+                          "prompt positions): reconstruction_scores(model, ids, tokenizer)")
+        for layer, s in zip(out.layers, scores, strict=True):
+            layer.prefill_scores = s
     if tensor is None:
         device = next(model.parameters()).device.type
         out.notes = [f"{why}: the reference path steps it, one (row, KV head) at a time in Python"
@@ -351,4 +367,4 @@ def _scorer(keep, name: str, params: dict) -> PolicySpec:
 
 
 __all__ = ["ATTN", "ONLINE", "EvictingCache", "EvictingLayer", "HFError", "LayerMeta", "WindowsError", "attach", "cache",
-           "converse", "layer_metas", "layer_specs", "model_layout"]
+           "converse", "layer_metas", "layer_specs", "model_layout", "reconstruction_scores"]

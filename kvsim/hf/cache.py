@@ -100,6 +100,9 @@ class EvictingLayer(CacheLayerMixin):
             raise HFError("a KV head without a policy (the cache growing) is only for prefill='compress'")
         #: compress: the positions each head keeps (an integer or a ratio of the prompt) and the scorer
         self.prefill_budget, self.prefill_policy = prefill_budget, prefill_policy
+        #: compress with a scorer that needs the model: its scores of the prompt ``(batch or 1, kv heads, n)``
+        #: (``kvsim.hf.reconstruction``), None until handed over
+        self.prefill_scores = None
         #: the layer's meta as a recording states it (``rope_meta``), for the policies that ``reads_meta``
         self.meta = dict(meta or {})
         self.steps = None  # ``kvsim.hf.stepping``, made with the store

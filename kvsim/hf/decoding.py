@@ -16,11 +16,15 @@ CHUNK = 1024
 
 def prefill(model, ids, cache, chunk: int = CHUNK):
     """Feed ``ids`` (``(batch, n)``) into ``cache``; the last forward pass's output. A cache that compresses
-    at the prompt's end (``prefill="compress"``) takes the prompt in one pass."""
+    at the prompt's end (``prefill="compress"``) takes the prompt in one pass, after the scoring pass of a scorer
+    that needs the model (``kvsim.hf.reconstruction.supply``)."""
     import torch
 
     if any(getattr(layer, "prefill", None) == "compress" for layer in getattr(cache, "layers", ())):
         chunk = max(chunk, ids.shape[1])
+        from .reconstruction import supply
+
+        supply(model, ids, cache)  # a scorer that needs the model: its pass over this prompt, when not handed yet
     out = None
     with torch.no_grad():
         for a in range(0, ids.shape[1], chunk):

@@ -12,7 +12,9 @@
 - ``compress``: the prompt, in one pass, attends in full; then per (row, KV head)
   ``kvsim.sim.prefill.choose`` picks the kept positions from those rows (a scorer's one-time choice) and
   ``Resumed`` resumes the decode policy from them (or the cache grows, with no policy), so the kept sets
-  are the simulator's on the same rows. Holds each head's ``n x n`` combined rows (float64) meanwhile.
+  are the simulator's on the same rows. Holds each head's ``n x n`` combined rows (float64) meanwhile. A scorer
+  that needs the model (``reconstruction``) is shown the scores the layer was handed (``prefill_scores``) in place
+  of vectors; the choice is the same ``choose``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 import torch
 
 from ..data.gqa import combine
+from ..policies import registry
 from ..sim.prefill import Prefill, PrefillError, Resumed, choose
 from . import eager
 from .eager import grouped
@@ -141,6 +144,7 @@ def compress(layer, query, key, value, scale, softcap, window):
     out = torch.empty(q.shape, dtype=query.dtype)
     cols = np.arange(n)
     steps, vectors = layer.steps, layer.vectors
+    scored = _given(layer, batch, hkv, n) if registry.needs_model(prefill.scorer.name) else None  # the model's pass
     resumed = steps.resumed = [[None] * hkv for _ in range(batch)]
     for h in range(hkv):
         rows = np.empty((batch, n, n))
@@ -162,12 +166,35 @@ def compress(layer, query, key, value, scale, softcap, window):
             def vectors_of(policy, b=b, h=h):
                 return lambda p: vectors.of(policy, b, h, p, key[b, h, p], value[b, h, p], q[b, h, :, p])
 
-            kept = choose(prefill, weights_of, vectors_of(prefill.scorer.build(layer.trace)), layer.trace)
+            scorer = prefill.scorer.build(layer.trace)
+            shown = vectors_of(scorer) if scored is None else _scores_of(scorer, scored[b, h])
+            kept = choose(prefill, weights_of, shown, layer.trace)
             policy = steps.policies[b][h]
             resumed[b][h] = Resumed(policy, kept, n, weights_of, vectors_of(policy))
             layer._store(b, h, resumed[b][h].kept, key[b, h], value[b, h])
     layer.seen = n
     return out.reshape(batch, hq, n, head_dim).transpose(1, 2)
+
+
+def _given(layer, batch: int, heads: int, n: int):
+    """The scores of a model scorer (``kvsim.hf.reconstruction``) that ``layer`` holds for a prompt of ``n``
+    positions, ``(batch, heads, n)``; HFError, one line, when it holds none or scores of another shape."""
+    scores = layer.prefill_scores
+    name = layer.prefill_policy.name
+    if scores is None:
+        raise HFError(f"{layer.name}: prefill_policy={name!r} chooses from the model's scores of the prompt, and none were "
+                      "handed over: kvsim.hf.cache(..., prefill_scores=kvsim.hf.reconstruction_scores(model, ids, "
+                      "tokenizer)), or feed the prompt with kvsim.hf.decoding.prefill")
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.ndim != 3 or scores.shape[0] not in (1, batch) or scores.shape[1:] != (heads, n):
+        raise HFError(f"{layer.name}: prefill_scores have shape {scores.shape}, expected ({batch}, {heads}, {n}) for a "
+                      f"prompt of {n} tokens")
+    return np.broadcast_to(scores, (batch, heads, n))
+
+
+def _scores_of(scorer, scores: np.ndarray):
+    """Position p's row of what ``scorer`` reads, each member the model's score of p (``prefill_scores``)."""
+    return lambda p: {name: scores[p] for name in scorer.reads}
 
 
 __all__ = ["BLOCK", "compress", "exact", "fast", "one"]

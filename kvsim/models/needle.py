@@ -31,6 +31,7 @@ import numpy as np
 from ..data import jsontext
 from ..data.files import atomic_write
 from ..data.store import cache_dir
+from ..policies import registry
 from ..progress import Progress
 from .needle_prompt import Builder, NeedleError, Prompt, Template, answer, pass_key
 from .needle_runs import CONTROL, NEW_TOKENS, Job, allocation_rows, fate, first_loss, run_batch, run_trial
@@ -57,6 +58,10 @@ def trial_key(model_id: str, prompt: Prompt, policy: str, budget: int | None, pa
     if prefill:
         key["prefill"] = {"budget": prefill["budget"], "policy": prefill["policy"],
                           "params": dict(sorted((prefill.get("params") or {}).items()))}
+        if registry.needs_model(prefill["policy"]):  # its scores come from a pass of the model: that pass's recipe too
+            from ..hf.reconstruction import RECIPE
+
+            key["prefill"]["pass"] = RECIPE
     if layout is not None:
         key["layout"] = layout.to_dict()
     return key

@@ -124,7 +124,7 @@ class EngineBinding:
 class Capabilities:
     """What a policy can do beyond the interface, as its class declares it (``registry.capabilities(name)``; one
     query each: ``registry.window_param``, ``layout_ready``, ``can_pool``, ``reads_meta``, ``is_offline``,
-    ``is_optimum``, ``has_engine``, ``tensor_step``). ``MISSING`` names each in the words a refusal uses."""
+    ``is_optimum``, ``has_engine``, ``tensor_step``, ``needs_model``). ``MISSING`` names each in the words a refusal uses."""
 
     #: the parameter its recent_window curve sweeps, or None
     window: str | None
@@ -142,6 +142,9 @@ class Capabilities:
     engine: bool
     #: the deployed cache steps it as tensor operations (``tensor_step``)
     tensor: bool
+    #: a prompt scorer whose scores come from a pass of the model itself (``needs_model``): chosen only as the
+    #: prefill_policy of a deployed cache, never replayed on a trace nor stepped while decoding
+    needs_model: bool = False
 
     #: each capability a run may need, as a refusal names it when it is missing
     MISSING: ClassVar[dict[str, str]] = {
@@ -208,6 +211,10 @@ class Policy:
     reads_meta: ClassVar[bool] = False
     #: True for the exact optimum (offline): solved in one pass, under blocks too (``--block-size``)
     optimum: ClassVar[bool] = False
+    #: True for a prompt scorer whose scores a pass of the model computes (``kvsim.hf.reconstruction``): registered
+    #: with ``register_scorer`` (not in ``POLICIES``), chosen only as a deployed cache's ``prefill_policy``; a trace
+    #: has no model to run it, and it scores no position decoded after the prompt
+    needs_model: ClassVar[bool] = False
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:
         self.budget = check_budget(budget)

@@ -34,7 +34,7 @@ from ..allocation.split import ALLOCATORS
 from ..data import jsontext
 from .base import ParamError
 from .layouts import Layout, LayoutError
-from .registry import POLICIES, suggest
+from .registry import POLICIES, SCORERS, suggest
 from .spec import ParamValues, PolicySpec
 
 FORMAT = 1
@@ -165,9 +165,10 @@ class Plan:
 
 
 def _spec(name, budget, params, where: str, field: str) -> PolicySpec:
-    if not isinstance(name, str) or name not in POLICIES:
+    scorer = field == "compression." and isinstance(name, str) and name in SCORERS  # a scorer that needs the model
+    if not isinstance(name, str) or (name not in POLICIES and not scorer):
         raise PlanError(f"{where}: {field}policy: {name!r} is not a registered policy{suggest(str(name))}")
-    if POLICIES[name].needs_trace:
+    if not scorer and POLICIES[name].needs_trace:
         raise PlanError(f"{where}: {field}policy: {name} is an offline reference (it reads the future); a plan runs online")
     if not isinstance(params, dict) or not all(isinstance(k, str) and type(v) is int for k, v in params.items()):
         raise PlanError(f"{where}: {field}params: an object of integer parameters")

@@ -7,8 +7,10 @@ needs editing (docs/architecture.md, "Adding a policy").
 What a policy can do beyond the interface (its window parameter, a score a serving layout can sum, a score
 adakv can pool, the meta it reads, the future, a fast path, a tensor step) each class declares once
 (``Capabilities``); the queries below (``capabilities``, ``window_param``, ``layout_ready``, ``can_pool``,
-``reads_meta``, ``is_offline``, ``is_optimum``, ``has_engine``, ``tensor_step``) are how every other package
-asks, and ``missing`` is the one line that refuses a run needing what a policy lacks.
+``reads_meta``, ``is_offline``, ``is_optimum``, ``has_engine``, ``tensor_step``, ``needs_model``) are how every other
+package asks, and ``missing`` is the one line that refuses a run needing what a policy lacks. A prompt scorer that
+needs the model (``needs_model``: KVzip's context reconstruction) is registered apart (``register_scorer``,
+``SCORERS``): it is a deployed cache's ``prefill_policy`` only, in no list of decode-time policies.
 
 ``tunables`` lists each policy's integer parameters with their defaults and bounds, which is what
 the CLI's flags and the app's controls are made from; ``kvsim.policies.spec`` validates a choice of
@@ -30,6 +32,11 @@ from .base import Capabilities, Display, EngineBinding, Param, Policy
 #: every registered policy by name, in the order the lists show them (``Policy.order``, then load order);
 #: filled by ``load_policies``, which ``kvsim.policies`` runs once on import
 POLICIES: dict[str, type[Policy]] = {}
+
+#: the prompt scorers that need the model itself (``needs_model``: their scores come from a pass of the model, as
+#: KVzip's context reconstruction): registered by ``register_scorer``, kept out of ``POLICIES`` so that no list of
+#: decode-time policies (the CLI's ``--policy``, the app, ``table``) offers them; ``policy_class`` finds them
+SCORERS: dict[str, type[Policy]] = {}
 
 #: the entry-point group an installed package declares its policy modules in (``[project.entry-points."kvsim.policies"]``)
 ENTRY_POINT_GROUP = "kvsim.policies"
@@ -58,6 +65,11 @@ def register(cls: type[Policy]) -> type[Policy]:
         raise ValueError(f"register: {cls.__name__}.name {name!r} is not a lower-case identifier (the CLI's --policy value)")
     if POLICIES.get(name, cls) is not cls:
         raise ValueError(f"register: the name {name!r} is taken by {POLICIES[name].__module__}.{POLICIES[name].__name__}")
+    if name in SCORERS:
+        raise ValueError(f"register: the name {name!r} is taken by the prompt scorer {SCORERS[name].__module__}.{SCORERS[name].__name__}")
+    if cls.needs_model is True:
+        raise ValueError(f"register: {cls.__name__} declares needs_model (its scores come from a pass of the model): "
+                         "register it with register_scorer; no decode-time list can run it")
     for field, kind in (("display", Display), ("engine_binding", EngineBinding)):
         value = getattr(cls, field)
         if value is not None and not isinstance(value, kind):
@@ -74,9 +86,32 @@ def register(cls: type[Policy]) -> type[Policy]:
     return cls
 
 
+def register_scorer(cls: type[Policy]) -> type[Policy]:
+    """Add a prompt scorer that needs the model (``needs_model``, usable as a class decorator) to ``SCORERS``: a
+    ``prefill_policy`` of the deployed cache (``kvsim.hf``) and ``kvsim needle``, never a decode-time policy. A
+    ``ValueError`` names what is wrong, as ``register``'s does."""
+    if not (isinstance(cls, type) and issubclass(cls, Policy)):
+        raise ValueError(f"register_scorer: {cls!r} is not a subclass of kvsim.policies.Policy")
+    name = cls.name
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"register_scorer: {cls.__name__}.name {name!r} is not a lower-case identifier")
+    taken = POLICIES.get(name) or SCORERS.get(name, cls)
+    if taken is not cls:
+        raise ValueError(f"register_scorer: the name {name!r} is taken by {taken.__module__}.{taken.__name__}")
+    if cls.needs_model is not True:
+        raise ValueError(f"register_scorer: {cls.__name__} does not declare needs_model; a scorer that runs on a trace "
+                         "is a policy: register it with register")
+    if cls.needs_trace or cls.layout_score or cls.pools_heads or cls.engine_binding is not None or cls.tensor_step is not None:
+        raise ValueError(f"register_scorer: {cls.__name__} declares a decode-time capability (needs_trace, layout_score, "
+                         "pools_heads, engine_binding, tensor_step); a prompt scorer that needs the model has none")
+    _check_capabilities(cls)
+    SCORERS[name] = cls
+    return cls
+
+
 def _check_capabilities(cls: type[Policy]) -> None:
     """Each capability the class declares, held to the code that backs it (one line naming what is wrong)."""
-    for field in ("layout_score", "pools_heads", "reads_meta", "needs_trace", "optimum"):
+    for field in ("layout_score", "pools_heads", "reads_meta", "needs_trace", "optimum", "needs_model"):
         if not isinstance(getattr(cls, field), bool):
             raise ValueError(f"register: {cls.__name__}.{field} must be True or False, got {getattr(cls, field)!r}")
     window = cls.window
@@ -94,8 +129,9 @@ def _check_capabilities(cls: type[Policy]) -> None:
 
 
 def policy_class(name: str) -> type[Policy]:
+    """The class registered as ``name``: a policy, else a prompt scorer that needs the model (``SCORERS``)."""
     try:
-        return POLICIES[name]
+        return POLICIES[name] if name in POLICIES else SCORERS[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}{suggest(name)}; known: {', '.join(POLICIES)}") from None
 
@@ -127,7 +163,8 @@ def capabilities(name: str) -> Capabilities:
     cls = policy_class(name)
     return Capabilities(window=cls.window, layout_score=cls.layout_score, pools_heads=cls.pools_heads,
                         reads_meta=cls.reads_meta, offline=cls.needs_trace, optimum=cls.optimum,
-                        engine=cls.engine_binding is not None, tensor=cls.tensor_step is not None)
+                        engine=cls.engine_binding is not None, tensor=cls.tensor_step is not None,
+                        needs_model=cls.needs_model)
 
 
 def window_param(name: str) -> str | None:
@@ -169,6 +206,16 @@ def tensor_step(name: str):
     """``name``'s tensor step (``kvsim.policies.tensor_hooks.TensorHooks``), None when the deployed cache steps it
     on the reference path."""
     return policy_class(name).tensor_step
+
+
+def needs_model(name: str) -> bool:
+    """Whether ``name`` is a prompt scorer whose scores a pass of the model computes (not a trace's rows)."""
+    return policy_class(name).needs_model
+
+
+def model_scorers() -> list[str]:
+    """The prompt scorers that need the model (``SCORERS``), in registration order."""
+    return list(SCORERS)
 
 
 def missing(name: str, capability: str, what: str) -> str:

@@ -70,6 +70,15 @@ def parse_scorer(text: str) -> tuple[str, dict]:
     return name, params
 
 
+def refuse_model(name: str) -> None:
+    """PrefillError (field "prefill_policy") for a scorer whose scores a pass of the model computes (``needs_model``):
+    a trace's rows cannot stand in for them."""
+    if registry.needs_model(name):
+        raise PrefillError(f"prefill_policy: {name} scores the prompt by a pass of the model itself (needs_model), and "
+                           "a trace holds no model: run it on a model (kvsim needle --prefill-policy "
+                           f"{name}, kvsim.hf.cache(..., prefill_policy={name!r}))", field="prefill_policy")
+
+
 def rankers() -> list[str]:
     """The registered policies that can rank a prompt: the online ones (an offline reference reads the
     future, which the prompt's end does not have)."""
@@ -150,9 +159,12 @@ class Prefill:
             raise PrefillError(f"prompt_length: {P} must be at least 2", field="prompt_length")
         n = keep_count(keep, int(P))
         name = scorer.name if isinstance(scorer, PolicySpec) else scorer
-        if name not in POLICIES:
-            raise PrefillError(f"prefill_policy: unknown policy {name!r}{suggest(name, rankers())}; it takes one of {', '.join(rankers())}",
+        if name not in POLICIES and name not in registry.SCORERS:
+            known = rankers() + registry.model_scorers()
+            raise PrefillError(f"prefill_policy: unknown policy {name!r}{suggest(name, known)}; it takes one of {', '.join(known)}",
                                field="prefill_policy")
+        if not isinstance(trace_or_prompt, (int, np.integer)):
+            refuse_model(name)
         if registry.is_offline(name):
             raise PrefillError(f"prefill_policy: {name} cannot rank the prompt (an offline reference: it reads the "
                                f"future); it takes one of {', '.join(rankers())}", field="prefill_policy")
@@ -224,7 +236,8 @@ def trace_vectors(trace: Trace, policies: list[Policy | PolicySpec | str]) -> Ve
 
 
 def choose_on(trace: Trace, prefill: Prefill) -> np.ndarray:
-    """``choose`` on a trace's rows and vectors."""
+    """``choose`` on a trace's rows and vectors (a scorer that needs the model refused: ``refuse_model``)."""
+    refuse_model(prefill.scorer.name)
     return choose(prefill, trace_rows(trace), trace_vectors(trace, [prefill.scorer]), trace)
 
 
