@@ -41,9 +41,15 @@ from ..policies.tensor_hooks import Columns, TensorHooks
 from .cache import LAYER, EvictingLayer, real_positions
 from .eager import grouped
 from .refusal import HFError
+from .tensor_math import logits as _logits
+from .tensor_math import shown as _shown
+from .tensor_math import softmax as _softmax
+from .tensor_math import vectors as _vectors
 
 #: the largest position any sort key can hold: where a column that holds none sorts
 _LAST = torch.iinfo(torch.int64).max
+#: the vectors the tensor path hands a policy (``TensorState.now``)
+HANDED = frozenset({"keys", "values", "out_norms"})
 #: positions of a prompt stepped per chunk by ``prefill="exact"``, when the cache is not told otherwise
 CHUNK = 512
 
@@ -112,10 +118,11 @@ class TensorLayer(EvictingLayer):
         self._values = value_states.new_zeros(batch, heads, width, value_states.shape[-1])
         self.pos = torch.full((batch, heads, width), -1, dtype=torch.int64, device=dev)
         self.state = self.hooks.state(self.policies, batch, heads, width, dev)
+        self.state.host = {"policies": self.policies, "budgets": self.budgets}
         self.broken = torch.zeros(batch, heads, dtype=torch.bool, device=dev)
         self._count = torch.zeros(batch, heads, dtype=torch.int64, device=dev)
         self._least = min(min(row) for row in self.budgets)
-        self.reads_attention = cls.reads_attention
+        self.reads_attention, self.reads = cls.reads_attention, cls.reads
         if self._watched:
             self.left = torch.full((batch, heads, self._watched), -1, dtype=torch.int64, device=dev)
         self.is_initialized = True
@@ -195,6 +202,7 @@ class TensorLayer(EvictingLayer):
         self._keys, self._values, self.pos = tensors(self._keys), tensors(self._values), tensors(self.pos)
         self.state.slots = {name: tensors(x) for name, x in self.state.slots.items()}
         self.state.params = {name: tensors(x) for name, x in self.state.params.items()}
+        self.state.host = {"policies": self.policies, "budgets": self.budgets}
         self.budget, self._count, self.broken = (tensors(x) for x in (self.budget, self._count, self.broken))
         if self.left is not None:
             self.left = tensors(self.left)
@@ -307,6 +315,8 @@ class TensorLayer(EvictingLayer):
         q = grouped(call.query, heads)  # (batch, heads, G, n, d)
         real = self._real(call.mask, q.shape[3], q.shape[0])
         if q.shape[3] == 1:
+            now = _vectors(self.name, self.reads, key, value, call, q.shape[2])
+            self.state.now = {k: x[:, :, 0] for k, x in now.items()}
             out, weights = self._decode(q[:, :, :, 0], call, None if real is None else real[:, 0])
             return out, weights
         out = self._chunk(q, key, value, call, real)
@@ -386,7 +396,9 @@ class TensorLayer(EvictingLayer):
         keys = torch.cat([self._keys, key], dim=2)
         values = torch.cat([self._values, value], dim=2)
         pos = torch.cat([self.pos, torch.full((batch, heads, n), -1, dtype=torch.int64, device=dev)], dim=2)
-        slots = {name: torch.cat([s, s.new_zeros(batch, heads, n)], dim=2) for name, s in self.state.slots.items()}
+        slots = {name: torch.cat([s, s.new_zeros(batch, heads, n, *s.shape[3:])], dim=2)
+                 for name, s in self.state.slots.items()}
+        now = _vectors(self.name, self.reads, key, value, call, q.shape[2])
         fast, window, g = self.prefill == "fast", call.window, q.shape[2]
         cols = self._arange(width + n)
         # each column's position as the part found it (an evicted one keeps it): what the model's window reads in
@@ -422,7 +434,7 @@ class TensorLayer(EvictingLayer):
                 held = before | new
                 if j >= pre:
                     ws[:, :, j] = _softmax(logits[:, :, j], held & sees[:, :, j], q.dtype)
-                row = None
+                row, self.state.now = None, {k: x[:, :, i] for k, x in now.items()}
                 if t and self._observes:
                     row = shown[:, :, j] if j < steady else _shown(ws[:, :, j], before, order)
                 count = self._step(t, pos, before, new, held, count, row, slots, order,
@@ -444,7 +456,7 @@ class TensorLayer(EvictingLayer):
         the policy is shown nothing (no column held before, which every ``observe`` leaves unchanged), admits
         nothing and evicts nothing, and t's column is freed, so the row steps as if t never came."""
         hooks, state = self.hooks, self.state
-        state.slots = slots
+        state.slots, new = slots, new.expand(pos.shape)  # a chunk's column is one for every (row, KV head)
         if real is None:
             count = count + 1
         else:
@@ -462,7 +474,7 @@ class TensorLayer(EvictingLayer):
         if t + 1 > self._least:  # no head can be over its budget before the smallest budget fills
             ranks = held.gather(-1, order).cumsum(-1) - 1  # each held column's rank, in position order
             older = torch.empty_like(order).scatter_(-1, order, ranks)
-            values, candidates = hooks.rank(state, Columns(t, pos, held, count[..., None] - 1 - older, older))
+            values, candidates = hooks.rank(state, Columns(t, pos, held, count[..., None] - 1 - older, older, order))
             # in position order, so that the first minimum is the lower position (the cards' tie rule)
             ranked = torch.where(candidates & held, values, torch.inf).gather(-1, order)
             first = ranked.argmin(-1, keepdim=True)
@@ -499,7 +511,8 @@ class TensorLayer(EvictingLayer):
         self._keys = keys.gather(2, source[..., None].expand(-1, -1, -1, keys.shape[-1]))
         self._values = values.gather(2, source[..., None].expand(-1, -1, -1, values.shape[-1]))
         self.pos = pos.gather(-1, source)
-        self.state.slots = {name: s.gather(-1, source) for name, s in slots.items()}
+        self.state.slots = {name: s.gather(2, source.reshape(*source.shape, *[1] * (s.dim() - 3)).expand(
+            *source.shape, *s.shape[3:])) for name, s in slots.items()}
 
 
 def _differ(rows) -> bool:
@@ -510,50 +523,10 @@ def _differ(rows) -> bool:
     return any(row != first for row in rows)
 
 
-def _logits(q, keys, call):
-    """``q`` ``(batch, heads, ..., G, d)`` against ``keys`` ``(batch, heads, width, d)``: scaled, soft-capped
-    scores ``(batch, heads, ..., G, width)``, the arithmetic of ``kvsim.hf.eager.weights``."""
-    shape = q.shape
-    if q.dim() == 5:  # (batch, heads, m, G, d): one product per head, m x G rows against its keys
-        q = q.reshape(shape[0], shape[1], shape[2] * shape[3], shape[4])
-    scores = torch.matmul(q, keys.transpose(-1, -2)).reshape(*shape[:-1], keys.shape[2]) * call.scale
-    if call.softcap is not None:
-        scores = torch.tanh(scores / call.softcap) * call.softcap
-    return scores
-
-
-def _softmax(logits, seen, dtype):
-    """``logits`` ``(batch, heads, G, width)`` over the columns ``seen`` ``(batch, heads, width)`` marks, the
-    family's eager softmax: float32, cast back to the query's dtype."""
-    scores = logits.masked_fill(~seen.unsqueeze(-2), float("-inf"))
-    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
-
-
-#: the smallest positive float64: a renormalising sum floored at it divides a row of zeros into zeros
-_TINY = torch.finfo(torch.float64).tiny
-
-
-def _shown(w, before, order):
-    """What the reference path shows each (row, KV head)'s policy: the group's weights ``w`` ``(batch, heads,
-    [rows,] G, width)`` combined (their mean, folded in head order in float64), kept on the columns held
-    ``before`` t was admitted, renormalised by their sum in position order (``order`` ``(batch, heads, width)``:
-    the columns by position, any column not held anywhere), float32; zero where the sum is not positive and off
-    ``before``."""
-    wide = w.double()
-    combined = wide[..., 0, :]
-    for g in range(1, w.shape[-2]):
-        combined = combined + wide[..., g, :]
-    combined = (combined / w.shape[-2]) * before  # exact: a product by one or zero
-    if combined.dim() > order.dim():
-        order = order[:, :, None, :].expand_as(combined)
-    total = combined.gather(-1, order).cumsum(-1)[..., -1:]  # the zeros of what is not held add nothing
-    return (combined / total.clamp(min=_TINY)).float()
-
-
 def refusal(layers) -> str | None:
     """Why layers of these specs (``PolicySpec``, ``[layer][KV head]``) cannot run on the tensor path, in a
     phrase; None when they can: one policy, with a tensor step that takes each configuration, reading no
-    vectors (keys, values, queries, output norms) and no trace meta, and one budget in each layer (a layer's
+    vectors but those ``HANDED`` (keys, values, output norms) and no trace meta, and one budget in each layer (a layer's
     heads are one tensor of slots; an allocation that splits a layer's heads keeps each head's bytes on the
     reference path)."""
     from ..policies import policy_class, registry
@@ -567,7 +540,7 @@ def refusal(layers) -> str | None:
     hooks = hooks_of(cls)
     if hooks is None:
         return f"{cls.name} declares no tensor step"
-    if cls.reads or registry.reads_meta(cls.name):
+    if set(cls.reads) - HANDED or registry.reads_meta(cls.name):
         return f"{cls.name} reads {', '.join(cls.reads) or 'its trace meta'}, which the tensor path does not hand over"
     if hooks.takes is not None:
         odd = next((s for s in specs if not hooks.takes(s)), None)
