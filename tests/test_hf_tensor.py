@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not in
 #: every policy with a tensor step, at parameters that evict at BUDGET
 TENSOR_POLICIES = [("h2o", {"recent_window": 4}), ("tova", {}), ("streaming_llm", {"sinks": 2}), ("sliding_window", {}),
                    ("scissorhands", {"recent_window": 4}), ("h2o_normalized", {"recent_window": 4}), ("knorm", {}),
-                   ("keydiff", {})]
+                   ("keydiff", {}), ("vatp", {"recent_window": 4, "sinks": 2}), ("critical", {"recent_window": 4})]
 BUDGET, PROMPT, NEW, CHUNK = 16, 40, 30, 7
 
 

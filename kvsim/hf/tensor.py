@@ -118,7 +118,7 @@ class TensorLayer(EvictingLayer):
         self._values = value_states.new_zeros(batch, heads, width, value_states.shape[-1])
         self.pos = torch.full((batch, heads, width), -1, dtype=torch.int64, device=dev)
         self.state = self.hooks.state(self.policies, batch, heads, width, dev)
-        self.state.host = {"policies": self.policies, "budgets": self.budgets}
+        self.state.host.update(policies=self.policies, budgets=self.budgets)
         self.broken = torch.zeros(batch, heads, dtype=torch.bool, device=dev)
         self._count = torch.zeros(batch, heads, dtype=torch.int64, device=dev)
         self._least = min(min(row) for row in self.budgets)
@@ -202,7 +202,7 @@ class TensorLayer(EvictingLayer):
         self._keys, self._values, self.pos = tensors(self._keys), tensors(self._values), tensors(self.pos)
         self.state.slots = {name: tensors(x) for name, x in self.state.slots.items()}
         self.state.params = {name: tensors(x) for name, x in self.state.params.items()}
-        self.state.host = {"policies": self.policies, "budgets": self.budgets}
+        self.state.host.update(policies=self.policies, budgets=self.budgets)
         self.budget, self._count, self.broken = (tensors(x) for x in (self.budget, self._count, self.broken))
         if self.left is not None:
             self.left = tensors(self.left)
