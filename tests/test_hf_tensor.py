@@ -16,7 +16,8 @@ pytestmark = pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not in
 #: every policy with a tensor step, at parameters that evict at BUDGET
 TENSOR_POLICIES = [("h2o", {"recent_window": 4}), ("tova", {}), ("streaming_llm", {"sinks": 2}), ("sliding_window", {}),
                    ("scissorhands", {"recent_window": 4}), ("h2o_normalized", {"recent_window": 4}), ("knorm", {}),
-                   ("keydiff", {}), ("vatp", {"recent_window": 4, "sinks": 2}), ("critical", {"recent_window": 4})]
+                   ("keydiff", {}), ("vatp", {"recent_window": 4, "sinks": 2}), ("critical", {"recent_window": 4}),
+                   ("snapkv", {"recent_window": 4, "observation_window": 3})]
 BUDGET, PROMPT, NEW, CHUNK = 16, 40, 30, 7
 
 
