@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not in
 TENSOR_POLICIES = [("h2o", {"recent_window": 4}), ("tova", {}), ("streaming_llm", {"sinks": 2}), ("sliding_window", {}),
                    ("scissorhands", {"recent_window": 4}), ("h2o_normalized", {"recent_window": 4}), ("knorm", {}),
                    ("keydiff", {}), ("vatp", {"recent_window": 4, "sinks": 2}), ("critical", {"recent_window": 4}),
-                   ("snapkv", {"recent_window": 4, "observation_window": 3})]
+                   ("snapkv", {"recent_window": 4, "observation_window": 3}), ("random", {})]
 BUDGET, PROMPT, NEW, CHUNK = 16, 40, 30, 7
 
 
@@ -64,6 +64,31 @@ def test_the_tensor_path_holds_and_generates_what_the_reference_path_does(policy
     expected = _decode(model, ids, ref)
     assert _decode(model, ids, fast) == expected
     assert expected["peaks"] == [BUDGET] * len(fast.layers)
+
+
+@pytest.mark.parametrize("prefill", ["exact", "fast"])
+def test_a_seeded_random_draws_what_the_reference_draws_from_one_generator_per_layer(prefill):
+    """A seed gives every head of a layer one generator (the reference path's): the tensor path draws from it in
+    the reference's order (step, KV head, row), so two rows x two KV heads hold and generate what the reference
+    does; fast prefill draws a chunk head by head, so a seeded cache of several KV heads stays on the reference
+    path there, said once."""
+    from test_hf import _prompt
+
+    import kvsim.hf as hf
+    from kvsim.hf.tensor import TensorLayer
+
+    model, ids = _tiny("llama"), _prompt(PROMPT).expand(2, -1)
+    ref = hf.cache(model, "random", BUDGET, prefill=prefill, seed=7, tensor=False)
+    fast = hf.cache(model, "random", BUDGET, prefill=prefill, seed=7, chunk=CHUNK)
+    assert all(isinstance(layer, TensorLayer) for layer in fast.layers) == (prefill == "exact")
+    if prefill == "fast":
+        assert fast.notes == ["a seeded random draws a layer's KV heads from one generator, which fast prefill draws "
+                              "head by head: the reference path steps it, one (row, KV head) at a time in Python"]
+    got, expected = (_decode(model, ids, c) for c in (fast, ref))
+    both = [[[layer.held(b, h).tolist() for h in range(2)] for b in range(2)] for layer in fast.layers]
+    assert got == expected and both == [[[layer.held(b, h).tolist() for h in range(2)] for b in range(2)]
+                                        for layer in ref.layers]
+    assert both[0][0][0] != both[0][0][1]  # one generator: the heads draw differently
 
 
 def test_a_prompt_in_one_pass_holds_what_feeding_it_one_token_at_a_time_holds():

@@ -34,6 +34,7 @@ model the tests run (tests/test_hf_tensor.py), and docs/deploy.md states the bou
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..policies import Policy
@@ -97,7 +98,9 @@ class TensorLayer(EvictingLayer):
         if self.policies is None:
             if len(self.specs) != heads:
                 raise HFError(f"the cache was built for {len(self.specs)} KV head(s), the model gives {heads}")
-            self.policies = [[spec.build(self.trace) for spec in self.specs] for _ in range(batch)]
+            # a seed: one generator for the layer, as the reference path builds it (``EvictingLayer``)
+            rng = None if self.rng_seed is None else np.random.default_rng(self.rng_seed)
+            self.policies = [[spec.build(self.trace, rng=rng) for spec in self.specs] for _ in range(batch)]
         if len(self.policies) != batch or any(len(row) != heads for row in self.policies):
             raise HFError(f"the cache was built for {len(self.policies)} row(s) x {len(self.policies[0])} KV head(s), "
                           f"the model gives {batch} x {heads}")
@@ -265,8 +268,6 @@ class TensorLayer(EvictingLayer):
     # --- what it holds (read back on request, never on the decode path) --------------------------------
 
     def held(self, row: int = 0, head: int = 0):
-        import numpy as np
-
         if not self.is_initialized:
             return np.zeros(0, dtype=np.int64)
         self.check()
@@ -336,7 +337,7 @@ class TensorLayer(EvictingLayer):
         if n > 1 and real is not None:
             if bool(real.all()):
                 return None
-            self._padded = True
+            self._padded = self.state.host["padded"] = True
         return real
 
     def _decode(self, q, call, real=None):
@@ -523,12 +524,14 @@ def _differ(rows) -> bool:
     return any(row != first for row in rows)
 
 
-def refusal(layers) -> str | None:
+def refusal(layers, seed: int | None = None, prefill: str = "exact") -> str | None:
     """Why layers of these specs (``PolicySpec``, ``[layer][KV head]``) cannot run on the tensor path, in a
     phrase; None when they can: one policy, with a tensor step that takes each configuration, reading no
     vectors but those ``HANDED`` (keys, values, output norms) and no trace meta, and one budget in each layer (a layer's
     heads are one tensor of slots; an allocation that splits a layer's heads keeps each head's bytes on the
-    reference path)."""
+    reference path). A policy that draws (``uses_rng``) with a ``seed`` draws every head of a layer from one
+    generator, in the reference path's order, which fast prefill takes head by head: it runs there with more
+    than one KV head."""
     from ..policies import policy_class, registry
 
     layers = [list(row) for row in layers]
@@ -546,6 +549,8 @@ def refusal(layers) -> str | None:
         odd = next((s for s in specs if not hooks.takes(s)), None)
         if odd is not None:
             return f"{cls.name}'s tensor step does not cover {odd.label}"
+    if cls.uses_rng and seed is not None and prefill == "fast" and any(len(row) > 1 for row in layers):
+        return f"a seeded {cls.name} draws a layer's KV heads from one generator, which fast prefill draws head by head"
     split = next((x for x, row in enumerate(layers) if len({s.budget for s in row}) > 1), None)
     if split is not None:
         return f"layer {split}'s KV heads hold different budgets"
