@@ -17,7 +17,8 @@ pytestmark = pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not in
 TENSOR_POLICIES = [("h2o", {"recent_window": 4}), ("tova", {}), ("streaming_llm", {"sinks": 2}), ("sliding_window", {}),
                    ("scissorhands", {"recent_window": 4}), ("h2o_normalized", {"recent_window": 4}), ("knorm", {}),
                    ("keydiff", {}), ("vatp", {"recent_window": 4, "sinks": 2}), ("critical", {"recent_window": 4}),
-                   ("snapkv", {"recent_window": 4, "observation_window": 3}), ("random", {})]
+                   ("snapkv", {"recent_window": 4, "observation_window": 3}), ("random", {}),
+                   ("learned", {"recent_window": 4})]
 BUDGET, PROMPT, NEW, CHUNK = 16, 40, 30, 7
 
 
@@ -177,12 +178,12 @@ def test_the_cache_says_once_when_a_policy_runs_on_the_reference_path_and_refuse
     import kvsim.hf as hf
 
     model = _tiny("llama")
-    ref = hf.cache(model, "knorm", BUDGET)
-    assert ref.notes == ["knorm declares no tensor step: the reference path steps it, one (row, KV head) at a time "
-                         "in Python"]
+    ref = hf.cache(model, "expected_attention", BUDGET)
+    assert ref.notes == ["expected_attention declares no tensor step: the reference path steps it, one (row, KV head) "
+                         "at a time in Python"]
     assert hf.cache(model, "h2o", BUDGET, recent_window=4).notes == []
     for kwargs, message in (
-        ({"tensor": True, "policy": "knorm"}, "tensor=True: knorm declares no tensor step"),
+        ({"tensor": True, "policy": "expected_attention"}, "tensor=True: expected_attention declares no tensor step"),
         ({"chunk": 0}, "chunk must be an integer of at least 1, got 0"),
         ({"chunk": 513}, "chunk 513 is above LlamaForCausalLM's context of 512 positions"),
         ({"tensor": True, "scissorhands": True}, "tensor=True: scissorhands's tensor step does not cover scissorhands "
@@ -195,7 +196,7 @@ def test_the_cache_says_once_when_a_policy_runs_on_the_reference_path_and_refuse
         if kwargs.pop("scissorhands", False):
             policy, extra = "scissorhands", {"recent_window": 4, "history_window": 2}
         with pytest.raises(hf.HFError) as e:
-            hf.cache(model, policy, BUDGET, **kwargs, **({} if policy == "knorm" else extra))
+            hf.cache(model, policy, BUDGET, **kwargs, **({} if policy == "expected_attention" else extra))
         assert str(e.value).startswith(message)
         assert "\n" not in str(e.value)
 

@@ -125,7 +125,8 @@ class TensorLayer(EvictingLayer):
         self.broken = torch.zeros(batch, heads, dtype=torch.bool, device=dev)
         self._count = torch.zeros(batch, heads, dtype=torch.int64, device=dev)
         self._least = min(min(row) for row in self.budgets)
-        self.reads_attention, self.reads = cls.reads_attention, cls.reads
+        # what the policies read: a class's, or an instance's where its parameters say (learned's weights)
+        self.reads_attention, self.reads = cls.reads_attention, sorted({r for row in self.policies for p in row for r in p.reads})
         if self._watched:
             self.left = torch.full((batch, heads, self._watched), -1, dtype=torch.int64, device=dev)
         self.is_initialized = True
@@ -529,7 +530,7 @@ def refusal(layers, seed: int | None = None, prefill: str = "exact") -> str | No
     phrase; None when they can: one policy, with a tensor step that takes each configuration, reading no
     vectors but those ``HANDED`` (keys, values, output norms) and no trace meta, and one budget in each layer (a layer's
     heads are one tensor of slots; an allocation that splits a layer's heads keeps each head's bytes on the
-    reference path). A policy that draws (``uses_rng``) with a ``seed`` draws every head of a layer from one
+    reference path). A policy that draws (not ``deterministic``) with a ``seed`` draws every head of a layer from one
     generator, in the reference path's order, which fast prefill takes head by head: it runs there with more
     than one KV head."""
     from ..policies import policy_class, registry
@@ -549,7 +550,7 @@ def refusal(layers, seed: int | None = None, prefill: str = "exact") -> str | No
         odd = next((s for s in specs if not hooks.takes(s)), None)
         if odd is not None:
             return f"{cls.name}'s tensor step does not cover {odd.label}"
-    if cls.uses_rng and seed is not None and prefill == "fast" and any(len(row) > 1 for row in layers):
+    if not cls.deterministic and seed is not None and prefill == "fast" and any(len(row) > 1 for row in layers):
         return f"a seeded {cls.name} draws a layer's KV heads from one generator, which fast prefill draws head by head"
     split = next((x for x, row in enumerate(layers) if len({s.budget for s in row}) > 1), None)
     if split is not None:
