@@ -15,7 +15,8 @@ A decode step of position t:
    window if the layer has one: the family's eager arithmetic (``kvsim.hf.eager.weights``);
 3. the policy is shown what the reference shows it (the combining rule, ``kvsim.data.gqa``: the group's
    mean folded in head order in float64, the query's own weight dropped, renormalised over what the head
-   holds by a sum in position order, float32), admits t, and where a head is over its budget its victim is
+   holds by a sum in position order, float32), admits t (with t's key, value or ``out_norms`` where the policy
+   reads them, ``kvsim.hf.tensor_math.vectors``), and where a head is over its budget its victim is
    the first minimum of the policy's values over its candidates, the lower position on ties: the cards'
    rule, which is the reference's repeated argmin over kept order.
 
