@@ -15,7 +15,10 @@ pytestmark = pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not in
 
 #: every policy with a tensor step, at parameters that evict at BUDGET
 TENSOR_POLICIES = [("h2o", {"recent_window": 4}), ("tova", {}), ("streaming_llm", {"sinks": 2}), ("sliding_window", {}),
-                   ("scissorhands", {"recent_window": 4}), ("h2o_normalized", {"recent_window": 4})]
+                   ("scissorhands", {"recent_window": 4}), ("h2o_normalized", {"recent_window": 4}), ("knorm", {}),
+                   ("keydiff", {}), ("vatp", {"recent_window": 4, "sinks": 2}), ("critical", {"recent_window": 4}),
+                   ("snapkv", {"recent_window": 4, "observation_window": 3}), ("random", {}),
+                   ("learned", {"recent_window": 4})]
 BUDGET, PROMPT, NEW, CHUNK = 16, 40, 30, 7
 
 
@@ -64,6 +67,31 @@ def test_the_tensor_path_holds_and_generates_what_the_reference_path_does(policy
     assert expected["peaks"] == [BUDGET] * len(fast.layers)
 
 
+@pytest.mark.parametrize("prefill", ["exact", "fast"])
+def test_a_seeded_random_draws_what_the_reference_draws_from_one_generator_per_layer(prefill):
+    """A seed gives every head of a layer one generator (the reference path's): the tensor path draws from it in
+    the reference's order (step, KV head, row), so two rows x two KV heads hold and generate what the reference
+    does; fast prefill draws a chunk head by head, so a seeded cache of several KV heads stays on the reference
+    path there, said once."""
+    from test_hf import _prompt
+
+    import kvsim.hf as hf
+    from kvsim.hf.tensor import TensorLayer
+
+    model, ids = _tiny("llama"), _prompt(PROMPT).expand(2, -1)
+    ref = hf.cache(model, "random", BUDGET, prefill=prefill, seed=7, tensor=False)
+    fast = hf.cache(model, "random", BUDGET, prefill=prefill, seed=7, chunk=CHUNK)
+    assert all(isinstance(layer, TensorLayer) for layer in fast.layers) == (prefill == "exact")
+    if prefill == "fast":
+        assert fast.notes == ["a seeded random draws a layer's KV heads from one generator, which fast prefill draws "
+                              "head by head: the reference path steps it, one (row, KV head) at a time in Python"]
+    got, expected = (_decode(model, ids, c) for c in (fast, ref))
+    both = [[[layer.held(b, h).tolist() for h in range(2)] for b in range(2)] for layer in fast.layers]
+    assert got == expected and both == [[[layer.held(b, h).tolist() for h in range(2)] for b in range(2)]
+                                        for layer in ref.layers]
+    assert both[0][0][0] != both[0][0][1]  # one generator: the heads draw differently
+
+
 def test_a_prompt_in_one_pass_holds_what_feeding_it_one_token_at_a_time_holds():
     """The tensor path's chunked prompt (chunks of 7, 48 positions at budget 16) against the same tokens fed one
     at a time (decode steps): the same held sets, and the next logits within two float32 passes' rounding."""
@@ -88,9 +116,14 @@ def test_a_prompt_in_one_pass_holds_what_feeding_it_one_token_at_a_time_holds():
     assert any(la.held(0, 0).tolist() != list(range(32, 48)) for la in whole.layers)  # not merely the newest 16
 
 
-def test_a_batch_of_rows_each_at_its_own_parameters_matches_the_reference():
-    """Two rows, each (row, KV head) its own built policy (recent_window 3 in row 0, 8 in row 1, as a quality
-    batch's rows are configurations): every row's held sets match the reference layer's."""
+@pytest.mark.parametrize(("policy", "rows"), [("h2o", ({"recent_window": 3}, {"recent_window": 8})),
+                                             ("snapkv", ({"recent_window": 2, "observation_window": 0},
+                                                         {"recent_window": 2, "observation_window": 1}))],
+                         ids=["h2o", "snapkv"])
+def test_a_batch_of_rows_each_at_its_own_parameters_matches_the_reference(policy, rows):
+    """Two rows, each (row, KV head) its own built policy (h2o at recent_window 3 in row 0 and 8 in row 1; snapkv
+    scoring every row in row 0 and the last one in row 1, as a quality batch's rows are configurations): every row's
+    held sets match the reference layer's."""
     import torch
     from test_hf import _prompt
 
@@ -104,7 +137,7 @@ def test_a_batch_of_rows_each_at_its_own_parameters_matches_the_reference():
     ids = _prompt(PROMPT).expand(2, -1)
     out = {}
     for kind in (EvictingLayer, TensorLayer):
-        layers = [kind(policies=[[make_policy("h2o", BUDGET, recent_window=w) for _ in range(2)] for w in (3, 8)])
+        layers = [kind(policies=[[make_policy(policy, BUDGET, **params) for _ in range(2)] for params in rows])
                   for _ in range(2)]
         cache = EvictingCache(layers)
         with torch.no_grad():
@@ -113,7 +146,8 @@ def test_a_batch_of_rows_each_at_its_own_parameters_matches_the_reference():
                 step = model(step, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
         out[kind] = [[[layer.held(b, h).tolist() for h in range(2)] for b in range(2)] for layer in cache.layers]
     assert out[TensorLayer] == out[EvictingLayer]
-    assert all(layer[0] != layer[1] for layer in out[TensorLayer])  # each row at its own window
+    differ = [layer[0] != layer[1] for layer in out[TensorLayer]]  # each row at its own parameters
+    assert all(differ) if policy == "h2o" else any(differ)
 
 
 def test_a_decode_step_reads_nothing_back_to_the_host(monkeypatch):
@@ -150,12 +184,12 @@ def test_the_cache_says_once_when_a_policy_runs_on_the_reference_path_and_refuse
     import kvsim.hf as hf
 
     model = _tiny("llama")
-    ref = hf.cache(model, "knorm", BUDGET)
-    assert ref.notes == ["knorm declares no tensor step: the reference path steps it, one (row, KV head) at a time "
-                         "in Python"]
+    ref = hf.cache(model, "expected_attention", BUDGET)
+    assert ref.notes == ["expected_attention declares no tensor step: the reference path steps it, one (row, KV head) "
+                         "at a time in Python"]
     assert hf.cache(model, "h2o", BUDGET, recent_window=4).notes == []
     for kwargs, message in (
-        ({"tensor": True, "policy": "knorm"}, "tensor=True: knorm declares no tensor step"),
+        ({"tensor": True, "policy": "expected_attention"}, "tensor=True: expected_attention declares no tensor step"),
         ({"chunk": 0}, "chunk must be an integer of at least 1, got 0"),
         ({"chunk": 513}, "chunk 513 is above LlamaForCausalLM's context of 512 positions"),
         ({"tensor": True, "scissorhands": True}, "tensor=True: scissorhands's tensor step does not cover scissorhands "
@@ -168,7 +202,7 @@ def test_the_cache_says_once_when_a_policy_runs_on_the_reference_path_and_refuse
         if kwargs.pop("scissorhands", False):
             policy, extra = "scissorhands", {"recent_window": 4, "history_window": 2}
         with pytest.raises(hf.HFError) as e:
-            hf.cache(model, policy, BUDGET, **kwargs, **({} if policy == "knorm" else extra))
+            hf.cache(model, policy, BUDGET, **kwargs, **({} if policy == "expected_attention" else extra))
         assert str(e.value).startswith(message)
         assert "\n" not in str(e.value)
 

@@ -209,8 +209,9 @@ def test_the_score_view_draws_the_learned_weights():
 
 
 def test_the_deployed_cache_runs_the_learned_policy():
-    """kvsim.hf.cache steps `learned` on its reference path inside a real (tiny, random) transformers model: every
-    layer and KV head holds the budget, its policy's own held set, the newest position included."""
+    """kvsim.hf.cache steps `learned` on its reference path (``tensor=False``; the tensor path is held to it in
+    tests/test_hf_tensor.py) inside a real (tiny, random) transformers model: every layer and KV head holds the
+    budget, its policy's own held set, the newest position included."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     import torch
@@ -219,7 +220,7 @@ def test_the_deployed_cache_runs_the_learned_policy():
     import kvsim.hf as hf
 
     model, ids = _tiny("llama"), _prompt(40)
-    cache = hf.cache(model, "learned", 12, recent_window=3)
+    cache = hf.cache(model, "learned", 12, recent_window=3, tensor=False)
     with torch.no_grad():
         model(ids, cache=cache, use_cache=True)
         model(ids[:, -1:], cache=cache, use_cache=True)

@@ -221,12 +221,12 @@ def cache(model, policy: str | None = None, budget: int | None = None, *, plan=N
         specs = layer_specs(model, policy, budget, windows, by, allocate, **params)
     metas = layer_metas(model, [s for s in (None if policy == GROW else policy, scorer and scorer.name) if s])
     why = "prefill='compress' runs on the reference path" if prefill == "compress" else \
-        refusal(specs)
+        refusal(specs, seed, prefill)
     if tensor and why is not None:
         raise HFError(f"tensor=True: {why}")
     attach(model)
     if tensor is not False and why is None:
-        return EvictingCache([TensorLayer(row, prefill=prefill, meta=meta, chunk=int(chunk))
+        return EvictingCache([TensorLayer(row, prefill=prefill, meta=meta, chunk=int(chunk), rng_seed=seed)
                               for row, meta in zip(specs, metas, strict=True)], progress=progress)
     out = EvictingCache([EvictingLayer(row, prefill=prefill, rng_seed=seed, prefill_budget=prefill_budget,
                                        prefill_policy=scorer, meta=meta) for row, meta in zip(specs, metas, strict=True)],

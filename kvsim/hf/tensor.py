@@ -15,7 +15,8 @@ A decode step of position t:
    window if the layer has one: the family's eager arithmetic (``kvsim.hf.eager.weights``);
 3. the policy is shown what the reference shows it (the combining rule, ``kvsim.data.gqa``: the group's
    mean folded in head order in float64, the query's own weight dropped, renormalised over what the head
-   holds by a sum in position order, float32), admits t, and where a head is over its budget its victim is
+   holds by a sum in position order, float32), admits t (with t's key, value or ``out_norms`` where the policy
+   reads them, ``kvsim.hf.tensor_math.vectors``), and where a head is over its budget its victim is
    the first minimum of the policy's values over its candidates, the lower position on ties: the cards'
    rule, which is the reference's repeated argmin over kept order.
 
@@ -34,6 +35,7 @@ model the tests run (tests/test_hf_tensor.py), and docs/deploy.md states the bou
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..policies import Policy
@@ -41,9 +43,15 @@ from ..policies.tensor_hooks import Columns, TensorHooks
 from .cache import LAYER, EvictingLayer, real_positions
 from .eager import grouped
 from .refusal import HFError
+from .tensor_math import logits as _logits
+from .tensor_math import shown as _shown
+from .tensor_math import softmax as _softmax
+from .tensor_math import vectors as _vectors
 
 #: the largest position any sort key can hold: where a column that holds none sorts
 _LAST = torch.iinfo(torch.int64).max
+#: the vectors the tensor path hands a policy (``TensorState.now``)
+HANDED = frozenset({"keys", "values", "out_norms"})
 #: positions of a prompt stepped per chunk by ``prefill="exact"``, when the cache is not told otherwise
 CHUNK = 512
 
@@ -91,7 +99,9 @@ class TensorLayer(EvictingLayer):
         if self.policies is None:
             if len(self.specs) != heads:
                 raise HFError(f"the cache was built for {len(self.specs)} KV head(s), the model gives {heads}")
-            self.policies = [[spec.build(self.trace) for spec in self.specs] for _ in range(batch)]
+            # a seed: one generator for the layer, as the reference path builds it (``EvictingLayer``)
+            rng = None if self.rng_seed is None else np.random.default_rng(self.rng_seed)
+            self.policies = [[spec.build(self.trace, rng=rng) for spec in self.specs] for _ in range(batch)]
         if len(self.policies) != batch or any(len(row) != heads for row in self.policies):
             raise HFError(f"the cache was built for {len(self.policies)} row(s) x {len(self.policies[0])} KV head(s), "
                           f"the model gives {batch} x {heads}")
@@ -112,10 +122,12 @@ class TensorLayer(EvictingLayer):
         self._values = value_states.new_zeros(batch, heads, width, value_states.shape[-1])
         self.pos = torch.full((batch, heads, width), -1, dtype=torch.int64, device=dev)
         self.state = self.hooks.state(self.policies, batch, heads, width, dev)
+        self.state.host.update(policies=self.policies, budgets=self.budgets)
         self.broken = torch.zeros(batch, heads, dtype=torch.bool, device=dev)
         self._count = torch.zeros(batch, heads, dtype=torch.int64, device=dev)
         self._least = min(min(row) for row in self.budgets)
-        self.reads_attention = cls.reads_attention
+        # what the policies read: a class's, or an instance's where its parameters say (learned's weights)
+        self.reads_attention, self.reads = cls.reads_attention, sorted({r for row in self.policies for p in row for r in p.reads})
         if self._watched:
             self.left = torch.full((batch, heads, self._watched), -1, dtype=torch.int64, device=dev)
         self.is_initialized = True
@@ -195,6 +207,7 @@ class TensorLayer(EvictingLayer):
         self._keys, self._values, self.pos = tensors(self._keys), tensors(self._values), tensors(self.pos)
         self.state.slots = {name: tensors(x) for name, x in self.state.slots.items()}
         self.state.params = {name: tensors(x) for name, x in self.state.params.items()}
+        self.state.host.update(policies=self.policies, budgets=self.budgets)
         self.budget, self._count, self.broken = (tensors(x) for x in (self.budget, self._count, self.broken))
         if self.left is not None:
             self.left = tensors(self.left)
@@ -257,8 +270,6 @@ class TensorLayer(EvictingLayer):
     # --- what it holds (read back on request, never on the decode path) --------------------------------
 
     def held(self, row: int = 0, head: int = 0):
-        import numpy as np
-
         if not self.is_initialized:
             return np.zeros(0, dtype=np.int64)
         self.check()
@@ -307,6 +318,8 @@ class TensorLayer(EvictingLayer):
         q = grouped(call.query, heads)  # (batch, heads, G, n, d)
         real = self._real(call.mask, q.shape[3], q.shape[0])
         if q.shape[3] == 1:
+            now = _vectors(self.name, self.reads, key, value, call, q.shape[2])
+            self.state.now = {k: x[:, :, 0] for k, x in now.items()}
             out, weights = self._decode(q[:, :, :, 0], call, None if real is None else real[:, 0])
             return out, weights
         out = self._chunk(q, key, value, call, real)
@@ -326,7 +339,7 @@ class TensorLayer(EvictingLayer):
         if n > 1 and real is not None:
             if bool(real.all()):
                 return None
-            self._padded = True
+            self._padded = self.state.host["padded"] = True
         return real
 
     def _decode(self, q, call, real=None):
@@ -386,7 +399,9 @@ class TensorLayer(EvictingLayer):
         keys = torch.cat([self._keys, key], dim=2)
         values = torch.cat([self._values, value], dim=2)
         pos = torch.cat([self.pos, torch.full((batch, heads, n), -1, dtype=torch.int64, device=dev)], dim=2)
-        slots = {name: torch.cat([s, s.new_zeros(batch, heads, n)], dim=2) for name, s in self.state.slots.items()}
+        slots = {name: torch.cat([s, s.new_zeros(batch, heads, n, *s.shape[3:])], dim=2)
+                 for name, s in self.state.slots.items()}
+        now = _vectors(self.name, self.reads, key, value, call, q.shape[2])
         fast, window, g = self.prefill == "fast", call.window, q.shape[2]
         cols = self._arange(width + n)
         # each column's position as the part found it (an evicted one keeps it): what the model's window reads in
@@ -422,7 +437,7 @@ class TensorLayer(EvictingLayer):
                 held = before | new
                 if j >= pre:
                     ws[:, :, j] = _softmax(logits[:, :, j], held & sees[:, :, j], q.dtype)
-                row = None
+                row, self.state.now = None, {k: x[:, :, i] for k, x in now.items()}
                 if t and self._observes:
                     row = shown[:, :, j] if j < steady else _shown(ws[:, :, j], before, order)
                 count = self._step(t, pos, before, new, held, count, row, slots, order,
@@ -444,7 +459,7 @@ class TensorLayer(EvictingLayer):
         the policy is shown nothing (no column held before, which every ``observe`` leaves unchanged), admits
         nothing and evicts nothing, and t's column is freed, so the row steps as if t never came."""
         hooks, state = self.hooks, self.state
-        state.slots = slots
+        state.slots, new = slots, new.expand(pos.shape)  # a chunk's column is one for every (row, KV head)
         if real is None:
             count = count + 1
         else:
@@ -462,7 +477,7 @@ class TensorLayer(EvictingLayer):
         if t + 1 > self._least:  # no head can be over its budget before the smallest budget fills
             ranks = held.gather(-1, order).cumsum(-1) - 1  # each held column's rank, in position order
             older = torch.empty_like(order).scatter_(-1, order, ranks)
-            values, candidates = hooks.rank(state, Columns(t, pos, held, count[..., None] - 1 - older, older))
+            values, candidates = hooks.rank(state, Columns(t, pos, held, count[..., None] - 1 - older, older, order))
             # in position order, so that the first minimum is the lower position (the cards' tie rule)
             ranked = torch.where(candidates & held, values, torch.inf).gather(-1, order)
             first = ranked.argmin(-1, keepdim=True)
@@ -499,7 +514,8 @@ class TensorLayer(EvictingLayer):
         self._keys = keys.gather(2, source[..., None].expand(-1, -1, -1, keys.shape[-1]))
         self._values = values.gather(2, source[..., None].expand(-1, -1, -1, values.shape[-1]))
         self.pos = pos.gather(-1, source)
-        self.state.slots = {name: s.gather(-1, source) for name, s in slots.items()}
+        self.state.slots = {name: s.gather(2, source.reshape(*source.shape, *[1] * (s.dim() - 3)).expand(
+            *source.shape, *s.shape[3:])) for name, s in slots.items()}
 
 
 def _differ(rows) -> bool:
@@ -510,52 +526,14 @@ def _differ(rows) -> bool:
     return any(row != first for row in rows)
 
 
-def _logits(q, keys, call):
-    """``q`` ``(batch, heads, ..., G, d)`` against ``keys`` ``(batch, heads, width, d)``: scaled, soft-capped
-    scores ``(batch, heads, ..., G, width)``, the arithmetic of ``kvsim.hf.eager.weights``."""
-    shape = q.shape
-    if q.dim() == 5:  # (batch, heads, m, G, d): one product per head, m x G rows against its keys
-        q = q.reshape(shape[0], shape[1], shape[2] * shape[3], shape[4])
-    scores = torch.matmul(q, keys.transpose(-1, -2)).reshape(*shape[:-1], keys.shape[2]) * call.scale
-    if call.softcap is not None:
-        scores = torch.tanh(scores / call.softcap) * call.softcap
-    return scores
-
-
-def _softmax(logits, seen, dtype):
-    """``logits`` ``(batch, heads, G, width)`` over the columns ``seen`` ``(batch, heads, width)`` marks, the
-    family's eager softmax: float32, cast back to the query's dtype."""
-    scores = logits.masked_fill(~seen.unsqueeze(-2), float("-inf"))
-    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
-
-
-#: the smallest positive float64: a renormalising sum floored at it divides a row of zeros into zeros
-_TINY = torch.finfo(torch.float64).tiny
-
-
-def _shown(w, before, order):
-    """What the reference path shows each (row, KV head)'s policy: the group's weights ``w`` ``(batch, heads,
-    [rows,] G, width)`` combined (their mean, folded in head order in float64), kept on the columns held
-    ``before`` t was admitted, renormalised by their sum in position order (``order`` ``(batch, heads, width)``:
-    the columns by position, any column not held anywhere), float32; zero where the sum is not positive and off
-    ``before``."""
-    wide = w.double()
-    combined = wide[..., 0, :]
-    for g in range(1, w.shape[-2]):
-        combined = combined + wide[..., g, :]
-    combined = (combined / w.shape[-2]) * before  # exact: a product by one or zero
-    if combined.dim() > order.dim():
-        order = order[:, :, None, :].expand_as(combined)
-    total = combined.gather(-1, order).cumsum(-1)[..., -1:]  # the zeros of what is not held add nothing
-    return (combined / total.clamp(min=_TINY)).float()
-
-
-def refusal(layers) -> str | None:
+def refusal(layers, seed: int | None = None, prefill: str = "exact") -> str | None:
     """Why layers of these specs (``PolicySpec``, ``[layer][KV head]``) cannot run on the tensor path, in a
     phrase; None when they can: one policy, with a tensor step that takes each configuration, reading no
-    vectors (keys, values, queries, output norms) and no trace meta, and one budget in each layer (a layer's
+    vectors but those ``HANDED`` (keys, values, output norms) and no trace meta, and one budget in each layer (a layer's
     heads are one tensor of slots; an allocation that splits a layer's heads keeps each head's bytes on the
-    reference path)."""
+    reference path). A policy that draws (not ``deterministic``) with a ``seed`` draws every head of a layer from one
+    generator, in the reference path's order, which fast prefill takes head by head: it runs there with more
+    than one KV head."""
     from ..policies import policy_class, registry
 
     layers = [list(row) for row in layers]
@@ -567,12 +545,14 @@ def refusal(layers) -> str | None:
     hooks = hooks_of(cls)
     if hooks is None:
         return f"{cls.name} declares no tensor step"
-    if cls.reads or registry.reads_meta(cls.name):
+    if set(cls.reads) - HANDED or registry.reads_meta(cls.name):
         return f"{cls.name} reads {', '.join(cls.reads) or 'its trace meta'}, which the tensor path does not hand over"
     if hooks.takes is not None:
         odd = next((s for s in specs if not hooks.takes(s)), None)
         if odd is not None:
             return f"{cls.name}'s tensor step does not cover {odd.label}"
+    if not cls.deterministic and seed is not None and prefill == "fast" and any(len(row) > 1 for row in layers):
+        return f"a seeded {cls.name} draws a layer's KV heads from one generator, which fast prefill draws head by head"
     split = next((x for x, row in enumerate(layers) if len({s.budget for s in row}) > 1), None)
     if split is not None:
         return f"layer {split}'s KV heads hold different budgets"

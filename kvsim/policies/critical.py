@@ -31,7 +31,16 @@ import numpy as np
 from ..data.gqa import combine
 from .base import Display
 from .registry import register
-from .vatp import ValueWeighted
+from .vatp import ValueWeighted, value_weighted_tensor_step
+
+
+def _out_norm_tensor(now):
+    """``out_norm`` of t's ``out_norms`` ``(batch, heads, G)`` in torch: float64, added in head order, over G."""
+    norms = now["out_norms"].double()
+    total = norms[..., 0]
+    for g in range(1, norms.shape[-1]):
+        total = total + norms[..., g]
+    return total / norms.shape[-1]
 
 
 def out_norm(out_norms):
@@ -48,6 +57,7 @@ class CriticalKV(ValueWeighted):
     summary = "keep the newest recent_window positions and, of the rest, the largest cumulative attention x |W_O v|"
     display = Display("#000080", "4px,2px,10px,2px", 2.5, "pentagon", score_name="cumulative attention x |W_O v|_2")
     reads = ("out_norms",)
+    tensor_step = value_weighted_tensor_step("critical", _out_norm_tensor)
 
     @classmethod
     def multipliers(cls, members):

@@ -42,6 +42,12 @@ the engine's one step loop in ``kvsim.sim.kernels``) both call, so the two agree
 (tests/test_scorers_queries.py); the trigonometry (``turns``) and the queries turned back
 (``pre_rope``) are NumPy, per position, in the same calls on both paths. Its cost per step is
 O(held x window x head dim x heads) when the statistics are taken afresh (docs/scorers.md).
+
+No tensor step yet: the deployed cache steps it on the reference path (``kvsim.hf.tensor.refusal``: it reads
+queries and its trace's RoPE). A step equal to this reference would take its trigonometry from NumPy, not torch
+(torch's float64 ``sin`` and ``cos`` differ from NumPy's in the last bit for 3,779 and 3,636 of 2,000,000 angles
+below 8,192), turn the queries back on the device and keep every statistic's sum in the order stated here; it
+was not written in the session that gave every other online policy one.
 """
 
 from __future__ import annotations

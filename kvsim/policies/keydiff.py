@@ -51,6 +51,8 @@ from .base import DEFAULT_BUDGET, Display, EngineBinding
 from .knorm import KeyedSlots, _key_norm, kernel_keys, key_norms
 from .registry import register
 from .slot_hooks import Shape, SlotHooks, _drop, _first_max
+from .tensor_hooks import TensorHooks, TensorState, admitted, in_order
+from .tensor_hooks import key_norms as tensor_key_norms
 
 
 def unit_keys(keys) -> np.ndarray:
@@ -219,6 +221,43 @@ STEPS = SlotHooks("keydiff_steps", _keydiff_state, admit=_keydiff_admit, score=_
                   drop=_keydiff_drop)
 
 
+# --------------------------------------------------------------------------------------------
+# the tensor step (the deployed cache's, ``kvsim.hf.tensor``): each column's unit key (``unit_keys``'s arithmetic in
+# torch), set as its position is admitted, a slot of ``(batch, heads, width, d)`` made at the first key (its d);
+# a step's cosines as ``_cosines`` adds them: the held unit keys summed in kept order (a cumulative sum over the
+# columns in position order, the columns not held adding zeros after them), each product's terms in dimension
+# order, ``||s||`` as a key norm, then one division per column
+
+
+def _keydiff_tensor_state(policies, batch, heads, width, device):
+    return TensorState()
+
+
+def _keydiff_tensor_admit(state, new, before):
+    import torch
+
+    key = state.now["keys"].double()
+    norm = tensor_key_norms(key)[..., None]
+    unit = torch.where(norm > 0, key / norm, 0.0)  # a zero key stays zero, as ``unit_keys`` leaves it
+    if "unit" not in state.slots:
+        state.slots["unit"] = torch.zeros(*new.shape, key.shape[-1], dtype=torch.float64, device=key.device)
+    state.slots["unit"] = admitted(state.slots["unit"], new, unit)
+
+
+def _keydiff_tensor_rank(state, cols):
+    import torch
+
+    units = state.slots["unit"] * cols.held[..., None]  # exact: a product by one or zero
+    total = units.gather(2, cols.order[..., None].expand_as(units)).cumsum(2)[:, :, -1]  # (batch, heads, d)
+    norm = tensor_key_norms(total)[..., None]
+    dots = in_order(units * total[:, :, None, :])
+    return -torch.where(norm > 0, dots / norm, 0.0), cols.held
+
+
+#: keydiff's tensor step, which its ``tensor_step`` names
+TENSOR = TensorHooks("keydiff", _keydiff_tensor_state, _keydiff_tensor_rank, admit=_keydiff_tensor_admit)
+
+
 @register
 class KeyDiff(KeyedSlots):
     name = "keydiff"
@@ -226,6 +265,7 @@ class KeyDiff(KeyedSlots):
     summary = "evict the held key most similar (cosine) to the mean of the held unit keys, the newest included"
     display = Display("#b15928", "6px,6px,2px,6px", 3, score_name="1 - cosine to the mean key")
     engine_binding = EngineBinding(STEPS)
+    tensor_step = TENSOR
     keeps_scores = True
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:

@@ -42,6 +42,8 @@ from ..jit import kernel
 from .base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
 from .registry import register
 from .slot_hooks import Shape, SlotHooks, _drop, _first_max
+from .tensor_hooks import TensorHooks, TensorState, admitted, slots
+from .tensor_hooks import key_norms as tensor_key_norms
 
 
 def key_norms(keys) -> np.ndarray:
@@ -144,6 +146,28 @@ STEPS = SlotHooks("knorm_steps", _knorm_state, admit=_knorm_admit, score=_knorm_
                   drop=_knorm_drop)
 
 
+# --------------------------------------------------------------------------------------------
+# the tensor step (the deployed cache's, ``kvsim.hf.tensor``): each column's key norm, ``key_norms``'s arithmetic
+# in torch (the same bits), set as its position is admitted; the victim the first maximum over every held column,
+# the newest included
+
+
+def _knorm_tensor_state(policies, batch, heads, width, device):
+    return TensorState(slots={"norm": slots(batch, heads, width, device)})
+
+
+def _knorm_tensor_admit(state, new, before):
+    state.slots["norm"] = admitted(state.slots["norm"], new, tensor_key_norms(state.now["keys"]))
+
+
+def _knorm_tensor_rank(state, cols):
+    return -state.slots["norm"], cols.held
+
+
+#: knorm's tensor step, which its ``tensor_step`` names
+TENSOR = TensorHooks("knorm", _knorm_tensor_state, _knorm_tensor_rank, admit=_knorm_tensor_admit)
+
+
 class KeyedSlots(SlotPolicy):
     """Mechanics shared by the policies that read one key per position: ``see`` hands over the key of
     the position about to be admitted (position 0's while it is the only one held), ``_seen`` turns it
@@ -187,6 +211,7 @@ class KNorm(KeyedSlots):
     summary = "evict the held key with the largest L2 norm (the newest included)"
     display = Display("#c51b7d", "2px,2px,2px,2px,2px,2px,12px,4px", 3, score_name="1 / key norm")
     engine_binding = EngineBinding(STEPS)
+    tensor_step = TENSOR
     keeps_scores = True
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:

@@ -22,6 +22,11 @@ the age counts rows shown, not steps. The weights are data, never code: a JSON f
 read by ``load_weights``), by default the one shipped beside this module (``DEFAULT_WEIGHTS``), else the
 file ``KVSIM_LEARNED_WEIGHTS`` names, or ``weights=`` (a path or the document) when built in Python.
 
+The score's terms are added in the weights' order, one at a time (``position_sum``), and the recent window's
+sum over its ``WINDOW`` ring columns in column order, so the deployed cache's tensor step (below) computes the
+same bits in torch (a BLAS product's order of additions is the library's own: NumPy's and torch's differ for
+139 of 257 scores of 8 random features, the sequential sum for 167).
+
 Eviction: repeated argmin of the score over ``kept[:len - recent_window]``; equal scores evict the lower
 position; victims come back in ascending position order. Under a serving layout (pages) a page's score is
 the sum of its positions' ``exp(score)`` (``layout_priorities``). Deterministic: ``rng`` is never used. No engine
@@ -38,9 +43,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.gqa import position_sum
 from .base import DEFAULT_BUDGET, Display, Param, SlotPolicy
 from .knorm import key_norms, one_key
 from .registry import register
+from .tensor_hooks import TensorHooks, TensorState, admitted, in_order, param, slots
+from .tensor_hooks import key_norms as tensor_key_norms
 
 #: the shipped weights: fitted by ``kvsim learn`` on the shipped gemma3-270m-L05 trace (docs/learned.md)
 DEFAULT_WEIGHTS = Path(__file__).with_name("learned_weights.json")
@@ -135,6 +143,101 @@ def _log(x: np.ndarray) -> np.ndarray:
     return np.log(x + EPS)
 
 
+# --------------------------------------------------------------------------------------------
+# the tensor step (the deployed cache's, ``kvsim.hf.tensor``): every per-slot array of the reference a slot tensor
+# (the recent window's ring ``(batch, heads, width, WINDOW)`` written at a per-(row, KV head) clock, as snapkv's),
+# each feature the reference's arithmetic in torch, the score's terms added in the weights' order, the victim the
+# first minimum outside the recent window. The weights are per (row, KV head); the rows of one layer share the
+# feature list (a batch's rows built from one weights file).
+
+_SLOTS = ("cum", "decayed", "last", "votes", "seen", "knorm")
+
+
+def _learned_tensor_state(policies, batch, heads, width, device):
+    import torch
+
+    features = {p.features for row in policies for p in row}
+    if len(features) != 1:
+        raise ValueError("learned: one layer's rows are built from weights of different features")
+
+    def per_head(name):
+        return torch.as_tensor(np.array([[getattr(p, name) for p in row] for row in policies]), dtype=torch.float64, device=device)
+
+    return TensorState({"recent_window": param(policies, "recent_window", device), "mean": per_head("_mean"),
+                        "scale": per_head("_scale"), "w": per_head("_w"),
+                        "clock": torch.zeros(batch, heads, dtype=torch.int64, device=device)},
+                       {**{name: slots(batch, heads, width, device) for name in _SLOTS},
+                        "hist": torch.zeros(batch, heads, width, WINDOW, dtype=torch.float64, device=device)},
+                       host={"features": features.pop()})
+
+
+def _learned_tensor_observe(state, shown, before):
+    import torch
+
+    seen = before.any(-1)  # a padded position is shown nothing: no feature moves
+    on = seen[..., None] & before
+    a, s, clock = shown.double(), state.slots, state.params["clock"]
+    n = before.sum(-1, keepdim=True)  # what the row was shown over: the held before t
+    s["cum"] += a
+    s["decayed"] = torch.where(on, s["decayed"] * DECAY + a, s["decayed"])
+    s["last"] = torch.where(on, a, s["last"])
+    s["votes"] += on & (shown > (1.0 / n.clamp(min=1).double()).float())
+    s["seen"] += on
+    at = (clock % WINDOW)[..., None, None].expand(*s["hist"].shape[:3], 1)
+    s["hist"] = torch.where(seen[..., None, None], s["hist"].scatter(-1, at, a[..., None]), s["hist"])
+    state.params["clock"] = clock + seen
+
+
+def _learned_tensor_admit(state, new, before):
+    for name in _SLOTS:
+        state.slots[name].masked_fill_(new, 0.0)
+    state.slots["hist"].masked_fill_(new[..., None], 0.0)
+    if "keys" in state.now:
+        state.slots["knorm"] = admitted(state.slots["knorm"], new, tensor_key_norms(state.now["keys"]))
+
+
+def _log1p(state, t: int):
+    """NumPy's ``log1p`` of 0, 1, ..., at least t + 1 (an age or a position by step t), made on the host and kept on
+    the device: torch's ``log1p`` is not NumPy's in the last bit for 817 of a million integers below 5,000."""
+    import torch
+
+    table = state.host.get("log1p")
+    if table is None or table.shape[0] < t + 2:
+        size = max(2 * (t + 2), 1024)
+        table = state.host["log1p"] = torch.as_tensor(np.log1p(np.arange(size, dtype=np.float64)),
+                                                       device=state.params["w"].device)
+    return table
+
+
+def _learned_tensor_rank(state, cols):
+    import torch
+
+    s = state.slots
+    seen = s["seen"].clamp(min=1.0)
+    feature = {"log_cum": lambda: s["cum"] + EPS, "log_mean": lambda: s["cum"] / seen + EPS,
+               "log_recent": lambda: in_order(s["hist"]) + EPS, "log_decayed": lambda: s["decayed"] + EPS,
+               "log_last": lambda: s["last"] + EPS, "log_key_norm": lambda: s["knorm"] + EPS}
+    columns = []
+    for f in state.host["features"]:
+        if f == "vote_rate":
+            columns.append(s["votes"] / seen)
+        elif f == "log_age":
+            columns.append(_log1p(state, cols.t).gather(-1, s["seen"].long().flatten()).view_as(seen))
+        elif f == "log_position":
+            columns.append(_log1p(state, cols.t).gather(-1, cols.pos.clamp(min=0).flatten()).view_as(seen))
+        else:
+            columns.append(torch.log(feature[f]()))
+    x = torch.stack(columns, -1)  # (batch, heads, width, features)
+    p = state.params
+    score = in_order((x - p["mean"][:, :, None]) / p["scale"][:, :, None] * p["w"][:, :, None])
+    return score, cols.newer >= p["recent_window"][..., None]
+
+
+#: learned's tensor step, which its ``tensor_step`` names
+TENSOR = TensorHooks("learned", _learned_tensor_state, _learned_tensor_rank, observe=_learned_tensor_observe,
+                     admit=_learned_tensor_admit)
+
+
 @register
 class Learned(SlotPolicy):
     name = "learned"
@@ -145,6 +248,7 @@ class Learned(SlotPolicy):
     reads_attention = True
     keeps_scores = True
     fitted = True
+    tensor_step = TENSOR
     tunables = (RECENT_WINDOW,)
     table_rows = ({"recent_window": RECENT_WINDOW.default},)
 
@@ -221,7 +325,7 @@ class Learned(SlotPolicy):
             elif f == "log_mean":
                 cols.append(_log(self._cum[:n] / seen))
             elif f == "log_recent":
-                cols.append(_log(self._hist[:n].sum(axis=1)))
+                cols.append(_log(position_sum(self._hist[:n])))
             elif f == "log_decayed":
                 cols.append(_log(self._decayed[:n]))
             elif f == "log_last":
@@ -239,7 +343,7 @@ class Learned(SlotPolicy):
     @property
     def scores(self) -> np.ndarray:
         """The learned score of each held position, aligned with ``kept``: the lowest outside the window goes."""
-        return ((self.feature_matrix() - self._mean) / self._scale) @ self._w
+        return position_sum((self.feature_matrix() - self._mean) / self._scale * self._w)
 
     def layout_priorities(self) -> np.ndarray:
         """What a serving layout sums over a page (docs/serving.md): ``exp(score)`` of each evictable position,

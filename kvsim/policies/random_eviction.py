@@ -26,6 +26,7 @@ from ..jit import kernel
 from .base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
 from .registry import register
 from .slot_hooks import Shape, SlotHooks
+from .tensor_hooks import TensorHooks, TensorState
 
 #: the seed of the generator used when none is passed
 DEFAULT_SEED = 0
@@ -46,6 +47,61 @@ def _random_state(shape: Shape, plan):
 STEPS = SlotHooks("random_steps", _random_state, pick=_random_pick)
 
 
+# --------------------------------------------------------------------------------------------
+# the tensor step (the deployed cache's, ``kvsim.hf.tensor``): the draws are made on the host, ahead of the steps
+# (``AHEAD`` steps at a time), with the very calls ``evict`` makes, and handed to the device as a plan; a step reads
+# its (row, KV head)'s draw from the plan at its own count of admitted positions, so nothing is read back. A step
+# t >= budget evicts one of budget + 1 held, so each draw is ``_draw(budget + 1, 1)``, the slot in kept order, which
+# is the column with that many held positions older. The draws are made step by step, then KV head by KV head,
+# then row by row: the reference path's order (decode and an exact prompt), so a layer whose policies share one
+# generator (a seeded cache, ``EvictingLayer``'s) draws what the reference draws. Fast prefill draws a chunk head
+# by head (``kvsim.hf.tensor.refusal`` keeps a seeded cache of several KV heads there on the reference path), and
+# a padded row evicts later than the others, which a shared generator would feel: refused in one line.
+
+#: steps whose draws are made at once
+AHEAD = 256
+
+
+def _random_tensor_state(policies, batch, heads, width, device):
+    import torch
+
+    return TensorState({"admitted": torch.zeros(batch, heads, dtype=torch.int64, device=device),
+                        "plan": torch.zeros(batch, heads, 0, dtype=torch.int64, device=device)})
+
+
+def _random_tensor_admit(state, new, before):
+    state.params["admitted"] = state.params["admitted"] + new.any(-1)
+
+
+def _random_tensor_rank(state, cols):
+    import torch
+
+    policies, budgets = state.host["policies"], state.host["budgets"]
+    least = min(min(row) for row in budgets)
+    until = state.host.setdefault("until", least)  # the first step not yet drawn for
+    if until <= cols.t:
+        generators = [p.rng for row in policies for p in row]
+        if state.host.get("padded") and len({id(g) for g in generators}) < len(generators):
+            raise ValueError("a seeded random draws a layer's heads from one generator in the reference path's "
+                             "order, which a padded row's later evictions change: build the cache with tensor=False")
+        steps = range(until, max(cols.t + 1, until + AHEAD))
+        plan = np.zeros((len(policies), len(policies[0]), len(steps)), dtype=np.int64)
+        for i, t in enumerate(steps):
+            for h in range(plan.shape[1]):
+                for b, (row, budget) in enumerate(zip(policies, budgets, strict=True)):
+                    if t >= budget[h]:
+                        plan[b, h, i] = row[h]._draw(budget[h] + 1, 1)[0]
+        state.params["plan"] = torch.cat([state.params["plan"], torch.as_tensor(plan, device=cols.pos.device)], -1)
+        state.host["until"] = steps[-1] + 1
+    at = (state.params["admitted"] - 1 - least).clamp(min=0)  # the step an unpadded row draws this eviction at
+    drawn = state.params["plan"].gather(-1, at[..., None])
+    return (cols.older != drawn).double(), cols.held
+
+
+#: random's tensor step, which its ``tensor_step`` names
+TENSOR = TensorHooks("random", _random_tensor_state, _random_tensor_rank, admit=_random_tensor_admit)
+
+
 @register
 class RandomEviction(SlotPolicy):
     name = "random"
@@ -54,6 +110,7 @@ class RandomEviction(SlotPolicy):
     summary = "evict uniformly at random, from the rng it is given: the floor any informed policy must clear"
     display = Display("#fb9a99", "12px,3px,3px,3px,3px,3px", 4)
     engine_binding = EngineBinding(STEPS)
+    tensor_step = TENSOR
     uses_rng = True
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None) -> None:

@@ -35,6 +35,7 @@ from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per
 from .h2o import RECENT_WINDOW
 from .registry import register
 from .slot_hooks import Shape, SlotHooks, _drop, _first_min, _slots
+from .tensor_hooks import TensorHooks, TensorState, param, slots
 
 OBSERVATION_WINDOW = Param("observation_window", 32, "the score is the attention of the last observation_window queries")
 
@@ -168,6 +169,60 @@ STEPS = SlotHooks("snapkv_steps", _snapkv_state, observe=_snapkv_observe, admit=
                   pick=_snapkv_pick, drop=_snapkv_drop)
 
 
+# --------------------------------------------------------------------------------------------
+# the tensor step (the deployed cache's, ``kvsim.hf.tensor``): each column's ring of its last observed weights
+# (``(batch, heads, width, w + 1)`` float64, w the largest observation window of the layer's rows; a row at a
+# smaller window uses its first columns, the last column stays zero) written at the row's clock (the steps it was
+# shown a row, counted per (row, KV head)), beside h2o's running sum for a window of 0; the score the ring's
+# window gathered oldest to newest and added in that order (the zeros of the columns a smaller window leaves out
+# added after, exactly), the victim the first minimum outside the recent window
+
+
+def _snapkv_tensor_state(policies, batch, heads, width, device):
+    import torch
+
+    windows = param(policies, "observation_window", device)
+    wide = max(p.observation_window for row in policies for p in row) + 1
+    return TensorState({"recent_window": param(policies, "recent_window", device), "window": windows,
+                        "clock": torch.zeros(batch, heads, dtype=torch.int64, device=device)},
+                       {"sum": slots(batch, heads, width, device),
+                        "ring": torch.zeros(batch, heads, width, wide, dtype=torch.float64, device=device)})
+
+
+def _snapkv_tensor_observe(state, shown, before):
+    import torch
+
+    seen = before.any(-1)  # a padded position is shown nothing and does not advance the clock
+    w, clock, ring = state.params["window"], state.params["clock"], state.slots["ring"]
+    row = shown.double()
+    state.slots["sum"] += row
+    at = (clock % w.clamp(min=1))[..., None, None].expand(*ring.shape[:3], 1)
+    written = ring.scatter(-1, at, row[..., None])
+    state.slots["ring"] = torch.where((seen & (w > 0))[..., None, None], written, ring)
+    state.params["clock"] = clock + seen
+
+
+def _snapkv_tensor_admit(state, new, before):
+    state.slots["sum"].masked_fill_(new, 0.0)
+    state.slots["ring"].masked_fill_(new[..., None], 0.0)
+
+
+def _snapkv_tensor_rank(state, cols):
+    import torch
+
+    w, clock, ring = state.params["window"], state.params["clock"], state.slots["ring"]
+    j = torch.arange(ring.shape[-1], device=ring.device)
+    at = torch.where(j < w[..., None], (clock[..., None] + j) % w[..., None].clamp(min=1), ring.shape[-1] - 1)
+    window = ring.gather(-1, at[:, :, None, :].expand_as(ring)).cumsum(-1)[..., -1]  # oldest to newest
+    return (torch.where(w[..., None] > 0, window, state.slots["sum"]),
+            cols.newer >= state.params["recent_window"][..., None])
+
+
+#: snapkv's tensor step, which its ``tensor_step`` names
+TENSOR = TensorHooks("snapkv", _snapkv_tensor_state, _snapkv_tensor_rank, observe=_snapkv_tensor_observe,
+                     admit=_snapkv_tensor_admit)
+
+
 @register
 class SnapKV(SlotPolicy):
     name = "snapkv"
@@ -176,6 +231,7 @@ class SnapKV(SlotPolicy):
     summary = "keep the newest recent_window positions and, of the rest, the most attended by the last observation_window queries"
     display = Display("#e377c2", "solid", 2, "x")
     engine_binding = EngineBinding(STEPS)
+    tensor_step = TENSOR
     reads_attention = True
     keeps_scores = True
     tunables = (RECENT_WINDOW, OBSERVATION_WINDOW)

@@ -9,11 +9,12 @@ keeps its state in tensors the same shape (``TensorState.slots``, one value per 
 column when the layer compacts a chunk into its slots) and its parameters per (row, KV head)
 (``TensorState.params``). One step t of every (row, KV head), in the harness's order:
 
-1. ``observe(state, shown, cols)``: ``shown`` ``(batch, heads, width)`` float32 is what the reference
+1. ``observe(state, shown, before)``: ``shown`` ``(batch, heads, width)`` float32 is what the reference
    path shows the policy (the combining rule's row renormalised over the held columns, float32), zero off
    them; only called for a policy that ``reads_attention``. A row with no column held before t (a padded
    position of a left-padded batch, which the layer steps as if it never came) must come out unchanged;
-2. ``admit(state, new, cols)``: ``new`` ``(batch, heads, width)`` bool marks position t's column;
+2. ``admit(state, new, before)``: ``new`` ``(batch, heads, width)`` bool marks position t's column
+   (``before``: the columns held before it), t's vectors in ``state.now``;
    position 0, held from the start, is admitted the same way (its state is the policy's starting one);
 3. ``rank(state, cols)`` -> ``(values, candidates)``: where the cache is over its budget, the layer evicts
    the candidate with the smallest value, and among equal values the lower position (the cards' tie
@@ -35,25 +36,32 @@ from dataclasses import dataclass, field
 
 @dataclass
 class TensorState:
-    """A policy's state on the device: ``params``, name -> ``(batch, heads)`` tensor (a parameter per
-    (row, KV head): each may differ, as a quality batch's rows do); ``slots``, name -> ``(batch, heads,
-    width)`` tensor, one value per column, which the layer widens for a chunk and compacts after."""
+    """A policy's state on the device: ``params``, name -> ``(batch, heads, ...)`` tensor (a parameter or a
+    counter per (row, KV head): each may differ, as a quality batch's rows do); ``slots``, name -> ``(batch,
+    heads, width, ...)`` tensor, a value (or a vector) per column, which the layer widens for a chunk and
+    compacts after. The layer sets ``now``, position t's rows of what the policy ``reads`` (``keys`` and
+    ``values`` ``(batch, heads, d)`` as stored, ``out_norms`` ``(batch, heads, G)`` float32), before each step,
+    and ``host``: ``policies`` and ``budgets``, the layer's per-row lists (``[row][kv head]``)."""
 
     params: dict = field(default_factory=dict)
     slots: dict = field(default_factory=dict)
+    now: dict = field(default_factory=dict)
+    host: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Columns:
     """What the layer's columns hold at step ``t``: ``pos`` ``(batch, heads, width)`` int64 (-1: none),
     ``held`` bool (t admitted), ``newer`` and ``older`` int64, per held column the held positions newer
-    and older than its own (undefined off ``held``)."""
+    and older than its own (undefined off ``held``); ``order``, the columns in position order, the held
+    ones first (what a sum in kept order gathers by)."""
 
     t: int
     pos: object
     held: object
     newer: object
     older: object
+    order: object = None
 
 
 @dataclass(frozen=True)
@@ -86,4 +94,25 @@ def slots(batch: int, heads: int, width: int, device, fill: float = 0.0):
     return torch.full((batch, heads, width), fill, dtype=torch.float64, device=device)
 
 
-__all__ = ["Columns", "TensorHooks", "TensorState", "param", "slots"]
+def in_order(x):
+    """The float64 sum over the last axis added strictly in order, as ``kvsim.data.gqa.position_sum`` adds (a
+    cumulative sum: sequential on the CPU, where the tests hold the tensor path to the reference)."""
+    return x.double().cumsum(-1)[..., -1]
+
+
+def key_norms(keys):
+    """``kvsim.policies.knorm.key_norms`` in torch: each key widened to float64, its squares added in
+    dimension order, ``sqrt``: the same bits."""
+    k = keys.double()
+    return in_order(k * k).sqrt()
+
+
+def admitted(slot, new, value):
+    """``slot`` ``(batch, heads, width, ...)`` with t's column (``new``) set to ``value`` ``(batch, heads, ...)``."""
+    import torch
+
+    extra = slot.dim() - new.dim()
+    return torch.where(new.reshape(*new.shape, *[1] * extra), value.unsqueeze(2).to(slot.dtype), slot)
+
+
+__all__ = ["Columns", "TensorHooks", "TensorState", "admitted", "in_order", "key_norms", "param", "slots"]

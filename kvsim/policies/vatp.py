@@ -41,6 +41,7 @@ from .h2o import RECENT_WINDOW
 from .registry import register
 from .slot_hooks import Shape, SlotHooks, _drop, _slots
 from .streaming_llm import SINKS
+from .tensor_hooks import TensorHooks, TensorState, admitted, in_order, param, slots
 
 
 def value_l1(values) -> np.ndarray:
@@ -114,6 +115,57 @@ def _value_weighted_state(shape: Shape, windows, sinks, multipliers):
 STEPS = SlotHooks("value_weighted_steps", _value_weighted_state, observe=_value_weighted_observe,
                   admit=_value_weighted_admit, score=_value_weighted_score, pick=_value_weighted_pick,
                   drop=_value_weighted_drop)
+
+
+# --------------------------------------------------------------------------------------------
+# the tensor step of both (the deployed cache's, ``kvsim.hf.tensor``): h2o's float64 score per column gaining the
+# float32 row shown, a float64 multiplier per column set as its position is admitted (``multiplier`` of
+# ``state.now``, each policy's own statement in torch, the same bits), the victim the first minimum of their
+# product over the columns outside the recent window; a held sink ranks after every other candidate at the largest
+# float64 (their first minimum is then the oldest sink, as the reference's ranks have it). The reference refuses a
+# multiplier that overflows float64 in one line; the tensor step cannot look without reading back to the host, so
+# such a value (beyond 1.8e308) would rank as its product does.
+
+
+def _value_weighted_tensor_state(policies, batch, heads, width, device):
+    return TensorState({"recent_window": param(policies, "recent_window", device), "sinks": param(policies, "_sinks", device)},
+                       {"score": slots(batch, heads, width, device), "mult": slots(batch, heads, width, device)})
+
+
+def _value_weighted_tensor_observe(state, shown, before):
+    state.slots["score"] += shown.double()  # zero off the held columns
+
+
+def _value_weighted_tensor_admit(state, new, before):
+    state.slots["score"].masked_fill_(new, 0.0)
+    state.slots["mult"] = admitted(state.slots["mult"], new, state.host["multiplier"](state.now))
+
+
+def _value_weighted_tensor_rank(state, cols):
+    import torch
+
+    product = state.slots["score"] * state.slots["mult"]
+    pinned = cols.pos < state.params["sinks"][..., None]
+    return (torch.where(pinned, torch.finfo(torch.float64).max, product),
+            cols.newer >= state.params["recent_window"][..., None])
+
+
+def value_weighted_tensor_step(name: str, multiplier) -> TensorHooks:
+    """The tensor step of a value-weighted policy whose multiplier, from position t's ``state.now``, is
+    ``multiplier`` (``(batch, heads)`` float64)."""
+
+    def state(policies, batch, heads, width, device):
+        out = _value_weighted_tensor_state(policies, batch, heads, width, device)
+        out.host["multiplier"] = multiplier
+        return out
+
+    return TensorHooks(name, state, _value_weighted_tensor_rank, observe=_value_weighted_tensor_observe,
+                       admit=_value_weighted_tensor_admit)
+
+
+def _value_l1_tensor(now):
+    """``value_l1`` of t's value in torch: float64, added in dimension order."""
+    return in_order(now["values"].double().abs())
 
 
 class ValueWeighted(SlotPolicy):
@@ -210,6 +262,7 @@ class VATP(ValueWeighted):
     display = Display("#556b2f", "9px,3px,2px,3px", 2.5, "square", score_name="cumulative attention x |v|_1")
     reads = ("values",)
     tunables = (RECENT_WINDOW, SINKS)
+    tensor_step = value_weighted_tensor_step("vatp", _value_l1_tensor)
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None,
                  recent_window: int = RECENT_WINDOW.default, sinks: int = SINKS.default) -> None:
