@@ -25,7 +25,7 @@ from kvsim.policies.learned import (
     load_weights,
 )
 from kvsim.policies.optimal import optimal_schedule
-from kvsim.views.learned import study_markdown, weights_figure
+from kvsim.views.learned import beside_sentence, kept_beside, study_markdown, weights_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -206,6 +206,31 @@ def test_the_score_view_draws_the_learned_weights():
     bars = [s for s in specs if s["data"] and s["data"][0].get("type") == "bar" and "learned: weights" in
             s["layout"]["title"]["text"]]
     assert len(bars) == 1 and list(bars[0]["data"][0]["y"])[::-1] == list(ATTENTION_FEATURES)
+    # beside it, the learned policy's kept positions beside the optimum's and h2o's at the same budget and step
+    beside = [s for s in specs if s["layout"].get("title", {}).get("text") == "learned beside the optimum and h2o"]
+    assert len(beside) == 1
+    rows = {}
+    for trace in beside[0]["data"]:
+        if trace.get("xaxis", "x") == "x":
+            rows.setdefault(trace["y"][0] if trace["y"] else None, []).extend(trace["x"])
+    rows.pop(None, None)
+    assert set(rows) == {"learned", "optimal", "h2o"} and all(len(x) == 128 for x in rows.values())
+    lines = [t for t in beside[0]["data"] if t.get("mode") == "lines"]
+    assert [t["name"] for t in lines] == ["learned ∩ optimal", "h2o ∩ optimal"]
+    assert all(0 <= y <= 1 for t in lines for y in t["y"] if y is not None)
+    caption = " ".join(c.value for c in at.caption)
+    assert "After step 600, positions that one policy keeps and the other two do not: learned" in caption
+
+
+def test_the_kept_beside_marks_what_only_one_policy_keeps():
+    kept = {"learned": np.array([[0, 1, 2, -1], [0, 2, 3, 4]]), "optimal": np.array([[0, 1, -1, -1], [0, 3, 4, 5]]),
+            "h2o": np.array([[0, 1, 2, -1], [1, 2, 3, 6]])}
+    b = kept_beside(kept, 2)
+    assert b["alone"] == {"learned": [], "optimal": [5], "h2o": [1, 6]}
+    assert b["with_optimal"] == {"learned": 3, "h2o": 1}
+    np.testing.assert_allclose(b["share_of_optimal"]["learned"], [1.0, 0.75])
+    np.testing.assert_allclose(b["share_of_optimal"]["h2o"], [1.0, 0.25])
+    assert "learned 0; optimal 1; h2o 2" in beside_sentence(b)
 
 
 def test_the_deployed_cache_runs_the_learned_policy():

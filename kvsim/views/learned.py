@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 #: what each feature is, in a few words (the weights' table and the bar chart's hover)
 FEATURE_WORDS = {
     "log_cum": "cumulative attention (h2o's score), log",
@@ -201,3 +203,77 @@ def weights_figure(weights: dict, height: int = 320):
     fig.update_layout(title=f"learned: weights on standardised features (fitted on {fitted})", height=height,
                       margin=dict(l=10, r=10, t=40, b=30), xaxis_title="weight (higher score: kept)")
     return fig
+
+
+# --------------------------------------------------------------------------------------------
+# the learned policy's kept positions beside the optimum's and h2o's (the scores view)
+
+#: the policies the learned one is drawn beside, in the order of the picture's rows
+BESIDE = ("learned", "optimal", "h2o")
+
+
+def _overlap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per row, how many positions two ``(T, budget)`` kept histories (-1 padded, positions unique in a row)
+    share: the equal neighbours of the two rows sorted together."""
+    both = np.sort(np.concatenate([a, b], axis=1), axis=1)
+    return ((both[:, 1:] == both[:, :-1]) & (both[:, 1:] >= 0)).sum(axis=1)
+
+
+def kept_beside(kept: dict[str, np.ndarray], step: int) -> dict:
+    """At ``step`` (1-based: the kept set after it), each policy's kept positions and which of them the other two
+    do not keep; over the run, the share of the optimum's kept positions that each other policy keeps too.
+    ``kept``: name -> ``(T, budget)`` kept history (``ReplayResult.kept_history``) of ``BESIDE``."""
+    row = min(max(step, 1), min(k.shape[0] for k in kept.values())) - 1
+    sets = {n: set(int(p) for p in kept[n][row] if p >= 0) for n in BESIDE}
+    alone = {n: sorted(sets[n] - set().union(*(sets[m] for m in BESIDE if m != n))) for n in BESIDE}
+    held = (kept["optimal"] >= 0).sum(axis=1)
+    share = {n: _overlap(kept[n], kept["optimal"]) / np.maximum(held, 1) for n in BESIDE if n != "optimal"}
+    return {"step": row + 1, "sets": {n: sorted(s) for n, s in sets.items()}, "alone": alone,
+            "with_optimal": {n: len(sets[n] & sets["optimal"]) for n in BESIDE if n != "optimal"},
+            "share_of_optimal": share, "mean_share_of_optimal": {n: float(v.mean()) for n, v in share.items()}}
+
+
+def beside_sentence(b: dict) -> str:
+    """The picture in words: what each keeps alone at the step, and how much of the optimum's cache each keeps."""
+    alone = "; ".join(f"{n} {len(b['alone'][n])}" for n in BESIDE)
+    mean = ", ".join(f"{n} {v:.1%}" for n, v in b["mean_share_of_optimal"].items())
+    return (f"After step {b['step']}, positions that one policy keeps and the other two do not: {alone}. "
+            f"Of the optimum's kept positions, learned keeps {b['with_optimal']['learned']} and h2o "
+            f"{b['with_optimal']['h2o']}; over the whole run, on average: {mean}.")
+
+
+def kept_beside_figure(b: dict, height: int = 420):
+    """Top: each policy's kept positions after the step, one row each, a position none of the other two keeps
+    marked apart; bottom: per step, the share of the optimum's kept positions that learned and h2o keep too."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=2, cols=1, row_heights=[0.45, 0.55], vertical_spacing=0.16,
+                        subplot_titles=(f"kept after step {b['step']}: a position the other two do not keep is marked",
+                                        "share of the optimum's kept positions each keeps too, per step"))
+    for n in BESIDE:
+        alone = set(b["alone"][n])
+        shared = [p for p in b["sets"][n] if p not in alone]
+        fig.add_trace(go.Scatter(x=shared, y=[n] * len(shared), mode="markers", name="kept by another too",
+                                 marker=dict(symbol="line-ns-open", size=10, color="#bbbbbb"), showlegend=n == BESIDE[0],
+                                 legendgroup="shared", hovertemplate=f"{n} keeps %{{x}}<extra></extra>"), row=1, col=1)
+        fig.add_trace(go.Scatter(x=sorted(alone), y=[n] * len(alone), mode="markers", name=f"{n} alone",
+                                 marker=dict(symbol="line-ns-open", size=14, line_width=2, color=COLOURS[n]),
+                                 hovertemplate=f"only {n} keeps %{{x}}<extra></extra>"), row=1, col=1)
+    for n, share in b["share_of_optimal"].items():
+        fig.add_trace(go.Scatter(x=list(range(1, share.size + 1)), y=share.round(4).tolist(), mode="lines", name=f"{n} ∩ optimal",
+                                 line=dict(color=COLOURS[n], width=1.5),
+                                 hovertemplate=f"step %{{x}}: {n} keeps %{{y:.1%}} of the optimum's<extra></extra>"),
+                      row=2, col=1)
+    fig.add_vline(x=b["step"], line_dash="dot", line_color="#666666", row=2, col=1)
+    fig.update_yaxes(categoryorder="array", categoryarray=list(BESIDE[::-1]), row=1, col=1)
+    fig.update_yaxes(tickformat=".0%", row=2, col=1)
+    fig.update_xaxes(title_text="position", row=1, col=1)
+    fig.update_xaxes(title_text="step", row=2, col=1)
+    fig.update_layout(title="learned beside the optimum and h2o", height=height, margin=dict(l=10, r=10, t=70, b=30),
+                      legend=dict(orientation="h", y=-0.15))
+    return fig
+
+
+#: a colour per policy drawn beside the others
+COLOURS = {"learned": "#1b9e77", "optimal": "#7570b3", "h2o": "#d95f02"}
