@@ -62,7 +62,8 @@ def rows_table(rows: list[dict]) -> str:
 
 def paged_rows(rows: list[dict]) -> list[dict]:
     """The rows measured in pages, in the shape of ``rows`` (``rows_table`` and ``verdict`` read either)."""
-    return [{"trace": r["trace"], "budget": r["budget"], **r["pages"]} for r in rows if r.get("pages")]
+    return [{"trace": r["trace"], "model": r.get("model"), "text": r.get("text"), "budget": r["budget"], **r["pages"]}
+            for r in rows if r.get("pages")]
 
 
 def verdict(rows: list[dict]) -> list[str]:
@@ -78,6 +79,183 @@ def verdict(rows: list[dict]) -> list[str]:
     return out
 
 
+def family(row: dict) -> str:
+    """The model family a row's trace was recorded from (a row without the field: the fit's, Gemma-3-270M)."""
+    model = row.get("model") or ""
+    if "smollm2" in model.lower():
+        return "SmolLM2-135M"
+    return "Gemma-3-270M" if not model or "gemma" in model.lower() else model
+
+
+def groups(rows: list[dict]) -> list[tuple[str, list[dict]]]:
+    """The rows by model and text, in their order, each with its heading: the fit's model and text first (rows
+    without a text: the study's first command), then another text, then the other model family."""
+    out: dict[tuple, list[dict]] = {}
+    for r in rows:
+        out.setdefault((family(r), r.get("text")), []).append(r)
+
+    def heading(key: tuple) -> str:
+        model, text = key
+        if text is None:
+            return f"{model} on heapq.py, the text the weights were fitted on: other layers"
+        if model == "Gemma-3-270M":
+            return f"{model}, the model the weights were fitted on, on another text: {text}"
+        return f"{model}, the other model family, on {text}"
+
+    return [(heading(k), v) for k, v in out.items()]
+
+
+def _held_out(rows: list[dict], where: str) -> list[str]:
+    """One table per model and text, the range of the gap closed and where a hand-written policy wins."""
+    parts = []
+    for title, mine in groups(rows):
+        closed = [r["gap_closed"] for r in mine if r["gap_closed"] is not None and not math.isnan(r["gap_closed"])]
+        losses = verdict(mine)
+        parts += [f"### {title}", "", rows_table(mine), ""]
+        summary = (f"The learned policy closes {min(closed):.1%} to {max(closed):.1%} of the h2o-to-optimum gap here"
+                   if closed else "The gap is not defined here")
+        if losses:
+            parts += [f"{summary}, and matches or beats the best hand-written policy in {len(mine) - len(losses)} of "
+                      f"{len(mine)} rows. Where it loses to a hand-written policy{where}:", "", *losses, ""]
+        else:
+            parts += [f"{summary}, and beats or matches every hand-written policy that runs on these traces at these "
+                      "budgets.", ""]
+    return parts
+
+
+#: the model families' names in the measures' commands, as the doc says them
+MODEL_NAMES = {"gemma3-270m": "Gemma-3-270M", "smollm2-135m": "SmolLM2-135M"}
+
+
+def _num(v, digits: int = 4) -> str:
+    return "-" if v is None else f"{v:+.{digits}f}" if digits < 0 else f"{v:.{digits}f}"
+
+
+def quality_table(entry: dict) -> str:
+    """One open-loop quality grid: per policy its KL, delta NLL and retained mass, the learned policy's first."""
+    lines = ["| policy | KL | delta NLL | delta NLL, key tokens | retained mass |", "| --- | ---: | ---: | ---: | ---: |"]
+    for r in entry["results"]:
+        key = r.get("delta_nll_key")
+        lines.append(f"| {r['policy']} | {r['kl']:.4f} | {r['delta_nll']:+.4f} | {'-' if key is None else f'{key:+.4f}'} "
+                     f"| {r['retained_mass']:.4f} |")
+    return "\n".join(lines)
+
+
+def quality_verdict(entry: dict) -> str:
+    """Where the learned policy ranks by KL among the online policies of the grid (the optimum apart)."""
+    online = sorted((r for r in entry["results"] if r["policy"] != "optimal"), key=lambda r: r["kl"])
+    names = [r["policy"] for r in online]
+    if "learned" not in names:
+        return ""
+    rank = names.index("learned") + 1
+    best = online[0]
+    mine = online[rank - 1]
+    opt = next((r for r in entry["results"] if r["policy"] == "optimal"), None)
+    tail = (f"; the optimum (by retained mass, not by KL) has KL {opt['kl']:.4f}" if opt else "")
+    keyed = sorted((r for r in online if r.get("delta_nll_key") is not None), key=lambda r: r["delta_nll_key"])
+    if mine.get("delta_nll_key") is not None and keyed:
+        k = [r["policy"] for r in keyed].index("learned") + 1
+        tail += (f". On the key tokens it ranks {k} of {len(keyed)} (delta NLL {mine['delta_nll_key']:+.4f}; the "
+                 f"lowest: {keyed[0]['policy']}, {keyed[0]['delta_nll_key']:+.4f})")
+    head = (f"learned has the lowest KL of the {len(names)} online policies ({mine['kl']:.4f})" if rank == 1 else
+            f"learned ranks {rank} of {len(names)} online policies by KL ({mine['kl']:.4f}; the lowest: "
+            f"{best['policy']}, {best['kl']:.4f})")
+    return head[0].upper() + head[1:] + tail + "."
+
+
+def _found(share) -> str:
+    return "n/a" if share is None else "found" if share == 1.0 else "-" if share == 0.0 else f"{share:.0%}"
+
+
+def needle_table(entry: dict) -> str:
+    """One pass-key grid: found at each depth, the (layer, KV head)s that held a key token to the end, and the exact
+    optimum's on the control's attention at the same budget."""
+    depths = entry["depths"]
+    lines = ["| policy | " + " | ".join(f"depth {d:g}" for d in depths) + " | key token held to the end | the optimum's |",
+             "| --- | " + " | ".join("---" for _ in depths) + " | ---: | ---: |",
+             "| full cache (control) | " + " | ".join(_found(v) for v in entry["control"]) + " | | |"]
+    for p in entry["policies"]:
+        lines.append(f"| {p['label']} | " + " | ".join(_found(v) for v in p["found"]) +
+                     f" | {p['key_held']} of {p['heads']} | {p['optimum_key_held']} of {p['heads']} |")
+    return "\n".join(lines)
+
+
+def model_measures(measures: dict | None) -> list[str]:
+    """docs/learned.md's section on the model's own measures (``bench/learned_measures.py`` writes them)."""
+    if not measures or not (measures.get("quality") or measures.get("needle")):
+        return []
+    parts = ["## The model's own measures", "",
+             "Retained mass is the simulator's figure; the model's own are what it predicts with the evicted cache. "
+             "The learned policy runs with the shipped weights (fitted on Gemma-3-270M's layer 5, by retained mass, "
+             "not by KL), on SmolLM2-135M unchanged; every other policy at its defaults.", ""]
+    if measures.get("quality"):
+        parts += ["Open loop (`kvsim quality --mode open`, docs/proxies.md): one teacher-forced pass over the text, "
+                  "every layer's attention masked by the policy's schedule replayed on the full cache's own attention, "
+                  "every layer and KV head at the budget; KL of the next-token distribution against the full cache's "
+                  "and delta NLL, averaged over the decode steps; delta NLL on the key tokens alone (LongPPL's: the "
+                  "tokens whose NLL the long context lowers most against a short window, the same tokens for every "
+                  "policy, docs/proxies.md). The optimum's schedule is the retained-mass optimum per (layer, KV head), "
+                  "not the KL optimum.", ""]
+        for q in measures["quality"]:
+            name = MODEL_NAMES.get(q["model"], q["model"])
+            parts += [f"### {name}, budget {q['budget']}, {q['steps']} steps of {q['text']} (full-cache NLL "
+                      f"{q['nll_full']:.4f})", "", quality_table(q), "", quality_verdict(q), "", "```", q["command"],
+                      "```", ""]
+    if measures.get("needle"):
+        parts += ["The pass key (`kvsim needle`, docs/needle.md): a key hidden at a depth of a filler prompt, the model "
+                  "asked for it at the end, decoded with each policy's evicting cache; found (every trial right), `-` "
+                  "(none), counted only where the full cache found it. Beside: the (layer, KV head)s over the trials "
+                  "that held a key token to the end of the prompt, and the exact optimum's on the control's "
+                  "attention at the same budget (`--optimum`).", ""]
+        for n in measures["needle"]:
+            name = MODEL_NAMES.get(n["model"], n["model"])
+            lengths = ", ".join(map(str, n["lengths"]))
+            parts += [f"### The pass key, {name}, {lengths} tokens, budget {n['budget']}, {n['trials']} trial(s) a cell",
+                      "", needle_table(n), "", "```", n["command"], "```", ""]
+    parts += ["Written into the study by:", "", "```", *measures["how"],
+              "python -m kvsim learn --doc docs/learned-study.json > docs/learned.md", "```", ""]
+    return parts
+
+
+def measured_and_not(study: dict) -> list[str]:
+    """What this study measures of issue 58's list, and what it still does not."""
+    rows = study["rows"]
+    families = sorted({family(r) for r in rows})
+    texts = {r.get("text") for r in rows if family(r) == "Gemma-3-270M"}
+    m = study.get("model_measures") or {}
+    q_models = sorted({MODEL_NAMES.get(q["model"], q["model"]) for q in m.get("quality", [])})
+    q_budgets = sorted({q["budget"] for q in m.get("quality", [])})
+    n_models = sorted({MODEL_NAMES.get(n["model"], n["model"]) for n in m.get("needle", [])})
+    done = [f"retained mass and the gap closed on {' and '.join(families)}"
+            + (f", Gemma-3-270M on {len(texts)} texts" if len(texts) > 1 else "")]
+    if q_models:
+        done.append(f"open-loop KL and delta NLL on {' and '.join(q_models)} at budget "
+                    f"{', '.join(map(str, q_budgets))}")
+    if n_models:
+        done.append(f"the pass key on {' and '.join(n_models)}")
+    missing = ["closed-loop KL and delta NLL (the truth, decoded token by token with the evicted cache)",
+               "the model's measures in pages of 16",
+               "weights fitted on SmolLM2-135M, or on keys as well (`log_key_norm`: the fit's trace holds no keys)",
+               "the pass key over several trials a cell and other lengths (one trial a cell is a first reading)"]
+    for what, models in (("the pass key", n_models), ("open-loop KL and delta NLL", q_models)):
+        if not models:
+            missing.insert(0, what)
+        elif len(models) < 2:
+            missing.insert(0, f"{what} on the other model family")
+    return ["## Measured here, and not", "", "Measured: " + "; ".join(done) + ".", "",
+            "Not measured here yet: " + "; ".join(missing) + ".", ""]
+
+
+def _recordings(study: dict) -> list[str]:
+    """How the recordings the added rows read were made (a recorded bundle lives in the cache directory under a
+    name its settings give: kvsim record --json prints it)."""
+    lines = study.get("recorded_by", [])
+    if not lines:
+        return []
+    return ["The recordings the later rows read (each into the cache directory, under the name it prints; "
+            "`kvsim cache list`):", "", "```", *lines, "```", ""]
+
+
 def study_markdown(study: dict) -> str:
     """docs/learned.md: the study as measured, from its JSON (``kvsim learn --study``)."""
     w = study["weights"]
@@ -85,8 +263,6 @@ def study_markdown(study: dict) -> str:
     rows = study["rows"]
     fitted_on = ", ".join(w.get("fitted_on", []))
     budgets = ", ".join(map(str, w.get("budgets", [])))
-    losses = verdict(rows)
-    closed = [r["gap_closed"] for r in rows if r["gap_closed"] is not None and not math.isnan(r["gap_closed"])]
     parts = [
         "# A policy learned from the optimum",
         "",
@@ -142,25 +318,16 @@ def study_markdown(study: dict) -> str:
         "",
         "Mean retained mass per step, each policy at its defaults and the budget shown; `-` where the trace lacks "
         "what a policy reads (keys, values, queries, output norms, RoPE). Gap closed: (learned - h2o) / (optimal - h2o). "
-        "A trace named `BUNDLE-Lnn` is a layer of a recorded bundle (traces/README.md); the shipped bundle "
-        "gemma3-270m-heapq holds 1024 steps of every layer, and its layers 2, 8 and 14 attend over a sliding window "
-        "of 512 positions, a kind of layer the fit never saw (it was fitted on a global layer).",
-        "",
-        rows_table(rows),
+        "A trace named `BUNDLE-Lnn` is a layer of a recorded bundle (traces/README.md), `BUNDLE-Lnn-kvH` its KV head "
+        "H; the shipped bundle gemma3-270m-heapq holds 1024 steps of every layer, and its layers 2, 8 and 14 attend "
+        "over a sliding window of 512 positions, a kind of layer the fit never saw (it was fitted on a global layer). "
+        "The weights are the same in every table: fitted on Gemma-3-270M's layer 5 over heapq.py, never refitted.",
         "",
     ]
-    if closed:
-        parts += [f"The learned policy closes {min(closed):.1%} to {max(closed):.1%} of the h2o-to-optimum gap on these "
-                  "traces and budgets.", ""]
-    if losses:
-        parts += [f"It matches or beats the best hand-written policy in {len(rows) - len(losses)} of {len(rows)} rows. "
-                  "Where it loses to a hand-written policy:", "", *losses, ""]
-    else:
-        parts += ["It beats every hand-written policy that runs on these traces at these budgets.", ""]
+    parts += _held_out(rows, "")
     paged = paged_rows(rows)
     if paged:
         size = paged[0]["block_size"]
-        lost = verdict(paged)
         parts += [f"## In pages of {size}", "",
                   f"The same, with the cache in pages of {size} positions (docs/serving.md: a whole page leaves, the "
                   "one whose positions' scores add up lowest, never the page still filling; `optimal` is the optimum "
@@ -168,18 +335,14 @@ def study_markdown(study: dict) -> str:
                   "(`Learned.layout_priorities`): the exponential keeps the single positions' order and puts the "
                   "score on the scale of attention, where a sum means something (summing the raw scores, which are "
                   "signed sums of log-features, lost to h2o in pages). The weights were fitted on single positions, "
-                  "not on pages.", "", rows_table(paged), ""]
-        if lost:
-            parts += [f"It matches or beats the best hand-written policy in {len(paged) - len(lost)} of {len(paged)} "
-                      "rows in pages. Where it loses to a hand-written policy in pages:", "", *lost, ""]
-    parts += ["## Not measured here", "",
-              "All of this is one model (Gemma-3-270M) and one text (heapq.py); the shipped weights read attention "
-              "only, because the trace they are fitted on holds no keys. The other text, the other model family, "
-              "the model's own KL and delta NLL and the pass key are not in this study yet: the "
-              "policy runs in `replay`, `table`, `needle`, `quality` and the app like any other, so each is one "
-              "command away, but no figure of them is claimed here.", ""]
+                  "not on pages.", ""]
+        parts += _held_out(paged, " in pages")
+    parts += model_measures(study.get("model_measures"))
+    parts += measured_and_not(study)
     parts += ["## The commands", "", "The study and this page:", "", "```", study["command"],
+              *study.get("added_by", []),
               "python -m kvsim learn --doc docs/learned-study.json > docs/learned.md", "```", "",
+              *_recordings(study),
               "Weights of your own (`--out`) replace the shipped ones for every `learned` a process builds, in every "
               "command and the app:", "", "```",
               "python -m kvsim learn --trace gemma3-270m-L11 --budget 256 --out my-weights.json",
@@ -249,7 +412,7 @@ def kept_beside_figure(b: dict, height: int = 420):
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=2, cols=1, row_heights=[0.45, 0.55], vertical_spacing=0.16,
-                        subplot_titles=(f"kept after step {b['step']}: a position the other two do not keep is marked",
+                        subplot_titles=(f"positions kept after step {b['step']}: one the other two do not keep in colour",
                                         "share of the optimum's kept positions each keeps too, per step"))
     for n in BESIDE:
         alone = set(b["alone"][n])
@@ -268,7 +431,6 @@ def kept_beside_figure(b: dict, height: int = 420):
     fig.add_vline(x=b["step"], line_dash="dot", line_color="#666666", row=2, col=1)
     fig.update_yaxes(categoryorder="array", categoryarray=list(BESIDE[::-1]), row=1, col=1)
     fig.update_yaxes(tickformat=".0%", row=2, col=1)
-    fig.update_xaxes(title_text="position", row=1, col=1)
     fig.update_xaxes(title_text="step", row=2, col=1)
     fig.update_layout(title="learned beside the optimum and h2o", height=height, margin=dict(l=10, r=10, t=70, b=30),
                       legend=dict(orientation="h", y=-0.15))
