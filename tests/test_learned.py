@@ -262,3 +262,27 @@ def test_a_page_sums_exp_of_the_scores_and_the_window_never_goes():
     prio = p.layout_priorities()
     assert np.isinf(prio[-2:]).all() and np.isfinite(prio[:-2]).all()
     np.testing.assert_allclose(np.log(prio[:-2]), p.scores[:-2])
+
+
+def test_add_puts_rows_of_the_same_weights_into_a_study_and_refuses_other_weights(tmp_path, capsys):
+    trace = tmp_path / "small.npz"
+    kvsim.save_npz(random_trace(160, 7, name="small"), trace)
+    weights = load_weights(DEFAULT_WEIGHTS)
+    study = tmp_path / "study.json"
+    old_row = {"trace": "other", "budget": 64, "retained_mass": {"learned": 0.5}, "gap_closed": 0.5}
+    study.write_text(json.dumps({"command": "python -m kvsim learn ...", "weights": weights, "rows": [old_row]}))
+    argv = ["learn", "--weights", str(DEFAULT_WEIGHTS), "--eval", str(trace), "--eval-budget", "48", "--study",
+            str(study), "--add"]
+    assert main(argv) == 0, capsys.readouterr().err
+    doc = json.loads(study.read_text())
+    assert [(r["trace"], r["budget"]) for r in doc["rows"]] == [("other", 64), ("small", 48)]
+    assert doc["rows"][0] == old_row and len(doc["added_by"]) == 1 and doc["added_by"][0].endswith("--add")
+    assert main(argv) == 0  # again: the row replaced in its place, the command listed once
+    again = json.loads(study.read_text())
+    assert [(r["trace"], r["budget"]) for r in again["rows"]] == [("other", 64), ("small", 48)]
+    assert again["added_by"] == doc["added_by"]
+    capsys.readouterr()
+    study.write_text(json.dumps({**doc, "weights": {**weights, "weights": [0.0] * len(weights["weights"])}}))
+    assert main(argv) in (1, 2)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "its weights are not --weights'" in err and "evaluated" not in err
