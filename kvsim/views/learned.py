@@ -102,7 +102,8 @@ def groups(rows: list[dict]) -> list[tuple[str, list[dict]]]:
             return f"{model}, the model the weights were fitted on, on another text: {text}"
         return f"{model}, the other model family, on {text}"
 
-    return [(heading(k), v) for k, v in out.items()]
+    order = sorted(out, key=lambda k: (k[0] != "Gemma-3-270M", k[1] is not None))  # stable: first seen first
+    return [(heading(k), out[k]) for k in order]
 
 
 def _held_out(rows: list[dict], where: str) -> list[str]:
