@@ -125,15 +125,13 @@ def main(argv: list[str] | None = None) -> int:
             words = needle_command(model, [p for p in chosen or POLICIES if p != "optimal"], args.depths)
             print(f"learned_measures.py: {shlex.join(words)}", file=sys.stderr)
             needle.append(needle_entry(model, run(words), words))
-    measures = study.get("model_measures") or {"how": [], "quality": [], "needle": []}
+    measures = study.get("model_measures") or {"quality": [], "needle": []}
+    how = ("python bench/learned_measures.py " + shlex.join(sys.argv[1:] if argv is None else argv)).strip()
     for q in quality:
-        measures["quality"] = _replace(measures["quality"], q, ("model", "budget"))
+        measures["quality"] = _replace(measures["quality"], {**q, "how": how}, ("model", "budget"))
     for n in needle:
-        measures["needle"] = _replace(measures["needle"], n, ("model",))
-    how = "python bench/learned_measures.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    if how.strip() not in measures["how"]:
-        measures["how"].append(how.strip())
-    study["model_measures"] = measures
+        measures["needle"] = _replace(measures["needle"], {**n, "how": how}, ("model",))
+    study["model_measures"] = {"quality": measures["quality"], "needle": measures["needle"]}
     study_path.write_text(json.dumps(study, indent=1) + "\n", encoding="utf-8")
     print(f"learned_measures.py: model measures written to {study_path}", file=sys.stderr)
     return 0

@@ -301,8 +301,9 @@ def test_the_models_own_measures_are_printed_with_their_commands_and_what_is_sti
               "budget": 256, "trials": 1, "control": [1.0, 1.0],
               "policies": [{"policy": "learned", "label": "learned", "found": [0.0, 1.0], "key_held": 3,
                             "optimum_key_held": 18, "heads": 18}]}
-    text = "\n".join(model_measures({"how": ["python bench/learned_measures.py"], "quality": [quality],
-                                     "needle": [needle]}))
+    text = "\n".join(model_measures({"quality": [{**quality, "how": "python bench/learned_measures.py"}],
+                                     "needle": [{**needle, "how": "python bench/learned_measures.py"}]}))
+    assert text.count("python bench/learned_measures.py") == 1
     assert "### SmolLM2-135M, budget 256, 1024 steps of heapq (full-cache NLL 2.5000)" in text
     assert "| learned | 0.0800 | +0.0900 | +1.2000 | 0.9700 |" in text
     assert "Learned ranks 2 of 3 online policies by KL (0.0800; the lowest: tova, 0.0500)" in text
@@ -310,6 +311,6 @@ def test_the_models_own_measures_are_printed_with_their_commands_and_what_is_sti
     assert "| full cache (control) | found | found | | |" in text and "| learned | - | found | 3 of 18 | 18 of 18 |" in text
     assert text.count("python -m kvsim quality heapq --model smollm2-135m --json") == 1
     study = json.loads((ROOT / "docs" / "learned-study.json").read_text())
-    missing = "\n".join(study_markdown({**study, "model_measures": {"how": [], "quality": [quality], "needle": []}})
+    missing = "\n".join(study_markdown({**study, "model_measures": {"quality": [quality], "needle": []}})
                         .split("## Measured here, and not")[1:])
     assert "Not measured here yet: open-loop KL and delta NLL on the other model family; the pass key;" in missing

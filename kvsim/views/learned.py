@@ -213,7 +213,8 @@ def model_measures(measures: dict | None) -> list[str]:
             lengths = ", ".join(map(str, n["lengths"]))
             parts += [f"### The pass key, {name}, {lengths} tokens, budget {n['budget']}, {n['trials']} trial(s) a cell",
                       "", needle_table(n), "", "```", n["command"], "```", ""]
-    parts += ["Written into the study by:", "", "```", *measures["how"],
+    hows = dict.fromkeys(e["how"] for kind in ("quality", "needle") for e in measures.get(kind, []) if e.get("how"))
+    parts += ["Written into the study by:", "", "```", *hows,
               "python -m kvsim learn --doc docs/learned-study.json > docs/learned.md", "```", ""]
     return parts
 
