@@ -239,6 +239,13 @@ def measured_and_not(study: dict) -> list[str]:
                "the model's measures in pages of 16",
                "weights fitted on SmolLM2-135M, or on keys as well (`log_key_norm`: the fit's trace holds no keys)",
                "the pass key over several trials a cell and other lengths (one trial a cell is a first reading)"]
+    if q_budgets:
+        missing.append(f"the open-loop grids at budgets other than {', '.join(map(str, q_budgets))}")
+    left = [c for c in COLUMNS if m.get("quality") and any(c not in {r["policy"] for r in q["results"]}
+                                                           for q in m["quality"])]
+    if left:
+        missing.insert(0, f"{', '.join(left)} in the open-loop grids above (its measurement did not finish here: "
+                          "the reference path's cost on a loaded 2-core machine)")
     for what, models in (("the pass key", n_models), ("open-loop KL and delta NLL", q_models)):
         if not models:
             missing.insert(0, what)
