@@ -261,8 +261,10 @@ def _recordings(study: dict) -> list[str]:
     lines = study.get("recorded_by", [])
     if not lines:
         return []
-    return ["The recordings the later rows read (each into the cache directory, under the name it prints; "
-            "`kvsim cache list`):", "", "```", *lines, "```", ""]
+    return ["The recordings the `--add` rows read, made first: each goes into the cache directory under the name "
+            "it prints (`kvsim cache list`), its tail a digest of the text, the model, the settings and the torch "
+            "and transformers versions, so on another machine the `--eval` names take that machine's name:", "",
+            "```", *lines, "```", ""]
 
 
 def study_markdown(study: dict) -> str:
