@@ -239,6 +239,10 @@ def measured_and_not(study: dict) -> list[str]:
                "the model's measures in pages of 16",
                "weights fitted on SmolLM2-135M, or on keys as well (`log_key_norm`: the fit's trace holds no keys)",
                "the pass key over several trials a cell and other lengths (one trial a cell is a first reading)"]
+    for n in m.get("needle", []):
+        if len(n["depths"]) < 3:
+            missing.insert(0, f"the pass key on {MODEL_NAMES.get(n['model'], n['model'])} at depths other than "
+                              f"{', '.join(f'{d:g}' for d in n['depths'])} (its runs did not finish here)")
     if q_budgets:
         missing.append(f"the open-loop grids at budgets other than {', '.join(map(str, q_budgets))}")
     left = [c for c in COLUMNS if m.get("quality") and any(c not in {r["policy"] for r in q["results"]}
