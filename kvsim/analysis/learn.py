@@ -402,7 +402,8 @@ def evaluate(traces: Sequence[Trace], budgets: Sequence[int], weights: dict, say
             mass["optimal"] = optimal_schedule(tr, b).retained_mass
             closed = _closed(mass)
             best = max((n for n in mass if n not in ("learned", "optimal")), key=mass.get)
-            row = {"trace": tr.name, "budget": b, "retained_mass": {k: round(v, 6) for k, v in mass.items()},
+            row = {"trace": tr.name, "model": tr.meta.get("model"), "text": tr.meta.get("source"),
+                   "budget": b, "retained_mass": {k: round(v, 6) for k, v in mass.items()},
                    "gap_closed": round(closed, 6), "best_hand_written": best}
             if pages and b >= 2 * PAGE:
                 with _weights_by_name(weights):

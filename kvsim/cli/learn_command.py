@@ -55,6 +55,8 @@ def add_learn(sub) -> None:
                    help="the budgets to evaluate at (default: --budget's)")
     p.add_argument("--study", default=None, metavar="FILE", help="with --eval: write the study (weights, figures, "
                    "command) as JSON here")
+    p.add_argument("--add", action="store_true", help="with --weights, --eval and --study: add the rows to that "
+                   "study (fitted with these weights), a row of the same trace and budget replaced, and list the command")
     p.add_argument("--doc", default=None, metavar="STUDY", help="print docs/learned.md from a study's JSON and stop")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
 
@@ -88,6 +90,8 @@ def command_line(args: argparse.Namespace) -> str:
     if args.eval_budget:
         words += ["--eval-budget", ",".join(map(str, args.eval_budget))]
     words += ["--study", args.study]
+    if args.add:
+        words += ["--add"]
     return " ".join(shlex.quote(w) for w in words)
 
 
@@ -109,6 +113,8 @@ def cmd_learn(args: argparse.Namespace) -> dict:
     from ..data.catalog import resolve_trace
     from ..policies.learned import ATTENTION_FEATURES, RECENT_WINDOW, load_weights
 
+    if args.add and (args.weights is None or args.eval is None or args.study is None):
+        raise CLIError("--add needs --weights FILE, --eval TRACE ... and --study FILE: the study the rows join")
     if args.weights is not None:
         if args.out or args.trace:
             raise CLIError("--weights evaluates weights already fitted: it takes no --trace or --out")
@@ -134,16 +140,45 @@ def cmd_learn(args: argparse.Namespace) -> dict:
         if args.out:
             Path(args.out).write_text(json.dumps(weights, indent=1) + "\n", encoding="utf-8")
             _say(f"learn: weights written to {args.out}")
+    before = _study_to_add_to(args.study, weights) if args.add else None  # refused before the evaluation
     doc = {"weights": weights, "rows": None}
     if args.eval:
         held = [resolve_trace(s) for s in args.eval]
         doc["rows"] = evaluate(held, args.eval_budget or weights.get("budgets") or args.budget, weights, say=_say)
         if args.study:
-            study = {"command": command_line(args),
-                     "weights": weights, "rows": doc["rows"]}
+            if before is not None:  # read again: another --add may have written it while this one evaluated
+                study = add_rows(_study_to_add_to(args.study, weights), doc["rows"], command_line(args))
+            else:
+                study = {"command": command_line(args), "weights": weights, "rows": doc["rows"]}
             Path(args.study).write_text(json.dumps(study, indent=1) + "\n", encoding="utf-8")
             _say(f"learn: study written to {args.study}")
     return doc
+
+
+def _study_to_add_to(path: str, weights: dict) -> dict:
+    """The study ``--add`` adds rows to: readable, and fitted with these very weights."""
+    try:
+        study = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CLIError(f"--study {path}: cannot read the study to add to ({e})") from None
+    if not isinstance(study, dict) or not isinstance(study.get("rows"), list) or "command" not in study:
+        raise CLIError(f"--study {path}: not a study of kvsim learn (no command and rows)")
+    if study.get("weights") != weights:
+        raise CLIError(f"--study {path}: its weights are not --weights': rows of other weights would not add up")
+    return study
+
+
+def add_rows(study: dict, rows: list[dict], command: str) -> dict:
+    """The study with ``rows`` added (an old row of the same trace and budget replaced, in its place) and
+    ``command`` listed among its ``added_by`` commands (once)."""
+    new = {(r["trace"], r["budget"]): r for r in rows}
+    old = {(r["trace"], r["budget"]) for r in study["rows"]}
+    merged = [new.get((r["trace"], r["budget"]), r) for r in study["rows"]]
+    merged += [r for r in rows if (r["trace"], r["budget"]) not in old]
+    added = list(study.get("added_by", []))
+    if command not in added:
+        added.append(command)
+    return {**study, "rows": merged, "added_by": added}
 
 
 def render_learn(doc: dict) -> str:

@@ -434,8 +434,9 @@ def _add_record(sub, traces) -> None:
                    "with --preset)")
     p.add_argument("--preset", choices=["long"], default=None, help="a named recording (see below); into the cache")
     add_conversation_flag(p, "recorded whole, each turn's reference answer teacher-forced, the turns' positions in the meta")
-    p.add_argument("--model", default=None, help="a local Hugging Face model folder or a hub id already in the local "
-                   "cache (nothing is downloaded); default: the shipped Gemma-3-270M")
+    p.add_argument("--model", default=None, help="smollm2-135m (the shipped SmolLM2-135M), a local Hugging Face model "
+                   "folder or a hub id already in the local cache (nothing is downloaded); default: the shipped "
+                   "Gemma-3-270M")
     p.add_argument("--out", default=None, help="the bundle folder to write (traces + manifest.json); it must not exist "
                    "or be empty (default: the cache directory, reused when there)")
     p.add_argument("--steps", type=positive_int, default=None, help="decode steps per trace (default: 4096)")

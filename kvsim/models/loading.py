@@ -373,7 +373,12 @@ def open_model(spec: str | Path | None, *, device: str = "cpu", progress: Progre
     tokenizer already show (a layer it lacks, a text too short) without waiting for the weights.
     ``spec`` None is the shipped Gemma-3-270M: from its dequantised copy in the cache when there (the
     config and tokenizer in seconds); the first load on a machine dequantises the GGUF first (about a
-    minute, once). Else ``open_hf_model``."""
+    minute, once). ``"smollm2-135m"`` is the shipped SmolLM2-135M (``load_smollm2``, loaded at once: it is
+    small). Else ``open_hf_model``."""
+    if spec is not None and str(spec) == "smollm2-135m":
+        check_device(device)
+        model, tokenizer = load_smollm2(progress)
+        return model.config, tokenizer, lambda: model.to(device)
     if spec is not None:
         return open_hf_model(spec, device=device, progress=progress)
     check_device(device)
