@@ -75,7 +75,9 @@ def conversation_view() -> None:
         "over every step it took, the best schedule for all turns at once)" if run.get("optimal_key_left") else ""
     st.caption(f"Per key, each layer's (and KV head's) cache under {label}{optimum}: the cell says the step at which "
                "the key's last token left, coloured by when that was (in the context, during a turn's question or "
-               "answer), or held where a token of it stayed to the end. A key gone before its own turn cannot be found.")
+               "answer), or held where a token of it stayed to the end. A key gone before its own turn cannot be found."
+               + (" This prompt was compressed in one call: what it dropped left at that call's last step (turn 1's "
+                  "question's last, query-aware; the context's last, query-agnostic)." if run.get("prefill") else ""))
     said = figures.summary(run)
     if said:
         st.markdown(said)

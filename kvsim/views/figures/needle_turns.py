@@ -38,16 +38,22 @@ def _colours(turns: int) -> list[str]:
     return [CONTEXT_COLOUR, *middle, HELD_COLOUR]
 
 
+def short(run: dict) -> str:
+    """A run's label up to its first comma (``snapkv @ 256``; the prompt's compression said by the selector)."""
+    return run["label"].split(",")[0]
+
+
 def turn_rows(cell: dict, run: dict) -> list[dict]:
     """One row per turn: the key it asked for, what the full cache and ``run`` wrote, and whether each found it."""
     control = cell["control"]
+    name = short(run)
     rows = []
     for i, key in enumerate(cell["keys"]):
         rows.append({"turn": i + 1, "asks for": f"key {i + 1} ({key})",
                      "full cache wrote": (control.get("texts") or [""] * len(cell["keys"]))[i].strip(),
                      "full cache found it": bool(control["found"][i]),
-                     f"{run['label']} wrote": (run.get("texts") or [""] * len(cell["keys"]))[i].strip(),
-                     f"{run['label']} found it": bool(run["found"][i])})
+                     f"{name} wrote": (run.get("texts") or [""] * len(cell["keys"]))[i].strip(),
+                     f"{name} found it": bool(run["found"][i])})
     return rows
 
 
@@ -78,7 +84,7 @@ def key_fates(cell: dict, run: dict, *, title: str = ""):
     for i in range(k):
         heads = len(run["key_left"][i][0])
         z, text = _grid(run["key_left"][i], run["turn_starts"])
-        xs = [run["label"] if heads == 1 else f"{run['label']}, KV head {h}" for h in range(heads)]
+        xs = [short(run) if heads == 1 else f"{short(run)}, KV head {h}" for h in range(heads)]
         hover = [[f"layer {x}, {xs[h]}: {_said(s, run['turn_starts'], names)}" for h, s in enumerate(row)]
                  for x, row in enumerate(run["key_left"][i])]
         if best is not None:
@@ -115,9 +121,13 @@ def summary(run: dict) -> str | None:
     """The retained attention mass beside the optimum's over the whole conversation, where measured."""
     if run.get("optimal_retained") is None or run.get("retained") is None:
         return None
-    return (f"Retained attention mass over the conversation: {run['retained']:.3f} (the optimum at the same budgets "
+    said = (f"Retained attention mass over the conversation: {run['retained']:.3f} (the optimum at the same budgets "
             f"{run['optimal_retained']:.3f}); after the context and the first question {run['retained_after_prompt']:.3f} "
             f"({run['optimal_retained_after_prompt']:.3f}).")
+    if run.get("prefill"):
+        said += (" A compressed prompt attends to the whole prompt while it is read, so only the second pair "
+                 "compares.")
+    return said
 
 
-__all__ = ["key_fates", "phase", "phase_names", "summary", "turn_rows"]
+__all__ = ["key_fates", "phase", "phase_names", "short", "summary", "turn_rows"]
