@@ -33,17 +33,11 @@ def test_the_conversation_in_a_browser_on_a_fresh_install(tmp_path, chromium):
             page.wait_for_function(JS_FATES, timeout=LOAD_TIMEOUT_MS)
             page.get_by_text("asks for", exact=False).first.wait_for(timeout=LOAD_TIMEOUT_MS)
             assert page.locator('[data-testid="stException"]').count() == 0
-            page.get_by_text("A conversation: a pass key per turn").first.scroll_into_view_if_needed()
             page.evaluate("() => document.fonts.ready.then(() => true)")
-            page.wait_for_timeout(2000)
-            top = page.get_by_text("A conversation: a pass key per turn").first
-            top.evaluate("e => e.scrollIntoView({block: 'start'})")
-            page.wait_for_timeout(1500)
+            # the turns' table and the whole fates figure below it in one window: the figure's bottom at the window's
+            page.locator(".js-plotly-plot").last.evaluate("e => e.scrollIntoView({block: 'end'})")
+            page.wait_for_timeout(2500)
             page.screenshot(path=str(ARTIFACTS / NAME))
             if UPDATE_DOCS:
                 page.screenshot(path=str(DOCS / NAME))
-            # the fates figure itself, whole, for a look at its labels and legend
-            page.locator(".js-plotly-plot").last.scroll_into_view_if_needed()
-            page.wait_for_timeout(1500)
-            page.screenshot(path=str(ARTIFACTS / "screenshot-conversation-fates.png"))
             assert errors == []
