@@ -121,3 +121,14 @@ def test_what_docs_needle_says_of_the_shipped_trial_2_is_in_the_file():
     assert sum(h[0] is None for h in h2o["optimal_key_left"][0]) == 3
     text = (Path(__file__).resolve().parent.parent / "docs" / "needle.md").read_text(encoding="utf-8")
     assert "in 10 of 18 layers" in " ".join(text.split()) and "screenshot-conversation.png" in text
+
+
+def test_the_compressed_prompts_are_drawn_and_their_mass_said_with_its_caveat(tmp_path, monkeypatch):
+    at = _open(tmp_path, monkeypatch)
+    for i, mode in ((1, "query-aware"), (2, "query-agnostic")):
+        at.selectbox(key="needle_conv_doc").set_value(i).run()
+        assert [e.value for e in at.exception] == [] and [w.value for w in at.warning] == []
+        assert at.selectbox(key="needle_conv_policy").value.endswith(mode)
+        assert any("only the second pair compares" in m.value for m in at.markdown)
+        assert any("This prompt was compressed in one call" in c.value for c in at.caption)
+        assert len([t for t in _fates(at)["data"] if t["type"] == "heatmap"]) == 2
