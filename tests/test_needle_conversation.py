@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -73,6 +74,13 @@ def test_two_turns_on_one_cache_give_each_keys_fate_and_the_optimum_bounds_every
     text = _run(folder, capsys, "--keys", "2", "--depths", "0.7,0.3", "--policy", "h2o", "--budget", "24",
                 "--recent-window", "4", "--optimum").out
     assert "turn 1" in text and "turn 2" in text and "retained mass over the conversation" in text
+    # the grid is saved for the app's Pass key view (kvsim.models.conversation_grid), where it reads back whole
+    from kvsim.models import conversation_grid
+
+    (line,) = [x for x in text.splitlines() if x.startswith("saved for the app's Pass key view: ")]
+    saved = conversation_grid.read(Path(line.split(": ", 1)[1]))
+    assert saved["keys"] == 2 and saved["cells"][0]["keys"] == cell["keys"]
+    assert saved["cells"][0]["runs"][0]["key_left"] == cell["runs"][0]["key_left"]  # h2o @ 24, recent_window 4 both
 
 
 def _ids(folder, cell, positions):
@@ -156,7 +164,6 @@ def test_the_python_example_in_docs_needle_md_runs(folder, monkeypatch, tmp_path
     """docs/needle.md's "A conversation: a pass key per turn" Python block, run as printed but on the tiny model
     (its name for gemma3-270m, its 330 tokens for 1024: the tiny model's context is 512)."""
     import re
-    from pathlib import Path
 
     page = (Path(__file__).resolve().parents[1] / "docs" / "needle.md").read_text(encoding="utf-8")
     section = page[page.index("## A conversation: a pass key per turn"):]

@@ -19,6 +19,7 @@ from kvsim.models import needle, needle_prompt
 from kvsim.views.figures import needle as figures
 
 from . import needle_kept
+from .needle_conversation_tab import conversation_view
 
 COMMAND = ("python -m kvsim needle --policies streaming_llm,h2o --budget 64 --lengths 512,1024 "
            "--depths 0.1:0.9:0.4 --trials 2")
@@ -37,6 +38,7 @@ def needle_view() -> None:
                 f"Yours need a real model run (torch and transformers: `{INSTALL_HINT}`); "
                 f"measure one with\n\n`{COMMAND}`\n\nand it joins the leaderboard, with each trial's cache drawn below "
                 "it (it is kept in the cache directory, `kvsim cache list`: needle).")
+        conversation_view()
         return
     path = st.selectbox("grid", list(docs), format_func=lambda p: _grid_name(docs[p]), key="needle_grid_file")
     doc = docs[path]
@@ -46,6 +48,7 @@ def needle_view() -> None:
     _follow(event, doc)
     _trial(doc)
     board_view(docs)
+    conversation_view()
 
 
 @st.cache_resource(max_entries=16, show_spinner=False)

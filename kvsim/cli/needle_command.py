@@ -379,7 +379,12 @@ def cmd_needle(args: argparse.Namespace) -> dict:
     builder = Builder(tokenizer, plan["template"])
     if plan["conversation"] is not None:
         prompts = _conversations(args, plan, builder, context)
-        return _run_conversations(args, plan, prompts, weights, tokenizer, model_id, context, say)
+        from ..models.conversation_grid import save
+
+        doc = _run_conversations(args, plan, prompts, weights, tokenizer, model_id, context, say)
+        path = save(doc)  # for the app's Pass key view, beside the shipped conversation
+        doc["saved"] = None if path is None else str(path)
+        return doc
     try:
         for n in plan["lengths"]:
             builder.prompt(n, 0.5, "0" * 5)
@@ -493,6 +498,8 @@ def render_conversation(doc: dict) -> str:
                          f"{best:.3f}); after the first question {after:.3f} ({best_after:.3f}){note}")
             lines.append("    a key token held to the end, of " + f"{heads} (layer, KV head)s: " + ", ".join(
                 f"key {i + 1} {held[i]} (optimum {opt[i]})" for i in range(k)))
+    if doc.get("saved"):
+        lines.append(f"saved for the app's Pass key view: {doc['saved']}")
     return "\n".join(lines)
 
 
