@@ -162,15 +162,7 @@ def cache(model, policy: str | None = None, budget: int | None = None, *, plan=N
     (row, KV head)), the authority the tensor path is held to."""
     from ..policies.layouts import Layout, LayoutError
 
-    context = _context(model)
-    if chunk is None:
-        chunk = CHUNK if context is None else min(CHUNK, context)
-    elif isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
-        raise HFError(f"chunk must be an integer of at least 1, got {chunk!r}")
-    elif context is not None and chunk > context:
-        raise HFError(f"chunk {chunk} is above {type(model).__name__}'s context of {context} positions")
-    if tensor not in (None, True, False):
-        raise HFError(f"tensor must be True, False or None (where it can), got {tensor!r}")
+    chunk = _chunk(model, chunk, tensor)
 
     try:
         layout = Layout(block_size, shared_selection, evict_every)
@@ -180,30 +172,15 @@ def cache(model, policy: str | None = None, budget: int | None = None, *, plan=N
         if not layout.plain:
             raise HFError("plan= gives the layout: give block_size, shared_selection and evict_every there, not here too")
         policy, budget, extra = _from_plan(plan, policy, budget, allocate, prefill, prefill_budget, params)
-        layout = extra.pop("layout")
-        allocate, prefill_budget = extra.pop("allocate"), extra.pop("prefill_budget")
+        layout, allocate, prefill_budget = extra.pop("layout"), extra.pop("allocate"), extra.pop("prefill_budget")
         prefill = extra.pop("prefill", prefill)
         prefill_policy, prefill_params = extra.pop("prefill_policy", prefill_policy), extra.pop("prefill_params", None)
         params = extra
     if policy is None:
         raise HFError("a policy is needed (or plan=)")
-    if prefill not in PREFILL:
-        raise HFError(f"prefill must be one of {', '.join(PREFILL)}, got {prefill!r}")
-    scorer = None
-    if prefill == "compress":
-        scorer = _scorer(prefill_budget, prefill_policy, prefill_params or {})
-    elif prefill_budget is not None or prefill_params:
-        raise HFError("prefill_budget and prefill_params go with prefill='compress'")
-    if prefill_scores is not None and (scorer is None or not registry.needs_model(scorer.name)):
-        raise HFError("prefill_scores are a model scorer's (prefill='compress', prefill_policy='reconstruction')")
+    scorer = _prefill_scorer(prefill, prefill_budget, prefill_policy, prefill_params, prefill_scores)
     if policy == GROW:
-        if prefill != "compress":
-            raise HFError("policy 'none' (the cache growing) is for prefill='compress'")
-        if budget is not None or windows is not None or allocate is not None or params:
-            raise HFError("policy 'none' lets the cache grow after the prompt: it takes no budget, windows, allocate "
-                          "or parameters")
-        kinds, kv_heads, _ = model_layout(model)
-        specs = [[None] * kv_heads for _ in kinds]
+        specs = _grown(model, prefill, budget, windows, allocate, params)
     elif isinstance(allocate, str) and allocate == "adakv":
         from .pooled import PooledLayer
 
@@ -219,6 +196,41 @@ def cache(model, policy: str | None = None, budget: int | None = None, *, plan=N
         return _under_layout(model, layout, policy, budget, windows, by, allocate, prefill, seed, progress, params)
     else:
         specs = layer_specs(model, policy, budget, windows, by, allocate, **params)
+    return _plain(model, specs, policy, scorer, prefill, prefill_budget, prefill_scores, seed, tensor, chunk, progress)
+
+
+def _grown(model, prefill: str, budget, windows, allocate, params: dict) -> list[list[None]]:
+    """The specs of policy ``"none"`` (the cache growing after a compressed prompt): no policy in any (layer, KV
+    head); HFError when the prompt is not compressed or a budget, windows, allocate or parameters are given."""
+    if prefill != "compress":
+        raise HFError("policy 'none' (the cache growing) is for prefill='compress'")
+    if budget is not None or windows is not None or allocate is not None or params:
+        raise HFError("policy 'none' lets the cache grow after the prompt: it takes no budget, windows, allocate "
+                      "or parameters")
+    kinds, kv_heads, _ = model_layout(model)
+    return [[None] * kv_heads for _ in kinds]
+
+
+def _chunk(model, chunk, tensor) -> int:
+    """``cache``'s ``chunk`` checked against the model's context (512 or the context when left out), and its
+    ``tensor`` checked to be True, False or None; HFError names what is wrong."""
+    context = _context(model)
+    if chunk is None:
+        chunk = CHUNK if context is None else min(CHUNK, context)
+    elif isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+        raise HFError(f"chunk must be an integer of at least 1, got {chunk!r}")
+    elif context is not None and chunk > context:
+        raise HFError(f"chunk {chunk} is above {type(model).__name__}'s context of {context} positions")
+    if tensor not in (None, True, False):
+        raise HFError(f"tensor must be True, False or None (where it can), got {tensor!r}")
+    return int(chunk)
+
+
+def _plain(model, specs, policy, scorer, prefill: str, prefill_budget, prefill_scores, seed, tensor, chunk: int,
+           progress) -> EvictingCache:
+    """The cache with no layout and no pool (``cache``'s last branch): the tensor path where ``tensor`` allows and
+    every (layer, KV head) can take it, the reference path otherwise, saying why in its ``notes`` when
+    ``tensor`` is None; a compressed prompt's ``prefill_scores`` given to each layer."""
     metas = layer_metas(model, [s for s in (None if policy == GROW else policy, scorer and scorer.name) if s])
     why = "prefill='compress' runs on the reference path" if prefill == "compress" else \
         refusal(specs, seed, prefill)
@@ -226,7 +238,7 @@ def cache(model, policy: str | None = None, budget: int | None = None, *, plan=N
         raise HFError(f"tensor=True: {why}")
     attach(model)
     if tensor is not False and why is None:
-        return EvictingCache([TensorLayer(row, prefill=prefill, meta=meta, chunk=int(chunk), rng_seed=seed)
+        return EvictingCache([TensorLayer(row, prefill=prefill, meta=meta, chunk=chunk, rng_seed=seed)
                               for row, meta in zip(specs, metas, strict=True)], progress=progress)
     out = EvictingCache([EvictingLayer(row, prefill=prefill, rng_seed=seed, prefill_budget=prefill_budget,
                                        prefill_policy=scorer, meta=meta) for row, meta in zip(specs, metas, strict=True)],
@@ -243,6 +255,22 @@ def cache(model, policy: str | None = None, budget: int | None = None, *, plan=N
         out.notes = [f"{why}: the reference path steps it, one (row, KV head) at a time in Python"
                      + (f", each step waiting for the {device} device" if device != "cpu" else "")]
     return out
+
+
+def _prefill_scorer(prefill: str, prefill_budget, prefill_policy: str, prefill_params: dict | None, prefill_scores):
+    """``cache``'s prompt mode checked with what goes with it: the compressed prompt's scorer (``_scorer``) under
+    ``prefill="compress"``, None under the others, which take no ``prefill_budget``, ``prefill_params`` or
+    ``prefill_scores``; HFError names what is wrong."""
+    if prefill not in PREFILL:
+        raise HFError(f"prefill must be one of {', '.join(PREFILL)}, got {prefill!r}")
+    scorer = None
+    if prefill == "compress":
+        scorer = _scorer(prefill_budget, prefill_policy, prefill_params or {})
+    elif prefill_budget is not None or prefill_params:
+        raise HFError("prefill_budget and prefill_params go with prefill='compress'")
+    if prefill_scores is not None and (scorer is None or not registry.needs_model(scorer.name)):
+        raise HFError("prefill_scores are a model scorer's (prefill='compress', prefill_policy='reconstruction')")
+    return scorer
 
 
 def _context(model) -> int | None:
