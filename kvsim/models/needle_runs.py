@@ -290,8 +290,8 @@ def run_batch(model, prompt: Prompt, jobs: Sequence, *, new_tokens: int = NEW_TO
     before the others is decoded on (its tokens and departures cut where its own run stops, what it held
     then checked against its departures).
 
-    The jobs share one batch when their prompt mode (``prefill``) and every (layer, KV head)'s budget
-    agree (one layer takes one prompt mode; a head's storage is its largest row's budget, and a row at
+    The jobs share one batch when their prompt mode (``prefill``), every (layer, KV head)'s budget and their
+    path agree (one layer takes one prompt mode; a head's storage is its largest row's budget, and a row at
     another budget would see its slots in another layout); the rest go in further batches, each
     decoded the same way. A job under a serving layout (``Job.layout``) decodes alone, in the cache
     ``kvsim.hf.cache`` built for it. ``rows``: as ``run_trial``'s, per job or for all.
@@ -304,7 +304,6 @@ def run_batch(model, prompt: Prompt, jobs: Sequence, *, new_tokens: int = NEW_TO
     (``EvictingCache.notes``). ``tensor=False``: every row on the reference path, the authority the tensor path's
     rows are held to (tests/test_needle_batch.py)."""
     import kvsim.hf as hf
-    from kvsim.hf import EvictingCache, EvictingLayer, LayerMeta
     from kvsim.hf.tensor import TensorLayer
 
     jobs = [j if isinstance(j, Job) else Job(j[0], j[1], tuple(sorted((j[2] or {}).items())),
@@ -343,26 +342,32 @@ def run_batch(model, prompt: Prompt, jobs: Sequence, *, new_tokens: int = NEW_TO
         size = max(1, int(2e9 // per_row)) if any(wanted[i] for i in members) else len(members)
         for a in range(0, len(members), size):
             part = members[a : a + size]
-            layers = []
-            for x in range(len(one.layers)):
-                firsts = [built[i][0].layers[x] for i in part]
-                policies = []
-                for lay in firsts:
-                    rng = None if lay.rng_seed is None else np.random.default_rng(lay.rng_seed)  # as the layer's own
-                    trace = LayerMeta(f"layer {x}", dict(lay.meta))
-                    policies.append([None if spec is None else spec.build(trace, rng=rng) for spec in lay.specs])
-                meta = next((lay.meta for lay in firsts if lay.meta), {})
-                head = firsts[0]
-                if isinstance(head, TensorLayer):  # every row's on the tensor path, one class (the group's key)
-                    layers.append(TensorLayer(policies=policies, prefill=head.prefill, meta=meta, chunk=head.chunk))
-                    continue
-                layers.append(EvictingLayer(policies=policies, prefill=head.prefill, prefill_budget=head.prefill_budget,
-                                            prefill_policy=head.prefill_policy, meta=meta))
-            cache = EvictingCache(layers, progress=progress)
+            layers = [_batch_layer([built[i][0].layers[x] for i in part], x) for x in range(len(one.layers))]
+            cache = hf.EvictingCache(layers, progress=progress)
             for i, record in zip(part, _decode_batch(model, prompt, cache, new_tokens, eos, [wanted[i] for i in part]),
                                  strict=True):
                 out[i] = record
     return out
+
+
+def _batch_layer(firsts: list, x: int):
+    """Decoder layer ``x`` of a batch: row i the policies of ``firsts[i]`` (layer ``x`` of a job's own cache, as
+    ``kvsim.hf.cache`` built it), built afresh as that layer builds them, on the path the group's layers are on
+    (a ``TensorLayer``'s rows share one policy class: the group's key)."""
+    from kvsim.hf import EvictingLayer, LayerMeta
+    from kvsim.hf.tensor import TensorLayer
+
+    policies = []
+    for lay in firsts:
+        rng = None if lay.rng_seed is None else np.random.default_rng(lay.rng_seed)  # as the layer's own
+        trace = LayerMeta(f"layer {x}", dict(lay.meta))
+        policies.append([None if spec is None else spec.build(trace, rng=rng) for spec in lay.specs])
+    meta = next((lay.meta for lay in firsts if lay.meta), {})
+    head = firsts[0]
+    if isinstance(head, TensorLayer):
+        return TensorLayer(policies=policies, prefill=head.prefill, meta=meta, chunk=head.chunk)
+    return EvictingLayer(policies=policies, prefill=head.prefill, prefill_budget=head.prefill_budget,
+                         prefill_policy=head.prefill_policy, meta=meta)
 
 
 def _job_how(allocate, prefill) -> tuple:
