@@ -50,12 +50,63 @@ def _same(batched: dict, alone: dict, what) -> None:
     assert batched["left"].dtype == alone["left"].dtype and np.array_equal(batched["left"], alone["left"]), what
 
 
+#: several policies in one cell, two rows of a class apart only by their parameters, one with no tensor step
+MIXED = [("h2o", 24, {"recent_window": 4}), ("h2o", 24, {"recent_window": 8}), ("tova", 24, {}),
+         ("streaming_llm", 24, {"sinks": 2}), ("streaming_llm", 24, {"sinks": 4}), ("keydiff", 24, {}),
+         ("random", 24, {}), ("vatp", 24, {"recent_window": 4}), ("expected_attention", 24, {"refresh": 8})]
+
+
+def test_a_cells_rows_on_the_tensor_path_give_the_reference_paths_records(tiny):
+    """A cell's rows whose policy has a tensor step decode on the tensor path, one batch per policy class; each
+    row's whole record (tokens, positions, budgets, the departure step of every position in every (layer, KV
+    head)) is the reference path's (``run_batch(tensor=False)``), and the row without a tensor step falls back to
+    the reference path, said once."""
+    from kvsim.models import needle
+
+    model, prompt = tiny
+    said = []
+    fast = needle.run_batch(model, prompt, MIXED, seed=0, note=said.append)
+    slow = needle.run_batch(model, prompt, MIXED, seed=0, tensor=False)
+    assert [r["batch"] for r in fast] == [2, 2, 1, 2, 2, 1, 1, 1, 1]
+    assert [r["batch"] for r in slow] == [len(MIXED)] * len(MIXED)
+    assert said == ["expected_attention declares no tensor step: the reference path steps it, one (row, KV head) "
+                    "at a time in Python"]
+    timing = {"prefill_seconds", "decode_seconds", "batch"}
+    for job, a, b in zip(MIXED, fast, slow, strict=True):
+        assert a.keys() == b.keys(), job
+        _same(a, b, job)
+        assert {k: v for k, v in a.items() if k not in timing | {"left"}} == \
+            {k: v for k, v in b.items() if k not in timing | {"left"}}, job
+    # the key's fate as the grid records it, from the same departures
+    for a, b in zip(fast, slow, strict=True):
+        assert needle.fate(a["left"], prompt.key_positions) == needle.fate(b["left"], prompt.key_positions)
+    assert any((r["left"] >= 0).any() for r in fast)  # the rows did evict
+
+
+@pytest.mark.xfail(strict=True, reason="knorm on this tiny Gemma 3: its keys are RMS-normalised (k_norm), so every "
+                   "norm is sqrt(head_dim) to the last few bits, and the tensor path's attention outputs (one product "
+                   "per chunk of queries, kvsim.hf.tensor) differ from the reference's (one per position) in the last "
+                   "float32 bit in layer 0, which moves layer 1's key norms across near-ties")
+def test_knorm_on_the_tensor_path_gives_the_reference_paths_departures(tiny):
+    """Held to the reference as the cell's other rows are; it is not yet (the run alone on the tensor path,
+    ``run_trial``, differs the same way: a difference of the tensor path's arithmetic, not of the batch)."""
+    from kvsim.models import needle
+
+    model, prompt = tiny
+    job = [("knorm", 24, {})]
+    fast, slow = needle.run_batch(model, prompt, job, seed=0)[0], needle.run_batch(model, prompt, job, seed=0, tensor=False)[0]
+    assert fast["tokens"] == slow["tokens"]
+    assert np.array_equal(fast["left"], slow["left"])
+
+
 def test_every_row_of_a_batched_cell_is_its_policy_run_alone(tiny):
     from kvsim.models import needle
 
     model, prompt = tiny
     together = needle.run_batch(model, prompt, JOBS, seed=0, rows=[True] + [False] * (len(JOBS) - 1))
-    assert [r["batch"] for r in together] == [6, 6, 6, 6, 6, 6, 1, 2, 2, 2, 2]
+    # the reference path's rows (h2o, whose attention is kept; expected_attention, with no tensor step), then one
+    # tensor batch per policy class and budget, the split's rows apart, and the compressed prompt's (the reference)
+    assert [r["batch"] for r in together] == [2, 1, 1, 2, 1, 1, 1, 1, 1, 2, 2]
     alone = [_alone(model, prompt, job, rows=job is JOBS[0]) for job in JOBS]
     for job, batched, one in zip(JOBS, together, alone, strict=True):
         _same(batched, one, job)
@@ -84,20 +135,23 @@ def test_a_row_that_ends_early_is_cut_where_its_run_alone_stops(tiny):
         _same(batched, _alone(model, prompt, job, eos=eos), job)
 
 
-def test_a_grid_decodes_each_cell_as_one_batch_and_caches_each_run(folder, capsys):  # noqa: F811
-    """The command's cells: the control alone, the policies in one batch (said as it starts), each run then
-    read back from the cache as its own trial."""
+def test_a_grid_decodes_each_cell_in_batches_and_caches_each_run(folder, capsys):  # noqa: F811
+    """The command's cells: the control alone, the policies in batched passes (said as they start; a batch per
+    policy class on the tensor path, one for those on the reference path, which is said once for the grid),
+    each run then read back from the cache as its own trial."""
     import json
 
     from kvsim import cli
 
-    argv = ["needle", "--model", str(folder), "--policies", "h2o,streaming_llm,keydiff", "--budget", "24",
-            "--recent-window", "4", "--sinks", "2", "--lengths", "100", "--depths", "0.5", "--trials", "1", "--json"]
+    argv = ["needle", "--model", str(folder), "--policies", "h2o,streaming_llm,keydiff,expected_attention",
+            "--budget", "24", "--recent-window", "4", "--sinks", "2", "--lengths", "100", "--depths", "0.5",
+            "--trials", "1", "--json"]
     assert cli.main([*argv, "--no-cache"]) == 0
     out = capsys.readouterr()
     first = json.loads(out.out)
-    assert "decoding 3 run(s) as one batch over the prompt" in out.err
-    assert [r["batch"] for r in first["cells"][0]["runs"]] == [3, 3, 3] and first["cells"][0]["control"]["batch"] == 1
+    assert "decoding 4 run(s) in batched passes over the prompt" in out.err
+    assert out.err.count("expected_attention declares no tensor step: the reference path steps it") == 1
+    assert [r["batch"] for r in first["cells"][0]["runs"]] == [1, 1, 1, 1] and first["cells"][0]["control"]["batch"] == 1
     assert cli.main([*argv, "--quiet"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert all(r["cached"] for r in again["cells"][0]["runs"])

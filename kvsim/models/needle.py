@@ -129,7 +129,7 @@ class Unit:
 
 
 def run_unit(model, tokenizer, model_id: str, template: Template, unit: Unit, seed: int, new_tokens: int,
-             use_cache: bool = True, on_run=None, on_batch=None) -> dict:
+             use_cache: bool = True, on_run=None, on_batch=None, on_note=None) -> dict:
     """One cell's trial: the prompt, then the control and each job, each read from the disk cache when
     there; the control decoded alone (transformers' full cache), every other job not cached decoded
     together in one batched pass over the prompt (``run_batch``: each job a row with its own policy),
@@ -137,7 +137,7 @@ def run_unit(model, tokenizer, model_id: str, template: Template, unit: Unit, se
     (and, as ``unit`` asks, the exact optimum's fate at the run's budgets, and the run's attention kept
     as a bundle the kept-positions view opens). ``on_run(i, run)`` hears of each run as it ends (the
     control is run 0; the batch's runs end together), ``on_batch(n)`` of a batch of ``n`` runs as it
-    starts, so a long cell shows progress."""
+    starts, so a long cell shows progress; ``on_note`` as ``run_batch``'s ``note``."""
     from . import needle_traces as nt
 
     builder = Builder(tokenizer, template)
@@ -198,7 +198,7 @@ def run_unit(model, tokenizer, model_id: str, template: Template, unit: Unit, se
         if on_batch is not None:
             on_batch(len(todo))
         decoded = run_batch(model, prompt, [jobs[i] for i in todo], new_tokens=new_tokens, seed=seed, eos=eos,
-                            rows=[wanted[i] for i in todo])
+                            rows=[wanted[i] for i in todo], note=on_note)
         for i, record in zip(todo, decoded, strict=True):
             records[i] = fresh(i, record)
     for i in range(1, len(jobs)):
@@ -351,6 +351,13 @@ def run_grid(model_name: str, template: Template, jobs: Sequence[Job], lengths: 
 
     if scheduler is None:
         model, tokenizer, model_id = loaded or _worker_model(model_name, progress)
+        told: list[str] = []  # what the cells' caches said (a policy on the reference path), once for the grid
+
+        def tell(text: str) -> None:
+            if text not in told:
+                told.append(text)
+                say(sum(r is not None for r in results) / len(units), text)
+
         for i, u in enumerate(units):
             def each(j: int, r: dict, i: int = i, u: Unit = u) -> None:
                 n = r.get("batch", 1)
@@ -363,10 +370,10 @@ def run_grid(model_name: str, template: Template, jobs: Sequence[Job], lengths: 
 
             def batch(n: int, i: int = i, u: Unit = u) -> None:
                 say((i + 1 / (len(jobs) + 2)) / len(units), f"length {u.length} depth {u.depth:g} trial {u.trial + 1}: "
-                    f"decoding {n} run(s) as one batch over the prompt")
+                    f"decoding {n} run(s) in batched passes over the prompt")
 
             results[i] = run_unit(model, tokenizer, model_id, template, u, seed, new_tokens, use_cache, on_run=each,
-                                  on_batch=batch)
+                                  on_batch=batch, on_note=tell)
             note(i + 1, u, results[i])
         run = {"executor": "serial", "workers": 1}
     else:

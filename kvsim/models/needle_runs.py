@@ -278,7 +278,8 @@ def _layout_how(layout) -> dict:
 
 
 def run_batch(model, prompt: Prompt, jobs: Sequence, *, new_tokens: int = NEW_TOKENS, seed: int | None = None, eos=None,
-              rows: bool | Sequence[bool] = False, progress: Progress | None = None) -> list[dict]:
+              rows: bool | Sequence[bool] = False, progress: Progress | None = None, note=None,
+              tensor: bool | None = None) -> list[dict]:
     """``run_trial`` for several policy configurations over one prompt in one batched pass: each job
     (``(policy, budget, params, allocate, prefill)``, or a ``Job``) a row of one ``EvictingCache``, its
     own policy in every (layer, KV head) at its own budgets (``EvictingLayer(policies=...)``, as
@@ -289,13 +290,21 @@ def run_batch(model, prompt: Prompt, jobs: Sequence, *, new_tokens: int = NEW_TO
     before the others is decoded on (its tokens and departures cut where its own run stops, what it held
     then checked against its departures).
 
-    The jobs share one batch when their prompt mode (``prefill``) and every (layer, KV head)'s budget
-    agree (one layer takes one prompt mode; a head's storage is its largest row's budget, and a row at
+    The jobs share one batch when their prompt mode (``prefill``), every (layer, KV head)'s budget and their
+    path agree (one layer takes one prompt mode; a head's storage is its largest row's budget, and a row at
     another budget would see its slots in another layout); the rest go in further batches, each
     decoded the same way. A job under a serving layout (``Job.layout``) decodes alone, in the cache
-    ``kvsim.hf.cache`` built for it. ``rows``: as ``run_trial``'s, per job or for all."""
+    ``kvsim.hf.cache`` built for it. ``rows``: as ``run_trial``'s, per job or for all.
+
+    Rows run on the tensor path (``kvsim.hf.tensor``) wherever ``kvsim.hf.cache`` builds a job's cache there
+    (its policy declares a tensor step that takes the job's options, ``kvsim.hf.tensor.refusal``): such a
+    batch also shares its policy class (a ``TensorLayer`` steps one class), so the jobs group by class too;
+    a row whose attention is kept (``rows``) and a job the tensor path refuses run on the reference path
+    (``EvictingLayer(policies=...)``), and ``note`` hears once each reason a cache gave for that
+    (``EvictingCache.notes``). ``tensor=False``: every row on the reference path, the authority the tensor path's
+    rows are held to (tests/test_needle_batch.py)."""
     import kvsim.hf as hf
-    from kvsim.hf import EvictingCache, EvictingLayer, LayerMeta
+    from kvsim.hf.tensor import TensorLayer
 
     jobs = [j if isinstance(j, Job) else Job(j[0], j[1], tuple(sorted((j[2] or {}).items())),
                                              *(_job_how(j[3] if len(j) > 3 else None, j[4] if len(j) > 4 else None)))
@@ -305,13 +314,19 @@ def run_batch(model, prompt: Prompt, jobs: Sequence, *, new_tokens: int = NEW_TO
         raise NeedleError("a compressed prompt shows its policy no rows one by one; its attention is not kept",
                           "--prefill-budget")
     # each job's own cache, as run_trial builds it (every check, its specs, seed, meta and scorer), then grouped
-    built = []
-    for job in jobs:
+    built, notes = [], []
+    for job, want in zip(jobs, wanted, strict=True):
         how = job.how
+        # a kept row's attention is shown one step at a time: the reference path's (as run_trial builds it)
         one = hf.cache(model, job.policy, job.budget, seed=seed, allocate=how["allocate"], **_cache_how(how["prefill"]),
-                       **_layout_how(job.layout), **dict(job.params))
+                       **_layout_how(job.layout), **({"tensor": False} if want or tensor is False else {}), **dict(job.params))
+        notes += [n for n in getattr(one, "notes", []) if n not in notes]
         budgets = tuple(tuple(spec.budget for spec in layer.specs) for layer in one.layers)
-        built.append((one, (job.prefill, budgets) if job.layout is None else ("layout", len(built))))
+        # the tensor path's rows share a policy class (TensorLayer steps one); the reference path's any
+        path = one.layers[0].specs[0].name if isinstance(one.layers[0], TensorLayer) else None
+        built.append((one, (job.prefill, budgets, path) if job.layout is None else ("layout", len(built))))
+    for said in notes if note is not None else ():
+        note(said)
     groups: dict = {}
     for i, (_, key) in enumerate(built):
         groups.setdefault(key, []).append(i)
@@ -327,23 +342,32 @@ def run_batch(model, prompt: Prompt, jobs: Sequence, *, new_tokens: int = NEW_TO
         size = max(1, int(2e9 // per_row)) if any(wanted[i] for i in members) else len(members)
         for a in range(0, len(members), size):
             part = members[a : a + size]
-            layers = []
-            for x in range(len(one.layers)):
-                firsts = [built[i][0].layers[x] for i in part]
-                policies = []
-                for lay in firsts:
-                    rng = None if lay.rng_seed is None else np.random.default_rng(lay.rng_seed)  # as the layer's own
-                    trace = LayerMeta(f"layer {x}", dict(lay.meta))
-                    policies.append([None if spec is None else spec.build(trace, rng=rng) for spec in lay.specs])
-                meta = next((lay.meta for lay in firsts if lay.meta), {})
-                head = firsts[0]
-                layers.append(EvictingLayer(policies=policies, prefill=head.prefill, prefill_budget=head.prefill_budget,
-                                            prefill_policy=head.prefill_policy, meta=meta))
-            cache = EvictingCache(layers, progress=progress)
+            layers = [_batch_layer([built[i][0].layers[x] for i in part], x) for x in range(len(one.layers))]
+            cache = hf.EvictingCache(layers, progress=progress)
             for i, record in zip(part, _decode_batch(model, prompt, cache, new_tokens, eos, [wanted[i] for i in part]),
                                  strict=True):
                 out[i] = record
     return out
+
+
+def _batch_layer(firsts: list, x: int):
+    """Decoder layer ``x`` of a batch: row i the policies of ``firsts[i]`` (layer ``x`` of a job's own cache, as
+    ``kvsim.hf.cache`` built it), built afresh as that layer builds them, on the path the group's layers are on
+    (a ``TensorLayer``'s rows share one policy class: the group's key)."""
+    from kvsim.hf import EvictingLayer, LayerMeta
+    from kvsim.hf.tensor import TensorLayer
+
+    policies = []
+    for lay in firsts:
+        rng = None if lay.rng_seed is None else np.random.default_rng(lay.rng_seed)  # as the layer's own
+        trace = LayerMeta(f"layer {x}", dict(lay.meta))
+        policies.append([None if spec is None else spec.build(trace, rng=rng) for spec in lay.specs])
+    meta = next((lay.meta for lay in firsts if lay.meta), {})
+    head = firsts[0]
+    if isinstance(head, TensorLayer):
+        return TensorLayer(policies=policies, prefill=head.prefill, meta=meta, chunk=head.chunk)
+    return EvictingLayer(policies=policies, prefill=head.prefill, prefill_budget=head.prefill_budget,
+                         prefill_policy=head.prefill_policy, meta=meta)
 
 
 def _job_how(allocate, prefill) -> tuple:
