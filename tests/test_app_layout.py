@@ -19,7 +19,7 @@ from kvsim.app.layout_control import LABEL, LAYOUT_OPEN
 from kvsim.app.memory_panel import MEMORY_OPEN, layout_text
 from kvsim.app.plan_download import PLAN_OPEN
 from kvsim.data import qk
-from kvsim.policies.layouts import Layout
+from kvsim.policykit.layouts import Layout
 from kvsim.views.figures.pooling import EVICTED, FUTURE, KEPT, PARTIAL
 
 
@@ -160,7 +160,7 @@ def test_the_plan_download_carries_the_layout(deferred_downloads):
     assert doc["layout"] == {"block_size": 16, "shared_selection": False, "evict_every": 8}
     assert (doc["policy"], doc["budget"], doc["params"]) == ("h2o", 256, {"recent_window": 32})
     assert "plan-optimal.json" not in deferred  # an offline reference: no plan
-    from kvsim.policies.plan import Plan
+    from kvsim.policykit.plan import Plan
 
     assert Plan.from_dict(doc).layout == Layout(16, False, 8)  # what --plan reads back
 

@@ -16,8 +16,9 @@ from random_traces import random_trace
 from test_plugins import NEWEST, kvsim_cli
 
 import kvsim
-from kvsim.policies import POLICIES, Capabilities, Display, Policy, register, registry
-from kvsim.policies.layouts import Layout, LayoutError
+from kvsim.policies import POLICIES, Capabilities, Display, Policy, register
+from kvsim.policykit import registry
+from kvsim.policykit.layouts import Layout, LayoutError
 from kvsim.sim.layered import replay_layer
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None

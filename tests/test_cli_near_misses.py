@@ -15,7 +15,7 @@ import pytest
 import kvsim
 from kvsim import cli
 from kvsim.data import jsontext
-from kvsim.policies import registry
+from kvsim.policykit import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None

@@ -15,7 +15,7 @@ from tolerance import rounding
 
 import kvsim
 from kvsim.policies.greedy_future import BLOCK, GreedyFuture
-from kvsim.policies.upper_bound import upper_bound_series, upper_bound_summary
+from kvsim.policykit.upper_bound import upper_bound_series, upper_bound_summary
 
 
 def trace_from_rows(rows) -> kvsim.Trace:

@@ -333,7 +333,7 @@ def test_the_key_sits_above_the_tallest_title_under_a_serving_layout(canonical, 
     the key's second row sat on them. The key's bottom is placed above the tallest title and the top margin
     holds its rows, the panels' height unchanged; without a layout the figure is 507 px high (on the first
     screen at 1280 x 800, with the first lines of its notes)."""
-    from kvsim.policies.layouts import Layout
+    from kvsim.policykit.layouts import Layout
 
     f = features.trace_features(canonical)
     plain = figures.kept_heatmap(story, f, step=1000)
@@ -622,7 +622,7 @@ def test_sweep_table_puts_the_curves_side_by_side():
 
 
 def test_canonical_curve_tells_the_cards_story(canonical, story):
-    from kvsim.policies.upper_bound import upper_bound_summary
+    from kvsim.policykit.upper_bound import upper_bound_summary
 
     rows = sweep(canonical, "h2o", 256, "recent_window", range(1, 256))
     scissors = sweep(canonical, "scissorhands", 256, "recent_window", range(1, 256))
@@ -710,7 +710,7 @@ def test_under_blocks_a_cell_is_whole_blocks_of_the_cache(small, monkeypatch):
     """Issue 45: a replay in blocks of 4 drawn from position 5 (inside block 1, positions 4..7): its cells start
     on a block and are whole blocks, all held or all gone, with and without the kernels; the figure pools
     that way by itself from the replay's layout, and refuses replays of two block sizes in one figure."""
-    from kvsim.policies.layouts import Layout
+    from kvsim.policykit.layouts import Layout
 
     paged = replay(small, "h2o", budget=16, recent_window=4, record_kept=True, layout=Layout(4))
     region = figures.Region(5, 40, 1, 40)

@@ -215,7 +215,7 @@ def serving_study(folder, text, monkeypatch):
     layouts open (the optimum left out: its solve alone took 17 s here), h2o closed under two."""
     import importlib
 
-    from kvsim.policies.layouts import Layout
+    from kvsim.policykit.layouts import Layout
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "kvsim" / "bench" / "scripts"))
     study = importlib.import_module("serving_study")

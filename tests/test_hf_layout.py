@@ -134,8 +134,8 @@ def test_the_deployed_layout_holds_what_the_simulators_layout_holds_on_the_atten
 
     import kvsim.hf as hf
     from kvsim.policies import PolicySpec
-    from kvsim.policies.layouts import Layout
-    from kvsim.policies.layouts.held import LayoutCache, LayoutPolicy
+    from kvsim.policykit.layouts import Layout
+    from kvsim.policykit.layouts.held import LayoutCache, LayoutPolicy
     from kvsim.sim.harness import step
 
     model, ids = _llama(), _ids(70)
@@ -187,8 +187,8 @@ def test_a_plan_with_a_layout_deploys_it(tmp_path):
     import kvsim.hf as hf
     from kvsim.hf.layout import LayoutLayer
     from kvsim.policies import PolicySpec
-    from kvsim.policies.layouts import Layout
-    from kvsim.policies.plan import Plan
+    from kvsim.policykit.layouts import Layout
+    from kvsim.policykit.plan import Plan
 
     plan = Plan(policy=PolicySpec.of("h2o", 32, recent_window=4), layout=Layout(16, True, 1))
     cache = hf.cache(_llama(), plan=plan)

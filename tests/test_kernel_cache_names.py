@@ -1,6 +1,6 @@
 """numba keys a cached kernel by its own file's time stamp, and every policy's step loop is made in
 kvsim/sim/kernels.py from hooks that live elsewhere (beside the policy, the helpers hooks share in
-kvsim/policies/slot_hooks.py, the GQA rule's jitted helpers). A specialisation's name carries a digest of
+kvsim/policykit/slot_hooks.py, the GQA rule's jitted helpers). A specialisation's name carries a digest of
 every source file its hooks reach, and every kernel's cache key the digest of every file its code reaches, so
 editing a hook or a helper it calls compiles its callers afresh instead of running the old cached code, and
 nothing else."""

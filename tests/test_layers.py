@@ -10,6 +10,8 @@ public API of ``kvsim/__init__.py``) re-exports up to analysis, so only views an
 ``kvsim.cli.bench_command`` loads it; its ``scripts/``, run by hand, may time any layer and nothing
 imports them. The thin ``app.py`` at the root is the app's layer too.
 ``kvsim.allocation`` is one room over four floors: each of its modules counts as the layer it stands on.
+``kvsim.policykit`` (the policies' interface, registry, plan, hooks and layouts) shares the policies' floor:
+the two import each other as one layer.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ BENCH_RANK = RANK["views"]  # what kvsim.bench may import: everything below the 
 BENCH_IMPORTER = "kvsim.cli.bench_command"
 #: the scripts run by hand from a checkout (kvsim/bench/scripts/): they may time anything, nothing imports them
 SCRIPTS = "kvsim.bench.scripts"
+#: kvsim/policykit/ holds what the policies are built with and run by (issue 55), on their floor
+KIT = "kvsim.policykit"
 #: kvsim/allocation/ holds allocation whole (issue 55), and each of its modules stands on the floor of what it
 #: imports: the split's arithmetic under the deployed cache and a plan file, the truth beside the models
 ROOMS = {"kvsim.allocation.split": "policies", "kvsim.allocation.deployed": "hf", "kvsim.allocation.truth": "models",
@@ -42,6 +46,8 @@ def part(module: str) -> str:
         return "facade"
     if module in ("kvsim.__main__", "app"):
         return "cli" if module == "kvsim.__main__" else "app"
+    if module.startswith(KIT):
+        return "policies"  # the policies' support, on their floor
     if module.startswith("kvsim.allocation"):
         return ROOMS.get(module, "allocation")  # a new module of the room named here first
     return module.split(".")[1]
@@ -109,7 +115,7 @@ def test_every_folder_of_kvsim_has_its_place_in_the_order():
 @pytest.mark.parametrize(
     ("importer", "target", "allowed"),
     [
-        ("kvsim.policies.registry", "kvsim.data.trace", True),
+        ("kvsim.policykit.registry", "kvsim.data.trace", True),
         ("kvsim.sim.engine", "kvsim.jit", True),
         ("kvsim.views.figures", "kvsim.analysis.tune", True),
         ("kvsim.cli.commands", "kvsim.views.figures", True),
@@ -118,7 +124,7 @@ def test_every_folder_of_kvsim_has_its_place_in_the_order():
         ("kvsim.bench.browser", "kvsim.views.figures", True),
         ("kvsim.cli.bench_command", "kvsim.bench.speed", True),
         ("kvsim", "kvsim.analysis.metrics", True),
-        ("kvsim.data.catalog", "kvsim.policies.registry", False),
+        ("kvsim.data.catalog", "kvsim.policykit.registry", False),
         ("kvsim.sim.engine", "kvsim.analysis.table", False),
         ("kvsim.analysis.claims", "kvsim.models.quality", False),
         ("kvsim.views.figures", "kvsim.app", False),
@@ -126,7 +132,7 @@ def test_every_folder_of_kvsim_has_its_place_in_the_order():
         ("kvsim.cli.commands", "kvsim.bench.speed", False),
         ("app", "kvsim.bench.browser", False),
         ("kvsim.policies.h2o", "kvsim", False),
-        ("kvsim.policies.plan", "kvsim.allocation.split", True),
+        ("kvsim.policykit.plan", "kvsim.allocation.split", True),
         ("kvsim.bench.scripts.app_tabs", "kvsim.app.main", True),
         ("kvsim.bench.speed", "kvsim.bench.scripts.checkout", False),
         ("kvsim.hf", "kvsim.allocation.deployed", True),

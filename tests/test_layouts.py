@@ -1,4 +1,4 @@
-"""The serving layouts (``kvsim.policies.layouts``, issue 45; docs/serving.md) against the rules of
+"""The serving layouts (``kvsim.policykit.layouts``, issue 45; docs/serving.md) against the rules of
 docs/domain.md, "What a serving engine allows", on small hand-made traces: never more than the budget held,
 between ``budget - s + 1`` and the budget once full, whole complete blocks only, the recency policies' oldest
 block first and the older block on ties, the same positions in every head under shared selection, the cache
@@ -19,9 +19,9 @@ import kvsim
 from kvsim.data import vectors
 from kvsim.data.catalog import resolve_trace
 from kvsim.policies import POLICIES, PolicySpec
-from kvsim.policies.layouts import Layout, LayoutError, paged
-from kvsim.policies.layouts.held import LayoutPolicy
-from kvsim.policies.registry import compared, online
+from kvsim.policykit.layouts import Layout, LayoutError, paged
+from kvsim.policykit.layouts.held import LayoutPolicy
+from kvsim.policykit.registry import compared, online
 from kvsim.sim.harness import replay_reference
 from kvsim.sim.layered import replay_layer
 from kvsim.sim.simulate import replay

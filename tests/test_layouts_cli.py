@@ -12,8 +12,8 @@ from random_traces import random_trace
 from kvsim import cli
 from kvsim.data.trace import save_npz
 from kvsim.policies import PolicySpec
-from kvsim.policies.layouts import Layout
-from kvsim.policies.plan import Plan, PlanError
+from kvsim.policykit.layouts import Layout
+from kvsim.policykit.plan import Plan, PlanError
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 from test_quality import HAS_TORCH, STEPS, ByteTokenizer, _tiny
 
 from kvsim import cli
-from kvsim.policies.layouts import Layout
+from kvsim.policykit.layouts import Layout
 
 pytestmark = pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not installed (requirements-record.txt)")
 

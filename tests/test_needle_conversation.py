@@ -179,7 +179,7 @@ def test_the_python_example_in_docs_needle_md_runs(folder, monkeypatch, tmp_path
 
 def test_a_plan_holds_the_keys_and_the_query_mode_and_old_plans_read_and_write_as_before(folder, capsys, tmp_path):
     from kvsim.policies import PolicySpec
-    from kvsim.policies.plan import Compression, Plan, PlanError
+    from kvsim.policykit.plan import Compression, Plan, PlanError
 
     old = Plan(PolicySpec.of("h2o", 24, recent_window=4), compression=Compression(24, "snapkv", (("recent_window", 8),)))
     assert "keys" not in old.to_dict() and "query" not in old.to_dict()["compression"]

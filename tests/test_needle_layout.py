@@ -42,7 +42,7 @@ def test_a_layouts_key_fates_are_the_simulators_layout_replay_on_the_attention_s
     from kvsim.models import needle, needle_prompt
     from kvsim.models.quality import load
     from kvsim.policies import PolicySpec
-    from kvsim.policies.layouts import Layout
+    from kvsim.policykit.layouts import Layout
     from kvsim.sim.layered import replay_layer, replay_layout
 
     code = cli.main(["needle", "--model", str(folder), "--policies", "h2o", "--budget", "24", "--recent-window", "4",

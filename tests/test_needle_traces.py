@@ -127,7 +127,7 @@ def test_under_blocks_the_optimum_is_the_optimum_under_the_same_blocks(folder, c
     from kvsim.models import needle, needle_prompt
     from kvsim.models.needle_traces import control_traces
     from kvsim.models.quality import load
-    from kvsim.policies.layouts import Layout
+    from kvsim.policykit.layouts import Layout
     from kvsim.sim.simulate import replay
 
     doc = _grid(folder, capsys, "--optimum", "--block-size", "8", policies="h2o")

@@ -14,7 +14,7 @@ from tolerance import rounding
 import kvsim
 from kvsim.policies import optimal
 from kvsim.policies.optimal import OptimalSchedule, certify, optimal_schedule, solve
-from kvsim.policies.upper_bound import upper_bound_series
+from kvsim.policykit.upper_bound import upper_bound_series
 
 
 def exhaustive(trace: kvsim.Trace, budget: int) -> float:

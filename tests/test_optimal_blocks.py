@@ -1,4 +1,4 @@
-"""The exact optimum under blocks (``kvsim.policies.optimal_blocks``, issue 45 item 3): equal to an
+"""The exact optimum under blocks (``kvsim.policykit.optimal_blocks``, issue 45 item 3): equal to an
 exhaustive search over every whole-block schedule on small traces, ``optimal`` itself at block size 1,
 never above ``optimal`` at the same budget, its mass that of its own kept sets by the harness's
 arithmetic, its certificate, its disk cache and its refusals."""
@@ -11,8 +11,9 @@ from random_traces import random_trace
 from tolerance import rounding
 
 import kvsim
-from kvsim.policies import optimal, optimal_blocks
-from kvsim.policies.optimal_blocks import block_schedule, certify, check_block_size, solve
+from kvsim.policies import optimal
+from kvsim.policykit import optimal_blocks
+from kvsim.policykit.optimal_blocks import block_schedule, certify, check_block_size, solve
 from kvsim.sim.harness import kept_mask_of, kept_sum
 
 

@@ -17,7 +17,7 @@ from kvsim import cli
 from kvsim.allocation.split import read_allocation
 from kvsim.data.trace import save_npz
 from kvsim.policies import PolicySpec
-from kvsim.policies.plan import Compression, Plan
+from kvsim.policykit.plan import Compression, Plan
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
 
@@ -127,7 +127,7 @@ def test_the_deployed_cache_and_generate_take_the_plan(tmp_path, capsys):
     assert cache.budgets == cache.head_peaks == rows.budgets
     with pytest.raises(hf.HFError, match="plan= gives the policy"):
         hf.cache(model, "h2o", 12, plan=str(path))
-    from kvsim.policies.layouts import Layout
+    from kvsim.policykit.layouts import Layout
 
     laid = Plan(PolicySpec.of("h2o", 16, recent_window=3), layout=Layout(block_size=4))
     paged = {}  # a plan's layout deploys (kvsim.hf.layout): as the same layout given by its arguments

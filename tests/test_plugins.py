@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 import kvsim.policies
-from kvsim.policies import POLICIES, registry
+from kvsim.policies import POLICIES
+from kvsim.policykit import registry
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not installed (the record extra)")

@@ -19,7 +19,7 @@ import tiny_models  # noqa: E402  (tests/, beside this file)
 
 from kvsim.data.bundle import load_bundle  # noqa: E402
 from kvsim.policies import POLICIES, Display, PolicySpec  # noqa: E402
-from kvsim.policies.base import DEFAULT_BUDGET, SlotPolicy  # noqa: E402
+from kvsim.policykit.base import DEFAULT_BUDGET, SlotPolicy  # noqa: E402
 from kvsim.sim.prefill import Prefill, Resumed, choose_on, replay_prefill, trace_rows, trace_vectors  # noqa: E402
 from kvsim.sim.simulate import replay  # noqa: E402
 
@@ -279,7 +279,7 @@ def test_expected_attention_refuses_a_rope_it_cannot_turn_back_before_any_token(
     """A model whose rotary layout is not ``rotate_half`` is refused by ``kvsim.hf.cache`` in one line naming the
     policy, the model and the layer, before any token (the replay refuses such a trace's meta the same way)."""
     import kvsim.hf as hf
-    import kvsim.policies.rope as rope
+    import kvsim.policykit.rope as rope
 
     model, _, _ = recorded
     monkeypatch.setattr(rope, "rope_layout", lambda lm: "interleaved")

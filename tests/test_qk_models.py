@@ -24,7 +24,7 @@ from tolerance import qk_file_rows, rounding  # noqa: E402
 from kvsim.data import vectors  # noqa: E402
 from kvsim.data.bundle import load_bundle  # noqa: E402
 from kvsim.models.record import RecordConfig, record  # noqa: E402
-from kvsim.policies.registry import POLICIES  # noqa: E402
+from kvsim.policykit.registry import POLICIES  # noqa: E402
 from kvsim.sim.simulate import replay  # noqa: E402
 
 TEXT = " ".join(("the cache holds every token and grows so a serving stack keeps only some of them which ones "

@@ -19,8 +19,8 @@ from kvsim.data import qk, qk_files, qk_rows
 from kvsim.data.bundle import load_bundle, write_manifest
 from kvsim.data.catalog import resolve_trace
 from kvsim.data.trace import Trace, TraceError, load_npz
-from kvsim.policies.registry import POLICIES
-from kvsim.policies.upper_bound import upper_bound_series
+from kvsim.policykit.registry import POLICIES
+from kvsim.policykit.upper_bound import upper_bound_series
 from kvsim.sim.simulate import replay, sweep
 
 G, N, D = 2, 200, 12

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from kvsim import cli
-from kvsim.policies import POLICIES, Policy, register, register_scorer, registry
+from kvsim.policies import POLICIES, Policy, register, register_scorer
 from kvsim.policies.reconstruction import Reconstruction
+from kvsim.policykit import registry
 from kvsim.sim.prefill import Prefill, PrefillError, choose, choose_on
 
 N, KEEP, WINDOW = 40, 8, 16
@@ -78,7 +79,7 @@ def test_the_simulator_refuses_it_in_one_line_before_the_trace_loads(command, tm
 def test_a_plan_holds_it_as_the_compression_only_and_a_replay_of_the_plan_refuses_it(tmp_path, capsys):
     import json
 
-    from kvsim.policies.plan import Plan, PlanError
+    from kvsim.policykit.plan import Plan, PlanError
 
     doc = {"kvsim_plan": 1, "policy": "none",
            "compression": {"keep": 8, "policy": "reconstruction", "params": {}, "prompt_length": 40}}

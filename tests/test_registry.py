@@ -31,7 +31,7 @@ kept mass) longest ago; the newest recent_window positions are never evicted. Ti
 import numpy as np
 
 from kvsim.policies import Display, register
-from kvsim.policies.base import DEFAULT_BUDGET, SlotPolicy
+from kvsim.policykit.base import DEFAULT_BUDGET, SlotPolicy
 from kvsim.policies.h2o import RECENT_WINDOW
 
 

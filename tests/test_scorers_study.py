@@ -7,7 +7,7 @@ import pytest
 
 from kvsim import cli
 from kvsim.cli import proxies_command as pc
-from kvsim.policies.registry import study_fixed, study_sweeps
+from kvsim.policykit.registry import study_fixed, study_sweeps
 
 
 def test_the_parsers_names_are_the_studys():

@@ -11,7 +11,7 @@ import pytest
 from kvsim.policies.expected_attention import key_logits
 from kvsim.policies.keydiff import _keydiff_admit, _keydiff_cosines, _keydiff_state, cosines, unit_keys
 from kvsim.policies.knorm import kernel_keys
-from kvsim.policies.slot_hooks import Shape
+from kvsim.policykit.slot_hooks import Shape
 
 
 def _logits_by_hand(keys, rows, n, sinks, adv, cols, count, logits, stamp, period):

@@ -15,7 +15,7 @@ import pytest
 
 import kvsim
 from kvsim.analysis.serving_study import markdown
-from kvsim.policies.layouts import Layout
+from kvsim.policykit.layouts import Layout
 
 ROOT = Path(__file__).resolve().parents[1]
 

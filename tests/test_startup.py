@@ -235,7 +235,8 @@ nrtdynmod.compile_nrt_functions = lambda ctx: compiled.append(1) or compile_nrt(
 from kvsim.cli import main
 import re
 from kvsim import jit
-from kvsim.policies import h2o, slot_hooks, snapkv, tova
+from kvsim.policies import h2o, snapkv, tova
+from kvsim.policykit import slot_hooks
 from kvsim.sim import kernels
 def named(module):  # a specialisation by its policy's name, without the digest of its sources
     return {re.sub(r"_steps_[0-9a-f]{10}$", "_steps", n): v for n, v in vars(module).items() if isinstance(v, jit.Kernel)}

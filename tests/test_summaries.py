@@ -64,7 +64,7 @@ def test_the_digest_covers_the_engine_the_policies_the_data_and_the_policys_own_
     version = summaries.code_version("h2o")
     assert version != summaries.code_version("tova")  # each policy's own module
     files = {p.relative_to(summaries._PACKAGE).parts[0] for d in summaries._CODE for p in (summaries._PACKAGE / d).rglob("*.py")}
-    assert files == {"sim", "policies", "data"}
+    assert files == {"sim", "policies", "policykit", "data"}
 
 
 def test_a_trace_without_a_cache_entry_is_replayed_every_time(monkeypatch, tmp_path):

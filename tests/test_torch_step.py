@@ -18,7 +18,7 @@ from tolerance import attention_rows, logit_magnitude
 
 from kvsim.data import gqa, qk, qk_rows
 from kvsim.policies import PolicySpec, make_policy
-from kvsim.policies.base import ContractError
+from kvsim.policykit.base import ContractError
 from kvsim.sim import harness
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None

@@ -22,8 +22,8 @@ from kvsim.analysis.tune import TuneError, layout_windows, tune
 from kvsim.analysis.tune_layout import candidates, parse
 from kvsim.cli.render import render
 from kvsim.policies import PolicySpec
-from kvsim.policies.layouts import Layout
-from kvsim.policies.plan import Plan
+from kvsim.policykit.layouts import Layout
+from kvsim.policykit.plan import Plan
 
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not installed (requirements-record.txt)")
 

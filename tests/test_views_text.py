@@ -455,7 +455,7 @@ def real_curve(trace_name: str, budget: int = 256):
     minutes) and the upper bound as lines."""
     from kvsim.data import vectors
     from kvsim.data.catalog import resolve_trace
-    from kvsim.policies.upper_bound import upper_bound_summary
+    from kvsim.policykit.upper_bound import upper_bound_summary
 
     trace = resolve_trace(trace_name)
     rows = kvsim.sweep(trace, "h2o", budget, "recent_window", range(1, budget), top_k=32)

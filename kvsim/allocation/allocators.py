@@ -44,7 +44,8 @@ import numpy as np
 from ..data.bundle import Bundle
 from ..data.store import cache_dir
 from ..data.trace import Trace
-from ..policies import PolicySpec, registry
+from ..policies import PolicySpec
+from ..policykit import registry
 from ..progress import Progress, scaled
 from ..sim.joint import joint_replay
 from ..sim.simulate import sweep

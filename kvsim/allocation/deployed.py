@@ -16,7 +16,8 @@ from pathlib import Path
 from ..data import jsontext
 from ..hf.cache import HFError
 from ..hf.windows import PARAM
-from ..policies import PolicySpec, registry
+from ..policies import PolicySpec
+from ..policykit import registry
 from . import split as al
 
 #: allocators whose split this module computes from the model's shape alone

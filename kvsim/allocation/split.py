@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from ..data import jsontext
-from ..policies.registry import POLICIES
-from ..policies.spec import PolicySpec
+from ..policykit.registry import POLICIES
+from ..policykit.spec import PolicySpec
 
 ALLOCATORS = ("uniform", "pyramidkv", "cake", "adakv", "duo", "optimal")
 PYRAMID_BETA = 20

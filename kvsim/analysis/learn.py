@@ -383,7 +383,7 @@ def evaluate(traces: Sequence[Trace], budgets: Sequence[int], weights: dict, say
     baseline that runs on the trace (at its defaults) and of the optimum, and the share of the h2o-to-optimum gap
     the learned policy closes; with ``pages``, the same for ``PAGED`` in pages of ``PAGE`` positions (the optimum
     under pages)."""
-    from ..policies.layouts import Layout
+    from ..policykit.layouts import Layout
     from ..sim.simulate import replay
 
     say = say or (lambda line: None)

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from ..data import vectors
 from ..data.trace import Trace
 from ..policies import POLICIES
-from ..policies.registry import offline, online, reads_meta
-from ..policies.upper_bound import upper_bound_summary
+from ..policykit.registry import offline, online, reads_meta
+from ..policykit.upper_bound import upper_bound_summary
 from ..sim.harness import DEFAULT_TOP_K
 from .metrics import describe
 from .windows import WINDOW, best_row, choose_window
@@ -63,7 +63,7 @@ def build_table(trace: Trace, budget: int = TABLE_BUDGET, top_k: int = DEFAULT_T
     """Measure every row of ``table_rows()``, the h2o sweep and (on the canonical trace at budget 256, or when
     ``targets`` is True) the eight calibration targets. A JSON-ready dict.
 
-    ``layout`` (``kvsim.policies.layouts.Layout``, not ``Layout()``): every row under that serving layout
+    ``layout`` (``kvsim.policykit.layouts.Layout``, not ``Layout()``): every row under that serving layout
     instead (``layout_table``)."""
     if layout is not None and not layout.plain:
         return layout_table(trace, budget, top_k, layout)

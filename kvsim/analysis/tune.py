@@ -32,8 +32,8 @@ import numpy as np
 
 from ..data.trace import Trace
 from ..policies import POLICIES, policy_params
-from ..policies.layouts import Layout
-from ..policies.registry import suggest
+from ..policykit.layouts import Layout
+from ..policykit.registry import suggest
 from ..progress import Progress
 from ..sim.harness import DEFAULT_TOP_K
 from . import proxies as px
@@ -291,7 +291,7 @@ def tune(
     ``truth.configurations(configs, figure)``), by retained mass, each layer's recommended window.
     Where ``truth`` is given, the deployed windows' KL is measured too.
 
-    ``layout`` (``kvsim.policies.layouts.Layout``; docs/serving.md): every window, and the baselines, measured
+    ``layout`` (``kvsim.policykit.layouts.Layout``; docs/serving.md): every window, and the baselines, measured
     under that serving layout: the traces replayed under it (a layer's KV heads together under shared
     selection), ``truth`` measuring under it too (the caller's: ``kvsim tune``'s is built with the layout).
     The windows swept default to ``layout_windows`` (each is a reference replay); ``per_layer`` is refused.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..policies.layouts import Layout
+from ..policykit.layouts import Layout
 from . import proxies as px
 from .tune_sweep import TuneError, check_layout
 

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 from ..cluster import ClusterError, dask_client
 from ..data.trace import Trace, load_npz
 from ..policies import PolicySpec
-from ..policies.layouts import Layout
-from ..policies.registry import baselines
+from ..policykit.layouts import Layout
+from ..policykit.registry import baselines
 from ..sim.harness import DEFAULT_TOP_K
 from . import proxies as px
 

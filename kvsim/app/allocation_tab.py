@@ -11,7 +11,8 @@ import streamlit as st
 
 from kvsim.allocation import allocators as al
 from kvsim.data.catalog import available_bundles
-from kvsim.policies import PolicySpec, registry
+from kvsim.policies import PolicySpec
+from kvsim.policykit import registry
 from kvsim.views.figures.allocators import against_uniform, budget_grids, mass_bars
 
 from . import services
@@ -24,7 +25,7 @@ FIRST_POLICY = "h2o"
 
 def allocation_policies() -> list[str]:
     """The policies the view offers: the registry's deterministic online policies that read attention alone
-    (``kvsim.policies.registry.compared``: every bundle holds what they read; the offline references replay
+    (``kvsim.policykit.registry.compared``: every bundle holds what they read; the offline references replay
     slowly at every budget), the first default first."""
     names = registry.compared()
     return sorted(names, key=lambda n: n != FIRST_POLICY)

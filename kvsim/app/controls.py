@@ -10,8 +10,9 @@ import streamlit as st
 
 import kvsim
 from kvsim.data import qk, vectors
-from kvsim.policies import PolicySpec, all_tunables, registry
-from kvsim.policies.layouts import Layout
+from kvsim.policies import PolicySpec, all_tunables
+from kvsim.policykit import registry
+from kvsim.policykit.layouts import Layout
 from kvsim.views import tour
 
 from . import layout_control

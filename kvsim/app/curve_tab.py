@@ -13,8 +13,9 @@ import streamlit as st
 
 import kvsim
 from kvsim.analysis.windows import WINDOW, sweep_coarse_to_fine
-from kvsim.policies import PolicySpec, describe_policy, registry
-from kvsim.policies.upper_bound import upper_bound_summary
+from kvsim.policies import PolicySpec, describe_policy
+from kvsim.policykit import registry
+from kvsim.policykit.upper_bound import upper_bound_summary
 from kvsim.sim import summaries
 from kvsim.views import figures, story
 

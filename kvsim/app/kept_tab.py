@@ -8,7 +8,7 @@ import streamlit as st
 
 import kvsim
 from kvsim.policies import PolicySpec
-from kvsim.policies.layouts import Layout
+from kvsim.policykit.layouts import Layout
 from kvsim.views import figures, story, turns
 
 from . import needle_kept

@@ -7,7 +7,7 @@ import streamlit as st
 
 import kvsim
 from kvsim.analysis import lab
-from kvsim.policies import registry
+from kvsim.policykit import registry
 from kvsim.views import lab as lab_figures
 
 from .state import lab_reset, lasting

@@ -1,4 +1,4 @@
-"""The sidebar's serving layout (``kvsim.policies.layouts``; docs/serving.md): blocks, shared selection across
+"""The sidebar's serving layout (``kvsim.policykit.layouts``; docs/serving.md): blocks, shared selection across
 a layer's KV heads, decisions every K steps. Folded away on a first paint, like the more policy parameters:
 its inputs are drawn only while open and its values live in the session (and in the link, when set).
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvsim.policies.layouts import Layout
+from kvsim.policykit.layouts import Layout
 
 from .state import BLOCK_SIZES, LAYOUT_KEYS, MAX_VALUE
 

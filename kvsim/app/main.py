@@ -20,7 +20,7 @@ import pandas  # noqa: F401
 import streamlit as st
 
 from kvsim import jit
-from kvsim.policies import registry as policy_registry
+from kvsim.policykit import registry as policy_registry
 
 from . import memo, services, state
 from .allocation_tab import allocation_view

@@ -19,7 +19,7 @@ from kvsim.analysis.metrics import describe_cached
 from kvsim.data import qk
 from kvsim.data.catalog import resolve_bundle, resolve_trace
 from kvsim.policies import PolicySpec
-from kvsim.policies.upper_bound import upper_bound_summary
+from kvsim.policykit.upper_bound import upper_bound_summary
 from kvsim.sim import engine, summaries
 from kvsim.views import figures
 from kvsim.views import support as views
@@ -88,7 +88,7 @@ def cached_bundle(name: str):
 def cached_replay(trace: kvsim.Trace, spec: PolicySpec, scores: bool = False, layout=None) -> kvsim.ReplayResult:
     """One replay with its kept sets recorded, and its scores too with ``scores`` (the score view's:
     T x budget floats that the kept view never reads). ``layout``: under that serving layout (the kept
-    view's; ``kvsim.policies.layouts.Layout``, None for none), on the reference path."""
+    view's; ``kvsim.policykit.layouts.Layout``, None for none), on the reference path."""
     return replay(trace, spec, record_kept=True, record_scores=scores, layout=layout)
 
 

@@ -1,5 +1,5 @@
 """The sidebar's "run it elsewhere": each chosen policy at the sidebar's settings as a run's plan
-(``kvsim.policies.plan``), to download and hand to ``--plan`` on the command line or to
+(``kvsim.policykit.plan``), to download and hand to ``--plan`` on the command line or to
 ``kvsim.hf.cache(plan=...)``: what was tuned here, run on a model with nothing retyped.
 
 Drawn only while open, like the sidebar's other folded panels (a first paint draws less): its caption and
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvsim.policies import PolicySpec, registry
-from kvsim.policies.plan import Plan
+from kvsim.policies import PolicySpec
+from kvsim.policykit import registry
+from kvsim.policykit.plan import Plan
 
 #: the session key of the panel's expander: True while it is open
 PLAN_OPEN = "plan_open"

@@ -14,7 +14,8 @@ from kvsim.analysis import lab
 from kvsim.analysis.metrics import repair_note
 from kvsim.data import qk, vectors
 from kvsim.data.catalog import CANONICAL, available_bundles, available_traces
-from kvsim.policies import all_tunables, registry
+from kvsim.policies import all_tunables
+from kvsim.policykit import registry
 from kvsim.views import tour
 
 from . import memo

@@ -15,7 +15,7 @@ import kvsim
 from kvsim.analysis.windows import best_of, choose_window
 from kvsim.cluster import INSTALL_HINT
 from kvsim.data.catalog import available_bundles
-from kvsim.policies import registry
+from kvsim.policykit import registry
 from kvsim.views import window_truth as vt
 
 from .memo import BY_TRACE, cached_bundle, tuned  # tuned: the model view's tuning, cached per server

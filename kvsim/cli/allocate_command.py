@@ -19,7 +19,7 @@ from ..data import jsontext, vectors
 from ..data.bundle import Bundle, BundleError, is_bundle
 from ..data.catalog import resolve_bundle, shipped_bundles
 from ..policies import DEFAULT_BUDGET, POLICIES, PolicySpec, policy_params
-from ..policies.registry import suggest
+from ..policykit.registry import suggest
 from . import report
 from .errors import CLIError, InputError, flag
 from .parser import policy_args, positive_int, sweep_ranges
@@ -148,7 +148,7 @@ def checked(args: argparse.Namespace) -> tuple[str | None, tuple | None]:
 
 
 def replay(args: argparse.Namespace, run) -> dict:
-    """``run`` (a ``kvsim.policies.plan.Plan`` with a split) replayed on ``--trace``'s bundle."""
+    """``run`` (a ``kvsim.policykit.plan.Plan`` with a split) replayed on ``--trace``'s bundle."""
     refuse_proxies(args.proxies)
     spec = run.policy
     # a split given as rows is named by the file it came from (--allocate FILE, or the plan itself)

@@ -23,7 +23,7 @@ from ..data.catalog import available_traces
 from ..data.qk import DENSE_LIMIT
 from ..data.trace import save_npz
 from ..policies import POLICIES, PolicySpec, policy_params
-from ..policies.registry import suggest
+from ..policykit.registry import suggest
 from ..sim.simulate import replay
 from . import cluster_flags, layout_flags, report, tune_command
 from .errors import CLIError, InputError, flag, read_input

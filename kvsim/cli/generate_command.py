@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..policies import POLICIES, ParamError, PolicySpec
-from ..policies.registry import is_offline, suggest, window_param
+from ..policykit.registry import is_offline, suggest, window_param
 from . import generate_turns
 from .errors import CLIError, InputError, flag, input_error, read_input
 
@@ -37,7 +37,7 @@ class _Run:
     #: a split's rows handed over already (a plan's), with whether --budget was typed beside them
     rows: dict | None = None
     budget_given: bool = False
-    #: the serving layout (``kvsim.policies.layouts.Layout``), None for none
+    #: the serving layout (``kvsim.policykit.layouts.Layout``), None for none
     layout: object = None
 
 

@@ -1,5 +1,5 @@
 """``--block-size S``, ``--shared-selection`` and ``--evict-every K`` (replay, sweep, table, tune): the serving layout
-a run's policy is held to (``kvsim.policies.layouts``; docs/serving.md), read into one ``Layout`` and checked
+a run's policy is held to (``kvsim.policykit.layouts``; docs/serving.md), read into one ``Layout`` and checked
 before any trace or model loads. A refusal is one line; what is only worth saying (a budget rounded down to
 whole blocks, shared selection on one KV head) goes to stderr as a note and the run goes on."""
 
@@ -30,7 +30,7 @@ def of(args: argparse.Namespace):
     for name, value in (("--block-size", s), ("--evict-every", k)):
         if value is not None and value < 1:
             raise CLIError(f"{name} {value} must be at least 1")
-    from ..policies.layouts import Layout
+    from ..policykit.layouts import Layout
 
     layout = Layout(1 if s is None else s, bool(shared), 1 if k is None else k)
     return None if layout.plain else layout

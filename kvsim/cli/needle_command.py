@@ -14,8 +14,9 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from ..policies import DEFAULT_BUDGET, POLICIES, ParamError, PolicySpec, all_tunables, registry
-from ..policies.registry import suggest
+from ..policies import DEFAULT_BUDGET, POLICIES, ParamError, PolicySpec, all_tunables
+from ..policykit import registry
+from ..policykit.registry import suggest
 from .errors import CLIError, InputError, flag, param_message, read_input
 
 DEFAULT_MODEL = "gemma3-270m"

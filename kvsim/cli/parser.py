@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..data.catalog import available_bundles, available_traces
 from ..policies import DEFAULT_BUDGET, POLICIES, all_tunables, policy_params
-from ..policies.registry import suggest, windowed
+from ..policykit.registry import suggest, windowed
 from ..sim.harness import DEFAULT_TOP_K
 from .argtypes import positive_int, size_list
 from .cluster_flags import add_cluster_flags
@@ -147,7 +147,7 @@ def _prefill_flags(p: argparse.ArgumentParser, *, ranges: bool = False) -> None:
                    "or --policy none lets the cache grow (docs/scorers.md, prefill compression)")
     p.add_argument("--prompt-length", type=positive_int, default=None, metavar="P", help="with --prefill-budget: "
                    "positions 0 .. P - 1 are the prompt (default: the trace's meta prompt_length)")
-    from ..policies import registry
+    from ..policykit import registry
     from ..sim.prefill import DEFAULT_SCORER, rankers  # only where the command takes these flags
 
     p.add_argument("--prefill-policy", default=DEFAULT_SCORER, metavar="NAME[:K=V,...]", help="with --prefill-budget: "

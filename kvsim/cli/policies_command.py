@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..policies import POLICIES, describe_policy, registry
-from ..policies.registry import PROBLEMS
+from ..policies import POLICIES, describe_policy
+from ..policykit import registry
+from ..policykit.registry import PROBLEMS
 
 
 def add_policies(sub) -> None:

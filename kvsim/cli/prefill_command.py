@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 
 from ..data import vectors
-from ..policies import DEFAULT_BUDGET, POLICIES, ParamError, PolicySpec, policy_params, registry
+from ..policies import DEFAULT_BUDGET, POLICIES, ParamError, PolicySpec, policy_params
+from ..policykit import registry
 from ..sim.prefill import DEFAULT_SCORER, GROW, Prefill, PrefillError, rankers, refuse_model, replay_prefill
 from .errors import CLIError, flag, param_message
 from .parser import parse_range, sweep_ranges
@@ -77,7 +78,7 @@ def refuse_with(split: bool, proxies: bool) -> None:
 
 
 def replay(args: argparse.Namespace, run, load) -> dict:
-    """``run`` (a ``kvsim.policies.plan.Plan`` with a compression) replayed on ``--trace``: its prompt compressed once,
+    """``run`` (a ``kvsim.policykit.plan.Plan`` with a compression) replayed on ``--trace``: its prompt compressed once,
     then its policy (None: the cache grows) decoding from the kept set."""
     c = run.compression
     trace = load(args.trace)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..analysis.study import TRUTH_CHOICES, agreement, ranking, verdict
 from ..data.files import atomic_write
-from ..policies.registry import online, study_fixed, study_sweeps
+from ..policykit.registry import online, study_fixed, study_sweeps
 from ..progress import stderr
 from . import cluster_flags
 from .cluster_flags import add_cluster_flags

@@ -29,7 +29,7 @@ def _summary_params(r: dict) -> dict:
     return {k: v for k, v in r.items() if k not in skip}
 
 
-#: a row's serving-layout keys (kvsim.policies.layouts): shown as the layout and memory columns, not as parameters
+#: a row's serving-layout keys (kvsim.policykit.layouts): shown as the layout and memory columns, not as parameters
 LAYOUT_KEYS = ("layout", "block_size", "shared_selection", "evict_every", "memory", "kv_heads", "heads")
 
 

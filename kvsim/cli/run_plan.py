@@ -1,4 +1,4 @@
-"""A run's plan (``kvsim.policies.plan``), made once per command line: from ``--plan FILE`` or from the flags, and
+"""A run's plan (``kvsim.policykit.plan``), made once per command line: from ``--plan FILE`` or from the flags, and
 ``--save-plan FILE`` written from it. One plan file runs the same configuration through ``replay``, ``sweep``,
 ``table``, ``quality``, ``generate``, ``needle`` and ``tune``, and ``kvsim.hf.cache(plan=FILE)``; a flag the plan
 also sets is refused in one line (the plan or the flag: not both), so what runs is what the file says. ``replay``,
@@ -11,7 +11,7 @@ import argparse
 
 from ..allocation.split import ALLOCATORS
 from ..policies import DEFAULT_BUDGET, PolicySpec
-from ..policies.plan import GROW, Compression, Plan, PlanError
+from ..policykit.plan import GROW, Compression, Plan, PlanError
 from .errors import CLIError, InputError, flag
 
 

@@ -101,7 +101,7 @@ def cmd_tune(args: argparse.Namespace) -> object:
         if truth is not None and hasattr(truth, "counts"):
             run["truth"] = dict(truth.counts)
     if args.save_plan is not None:
-        from ..policies.layouts import Layout
+        from ..policykit.layouts import Layout
 
         layout = Layout.from_dict({k: doc[k] for k in ("block_size", "shared_selection", "evict_every")}) if (
             "layout" in doc) else None
@@ -113,7 +113,7 @@ def _save_tuned(args: argparse.Namespace, what: _Tuning, window: int, chosen: li
     """``tune --save-plan FILE``: what was tuned as a plan, ``generate --plan FILE`` runs it as it is: model_window
     in every layer, the split chosen (``--allocate auto``, or the plan's allocator at that window) or the plan's rows,
     under the serving layout it was tuned under (``layout``: the one given, or the one ``--search-layout`` chose)."""
-    from ..policies.plan import Plan
+    from ..policykit.plan import Plan
     from . import run_plan
 
     rows = None if chosen is None else tuple(sorted((r["layer"], r["kv_head"], r["budget"]) for r in chosen))

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..policies import POLICIES, ParamError, PolicySpec, policy_class, registry
-from ..policies.rope import rope_meta
+from ..policies import POLICIES, ParamError, PolicySpec, policy_class
+from ..policykit import registry
+from ..policykit.rope import rope_meta
 from ..sim.prefill import DEFAULT_SCORER, GROW, Prefill, PrefillError
 from .attention import ATTN, attach
 from .cache import PREFILL, EvictingCache, EvictingLayer, HFError, LayerMeta
@@ -150,7 +151,7 @@ def cache(model, policy: str | None = None, budget: int | None = None, *, plan=N
     selection, decisions every ``evict_every`` steps, decided by the simulator's own layout code. The cache's
     ``notes`` say what the layout rounded or made a no-op; ``kvsim.hf.layout.memory(cache)`` its blocks.
 
-    ``plan``: a run's plan (``kvsim.policies.plan.Plan``, or the path of its JSON, e.g. ``kvsim replay ...
+    ``plan``: a run's plan (``kvsim.policykit.plan.Plan``, or the path of its JSON, e.g. ``kvsim replay ...
     --save-plan FILE`` or the app's download) in place of the policy, budget, parameters, ``allocate``, the
     compression and the layout, which are then not given here.
 
@@ -160,7 +161,7 @@ def cache(model, policy: str | None = None, budget: int | None = None, *, plan=N
     prompt); ``None`` (the default) takes it wherever it can and says in the cache's ``notes``, once, when it
     cannot; ``True`` refuses (HFError) where it cannot; ``False`` runs the reference path (one Python policy per
     (row, KV head)), the authority the tensor path is held to."""
-    from ..policies.layouts import Layout, LayoutError
+    from ..policykit.layouts import Layout, LayoutError
 
     chunk = _chunk(model, chunk, tensor)
 
@@ -286,8 +287,8 @@ def _context(model) -> int | None:
 def _from_plan(plan, policy, budget, allocate, prefill, prefill_budget, params) -> tuple:
     """``cache``'s arguments from a plan: (policy, budget, the rest by keyword); HFError when a plan and the
     arguments it sets are both given, or the plan cannot be read."""
-    from ..policies.plan import GROW as PLAN_GROW
-    from ..policies.plan import Plan, PlanError
+    from ..policykit.plan import GROW as PLAN_GROW
+    from ..policykit.plan import Plan, PlanError
 
     if not isinstance(plan, Plan):
         try:
@@ -296,7 +297,7 @@ def _from_plan(plan, policy, budget, allocate, prefill, prefill_budget, params) 
             raise HFError(f"plan: {e}") from None
     if policy is not None or budget is not None or allocate is not None or prefill_budget is not None or params:
         raise HFError("plan= gives the policy, budget, parameters, allocate and compression: give them there, not here too")
-    from ..policies.layouts import NONE
+    from ..policykit.layouts import NONE
 
     spec, c = plan.policy, plan.compression
     extra = {"allocate": plan.allocate if plan.allocate is not None else plan.budgets, "prefill_budget": None,
@@ -341,7 +342,7 @@ def _under_layout(model, layout, policy: str, budget, windows, by: str, allocate
 
 
 def layer_metas(model, policies: list[str]) -> list[dict]:
-    """Per decoder layer, the meta a recording of that layer states (``kvsim.policies.rope.rope_meta``, the
+    """Per decoder layer, the meta a recording of that layer states (``kvsim.policykit.rope.rope_meta``, the
     recorder's own call: the model's RoPE) when any of ``policies`` reads its trace's meta (``reads_meta``), else
     empty dicts. Each such policy's ``check_meta`` runs on every layer's now: a model whose RoPE it cannot follow
     is refused (HFError, one line naming the layer) before any token."""

@@ -29,7 +29,7 @@ adakv (``kvsim.hf.pooled``) is the same layer over another store: a layer's KV h
 slots, and one joint step per row decides for all of them.
 
 A policy that reads its trace's meta (``reads_meta``: expected_attention's RoPE) is built with the
-layer's ``meta``, the fields a recording of that layer states (``kvsim.policies.rope.rope_meta``, which
+layer's ``meta``, the fields a recording of that layer states (``kvsim.policykit.rope.rope_meta``, which
 ``kvsim.hf.cache`` calls on the model), handed over as ``LayerMeta`` where a replay hands the trace.
 
 torch and transformers are imported here at module level: ``kvsim.hf`` is the optional torch extra.

@@ -5,7 +5,7 @@
 The same ``EvictingLayer`` over another store and other steps. Its store is ``kvsim.hf.paging.Paged``: the
 layout's memory (``Layout.memory``: the budget rounded down to whole blocks) as physical blocks of S slots
 per KV head, one block table per row for all of a layer's KV heads under shared selection. Its steps are the
-simulator's: the decision is ``kvsim.policies.layouts.held.LayoutCache``'s, the code ``replay_layout`` (one
+simulator's: the decision is ``kvsim.policykit.layouts.held.LayoutCache``'s, the code ``replay_layout`` (one
 KV head) and ``replay_layer`` (a layer's heads) run, with no second copy of the rule here. Each step every
 KV head's policy (built at the layout's memory) is shown its row over what it holds (the combining rule
 of ``kvsim.data.gqa``, renormalised, as ``kvsim.sim.harness.step`` shows it) and admits t; then, per row,
@@ -23,9 +23,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..policies import Policy, PolicySpec
-from ..policies.base import ContractError
-from ..policies.layouts import Layout
-from ..policies.layouts.held import LayoutCache
+from ..policykit.base import ContractError
+from ..policykit.layouts import Layout
+from ..policykit.layouts.held import LayoutCache
 from ..sim.harness import observe
 from .cache import EvictingLayer, HFError
 from .paging import Paged

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..data.gqa import combine
-from ..policies import registry
+from ..policykit import registry
 from ..sim.prefill import Prefill, PrefillError, Resumed, choose
 from . import eager
 from .eager import grouped

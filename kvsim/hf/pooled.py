@@ -21,7 +21,8 @@ prompt with nothing evicted and steps the pool through those rows afterwards (th
 
 from __future__ import annotations
 
-from ..policies import PolicySpec, registry
+from ..policies import PolicySpec
+from ..policykit import registry
 from .cache import EvictingLayer, HFError
 from .stepping import PoolSteps
 from .storage import Shared

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..data.gqa import group as gqa_group
-from ..policies import registry
+from ..policykit import registry
 from . import eager
 from .refusal import HFError
 

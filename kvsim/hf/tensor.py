@@ -5,7 +5,7 @@ The reference path (``kvsim.hf.cache.EvictingLayer`` over ``kvsim.hf.storage`` a
 keeps the slot map in NumPy and steps one Python policy per (row, KV head). Here the layer's keys and values
 are transformers' own shape, ``(batch, KV heads, slots, head_dim)`` with ``slots = budget + 1`` (the largest
 head's, when an allocation gives the heads different budgets), beside a map of the position each slot holds
-(``pos``, -1 free) and the policy's state (``kvsim.policies.tensor_hooks``), all tensors on the model's device.
+(``pos``, -1 free) and the policy's state (``kvsim.policykit.tensor_hooks``), all tensors on the model's device.
 A decode step of position t:
 
 1. ``update`` writes t's key and value into each (row, KV head)'s first free slot (there is always one: a
@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ..policies import Policy
-from ..policies.tensor_hooks import Columns, TensorHooks
+from ..policykit.tensor_hooks import Columns, TensorHooks
 from .cache import LAYER, EvictingLayer, real_positions
 from .eager import grouped
 from .refusal import HFError
@@ -58,7 +58,7 @@ CHUNK = 512
 
 def hooks_of(cls) -> TensorHooks | None:
     """The class's tensor step, or None when it declares none."""
-    from ..policies import registry
+    from ..policykit import registry
 
     step = registry.tensor_step(cls.name)
     return step if isinstance(step, TensorHooks) else None
@@ -534,7 +534,8 @@ def refusal(layers, seed: int | None = None, prefill: str = "exact") -> str | No
     reference path). A policy that draws (not ``deterministic``) with a ``seed`` draws every head of a layer from one
     generator, in the reference path's order, which fast prefill takes head by head: it runs there with more
     than one KV head."""
-    from ..policies import policy_class, registry
+    from ..policies import policy_class
+    from ..policykit import registry
 
     layers = [list(row) for row in layers]
     specs = [s for row in layers for s in row]

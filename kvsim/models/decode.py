@@ -116,7 +116,7 @@ def replay_masks(traces, policy: str, budget, params: dict, n: int, streaming=No
     mass of each replay (layers x KV heads). ``budget``: one for every head, or ``budget[layer][kv head]``
     (an allocation's split); ``params``: see ``layer_params``. ``streaming[layer][kv head]``: None, or the
     streaming_llm parameters that head replays with instead of ``policy`` (duo's streaming heads).
-    ``layout``: a serving layout (``kvsim.policies.layouts``) every head replays under, a layer's KV heads
+    ``layout``: a serving layout (``kvsim.policykit.layouts``) every head replays under, a layer's KV heads
     together under shared selection (``kvsim.sim.layered.replay_layer``); one budget, no streaming heads."""
     import torch
 

@@ -7,7 +7,7 @@ values by, and the rotary constants a query-aware scorer needs to move a query t
   position p's value once the output projection has mapped it for that head (its bias, shared by every
   head and position, left out);
 - ``rope_meta``: the layer's rotary embedding as the model applies it (``rope_theta``, ``rope_layout``,
-  ``rope_inv_freq`` ...), defined in ``kvsim.policies.rope`` and named here too: the deployed cache
+  ``rope_inv_freq`` ...), defined in ``kvsim.policykit.rope`` and named here too: the deployed cache
   (``kvsim.hf``, below this package) calls the same function, so both state a model's RoPE alike.
 
 torch is imported inside the functions, never at module level.
@@ -16,7 +16,7 @@ torch is imported inside the functions, never at module level.
 from __future__ import annotations
 
 from ..data.gqa import group
-from ..policies.rope import rope_layout, rope_meta
+from ..policykit.rope import rope_layout, rope_meta
 from .errors import RecordError
 
 #: attribute names of an attention module's output projection, in the order they are looked for

@@ -31,7 +31,7 @@ import numpy as np
 from ..data import jsontext
 from ..data.files import atomic_write
 from ..data.store import cache_dir
-from ..policies import registry
+from ..policykit import registry
 from ..progress import Progress
 from .needle_prompt import Builder, NeedleError, Prompt, Template, answer, pass_key
 from .needle_runs import CONTROL, NEW_TOKENS, Job, allocation_rows, fate, first_loss, run_batch, run_trial
@@ -238,7 +238,7 @@ def _add_optimum(model, model_id: str, prompt: Prompt, ids: list[int], runs: lis
     for run in runs:
         if run["budgets"] is None or run["prefill"] is not None:  # a compressed prompt's budgets hold the prompt
             continue
-        # under pages, the optimum under the same blocks (whole-block evictions: kvsim.policies.optimal_blocks);
+        # under pages, the optimum under the same blocks (whole-block evictions: kvsim.policykit.optimal_blocks);
         # shared selection and intervals are the online policy's constraints, which the block optimum has not
         block = (run.get("layout") or {}).get("block_size", 1)
         ck = {"version": VERSION, "kind": "optimum", "model": model_id, "ids": digest, "budgets": run["budgets"],

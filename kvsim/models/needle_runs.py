@@ -38,7 +38,7 @@ class Job:
     allocate: str | tuple | None = None
     #: a compressed prompt: (positions kept or a ratio, the scorer's name, its sorted (name, value) pairs)
     prefill: tuple | None = None
-    #: a serving layout (``kvsim.policies.layouts.Layout``; None: none), deployed by ``kvsim.hf.cache``
+    #: a serving layout (``kvsim.policykit.layouts.Layout``; None: none), deployed by ``kvsim.hf.cache``
     layout: object = None
 
     @property

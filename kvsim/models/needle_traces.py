@@ -83,7 +83,7 @@ def optimum(traces: dict[tuple[int, int], Trace], budgets: list[list[int]], bloc
     """``optimal``'s departures per (layer, KV head) at each head's budget, ``(layers, KV heads, T + 1)``;
     a head whose budget holds every position evicts nothing (-1 throughout). ``block_size`` above 1: the
     optimum under blocks of that size (``--policy optimal --block-size S``; docs/serving.md)."""
-    from ..policies.layouts import Layout
+    from ..policykit.layouts import Layout
 
     layers, heads = len(budgets), len(budgets[0])
     steps = next(iter(traces.values())).steps

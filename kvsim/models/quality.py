@@ -54,7 +54,7 @@ from ..data.files import atomic_write
 from ..data.store import cache_dir
 from ..data.trace import Trace, from_array
 from ..policies import POLICIES, PolicySpec
-from ..policies.registry import suggest
+from ..policykit.registry import suggest
 from ..progress import Progress, scaled, stderr
 from .decode import ClosedLoopDecoder, MaskedPass, hidden_states, layer_params, replay_masks
 from .errors import QualityError, RecordError

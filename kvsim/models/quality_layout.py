@@ -1,4 +1,4 @@
-"""``kvsim quality --mode open`` under a serving layout (``kvsim.policies.layouts``; docs/serving.md): the
+"""``kvsim quality --mode open`` under a serving layout (``kvsim.policykit.layouts``; docs/serving.md): the
 policy replays the full-cache traces under the layout (``decode.replay_masks(..., layout=)``: a layer's KV
 heads together under shared selection), and its kept sets mask one teacher-forced pass, as the open loop
 does without a layout. The result is the open loop's document with the layout's columns added; it is cached
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from ..policies.layouts import Layout
+from ..policykit.layouts import Layout
 from ..progress import Progress
 from .decode import ClosedLoopDecoder, MaskedPass, hidden_states, replay_masks
 from .quality import Session, read_cached, write_cached

@@ -22,7 +22,7 @@ from ..data.files import atomic_write
 from ..data.store import cache_dir
 from ..data.trace import Trace
 from ..policies import PolicySpec
-from ..policies.registry import missing, study_fixed, study_sweeps, window_param
+from ..policykit.registry import missing, study_fixed, study_sweeps, window_param
 from ..progress import Progress, scaled
 from ..sim.simulate import even_windows
 from .fanout import compute
@@ -253,7 +253,7 @@ def recording_source(meta: dict, folder: Path | None = None, *, text: str | Path
 #: the shipped texts (traces/texts/README.md)
 TEXTS_DIR = Path(__file__).resolve().parents[2] / "traces" / "texts"
 
-#: the study's policies come from the registry (``kvsim.policies.registry.study_fixed`` and ``study_sweeps``):
+#: the study's policies come from the registry (``kvsim.policykit.registry.study_fixed`` and ``study_sweeps``):
 #: every compared policy at its defaults, and those with a recent_window swept
 
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..data.gqa import combine
-from .base import Display
-from .registry import register
+from ..policykit.base import Display
+from ..policykit.registry import register
 from .vatp import ValueWeighted, value_weighted_tensor_step
 
 

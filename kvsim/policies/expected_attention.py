@@ -59,9 +59,9 @@ import numpy as np
 
 from ..data.trace import TraceError
 from ..jit import kernel
-from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
-from .registry import register
-from .slot_hooks import Shape, SlotHooks, _first_min, _slots
+from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
+from ..policykit.registry import register
+from ..policykit.slot_hooks import Shape, SlotHooks, _first_min, _slots
 from .streaming_llm import SINKS
 
 QUERY_WINDOW = Param("query_window", 256, "the statistics come from the queries of the newest query_window positions "
@@ -94,7 +94,7 @@ class Rope:
     @classmethod
     def from_meta(cls, meta: Mapping, source: str, head_dim: int) -> Rope:
         """The RoPE the recorder states in a trace's meta (``rope_inv_freq``, ``rope_layout``, ``rope_theta``,
-        ``rope_attention_scaling``: ``kvsim.policies.rope.rope_meta``); a ``RopeError``, one line
+        ``rope_attention_scaling``: ``kvsim.policykit.rope.rope_meta``); a ``RopeError``, one line
         naming ``source`` and the field."""
         if meta.get("rope_inv_freq") is None:
             raise RopeError(f"{source}: policy expected_attention needs the model's RoPE to advance the queries' positions, "

@@ -26,9 +26,9 @@ import numpy as np
 
 from ..data.trace import Trace
 from ..jit import kernel
-from .base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
-from .registry import register
-from .slot_hooks import Shape, SlotHooks, _first_min
+from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
+from ..policykit.registry import register
+from ..policykit.slot_hooks import Shape, SlotHooks, _first_min
 
 #: rows per block of the precomputed suffix sums (memory ~ (T / BLOCK) * T * 8 bytes)
 BLOCK = 64

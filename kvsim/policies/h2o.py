@@ -22,10 +22,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..jit import kernel
-from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
-from .registry import register
-from .slot_hooks import Shape, SlotHooks, _drop, _first_min, _slots
-from .tensor_hooks import TensorHooks, TensorState, param, slots
+from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
+from ..policykit.registry import register
+from ..policykit.slot_hooks import Shape, SlotHooks, _drop, _first_min, _slots
+from ..policykit.tensor_hooks import TensorHooks, TensorState, param, slots
 
 #: shared with the policies that protect the newest positions the same way (scissorhands)
 RECENT_WINDOW = Param(

@@ -26,11 +26,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..jit import kernel
-from .base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy, per_config
+from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy, per_config
+from ..policykit.registry import register
+from ..policykit.slot_hooks import Shape, SlotHooks, _drop, _slots
+from ..policykit.tensor_hooks import TensorHooks, TensorState, param, slots
 from .h2o import RECENT_WINDOW
-from .registry import register
-from .slot_hooks import Shape, SlotHooks, _drop, _slots
-from .tensor_hooks import TensorHooks, TensorState, param, slots
 
 # --------------------------------------------------------------------------------------------
 # the fast path: h2o's sum (``state[1]``) with a count of the steps shown (``state[2]``), evicting by

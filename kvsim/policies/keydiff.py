@@ -47,12 +47,12 @@ import math
 import numpy as np
 
 from ..jit import kernel
-from .base import DEFAULT_BUDGET, Display, EngineBinding
+from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding
+from ..policykit.registry import register
+from ..policykit.slot_hooks import Shape, SlotHooks, _drop, _first_max
+from ..policykit.tensor_hooks import TensorHooks, TensorState, admitted, in_order
+from ..policykit.tensor_hooks import key_norms as tensor_key_norms
 from .knorm import KeyedSlots, _key_norm, kernel_keys, key_norms
-from .registry import register
-from .slot_hooks import Shape, SlotHooks, _drop, _first_max
-from .tensor_hooks import TensorHooks, TensorState, admitted, in_order
-from .tensor_hooks import key_norms as tensor_key_norms
 
 
 def unit_keys(keys) -> np.ndarray:

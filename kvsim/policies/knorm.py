@@ -39,11 +39,11 @@ import numpy as np
 
 from ..data.gqa import position_sum
 from ..jit import kernel
-from .base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
-from .registry import register
-from .slot_hooks import Shape, SlotHooks, _drop, _first_max
-from .tensor_hooks import TensorHooks, TensorState, admitted, slots
-from .tensor_hooks import key_norms as tensor_key_norms
+from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
+from ..policykit.registry import register
+from ..policykit.slot_hooks import Shape, SlotHooks, _drop, _first_max
+from ..policykit.tensor_hooks import TensorHooks, TensorState, admitted, slots
+from ..policykit.tensor_hooks import key_norms as tensor_key_norms
 
 
 def key_norms(keys) -> np.ndarray:

@@ -44,11 +44,11 @@ from pathlib import Path
 import numpy as np
 
 from ..data.gqa import position_sum
-from .base import DEFAULT_BUDGET, Display, Param, SlotPolicy
+from ..policykit.base import DEFAULT_BUDGET, Display, Param, SlotPolicy
+from ..policykit.registry import register
+from ..policykit.tensor_hooks import TensorHooks, TensorState, admitted, in_order, param, slots
+from ..policykit.tensor_hooks import key_norms as tensor_key_norms
 from .knorm import key_norms, one_key
-from .registry import register
-from .tensor_hooks import TensorHooks, TensorState, admitted, in_order, param, slots
-from .tensor_hooks import key_norms as tensor_key_norms
 
 #: the shipped weights: fitted by ``kvsim learn`` on the shipped gemma3-270m-L05 trace (docs/learned.md)
 DEFAULT_WEIGHTS = Path(__file__).with_name("learned_weights.json")

@@ -65,9 +65,9 @@ from ..data.files import atomic_write
 from ..data.store import cache_dir
 from ..data.trace import Trace
 from ..jit import kernel
-from .base import DEFAULT_BUDGET, ContractError, Display, EngineBinding, Policy, check_budget
-from .registry import register
-from .slot_hooks import Shape, SlotHooks
+from ..policykit.base import DEFAULT_BUDGET, ContractError, Display, EngineBinding, Policy, check_budget
+from ..policykit.registry import register
+from ..policykit.slot_hooks import Shape, SlotHooks
 
 #: bump when the solver's output for a given trace and budget could change (invalidates the cache)
 SOLVER_VERSION = 1

@@ -23,10 +23,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..jit import kernel
-from .base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
-from .registry import register
-from .slot_hooks import Shape, SlotHooks
-from .tensor_hooks import TensorHooks, TensorState
+from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
+from ..policykit.registry import register
+from ..policykit.slot_hooks import Shape, SlotHooks
+from ..policykit.tensor_hooks import TensorHooks, TensorState
 
 #: the seed of the generator used when none is passed
 DEFAULT_SEED = 0
@@ -139,7 +139,7 @@ class RandomEviction(SlotPolicy):
         self._admit(pos)
 
     def layout_priorities(self) -> np.ndarray:
-        """A serving layout's per-position score (kvsim.policies.layouts): one uniform draw per held position
+        """A serving layout's per-position score (kvsim.policykit.layouts): one uniform draw per held position
         from the policy's own generator, the lowest going first."""
         return self.rng.random(self.kept.size)
 

@@ -27,8 +27,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .base import DEFAULT_BUDGET, SlotPolicy
-from .registry import register_scorer
+from ..policykit.base import DEFAULT_BUDGET, SlotPolicy
+from ..policykit.registry import register_scorer
 
 #: the member ``see`` hands over: the position's reconstruction score
 MEMBER = "reconstruction"

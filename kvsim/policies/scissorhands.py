@@ -40,11 +40,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..jit import kernel
-from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
+from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
+from ..policykit.registry import register
+from ..policykit.slot_hooks import Shape, SlotHooks
+from ..policykit.tensor_hooks import TensorHooks, TensorState, param, slots
 from .h2o import RECENT_WINDOW
-from .registry import register
-from .slot_hooks import Shape, SlotHooks
-from .tensor_hooks import TensorHooks, TensorState, param, slots
 
 HISTORY_WINDOW = Param("history_window", 0, "votes of the last history_window observed steps count (0: the whole run)")
 

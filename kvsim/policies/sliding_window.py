@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import DEFAULT_BUDGET, Display, EngineBinding, Policy
-from .registry import register
+from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding, Policy
+from ..policykit.registry import register
 from .streaming_llm import STEPS, TENSOR, StreamingLLM
 
 

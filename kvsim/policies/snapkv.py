@@ -31,11 +31,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..jit import kernel
-from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
+from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
+from ..policykit.registry import register
+from ..policykit.slot_hooks import Shape, SlotHooks, _drop, _first_min, _slots
+from ..policykit.tensor_hooks import TensorHooks, TensorState, param, slots
 from .h2o import RECENT_WINDOW
-from .registry import register
-from .slot_hooks import Shape, SlotHooks, _drop, _first_min, _slots
-from .tensor_hooks import TensorHooks, TensorState, param, slots
 
 OBSERVATION_WINDOW = Param("observation_window", 32, "the score is the attention of the last observation_window queries")
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..jit import kernel
-from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, Policy, per_config
-from .registry import register
-from .slot_hooks import Shape, SlotHooks
-from .tensor_hooks import TensorHooks, TensorState, param
+from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding, Param, Policy, per_config
+from ..policykit.registry import register
+from ..policykit.slot_hooks import Shape, SlotHooks
+from ..policykit.tensor_hooks import TensorHooks, TensorState, param
 
 SINKS = Param("sinks", 4, "the first sinks positions are pinned forever", below_budget=True)
 
@@ -133,7 +133,7 @@ class StreamingLLM(Policy):
         self._admit(pos)
 
     def layout_priorities(self) -> np.ndarray:
-        """A serving layout's per-position score (kvsim.policies.layouts): the position itself, so the oldest
+        """A serving layout's per-position score (kvsim.policykit.layouts): the position itself, so the oldest
         of the ring goes first; the sinks never go (``inf``)."""
         kept = self.kept
         out = np.full(kept.size, np.inf)
@@ -144,7 +144,7 @@ class StreamingLLM(Policy):
     def layout_drop(self, victims: np.ndarray) -> None:
         """Remove ``victims`` (ring positions, ascending) that a layout chose; the ring keeps its order."""
         if np.isin(victims, self._sink_positions).any():
-            from .layouts.priorities import LayoutError
+            from ..policykit.layouts.priorities import LayoutError
 
             raise LayoutError(f"{self.name}: its sinks are pinned; a layout cannot evict them")
         ring = self.kept[len(self._sink_positions):]

@@ -25,10 +25,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..jit import kernel
-from .base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
-from .registry import register
-from .slot_hooks import Shape, SlotHooks, _drop, _first_min, _slots
-from .tensor_hooks import TensorHooks, TensorState, slots
+from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
+from ..policykit.registry import register
+from ..policykit.slot_hooks import Shape, SlotHooks, _drop, _first_min, _slots
+from ..policykit.tensor_hooks import TensorHooks, TensorState, slots
 
 #: the weight of a position no row has shown yet: above any real weight (at most 1), below the
 #: +inf that marks a chosen victim during eviction

@@ -36,12 +36,12 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..jit import kernel
-from .base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
+from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
+from ..policykit.registry import register
+from ..policykit.slot_hooks import Shape, SlotHooks, _drop, _slots
+from ..policykit.tensor_hooks import TensorHooks, TensorState, admitted, in_order, param, slots
 from .h2o import RECENT_WINDOW
-from .registry import register
-from .slot_hooks import Shape, SlotHooks, _drop, _slots
 from .streaming_llm import SINKS
-from .tensor_hooks import TensorHooks, TensorState, admitted, in_order, param, slots
 
 
 def value_l1(values) -> np.ndarray:
@@ -274,7 +274,7 @@ class VATP(ValueWeighted):
         return value_l1(members["values"])
 
     def layout_priorities(self) -> np.ndarray:
-        """A serving layout's per-position score (kvsim.policies.layouts): vatp ranks its pinned sinks after
+        """A serving layout's per-position score (kvsim.policykit.layouts): vatp ranks its pinned sinks after
         every other position rather than scoring them, so its score here is its own product, cumulative
         attention x |v|_1, with the sinks and the recent window never going (``inf``)."""
         out = np.full(self.kept.size, np.inf)

@@ -39,8 +39,9 @@ from .. import jit
 from ..data import vectors
 from ..data.trace import Trace, from_array
 from ..jit import AVAILABLE
-from ..policies import POLICIES, Policy, PolicySpec, registry, tunables
+from ..policies import POLICIES, Policy, PolicySpec, tunables
 from ..policies.greedy_future import BLOCK as GREEDY_BLOCK
+from ..policykit import registry
 from ..progress import Progress
 from . import kernels
 from .harness import ReplayResult

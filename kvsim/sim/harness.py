@@ -23,7 +23,7 @@ from ..data import vectors
 from ..data.gqa import position_sum, renormalise
 from ..data.trace import Trace
 from ..policies import Policy, PolicySpec
-from ..policies.base import ContractError
+from ..policykit.base import ContractError
 from ..progress import Progress
 
 DEFAULT_TOP_K = 32
@@ -45,7 +45,7 @@ class ReplayResult:
     #: what was replayed, as one validated value (None when a built policy was handed in: it may be
     #: one the registry does not know); ``policy``, ``budget`` and ``params`` say the same in plain terms
     spec: PolicySpec | None = None
-    #: the serving layout it ran under (``kvsim.policies.layouts``; None: none), and the positions that
+    #: the serving layout it ran under (``kvsim.policykit.layouts``; None: none), and the positions that
     #: layout allocates (the budget in whole blocks); both stated in ``summary`` only when there is one
     layout: object | None = None
     memory: int | None = None
@@ -266,7 +266,7 @@ def _check_victims(policy: Policy, t: int, before: np.ndarray, victims: list[int
         raise ContractError(f"{policy!r} step {t}: victims {victims} not in ascending order")
     if n and not _holds(before, victims).all():
         raise ContractError(f"{policy!r} step {t}: victims {victims} include positions it did not hold")
-    bounds = getattr(policy, "held_bounds", None)  # a policy under a serving layout (kvsim.policies.layouts)
+    bounds = getattr(policy, "held_bounds", None)  # a policy under a serving layout (kvsim.policykit.layouts)
     low, high = bounds(t, budget) if bounds is not None else (min(t + 1, budget),) * 2
     if not low <= after.size <= high:
         expected = low if low == high else f"{low} to {high}"

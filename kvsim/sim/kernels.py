@@ -6,7 +6,7 @@ for its own state and calls its specialised loop a chunk of steps at a time.
 
 This module holds the loop and the machinery that specialises it; what a policy's hooks are made of (its
 ``SlotHooks``, the ``Shape`` its state is sized by, the helpers hooks share: ``_first_min``, ``_first_max``, ``_drop``,
-``_slots``) is in ``kvsim.policies.slot_hooks``, so that a policy declares its hooks beside it without
+``_slots``) is in ``kvsim.policykit.slot_hooks``, so that a policy declares its hooks beside it without
 importing the simulator. Each policy's hooks sit beside it, in its own module of ``kvsim.policies``
 (h2o's in ``kvsim.policies.h2o``, declared as its ``SlotHooks``, ``STEPS``; streaming_llm's serve
 sliding_window too, vatp's critical), and its docstring states the rules its hooks keep.
@@ -52,8 +52,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..jit import kernel, sources_digest
-from ..policies.slot_hooks import Shape as Shape
-from ..policies.slot_hooks import SlotHooks, _drop
+from ..policykit.slot_hooks import Shape as Shape
+from ..policykit.slot_hooks import SlotHooks, _drop
 
 
 @kernel

@@ -1,9 +1,9 @@
-"""Replays under a serving layout (``kvsim.policies.layouts``; docs/serving.md), on the reference path.
+"""Replays under a serving layout (``kvsim.policykit.layouts``; docs/serving.md), on the reference path.
 
 ``replay_layout``: one trace (one KV head) through a policy under a layout: the policy built at the
 layout's memory, wrapped (``layouts.held.LayoutPolicy``) and stepped by the harness, whose held-count
 check reads the layout's bounds; ``optimal`` with blocks is the optimum under blocks
-(``kvsim.policies.optimal_blocks``), measured as the harness measures any kept set. Shared selection on one
+(``kvsim.policykit.optimal_blocks``), measured as the harness measures any kept set. Shared selection on one
 trace is a no-op (one KV head). ``replay_layer``: a layer's KV heads (one trace each, one length) together,
 each head's policy shown its own attention over what the layer holds, the choice made once under shared
 selection (``layouts.held.LayoutCache``); each head's retained mass and top-k recall, and their mean.
@@ -18,9 +18,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..data.trace import Trace
-from ..policies import PolicySpec, registry
-from ..policies.layouts import Layout
-from ..policies.layouts.held import LayoutCache, LayoutPolicy
+from ..policies import PolicySpec
+from ..policykit import registry
+from ..policykit.layouts import Layout
+from ..policykit.layouts.held import LayoutCache, LayoutPolicy
 from ..progress import Progress
 from .harness import ReplayResult, kept_sum, observe, replay_reference, top_k_hits
 
@@ -43,7 +44,7 @@ def replay_layout(trace: Trace, spec: PolicySpec, layout: Layout, *, top_k: int,
 
 def _block_optimum(trace: Trace, spec: PolicySpec, layout: Layout, top_k: int, record_kept: bool,
                    progress) -> ReplayResult:
-    from ..policies.optimal_blocks import block_schedule
+    from ..policykit.optimal_blocks import block_schedule
 
     x = block_schedule(trace, spec.budget, layout.block_size, progress=progress)
     gone = x.evicted_at()

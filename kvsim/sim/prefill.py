@@ -35,8 +35,9 @@ import numpy as np
 
 from ..data import vectors as vec
 from ..data.trace import Trace
-from ..policies import POLICIES, ParamError, Policy, PolicySpec, registry
-from ..policies.registry import suggest
+from ..policies import POLICIES, ParamError, Policy, PolicySpec
+from ..policykit import registry
+from ..policykit.registry import suggest
 from .harness import DEFAULT_TOP_K, ReplayResult, Taken, kept_sum, step, top_k_hits
 
 #: the default scorer of the one-time choice

@@ -42,7 +42,7 @@ def replay(
     kernels for the policy are not compiled yet (``engine.ready``): the same result, without waiting
     for numba. The result carries the spec (``ReplayResult.spec``).
 
-    ``layout`` (``kvsim.policies.layouts.Layout``): the serving layout the policy runs under, on the
+    ``layout`` (``kvsim.policykit.layouts.Layout``): the serving layout the policy runs under, on the
     reference path (``kvsim.sim.layered``); ``optimal`` with blocks is the optimum under blocks. None or
     ``Layout()`` is today's replay, bit for bit."""
     kw = dict(top_k=top_k, record_kept=record_kept, record_scores=record_scores, record_victims=record_victims,
@@ -52,7 +52,7 @@ def replay(
             raise ValueError("params are only accepted with a policy name")
         if layout is not None and not layout.plain:
             raise ValueError("a layout is given with a policy name or spec (a built policy is wrapped by "
-                             "kvsim.policies.layouts.held.wrap)")
+                             "kvsim.policykit.layouts.held.wrap)")
         return replay_reference(trace, policy, budget, **kw)
     spec = _spec(policy, budget, params)
     _check_top_k(top_k)

@@ -21,12 +21,12 @@ import inspect
 from pathlib import Path
 
 from ..data import store
-from ..policies.registry import policy_class
-from ..policies.spec import PolicySpec
+from ..policykit.registry import policy_class
+from ..policykit.spec import PolicySpec
 
 #: the packages whose code a replay runs
 _PACKAGE = Path(__file__).resolve().parent.parent
-_CODE = ("sim", "policies", "data")
+_CODE = ("sim", "policies", "policykit", "data")
 #: the analysis's name in the file beside the trace (``<stem>-summary-<digest>.json``)
 NAME = "summary"
 #: a sweep's rows beside the trace (``<stem>-sweep-<digest>.json``)

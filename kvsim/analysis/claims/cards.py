@@ -3,7 +3,8 @@ is measured, the app view that shows it (URL query parameters) and the check tha
 
 from __future__ import annotations
 
-from ...policies import POLICIES, registry
+from ...policies import POLICIES
+from ...policykit import registry
 from . import h2o as h
 from . import sliding_window as sw
 from .measure import BUDGET, Claim, check_cost_not_measured, check_deterministic

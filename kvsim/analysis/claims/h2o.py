@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...policies import POLICIES, make_policy, registry
+from ...policies import POLICIES, make_policy
+from ...policykit import registry
 from ...sim.simulate import replay
 from .measure import BAND_TOLERANCE, BUDGET, FIGURE_TOLERANCE, Measurer, canonical_only, rounded, spike_trace, step, steps_from, verdict
 

@@ -8,7 +8,8 @@ import json
 import numpy as np
 
 from ...data.catalog import TRACES_DIR
-from ...policies import POLICIES, make_policy, registry
+from ...policies import POLICIES, make_policy
+from ...policykit import registry
 from ...sim.simulate import replay, sweep
 from .measure import ALIKE, FIGURE_TOLERANCE, Measurer, canonical_only, rounded, step, verdict
 

@@ -25,7 +25,7 @@ def main() -> None:
 
     from kvsim.data.catalog import resolve_bundle
     from kvsim.data.trace import load_npz
-    from kvsim.policies.registry import POLICIES
+    from kvsim.policykit.registry import POLICIES
     from kvsim.sim.simulate import replay
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -28,7 +28,7 @@ TOLERANCE = 1e-5
 
 def main() -> int:
     from kvsim.data.catalog import resolve_bundle
-    from kvsim.policies.registry import POLICIES
+    from kvsim.policykit.registry import POLICIES
     from kvsim.sim.simulate import replay
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -98,7 +98,7 @@ def check(out: Path, budgets=(256, 1024)) -> dict:
     recording (layers 5, 11, 17, 4096 steps) and the shipped dense bundle (every layer, its 1024 steps):
     the largest difference of any weight, and each registered policy's retained mass at ``budgets``."""
     from kvsim.data.catalog import resolve_bundle, resolve_trace
-    from kvsim.policies.registry import POLICIES
+    from kvsim.policykit.registry import POLICIES
     from kvsim.sim.simulate import replay
 
     qkb = resolve_bundle(str(out / "gemma3-270m-heapq4k-qk"))
@@ -128,7 +128,7 @@ def check_float32(out: Path) -> None:
     from kvsim.data.bundle import load_bundle
     from kvsim.models.loading import load_model, token_ids
     from kvsim.models.record import RecordConfig, record
-    from kvsim.policies.registry import POLICIES
+    from kvsim.policykit.registry import POLICIES
     from kvsim.sim.simulate import replay
 
     torch.set_num_threads(1)

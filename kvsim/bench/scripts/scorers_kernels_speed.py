@@ -46,7 +46,7 @@ def at_revision(rev: str, paths: tuple[str, ...], name: str):
 def main() -> None:
     from kvsim.policies import expected_attention as ea
     from kvsim.policies import keydiff as kk
-    from kvsim.policies.slot_hooks import Shape
+    from kvsim.policykit.slot_hooks import Shape
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rev", default="main", help="the revision to compare with (default main)")

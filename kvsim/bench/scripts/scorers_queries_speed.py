@@ -46,7 +46,7 @@ def gemma_like(steps: int, seed: int = 0) -> qk.QKTrace:
     q = np.stack([turn(rng.normal(size=(n, D)) + rng.normal(size=D)) for _ in range(G)]).astype(np.float16)
     k = turn(rng.normal(size=(n, D))).astype(np.float16)
     v = rng.normal(size=(n, D)).astype(np.float16)
-    # the fields a recording's meta states its RoPE by (kvsim.policies.rope.rope_meta), which the policy reads
+    # the fields a recording's meta states its RoPE by (kvsim.policykit.rope.rope_meta), which the policy reads
     meta = {"rope_inv_freq": inv.tolist(), "rope_layout": "rotate_half", "rope_theta": THETA, "rope_type": "default",
             "rope_attention_scaling": 1.0, "rope_dim": D, "head_dim": D}
     return qk.from_qk(q, k, v, scale=D ** -0.5, name=f"gemma-like-{steps}", meta=meta)

@@ -38,7 +38,7 @@ from checkout import this_checkout
 ROOT = this_checkout(__file__)
 
 from kvsim.data.files import atomic_write  # noqa: E402
-from kvsim.policies.layouts import Layout  # noqa: E402
+from kvsim.policykit.layouts import Layout  # noqa: E402
 
 MODELS = ("gemma3-270m", "smollm2-135m")
 TEXTS = ("code-heapq.py", "prose-rust-book-introduction.txt", "legal-gpl-3.0.txt")

@@ -25,7 +25,7 @@ CURRENT_COLOUR = "#d62728"
 
 def policy_label(result: ReplayResult) -> str:
     """``h2o (recent_window=32)``: the name plus the parameters that made this run; under a serving layout
-    (``kvsim.policies.layouts``) its constraints too, ``h2o (recent_window=32, block_size=16)``."""
+    (``kvsim.policykit.layouts``) its constraints too, ``h2o (recent_window=32, block_size=16)``."""
     parts = _label_parts(result)
     return f"{result.policy} ({', '.join(parts)})" if parts else result.policy
 

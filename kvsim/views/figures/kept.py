@@ -83,7 +83,7 @@ def kept_heatmap(
 
 
 def block_size(results: Sequence[ReplayResult]) -> int:
-    """The block size the replays ran under (``kvsim.policies.layouts``; 1 without blocks): a panel's cells are
+    """The block size the replays ran under (``kvsim.policykit.layouts``; 1 without blocks): a panel's cells are
     then whole blocks. Replays under different block sizes are refused (one figure, one geometry)."""
     sizes = {getattr(r.layout, "block_size", 1) if r.layout is not None else 1 for r in results}
     if len(sizes) > 1:

@@ -240,7 +240,7 @@ def panel_layers(histories: Sequence[np.ndarray], region: Region, sinks: int, ag
     and each image as a PNG data URI (with its column count for the strips): small, and cheap to
     keep per replay and region.
 
-    ``block_size`` s > 1 (a replay under a serving layout in blocks, ``kvsim.policies.layouts``): the main
+    ``block_size`` s > 1 (a replay under a serving layout in blocks, ``kvsim.policykit.layouts``): the main
     image's cells are whole blocks of the cache, one block at the zoom where a pooled cell would be at most s
     positions wide (every zoom closer than that too), else as many whole blocks as the pixels ask; its first
     cell starts at the first position of the block holding ``region.p0`` (``origin``), which may lie left of

@@ -6,7 +6,7 @@ online policy, a plugin's included, without the policy knowing of layouts:
 - a ``SlotPolicy`` (h2o, tova, snapkv, scissorhands, the key and value scorers ...) ranks in its ``evict``
   by one call to ``_evict_lowest(budget, values)``: ``values`` are its scores of the evictable slots (a
   prefix of kept order: the newest ``recent_window``, or the newest position, are not in it). Its
-  ``layout_priorities`` (``kvsim/policies/base.py``) calls that ``evict`` with ``_evict_lowest`` replaced for
+  ``layout_priorities`` (``kvsim/policykit/base.py``) calls that ``evict`` with ``_evict_lowest`` replaced for
   the call by one that records ``values`` and evicts nothing, so the scores are the policy's own, computed by
   its own code. The slots beyond the prefix are protected (``inf``). Its ``layout_drop`` compacts the slot
   arrays as ``_evict_lowest`` does.

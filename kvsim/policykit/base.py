@@ -25,7 +25,7 @@ class ContractError(AssertionError):
 
 class LayoutError(ValueError):
     """A layout that cannot run as asked: one line naming the policy, the layout and the problem
-    (``kvsim.policies.layouts``)."""
+    (``kvsim.policykit.layouts``)."""
 
 
 class ParamError(ValueError):
@@ -112,7 +112,7 @@ class EngineBinding:
     engine's step loop, or a path to them, so that this layer loads neither numba nor the engine; the
     engine specialises the loop on first use. What the kernel reads comes from the policy's ``engine_inputs``."""
 
-    #: the policy's ``kvsim.policies.slot_hooks.SlotHooks`` (every built-in's, beside it: ``EngineBinding(STEPS)``),
+    #: the policy's ``kvsim.policykit.slot_hooks.SlotHooks`` (every built-in's, beside it: ``EngineBinding(STEPS)``),
     #: or the ``"module:name"`` of its hooks or of a ``SlotKernel`` (the step loop specialised already, and the
     #: state it allocates), e.g. ``"kvsim.policies.h2o:STEPS"``
     kernel: object
@@ -190,7 +190,7 @@ class Policy:
     #: how the fast engine replays it (None: the reference harness replays it)
     engine_binding: ClassVar[EngineBinding | None] = None
     #: how the deployed cache steps it as tensor operations on the model's device, every row and KV head of a
-    #: layer at once (``kvsim.policies.tensor_hooks.TensorHooks``, declared beside the policy as its engine
+    #: layer at once (``kvsim.policykit.tensor_hooks.TensorHooks``, declared beside the policy as its engine
     #: hooks are; None: the deployed cache steps it on the reference path, one (row, KV head) at a time)
     tensor_step: ClassVar[object | None] = None
     #: True for a policy whose scorer was fitted on kvsim's own shipped traces (learned): the proxy study, whose

@@ -18,7 +18,7 @@ without them reads and writes as before::
 
      "keys": 2, "compression": {..., "query": "agnostic"}
 
-A plan may also name a serving layout (``kvsim.policies.layouts``; docs/serving.md), written only when there is
+A plan may also name a serving layout (``kvsim.policykit.layouts``; docs/serving.md), written only when there is
 one, so a plan without it reads and writes as before::
 
      "layout": {"block_size": 16, "shared_selection": false, "evict_every": 1}

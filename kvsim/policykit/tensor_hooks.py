@@ -1,5 +1,5 @@
 """What a policy's tensor step is made of, declared beside the policy as its numba hooks are
-(``kvsim.policies.slot_hooks``): the deployed cache (``kvsim.hf.tensor``) steps every row and KV head of a
+(``kvsim.policykit.slot_hooks``): the deployed cache (``kvsim.hf.tensor``) steps every row and KV head of a
 decoder layer at once with it, as a handful of tensor operations on the model's device, nothing read back
 to the host.
 

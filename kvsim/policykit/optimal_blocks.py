@@ -75,8 +75,8 @@ from ..data.files import atomic_write
 from ..data.store import cache_dir
 from ..data.trace import Trace
 from ..jit import kernel
+from ..policies.optimal import CACHE_MIN_STEPS, _augment, _column_totals, _row_offsets
 from .base import ParamError, check_budget, check_param
-from .optimal import CACHE_MIN_STEPS, _augment, _column_totals, _row_offsets
 
 #: bump when the schedule or the mass for a given trace, blocks and block size could change
 SOLVER_VERSION = 1

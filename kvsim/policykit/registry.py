@@ -13,7 +13,7 @@ needs the model (``needs_model``: KVzip's context reconstruction) is registered 
 ``SCORERS``): it is a deployed cache's ``prefill_policy`` only, in no list of decode-time policies.
 
 ``tunables`` lists each policy's integer parameters with their defaults and bounds, which is what
-the CLI's flags and the app's controls are made from; ``kvsim.policies.spec`` validates a choice of
+the CLI's flags and the app's controls are made from; ``kvsim.policykit.spec`` validates a choice of
 them once (``PolicySpec``) and builds the policy from it (``make_policy``).
 """
 
@@ -42,8 +42,8 @@ SCORERS: dict[str, type[Policy]] = {}
 ENTRY_POINT_GROUP = "kvsim.policies"
 #: comma-separated module names or ``.py`` paths, imported after the shipped policies and the entry points
 PLUGIN_ENV = "KVSIM_PLUGINS"
-#: the modules of this package that hold no policy: the interface, the registry and their helpers
-_SUPPORT = frozenset({"base", "registry", "spec", "rope", "upper_bound", "optimal_blocks", "plan", "layouts"})
+#: the package whose every module is a policy (its support is this package, kvsim.policykit)
+POLICY_PACKAGE = "kvsim.policies"
 #: one line per plugin (or policy module) that failed to load, as said on stderr; the app shows them too
 PROBLEMS: list[str] = []
 _loaded = False
@@ -203,7 +203,7 @@ def has_engine(name: str) -> bool:
 
 
 def tensor_step(name: str):
-    """``name``'s tensor step (``kvsim.policies.tensor_hooks.TensorHooks``), None when the deployed cache steps it
+    """``name``'s tensor step (``kvsim.policykit.tensor_hooks.TensorHooks``), None when the deployed cache steps it
     on the reference path."""
     return policy_class(name).tensor_step
 
@@ -307,19 +307,19 @@ def _declares_entry_points() -> bool:
 
 
 def load_policies() -> None:
-    """Register every policy, once per process: each module of this package (none is listed anywhere: a
-    module saved here is found), then the entry points of group ``kvsim.policies`` of every installed
+    """Register every policy, once per process: each module of ``kvsim.policies`` (none is listed anywhere: a
+    module saved there is found), then the entry points of group ``kvsim.policies`` of every installed
     distribution, then ``KVSIM_PLUGINS``. A module that fails to import, or registers a taken name, is
     one line on stderr (and in ``PROBLEMS``) naming it and the problem; the rest load."""
     global _loaded
     if _loaded:
         return
     _loaded = True
-    package = Path(__file__).parent
+    package = Path(__file__).parent.parent / POLICY_PACKAGE.rpartition(".")[2]
     for info in sorted(pkgutil.iter_modules([str(package)]), key=lambda m: m.name):
-        if info.name.startswith("_") or info.name in _SUPPORT:
+        if info.name.startswith("_"):
             continue
-        _load(f"kvsim/policies/{info.name}.py", lambda n=info.name: importlib.import_module(f"{__package__}.{n}"))
+        _load(f"kvsim/policies/{info.name}.py", lambda n=info.name: importlib.import_module(f"{POLICY_PACKAGE}.{n}"))
     if _declares_entry_points():  # importlib.metadata reads every distribution (~60 ms): only when one declares the group
         from importlib.metadata import entry_points
 
