@@ -198,9 +198,10 @@ def _named(text: str, i: int) -> str:
 
 def conversation(builder: Builder, length: int, depths, keys, trial: int = 0, needle: str = NEEDLE_NAMED,
                  question: str = QUESTION_NAMED) -> ConversationPrompt:
-    """K = len(keys) needles, each named (``{name}``) or numbered (``{n}``), in the filler of ``builder`` (its template's filler), key i at the sentence
-    boundary nearest ``depths[i]`` x the filler's length, the context and the first question exactly ``length``
-    tokens. NeedleError (one line) when the depths and keys differ in number or two keys snap to one boundary."""
+    """K = len(keys) needles, each named (``{name}``) or numbered (``{n}``), in the filler of ``builder`` (its
+    template's filler), key i at the sentence boundary nearest ``depths[i]`` x the filler's length, the context and
+    the first question exactly ``length`` tokens. NeedleError (one line) when the depths and keys differ in number
+    or two keys snap to one boundary."""
     if len(depths) != len(keys):
         raise NeedleError(f"--depths: {len(depths)} depth(s) for --keys {len(keys)}: give one depth per key "
                           "(key i at the i-th depth)", "--depths")
