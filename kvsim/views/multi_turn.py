@@ -146,7 +146,13 @@ def findings(doc: dict) -> list[str]:
                     f"later key that {other} found in {lost}")
     said = [r for r in rows if "paired" in r]
     testable = [c for key, c in aware.items() if c["control_found"][0] and any(c["control_found"][1:])]
-    if said and not testable:
+    aware_first = sum(c["found"][0] for c in aware.values() if c["control_found"][0])
+    if said and testable and not aware_first:
+        kv = ("cannot show in its strict form here (a query-aware compression finds turn 1's key and loses a later key "
+              "that the query-agnostic one keeps): snapkv aware found turn 1's key in none of the trials; its second "
+              "half, the query-agnostic compression keeping more of what a later question needs, is each row's "
+              "\"it keeps more / less\" above")
+    elif said and not testable:
         kv = ("cannot be told here: in no paired trial did the full cache find both turn 1's key and a later one")
     elif not said:
         kv = "cannot be told here: no query-agnostic configuration was measured beside snapkv aware"
