@@ -78,9 +78,10 @@ def add_needle(sub) -> None:
                    "long enough for the longest prompt (default: the pass-key literature's \"The grass is green. The sky "
                    "is blue. ...\", repeated)")
     p.add_argument("--needle", default=None, metavar="TEXT", help="the needle, with {key} where the key goes (default: "
-                   "\"The pass key is {key}. Remember it. {key} is the pass key.\")")
+                   "\"The pass key is {key}. Remember it. {key} is the pass key.\"; with --keys above 1, {name} or "
+                   "{n} tells key n: \"{name}'s pass key is {key}.\", {name} Anna, Boris, ...)")
     p.add_argument("--question", default=None, metavar="TEXT", help="the prompt's end (default: \"What is the pass key? "
-                   "The pass key is\")")
+                   "The pass key is\"; with --keys above 1, \"What is {name}'s pass key? {name}'s pass key is\")")
     p.add_argument("--new-tokens", type=int, default=None, metavar="N", help="tokens decoded greedily (default: 8)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--workers", type=int, default=None, help="spread the cells over this many local Dask worker "
@@ -190,8 +191,8 @@ def check(args: argparse.Namespace) -> dict:
 
 def _conversation(args: argparse.Namespace, prefill) -> dict | None:
     """``--keys`` and ``--query``: a conversation (K keys, the depths in key order, the query mode, the needle and
-    question with ``{n}``), or None for today's one-key needle. One line for anything that cannot run."""
-    from ..models.needle_prompt import NEEDLE_NUMBERED, QUESTION_NUMBERED
+    question with ``{n}`` or ``{name}``), or None for today's one-key needle. One line for anything that cannot run."""
+    from ..models.needle_prompt import NEEDLE_NAMED, QUESTION_NAMED
 
     k = args.keys
     if k < 1:
@@ -225,14 +226,15 @@ def _conversation(args: argparse.Namespace, prefill) -> dict | None:
             if d in spots[:i]:
                 raise InputError(f"--depths: {args.depths}: keys {spots.index(d) + 1} and {i + 1} overlap (both at "
                                  f"depth {d:g})")
-    needle = NEEDLE_NUMBERED if args.needle is None else args.needle
-    question = QUESTION_NUMBERED if args.question is None else args.question
+    needle = NEEDLE_NAMED if args.needle is None else args.needle
+    question = QUESTION_NAMED if args.question is None else args.question
     for text, name in ((needle, "--needle"), (question, "--question")):
         if not text.strip():
             what = "ask nothing" if name == "--question" else "hide nothing"
             raise InputError(f"{name}: empty: turn 1 and every later turn would {what}")
-        if "{n}" not in text:
-            raise InputError(f"{name}: {text!r}: a conversation needs {{n}} for the key's number (key n at turn n)")
+        if "{n}" not in text and "{name}" not in text:
+            raise InputError(f"{name}: {text!r}: a conversation needs {{n}} (the key's number) or {{name}} (its owner's "
+                             "name) to tell key n at turn n")
     return {"keys": k, "depths": spots, "query": args.query or "aware", "needle": needle, "question": question}
 
 

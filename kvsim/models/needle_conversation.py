@@ -32,8 +32,8 @@ import numpy as np
 
 from .needle import NEEDLE_DIR, VERSION, read_trial, write_trial
 from .needle_prompt import (
-    NEEDLE_NUMBERED,
-    QUESTION_NUMBERED,
+    NEEDLE_NAMED,
+    QUESTION_NAMED,
     Builder,
     ConversationPrompt,
     NeedleError,
@@ -139,7 +139,7 @@ def _fates(left: np.ndarray, prompt: ConversationPrompt) -> dict:
 def run_conversation_unit(model, tokenizer, model_id: str, template: Template, length: int, depths: Sequence[float],
                           trial: int, jobs: Sequence[Job], *, seed: int = 0, new_tokens: int = NEW_TOKENS,
                           query: str = DEFAULT_QUERY, optimum: bool = False, use_cache: bool = True,
-                          needle: str = NEEDLE_NUMBERED, question: str = QUESTION_NUMBERED, on_run=None) -> dict:
+                          needle: str = NEEDLE_NAMED, question: str = QUESTION_NAMED, on_run=None) -> dict:
     """One (length, depths, trial) conversation through the control and each job, each read from the disk cache
     when there: per run the answers, found per turn, every key's fate per (layer, KV head), the retained mass
     (with ``optimum``: the optimum's over the whole conversation beside it)."""

@@ -17,9 +17,16 @@ FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. Th
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = "What is the pass key? The pass key is"
 KEY_DIGITS = 5
-#: a conversation's needles and questions (``--keys K`` above 1): ``{n}`` is the key's number, 1 to K
+#: a conversation's needles and questions (``--keys K`` above 1) by the key's number (``{n}``, 1 to K): the
+#: first wording, kept for ``--needle``/``--question``; the small shipped models answer key 2's number or its
+#: digits for key 1 (docs/needle.md, "A conversation: a pass key per turn")
 NEEDLE_NUMBERED = "The pass key number {n} is {key}. Remember it. {key} is the pass key number {n}."
 QUESTION_NUMBERED = "What is the pass key number {n}? The pass key number {n} is"
+#: ``{name}`` in a conversation's needle or question: key i's owner, a name the built-in filler does not hold
+KEY_NAMES = ("Anna", "Boris", "Clara", "David", "Emma", "Felix", "Greta", "Hugo")
+#: the conversation's default needle and question: key i named by its owner (``{name}``, ``KEY_NAMES``)
+NEEDLE_NAMED = "{name}'s pass key is {key}."
+QUESTION_NAMED = "What is {name}'s pass key? {name}'s pass key is"
 
 
 class NeedleError(ValueError):
@@ -183,24 +190,34 @@ class ConversationPrompt:
         return hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()[:24]
 
 
-def conversation(builder: Builder, length: int, depths, keys, trial: int = 0, needle: str = NEEDLE_NUMBERED,
-                 question: str = QUESTION_NUMBERED) -> ConversationPrompt:
-    """K = len(keys) numbered needles in the filler of ``builder`` (its template's filler), key i at the sentence
-    boundary nearest ``depths[i]`` x the filler's length, the context and the first question exactly ``length``
-    tokens. NeedleError (one line) when the depths and keys differ in number or two keys snap to one boundary."""
+def _named(text: str, i: int) -> str:
+    """``text`` for key ``i`` (1-based): ``{n}`` its number, ``{name}`` its name (``KEY_NAMES``)."""
+    text = text.strip().replace("{n}", str(i))
+    return text.replace("{name}", KEY_NAMES[i - 1]) if "{name}" in text else text
+
+
+def conversation(builder: Builder, length: int, depths, keys, trial: int = 0, needle: str = NEEDLE_NAMED,
+                 question: str = QUESTION_NAMED) -> ConversationPrompt:
+    """K = len(keys) needles, each named (``{name}``) or numbered (``{n}``), in the filler of ``builder`` (its
+    template's filler), key i at the sentence boundary nearest ``depths[i]`` x the filler's length, the context and
+    the first question exactly ``length`` tokens. NeedleError (one line) when the depths and keys differ in number
+    or two keys snap to one boundary."""
     if len(depths) != len(keys):
         raise NeedleError(f"--depths: {len(depths)} depth(s) for --keys {len(keys)}: give one depth per key "
                           "(key i at the i-th depth)", "--depths")
     for text, flag in ((needle, "--needle"), (question, "--question")):
-        if "{n}" not in text:
-            raise NeedleError(f"{flag}: {text!r}: has no {{n}} for the key's number (a conversation asks for key n)", flag)
+        if "{n}" not in text and "{name}" not in text:
+            raise NeedleError(f"{flag}: {text!r}: has no {{n}} or {{name}} for the key's number or name (a conversation "
+                              "asks for key n)", flag)
+    if len(keys) > len(KEY_NAMES) and ("{name}" in needle or "{name}" in question):
+        raise NeedleError(f"--keys: {len(keys)}: {{name}} names at most {len(KEY_NAMES)} keys", "--keys")
     needles = []
     for i, key in enumerate(keys, 1):
-        text = " " + needle.strip().replace("{n}", str(i)).replace("{key}", key)
+        text = " " + _named(needle, i).replace("{key}", key)
         ids, offsets = builder.encode(text)
         spans = [(m.start(), m.end()) for m in re.finditer(re.escape(key), text)]
         needles.append((ids, [j for j, (a, b) in enumerate(offsets) if any(a < e and b > s for s, e in spans)]))
-    questions = tuple(tuple(builder.encode(" " + question.strip().replace("{n}", str(i)))[0])
+    questions = tuple(tuple(builder.encode(" " + _named(question, i))[0])
                       for i in range(1, len(keys) + 1))
     head = [builder.bos] if builder.bos is not None else []
     f = length - len(head) - sum(len(ids) for ids, _ in needles) - len(questions[0])
@@ -253,5 +270,6 @@ def answer(text: str) -> str | None:
     return m.group() if m else None
 
 
-__all__ = ["FILLER", "KEY_DIGITS", "NEEDLE", "NEEDLE_NUMBERED", "QUESTION", "QUESTION_NUMBERED", "Builder",
+__all__ = ["FILLER", "KEY_DIGITS", "KEY_NAMES", "NEEDLE", "NEEDLE_NAMED", "NEEDLE_NUMBERED", "QUESTION", "QUESTION_NAMED",
+           "QUESTION_NUMBERED", "Builder",
            "ConversationPrompt", "NeedleError", "Prompt", "Template", "answer", "conversation", "pass_key", "pass_keys"]

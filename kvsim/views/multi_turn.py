@@ -24,8 +24,13 @@ A pass key per turn (docs/needle.md, "A conversation: a pass key per turn"): K f
 filler context, turn i asking for key i on the same cache, each question fed after what the cache wrote, each
 answer decoded greedily through the evicting cache (8 tokens a turn). *snapkv aware* compresses the prompt to
 the budget with the first question in snapkv's observation window, *snapkv agnostic* without it (the context
-alone, the question fed after); both then decode with snapkv at the budget. *reconstruction* is KVzip's
-query-agnostic scorer (its own branch). The other policies step the whole prompt at the budget.
+alone, the question fed after); both then decode with snapkv at the budget. *reconstruction* compresses the
+prompt with KVzip's query-agnostic scorer (the attention each position draws while the model is teacher-forced to
+repeat the context; docs/scorers.md), then decodes with snapkv. The other policies step the whole prompt at the
+budget. The study records found per turn, each key's fate and the retained attention mass; it does not record
+delta NLL per turn (`python -m kvsim quality --conversation`, docs/cli.md "Conversations", measures that for a
+conversation file). expected_attention is in the grid but not measured: about 15 minutes a cell on this 2-core
+machine.
 
 This page is reprinted from docs/multi-turn-study.json by `python -m kvsim.views.multi_turn`; the study is
 `python kvsim/bench/scripts/multi_turn_study.py measure` (its flags choose a subset; it resumes from the JSON).
@@ -62,6 +67,9 @@ def _found(cells: list[dict]) -> str:
     first = [c["found"][0] for c in measured if c["control_found"][0]]
     later = [f for c in measured for f, ok in zip(c["found"][1:], c["control_found"][1:], strict=True) if ok]
     text = f"turn 1 {sum(first)}/{len(first)}, later {sum(later)}/{len(later)}"
+    every = [c["found"] for c in measured]
+    text += f" (every trial: {sum(f[0] for f in every)}/{len(every)}, {sum(sum(f[1:]) for f in every)}/" \
+            f"{sum(len(f) - 1 for f in every)})"
     held = [sum(c["held_to_end"][i] for c in measured) for i in range(len(measured[0]["held_to_end"]))]
     heads = sum(c["heads"] for c in measured)
     text += f"; key held to the end in {', '.join(map(str, held))} of {heads} heads"
@@ -73,16 +81,107 @@ def _found(cells: list[dict]) -> str:
     return text
 
 
+def _rate(hits: list[bool]) -> str:
+    return f"{sum(hits)} of {len(hits)}" + (f" ({100 * sum(hits) / len(hits):.0f}%)" if hits else "")
+
+
+def findings(doc: dict) -> list[str]:
+    """What the measured cells say of SCBench's and KVzip's findings, computed from them (either way)."""
+    cells = [(k, c) for k, c in _cells(doc) if "why" not in c]
+    if not cells:
+        return ["No cell is measured yet, so neither finding is tested here.\n"]
+    out = ["## The two findings, as measured here\n",
+           "Counted over the measured cells only, and only on the turns whose full cache found that turn's key (a "
+           "turn the full cache missed says nothing of what compression lost).\n"]
+    control = {}
+    for (m, k, n, _b, _c, t), c in cells:
+        control[(m, k, n, t)] = c["control_found"]
+    c_first = [v[0] for v in control.values()]
+    c_later = [f for v in control.values() for f in v[1:]]
+    out.append(f"The full cache itself found turn 1's key in {_rate(c_first)} conversations and a later turn's in "
+               f"{_rate(c_later)} turns.\n")
+    first = [c["found"][0] for _, c in cells if c["control_found"][0]]
+    later = [f for _, c in cells for f, ok in zip(c["found"][1:], c["control_found"][1:], strict=True) if ok]
+    by_budget = []
+    for b in sorted({key[3] for key, _ in cells}):
+        mine = [c for key, c in cells if key[3] == b]
+        f1 = [c["found"][0] for c in mine if c["control_found"][0]]
+        fl = [f for c in mine for f, ok in zip(c["found"][1:], c["control_found"][1:], strict=True) if ok]
+        by_budget.append(f"budget {b}: turn 1 {_rate(f1)}, later {_rate(fl)}")
+    if not first or not later:
+        verdict = "cannot be told here: the full cache found too few keys for turn 1 and later turns to compare"
+    elif sum(later) / len(later) < sum(first) / len(first) - 0.1:
+        verdict = "reproduces here: the budgeted caches find later turns' keys less often than turn 1's"
+    elif sum(later) / len(later) > sum(first) / len(first) + 0.1:
+        verdict = "does not reproduce here: the budgeted caches find later turns' keys more often than turn 1's"
+    else:
+        verdict = "does not reproduce here: later turns fare about as turn 1 (within 10 points)"
+    lost = len(first) + len(later) - sum(first) - sum(later)
+    out.append(f"**SCBench** (methods holding less than O(n) memory fail in multi-turn use): every configuration at a "
+               f"budget, turn 1's key found in {_rate(first)} of the turns the full cache found, later turns' in "
+               f"{_rate(later)} ({'; '.join(by_budget)}). So the finding, read as later turns failing more than the "
+               f"first, {verdict}. The budgeted caches missed {lost} of the {len(first) + len(later)} turns the full "
+               "cache answered, turn 1 included; this study has no one-question run beside them, so it does not say "
+               "how much of that is owed to the conversation. Turn i asks for key i, "
+               "which sits at the i-th depth, so turn order and depth go together here: a later turn's key is also "
+               "nearer the question, which these models favour (docs/needle.md, \"Why this wording\").\n")
+    aware = {(key[:4], key[5]): c for key, c in cells if key[4] == "snapkv aware"}
+    rows = []
+    for other in ("snapkv agnostic", "reconstruction"):
+        pairs = [(aware[(key[:4], key[5])], c) for key, c in cells if key[4] == other and (key[:4], key[5]) in aware]
+        if not pairs:
+            rows.append(f"{other}: no trial measured beside snapkv aware")
+            continue
+        lost = sum(a["found"][0] and any(not fa and fo and ok for fa, fo, ok in zip(a["found"][1:], o["found"][1:],
+                                                                                     a["control_found"][1:], strict=True))
+                   for a, o in pairs)
+        a1 = [a["found"][0] for a, _ in pairs if a["control_found"][0]]
+        o1 = [o["found"][0] for _, o in pairs if o["control_found"][0]]
+        al = [f for a, _ in pairs for f, ok in zip(a["found"][1:], a["control_found"][1:], strict=True) if ok]
+        ol = [f for _, o in pairs for f, ok in zip(o["found"][1:], o["control_found"][1:], strict=True) if ok]
+        keeps = ("keeps more" if sum(ol) > sum(al) else "keeps less" if sum(ol) < sum(al) else "keeps as much") + \
+            " of what a later question needs"
+        rows.append(f"against {other} over {len(pairs)} paired trials: aware turn 1 {_rate(a1)}, later {_rate(al)}; "
+                    f"{other} turn 1 {_rate(o1)}, later {_rate(ol)} (it {keeps}); aware found turn 1's key and lost a "
+                    f"later key that {other} found in {lost}")
+    said = [r for r in rows if "paired" in r]
+    testable = [c for key, c in aware.items() if c["control_found"][0] and any(c["control_found"][1:])]
+    aware_first = sum(c["found"][0] for c in aware.values() if c["control_found"][0])
+    if said and testable and not aware_first:
+        kv = ("cannot show in its strict form here (a query-aware compression finds turn 1's key and loses a later key "
+              "that the query-agnostic one keeps): snapkv aware found turn 1's key in none of the trials; its second "
+              "half, the query-agnostic compression keeping more of what a later question needs, is each row's "
+              "\"it keeps more / less\" above")
+    elif said and not testable:
+        kv = ("cannot be told here: in no paired trial did the full cache find both turn 1's key and a later one")
+    elif not said:
+        kv = "cannot be told here: no query-agnostic configuration was measured beside snapkv aware"
+    else:
+        pairs_lost = sum(int(r.rsplit(" in ", 1)[1]) for r in said)
+        kv = (f"shows in {pairs_lost} paired trial(s)" if pairs_lost else
+              "does not show in any paired trial") + " in its strict form (a query-aware compression finds turn 1's key " \
+            "and loses a later key that the query-agnostic one keeps); each half, per configuration, is in the figures " \
+            "above"
+    out.append(f"**KVzip** (query-aware compression loses what a later question needs; query-agnostic reconstruction "
+               f"keeps it): snapkv aware {'; '.join(rows)}. So the finding {kv}.\n")
+    return out
+
+
 def markdown(doc: dict) -> str:
     cells = _cells(doc)
     plan = doc["plan"]
     lines = [HEAD]
+    if "needle" in plan:
+        names = ", ".join(plan["names"][: max(plan["keys"])])
+        lines.append(f"The needle \"{plan['needle']}\" and the question \"{plan['question']}\", key i named by the i-th "
+                     f"of {names} (why this wording: docs/needle.md, \"Why this wording\").\n")
     grid = [(m, k, n, b, c, t) for m in plan["models"] for k in plan["keys"] for n in plan["lengths"]
             for b in plan["budgets"] for c in _configs(plan) for t in range(1, plan["trials"] + 1)]
     have = {key for key, cell in cells if "why" not in cell}
     lines.append("## What was measured\n")
     lines.append(f"{len(have)} of the study's {len(grid)} cells (model x keys x length x budget x configuration x "
                  f"trial) are measured here; the rest are not yet run and are not shown.\n")
+    lines += findings(doc)
     groups = sorted({(m, k, n) for (m, k, n, *_), _ in cells})
     absent = [f"{m}, {k} keys, {n:,} tokens" for m in plan["models"] for k in plan["keys"] for n in plan["lengths"]
               if (m, k, n) not in groups]

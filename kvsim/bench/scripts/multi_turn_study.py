@@ -4,9 +4,10 @@
         [--lengths N,...] [--budgets B,...] [--policies NAME,...] [--trials T] [--no-optimum]
     python -m kvsim.views.multi_turn docs/multi-turn-study.json docs/multi-turn.md
 
-``measure`` runs the grid's conversations (``kvsim.models.needle_conversation``: K numbered keys at
-``DEPTHS[K]``, turn i asking for key i, each question fed after what the cache wrote) and writes each cell to
-``--out`` as it ends (atomically), keyed by model, keys, length, budget, configuration and trial: a run that
+``measure`` runs the grid's conversations (``kvsim.models.needle_conversation``: K keys at ``DEPTHS[K]``, each
+named by its owner (the default wording, ``needle_prompt.NEEDLE_NAMED`` and ``QUESTION_NAMED``), turn i asking
+for key i, each question fed after what the cache wrote) and writes each cell to ``--out`` as it ends
+(atomically), keyed by model, keys, length, budget, configuration and trial: a run that
 stops, or a second run over a larger subset, measures only what the file lacks (every conversation also goes
 through needle's disk cache). Progress on stderr. The configurations (``CONFIGS``):
 
@@ -78,10 +79,10 @@ def _job(config: str, budget: int):
 
 def _missing(config: str) -> str | None:
     """Why ``config`` cannot run in this checkout (its scorer is not registered), or None."""
-    from kvsim.policies import POLICIES
+    from kvsim.policies.registry import POLICIES, SCORERS
 
     _, scorer, _ = CONFIGS[config]
-    if scorer is not None and scorer not in POLICIES:
+    if scorer is not None and scorer not in POLICIES and scorer not in SCORERS:
         return f"the scorer {scorer!r} is not in this checkout"
     return None
 
@@ -101,14 +102,15 @@ def _summary(cell: dict, run: dict, optimum: bool) -> dict:
 
 def measure(args) -> int:
     from kvsim.models.needle_conversation import run_conversation_unit
-    from kvsim.models.needle_prompt import Template
+    from kvsim.models.needle_prompt import KEY_NAMES, NEEDLE_NAMED, QUESTION_NAMED, Template
     from kvsim.models.quality import load
 
     out = Path(args.out)
     doc = json.loads(out.read_text(encoding="utf-8")) if out.exists() else {"cells": {}}
     doc["plan"] = {"models": MODELS, "keys": KEYS, "lengths": LENGTHS, "budgets": BUDGETS, "trials": TRIALS,
                    "depths": {str(k): v for k, v in DEPTHS.items()}, "configs": [[k, *v] for k, v in CONFIGS.items()],
-                   "new_tokens": 8, "seed": 0}
+                   "new_tokens": 8, "seed": 0, "needle": NEEDLE_NAMED, "question": QUESTION_NAMED,
+                   "names": list(KEY_NAMES)}
     cells = doc["cells"]
     models, keys, lengths = args.models.split(","), _ints(args.keys), _ints(args.lengths)
     budgets, configs = _ints(args.budgets), _names(args.policies, CONFIGS)
