@@ -52,7 +52,7 @@ def test_the_study_measures_a_subset_keyed_and_resumes(tmp_path, monkeypatch, ca
     key = study.cell_key(str(folder), 2, 330, 40, "h2o", 0)
     assert key in cells and len(cells[key]["found"]) == 2 and cells[key]["heads"] == 6
     recon = cells[study.cell_key(str(folder), 2, 330, 40, "reconstruction", 0)]
-    assert len(recon["found"]) == 2 and "why" not in recon  # KVzip's scorer (kvsim.policies.registry.SCORERS)
+    assert len(recon["found"]) == 2 and "why" not in recon  # KVzip's scorer (kvsim.policykit.registry.SCORERS)
     assert cells[study.cell_key(str(folder), 2, 330, 40, "nonesuch", 0)] == {
         "why": "the scorer 'nonesuch' is not in this checkout"}
     assert "query-aware" in capsys.readouterr().err

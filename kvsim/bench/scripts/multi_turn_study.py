@@ -79,7 +79,7 @@ def _job(config: str, budget: int):
 
 def _missing(config: str) -> str | None:
     """Why ``config`` cannot run in this checkout (its scorer is not registered), or None."""
-    from kvsim.policies.registry import POLICIES, SCORERS
+    from kvsim.policykit.registry import POLICIES, SCORERS
 
     _, scorer, _ = CONFIGS[config]
     if scorer is not None and scorer not in POLICIES and scorer not in SCORERS:
