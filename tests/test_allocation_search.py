@@ -193,6 +193,7 @@ def test_tunes_truth_measures_a_split_at_the_tuned_window_once_then_reads_it(ses
     truth.args = argparse.Namespace(policy="h2o", no_cache=False, trace="tiny")
     truth.policy, truth.fixed = "h2o", {}  # what tune holds (its plan's or its flags' policy, other parameters as given)
     truth.session, truth.counts = session, {"read": 0, "measured": 0}
+    truth.at = lambda window: {**truth.fixed, "recent_window": window}  # as _Tuning.at hands it over
     flat = [16, 8] * session.layers  # the same memory as 12 per head
     got = truth.split(flat, 4)
     want = open_truth(session, "h2o", [[16, 8]] * session.layers, {"recent_window": 4})
