@@ -124,7 +124,8 @@ def findings(doc: dict) -> list[str]:
                "cache answered, turn 1 included; this study has no one-question run beside them, so it does not say "
                "how much of that is owed to the conversation. Turn i asks for key i, "
                "which sits at the i-th depth, so turn order and depth go together here: a later turn's key is also "
-               "nearer the question, which these models favour (docs/needle.md, \"Why this wording\").\n")
+               "nearer the question, which these models favour (docs/needle.md, \"A conversation: a pass key per "
+               "turn\", why this wording).\n")
     aware = {(key[:4], key[5]): c for key, c in cells if key[4] == "snapkv aware"}
     rows = []
     for other in ("snapkv agnostic", "reconstruction"):
@@ -174,7 +175,7 @@ def markdown(doc: dict) -> str:
     if "needle" in plan:
         names = ", ".join(plan["names"][: max(plan["keys"])])
         lines.append(f"The needle \"{plan['needle']}\" and the question \"{plan['question']}\", key i named by the i-th "
-                     f"of {names} (why this wording: docs/needle.md, \"Why this wording\").\n")
+                     f"of {names} (why this wording: docs/needle.md, \"A conversation: a pass key per turn\").\n")
     grid = [(m, k, n, b, c, t) for m in plan["models"] for k in plan["keys"] for n in plan["lengths"]
             for b in plan["budgets"] for c in _configs(plan) for t in range(1, plan["trials"] + 1)]
     have = {key for key, cell in cells if "why" not in cell}
