@@ -124,8 +124,7 @@ def findings(doc: dict) -> list[str]:
                "cache answered, turn 1 included; this study has no one-question run beside them, so it does not say "
                "how much of that is owed to the conversation. Turn i asks for key i, "
                "which sits at the i-th depth, so turn order and depth go together here: a later turn's key is also "
-               "nearer the question, which these models favour (docs/needle.md, \"A conversation: a pass key per "
-               "turn\", why this wording).\n")
+               "nearer the question, which these models favour (docs/needle.md, \"A conversation: a pass key per turn\").\n")
     aware = {(key[:4], key[5]): c for key, c in cells if key[4] == "snapkv aware"}
     rows = []
     for other in ("snapkv agnostic", "reconstruction"):
