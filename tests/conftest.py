@@ -231,3 +231,23 @@ def server(tmp_path_factory):
     port = free_port()
     with serving(app_command(port), port, tmp_path_factory.mktemp("streamlit") / "server.log", cwd=ROOT) as (url, _):
         yield url
+
+
+@pytest.fixture
+def newest_plugin(tmp_path):
+    """docs/architecture.md's plugin ``newest`` (no fast path, no tensor step: the deployed cache steps it on the
+    reference path), registered for one test and taken back after it."""
+    import sys
+    import textwrap
+
+    from test_plugins import NEWEST
+
+    from kvsim.policies import POLICIES
+    from kvsim.policykit import registry
+
+    path = tmp_path / "newest.py"
+    path.write_text(textwrap.dedent(NEWEST))
+    registry.load_plugin(str(path))
+    yield "newest"
+    POLICIES.pop("newest", None)
+    sys.modules.pop("kvsim_plugin_newest", None)

@@ -18,7 +18,8 @@ TENSOR_POLICIES = [("h2o", {"recent_window": 4}), ("tova", {}), ("streaming_llm"
                    ("scissorhands", {"recent_window": 4}), ("h2o_normalized", {"recent_window": 4}), ("knorm", {}),
                    ("keydiff", {}), ("vatp", {"recent_window": 4, "sinks": 2}), ("critical", {"recent_window": 4}),
                    ("snapkv", {"recent_window": 4, "observation_window": 3}), ("random", {}),
-                   ("learned", {"recent_window": 4})]
+                   ("learned", {"recent_window": 4}),
+                   ("expected_attention", {"sinks": 2, "query_window": 5, "refresh": 3, "future_positions": 7})]
 BUDGET, PROMPT, NEW, CHUNK = 16, 40, 30, 7
 
 
@@ -150,6 +151,44 @@ def test_a_batch_of_rows_each_at_its_own_parameters_matches_the_reference(policy
     assert all(differ) if policy == "h2o" else any(differ)
 
 
+#: rows of several policy classes in one batch, a class's rows side by side (as the needle's cells batch them)
+CLASSES = [("h2o", {"recent_window": 3}), ("h2o", {"recent_window": 8}), ("knorm", {}), ("tova", {}),
+           ("snapkv", {"recent_window": 2, "observation_window": 2}), ("critical", {"recent_window": 4}), ("keydiff", {})]
+
+
+def test_a_batch_of_rows_of_several_policy_classes_matches_the_reference():
+    """One layer, a row per configuration of CLASSES: each class's run of rows stepped by its own hooks in the
+    layer's one step (``TensorLayer.groups``) holds what the reference layer's rows hold, in a prompt of several
+    chunks and at decoding; such a layer refuses to reorder its rows (beam search) in one line."""
+    import torch
+    from test_hf import _prompt
+
+    import kvsim.hf as hf
+    from kvsim.hf import EvictingCache, EvictingLayer
+    from kvsim.hf.attention import attach
+    from kvsim.hf.tensor import TensorLayer
+    from kvsim.policies import make_policy
+
+    model = _tiny("gemma3")
+    attach(model)
+    ids = _prompt(PROMPT).expand(len(CLASSES), -1)
+    out, heads = {}, model.config.num_key_value_heads
+    for kind, extra in ((EvictingLayer, {}), (TensorLayer, {"chunk": CHUNK})):
+        layers = [kind(policies=[[make_policy(p, BUDGET, **params) for _ in range(heads)] for p, params in CLASSES],
+                       **extra) for _ in range(model.config.num_hidden_layers)]
+        cache = EvictingCache(layers)
+        with torch.no_grad():
+            step = model(ids, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            for _ in range(10):
+                step = model(step, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+        out[kind] = [[[layer.held(b, h).tolist() for h in range(heads)] for b in range(len(CLASSES))]
+                     for layer in cache.layers]
+    assert [len(layer.groups) for layer in cache.layers] == [6] * len(cache.layers)
+    assert out[TensorLayer] == out[EvictingLayer]
+    with pytest.raises(hf.HFError, match="a layer of several policy classes .* cannot select or reorder rows"):
+        cache.reorder_cache(torch.arange(len(CLASSES)))
+
+
 def test_a_decode_step_reads_nothing_back_to_the_host(monkeypatch):
     """After the prompt, decode steps of every layer with ``Tensor.item``, ``.cpu``, ``.numpy`` and ``.tolist``
     made to raise: the tensor path's step is tensor operations only (on a GPU it never waits for the host)."""
@@ -178,18 +217,18 @@ def _raiser(name: str):
     return read_back
 
 
-def test_the_cache_says_once_when_a_policy_runs_on_the_reference_path_and_refuses_bad_input():
+def test_the_cache_says_once_when_a_policy_runs_on_the_reference_path_and_refuses_bad_input(newest_plugin):
     """A policy without a tensor step runs on the reference path, said once in the cache's notes; tensor=True
     refuses it, and a chunk below 1 or above the model's context, in one line before any token."""
     import kvsim.hf as hf
 
     model = _tiny("llama")
-    ref = hf.cache(model, "expected_attention", BUDGET)
-    assert ref.notes == ["expected_attention declares no tensor step: the reference path steps it, one (row, KV head) "
+    ref = hf.cache(model, "newest", BUDGET)
+    assert ref.notes == ["newest declares no tensor step: the reference path steps it, one (row, KV head) "
                          "at a time in Python"]
     assert hf.cache(model, "h2o", BUDGET, recent_window=4).notes == []
     for kwargs, message in (
-        ({"tensor": True, "policy": "expected_attention"}, "tensor=True: expected_attention declares no tensor step"),
+        ({"tensor": True, "policy": "newest"}, "tensor=True: newest declares no tensor step"),
         ({"chunk": 0}, "chunk must be an integer of at least 1, got 0"),
         ({"chunk": 513}, "chunk 513 is above LlamaForCausalLM's context of 512 positions"),
         ({"tensor": True, "scissorhands": True}, "tensor=True: scissorhands's tensor step does not cover scissorhands "
@@ -202,7 +241,7 @@ def test_the_cache_says_once_when_a_policy_runs_on_the_reference_path_and_refuse
         if kwargs.pop("scissorhands", False):
             policy, extra = "scissorhands", {"recent_window": 4, "history_window": 2}
         with pytest.raises(hf.HFError) as e:
-            hf.cache(model, policy, BUDGET, **kwargs, **({} if policy == "expected_attention" else extra))
+            hf.cache(model, policy, BUDGET, **kwargs, **({} if policy == "newest" else extra))
         assert str(e.value).startswith(message)
         assert "\n" not in str(e.value)
 

@@ -53,11 +53,12 @@ def _same(batched: dict, alone: dict, what) -> None:
 #: several policies in one cell, two rows of a class apart only by their parameters, one with no tensor step
 MIXED = [("h2o", 24, {"recent_window": 4}), ("h2o", 24, {"recent_window": 8}), ("tova", 24, {}),
          ("streaming_llm", 24, {"sinks": 2}), ("streaming_llm", 24, {"sinks": 4}), ("keydiff", 24, {}),
-         ("random", 24, {}), ("vatp", 24, {"recent_window": 4}), ("expected_attention", 24, {"refresh": 8})]
+         ("random", 24, {}), ("vatp", 24, {"recent_window": 4}), ("expected_attention", 24, {"refresh": 8}),
+         ("newest", 24, {})]
 
 
-def test_a_cells_rows_on_the_tensor_path_give_the_reference_paths_records(tiny):
-    """A cell's rows whose policy has a tensor step decode on the tensor path, one batch per policy class; each
+def test_a_cells_rows_on_the_tensor_path_give_the_reference_paths_records(tiny, newest_plugin):
+    """A cell's rows whose policy has a tensor step decode on the tensor path, in one batch whatever their class; each
     row's whole record (tokens, positions, budgets, the departure step of every position in every (layer, KV
     head)) is the reference path's (``run_batch(tensor=False)``), and the row without a tensor step falls back to
     the reference path, said once."""
@@ -67,9 +68,9 @@ def test_a_cells_rows_on_the_tensor_path_give_the_reference_paths_records(tiny):
     said = []
     fast = needle.run_batch(model, prompt, MIXED, seed=0, note=said.append)
     slow = needle.run_batch(model, prompt, MIXED, seed=0, tensor=False)
-    assert [r["batch"] for r in fast] == [2, 2, 1, 2, 2, 1, 1, 1, 1]
+    assert [r["batch"] for r in fast] == [9] * 9 + [1]  # the tensor path's rows in one batch, newest alone
     assert [r["batch"] for r in slow] == [len(MIXED)] * len(MIXED)
-    assert said == ["expected_attention declares no tensor step: the reference path steps it, one (row, KV head) "
+    assert said == ["newest declares no tensor step: the reference path steps it, one (row, KV head) "
                     "at a time in Python"]
     timing = {"prefill_seconds", "decode_seconds", "batch"}
     for job, a, b in zip(MIXED, fast, slow, strict=True):
@@ -104,9 +105,9 @@ def test_every_row_of_a_batched_cell_is_its_policy_run_alone(tiny):
 
     model, prompt = tiny
     together = needle.run_batch(model, prompt, JOBS, seed=0, rows=[True] + [False] * (len(JOBS) - 1))
-    # the reference path's rows (h2o, whose attention is kept; expected_attention, with no tensor step), then one
-    # tensor batch per policy class and budget, the split's rows apart, and the compressed prompt's (the reference)
-    assert [r["batch"] for r in together] == [2, 1, 1, 2, 1, 1, 1, 1, 1, 2, 2]
+    # the reference path's row (h2o, whose attention is kept), then one tensor batch per budget (every class in it),
+    # the split's two rows apart from the uniform ones, and the compressed prompt's (the reference)
+    assert [r["batch"] for r in together] == [1, 5, 5, 5, 5, 5, 1, 2, 2, 2, 2]
     alone = [_alone(model, prompt, job, rows=job is JOBS[0]) for job in JOBS]
     for job, batched, one in zip(JOBS, together, alone, strict=True):
         _same(batched, one, job)
@@ -135,23 +136,23 @@ def test_a_row_that_ends_early_is_cut_where_its_run_alone_stops(tiny):
         _same(batched, _alone(model, prompt, job, eos=eos), job)
 
 
-def test_a_grid_decodes_each_cell_in_batches_and_caches_each_run(folder, capsys):  # noqa: F811
-    """The command's cells: the control alone, the policies in batched passes (said as they start; a batch per
-    policy class on the tensor path, one for those on the reference path, which is said once for the grid),
+def test_a_grid_decodes_each_cell_in_batches_and_caches_each_run(folder, capsys, newest_plugin):  # noqa: F811
+    """The command's cells: the control alone, the policies in batched passes (said as they start; one batch on
+    the tensor path whatever the classes, one for those on the reference path, which is said once for the grid),
     each run then read back from the cache as its own trial."""
     import json
 
     from kvsim import cli
 
-    argv = ["needle", "--model", str(folder), "--policies", "h2o,streaming_llm,keydiff,expected_attention",
+    argv = ["needle", "--model", str(folder), "--policies", "h2o,streaming_llm,keydiff,newest",
             "--budget", "24", "--recent-window", "4", "--sinks", "2", "--lengths", "100", "--depths", "0.5",
             "--trials", "1", "--json"]
     assert cli.main([*argv, "--no-cache"]) == 0
     out = capsys.readouterr()
     first = json.loads(out.out)
     assert "decoding 4 run(s) in batched passes over the prompt" in out.err
-    assert out.err.count("expected_attention declares no tensor step: the reference path steps it") == 1
-    assert [r["batch"] for r in first["cells"][0]["runs"]] == [1, 1, 1, 1] and first["cells"][0]["control"]["batch"] == 1
+    assert out.err.count("newest declares no tensor step: the reference path steps it") == 1
+    assert [r["batch"] for r in first["cells"][0]["runs"]] == [3, 3, 3, 1] and first["cells"][0]["control"]["batch"] == 1
     assert cli.main([*argv, "--quiet"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert all(r["cached"] for r in again["cells"][0]["runs"])

@@ -35,38 +35,45 @@ model the tests run (tests/test_hf_tensor.py), and docs/deploy.md states the bou
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from ..policies import Policy
-from ..policykit.tensor_hooks import Columns, TensorHooks
+from ..policykit.tensor_hooks import Columns, TensorHooks, TensorState
 from .cache import LAYER, EvictingLayer, real_positions
 from .eager import grouped
 from .refusal import HFError
 from .tensor_math import logits as _logits
+from .tensor_math import outputs as _outputs
 from .tensor_math import shown as _shown
 from .tensor_math import softmax as _softmax
 from .tensor_math import vectors as _vectors
+from .tensor_rules import _runs, hooks_of, refusal
 
 #: the largest position any sort key can hold: where a column that holds none sorts
 _LAST = torch.iinfo(torch.int64).max
-#: the vectors the tensor path hands a policy (``TensorState.now``)
-HANDED = frozenset({"keys", "values", "out_norms"})
 #: positions of a prompt stepped per chunk by ``prefill="exact"``, when the cache is not told otherwise
 CHUNK = 512
 
 
-def hooks_of(cls) -> TensorHooks | None:
-    """The class's tensor step, or None when it declares none."""
-    from ..policykit import registry
+@dataclass
+class Group:
+    """The rows of a layer that one policy class steps (``rows``, a run of them: each hook sees views of the layer's
+    tensors, no copy): its tensor step and its state, which holds those rows only."""
 
-    step = registry.tensor_step(cls.name)
-    return step if isinstance(step, TensorHooks) else None
+    rows: slice
+    hooks: TensorHooks
+    state: TensorState
+    observes: bool  # the class reads attention and its step observes it
 
 
 class TensorLayer(EvictingLayer):
-    """One decoder layer of the deployed cache on the tensor path: one policy class in every (row, KV head),
-    each at its own parameters and budget (``EvictingLayer``'s ``specs`` or ``policies``)."""
+    """One decoder layer of the deployed cache on the tensor path: one policy class in every KV head of a row,
+    each at its own parameters and budget (``EvictingLayer``'s ``specs`` or ``policies``); rows of other classes
+    step in the same operations but their policies' own hooks (``groups``: a run of rows per class, as the needle's
+    cells batch their policies)."""
 
     def __init__(self, *args, chunk: int = CHUNK, **kwargs):
         super().__init__(*args, **kwargs)
@@ -75,9 +82,8 @@ class TensorLayer(EvictingLayer):
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise HFError(f"chunk must be an integer of at least 1, got {chunk!r}")
         self.chunk = chunk
-        self.hooks: TensorHooks | None = None
+        self.groups: list[Group] | None = None  # the runs of rows of one policy class, each with its state
         self.pos = None  # (batch, heads, slots) int64, the position in each slot, -1 free
-        self.state = None  # the policy's TensorState
         self.budget = None  # (batch, heads) int64
         self.broken = None  # (batch, heads) bool: a head over its budget with no candidate (a policy's bug)
         self._count = None  # (batch, heads) int64, the positions each head holds
@@ -105,12 +111,7 @@ class TensorLayer(EvictingLayer):
         if len(self.policies) != batch or any(len(row) != heads for row in self.policies):
             raise HFError(f"the cache was built for {len(self.policies)} row(s) x {len(self.policies[0])} KV head(s), "
                           f"the model gives {batch} x {heads}")
-        classes = {type(p) for row in self.policies for p in row}
-        if len(classes) != 1 or hooks_of(next(iter(classes))) is None:
-            raise HFError(f"{self.name}: the tensor path steps one policy class with a tensor step in every head; "
-                          f"this layer has {', '.join(sorted(c.name for c in classes))}")
-        cls = classes.pop()
-        self.hooks = hooks_of(cls)
+        runs = _runs(self.name, self.policies)
         if self._row_budgets is not None:
             self.budgets = [[int(b)] * heads for b in self._row_budgets]
         else:
@@ -121,13 +122,18 @@ class TensorLayer(EvictingLayer):
         self._keys = key_states.new_zeros(batch, heads, width, key_states.shape[-1])
         self._values = value_states.new_zeros(batch, heads, width, value_states.shape[-1])
         self.pos = torch.full((batch, heads, width), -1, dtype=torch.int64, device=dev)
-        self.state = self.hooks.state(self.policies, batch, heads, width, dev)
-        self.state.host.update(policies=self.policies, budgets=self.budgets)
+        self.groups = []
+        for lo, hi, cls in runs:
+            hooks = hooks_of(cls)
+            state = hooks.state(self.policies[lo:hi], hi - lo, heads, width, dev)
+            state.host.update(policies=self.policies[lo:hi], budgets=self.budgets[lo:hi])
+            self.groups.append(Group(slice(lo, hi), hooks, state, cls.reads_attention and hooks.observe is not None))
         self.broken = torch.zeros(batch, heads, dtype=torch.bool, device=dev)
         self._count = torch.zeros(batch, heads, dtype=torch.int64, device=dev)
         self._least = min(min(row) for row in self.budgets)
         # what the policies read: a class's, or an instance's where its parameters say (learned's weights)
-        self.reads_attention, self.reads = cls.reads_attention, sorted({r for row in self.policies for p in row for r in p.reads})
+        self.reads_attention = any(type(row[0]).reads_attention for row in self.policies)
+        self.reads = sorted({r for row in self.policies for p in row for r in p.reads})
         if self._watched:
             self.left = torch.full((batch, heads, self._watched), -1, dtype=torch.int64, device=dev)
         self.is_initialized = True
@@ -204,10 +210,16 @@ class TensorLayer(EvictingLayer):
                 setattr(self, name, [old[i] for i in at])
         if not self.is_initialized:
             return
+        if len(self.groups) > 1:
+            raise HFError(f"{self.name}: a layer of several policy classes keeps each class's rows in its own state; it "
+                          "cannot select or reorder rows (beam search, batch selection)")
+        group = self.groups[0]
+        state = group.state
         self._keys, self._values, self.pos = tensors(self._keys), tensors(self._values), tensors(self.pos)
-        self.state.slots = {name: tensors(x) for name, x in self.state.slots.items()}
-        self.state.params = {name: tensors(x) for name, x in self.state.params.items()}
-        self.state.host.update(policies=self.policies, budgets=self.budgets)
+        group.rows = slice(0, self.pos.shape[0])
+        state.slots = {name: tensors(x) for name, x in state.slots.items()}
+        state.params = {name: tensors(x) for name, x in state.params.items()}
+        state.host.update(policies=self.policies, budgets=self.budgets)
         self.budget, self._count, self.broken = (tensors(x) for x in (self.budget, self._count, self.broken))
         if self.left is not None:
             self.left = tensors(self.left)
@@ -218,7 +230,7 @@ class TensorLayer(EvictingLayer):
         ``watch`` asked stays asked."""
         if self.specs is not None:
             self.policies = None
-        self.budgets = self.hooks = self.pos = self.state = self.budget = None
+        self.budgets = self.groups = self.pos = self.budget = None
         self.broken = self._count = self.left = self._keys = self._values = self._col = None
         self.seen, self._least, self._padded = 0, 0, False
         self.handed = self.pending = None
@@ -281,7 +293,8 @@ class TensorLayer(EvictingLayer):
         reference path's ``ContractError``), found at the first read rather than on the decode path."""
         if self.broken is not None and bool(self.broken.any()):
             b, h = (int(i) for i in self.broken.nonzero()[0])
-            raise HFError(f"{self.name}: {self.hooks.name} named no victim for row {b} KV head {h} over its "
+            name = next(g.hooks.name for g in self.groups if g.rows.start <= b < g.rows.stop)
+            raise HFError(f"{self.name}: {name} named no victim for row {b} KV head {h} over its "
                           f"budget {self.budgets[b][h]}")
 
     @property
@@ -318,9 +331,9 @@ class TensorLayer(EvictingLayer):
         q = grouped(call.query, heads)  # (batch, heads, G, n, d)
         real = self._real(call.mask, q.shape[3], q.shape[0])
         if q.shape[3] == 1:
-            now = _vectors(self.name, self.reads, key, value, call, q.shape[2])
-            self.state.now = {k: x[:, :, 0] for k, x in now.items()}
-            out, weights = self._decode(q[:, :, :, 0], call, None if real is None else real[:, 0])
+            now = _vectors(self.name, self.reads, key, value, call, q)
+            now = {k: x[:, :, 0] for k, x in now.items()}
+            out, weights = self._decode(q[:, :, :, 0], call, now, None if real is None else real[:, 0])
             return out, weights
         out = self._chunk(q, key, value, call, real)
         if self.prefilled is not None:
@@ -339,10 +352,12 @@ class TensorLayer(EvictingLayer):
         if n > 1 and real is not None:
             if bool(real.all()):
                 return None
-            self._padded = self.state.host["padded"] = True
+            self._padded = True
+            for group in self.groups:
+                group.state.host["padded"] = True
         return real
 
-    def _decode(self, q, call, real=None):
+    def _decode(self, q, call, now, real=None):
         """Position ``seen``, written to slot ``_col`` by ``update``: ``(out (batch, 1, query heads, d), weights
         (batch, query heads, 1, slots))``. ``real`` ``(batch,)``: False where the call's mask pads the position
         (``real_positions``), which is then neither shown to, admitted by nor held in that row."""
@@ -352,20 +367,21 @@ class TensorLayer(EvictingLayer):
         held = before | new
         seen = held if call.window is None else held & (pos > t - call.window)
         w = _softmax(_logits(q, self._keys, call), seen, q.dtype)  # (batch, heads, G, slots)
-        out = torch.matmul(w, self._values)  # (batch, heads, G, d)
+        out = _outputs(w, self._values)  # (batch, heads, G, d)
         observing = t and self._observes
         order = None  # held first, ascending position: for the renormalising sum, the ranks and the tie rule
         if observing or t + 1 > self._least:
             order = torch.where(held, pos, _LAST).argsort(-1)
         shown = _shown(w, before, order) if observing else None
-        self._count = self._step(t, pos, before, new, held, self._count, shown, self.state.slots, order, real)
+        self._count = self._step(t, pos, before, new, held, self._count, shown, [g.state.slots for g in self.groups],
+                                 order, now, real)
         self.seen = t + 1
         batch, heads, g, d = out.shape
         return out.reshape(batch, 1, heads * g, d), w.reshape(batch, heads * g, 1, -1)
 
     @property
     def _observes(self) -> bool:
-        return self.reads_attention and self.hooks.observe is not None
+        return any(group.observes for group in self.groups)
 
     def _chunk(self, q, key, value, call, real=None):
         """A prompt chunk ``(batch, heads, G, n, d)``: ``(batch, n, query heads, d)``. ``exact`` steps it
@@ -399,9 +415,9 @@ class TensorLayer(EvictingLayer):
         keys = torch.cat([self._keys, key], dim=2)
         values = torch.cat([self._values, value], dim=2)
         pos = torch.cat([self.pos, torch.full((batch, heads, n), -1, dtype=torch.int64, device=dev)], dim=2)
-        slots = {name: torch.cat([s, s.new_zeros(batch, heads, n, *s.shape[3:])], dim=2)
-                 for name, s in self.state.slots.items()}
-        now = _vectors(self.name, self.reads, key, value, call, q.shape[2])
+        slots = [{name: torch.cat([s, s.new_zeros(s.shape[0], heads, n, *s.shape[3:])], dim=2)
+                  for name, s in group.state.slots.items()} for group in self.groups]
+        now = _vectors(self.name, self.reads, key, value, call, q)
         fast, window, g = self.prefill == "fast", call.window, q.shape[2]
         cols = self._arange(width + n)
         # each column's position as the part found it (an evicted one keeps it): what the model's window reads in
@@ -437,29 +453,29 @@ class TensorLayer(EvictingLayer):
                 held = before | new
                 if j >= pre:
                     ws[:, :, j] = _softmax(logits[:, :, j], held & sees[:, :, j], q.dtype)
-                row, self.state.now = None, {k: x[:, :, i] for k, x in now.items()}
+                row, at = None, {k: x[:, :, i] for k, x in now.items()}
                 if t and self._observes:
                     row = shown[:, :, j] if j < steady else _shown(ws[:, :, j], before, order)
-                count = self._step(t, pos, before, new, held, count, row, slots, order,
+                count = self._step(t, pos, before, new, held, count, row, slots, order, at,
                                    None if real is None else real[:, i])
-            rows = torch.matmul(ws.reshape(batch, heads, m * g, width + n), values)  # one product per head
+            rows = _outputs(ws.reshape(batch, heads, m * g, width + n), values)  # one product per head
             out[:, :, :, a : a + m] = rows.reshape(batch, heads, m, g, -1).transpose(2, 3)
         self._count = count
         self._compact(width, keys, values, pos, slots)
         self.seen = t0 + n
         return out
 
-    def _step(self, t: int, pos, before, new, held, count, shown, slots, order, real=None):
+    def _step(self, t: int, pos, before, new, held, count, shown, slots, order, now, real=None):
         """Step t of every (row, KV head): ``shown`` (what the policy sees, ``_shown``; None before step 1 or for a
         policy that reads no attention), admit t (its column ``new``), evict where over budget. ``order``: the
         columns in position order (held ones ascending, the rest anywhere), for the ranks and the tie rule.
+        ``slots``: each group's slot tensors; ``now``: t's rows of what the policies read, every row's.
         ``pos`` and ``slots`` are changed in place; the held counts after the step come back.
 
         ``real`` ``(batch,)`` bool, where the call's mask pads some rows (None: none): in a row where t is padding
         the policy is shown nothing (no column held before, which every ``observe`` leaves unchanged), admits
         nothing and evicts nothing, and t's column is freed, so the row steps as if t never came."""
-        hooks, state = self.hooks, self.state
-        state.slots, new = slots, new.expand(pos.shape)  # a chunk's column is one for every (row, KV head)
+        new = new.expand(pos.shape)  # a chunk's column is one for every (row, KV head)
         if real is None:
             count = count + 1
         else:
@@ -470,14 +486,17 @@ class TensorLayer(EvictingLayer):
             count = count + real[:, None].to(count.dtype)
             if shown is not None:
                 shown = shown * real[:, None, None]  # nothing to see in a padded row (exact: a product by 0 or 1)
-        if shown is not None:
-            hooks.observe(state, shown, before)
-        if hooks.admit is not None:
-            hooks.admit(state, new, before)
+        for group, slot in zip(self.groups, slots, strict=True):
+            r, state = group.rows, group.state
+            state.slots, state.t, state.now = slot, t, {k: x[r] for k, x in now.items()}
+            if shown is not None and group.observes:
+                group.hooks.observe(state, shown[r], before[r])
+            if group.hooks.admit is not None:
+                group.hooks.admit(state, new[r], before[r])
         if t + 1 > self._least:  # no head can be over its budget before the smallest budget fills
             ranks = held.gather(-1, order).cumsum(-1) - 1  # each held column's rank, in position order
             older = torch.empty_like(order).scatter_(-1, order, ranks)
-            values, candidates = hooks.rank(state, Columns(t, pos, held, count[..., None] - 1 - older, older, order))
+            values, candidates = self._rank(Columns(t, pos, held, count[..., None] - 1 - older, older, order))
             # in position order, so that the first minimum is the lower position (the cards' tie rule)
             ranked = torch.where(candidates & held, values, torch.inf).gather(-1, order)
             first = ranked.argmin(-1, keepdim=True)
@@ -493,6 +512,17 @@ class TensorLayer(EvictingLayer):
         if real is not None:  # a padded t leaves its column at once
             pos.masked_fill_(padded, -1)
         return count
+
+    def _rank(self, cols: Columns):
+        """Each group's ``rank`` over its rows' views of ``cols``: ``(values, candidates)`` for every row (float64 where
+        the classes differ: a float32 value widens exactly)."""
+        if len(self.groups) == 1:
+            group = self.groups[0]
+            return group.hooks.rank(group.state, cols)
+        parts = [group.hooks.rank(group.state, Columns(cols.t, *(x[group.rows] for x in (cols.pos, cols.held, cols.newer,
+                                                                                          cols.older, cols.order))))
+                 for group in self.groups]
+        return torch.cat([v.double() for v, _ in parts]), torch.cat([c for _, c in parts])
 
     def _arange(self, n: int):
         if n not in self._aranges:
@@ -514,8 +544,10 @@ class TensorLayer(EvictingLayer):
         self._keys = keys.gather(2, source[..., None].expand(-1, -1, -1, keys.shape[-1]))
         self._values = values.gather(2, source[..., None].expand(-1, -1, -1, values.shape[-1]))
         self.pos = pos.gather(-1, source)
-        self.state.slots = {name: s.gather(2, source.reshape(*source.shape, *[1] * (s.dim() - 3)).expand(
-            *source.shape, *s.shape[3:])) for name, s in slots.items()}
+        for group, slot in zip(self.groups, slots, strict=True):
+            at = source[group.rows]
+            group.state.slots = {name: s.gather(2, at.reshape(*at.shape, *[1] * (s.dim() - 3)).expand(
+                *at.shape, *s.shape[3:])) for name, s in slot.items()}
 
 
 def _differ(rows) -> bool:
@@ -526,38 +558,4 @@ def _differ(rows) -> bool:
     return any(row != first for row in rows)
 
 
-def refusal(layers, seed: int | None = None, prefill: str = "exact") -> str | None:
-    """Why layers of these specs (``PolicySpec``, ``[layer][KV head]``) cannot run on the tensor path, in a
-    phrase; None when they can: one policy, with a tensor step that takes each configuration, reading no
-    vectors but those ``HANDED`` (keys, values, output norms) and no trace meta, and one budget in each layer (a layer's
-    heads are one tensor of slots; an allocation that splits a layer's heads keeps each head's bytes on the
-    reference path). A policy that draws (not ``deterministic``) with a ``seed`` draws every head of a layer from one
-    generator, in the reference path's order, which fast prefill takes head by head: it runs there with more
-    than one KV head."""
-    from ..policies import policy_class
-    from ..policykit import registry
-
-    layers = [list(row) for row in layers]
-    specs = [s for row in layers for s in row]
-    names = sorted({s.name for s in specs if s is not None})
-    if None in specs or len(names) != 1:
-        return "the tensor path runs one policy in every head"
-    cls = policy_class(names[0])
-    hooks = hooks_of(cls)
-    if hooks is None:
-        return f"{cls.name} declares no tensor step"
-    if set(cls.reads) - HANDED or registry.reads_meta(cls.name):
-        return f"{cls.name} reads {', '.join(cls.reads) or 'its trace meta'}, which the tensor path does not hand over"
-    if hooks.takes is not None:
-        odd = next((s for s in specs if not hooks.takes(s)), None)
-        if odd is not None:
-            return f"{cls.name}'s tensor step does not cover {odd.label}"
-    if not cls.deterministic and seed is not None and prefill == "fast" and any(len(row) > 1 for row in layers):
-        return f"a seeded {cls.name} draws a layer's KV heads from one generator, which fast prefill draws head by head"
-    split = next((x for x, row in enumerate(layers) if len({s.budget for s in row}) > 1), None)
-    if split is not None:
-        return f"layer {split}'s KV heads hold different budgets"
-    return None
-
-
-__all__ = ["CHUNK", "TensorLayer", "hooks_of", "refusal"]
+__all__ = ["CHUNK", "Group", "TensorLayer", "hooks_of", "refusal"]

@@ -29,6 +29,12 @@ def softmax(logits, seen, dtype):
     return torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
 
 
+def outputs(w, values):
+    """The attention's outputs: weights ``w`` ``(batch, heads, rows, width)`` times ``values`` ``(batch, heads,
+    width, d)``, one product per head."""
+    return torch.matmul(w, values)
+
+
 #: the smallest positive float64: a renormalising sum floored at it divides a row of zeros into zeros
 _TINY = torch.finfo(torch.float64).tiny
 
@@ -50,18 +56,21 @@ def shown(w, before, order):
     return (combined / total.clamp(min=_TINY)).float()
 
 
-def vectors(name: str, reads, key, value, call, group: int) -> dict:
+def vectors(name: str, reads, key, value, call, q) -> dict:
     """A call's rows of what a policy ``reads`` (``TensorState.now``, a position's slice of them), ``(batch, heads,
-    n, ...)``: ``keys`` and ``values`` as the model stores them, ``out_norms`` ``(batch, heads, n, G)`` float32 from
+    n, ...)``: ``keys`` and ``values`` as the model stores them, ``queries`` ``(batch, heads, n, G, d)`` from the
+    call's grouped queries ``q`` ``(batch, heads, G, n, d)``, ``out_norms`` ``(batch, heads, n, G)`` float32 from
     the attention module's ``o_proj`` (``kvsim.hf.eager.output_norms``, the reference path's float64 statement;
     one product for every row, where the reference makes one per row, so a norm may differ from the reference's
     within the float32 rounding it states)."""
-    out = {}
+    out, group = {}, q.shape[2]
     for member in reads:
         if member == "keys":
             out[member] = key
         elif member == "values":
             out[member] = value
+        elif member == "queries":
+            out[member] = q.transpose(2, 3)
         elif member == "out_norms":
             weight = getattr(getattr(call.module, "o_proj", None), "weight", None)
             if weight is None:
@@ -75,4 +84,4 @@ def vectors(name: str, reads, key, value, call, group: int) -> dict:
     return out
 
 
-__all__ = ["shown", "logits", "softmax", "vectors"]
+__all__ = ["logits", "outputs", "shown", "softmax", "vectors"]

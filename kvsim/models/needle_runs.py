@@ -298,7 +298,8 @@ def run_batch(model, prompt: Prompt, jobs: Sequence, *, new_tokens: int = NEW_TO
 
     Rows run on the tensor path (``kvsim.hf.tensor``) wherever ``kvsim.hf.cache`` builds a job's cache there
     (its policy declares a tensor step that takes the job's options, ``kvsim.hf.tensor.refusal``): such a
-    batch also shares its policy class (a ``TensorLayer`` steps one class), so the jobs group by class too;
+    batch takes every policy class, a run of rows per class, each stepped by its class's hooks in the layer's one
+    step (``TensorLayer.groups``);
     a row whose attention is kept (``rows``) and a job the tensor path refuses run on the reference path
     (``EvictingLayer(policies=...)``), and ``note`` hears once each reason a cache gave for that
     (``EvictingCache.notes``). ``tensor=False``: every row on the reference path, the authority the tensor path's
@@ -322,14 +323,16 @@ def run_batch(model, prompt: Prompt, jobs: Sequence, *, new_tokens: int = NEW_TO
                        **_layout_how(job.layout), **({"tensor": False} if want or tensor is False else {}), **dict(job.params))
         notes += [n for n in getattr(one, "notes", []) if n not in notes]
         budgets = tuple(tuple(spec.budget for spec in layer.specs) for layer in one.layers)
-        # the tensor path's rows share a policy class (TensorLayer steps one); the reference path's any
-        path = one.layers[0].specs[0].name if isinstance(one.layers[0], TensorLayer) else None
+        # the tensor path's rows share a batch whatever their class (a TensorLayer steps a run of rows per class)
+        path = "tensor" if isinstance(one.layers[0], TensorLayer) else None
         built.append((one, (job.prefill, budgets, path) if job.layout is None else ("layout", len(built))))
     for said in notes if note is not None else ():
         note(said)
     groups: dict = {}
     for i, (_, key) in enumerate(built):
         groups.setdefault(key, []).append(i)
+    for members in groups.values():  # a class's rows side by side: one run of rows each (``TensorLayer.groups``)
+        members.sort(key=lambda i: jobs[i].policy)
     positions = len(prompt.ids) + new_tokens
     out: list[dict | None] = [None] * len(jobs)
     for members in groups.values():
@@ -353,7 +356,7 @@ def run_batch(model, prompt: Prompt, jobs: Sequence, *, new_tokens: int = NEW_TO
 def _batch_layer(firsts: list, x: int):
     """Decoder layer ``x`` of a batch: row i the policies of ``firsts[i]`` (layer ``x`` of a job's own cache, as
     ``kvsim.hf.cache`` built it), built afresh as that layer builds them, on the path the group's layers are on
-    (a ``TensorLayer``'s rows share one policy class: the group's key)."""
+    (a ``TensorLayer`` steps each run of rows of one class by that class's hooks)."""
     from kvsim.hf import EvictingLayer, LayerMeta
     from kvsim.hf.tensor import TensorLayer
 

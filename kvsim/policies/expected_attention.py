@@ -43,11 +43,9 @@ the engine's one step loop in ``kvsim.sim.kernels``) both call, so the two agree
 (``pre_rope``) are NumPy, per position, in the same calls on both paths. Its cost per step is
 O(held x window x head dim x heads) when the statistics are taken afresh (docs/scorers.md).
 
-No tensor step yet: the deployed cache steps it on the reference path (``kvsim.hf.tensor.refusal``: it reads
-queries and its trace's RoPE). A step equal to this reference would take its trigonometry from NumPy, not torch
-(torch's float64 ``sin`` and ``cos`` differ from NumPy's in the last bit for 3,779 and 3,636 of 2,000,000 angles
-below 8,192), turn the queries back on the device and keep every statistic's sum in the order stated here; it
-was not written in the session that gave every other online policy one.
+Its tensor step (the deployed cache's, ``kvsim.policykit.expected_tensor``) takes the rotations from NumPy as this
+reference does, one ``turns`` call per position, and the products in float64 on the model's device; its sums add in
+BLAS's order, not the order stated here, so a score may differ from this reference's in the last bits.
 """
 
 from __future__ import annotations
@@ -60,6 +58,7 @@ import numpy as np
 from ..data.trace import TraceError
 from ..jit import kernel
 from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
+from ..policykit.expected_tensor import TENSOR
 from ..policykit.registry import register
 from ..policykit.slot_hooks import Shape, SlotHooks, _first_min, _slots
 from .streaming_llm import SINKS
@@ -237,6 +236,7 @@ class ExpectedAttention(SlotPolicy):
                "their RoPE advanced) times the value's norm; the first sinks positions are kept")
     display = Display("#b8860b", "18px,3px,2px,3px", 3, score_name="expected attention")
     engine_binding = EngineBinding(STEPS, compile_s=50)
+    tensor_step = TENSOR
     keeps_scores = True
     reads = ("queries", "keys", "values")
     #: built with the trace (``PolicySpec.build`` hands it over): its meta says the model's RoPE

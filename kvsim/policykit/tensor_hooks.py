@@ -39,14 +39,17 @@ class TensorState:
     """A policy's state on the device: ``params``, name -> ``(batch, heads, ...)`` tensor (a parameter or a
     counter per (row, KV head): each may differ, as a quality batch's rows do); ``slots``, name -> ``(batch,
     heads, width, ...)`` tensor, a value (or a vector) per column, which the layer widens for a chunk and
-    compacts after. The layer sets ``now``, position t's rows of what the policy ``reads`` (``keys`` and
-    ``values`` ``(batch, heads, d)`` as stored, ``out_norms`` ``(batch, heads, G)`` float32), before each step,
+    compacts after. The layer sets ``t`` and ``now``, position t's rows of what the policy ``reads`` (``keys`` and
+    ``values`` ``(batch, heads, d)`` as stored, ``queries`` ``(batch, heads, G, d)`` post-RoPE as the model attends
+    with them, ``out_norms`` ``(batch, heads, G)`` float32), before each step,
     and ``host``: ``policies`` and ``budgets``, the layer's per-row lists (``[row][kv head]``)."""
 
     params: dict = field(default_factory=dict)
     slots: dict = field(default_factory=dict)
     now: dict = field(default_factory=dict)
     host: dict = field(default_factory=dict)
+    #: the step being taken (the layer sets it before ``observe``): the position t, a host integer
+    t: int = -1
 
 
 @dataclass(frozen=True)

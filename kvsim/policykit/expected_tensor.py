@@ -1,0 +1,209 @@
+"""expected_attention's tensor step (``kvsim.policies.expected_attention``; the deployed cache's, ``kvsim.hf.tensor``):
+the policy's rule over every row and KV head of a layer at once, in float64 products on the model's device.
+
+State, per (row, KV head): a ring of the last queries turned back before RoPE (``ring`` ``(batch, heads, W, G, d)``,
+W the layer's largest query window, with the position each holds, ``qpos``, -1 for none), the statistics of the
+current period (``adv``, ``Rbar mu`` per query head, and ``cols``, the centred queries turned by ``Rbar``, zero past
+the window's ``count``) and, per column, the key widened to float64, its value's norm, its logits against the
+statistics and the period they were taken in (``stamp``). The rotations come from NumPy, one ``Rope.turns`` call per
+position as the reference makes them (torch's float64 ``sin`` and ``cos`` differ from NumPy's in the last bit for
+about 0.2% of angles), a table grown on the host by the position count the layer already knows, so nothing is read
+back.
+
+A step t: t's query turned back and written to the ring (where t is at least ``sinks`` and the row is not padding);
+at a period's first step (``period_of``: 1, 1 + refresh, ...) the window's mean and centred columns, turned by
+``Rbar_t``; t's key and value norm into its column, unstamped. Where the cache is over its budget, the held columns
+not stamped with the period get their logits (``k.adv / sqrt(d) + mean_j (k.cols_j)^2 / (2 d)``, gathered held-first
+so a prompt chunk's columns cost nothing until they are held), the softmax over the held non-sink columns per query
+head, the heads' mean times the value norm: the lowest goes, the sinks never.
+
+The reference adds every sum in a stated order (its kernels); the products here add in BLAS's order, so a logit may
+differ from the reference's in its last bits: the held sets and tokens are the reference's wherever two scores are not
+within that rounding of each other (tests/test_hf_tensor.py holds them equal on the tiny models and the shipped one).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .tensor_hooks import TensorHooks, TensorState, key_norms, param, slots
+
+#: the largest position: where a column that holds none sorts
+_LAST = np.iinfo(np.int64).max
+#: positions of rotations the table holds at first (it doubles past them)
+TABLE = 1024
+
+
+def _rope(policies, head_dim: int):
+    """The layer's RoPE: one for every row and KV head (a layer's meta states one), else a ValueError."""
+    ropes = [p.rope(head_dim) for row in policies for p in row]
+    first = ropes[0]
+    if any(r.inv_freq.shape != first.inv_freq.shape or not np.array_equal(r.inv_freq, first.inv_freq) for r in ropes):
+        raise ValueError("expected_attention's tensor step turns a layer's queries back by one RoPE, and this layer's "
+                         "policies state several")
+    return first
+
+
+def turns(state, upto: int):
+    """``(cos, sin)`` ``(positions, r/2)`` float64 on the device for positions ``0 .. upto`` at least: NumPy's, a
+    ``Rope.turns`` call per position, grown by doubling."""
+    import torch
+
+    host = state.host
+    table = host.get("turns")
+    if table is None or table[0].shape[0] <= upto:
+        rope, size = host["rope"], max(TABLE, 1 << int(upto).bit_length())
+        pairs = [rope.turns(p) for p in range(size)]
+        device = state.params["sinks"].device
+        table = tuple(torch.as_tensor(np.stack([pair[i] for pair in pairs]), device=device) for i in (0, 1))
+        host["turns"] = table
+    return table
+
+
+def _state(policies, batch, heads, width, device):
+    import torch
+
+    p0 = policies[0][0]
+    host = {"rope": None, "refresh": sorted({p.refresh for row in policies for p in row})}
+    future = [[p.future_positions for p in row] for row in policies]
+    params = {"sinks": param(policies, "sinks", device), "window": param(policies, "query_window", device),
+              "refresh": param(policies, "refresh", device),
+              "period": torch.full((batch, heads), -1, dtype=torch.int64, device=device),
+              "count": torch.zeros(batch, heads, dtype=torch.int64, device=device)}
+    state = TensorState(params, {"norm": slots(batch, heads, width, device),
+                                 "stamp": torch.full((batch, heads, width), -1, dtype=torch.int64, device=device)},
+                        host=host)
+    state.host["future"] = future
+    state.host["windows"] = max(p.query_window for row in policies for p in row)
+    state.host["first"] = p0
+    return state
+
+
+def _lazy(state, key, query):
+    """The parts whose shapes the first step's vectors give: the ring, the statistics, each column's key and
+    logits, and the future averages ``(cbar, sbar)`` per (row, KV head)."""
+    import torch
+
+    if "ring" in state.params:
+        return
+    batch, heads, d = key.shape
+    g = query.shape[2]
+    dev, W = key.device, state.host["windows"]
+    policies = state.host["policies"]
+    rope = state.host["rope"] = _rope(policies, d)
+    averages = {}
+    for n in {n for row in state.host["future"] for n in row}:
+        averages[n] = rope.future_average(n)
+    cbar = np.array([[averages[n][0] for n in row] for row in state.host["future"]])
+    sbar = np.array([[averages[n][1] for n in row] for row in state.host["future"]])
+    width = state.slots["norm"].shape[2]
+    state.params.update(
+        ring=torch.zeros(batch, heads, W, g, d, dtype=torch.float64, device=dev),
+        qpos=torch.full((batch, heads, W), -1, dtype=torch.int64, device=dev),
+        adv=torch.zeros(batch, heads, g, d, dtype=torch.float64, device=dev),
+        cols=torch.zeros(batch, heads, g, W, d, dtype=torch.float64, device=dev),
+        cbar=torch.as_tensor(cbar, device=dev), sbar=torch.as_tensor(sbar, device=dev))
+    state.slots["key"] = torch.zeros(batch, heads, width, d, dtype=torch.float64, device=dev)
+    state.slots["logit"] = torch.zeros(batch, heads, width, g, dtype=torch.float64, device=dev)
+
+
+def _back(x, c, s, h):
+    """``R_{-p} x``: pair f (f, f + h) of the last axis turned back by (c, s), the rest as they are."""
+    import torch
+
+    a, b = x[..., :h], x[..., h : 2 * h]
+    return torch.cat([a * c + b * s, b * c - a * s, x[..., 2 * h :]], dim=-1)
+
+
+def _ahead(x, c, s, h):
+    """``Rbar x``: pair f turned by (c, s) per (row, KV head), ``x`` ``(batch, heads, ..., d)``."""
+    import torch
+
+    extra = x.dim() - c.dim()
+    c, s = (v.reshape(*v.shape[:2], *[1] * extra, h) for v in (c, s))
+    a, b = x[..., :h], x[..., h : 2 * h]
+    return torch.cat([a * c - b * s, b * c + a * s, x[..., 2 * h :]], dim=-1)
+
+
+def _admit(state, new, before):
+    import torch
+
+    t, now = state.t, state.now
+    if state.host.get("padded"):
+        raise ValueError("expected_attention turns a query back by its position, which a padded row shifts: build the "
+                         "cache with tensor=False for one row at a time")
+    key, query = now["keys"], now["queries"]
+    _lazy(state, key, query)
+    p, h = state.params, state.host["rope"].half
+    cos, sin = turns(state, t)
+    c, s = cos[t], sin[t]
+    came = new.any(-1)  # (batch, heads): false in a padded row
+    writes = came & (t >= p["sinks"])  # the press leaves the first sinks queries out of its statistics
+    at = t % p["ring"].shape[2]
+    u = _back(query.double(), c, s, h)  # (batch, heads, G, d)
+    p["ring"][:, :, at] = torch.where(writes[..., None, None], u, p["ring"][:, :, at])
+    p["qpos"][:, :, at] = torch.where(writes, t, p["qpos"][:, :, at])
+    state.slots["key"] = torch.where(new[..., None], key.double()[:, :, None, :], state.slots["key"])
+    state.slots["norm"] = torch.where(new, key_norms(now["values"])[..., None], state.slots["norm"])
+    state.slots["stamp"] = state.slots["stamp"].masked_fill(new, -1)
+    if t >= 1 and any((t - 1) % r == 0 for r in state.host["refresh"]):
+        fresh = came & ((t - 1) % p["refresh"] == 0)
+        _statistics(state, t, fresh, c, s, h)
+
+
+def _statistics(state, t: int, fresh, c, s, h) -> None:
+    """The period's statistics where ``fresh`` (``(batch, heads)``): the window's queries (positions ``max(sinks,
+    t - window + 1) .. t``) as ``Rbar_t mu`` and ``Rbar_t (u_j - mu)``, the turn ``Rbar_t`` from t's ``(c, s)`` and
+    each row's future average."""
+    import torch
+
+    p = state.params
+    qpos = p["qpos"]
+    valid = (qpos >= 0) & (qpos > t - p["window"][..., None]) & (qpos >= p["sinks"][..., None])  # (b, k, W)
+    count = valid.sum(-1)
+    ring = p["ring"] * valid[..., None, None]
+    mean = ring.sum(2) / count.clamp(min=1)[..., None, None]  # (b, k, G, d)
+    cbar, sbar = p["cbar"], p["sbar"]
+    ct, st = cbar * c - sbar * s, cbar * s + sbar * c  # Rbar_t per (row, KV head): (b, k, h)
+    cent = (ring - mean[:, :, None]) * valid[..., None, None]  # (b, k, W, G, d)
+    cols = _ahead(cent.transpose(2, 3), ct, st, h)  # (b, k, G, W, d)
+    f2 = fresh[..., None, None]
+    p["adv"] = torch.where(f2, _ahead(mean, ct, st, h), p["adv"])
+    p["cols"] = torch.where(f2[..., None], cols, p["cols"])
+    p["count"] = torch.where(fresh, count, p["count"])
+    p["period"] = torch.where(fresh, t, p["period"])
+
+
+def _rank(state, cols):
+    import torch
+
+    p, sl = state.params, state.slots
+    held = cols.held
+    n = min(held.shape[-1], max(max(row) for row in state.host["budgets"]) + 1)  # what a head can hold
+    at = torch.where(held, cols.pos, _LAST).argsort(-1)[..., :n]  # the held columns, in position order
+    inside = held.gather(-1, at)  # (b, k, n)
+    keys = sl["key"].gather(2, at[..., None].expand(-1, -1, -1, sl["key"].shape[-1]))
+    d = keys.shape[-1]
+    stale = inside & (sl["stamp"].gather(-1, at) != p["period"][..., None])
+    lin = torch.matmul(keys[:, :, None], p["adv"][..., None]).squeeze(-1) / np.sqrt(np.float64(d))  # (b, k, G, n)
+    z = torch.matmul(keys[:, :, None], p["cols"].transpose(-1, -2))  # (b, k, G, n, W)
+    quad = (z * z).sum(-1) / p["count"].clamp(min=1)[..., None, None] / (2.0 * d)
+    fresh = (lin + quad).transpose(2, 3)  # (b, k, n, G)
+    old = sl["logit"].gather(2, at[..., None].expand(-1, -1, -1, fresh.shape[-1]))
+    logit = torch.where(stale[..., None], fresh, old)
+    sl["logit"] = sl["logit"].scatter(2, at[..., None].expand_as(logit), logit)
+    sl["stamp"] = sl["stamp"].scatter(-1, at, torch.where(stale, p["period"][..., None], sl["stamp"].gather(-1, at)))
+    scored = inside & (cols.older.gather(-1, at) >= p["sinks"][..., None])  # the sinks are never evicted
+    masked = logit.masked_fill(~scored[..., None], -np.inf)
+    top = masked.amax(2, keepdim=True).clamp(min=torch.finfo(torch.float64).min)
+    e = torch.exp(masked - top)
+    share = (e / e.sum(2, keepdim=True).clamp(min=torch.finfo(torch.float64).tiny)).sum(-1)
+    score = share / logit.shape[-1] * sl["norm"].gather(-1, at)
+    values = torch.full_like(sl["norm"], np.inf).scatter(-1, at, torch.where(scored, score, np.inf))
+    return values, values < np.inf
+
+
+#: expected_attention's tensor step, which its ``tensor_step`` names
+TENSOR = TensorHooks("expected_attention", _state, _rank, admit=_admit)
+
+__all__ = ["TENSOR", "turns"]
