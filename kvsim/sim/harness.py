@@ -109,12 +109,6 @@ def top_k_hits(store, t: int, top_k: int, kept: np.ndarray) -> int:
     return int(store.topk_row(t, top_k)[kept].sum(dtype=np.int64))
 
 
-def observed_attention(row: np.ndarray, kept: np.ndarray, total: float | None = None) -> np.ndarray:
-    """What a serving stack holding only ``kept`` would expose: the row renormalised over kept,
-    as float32 (a softmax over a subset is the full softmax renormalised). Zeros if it sums to 0."""
-    return observe(row[kept], total)
-
-
 def observe(attention: np.ndarray, total: float | None = None) -> np.ndarray:
     """``attention`` (the weights on the held positions, aligned with them) renormalised over them by
     the combining rule's ``renormalise`` (its sum in position order, ``total`` when the caller has it),
