@@ -266,6 +266,12 @@ class Policy:
     def evict(self, budget: int) -> list[int]:  # pragma: no cover
         raise NotImplementedError
 
+    def held_bounds(self, t: int, budget: int) -> tuple[int, int]:
+        """How many positions it may hold after evicting at step ``t`` (0-based), low and high: ``min(t + 1,
+        budget)`` exactly, which the harness holds it to; a policy under a serving layout (``kvsim.policykit.layouts``)
+        answers its layout's range instead."""
+        return (min(t + 1, budget),) * 2
+
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v}" for k, v in {"budget": self.budget, **self.params}.items())
         return f"{type(self).__name__}({args})"

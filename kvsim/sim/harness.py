@@ -260,8 +260,7 @@ def _check_victims(policy: Policy, t: int, before: np.ndarray, victims: list[int
         raise ContractError(f"{policy!r} step {t}: victims {victims} not in ascending order")
     if n and not _holds(before, victims).all():
         raise ContractError(f"{policy!r} step {t}: victims {victims} include positions it did not hold")
-    bounds = getattr(policy, "held_bounds", None)  # a policy under a serving layout (kvsim.policykit.layouts)
-    low, high = bounds(t, budget) if bounds is not None else (min(t + 1, budget),) * 2
+    low, high = policy.held_bounds(t, budget)  # min(t + 1, budget); a layout's range under a serving layout
     if not low <= after.size <= high:
         expected = low if low == high else f"{low} to {high}"
         raise ContractError(f"{policy!r} step {t}: holds {after.size} positions after eviction, expected {expected}")
