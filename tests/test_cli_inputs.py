@@ -135,3 +135,19 @@ def test_record_refuses_them_before_the_shipped_models_weights_load(tiny_gemma, 
         out, err = capsys.readouterr()
         assert (code, out) == (status, "") and err.startswith(f"kvsim: error: {message}") and err.count("\n") == 1, err
         assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
+
+
+def test_a_layer_the_config_lacks_is_refused_before_transformers_is_imported(tiny_gemma, tmp_path):
+    """``record TEXT --layers 99``: the layer count is in the folder's config.json, read as JSON, so the refusal
+    waits for neither transformers nor torch to import (seconds), let alone the tokenizer or the weights."""
+    import subprocess
+    import sys
+
+    folder, text, _, layers = tiny_gemma
+    code = ("import sys; from kvsim import cli; "
+            f"rc = cli.main(['record', {str(text)!r}, '--model', {str(folder)!r}, '--out', {str(tmp_path / 'o')!r}, "
+            f"'--quiet', '--layers', '{layers + 97}']); "
+            "print(rc, [m for m in ('transformers', 'torch', 'tokenizers') if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "2 []", done.stdout + done.stderr
+    assert done.stderr == f"kvsim: error: --layers: layer {layers + 97} does not exist: the model has layers 0-{layers - 1}\n"

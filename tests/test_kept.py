@@ -45,8 +45,8 @@ def test_the_shipped_documents_are_what_the_code_computes_now(tmp_path, monkeypa
     """On an empty cache with nothing shipped read, the curve view's cheap part of the cheap trace (its
     features, the h2o curve over every window, the recency lines) is computed and kept under the same
     names, with the same contents, as shipped."""
-    from kvsim.analysis.windows import WINDOW
     from kvsim.policies import PolicySpec
+    from kvsim.policykit.base import WINDOW
     from kvsim.sim import summaries
     from kvsim.views import figures
 

@@ -13,7 +13,7 @@ from tolerance import rounding
 
 import kvsim
 from kvsim.data import vectors
-from kvsim.sim.harness import observed_attention
+from kvsim.sim.harness import observe
 
 NAMES = list(kvsim.POLICIES)
 BUDGETS = [1, 2, 3, 5, 16, 40]
@@ -37,7 +37,7 @@ def drive(policy, trace, attention="observed"):
         assert before.ndim == 1 and np.all(np.diff(before) > 0), f"step {t}: kept {before} not ascending"
         assert before.size == 0 or before[-1] < t, f"step {t}: holds a position >= {t}"
         if attention == "observed":
-            attn = observed_attention(trace.attention[t], before)
+            attn = observe(trace.attention[t][before])
         elif attention == "poison":
             attn = Poison()
         else:
@@ -165,7 +165,7 @@ def test_none_attention_leaves_scores_unchanged(name, trace, fit_args):
     hand_over(policy, trace, 0)
     for t in range(1, 40):  # real attention first, so there are scores to disturb
         hand_over(policy, trace, t)
-        policy.on_decode_step(t, observed_attention(trace.attention[t], policy.kept))
+        policy.on_decode_step(t, observe(trace.attention[t][policy.kept]))
         policy.evict(policy.budget)
     for t in range(40, 46):
         kept, scores = policy.kept.copy(), np.asarray(policy.scores).copy()

@@ -11,7 +11,7 @@ from random_traces import with_members
 from tolerance import rounding
 
 import kvsim
-from kvsim.sim.harness import observed_attention
+from kvsim.sim.harness import observe
 
 NAMES = list(kvsim.POLICIES)
 SETTINGS = settings(max_examples=300, deadline=None)
@@ -84,7 +84,7 @@ def h2o_model(trace, budget, recent_window):
     history = []
     for t in range(1, trace.steps + 1):
         kept = np.array(sorted(score))
-        for p, w in zip(kept.tolist(), observed_attention(trace.attention[t], kept).tolist(), strict=True):
+        for p, w in zip(kept.tolist(), observe(trace.attention[t][kept]).tolist(), strict=True):
             score[p] += w  # float32 weight, float64 sum
         score[t] = 0.0
         order = sorted(score)

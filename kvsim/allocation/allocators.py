@@ -144,8 +144,9 @@ def load_heads(bundle: Bundle) -> list[Head]:
     return [Head(t.layer, t.head, t.load()) for t in bundle.traces]
 
 
-def check(allocator: str, spec: PolicySpec, shape: list[tuple[int, int]], steps: int) -> None:
-    """Refuse what cannot be allocated, before any replay: one line each (AllocationError)."""
+def check(allocator: str, spec: PolicySpec, shape: list[tuple[int, int]], steps: int) -> int:
+    """Refuse what cannot be allocated, before any replay: one line each (AllocationError). Returns the least
+    budget a head may get (``minimum_budget``), which ``allocate`` hands on rather than asking again."""
     if allocator not in ALLOCATORS:
         raise AllocationError(f"unknown allocator {allocator!r}; known: {', '.join(ALLOCATORS)}")
     B = spec.budget
@@ -168,6 +169,7 @@ def check(allocator: str, spec: PolicySpec, shape: list[tuple[int, int]], steps:
     if allocator == "duo" and _duo_streaming_budget(B) < DUO_SINKS + 1:
         raise AllocationError(f"duo's streaming heads hold budget // 4 = {B // 4} positions, below "
                               f"{DUO_SINKS} sinks + 1; give --budget {4 * (DUO_SINKS + 1)} or more")
+    return low
 
 
 def check_split(budgets: dict[tuple[int, int], int], spec: PolicySpec, shape: list[tuple[int, int]],
@@ -229,12 +231,12 @@ def allocate(allocator: str, heads: list[Head], spec: PolicySpec, *, progress: P
     """The split ``allocator`` makes of ``spec.budget x len(heads)`` positions for ``spec`` on ``heads``."""
     shape = [(h.layer, h.kv_head) for h in heads]
     steps = heads[0].trace.steps
-    check(allocator, spec, shape, steps)
+    low = check(allocator, spec, shape, steps)  # the policy's least budget per head, asked once
     B, n = spec.budget, len(heads)
-    total, low = B * n, minimum_budget(spec)
+    total = B * n
     keys = tuple(shape)
     if allocator in ("uniform", "adakv"):
-        floor = adakv_floor(spec) if allocator == "adakv" else None
+        floor = adakv_floor(spec, low) if allocator == "adakv" else None
         return Allocation(allocator, keys, (B,) * n, pooled=allocator == "adakv", floor=floor)
     if allocator == "pyramidkv":
         layers = sorted({h.layer for h in heads})
@@ -250,11 +252,11 @@ def allocate(allocator: str, heads: list[Head], spec: PolicySpec, *, progress: P
         return Allocation(allocator, keys, tuple(int(b) for b in integer_split(weights, total, low, steps)),
                           detail={"preference": [p["preference"] for p in prefs], "tau1": tau1, "tau2": tau2})
     if allocator == "duo":
-        return _duo(heads, spec, progress)
-    return optimal(heads, spec, progress=progress)
+        return _duo(heads, spec, low, progress)
+    return _optimal(heads, spec, low, progress)
 
 
-def _duo(heads: list[Head], spec: PolicySpec, progress: Progress | None) -> Allocation:
+def _duo(heads: list[Head], spec: PolicySpec, low: int, progress: Progress | None) -> Allocation:
     B, n, steps = spec.budget, len(heads), heads[0].trace.steps
     s = _duo_streaming_budget(B)
     stream_spec = PolicySpec.of("streaming_llm", s, sinks=DUO_SINKS)
@@ -269,7 +271,6 @@ def _duo(heads: list[Head], spec: PolicySpec, progress: Progress | None) -> Allo
     streaming[order[:k]] = True
     budgets = np.full(n, s, dtype=np.int64)
     rest = B * n - s * k
-    low = minimum_budget(spec)
     retrieval = np.flatnonzero(~streaming)
     room = min(rest, steps * retrieval.size)
     budgets[retrieval] = integer_split(np.ones(retrieval.size), room, low, steps)
@@ -326,16 +327,17 @@ def best_split(curves: np.ndarray, low: int, total: int) -> tuple[np.ndarray, fl
     return budgets, float(f[spare])
 
 
-def optimal(heads: list[Head], spec: PolicySpec, *, progress: Progress | None = None,
-            curves: np.ndarray | None = None) -> Allocation:
+def optimal(heads: list[Head], spec: PolicySpec, *, progress: Progress | None = None) -> Allocation:
     """``optimal``: each head's budget curve, then ``best_split``. Progress: the curves (most of the
     time), then the programme."""
+    return _optimal(heads, spec, minimum_budget(spec), progress)
+
+
+def _optimal(heads: list[Head], spec: PolicySpec, low: int, progress: Progress | None) -> Allocation:
     B, n, steps = spec.budget, len(heads), heads[0].trace.steps
-    low = minimum_budget(spec)
     total = B * n
     high = min(steps, total - (n - 1) * low)
-    if curves is None:
-        curves = budget_curves(heads, spec, low, high, scaled(progress, 0.0, 0.95))
+    curves = budget_curves(heads, spec, low, high, scaled(progress, 0.0, 0.95))
     if progress is not None:
         progress(0.95, f"optimal: the best split of {total} positions over {n} heads")
     budgets, value = best_split(curves, low, total)
@@ -377,17 +379,23 @@ def measure(heads: list[Head], spec: PolicySpec, allocation: Allocation, *,
     return Measured(allocation, spec, tuple(float(m) for m in mass))
 
 
-def usable(heads: list[Head], spec: PolicySpec) -> list[str]:
-    """The allocators that apply to ``heads`` and ``spec`` (the others' refusal is ``check``'s)."""
-    shape = [(h.layer, h.kv_head) for h in heads]
-    out = []
+def refusals(spec: PolicySpec, shape: list[tuple[int, int]], steps: int) -> dict[str, str]:
+    """Each allocator that cannot split ``spec``'s memory over ``shape`` (a bundle's heads, ``steps`` long),
+    with ``check``'s one line why: what a view says of those it does not show, and, when uniform is among
+    them (a budget below the policy's minimum or above the trace), of the whole comparison."""
+    out = {}
     for name in ALLOCATORS:
         try:
-            check(name, spec, shape, heads[0].trace.steps)
-        except AllocationError:
-            continue
-        out.append(name)
+            check(name, spec, shape, steps)
+        except AllocationError as e:
+            out[name] = str(e)
     return out
+
+
+def usable(heads: list[Head], spec: PolicySpec) -> list[str]:
+    """The allocators that apply to ``heads`` and ``spec`` (the others' refusal is ``check``'s)."""
+    refused = refusals(spec, [(h.layer, h.kv_head) for h in heads], heads[0].trace.steps)
+    return [name for name in ALLOCATORS if name not in refused]
 
 
 def _told(progress: Progress | None, what: str, name: str) -> Progress | None:
@@ -531,4 +539,5 @@ __all__ = [
     "minimum_budget",
     "optimal",
     "pyramid_schedule",
+    "refusals",
 ]

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from ..data import jsontext
 from ..hf.cache import HFError
-from ..hf.windows import PARAM
 from ..policies import PolicySpec
 from ..policykit import registry
+from ..policykit.base import WINDOW
 from . import split as al
 
 #: allocators whose split this module computes from the model's shape alone
@@ -78,7 +78,7 @@ def _minimum(policy: str, params: dict) -> tuple[int, PolicySpec]:
 def _head_params(params: dict, windows: dict | None, layer: int, head: int) -> dict:
     """``params`` with the recent_window ``windows`` sets for (layer, head) (``{layer: w}`` or ``{(layer, head): w}``)."""
     w = None if not windows else windows.get((layer, head), windows.get(layer))
-    return params if w is None else {**params, PARAM: w}
+    return params if w is None else {**params, WINDOW: w}
 
 
 def check_minimum(budgets: dict[tuple[int, int], int], policy: str, params: dict, where: str,

@@ -36,9 +36,10 @@ def minimum_budget(spec: PolicySpec) -> int:
     return max([1, *(v + 1 for v in below)])
 
 
-def adakv_floor(spec: PolicySpec) -> int:
-    """The fewest positions a head of an adakv pool keeps: ``max(policy minimum, ceil(ADAKV_ALPHA x budget))``."""
-    return max(minimum_budget(spec), math.ceil(ADAKV_ALPHA * spec.budget))
+def adakv_floor(spec: PolicySpec, low: int | None = None) -> int:
+    """The fewest positions a head of an adakv pool keeps: ``max(policy minimum, ceil(ADAKV_ALPHA x budget))``
+    (``low``: the policy's minimum when the caller has it already)."""
+    return max(minimum_budget(spec) if low is None else low, math.ceil(ADAKV_ALPHA * spec.budget))
 
 
 def minimum_why(spec: PolicySpec) -> str:

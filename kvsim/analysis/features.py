@@ -17,6 +17,7 @@ import numpy as np
 from ..data import store
 from ..data.row_stats import RowStats
 from ..data.trace import Trace
+from ..policykit.base import WINDOW
 
 
 @dataclass(frozen=True)
@@ -330,5 +331,5 @@ def heavy_fates(kept_history: np.ndarray, features: TraceFeatures) -> list[Heavy
 
 def curve_peak(rows: Sequence[Mapping]) -> tuple[int, float]:
     """``(recent_window, retained_mass)`` where the sweep keeps the most; the smallest such window."""
-    best = max(sorted(rows, key=lambda r: r["recent_window"]), key=lambda r: r["retained_mass"])
-    return int(best["recent_window"]), float(best["retained_mass"])
+    best = max(sorted(rows, key=lambda r: r[WINDOW]), key=lambda r: r["retained_mass"])
+    return int(best[WINDOW]), float(best["retained_mass"])

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..data.trace import Trace, TraceError, from_array
 from ..policies import Policy, PolicySpec
+from ..policykit.base import WINDOW
 from ..sim.harness import Step, steps
 
 if TYPE_CHECKING:  # pandas is imported where a table is built: the app's default page needs none
@@ -108,8 +109,8 @@ PRESETS: dict[str, Preset] = {
         title="h2o vs scissorhands: a stale early spike",
         rows=SPIKE_ROWS,
         budget=4,
-        left=LabPolicy("h2o", {"recent_window": 2}),
-        right=LabPolicy("scissorhands", {"recent_window": 2}),
+        left=LabPolicy("h2o", {WINDOW: 2}),
+        right=LabPolicy("scissorhands", {WINDOW: 2}),
         watch="Position 0 takes almost all of steps 1 and 2 and nearly nothing after. At step 4, the "
         "first eviction, it has h2o's highest score (about 2.0) but a single scissorhands vote: "
         "h2o defends it and evicts 2; scissorhands evicts it.",
@@ -118,8 +119,8 @@ PRESETS: dict[str, Preset] = {
         title="h2o with recent_window 0: the cache never advances",
         rows=tuple(map(tuple, _recency_rows(12))),
         budget=4,
-        left=LabPolicy("h2o", {"recent_window": 0}),
-        right=LabPolicy("h2o", {"recent_window": 2}),
+        left=LabPolicy("h2o", {WINDOW: 0}),
+        right=LabPolicy("h2o", {WINDOW: 2}),
         watch="A position admitted this step has score 0 while everything older has gained some "
         "attention, so without a recent window h2o evicts the newest position at once, every "
         "step: it holds 0, 1, 2, 3 forever. With recent_window 2 the cache moves on.",
@@ -129,7 +130,7 @@ PRESETS: dict[str, Preset] = {
         rows=tuple(map(tuple, _flicker_rows())),
         budget=4,
         left=LabPolicy("tova"),
-        right=LabPolicy("h2o", {"recent_window": 1}),
+        right=LabPolicy("h2o", {WINDOW: 1}),
         watch="Position 1 is central at every step but step 6. tova reads only the latest row, so "
         "at step 6 it evicts 1; h2o's sum remembers and keeps it for the steps after, which "
         "want it again.",

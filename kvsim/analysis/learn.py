@@ -42,6 +42,8 @@ from ..policies.learned import (
     feature_params,
 )
 from ..policies.optimal import optimal_schedule
+from ..policykit import registry
+from ..policykit.base import WINDOW
 from ..sim.harness import kept_sum, observe
 
 #: what the fit and the evaluation say as they go: one line each (the CLI prints them on stderr)
@@ -115,7 +117,7 @@ def weights_template(features: Sequence[str], recent_window: int) -> dict:
     n = len(features)
     return {"format": WEIGHTS_FORMAT, "version": WEIGHTS_VERSION, "features": list(features),
             "feature_params": feature_params(), "mean": [0.0] * n, "scale": [1.0] * n, "weights": [0.0] * n,
-            "recent_window": recent_window}
+            WINDOW: recent_window}
 
 
 def walk(trace: Trace, budget: int, features: Sequence[str], recent_window: int, stride: int = 1,
@@ -343,10 +345,7 @@ BASELINES = ("h2o", "tova", "snapkv", "keydiff", "critical", "expected_attention
 
 
 def runnable(trace: Trace, name: str) -> bool:
-    from ..policies import POLICIES
-
-    cls = POLICIES[name]
-    return not vectors.missing(trace, cls.reads, meta=getattr(cls, "reads_meta", False))
+    return not vectors.missing(trace, registry.policy_class(name).reads, meta=registry.reads_meta(name))
 
 
 #: the page size of the serving layout the study also measures (vLLM's 16; docs/serving.md)
@@ -388,7 +387,7 @@ def evaluate(traces: Sequence[Trace], budgets: Sequence[int], weights: dict, say
 
     say = say or (lambda line: None)
     rows = []
-    rw = weights["recent_window"]
+    rw = weights[WINDOW]
     for tr in traces:
         for b in budgets:
             if rw >= b or tr.steps < b:
@@ -408,7 +407,7 @@ def evaluate(traces: Sequence[Trace], budgets: Sequence[int], weights: dict, say
             if pages and b >= 2 * PAGE:
                 with _weights_by_name(weights):
                     paged = {n: replay(tr, n, budget=b, layout=Layout(PAGE),
-                                       **({"recent_window": rw} if n == "learned" else {})).retained_mass for n in PAGED}
+                                       **({WINDOW: rw} if n == "learned" else {})).retained_mass for n in PAGED}
                 row["pages"] = {"block_size": PAGE, "retained_mass": {k: round(v, 6) for k, v in paged.items()},
                                 "gap_closed": round(_closed(paged), 6),
                                 "best_hand_written": max((n for n in paged if n not in ("learned", "optimal")),

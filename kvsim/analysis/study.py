@@ -14,6 +14,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from ..policykit.base import WINDOW
 from .proxies import PROXIES
 from .windows import best_of, regret, spearman
 
@@ -142,10 +143,10 @@ def _sweep_picks(sweeps: dict, names: list[str], truth: str, beside: tuple[str, 
     first of equal ones, windows ascending: ``best_of``). Not a regret: the key-token loss may be negative."""
     out = []
     for (model, text, budget, name), members in sorted(sweeps.items()):
-        have = sorted((r for r in members if r.get(truth) is not None), key=lambda r: r["params"]["recent_window"])
+        have = sorted((r for r in members if r.get(truth) is not None), key=lambda r: r["params"][WINDOW])
         if len(have) < 3:
             continue
-        windows = [r["params"]["recent_window"] for r in have]
+        windows = [r["params"][WINDOW] for r in have]
         losses = [float(r[truth]) for r in have]
         least = best_of(losses, -1)
         others = {t: windows[best_of([float(r[t]) for r in have], -1)] for t in beside
@@ -170,12 +171,12 @@ def _regrets(sweeps: dict, proxy: str, truth: str) -> dict:
     """Every sweep's regret of ``proxy`` against ``truth``: the windows it recommends and the truth's best."""
     per = []
     for (model, text, budget, name), members in sorted(sweeps.items()):
-        have = sorted((r for r in members if r.get(truth) is not None), key=lambda r: r["params"]["recent_window"])
+        have = sorted((r for r in members if r.get(truth) is not None), key=lambda r: r["params"][WINDOW])
         if len(have) < 2:
             continue
         scores = [_score(r, proxy) for r in have]
         losses = [float(r[truth]) for r in have]
-        windows = [r["params"]["recent_window"] for r in have]
+        windows = [r["params"][WINDOW] for r in have]
         per.append({"model": model, "text": text, "budget": budget, "sweep": name,
                     "proxy_window": windows[int(np.argmax(scores))], "truth_window": windows[int(np.argmin(losses))],
                     "best_truth": min(losses), "regret": regret(scores, losses)})

@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from ..data import vectors
 from ..data.trace import Trace
 from ..policies import POLICIES
+from ..policykit.base import WINDOW
 from ..policykit.registry import offline, online, reads_meta
 from ..policykit.upper_bound import upper_bound_summary
 from ..sim.harness import DEFAULT_TOP_K
 from .metrics import describe
-from .windows import WINDOW, best_row, choose_window
+from .windows import best_row, choose_window
 
 TABLE_BUDGET = 256
 
@@ -50,7 +51,6 @@ def _offline(trace: Trace, name: str, budget: int, top_k: int) -> dict:
 
 #: the second part: h2o's retained mass over recent_window 8 .. 192 (docs/domain.md, "The canonical trace", last target)
 SWEEP_POLICY = "h2o"
-SWEEP_PARAM = WINDOW
 SWEEP_VALUES = range(8, 193, 8)
 
 
@@ -76,9 +76,9 @@ def build_table(trace: Trace, budget: int = TABLE_BUDGET, top_k: int = DEFAULT_T
         return (policy, tuple(sorted(params.items())))
 
     values = [v for v in SWEEP_VALUES if v < budget]  # recent_window >= budget is refused
-    sweep_rows = sweep(trace, SWEEP_POLICY, budget, SWEEP_PARAM, values, top_k=top_k) if values else []
+    sweep_rows = sweep(trace, SWEEP_POLICY, budget, WINDOW, values, top_k=top_k) if values else []
     for r in sweep_rows:  # the h2o rows of the first part are in the sweep: measure them once
-        measured[key(SWEEP_POLICY, {SWEEP_PARAM: r[SWEEP_PARAM]})] = r
+        measured[key(SWEEP_POLICY, {WINDOW: r[WINDOW]})] = r
 
     def measure(row: Row) -> dict:
         k = key(row.policy, row.params)
@@ -114,12 +114,12 @@ def build_table(trace: Trace, budget: int = TABLE_BUDGET, top_k: int = DEFAULT_T
         "rows": rows,
         "sweep": {
             "policy": SWEEP_POLICY,
-            "param": SWEEP_PARAM,
+            "param": WINDOW,
             "rows": [
-                {SWEEP_PARAM: r[SWEEP_PARAM], "retained_mass": r["retained_mass"], "top_k_recall": r["top_k_recall"]}
+                {WINDOW: r[WINDOW], "retained_mass": r["retained_mass"], "top_k_recall": r["top_k_recall"]}
                 for r in sweep_rows
             ],
-            "argmax": top[SWEEP_PARAM] if top else None,
+            "argmax": top[WINDOW] if top else None,
             "max_retained_mass": top["retained_mass"] if top else None,
         },
         "targets": None,
@@ -170,7 +170,7 @@ def layout_table(trace: Trace, budget: int, top_k: int, layout) -> dict:
     memory, note = layout.memory(budget)
     return {"trace": trace.name, "steps": trace.steps, "budget": budget, "top_k": top_k, "rows": rows,
             "layout": {**layout.to_dict(), "label": layout.label, "memory": memory, "note": note},
-            "sweep": {"policy": SWEEP_POLICY, "param": SWEEP_PARAM, "rows": [], "argmax": None, "max_retained_mass": None},
+            "sweep": {"policy": SWEEP_POLICY, "param": WINDOW, "rows": [], "argmax": None, "max_retained_mass": None},
             "targets": None, "window": None}
 
 
@@ -194,8 +194,8 @@ def best_window(trace: Trace, budget: int, top_k: int = DEFAULT_TOP_K) -> dict |
         return None
     from ..sim.simulate import sweep
 
-    rows = sweep(trace, SWEEP_POLICY, budget, SWEEP_PARAM, list(range(1, budget)), top_k=top_k)
-    return {"policy": SWEEP_POLICY, "param": SWEEP_PARAM, "windows": [1, budget - 1],
+    rows = sweep(trace, SWEEP_POLICY, budget, WINDOW, list(range(1, budget)), top_k=top_k)
+    return {"policy": SWEEP_POLICY, "param": WINDOW, "windows": [1, budget - 1],
             **choose_window(rows, budget=budget).to_dict()}
 
 
@@ -206,11 +206,11 @@ def calibration_targets(
     recent = describe(trace, band=64)["recent_share"]
     sw = measure("sliding_window", {})
     sl = measure("streaming_llm", {"sinks": 4})
-    h32 = measure("h2o", {"recent_window": 32})
-    h64 = measure("h2o", {"recent_window": 64})
-    s32 = measure("scissorhands", {"recent_window": 32})
-    s64 = measure("scissorhands", {"recent_window": 64})
-    mass = {r[SWEEP_PARAM]: r["retained_mass"] for r in sweep_rows}
+    h32 = measure("h2o", {WINDOW: 32})
+    h64 = measure("h2o", {WINDOW: 64})
+    s32 = measure("scissorhands", {WINDOW: 32})
+    s64 = measure("scissorhands", {WINDOW: 64})
+    mass = {r[WINDOW]: r["retained_mass"] for r in sweep_rows}
     at = [mass.get(v) for v in (32, 48, 64)]
     peak = max(mass, key=mass.get) if mass else None  # first maximum: the smallest window on ties
     peak_ok = 64 in mass and max(mass.values()) <= mass[64] + 0.001

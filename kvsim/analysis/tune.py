@@ -32,6 +32,7 @@ import numpy as np
 
 from ..data.trace import Trace
 from ..policies import POLICIES, policy_params
+from ..policykit.base import WINDOW
 from ..policykit.layouts import Layout
 from ..policykit.registry import suggest
 from ..progress import Progress
@@ -40,7 +41,6 @@ from . import proxies as px
 from .layer_search import GROUPS, SEARCH_STEP, layer_groups, search_layer_windows
 from .tune_sweep import (
     CANDIDATES,
-    PARAM,
     TuneError,
     Unit,
     check_layout,
@@ -193,7 +193,7 @@ class TuneResult:
                 row["curve"] = {"retained_mass": t.retained_mass.tolist(), "top_k_recall": t.top_k_recall.tolist()}
             rows.append(row)
         return {
-            "trace": self.source, "policy": self.policy, "budget": self.budget, "param": PARAM, "params": self.params,
+            "trace": self.source, "policy": self.policy, "budget": self.budget, "param": WINDOW, "params": self.params,
             "windows": [self.windows[0], self.windows[-1]], "tolerance": self.tolerance, "top_k": self.top_k,
             "layers": rows, "per_layer": self.per_layer(), "model": self.model_wide(), "run": self.run,
             "by": self.by.get("by", "retained_mass"), "model_window": self.model_window, "by_detail": self.by,
@@ -239,11 +239,11 @@ def recording_identity(source: Bundle | Trace | Sequence[Trace]) -> dict:
 def _check(policy: str, budget: int, windows: list[int], tolerance: float, params: dict) -> None:
     if policy not in POLICIES:
         raise TuneError(f"unknown policy {policy!r}{suggest(policy)}; the registry has {', '.join(POLICIES)}")
-    if PARAM not in policy_params(policy):
-        takes = [p for p in POLICIES if PARAM in policy_params(p)]
-        raise TuneError(f"tune sweeps {PARAM}; policy {policy} does not take it (these do: {', '.join(takes)})")
-    if PARAM in params:
-        raise TuneError(f"{PARAM} is what tune sweeps; do not fix it")
+    if WINDOW not in policy_params(policy):
+        takes = [p for p in POLICIES if WINDOW in policy_params(p)]
+        raise TuneError(f"tune sweeps {WINDOW}; policy {policy} does not take it (these do: {', '.join(takes)})")
+    if WINDOW in params:
+        raise TuneError(f"{WINDOW} is what tune sweeps; do not fix it")
     if budget < 2:
         raise TuneError(f"budget must be at least 2 to leave room for a recent_window of 1, got {budget}")
     if not windows:
@@ -425,7 +425,7 @@ def _deployment(result: TuneResult, by: str, truth, per_layer: bool, progress: P
         rule += (f", tuned under {result.layout.label} (--save-plan's plan carries it; with generate --windows, give "
                  "the same layout flags)")
     return {"by": result.by.get("by", by), "rule": rule,
-            "per_layer": [{"layer": layer, "recent_window": int(w)} for layer, w in zip(layers, windows, strict=True)],
+            "per_layer": [{"layer": layer, WINDOW: int(w)} for layer, w in zip(layers, windows, strict=True)],
             "kl": kl, "kl_note": note, "search": search}
 
 
@@ -451,7 +451,7 @@ def _by_curve(result: TuneResult, units: list[Unit], by: str, truth, params: dic
         out = _best("retained_mass", result.windows, result.mass_matrix().mean(axis=0).tolist(), +1, note)
         out.update(by=by, fell_back_to="retained_mass", model_window=mass_pick)
         return out
-    rows = [px.sweep(t, result.policy, result.budget, PARAM, windows, layout=result.layout, **params) for t in traces]
+    rows = [px.sweep(t, result.policy, result.budget, WINDOW, windows, layout=result.layout, **params) for t in traces]
     curve = [float(np.mean([r[i][base] for r in rows])) for i in range(len(windows))]
     return _best(by, windows, curve, px.PROXIES[base].sign, None)
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from ..cluster import ClusterError, dask_client
 from ..data.trace import Trace, load_npz
 from ..policies import PolicySpec
+from ..policykit.base import WINDOW
 from ..policykit.layouts import Layout
 from ..policykit.registry import baselines
 from ..sim.harness import DEFAULT_TOP_K
@@ -25,8 +26,6 @@ from . import proxies as px
 if TYPE_CHECKING:
     from ..data.bundle import Bundle
 
-#: what tune sweeps
-PARAM = "recent_window"
 #: how many candidate windows a costly figure (the truth, a value proxy) is measured at
 CANDIDATES = 16
 
@@ -76,7 +75,7 @@ def load_unit(payload: bytes | Trace | str, name: str) -> Trace:
 def window_specs(policy: str, budget: int, windows: Sequence[int], params: dict) -> list[PolicySpec]:
     """The configuration of each window a tune sweeps, made (and so checked) once, before any trace
     is read: a bad value fails here, in the spec's one line, not in a worker."""
-    return [PolicySpec.of(policy, budget, **params, **{PARAM: int(w)}) for w in windows]
+    return [PolicySpec.of(policy, budget, **params, **{WINDOW: int(w)}) for w in windows]
 
 
 def tune_trace(trace: Trace, specs: Sequence[PolicySpec], top_k: int = DEFAULT_TOP_K, layout: Layout | None = None) -> dict:
@@ -205,7 +204,7 @@ def layout_windows(policy: str, budget: int, layout: Layout, params: dict) -> li
     layout leaves room for (below the fewest positions held right after a decision, ``Layout.floor``); where none
     of them fits, every window that does."""
     def fits(w: int) -> bool:
-        return _runs(layout, policy, budget, {**params, PARAM: int(w)})
+        return _runs(layout, policy, budget, {**params, WINDOW: int(w)})
 
     # so little room that no evenly spaced window fits: every window that does (1 always does: check_layout)
     return [w for w in px.even_windows(budget, CANDIDATES) if fits(w)] or [w for w in range(1, budget) if fits(w)]
@@ -226,7 +225,7 @@ def check_layout(policy: str, budget: int, layout: Layout, params: dict, windows
     refuses; the layout's own words (``Layout.check``)."""
     for w in (1, *(windows or ())):
         try:
-            layout.check(policy, budget, {**params, PARAM: int(w)}, heads=None)
+            layout.check(policy, budget, {**params, WINDOW: int(w)}, heads=None)
         except ValueError as e:
             raise TuneError(f"{layout.label}: {' '.join(str(e).split())}") from None
 
@@ -271,5 +270,5 @@ def run_dask(units, groups, scheduler, workers, say, specs, top_k, layout) -> tu
     return results, {"executor": "dask", "workers": n_workers, "scheduler": address}
 
 
-__all__ = ["CANDIDATES", "PARAM", "TuneError", "check_layout", "layout_windows", "tune_layer", "tune_trace",
+__all__ = ["CANDIDATES", "TuneError", "check_layout", "layout_windows", "tune_layer", "tune_trace",
            "window_specs"]

@@ -21,14 +21,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..policies.h2o import RECENT_WINDOW
+from ..policykit.base import WINDOW
 from ..progress import Progress
 from ..sim.harness import DEFAULT_TOP_K
 
 #: a window is recommended when its retained mass is within this much of the best's
 TOLERANCE = 0.005
-#: the parameter the rule chooses: a policy's ``recent_window`` (the curve, the tune and the truth sweep it)
-WINDOW = RECENT_WINDOW.name
 
 
 @dataclass(frozen=True)
@@ -213,5 +211,5 @@ def regret(score: Sequence[float], truth: Sequence[float]) -> float:
     return picked / best - 1.0
 
 
-__all__ = ["TOLERANCE", "WINDOW", "WindowChoice", "best_of", "best_row", "choose_window", "covers", "pick", "ranks", "regret",
+__all__ = ["TOLERANCE", "WindowChoice", "best_of", "best_row", "choose_window", "covers", "pick", "ranks", "regret",
            "spearman", "sweep_coarse_to_fine"]

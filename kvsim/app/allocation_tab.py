@@ -70,12 +70,14 @@ def allocation_view(budget: int) -> None:
                     f"{budget} x {n} = **{budget * n} positions** in all, for every allocator.")
     try:
         spec = PolicySpec.of(policy, budget)
-        al.check("uniform", spec, [(t.layer, t.head) for t in bundle.traces], bundle.steps)
-    except ValueError as e:  # a budget the policy or the trace refuses: said, not raised
+    except ValueError as e:  # a budget the policy refuses: said, not raised
         st.error(f"{policy} at budget {budget} on {name}: {' '.join(str(e).split())}")
         return
+    refused = al.refusals(spec, [(t.layer, t.head) for t in bundle.traces], bundle.steps)
+    if "uniform" in refused:  # a budget below the policy's minimum or above the trace: no allocator runs
+        st.error(f"{policy} at budget {budget} on {name}: {' '.join(refused['uniform'].split())}")
+        return
     rows = compared(name, spec)
-    skipped = [a for a in al.ALLOCATORS if a not in {r["allocator"] for r in rows}]
     st.markdown(
         f"**Where should {policy}'s memory go?** Each panel is one allocator's split: a row per layer, a column per "
         f"KV head, colour the positions it holds (one scale for all). Over each panel: the bundle's mean retained "
@@ -94,14 +96,8 @@ def allocation_view(budget: int) -> None:
     st.table([{"allocator": r["allocator"], "retained mass": f"{r['retained_mass']:.4f}",
                "against uniform": against_uniform(r, uniform),
                "what it does": al.SUMMARIES[r["allocator"]]} for r in rows], hide_index=True)
-    if skipped:
-        why = []
-        for a in skipped:
-            try:
-                al.check(a, spec, [(t.layer, t.head) for t in bundle.traces], bundle.steps)
-            except al.AllocationError as e:
-                why.append(f"**{a}**: {e}")
-        st.caption("Not shown: " + "; ".join(why))
+    if refused:
+        st.caption("Not shown: " + "; ".join(f"**{a}**: {why}" for a, why in refused.items()))
     st.caption("The optimum is exact: the best split of these positions into integer budgets per head, from each "
                "head's replay at every budget. The same from the command line: "
                f"`python -m kvsim replay --trace {name} --policy {policy} --budget {budget} --allocate optimal`.")

@@ -12,6 +12,7 @@ import kvsim
 from kvsim.data import qk, vectors
 from kvsim.policies import PolicySpec, all_tunables
 from kvsim.policykit import registry
+from kvsim.policykit.base import WINDOW
 from kvsim.policykit.layouts import Layout
 from kvsim.views import tour
 
@@ -104,8 +105,8 @@ def controls(trace: kvsim.Trace) -> None:
     )
     side.number_input("budget", min_value=1, max_value=MAX_VALUE, step=1, key="budget",
                       help="positions the cache holds after each eviction")
-    extra = {k: p for k, p in all_tunables().items() if k not in ("recent_window", "sinks")}
-    side.number_input("recent_window", min_value=0, max_value=MAX_VALUE, step=1, key="recent_window",
+    extra = {k: p for k, p in all_tunables().items() if k not in (WINDOW, "sinks")}
+    side.number_input(WINDOW, min_value=0, max_value=MAX_VALUE, step=1, key=WINDOW,
                       help="h2o (and its relatives) never evict the newest recent_window positions")
     side.number_input("sinks", min_value=0, max_value=MAX_VALUE, step=1, key="sinks",
                       help="streaming_llm pins the first sinks positions forever")

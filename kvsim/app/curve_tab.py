@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 import streamlit as st
 
 import kvsim
-from kvsim.analysis.windows import WINDOW, sweep_coarse_to_fine
+from kvsim.analysis.windows import sweep_coarse_to_fine
 from kvsim.policies import PolicySpec, describe_policy
 from kvsim.policykit import registry
+from kvsim.policykit.base import WINDOW
 from kvsim.policykit.upper_bound import upper_bound_summary
 from kvsim.sim import summaries
 from kvsim.views import figures, story
@@ -329,11 +330,11 @@ def curve_figure(curves: dict[str, list[dict]], policy: str, lines: tuple, rw: i
 def pick_from_curve() -> None:
     chosen = figures.selected_recent_window(st.session_state.get("curve"))
     if chosen is not None:
-        st.session_state["recent_window"] = chosen
+        st.session_state[WINDOW] = chosen
 
 
 def sync_recent_window(source: str) -> None:
-    st.session_state["recent_window"] = int(st.session_state[source])
+    st.session_state[WINDOW] = int(st.session_state[source])
 
 
 def curve_view(trace: kvsim.Trace, settings: Settings) -> None:
@@ -341,7 +342,7 @@ def curve_view(trace: kvsim.Trace, settings: Settings) -> None:
     if not policies:
         st.info("No registered policy takes a recent_window.")
         return
-    budget, rw = settings.budget, int(st.session_state["recent_window"])
+    budget, rw = settings.budget, int(st.session_state[WINDOW])
     text, chart = st.columns([1, 3])
     live = Live(chart)  # the previous chart goes before anything is measured or replayed on this trace
     features = cached_features(trace)
@@ -356,7 +357,7 @@ def curve_view(trace: kvsim.Trace, settings: Settings) -> None:
             explain.markdown(story.window_text(policy, features.band, info["recent_share"], features.band_known))
         if budget >= 2:
             st.session_state["rw_curve"] = min(max(1, rw), budget - 1)
-            st.number_input("recent_window", min_value=1, max_value=budget - 1, step=1, key="rw_curve",
+            st.number_input(WINDOW, min_value=1, max_value=budget - 1, step=1, key="rw_curve",
                             on_change=sync_recent_window, args=("rw_curve",))
     if budget < 2:
         st.error(f"the curve needs a budget of at least 2 (recent_window runs from 1 to budget - 1); budget is {budget}.")

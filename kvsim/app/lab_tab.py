@@ -8,6 +8,7 @@ import streamlit as st
 import kvsim
 from kvsim.analysis import lab
 from kvsim.policykit import registry
+from kvsim.policykit.base import WINDOW
 from kvsim.views import lab as lab_figures
 
 from .state import lab_reset, lasting
@@ -21,9 +22,9 @@ def lab_policy(side: str, preset: lab.Preset) -> lab.LabPolicy:
                    then=lambda: _switched(side))
     params = dict(spec.params) if name == spec.name else {}
     if registry.window_param(name) is not None:
-        rw = int(lasting(st.number_input, "recent_window", f"lab_{side}_rw", spec.params.get("recent_window", 0),
+        rw = int(lasting(st.number_input, WINDOW, f"lab_{side}_rw", spec.params.get(WINDOW, 0),
                          min_value=0, step=1, then=lambda: st.session_state.pop(f"_lab_{side}_rw_note", None)))
-        params["recent_window"] = rw
+        params[WINDOW] = rw
         if note := st.session_state.get(f"_lab_{side}_rw_note"):
             st.caption(note)
         if rw == 0:
@@ -43,7 +44,7 @@ def _switched(side: str) -> None:
     st.session_state.pop(f"_lab_{side}_rw_note", None)
     param = next((p for p in kvsim.tunables(name) if p.name == registry.window_param(name)), None)
     if name == spec.name:
-        st.session_state[f"_lab_{side}_rw"] = spec.params.get("recent_window", 0)
+        st.session_state[f"_lab_{side}_rw"] = spec.params.get(WINDOW, 0)
     elif param is not None:
         upper = param.upper(budget)
         fits = upper is None or param.default <= upper

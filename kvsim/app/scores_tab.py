@@ -6,6 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 import kvsim
+from kvsim.policykit import registry
 from kvsim.views import figures, story
 
 from .controls import Settings
@@ -15,10 +16,10 @@ from .memo import cached_features, kept_history, replays
 
 def score_view(trace: kvsim.Trace, settings: Settings) -> None:
     features = cached_features(trace)
-    scoring = [spec for spec in settings.runs if getattr(kvsim.POLICIES[spec.name], "keeps_scores", False)]
+    scoring = [spec for spec in settings.runs if registry.keeps_scores(spec.name)]
     st.markdown(story.score_text(features, scoring[0].name if scoring else "h2o"))
     if not scoring:
-        names = ", ".join(n for n, c in kvsim.POLICIES.items() if getattr(c, "keeps_scores", False))
+        names = ", ".join(registry.score_keepers())
         st.info(f"None of the chosen policies keeps a score. Add one of: {names}.")
         return
     step = settings.step

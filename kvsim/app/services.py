@@ -29,6 +29,8 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..policykit.base import WINDOW
+
 Rows = dict[int, dict]
 
 
@@ -261,7 +263,7 @@ class Curve:
 class SweepStore:
     """Curves over one parameter by key: ``{value: row}`` that grows as views ask for more values."""
 
-    def __init__(self, bound: int = 64, param: str = "recent_window", background: Background | None = None) -> None:
+    def __init__(self, bound: int = 64, param: str = WINDOW, background: Background | None = None) -> None:
         self.param = param
         self._shared = Shared(bound)
         self._background = background or Background(name="kvsim-sweeps")

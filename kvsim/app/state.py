@@ -16,6 +16,7 @@ from kvsim.data import qk, vectors
 from kvsim.data.catalog import CANONICAL, available_bundles, available_traces
 from kvsim.policies import all_tunables
 from kvsim.policykit import registry
+from kvsim.policykit.base import WINDOW
 from kvsim.views import tour
 
 from . import memo
@@ -261,7 +262,7 @@ def lab_reset() -> None:
     st.session_state["_lab_budget"] = p.budget
     for side, spec in (("left", p.left), ("right", p.right)):
         st.session_state[f"_lab_{side}"] = spec.name
-        st.session_state[f"_lab_{side}_rw"] = spec.params.get("recent_window", 0)
+        st.session_state[f"_lab_{side}_rw"] = spec.params.get(WINDOW, 0)
     for side in ("left", "right"):
         st.session_state.pop(f"_lab_{side}_rw_note", None)
     st.session_state.pop("_lab_step", None)  # the view opens at the first step where they differ

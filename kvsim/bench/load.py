@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..policykit.base import WINDOW
 from .browser.server import PeakSampler, Server, server_env
 from .client import STEP_TIMEOUT_S, UPLOAD_NAME, Click, Number, Open, Student, small_trace_npz, upload
 
@@ -57,7 +58,7 @@ LESSON = (
     LessonStep("tour 1: attention sinks", Click(label="start the guided tour"), STEP_TARGET_S, "step 1 of 3"),
     LessonStep("tour 2: heavy hitters", Click(key="tour_next"), STEP_TARGET_S, "step 2 of 3"),
     LessonStep("tour 3: the recent window (the curve)", Click(key="tour_next"), STEP_TARGET_S, "step 3 of 3"),
-    LessonStep("recent_window 32 -> 64", Number("recent_window", 64), STEP_TARGET_S, "recent_window=64"),
+    LessonStep("recent_window 32 -> 64", Number(WINDOW, 64), STEP_TARGET_S, "recent_window=64"),
     LessonStep("the curve at budget 1024", Number("budget", 1024), STEP_TARGET_S, "budget=1024"),
 )
 

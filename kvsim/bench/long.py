@@ -41,6 +41,7 @@ from ..data.bundle import MANIFEST, Bundle, BundleError
 from ..data.catalog import resolve_bundle, shipped_bundles
 from ..data.qk import ROW_BLOCK, QKTrace
 from ..models.record_cache import preset
+from ..policykit.base import WINDOW
 from ..progress import Progress
 from ..sim.simulate import replay, sweep
 from .speed import timed
@@ -96,7 +97,7 @@ def run(spec: str | None = None, with_tune: bool = True, progress: Progress | No
     doc["replay"] = _replays(trace, say)
     longest = trace.prefix(doc["replay"][-1]["steps"])
     say(f"h2o sweep of {len(WINDOWS)} windows at {longest.steps} steps")
-    doc["sweep_seconds"], _ = timed(lambda: sweep(longest, "h2o", BUDGET, "recent_window", WINDOWS))
+    doc["sweep_seconds"], _ = timed(lambda: sweep(longest, "h2o", BUDGET, WINDOW, WINDOWS))
     if with_tune:
         doc["tune"] = _tune(bundle, say)
     doc["storage"] = _storage(bundle)

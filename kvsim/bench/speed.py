@@ -44,6 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kvsim.policykit.base import WINDOW
+
 from ..data import canonical
 from ..data import store as cache
 from ..data.trace import Trace, save_npz
@@ -149,9 +151,9 @@ def _cli_run(env_extra: dict, args: list[str] = CLI_ARGS) -> dict:
     if isinstance(doc, dict) and "rows" in doc:  # table: its rows, and the argmax of its recent_window sweep
         rows, best = doc["rows"], doc["sweep"]["argmax"]
     elif isinstance(doc, dict):  # one replay
-        rows, best = [doc], doc.get("recent_window")
+        rows, best = [doc], doc.get(WINDOW)
     else:
-        rows, best = doc, max(doc, key=lambda r: r["retained_mass"])["recent_window"]
+        rows, best = doc, max(doc, key=lambda r: r["retained_mass"])[WINDOW]
     kb = child["hwm_kb"]
     return {
         "seconds": seconds,
@@ -254,7 +256,7 @@ def _replay(trace: Trace) -> dict:
     first_s, fast = timed(lambda: replay(trace, "h2o", budget=BUDGET, recent_window=REPLAY_WINDOW))
     warm_s, fast = timed(lambda: replay(trace, "h2o", budget=BUDGET, recent_window=REPLAY_WINDOW), repeat=5)
     return {
-        "recent_window": REPLAY_WINDOW,
+        WINDOW: REPLAY_WINDOW,
         "reference_seconds": ref_s,
         "engine_first_call_seconds": first_s,
         "engine_seconds": warm_s,
@@ -276,8 +278,8 @@ def _sweeps(trace: Trace, full_reference: bool, say) -> tuple[dict, dict[int, di
         ref_rows[w] = r.summary()
     ref_total = sum(per) if full_reference else statistics.mean(per) * len(WINDOWS)
     say("engine sweep")
-    eng_s, rows = timed(lambda: sweep(trace, "h2o", BUDGET, "recent_window", WINDOWS))
-    by_window = {r["recent_window"]: r for r in rows}
+    eng_s, rows = timed(lambda: sweep(trace, "h2o", BUDGET, WINDOW, WINDOWS))
+    by_window = {r[WINDOW]: r for r in rows}
     return {
         "configurations": len(WINDOWS),
         "reference_replayed": len(windows),
@@ -286,7 +288,7 @@ def _sweeps(trace: Trace, full_reference: bool, say) -> tuple[dict, dict[int, di
         "engine_seconds": eng_s,
         "speedup": ref_total / eng_s,
         "identical": all(by_window[w] == ref_rows[w] for w in windows),
-        "best_recent_window": max(rows, key=lambda r: r["retained_mass"])["recent_window"],
+        "best_recent_window": max(rows, key=lambda r: r["retained_mass"])[WINDOW],
     }, by_window
 
 
@@ -377,7 +379,7 @@ def _memory(trace: Trace) -> dict:
     """4. memory of the engine sweep, on a fresh Trace so its top-k is computed inside the window."""
     fresh = Trace(trace.attention, name=trace.name, meta=trace.meta)
     tracemalloc.start()
-    sweep(fresh, "h2o", BUDGET, "recent_window", WINDOWS)
+    sweep(fresh, "h2o", BUDGET, WINDOW, WINDOWS)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return {
@@ -400,7 +402,7 @@ def _scaling(trace: Trace) -> list[dict]:
     best = dict.fromkeys(sizes, float("inf"))
     for _ in range(SCALING_ROUNDS):
         for steps, budget in sizes:
-            s, _ = timed(lambda t=traces[steps], b=budget: sweep(t, "h2o", b, "recent_window", SCALING_WINDOWS))
+            s, _ = timed(lambda t=traces[steps], b=budget: sweep(t, "h2o", b, WINDOW, SCALING_WINDOWS))
             best[steps, budget] = min(best[steps, budget], s)
     scaling = []
     for steps, budget in sizes:

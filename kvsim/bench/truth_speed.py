@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import time
 
+from ..policykit.base import WINDOW
 from ..progress import Progress
 
 STEPS = 1024
 BUDGET = 256
-WINDOW = 88
+ONE_WINDOW = 88
 WINDOWS = tuple(range(8, 249, 16))
 TARGETS = {"one_configuration_seconds": 10.0, "sweep_16_seconds": 180.0}
 
@@ -43,10 +44,10 @@ def run(progress: Progress | None = None, steps: int = STEPS) -> dict:
     session_s = time.perf_counter() - t0
     fresh = dict(use_cache=False, write_cache=True)  # measured afresh; kept for tune --by kl and the views
     t0 = time.perf_counter()
-    one = session.measure_many([session.configuration("h2o", BUDGET, {"recent_window": WINDOW})], "open", **fresh)[0]
+    one = session.measure_many([session.configuration("h2o", BUDGET, {WINDOW: ONE_WINDOW})], "open", **fresh)[0]
     one_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    rows = session.measure_many([session.configuration("h2o", BUDGET, {"recent_window": w}) for w in WINDOWS], "open",
+    rows = session.measure_many([session.configuration("h2o", BUDGET, {WINDOW: w}) for w in WINDOWS], "open",
                                 **fresh)
     sweep_s = time.perf_counter() - t0
     from ..analysis.proxies import configuration
@@ -54,7 +55,7 @@ def run(progress: Progress | None = None, steps: int = STEPS) -> dict:
     from ..models.truth import window_truth
 
     window_truth(session, "h2o", BUDGET, WINDOWS, proxies=configuration, recording=MODEL)  # the truth document, read from the cache
-    same = next(r for r in rows if r["params"]["recent_window"] == WINDOW)
+    same = next(r for r in rows if r["params"][WINDOW] == ONE_WINDOW)
     doc = {
         "kind": "truth",
         "threads": torch.get_num_threads(),
@@ -67,7 +68,7 @@ def run(progress: Progress | None = None, steps: int = STEPS) -> dict:
         "sweep_16_seconds": sweep_s,
         "sweep_per_window_seconds": sweep_s / len(WINDOWS),
         "one": {k: one[k] for k in ("kl", "delta_nll", "retained_mass")},
-        "sweep": [{"recent_window": r["params"]["recent_window"], "kl": r["kl"], "delta_nll": r["delta_nll"],
+        "sweep": [{WINDOW: r["params"][WINDOW], "kl": r["kl"], "delta_nll": r["delta_nll"],
                    "retained_mass": r["retained_mass"]} for r in rows],
         "identical": all(one[k] == same[k] for k in ("kl", "delta_nll", "nll", "retained_mass")),
     }
@@ -87,7 +88,7 @@ def render(doc: dict) -> str:
         f"  model load            {doc['load_seconds']:6.1f} s" + ("  (tokenizer skipped)" if doc["full_pass_cached"] else ""),
         f"  full-cache pass       {doc['session_seconds']:6.1f} s  "
         f"({'read from the cache' if doc['full_pass_cached'] else 'computed, now cached'})",
-        f"  one configuration     {doc['one_configuration_seconds']:6.1f} s  (h2o recent_window={WINDOW}: KL {doc['one']['kl']:.4f}); "
+        f"  one configuration     {doc['one_configuration_seconds']:6.1f} s  (h2o recent_window={ONE_WINDOW}: KL {doc['one']['kl']:.4f}); "
         f"with load and session {doc['one_configuration_with_load_seconds']:.1f} s",
         f"  16-window sweep       {doc['sweep_16_seconds']:6.1f} s  ({doc['sweep_per_window_seconds']:.1f} s a window)",
         "",

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..policies import POLICIES, ParamError, PolicySpec
+from ..policykit.base import WINDOW
 from ..policykit.registry import is_offline, suggest, window_param
 from . import generate_turns
 from .errors import CLIError, InputError, flag, input_error, read_input
@@ -155,12 +156,12 @@ def _kv_heads(config: Path) -> int | None:
 
 def _check_windows(args: argparse.Namespace, run: _Run) -> None:
     """The tune file's own form and every window in it against the budget (the model is checked later)."""
-    from ..hf.windows import PARAM, WindowsError, read_tune, tune_windows
+    from ..hf.windows import WindowsError, read_tune, tune_windows
 
-    if PARAM in run.params:
-        raise CLIError(f"{flag(PARAM)} and --windows exclude each other (the file sets it per layer)")
-    if window_param(run.policy) != PARAM:
-        raise CLIError(f"--windows: {run.policy} has no {PARAM}")
+    if WINDOW in run.params:
+        raise CLIError(f"{flag(WINDOW)} and --windows exclude each other (the file sets it per layer)")
+    if window_param(run.policy) != WINDOW:
+        raise CLIError(f"--windows: {run.policy} has no {WINDOW}")
     if not Path(args.windows).exists():
         raise InputError(f"--windows: {args.windows}: no such file")
     try:
@@ -171,10 +172,10 @@ def _check_windows(args: argparse.Namespace, run: _Run) -> None:
         return
     for where, w in windows.items():
         try:
-            PolicySpec.of(run.policy, run.budget, **run.params, **{PARAM: w})
+            PolicySpec.of(run.policy, run.budget, **run.params, **{WINDOW: w})
         except ParamError:
             layer = f"layer {where[0]} KV head {where[1]}" if isinstance(where, tuple) else f"layer {where}"
-            raise CLIError(f"--windows {args.windows}: {layer}'s {PARAM} {w} must be below --budget {run.budget}") from None
+            raise CLIError(f"--windows {args.windows}: {layer}'s {WINDOW} {w} must be below --budget {run.budget}") from None
 
 
 def cmd_generate(args: argparse.Namespace) -> dict:

@@ -17,6 +17,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from ..policykit.base import WINDOW
 from .argtypes import positive_int, size_list
 from .errors import CLIError
 
@@ -124,7 +125,7 @@ def cmd_learn(args: argparse.Namespace) -> dict:
         if args.features is not None and args.features != weights["features"]:
             raise CLIError(f"--weights {args.weights}: weights for another feature set ({','.join(weights['features'])}, "
                            f"not --features {','.join(args.features)})")
-        if args.recent_window is not None and args.recent_window != weights["recent_window"]:
+        if args.recent_window is not None and args.recent_window != weights[WINDOW]:
             raise CLIError(f"--weights {args.weights}: fitted with recent window {weights['recent_window']}, "
                            f"not --recent-window {args.recent_window}")
     else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 
+from ..policykit.base import WINDOW
 from .tables import aligned, prose
 
 #: the value-aware proxies a ``--proxies`` document carries (``kvsim.analysis.proxies.VALUE_PROXIES``)
@@ -135,7 +136,7 @@ def _sweep(doc: list[dict]) -> str:
     rec = next((r for r in doc if r.get("recommended")), None)
     if best is None or rec is None:
         return table
-    every = param == "recent_window" and covers((r[param] for r in doc), doc[0]["budget"])
+    every = param == WINDOW and covers((r[param] for r in doc), doc[0]["budget"])
     what = "every window 1..budget - 1" if every else f"the {len(doc)} values swept"
     return (f"{table}\n\nbest {param} {best[param]} (retained mass {best['retained_mass']:.4f}); recommended "
             f"{rec[param]} ({rec['retained_mass']:.4f}): the smallest within {TOLERANCE:g} of the best, of {what}")
@@ -377,7 +378,7 @@ def _tune(doc: dict, width: int = TUNE_WIDTH) -> str:
         "",
         "Model-wide (mean over every layer and KV head):",
         "",
-        aligned(["setting", "recent_window", "retained_mass", f"top_{k}_recall"], [
+        aligned(["setting", WINDOW, "retained_mass", f"top_{k}_recall"], [
             ["per-layer windows by retained mass", "per layer", per["recommended_mass"], per["recommended_recall"]],
             *by_head,
             [f"one window, within {tol} of the best mass", one["recommended_window"], one["recommended_mass"],
@@ -428,7 +429,7 @@ def _recommendation(doc: dict) -> str:
     Every other window the text shows is a figure by retained mass, labelled so."""
     d = doc.get("deploy") or {}
     window, by = doc["model_window"], doc["by"]
-    windows = [r["recent_window"] for r in d.get("per_layer", [])] or [window]
+    windows = [r[WINDOW] for r in d.get("per_layer", [])] or [window]
     if len(set(windows)) == 1:
         what = f"recent_window {windows[0]} in every layer" + (" (model_window)" if windows[0] == window else "")
     else:

@@ -14,6 +14,7 @@ from ..analysis import proxies as px
 from ..data.bundle import is_bundle
 from ..data.qk import DENSE_LIMIT
 from ..policies import POLICIES, PolicySpec
+from ..policykit.base import WINDOW
 from . import layout_flags
 from .errors import CLIError, InputError
 from .replay_command import load
@@ -24,10 +25,8 @@ class _Tuning:
     defaults, as a model's measurement keys them) and the split (``--plan``'s allocator or rows, or None)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from ..analysis.tune import PARAM
-
         #: the parameter tuned: the policy's window (``spec.params.recent_window``)
-        self.param = PARAM
+        self.param = WINDOW
         plan = getattr(args, "run_plan", None)
         #: the serving layout every window is measured under: the plan's, or the flags' (None: none)
         self.layout = layout_flags.of(args) if plan is None or plan.layout is None else plan.layout
@@ -37,7 +36,7 @@ class _Tuning:
         spec = plan.policy
         declared = {p.name: p.default for p in POLICIES[spec.name].tunables}
         self.policy, self.budget, self.plan = spec.name, spec.budget, plan
-        self.fixed = {k: v for k, v in spec.params if k != PARAM and v != declared[k]}
+        self.fixed = {k: v for k, v in spec.params if k != WINDOW and v != declared[k]}
 
     def at(self, window) -> dict:
         """The parameters a measurement keys at ``window`` (a window, or one per layer): those held, and the window."""
@@ -151,7 +150,6 @@ def _check_tune_layout(args: argparse.Namespace, what: _Tuning) -> list:
     than the budget, an interval leaving no room for a window of 1, a split or ``--per-layer`` beside it), in the
     layout checks' own words (``kvsim.cli.layout_flags``): ``--search-layout``'s candidates (a candidate the policy
     cannot run is left out of the search with its reason, said in its table), or the one layout (None: none)."""
-    from ..analysis.tune import PARAM
     from ..analysis.tune_sweep import TuneError
 
     plan = what.plan
@@ -179,7 +177,7 @@ def _check_tune_layout(args: argparse.Namespace, what: _Tuning) -> list:
             raise CLIError(f"{layout_flags.layout_flags_text(layout)}: --per-layer is not measured under a serving layout "
                            "yet; tune deploys model_window in every layer under it")
         if args.search_layout is None:  # the one layout: its refusals and notes (a rounded budget), once
-            layout_flags.check(layout, what.policy, [(what.budget, {**what.fixed, PARAM: 1})], heads=None)
+            layout_flags.check(layout, what.policy, [(what.budget, {**what.fixed, WINDOW: 1})], heads=None)
     return layouts
 
 
@@ -219,7 +217,7 @@ def _tune_allocation(args: argparse.Namespace, source, doc: dict, truth, say, wh
     measure = None if by == "retained_mass" else (lambda flat: truth.split(flat, window))
     got = choose(heads, spec, by, measure, candidates=candidates, progress=say)
     chosen = next(c for c in got["candidates"] if c["allocator"] == got["chosen"])
-    return {"allocate": {"chosen": got["chosen"], "by": by, "note": note, "recent_window": window,
+    return {"allocate": {"chosen": got["chosen"], "by": by, "note": note, WINDOW: window,
                          "rule": f"the window first (model_window {window}, at uniform's split), then the allocator at "
                                  f"that window in every layer by {by}: one coordinate at a time, not a joint search",
                          "figure": chosen["figure"], "candidates": got["candidates"], "left_out": got["left_out"]},
@@ -340,7 +338,7 @@ class _Truth:
             except (quality.QualityError, RecordError) as e:
                 raise InputError(f"{self.args.trace}: {e}") from None
             self.counts["read" if r["cached"] else "measured"] += 1
-            rows.append({"recent_window": int(w), "kl_open": r["kl"], "delta_nll_open": r["delta_nll"],
+            rows.append({WINDOW: int(w), "kl_open": r["kl"], "delta_nll_open": r["delta_nll"],
                          "cached_open": r["cached"]})
         return rows
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..policies import POLICIES, ParamError, PolicySpec, policy_class
 from ..policykit import registry
+from ..policykit.base import WINDOW
 from ..policykit.rope import rope_meta
 from ..sim.prefill import DEFAULT_SCORER, GROW, Prefill, PrefillError
 from .attention import ATTN, attach
@@ -34,11 +35,7 @@ from .cache import PREFILL, EvictingCache, EvictingLayer, HFError, LayerMeta
 from .conversation import converse
 from .reconstruction import reconstruction_scores
 from .tensor import CHUNK, TensorLayer, refusal
-from .windows import PARAM, WindowsError, check_model, read_tune, tune_windows
-
-#: the policies a deployed cache can run: the registry's online ones at import (the offline references read
-#: the future); a policy registered later deploys too (``layer_specs`` asks its class)
-ONLINE = tuple(registry.online())
+from .windows import WindowsError, check_model, read_tune, tune_windows
 
 
 def model_layout(model) -> tuple[list[str], int, int | None]:
@@ -86,8 +83,8 @@ def layer_specs(model, policy: str, budget: int | None, windows=None, by: str = 
                or (isinstance(k, tuple) and k[1] not in range(kv_heads))]
     if outside:
         raise HFError(f"windows for {outside[0]}: the model has layers 0-{len(kinds) - 1} and {kv_heads} KV head(s)")
-    if windows and registry.window_param(policy) != PARAM:
-        raise HFError(f"{policy} has no {PARAM}; windows are for a policy that takes one")
+    if windows and registry.window_param(policy) != WINDOW:
+        raise HFError(f"{policy} has no {WINDOW}; windows are for a policy that takes one")
     budgets = None
     if allocate is not None:
         from ..allocation.deployed import split
@@ -104,7 +101,7 @@ def layer_specs(model, policy: str, budget: int | None, windows=None, by: str = 
         row = []
         for head in range(kv_heads):
             w = windows.get((layer, head), windows.get(layer))
-            extra = {} if w is None else {PARAM: w}
+            extra = {} if w is None else {WINDOW: w}
             b = budget if budgets is None else budgets[(layer, head)]
             try:
                 row.append(PolicySpec.of(policy, b, **{**params, **extra}))
@@ -395,5 +392,5 @@ def _scorer(keep, name: str, params: dict) -> PolicySpec:
         raise HFError(str(e)) from None
 
 
-__all__ = ["ATTN", "ONLINE", "EvictingCache", "EvictingLayer", "HFError", "LayerMeta", "WindowsError", "attach", "cache",
+__all__ = ["ATTN", "EvictingCache", "EvictingLayer", "HFError", "LayerMeta", "WindowsError", "attach", "cache",
            "converse", "layer_metas", "layer_specs", "model_layout", "reconstruction_scores"]

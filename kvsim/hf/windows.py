@@ -18,9 +18,8 @@ import json
 from pathlib import Path
 
 from ..data import jsontext
-from ..policies.h2o import RECENT_WINDOW
+from ..policykit.base import WINDOW
 
-PARAM = RECENT_WINDOW.name
 BY = ("layer", "head")
 
 
@@ -39,8 +38,8 @@ def read_tune(path: str | Path) -> dict:
         raise WindowsError(f"{p}: not a JSON file ({e})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("layers"), list) or not doc["layers"]:
         raise WindowsError(f"{p}: not a tune file (python -m kvsim tune --json): no 'layers' rows")
-    if doc.get("param", PARAM) != PARAM:
-        raise WindowsError(f"{p}: tunes {doc.get('param')!r}, kvsim.hf deploys {PARAM}")
+    if doc.get("param", WINDOW) != WINDOW:
+        raise WindowsError(f"{p}: tunes {doc.get('param')!r}, kvsim.hf deploys {WINDOW}")
     for i, row in enumerate(doc["layers"]):
         if not isinstance(row, dict) or not all(isinstance(row.get(k), int) for k in ("layer", "head", "recommended_window")):
             raise WindowsError(f"{p}: layers[{i}] lacks an integer layer, head or recommended_window")
@@ -60,9 +59,9 @@ def tune_windows(doc: dict, by: str = "layer", *, source: str = "tune file") -> 
     if isinstance(deploy, dict) and deploy.get("per_layer") is not None:
         rows = deploy["per_layer"]
         if not isinstance(rows, list) or not rows or not all(
-                isinstance(r, dict) and isinstance(r.get("layer"), int) and isinstance(r.get("recent_window"), int) for r in rows):
+                isinstance(r, dict) and isinstance(r.get("layer"), int) and isinstance(r.get(WINDOW), int) for r in rows):
             raise WindowsError(f"{source}: deploy.per_layer must be rows of an integer layer and recent_window")
-        return {r["layer"]: r["recent_window"] for r in rows}
+        return {r["layer"]: r[WINDOW] for r in rows}
     per_layer = doc.get("per_layer")
     if isinstance(per_layer, list) and per_layer:
         return {int(r["layer"]): int(r["recommended_window"]) for r in per_layer}

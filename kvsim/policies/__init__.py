@@ -4,7 +4,19 @@ against (docs/architecture.md, "Adding a policy": ``from kvsim.policies import P
 ``kvsim.policykit``, where the interface, the registry and the policies' other support live; importing it loads
 every policy, the entry points and ``KVSIM_PLUGINS``."""
 
-from ..policykit.base import DEFAULT_BUDGET, Capabilities, ContractError, Display, EngineBinding, Param, ParamError, Policy, describe_policy
+from ..policykit.base import (
+    DEFAULT_BUDGET,
+    RECENT_WINDOW,
+    WINDOW,
+    Capabilities,
+    ContractError,
+    Display,
+    EngineBinding,
+    Param,
+    ParamError,
+    Policy,
+    describe_policy,
+)
 from ..policykit.registry import (
     POLICIES,
     PROBLEMS,
@@ -20,7 +32,7 @@ from ..policykit.spec import ParamValues, PolicySpec, make_policy
 
 __all__ = [
     "Capabilities", "DEFAULT_BUDGET", "POLICIES", "ContractError", "Display", "EngineBinding", "Param", "ParamError",
-    "ParamValues", "Policy",
+    "ParamValues", "Policy", "RECENT_WINDOW", "WINDOW",
     "PolicySpec", "PROBLEMS", "all_tunables", "load_policies", "describe_policy", "make_policy", "policy_class",
     "policy_params", "register", "register_scorer", "tunables",
 ]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..data.gqa import combine
-from ..policykit.base import Display
+from ..policykit.base import WINDOW, Display
 from ..policykit.registry import register
 from .vatp import ValueWeighted, value_weighted_tensor_step
 
@@ -53,7 +53,7 @@ def out_norm(out_norms):
 class CriticalKV(ValueWeighted):
     name = "critical"
     order = 90
-    table_rows = ({"recent_window": 32},)
+    table_rows = ({WINDOW: 32},)
     summary = "keep the newest recent_window positions and, of the rest, the largest cumulative attention x |W_O v|"
     display = Display("#000080", "4px,2px,10px,2px", 2.5, "pentagon", score_name="cumulative attention x |W_O v|_2")
     reads = ("out_norms",)

@@ -117,11 +117,6 @@ class Rope:
         theta = meta.get("rope_theta")
         return cls(inv, layout, None if theta is None else float(theta))
 
-    def to_meta(self) -> dict:
-        """The meta fields ``from_meta`` reads (what a test's trace, or a caller's, states its RoPE by)."""
-        return {"rope_inv_freq": self.inv_freq.tolist(), "rope_layout": self.layout, "rope_theta": self.theta,
-                "rope_attention_scaling": 1.0}
-
     @property
     def half(self) -> int:
         return self.inv_freq.size

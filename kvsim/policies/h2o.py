@@ -22,16 +22,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..jit import kernel
-from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
+from ..policykit.base import DEFAULT_BUDGET, RECENT_WINDOW, WINDOW, Display, EngineBinding, SlotPolicy, per_config
 from ..policykit.registry import register
 from ..policykit.slot_hooks import Shape, SlotHooks, _drop, _first_min, _slots
 from ..policykit.tensor_hooks import TensorHooks, TensorState, param, slots
-
-#: shared with the policies that protect the newest positions the same way (scissorhands)
-RECENT_WINDOW = Param(
-    "recent_window", 32, "the newest recent_window positions are never evicted", below_budget=True
-)
-
 
 # --------------------------------------------------------------------------------------------
 # the fast path: a cumulative score per slot (``state[1]``), evicting the first minimum outside the
@@ -82,7 +76,7 @@ STEPS = SlotHooks("h2o_steps", _h2o_state, observe=_h2o_observe, admit=_h2o_admi
 
 
 def _h2o_tensor_state(policies, batch, heads, width, device):
-    return TensorState({"recent_window": param(policies, "recent_window", device)},
+    return TensorState({WINDOW: param(policies, WINDOW, device)},
                        {"score": slots(batch, heads, width, device)})
 
 
@@ -95,7 +89,7 @@ def _h2o_tensor_admit(state, new, before):
 
 
 def _h2o_tensor_rank(state, cols):
-    return state.slots["score"], cols.newer >= state.params["recent_window"][..., None]
+    return state.slots["score"], cols.newer >= state.params[WINDOW][..., None]
 
 
 #: h2o's tensor step, which its ``tensor_step`` names
@@ -106,7 +100,7 @@ TENSOR = TensorHooks("h2o", _h2o_tensor_state, _h2o_tensor_rank, observe=_h2o_te
 class H2O(SlotPolicy):
     name = "h2o"
     order = 30
-    table_rows = ({"recent_window": 32}, {"recent_window": 64})
+    table_rows = ({WINDOW: 32}, {WINDOW: 64})
     summary = "keep the newest recent_window positions and, of the rest, the largest cumulative attention"
     display = Display("#1f77b4", "solid", 2, "circle")
     engine_binding = EngineBinding(STEPS)

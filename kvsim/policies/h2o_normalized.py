@@ -26,11 +26,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..jit import kernel
-from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy, per_config
+from ..policykit.base import DEFAULT_BUDGET, RECENT_WINDOW, WINDOW, Display, EngineBinding, SlotPolicy, per_config
 from ..policykit.registry import register
 from ..policykit.slot_hooks import Shape, SlotHooks, _drop, _slots
 from ..policykit.tensor_hooks import TensorHooks, TensorState, param, slots
-from .h2o import RECENT_WINDOW
 
 # --------------------------------------------------------------------------------------------
 # the fast path: h2o's sum (``state[1]``) with a count of the steps shown (``state[2]``), evicting by
@@ -94,7 +93,7 @@ STEPS = SlotHooks("h2o_normalized_steps", _normalized_state, observe=_normalized
 
 
 def _normalized_tensor_state(policies, batch, heads, width, device):
-    return TensorState({"recent_window": param(policies, "recent_window", device)},
+    return TensorState({WINDOW: param(policies, WINDOW, device)},
                        {"sum": slots(batch, heads, width, device), "count": slots(batch, heads, width, device)})
 
 
@@ -111,7 +110,7 @@ def _normalized_tensor_admit(state, new, before):
 def _normalized_tensor_rank(state, cols):
     count = state.slots["count"]
     score = (state.slots["sum"] / count.clamp(min=1.0)).where(count > 0, 0.0)
-    return score, cols.newer >= state.params["recent_window"][..., None]
+    return score, cols.newer >= state.params[WINDOW][..., None]
 
 
 #: h2o_normalized's tensor step, which its ``tensor_step`` names
@@ -123,7 +122,7 @@ TENSOR = TensorHooks("h2o_normalized", _normalized_tensor_state, _normalized_ten
 class H2ONormalized(SlotPolicy):
     name = "h2o_normalized"
     order = 60
-    table_rows = ({"recent_window": 32},)
+    table_rows = ({WINDOW: 32},)
     summary = "h2o with each cumulative score divided by the steps the position has been held, so age alone does not win"
     display = Display("#8c564b", "solid", 2, "triangle-up")
     engine_binding = EngineBinding(STEPS)

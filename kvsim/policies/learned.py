@@ -39,12 +39,14 @@ import json
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from ..data.gqa import position_sum
-from ..policykit.base import DEFAULT_BUDGET, Display, Param, SlotPolicy
+from ..policykit import base
+from ..policykit.base import DEFAULT_BUDGET, Display, SlotPolicy
 from ..policykit.registry import register
 from ..policykit.tensor_hooks import TensorHooks, TensorState, admitted, in_order, param, slots
 from ..policykit.tensor_hooks import key_norms as tensor_key_norms
@@ -68,7 +70,8 @@ ATTENTION_FEATURES = FEATURES[:-1]
 #: the trace members a feature needs beyond attention
 NEEDS = {"log_key_norm": ("keys",)}
 
-RECENT_WINDOW = Param("recent_window", 16, "the newest recent_window positions are never evicted", below_budget=True)
+#: the shared window (``kvsim.policykit.base.RECENT_WINDOW``) at learned's own default: the one its weights were fitted at
+RECENT_WINDOW = replace(base.RECENT_WINDOW, default=16)
 
 
 class WeightsError(ValueError):
@@ -163,7 +166,7 @@ def _learned_tensor_state(policies, batch, heads, width, device):
     def per_head(name):
         return torch.as_tensor(np.array([[getattr(p, name) for p in row] for row in policies]), dtype=torch.float64, device=device)
 
-    return TensorState({"recent_window": param(policies, "recent_window", device), "mean": per_head("_mean"),
+    return TensorState({RECENT_WINDOW.name: param(policies, RECENT_WINDOW.name, device), "mean": per_head("_mean"),
                         "scale": per_head("_scale"), "w": per_head("_w"),
                         "clock": torch.zeros(batch, heads, dtype=torch.int64, device=device)},
                        {**{name: slots(batch, heads, width, device) for name in _SLOTS},
@@ -230,7 +233,7 @@ def _learned_tensor_rank(state, cols):
     x = torch.stack(columns, -1)  # (batch, heads, width, features)
     p = state.params
     score = in_order((x - p["mean"][:, :, None]) / p["scale"][:, :, None] * p["w"][:, :, None])
-    return score, cols.newer >= p["recent_window"][..., None]
+    return score, cols.newer >= p[RECENT_WINDOW.name][..., None]
 
 
 #: learned's tensor step, which its ``tensor_step`` names
@@ -250,7 +253,7 @@ class Learned(SlotPolicy):
     fitted = True
     tensor_step = TENSOR
     tunables = (RECENT_WINDOW,)
-    table_rows = ({"recent_window": RECENT_WINDOW.default},)
+    table_rows = ({RECENT_WINDOW.name: RECENT_WINDOW.default},)
 
     def __init__(self, budget: int = DEFAULT_BUDGET, rng: np.random.Generator | None = None,
                  recent_window: int = RECENT_WINDOW.default, weights=None) -> None:

@@ -40,11 +40,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..jit import kernel
-from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
+from ..policykit.base import DEFAULT_BUDGET, RECENT_WINDOW, WINDOW, Display, EngineBinding, Param, SlotPolicy, per_config
 from ..policykit.registry import register
 from ..policykit.slot_hooks import Shape, SlotHooks
 from ..policykit.tensor_hooks import TensorHooks, TensorState, param, slots
-from .h2o import RECENT_WINDOW
 
 HISTORY_WINDOW = Param("history_window", 0, "votes of the last history_window observed steps count (0: the whole run)")
 
@@ -120,7 +119,7 @@ STEPS = SlotHooks("scissorhands_steps", _scissorhands_state, observe=_scissorhan
 
 
 def _scissorhands_tensor_state(policies, batch, heads, width, device):
-    return TensorState({"recent_window": param(policies, "recent_window", device)},
+    return TensorState({WINDOW: param(policies, WINDOW, device)},
                        {"votes": slots(batch, heads, width, device)})
 
 
@@ -134,7 +133,7 @@ def _scissorhands_tensor_admit(state, new, before):
 
 
 def _scissorhands_tensor_rank(state, cols):
-    return state.slots["votes"], cols.newer >= state.params["recent_window"][..., None]
+    return state.slots["votes"], cols.newer >= state.params[WINDOW][..., None]
 
 
 #: scissorhands' tensor step, which its ``tensor_step`` names (a finite history window steps on the reference path)
@@ -147,7 +146,7 @@ TENSOR = TensorHooks("scissorhands", _scissorhands_tensor_state, _scissorhands_t
 class Scissorhands(SlotPolicy):
     name = "scissorhands"
     order = 40
-    table_rows = ({"recent_window": 32}, {"recent_window": 64})
+    table_rows = ({WINDOW: 32}, {WINDOW: 64})
     summary = "keep the newest recent_window positions and, of the rest, the ones that most often drew more than a fair share"
     display = Display("#9467bd", "solid", 2, "diamond", score_name="votes (steps above a fair share)")
     engine_binding = EngineBinding(STEPS)

@@ -31,11 +31,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..jit import kernel
-from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
+from ..policykit.base import DEFAULT_BUDGET, RECENT_WINDOW, WINDOW, Display, EngineBinding, Param, SlotPolicy, per_config
 from ..policykit.registry import register
 from ..policykit.slot_hooks import Shape, SlotHooks, _drop, _first_min, _slots
 from ..policykit.tensor_hooks import TensorHooks, TensorState, param, slots
-from .h2o import RECENT_WINDOW
 
 OBSERVATION_WINDOW = Param("observation_window", 32, "the score is the attention of the last observation_window queries")
 
@@ -183,7 +182,7 @@ def _snapkv_tensor_state(policies, batch, heads, width, device):
 
     windows = param(policies, "observation_window", device)
     wide = max(p.observation_window for row in policies for p in row) + 1
-    return TensorState({"recent_window": param(policies, "recent_window", device), "window": windows,
+    return TensorState({WINDOW: param(policies, WINDOW, device), "window": windows,
                         "clock": torch.zeros(batch, heads, dtype=torch.int64, device=device)},
                        {"sum": slots(batch, heads, width, device),
                         "ring": torch.zeros(batch, heads, width, wide, dtype=torch.float64, device=device)})
@@ -215,7 +214,7 @@ def _snapkv_tensor_rank(state, cols):
     at = torch.where(j < w[..., None], (clock[..., None] + j) % w[..., None].clamp(min=1), ring.shape[-1] - 1)
     window = ring.gather(-1, at[:, :, None, :].expand_as(ring)).cumsum(-1)[..., -1]  # oldest to newest
     return (torch.where(w[..., None] > 0, window, state.slots["sum"]),
-            cols.newer >= state.params["recent_window"][..., None])
+            cols.newer >= state.params[WINDOW][..., None])
 
 
 #: snapkv's tensor step, which its ``tensor_step`` names
@@ -227,7 +226,7 @@ TENSOR = TensorHooks("snapkv", _snapkv_tensor_state, _snapkv_tensor_rank, observ
 class SnapKV(SlotPolicy):
     name = "snapkv"
     order = 70
-    table_rows = ({"recent_window": 32, "observation_window": 32},)
+    table_rows = ({WINDOW: 32, "observation_window": 32},)
     summary = "keep the newest recent_window positions and, of the rest, the most attended by the last observation_window queries"
     display = Display("#e377c2", "solid", 2, "x")
     engine_binding = EngineBinding(STEPS)

@@ -36,11 +36,10 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..jit import kernel
-from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
+from ..policykit.base import DEFAULT_BUDGET, RECENT_WINDOW, WINDOW, Display, EngineBinding, Param, SlotPolicy, per_config
 from ..policykit.registry import register
 from ..policykit.slot_hooks import Shape, SlotHooks, _drop, _slots
 from ..policykit.tensor_hooks import TensorHooks, TensorState, admitted, in_order, param, slots
-from .h2o import RECENT_WINDOW
 from .streaming_llm import SINKS
 
 
@@ -128,7 +127,7 @@ STEPS = SlotHooks("value_weighted_steps", _value_weighted_state, observe=_value_
 
 
 def _value_weighted_tensor_state(policies, batch, heads, width, device):
-    return TensorState({"recent_window": param(policies, "recent_window", device), "sinks": param(policies, "_sinks", device)},
+    return TensorState({WINDOW: param(policies, WINDOW, device), "sinks": param(policies, "_sinks", device)},
                        {"score": slots(batch, heads, width, device), "mult": slots(batch, heads, width, device)})
 
 
@@ -147,7 +146,7 @@ def _value_weighted_tensor_rank(state, cols):
     product = state.slots["score"] * state.slots["mult"]
     pinned = cols.pos < state.params["sinks"][..., None]
     return (torch.where(pinned, torch.finfo(torch.float64).max, product),
-            cols.newer >= state.params["recent_window"][..., None])
+            cols.newer >= state.params[WINDOW][..., None])
 
 
 def value_weighted_tensor_step(name: str, multiplier) -> TensorHooks:
@@ -256,7 +255,7 @@ class ValueWeighted(SlotPolicy):
 class VATP(ValueWeighted):
     name = "vatp"
     order = 80
-    table_rows = ({"recent_window": 32},)
+    table_rows = ({WINDOW: 32},)
     summary = ("keep the newest recent_window and the first sinks positions and, of the rest, the largest "
                "cumulative attention x |value|_1")
     display = Display("#556b2f", "9px,3px,2px,3px", 2.5, "square", score_name="cumulative attention x |v|_1")

@@ -90,6 +90,14 @@ class Param:
         return budget - 1 if self.below_budget else None
 
 
+#: the window of every policy that protects its newest positions (h2o, scissorhands, snapkv, vatp, critical, ...),
+#: declared once: a spec reads it as ``spec.params.recent_window``, everything else names it by ``WINDOW``
+RECENT_WINDOW = Param("recent_window", 32, "the newest recent_window positions are never evicted", below_budget=True)
+#: its name: the key of a window's value in a row, a plan or a policy's parameters, and the label of a window axis;
+#: the one place kvsim spells it (JSON files and the ``--recent-window`` flag spell it at the edge)
+WINDOW = RECENT_WINDOW.name
+
+
 @dataclass(frozen=True)
 class Display:
     """How the views draw a policy: its line on the charts (the recent_window curve, the model view)
@@ -265,6 +273,12 @@ class Policy:
 
     def evict(self, budget: int) -> list[int]:  # pragma: no cover
         raise NotImplementedError
+
+    def held_bounds(self, t: int, budget: int) -> tuple[int, int]:
+        """How many positions it may hold after evicting at step ``t`` (0-based), low and high: ``min(t + 1,
+        budget)`` exactly, which the harness holds it to; a policy under a serving layout (``kvsim.policykit.layouts``)
+        answers its layout's range instead."""
+        return (min(t + 1, budget),) * 2
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v}" for k, v in {"budget": self.budget, **self.params}.items())

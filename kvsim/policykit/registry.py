@@ -213,6 +213,23 @@ def needs_model(name: str) -> bool:
     return policy_class(name).needs_model
 
 
+def keeps_scores(name: str) -> bool:
+    """Whether ``name`` keeps a score per held position (the app's cumulative-score view draws it)."""
+    return policy_class(name).keeps_scores
+
+
+def score_keepers() -> list[str]:
+    """The policies that keep a score per held position (``keeps_scores``), in registration order."""
+    return [n for n, cls in POLICIES.items() if cls.keeps_scores]
+
+
+def display_of(name: str) -> Display | None:
+    """How the views draw ``name`` (its declared ``display``); None for one that declares none, or for a name no
+    policy is registered under (a bound's line, a plugin that was skipped)."""
+    cls = POLICIES.get(name)
+    return None if cls is None else cls.display
+
+
 def model_scorers() -> list[str]:
     """The prompt scorers that need the model (``SCORERS``), in registration order."""
     return list(SCORERS)

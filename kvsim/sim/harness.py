@@ -109,12 +109,6 @@ def top_k_hits(store, t: int, top_k: int, kept: np.ndarray) -> int:
     return int(store.topk_row(t, top_k)[kept].sum(dtype=np.int64))
 
 
-def observed_attention(row: np.ndarray, kept: np.ndarray, total: float | None = None) -> np.ndarray:
-    """What a serving stack holding only ``kept`` would expose: the row renormalised over kept,
-    as float32 (a softmax over a subset is the full softmax renormalised). Zeros if it sums to 0."""
-    return observe(row[kept], total)
-
-
 def observe(attention: np.ndarray, total: float | None = None) -> np.ndarray:
     """``attention`` (the weights on the held positions, aligned with them) renormalised over them by
     the combining rule's ``renormalise`` (its sum in position order, ``total`` when the caller has it),
@@ -266,8 +260,7 @@ def _check_victims(policy: Policy, t: int, before: np.ndarray, victims: list[int
         raise ContractError(f"{policy!r} step {t}: victims {victims} not in ascending order")
     if n and not _holds(before, victims).all():
         raise ContractError(f"{policy!r} step {t}: victims {victims} include positions it did not hold")
-    bounds = getattr(policy, "held_bounds", None)  # a policy under a serving layout (kvsim.policykit.layouts)
-    low, high = bounds(t, budget) if bounds is not None else (min(t + 1, budget),) * 2
+    low, high = policy.held_bounds(t, budget)  # min(t + 1, budget); a layout's range under a serving layout
     if not low <= after.size <= high:
         expected = low if low == high else f"{low} to {high}"
         raise ContractError(f"{policy!r} step {t}: holds {after.size} positions after eviction, expected {expected}")

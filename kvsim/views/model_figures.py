@@ -15,6 +15,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from ..analysis.tune import TuneResult
+from ..policykit.base import WINDOW
 from .figures.curve import style_of
 
 
@@ -66,7 +67,7 @@ def tune_heatmap(result: TuneResult, *, height: int | None = None) -> go.Figure:
                   annotation_position="top")
     fig.update_yaxes(title_text="layer" if labels[0].count("H") == 0 else "layer, KV head", tickmode="array",
                      tickvals=rows, ticktext=labels, autorange="reversed")
-    fig.update_xaxes(title_text="recent_window")
+    fig.update_xaxes(title_text=WINDOW)
     fig.update_layout(
         title=f"{result.policy} on {result.source}, budget {result.budget}: retained mass per layer and recent_window",
         template="plotly_white", height=height or max(320, 60 + 24 * len(labels)),
@@ -100,7 +101,7 @@ def tune_curve(result: TuneResult, layer: int, head: int = 0) -> go.Figure:
         fig.add_hline(y=mass, line=line)
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", line=line, name=f"{policy} {mass:.3f}",
                                  hoverinfo="skip"))
-    fig.update_xaxes(title_text="recent_window")
+    fig.update_xaxes(title_text=WINDOW)
     fig.update_yaxes(title_text="mean over steps")
     fig.update_layout(title=f"{t.name} ({t.attention}): {result.policy} at budget {result.budget}",
                       template="plotly_white", height=460, margin={"l": 60, "r": 20, "t": 60, "b": 110},

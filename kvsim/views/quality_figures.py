@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..analysis.windows import spearman
+from ..policykit.base import WINDOW
 from .figures.curve import style_of
 
 #: one colour per policy, in registry order; modes differ by dash (lines) and symbol (markers)
@@ -28,7 +29,7 @@ def _label(params: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in params.items())
 
 
-def curve_figure(results: list[dict], param: str = "recent_window", policy: str = "h2o") -> go.Figure:
+def curve_figure(results: list[dict], param: str = WINDOW, policy: str = "h2o") -> go.Figure:
     """delta NLL, KL and retained mass of ``policy`` over ``param``: one line per (budget, mode)."""
     rows = [r for r in results if r["policy"] == policy and param in r["params"]]
     if not rows:

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 
 from ..analysis.features import HeavyFate, TraceFeatures, curve_peak
 from ..analysis.windows import choose_window, covers
+from ..policykit.base import WINDOW
 from .figures.curve import COINCIDE, Line
 from .figures.kept import heavy_marks
 from .figures.trace import heavy_marks_drawn
@@ -74,7 +75,7 @@ def curve_verdict(rows: Sequence[Mapping], band: int, band_known: bool = True, b
 
 def _verdict(rows: Sequence[Mapping], band: int, band_known: bool, peaks: str, highest: str) -> str:
     peak, top = curve_peak(rows)
-    at = {int(r["recent_window"]): float(r["retained_mass"]) for r in rows}
+    at = {int(r[WINDOW]): float(r["retained_mass"]) for r in rows}
     if not band_known:
         return (f"This trace has no sharp recency band, so there is no width to match: retained mass {peaks} "
                 f"recent_window {peak} ({top:.3f}). Read the curve rather than a rule.")
@@ -101,7 +102,7 @@ def lines_story(policy: str, curves: Mapping[str, Sequence[Mapping]], lines: Seq
             continue
         p, v = curve_peak(rows)
         where = f"also peaks at {p}" if p == peak else f"peaks at {p}"
-        sampled = " of the windows sampled" if budget and not covers((r["recent_window"] for r in rows), budget) else ""
+        sampled = " of the windows sampled" if budget and not covers((r[WINDOW] for r in rows), budget) else ""
         out.append(f"**{name}** {where}{sampled}, at {v:.3f}: {gap(v, top, peak_of)}.")
     bound = next((line for line in lines if line.kind == "bound"), None)
     for line in lines:

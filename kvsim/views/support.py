@@ -19,6 +19,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 from ..analysis.tune import TuneResult
 from ..data import catalog, jsontext
+from ..policykit.base import WINDOW
 from .quality_figures import spearman
 
 # --- claims --------------------------------------------------------------------------------------
@@ -189,7 +190,7 @@ def rank_correlations(results: list[dict]) -> dict[str, tuple[float, int]]:
     return out
 
 
-def swept_policies(results: list[dict], param: str = "recent_window") -> list[str]:
+def swept_policies(results: list[dict], param: str = WINDOW) -> list[str]:
     """The policies with more than one value of ``param`` among the results: the ones with a curve."""
     values: dict[str, set] = {}
     for r in results:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..policykit.base import WINDOW
+
 
 @dataclass(frozen=True)
 class TourStep:
@@ -34,7 +36,7 @@ TOUR = (
         "Red triangles mark the heavy hitters: older positions that draw a large share for a stretch. Beside each "
         "column a red line runs while the policy holds it; an × marks where it is evicted while still wanted. "
         "streaming_llm loses every one as it slides past; h2o's cumulative scores keep all but two.",
-        {"trace": "canonical", "policies": ["streaming_llm", "h2o"], "budget": 256, "recent_window": 32,
+        {"trace": "canonical", "policies": ["streaming_llm", "h2o"], "budget": 256, WINDOW: 32,
          "kept_mode": "each", "step": 2048},
     ),
     TourStep(
@@ -42,7 +44,7 @@ TOUR = (
         "Each point is a replay of h2o at one recent_window. At the default, 32 (orange ring round the red star), "
         "it keeps less than streaming_llm (green dashes); the gain stops at the band (the square). Click a point "
         "to set recent_window everywhere.",
-        {"trace": "canonical", "policies": ["streaming_llm", "h2o"], "budget": 256, "recent_window": 32,
+        {"trace": "canonical", "policies": ["streaming_llm", "h2o"], "budget": 256, WINDOW: 32,
          "curve_policy": "h2o", "step": 2048},
     ),
 )

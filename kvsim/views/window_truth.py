@@ -19,6 +19,7 @@ import plotly.graph_objects as go
 
 from ..analysis.windows import best_of
 from ..data import catalog
+from ..policykit.base import WINDOW
 
 #: a proxy's recommendation "agrees" with the truth when it costs at most this much more KL
 AGREE = 0.05
@@ -71,9 +72,9 @@ def truth_for(meta: dict, policy: str, budget: int) -> Truth | None:
         if (str(m.get("model")), str(m.get("text_sha256"))) != who:
             continue
         rows = sorted((r for r in doc["results"] if r.get("policy") == policy and r.get("budget") == budget
-                       and KEY in r and "recent_window" in r), key=lambda r: r["recent_window"])
+                       and KEY in r and WINDOW in r), key=lambda r: r[WINDOW])
         if len(rows) >= 3:
-            found.append(Truth(tuple(int(r["recent_window"]) for r in rows), tuple(float(r[KEY]) for r in rows),
+            found.append(Truth(tuple(int(r[WINDOW]) for r in rows), tuple(float(r[KEY]) for r in rows),
                                tuple(float(r.get("delta_nll_open", np.nan)) for r in rows),
                                "shipped" if path.parent == catalog.TRACES_DIR else "measured here", m, policy, budget))
     return max(found, key=lambda t: len(t.windows)) if found else None
@@ -169,7 +170,7 @@ def truth_figure(truth: Truth, pick: ProxyPick, height: int = 300, others: Seque
                         marker=dict(symbol="diamond-open", size=14, color=colour, line=dict(width=3)))
     fig.update_layout(height=height, margin=dict(l=60, r=20, t=40, b=40), title=dict(
         text=f"What the model loses: KL against recent_window ({truth.source})", font=dict(size=14)),
-        xaxis_title="recent_window", yaxis_title="KL (nats per token)", legend=dict(orientation="h", y=-0.25))
+        xaxis_title=WINDOW, yaxis_title="KL (nats per token)", legend=dict(orientation="h", y=-0.25))
     return fig
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ...policies import POLICIES
 from ...policykit import registry
+from ...policykit.base import WINDOW
 from . import h2o as h
 from . import sliding_window as sw
 from .measure import BUDGET, Claim, check_cost_not_measured, check_deterministic
@@ -90,7 +91,7 @@ CLAIMS: list[Claim] = [
           _view(KEPT, policies=["h2o"], recent_window=32), h.check_h2o_one_victim),
     Claim("h2o-deterministic", "h2o", "The Rng is accepted at construction and never used: this policy is entirely "
           "deterministic.", "policy", "the same steps under two different rngs give the same victims",
-          {"view": LAB}, check_deterministic("h2o", {"recent_window": 2})),
+          {"view": LAB}, check_deterministic("h2o", {WINDOW: 2})),
     Claim("h2o-null-attention", "h2o",
           "A null attn is read as “no information this step” and leaves every score unchanged, rather than as a "
           "vector of zeroes.", "policy", "scores before and after a step with attn=None",

@@ -6,6 +6,7 @@ import numpy as np
 
 from ...policies import POLICIES, make_policy
 from ...policykit import registry
+from ...policykit.base import WINDOW
 from ...sim.simulate import replay
 from .measure import BAND_TOLERANCE, BUDGET, FIGURE_TOLERANCE, Measurer, canonical_only, rounded, spike_trace, step, steps_from, verdict
 
@@ -183,7 +184,7 @@ def check_h2o_refuses_window(m: Measurer):
     try:
         make_policy("h2o", budget=8, recent_window=8)
     except ValueError as e:
-        return verdict("recent_window" in str(e)), {"error": str(e)}, ""
+        return verdict(WINDOW in str(e)), {"error": str(e)}, ""
     return "fails", {"error": None}, "recent_window = budget was accepted"
 
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from ...data.trace import Trace
 from ...policies import make_policy
+from ...policykit.base import WINDOW
 from ...sim.simulate import sweep
 from ..lab import SPIKE_ROWS, trace_from_rows
 from ..metrics import describe
@@ -63,17 +64,17 @@ class Measurer:
     def h2o_sweep(self) -> dict[int, dict]:
         if self._sweep is None:
             values = [w for w in WINDOWS if w < self.budget]
-            rows = sweep(self.trace, "h2o", self.budget, "recent_window", values)
-            self._sweep = {r["recent_window"]: r for r in rows}
+            rows = sweep(self.trace, "h2o", self.budget, WINDOW, values)
+            self._sweep = {r[WINDOW]: r for r in rows}
             for w, r in self._sweep.items():
-                self._runs[("h2o", self.budget, (("recent_window", w),))] = r
+                self._runs[("h2o", self.budget, ((WINDOW, w),))] = r
         return self._sweep
 
     def h2o_choice(self) -> WindowChoice | None:
         """h2o's exact best and recommended recent_window (``kvsim.analysis.windows``): every window 1 ..
         budget - 1, not the sampled ``WINDOWS``. None below budget 2."""
         if self._choice is None and self.budget >= 2:
-            rows = sweep(self.trace, "h2o", self.budget, "recent_window", list(range(1, self.budget)))
+            rows = sweep(self.trace, "h2o", self.budget, WINDOW, list(range(1, self.budget)))
             self._choice = choose_window(rows, budget=self.budget)
         return self._choice
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import urllib.parse
 from dataclasses import dataclass
 
+from ...policykit.base import WINDOW
+
 SIX_POLICIES = ("sliding_window", "streaming_llm", "h2o", "scissorhands", "tova", "greedy_future")
 REAL_TRACE = "gemma3-270m-L11"
 
@@ -110,7 +112,7 @@ ROUND: list[Step] = [
     Step("first page of a fresh server", Open(new_session=True), 5.0, min_images=3, floor=FIRST_PAGE),
     Step("a new session, default view", Open(new_session=True), 2.0, min_images=3, floor=NEW_SESSION),
     Step("a new tab of the same browser, default view", Open(new_tab=True), 2.0, min_images=3, floor=NEW_TAB),
-    Step("sidebar recent_window 32 -> 64", SetNumber("recent_window", 64), 1.0, min_images=3, floor=CONTROL),
+    Step("sidebar recent_window 32 -> 64", SetNumber(WINDOW, 64), 1.0, min_images=3, floor=CONTROL),
     Step("budget 256 -> 128", SetNumber("budget", 128), 1.0, min_images=3, floor=CONTROL),
     Step("budget back to 256 (cached)", SetNumber("budget", 256), 1.0, min_images=3, floor=CONTROL),
     Step("a link with all six policies", Open(_query(policies=",".join(SIX_POLICIES))), 1.0, min_images=6, floor=LINK),
@@ -122,7 +124,7 @@ ROUND: list[Step] = [
 #: what each of the eight concurrent sessions does (the first one also uploads a trace)
 EXPLORATION: list[Step] = [
     Step("open the default view", Open(new_session=True), 3.0, min_images=3),
-    Step("recent_window 32 -> 64", SetNumber("recent_window", 64), 3.0, min_images=3),
+    Step("recent_window 32 -> 64", SetNumber(WINDOW, 64), 3.0, min_images=3),
     Step("budget 256 -> 128", SetNumber("budget", 128), 3.0, min_images=3),
     Step("the recent_window curve", Tab("Choosing recent_window"), 3.0, min_figures=1),
     Step("budget 128 -> 256 on the curve", SetNumber("budget", 256), 3.0, min_figures=1),

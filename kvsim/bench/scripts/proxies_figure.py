@@ -18,6 +18,7 @@ from checkout import this_checkout
 from plotly.subplots import make_subplots
 
 from kvsim.bench.browser.driver import CHROMIUM, CHROMIUM_ARGS
+from kvsim.policykit.base import WINDOW
 
 this_checkout(__file__)
 
@@ -35,8 +36,8 @@ def figure(doc: dict, sweep: str = "h2o") -> go.Figure:
         f"{m.split('-')[0]} {t.split('-')[0]} B{b}" for m, t, b in cells], vertical_spacing=0.09)
     for i, cell in enumerate(cells):
         mine = sorted((r for r in rows if (r["model"], r["text"], r["budget"]) == cell),
-                      key=lambda r: r["params"]["recent_window"])
-        x = [r["params"]["recent_window"] for r in mine]
+                      key=lambda r: r["params"][WINDOW])
+        x = [r["params"][WINDOW] for r in mine]
         for key in SHOWN:
             y = np.array([r[key] for r in mine], dtype=float)
             y = -y if key == "retained_mass" else y  # every curve a loss: lower is better

@@ -13,6 +13,8 @@ import plotly.graph_objects as go
 from ...analysis.features import curve_peak
 from ...analysis.windows import WindowChoice, choose_window
 from ...policies import POLICIES, Display
+from ...policykit.base import WINDOW
+from ...policykit.registry import display_of
 from .common import CURRENT_COLOUR, subplots
 
 #: the recommended window's mark (a colour no policy and no other mark has)
@@ -36,7 +38,7 @@ class _PolicyStyles(Mapping):
     time, so a policy registered later is drawn in its own style."""
 
     def __getitem__(self, name: str) -> Style:
-        display = getattr(POLICIES.get(name), "display", None)
+        display = display_of(name)
         if display is None:
             raise KeyError(name)
         return display
@@ -62,7 +64,7 @@ def style_of(name: str | None, kind: str = "policy") -> Style:
     """The style of ``name``'s series (``kind`` "bound": the upper bound's)."""
     if kind == "bound":
         return BOUND_STYLE
-    display = getattr(POLICIES.get(name or ""), "display", None)
+    display = display_of(name or "")
     if display is not None:
         return display
     return SPARE_STYLES[sum(map(ord, name or "")) % len(SPARE_STYLES)]
@@ -137,7 +139,7 @@ def recent_window_curve(
     if not rows:
         raise ValueError("recent_window_curve needs at least one sweep row")
     df = _sweep_columns(rows)
-    x = df["recent_window"]
+    x = df[WINDOW]
     others = {name: _sweep_columns(r) for name, r in (companions or {}).items() if r}
     offline = [line for line in lines if line.offline]
     # streaming_llm is the line the story compares against: the boldest style goes to it
@@ -168,7 +170,7 @@ def recent_window_curve(
     ]
     _annotate_story(fig, rows, references, default=default, band=band if band_known else None, policy=policy, choice=choice,
                     lines=lines, plot_height=PLOT_HEIGHT if plot_height is None else plot_height)
-    fig.layout["xaxis2"]["title"] = dict(text="recent_window")
+    fig.layout["xaxis2"]["title"] = dict(text=WINDOW)
     _legends(fig, policy, PLOT_HEIGHT if plot_height is None else plot_height)
     return fig.figure()
 
@@ -277,7 +279,7 @@ def _curves(fig, r: int, key: str, label: str, x: np.ndarray, y: np.ndarray, oth
     its recent_window as ``customdata``."""
     for j, (name, other) in enumerate(others.items()):
         style = style_of(name)
-        ox = other["recent_window"]
+        ox = other[WINDOW]
         fig.scatter(
             r, x=ox, y=other[key], mode="lines+markers" if style.symbol else "lines", name=name, legendgroup=name,
             showlegend=(r == 1), legendrank=10 + j, line=dict(color=style.colour, width=style.width, dash=style.dash),
@@ -338,8 +340,8 @@ def coinciding(references: Sequence[Line], offline: Sequence[Line], key: str) ->
 
 def _sweep_columns(rows: Sequence[Mapping]) -> dict[str, np.ndarray]:
     """The rows as columns sorted by recent_window (what the chart reads; no pandas on the way)."""
-    rows = sorted(rows, key=lambda r: r["recent_window"])
-    return {k: np.array([r[k] for r in rows]) for k in ("recent_window", "retained_mass", "top_k_recall")}
+    rows = sorted(rows, key=lambda r: r[WINDOW])
+    return {k: np.array([r[k] for r in rows]) for k in (WINDOW, "retained_mass", "top_k_recall")}
 
 
 def _hline(fig, row, line: Line, key: str, label: str, lo: float, hi: float, *, legend: str, rank: int) -> None:
@@ -464,7 +466,7 @@ def _annotate_story(fig, rows: Sequence[Mapping], references: Sequence[Line], *,
         text = f"best {peak}: {top:.3f}{where}"
         # the note reads away from the nearer edge: Plotly widens the axis to fit a note, and one at window
         # 63 of 1 .. 1023 reading leftwards stretched the axis to -600. Its rule is in the legend ("marks on")
-        windows = [r["recent_window"] for r in rows]
+        windows = [r[WINDOW] for r in rows]
         rightwards = choice.recommended - min(windows) < (max(windows) - min(windows)) / 2
         said = f"recommended {choice.recommended}: {choice.recommended_mass:.3f}"
         ay, box = note_spot(panel, choice.recommended, choice.recommended_mass, said, rightwards, levels, points, taken)
@@ -475,7 +477,7 @@ def _annotate_story(fig, rows: Sequence[Mapping], references: Sequence[Line], *,
     taken.append(box)
     fig.note(x=peak, y=top, xref="x", yref="y", text=text, ax=60, ay=ay, xanchor="left", **style)
     # the comparison with streaming_llm last: it has the most room to give way to the windows' notes
-    at_default = [r["retained_mass"] for r in rows if r["recent_window"] == default]
+    at_default = [r["retained_mass"] for r in rows if r[WINDOW] == default]
     streaming = next((line for line in references if line.policy == "streaming_llm"), None)
     if at_default and streaming is not None:
         v = float(at_default[0])

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import plotly.graph_objects as go
 
 from ...analysis.features import HeavyFate, TraceFeatures, heavy_fates
+from ...policykit.base import WINDOW
 from ...sim.harness import ReplayResult
 from ..selection import Region
 from .common import BAND_COLOUR, HEAVY_COLOUR, RECENT_COLOUR, panel_label, policy_label, subplots
@@ -59,7 +60,7 @@ def kept_heatmap(
     kept = _kept_histories(results, features, compare, layers, fates)
     T = features.steps
     region = (region or Region.whole(T)).clip(T)
-    windows = [int(r.params.get("recent_window", 0) or 0) for r in results]
+    windows = [int(r.params.get(WINDOW, 0) or 0) for r in results]
     at = _Geometry.of(region, features, age_span(features, windows, max(r.budget for r in results)))
     panels = [(results[0], results[1])] if compare else [(r,) for r in results]
     block = block_size(results)

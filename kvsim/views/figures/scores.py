@@ -11,7 +11,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ...analysis.features import TraceFeatures
-from ...policies import POLICIES, Display
+from ...policies import Display
+from ...policykit.base import WINDOW
+from ...policykit.registry import display_of
 from ...sim.harness import ReplayResult
 from .common import HEAVY_COLOUR, OTHER_COLOUR, RECENT_COLOUR, SINK_COLOUR, STALE_COLOUR, log_ticks, policy_label
 
@@ -42,7 +44,7 @@ def score_snapshot(result: ReplayResult, step: int, features: TraceFeatures) -> 
     score = result.score_history[step - 1][valid]
     after = result.kept_history[step - 1]
     evicted = ~np.isin(pos, after[after >= 0])
-    rw = int(result.params.get("recent_window", 0) or 0)
+    rw = int(result.params.get(WINDOW, 0) or 0)
     # the newest rw held positions are out of the score's reach (the policy's kept[len - rw:])
     protected = np.zeros(pos.size, dtype=bool)
     if rw > 0:
@@ -73,7 +75,7 @@ def eviction_threshold(snapshot: pd.DataFrame) -> float | None:
 
 def score_name(policy: str) -> str:
     """What the policy's score counts, for axis titles (its class's ``display``)."""
-    display = getattr(POLICIES.get(policy), "display", None)
+    display = display_of(policy)
     return display.score_name if display is not None else Display.score_name
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ...policykit.base import WINDOW
 from ...sim.harness import ReplayResult
 from .common import policy_label
 
@@ -44,20 +45,20 @@ def sweep_table(curves: Mapping[str, Sequence[Mapping]], *, top_k: int = 32) -> 
             continue
         df = _sweep_frame(rows)
         shared = [c for c in ("budget", "top_k", "steps") if c in df]
-        fixed = [c for c in df.columns if c not in ("policy", "recent_window", "retained_mass", "top_k_recall", *shared)]
-        part = df[["recent_window", "retained_mass", "top_k_recall", *fixed]].rename(
+        fixed = [c for c in df.columns if c not in ("policy", WINDOW, "retained_mass", "top_k_recall", *shared)]
+        part = df[[WINDOW, "retained_mass", "top_k_recall", *fixed]].rename(
             columns={"retained_mass": f"{name} retained_mass", "top_k_recall": f"{name} top_{top_k}_recall",
                      **{c: f"{name} {c}" for c in fixed}}
         )
         if table is None:
-            table = df[["recent_window", *shared]].merge(part, on="recent_window")
+            table = df[[WINDOW, *shared]].merge(part, on=WINDOW)
         else:
-            table = table.merge(part, on="recent_window", how="outer")
-    return table.sort_values("recent_window").reset_index(drop=True)
+            table = table.merge(part, on=WINDOW, how="outer")
+    return table.sort_values(WINDOW).reset_index(drop=True)
 
 
 def _sweep_frame(rows: Sequence[Mapping]) -> pd.DataFrame:
     import pandas as pd
 
-    return pd.DataFrame(list(rows)).sort_values("recent_window").reset_index(drop=True)
+    return pd.DataFrame(list(rows)).sort_values(WINDOW).reset_index(drop=True)
 
