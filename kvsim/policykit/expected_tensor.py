@@ -64,7 +64,9 @@ def _state(policies, batch, heads, width, device):
     import torch
 
     p0 = policies[0][0]
-    host = {"rope": None, "refresh": sorted({p.refresh for row in policies for p in row})}
+    # ``full``: every held column's logits are due (the first ranking, or new statistics since the last); else only
+    # the column admitted since, which every step after the first ranking is ranked at
+    host = {"rope": None, "refresh": sorted({p.refresh for row in policies for p in row}), "full": True}
     future = [[p.future_positions for p in row] for row in policies]
     params = {"sinks": param(policies, "sinks", device), "window": param(policies, "query_window", device),
               "refresh": param(policies, "refresh", device),
@@ -146,9 +148,11 @@ def _admit(state, new, before):
     state.slots["key"] = torch.where(new[..., None], key.double()[:, :, None, :], state.slots["key"])
     state.slots["norm"] = torch.where(new, key_norms(now["values"])[..., None], state.slots["norm"])
     state.slots["stamp"] = state.slots["stamp"].masked_fill(new, -1)
+    p["newest"] = torch.where(came, new.to(torch.uint8).argmax(-1), -1)  # t's column, -1 in a padded row
     if t >= 1 and any((t - 1) % r == 0 for r in state.host["refresh"]):
         fresh = came & ((t - 1) % p["refresh"] == 0)
         _statistics(state, t, fresh, c, s, h)
+        state.host["full"] = True
 
 
 def _statistics(state, t: int, fresh, c, s, h) -> None:
@@ -174,6 +178,24 @@ def _statistics(state, t: int, fresh, c, s, h) -> None:
     p["period"] = torch.where(fresh, t, p["period"])
 
 
+def _logits(state, at, due):
+    """Columns ``at`` ``(batch, heads, n)`` given their logits against the period's statistics where ``due``,
+    and stamped with it: ``k.adv / sqrt(d) + mean_j (k.cols_j)^2 / (2 d)`` per query head."""
+    import torch
+
+    p, sl = state.params, state.slots
+    keys = sl["key"].gather(2, at[..., None].expand(-1, -1, -1, sl["key"].shape[-1]))
+    d = keys.shape[-1]
+    stale = due & (sl["stamp"].gather(-1, at) != p["period"][..., None])
+    lin = torch.matmul(keys[:, :, None], p["adv"][..., None]).squeeze(-1) / np.sqrt(np.float64(d))  # (b, k, G, n)
+    z = torch.matmul(keys[:, :, None], p["cols"].transpose(-1, -2))  # (b, k, G, n, W)
+    quad = (z * z).sum(-1) / p["count"].clamp(min=1)[..., None, None] / (2.0 * d)
+    fresh = (lin + quad).transpose(2, 3)  # (b, k, n, G)
+    old = sl["logit"].gather(2, at[..., None].expand(-1, -1, -1, fresh.shape[-1]))
+    sl["logit"] = sl["logit"].scatter(2, at[..., None].expand_as(old), torch.where(stale[..., None], fresh, old))
+    sl["stamp"] = sl["stamp"].scatter(-1, at, torch.where(stale, p["period"][..., None], sl["stamp"].gather(-1, at)))
+
+
 def _rank(state, cols):
     import torch
 
@@ -182,17 +204,13 @@ def _rank(state, cols):
     n = min(held.shape[-1], max(max(row) for row in state.host["budgets"]) + 1)  # what a head can hold
     at = torch.where(held, cols.pos, _LAST).argsort(-1)[..., :n]  # the held columns, in position order
     inside = held.gather(-1, at)  # (b, k, n)
-    keys = sl["key"].gather(2, at[..., None].expand(-1, -1, -1, sl["key"].shape[-1]))
-    d = keys.shape[-1]
-    stale = inside & (sl["stamp"].gather(-1, at) != p["period"][..., None])
-    lin = torch.matmul(keys[:, :, None], p["adv"][..., None]).squeeze(-1) / np.sqrt(np.float64(d))  # (b, k, G, n)
-    z = torch.matmul(keys[:, :, None], p["cols"].transpose(-1, -2))  # (b, k, G, n, W)
-    quad = (z * z).sum(-1) / p["count"].clamp(min=1)[..., None, None] / (2.0 * d)
-    fresh = (lin + quad).transpose(2, 3)  # (b, k, n, G)
-    old = sl["logit"].gather(2, at[..., None].expand(-1, -1, -1, fresh.shape[-1]))
-    logit = torch.where(stale[..., None], fresh, old)
-    sl["logit"] = sl["logit"].scatter(2, at[..., None].expand_as(logit), logit)
-    sl["stamp"] = sl["stamp"].scatter(-1, at, torch.where(stale, p["period"][..., None], sl["stamp"].gather(-1, at)))
+    if state.host["full"]:
+        _logits(state, at, inside)
+        state.host["full"] = False
+    else:  # only t's column is not stamped with the period
+        newest = p["newest"].clamp(min=0)[..., None]
+        _logits(state, newest, (p["newest"] >= 0)[..., None])
+    logit = sl["logit"].gather(2, at[..., None].expand(-1, -1, -1, sl["logit"].shape[-1]))
     scored = inside & (cols.older.gather(-1, at) >= p["sinks"][..., None])  # the sinks are never evicted
     masked = logit.masked_fill(~scored[..., None], -np.inf)
     top = masked.amax(2, keepdim=True).clamp(min=torch.finfo(torch.float64).min)

@@ -67,7 +67,7 @@ def metered(model, meter: Meter):
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) or name.endswith("act_fn"):
             module.forward = meter.wrap(module.forward)
-            undo.append(lambda m=module: m.__dict__.pop("forward"))
+            undo.append(lambda m=module: m.__dict__.pop("forward", None))
     for attr in ("_logits", "_softmax", "_outputs"):
         fn = getattr(tensor, attr)
         setattr(tensor, attr, meter.wrap(fn))
@@ -163,6 +163,7 @@ def whole(model, prompt, budget: int, eos, row: dict, clock, said) -> dict:
         run = greedy(model, torch.tensor([prompt.ids], dtype=torch.long), cache, needle_runs.NEW_TOKENS, eos)
     finally:
         torch.set_num_threads(threads)
+    watch.collect()  # the tensor path's departures, kept on the device, read back once the run has ended
     seen = cache.layers[0].seen
     same = run["tokens"] == row["tokens"] and np.array_equal(watch.left[0][:, :, :seen], row["left"][:, :, :seen])
     said_row = said("h2o, the prompt in one pass", t0, "  same as h2o alone" if same else "  DIFFERS from h2o alone")
