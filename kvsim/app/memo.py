@@ -130,7 +130,7 @@ def describe(trace: kvsim.Trace, features: figures.TraceFeatures) -> dict:
 
 @st.cache_resource(max_entries=8, show_spinner="computing the upper bound", hash_funcs=BY_TRACE)
 def cached_upper_bound(trace: kvsim.Trace, budget: int) -> dict:
-    return kept_upper_bound(trace, budget, TOP_K, compute=True)
+    return upper_bound_summary(trace, budget, TOP_K)
 
 
 #: the upper bound's file beside the trace (``<stem>-upper-bound-<digest>.json``)
@@ -141,7 +141,8 @@ def kept_upper_bound(trace: kvsim.Trace, budget: int, top_k: int, compute: bool 
     """The upper bound's summary, kept beside the trace's cache entry (``kvsim.data.store.derived``),
     keyed by the module that computes it: read where an earlier server computed it, else None, or
     with ``compute`` computed (and kept). A curve drawn coarse first computed it in the background
-    after every server start, and the page ran again when it ended."""
+    after every server start, and the page ran again when it ended. (Where the curve is quick, its
+    line is computed in the run, ``cached_upper_bound``: 0.1 s on a shipped trace.)"""
     import kvsim.policykit.upper_bound as module
 
     params, version = {"budget": budget, "top_k": top_k}, store.source_version(module.__file__)
