@@ -296,3 +296,24 @@ def test_the_solver_pool_solves_once_reports_progress_and_says_a_failure_once():
     while not (status := pool.poll("c", lambda p: "ok")).done and time.monotonic() < deadline:
         time.sleep(0.01)
     assert status.value == "ok"  # started again, not the old failure
+
+
+def test_the_curve_reads_kept_sweeps_by_the_key_summaries_keeps_them_under(tmp_path, monkeypatch):
+    """``memo.kept_sweep`` and ``memo.kept_refined`` look a sweep up by the key ``summaries.sweep`` writes it
+    under (a copy of that key): what a sweep kept is found, rows equal, and nothing else is, nothing replayed."""
+    import kvsim
+    from kvsim.analysis.windows import WINDOW, sweep_coarse_to_fine
+    from kvsim.app import memo
+    from kvsim.policies import PolicySpec
+    from kvsim.sim import summaries
+
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path))
+    trace = kvsim.resolve_trace("canonical")
+    spec = PolicySpec.of("h2o", 48, recent_window=1)
+    assert memo.kept_sweep(trace, spec, [1, 5, 9]) is None and memo.kept_refined(trace, spec, (32,), 8) is None
+    swept = summaries.sweep(trace, spec, None, WINDOW, [1, 5, 9], top_k=memo.TOP_K)
+    assert memo.kept_sweep(trace, spec, [1, 5, 9]) == swept
+    assert memo.kept_sweep(trace, spec, [1, 5]) is None  # another sweep's values: not this file
+    refined = sweep_coarse_to_fine(trace, spec, None, WINDOW, 1, 47, marks=(32,), points=8, top_k=memo.TOP_K,
+                                   run=summaries.sweep)
+    assert memo.kept_refined(trace, spec, (32,), 8) == refined

@@ -15,7 +15,9 @@ from pathlib import Path
 import streamlit as st
 
 import kvsim
+from kvsim.analysis import windows
 from kvsim.analysis.metrics import describe_cached
+from kvsim.analysis.windows import WINDOW
 from kvsim.data import qk, store
 from kvsim.data.catalog import resolve_bundle, resolve_trace
 from kvsim.policies import PolicySpec
@@ -152,20 +154,20 @@ def kept_upper_bound(trace: kvsim.Trace, budget: int, top_k: int, compute: bool 
 
 
 class _NotKept(Exception):
-    """A sweep asked of ``kept_run`` that no earlier process kept."""
+    """A sweep asked of ``_kept_run`` that no earlier process kept."""
 
 
 def kept_sweep(trace: kvsim.Trace, spec: PolicySpec, values: list[int]) -> list[dict] | None:
-    """``summaries.sweep(trace, spec, None, "recent_window", values, top_k=TOP_K)``'s rows where an
+    """``summaries.sweep(trace, spec, None, WINDOW, values, top_k=TOP_K)``'s rows where an
     earlier process kept them on disk, else None: nothing is replayed."""
     values = [int(v) for v in values]
     key = {"policy": spec.name, "budget": spec.budget,
-           "params": {k: v for k, v in spec.kwargs.items() if k != "recent_window"},
-           "param": "recent_window", "values": values, "top_k": TOP_K}
+           "params": {k: v for k, v in spec.kwargs.items() if k != WINDOW},
+           "param": WINDOW, "values": values, "top_k": TOP_K}
 
     def decode(record: dict) -> list[dict]:  # as ``summaries.sweep`` reads its own
         rows = record["rows"]
-        if not isinstance(rows, list) or [r.get("recent_window") if isinstance(r, dict) else None for r in rows] != values:
+        if not isinstance(rows, list) or [r.get(WINDOW) if isinstance(r, dict) else None for r in rows] != values:
             raise ValueError("not this sweep's rows")
         return rows
 
@@ -176,9 +178,7 @@ def kept_refined(trace: kvsim.Trace, spec: PolicySpec, marks: tuple[int, ...], p
     """The curve view's sweep of ``spec`` over recent_window 1 .. budget - 1, refined around its peak
     (``sweep_coarse_to_fine`` of ``points`` with ``marks``, each grid through ``summaries.sweep``), where
     every grid of it was kept by an earlier process, else None: nothing is replayed."""
-    from kvsim.analysis import windows
-
-    return _kept_run(lambda run: windows.sweep_coarse_to_fine(trace, spec, None, "recent_window", 1, spec.budget - 1,
+    return _kept_run(lambda run: windows.sweep_coarse_to_fine(trace, spec, None, WINDOW, 1, spec.budget - 1,
                                                                marks=marks, points=points, top_k=TOP_K, run=run))
 
 
@@ -187,7 +187,7 @@ def _kept_run(sweep) -> list[dict] | None:
     asks for was kept by an earlier process (``kept_sweep``), else None: nothing is replayed."""
 
     def run(trace, spec, budget, param, values, *, top_k, progress=None):
-        if budget is not None or param != "recent_window" or top_k != TOP_K:
+        if budget is not None or param != WINDOW or top_k != TOP_K:
             raise _NotKept
         rows = kept_sweep(trace, spec, values)
         if rows is None:
