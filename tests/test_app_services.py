@@ -160,6 +160,30 @@ def test_once_refined_the_next_ask_fills_in_every_value_behind_the_jobs_asked_fo
     assert store.curve("k", full=ask["full"], coarse=ask["coarse"], add=add).complete  # nothing more asked: complete
 
 
+def test_what_an_earlier_server_kept_is_read_in_the_run_not_refined_in_the_background():
+    """A fresh server drew a kept curve coarse, then ran the page again as each refinement, read from the
+    disk in a moment, ended: what ``kept`` finds is the curve at once, exact and complete, nothing in the
+    background; what it lacks is refined there as before."""
+    store = SweepStore(bound=4)
+    asked = []
+
+    def kept(values):
+        asked.append(values)
+        return rows(1, 8, 9, 10, 17) if values is None else rows(*values)
+
+    curve = store.curve("k", lambda: pytest.fail("not swept: kept"), coarse=lambda: pytest.fail("no coarse grid"),
+                        add=lambda values: pytest.fail("not added: kept"), every=range(1, 18), kept=kept)
+    assert curve.exact and curve.complete and [r["recent_window"] for r in curve.rows] == list(range(1, 18))
+    assert not store.busy("k") and asked == [None, [v for v in range(1, 18) if v not in (1, 8, 9, 10, 17)]]
+
+    lacking = store.curve("j", lambda: rows(1, 8, 9, 17), coarse=lambda: rows(1, 17), kept=lambda values: None)
+    assert not lacking.exact and [r["recent_window"] for r in lacking.rows] == [1, 17]
+    deadline = time.monotonic() + 5
+    while not store.exact("j") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert store.exact("j")
+
+
 def test_a_failed_refinement_is_tried_again_on_the_next_ask():
     store = SweepStore(bound=2)
     attempts = []
@@ -272,3 +296,25 @@ def test_the_solver_pool_solves_once_reports_progress_and_says_a_failure_once():
     while not (status := pool.poll("c", lambda p: "ok")).done and time.monotonic() < deadline:
         time.sleep(0.01)
     assert status.value == "ok"  # started again, not the old failure
+
+
+def test_the_curve_reads_kept_sweeps_by_the_key_summaries_keeps_them_under(tmp_path, monkeypatch):
+    """``memo.kept_sweep`` and ``memo.kept_refined`` look a sweep up by the key ``summaries.sweep`` writes it
+    under (a copy of that key): what a sweep kept is found, rows equal, and nothing else is, nothing replayed."""
+    import kvsim
+    from kvsim.analysis.windows import sweep_coarse_to_fine
+    from kvsim.app import memo
+    from kvsim.policies import PolicySpec
+    from kvsim.policykit.base import WINDOW
+    from kvsim.sim import summaries
+
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path))
+    trace = kvsim.resolve_trace("canonical")
+    spec = PolicySpec.of("h2o", 48, recent_window=1)
+    assert memo.kept_sweep(trace, spec, [1, 5, 9]) is None and memo.kept_refined(trace, spec, (32,), 8) is None
+    swept = summaries.sweep(trace, spec, None, WINDOW, [1, 5, 9], top_k=memo.TOP_K)
+    assert memo.kept_sweep(trace, spec, [1, 5, 9]) == swept
+    assert memo.kept_sweep(trace, spec, [1, 5]) is None  # another sweep's values: not this file
+    refined = sweep_coarse_to_fine(trace, spec, None, WINDOW, 1, 47, marks=(32,), points=8, top_k=memo.TOP_K,
+                                   run=summaries.sweep)
+    assert memo.kept_refined(trace, spec, (32,), 8) == refined

@@ -16,7 +16,6 @@ from kvsim.analysis.windows import sweep_coarse_to_fine
 from kvsim.policies import PolicySpec, describe_policy
 from kvsim.policykit import registry
 from kvsim.policykit.base import WINDOW
-from kvsim.policykit.upper_bound import upper_bound_summary
 from kvsim.sim import summaries
 from kvsim.views import figures, story
 
@@ -170,12 +169,17 @@ def sweep_curve(trace: kvsim.Trace, spec: PolicySpec, marks: tuple[int, ...], pe
     def add(missing: list[int]) -> list[dict]:  # a mark the first sweep did not include (a new current setting)
         return summaries.sweep(trace, spec, None, WINDOW, missing, top_k=TOP_K)
 
+    def kept(values: list[int] | None) -> list[dict] | None:  # what an earlier server swept: read, not replayed
+        if values is not None:
+            return memo.kept_sweep(trace, spec, values)
+        return memo.kept_refined(trace, spec, marks, curve_points(budget))
+
     within = [m for m in marks if 1 <= m <= budget - 1]
     waiting = lambda: st.spinner(f"another session is replaying {span}")  # noqa: E731
     if not progressive(trace, budget):
         return store.curve(key, drawn, marks=within, add=add, waiting=waiting)
     curve = store.curve(key, exact, marks=within, add=add if primary or store.exact(key) else None, coarse=coarse,
-                        every=range(1, budget) if primary else (), waiting=waiting)
+                        every=range(1, budget) if primary else (), waiting=waiting, kept=kept)
     if not curve.exact:
         pending.add(f"{story.possessive(name)} curve", lambda: store.busy(key))
     elif not curve.complete:
@@ -250,9 +254,10 @@ def reference_lines(trace: kvsim.Trace, settings: Settings, pending: Pending, li
         if paint is not None and tell is not None:
             paint(lines)
     budget = settings.budget
-    if progressive(trace, budget):
-        bound = background_summary(trace, ("upper bound", budget, TOP_K), lambda: upper_bound_summary(trace, budget, TOP_K),
-                                   "the upper bound", pending)
+    if progressive(trace, budget):  # read where an earlier server kept it, else computed (and kept) in the background
+        bound = memo.kept_upper_bound(trace, budget, TOP_K) or background_summary(
+            trace, ("upper bound", budget, TOP_K), lambda: memo.kept_upper_bound(trace, budget, TOP_K, compute=True),
+            "the upper bound", pending)
     else:
         bound = cached_upper_bound(trace, budget)
     if bound is not None:

@@ -15,10 +15,12 @@ from pathlib import Path
 import streamlit as st
 
 import kvsim
+from kvsim.analysis import windows
 from kvsim.analysis.metrics import describe_cached
-from kvsim.data import qk
+from kvsim.data import qk, store
 from kvsim.data.catalog import resolve_bundle, resolve_trace
 from kvsim.policies import PolicySpec
+from kvsim.policykit.base import WINDOW
 from kvsim.policykit.upper_bound import upper_bound_summary
 from kvsim.sim import engine, summaries
 from kvsim.views import figures
@@ -131,6 +133,71 @@ def describe(trace: kvsim.Trace, features: figures.TraceFeatures) -> dict:
 @st.cache_resource(max_entries=8, show_spinner="computing the upper bound", hash_funcs=BY_TRACE)
 def cached_upper_bound(trace: kvsim.Trace, budget: int) -> dict:
     return upper_bound_summary(trace, budget, TOP_K)
+
+
+#: the upper bound's file beside the trace (``<stem>-upper-bound-<digest>.json``)
+UPPER_BOUND = "upper-bound"
+
+
+def kept_upper_bound(trace: kvsim.Trace, budget: int, top_k: int, compute: bool = False) -> dict | None:
+    """The upper bound's summary, kept beside the trace's cache entry (``kvsim.data.store.derived``),
+    keyed by the module that computes it: read where an earlier server computed it, else None, or
+    with ``compute`` computed (and kept). A curve drawn coarse first computed it in the background
+    after every server start, and the page ran again when it ended. (Where the curve is quick, its
+    line is computed in the run, ``cached_upper_bound``: 0.1 s on a shipped trace.)"""
+    import kvsim.policykit.upper_bound as module
+
+    params, version = {"budget": budget, "top_k": top_k}, store.source_version(module.__file__)
+    if not compute:
+        return store.derived_stored(trace, UPPER_BOUND, params, version)
+    return store.derived(trace, UPPER_BOUND, params, version, lambda: upper_bound_summary(trace, budget, top_k))
+
+
+class _NotKept(Exception):
+    """A sweep asked of ``_kept_run`` that no earlier process kept."""
+
+
+def kept_sweep(trace: kvsim.Trace, spec: PolicySpec, values: list[int]) -> list[dict] | None:
+    """``summaries.sweep(trace, spec, None, WINDOW, values, top_k=TOP_K)``'s rows where an
+    earlier process kept them on disk, else None: nothing is replayed."""
+    values = [int(v) for v in values]
+    key = {"policy": spec.name, "budget": spec.budget,
+           "params": {k: v for k, v in spec.kwargs.items() if k != WINDOW},
+           "param": WINDOW, "values": values, "top_k": TOP_K}
+
+    def decode(record: dict) -> list[dict]:  # as ``summaries.sweep`` reads its own
+        rows = record["rows"]
+        if not isinstance(rows, list) or [r.get(WINDOW) if isinstance(r, dict) else None for r in rows] != values:
+            raise ValueError("not this sweep's rows")
+        return rows
+
+    return store.derived_stored(trace, summaries.SWEEP, key, summaries.code_version(spec.name), decode)
+
+
+def kept_refined(trace: kvsim.Trace, spec: PolicySpec, marks: tuple[int, ...], points: int) -> list[dict] | None:
+    """The curve view's sweep of ``spec`` over recent_window 1 .. budget - 1, refined around its peak
+    (``sweep_coarse_to_fine`` of ``points`` with ``marks``, each grid through ``summaries.sweep``), where
+    every grid of it was kept by an earlier process, else None: nothing is replayed."""
+    return _kept_run(lambda run: windows.sweep_coarse_to_fine(trace, spec, None, WINDOW, 1, spec.budget - 1,
+                                                               marks=marks, points=points, top_k=TOP_K, run=run))
+
+
+def _kept_run(sweep) -> list[dict] | None:
+    """``sweep(run)``'s rows (a coarse-to-fine sweep, ``run`` its sweep of each grid) where every grid it
+    asks for was kept by an earlier process (``kept_sweep``), else None: nothing is replayed."""
+
+    def run(trace, spec, budget, param, values, *, top_k, progress=None):
+        if budget is not None or param != WINDOW or top_k != TOP_K:
+            raise _NotKept
+        rows = kept_sweep(trace, spec, values)
+        if rows is None:
+            raise _NotKept
+        return rows
+
+    try:
+        return sweep(run)
+    except _NotKept:
+        return None
 
 
 # --------------------------------------------------------------------------------------------

@@ -270,24 +270,35 @@ class SweepStore:
 
     def curve(self, key: Hashable, full: Callable[[], list[dict]], *, marks: Iterable[int] = (),
               add: Callable[[list[int]], list[dict]] | None = None, coarse: Callable[[], list[dict]] | None = None,
-              every: Sequence[int] = (), waiting: Waiting | None = None) -> Curve:
+              every: Sequence[int] = (), waiting: Waiting | None = None,
+              kept: Callable[[list[int] | None], list[dict] | None] | None = None) -> Curve:
         """The key's rows. ``full()``: the whole sweep, run once per key. With ``coarse``, a key
         not swept yet is first drawn from ``coarse()`` and ``full()`` runs in the background (the
         rows are then the coarse ones until it ends); once it has, the next ask starts ``add`` of
         whichever of ``every`` the rows still miss in the background, behind the jobs asked for
         meanwhile (``Curve.complete`` once it has ended). ``marks``: values that must be in the rows;
-        any missing is computed by ``add(missing)``."""
+        any missing is computed by ``add(missing)``. ``kept(None)``: ``full()``'s rows where an
+        earlier server kept them on disk, else None (nothing computed); ``kept(values)`` the same for
+        ``add(values)``: what is kept is read at once, in this run, not left to the background (a
+        fresh server drew a shipped trace's curve coarse, then ran the page twice more as each
+        refinement, read from the disk in a moment, ended)."""
         with self._shared.holding(key, waiting) as entry:
             state = entry.value = entry.value or _Sweep()
             if state.refining is None and not state.exact:
+                known = None if kept is None or coarse is None else kept(None)
                 if coarse is None:
                     state.merge(full(), self.param, exact=True)
+                elif known is not None:
+                    state.merge(known, self.param, exact=True)
                 else:
                     state.merge(coarse(), self.param)
                     state.refining = self._background.submit(lambda: self._refine(key, state, full))
-            elif state.refining is None and coarse is not None and add is not None:
+            if state.refining is None and state.exact and coarse is not None and add is not None:
                 fill = [v for v in every if v not in state.rows]
-                if fill:
+                known = None if not fill or kept is None else kept(fill)
+                if known is not None:
+                    state.merge(known, self.param)
+                elif fill:
                     state.refining = self._background.submit(lambda: self._refine(key, state, lambda: add(fill)))
             wanted = [m for m in marks if m not in state.rows]
             if wanted and add is not None:

@@ -58,6 +58,10 @@ SPARE_STYLES = (Style("#393b79", "solid", 2, "pentagon"), Style("#637939", "dash
                 Style("#843c39", "longdash", 3, "star-triangle-up"), Style("#7b4173", "dashdot", 3, "hourglass"))
 #: how many points of a companion curve carry its marker (all of them would hide the lines under it)
 COMPANION_MARKERS = 14
+#: how many of the primary curve's points carry its marker (every point is still hovered and clicked): two to
+#: three pixels apart at 6 px across, its 1,023 markers a panel at budget 1024 drew as one thick band and took
+#: Plotly 0.18 s of the figure's 0.29 s (``kvsim/bench/scripts/figure_draw.py``); at budget 256 every other one
+PRIMARY_MARKERS = 128
 
 
 def style_of(name: str | None, kind: str = "policy") -> Style:
@@ -290,7 +294,7 @@ def _curves(fig, r: int, key: str, label: str, x: np.ndarray, y: np.ndarray, oth
     fig.scatter(
         r, x=x, y=y, mode="lines+markers", name=policy, legendgroup=policy, showlegend=(r == 1), legendrank=1,
         line=dict(color=style.colour, width=style.width + 1, dash=style.dash),
-        marker=dict(symbol=style.symbol or "circle", size=6, color=style.colour),
+        marker=dict(symbol=style.symbol or "circle", size=6, color=style.colour, maxdisplayed=PRIMARY_MARKERS),
         customdata=x, hovertemplate="recent_window %{x}<br>" + label + " %{y:.4f}<extra>" + policy + "</extra>",
     )
 
