@@ -225,8 +225,12 @@ STEPS = SlotHooks("keydiff_steps", _keydiff_state, admit=_keydiff_admit, score=_
 # the tensor step (the deployed cache's, ``kvsim.hf.tensor``): each column's unit key (``unit_keys``'s arithmetic in
 # torch), set as its position is admitted, a slot of ``(batch, heads, width, d)`` made at the first key (its d);
 # a step's cosines as ``_cosines`` adds them: the held unit keys summed in kept order (a cumulative sum over the
-# columns in position order, the columns not held adding zeros after them), each product's terms in dimension
+# held columns gathered in position order, at most a budget's worth of them), each product's terms in dimension
 # order, ``||s||`` as a key norm, then one division per column
+
+
+#: where a column that holds no position sorts
+_LAST = np.iinfo(np.int64).max
 
 
 def _keydiff_tensor_state(policies, batch, heads, width, device):
@@ -247,11 +251,15 @@ def _keydiff_tensor_admit(state, new, before):
 def _keydiff_tensor_rank(state, cols):
     import torch
 
-    units = state.slots["unit"] * cols.held[..., None]  # exact: a product by one or zero
-    total = units.gather(2, cols.order[..., None].expand_as(units)).cumsum(2)[:, :, -1]  # (batch, heads, d)
+    held = cols.held
+    n = min(held.shape[-1], max(max(row) for row in state.host["budgets"]) + 1)  # what a head can hold
+    at = torch.where(held, cols.pos, _LAST).argsort(-1)[..., :n]  # the held columns in position order, then others
+    slot = state.slots["unit"]
+    units = slot.gather(2, at[..., None].expand(-1, -1, -1, slot.shape[-1])) * held.gather(-1, at)[..., None]
+    total = units.cumsum(2)[:, :, -1]  # (batch, heads, d): kept order, the columns not held adding zeros after
     norm = tensor_key_norms(total)[..., None]
-    dots = in_order(units * total[:, :, None, :])
-    return -torch.where(norm > 0, dots / norm, 0.0), cols.held
+    dots = -torch.where(norm > 0, in_order(units * total[:, :, None, :]) / norm, 0.0)
+    return torch.zeros_like(held, dtype=dots.dtype).scatter(-1, at, dots), held
 
 
 #: keydiff's tensor step, which its ``tensor_step`` names

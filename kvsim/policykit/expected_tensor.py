@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .tensor_hooks import TensorHooks, TensorState, key_norms, param, slots
+from .tensor_hooks import TensorHooks, TensorState, admitted, key_norms, param, slots
 
 #: the largest position: where a column that holds none sorts
 _LAST = np.iinfo(np.int64).max
@@ -145,8 +145,8 @@ def _admit(state, new, before):
     u = _back(query.double(), c, s, h)  # (batch, heads, G, d)
     p["ring"][:, :, at] = torch.where(writes[..., None, None], u, p["ring"][:, :, at])
     p["qpos"][:, :, at] = torch.where(writes, t, p["qpos"][:, :, at])
-    state.slots["key"] = torch.where(new[..., None], key.double()[:, :, None, :], state.slots["key"])
-    state.slots["norm"] = torch.where(new, key_norms(now["values"])[..., None], state.slots["norm"])
+    state.slots["key"] = admitted(state.slots["key"], new, key.double())
+    state.slots["norm"] = admitted(state.slots["norm"], new, key_norms(now["values"]))
     state.slots["stamp"] = state.slots["stamp"].masked_fill(new, -1)
     p["newest"] = torch.where(came, new.to(torch.uint8).argmax(-1), -1)  # t's column, -1 in a padded row
     if t >= 1 and any((t - 1) % r == 0 for r in state.host["refresh"]):

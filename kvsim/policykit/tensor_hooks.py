@@ -111,11 +111,19 @@ def key_norms(keys):
 
 
 def admitted(slot, new, value):
-    """``slot`` ``(batch, heads, width, ...)`` with t's column (``new``) set to ``value`` ``(batch, heads, ...)``."""
+    """``slot`` ``(batch, heads, width, ...)`` with t's column (``new``) set to ``value`` ``(batch, heads, ...)``. A
+    slot of vectors is written in place, t's column alone (a row with no new column writes its column 0 back as it
+    was), rather than copied whole at every step."""
     import torch
 
     extra = slot.dim() - new.dim()
-    return torch.where(new.reshape(*new.shape, *[1] * extra), value.unsqueeze(2).to(slot.dtype), slot)
+    value = value.unsqueeze(2).to(slot.dtype)
+    if not extra:
+        return torch.where(new, value, slot)
+    at = new.to(torch.uint8).argmax(-1)  # (batch, heads): t's column, 0 where none
+    index = at.reshape(*at.shape, 1, *[1] * extra).expand(*at.shape, 1, *slot.shape[3:])
+    came = new.any(-1).reshape(*at.shape, 1, *[1] * extra)
+    return slot.scatter_(2, index, torch.where(came, value, slot.gather(2, index)))
 
 
 __all__ = ["Columns", "TensorHooks", "TensorState", "admitted", "in_order", "key_norms", "param", "slots"]

@@ -56,14 +56,26 @@ class Meter:
         return timed
 
 
-def metered(model, meter: Meter):
-    """Wrap the model's linear layers and MLP activations, and the tensor path's products, in ``meter``; the
-    function that takes the wrapping back."""
+def metered(model, meter: Meter, steps: dict):
+    """Wrap the model's linear layers and MLP activations, and the tensor path's products, in ``meter``, and each
+    policy's tensor step (its observe, admit and rank) in a meter of ``steps`` by its name; the function that takes
+    the wrapping back."""
+    import dataclasses
+
     import torch
 
     from kvsim.hf import tensor
+    from kvsim.policies import POLICIES
 
     undo = []
+    for name, cls in POLICIES.items():
+        hooks = cls.tensor_step
+        if hooks is None:
+            continue
+        step = steps[name] = Meter()
+        parts = {k: step.wrap(getattr(hooks, k)) for k in ("observe", "admit", "rank") if getattr(hooks, k) is not None}
+        cls.tensor_step = dataclasses.replace(hooks, **parts)
+        undo.append(lambda c=cls, h=hooks: setattr(c, "tensor_step", h))
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) or name.endswith("act_fn"):
             module.forward = meter.wrap(module.forward)
@@ -112,8 +124,8 @@ def main() -> None:
     h2o = needle.run_batch(model, prompt, [("h2o", args.budget, {})], seed=0, eos=eos)[0]
     rows.append(said("h2o alone", t0))
     jobs = [(p, args.budget, PARAMS.get(p, {})) for p in ONLINE]
-    meter = Meter()
-    undo = metered(model, meter) if args.arithmetic else None
+    meter, steps = Meter(), {}
+    undo = metered(model, meter, steps) if args.arithmetic else None
     t0 = clock()
     together = needle.run_batch(model, prompt, jobs, seed=0, eos=eos)
     rows.append(said(f"{len(jobs)} policies in one batch", t0))
@@ -124,6 +136,10 @@ def main() -> None:
         met = cell / meter.seconds <= ARITHMETIC
         print(f"{'model arithmetic in the batch':>34}  wall {meter.seconds:7.1f} s  ({meter.calls} calls)  cell / "
               f"arithmetic {cell / meter.seconds:5.2f}  (target {ARITHMETIC:g}x: {'PASS' if met else 'MISS'})", flush=True)
+        rows[-1]["tensor_steps_s"] = {name: round(m.seconds, 2) for name, m in steps.items() if m.calls}
+        for name, m in sorted(steps.items(), key=lambda kv: -kv[1].seconds):
+            if m.calls:
+                print(f"{name + ' tensor step':>34}  wall {m.seconds:7.1f} s  ({m.calls} calls)", flush=True)
     if args.singles:
         for job, batched in zip(jobs, together, strict=True):
             t0 = clock()
