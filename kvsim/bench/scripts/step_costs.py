@@ -164,7 +164,7 @@ async def _step(session: Counting, step: bb.Step, log: Path | None = None) -> No
     server = "-" if t.server_s is None else f"{t.server_s:4.2f}"
     print(f"{step.name[:46]:46s} {seconds:>5s} {server:>5s} {session.finished - runs:4d} {sum(k.values()):4d} "
           f"{session.sent / 1024:5.0f} {k['new_element']:4d} {k['add_block']:4d} {k['page_info_changed']:4d}  "
-          + (f"{sum(ms for _, ms in busy):5.0f}: " + ", ".join(f"{n} {ms:.0f}" for n, ms in busy[:5]) if cpu else "-"),
+          + (f"{sum(ms for _, ms in busy):5.0f}: " + ", ".join(f"{n} {ms:.0f}" for n, ms in busy[:8]) if cpu else "-"),
           flush=True)
     if log is not None:
         print(section_sums(log, skip)[1], flush=True)
