@@ -20,6 +20,7 @@ from kvsim.sim import summaries
 from kvsim.views import figures, story
 
 from . import memo, services, state
+from .charts import selectable
 from .controls import Settings, spec_for
 from .downloads import csv_button, html_button, stem
 from .memo import TOP_K, cached_features, cached_summary, cached_upper_bound, describe
@@ -395,7 +396,7 @@ def curve_view(trace: kvsim.Trace, settings: Settings) -> None:
     with live.final():
         if pending.names:
             _waiting(pending, exact, complete)
-        st.plotly_chart(fig, key="curve", on_select=pick_from_curve, selection_mode=("points", "box"))
+        st.plotly_chart(selectable(fig, "points", "box"), key="curve", on_select=pick_from_curve, selection_mode=("points", "box"))
         if not exact:  # the notes, the truth and the downloads come with the refined curve: the first paint is the chart
             return
         st.markdown(story.lines_story(policy, rows, lines, budget))

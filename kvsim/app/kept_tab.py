@@ -12,6 +12,7 @@ from kvsim.policykit.layouts import Layout
 from kvsim.views import figures, story, turns
 
 from . import needle_kept
+from .charts import selectable
 from .controls import Settings
 from .downloads import csv_button, html_button, stem
 from .memo import BY_TRACE, TOP_K, cached_features, describe, kept_history, replays
@@ -104,7 +105,7 @@ def kept_view(trace: kvsim.Trace, settings: Settings) -> None:
         fig = figures.fit_key(turns.marked(fig, trace))
     # a box drawn with the select tool re-draws that region from the replay, at full resolution
     # once it is narrow enough; the zoom tool (the default) only magnifies the pooled picture
-    figure_slot.plotly_chart(fig, key="kept_chart", config={"scrollZoom": True}, on_select=lambda: zoom_to_box(T),
+    figure_slot.plotly_chart(selectable(fig, "box"), key="kept_chart", config={"scrollZoom": True}, on_select=lambda: zoom_to_box(T),
                              selection_mode="box")
     # the reading under the figure and its notes (above it, it pushed the figure's bottom and key past the fold)
     intro_slot.markdown(intro)

@@ -12,6 +12,7 @@ from kvsim.views import support as views
 from kvsim.views import window_truth as vt
 from kvsim.views.deploy import deploy_snippets
 
+from .charts import selectable
 from .memo import cached_bundle, tuned
 from .state import TABS, curve_policies, drop_upload, mirrored
 from .truth_panel import model_answer
@@ -64,7 +65,7 @@ def model_view(budget: int) -> None:
         st.markdown(vt.sentence(truth, pick) + f" `python -m kvsim tune --trace {name} --policy {policy} --budget {budget} "
                     "--by kl` recommends by the truth itself.")
     fig = model_figures.tune_heatmap(result)
-    st.plotly_chart(fig, key="tune_chart", on_select=lambda: pick_layer(result), selection_mode="points")
+    st.plotly_chart(selectable(fig, "points"), key="tune_chart", on_select=lambda: pick_layer(result), selection_mode="points")
     one = len(result.traces) == len(bundle.layers)
     labels = {(t.layer, t.head): views.trace_selector(name, t.layer, t.head, one).split(":")[1] for t in result.traces}
     _layer(result, name, policy, labels, one)

@@ -19,6 +19,7 @@ from kvsim.models import needle, needle_prompt
 from kvsim.views.figures import needle as figures
 
 from . import needle_kept
+from .charts import selectable
 from .needle_conversation_tab import conversation_view
 
 COMMAND = ("python -m kvsim needle --policies streaming_llm,h2o --budget 64 --lengths 512,1024 "
@@ -43,7 +44,7 @@ def needle_view() -> None:
     path = st.selectbox("grid", list(docs), format_func=lambda p: _grid_name(docs[p]), key="needle_grid_file")
     doc = docs[path]
     _headline(doc, Path(path))
-    event = st.plotly_chart(figures.needle_heatmaps(doc), key="needle_heatmaps", on_select="rerun",
+    event = st.plotly_chart(selectable(figures.needle_heatmaps(doc), "points"), key="needle_heatmaps", on_select="rerun",
                             selection_mode="points")
     _follow(event, doc)
     _trial(doc)
