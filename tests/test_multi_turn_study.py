@@ -56,10 +56,18 @@ def test_the_study_measures_a_subset_keyed_and_resumes(tmp_path, monkeypatch, ca
     assert cells[study.cell_key(str(folder), 2, 330, 40, "nonesuch", 0)] == {
         "why": "the scorer 'nonesuch' is not in this checkout"}
     assert "query-aware" in capsys.readouterr().err
+    # the exact-prompt configurations' delta NLL per turn (quality --conversation's open loop), kept apart from the
+    # cells under the cell's key and the mode; a compressed prompt has none
+    nll = json.loads(out.read_text(encoding="utf-8"))["delta_nll"]
+    assert sorted(nll) == sorted(study.nll_key(study.cell_key(str(folder), 2, 330, 40, c, 0), "open")
+                                 for c in ("h2o", "streaming_llm"))
+    turns = nll[study.nll_key(key, "open")]["turns"]
+    assert [t["turn"] for t in turns] == [1, 2] and all(t["answer_tokens"] > 0 for t in turns)
+    assert all(abs(t["delta_nll"] - (t["nll"] - t["nll_full"])) < 1e-9 for t in turns)
     before = out.read_text(encoding="utf-8")
     assert study.main(flags) == 0  # resumed: every cell is there (the missing scorer's said again, not run)
     assert "run(s)" not in capsys.readouterr().err
-    assert json.loads(out.read_text(encoding="utf-8"))["cells"] == json.loads(before)["cells"]
+    assert json.loads(out.read_text(encoding="utf-8")) == json.loads(before)
     # the page reprints what was measured, and says the rest of the grid was not
     text = markdown(json.loads(before))
     assert "| h2o | turn 1 " in text and "| streaming_llm | turn 1 " in text
