@@ -72,3 +72,8 @@ def test_the_study_measures_a_subset_keyed_and_resumes(tmp_path, monkeypatch, ca
     text = markdown(json.loads(before))
     assert "| h2o | turn 1 " in text and "| streaming_llm | turn 1 " in text
     assert "3 of the study's" in text and "## The two findings, as measured here" in text
+    # with each exact-prompt cell's delta NLL per turn, turn 1 first, and what it says of SCBench's finding
+    assert "2 of the 2 measured exact-prompt cells carry the delta NLL" in text
+    h2o = nll[study.nll_key(key, "open")]["turns"]
+    assert f"| h2o | {h2o[0]['delta_nll']:+.3f} / {h2o[1]['delta_nll']:+.3f} (1 trial) |" in text
+    assert "By the delta NLL of each turn's reference answer teacher-forced (2 exact-prompt cells" in text
