@@ -153,10 +153,12 @@ def _scbench_nll(doc: dict) -> str | None:
     if not rows:
         return None
     parts = []
-    for b in sorted({key[3] for key, _ in rows}):
-        a, later, above = _turn_means([r for key, r in rows if key[3] == b])
-        parts.append(f"budget {b}: turn 1 {a:+.3f}, later {later:+.3f} nats, later above turn 1 in {above} of "
-                     f"{sum(key[3] == b for key, _ in rows)}")
+    for name, pick in [*((f"budget {b}", lambda key, b=b: key[3] == b) for b in sorted({key[3] for key, _ in rows})),
+                       *((f"{g[0]}, {g[1]} keys, {g[2]:,} tokens", lambda key, g=g: key[:3] == g)
+                         for g in sorted({key[:3] for key, _ in rows}))]:
+        mine = [r for key, r in rows if pick(key)]
+        a, later, above = _turn_means(mine)
+        parts.append(f"{name}: turn 1 {a:+.3f}, later {later:+.3f}, later above in {above} of {len(mine)}")
     a, later, above = _turn_means([r for _, r in rows])
     if later > a and above > len(rows) / 2:
         verdict = "reproduces: the later turns' answers lose more than turn 1's"
@@ -167,8 +169,9 @@ def _scbench_nll(doc: dict) -> str | None:
     return (f"By the delta NLL of each turn's reference answer teacher-forced ({len(rows)} exact-prompt cells, the "
             f"open loop; every turn counts, found or not), turn 1 {a:+.3f} nats against the full cache, the later "
             f"turns {later:+.3f}, the later turns above turn 1 in {above} of {len(rows)} cells ({'; '.join(parts)}). "
-            f"By this measure SCBench's finding {verdict}. KVzip's cannot be read this way: the compressed prompts "
-            "have no delta NLL here.\n")
+            f"By this measure SCBench's finding {verdict}. Order and depth go together here as above, and each later "
+            "turn is teacher-forced after the earlier turns' reference answers, not the run's own. KVzip's finding "
+            "cannot be read this way: the compressed prompts have no delta NLL here.\n")
 
 
 def findings(doc: dict) -> list[str]:
@@ -261,6 +264,20 @@ def _nll_table(doc: dict, plan: dict, group: tuple) -> list[str]:
     return lines
 
 
+def _absent(plan: dict, mine: list) -> str:
+    """The group's cells of the study's grid that are not measured, by configuration."""
+    have = {(key[3], key[4], key[5]) for key, c in mine if "why" not in c}
+    every = [(b, t) for b in plan["budgets"] for t in range(1, plan["trials"] + 1)]
+    out = []
+    for config in _configs(plan):
+        lack = [(b, t) for b, t in every if (b, config, t) not in have]
+        if len(lack) == len(every):
+            out.append(f"{config} (none of its {len(every)})")
+        elif lack:
+            out.append(f"{config} ({', '.join(f'budget {b} trial {t}' for b, t in lack)})")
+    return ("Not measured in this group: " + "; ".join(out) + ".") if out else "Every cell of this group is measured."
+
+
 def markdown(doc: dict) -> str:
     cells = _cells(doc)
     plan = doc["plan"]
@@ -297,6 +314,7 @@ def markdown(doc: dict) -> str:
                      "of key 1, key 2, ... stayed to the end; then the retained attention mass after the first question "
                      "(the control's attention on what the run held), with the exact optimum's over the whole "
                      "conversation at the same budget in brackets.\n")
+        lines.append(_absent(plan, mine) + "\n")
         lines.append("| configuration | " + " | ".join(f"budget {b}" for b in budgets) + " |")
         lines.append("| --- |" + " --- |" * len(budgets))
         for config in _configs(plan):
