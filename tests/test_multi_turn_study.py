@@ -56,11 +56,24 @@ def test_the_study_measures_a_subset_keyed_and_resumes(tmp_path, monkeypatch, ca
     assert cells[study.cell_key(str(folder), 2, 330, 40, "nonesuch", 0)] == {
         "why": "the scorer 'nonesuch' is not in this checkout"}
     assert "query-aware" in capsys.readouterr().err
+    # the exact-prompt configurations' delta NLL per turn (quality --conversation's open loop), kept apart from the
+    # cells under the cell's key and the mode; a compressed prompt has none
+    nll = json.loads(out.read_text(encoding="utf-8"))["delta_nll"]
+    assert sorted(nll) == sorted(study.nll_key(study.cell_key(str(folder), 2, 330, 40, c, 0), "open")
+                                 for c in ("h2o", "streaming_llm"))
+    turns = nll[study.nll_key(key, "open")]["turns"]
+    assert [t["turn"] for t in turns] == [1, 2] and all(t["answer_tokens"] > 0 for t in turns)
+    assert all(abs(t["delta_nll"] - (t["nll"] - t["nll_full"])) < 1e-9 for t in turns)
     before = out.read_text(encoding="utf-8")
     assert study.main(flags) == 0  # resumed: every cell is there (the missing scorer's said again, not run)
     assert "run(s)" not in capsys.readouterr().err
-    assert json.loads(out.read_text(encoding="utf-8"))["cells"] == json.loads(before)["cells"]
+    assert json.loads(out.read_text(encoding="utf-8")) == json.loads(before)
     # the page reprints what was measured, and says the rest of the grid was not
     text = markdown(json.loads(before))
     assert "| h2o | turn 1 " in text and "| streaming_llm | turn 1 " in text
     assert "3 of the study's" in text and "## The two findings, as measured here" in text
+    # with each exact-prompt cell's delta NLL per turn, turn 1 first, and what it says of SCBench's finding
+    assert "2 of the 2 measured exact-prompt cells carry the delta NLL" in text
+    h2o = nll[study.nll_key(key, "open")]["turns"]
+    assert f"| h2o | {h2o[0]['delta_nll']:+.3f} / {h2o[1]['delta_nll']:+.3f} (1 trial) |" in text
+    assert "By the delta NLL of each turn's reference answer teacher-forced (2 exact-prompt cells" in text

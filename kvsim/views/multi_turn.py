@@ -4,7 +4,8 @@
 
 One table per (model, keys, length): a row per configuration, a column per budget, each cell turn 1's key found
 and the later turns' keys found, over the trials whose full cache found that turn's key; the retained attention
-mass of the run beside the exact optimum's over the whole conversation. The page says which cells were measured
+mass of the run beside the exact optimum's over the whole conversation; and per exact-prompt configuration the
+delta NLL per turn of the reference answers teacher-forced (the study's ``delta_nll``). The page says which cells were measured
 and which of the study's grid were not. Text only; no torch. tests/test_multi_turn_study.py checks the shipped
 page equals this reprint of the shipped JSON."""
 
@@ -27,9 +28,13 @@ the budget with the first question in snapkv's observation window, *snapkv agnos
 alone, the question fed after); both then decode with snapkv at the budget. *reconstruction* compresses the
 prompt with KVzip's query-agnostic scorer (the attention each position draws while the model is teacher-forced to
 repeat the context; docs/scorers.md), then decodes with snapkv. The other policies step the whole prompt at the
-budget. The study records found per turn, each key's fate and the retained attention mass; it does not record
-delta NLL per turn (`python -m kvsim quality --conversation`, docs/cli.md "Conversations", measures that for a
-conversation file). expected_attention is in the grid but not measured: about 15 minutes a cell on this 2-core
+budget. The study records found per turn, each key's fate and the retained attention mass; and, for the
+configurations that step the whole prompt, the delta NLL per turn of the reference answer (" {key}." after each
+question of the same context) teacher-forced: the measure of `python -m kvsim quality --conversation` (docs/cli.md
+"Conversations"), in its open loop (the policy's schedule, replayed on the full cache's attention, masks one
+teacher-forced pass). Its closed loop (about 4 minutes a cell here) is not measured, and a compressed prompt has
+no such measure (quality steps one policy from the first token), so snapkv aware / agnostic and reconstruction
+have no delta NLL. expected_attention is in the grid but not measured: about 15 minutes a cell on this 2-core
 machine.
 
 This page is reprinted from docs/multi-turn-study.json by `python -m kvsim.views.multi_turn`; the study is
@@ -85,6 +90,90 @@ def _rate(hits: list[bool]) -> str:
     return f"{sum(hits)} of {len(hits)}" + (f" ({100 * sum(hits) / len(hits):.0f}%)" if hits else "")
 
 
+def _later(cell: dict) -> tuple[list[bool], list[bool]]:
+    """Turn 1's found and the later turns' found, over the turns the full cache found."""
+    first = [cell["found"][0]] if cell["control_found"][0] else []
+    return first, [f for f, ok in zip(cell["found"][1:], cell["control_found"][1:], strict=True) if ok]
+
+
+def _scbench(cells: list) -> str:
+    """SCBench's finding read as later turns failing more than turn 1, by found."""
+    first = [f for _, c in cells for f in _later(c)[0]]
+    later = [f for _, c in cells for f in _later(c)[1]]
+    by_budget = []
+    for b in sorted({key[3] for key, _ in cells}):
+        f1 = [f for key, c in cells if key[3] == b for f in _later(c)[0]]
+        fl = [f for key, c in cells if key[3] == b for f in _later(c)[1]]
+        by_budget.append(f"budget {b}: turn 1 {_rate(f1)}, later {_rate(fl)}")
+    by_group = []
+    for g in sorted({key[:3] for key, _ in cells}):
+        f1 = [f for key, c in cells if key[:3] == g for f in _later(c)[0]]
+        fl = [f for key, c in cells if key[:3] == g for f in _later(c)[1]]
+        by_group.append(f"{g[0]}, {g[1]} keys, {g[2]:,} tokens: turn 1 {_rate(f1)}, later {_rate(fl)}")
+    if not first or not later:
+        verdict = "cannot be told here: the full cache found too few keys for turn 1 and later turns to compare"
+    elif sum(later) / len(later) < sum(first) / len(first) - 0.1:
+        verdict = "reproduces here: the budgeted caches find later turns' keys less often than turn 1's"
+    elif sum(later) / len(later) > sum(first) / len(first) + 0.1:
+        verdict = "does not reproduce here: the budgeted caches find later turns' keys more often than turn 1's"
+    else:
+        verdict = "does not reproduce here: later turns fare about as turn 1 (within 10 points)"
+    lost = len(first) + len(later) - sum(first) - sum(later)
+    return (f"**SCBench** (methods holding less than O(n) memory fail in multi-turn use): every configuration at a "
+            f"budget, turn 1's key found in {_rate(first)} of the turns the full cache found, later turns' in "
+            f"{_rate(later)} ({'; '.join(by_budget)}; {'; '.join(by_group)}). So the finding, read as later turns failing more than the "
+            f"first, {verdict}. The budgeted caches missed {lost} of the {len(first) + len(later)} turns the full "
+            "cache answered, turn 1 included; this study has no one-question run beside them, so it does not say "
+            "how much of that is owed to the conversation. Turn i asks for key i, "
+            "which sits at the i-th depth, so turn order and depth go together here: a later turn's key is also "
+            "nearer the question, which these models favour (docs/needle.md, \"A conversation: a pass key per turn\").\n")
+
+
+def _losses(doc: dict) -> list[tuple[tuple, dict]]:
+    """The measured delta NLLs, keyed as the cells are (model, keys, length, budget, configuration, trial), and mode."""
+    out = []
+    for key, row in doc.get("delta_nll", {}).items():
+        *cell, mode = (x.strip() for x in key.split("|"))
+        (parsed, _), = _cells({"cells": {" | ".join(cell): row}})
+        out.append(((*parsed, mode), row))
+    return out
+
+
+def _turn_means(rows: list[dict]) -> tuple[float, float, int]:
+    """Mean delta NLL at turn 1 and over the later turns (each row's later turns averaged first), and how many rows
+    have the later turns above turn 1."""
+    first = [r["turns"][0]["delta_nll"] for r in rows]
+    later = [sum(t["delta_nll"] for t in r["turns"][1:]) / (len(r["turns"]) - 1) for r in rows]
+    return sum(first) / len(first), sum(later) / len(later), sum(b > a for a, b in zip(first, later, strict=True))
+
+
+def _scbench_nll(doc: dict) -> str | None:
+    """SCBench's finding by the delta NLL of the reference answers teacher-forced (every turn, found or not)."""
+    rows = _losses(doc)
+    if not rows:
+        return None
+    parts = []
+    for name, pick in [*((f"budget {b}", lambda key, b=b: key[3] == b) for b in sorted({key[3] for key, _ in rows})),
+                       *((f"{g[0]}, {g[1]} keys, {g[2]:,} tokens", lambda key, g=g: key[:3] == g)
+                         for g in sorted({key[:3] for key, _ in rows}))]:
+        mine = [r for key, r in rows if pick(key)]
+        a, later, above = _turn_means(mine)
+        parts.append(f"{name}: turn 1 {a:+.3f}, later {later:+.3f}, later above in {above} of {len(mine)}")
+    a, later, above = _turn_means([r for _, r in rows])
+    if later > a and above > len(rows) / 2:
+        verdict = "reproduces: the later turns' answers lose more than turn 1's"
+    elif later < a and above < len(rows) / 2:
+        verdict = "does not reproduce: the later turns' answers lose less than turn 1's"
+    else:
+        verdict = "is mixed: the mean and the count of cells disagree"
+    return (f"By the delta NLL of each turn's reference answer teacher-forced ({len(rows)} exact-prompt cells, the "
+            f"open loop; every turn counts, found or not), turn 1 {a:+.3f} nats against the full cache, the later "
+            f"turns {later:+.3f}, the later turns above turn 1 in {above} of {len(rows)} cells ({'; '.join(parts)}). "
+            f"By this measure SCBench's finding {verdict}. Order and depth go together here as above, and each later "
+            "turn is teacher-forced after the earlier turns' reference answers, not the run's own. KVzip's finding "
+            "cannot be read this way: the compressed prompts have no delta NLL here.\n")
+
+
 def findings(doc: dict) -> list[str]:
     """What the measured cells say of SCBench's and KVzip's findings, computed from them (either way)."""
     cells = [(k, c) for k, c in _cells(doc) if "why" not in c]
@@ -100,33 +189,17 @@ def findings(doc: dict) -> list[str]:
     c_later = [f for v in control.values() for f in v[1:]]
     out.append(f"The full cache itself found turn 1's key in {_rate(c_first)} conversations and a later turn's in "
                f"{_rate(c_later)} turns.\n")
-    first = [c["found"][0] for _, c in cells if c["control_found"][0]]
-    later = [f for _, c in cells for f, ok in zip(c["found"][1:], c["control_found"][1:], strict=True) if ok]
-    by_budget = []
-    for b in sorted({key[3] for key, _ in cells}):
-        mine = [c for key, c in cells if key[3] == b]
-        f1 = [c["found"][0] for c in mine if c["control_found"][0]]
-        fl = [f for c in mine for f, ok in zip(c["found"][1:], c["control_found"][1:], strict=True) if ok]
-        by_budget.append(f"budget {b}: turn 1 {_rate(f1)}, later {_rate(fl)}")
-    if not first or not later:
-        verdict = "cannot be told here: the full cache found too few keys for turn 1 and later turns to compare"
-    elif sum(later) / len(later) < sum(first) / len(first) - 0.1:
-        verdict = "reproduces here: the budgeted caches find later turns' keys less often than turn 1's"
-    elif sum(later) / len(later) > sum(first) / len(first) + 0.1:
-        verdict = "does not reproduce here: the budgeted caches find later turns' keys more often than turn 1's"
-    else:
-        verdict = "does not reproduce here: later turns fare about as turn 1 (within 10 points)"
-    lost = len(first) + len(later) - sum(first) - sum(later)
-    out.append(f"**SCBench** (methods holding less than O(n) memory fail in multi-turn use): every configuration at a "
-               f"budget, turn 1's key found in {_rate(first)} of the turns the full cache found, later turns' in "
-               f"{_rate(later)} ({'; '.join(by_budget)}). So the finding, read as later turns failing more than the "
-               f"first, {verdict}. The budgeted caches missed {lost} of the {len(first) + len(later)} turns the full "
-               "cache answered, turn 1 included; this study has no one-question run beside them, so it does not say "
-               "how much of that is owed to the conversation. Turn i asks for key i, "
-               "which sits at the i-th depth, so turn order and depth go together here: a later turn's key is also "
-               "nearer the question, which these models favour (docs/needle.md, \"A conversation: a pass key per turn\").\n")
+    out.append(_scbench(cells))
+    if (nll := _scbench_nll(doc)) is not None:
+        out.append(nll)
+    out.append(_kvzip(cells))
+    return out
+
+
+def _kvzip(cells: list) -> str:
+    """KVzip's finding: snapkv aware against each query-agnostic compression, paired trial by trial."""
     aware = {(key[:4], key[5]): c for key, c in cells if key[4] == "snapkv aware"}
-    rows = []
+    rows, loose = [], []
     for other in ("snapkv agnostic", "reconstruction"):
         pairs = [(aware[(key[:4], key[5])], c) for key, c in cells if key[4] == other and (key[:4], key[5]) in aware]
         if not pairs:
@@ -135,12 +208,12 @@ def findings(doc: dict) -> list[str]:
         lost = sum(a["found"][0] and any(not fa and fo and ok for fa, fo, ok in zip(a["found"][1:], o["found"][1:],
                                                                                      a["control_found"][1:], strict=True))
                    for a, o in pairs)
-        a1 = [a["found"][0] for a, _ in pairs if a["control_found"][0]]
-        o1 = [o["found"][0] for _, o in pairs if o["control_found"][0]]
-        al = [f for a, _ in pairs for f, ok in zip(a["found"][1:], a["control_found"][1:], strict=True) if ok]
-        ol = [f for _, o in pairs for f, ok in zip(o["found"][1:], o["control_found"][1:], strict=True) if ok]
+        a1, al = [f for a, _ in pairs for f in _later(a)[0]], [f for a, _ in pairs for f in _later(a)[1]]
+        o1, ol = [f for _, o in pairs for f in _later(o)[0]], [f for _, o in pairs for f in _later(o)[1]]
         keeps = ("keeps more" if sum(ol) > sum(al) else "keeps less" if sum(ol) < sum(al) else "keeps as much") + \
             " of what a later question needs"
+        loose.append(f"{'reproduces' if sum(ol) > sum(al) else 'does not reproduce'} against {other} (later "
+                     f"{sum(ol)} of {len(ol)} against aware's {sum(al)} of {len(al)})")
         rows.append(f"against {other} over {len(pairs)} paired trials: aware turn 1 {_rate(a1)}, later {_rate(al)}; "
                     f"{other} turn 1 {_rate(o1)}, later {_rate(ol)} (it {keeps}); aware found turn 1's key and lost a "
                     f"later key that {other} found in {lost}")
@@ -149,9 +222,8 @@ def findings(doc: dict) -> list[str]:
     aware_first = sum(c["found"][0] for c in aware.values() if c["control_found"][0])
     if said and testable and not aware_first:
         kv = ("cannot show in its strict form here (a query-aware compression finds turn 1's key and loses a later key "
-              "that the query-agnostic one keeps): snapkv aware found turn 1's key in none of the trials; its second "
-              "half, the query-agnostic compression keeping more of what a later question needs, is each row's "
-              "\"it keeps more / less\" above")
+              "that the query-agnostic one keeps): snapkv aware found turn 1's key in none of the trials, so only the "
+              "looser reading below can be told")
     elif said and not testable:
         kv = ("cannot be told here: in no paired trial did the full cache find both turn 1's key and a later one")
     elif not said:
@@ -162,9 +234,51 @@ def findings(doc: dict) -> list[str]:
               "does not show in any paired trial") + " in its strict form (a query-aware compression finds turn 1's key " \
             "and loses a later key that the query-agnostic one keeps); each half, per configuration, is in the figures " \
             "above"
-    out.append(f"**KVzip** (query-aware compression loses what a later question needs; query-agnostic reconstruction "
-               f"keeps it): snapkv aware {'; '.join(rows)}. So the finding {kv}.\n")
-    return out
+    return (f"**KVzip** (query-aware compression loses what a later question needs; query-agnostic reconstruction "
+            f"keeps it): snapkv aware {'; '.join(rows)}. So the finding {kv}."
+            + (f" Read loosely (a query-agnostic compression finds later turns' keys more often than snapkv aware, over "
+               f"the turns the full cache found), it {' and '.join(loose)}." if loose else "") + "\n")
+
+
+def _nll_table(doc: dict, plan: dict, group: tuple) -> list[str]:
+    """One group's delta NLL per turn (open loop): a row per exact-prompt configuration, a column per budget, each
+    cell the mean over the measured trials of every turn's delta NLL, turn 1 first; the full cache's NLL below."""
+    rows = [(key, r) for key, r in _losses(doc) if key[:3] == group]
+    if not rows:
+        return [f"\nNo delta NLL is measured for this group yet (`--nll`, {plan.get('answer', ' {key}.')!r} "
+                "teacher-forced).\n"]
+    budgets = sorted({key[3] for key, _ in rows})
+    lines = ["\nDelta NLL per turn of the reference answer teacher-forced (nats against the full cache, quality "
+             "--conversation's open loop; the mean over the measured trials, turn 1 first; the compressed prompts have "
+             "none):\n", "| configuration | " + " | ".join(f"budget {b}" for b in budgets) + " |",
+             "| --- |" + " --- |" * len(budgets)]
+    for config in _configs(plan):
+        cells = []
+        for b in budgets:
+            mine = [r for key, r in rows if key[3] == b and key[4] == config]
+            turns = [sum(r["turns"][i]["delta_nll"] for r in mine) / len(mine) for i in range(len(mine[0]["turns"]))] \
+                if mine else []
+            cells.append(" / ".join(f"{x:+.3f}" for x in turns) + f" ({len(mine)} trial{'s' * (len(mine) != 1)})" if mine else "-")
+        if any(c != "-" for c in cells):
+            lines.append(f"| {config} | " + " | ".join(cells) + " |")
+    full = {key[5]: [t["nll_full"] for t in r["turns"]] for key, r in rows}
+    said = "; ".join(f"trial {t}: " + ", ".join(f"{x:.3f}" for x in v) for t, v in sorted(full.items()))
+    lines.append(f"\nThe full cache's NLL on each turn's answer, turn 1 first: {said}.")
+    return lines
+
+
+def _absent(plan: dict, mine: list) -> str:
+    """The group's cells of the study's grid that are not measured, by configuration."""
+    have = {(key[3], key[4], key[5]) for key, c in mine if "why" not in c}
+    every = [(b, t) for b in plan["budgets"] for t in range(1, plan["trials"] + 1)]
+    out = []
+    for config in _configs(plan):
+        lack = [(b, t) for b, t in every if (b, config, t) not in have]
+        if len(lack) == len(every):
+            out.append(f"{config} (none of its {len(every)})")
+        elif lack:
+            out.append(f"{config} ({', '.join(f'budget {b} trial {t}' for b, t in lack)})")
+    return ("Not measured in this group: " + "; ".join(out) + ".") if out else "Every cell of this group is measured."
 
 
 def markdown(doc: dict) -> str:
@@ -181,6 +295,10 @@ def markdown(doc: dict) -> str:
     lines.append("## What was measured\n")
     lines.append(f"{len(have)} of the study's {len(grid)} cells (model x keys x length x budget x configuration x "
                  f"trial) are measured here; the rest are not yet run and are not shown.\n")
+    exact = [key for key in have if _exact(plan, key[4])]
+    losses = {key[:6] for key, _ in _losses(doc)}
+    lines.append(f"{len(losses & set(exact))} of the {len(exact)} measured exact-prompt cells carry the delta NLL per "
+                 "turn (open loop); the other measured cells, and every compressed prompt's, do not.\n")
     lines += findings(doc)
     groups = sorted({(m, k, n) for (m, k, n, *_), _ in cells})
     absent = [f"{m}, {k} keys, {n:,} tokens" for m in plan["models"] for k in plan["keys"] for n in plan["lengths"]
@@ -199,6 +317,7 @@ def markdown(doc: dict) -> str:
                      "of key 1, key 2, ... stayed to the end; then the retained attention mass after the first question "
                      "(the control's attention on what the run held), with the exact optimum's over the whole "
                      "conversation at the same budget in brackets.\n")
+        lines.append(_absent(plan, mine) + "\n")
         lines.append("| configuration | " + " | ".join(f"budget {b}" for b in budgets) + " |")
         lines.append("| --- |" + " --- |" * len(budgets))
         for config in _configs(plan):
@@ -214,6 +333,7 @@ def markdown(doc: dict) -> str:
             lines.append(f"\nOver every step of the conversation, the optimum's retained mass is at or above the run's in "
                          f"{above} of the {len(exact)} exact-prompt cells (the smallest margin {margin:.3f}); a compressed "
                          "prompt attends in full during its one call, so only its mass after the first question compares.")
+        lines += _nll_table(doc, plan, (m, k, n))
         control = [c for key, c in mine if "why" not in c]
         if control:
             by_trial = {key[5]: c["control_found"] for key, c in mine if "why" not in c}

@@ -2,6 +2,7 @@
 
     python kvsim/bench/scripts/multi_turn_study.py measure --out docs/multi-turn-study.json [--models M,...] [--keys K,...]
         [--lengths N,...] [--budgets B,...] [--policies NAME,...] [--trials T] [--no-optimum]
+        [--nll open|closed|both|none]
     python -m kvsim.views.multi_turn docs/multi-turn-study.json docs/multi-turn.md
 
 ``measure`` runs the grid's conversations (``kvsim.models.needle_conversation``: K keys at ``DEPTHS[K]``, each
@@ -21,6 +22,14 @@ through needle's disk cache). Progress on stderr. The configurations (``CONFIGS`
 
 With the optimum (the default; ``--no-optimum`` leaves it out), each cell also holds the retained attention mass
 of the run and of the exact optimum over the whole conversation at the same budgets (the control's attention).
+
+With ``--nll`` (default ``open``), each exact-prompt configuration's cell also gets the delta NLL per turn of the
+reference answers teacher-forced (``ANSWER``, after each question of the same context): ``kvsim quality
+--conversation``'s measure (``kvsim.models.quality_turns``, in its open or closed loop), run by ``teacher_forced``
+and kept apart from the cells, under ``delta_nll`` keyed by the cell's key and the mode (``nll_key``), so adding it
+measures nothing of the cells again; quality caches each result on disk under the conversation's tokens, the
+policy, its parameters, the budget and the mode. A compressed prompt (snapkv aware / agnostic, reconstruction) has
+no such measure (``quality --conversation`` steps one policy from the first token), so it gets none.
 """
 
 from __future__ import annotations
@@ -44,6 +53,8 @@ BUDGETS = (64, 256)
 TRIALS = 3
 #: each key count's depths, key i at the i-th
 DEPTHS = {2: (0.3, 0.7), 4: (0.2, 0.4, 0.6, 0.8)}
+#: each turn's reference answer, teacher-forced after its question for the delta NLL (the needle's own words end so)
+ANSWER = " {key}."
 #: name -> (decode policy, prompt scorer or None for the exact prompt, query mode)
 CONFIGS = {
     "snapkv aware": ("snapkv", "snapkv", "aware"),
@@ -87,6 +98,28 @@ def _missing(config: str) -> str | None:
     return None
 
 
+def teacher_forced(model, tokenizer, model_id: str, keys: int, length: int, trial: int):
+    """The cell's conversation (the needle's context and questions, as ``run_conversation_unit`` builds them) with each
+    turn's reference answer (``ANSWER``) after its question, opened as ``quality --conversation`` opens a file: a
+    ``ConversationSession`` whose full-cache pass and results are cached on disk under its tokens' digest."""
+    from kvsim.models.conversation import Conversation, Turn
+    from kvsim.models.conversation_tokens import ConversationTokens, TurnSpan
+    from kvsim.models.needle_prompt import Builder, Template, conversation, pass_keys
+    from kvsim.models.quality_turns import ConversationSession
+
+    builder = Builder(tokenizer, Template())
+    prompt = conversation(builder, length, list(DEPTHS[keys]), pass_keys(0, length, DEPTHS[keys], trial), trial)
+    ids, turns, said = list(prompt.context), [], []
+    for question, key in zip(prompt.questions, prompt.keys, strict=True):
+        answer = builder.encode(ANSWER.format(key=key))[0]
+        turns.append(TurnSpan(len(ids), len(ids) + len(question), len(ids) + len(question) + len(answer)))
+        ids += list(question) + answer
+        said.append(Turn(tokenizer.decode(list(question)), ANSWER.format(key=key)))
+    tokens = ConversationTokens(tuple(int(x) for x in ids), len(prompt.context), tuple(turns))
+    conv = Conversation(tokenizer.decode(list(prompt.context)), tuple(said), source="needle-conversation")
+    return ConversationSession(model, tokens, conv, model_id=model_id, progress=None)
+
+
 def _summary(cell: dict, run: dict, optimum: bool) -> dict:
     out = {"found": run["found"], "control_found": cell["control"]["found"], "answers": run["answers"],
            "control_answers": cell["control"]["answers"], "keys": cell["keys"],
@@ -100,45 +133,92 @@ def _summary(cell: dict, run: dict, optimum: bool) -> dict:
     return out
 
 
-def measure(args) -> int:
+def nll_key(key: str, mode: str) -> str:
+    """Where a cell's delta NLL lies in the study's ``delta_nll``: its cell's key and the mode."""
+    return f"{key} | {mode}"
+
+
+def _nll_summary(session, row: dict) -> dict:
+    keep = ("turn", "answer_tokens", "nll_full", "nll", "delta_nll", "kl")
+    return {"model_id": row["model"], "tokens": session.tokens.digest, "answer": ANSWER, "mode": row["mode"],
+            "delta_nll": row["delta_nll"], "kl": row["kl"], "retained_mass": row["retained_mass"],
+            "turns": [{k: t[k] for k in keep} for t in row["turns"]], "seconds": row["seconds"], "cached": row["cached"]}
+
+
+def _measure_nll(doc: dict, loaded, m: str, k: int, n: int, t: int, wanted: list, say) -> None:
+    """The delta NLL per turn of every wanted (budget, configuration, mode) of one conversation: ``quality
+    --conversation``'s measure (``kvsim.models.quality``'s grid on ``teacher_forced``'s session), each result also
+    cached on disk by quality, written to the study's ``delta_nll`` as it ends."""
+    from kvsim.models import quality
+
+    session = teacher_forced(*loaded, k, n, t)
+    for b, c, mode in wanted:
+        row = quality.grid(session, [CONFIGS[c][0]], [b], [mode], progress=None)[0]
+        doc["delta_nll"][nll_key(cell_key(m, k, n, b, c, t), mode)] = _nll_summary(session, row)
+        _write(doc)
+        say(f"delta NLL of {c} @ {b} ({mode} loop) {'read from the cache' if row['cached'] else 'measured'}")
+
+
+def _measure_found(doc: dict, loaded, m: str, k: int, n: int, t: int, wanted: list, no_optimum: bool, say) -> None:
+    """Found, fates and retained mass of every wanted (budget, configuration) of one conversation, each written as
+    it ends; a configuration this checkout cannot run is written with the reason."""
     from kvsim.models.needle_conversation import run_conversation_unit
-    from kvsim.models.needle_prompt import KEY_NAMES, NEEDLE_NAMED, QUESTION_NAMED, Template
+    from kvsim.models.needle_prompt import Template
+
+    cells = doc["cells"]
+    for query in ("aware", "agnostic"):
+        mine = [(b, c) for b, c in wanted if CONFIGS[c][2] == query]
+        for b, c in mine:
+            if _missing(c) is not None:
+                cells[cell_key(m, k, n, b, c, t)] = {"why": _missing(c)}
+        for b, c in [(b, c) for b, c in mine if _missing(c) is None]:  # one at a time, each written as it ends
+            cell = run_conversation_unit(*loaded, Template(), n, list(DEPTHS[k]), t, [_job(c, b)], query=query,
+                                         optimum=not no_optimum)
+            cells[cell_key(m, k, n, b, c, t)] = {"model_id": loaded[2], **_summary(cell, cell["runs"][0], not no_optimum)}
+            _write(doc)
+            say(f"{c} @ {b} (query-{query}) run(s) {'read from the cache' if cell['runs'][0]['cached'] else 'measured'}")
+
+
+def measure(args) -> int:
+    from kvsim.models.needle_prompt import KEY_NAMES, NEEDLE_NAMED, QUESTION_NAMED
     from kvsim.models.quality import load
 
-    out = Path(args.out)
-    doc = json.loads(out.read_text(encoding="utf-8")) if out.exists() else {"cells": {}}
+    doc = json.loads(Path(args.out).read_text(encoding="utf-8")) if Path(args.out).exists() else {"cells": {}}
+    doc["out"] = Path(args.out)
     doc["plan"] = {"models": MODELS, "keys": KEYS, "lengths": LENGTHS, "budgets": BUDGETS, "trials": TRIALS,
                    "depths": {str(k): v for k, v in DEPTHS.items()}, "configs": [[k, *v] for k, v in CONFIGS.items()],
                    "new_tokens": 8, "seed": 0, "needle": NEEDLE_NAMED, "question": QUESTION_NAMED,
-                   "names": list(KEY_NAMES)}
-    cells = doc["cells"]
+                   "names": list(KEY_NAMES), "answer": ANSWER}
+    cells, nll = doc["cells"], doc.setdefault("delta_nll", {})
     models, keys, lengths = args.models.split(","), _ints(args.keys), _ints(args.lengths)
     budgets, configs = _ints(args.budgets), _names(args.policies, CONFIGS)
+    modes = [] if args.nll == "none" else ["closed", "open"] if args.nll == "both" else [args.nll]
     todo = [(m, k, n, t) for m in models for k in keys for n in lengths for t in range(args.trials)]
     t0 = time.perf_counter()
     for i, (m, k, n, t) in enumerate(todo):
         wanted = [(b, c) for b in budgets for c in configs
                   if cell_key(m, k, n, b, c, t) not in cells or "why" in cells[cell_key(m, k, n, b, c, t)]]
-        if not wanted:
+        losses = [(b, c, mode) for b in budgets for c in configs for mode in modes
+                  if CONFIGS[c][1] is None and nll_key(cell_key(m, k, n, b, c, t), mode) not in nll]
+        if not wanted and not losses:
             continue
-        model, tokenizer, model_id = load(m, None)
-        for query in ("aware", "agnostic"):
-            mine = [(b, c) for b, c in wanted if CONFIGS[c][2] == query]
-            runnable = [(b, c) for b, c in mine if _missing(c) is None]
-            for b, c in mine:
-                if _missing(c) is not None:
-                    cells[cell_key(m, k, n, b, c, t)] = {"why": _missing(c)}
-            for b, c in runnable:  # one configuration at a time, each written as it ends
-                cell = run_conversation_unit(model, tokenizer, model_id, Template(), n, list(DEPTHS[k]), t, [_job(c, b)],
-                                             query=query, optimum=not args.no_optimum)
-                cells[cell_key(m, k, n, b, c, t)] = {"model_id": model_id, **_summary(cell, cell["runs"][0],
-                                                                                     not args.no_optimum)}
-                atomic_write(out, lambda f: f.write((json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()))
-                print(f"[{i + 1}/{len(todo)}] {m} {k} keys {n} tokens trial {t + 1}: {c} @ {b} (query-{query}) run(s) "
-                      f"{'read from the cache' if cell['runs'][0]['cached'] else 'measured'}, "
-                      f"{time.perf_counter() - t0:.0f} s so far", file=sys.stderr, flush=True)
-    atomic_write(out, lambda f: f.write((json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()))
+
+        def say(what: str, i=i, m=m, k=k, n=n, t=t) -> None:
+            print(f"[{i + 1}/{len(todo)}] {m} {k} keys {n} tokens trial {t + 1}: {what}, "
+                  f"{time.perf_counter() - t0:.0f} s so far", file=sys.stderr, flush=True)
+
+        loaded = load(m, None)
+        _measure_found(doc, loaded, m, k, n, t, wanted, args.no_optimum, say)
+        if losses:
+            _measure_nll(doc, loaded, m, k, n, t, losses, say)
+    _write(doc)
     return 0
+
+
+def _write(doc: dict) -> None:
+    """The study, atomically, to where ``measure`` read it (``doc["out"]``, not written into it)."""
+    body = {k: v for k, v in doc.items() if k != "out"}
+    atomic_write(doc["out"], lambda f: f.write((json.dumps(body, indent=1, sort_keys=True) + "\n").encode()))
 
 
 def main(argv=None) -> int:
@@ -153,6 +233,9 @@ def main(argv=None) -> int:
     m.add_argument("--policies", default=",".join(CONFIGS), help="configurations: " + ", ".join(CONFIGS))
     m.add_argument("--trials", type=int, default=TRIALS)
     m.add_argument("--no-optimum", action="store_true")
+    m.add_argument("--nll", choices=("open", "closed", "both", "none"), default="open",
+                   help="the delta NLL per turn of the exact-prompt configurations, in quality --conversation's "
+                        "open or closed loop (default: open)")
     args = p.parse_args(argv)
     bad = [k for k in _ints(args.keys) if k not in DEPTHS]
     if bad:
