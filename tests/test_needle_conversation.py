@@ -92,6 +92,25 @@ def _ids(folder, cell, positions):
     return [prompt.context[p] for p in positions]
 
 
+@pytest.mark.parametrize(("policy", "params"), [("h2o", {"recent_window": 2}), ("keydiff", {}),
+                                               ("expected_attention", {"refresh": 4})], ids=["h2o", "keydiff", "expected"])
+def test_a_conversation_on_the_tensor_path_records_what_the_reference_path_does(folder, policy, params):
+    """Two turns on one cache, each turn's question a further call: the tensor path's tokens and every position's
+    departure in every (layer, KV head) equal the reference path's (``tensor=False``)."""
+    from kvsim.models.needle_conversation import run_conversation
+    from kvsim.models.needle_prompt import Builder, Template, conversation
+    from kvsim.models.needle_runs import Job
+    from kvsim.models.quality import load
+
+    model, tokenizer, _ = load(str(folder), None)
+    prompt = conversation(Builder(tokenizer, Template()), int(LENGTH), (0.3, 0.7), ("31", "58"), 0)
+    job = Job(policy, 24, tuple(sorted(params.items())))
+    fast, slow = (run_conversation(model, prompt, job, seed=0, tensor=t) for t in (True, False))
+    assert fast["tokens"] == slow["tokens"]
+    assert np.array_equal(fast["left"], slow["left"])
+    assert (slow["left"] >= 0).any()  # it did evict
+
+
 def test_the_retained_mass_read_from_departures_is_the_harness_own(folder):
     """``retained_mass`` on departures reads what the simulator's replay reports, for the optimum and for h2o."""
     from kvsim.models import needle_traces as nt

@@ -87,10 +87,12 @@ def conversation_ids(prompt: ConversationPrompt, tokens: Sequence[Sequence[int]]
 
 
 def run_conversation(model, prompt: ConversationPrompt, job: Job, *, new_tokens: int = NEW_TOKENS, seed: int | None = None,
-                     eos=None, query: str = DEFAULT_QUERY) -> dict:
+                     eos=None, query: str = DEFAULT_QUERY, tensor: bool | None = None) -> dict:
     """One conversation through ``job`` (``CONTROL``: transformers' full cache): ``tokens`` per turn, the timings,
     ``positions``, ``turn_starts``; for a policy ``left`` (every position's departure step per (layer, KV head),
-    -1 for held to the end) and ``budgets``."""
+    -1 for held to the end) and ``budgets``. The cache is ``kvsim.hf.cache``'s: the tensor path where the job can
+    take it (``tensor=False``: the reference path, which the tensor path's records equal,
+    tests/test_needle_conversation.py)."""
     import kvsim.hf as hf
     from kvsim.hf.conversation import converse
 
@@ -106,7 +108,7 @@ def run_conversation(model, prompt: ConversationPrompt, job: Job, *, new_tokens:
         return {**talk, "left": None, "budgets": None}
     how = job.how
     cache = hf.cache(model, job.policy, job.budget, seed=seed, allocate=how["allocate"], **_cache_how(how["prefill"]),
-                     **_layout_how(job.layout), tensor=False, **dict(job.params))
+                     **_layout_how(job.layout), **({} if tensor is None else {"tensor": tensor}), **dict(job.params))
     watch = _Departures(cache, total)
     talk = converse(model, cache, prompt.context, prompt.questions, new_tokens, eos=eos, query=query)
     watch.collect()
