@@ -186,7 +186,9 @@ def test_a_batch_of_rows_of_several_policy_classes_matches_the_reference():
     assert [len(layer.groups) for layer in cache.layers] == [6] * len(cache.layers)
     assert out[TensorLayer] == out[EvictingLayer]
     with pytest.raises(hf.HFError, match="a layer of several policy classes .* cannot select or reorder rows"):
-        cache.reorder_cache(torch.arange(len(CLASSES)))
+        cache.reorder_cache(torch.arange(len(CLASSES)).flip(0))
+    assert [[[layer.held(b, h).tolist() for h in range(heads)] for b in range(len(CLASSES))]
+            for layer in cache.layers] == out[TensorLayer]  # refused before anything moved
 
 
 def test_a_decode_step_reads_nothing_back_to_the_host(monkeypatch):

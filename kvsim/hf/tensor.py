@@ -199,6 +199,9 @@ class TensorLayer(EvictingLayer):
         or the rows differ, to the per-row lists (``rows()``: the old row of each new one)."""
         if self.handed is not None:
             raise HFError(self.lost())
+        if self.groups is not None and len(self.groups) > 1:  # refused before anything moves
+            raise HFError(f"{self.name}: a layer of several policy classes keeps each class's rows in its own state; it "
+                          "cannot select or reorder rows (beam search, batch selection)")
         lists = [name for name in ("policies", "_row_budgets", "budgets") if getattr(self, name) is not None
                  and (name != "policies" or self.is_initialized or self.specs is None)]
         if not self.is_initialized and not lists:
@@ -210,9 +213,6 @@ class TensorLayer(EvictingLayer):
                 setattr(self, name, [old[i] for i in at])
         if not self.is_initialized:
             return
-        if len(self.groups) > 1:
-            raise HFError(f"{self.name}: a layer of several policy classes keeps each class's rows in its own state; it "
-                          "cannot select or reorder rows (beam search, batch selection)")
         group = self.groups[0]
         state = group.state
         self._keys, self._values, self.pos = tensors(self._keys), tensors(self._values), tensors(self.pos)
