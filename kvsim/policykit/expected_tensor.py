@@ -63,22 +63,18 @@ def turns(state, upto: int):
 def _state(policies, batch, heads, width, device):
     import torch
 
-    p0 = policies[0][0]
     # ``full``: every held column's logits are due (the first ranking, or new statistics since the last); else only
     # the column admitted since, which every step after the first ranking is ranked at
-    host = {"rope": None, "refresh": sorted({p.refresh for row in policies for p in row}), "full": True}
-    future = [[p.future_positions for p in row] for row in policies]
+    host = {"rope": None, "refresh": sorted({p.refresh for row in policies for p in row}), "full": True,
+            "future": [[p.future_positions for p in row] for row in policies],
+            "windows": max(p.query_window for row in policies for p in row)}
     params = {"sinks": param(policies, "sinks", device), "window": param(policies, "query_window", device),
               "refresh": param(policies, "refresh", device),
               "period": torch.full((batch, heads), -1, dtype=torch.int64, device=device),
               "count": torch.zeros(batch, heads, dtype=torch.int64, device=device)}
-    state = TensorState(params, {"norm": slots(batch, heads, width, device),
-                                 "stamp": torch.full((batch, heads, width), -1, dtype=torch.int64, device=device)},
-                        host=host)
-    state.host["future"] = future
-    state.host["windows"] = max(p.query_window for row in policies for p in row)
-    state.host["first"] = p0
-    return state
+    return TensorState(params, {"norm": slots(batch, heads, width, device),
+                                "stamp": torch.full((batch, heads, width), -1, dtype=torch.int64, device=device)},
+                       host=host)
 
 
 def _lazy(state, key, query):
