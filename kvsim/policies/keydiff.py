@@ -50,7 +50,7 @@ from ..jit import kernel
 from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding
 from ..policykit.registry import register
 from ..policykit.slot_hooks import Shape, SlotHooks, _drop, _first_max
-from ..policykit.tensor_hooks import TensorHooks, TensorState, admitted, in_order
+from ..policykit.tensor_hooks import TensorHooks, TensorState, admitted, held_columns, in_order
 from ..policykit.tensor_hooks import key_norms as tensor_key_norms
 from .knorm import KeyedSlots, _key_norm, kernel_keys, key_norms
 
@@ -229,10 +229,6 @@ STEPS = SlotHooks("keydiff_steps", _keydiff_state, admit=_keydiff_admit, score=_
 # order, ``||s||`` as a key norm, then one division per column
 
 
-#: where a column that holds no position sorts
-_LAST = np.iinfo(np.int64).max
-
-
 def _keydiff_tensor_state(policies, batch, heads, width, device):
     return TensorState()
 
@@ -252,8 +248,7 @@ def _keydiff_tensor_rank(state, cols):
     import torch
 
     held = cols.held
-    n = min(held.shape[-1], max(max(row) for row in state.host["budgets"]) + 1)  # what a head can hold
-    at = torch.where(held, cols.pos, _LAST).argsort(-1)[..., :n]  # the held columns in position order, then others
+    at = held_columns(state, cols)
     slot = state.slots["unit"]
     units = slot.gather(2, at[..., None].expand(-1, -1, -1, slot.shape[-1])) * held.gather(-1, at)[..., None]
     total = units.cumsum(2)[:, :, -1]  # (batch, heads, d): kept order, the columns not held adding zeros after

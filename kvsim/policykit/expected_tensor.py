@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .tensor_hooks import TensorHooks, TensorState, admitted, key_norms, param, slots
+from .tensor_hooks import TensorHooks, TensorState, admitted, held_columns, key_norms, param, slots
 
-#: the largest position: where a column that holds none sorts
-_LAST = np.iinfo(np.int64).max
 #: positions of rotations the table holds at first (it doubles past them)
 TABLE = 1024
 
@@ -197,8 +195,7 @@ def _rank(state, cols):
 
     p, sl = state.params, state.slots
     held = cols.held
-    n = min(held.shape[-1], max(max(row) for row in state.host["budgets"]) + 1)  # what a head can hold
-    at = torch.where(held, cols.pos, _LAST).argsort(-1)[..., :n]  # the held columns, in position order
+    at = held_columns(state, cols)
     inside = held.gather(-1, at)  # (b, k, n)
     if state.host["full"]:
         _logits(state, at, inside)

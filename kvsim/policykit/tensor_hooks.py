@@ -110,6 +110,16 @@ def key_norms(keys):
     return in_order(k * k).sqrt()
 
 
+def held_columns(state, cols: Columns):
+    """``(batch, heads, n)``: each head's held columns in position order, then others, ``n`` the most a head of the
+    layer can hold (its largest budget + 1): what a policy gathers to score the held alone, whatever the width."""
+    import torch
+
+    held = cols.held
+    n = min(held.shape[-1], max(max(row) for row in state.host["budgets"]) + 1)
+    return torch.where(held, cols.pos, torch.iinfo(torch.int64).max).argsort(-1)[..., :n]
+
+
 def admitted(slot, new, value):
     """``slot`` ``(batch, heads, width, ...)`` with t's column (``new``) set to ``value`` ``(batch, heads, ...)``. A
     slot of vectors is written in place, t's column alone (a row with no new column writes its column 0 back as it
@@ -126,4 +136,4 @@ def admitted(slot, new, value):
     return slot.scatter_(2, index, torch.where(came, value, slot.gather(2, index)))
 
 
-__all__ = ["Columns", "TensorHooks", "TensorState", "admitted", "in_order", "key_norms", "param", "slots"]
+__all__ = ["Columns", "TensorHooks", "TensorState", "admitted", "held_columns", "in_order", "key_norms", "param", "slots"]
