@@ -31,14 +31,10 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-import plotly
 from checkout import this_checkout
-from figure_draw import LINKS, PAGE, WIDTH
+from figure_draw import LINKS, WIDTH, plotly_page
 
-from kvsim.bench import browser as bb
 from kvsim.bench import checkout_env
 
 ROOT = this_checkout(__file__)
@@ -108,25 +104,15 @@ def charts(name: str) -> list[dict]:
 
 
 async def mount_all(figs: dict[str, dict], reps: int) -> dict[str, dict[str, list[float]]]:
-    from playwright.async_api import async_playwright
-
-    plotly_js = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text()
     times: dict[str, dict[str, list[float]]] = {n: {s: [] for s in STAGES} for n in figs}
-    with tempfile.TemporaryDirectory() as tmp:
-        page_file = Path(tmp) / "page.html"
-        page_file.write_text(PAGE.format(plotly=plotly_js))
-        async with async_playwright() as p:
-            browser = await p.chromium.launch(executable_path=bb.CHROMIUM, args=bb.CHROMIUM_ARGS)
-            page = await browser.new_page(viewport={"width": 1500, "height": 1250})
-            await page.goto(page_file.as_uri())
-            for rep in range(reps + 1):  # the first round not counted: Plotly's own first-use costs
-                for name, chart in figs.items():
-                    width = WIDTH.get(name.split("#")[0], 1100)
-                    out = await page.evaluate(MOUNT, [json.loads(chart["spec"]), width, chart["modes"]])
-                    for stage, ms in out.items():
-                        if rep:
-                            times[name][stage].append(ms)
-            await browser.close()
+    async with plotly_page() as page:
+        for rep in range(reps + 1):  # the first round not counted: Plotly's own first-use costs
+            for name, chart in figs.items():
+                width = WIDTH.get(name.split("#")[0], 1100)
+                out = await page.evaluate(MOUNT, [json.loads(chart["spec"]), width, chart["modes"]])
+                for stage, ms in out.items():
+                    if rep:
+                        times[name][stage].append(ms)
     return times
 
 

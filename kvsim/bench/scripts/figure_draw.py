@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import json
 import statistics
@@ -120,28 +121,38 @@ def _drop(fig: dict, part: str) -> dict:
 PARTS = ("key", "notes", "shapes", "images", "marker text", "hover", "linked axes", "markers", "dashes")
 
 
-async def draw_all(figs: dict[str, dict], reps: int) -> dict[str, dict[str, list[float]]]:
+@contextlib.asynccontextmanager
+async def plotly_page():
+    """A page of headless Chromium (Debian's, as ``kvsim bench --browser`` runs it) with Plotly loaded from the
+    installed package, 1500 x 1250: where the figures are drawn (this script's and chart_mount.py's)."""
     from playwright.async_api import async_playwright
 
     plotly_js = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text()
-    variants = {name: {"as sent": fig, **{f"no {p}": _drop(fig, p) for p in PARTS if _drop(fig, p) != fig}}
-                for name, fig in figs.items()}
-    times: dict[str, dict[str, list[float]]] = {n: {v: [] for v in vs} for n, vs in variants.items()}
     with tempfile.TemporaryDirectory() as tmp:
         page_file = Path(tmp) / "page.html"
         page_file.write_text(PAGE.format(plotly=plotly_js))
         async with async_playwright() as p:
             browser = await p.chromium.launch(executable_path=bb.CHROMIUM, args=bb.CHROMIUM_ARGS)
-            page = await browser.new_page(viewport={"width": 1500, "height": 1250})
-            await page.goto(page_file.as_uri())
-            for name, vs in variants.items():  # once each, not counted: Plotly's own first-use costs
-                for fig in vs.values():
-                    await page.evaluate(DRAW, [fig, WIDTH.get(name.split("#")[0], 1100)])
-            for _ in range(reps):
-                for name, vs in variants.items():
-                    for v, fig in vs.items():
-                        times[name][v].append(await page.evaluate(DRAW, [fig, WIDTH.get(name.split("#")[0], 1100)]))
-            await browser.close()
+            try:
+                page = await browser.new_page(viewport={"width": 1500, "height": 1250})
+                await page.goto(page_file.as_uri())
+                yield page
+            finally:
+                await browser.close()
+
+
+async def draw_all(figs: dict[str, dict], reps: int) -> dict[str, dict[str, list[float]]]:
+    variants = {name: {"as sent": fig, **{f"no {p}": _drop(fig, p) for p in PARTS if _drop(fig, p) != fig}}
+                for name, fig in figs.items()}
+    times: dict[str, dict[str, list[float]]] = {n: {v: [] for v in vs} for n, vs in variants.items()}
+    async with plotly_page() as page:
+        for name, vs in variants.items():  # once each, not counted: Plotly's own first-use costs
+            for fig in vs.values():
+                await page.evaluate(DRAW, [fig, WIDTH.get(name.split("#")[0], 1100)])
+        for _ in range(reps):
+            for name, vs in variants.items():
+                for v, fig in vs.items():
+                    times[name][v].append(await page.evaluate(DRAW, [fig, WIDTH.get(name.split("#")[0], 1100)]))
     return times
 
 
