@@ -42,6 +42,7 @@ import torch
 
 from ..policies import Policy
 from ..policykit.tensor_hooks import Columns, TensorHooks, TensorState
+from . import walk as _walk
 from .cache import LAYER, EvictingLayer, real_positions
 from .eager import grouped
 from .refusal import HFError
@@ -389,7 +390,9 @@ class TensorLayer(EvictingLayer):
         whole call found and the call's positions before it (the full cache's rows), ``self.chunk`` queries'
         logits at a time, and compacts once."""
         n = q.shape[3]
-        if self.prefill == "fast":
+        if _walk.fits(self, q, real):  # a first prompt on a CPU: one compiled loop per block (kvsim.hf.walk)
+            out = _walk.run(self, q, key, value, call)
+        elif self.prefill == "fast":
             out = self._part(q, key, value, call, real)
         else:
             out = torch.cat([self._part(q[:, :, :, a : a + self.chunk], key[:, :, a : a + self.chunk],

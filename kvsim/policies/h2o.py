@@ -93,7 +93,8 @@ def _h2o_tensor_rank(state, cols):
 
 
 #: h2o's tensor step, which its ``tensor_step`` names
-TENSOR = TensorHooks("h2o", _h2o_tensor_state, _h2o_tensor_rank, observe=_h2o_tensor_observe, admit=_h2o_tensor_admit)
+TENSOR = TensorHooks("h2o", _h2o_tensor_state, _h2o_tensor_rank, observe=_h2o_tensor_observe, admit=_h2o_tensor_admit,
+                     walk=(("score", 1),))
 
 
 @register

@@ -115,7 +115,8 @@ def _normalized_tensor_rank(state, cols):
 
 #: h2o_normalized's tensor step, which its ``tensor_step`` names
 TENSOR = TensorHooks("h2o_normalized", _normalized_tensor_state, _normalized_tensor_rank,
-                     observe=_normalized_tensor_observe, admit=_normalized_tensor_admit)
+                     observe=_normalized_tensor_observe, admit=_normalized_tensor_admit,
+                     walk=(("sum", 1), ("count", 2)))
 
 
 @register

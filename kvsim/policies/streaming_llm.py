@@ -79,7 +79,7 @@ def _window_tensor_rank(state, cols):
 
 
 #: streaming_llm's and sliding_window's tensor step, which their ``tensor_step`` names
-TENSOR = TensorHooks("streaming_llm", _window_tensor_state, _window_tensor_rank)
+TENSOR = TensorHooks("streaming_llm", _window_tensor_state, _window_tensor_rank, walk=())
 
 
 @register

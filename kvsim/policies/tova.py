@@ -91,7 +91,8 @@ def _tova_tensor_rank(state, cols):
 
 
 #: tova's tensor step, which its ``tensor_step`` names
-TENSOR = TensorHooks("tova", _tova_tensor_state, _tova_tensor_rank, observe=_tova_tensor_observe, admit=_tova_tensor_admit)
+TENSOR = TensorHooks("tova", _tova_tensor_state, _tova_tensor_rank, observe=_tova_tensor_observe, admit=_tova_tensor_admit,
+                     walk=(("weight", 0),))
 
 
 @register

@@ -208,6 +208,19 @@ def tensor_step(name: str):
     return policy_class(name).tensor_step
 
 
+def walks_prompt(name: str) -> tuple | None:
+    """How ``name``'s engine hooks walk a cache's first prompt on a CPU (``kvsim.hf.walk``): its tensor step's ``walk``
+    (which engine state array each tensor slot is), or None where its tensor step declares none or its engine binding
+    gives no ``SlotHooks`` to walk with."""
+    from .slot_hooks import SlotHooks
+    from .tensor_hooks import TensorHooks
+
+    cls = policy_class(name)
+    walk = cls.tensor_step.walk if isinstance(cls.tensor_step, TensorHooks) else None
+    binding = cls.engine_binding
+    return walk if walk is not None and binding is not None and isinstance(binding.kernel, SlotHooks) else None
+
+
 def needs_model(name: str) -> bool:
     """Whether ``name`` is a prompt scorer whose scores a pass of the model computes (not a trace's rows)."""
     return policy_class(name).needs_model

@@ -1,0 +1,337 @@
+"""A cache's first prompt walked in one compiled loop on a CPU: the tensor path's chunk step (``kvsim.hf.tensor``,
+``TensorLayer._part``) with its per-position work fused into one numba call per block of positions and policy class.
+
+On one CPU thread the tensor path's walk through a prompt is dispatch-bound: each position of each layer is some
+forty small tensor operations (the softmax over what the position still sees, what the policy is shown, its step,
+the ranks and the victim), microseconds each, 18,000-90,000 times for a 1,024-token prompt on the shipped models.
+Here the products stay torch's (the block's logits against the held keys and its own, one matmul per head; the
+outputs from the same rows, one more), and what lies between them, per position and (row, KV head), is one loop:
+
+- ``exact``: each query head's softmax over the columns the position still sees (the held ones, inside the model's
+  sliding window if the layer has one, and its own), float32 weights from float32 exponentials over a float64 sum;
+  ``fast``: the rows torch computed over what the call found and the call causally, as the tensor path computes them;
+- what the policy is shown: the combining rule's row (the group's mean folded in head order in float64, over the
+  columns held before the position), its sum in position order, the policy's own ``observe`` hook of the engine
+  (``kvsim.sim.kernels``; it adds ``float64(float32(row / sum))``, the tensor path's shown row);
+- the position admitted into its column by the policy's ``admit`` hook; where the head is over its budget, its
+  ``pick`` hook's victim (the first minimum over its candidates in position order: the cards' tie rule) leaves,
+  its departure noted where the layer ``watch``es.
+
+The policy is the same code the simulator's engine replays (its ``SlotHooks``, declared beside it); what the
+tensor step keeps per column is read out of the engine's state after the walk, at the places the tensor path's
+compaction puts each position (the policy's ``TensorHooks.walk``: which state array each tensor slot is). A class
+takes this route when its tensor step declares ``walk`` (``registry.walks_prompt``): h2o, h2o_normalized, tova,
+streaming_llm and sliding_window. Only a layer's first prompt does, on a CPU, float32, unpadded, numba installed;
+anything else walks on the tensor path's operations. The weights differ from the tensor path's softmax in their
+last float32 bits (a sum in another order: relatively within ``n x 2^-24`` of the exact one, either way,
+docs/domain.md's tolerance rule); tests/test_hf_walk.py holds held sets, scores and tokens to the tensor path's.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from ..jit import AVAILABLE, kernel, sources_digest
+from ..policykit.slot_hooks import Shape, SlotHooks, _drop
+from .tensor_math import logits as _logits
+from .tensor_math import outputs as _outputs
+from .tensor_math import softmax as _softmax
+
+
+@kernel
+def _softmax_row(lg, w, k_c, p_c, n, own, t, window):
+    """Row t's weights ``w`` ``(G, columns)`` from its logits ``lg``: each query head's softmax over the ``n`` held
+    columns ``k_c[:n]`` (positions ``p_c``) inside ``window`` (0: none) and its own column ``own``."""
+    for g in range(lg.shape[0]):
+        lg_g = lg[g]
+        w_g = w[g]
+        top = lg_g[own]
+        for i in range(n):
+            if window == 0 or p_c[i] > t - window:
+                if lg_g[k_c[i]] > top:
+                    top = lg_g[k_c[i]]
+        total = 0.0
+        for i in range(n):
+            if window == 0 or p_c[i] > t - window:
+                e = np.exp(lg_g[k_c[i]] - top)
+                w_g[k_c[i]] = e
+                total += np.float64(e)
+        e = np.exp(lg_g[own] - top)
+        w_g[own] = e
+        total += np.float64(e)
+        for i in range(n):
+            if window == 0 or p_c[i] > t - window:
+                w_g[k_c[i]] = np.float32(np.float64(w_g[k_c[i]]) / total)
+        w_g[own] = np.float32(np.float64(w_g[own]) / total)
+
+
+@kernel
+def _marks_row(w, k_c, p_c, n, own, t, window):
+    """Row t's visible columns (held, inside ``window``, and its own) marked 1 in ``w`` ``(columns,)``."""
+    for i in range(n):
+        if window == 0 or p_c[i] > t - window:
+            w[k_c[i]] = 1.0
+    w[own] = 1.0
+
+
+@kernel
+def _combined(w, k_c, n, gather):
+    """The combining rule's row over the ``n`` held columns ``k_c``: the group's mean in float64 folded in head order
+    into ``gather``, and its sum in position order."""
+    heads = w.shape[0]
+    total = 0.0
+    for i in range(n):
+        k = k_c[i]
+        acc = np.float64(w[0, k])
+        for g in range(1, heads):
+            acc += np.float64(w[g, k])
+        acc = acc / heads
+        gather[i] = acc
+        total += acc
+    return total
+
+
+def _walk_steps(lg, ws, mode, m, t0, own0, window, budgets, pos, p, col, length, left, observes, gather, A, state):
+    """Positions ``t0 .. t0 + m - 1`` of a block (row j in ``lg`` and ``ws`` ``(configurations, rows, G, columns)``,
+    its column ``own0 + j``) for every configuration c (a (row, KV head)): held positions ``p[c, :length[c]]`` in
+    position order, in columns ``col[c]``; ``pos[c, column]`` the position a column holds (-1: none), changed in
+    place; ``left[c, q]`` the step at which position q left (``left`` of width 0: none watched). ``mode``: 0, the
+    rows are in ``ws`` already (``fast``); 1, each row's softmax into ``ws`` from ``lg`` (``exact``); 2, each row's
+    visible columns marked 1 in ``ws[c, j, 0]``, for outputs a masked fused attention computes (a policy that reads
+    no attention). Specialised with a policy's hooks as the globals ``observe``, ``admit``, ``pick`` and ``drop``
+    (``walk_kernel``)."""
+    watched = left.shape[1]
+    for j in range(m):
+        t = t0 + j
+        own = own0 + j
+        for c in range(budgets.shape[0]):
+            n = length[c]
+            p_c = p[c]
+            k_c = col[c]
+            if mode == 1:
+                _softmax_row(lg[c, j], ws[c, j], k_c, p_c, n, own, t, window)
+            elif mode == 2:
+                _marks_row(ws[c, j, 0], k_c, p_c, n, own, t, window)
+            if observes and t > 0:
+                total = _combined(ws[c, j], k_c, n, gather)
+                observe(state, c, p_c, n, gather, total)  # noqa: F821 - a specialisation's global
+            p_c[n] = t
+            k_c[n] = own
+            pos[c, own] = t
+            admit(state, c, p_c, n)  # noqa: F821
+            n += 1
+            if n > budgets[c]:
+                best = pick(state, c, t, p_c, n, A, 0, False)  # noqa: F821
+                drop(state, c, best, n)  # noqa: F821
+                gone = p_c[best]
+                pos[c, k_c[best]] = -1
+                if gone < watched:
+                    left[c, gone] = t
+                _drop(p_c, best, n)
+                _drop(k_c, best, n)
+                n -= 1
+            length[c] = n
+
+
+@kernel
+def _relocate(pos, p, col, length):
+    """After the layer's compaction: each held position's column, read off the new map ``pos`` ``(configurations,
+    slots)``."""
+    for c in range(pos.shape[0]):
+        n = length[c]
+        for s in range(pos.shape[1]):
+            q = pos[c, s]
+            if q >= 0:
+                col[c, np.searchsorted(p[c, :n], q)] = s
+
+
+@kernel
+def _nothing_observed(state, c, p_c, n, gather, total):
+    pass
+
+
+@kernel
+def _nothing_admitted(state, c, p_c, n):
+    pass
+
+
+@kernel
+def _nothing_dropped(state, c, best, n):
+    pass
+
+
+_TEMPLATE = {name: _walk_steps.__globals__[name] for name in _walk_steps.__code__.co_names
+             if name in _walk_steps.__globals__}
+_MADE: dict = {}
+
+
+def walk_kernel(hooks: SlotHooks):
+    """The walk specialised with a policy's engine hooks (compiled on first use, cached on disk under the hooks' name
+    and a digest of every file they reach, as ``kvsim.sim.kernels.slot_kernel`` names its loops)."""
+    if hooks not in _MADE:
+        named = {"observe": hooks.observe or _nothing_observed, "admit": hooks.admit or _nothing_admitted,
+                 "pick": hooks.pick, "drop": hooks.drop or _nothing_dropped}
+        name = f"walk_{hooks.name}_{sources_digest([*named.values(), *_TEMPLATE.values()])}"
+        fn = types.FunctionType(_walk_steps.__code__, {**_TEMPLATE, **named}, name)
+        fn.__qualname__, fn.__module__ = name, __name__
+        fn.__doc__ = f"{name}: ``_walk_steps`` with {hooks.name}'s hooks."
+        _MADE[hooks] = globals()[name] = kernel(fn)
+    return _MADE[hooks]
+
+
+def _binding(cls):
+    """``(SlotHooks, walk)`` of a class whose tensor step declares ``walk``, else None."""
+    from ..policykit import registry
+
+    walk = registry.walks_prompt(cls.name)
+    return None if walk is None else (cls.engine_binding.kernel, walk)
+
+
+#: whether a call that fits walks here (``off()`` says no: the benchmark's before, the tests' other side)
+_on = [True]
+
+
+@contextmanager
+def off() -> Iterator[None]:
+    """Within this block every prompt walks on the tensor path's operations."""
+    _on.append(False)
+    try:
+        yield
+    finally:
+        _on.pop()
+
+
+def fits(layer, q, real) -> bool:
+    """Whether ``layer``'s call of ``q`` walks here: its first prompt, unpadded, float32 on a CPU, numba installed,
+    every group's class declaring ``walk``, and not ``off()``."""
+    return (AVAILABLE and _on[-1] and layer.seen == 0 and real is None and q.device.type == "cpu" and q.dtype == torch.float32
+            and all(_binding(type(group.state.host["policies"][0][0])) is not None for group in layer.groups))
+
+
+class _Walker:
+    """One group's walk through a call: its configurations (rows x KV heads) ``lo .. hi``, the engine's state of its
+    policy and the held positions in position order with their columns."""
+
+    def __init__(self, group, heads: int, steps: int):
+        policies = [p for row in group.state.host["policies"] for p in row]
+        cls = type(policies[0])
+        self.hooks, self.walk = _binding(cls)
+        self.group = group
+        self.lo, self.hi = group.rows.start * heads, group.rows.stop * heads
+        width = max(p.budget for p in policies) + 1
+        configs = len(policies)
+        self.state = self.hooks.state(Shape(configs, width, steps), **cls.engine_inputs(policies, steps))
+        self.budgets = np.array([p.budget for p in policies], dtype=np.int64)
+        self.p = np.zeros((configs, width), dtype=np.int64)
+        self.col = np.zeros((configs, width), dtype=np.int64)
+        self.length = np.zeros(configs, dtype=np.int64)
+        self.gather = np.zeros(width, dtype=np.float64)
+        self.observes = group.observes
+        self.step = walk_kernel(self.hooks)
+
+    def block(self, lg, ws, mode, m, t0, own0, window, pos, left):
+        c = slice(self.lo, self.hi)
+        self.step(lg[c], ws[c], mode, m, t0, own0, window, self.budgets, pos[c], self.p, self.col, self.length, left[c],
+                  self.observes, self.gather, _NO_ROWS, self.state)
+
+    def slots(self, heads: int, width: int, device):
+        """The group's tensor state's slots after the walk: each held position's engine values at its column."""
+        fresh = self.group.hooks.state(self.group.state.host["policies"], self.hi // heads - self.lo // heads, heads,
+                                       width, device)
+        held = np.arange(self.p.shape[1])[None, :] < self.length[:, None]
+        configs = np.nonzero(held)[0]
+        for name, index in self.walk:
+            flat = fresh.slots[name].numpy().reshape(len(self.length), width)
+            flat[configs, self.col[held]] = self.state[index][held]
+        return fresh.slots
+
+
+#: the rows a pick may read (none of the walking policies reads them)
+_NO_ROWS = np.zeros((0, 0), dtype=np.float32)
+#: a block's logits or weights where the walk reads none (a fast prompt of policies that read no attention)
+_NO_BLOCK = torch.zeros(0, 0, 0, 0, dtype=torch.float32)
+
+
+def run(layer, q, key, value, call):
+    """``layer``'s first prompt ``q`` ``(batch, heads, G, n, d)`` walked here (``fits``): its outputs ``(batch,
+    heads, G, n, d)``, the layer left as the tensor path's ``_chunk`` leaves it."""
+    batch, heads, width = layer.pos.shape
+    n, g = q.shape[3], q.shape[2]
+    walkers = [_Walker(group, heads, n) for group in layer.groups]
+    configs = batch * heads
+    left = (layer.left.numpy().reshape(configs, -1) if layer.left is not None
+            else np.zeros((configs, 0), dtype=np.int64))
+    fast = layer.prefill == "fast"
+    window = 0 if call.window is None else int(call.window)
+    out = q.new_empty(batch, heads, g, n, value.shape[-1])
+    part = n if fast else layer.chunk
+    for a in range(0, n, part):
+        b = min(a + part, n)
+        _part(layer, walkers, q[:, :, :, a:b], key[:, :, a:b], value[:, :, a:b], call, out[:, :, :, a:b], fast,
+              window, left)
+    layer._count = torch.from_numpy(np.concatenate([w.length for w in walkers]).reshape(batch, heads).copy())
+    for group, walker in zip(layer.groups, walkers, strict=True):
+        group.state.slots = walker.slots(heads, width, layer.pos.device)
+    layer.seen = n
+    return out
+
+
+#: queries per block: each block's logits reach only the columns up to its last position (a causal prefix), so the
+#: products and softmaxes are those of a causal pass, give or take a block's triangle
+BLOCK = 128
+
+
+def _part(layer, walkers, q, key, value, call, out, fast, window, left) -> None:
+    """One part of the call (all of it ``fast``, a chunk ``exact``): its columns (the slots, then its positions), the
+    walk over blocks of queries, the outputs into ``out``, and the layer's compaction. In a part that starts with
+    nothing held (the first), no query reads a slot: its blocks' columns are its own positions alone."""
+    t0, n = layer.seen, q.shape[3]
+    batch, heads, width = layer.pos.shape
+    configs, g = batch * heads, q.shape[2]
+    keys = torch.cat([layer._keys, key], dim=2)
+    values = torch.cat([layer._values, value], dim=2)
+    pos = torch.cat([layer.pos, torch.full((batch, heads, n), -1, dtype=torch.int64)], dim=2)
+    shift = width if t0 == 0 else 0  # the first column a query of this part may read
+    flat = pos.numpy().reshape(configs, width + n)[:, shift:]
+    block = min(BLOCK, layer.chunk)
+    # no policy of the layer reads attention: the outputs come from a fused attention masked by what each row sees
+    masked = call.softcap is None and not any(walker.observes for walker in walkers)
+    for a in range(0, n, block):
+        m = min(a + block, n) - a
+        hi = width + a + m  # the columns up to the block's last position
+        k, v = keys[:, :, shift:hi], values[:, :, shift:hi]
+        if fast:  # the full cache's rows: the call causally (a first prompt: nothing found before it)
+            mine = torch.arange(hi - width)[None, :]
+            at = (a + torch.arange(m))[:, None]
+            sees = ((mine <= at) & ((mine > at - window) if window else True))[None, None]
+        if masked:  # no weights: nothing but what each row sees (fast) or the walk's marks of it (exact)
+            lg = ws = torch.zeros(batch, heads, m, 1, hi - shift, dtype=torch.float32) if not fast else _NO_BLOCK
+        else:
+            lg = _logits(q[:, :, :, a : a + m].transpose(2, 3), k, call)  # (batch, heads, m, G, cols)
+            ws = _softmax(lg, sees, q.dtype) if fast else torch.zeros_like(lg)
+        lg_np = lg.numpy().reshape(configs, *lg.shape[2:]) if lg.dim() == 5 else _NO_BLOCK.numpy()
+        ws_np = ws.numpy().reshape(configs, *ws.shape[2:]) if ws.dim() == 5 else _NO_BLOCK.numpy()
+        mode = 0 if fast else 2 if masked else 1
+        for walker in walkers:
+            walker.block(lg_np, ws_np, mode, m, t0 + a, width + a - shift, window, flat, left)
+        if masked:
+            seen = sees.expand(batch, heads, m, -1) if fast else ws[:, :, :, 0] > 0
+            rows = torch.nn.functional.scaled_dot_product_attention(
+                q[:, :, :, a : a + m].reshape(batch, heads, g * m, -1), k, v, attn_mask=seen.repeat(1, 1, g, 1),
+                scale=call.scale)
+        else:
+            rows = _outputs(ws.reshape(batch, heads, m * g, hi - shift), v).reshape(batch, heads, m, g, -1).transpose(2, 3)
+        out[:, :, :, a : a + m] = rows.reshape(batch, heads, g, m, -1)
+    layer._compact(width, keys, values, pos, [{} for _ in layer.groups])
+    new = layer.pos.numpy().reshape(configs, width)
+    for walker in walkers:
+        _relocate(new[walker.lo : walker.hi], walker.p, walker.col, walker.length)
+    layer.seen = t0 + n
+
+
+__all__ = ["fits", "off", "run", "walk_kernel"]

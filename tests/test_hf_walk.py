@@ -1,0 +1,109 @@
+"""A first prompt walked in one compiled loop (kvsim.hf.walk) held to the tensor path's own operations
+(``walk.off()``): the same held sets, departures, peaks and tokens, and each held column's state within the
+rounding the two softmaxes may differ by, for every policy whose tensor step declares ``walk``, on a tiny Llama
+and a tiny Gemma 3 (sliding layers), exact prompts in chunks and fast ones; a later prompt (a conversation's
+question) walks on the operations."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
+pytestmark = pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not installed (requirements-record.txt)")
+
+WALKING = [("h2o", {"recent_window": 4}), ("h2o_normalized", {"recent_window": 4}), ("tova", {}),
+           ("streaming_llm", {"sinks": 2}), ("sliding_window", {})]
+BUDGET, PROMPT, NEW, CHUNK = 16, 40, 12, 7
+
+
+def _run(kind: str, policy: str, params: dict, prefill: str, walked: bool, question: int = 0):
+    import torch
+    from test_hf import _prompt, _tiny
+
+    import kvsim.hf as hf
+    from kvsim.hf import walk
+    from kvsim.hf.decoding import greedy
+
+    model, ids = _tiny(kind), _prompt(PROMPT)
+    cache = hf.cache(model, policy, BUDGET, prefill=prefill, tensor=True, chunk=CHUNK, **params)
+    for layer in cache.layers:
+        layer.watch(PROMPT)
+    calls = []
+    real = walk.run
+
+    def counted(*args):
+        calls.append(1)
+        return real(*args)
+
+    walk.run = counted
+    try:
+        with walk.off() if not walked else _nothing():
+            tokens = greedy(model, ids, cache, NEW)["tokens"]
+            if question:  # a second prompt on the same cache, as a conversation's next question
+                with torch.no_grad():
+                    more = torch.tensor([tokens[-question:]])
+                    model(more, cache=cache, use_cache=True)
+    finally:
+        walk.run = real
+    heads = cache.layers[0].kv_heads
+    state = [{name: _held_values(layer, s) for name, s in layer.groups[0].state.slots.items()} for layer in cache.layers]
+    return {"tokens": tokens, "peaks": cache.peak_positions, "calls": len(calls) / len(cache.layers),
+            "held": [[layer.held(0, h).tolist() for h in range(heads)] for layer in cache.layers],
+            "left": [layer.left.tolist() for layer in cache.layers]}, state
+
+
+def _held_values(layer, slot):
+    """Each (KV head, held position)'s value of a state slot, by position (the slots' order is the layer's own)."""
+    return {(h, int(p)): float(slot[0, h, s]) for h in range(layer.pos.shape[1])
+            for s, p in enumerate(layer.pos[0, h].tolist()) if p >= 0}
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("prefill", ["exact", "fast"])
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+@pytest.mark.parametrize(("policy", "params"), WALKING, ids=[p for p, _ in WALKING])
+def test_the_walk_holds_departs_and_generates_what_the_tensor_operations_do(policy, params, kind, prefill):
+    """Tokens, held sets, each key's departure step, peaks: equal. A state value is a sum of at most PROMPT + NEW
+    rows shown, each a quotient of float32 weights whose softmax added at most BUDGET + CHUNK + 1 terms in another
+    order: relatively within (BUDGET + CHUNK + 3) x 2^-23 of the other path's, row by row, so the sum is too."""
+    walked, walked_state = _run(kind, policy, params, prefill, True)
+    ops, ops_state = _run(kind, policy, params, prefill, False)
+    assert walked["calls"] == 1 and ops["calls"] == 0  # the prompt walked once in every layer
+    assert {k: v for k, v in walked.items() if k != "calls"} == {k: v for k, v in ops.items() if k != "calls"}
+    tol = (BUDGET + CHUNK + 3) * 2.0**-23
+    for mine, theirs in zip(walked_state, ops_state, strict=True):
+        assert mine.keys() == theirs.keys()
+        for name in mine:
+            assert mine[name].keys() == theirs[name].keys()
+            for at, value in mine[name].items():
+                assert value == pytest.approx(theirs[name][at], rel=tol, abs=1e-300), (name, at)
+
+
+@pytest.mark.parametrize("policy", ["h2o", "tova"])
+def test_a_second_prompt_on_the_cache_walks_on_the_operations_and_holds_the_same(policy):
+    """A conversation's next question is a prompt on a cache that holds a state: the walk takes the first prompt only
+    (one call per layer), and what the cache holds after the second equals the operations' throughout."""
+    params = dict(WALKING)[policy]
+    walked, _ = _run("gemma3", policy, params, "exact", True, question=9)
+    ops, _ = _run("gemma3", policy, params, "exact", False, question=9)
+    assert walked["calls"] == 1  # once in every layer: the first prompt only
+    assert {k: v for k, v in walked.items() if k != "calls"} == {k: v for k, v in ops.items() if k != "calls"}
+
+
+def test_the_registry_says_which_policies_walk():
+    """A class walks where its tensor step declares ``walk`` and its engine binding gives hooks; others do not, a
+    plugin without either included."""
+    from kvsim.policykit import registry
+
+    walking = {name for name in registry.POLICIES if registry.walks_prompt(name) is not None}
+    assert walking == {name for name, _ in WALKING}
+    assert registry.walks_prompt("h2o") == (("score", 1),)
