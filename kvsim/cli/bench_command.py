@@ -23,7 +23,7 @@ SECTIONS = {
     "long": (("trace", "--trace", None), ("no_tune", "--no-tune", False), ("study", "--study", False)),
     "generate": (("lengths", "--lengths", None), ("decode", "--decode", None), ("prefill", "--prefill", "exact")),
     "truth": (),
-    "deploy": (("lengths", "--lengths", None),),
+    "deploy": (("lengths", "--lengths", None), ("rounds", "--rounds", 3)),
 }
 
 
@@ -56,7 +56,7 @@ def cmd_bench(args: argparse.Namespace) -> object:
     if section == "deploy":
         from ..bench import deploy
 
-        return deploy.run(_lengths(args.lengths, deploy.LENGTHS), progress=say)
+        return deploy.run(_lengths(args.lengths, deploy.LENGTHS), progress=say, rounds=args.rounds)
     if section == "load":
         from ..bench import load
 

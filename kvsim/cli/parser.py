@@ -261,7 +261,8 @@ def _add_bench(sub, traces) -> None:
                    "of one plain Streamlit process")
     p.add_argument("--truth", action="store_true", help="instead: what the truth costs (needs the record extra): "
                    "Gemma-3-270M open loop at 1024 steps, one configuration and a 16-window sweep")
-    p.add_argument("--rounds", type=positive_int, default=3, help="with --browser: rounds, each on a fresh server (default: 3)")
+    p.add_argument("--rounds", type=positive_int, default=3, help="with --browser: rounds, each on a fresh server; with "
+                   "--deploy: prompts timed per cache, the median kept (default: 3)")
     p.add_argument("--sessions", type=positive_int, default=8, help="with --browser: concurrent sessions of the load (default: 8)")
     p.add_argument("--no-load", action="store_true", help="with --browser: skip the concurrent sessions")
     p.add_argument("--only-load", action="store_true", help="with --browser: only the concurrent sessions")
