@@ -169,7 +169,7 @@ class ConversationSession(Session):
         out = []
         for c in configurations:
             t0 = time.perf_counter()
-            hidden, mass, after = self.run_compressed(c)
+            hidden, mass, after, _ = self.run_compressed(c)
             (nll, kl), = self._scorer.score([hidden])
             result = self._result(c.policy, c.budget, c.params, mode, mass, nll, kl, time.perf_counter() - t0, 1)
             out.append({**result, "prefill": self.compression.to_json(), "retained_mass_after_prompt": after})
@@ -178,7 +178,8 @@ class ConversationSession(Session):
     def run_compressed(self, c: Configuration):
         """One closed loop from the compressed prompt: the final hidden states ``(n, width)`` (the full cache's where
         the run computed none: the prompt's positions before its last, which attend in full, and the last token,
-        never fed), the retained mass per (layer, KV head) over every step, and over the steps after the prompt."""
+        never fed), the retained mass per (layer, KV head) over every step, over the steps after the prompt, and
+        every position's departure step per (layer, KV head), -1 for held to the end (``needle_runs._Departures``)."""
         import torch
 
         import kvsim.hf as hf
@@ -211,7 +212,7 @@ class ConversationSession(Session):
         left = watch.ended(0, self.n - 1)
         every = {(x, h): self.traces[x][h] for x in range(self.layers) for h in range(self.kv_heads)}
         mass = np.array([[retained_mass({xh: every[xh]}, left) for xh in every if xh[0] == x] for x in range(self.layers)])
-        return hidden, mass, retained_mass(every, left, first.answer_start)
+        return hidden, mass, retained_mass(every, left, first.answer_start), left
 
     def _result(self, policy, budget, params, mode, mass, nll, kl, seconds, batch) -> dict:
         """One measurement's document: per turn, the answer tokens' NLL, delta NLL and KL; and over all of them."""
