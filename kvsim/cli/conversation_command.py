@@ -127,19 +127,21 @@ def render_quality(doc) -> str:
     rows = [doc] if isinstance(doc, dict) else doc
     head = (f"{rows[0]['model']} on {rows[0]['conversation']}: {rows[0]['tokens']} tokens ({rows[0]['context_tokens']} "
             f"of context, then {len(rows[0]['turns'])} turns, answers teacher-forced); each turn's figures on its answer")
-    if (p := rows[0].get("prefill")) is not None:  # quality_turns.Compression.to_json, as the result holds it
+    after = (p := rows[0].get("prefill")) is not None
+    if after:  # quality_turns.Compression.to_json, as the result holds it
         extra = "".join(f" {k}={v}" for k, v in p["params"].items())
         head += (f"; the prompt compressed once to {p['budget']} by {p['policy']}{extra}, query-{p['query']}, then "
-                 "each policy from that kept set")
+                 "each policy from that kept set (retained mass: over every step, the prompt's held in full included; "
+                 "mass_after_prompt: after the first question)")
     cells = []
     for r in rows:
         label = [r["policy"], r["budget"], r["mode"]]
         for t in r["turns"]:
-            cells.append([*label, t["turn"], t["answer_tokens"], t["nll_full"], t["nll"], t["delta_nll"], t["kl"], ""])
+            cells.append([*label, t["turn"], t["answer_tokens"], t["nll_full"], t["nll"], t["delta_nll"], t["kl"], "",
+                          *([""] if after else [])])
         cells.append([*label, "all", sum(t["answer_tokens"] for t in r["turns"]), r["nll_full"], r["nll"], r["delta_nll"],
-                      r["kl"], r["retained_mass"]])
+                      r["kl"], r["retained_mass"], *([r["retained_mass_after_prompt"]] if after else [])])
     return head + "\n\n" + aligned(["policy", "budget", "mode", "turn", "answer_tokens", "nll_full", "nll", "delta_nll",
-                                    "kl", "retained_mass"], cells)
-
+                                    "kl", "retained_mass", *(["mass_after_prompt"] if after else [])], cells)
 
 __all__ = ["add_flag", "add_prefill_flags", "check_quality", "cmd_quality", "compression", "read", "render_quality"]
