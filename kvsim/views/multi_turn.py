@@ -4,11 +4,11 @@
 
 One table per (model, keys, length): a row per configuration, a column per budget, each cell turn 1's key found
 and the later turns' keys found, over the trials whose full cache found that turn's key; the retained attention
-mass of the run beside the exact optimum's over the whole conversation; per exact-prompt configuration the
-delta NLL per turn of the reference answers teacher-forced, open loop (the study's ``delta_nll``); and per configuration the
-closed loop's delta NLL at turn 1 and over the later turns, where measured (the compressed prompts have only that loop).
-The page says which cells were measured and which of the study's grid were not. Text only; no torch. tests/test_multi_turn_study.py checks the shipped
-page equals this reprint of the shipped JSON."""
+mass of the run beside the exact optimum's over the whole conversation; per exact-prompt configuration the delta
+NLL per turn of the reference answers teacher-forced, open loop (the study's ``delta_nll``); and per configuration
+the closed loop's delta NLL at turn 1 and over the later turns, where measured (the compressed prompts have only
+that loop). The page says which cells were measured and which of the study's grid were not. Text only; no torch.
+tests/test_multi_turn_study.py checks the shipped page equals this reprint of the shipped JSON."""
 
 from __future__ import annotations
 
