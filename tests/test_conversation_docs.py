@@ -1,4 +1,4 @@
-"""docs/cli.md's conversation chain runs as printed (tests/doc_chains.py), from a checkout's root as the page says:
+"""docs/cli.md's conversation chains run as printed (tests/doc_chains.py), from a checkout's root as the page says:
 the shipped example conversation, on the shipped Gemma-3-270M (a 236-token conversation; its closed loop, full
 pass and recording are cached, so a second run reads them back), hence the record mark."""
 
@@ -17,7 +17,12 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.fin
 
 
 def _chain() -> list[str]:
-    (chain,) = [c for c in chains("docs/cli.md") if any("--conversation" in line for line in c)]
+    (chain,) = [c for c in chains("docs/cli.md") if any("generate --conversation" in line for line in c)]
+    return chain
+
+
+def _compressed() -> list[str]:
+    (chain,) = [c for c in chains("docs/cli.md") if any("--prefill-budget" in line for line in c)]
     return chain
 
 
@@ -41,3 +46,21 @@ def test_the_conversation_chain_runs_as_printed(tmp_path):
     assert "Per turn (positions" in out and "Retained mass per turn" in out
     manifest = json.loads((tmp_path / "conversation-trace" / "manifest.json").read_text())
     assert len(manifest["turns"]) == 3 and manifest["context_end"] == manifest["turns"][0]["question_start"]
+
+
+def test_the_page_prints_the_compressed_prompt_both_ways():
+    chain = _compressed()
+    assert [line.split()[3] for line in chain] == ["quality", "quality"] and "--query agnostic" in chain[1]
+    assert all("--conversation examples/conversation.json" in line for line in chain)
+
+
+@pytest.mark.record
+@pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not installed (requirements-record.txt)")
+def test_the_compressed_prompt_chain_runs_as_printed(tmp_path):
+    (tmp_path / "examples").mkdir()
+    shutil.copy(ROOT / "examples" / "conversation.json", tmp_path / "examples")
+    done = run(_compressed(), tmp_path, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "the prompt compressed once to 64 by snapkv, query-aware" in out
+    assert "the prompt compressed once to 64 by snapkv, query-agnostic" in out and "mass_after_prompt" in out

@@ -56,11 +56,15 @@ def test_the_study_measures_a_subset_keyed_and_resumes(tmp_path, monkeypatch, ca
     assert cells[study.cell_key(str(folder), 2, 330, 40, "nonesuch", 0)] == {
         "why": "the scorer 'nonesuch' is not in this checkout"}
     assert "query-aware" in capsys.readouterr().err
-    # the exact-prompt configurations' delta NLL per turn (quality --conversation's open loop), kept apart from the
-    # cells under the cell's key and the mode; a compressed prompt has none
+    # the delta NLL per turn, kept apart from the cells under the cell's key and the mode: the exact-prompt
+    # configurations' in quality --conversation's open loop, a compressed prompt's in its closed loop (it has no open
+    # one), compressed as its run was; the scorer this checkout lacks gets none
     nll = json.loads(out.read_text(encoding="utf-8"))["delta_nll"]
-    assert sorted(nll) == sorted(study.nll_key(study.cell_key(str(folder), 2, 330, 40, c, 0), "open")
-                                 for c in ("h2o", "streaming_llm"))
+    recon_key = study.nll_key(study.cell_key(str(folder), 2, 330, 40, "reconstruction", 0), "closed")
+    assert sorted(nll) == sorted([recon_key, *(study.nll_key(study.cell_key(str(folder), 2, 330, 40, c, 0), "open")
+                                               for c in ("h2o", "streaming_llm"))])
+    assert nll[recon_key]["prefill"] == {"budget": 40, "policy": "reconstruction", "params": {}, "query": "agnostic"}
+    assert [t["turn"] for t in nll[recon_key]["turns"]] == [1, 2] and nll[recon_key]["retained_mass_after_prompt"] < 1
     turns = nll[study.nll_key(key, "open")]["turns"]
     assert [t["turn"] for t in turns] == [1, 2] and all(t["answer_tokens"] > 0 for t in turns)
     assert all(abs(t["delta_nll"] - (t["nll"] - t["nll_full"])) < 1e-9 for t in turns)
@@ -77,3 +81,30 @@ def test_the_study_measures_a_subset_keyed_and_resumes(tmp_path, monkeypatch, ca
     h2o = nll[study.nll_key(key, "open")]["turns"]
     assert f"| h2o | {h2o[0]['delta_nll']:+.3f} / {h2o[1]['delta_nll']:+.3f} (1 trial) |" in text
     assert "By the delta NLL of each turn's reference answer teacher-forced (2 exact-prompt cells" in text
+    # and the compressed prompt's closed loop, turn 1 against the later turns, "not measured" where the study lacks it
+    assert "1 of the 1 measured compressed-prompt cells carry it in the closed loop" in text
+    r1, rl = (t["delta_nll"] for t in nll[recon_key]["turns"])
+    assert f"| reconstruction | turn 1 {r1:+.3f}, later {rl:+.3f} (1 trial) |" in text
+    assert "| h2o | not measured |" in text
+    assert "**KVzip by the delta NLL**" in text and "cannot be told here" in text  # no snapkv aware beside it
+
+
+def test_the_page_reads_kvzips_finding_off_the_compressed_prompts_closed_loop():
+    """Closed-loop rows for snapkv aware and agnostic on one trial (figures made up here, the page's arithmetic under
+    test): the table shows turn 1 and the later turns' mean, and the verdict follows the figures, either way."""
+    doc = json.loads(JSON.read_text(encoding="utf-8"))
+    doc["delta_nll"] = {k: v for k, v in doc.get("delta_nll", {}).items() if not k.endswith("| closed")}
+    cell = "gemma3-270m | 2 keys | 1024 | 256 | {} | trial 1 | closed"
+
+    def row(first: float, later: float) -> dict:
+        return {"mode": "closed", "turns": [{"turn": 1, "delta_nll": first}, {"turn": 2, "delta_nll": later}]}
+
+    doc["delta_nll"][cell.format("snapkv aware")] = row(0.25, 1.5)
+    doc["delta_nll"][cell.format("snapkv agnostic")] = row(2.0, 1.0)
+    text = markdown(doc)
+    assert "| snapkv aware | not measured | turn 1 +0.250, later +1.500 (1 trial) |" in text
+    assert ("aware turn 1 +0.250, later +1.500; snapkv agnostic turn 1 +2.000, later +1.000; aware's later turns lose "
+            "more than snapkv agnostic's in 1 of 1") in text
+    assert "the finding reproduces against snapkv agnostic" in text
+    doc["delta_nll"][cell.format("snapkv agnostic")] = row(2.0, 1.75)
+    assert "the finding does not reproduce against snapkv agnostic" in markdown(doc)

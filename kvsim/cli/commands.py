@@ -226,6 +226,10 @@ def cmd_quality(args: argparse.Namespace) -> object:
         return conversation_command.cmd_quality(args, *_quality_plan(args)[:3])
     if args.text is None:
         raise CLIError("give the TEXT to measure on, or --conversation FILE")
+    for given, shown in ((args.prefill_budget, "--prefill-budget"), (args.prefill_policy, "--prefill-policy"),
+                         (args.query, "--query")):
+        if given is not None:
+            raise CLIError(f"{shown} goes with --conversation: quality compresses a conversation's prompt")
     if (on := cluster_flags.wanted(args)) and (args.allocate is not None or layout_flags.of(args) is not None):
         raise CLIError(f"{on} spreads quality's grid of policies, budgets and modes; not --allocate nor a serving layout")
     if (variant := allocated(args)) is not None:

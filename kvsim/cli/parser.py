@@ -22,6 +22,7 @@ from ..sim.harness import DEFAULT_TOP_K
 from .argtypes import positive_int, size_list
 from .cluster_flags import add_cluster_flags
 from .conversation_command import add_flag as add_conversation_flag
+from .conversation_command import add_prefill_flags as add_conversation_prefill_flags
 from .errors import BAD_INPUT, USAGE, CLIError, flag
 from .layout_flags import add as add_layout_flags
 from .plan_flags import add_plan_flags
@@ -466,6 +467,7 @@ def _add_quality(sub, traces) -> None:
     p.add_argument("text", nargs="?", metavar="TEXT", help="a UTF-8 text file, or heapq for the shipped traces' text "
                    "(CPython 3.11.7 Lib/heapq.py); or --conversation FILE")
     add_conversation_flag(p, "each turn's reference answer teacher-forced, its delta NLL and KL")
+    add_conversation_prefill_flags(p)
     # one of them, or --plan FILE; --policies is the old spelling of a list, still taken
     p.add_argument("--policy", action=_PolicyOrGrid, default=None, metavar="NAME[,NAME...]", help="a registry policy "
                    "(`kvsim policies` lists them); several, comma-separated, or all (every registered policy): a grid")

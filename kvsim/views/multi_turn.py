@@ -4,10 +4,11 @@
 
 One table per (model, keys, length): a row per configuration, a column per budget, each cell turn 1's key found
 and the later turns' keys found, over the trials whose full cache found that turn's key; the retained attention
-mass of the run beside the exact optimum's over the whole conversation; and per exact-prompt configuration the
-delta NLL per turn of the reference answers teacher-forced (the study's ``delta_nll``). The page says which cells were measured
-and which of the study's grid were not. Text only; no torch. tests/test_multi_turn_study.py checks the shipped
-page equals this reprint of the shipped JSON."""
+mass of the run beside the exact optimum's over the whole conversation; per exact-prompt configuration the delta
+NLL per turn of the reference answers teacher-forced, open loop (the study's ``delta_nll``); and per configuration
+the closed loop's delta NLL at turn 1 and over the later turns, where measured (the compressed prompts have only
+that loop). The page says which cells were measured and which of the study's grid were not. Text only; no torch.
+tests/test_multi_turn_study.py checks the shipped page equals this reprint of the shipped JSON."""
 
 from __future__ import annotations
 
@@ -28,14 +29,16 @@ the budget with the first question in snapkv's observation window, *snapkv agnos
 alone, the question fed after); both then decode with snapkv at the budget. *reconstruction* compresses the
 prompt with KVzip's query-agnostic scorer (the attention each position draws while the model is teacher-forced to
 repeat the context; docs/scorers.md), then decodes with snapkv. The other policies step the whole prompt at the
-budget. The study records found per turn, each key's fate and the retained attention mass; and, for the
-configurations that step the whole prompt, the delta NLL per turn of the reference answer (" {key}." after each
-question of the same context) teacher-forced: the measure of `python -m kvsim quality --conversation` (docs/cli.md
-"Conversations"), in its open loop (the policy's schedule, replayed on the full cache's attention, masks one
-teacher-forced pass). Its closed loop (about 4 minutes a cell here) is not measured, and a compressed prompt has
-no such measure (quality steps one policy from the first token), so snapkv aware / agnostic and reconstruction
-have no delta NLL. expected_attention is in the grid but not measured: about 15 minutes a cell on this 2-core
-machine.
+budget. The study records found per turn, each key's fate and the retained attention mass; and the delta NLL per
+turn of the reference answer (" {key}." after each question of the same context) teacher-forced: the measure of
+`python -m kvsim quality --conversation` (docs/cli.md "Conversations"). The configurations that step the whole
+prompt are measured in its open loop (the policy's schedule, replayed on the full cache's attention, masks one
+teacher-forced pass); their closed loop (about 4 minutes a cell here) is not measured. The compressed prompts have
+no open loop: they are measured in the closed loop (`quality --conversation --prefill-budget B --prefill-policy
+SCORER --query aware|agnostic`: the context compressed once to the budget as the run compressed it, then every
+question and answer token teacher-forced through that cache, which keeps evicting), in a table of their own per
+group, "not measured" where the study does not hold it. expected_attention is in the grid but not measured: about
+15 minutes a cell on this 2-core machine.
 
 This page is reprinted from docs/multi-turn-study.json by `python -m kvsim.views.multi_turn`; the study is
 `python kvsim/bench/scripts/multi_turn_study.py measure` (its flags choose a subset; it resumes from the JSON).
@@ -129,13 +132,16 @@ def _scbench(cells: list) -> str:
             "nearer the question, which these models favour (docs/needle.md, \"A conversation: a pass key per turn\").\n")
 
 
-def _losses(doc: dict) -> list[tuple[tuple, dict]]:
-    """The measured delta NLLs, keyed as the cells are (model, keys, length, budget, configuration, trial), and mode."""
+def _losses(doc: dict, mode: str = "open") -> list[tuple[tuple, dict]]:
+    """The measured delta NLLs of one loop, keyed as the cells are (model, keys, length, budget, configuration, trial),
+    and mode."""
     out = []
     for key, row in doc.get("delta_nll", {}).items():
-        *cell, mode = (x.strip() for x in key.split("|"))
+        *cell, loop = (x.strip() for x in key.split("|"))
+        if loop != mode:
+            continue
         (parsed, _), = _cells({"cells": {" | ".join(cell): row}})
-        out.append(((*parsed, mode), row))
+        out.append(((*parsed, loop), row))
     return out
 
 
@@ -170,8 +176,8 @@ def _scbench_nll(doc: dict) -> str | None:
             f"open loop; every turn counts, found or not), turn 1 {a:+.3f} nats against the full cache, the later "
             f"turns {later:+.3f}, the later turns above turn 1 in {above} of {len(rows)} cells ({'; '.join(parts)}). "
             f"By this measure SCBench's finding {verdict}. Order and depth go together here as above, and each later "
-            "turn is teacher-forced after the earlier turns' reference answers, not the run's own. KVzip's finding "
-            "cannot be read this way: the compressed prompts have no delta NLL here.\n")
+            "turn is teacher-forced after the earlier turns' reference answers, not the run's own. The compressed prompts "
+            "have no open loop; KVzip's finding by their closed loop follows.\n")
 
 
 def findings(doc: dict) -> list[str]:
@@ -193,6 +199,7 @@ def findings(doc: dict) -> list[str]:
     if (nll := _scbench_nll(doc)) is not None:
         out.append(nll)
     out.append(_kvzip(cells))
+    out.append(_kvzip_nll(doc))
     return out
 
 
@@ -240,6 +247,67 @@ def _kvzip(cells: list) -> str:
                f"the turns the full cache found), it {' and '.join(loose)}." if loose else "") + "\n")
 
 
+def _split(row: dict) -> tuple[float, float]:
+    """A delta NLL row's turn 1 and the mean of its later turns."""
+    turns = [t["delta_nll"] for t in row["turns"]]
+    return turns[0], sum(turns[1:]) / (len(turns) - 1)
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def _kvzip_nll(doc: dict) -> str:
+    """KVzip's finding by the closed loop's delta NLL: snapkv aware against each query-agnostic compression, paired
+    trial by trial, turn 1 and the later turns."""
+    rows = _losses(doc, "closed")
+    aware = {(key[:4], key[5]): r for key, r in rows if key[4] == "snapkv aware"}
+    parts, verdicts = [], []
+    for other in ("snapkv agnostic", "reconstruction"):
+        pairs = [(aware[(key[:4], key[5])], r) for key, r in rows if key[4] == other and (key[:4], key[5]) in aware]
+        if not pairs:
+            parts.append(f"{other}: no trial measured beside snapkv aware")
+            continue
+        a1, al = (_mean([_split(a)[i] for a, _ in pairs]) for i in (0, 1))
+        o1, ol = (_mean([_split(o)[i] for _, o in pairs]) for i in (0, 1))
+        worse = sum(_split(a)[1] > _split(o)[1] for a, o in pairs)
+        parts.append(f"against {other} over {len(pairs)} paired trial{'s' * (len(pairs) != 1)}: aware turn 1 {a1:+.3f}, "
+                     f"later {al:+.3f}; {other} turn 1 {o1:+.3f}, later {ol:+.3f}; aware's later turns lose more than "
+                     f"{other}'s in {worse} of {len(pairs)}")
+        said = ("reproduces" if al > ol and worse > len(pairs) / 2 else "does not reproduce"
+                if al < ol and worse < len(pairs) / 2 else "is mixed (the mean and the count of trials disagree)")
+        verdicts.append(f"{said} against {other}")
+    head = ("**KVzip by the delta NLL** (each turn's reference answer teacher-forced through the compressed cache, "
+            "quality's closed loop; every turn counts, found or not): ")
+    if not verdicts:
+        return head + "cannot be told here: no query-agnostic compression's closed-loop delta NLL is measured beside " \
+            "snapkv aware's.\n"
+    return (head + f"snapkv aware {'; '.join(parts)}. Read as a query-aware compression's later turns losing more than a "
+            f"query-agnostic one's, the finding {' and '.join(verdicts)}. Turn order and depth go together here, as "
+            "above.\n")
+
+
+def _closed_table(doc: dict, plan: dict, group: tuple, budgets: list[int]) -> list[str]:
+    """One group's closed-loop delta NLL: a row per configuration, a column per budget, each cell the mean over the
+    measured trials of turn 1's delta NLL and of the later turns', "not measured" where the study lacks it."""
+    rows = [(key, r) for key, r in _losses(doc, "closed") if key[:3] == group]
+    if not rows:
+        return ["\nClosed-loop delta NLL (quality --conversation's closed loop, the compressed prompts' only one): not "
+                "measured for this group.\n"]
+    lines = ["\nClosed-loop delta NLL of the reference answers teacher-forced (nats against the full cache; a compressed "
+             "prompt compressed once as its run was, then every question and answer token stepped through the cache; "
+             "the mean over the measured trials of turn 1's and of the later turns'):\n",
+             "| configuration | " + " | ".join(f"budget {b}" for b in budgets) + " |", "| --- |" + " --- |" * len(budgets)]
+    for config in _configs(plan):
+        cells = []
+        for b in budgets:
+            mine = [r for key, r in rows if key[3] == b and key[4] == config]
+            cells.append(f"turn 1 {_mean([_split(r)[0] for r in mine]):+.3f}, later {_mean([_split(r)[1] for r in mine]):+.3f}"
+                         f" ({len(mine)} trial{'s' * (len(mine) != 1)})" if mine else "not measured")
+        lines.append(f"| {config} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _nll_table(doc: dict, plan: dict, group: tuple) -> list[str]:
     """One group's delta NLL per turn (open loop): a row per exact-prompt configuration, a column per budget, each
     cell the mean over the measured trials of every turn's delta NLL, turn 1 first; the full cache's NLL below."""
@@ -250,7 +318,7 @@ def _nll_table(doc: dict, plan: dict, group: tuple) -> list[str]:
     budgets = sorted({key[3] for key, _ in rows})
     lines = ["\nDelta NLL per turn of the reference answer teacher-forced (nats against the full cache, quality "
              "--conversation's open loop; the mean over the measured trials, turn 1 first; the compressed prompts have "
-             "none):\n", "| configuration | " + " | ".join(f"budget {b}" for b in budgets) + " |",
+             "no open loop, their closed loop is below):\n", "| configuration | " + " | ".join(f"budget {b}" for b in budgets) + " |",
              "| --- |" + " --- |" * len(budgets)]
     for config in _configs(plan):
         cells = []
@@ -297,8 +365,11 @@ def markdown(doc: dict) -> str:
                  f"trial) are measured here; the rest are not yet run and are not shown.\n")
     exact = [key for key in have if _exact(plan, key[4])]
     losses = {key[:6] for key, _ in _losses(doc)}
+    compressed = [key for key in have if not _exact(plan, key[4])]
+    closed = {key[:6] for key, _ in _losses(doc, "closed")}
     lines.append(f"{len(losses & set(exact))} of the {len(exact)} measured exact-prompt cells carry the delta NLL per "
-                 "turn (open loop); the other measured cells, and every compressed prompt's, do not.\n")
+                 f"turn (open loop), the others do not; {len(closed & set(compressed))} of the {len(compressed)} measured "
+                 "compressed-prompt cells carry it in the closed loop (their only one), the others do not.\n")
     lines += findings(doc)
     groups = sorted({(m, k, n) for (m, k, n, *_), _ in cells})
     absent = [f"{m}, {k} keys, {n:,} tokens" for m in plan["models"] for k in plan["keys"] for n in plan["lengths"]
@@ -334,6 +405,7 @@ def markdown(doc: dict) -> str:
                          f"{above} of the {len(exact)} exact-prompt cells (the smallest margin {margin:.3f}); a compressed "
                          "prompt attends in full during its one call, so only its mass after the first question compares.")
         lines += _nll_table(doc, plan, (m, k, n))
+        lines += _closed_table(doc, plan, (m, k, n), budgets)
         control = [c for key, c in mine if "why" not in c]
         if control:
             by_trial = {key[5]: c["control_found"] for key, c in mine if "why" not in c}

@@ -23,13 +23,17 @@ through needle's disk cache). Progress on stderr. The configurations (``CONFIGS`
 With the optimum (the default; ``--no-optimum`` leaves it out), each cell also holds the retained attention mass
 of the run and of the exact optimum over the whole conversation at the same budgets (the control's attention).
 
-With ``--nll`` (default ``open``), each exact-prompt configuration's cell also gets the delta NLL per turn of the
-reference answers teacher-forced (``ANSWER``, after each question of the same context): ``kvsim quality
---conversation``'s measure (``kvsim.models.quality_turns``, in its open or closed loop), run by ``teacher_forced``
-and kept apart from the cells, under ``delta_nll`` keyed by the cell's key and the mode (``nll_key``), so adding it
-measures nothing of the cells again; quality caches each result on disk under the conversation's tokens, the
-policy, its parameters, the budget and the mode. A compressed prompt (snapkv aware / agnostic, reconstruction) has
-no such measure (``quality --conversation`` steps one policy from the first token), so it gets none.
+With ``--nll`` (default ``open``), each cell also gets the delta NLL per turn of the reference answers
+teacher-forced (``ANSWER``, after each question of the same context): ``kvsim quality --conversation``'s measure
+(``kvsim.models.quality_turns``), run by ``teacher_forced`` and kept apart from the cells, under ``delta_nll`` keyed
+by the cell's key and the mode (``nll_key``), so adding it measures nothing of the cells again. An exact-prompt
+configuration is measured in the loop ``--nll`` names (open, closed or both). A compressed prompt (snapkv aware /
+agnostic, reconstruction) is measured in the closed loop whatever ``--nll`` names but none (``quality --conversation
+--prefill-budget B --prefill-policy SCORER --query aware|agnostic``: the context compressed once to the budget by the
+configuration's scorer, with the first question in its window or without it, as the cell's run compressed it, then
+every question and answer token teacher-forced through that cache; it has no open loop). quality caches each
+result on disk under the conversation's tokens, the policy, its parameters, the budget, the mode and the
+compression.
 """
 
 from __future__ import annotations
@@ -140,20 +144,33 @@ def nll_key(key: str, mode: str) -> str:
 
 def _nll_summary(session, row: dict) -> dict:
     keep = ("turn", "answer_tokens", "nll_full", "nll", "delta_nll", "kl")
-    return {"model_id": row["model"], "tokens": session.tokens.digest, "answer": ANSWER, "mode": row["mode"],
-            "delta_nll": row["delta_nll"], "kl": row["kl"], "retained_mass": row["retained_mass"],
-            "turns": [{k: t[k] for k in keep} for t in row["turns"]], "seconds": row["seconds"], "cached": row["cached"]}
+    out = {"model_id": row["model"], "tokens": session.tokens.digest, "answer": ANSWER, "mode": row["mode"],
+           "delta_nll": row["delta_nll"], "kl": row["kl"], "retained_mass": row["retained_mass"],
+           "turns": [{k: t[k] for k in keep} for t in row["turns"]], "seconds": row["seconds"], "cached": row["cached"]}
+    if "prefill" in row:  # a compressed prompt: how, and the mass after the first question (its budget held)
+        out.update(prefill=row["prefill"], retained_mass_after_prompt=row["retained_mass_after_prompt"])
+    return out
+
+
+def _modes(config: str, modes: list[str]) -> list[str]:
+    """The loops ``config``'s delta NLL is measured in: ``--nll``'s for an exact prompt; the closed loop for a
+    compressed one (it has no open loop), unless ``--nll none``."""
+    return modes if CONFIGS[config][1] is None else ["closed"] if modes else []
 
 
 def _measure_nll(doc: dict, loaded, m: str, k: int, n: int, t: int, wanted: list, say) -> None:
     """The delta NLL per turn of every wanted (budget, configuration, mode) of one conversation: ``quality
-    --conversation``'s measure (``kvsim.models.quality``'s grid on ``teacher_forced``'s session), each result also
-    cached on disk by quality, written to the study's ``delta_nll`` as it ends."""
+    --conversation``'s measure (``kvsim.models.quality``'s grid on ``teacher_forced``'s session; a compressed
+    prompt's to the budget by the configuration's scorer and query mode, ``quality_turns.Compression``), each result
+    also cached on disk by quality, written to the study's ``delta_nll`` as it ends."""
     from kvsim.models import quality
+    from kvsim.models.quality_turns import Compression
 
     session = teacher_forced(*loaded, k, n, t)
     for b, c, mode in wanted:
-        row = quality.grid(session, [CONFIGS[c][0]], [b], [mode], progress=None)[0]
+        policy, scorer, query = CONFIGS[c]
+        mine = session.compressed(None if scorer is None else Compression(b, scorer, (), query))
+        row = quality.grid(mine, [policy], [b], [mode], progress=None)[0]
         doc["delta_nll"][nll_key(cell_key(m, k, n, b, c, t), mode)] = _nll_summary(session, row)
         _write(doc)
         say(f"delta NLL of {c} @ {b} ({mode} loop) {'read from the cache' if row['cached'] else 'measured'}")
@@ -198,8 +215,8 @@ def measure(args) -> int:
     for i, (m, k, n, t) in enumerate(todo):
         wanted = [(b, c) for b in budgets for c in configs
                   if cell_key(m, k, n, b, c, t) not in cells or "why" in cells[cell_key(m, k, n, b, c, t)]]
-        losses = [(b, c, mode) for b in budgets for c in configs for mode in modes
-                  if CONFIGS[c][1] is None and nll_key(cell_key(m, k, n, b, c, t), mode) not in nll]
+        losses = [(b, c, mode) for b in budgets for c in configs for mode in _modes(c, modes)
+                  if nll_key(cell_key(m, k, n, b, c, t), mode) not in nll and _missing(c) is None]
         if not wanted and not losses:
             continue
 
@@ -235,7 +252,7 @@ def main(argv=None) -> int:
     m.add_argument("--no-optimum", action="store_true")
     m.add_argument("--nll", choices=("open", "closed", "both", "none"), default="open",
                    help="the delta NLL per turn of the exact-prompt configurations, in quality --conversation's "
-                        "open or closed loop (default: open)")
+                        "open or closed loop (default: open); a compressed prompt's in the closed loop, unless none")
     args = p.parse_args(argv)
     bad = [k for k in _ints(args.keys) if k not in DEPTHS]
     if bad:
