@@ -58,17 +58,22 @@ MIXED = [("h2o", 24, {"recent_window": 4}), ("h2o", 24, {"recent_window": 8}), (
 
 
 def test_a_cells_rows_on_the_tensor_path_give_the_reference_paths_records(tiny, newest_plugin):
-    """A cell's rows whose policy has a tensor step decode on the tensor path, in one batch whatever their class; each
-    row's whole record (tokens, positions, budgets, the departure step of every position in every (layer, KV
-    head)) is the reference path's (``run_batch(tensor=False)``), and the row without a tensor step falls back to
-    the reference path, said once."""
+    """A cell's rows whose policy has a tensor step decode on the tensor path, in one batch whatever their class (on a
+    CPU, the classes whose prompt the compiled walk takes in one, the others in another); each row's whole record
+    (tokens, positions, budgets, the departure step of every position in every (layer, KV head)) is the reference
+    path's (``run_batch(tensor=False)``), and the row without a tensor step falls back to the reference path, said
+    once."""
+    from kvsim.hf import walk
     from kvsim.models import needle
 
     model, prompt = tiny
     said = []
     fast = needle.run_batch(model, prompt, MIXED, seed=0, note=said.append)
     slow = needle.run_batch(model, prompt, MIXED, seed=0, tensor=False)
-    assert [r["batch"] for r in fast] == [9] * 9 + [1]  # the tensor path's rows in one batch, newest alone
+    # h2o, tova and streaming_llm walked in one batch; keydiff, random, vatp, expected_attention in another; newest alone
+    assert [r["batch"] for r in fast] == [5] * 5 + [4] * 4 + [1]
+    with walk.off():
+        assert [r["batch"] for r in needle.run_batch(model, prompt, MIXED, seed=0)] == [9] * 9 + [1]
     assert [r["batch"] for r in slow] == [len(MIXED)] * len(MIXED)
     assert said == ["newest declares no tensor step: the reference path steps it, one (row, KV head) "
                     "at a time in Python"]
@@ -105,9 +110,10 @@ def test_every_row_of_a_batched_cell_is_its_policy_run_alone(tiny):
 
     model, prompt = tiny
     together = needle.run_batch(model, prompt, JOBS, seed=0, rows=[True] + [False] * (len(JOBS) - 1))
-    # the reference path's row (h2o, whose attention is kept), then one tensor batch per budget (every class in it),
-    # the split's two rows apart from the uniform ones, and the compressed prompt's (the reference)
-    assert [r["batch"] for r in together] == [1, 5, 5, 5, 5, 5, 1, 2, 2, 2, 2]
+    # the reference path's row (h2o, whose attention is kept), then per budget one tensor batch of the classes the
+    # compiled walk does not take (keydiff, random, expected_attention, critical) and one of those it does
+    # (streaming_llm; tova at 16), the split's two rows apart from the uniform ones, and the compressed prompt's
+    assert [r["batch"] for r in together] == [1, 4, 4, 4, 4, 1, 1, 2, 2, 2, 2]
     alone = [_alone(model, prompt, job, rows=job is JOBS[0]) for job in JOBS]
     for job, batched, one in zip(JOBS, together, alone, strict=True):
         _same(batched, one, job)
@@ -137,8 +143,9 @@ def test_a_row_that_ends_early_is_cut_where_its_run_alone_stops(tiny):
 
 
 def test_a_grid_decodes_each_cell_in_batches_and_caches_each_run(folder, capsys, newest_plugin):  # noqa: F811
-    """The command's cells: the control alone, the policies in batched passes (said as they start; one batch on
-    the tensor path whatever the classes, one for those on the reference path, which is said once for the grid),
+    """The command's cells: the control alone, the policies in batched passes (said as they start; on a CPU one batch
+    of the classes whose prompt the compiled walk takes, one of the other classes on the tensor path, one for those on
+    the reference path, which is said once for the grid),
     each run then read back from the cache as its own trial."""
     import json
 
@@ -152,7 +159,7 @@ def test_a_grid_decodes_each_cell_in_batches_and_caches_each_run(folder, capsys,
     first = json.loads(out.out)
     assert "decoding 4 run(s) in batched passes over the prompt" in out.err
     assert out.err.count("newest declares no tensor step: the reference path steps it") == 1
-    assert [r["batch"] for r in first["cells"][0]["runs"]] == [3, 3, 3, 1] and first["cells"][0]["control"]["batch"] == 1
+    assert [r["batch"] for r in first["cells"][0]["runs"]] == [2, 2, 1, 1] and first["cells"][0]["control"]["batch"] == 1
     assert cli.main([*argv, "--quiet"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert all(r["cached"] for r in again["cells"][0]["runs"])

@@ -206,6 +206,13 @@ def off() -> Iterator[None]:
         _on.pop()
 
 
+def walks(policy: str, device) -> bool:
+    """Whether a first prompt of ``policy`` on ``device`` walks here (its class declares ``walk``; a CPU; numba)."""
+    from ..policykit import registry
+
+    return AVAILABLE and _on[-1] and torch.device(device).type == "cpu" and registry.walks_prompt(policy) is not None
+
+
 def fits(layer, q, real) -> bool:
     """Whether ``layer``'s call of ``q`` walks here: its first prompt, unpadded, float32 on a CPU, numba installed,
     every group's class declaring ``walk``, and not ``off()``."""
@@ -334,4 +341,4 @@ def _part(layer, walkers, q, key, value, call, out, fast, window, left) -> None:
     layer.seen = t0 + n
 
 
-__all__ = ["fits", "off", "run", "walk_kernel"]
+__all__ = ["fits", "off", "run", "walk_kernel", "walks"]

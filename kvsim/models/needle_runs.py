@@ -305,6 +305,7 @@ def run_batch(model, prompt: Prompt, jobs: Sequence, *, new_tokens: int = NEW_TO
     (``EvictingCache.notes``). ``tensor=False``: every row on the reference path, the authority the tensor path's
     rows are held to (tests/test_needle_batch.py)."""
     import kvsim.hf as hf
+    from kvsim.hf import walk
     from kvsim.hf.tensor import TensorLayer
 
     jobs = [j if isinstance(j, Job) else Job(j[0], j[1], tuple(sorted((j[2] or {}).items())),
@@ -323,8 +324,11 @@ def run_batch(model, prompt: Prompt, jobs: Sequence, *, new_tokens: int = NEW_TO
                        **_layout_how(job.layout), **({"tensor": False} if want or tensor is False else {}), **dict(job.params))
         notes += [n for n in getattr(one, "notes", []) if n not in notes]
         budgets = tuple(tuple(spec.budget for spec in layer.specs) for layer in one.layers)
-        # the tensor path's rows share a batch whatever their class (a TensorLayer steps a run of rows per class)
-        path = "tensor" if isinstance(one.layers[0], TensorLayer) else None
+        # the tensor path's rows share a batch whatever their class (a TensorLayer steps a run of rows per class), but
+        # on a CPU the classes whose prompt the compiled walk takes (kvsim.hf.walk) batch apart from those it does not,
+        # which would hold the whole layer to the tensor operations
+        path = (None if not isinstance(one.layers[0], TensorLayer)
+                else "walk" if walk.walks(job.policy, model.device) else "tensor")
         built.append((one, (job.prefill, budgets, path) if job.layout is None else ("layout", len(built))))
     for said in notes if note is not None else ():
         note(said)
