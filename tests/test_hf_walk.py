@@ -1,8 +1,8 @@
-"""A first prompt walked in one compiled loop (kvsim.hf.walk) held to the tensor path's own operations
+"""A prompt walked in one compiled loop (kvsim.hf.walk) held to the tensor path's own operations
 (``walk.off()``): the same held sets, departures, peaks and tokens, and each held column's state within the
 rounding the two softmaxes may differ by, for every policy whose tensor step declares ``walk``, on a tiny Llama
-and a tiny Gemma 3 (sliding layers), exact prompts in chunks and fast ones; a later prompt (a conversation's
-question) walks on the operations."""
+and a tiny Gemma 3 (sliding layers), exact prompts in chunks and fast ones, and a later prompt on the same cache
+(a conversation's question) walked from what the cache holds."""
 
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ def _run(kind: str, policy: str, params: dict, prefill: str, walked: bool, quest
     heads = cache.layers[0].kv_heads
     state = [{name: _held_values(layer, s) for name, s in layer.groups[0].state.slots.items()} for layer in cache.layers]
     return {"tokens": tokens, "peaks": cache.peak_positions, "calls": len(calls) / len(cache.layers),
+            "seen": [layer.seen for layer in cache.layers], "length": cache.get_seq_length(),
             "held": [[layer.held(0, h).tolist() for h in range(heads)] for layer in cache.layers],
             "left": [layer.left.tolist() for layer in cache.layers]}, state
 
@@ -88,14 +89,16 @@ def test_the_walk_holds_departs_and_generates_what_the_tensor_operations_do(poli
                 assert value == pytest.approx(theirs[name][at], rel=tol, abs=1e-300), (name, at)
 
 
-@pytest.mark.parametrize("policy", ["h2o", "tova"])
-def test_a_second_prompt_on_the_cache_walks_on_the_operations_and_holds_the_same(policy):
-    """A conversation's next question is a prompt on a cache that holds a state: the walk takes the first prompt only
-    (one call per layer), and what the cache holds after the second equals the operations' throughout."""
+@pytest.mark.parametrize("prefill", ["exact", "fast"])
+@pytest.mark.parametrize("policy", ["h2o", "tova", "h2o_normalized"])
+def test_a_second_prompt_on_the_cache_walks_from_what_it_holds(policy, prefill):
+    """A conversation's next question is a prompt on a cache that holds a state: the walk reads it in (held positions,
+    their slots, the policy's values) and walks on; what the cache holds after, every key's departure and the tokens
+    equal the operations' throughout."""
     params = dict(WALKING)[policy]
-    walked, _ = _run("gemma3", policy, params, "exact", True, question=9)
-    ops, _ = _run("gemma3", policy, params, "exact", False, question=9)
-    assert walked["calls"] == 1  # once in every layer: the first prompt only
+    walked, _ = _run("gemma3", policy, params, prefill, True, question=9)
+    ops, _ = _run("gemma3", policy, params, prefill, False, question=9)
+    assert walked["calls"] == 2  # in every layer: the first prompt and the question
     assert {k: v for k, v in walked.items() if k != "calls"} == {k: v for k, v in ops.items() if k != "calls"}
 
 

@@ -1,4 +1,4 @@
-"""A cache's first prompt walked in one compiled loop on a CPU: the tensor path's chunk step (``kvsim.hf.tensor``,
+"""A prompt walked in one compiled loop on a CPU: the tensor path's chunk step (``kvsim.hf.tensor``,
 ``TensorLayer._part``) with its per-position work fused into one numba call per block of positions and policy class.
 
 On one CPU thread the tensor path's walk through a prompt is dispatch-bound: each position of each layer is some
@@ -18,13 +18,14 @@ outputs from the same rows, one more), and what lies between them, per position 
   its departure noted where the layer ``watch``es.
 
 The policy is the same code the simulator's engine replays (its ``SlotHooks``, declared beside it); what the
-tensor step keeps per column is read out of the engine's state after the walk, at the places the tensor path's
+tensor step keeps per column is read into the engine's state before the walk (a later prompt: a conversation's next
+question, a long prompt fed in several calls; ``_Walker.read``) and out of it after, at the places the tensor path's
 compaction puts each position (the policy's ``TensorHooks.walk``: which state array each tensor slot is). A class
 takes this route when its tensor step declares ``walk`` (``registry.walks_prompt``): h2o, h2o_normalized, tova,
-streaming_llm and sliding_window. Only a layer's first prompt does, on a CPU, float32, unpadded, numba installed;
-anything else walks on the tensor path's operations. The weights differ from the tensor path's softmax in their
-last float32 bits (a sum in another order: relatively within ``n x 2^-24`` of the exact one, either way,
-docs/domain.md's tolerance rule); tests/test_hf_walk.py holds held sets, scores and tokens to the tensor path's.
+streaming_llm and sliding_window; only on a CPU, float32, unpadded, numba installed; anything else walks on the
+tensor path's operations. The weights differ from the tensor path's softmax in their last float32 bits (a sum in
+another order: relatively within ``n x 2^-24`` of the exact one, either way, docs/domain.md's tolerance rule);
+tests/test_hf_walk.py holds held sets, departures, scores and tokens to the tensor path's.
 """
 
 from __future__ import annotations
@@ -207,16 +208,16 @@ def off() -> Iterator[None]:
 
 
 def walks(policy: str, device) -> bool:
-    """Whether a first prompt of ``policy`` on ``device`` walks here (its class declares ``walk``; a CPU; numba)."""
+    """Whether a prompt of ``policy`` on ``device`` walks here (its class declares ``walk``; a CPU; numba)."""
     from ..policykit import registry
 
     return AVAILABLE and _on[-1] and torch.device(device).type == "cpu" and registry.walks_prompt(policy) is not None
 
 
 def fits(layer, q, real) -> bool:
-    """Whether ``layer``'s call of ``q`` walks here: its first prompt, unpadded, float32 on a CPU, numba installed,
-    every group's class declaring ``walk``, and not ``off()``."""
-    return (AVAILABLE and _on[-1] and layer.seen == 0 and real is None and q.device.type == "cpu" and q.dtype == torch.float32
+    """Whether ``layer``'s call of ``q`` walks here: unpadded (nor any call before it), float32 on a CPU, numba
+    installed, every group's class declaring ``walk``, and not ``off()``."""
+    return (AVAILABLE and _on[-1] and real is None and not layer._padded and q.device.type == "cpu" and q.dtype == torch.float32
             and all(_binding(type(group.state.host["policies"][0][0])) is not None for group in layer.groups))
 
 
@@ -240,6 +241,20 @@ class _Walker:
         self.gather = np.zeros(width, dtype=np.float64)
         self.observes = group.observes
         self.step = walk_kernel(self.hooks)
+
+    def read(self, pos, slots) -> None:
+        """What the layer holds before the call (a later prompt: a conversation's next question, a prompt fed in
+        several calls) into the walk's terms: each configuration's held positions in position order with their slots,
+        and each declared tensor slot's values into the engine's state array (``walk``)."""
+        flat = pos.numpy().reshape(-1, pos.shape[-1])[self.lo : self.hi]
+        for c in range(len(self.length)):
+            held = np.nonzero(flat[c] >= 0)[0]
+            held = held[np.argsort(flat[c, held], kind="stable")]
+            n = len(held)
+            self.p[c, :n], self.col[c, :n], self.length[c] = flat[c, held], held, n
+            for name, index in self.walk:
+                values = slots[name].numpy().reshape(len(self.length), -1)
+                self.state[index][c, :n] = values[c, held]
 
     def block(self, lg, ws, mode, m, t0, own0, window, pos, left):
         c = slice(self.lo, self.hi)
@@ -265,11 +280,14 @@ _NO_BLOCK = torch.zeros(0, 0, 0, 0, dtype=torch.float32)
 
 
 def run(layer, q, key, value, call):
-    """``layer``'s first prompt ``q`` ``(batch, heads, G, n, d)`` walked here (``fits``): its outputs ``(batch,
+    """``layer``'s prompt ``q`` ``(batch, heads, G, n, d)`` walked here (``fits``): its outputs ``(batch,
     heads, G, n, d)``, the layer left as the tensor path's ``_chunk`` leaves it."""
     batch, heads, width = layer.pos.shape
     n, g = q.shape[3], q.shape[2]
-    walkers = [_Walker(group, heads, n) for group in layer.groups]
+    walkers = [_Walker(group, heads, layer.seen + n) for group in layer.groups]
+    if layer.seen:
+        for group, walker in zip(layer.groups, walkers, strict=True):
+            walker.read(layer.pos, group.state.slots)
     configs = batch * heads
     left = (layer.left.numpy().reshape(configs, -1) if layer.left is not None
             else np.zeros((configs, 0), dtype=np.int64))
@@ -284,7 +302,6 @@ def run(layer, q, key, value, call):
     layer._count = torch.from_numpy(np.concatenate([w.length for w in walkers]).reshape(batch, heads).copy())
     for group, walker in zip(layer.groups, walkers, strict=True):
         group.state.slots = walker.slots(heads, width, layer.pos.device)
-    layer.seen = n
     return out
 
 
@@ -306,16 +323,23 @@ def _part(layer, walkers, q, key, value, call, out, fast, window, left) -> None:
     shift = width if t0 == 0 else 0  # the first column a query of this part may read
     flat = pos.numpy().reshape(configs, width + n)[:, shift:]
     block = min(BLOCK, layer.chunk)
+    # fast: what the call found (a slot evicted during the call is still read), each column's position as found
+    found = torch.cat([layer.pos >= 0, torch.zeros(batch, heads, n, dtype=torch.bool)], dim=2)
+    posf = torch.where(torch.arange(width + n) >= width, t0 - width + torch.arange(width + n), pos)
     # no policy of the layer reads attention: the outputs come from a fused attention masked by what each row sees
     masked = call.softcap is None and not any(walker.observes for walker in walkers)
     for a in range(0, n, block):
         m = min(a + block, n) - a
         hi = width + a + m  # the columns up to the block's last position
         k, v = keys[:, :, shift:hi], values[:, :, shift:hi]
-        if fast:  # the full cache's rows: the call causally (a first prompt: nothing found before it)
-            mine = torch.arange(hi - width)[None, :]
+        if fast:  # the full cache's rows: what the call found, and the call up to each query
+            mine = torch.arange(shift, hi)[None, :] - width  # a column's index in the call, negative for a slot
             at = (a + torch.arange(m))[:, None]
-            sees = ((mine <= at) & ((mine > at - window) if window else True))[None, None]
+            sees = ((mine >= 0) & (mine <= at))[None, None]
+            if not shift:
+                sees = sees | found[:, :, None, :hi]
+            if window:
+                sees = sees & (posf[:, :, None, shift:hi] > t0 + at - window)
         if masked:  # no weights: nothing but what each row sees (fast) or the walk's marks of it (exact)
             lg = ws = torch.zeros(batch, heads, m, 1, hi - shift, dtype=torch.float32) if not fast else _NO_BLOCK
         else:
