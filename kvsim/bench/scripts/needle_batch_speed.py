@@ -10,7 +10,8 @@ tokens and the same departure step of every position in every (layer, KV head); 
 whole prompt in one pass (``kvsim.hf.decoding.greedy``; a trial feeds the prompt's shared start apart),
 checked against h2o alone. ``--arithmetic`` times the model's own arithmetic inside the batched pass: every linear
 layer and the MLP's activation (the modules' calls), and the attention's products on the tensor path (its logits,
-softmaxes and outputs, ``kvsim.hf.tensor_math``), each call timed by the wall clock; what is left of the pass is
+softmaxes and outputs, ``kvsim.hf.tensor_math``, on the tensor operations' walk and the compiled one, whose fused
+attention too), each call timed by the wall clock; what is left of the pass is
 what the cache adds (the policies' steps, the slot map, the departures), and the cell against its arithmetic is
 issue 54's target (within 1.2x). Nothing is read from or written to the needle cache. Each line gives wall seconds
 and this process's CPU seconds (``time.process_time``, which a busy neighbour moves less than the wall
@@ -64,7 +65,7 @@ def metered(model, meter: Meter, steps: dict):
 
     import torch
 
-    from kvsim.hf import tensor
+    from kvsim.hf import tensor, walk
     from kvsim.policies import POLICIES
 
     undo = []
@@ -80,10 +81,17 @@ def metered(model, meter: Meter, steps: dict):
         if isinstance(module, torch.nn.Linear) or name.endswith("act_fn"):
             module.forward = meter.wrap(module.forward)
             undo.append(lambda m=module: m.__dict__.pop("forward", None))
-    for attr in ("_logits", "_softmax", "_outputs"):
-        fn = getattr(tensor, attr)
-        setattr(tensor, attr, meter.wrap(fn))
-        undo.append(lambda a=attr, f=fn: setattr(tensor, a, f))
+    for module in (tensor, walk):  # the products, on the tensor operations' walk and on the compiled one
+        for attr in ("_logits", "_softmax", "_outputs"):
+            fn = getattr(module, attr)
+            setattr(module, attr, meter.wrap(fn))
+            undo.append(lambda m=module, a=attr, f=fn: setattr(m, a, f))
+    sdpa = torch.nn.functional.scaled_dot_product_attention  # the compiled walk's outputs where no policy reads weights
+    torch.nn.functional.scaled_dot_product_attention = meter.wrap(sdpa)
+    undo.append(lambda: setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa))
+    block = walk._Walker.block  # the compiled walk's per-position work, every class it takes
+    walk._Walker.block = steps.setdefault("compiled walk", Meter()).wrap(block)
+    undo.append(lambda: setattr(walk._Walker, "block", block))
     return lambda: [u() for u in undo]
 
 
