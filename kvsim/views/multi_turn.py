@@ -37,8 +37,7 @@ teacher-forced pass); their closed loop (about 4 minutes a cell here) is not mea
 no open loop: they are measured in the closed loop (`quality --conversation --prefill-budget B --prefill-policy
 SCORER --query aware|agnostic`: the context compressed once to the budget as the run compressed it, then every
 question and answer token teacher-forced through that cache, which keeps evicting), in a table of their own per
-group, "not measured" where the study does not hold it. expected_attention is in the grid but not measured: about
-15 minutes a cell on this 2-core machine.
+group, "not measured" where the study does not hold it.
 
 This page is reprinted from docs/multi-turn-study.json by `python -m kvsim.views.multi_turn`; the study is
 `python kvsim/bench/scripts/multi_turn_study.py measure` (its flags choose a subset; it resumes from the JSON).
