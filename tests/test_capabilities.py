@@ -48,7 +48,7 @@ def plugins(tmp_path):
 QUERIES = {"window": registry.window_param, "layout_score": registry.layout_ready, "pools_heads": registry.can_pool,
            "reads_meta": registry.reads_meta, "offline": registry.is_offline, "optimum": registry.is_optimum,
            "engine": registry.has_engine, "tensor": lambda n: registry.tensor_step(n) is not None,
-           "needs_model": registry.needs_model}
+           "needs_model": registry.needs_model, "walks": lambda n: registry.walks_prompt(n) is not None}
 
 
 @pytest.mark.parametrize("name", list(POLICIES))

@@ -132,7 +132,8 @@ class EngineBinding:
 class Capabilities:
     """What a policy can do beyond the interface, as its class declares it (``registry.capabilities(name)``; one
     query each: ``registry.window_param``, ``layout_ready``, ``can_pool``, ``reads_meta``, ``is_offline``,
-    ``is_optimum``, ``has_engine``, ``tensor_step``, ``needs_model``). ``MISSING`` names each in the words a refusal uses."""
+    ``is_optimum``, ``has_engine``, ``tensor_step``, ``needs_model``, ``walks_prompt``). ``MISSING`` names each in
+    the words a refusal uses."""
 
     #: the parameter its recent_window curve sweeps, or None
     window: str | None
@@ -153,6 +154,8 @@ class Capabilities:
     #: a prompt scorer whose scores come from a pass of the model itself (``needs_model``): chosen only as the
     #: prefill_policy of a deployed cache, never replayed on a trace nor stepped while decoding
     needs_model: bool = False
+    #: the deployed cache walks its prompt on a CPU in one compiled loop by its engine hooks (its tensor step's ``walk``)
+    walks: bool = False
 
     #: each capability a run may need, as a refusal names it when it is missing
     MISSING: ClassVar[dict[str, str]] = {

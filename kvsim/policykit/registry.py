@@ -164,7 +164,7 @@ def capabilities(name: str) -> Capabilities:
     return Capabilities(window=cls.window, layout_score=cls.layout_score, pools_heads=cls.pools_heads,
                         reads_meta=cls.reads_meta, offline=cls.needs_trace, optimum=cls.optimum,
                         engine=cls.engine_binding is not None, tensor=cls.tensor_step is not None,
-                        needs_model=cls.needs_model)
+                        needs_model=cls.needs_model, walks=walks_prompt(name) is not None)
 
 
 def window_param(name: str) -> str | None:
