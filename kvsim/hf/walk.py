@@ -247,14 +247,14 @@ class _Walker:
         several calls) into the walk's terms: each configuration's held positions in position order with their slots,
         and each declared tensor slot's values into the engine's state array (``walk``)."""
         flat = pos.numpy().reshape(-1, pos.shape[-1])[self.lo : self.hi]
+        values = {name: slots[name].numpy().reshape(len(self.length), -1) for name, _ in self.walk}
         for c in range(len(self.length)):
             held = np.nonzero(flat[c] >= 0)[0]
             held = held[np.argsort(flat[c, held], kind="stable")]
             n = len(held)
             self.p[c, :n], self.col[c, :n], self.length[c] = flat[c, held], held, n
             for name, index in self.walk:
-                values = slots[name].numpy().reshape(len(self.length), -1)
-                self.state[index][c, :n] = values[c, held]
+                self.state[index][c, :n] = values[name][c, held]
 
     def block(self, lg, ws, mode, m, t0, own0, window, pos, left):
         c = slice(self.lo, self.hi)
