@@ -85,6 +85,21 @@ def test_a_layout_takes_every_online_policy_with_a_layout_score_and_the_optimum_
             intervals.check(name, 64)
 
 
+def test_register_refuses_a_walk_without_engine_hooks_in_one_line():
+    """A tensor step that declares ``walk`` steps the class's engine hooks: a class without them is refused."""
+    import dataclasses
+
+    class NoEngine(Policy):
+        name = "walks_without_engine"
+        tensor_step = dataclasses.replace(POLICIES["h2o"].tensor_step, name="walks_without_engine")
+
+    with pytest.raises(ValueError) as e:
+        register(NoEngine)
+    assert str(e.value) == ("register: NoEngine.tensor_step declares walk, which steps its engine hooks: give its "
+                            "engine_binding its SlotHooks")
+    assert "walks_without_engine" not in POLICIES
+
+
 def test_register_refuses_a_colour_another_policy_has_in_one_line():
     class Copy(Policy):
         name = "copy_of_h2o_colour"

@@ -390,7 +390,7 @@ class TensorLayer(EvictingLayer):
         whole call found and the call's positions before it (the full cache's rows), ``self.chunk`` queries'
         logits at a time, and compacts once."""
         n = q.shape[3]
-        if _walk.fits(self, q, real):  # a first prompt on a CPU: one compiled loop per block (kvsim.hf.walk)
+        if _walk.fits(self, q, real):  # on a CPU: one compiled loop per block of positions (kvsim.hf.walk)
             out = _walk.run(self, q, key, value, call)
         elif self.prefill == "fast":
             out = self._part(q, key, value, call, real)

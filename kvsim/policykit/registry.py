@@ -126,6 +126,25 @@ def _check_capabilities(cls: type[Policy]) -> None:
                          "declare window")
     if cls.optimum and not cls.needs_trace:
         raise ValueError(f"register: {cls.__name__} declares optimum, which is offline (needs_trace)")
+    _check_walk(cls)
+
+
+def _check_walk(cls: type[Policy]) -> None:
+    """A tensor step's ``walk``: pairs of (slot name, engine state index), with engine hooks to walk with."""
+    from .slot_hooks import SlotHooks
+    from .tensor_hooks import TensorHooks
+
+    walk = cls.tensor_step.walk if isinstance(cls.tensor_step, TensorHooks) else None
+    if walk is None:
+        return
+    binding = cls.engine_binding
+    if binding is None or not isinstance(binding.kernel, SlotHooks):
+        raise ValueError(f"register: {cls.__name__}.tensor_step declares walk, which steps its engine hooks: give its "
+                         "engine_binding its SlotHooks")
+    if not all(isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str) and isinstance(pair[1], int)
+               for pair in walk):
+        raise ValueError(f"register: {cls.__name__}.tensor_step.walk must be (slot name, engine state index) pairs, "
+                         f"got {walk!r}")
 
 
 def policy_class(name: str) -> type[Policy]:
@@ -209,9 +228,9 @@ def tensor_step(name: str):
 
 
 def walks_prompt(name: str) -> tuple | None:
-    """How ``name``'s engine hooks walk a cache's first prompt on a CPU (``kvsim.hf.walk``): its tensor step's ``walk``
+    """How ``name``'s engine hooks walk a deployed prompt on a CPU (``kvsim.hf.walk``): its tensor step's ``walk``
     (which engine state array each tensor slot is), or None where its tensor step declares none or its engine binding
-    gives no ``SlotHooks`` to walk with."""
+    gives no ``SlotHooks`` to walk with (which ``register`` refuses)."""
     from .slot_hooks import SlotHooks
     from .tensor_hooks import TensorHooks
 

@@ -81,7 +81,7 @@ class TensorHooks:
     admit: Callable | None = None
     #: ``takes(spec)``: False for a configuration (a ``PolicySpec``) the step does not cover (None: every one does)
     takes: Callable | None = None
-    #: a cache's first prompt may be walked by the class's engine hooks (its ``engine_binding``'s ``SlotHooks``) in one
+    #: a deployed prompt may be walked by the class's engine hooks (its ``engine_binding``'s ``SlotHooks``) in one
     #: compiled loop on a CPU (``kvsim.hf.walk``): ``(slot name, index of the engine state's array)`` for each of
     #: ``state``'s slots, whose values are read out of the engine's state after the walk; None: it walks on these
     #: hooks. Declared only where the engine's hooks do what these do, step for step, position 0 admitted too
