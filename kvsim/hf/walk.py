@@ -45,30 +45,39 @@ from .tensor_math import softmax as _softmax
 
 
 @kernel
-def _softmax_row(lg, w, k_c, p_c, n, own, t, window):
+def _first_seen(p_c, n, t, window):
+    """The first of the ``n`` held (ascending positions ``p_c``) inside ``window`` (0: none): those after it are too."""
+    lo = 0
+    if window > 0:
+        while lo < n and p_c[lo] <= t - window:
+            lo += 1
+    return lo
+
+
+@kernel
+def _softmax_row(lg, w, k_c, p_c, n, own, t, window, scratch):
     """Row t's weights ``w`` ``(G, columns)`` from its logits ``lg``: each query head's softmax over the ``n`` held
-    columns ``k_c[:n]`` (positions ``p_c``) inside ``window`` (0: none) and its own column ``own``."""
+    columns ``k_c[:n]`` (positions ``p_c``) inside ``window`` (0: none) and its own column ``own``; ``scratch`` holds
+    the exponentials, added in position order in float64."""
+    lo = _first_seen(p_c, n, t, window)
     for g in range(lg.shape[0]):
         lg_g = lg[g]
         w_g = w[g]
         top = lg_g[own]
-        for i in range(n):
-            if window == 0 or p_c[i] > t - window:
-                if lg_g[k_c[i]] > top:
-                    top = lg_g[k_c[i]]
+        for i in range(lo, n):
+            v = lg_g[k_c[i]]
+            if v > top:
+                top = v
         total = 0.0
-        for i in range(n):
-            if window == 0 or p_c[i] > t - window:
-                e = np.exp(lg_g[k_c[i]] - top)
-                w_g[k_c[i]] = e
-                total += np.float64(e)
+        for i in range(lo, n):
+            e = np.exp(lg_g[k_c[i]] - top)
+            scratch[i] = e
+            total += np.float64(e)
         e = np.exp(lg_g[own] - top)
-        w_g[own] = e
         total += np.float64(e)
-        for i in range(n):
-            if window == 0 or p_c[i] > t - window:
-                w_g[k_c[i]] = np.float32(np.float64(w_g[k_c[i]]) / total)
-        w_g[own] = np.float32(np.float64(w_g[own]) / total)
+        for i in range(lo, n):
+            w_g[k_c[i]] = np.float32(scratch[i] / total)
+        w_g[own] = np.float32(np.float64(e) / total)
 
 
 @kernel
@@ -115,7 +124,7 @@ def _walk_steps(lg, ws, mode, m, t0, own0, window, budgets, pos, p, col, length,
             p_c = p[c]
             k_c = col[c]
             if mode == 1:
-                _softmax_row(lg[c, j], ws[c, j], k_c, p_c, n, own, t, window)
+                _softmax_row(lg[c, j], ws[c, j], k_c, p_c, n, own, t, window, gather)
             elif mode == 2:
                 _marks_row(ws[c, j, 0], k_c, p_c, n, own, t, window)
             if observes and t > 0:
