@@ -14,7 +14,7 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.fin
 pytestmark = pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not installed (requirements-record.txt)")
 
 WALKING = [("h2o", {"recent_window": 4}), ("h2o_normalized", {"recent_window": 4}), ("tova", {}),
-           ("streaming_llm", {"sinks": 2}), ("sliding_window", {})]
+           ("scissorhands", {"recent_window": 4}), ("streaming_llm", {"sinks": 2}), ("sliding_window", {})]
 BUDGET, PROMPT, NEW, CHUNK = 16, 40, 12, 7
 
 
@@ -90,7 +90,7 @@ def test_the_walk_holds_departs_and_generates_what_the_tensor_operations_do(poli
 
 
 @pytest.mark.parametrize("prefill", ["exact", "fast"])
-@pytest.mark.parametrize("policy", ["h2o", "tova", "h2o_normalized"])
+@pytest.mark.parametrize("policy", ["h2o", "tova", "h2o_normalized", "scissorhands"])
 def test_a_second_prompt_on_the_cache_walks_from_what_it_holds(policy, prefill):
     """A conversation's next question is a prompt on a cache that holds a state: the walk reads it in (held positions,
     their slots, the policy's values) and walks on; what the cache holds after, every key's departure and the tokens

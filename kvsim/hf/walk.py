@@ -22,7 +22,7 @@ tensor step keeps per column is read into the engine's state before the walk (a 
 question, a long prompt fed in several calls; ``_Walker.read``) and out of it after, at the places the tensor path's
 compaction puts each position (the policy's ``TensorHooks.walk``: which state array each tensor slot is). A class
 takes this route when its tensor step declares ``walk`` (``registry.walks_prompt``): h2o, h2o_normalized, tova,
-streaming_llm and sliding_window; only on a CPU, float32, unpadded, numba installed; anything else walks on the
+scissorhands, streaming_llm and sliding_window; only on a CPU, float32, unpadded, numba installed; anything else walks on the
 tensor path's operations. The weights differ from the tensor path's softmax in their last float32 bits (a sum in
 another order: relatively within ``n x 2^-24`` of the exact one, either way, docs/domain.md's tolerance rule);
 tests/test_hf_walk.py holds held sets, departures, scores and tokens to the tensor path's.
@@ -256,14 +256,20 @@ class _Walker:
         several calls) into the walk's terms: each configuration's held positions in position order with their slots,
         and each declared tensor slot's values into the engine's state array (``walk``)."""
         flat = pos.numpy().reshape(-1, pos.shape[-1])[self.lo : self.hi]
-        values = {name: slots[name].numpy().reshape(len(self.length), -1) for name, _ in self.walk}
+        values = {name: slots[name].numpy().reshape(len(self.length), -1) for name, *_ in self.walk}
         for c in range(len(self.length)):
             held = np.nonzero(flat[c] >= 0)[0]
             held = held[np.argsort(flat[c, held], kind="stable")]
             n = len(held)
             self.p[c, :n], self.col[c, :n], self.length[c] = flat[c, held], held, n
-            for name, index in self.walk:
-                self.state[index][c, :n] = values[name][c, held]
+            for name, index, by_position in self._arrays():
+                at = flat[c, held] if by_position else slice(0, n)
+                self.state[index][c, at] = values[name][c, held]
+
+    def _arrays(self):
+        """``(slot name, engine state index, indexed by position)`` of each declared tensor slot (``walk``: an engine
+        array in the held positions' order, or, marked ``"position"``, one indexed by position)."""
+        return [(name, index, bool(rest) and rest[0] == "position") for name, index, *rest in self.walk]
 
     def block(self, lg, ws, mode, m, t0, own0, window, pos, left):
         c = slice(self.lo, self.hi)
@@ -276,9 +282,9 @@ class _Walker:
                                        width, device)
         held = np.arange(self.p.shape[1])[None, :] < self.length[:, None]
         configs = np.nonzero(held)[0]
-        for name, index in self.walk:
+        for name, index, by_position in self._arrays():
             flat = fresh.slots[name].numpy().reshape(len(self.length), width)
-            flat[configs, self.col[held]] = self.state[index][held]
+            flat[configs, self.col[held]] = self.state[index][configs, self.p[held]] if by_position else self.state[index][held]
         return fresh.slots
 
 

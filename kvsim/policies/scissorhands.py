@@ -139,7 +139,7 @@ def _scissorhands_tensor_rank(state, cols):
 #: scissorhands' tensor step, which its ``tensor_step`` names (a finite history window steps on the reference path)
 TENSOR = TensorHooks("scissorhands", _scissorhands_tensor_state, _scissorhands_tensor_rank,
                      observe=_scissorhands_tensor_observe, admit=_scissorhands_tensor_admit,
-                     takes=lambda spec: spec.params.history_window == 0)
+                     takes=lambda spec: spec.params.history_window == 0, walk=(("votes", 2, "position"),))
 
 
 @register

@@ -130,7 +130,7 @@ def _check_capabilities(cls: type[Policy]) -> None:
 
 
 def _check_walk(cls: type[Policy]) -> None:
-    """A tensor step's ``walk``: pairs of (slot name, engine state index), with engine hooks to walk with."""
+    """A tensor step's ``walk``: (slot name, engine state index[, "position"]) entries, with engine hooks to walk with."""
     from .slot_hooks import SlotHooks
     from .tensor_hooks import TensorHooks
 
@@ -141,10 +141,10 @@ def _check_walk(cls: type[Policy]) -> None:
     if binding is None or not isinstance(binding.kernel, SlotHooks):
         raise ValueError(f"register: {cls.__name__}.tensor_step declares walk, which steps its engine hooks: give its "
                          "engine_binding its SlotHooks")
-    if not all(isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str) and isinstance(pair[1], int)
-               for pair in walk):
+    if not all(isinstance(entry, tuple) and len(entry) in (2, 3) and isinstance(entry[0], str)
+               and isinstance(entry[1], int) and entry[2:] in ((), ("position",)) for entry in walk):
         raise ValueError(f"register: {cls.__name__}.tensor_step.walk must be (slot name, engine state index) pairs, "
-                         f"got {walk!r}")
+                         f"each with \"position\" after them where the engine's array is indexed by position, got {walk!r}")
 
 
 def policy_class(name: str) -> type[Policy]:

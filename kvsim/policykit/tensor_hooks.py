@@ -83,7 +83,8 @@ class TensorHooks:
     takes: Callable | None = None
     #: a deployed prompt may be walked by the class's engine hooks (its ``engine_binding``'s ``SlotHooks``) in one
     #: compiled loop on a CPU (``kvsim.hf.walk``): ``(slot name, index of the engine state's array)`` for each of
-    #: ``state``'s slots, whose values are read out of the engine's state after the walk; None: it walks on these
+    #: ``state``'s slots (``"position"`` after the pair where that array is indexed by position, not held order), read
+    #: into the engine's state before the walk and out of it after; None: it walks on these
     #: hooks. Declared only where the engine's hooks do what these do, step for step, position 0 admitted too
     walk: tuple | None = None
 
