@@ -95,8 +95,8 @@ def test_register_refuses_a_walk_without_engine_hooks_in_one_line():
 
     with pytest.raises(ValueError) as e:
         register(NoEngine)
-    assert str(e.value) == ("register: NoEngine.tensor_step declares walk, which steps its engine hooks: give its "
-                            "engine_binding its SlotHooks")
+    assert str(e.value) == ("register: NoEngine.tensor_step declares walk, which steps its engine hooks: give it "
+                            "an engine_binding")
     assert "walks_without_engine" not in POLICIES
 
 

@@ -130,17 +130,16 @@ def _check_capabilities(cls: type[Policy]) -> None:
 
 
 def _check_walk(cls: type[Policy]) -> None:
-    """A tensor step's ``walk``: (slot name, engine state index[, "position"]) entries, with engine hooks to walk with."""
-    from .slot_hooks import SlotHooks
+    """A tensor step's ``walk``: (slot name, engine state index[, "position"]) entries, with an engine binding (one that
+    names its hooks by a ``"module:name"`` path is not walked: ``walks_prompt`` takes ``SlotHooks`` only)."""
     from .tensor_hooks import TensorHooks
 
     walk = cls.tensor_step.walk if isinstance(cls.tensor_step, TensorHooks) else None
     if walk is None:
         return
-    binding = cls.engine_binding
-    if binding is None or not isinstance(binding.kernel, SlotHooks):
-        raise ValueError(f"register: {cls.__name__}.tensor_step declares walk, which steps its engine hooks: give its "
-                         "engine_binding its SlotHooks")
+    if cls.engine_binding is None:
+        raise ValueError(f"register: {cls.__name__}.tensor_step declares walk, which steps its engine hooks: give it "
+                         "an engine_binding")
     if not all(isinstance(entry, tuple) and len(entry) in (2, 3) and isinstance(entry[0], str)
                and isinstance(entry[1], int) and entry[2:] in ((), ("position",)) for entry in walk):
         raise ValueError(f"register: {cls.__name__}.tensor_step.walk must be (slot name, engine state index) pairs, "
@@ -230,7 +229,7 @@ def tensor_step(name: str):
 def walks_prompt(name: str) -> tuple | None:
     """How ``name``'s engine hooks walk a deployed prompt on a CPU (``kvsim.hf.walk``): its tensor step's ``walk``
     (which engine state array each tensor slot is), or None where its tensor step declares none or its engine binding
-    gives no ``SlotHooks`` to walk with (which ``register`` refuses)."""
+    gives no ``SlotHooks`` to walk with (``register`` refuses a walk without an engine binding)."""
     from .slot_hooks import SlotHooks
     from .tensor_hooks import TensorHooks
 
