@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from ..jit import AVAILABLE, kernel, sources_digest
-from ..policykit.slot_hooks import Shape, SlotHooks, _drop
+from ..policykit.slot_hooks import Shape, SlotHooks, _drop, _nothing_admitted, _nothing_dropped, _nothing_observed
 from .tensor_math import logits as _logits
 from .tensor_math import outputs as _outputs
 from .tensor_math import softmax as _softmax
@@ -83,9 +83,8 @@ def _softmax_row(lg, w, k_c, p_c, n, own, t, window, scratch):
 @kernel
 def _marks_row(w, k_c, p_c, n, own, t, window):
     """Row t's visible columns (held, inside ``window``, and its own) marked 1 in ``w`` ``(columns,)``."""
-    for i in range(n):
-        if window == 0 or p_c[i] > t - window:
-            w[k_c[i]] = 1.0
+    for i in range(_first_seen(p_c, n, t, window), n):
+        w[k_c[i]] = 1.0
     w[own] = 1.0
 
 
@@ -158,21 +157,6 @@ def _relocate(pos, p, col, length):
             q = pos[c, s]
             if q >= 0:
                 col[c, np.searchsorted(p[c, :n], q)] = s
-
-
-@kernel
-def _nothing_observed(state, c, p_c, n, gather, total):
-    pass
-
-
-@kernel
-def _nothing_admitted(state, c, p_c, n):
-    pass
-
-
-@kernel
-def _nothing_dropped(state, c, best, n):
-    pass
 
 
 _TEMPLATE = {name: _walk_steps.__globals__[name] for name in _walk_steps.__code__.co_names
@@ -338,9 +322,9 @@ def _part(layer, walkers, q, key, value, call, out, fast, window, left) -> None:
     shift = width if t0 == 0 else 0  # the first column a query of this part may read
     flat = pos.numpy().reshape(configs, width + n)[:, shift:]
     block = min(BLOCK, layer.chunk)
-    # fast: what the call found (a slot evicted during the call is still read), each column's position as found
-    found = torch.cat([layer.pos >= 0, torch.zeros(batch, heads, n, dtype=torch.bool)], dim=2)
-    posf = torch.where(torch.arange(width + n) >= width, t0 - width + torch.arange(width + n), pos)
+    if fast:  # what the call found (a slot evicted during the call is still read), each column's position as found
+        found = torch.cat([layer.pos >= 0, torch.zeros(batch, heads, n, dtype=torch.bool)], dim=2)
+        posf = torch.where(torch.arange(width + n) >= width, t0 - width + torch.arange(width + n), pos)
     # no policy of the layer reads attention: the outputs come from a fused attention masked by what each row sees
     masked = call.softcap is None and not any(walker.observes for walker in walkers)
     for a in range(0, n, block):

@@ -1,11 +1,12 @@
 """What a policy's fast path is made of, declared beside the policy (h2o's: ``kvsim.policies.h2o``): its
-``SlotHooks``, the hooks of the engine's one step loop (``kvsim.sim.kernels``, which states the loop's
-rules and each hook's arguments), the ``Shape`` its state is sized by, and the helpers hooks share:
-``_first_min`` (the victim among equal scores: the first, the lower position; ``_first_max`` likewise,
-for the policies that evict the largest), ``_drop`` (a slot's gap
-closed, kept order kept) and ``_slots`` (a per-slot array for every configuration). Here, in the policies
-layer, so that a policy module declares its hooks without importing the simulator; they are
-``kvsim.jit`` kernels, stand-ins until the engine's first call compiles them.
+``SlotHooks``, the hooks of the engine's one step loop (``kvsim.sim.kernels``, which states the loop's rules
+and each hook's arguments), the ``Shape`` its state is sized by, and the helpers hooks share: ``_first_min``
+(the victim among equal scores: the first, the lower position; ``_first_max`` likewise, for the policies that
+evict the largest), ``_drop`` (a slot's gap closed, kept order kept), ``_slots`` (a per-slot array for every
+configuration), and the stand-ins of a hook left out (``_nothing_observed``, ``_nothing_admitted``,
+``_nothing_dropped``), which every step loop shares. Here, in the policies layer, so that a policy module
+declares its hooks without importing the simulator; they are ``kvsim.jit`` kernels, stand-ins until the
+engine's first call compiles them.
 """
 
 from __future__ import annotations
@@ -82,6 +83,21 @@ def _drop(slots, best, n):
     dst = slots[best : n - 1]
     for i in range(n - 1 - best):
         dst[i] = src[i]
+
+
+@kernel
+def _nothing_observed(state, c, p_c, n, gather, total):
+    """A left-out ``observe``: the step loops' (the engine's and the deployed walk's) stand-in."""
+
+
+@kernel
+def _nothing_admitted(state, c, p_c, n):
+    """A left-out ``admit``."""
+
+
+@kernel
+def _nothing_dropped(state, c, best, n):
+    """A left-out ``drop``."""
 
 
 def _slots(shape: Shape, fill, dtype) -> np.ndarray:

@@ -53,7 +53,7 @@ import numpy as np
 
 from ..jit import kernel, sources_digest
 from ..policykit.slot_hooks import Shape as Shape
-from ..policykit.slot_hooks import SlotHooks, _drop
+from ..policykit.slot_hooks import SlotHooks, _drop, _nothing_admitted, _nothing_dropped, _nothing_observed
 
 
 @kernel
@@ -195,23 +195,8 @@ def _measure_held(state, c, t, row, p_c, n, stamp, gather):
 
 
 @kernel
-def _nothing_observed(state, c, p_c, n, gather, total):
-    pass
-
-
-@kernel
-def _nothing_admitted(state, c, p_c, n):
-    pass
-
-
-@kernel
 def _no_score(state, c, p_c, i):
     return 0.0
-
-
-@kernel
-def _nothing_dropped(state, c, best, n):
-    pass
 
 
 _MADE: dict[SlotHooks, SlotKernel] = {}
