@@ -33,12 +33,17 @@ def test_the_page_prints_the_three_conversation_commands_on_the_shipped_example(
     assert len(conv.turns) == 3 and conv.context.startswith("Water on Earth")
 
 
+def _with_example(folder):
+    """``folder`` holding examples/conversation.json, where the printed commands read it: the folder they run in."""
+    (folder / "examples").mkdir()
+    shutil.copy(ROOT / "examples" / "conversation.json", folder / "examples")
+    return folder
+
+
 @pytest.mark.record
 @pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not installed (requirements-record.txt)")
 def test_the_conversation_chain_runs_as_printed(tmp_path):
-    (tmp_path / "examples").mkdir()
-    shutil.copy(ROOT / "examples" / "conversation.json", tmp_path / "examples")
-    done = run(_chain(), tmp_path, timeout=1800)
+    done = run(_chain(), _with_example(tmp_path), timeout=1800)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     assert "answers teacher-forced" in out and "Q3: How much of the Earth's water is salt water?" in out
@@ -57,9 +62,7 @@ def test_the_page_prints_the_compressed_prompt_both_ways():
 @pytest.mark.record
 @pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not installed (requirements-record.txt)")
 def test_the_compressed_prompt_chain_runs_as_printed(tmp_path):
-    (tmp_path / "examples").mkdir()
-    shutil.copy(ROOT / "examples" / "conversation.json", tmp_path / "examples")
-    done = run(_compressed(), tmp_path, timeout=900)
+    done = run(_compressed(), _with_example(tmp_path), timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     assert "the prompt compressed once to 64 by snapkv, query-aware" in out

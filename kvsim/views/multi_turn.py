@@ -203,12 +203,19 @@ def findings(doc: dict) -> list[str]:
     return out
 
 
+def _paired(rows: list) -> tuple[dict, dict]:
+    """snapkv aware's rows (cells or delta NLL rows, ``(key, row)``) by their cell and trial, and each query-agnostic
+    compression's rows paired with aware's of the same cell and trial: ``(aware, {other: [(aware's, other's), ...]})``."""
+    aware = {(key[:4], key[5]): r for key, r in rows if key[4] == "snapkv aware"}
+    return aware, {other: [(aware[(key[:4], key[5])], r) for key, r in rows if key[4] == other and (key[:4], key[5]) in aware]
+                   for other in ("snapkv agnostic", "reconstruction")}
+
+
 def _kvzip(cells: list) -> str:
     """KVzip's finding: snapkv aware against each query-agnostic compression, paired trial by trial."""
-    aware = {(key[:4], key[5]): c for key, c in cells if key[4] == "snapkv aware"}
+    aware, paired = _paired(cells)
     rows, loose = [], []
-    for other in ("snapkv agnostic", "reconstruction"):
-        pairs = [(aware[(key[:4], key[5])], c) for key, c in cells if key[4] == other and (key[:4], key[5]) in aware]
+    for other, pairs in paired.items():
         if not pairs:
             rows.append(f"{other}: no trial measured beside snapkv aware")
             continue
@@ -261,10 +268,8 @@ def _kvzip_nll(doc: dict) -> str:
     """KVzip's finding by the closed loop's delta NLL: snapkv aware against each query-agnostic compression, paired
     trial by trial, turn 1 and the later turns."""
     rows = _losses(doc, "closed")
-    aware = {(key[:4], key[5]): r for key, r in rows if key[4] == "snapkv aware"}
     parts, verdicts = [], []
-    for other in ("snapkv agnostic", "reconstruction"):
-        pairs = [(aware[(key[:4], key[5])], r) for key, r in rows if key[4] == other and (key[:4], key[5]) in aware]
+    for other, pairs in _paired(rows)[1].items():
         if not pairs:
             parts.append(f"{other}: no trial measured beside snapkv aware")
             continue
