@@ -210,8 +210,8 @@ def walks(policy: str, device) -> bool:
 def fits(layer, q, real) -> bool:
     """Whether ``layer``'s call of ``q`` walks here: unpadded (nor any call before it), float32 on a CPU, numba
     installed, every group's class declaring ``walk``, and not ``off()``."""
-    return (AVAILABLE and _on[-1] and real is None and not layer._padded and q.device.type == "cpu" and q.dtype == torch.float32
-            and all(_binding(type(group.state.host["policies"][0][0])) is not None for group in layer.groups))
+    return (real is None and not layer._padded and q.dtype == torch.float32
+            and all(walks(group.state.host["policies"][0][0].name, q.device) for group in layer.groups))
 
 
 class _Walker:
