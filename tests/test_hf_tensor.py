@@ -6,6 +6,7 @@ the host."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 
 import pytest
@@ -191,25 +192,43 @@ def test_a_batch_of_rows_of_several_policy_classes_matches_the_reference():
             for layer in cache.layers] == out[TensorLayer]  # refused before anything moved
 
 
-def test_a_decode_step_reads_nothing_back_to_the_host(monkeypatch):
+@pytest.mark.parametrize("walked", [False, True], ids=["operations", "walk"])
+def test_a_decode_step_reads_nothing_back_to_the_host(monkeypatch, walked):
     """After the prompt, decode steps of every layer with ``Tensor.item``, ``.cpu``, ``.numpy`` and ``.tolist``
-    made to raise: the tensor path's step is tensor operations only (on a GPU it never waits for the host)."""
+    made to raise: the tensor path's step is tensor operations only (on a GPU it never waits for the host). On a
+    CPU the policies whose tensor step declares ``walk`` take one compiled call per step (kvsim.hf.walk), which
+    reads the layer's tensors through ``.numpy()``: there the host is the device, and every such read must be a view
+    of a CPU tensor's own memory (nothing copied, nothing waited for); the rest still raise."""
     import torch
     from test_hf import _prompt
 
     import kvsim.hf as hf
+    from kvsim.hf import walk
+    from kvsim.policykit import registry
 
     model = _tiny("gemma3")
+    views = []
+    as_array = torch.Tensor.numpy
+
+    def in_place(tensor, *args, **kwargs):
+        array = as_array(tensor, *args, **kwargs)
+        assert tensor.device.type == "cpu" and array.__array_interface__["data"][0] == tensor.data_ptr()
+        views.append(1)
+        return array
+
     for policy, params in TENSOR_POLICIES:
+        if walked and registry.walks_prompt(policy) is None:
+            continue
         cache = hf.cache(model, policy, BUDGET, tensor=True, chunk=CHUNK, **params)
-        with torch.no_grad():
+        with torch.no_grad(), walk.off() if not walked else contextlib.nullcontext():
             nxt = model(_prompt(PROMPT), cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
             with monkeypatch.context() as m:
                 for name in ("item", "cpu", "numpy", "tolist"):
-                    m.setattr(torch.Tensor, name, _raiser(name))
+                    m.setattr(torch.Tensor, name, in_place if walked and name == "numpy" else _raiser(name))
                 for _ in range(4):
                     nxt = model(nxt, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
         assert cache.peak_positions == [BUDGET] * len(cache.layers)
+    assert bool(views) == walked  # the walk ran where it should, and only there
 
 
 def _raiser(name: str):

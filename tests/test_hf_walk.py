@@ -18,7 +18,9 @@ WALKING = [("h2o", {"recent_window": 4}), ("h2o_normalized", {"recent_window": 4
 BUDGET, PROMPT, NEW, CHUNK = 16, 40, 12, 7
 
 
-def _run(kind: str, policy: str, params: dict, prefill: str, walked: bool, question: int = 0):
+def _run(kind: str, policy: str, params: dict, prefill: str, walked, question: int = 0, headroom: int | None = None):
+    """``walked``: True, the prompts and the decode steps walk; False, neither (``walk.off()``); ``"decode"``, the
+    decode steps alone, after a prompt the tensor operations stepped. ``headroom``: the walk's ``HEADROOM``."""
     import torch
     from test_hf import _prompt, _tiny
 
@@ -30,14 +32,21 @@ def _run(kind: str, policy: str, params: dict, prefill: str, walked: bool, quest
     cache = hf.cache(model, policy, BUDGET, prefill=prefill, tensor=True, chunk=CHUNK, **params)
     for layer in cache.layers:
         layer.watch(PROMPT)
-    calls = []
-    real = walk.run
+    calls = {"run": [], "decode": []}
+    real = {"run": walk.run, "decode": walk.decode, "fits": walk.fits, "HEADROOM": walk.HEADROOM}
 
-    def counted(*args):
-        calls.append(1)
-        return real(*args)
+    def counted(name):
+        def call(*args):
+            calls[name].append(1)
+            return real[name](*args)
 
-    walk.run = counted
+        return call
+
+    def fits(layer, q, mask):  # "decode": a prompt takes the tensor operations
+        return (walked != "decode" or q.shape[3] == 1) and real["fits"](layer, q, mask)
+
+    walk.run, walk.decode, walk.fits = counted("run"), counted("decode"), fits
+    walk.HEADROOM = real["HEADROOM"] if headroom is None else headroom
     try:
         with walk.off() if not walked else _nothing():
             tokens = greedy(model, ids, cache, NEW)["tokens"]
@@ -46,10 +55,11 @@ def _run(kind: str, policy: str, params: dict, prefill: str, walked: bool, quest
                     more = torch.tensor([tokens[-question:]])
                     model(more, cache=cache, use_cache=True)
     finally:
-        walk.run = real
+        walk.run, walk.decode, walk.fits, walk.HEADROOM = (real[k] for k in ("run", "decode", "fits", "HEADROOM"))
     heads = cache.layers[0].kv_heads
     state = [{name: _held_values(layer, s) for name, s in layer.groups[0].state.slots.items()} for layer in cache.layers]
-    return {"tokens": tokens, "peaks": cache.peak_positions, "calls": len(calls) / len(cache.layers),
+    return {"tokens": tokens, "peaks": cache.peak_positions, "calls": len(calls["run"]) / len(cache.layers),
+            "decodes": len(calls["decode"]) / len(cache.layers),
             "seen": [layer.seen for layer in cache.layers], "length": cache.get_seq_length(),
             "held": [[layer.held(0, h).tolist() for h in range(heads)] for layer in cache.layers],
             "left": [layer.left.tolist() for layer in cache.layers]}, state
@@ -79,7 +89,18 @@ def test_the_walk_holds_departs_and_generates_what_the_tensor_operations_do(poli
     walked, walked_state = _run(kind, policy, params, prefill, True)
     ops, ops_state = _run(kind, policy, params, prefill, False)
     assert walked["calls"] == 1 and ops["calls"] == 0  # the prompt walked once in every layer
-    assert {k: v for k, v in walked.items() if k != "calls"} == {k: v for k, v in ops.items() if k != "calls"}
+    assert walked["decodes"] == NEW - 1 and ops["decodes"] == 0  # and every decode step after it
+    assert _same(walked, ops)
+    _close(walked_state, ops_state)
+
+
+def _same(a: dict, b: dict) -> bool:
+    return {k: v for k, v in a.items() if k not in ("calls", "decodes")} == {k: v for k, v in b.items()
+                                                                              if k not in ("calls", "decodes")}
+
+
+def _close(walked_state, ops_state) -> None:
+    """Each held column's state: relatively within (BUDGET + CHUNK + 3) x 2^-23 (the test above says why)."""
     tol = (BUDGET + CHUNK + 3) * 2.0**-23
     for mine, theirs in zip(walked_state, ops_state, strict=True):
         assert mine.keys() == theirs.keys()
@@ -99,7 +120,21 @@ def test_a_second_prompt_on_the_cache_walks_from_what_it_holds(policy, prefill):
     walked, _ = _run("gemma3", policy, params, prefill, True, question=9)
     ops, _ = _run("gemma3", policy, params, prefill, False, question=9)
     assert walked["calls"] == 2  # in every layer: the first prompt and the question
-    assert {k: v for k, v in walked.items() if k != "calls"} == {k: v for k, v in ops.items() if k != "calls"}
+    assert _same(walked, ops)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+@pytest.mark.parametrize(("policy", "params"), WALKING, ids=[p for p, _ in WALKING])
+def test_decode_steps_walk_on_from_the_operations_and_past_the_walks_headroom(policy, params, kind):
+    """The decode steps walk after a prompt the tensor operations stepped (what the layer holds read in at the first
+    step), and a walk sized for fewer positions than the run (``HEADROOM`` 3: built again from the layer's tensors
+    every few steps) walks on: the same tokens, held sets, departures, peaks and states as the operations alone."""
+    ops, ops_state = _run(kind, policy, params, "exact", False)
+    for walked, headroom in (("decode", None), (True, 3)):
+        mine, state = _run(kind, policy, params, "exact", walked, headroom=headroom)
+        assert mine["decodes"] == NEW - 1 and mine["calls"] == (walked is True)
+        assert _same(mine, ops), (walked, headroom)
+        _close(state, ops_state)
 
 
 def test_the_registry_says_which_policies_walk():

@@ -97,6 +97,7 @@ class TensorLayer(EvictingLayer):
         self._keys = self._values = None
         self._col = None  # decoding: the slot t was written to (batch, heads)
         self._padded = False  # a prompt of this layer had padding: decode steps read their masks too
+        self._walkers = None  # the compiled walk's state between calls on a CPU (kvsim.hf.walk); None: read anew
 
     # --- set-up ---------------------------------------------------------------------------------------
 
@@ -216,6 +217,7 @@ class TensorLayer(EvictingLayer):
             return
         group = self.groups[0]
         state = group.state
+        self._walkers = None
         self._keys, self._values, self.pos = tensors(self._keys), tensors(self._values), tensors(self.pos)
         group.rows = slice(0, self.pos.shape[0])
         state.slots = {name: tensors(x) for name, x in state.slots.items()}
@@ -232,7 +234,7 @@ class TensorLayer(EvictingLayer):
         if self.specs is not None:
             self.policies = None
         self.budgets = self.groups = self.pos = self.budget = None
-        self.broken = self._count = self.left = self._keys = self._values = self._col = None
+        self.broken = self._count = self.left = self._keys = self._values = self._col = self._walkers = None
         self.seen, self._least, self._padded = 0, 0, False
         self.handed = self.pending = None
         self.is_initialized = False
@@ -332,6 +334,8 @@ class TensorLayer(EvictingLayer):
         q = grouped(call.query, heads)  # (batch, heads, G, n, d)
         real = self._real(call.mask, q.shape[3], q.shape[0])
         if q.shape[3] == 1:
+            if _walk.fits(self, q, real):  # on a CPU: one compiled call per group between two products
+                return _walk.decode(self, q[:, :, :, 0], call)
             now = _vectors(self.name, self.reads, key, value, call, q)
             now = {k: x[:, :, 0] for k, x in now.items()}
             out, weights = self._decode(q[:, :, :, 0], call, now, None if real is None else real[:, 0])
@@ -363,6 +367,7 @@ class TensorLayer(EvictingLayer):
         (batch, query heads, 1, slots))``. ``real`` ``(batch,)``: False where the call's mask pads the position
         (``real_positions``), which is then neither shown to, admitted by nor held in that row."""
         t, pos = self.seen, self.pos
+        self._walkers = None  # these operations step the layer: a walk after them reads it anew
         new = self._arange(pos.shape[-1]) == self._col[..., None]
         before = (pos >= 0) & ~new
         held = before | new
@@ -415,6 +420,7 @@ class TensorLayer(EvictingLayer):
         t0, n = self.seen, q.shape[3]
         batch, heads, width = self.pos.shape
         dev = self.pos.device
+        self._walkers = None
         keys = torch.cat([self._keys, key], dim=2)
         values = torch.cat([self._values, value], dim=2)
         pos = torch.cat([self.pos, torch.full((batch, heads, n), -1, dtype=torch.int64, device=dev)], dim=2)

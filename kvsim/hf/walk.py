@@ -107,7 +107,8 @@ def _combined(w, k_c, n, gather):
 
 def _walk_steps(lg, ws, mode, m, t0, own0, window, budgets, pos, p, col, length, left, observes, gather, A, state):
     """Positions ``t0 .. t0 + m - 1`` of a block (row j in ``lg`` and ``ws`` ``(configurations, rows, G, columns)``,
-    its column ``own0 + j``) for every configuration c (a (row, KV head)): held positions ``p[c, :length[c]]`` in
+    its column ``own0[c] + j``: a prompt's are the same in every configuration, a decode step's the slot each head
+    found free) for every configuration c (a (row, KV head)): held positions ``p[c, :length[c]]`` in
     position order, in columns ``col[c]``; ``pos[c, column]`` the position a column holds (-1: none), changed in
     place; ``left[c, q]`` the step at which position q left (``left`` of width 0: none watched). ``mode``: 0, the
     rows are in ``ws`` already (``fast``); 1, each row's softmax into ``ws`` from ``lg`` (``exact``); 2, each row's
@@ -117,8 +118,8 @@ def _walk_steps(lg, ws, mode, m, t0, own0, window, budgets, pos, p, col, length,
     watched = left.shape[1]
     for j in range(m):
         t = t0 + j
-        own = own0 + j
         for c in range(budgets.shape[0]):
+            own = own0[c] + j
             n = length[c]
             p_c = p[c]
             k_c = col[c]
@@ -215,14 +216,16 @@ def fits(layer, q, real) -> bool:
 
 
 class _Walker:
-    """One group's walk through a call: its configurations (rows x KV heads) ``lo .. hi``, the engine's state of its
-    policy and the held positions in position order with their columns."""
+    """One group's walk: its configurations (rows x KV heads) ``lo .. hi``, the engine's state of its policy sized for
+    ``steps`` positions, and the held positions in position order with their columns. It lives on the layer between
+    calls (``TensorLayer._walkers``) while nothing but the walk steps the layer."""
 
     def __init__(self, group, heads: int, steps: int):
         policies = [p for row in group.state.host["policies"] for p in row]
         cls = type(policies[0])
         self.hooks, self.walk = _binding(cls)
         self.group = group
+        self.steps = steps
         self.lo, self.hi = group.rows.start * heads, group.rows.stop * heads
         width = max(p.budget for p in policies) + 1
         configs = len(policies)
@@ -235,14 +238,15 @@ class _Walker:
         self.observes = group.observes
         self.step = walk_kernel(self.hooks)
 
-    def read(self, pos, slots) -> None:
-        """What the layer holds before the call (a later prompt: a conversation's next question, a prompt fed in
-        several calls) into the walk's terms: each configuration's held positions in position order with their slots,
-        and each declared tensor slot's values into the engine's state array (``walk``)."""
+    def read(self, pos, slots, seen: int) -> None:
+        """What the layer holds of the positions before ``seen`` (a later prompt: a conversation's next question, a
+        prompt fed in several calls; a decode step after the tensor operations stepped the layer) into the walk's
+        terms: each configuration's held positions in position order with their slots, and each declared tensor
+        slot's values into the engine's state array (``walk``)."""
         flat = pos.numpy().reshape(-1, pos.shape[-1])[self.lo : self.hi]
         values = {name: slots[name].numpy().reshape(len(self.length), -1) for name, *_ in self.walk}
         for c in range(len(self.length)):
-            held = np.nonzero(flat[c] >= 0)[0]
+            held = np.nonzero((flat[c] >= 0) & (flat[c] < seen))[0]
             held = held[np.argsort(flat[c, held], kind="stable")]
             n = len(held)
             self.p[c, :n], self.col[c, :n], self.length[c] = flat[c, held], held, n
@@ -257,18 +261,26 @@ class _Walker:
 
     def block(self, lg, ws, mode, m, t0, own0, window, pos, left):
         c = slice(self.lo, self.hi)
-        self.step(lg[c], ws[c], mode, m, t0, own0, window, self.budgets, pos[c], self.p, self.col, self.length, left[c],
-                  self.observes, self.gather, _NO_ROWS, self.state)
+        self.step(lg[c], ws[c], mode, m, t0, own0[c], window, self.budgets, pos[c], self.p, self.col, self.length,
+                  left[c], self.observes, self.gather, _NO_ROWS, self.state)
 
-    def slots(self, heads: int, width: int, device):
-        """The group's tensor state's slots after the walk: each held position's engine values at its column."""
-        fresh = self.group.hooks.state(self.group.state.host["policies"], self.hi // heads - self.lo // heads, heads,
-                                       width, device)
+    def write(self, slots: dict, width: int) -> None:
+        """Each held position's engine values into its column of the group's tensor slots, in place (a free column
+        keeps what it had: the tensor step's ``admit`` sets a column's values when it takes a position)."""
         held = np.arange(self.p.shape[1])[None, :] < self.length[:, None]
         configs = np.nonzero(held)[0]
         for name, index, by_position in self._arrays():
-            flat = fresh.slots[name].numpy().reshape(len(self.length), width)
+            if not slots[name].is_contiguous():
+                slots[name] = slots[name].contiguous()
+            flat = slots[name].view(len(self.length), width).numpy()
             flat[configs, self.col[held]] = self.state[index][configs, self.p[held]] if by_position else self.state[index][held]
+
+    def slots(self, heads: int, width: int, device):
+        """The group's tensor state's slots after a prompt's walk (its columns compacted): fresh, each held position's
+        engine values at its column."""
+        fresh = self.group.hooks.state(self.group.state.host["policies"], self.hi // heads - self.lo // heads, heads,
+                                       width, device)
+        self.write(fresh.slots, width)
         return fresh.slots
 
 
@@ -283,13 +295,9 @@ def run(layer, q, key, value, call):
     heads, G, n, d)``, the layer left as the tensor path's ``_chunk`` leaves it."""
     batch, heads, width = layer.pos.shape
     n, g = q.shape[3], q.shape[2]
-    walkers = [_Walker(group, heads, layer.seen + n) for group in layer.groups]
-    if layer.seen:
-        for group, walker in zip(layer.groups, walkers, strict=True):
-            walker.read(layer.pos, group.state.slots)
+    walkers = _walkers(layer, layer.seen + n)
     configs = batch * heads
-    left = (layer.left.numpy().reshape(configs, -1) if layer.left is not None
-            else np.zeros((configs, 0), dtype=np.int64))
+    left = _left(layer, configs)
     fast = layer.prefill == "fast"
     window = 0 if call.window is None else int(call.window)
     out = q.new_empty(batch, heads, g, n, value.shape[-1])
@@ -301,7 +309,60 @@ def run(layer, q, key, value, call):
     layer._count = torch.from_numpy(np.concatenate([w.length for w in walkers]).reshape(batch, heads).copy())
     for group, walker in zip(layer.groups, walkers, strict=True):
         group.state.slots = walker.slots(heads, width, layer.pos.device)
+    layer._walkers = walkers  # the decode steps go on from here
     return out
+
+
+#: positions a walker's engine state is sized for past those it is built to walk: the decode steps that follow a
+#: prompt walk on in it (scissorhands' votes are kept per position) until they reach its end, where it is built again
+HEADROOM = 1024
+
+
+def _walkers(layer, steps: int) -> list[_Walker]:
+    """A walker per group, sized for ``steps`` positions and ``HEADROOM`` more, with what the layer holds of the
+    positions it has seen read in."""
+    heads = layer.pos.shape[1]
+    walkers = [_Walker(group, heads, steps + HEADROOM) for group in layer.groups]
+    if layer.seen:
+        for group, walker in zip(layer.groups, walkers, strict=True):
+            walker.read(layer.pos, group.state.slots, layer.seen)
+    return walkers
+
+
+def _left(layer, configs: int):
+    """The departures the layer keeps (``watch``), ``(configurations, positions)``, in place; none: width 0."""
+    return layer.left.view(configs, -1).numpy() if layer.left is not None else np.zeros((configs, 0), dtype=np.int64)
+
+
+def decode(layer, q, call):
+    """``layer``'s decode step ``q`` ``(batch, heads, G, d)`` walked here (``fits``), its key and value already in slot
+    ``layer._col`` (``update``): ``(out (batch, 1, query heads, d), weights (batch, query heads, 1, slots))``, the
+    layer left as the tensor path's ``_decode`` leaves it. Between a product for the logits and one for the outputs,
+    one compiled call per group: each query head's softmax over what the position sees, the policy's step, the victim
+    (``_walk_steps``, a block of one position whose column is each head's own). The walkers live on the layer from
+    step to step (and from the prompt's walk); the group's tensor slots are written in place after each step, so
+    whatever reads them next (the tensor operations, a later prompt, a reorder) finds them current."""
+    batch, heads, width = layer.pos.shape
+    configs, t = batch * heads, layer.seen
+    walkers = layer._walkers
+    if walkers is None or any(walker.steps <= t for walker in walkers):
+        walkers = _walkers(layer, t + 1)
+    lg = _logits(q, layer._keys, call)  # (batch, heads, G, slots)
+    ws = torch.zeros_like(lg)
+    window = 0 if call.window is None else int(call.window)
+    pos, left = layer.pos.view(configs, width).numpy(), _left(layer, configs)
+    own = layer._col.reshape(configs).numpy()
+    lg_np, ws_np = lg.view(configs, 1, *lg.shape[2:]).numpy(), ws.view(configs, 1, *ws.shape[2:]).numpy()
+    count = layer._count.view(configs).numpy()
+    for group, walker in zip(layer.groups, walkers, strict=True):
+        walker.block(lg_np, ws_np, 1, 1, t, own, window, pos, left)
+        count[walker.lo : walker.hi] = walker.length
+        walker.write(group.state.slots, width)
+    layer._walkers = walkers
+    layer.seen = t + 1
+    out = _outputs(ws, layer._values)  # (batch, heads, G, d)
+    g, d = out.shape[2], out.shape[3]
+    return out.reshape(batch, 1, heads * g, d), ws.reshape(batch, heads * g, 1, width)
 
 
 #: queries per block: each block's logits reach only the columns up to its last position (a causal prefix), so the
@@ -347,8 +408,9 @@ def _part(layer, walkers, q, key, value, call, out, fast, window, left) -> None:
         lg_np = lg.numpy().reshape(configs, *lg.shape[2:]) if lg.dim() == 5 else _NO_BLOCK.numpy()
         ws_np = ws.numpy().reshape(configs, *ws.shape[2:]) if ws.dim() == 5 else _NO_BLOCK.numpy()
         mode = 0 if fast else 2 if masked else 1
+        own = np.full(configs, width + a - shift, dtype=np.int64)
         for walker in walkers:
-            walker.block(lg_np, ws_np, mode, m, t0 + a, width + a - shift, window, flat, left)
+            walker.block(lg_np, ws_np, mode, m, t0 + a, own, window, flat, left)
         if masked:
             seen = sees.expand(batch, heads, m, -1) if fast else ws[:, :, :, 0] > 0
             rows = torch.nn.functional.scaled_dot_product_attention(
@@ -364,4 +426,4 @@ def _part(layer, walkers, q, key, value, call, out, fast, window, left) -> None:
     layer.seen = t0 + n
 
 
-__all__ = ["fits", "off", "run", "walk_kernel", "walks"]
+__all__ = ["decode", "fits", "off", "run", "walk_kernel", "walks"]
