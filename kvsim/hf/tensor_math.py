@@ -16,16 +16,19 @@ def logits(q, keys, call):
     shape = q.shape
     if q.dim() == 5:  # (batch, heads, m, G, d): one product per head, m x G rows against its keys
         q = q.reshape(shape[0], shape[1], shape[2] * shape[3], shape[4])
-    scores = torch.matmul(q, keys.transpose(-1, -2)).reshape(*shape[:-1], keys.shape[2]) * call.scale
+    # scaled in place: the same rounding as a product by the scale, without a second array of every logit
+    scores = torch.matmul(q, keys.transpose(-1, -2)).reshape(*shape[:-1], keys.shape[2]).mul_(call.scale)
     if call.softcap is not None:
         scores = torch.tanh(scores / call.softcap) * call.softcap
     return scores
 
 
-def softmax(logits, seen, dtype):
+def softmax(logits, seen, dtype, spend: bool = False):
     """``logits`` ``(batch, heads, G, width)`` over the columns ``seen`` ``(batch, heads, width)`` marks, the
-    family's eager softmax: float32, cast back to the query's dtype."""
-    scores = logits.masked_fill(~seen.unsqueeze(-2), float("-inf"))
+    family's eager softmax: float32, cast back to the query's dtype. ``spend``: the caller has no further use for
+    ``logits``, which are masked in place."""
+    hidden = ~seen.unsqueeze(-2)
+    scores = logits.masked_fill_(hidden, float("-inf")) if spend else logits.masked_fill(hidden, float("-inf"))
     return torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
 
 

@@ -388,10 +388,22 @@ def _part(layer, walkers, q, key, value, call, out, fast, window, left) -> None:
         posf = torch.where(torch.arange(width + n) >= width, t0 - width + torch.arange(width + n), pos)
     # no policy of the layer reads attention: the outputs come from a fused attention masked by what each row sees
     masked = call.softcap is None and not any(walker.observes for walker in walkers)
+    # and where the part is the whole of a fast first prompt inside the model's window, what each row sees is the
+    # call up to it: the full cache's causal attention, one fused call for the part, the walk only choosing what stays
+    causal = masked and fast and shift and (not window or window >= n)
+    if causal:
+        out[:] = torch.nn.functional.scaled_dot_product_attention(
+            q.reshape(batch, heads * g, n, -1), key, value, is_causal=True, scale=call.scale,
+            enable_gqa=True).reshape(batch, heads, g, n, -1)
     for a in range(0, n, block):
         m = min(a + block, n) - a
         hi = width + a + m  # the columns up to the block's last position
         k, v = keys[:, :, shift:hi], values[:, :, shift:hi]
+        if causal:  # the outputs are in; the walk needs no rows
+            own = np.full(configs, width + a - shift, dtype=np.int64)
+            for walker in walkers:
+                walker.block(_NO_BLOCK.numpy(), _NO_BLOCK.numpy(), 0, m, t0 + a, own, window, flat, left)
+            continue
         if fast:  # the full cache's rows: what the call found, and the call up to each query
             mine = torch.arange(shift, hi)[None, :] - width  # a column's index in the call, negative for a slot
             at = (a + torch.arange(m))[:, None]
@@ -404,7 +416,7 @@ def _part(layer, walkers, q, key, value, call, out, fast, window, left) -> None:
             lg = ws = torch.zeros(batch, heads, m, 1, hi - shift, dtype=torch.float32) if not fast else _NO_BLOCK
         else:
             lg = _logits(q[:, :, :, a : a + m].transpose(2, 3), k, call)  # (batch, heads, m, G, cols)
-            ws = _softmax(lg, sees, q.dtype) if fast else torch.zeros_like(lg)
+            ws = _softmax(lg, sees, q.dtype, spend=True) if fast else torch.zeros_like(lg)  # fast: the walk reads ws
         lg_np = lg.numpy().reshape(configs, *lg.shape[2:]) if lg.dim() == 5 else _NO_BLOCK.numpy()
         ws_np = ws.numpy().reshape(configs, *ws.shape[2:]) if ws.dim() == 5 else _NO_BLOCK.numpy()
         mode = 0 if fast else 2 if masked else 1
