@@ -108,19 +108,25 @@ def test_a_malformed_shipped_file_is_one_warning_line(tmp_path, monkeypatch, tex
     assert any("No conversation here" in i.value for i in at.info)
 
 
-def test_what_docs_needle_says_of_the_shipped_trial_2_is_in_the_file():
-    """docs/needle.md, "A conversation in the app": h2o in trial 2 (the full cache found both keys)."""
-    cell = grid.shipped()[0]["cells"][1]
+def test_what_docs_needle_says_of_the_shipped_trial_1_is_in_the_file():
+    """docs/needle.md, "A conversation in the app": h2o in trial 1 (the full cache found both keys, as in every
+    trial), and what snapkv's compressed prompts wrote."""
+    aware, agnostic = (doc["cells"] for doc in grid.shipped()[1:])
+    cell = grid.shipped()[0]["cells"][0]
     h2o = cell["runs"][0]
-    assert cell["control"]["found"] == [True, True] and h2o["label"] == "h2o @ 256"
-    assert [a for a in h2o["answers"]] == [cell["keys"][0]] * 2  # key 1 at turn 1, and again at turn 2
+    assert cell["keys"] == ["31037", "61814"] and h2o["label"] == "h2o @ 256"
+    assert all(c["control"]["found"] == [True, True] for c in grid.shipped()[0]["cells"])
+    assert h2o["texts"] == [" a key that can be used to unlock"] * 2 and h2o["found"] == [False, False]
     gone = [heads[0] for heads in h2o["key_left"][1]]
-    assert sum(s == 749 for s in gone) == 10 and 749 < h2o["turn_starts"][0]
+    assert sum(s == 744 for s in gone) == 12 and 744 < h2o["turn_starts"][0]
     assert sum(h[0] is None for h in h2o["optimal_key_left"][1]) == 17
-    assert sum(h[0] is None for h in h2o["key_left"][0]) == 12
+    assert sum(h[0] is None for h in h2o["key_left"][0]) == 9
     assert sum(h[0] is None for h in h2o["optimal_key_left"][0]) == 3
+    assert aware[0]["runs"][0]["answers"] == ["3103", "6103"] and aware[2]["runs"][0]["answers"] == ["37340", "21089"]
+    assert aware[2]["runs"][0]["found"] == [False, True]
+    assert all(c["runs"][0]["texts"] == [" a key that is used to unlock the"] * 2 for c in agnostic)
     text = (Path(__file__).resolve().parent.parent / "docs" / "needle.md").read_text(encoding="utf-8")
-    assert "in 10 of 18 layers" in " ".join(text.split()) and "screenshot-conversation.png" in text
+    assert "in 12 of 18 layers" in " ".join(text.split()) and "screenshot-conversation.png" in text
 
 
 def test_the_compressed_prompts_are_drawn_and_their_mass_said_with_its_caveat(tmp_path, monkeypatch):

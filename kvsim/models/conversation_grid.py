@@ -33,18 +33,15 @@ SHIPPED = TRACES_DIR / SHIPPED_NAME
 #: the cache directory's folder the grids go in (``kvsim cache list``: needle), and their names' start
 FOLDER = "needle"
 PREFIX = "conversation-"
-#: the numbered wording the shipped file was measured with, before the default became each key's owner's name
-#: (docs/needle.md: the wordings the full cache was tried on); given, so each command measures it again
-NUMBERED = ("--needle 'The pass key number {n} is {key}. Remember it. {key} is the pass key number {n}.' "
-            "--question 'What is the pass key number {n}? The pass key number {n} is'")
-#: what the shipped file holds, each measured on Gemma-3-270M (every run cached on disk under its key)
+#: what the shipped file holds, each measured on Gemma-3-270M in the default wording (each key's owner's name, as the
+#: study in docs/multi-turn.md; every run cached on disk under its key)
 COMMANDS = (
     "python -m kvsim needle --keys 2 --depths 0.3,0.7 --lengths 1024 --trials 3 --policy h2o,tova,snapkv --budget 256 "
-    "--optimum " + NUMBERED,
+    "--optimum",
     "python -m kvsim needle --keys 2 --depths 0.3,0.7 --lengths 1024 --trials 3 --policy snapkv --budget 256 "
-    "--prefill-budget 256 --query aware --optimum " + NUMBERED,
+    "--prefill-budget 256 --query aware --optimum",
     "python -m kvsim needle --keys 2 --depths 0.3,0.7 --lengths 1024 --trials 3 --policy snapkv --budget 256 "
-    "--prefill-budget 256 --query agnostic --optimum " + NUMBERED,
+    "--prefill-budget 256 --query agnostic --optimum",
 )
 #: a grid's own fields kept, a cell's, a run's
 _GRID = ("model", "model_id", "keys", "query", "lengths", "depths", "trials", "seed", "new_tokens", "needle", "question")
