@@ -1,5 +1,6 @@
 """A prompt walked in one compiled loop on a CPU: the tensor path's chunk step (``kvsim.hf.tensor``,
-``TensorLayer._part``) with its per-position work fused into one numba call per block of positions and policy class.
+``TensorLayer._part``) with its per-position work fused into one numba call per block of positions and policy class;
+a decode step is a block of one position (``decode``), its column the slot each head found free.
 
 On one CPU thread the tensor path's walk through a prompt is dispatch-bound: each position of each layer is some
 forty small tensor operations (the softmax over what the position still sees, what the policy is shown, its step,
