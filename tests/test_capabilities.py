@@ -100,6 +100,25 @@ def test_register_refuses_a_walk_without_engine_hooks_in_one_line():
     assert "walks_without_engine" not in POLICIES
 
 
+def test_register_refuses_a_walk_map_without_functions_in_one_line():
+    """A ``WalkMap`` (snapkv's: its engine keeps ring rows) reads the tensor state in and writes it back: both must be
+    functions."""
+    import dataclasses
+
+    from kvsim.policykit.tensor_hooks import WalkMap
+
+    class HalfMap(Policy):
+        name = "walks_by_half_a_map"
+        engine_binding = POLICIES["snapkv"].engine_binding
+        tensor_step = dataclasses.replace(POLICIES["snapkv"].tensor_step, name="walks_by_half_a_map",
+                                          walk=WalkMap(POLICIES["snapkv"].tensor_step.walk.read, None))
+
+    with pytest.raises(ValueError) as e:
+        register(HalfMap)
+    assert str(e.value) == "register: HalfMap.tensor_step.walk: a WalkMap's read and write must be functions"
+    assert "walks_by_half_a_map" not in POLICIES
+
+
 def test_register_refuses_a_colour_another_policy_has_in_one_line():
     class Copy(Policy):
         name = "copy_of_h2o_colour"

@@ -14,7 +14,8 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.fin
 pytestmark = pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not installed (requirements-record.txt)")
 
 WALKING = [("h2o", {"recent_window": 4}), ("h2o_normalized", {"recent_window": 4}), ("tova", {}),
-           ("scissorhands", {"recent_window": 4}), ("streaming_llm", {"sinks": 2}), ("sliding_window", {})]
+           ("scissorhands", {"recent_window": 4}), ("streaming_llm", {"sinks": 2}), ("sliding_window", {}),
+           ("snapkv", {"recent_window": 4, "observation_window": 3})]
 BUDGET, PROMPT, NEW, CHUNK = 16, 40, 12, 7
 
 
@@ -67,7 +68,7 @@ def _run(kind: str, policy: str, params: dict, prefill: str, walked, question: i
 
 def _held_values(layer, slot):
     """Each (KV head, held position)'s value of a state slot, by position (the slots' order is the layer's own)."""
-    return {(h, int(p)): float(slot[0, h, s]) for h in range(layer.pos.shape[1])
+    return {(h, int(p)): slot[0, h, s].tolist() for h in range(layer.pos.shape[1])
             for s, p in enumerate(layer.pos[0, h].tolist()) if p >= 0}
 
 
@@ -111,7 +112,7 @@ def _close(walked_state, ops_state) -> None:
 
 
 @pytest.mark.parametrize("prefill", ["exact", "fast"])
-@pytest.mark.parametrize("policy", ["h2o", "tova", "h2o_normalized", "scissorhands"])
+@pytest.mark.parametrize("policy", ["h2o", "tova", "h2o_normalized", "scissorhands", "snapkv"])
 def test_a_second_prompt_on_the_cache_walks_from_what_it_holds(policy, prefill):
     """A conversation's next question is a prompt on a cache that holds a state: the walk reads it in (held positions,
     their slots, the policy's values) and walks on; what the cache holds after, every key's departure and the tokens
@@ -135,6 +136,18 @@ def test_decode_steps_walk_on_from_the_operations_and_past_the_walks_headroom(po
         assert mine["decodes"] == NEW - 1 and mine["calls"] == (walked is True)
         assert _same(mine, ops), (walked, headroom)
         _close(state, ops_state)
+
+
+@pytest.mark.parametrize("prefill", ["exact", "fast"])
+def test_snapkv_at_an_observation_window_of_0_walks_its_running_sum(prefill):
+    """snapkv's window of 0 scores by the running sum of every row shown (h2o's rule), which its engine keeps apart from
+    the ring: walked through a prompt, a question and the decode steps, it holds, departs and scores as the operations."""
+    params = {"recent_window": 4, "observation_window": 0}
+    walked, walked_state = _run("llama", "snapkv", params, prefill, True, question=9)
+    ops, ops_state = _run("llama", "snapkv", params, prefill, False, question=9)
+    assert walked["calls"] == 2 and walked["decodes"] == NEW - 1
+    assert _same(walked, ops)
+    _close(walked_state, ops_state)
 
 
 def test_the_registry_says_which_policies_walk():

@@ -40,6 +40,7 @@ import torch
 
 from ..jit import AVAILABLE, kernel, sources_digest
 from ..policykit.slot_hooks import Shape, SlotHooks, _drop, _nothing_admitted, _nothing_dropped, _nothing_observed
+from ..policykit.tensor_hooks import WalkMap
 from .tensor_math import logits as _logits
 from .tensor_math import outputs as _outputs
 from .tensor_math import softmax as _softmax
@@ -245,12 +246,19 @@ class _Walker:
         terms: each configuration's held positions in position order with their slots, and each declared tensor
         slot's values into the engine's state array (``walk``)."""
         flat = pos.numpy().reshape(-1, pos.shape[-1])[self.lo : self.hi]
-        values = {name: slots[name].numpy().reshape(len(self.length), -1) for name, *_ in self.walk}
+        mapped = isinstance(self.walk, WalkMap)
+        if mapped:
+            values, params = _views(slots, len(self.length)), _views(self.group.state.params, len(self.length))
+        else:
+            values = {name: slots[name].numpy().reshape(len(self.length), -1) for name, *_ in self.walk}
         for c in range(len(self.length)):
             held = np.nonzero((flat[c] >= 0) & (flat[c] < seen))[0]
             held = held[np.argsort(flat[c, held], kind="stable")]
             n = len(held)
             self.p[c, :n], self.col[c, :n], self.length[c] = flat[c, held], held, n
+            if mapped:
+                self.walk.read(self.state, c, held, values, params)
+                continue
             for name, index, by_position in self._arrays():
                 at = flat[c, held] if by_position else slice(0, n)
                 self.state[index][c, at] = values[name][c, held]
@@ -268,6 +276,11 @@ class _Walker:
     def write(self, slots: dict, width: int) -> None:
         """Each held position's engine values into its column of the group's tensor slots, in place (a free column
         keeps what it had: the tensor step's ``admit`` sets a column's values when it takes a position)."""
+        if isinstance(self.walk, WalkMap):
+            params = self.group.state.params
+            self.walk.write(self.state, self.p, self.col, self.length, _views(slots, len(self.length)),
+                            _views(params, len(self.length)))
+            return
         held = np.arange(self.p.shape[1])[None, :] < self.length[:, None]
         configs = np.nonzero(held)[0]
         for name, index, by_position in self._arrays():
@@ -283,6 +296,19 @@ class _Walker:
                                        width, device)
         self.write(fresh.slots, width)
         return fresh.slots
+
+
+def _views(tensors: dict, configs: int) -> dict:
+    """Each tensor ``(rows, heads, ...)`` of ``tensors`` as a NumPy view ``(configurations, ...)`` of its memory (a tensor
+    that is not contiguous is replaced in ``tensors`` by a contiguous copy first, so that writes reach it)."""
+    out = {}
+    for name, x in tensors.items():
+        if x.dim() < 2:  # not one per (row, KV head)
+            continue
+        if not x.is_contiguous():
+            tensors[name] = x = x.contiguous()
+        out[name] = x.view(configs, *x.shape[2:]).numpy()
+    return out
 
 
 #: the rows a pick may read (none of the walking policies reads them)

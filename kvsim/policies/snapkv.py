@@ -34,7 +34,7 @@ from ..jit import kernel
 from ..policykit.base import DEFAULT_BUDGET, RECENT_WINDOW, WINDOW, Display, EngineBinding, Param, SlotPolicy, per_config
 from ..policykit.registry import register
 from ..policykit.slot_hooks import Shape, SlotHooks, _drop, _first_min, _slots
-from ..policykit.tensor_hooks import TensorHooks, TensorState, param, slots
+from ..policykit.tensor_hooks import TensorHooks, TensorState, WalkMap, param, slots
 
 OBSERVATION_WINDOW = Param("observation_window", 32, "the score is the attention of the last observation_window queries")
 
@@ -194,7 +194,7 @@ def _snapkv_tensor_observe(state, shown, before):
     seen = before.any(-1)  # a padded position is shown nothing and does not advance the clock
     w, clock, ring = state.params["window"], state.params["clock"], state.slots["ring"]
     row = shown.double()
-    state.slots["sum"] += row
+    state.slots["sum"] += torch.where((w == 0)[..., None], row, 0.0)  # the running sum of a window of 0 alone
     at = (clock % w.clamp(min=1))[..., None, None].expand(*ring.shape[:3], 1)
     written = ring.scatter(-1, at, row[..., None])
     state.slots["ring"] = torch.where((seen & (w > 0))[..., None, None], written, ring)
@@ -217,9 +217,34 @@ def _snapkv_tensor_rank(state, cols):
             cols.newer >= state.params[WINDOW][..., None])
 
 
+def _snapkv_walk_read(engine, c, held, slots, params):
+    """Configuration c's tensor state into the engine's (the compiled walk, ``kvsim.hf.walk``): the held columns' rings
+    as ring rows 0 .. n-1 in position order (the row map the identity), each row's running sum started at its window's
+    sum, the running sums of a window of 0, and the clock as the count of observed steps."""
+    windows, obs_windows, tols, ring, row_of, approx, running, observed, scores = engine
+    n, w, wide = len(held), obs_windows[c], ring.shape[2]
+    row_of[c] = np.arange(row_of.shape[1])
+    ring[c, :n] = slots["ring"][c, held, :wide]
+    running[c, :n] = slots["sum"][c, held]
+    observed[c] = params["clock"][c]
+    if w > 0:  # within the pick's tolerance of the exact window sums (it sums the candidates exactly)
+        approx[c, :n] = ring[c, :n, :w].sum(axis=1)
+
+
+def _snapkv_walk_write(engine, p, col, length, slots, params):
+    """Every configuration's held rings, running sums and clock from the engine's state into the tensor state."""
+    windows, obs_windows, tols, ring, row_of, approx, running, observed, scores = engine
+    held = np.arange(p.shape[1])[None, :] < length[:, None]
+    c, i = np.nonzero(held)
+    cols = col[held]
+    slots["ring"][c, cols, : ring.shape[2]] = ring[c, row_of[c, i]]
+    slots["sum"][c, cols] = running[c, i]
+    params["clock"][:] = observed
+
+
 #: snapkv's tensor step, which its ``tensor_step`` names
 TENSOR = TensorHooks("snapkv", _snapkv_tensor_state, _snapkv_tensor_rank, observe=_snapkv_tensor_observe,
-                     admit=_snapkv_tensor_admit)
+                     admit=_snapkv_tensor_admit, walk=WalkMap(_snapkv_walk_read, _snapkv_walk_write))
 
 
 @register

@@ -132,7 +132,7 @@ def _check_capabilities(cls: type[Policy]) -> None:
 def _check_walk(cls: type[Policy]) -> None:
     """A tensor step's ``walk``: (slot name, engine state index[, "position"]) entries, with an engine binding (one that
     names its hooks by a ``"module:name"`` path is not walked: ``walks_prompt`` takes ``SlotHooks`` only)."""
-    from .tensor_hooks import TensorHooks
+    from .tensor_hooks import TensorHooks, WalkMap
 
     walk = cls.tensor_step.walk if isinstance(cls.tensor_step, TensorHooks) else None
     if walk is None:
@@ -140,7 +140,11 @@ def _check_walk(cls: type[Policy]) -> None:
     if cls.engine_binding is None:
         raise ValueError(f"register: {cls.__name__}.tensor_step declares walk, which steps its engine hooks: give it "
                          "an engine_binding")
-    if not all(isinstance(entry, tuple) and len(entry) in (2, 3) and isinstance(entry[0], str)
+    if isinstance(walk, WalkMap):
+        if not (callable(walk.read) and callable(walk.write)):
+            raise ValueError(f"register: {cls.__name__}.tensor_step.walk: a WalkMap's read and write must be functions")
+        return
+    if not isinstance(walk, tuple) or not all(isinstance(entry, tuple) and len(entry) in (2, 3) and isinstance(entry[0], str)
                and isinstance(entry[1], int) and entry[2:] in ((), ("position",)) for entry in walk):
         raise ValueError(f"register: {cls.__name__}.tensor_step.walk must be (slot name, engine state index) pairs, "
                          f"each with \"position\" after them where the engine's array is indexed by position, got {walk!r}")
@@ -226,9 +230,9 @@ def tensor_step(name: str):
     return policy_class(name).tensor_step
 
 
-def walks_prompt(name: str) -> tuple | None:
+def walks_prompt(name: str):
     """How ``name``'s engine hooks walk a deployed prompt on a CPU (``kvsim.hf.walk``): its tensor step's ``walk``
-    (which engine state array each tensor slot is), or None where its tensor step declares none or its engine binding
+    (which engine state array each tensor slot is, or a ``WalkMap``), or None where its tensor step declares none or its engine binding
     gives no ``SlotHooks`` to walk with (``register`` refuses a walk without an engine binding)."""
     from .slot_hooks import SlotHooks
     from .tensor_hooks import TensorHooks

@@ -81,12 +81,26 @@ class TensorHooks:
     admit: Callable | None = None
     #: ``takes(spec)``: False for a configuration (a ``PolicySpec``) the step does not cover (None: every one does)
     takes: Callable | None = None
-    #: a deployed prompt may be walked by the class's engine hooks (its ``engine_binding``'s ``SlotHooks``) in one
-    #: compiled loop on a CPU (``kvsim.hf.walk``): ``(slot name, index of the engine state's array)`` for each of
-    #: ``state``'s slots (``"position"`` after the pair where that array is indexed by position, not held order), read
-    #: into the engine's state before the walk and out of it after; None: it walks on these
-    #: hooks. Declared only where the engine's hooks do what these do, step for step, position 0 admitted too
-    walk: tuple | None = None
+    #: a deployed prompt and its decode steps may be walked by the class's engine hooks (its ``engine_binding``'s
+    #: ``SlotHooks``) in one compiled loop on a CPU (``kvsim.hf.walk``): ``(slot name, index of the engine state's
+    #: array)`` for each of ``state``'s slots (``"position"`` after the pair where that array is indexed by position,
+    #: not held order), read into the engine's state before the walk and out of it after, or a ``WalkMap`` where the
+    #: engine keeps its state otherwise (snapkv's ring rows); None: it walks on these hooks. Declared only where the
+    #: engine's hooks do what these do, step for step, position 0 admitted too
+    walk: tuple | WalkMap | None = None
+
+
+@dataclass(frozen=True)
+class WalkMap:
+    """A tensor step's ``walk`` where the engine's state is not one array per tensor slot in held order (a ring with a
+    row map of its own, a counter the tensor step keeps as a parameter). ``read(engine, c, held, slots, params)``: set
+    configuration c's engine state (the tuple its ``SlotHooks.state`` made) from the tensor state, ``held`` the
+    columns it holds in position order; ``write(engine, p, col, length, slots, params)``: every configuration's
+    held columns (``col[c, :length[c]]``, at positions ``p``) and parameters set back from the engine's, in place.
+    ``slots`` and ``params``: the group's tensors as NumPy views, ``(configurations, ...)``."""
+
+    read: Callable
+    write: Callable
 
 
 def param(policies, name: str, device):
@@ -142,4 +156,4 @@ def admitted(slot, new, value):
     return slot.scatter_(2, index, torch.where(came, value, slot.gather(2, index)))
 
 
-__all__ = ["Columns", "TensorHooks", "TensorState", "admitted", "held_columns", "in_order", "key_norms", "param", "slots"]
+__all__ = ["Columns", "TensorHooks", "TensorState", "WalkMap", "admitted", "held_columns", "in_order", "key_norms", "param", "slots"]
