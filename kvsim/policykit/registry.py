@@ -130,8 +130,9 @@ def _check_capabilities(cls: type[Policy]) -> None:
 
 
 def _check_walk(cls: type[Policy]) -> None:
-    """A tensor step's ``walk``: (slot name, engine state index[, "position"]) entries, with an engine binding (one that
-    names its hooks by a ``"module:name"`` path is not walked: ``walks_prompt`` takes ``SlotHooks`` only)."""
+    """A tensor step's ``walk``: (slot name, engine state index[, "position"]) entries or a ``WalkMap`` of two functions,
+    with an engine binding (one that names its hooks by a ``"module:name"`` path is not walked: ``walks_prompt`` takes
+    ``SlotHooks`` only)."""
     from .tensor_hooks import TensorHooks, WalkMap
 
     walk = cls.tensor_step.walk if isinstance(cls.tensor_step, TensorHooks) else None
