@@ -119,6 +119,24 @@ def test_register_refuses_a_walk_map_without_functions_in_one_line():
     assert "walks_by_half_a_map" not in POLICIES
 
 
+def test_register_refuses_a_walk_of_a_class_that_reads_vectors_without_its_rows_in_one_line():
+    """A class that reads vectors (vatp: values) walks with one engine state per (row, KV head), each handed its rows
+    of every call by ``walk_rows``: a walk without it is refused."""
+    import dataclasses
+
+    class NoRows(Policy):
+        name = "walks_without_rows"
+        reads = ("values",)
+        engine_binding = POLICIES["vatp"].engine_binding
+        tensor_step = dataclasses.replace(POLICIES["vatp"].tensor_step, name="walks_without_rows", walk_rows=None)
+
+    with pytest.raises(ValueError) as e:
+        register(NoRows)
+    assert str(e.value) == ("register: NoRows.tensor_step declares walk, and walks_without_rows reads values: give it "
+                            "walk_rows, which puts a call's rows into the engine's state")
+    assert "walks_without_rows" not in POLICIES
+
+
 def test_register_refuses_a_colour_another_policy_has_in_one_line():
     class Copy(Policy):
         name = "copy_of_h2o_colour"

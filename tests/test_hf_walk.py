@@ -15,7 +15,8 @@ pytestmark = pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not in
 
 WALKING = [("h2o", {"recent_window": 4}), ("h2o_normalized", {"recent_window": 4}), ("tova", {}),
            ("scissorhands", {"recent_window": 4}), ("streaming_llm", {"sinks": 2}), ("sliding_window", {}),
-           ("snapkv", {"recent_window": 4, "observation_window": 3})]
+           ("snapkv", {"recent_window": 4, "observation_window": 3}), ("vatp", {"recent_window": 4, "sinks": 2}),
+           ("critical", {"recent_window": 4})]
 BUDGET, PROMPT, NEW, CHUNK = 16, 40, 12, 7
 
 

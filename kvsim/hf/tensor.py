@@ -335,7 +335,7 @@ class TensorLayer(EvictingLayer):
         real = self._real(call.mask, q.shape[3], q.shape[0])
         if q.shape[3] == 1:
             if _walk.fits(self, q, real):  # on a CPU: one compiled call per group between two products
-                return _walk.decode(self, q[:, :, :, 0], call)
+                return _walk.decode(self, q, key, value, call)
             now = _vectors(self.name, self.reads, key, value, call, q)
             now = {k: x[:, :, 0] for k, x in now.items()}
             out, weights = self._decode(q[:, :, :, 0], call, now, None if real is None else real[:, 0])

@@ -45,6 +45,7 @@ from ..policykit.tensor_hooks import WalkMap
 from .tensor_math import logits as _logits
 from .tensor_math import outputs as _outputs
 from .tensor_math import softmax as _softmax
+from .tensor_math import vectors as _vectors
 
 
 @kernel
@@ -219,20 +220,32 @@ def fits(layer, q, real) -> bool:
 
 
 class _Walker:
-    """One group's walk: its configurations (rows x KV heads) ``lo .. hi``, the engine's state of its policy sized for
-    ``steps`` positions, and the held positions in position order with their columns. It lives on the layer between
-    calls (``TensorLayer._walkers``) while nothing but the walk steps the layer."""
+    """A group's walk, or one configuration's where its class reads vectors (``span``): its configurations (rows x KV
+    heads) ``lo .. hi`` of the layer (``at`` of the group), the engine's state of its policy sized for ``steps``
+    positions, and the held positions in position order with their columns. It lives on the layer between calls
+    (``TensorLayer._walkers``) while nothing but the walk steps the layer. A class that reads vectors (keys, values,
+    output norms) takes them per trace in the engine, one head's: its walk keeps one engine state per (row, KV head),
+    each given its own rows of every call (``see``, the tensor step's ``walk_rows``)."""
 
-    def __init__(self, group, heads: int, steps: int):
+    def __init__(self, group, heads: int, steps: int, span: tuple[int, int] | None = None, shapes: dict | None = None):
         policies = [p for row in group.state.host["policies"] for p in row]
-        cls = type(policies[0])
+        self.configs = len(policies)  # the group's
+        first, last = span if span is not None else (0, len(policies))
+        policies = policies[first:last]
+        self.cls = cls = type(policies[0])
         self.hooks, self.walk = _binding(cls)
         self.group = group
         self.steps = steps
-        self.lo, self.hi = group.rows.start * heads, group.rows.stop * heads
+        self.at = slice(first, last)
+        self.lo, self.hi = group.rows.start * heads + first, group.rows.start * heads + last
         width = max(p.budget for p in policies) + 1
         configs = len(policies)
-        self.state = self.hooks.state(Shape(configs, width, steps), **cls.engine_inputs(policies, steps))
+        if cls.reads:  # rows of zeros, the calls' own put in by ``see``
+            blank = {m: np.zeros((steps + 1, *shapes[m]), dtype=np.float32) for m in cls.reads}
+            inputs = cls.engine_inputs(policies, steps, blank)
+        else:
+            inputs = cls.engine_inputs(policies, steps)
+        self.state = self.hooks.state(Shape(configs, width, steps), **inputs)
         self.budgets = np.array([p.budget for p in policies], dtype=np.int64)
         self.p = np.zeros((configs, width), dtype=np.int64)
         self.col = np.zeros((configs, width), dtype=np.int64)
@@ -240,6 +253,11 @@ class _Walker:
         self.gather = np.zeros(width, dtype=np.float64)
         self.observes = group.observes
         self.step = walk_kernel(self.hooks)
+
+    def see(self, t0: int, rows: dict) -> None:
+        """This configuration's rows of a call (member -> ``(positions, ...)`` NumPy, from position ``t0``) into its
+        engine state."""
+        self.cls.tensor_step.walk_rows(self.cls, self.state, t0, {m: rows[m][self.lo] for m in self.cls.reads})
 
     def read(self, pos, slots, seen: int) -> None:
         """What the layer holds of the positions before ``seen`` (a later prompt: a conversation's next question, a
@@ -249,9 +267,10 @@ class _Walker:
         flat = pos.numpy().reshape(-1, pos.shape[-1])[self.lo : self.hi]
         mapped = isinstance(self.walk, WalkMap)
         if mapped:
-            values, params = _views(slots, len(self.length)), _views(self.group.state.params, len(self.length))
+            values = {k: v[self.at] for k, v in _views(slots, self.configs).items()}
+            params = {k: v[self.at] for k, v in _views(self.group.state.params, self.configs).items()}
         else:
-            values = {name: slots[name].numpy().reshape(len(self.length), -1) for name, *_ in self.walk}
+            values = {name: slots[name].numpy().reshape(self.configs, -1)[self.at] for name, *_ in self.walk}
         for c in range(len(self.length)):
             held = np.nonzero((flat[c] >= 0) & (flat[c] < seen))[0]
             held = held[np.argsort(flat[c, held], kind="stable")]
@@ -260,14 +279,19 @@ class _Walker:
             if mapped:
                 self.walk.read(self.state, c, held, values, params)
                 continue
-            for name, index, by_position in self._arrays():
+            for name, array, by_position in self._arrays():
                 at = flat[c, held] if by_position else slice(0, n)
-                self.state[index][c, at] = values[name][c, held]
+                array[c, at] = values[name][c, held]
 
     def _arrays(self):
-        """``(slot name, engine state index, indexed by position)`` of each declared tensor slot (``walk``: an engine
-        array in the held positions' order, or, marked ``"position"``, one indexed by position)."""
-        return [(name, index, bool(rest) and rest[0] == "position") for name, index, *rest in self.walk]
+        """``(slot name, engine state array, indexed by position)`` of each declared tensor slot (``walk``: an engine
+        array in the held positions' order, or, marked ``"position"``, one indexed by position; one the engine shares
+        between configurations, a walk of one configuration's, as a row)."""
+        out = []
+        for name, index, *rest in self.walk:
+            array = self.state[index]
+            out.append((name, array[None] if array.ndim == 1 else array, bool(rest) and rest[0] == "position"))
+        return out
 
     def block(self, lg, ws, mode, m, t0, own0, window, pos, left):
         c = slice(self.lo, self.hi)
@@ -278,25 +302,17 @@ class _Walker:
         """Each held position's engine values into its column of the group's tensor slots, in place (a free column
         keeps what it had: the tensor step's ``admit`` sets a column's values when it takes a position)."""
         if isinstance(self.walk, WalkMap):
-            params = self.group.state.params
-            self.walk.write(self.state, self.p, self.col, self.length, _views(slots, len(self.length)),
-                            _views(params, len(self.length)))
+            views = {k: v[self.at] for k, v in _views(slots, self.configs).items()}
+            params = {k: v[self.at] for k, v in _views(self.group.state.params, self.configs).items()}
+            self.walk.write(self.state, self.p, self.col, self.length, views, params)
             return
         held = np.arange(self.p.shape[1])[None, :] < self.length[:, None]
         configs = np.nonzero(held)[0]
-        for name, index, by_position in self._arrays():
+        for name, array, by_position in self._arrays():
             if not slots[name].is_contiguous():
                 slots[name] = slots[name].contiguous()
-            flat = slots[name].view(len(self.length), width).numpy()
-            flat[configs, self.col[held]] = self.state[index][configs, self.p[held]] if by_position else self.state[index][held]
-
-    def slots(self, heads: int, width: int, device):
-        """The group's tensor state's slots after a prompt's walk (its columns compacted): fresh, each held position's
-        engine values at its column."""
-        fresh = self.group.hooks.state(self.group.state.host["policies"], self.hi // heads - self.lo // heads, heads,
-                                       width, device)
-        self.write(fresh.slots, width)
-        return fresh.slots
+            flat = slots[name].view(self.configs, width).numpy()[self.at]
+            flat[configs, self.col[held]] = array[configs, self.p[held]] if by_position else array[held]
 
 
 def _views(tensors: dict, configs: int) -> dict:
@@ -323,7 +339,11 @@ def run(layer, q, key, value, call):
     heads, G, n, d)``, the layer left as the tensor path's ``_chunk`` leaves it."""
     batch, heads, width = layer.pos.shape
     n, g = q.shape[3], q.shape[2]
-    walkers = _walkers(layer, layer.seen + n)
+    rows = _rows(layer, q, key, value, call)
+    walkers = _walkers(layer, layer.seen + n, rows)
+    for walker in walkers:
+        if walker.cls.reads:
+            walker.see(layer.seen, rows)
     configs = batch * heads
     left = _left(layer, configs)
     fast = layer.prefill == "fast"
@@ -335,8 +355,13 @@ def run(layer, q, key, value, call):
         _part(layer, walkers, q[:, :, :, a:b], key[:, :, a:b], value[:, :, a:b], call, out[:, :, :, a:b], fast,
               window, left)
     layer._count = torch.from_numpy(np.concatenate([w.length for w in walkers]).reshape(batch, heads).copy())
-    for group, walker in zip(layer.groups, walkers, strict=True):
-        group.state.slots = walker.slots(heads, width, layer.pos.device)
+    for group in layer.groups:  # fresh slots, each held position's engine values at its compacted column
+        fresh = group.hooks.state(group.state.host["policies"], group.rows.stop - group.rows.start, heads, width,
+                                  layer.pos.device)
+        for walker in walkers:
+            if walker.group is group:
+                walker.write(fresh.slots, width)
+        group.state.slots = fresh.slots
     layer._walkers = walkers  # the decode steps go on from here
     return out
 
@@ -346,14 +371,30 @@ def run(layer, q, key, value, call):
 HEADROOM = 1024
 
 
-def _walkers(layer, steps: int) -> list[_Walker]:
-    """A walker per group, sized for ``steps`` positions and ``HEADROOM`` more, with what the layer holds of the
-    positions it has seen read in."""
+def _rows(layer, q, key, value, call) -> dict:
+    """The call's rows of what the layer's policies read (``kvsim.hf.tensor_math.vectors``), each as a NumPy array
+    ``(configurations, positions, ...)``; none read: empty."""
+    if not layer.reads:
+        return {}
+    now = _vectors(layer.name, layer.reads, key, value, call, q)
+    return {m: x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).numpy() for m, x in now.items()}
+
+
+def _walkers(layer, steps: int, rows: dict) -> list[_Walker]:
+    """A walker per group (per configuration where its class reads vectors), in the layer's order of configurations,
+    sized for ``steps`` positions and ``HEADROOM`` more, with what the layer holds of the positions it has seen read
+    in. ``rows``: a call's (``_rows``), whose shapes size what a class reads."""
     heads = layer.pos.shape[1]
-    walkers = [_Walker(group, heads, steps + HEADROOM) for group in layer.groups]
+    shapes = {m: x.shape[2:] for m, x in rows.items()}
+    walkers = []
+    for group in layer.groups:
+        cls = type(group.state.host["policies"][0][0])
+        configs = (group.rows.stop - group.rows.start) * heads
+        spans = [(c, c + 1) for c in range(configs)] if cls.reads else [None]
+        walkers += [_Walker(group, heads, steps + HEADROOM, span, shapes) for span in spans]
     if layer.seen:
-        for group, walker in zip(layer.groups, walkers, strict=True):
-            walker.read(layer.pos, group.state.slots, layer.seen)
+        for walker in walkers:
+            walker.read(layer.pos, walker.group.state.slots, layer.seen)
     return walkers
 
 
@@ -362,19 +403,21 @@ def _left(layer, configs: int):
     return layer.left.view(configs, -1).numpy() if layer.left is not None else np.zeros((configs, 0), dtype=np.int64)
 
 
-def decode(layer, q, call):
-    """``layer``'s decode step ``q`` ``(batch, heads, G, d)`` walked here (``fits``), its key and value already in slot
-    ``layer._col`` (``update``): ``(out (batch, 1, query heads, d), weights (batch, query heads, 1, slots))``, the
+def decode(layer, q, key, value, call):
+    """``layer``'s decode step ``q`` ``(batch, heads, G, 1, d)`` walked here (``fits``), its key and value already in
+    slot ``layer._col`` (``update``): ``(out (batch, 1, query heads, d), weights (batch, query heads, 1, slots))``, the
     layer left as the tensor path's ``_decode`` leaves it. Between a product for the logits and one for the outputs,
-    one compiled call per group: each query head's softmax over what the position sees, the policy's step, the victim
+    one compiled call per walker: each query head's softmax over what the position sees, the policy's step, the victim
     (``_walk_steps``, a block of one position whose column is each head's own). The walkers live on the layer from
     step to step (and from the prompt's walk); the group's tensor slots are written in place after each step, so
     whatever reads them next (the tensor operations, a later prompt, a reorder) finds them current."""
     batch, heads, width = layer.pos.shape
     configs, t = batch * heads, layer.seen
+    rows = _rows(layer, q, key, value, call)
     walkers = layer._walkers
     if walkers is None or any(walker.steps <= t for walker in walkers):
-        walkers = _walkers(layer, t + 1)
+        walkers = _walkers(layer, t + 1, rows)
+    q = q[:, :, :, 0]
     lg = _logits(q, layer._keys, call)  # (batch, heads, G, slots)
     ws = torch.zeros_like(lg)
     window = 0 if call.window is None else int(call.window)
@@ -382,10 +425,12 @@ def decode(layer, q, call):
     own = layer._col.reshape(configs).numpy()
     lg_np, ws_np = lg.view(configs, 1, *lg.shape[2:]).numpy(), ws.view(configs, 1, *ws.shape[2:]).numpy()
     count = layer._count.view(configs).numpy()
-    for group, walker in zip(layer.groups, walkers, strict=True):
+    for walker in walkers:
+        if walker.cls.reads:
+            walker.see(t, rows)
         walker.block(lg_np, ws_np, 1, 1, t, own, window, pos, left)
         count[walker.lo : walker.hi] = walker.length
-        walker.write(group.state.slots, width)
+        walker.write(walker.group.state.slots, width)
     layer._walkers = walkers
     layer.seen = t + 1
     out = _outputs(ws, layer._values)  # (batch, heads, G, d)

@@ -141,6 +141,9 @@ def _check_walk(cls: type[Policy]) -> None:
     if cls.engine_binding is None:
         raise ValueError(f"register: {cls.__name__}.tensor_step declares walk, which steps its engine hooks: give it "
                          "an engine_binding")
+    if cls.reads and cls.tensor_step.walk_rows is None:
+        raise ValueError(f"register: {cls.__name__}.tensor_step declares walk, and {cls.name} reads "
+                         f"{', '.join(cls.reads)}: give it walk_rows, which puts a call's rows into the engine's state")
     if isinstance(walk, WalkMap):
         if not (callable(walk.read) and callable(walk.write)):
             raise ValueError(f"register: {cls.__name__}.tensor_step.walk: a WalkMap's read and write must be functions")

@@ -88,6 +88,10 @@ class TensorHooks:
     #: engine keeps its state otherwise (snapkv's ring rows); None: it walks on these hooks. Declared only where the
     #: engine's hooks do what these do, step for step, position 0 admitted too
     walk: tuple | WalkMap | None = None
+    #: for a class that reads vectors (``reads``: keys, values, output norms): ``walk_rows(cls, engine, t0, rows)``
+    #: puts a call's rows (``rows``: member -> position-major NumPy array, positions ``t0 ..``) of one configuration
+    #: into its engine state, which the walk then keeps one per (row, KV head), as the simulator keeps one per trace
+    walk_rows: Callable | None = None
 
 
 @dataclass(frozen=True)
