@@ -319,7 +319,7 @@ def _nll_table(doc: dict, plan: dict, group: tuple) -> list[str]:
     rows = [(key, r) for key, r in _losses(doc) if key[:3] == group]
     if not rows:
         return [f"\nNo delta NLL is measured for this group yet (`--nll`, {plan.get('answer', ' {key}.')!r} "
-                "teacher-forced).\n"]
+                "teacher-forced)."]
     budgets = sorted({key[3] for key, _ in rows})
     lines = ["\nDelta NLL per turn of the reference answer teacher-forced (nats against the full cache, quality "
              "--conversation's open loop; the mean over the measured trials, turn 1 first; the compressed prompts have "
