@@ -70,9 +70,9 @@ def test_a_cells_rows_on_the_tensor_path_give_the_reference_paths_records(tiny, 
     said = []
     fast = needle.run_batch(model, prompt, MIXED, seed=0, note=said.append)
     slow = needle.run_batch(model, prompt, MIXED, seed=0, tensor=False)
-    # h2o, tova, streaming_llm, keydiff and vatp walked in one batch; random and expected_attention in another; newest
+    # h2o, tova, streaming_llm and vatp walked in one batch; keydiff, random and expected_attention in another; newest
     # alone
-    assert [r["batch"] for r in fast] == [7] * 5 + [7, 2, 7, 2, 1]
+    assert [r["batch"] for r in fast] == [6] * 5 + [3, 3, 6, 3, 1]
     with walk.off():
         assert [r["batch"] for r in needle.run_batch(model, prompt, MIXED, seed=0)] == [9] * 9 + [1]
     assert [r["batch"] for r in slow] == [len(MIXED)] * len(MIXED)
@@ -112,9 +112,9 @@ def test_every_row_of_a_batched_cell_is_its_policy_run_alone(tiny):
     model, prompt = tiny
     together = needle.run_batch(model, prompt, JOBS, seed=0, rows=[True] + [False] * (len(JOBS) - 1))
     # the reference path's row (h2o, whose attention is kept), then per budget one tensor batch of the classes the
-    # compiled walk does not take (random, expected_attention) and one of those it does (keydiff, critical and
+    # compiled walk does not take (keydiff, random, expected_attention) and one of those it does (critical and
     # streaming_llm; tova at 16), the split's two rows apart from the uniform ones, and the compressed prompt's
-    assert [r["batch"] for r in together] == [1, 3, 2, 2, 3, 3, 1, 2, 2, 2, 2]
+    assert [r["batch"] for r in together] == [1, 3, 3, 3, 2, 2, 1, 2, 2, 2, 2]
     alone = [_alone(model, prompt, job, rows=job is JOBS[0]) for job in JOBS]
     for job, batched, one in zip(JOBS, together, alone, strict=True):
         _same(batched, one, job)
@@ -160,7 +160,7 @@ def test_a_grid_decodes_each_cell_in_batches_and_caches_each_run(folder, capsys,
     first = json.loads(out.out)
     assert "decoding 4 run(s) in batched passes over the prompt" in out.err
     assert out.err.count("newest declares no tensor step: the reference path steps it") == 1
-    assert [r["batch"] for r in first["cells"][0]["runs"]] == [3, 3, 3, 1] and first["cells"][0]["control"]["batch"] == 1
+    assert [r["batch"] for r in first["cells"][0]["runs"]] == [2, 2, 1, 1] and first["cells"][0]["control"]["batch"] == 1
     assert cli.main([*argv, "--quiet"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert all(r["cached"] for r in again["cells"][0]["runs"])

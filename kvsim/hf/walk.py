@@ -234,7 +234,6 @@ class _Walker:
         first, last = span if span is not None else (0, len(policies))
         policies = policies[first:last]
         self.cls = cls = type(policies[0])
-        self.shapes = shapes
         self.hooks, self.walk = _binding(cls)
         self.group = group
         self.steps = steps
@@ -279,7 +278,7 @@ class _Walker:
             n = len(held)
             self.p[c, :n], self.col[c, :n], self.length[c] = flat[c, held], held, n
             if mapped:
-                self.walk.read(self.state, c, held, self.p[c, :n], values, params)
+                self.walk.read(self.state, c, held, values, params)
                 continue
             for name, array, by_position in self._arrays():
                 at = flat[c, held] if by_position else slice(0, n)
@@ -304,10 +303,6 @@ class _Walker:
         """Each held position's engine values into its column of the group's tensor slots, in place (a free column
         keeps what it had: the tensor step's ``admit`` sets a column's values when it takes a position)."""
         if isinstance(self.walk, WalkMap):
-            for name, shape in (self.walk.made(self.shapes) if self.walk.made is not None else {}).items():
-                if name not in slots:  # a slot the tensor step makes at its first call
-                    rows = self.group.rows.stop - self.group.rows.start
-                    slots[name] = torch.zeros(rows, self.configs // rows, width, *shape, dtype=torch.float64)
             views = {k: v[self.at] for k, v in _views(slots, self.configs).items()}
             params = {k: v[self.at] for k, v in _views(self.group.state.params, self.configs).items()}
             self.walk.write(self.state, self.p, self.col, self.length, views, params)

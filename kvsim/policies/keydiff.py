@@ -50,7 +50,7 @@ from ..jit import kernel
 from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding
 from ..policykit.registry import register
 from ..policykit.slot_hooks import Shape, SlotHooks, _drop, _first_max
-from ..policykit.tensor_hooks import TensorHooks, TensorState, WalkMap, admitted, held_columns, in_order
+from ..policykit.tensor_hooks import TensorHooks, TensorState, admitted, held_columns, in_order
 from ..policykit.tensor_hooks import key_norms as tensor_key_norms
 from .knorm import KeyedSlots, _key_norm, kernel_keys, key_norms
 
@@ -257,36 +257,8 @@ def _keydiff_tensor_rank(state, cols):
     return torch.zeros_like(held, dtype=dots.dtype).scatter(-1, at, dots), held
 
 
-def _keydiff_walk_rows(cls, engine, t0, rows):
-    """A call's unit keys (``unit_keys``' arithmetic, compiled) at their positions of one configuration's engine state
-    (the compiled walk, ``kvsim.hf.walk``)."""
-    keys = rows["keys"]
-    engine[0][t0 : t0 + len(keys)] = compiled_unit_keys(kernel_keys(keys))
-
-
-def _keydiff_walk_read(engine, c, held, positions, slots, params):
-    """Configuration c's held unit keys into the engine's: by position (what the sum of the held units reads) and as
-    columns 0 .. n-1 in position order (what the products read; the column map the identity)."""
-    units, cols, col_of, s, dots, cos, count = engine
-    n = len(held)
-    col_of[c] = np.arange(col_of.shape[1])
-    cols[c, :, :n] = slots["unit"][c, held].T
-    units[positions] = slots["unit"][c, held]
-    count[c] = n
-
-
-def _keydiff_walk_write(engine, p, col, length, slots, params):
-    """Every configuration's held unit keys from the engine's columns into the tensor state's."""
-    units, cols, col_of, s, dots, cos, count = engine
-    held = np.arange(p.shape[1])[None, :] < length[:, None]
-    c, i = np.nonzero(held)
-    slots["unit"][c, col[held]] = cols[c, :, col_of[c, i]]
-
-
 #: keydiff's tensor step, which its ``tensor_step`` names
-TENSOR = TensorHooks("keydiff", _keydiff_tensor_state, _keydiff_tensor_rank, admit=_keydiff_tensor_admit,
-                     walk=WalkMap(_keydiff_walk_read, _keydiff_walk_write, made=lambda shapes: {"unit": shapes["keys"]}),
-                     walk_rows=_keydiff_walk_rows)
+TENSOR = TensorHooks("keydiff", _keydiff_tensor_state, _keydiff_tensor_rank, admit=_keydiff_tensor_admit)
 
 
 @register

@@ -217,7 +217,7 @@ def _snapkv_tensor_rank(state, cols):
             cols.newer >= state.params[WINDOW][..., None])
 
 
-def _snapkv_walk_read(engine, c, held, positions, slots, params):
+def _snapkv_walk_read(engine, c, held, slots, params):
     """Configuration c's tensor state into the engine's (the compiled walk, ``kvsim.hf.walk``): the held columns' rings
     as ring rows 0 .. n-1 in position order (the row map the identity), each row's running sum started at its window's
     sum, the running sums of a window of 0, and the clock as the count of observed steps."""

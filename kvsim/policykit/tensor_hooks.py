@@ -97,18 +97,14 @@ class TensorHooks:
 @dataclass(frozen=True)
 class WalkMap:
     """A tensor step's ``walk`` where the engine's state is not one array per tensor slot in held order (a ring with a
-    row map of its own, a counter the tensor step keeps as a parameter). ``read(engine, c, held, positions, slots,
-    params)``: set configuration c's engine state (the tuple its ``SlotHooks.state`` made) from the tensor state,
-    ``held`` the columns it holds in position order, ``positions`` theirs; ``write(engine, p, col, length, slots,
-    params)``: every configuration's held columns (``col[c, :length[c]]``, at positions ``p``) and parameters set
-    back from the engine's, in place.
-    ``slots`` and ``params``: the group's tensors as NumPy views, ``(configurations, ...)``. ``made(shapes)``: the
-    slots the tensor step makes at its first call (keydiff's unit keys, sized by the keys), name -> trailing shape,
-    from the shapes of what the class reads; the walk makes them, float64 zeros, where they are not there yet."""
+    row map of its own, a counter the tensor step keeps as a parameter). ``read(engine, c, held, slots, params)``: set
+    configuration c's engine state (the tuple its ``SlotHooks.state`` made) from the tensor state, ``held`` the
+    columns it holds in position order; ``write(engine, p, col, length, slots, params)``: every configuration's
+    held columns (``col[c, :length[c]]``, at positions ``p``) and parameters set back from the engine's, in place.
+    ``slots`` and ``params``: the group's tensors as NumPy views, ``(configurations, ...)``."""
 
     read: Callable
     write: Callable
-    made: Callable | None = None
 
 
 def param(policies, name: str, device):
