@@ -267,11 +267,8 @@ class _Walker:
         slot's values into the engine's state array (``walk``)."""
         flat = pos.numpy().reshape(-1, pos.shape[-1])[self.lo : self.hi]
         mapped = isinstance(self.walk, WalkMap)
-        if mapped:
-            values = {k: v[self.at] for k, v in _views(slots, self.configs).items()}
-            params = {k: v[self.at] for k, v in _views(self.group.state.params, self.configs).items()}
-        else:
-            values = {name: slots[name].numpy().reshape(self.configs, -1)[self.at] for name, *_ in self.walk}
+        values = self._mine(slots)
+        params = self._mine(self.group.state.params) if mapped else None
         for c in range(len(self.length)):
             held = np.nonzero((flat[c] >= 0) & (flat[c] < seen))[0]
             held = held[np.argsort(flat[c, held], kind="stable")]
@@ -299,21 +296,21 @@ class _Walker:
         self.step(lg[c], ws[c], mode, m, t0, own0[c], window, self.budgets, pos[c], self.p, self.col, self.length,
                   left[c], self.observes, self.gather, _NO_ROWS, self.state)
 
-    def write(self, slots: dict, width: int) -> None:
+    def write(self, slots: dict) -> None:
         """Each held position's engine values into its column of the group's tensor slots, in place (a free column
         keeps what it had: the tensor step's ``admit`` sets a column's values when it takes a position)."""
+        views = self._mine(slots)
         if isinstance(self.walk, WalkMap):
-            views = {k: v[self.at] for k, v in _views(slots, self.configs).items()}
-            params = {k: v[self.at] for k, v in _views(self.group.state.params, self.configs).items()}
-            self.walk.write(self.state, self.p, self.col, self.length, views, params)
+            self.walk.write(self.state, self.p, self.col, self.length, views, self._mine(self.group.state.params))
             return
         held = np.arange(self.p.shape[1])[None, :] < self.length[:, None]
         configs = np.nonzero(held)[0]
         for name, array, by_position in self._arrays():
-            if not slots[name].is_contiguous():
-                slots[name] = slots[name].contiguous()
-            flat = slots[name].view(self.configs, width).numpy()[self.at]
-            flat[configs, self.col[held]] = array[configs, self.p[held]] if by_position else array[held]
+            views[name][configs, self.col[held]] = array[configs, self.p[held]] if by_position else array[held]
+
+    def _mine(self, tensors: dict) -> dict:
+        """The group's tensors (slots or parameters) as NumPy views of this walk's configurations (``_views``)."""
+        return {k: v[self.at] for k, v in _views(tensors, self.configs).items()}
 
 
 def _views(tensors: dict, configs: int) -> dict:
@@ -361,7 +358,7 @@ def run(layer, q, key, value, call):
                                   layer.pos.device)
         for walker in walkers:
             if walker.group is group:
-                walker.write(fresh.slots, width)
+                walker.write(fresh.slots)
         group.state.slots = fresh.slots
     layer._walkers = walkers  # the decode steps go on from here
     return out
@@ -431,7 +428,7 @@ def decode(layer, q, key, value, call):
             walker.see(t, rows)
         walker.block(lg_np, ws_np, 1, 1, t, own, window, pos, left)
         count[walker.lo : walker.hi] = walker.length
-        walker.write(walker.group.state.slots, width)
+        walker.write(walker.group.state.slots)
     layer._walkers = walkers
     layer.seen = t + 1
     out = _outputs(ws, layer._values)  # (batch, heads, G, d)
