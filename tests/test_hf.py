@@ -32,6 +32,9 @@ def _tiny(kind: str, window: int = 24):
         cfg = tf.Gemma3TextConfig(**common, head_dim=8, sliding_window=window, query_pre_attn_scalar=8,
                                   layer_types=["sliding_attention", "full_attention"] * 2)
         model = tf.Gemma3ForCausalLM(cfg)
+        with torch.no_grad():  # a trained Gemma's key norms carry weights: at their initial zeros every key's norm is
+            for layer in model.model.layers:  # sqrt(head_dim) to the last bits, and knorm would rank rounding noise
+                layer.self_attn.k_norm.weight.normal_(0.0, 0.5)
     else:
         model = tf.LlamaForCausalLM(tf.LlamaConfig(**{**common, "num_hidden_layers": 2}))
     model.set_attn_implementation("eager")

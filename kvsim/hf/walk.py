@@ -24,7 +24,8 @@ question, a long prompt fed in several calls; ``_Walker.read``) and out of it af
 compaction puts each position (the policy's ``TensorHooks.walk``: which state array each tensor slot is). A class
 takes this route when its tensor step declares ``walk`` (``registry.walks_prompt``; a ``WalkMap`` where the engine
 keeps its state otherwise; one engine state per (row, KV head) for a class that reads vectors): h2o, h2o_normalized,
-tova, scissorhands, streaming_llm, sliding_window, snapkv, vatp and critical;
+tova, scissorhands, streaming_llm, sliding_window, snapkv, vatp, critical, keydiff (its engine keeps the held unit
+keys and the call's, ``WalkMap.per_call``) and random (its draws read from the tensor step's plan, ``WalkMap.inputs``);
 only on a CPU, float32, unpadded, numba installed; anything else walks on the tensor path's operations. The
 weights differ from the tensor path's softmax in their last float32 bits (a sum in another order: relatively within
 ``n x 2^-24`` of the exact one, either way, docs/domain.md's tolerance rule);
@@ -228,12 +229,14 @@ class _Walker:
     output norms) takes them per trace in the engine, one head's: its walk keeps one engine state per (row, KV head),
     each given its own rows of every call (``see``, the tensor step's ``walk_rows``)."""
 
-    def __init__(self, group, heads: int, steps: int, span: tuple[int, int] | None = None, shapes: dict | None = None):
+    def __init__(self, group, heads: int, steps: int, span: tuple[int, int] | None = None, shapes: dict | None = None,
+                 columns: int = 0):
         policies = [p for row in group.state.host["policies"] for p in row]
         self.configs = len(policies)  # the group's
         first, last = span if span is not None else (0, len(policies))
         policies = policies[first:last]
         self.cls = cls = type(policies[0])
+        self.policy = policies[0]  # a walk of one configuration's (a class that reads vectors): its policy
         self.hooks, self.walk = _binding(cls)
         self.group = group
         self.steps = steps
@@ -241,9 +244,13 @@ class _Walker:
         self.lo, self.hi = group.rows.start * heads + first, group.rows.start * heads + last
         width = max(p.budget for p in policies) + 1
         configs = len(policies)
+        self.shapes, self.columns = shapes, columns  # what the class reads, per row; the layer's slots
         if cls.reads:  # rows of zeros, the calls' own put in by ``see``
-            blank = {m: np.zeros((steps + 1, *shapes[m]), dtype=np.float32) for m in cls.reads}
+            ahead = 1 if isinstance(self.walk, WalkMap) and self.walk.per_call else steps + 1
+            blank = {m: np.zeros((ahead, *shapes[m]), dtype=np.float32) for m in cls.reads}
             inputs = cls.engine_inputs(policies, steps, blank)
+        elif isinstance(self.walk, WalkMap) and self.walk.inputs is not None:
+            inputs = self.walk.inputs(group.state, steps)
         else:
             inputs = cls.engine_inputs(policies, steps)
         self.state = self.hooks.state(Shape(configs, width, steps), **inputs)
@@ -258,7 +265,14 @@ class _Walker:
     def see(self, t0: int, rows: dict) -> None:
         """This configuration's rows of a call (member -> ``(positions, ...)`` NumPy, from position ``t0``) into its
         engine state."""
-        self.cls.tensor_step.walk_rows(self.cls, self.state, t0, {m: rows[m][self.lo] for m in self.cls.reads})
+        state = self.cls.tensor_step.walk_rows(self.policy, self.state, t0, {m: rows[m][self.lo] for m in self.cls.reads})
+        if state is not None:  # the engine keeps the call's rows alone (``WalkMap.per_call``)
+            self.state = state
+
+    def forget(self, t: int, rows: dict) -> None:
+        """The call's rows let go once it is walked, where the engine keeps the call's alone (``WalkMap.per_call``)."""
+        if isinstance(self.walk, WalkMap) and self.walk.per_call:
+            self.see(t, {m: x[:, :0] for m, x in rows.items()})
 
     def read(self, pos, slots, seen: int) -> None:
         """What the layer holds of the positions before ``seen`` (a later prompt: a conversation's next question, a
@@ -275,7 +289,9 @@ class _Walker:
             n = len(held)
             self.p[c, :n], self.col[c, :n], self.length[c] = flat[c, held], held, n
             if mapped:
-                self.walk.read(self.state, c, held, values, params)
+                state = self.walk.read(self.state, c, held, values, params)
+                if state is not None:
+                    self.state = state
                 continue
             for name, array, by_position in self._arrays():
                 at = flat[c, held] if by_position else slice(0, n)
@@ -299,6 +315,9 @@ class _Walker:
     def write(self, slots: dict) -> None:
         """Each held position's engine values into its column of the group's tensor slots, in place (a free column
         keeps what it had: the tensor step's ``admit`` sets a column's values when it takes a position)."""
+        if isinstance(self.walk, WalkMap) and self.walk.prepare is not None:
+            rows = self.group.rows.stop - self.group.rows.start
+            self.walk.prepare(self.group.state, slots, self.shapes, (rows, self.configs // rows, self.columns))
         views = self._mine(slots)
         if isinstance(self.walk, WalkMap):
             self.walk.write(self.state, self.p, self.col, self.length, views, self._mine(self.group.state.params))
@@ -360,6 +379,8 @@ def run(layer, q, key, value, call):
             if walker.group is group:
                 walker.write(fresh.slots)
         group.state.slots = fresh.slots
+    for walker in walkers:
+        walker.forget(layer.seen, rows)
     layer._walkers = walkers  # the decode steps go on from here
     return out
 
@@ -389,7 +410,7 @@ def _walkers(layer, steps: int, rows: dict) -> list[_Walker]:
         cls = type(group.state.host["policies"][0][0])
         configs = (group.rows.stop - group.rows.start) * heads
         spans = [(c, c + 1) for c in range(configs)] if cls.reads else [None]
-        walkers += [_Walker(group, heads, steps + HEADROOM, span, shapes) for span in spans]
+        walkers += [_Walker(group, heads, steps + HEADROOM, span, shapes, layer.pos.shape[-1]) for span in spans]
     if layer.seen:
         for walker in walkers:
             walker.read(layer.pos, walker.group.state.slots, layer.seen)
@@ -429,6 +450,7 @@ def decode(layer, q, key, value, call):
         walker.block(lg_np, ws_np, 1, 1, t, own, window, pos, left)
         count[walker.lo : walker.hi] = walker.length
         walker.write(walker.group.state.slots)
+        walker.forget(t + 1, rows)
     layer._walkers = walkers
     layer.seen = t + 1
     out = _outputs(ws, layer._values)  # (batch, heads, G, d)

@@ -36,9 +36,10 @@ refresh steps (steps 1, 1 + refresh, ...): each held key is scored by them once,
 when it comes, and the softmax over the held keys is taken at every step. kvpress's ``DecodingPress`` works
 this way with its ``compression_interval`` (512), compressing once per interval.
 
-The arithmetic of a step is three kernels, ``window_stats``, ``key_logits`` and ``combine`` (plain loops,
-every sum in a stated order), which this reference and the engine's hooks (declared here, ``STEPS``, for
-the engine's one step loop in ``kvsim.sim.kernels``) both call, so the two agree bit for bit
+The arithmetic of a step is three kernels, ``window_stats`` (``kvsim.policykit.expected_math``, which the
+deployed cache's walk shares), ``key_logits`` and ``combine`` (plain loops, every sum in a stated order), which
+this reference and the engine's hooks (declared here, ``STEPS``, for the engine's one step loop in
+``kvsim.sim.kernels``, and the deployed cache's compiled walk on a CPU) both call, so the two agree bit for bit
 (tests/test_scorers_queries.py); the trigonometry (``turns``) and the queries turned back
 (``pre_rope``) are NumPy, per position, in the same calls on both paths. Its cost per step is
 O(held x window x head dim x heads) when the statistics are taken afresh (docs/scorers.md).
@@ -58,9 +59,10 @@ import numpy as np
 from ..data.trace import TraceError
 from ..jit import kernel
 from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding, Param, SlotPolicy, per_config
+from ..policykit.expected_math import _norm, _window, per_position, period_of, window_stats
 from ..policykit.expected_tensor import TENSOR
 from ..policykit.registry import register
-from ..policykit.slot_hooks import Shape, SlotHooks, _first_min, _slots
+from ..policykit.slot_hooks import Shape, SlotHooks, _drop, _first_min, _slots
 from .streaming_llm import SINKS
 
 QUERY_WINDOW = Param("query_window", 256, "the statistics come from the queries of the newest query_window positions "
@@ -161,30 +163,34 @@ def _fresh(state, c, p_c):
     """Configuration c's scores, computed once per step (``due[c]``: how many slots are held, newest last,
     while the step's scores are still to compute; 0 once they are)."""
     (keys, vnorm, pre, cos, sin, sinks, windows, refresh, cbar, sbar, scores, due, adv, cols, logits, stamp, period,
-     counts) = state
+     counts, slot_keys, slot_vnorm, col_of, base) = state
     n = due[c]
     if n > 0:
         t = p_c[n - 1]
         s = sinks[c]
         per = 1 + (t - 1) // refresh[c] * refresh[c]  # ``period_of``
-        if per != period[c]:  # the window and turn of step ``per``, as the reference's ring held them then
-            lo = max(s, per - windows[c] + 1)
-            count = per - lo + 1 if per >= s else 0
-            window_stats(pre, lo if count > 0 else 0, count, pre.shape[0], cos[per], sin[per], cbar[c], sbar[c], adv[c],
-                         cols[c])
-            period[c] = per
-            counts[c] = count
+        if per != period[c]:
+            _window(state, c, per)
         held_sinks = min(s, n)
-        key_logits(keys, p_c, n, held_sinks, adv[c], cols[c], counts[c], logits[c], stamp[c], per)
-        combine(logits[c], p_c, vnorm, n, held_sinks, scores[c])
+        key_logits(slot_keys[c], col_of[c], n, held_sinks, adv[c], cols[c], counts[c], logits[c], stamp[c], per)
+        combine(logits[c], col_of[c], slot_vnorm[c], n, held_sinks, scores[c])
         due[c] = 0
     return scores[c]
 
 
 @kernel
 def _expected_admit(state, c, p_c, n):
-    state[11][c] = n + 1  # slot n is the newcomer: the n + 1 held are to be scored
-    state[15][c, n] = -1  # its logits are not taken yet
+    """Slot n (the newcomer, in column ``col_of[c, n]``) takes its key and value norm; the n + 1 held are to be
+    scored, its logits not taken yet."""
+    state[11][c] = n + 1
+    state[15][c, n] = -1
+    j = state[20][c, n]
+    at = p_c[n] - state[21][0]
+    key = state[0][at]
+    mine = state[18][c, j]
+    for x in range(key.shape[0]):
+        mine[x] = key[x]
+    state[19][c, j] = state[1][at]
 
 
 @kernel
@@ -199,21 +205,34 @@ def _expected_pick(state, c, t, p_c, n, A, a0, scored):
 
 @kernel
 def _expected_drop(state, c, best, n):
-    """Slot ``best`` leaves: the later slots' logits and stamps move up with their positions."""
+    """Slot ``best`` leaves: the later slots' logits and stamps move up with their positions, its column goes to the
+    next newcomer."""
     logits = state[14][c]
     stamp = state[15][c]
     for i in range(best, n - 1):
         stamp[i] = stamp[i + 1]
         for g in range(logits.shape[1]):
             logits[i, g] = logits[i + 1, g]
+    o_c = state[20][c]
+    freed = o_c[best]
+    _drop(o_c, best, n)
+    o_c[n - 1] = freed
 
 
 def _expected_state(shape: Shape, keys, vnorm, pre, cos, sin, sinks, windows, refresh, cbar, sbar):
     G, d = pre.shape[1:]
+    # each held slot's key and value norm in a column of its own (``col_of``: an eviction hands its column to the next
+    # newcomer), taken from the per-position rows when it is admitted; position 0, held from the start, in column 0
+    slot_keys = np.zeros((shape.configs, shape.width, keys.shape[1]))
+    slot_keys[:, 0] = keys[0]
+    slot_vnorm = np.zeros((shape.configs, shape.width))
+    slot_vnorm[:, 0] = vnorm[0]
+    col_of = np.tile(np.arange(shape.width, dtype=np.int64), (shape.configs, 1))
     return (keys, vnorm, pre, cos, sin, sinks, windows, refresh, cbar, sbar, _slots(shape, 0.0, np.float64),
             np.zeros(shape.configs, dtype=np.int64), np.zeros((shape.configs, G, d)),
             np.zeros((shape.configs, G, d, int(windows.max()))), np.zeros((shape.configs, shape.width, G)),
-            _slots(shape, -1, np.int64), np.full(shape.configs, -1, dtype=np.int64), np.zeros(shape.configs, dtype=np.int64))
+            _slots(shape, -1, np.int64), np.full(shape.configs, -1, dtype=np.int64), np.zeros(shape.configs, dtype=np.int64),
+            slot_keys, slot_vnorm, col_of, np.zeros(2, dtype=np.int64))
 
 
 #: expected_attention's hooks of the engine's step loop, which its ``engine_binding`` names
@@ -277,19 +296,9 @@ class ExpectedAttention(SlotPolicy):
         key and value norm, its queries turned back (``pre_rope``) and its turn (``turns``), made by the
         very calls the reference makes, a position at a time."""
         p0 = policies[0]
-        K = np.asarray(vectors["keys"], dtype=np.float64)
-        rope = p0.rope(K.shape[1])
-        Q, V = vectors["queries"], vectors["values"]
-        U = np.empty((steps + 1, *Q.shape[1:]), dtype=np.float64)
-        cos = np.empty((steps + 1, rope.half))
-        sin = np.empty((steps + 1, rope.half))
-        vnorm = np.empty(steps + 1)
-        for p in range(steps + 1):
-            U[p] = rope.pre_rope(Q[p], p)
-            cos[p], sin[p] = rope.turns(p)
-            vnorm[p] = _norm(V[p])
-        future = [rope.future_average(p.future_positions) for p in policies]
-        return {"keys": np.ascontiguousarray(K), "vnorm": vnorm, "pre": U, "cos": cos, "sin": sin,
+        rows = per_position(p0, 0, vectors, steps + 1)
+        future = [p0.rope(rows["keys"].shape[1]).future_average(p.future_positions) for p in policies]
+        return {**rows,
                 "sinks": per_config(p.sinks for p in policies), "windows": per_config(p.query_window for p in policies),
                 "refresh": per_config(p.refresh for p in policies),
                 "cbar": np.array([f[0] for f in future]), "sbar": np.array([f[1] for f in future])}
@@ -364,56 +373,6 @@ class ExpectedAttention(SlotPolicy):
 
     def evict(self, budget: int) -> list[int]:
         return self._evict_lowest(budget, self._score[: self._len])
-
-
-def _norm(v) -> float:
-    """``|v|_2`` in float64, its squares added in order."""
-    v = np.asarray(v, dtype=np.float64)
-    return float(np.sqrt(np.cumsum(v * v)[-1]))
-
-
-def period_of(t: int, refresh: int) -> int:
-    """The step whose statistics step t scores by: the latest of 1, 1 + refresh, 1 + 2 refresh ... up to t."""
-    return 1 + (t - 1) // refresh * refresh
-
-
-@kernel
-def window_stats(pre, first, count, modulo, cos_p, sin_p, cbar, sbar, adv, cols):
-    """The future query's statistics at step t (turn ``cos_p``, ``sin_p``) from the window's pre-RoPE
-    queries ``pre[(first + j) % modulo]``, j = 0 .. count-1, oldest first (the same order on every path,
-    so every sum is the same float64 sum): ``adv[g]`` = ``Rbar_t mu_g`` and ``cols[g, :, j]`` =
-    ``Rbar_t (u_j - mu_g)``, the centred queries as columns. ``Rbar_t`` turns pair f by ``(c, s) =
-    (cos_p cbar - sin_p sbar, sin_p cbar + cos_p sbar)``: the mean over j = 1 .. n_future of turning by t + j."""
-    G = pre.shape[1]
-    d = pre.shape[2]
-    h = cbar.shape[0]
-    c = np.empty(h)
-    s = np.empty(h)
-    for f in range(h):
-        c[f] = cos_p[f] * cbar[f] - sin_p[f] * sbar[f]
-        s[f] = sin_p[f] * cbar[f] + cos_p[f] * sbar[f]
-    mean = np.zeros((G, d))
-    for j in range(count):
-        u = pre[(first + j) % modulo]
-        for g in range(G):
-            for x in range(d):
-                mean[g, x] += u[g, x]
-    if count > 0:
-        for g in range(G):
-            for x in range(d):
-                mean[g, x] /= count
-    _turn(mean, c, s, h, adv)
-    cent = np.empty((G, d))
-    turned = np.empty((G, d))
-    for j in range(count):
-        u = pre[(first + j) % modulo]
-        for g in range(G):
-            for x in range(d):
-                cent[g, x] = u[g, x] - mean[g, x]
-        _turn(cent, c, s, h, turned)
-        for g in range(G):
-            for x in range(d):
-                cols[g, x, j] = turned[g, x]
 
 
 @kernel
@@ -498,16 +457,3 @@ def combine(logits, rows, vnorm, n, sinks, out):
     pad = top + 1.0 if n > sinks else 1.0
     for i in range(sinks):
         out[i] = pad
-
-
-@kernel
-def _turn(x, c, s, h, out):
-    """``out`` = ``x`` (G, d) with pair f (f, f + h) of every row turned by (c[f], s[f]); the rest copied."""
-    for g in range(x.shape[0]):
-        for f in range(h):
-            a = x[g, f]
-            b = x[g, f + h]
-            out[g, f] = a * c[f] - b * s[f]
-            out[g, f + h] = b * c[f] + a * s[f]
-        for f in range(2 * h, x.shape[1]):
-            out[g, f] = x[g, f]

@@ -50,7 +50,7 @@ from ..jit import kernel
 from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding
 from ..policykit.registry import register
 from ..policykit.slot_hooks import Shape, SlotHooks, _drop, _first_max
-from ..policykit.tensor_hooks import TensorHooks, TensorState, admitted, held_columns, in_order
+from ..policykit.tensor_hooks import TensorHooks, TensorState, WalkMap, admitted, held_columns, in_order
 from ..policykit.tensor_hooks import key_norms as tensor_key_norms
 from .knorm import KeyedSlots, _key_norm, kernel_keys, key_norms
 
@@ -126,19 +126,23 @@ def compiled_unit_keys(keys: np.ndarray) -> np.ndarray:
 def _keydiff_cosines(state, c, p_c, n):
     """``cos[:n]``: each held slot's cosine to the sum of the held unit keys. Both long sums take four terms
     per pass (``((s + u_1) + u_2) + u_3 ...``, ``((dot + c_0 s_0) + c_1 s_1) + ...``): the same additions in
-    the same order, so the same bits, with each partial sum loaded and stored once per four terms."""
-    units, cols, col_of, s, dots, cos, held = state
-    d = units.shape[1]
-    first = units[p_c[0]]
+    the same order, so the same bits, with each partial sum loaded and stored once per four terms. The sum reads
+    the held unit keys as rows (``rows[c, col_of[c, i]]``), the products as columns: the state holds nothing per
+    position seen but the call's unit keys (``units``), read once, when a position is admitted."""
+    units, cols, col_of, s, dots, cos, held, rows, base = state
+    d = cols.shape[1]
+    o_c = col_of[c]
+    r_c = rows[c]
+    first = r_c[o_c[0]]
     for k in range(d):
         s[k] = first[k]
     n4 = 1 + (n - 1) // 4 * 4
     for i in range(1, n4, 4):  # kept order, each dimension's sum in that order; side by side over k
-        r1, r2, r3, r4 = units[p_c[i]], units[p_c[i + 1]], units[p_c[i + 2]], units[p_c[i + 3]]
+        r1, r2, r3, r4 = r_c[o_c[i]], r_c[o_c[i + 1]], r_c[o_c[i + 2]], r_c[o_c[i + 3]]
         for k in range(d):
             s[k] = (((s[k] + r1[k]) + r2[k]) + r3[k]) + r4[k]
     for i in range(n4, n):
-        row = units[p_c[i]]
+        row = r_c[o_c[i]]
         for k in range(d):
             s[k] += row[k]
     ss = s[0] * s[0]
@@ -166,19 +170,20 @@ def _keydiff_cosines(state, c, p_c, n):
         sk = s[k]
         for j in range(w):
             dots[j] += col[j] * sk
-    o_c = col_of[c]
     for i in range(n):
         cos[i] = dots[o_c[i]] / norm
 
 
 @kernel
 def _keydiff_admit(state, c, p_c, n):
-    units, cols, col_of, s, dots, cos, held = state
+    units, cols, col_of, s, dots, cos, held, rows, base = state
     j = col_of[c, n]
-    row = units[p_c[n]]
+    row = units[p_c[n] - base[0]]
     c_cols = cols[c]
+    r_cj = rows[c, j]
     for k in range(row.shape[0]):
         c_cols[k, j] = row[k]
+        r_cj[k] = row[k]
     held[c] = n + 1  # held after admitting slot n: what ``score`` scores
 
 
@@ -208,12 +213,15 @@ def _keydiff_drop(state, c, best, n):
 def _keydiff_state(shape: Shape, keys):
     units = compiled_unit_keys(keys)
     n_cfg, width, d = shape.configs, shape.width, units.shape[1]
-    # O(configs x d x budget) float64: every held unit key once more, as a column
+    # O(configs x d x budget) float64, twice: every held unit key as a column and as a row
     cols = np.zeros((n_cfg, d, width), dtype=np.float64)
     cols[:, :, 0] = units[0]  # position 0, held from the start, in column 0
+    rows = np.zeros((n_cfg, width, d), dtype=np.float64)
+    rows[:, 0] = units[0]
     col_of = np.tile(np.arange(width, dtype=np.int64), (n_cfg, 1))
+    # ``units[t - base[0]]`` is position t's unit key: the whole trace's here (base 0), a call's in the walk
     return (units, cols, col_of, np.empty(d, dtype=np.float64), np.empty(width, dtype=np.float64),
-            np.empty(width, dtype=np.float64), np.zeros(n_cfg, dtype=np.int64))
+            np.empty(width, dtype=np.float64), np.zeros(n_cfg, dtype=np.int64), rows, np.zeros(1, dtype=np.int64))
 
 
 #: keydiff's hooks of the engine's step loop, which its ``engine_binding`` names
@@ -257,8 +265,46 @@ def _keydiff_tensor_rank(state, cols):
     return torch.zeros_like(held, dtype=dots.dtype).scatter(-1, at, dots), held
 
 
-#: keydiff's tensor step, which its ``tensor_step`` names
-TENSOR = TensorHooks("keydiff", _keydiff_tensor_state, _keydiff_tensor_rank, admit=_keydiff_tensor_admit)
+def _keydiff_walk_rows(policy, engine, t0, rows):
+    """One configuration's engine state (the compiled walk, ``kvsim.hf.walk``) with a call's unit keys
+    (``unit_keys``' arithmetic, compiled), positions ``t0 ..``, in place of the last call's: the state keeps nothing
+    per position seen."""
+    units, *rest, base = engine
+    base[0] = t0
+    return (compiled_unit_keys(kernel_keys(rows["keys"])), *rest, base)
+
+
+def _keydiff_walk_read(engine, c, held, slots, params):
+    """Configuration c's held unit keys into the engine's columns and rows 0 .. n-1 in position order (the column
+    map the identity)."""
+    units, cols, col_of, s, dots, cos, count, rows, base = engine
+    n = len(held)
+    col_of[c] = np.arange(col_of.shape[1])
+    rows[c, :n] = slots["unit"][c, held]
+    cols[c, :, :n] = rows[c, :n].T
+    count[c] = n
+
+
+def _keydiff_walk_prepare(state, slots, shapes, size):
+    """The unit key slot, where the tensor step has not made it yet (it does at its first key)."""
+    import torch
+
+    if "unit" not in slots:
+        slots["unit"] = torch.zeros(*size, *shapes["keys"], dtype=torch.float64)
+
+
+def _keydiff_walk_write(engine, p, col, length, slots, params):
+    """Every configuration's held unit keys from the engine's rows into the tensor state's."""
+    units, cols, col_of, s, dots, cos, count, rows, base = engine
+    held = np.arange(p.shape[1])[None, :] < length[:, None]
+    c, i = np.nonzero(held)
+    slots["unit"][c, col[held]] = rows[c, col_of[c, i]]
+
+
+#: keydiff's tensor step, which its ``tensor_step`` names; its walk keeps the held unit keys and the call's
+TENSOR = TensorHooks("keydiff", _keydiff_tensor_state, _keydiff_tensor_rank, admit=_keydiff_tensor_admit,
+                     walk=WalkMap(_keydiff_walk_read, _keydiff_walk_write, prepare=_keydiff_walk_prepare, per_call=True),
+                     walk_rows=_keydiff_walk_rows)
 
 
 @register

@@ -42,7 +42,7 @@ from ..jit import kernel
 from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
 from ..policykit.registry import register
 from ..policykit.slot_hooks import Shape, SlotHooks, _drop, _first_max
-from ..policykit.tensor_hooks import TensorHooks, TensorState, admitted, slots
+from ..policykit.tensor_hooks import TensorHooks, TensorState, WalkMap, admitted, slots
 from ..policykit.tensor_hooks import key_norms as tensor_key_norms
 
 
@@ -114,8 +114,8 @@ def compiled_key_norms(keys: np.ndarray) -> np.ndarray:
 
 @kernel
 def _knorm_admit(state, c, p_c, n):
-    norms, slot_norm = state
-    slot_norm[c, n] = norms[p_c[n]]
+    norms, slot_norm, base = state
+    slot_norm[c, n] = norms[p_c[n] - base[0]]
 
 
 @kernel
@@ -138,7 +138,8 @@ def _knorm_state(shape: Shape, keys):
     norms = compiled_key_norms(keys)
     slot_norm = np.zeros((shape.configs, shape.width), dtype=np.float64)
     slot_norm[:, 0] = norms[0]  # position 0, held from the start
-    return norms, slot_norm
+    # ``norms[t - base[0]]`` is position t's: the whole trace's here (base 0), a call's in the deployed cache's walk
+    return norms, slot_norm, np.zeros(1, dtype=np.int64)
 
 
 #: knorm's hooks of the engine's step loop, which its ``engine_binding`` names
@@ -164,8 +165,28 @@ def _knorm_tensor_rank(state, cols):
     return -state.slots["norm"], cols.held
 
 
-#: knorm's tensor step, which its ``tensor_step`` names
-TENSOR = TensorHooks("knorm", _knorm_tensor_state, _knorm_tensor_rank, admit=_knorm_tensor_admit)
+def _knorm_walk_rows(policy, engine, t0, rows):
+    """One configuration's engine state (the compiled walk, ``kvsim.hf.walk``) with a call's key norms, positions
+    ``t0 ..``, in place of the last call's: the state keeps nothing per position seen."""
+    norms, slot_norm, base = engine
+    base[0] = t0
+    return compiled_key_norms(kernel_keys(rows["keys"])), slot_norm, base
+
+
+def _knorm_walk_read(engine, c, held, slots, params):
+    """Configuration c's held key norms into the engine's, in position order."""
+    engine[1][c, : len(held)] = slots["norm"][c, held]
+
+
+def _knorm_walk_write(engine, p, col, length, slots, params):
+    """Every configuration's held key norms from the engine's into the tensor state's."""
+    held = np.arange(p.shape[1])[None, :] < length[:, None]
+    slots["norm"][np.nonzero(held)[0], col[held]] = engine[1][held]
+
+
+#: knorm's tensor step, which its ``tensor_step`` names; its walk keeps the held key norms and the call's
+TENSOR = TensorHooks("knorm", _knorm_tensor_state, _knorm_tensor_rank, admit=_knorm_tensor_admit,
+                     walk=WalkMap(_knorm_walk_read, _knorm_walk_write, per_call=True), walk_rows=_knorm_walk_rows)
 
 
 class KeyedSlots(SlotPolicy):

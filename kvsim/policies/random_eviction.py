@@ -26,7 +26,7 @@ from ..jit import kernel
 from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
 from ..policykit.registry import register
 from ..policykit.slot_hooks import Shape, SlotHooks
-from ..policykit.tensor_hooks import TensorHooks, TensorState
+from ..policykit.tensor_hooks import TensorHooks, TensorState, WalkMap
 
 #: the seed of the generator used when none is passed
 DEFAULT_SEED = 0
@@ -38,13 +38,19 @@ def _random_pick(state, c, t, p_c, n, A, a0, scored):
     return state[0][c, t - 1]
 
 
+@kernel
+def _random_admit(state, c, p_c, n):
+    """The count of positions admitted (the newest's plus one): what the deployed cache's walk hands back."""
+    state[1][c] = p_c[n] + 1
+
+
 def _random_state(shape: Shape, plan):
-    return (plan,)
+    return plan, np.zeros(shape.configs, dtype=np.int64)
 
 
 #: random's hooks of the engine's step loop, which its ``engine_binding`` names: nothing per slot but the
 #: positions, one victim per step from step ``budget`` on
-STEPS = SlotHooks("random_steps", _random_state, pick=_random_pick)
+STEPS = SlotHooks("random_steps", _random_state, admit=_random_admit, pick=_random_pick)
 
 
 # --------------------------------------------------------------------------------------------
@@ -73,33 +79,67 @@ def _random_tensor_admit(state, new, before):
     state.params["admitted"] = state.params["admitted"] + new.any(-1)
 
 
-def _random_tensor_rank(state, cols):
+def _random_draws(state, upto: int) -> None:
+    """The plan drawn on to step ``upto`` (excluded) from the first step not yet drawn for, in the reference path's
+    order (step by step, then KV head by KV head, then row by row), with the very calls ``evict`` makes."""
     import torch
 
     policies, budgets = state.host["policies"], state.host["budgets"]
-    least = min(min(row) for row in budgets)
-    until = state.host.setdefault("until", least)  # the first step not yet drawn for
+    until = state.host.setdefault("until", min(min(row) for row in budgets))  # the first step not yet drawn for
+    if upto <= until:
+        return
+    generators = [p.rng for row in policies for p in row]
+    if state.host.get("padded") and len({id(g) for g in generators}) < len(generators):
+        raise ValueError("a seeded random draws a layer's heads from one generator in the reference path's "
+                         "order, which a padded row's later evictions change: build the cache with tensor=False")
+    steps = range(until, upto)
+    plan = np.zeros((len(policies), len(policies[0]), len(steps)), dtype=np.int64)
+    for i, t in enumerate(steps):
+        for h in range(plan.shape[1]):
+            for b, (row, budget) in enumerate(zip(policies, budgets, strict=True)):
+                if t >= budget[h]:
+                    plan[b, h, i] = row[h]._draw(budget[h] + 1, 1)[0]
+    drawn = state.params["plan"]
+    state.params["plan"] = torch.cat([drawn, torch.as_tensor(plan, device=drawn.device)], -1)
+    state.host["until"] = upto
+
+
+def _random_tensor_rank(state, cols):
+    least = min(min(row) for row in state.host["budgets"])
+    until = state.host.setdefault("until", least)
     if until <= cols.t:
-        generators = [p.rng for row in policies for p in row]
-        if state.host.get("padded") and len({id(g) for g in generators}) < len(generators):
-            raise ValueError("a seeded random draws a layer's heads from one generator in the reference path's "
-                             "order, which a padded row's later evictions change: build the cache with tensor=False")
-        steps = range(until, max(cols.t + 1, until + AHEAD))
-        plan = np.zeros((len(policies), len(policies[0]), len(steps)), dtype=np.int64)
-        for i, t in enumerate(steps):
-            for h in range(plan.shape[1]):
-                for b, (row, budget) in enumerate(zip(policies, budgets, strict=True)):
-                    if t >= budget[h]:
-                        plan[b, h, i] = row[h]._draw(budget[h] + 1, 1)[0]
-        state.params["plan"] = torch.cat([state.params["plan"], torch.as_tensor(plan, device=cols.pos.device)], -1)
-        state.host["until"] = steps[-1] + 1
+        _random_draws(state, max(cols.t + 1, until + AHEAD))
     at = (state.params["admitted"] - 1 - least).clamp(min=0)  # the step an unpadded row draws this eviction at
     drawn = state.params["plan"].gather(-1, at[..., None])
     return (cols.older != drawn).double(), cols.held
 
 
+def _random_walk_inputs(state, steps: int) -> dict:
+    """The engine's plan (``engine_inputs``' layout: ``plan[c, t - 1]`` the slot drawn for step t) for every
+    configuration of the group, from the tensor state's draws, drawn on to cover ``steps`` first: the walk never
+    draws again, so the generators' stream is the tensor path's."""
+    _random_draws(state, steps)
+    drawn = state.params["plan"].numpy()
+    least = state.host["until"] - drawn.shape[-1]  # the step of the first draw
+    plan = np.full((drawn.shape[0] * drawn.shape[1], steps), -1, dtype=np.int64)
+    count = min(drawn.shape[-1], steps - least + 1)
+    plan[:, least - 1 : least - 1 + count] = drawn.reshape(plan.shape[0], -1)[:, :count]
+    return {"plan": plan}
+
+
+def _random_walk_read(engine, c, held, slots, params):
+    """Configuration c's count of admitted positions into the engine's (its draws are in the plan already)."""
+    engine[1][c] = params["admitted"][c]
+
+
+def _random_walk_write(engine, p, col, length, slots, params):
+    """Every configuration's count of admitted positions from the engine's into the tensor state's."""
+    params["admitted"][:] = engine[1]
+
+
 #: random's tensor step, which its ``tensor_step`` names
-TENSOR = TensorHooks("random", _random_tensor_state, _random_tensor_rank, admit=_random_tensor_admit)
+TENSOR = TensorHooks("random", _random_tensor_state, _random_tensor_rank, admit=_random_tensor_admit,
+                     walk=WalkMap(_random_walk_read, _random_walk_write, inputs=_random_walk_inputs))
 
 
 @register

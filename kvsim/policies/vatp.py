@@ -163,12 +163,12 @@ def value_weighted_tensor_step(name: str, multiplier) -> TensorHooks:
                        walk_rows=_value_weighted_walk_rows)
 
 
-def _value_weighted_walk_rows(cls, engine, t0, rows):
+def _value_weighted_walk_rows(policy, engine, t0, rows):
     """A call's multipliers (the class's own statement, ``multipliers``) at their positions of one configuration's
     engine state (the compiled walk, ``kvsim.hf.walk``); one that overflows ranks as its product does, as on the
     tensor path, which cannot look without reading back."""
     with np.errstate(over="ignore"):
-        m = cls.multipliers(rows)
+        m = type(policy).multipliers(rows)
     engine[2][t0 : t0 + len(m)] = m
 
 

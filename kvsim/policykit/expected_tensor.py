@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .tensor_hooks import TensorHooks, TensorState, admitted, held_columns, key_norms, param, slots
+from .expected_math import _window, per_position, period_of
+from .tensor_hooks import TensorHooks, TensorState, WalkMap, admitted, held_columns, key_norms, param, slots
 
 #: positions of rotations the table holds at first (it doubles past them)
 TABLE = 1024
@@ -82,9 +83,18 @@ def _lazy(state, key, query):
 
     if "ring" in state.params:
         return
+    _statistics_state(state, *key.shape, query.shape[2], key.device)
     batch, heads, d = key.shape
-    g = query.shape[2]
-    dev, W = key.device, state.host["windows"]
+    width = state.slots["norm"].shape[2]
+    state.slots["key"] = torch.zeros(batch, heads, width, d, dtype=torch.float64, device=key.device)
+    state.slots["logit"] = torch.zeros(batch, heads, width, query.shape[2], dtype=torch.float64, device=key.device)
+
+
+def _statistics_state(state, batch: int, heads: int, d: int, g: int, dev) -> None:
+    """The ring, the statistics and the future averages, for keys of ``d`` dimensions and ``g`` query heads each."""
+    import torch
+
+    W = state.host["windows"]
     policies = state.host["policies"]
     rope = state.host["rope"] = _rope(policies, d)
     averages = {}
@@ -92,15 +102,12 @@ def _lazy(state, key, query):
         averages[n] = rope.future_average(n)
     cbar = np.array([[averages[n][0] for n in row] for row in state.host["future"]])
     sbar = np.array([[averages[n][1] for n in row] for row in state.host["future"]])
-    width = state.slots["norm"].shape[2]
     state.params.update(
         ring=torch.zeros(batch, heads, W, g, d, dtype=torch.float64, device=dev),
         qpos=torch.full((batch, heads, W), -1, dtype=torch.int64, device=dev),
         adv=torch.zeros(batch, heads, g, d, dtype=torch.float64, device=dev),
         cols=torch.zeros(batch, heads, g, W, d, dtype=torch.float64, device=dev),
         cbar=torch.as_tensor(cbar, device=dev), sbar=torch.as_tensor(sbar, device=dev))
-    state.slots["key"] = torch.zeros(batch, heads, width, d, dtype=torch.float64, device=dev)
-    state.slots["logit"] = torch.zeros(batch, heads, width, g, dtype=torch.float64, device=dev)
 
 
 def _back(x, c, s, h):
@@ -214,7 +221,125 @@ def _rank(state, cols):
     return values, values < np.inf
 
 
+# --------------------------------------------------------------------------------------------
+# the compiled walk (``kvsim.hf.walk``) steps the engine's hooks (``expected_attention.STEPS``), one engine state per
+# (row, KV head). Its per-position rows (the keys, value norms, queries turned back and turns, from
+# ``expected_attention.per_position``) hold position q at row ``q - base[0]`` (``base[1]`` rows written): a call's,
+# and before them the last query_window + refresh positions' queries, all a later period's window can read. Each
+# held slot's key, value norm, logits and stamp, and the period's statistics, move between the engine and the
+# tensor state; the statistics of the newest position's period are taken before they are handed back, as the tensor
+# step takes them at the period's first step.
+
+#: rows a walk's per-position buffer is made with past what a call needs, so decode steps append in place
+SLACK = 64
+
+_ROWS = ("keys", "vnorm", "pre", "cos", "sin")
+
+
+def _walk_rows(policy, engine, t0, rows):
+    """One configuration's engine state with a call's rows (positions ``t0 ..``) after the ones a later period's window
+    may read: in place where they fit, else in a buffer made anew from the first such position (a call of no rows:
+    the buffer cut back to those)."""
+    new = per_position(policy, t0, rows)
+    n = len(new["keys"])
+    base = engine[21]
+    b, used = int(base[0]), int(base[1])
+    if n and b + used == t0 and used + n <= len(engine[0]):
+        for i, name in enumerate(_ROWS):
+            engine[i][used : used + n] = new[name]
+        base[1] = used + n
+        return None
+    lo = max(0, t0 - policy.query_window - policy.refresh)
+    size = t0 - lo + n
+    made = []
+    for i, name in enumerate(_ROWS):
+        old = engine[i]
+        out = np.zeros((size + (SLACK if n else 0), *old.shape[1:]), dtype=old.dtype)
+        a, z = max(lo, b), min(t0, b + used)  # the old rows kept, where the old buffer has them
+        if z > a:
+            out[a - lo : z - lo] = old[a - b : z - b]
+        out[t0 - lo : size] = new[name]
+        made.append(out)
+    return (*made, *engine[5:21], np.array([lo, size], dtype=np.int64))
+
+
+def _walk_read(engine, c, held, slots, params):
+    """Configuration c's tensor state into the engine's: its held slots (key, value norm, logits, stamp) in position
+    order (the column map the identity), the period's statistics, and the ring's queries as the rows a later period's
+    window reads (a buffer made anew; the turns of those rows are never read: their periods' statistics are taken)."""
+    (keys, vnorm, pre, cos, sin, sinks, windows, refresh, cbar, sbar, scores, due, adv, cols, logits, stamp, period,
+     counts, slot_keys, slot_vnorm, col_of, base) = engine
+    n = len(held)
+    col_of[c] = np.arange(col_of.shape[1])
+    slot_keys[c, :n] = slots["key"][c, held]
+    slot_vnorm[c, :n] = slots["norm"][c, held]
+    logits[c, :n] = slots["logit"][c, held]
+    stamp[c, :n] = slots["stamp"][c, held]
+    due[c] = 0
+    period[c], counts[c] = params["period"][c], params["count"][c]
+    adv[c] = params["adv"][c]
+    w = min(cols.shape[3], params["cols"].shape[2])
+    cols[c] = 0.0
+    cols[c, :, :, :w] = params["cols"][c, :, :w].transpose(0, 2, 1)
+    qpos = params["qpos"][c]
+    there = np.nonzero(qpos >= 0)[0]
+    if not len(there):
+        return None
+    lo, hi = int(qpos[there].min()), int(qpos[there].max()) + 1
+    rows = [np.zeros((hi - lo + SLACK, *a.shape[1:]), dtype=a.dtype) for a in (keys, vnorm, pre, cos, sin)]
+    rows[2][qpos[there] - lo] = params["ring"][c, there]
+    return (*rows, *engine[5:21], np.array([lo, hi - lo], dtype=np.int64))
+
+
+def _walk_write(engine, p, col, length, slots, params):
+    """Every configuration's held slots and statistics from the engine's into the tensor state's, the newest position's
+    period's statistics taken first where the engine has not yet (it takes them when it first scores), and the ring
+    holding the window's last queries as the tensor step's would."""
+    (keys, vnorm, pre, cos, sin, sinks, windows, refresh, cbar, sbar, scores, due, adv, cols, logits, stamp, period,
+     counts, slot_keys, slot_vnorm, col_of, base) = engine
+    held = np.arange(p.shape[1])[None, :] < length[:, None]
+    c, i = np.nonzero(held)
+    at = col[held]
+    slots["key"][c, at] = slot_keys[c, col_of[c, i]]
+    slots["norm"][c, at] = slot_vnorm[c, col_of[c, i]]
+    slots["logit"][c, at] = logits[c, i]
+    slots["stamp"][c, at] = stamp[c, i]
+    last = int(base[0] + base[1]) - 1  # the newest position walked
+    ring, qpos = params["ring"], params["qpos"]
+    width = ring.shape[1]
+    for k in range(len(length)):
+        if last >= 1 and period[k] != period_of(last, int(refresh[k])):
+            _window(engine, k, period_of(last, int(refresh[k])))
+        qpos[k] = -1
+        for q in range(max(int(sinks[k]), last + 1 - width, int(base[0])), last + 1):
+            ring[k, q % width] = pre[q - base[0]]
+            qpos[k, q % width] = q
+    params["period"][:], params["count"][:] = period, counts
+    params["adv"][:] = adv
+    w = min(cols.shape[3], params["cols"].shape[2])
+    params["cols"][:] = 0.0
+    for k in range(len(length)):  # zero past the window's count, as the tensor step's are
+        m = min(w, int(counts[k]))
+        params["cols"][k, :, :m] = cols[k, :, :, :m].transpose(0, 2, 1)
+
+
+def _walk_prepare(state, slots, shapes, size):
+    """What the tensor step makes at its first call (the ring, the statistics, the key and logit slots), where it has
+    not yet; every held column's logits marked due, since the walk may have taken a period's statistics anew."""
+    import torch
+
+    rows, heads, width = size
+    g, d = shapes["queries"]
+    if "ring" not in state.params:
+        _statistics_state(state, rows, heads, d, g, "cpu")
+    for name, last in (("key", d), ("logit", g)):
+        if name not in slots:
+            slots[name] = torch.zeros(rows, heads, width, last, dtype=torch.float64)
+    state.host["full"] = True
+
+
 #: expected_attention's tensor step, which its ``tensor_step`` names
-TENSOR = TensorHooks("expected_attention", _state, _rank, admit=_admit)
+TENSOR = TensorHooks("expected_attention", _state, _rank, admit=_admit,
+                     walk=WalkMap(_walk_read, _walk_write, prepare=_walk_prepare, per_call=True), walk_rows=_walk_rows)
 
 __all__ = ["TENSOR", "turns"]

@@ -88,9 +88,11 @@ class TensorHooks:
     #: engine keeps its state otherwise (snapkv's ring rows); None: it walks on these hooks. Declared only where the
     #: engine's hooks do what these do, step for step, position 0 admitted too
     walk: tuple | WalkMap | None = None
-    #: for a class that reads vectors (``reads``: keys, values, output norms): ``walk_rows(cls, engine, t0, rows)``
+    #: for a class that reads vectors (``reads``: keys, values, output norms): ``walk_rows(policy, engine, t0, rows)``
     #: puts a call's rows (``rows``: member -> position-major NumPy array, positions ``t0 ..``) of one configuration
-    #: into its engine state, which the walk then keeps one per (row, KV head), as the simulator keeps one per trace
+    #: into its engine state (``policy``: that configuration's built policy), which the walk then keeps one per (row,
+    #: KV head), as the simulator keeps one per trace;
+    #: it returns None, or the engine state anew where that keeps the call's rows alone (a ``WalkMap`` ``per_call``)
     walk_rows: Callable | None = None
 
 
@@ -99,12 +101,25 @@ class WalkMap:
     """A tensor step's ``walk`` where the engine's state is not one array per tensor slot in held order (a ring with a
     row map of its own, a counter the tensor step keeps as a parameter). ``read(engine, c, held, slots, params)``: set
     configuration c's engine state (the tuple its ``SlotHooks.state`` made) from the tensor state, ``held`` the
-    columns it holds in position order; ``write(engine, p, col, length, slots, params)``: every configuration's
-    held columns (``col[c, :length[c]]``, at positions ``p``) and parameters set back from the engine's, in place.
-    ``slots`` and ``params``: the group's tensors as NumPy views, ``(configurations, ...)``."""
+    columns it holds in position order (it returns None, or the engine state anew where it had to grow it);
+    ``write(engine, p, col, length, slots, params)``: every configuration's held columns (``col[c, :length[c]]``, at
+    positions ``p``) and parameters set back from the engine's, in place. ``slots`` and ``params``: the group's
+    tensors as NumPy views, ``(configurations, ...)``.
+
+    ``prepare(state, slots, shapes, size)``, called before each ``write``: what the tensor step makes at its first
+    call (keydiff's unit keys, sized by the keys), made where it is not there yet, in ``slots`` (the dict written
+    into) or the group's ``TensorState``; ``shapes``: what the class reads, member -> trailing shape; ``size``: the
+    group's ``(rows, KV heads, slots)``. ``per_call``: the engine state keeps the rows the class reads for the call
+    being walked alone, not one per position seen (``TensorHooks.walk_rows`` returns it anew each call), so the walk
+    builds it from one row. ``inputs(state, steps)``: the engine's inputs made from the group's ``TensorState`` for
+    ``steps`` positions, in place of the class's ``engine_inputs`` (random's draws, which the walk reads from the
+    tensor step's plan and never makes again)."""
 
     read: Callable
     write: Callable
+    prepare: Callable | None = None
+    per_call: bool = False
+    inputs: Callable | None = None
 
 
 def param(policies, name: str, device):
