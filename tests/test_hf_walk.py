@@ -210,3 +210,37 @@ def test_the_registry_says_which_policies_walk():
     walking = {name for name in registry.POLICIES if registry.walks_prompt(name) is not None}
     assert walking == {name for name, _ in WALKING}
     assert registry.walks_prompt("h2o") == (("score", 1),)
+
+
+@pytest.mark.parametrize("prefill", ["exact", "fast"])
+def test_a_rows_outputs_are_its_own_whatever_shares_its_batch(prefill):
+    """A row whose class reads no attention (streaming_llm, knorm) takes a prompt's outputs from a fused attention
+    masked by what it sees, a row that reads attention from the weights the walk computes, each kind over its own rows:
+    batched with rows of the other kind, every row's logits over the prompt are bit for bit those it gets in a batch of
+    its own kind (the pass key's cell batches every class together, and a class near a tie in its scores must not part
+    from its run alone by its batch-mates' last bits). The prompt's, not a decode step's: there the model's own
+    products of a handful of rows differ in their last bits between batch sizes, transformers' full cache's too."""
+    import torch
+    from test_hf import _prompt, _tiny
+
+    from kvsim.hf import EvictingCache
+    from kvsim.hf.attention import attach
+    from kvsim.hf.tensor import TensorLayer
+    from kvsim.policies import make_policy
+
+    model = _tiny("gemma3")
+    attach(model)
+    heads = model.config.num_key_value_heads
+    rows = [("h2o", {"recent_window": 4}), ("streaming_llm", {"sinks": 2}), ("knorm", {}), ("tova", {})]
+
+    def logits(members):
+        layers = [TensorLayer(policies=[[make_policy(p, BUDGET, **params) for _ in range(heads)] for p, params in members],
+                              prefill=prefill, chunk=CHUNK) for _ in range(model.config.num_hidden_layers)]
+        cache = EvictingCache(layers)
+        ids = _prompt(PROMPT).expand(len(members), -1)
+        with torch.no_grad():
+            return model(ids, cache=cache, use_cache=True).logits
+
+    together = logits(rows)
+    seeing, blind = logits([rows[0], rows[3]]), logits([rows[1], rows[2]])
+    assert torch.equal(together[[0, 3]], seeing) and torch.equal(together[[1, 2]], blind)

@@ -307,9 +307,12 @@ class _Walker:
             out.append((name, array[None] if array.ndim == 1 else array, bool(rest) and rest[0] == "position"))
         return out
 
-    def block(self, lg, ws, mode, m, t0, own0, window, pos, left):
+    def block(self, lg, ws, mode, m, t0, own0, window, pos, left, first: int | None = None):
+        """A block of ``m`` positions from ``t0`` (``_walk_steps``); ``lg`` and ``ws`` hold this walk's configurations
+        from ``first`` on (None: at their places in the layer, ``lo``), the other arrays the layer's."""
         c = slice(self.lo, self.hi)
-        self.step(lg[c], ws[c], mode, m, t0, own0[c], window, self.budgets, pos[c], self.p, self.col, self.length,
+        at = c if first is None or not len(lg) else slice(first, first + self.hi - self.lo)
+        self.step(lg[at], ws[at], mode, m, t0, own0[c], window, self.budgets, pos[c], self.p, self.col, self.length,
                   left[c], self.observes, self.gather, _NO_ROWS, self.state)
 
     def write(self, slots: dict) -> None:
@@ -466,69 +469,114 @@ BLOCK = 128
 def _part(layer, walkers, q, key, value, call, out, fast, window, left) -> None:
     """One part of the call (all of it ``fast``, a chunk ``exact``): its columns (the slots, then its positions), the
     walk over blocks of queries, the outputs into ``out``, and the layer's compaction. In a part that starts with
-    nothing held (the first), no query reads a slot: its blocks' columns are its own positions alone."""
+    nothing held (the first), no query reads a slot: its blocks' columns are its own positions alone. The rows whose
+    class reads no attention (``_blind``) take their outputs from a fused attention masked by what each row sees, the
+    others from the weights the walk computes, each kind computed over its own rows alone: a row's arithmetic is its
+    own, whatever shares its batch."""
     t0, n = layer.seen, q.shape[3]
     batch, heads, width = layer.pos.shape
-    configs, g = batch * heads, q.shape[2]
+    configs, g, d = batch * heads, q.shape[2], out.shape[-1]
     keys = torch.cat([layer._keys, key], dim=2)
     values = torch.cat([layer._values, value], dim=2)
     pos = torch.cat([layer.pos, torch.full((batch, heads, n), -1, dtype=torch.int64)], dim=2)
     shift = width if t0 == 0 else 0  # the first column a query of this part may read
     flat = pos.numpy().reshape(configs, width + n)[:, shift:]
     block = min(BLOCK, layer.chunk)
-    if fast:  # what the call found (a slot evicted during the call is still read), each column's position as found
-        found = torch.cat([layer.pos >= 0, torch.zeros(batch, heads, n, dtype=torch.bool)], dim=2)
-        posf = torch.where(torch.arange(width + n) >= width, t0 - width + torch.arange(width + n), pos)
-    # no policy of the layer reads attention: the outputs come from a fused attention masked by what each row sees
-    masked = call.softcap is None and not any(walker.observes for walker in walkers)
-    # and where the part is the whole of a fast first prompt inside the model's window, what each row sees is the
-    # call up to it: the full cache's causal attention, one fused call for the part, the walk only choosing what stays
-    causal = masked and fast and shift and (not window or window >= n)
+    blind = _blind(layer, walkers, call)
+    # each kind's rows (an index, a slice, None), and where each configuration of the kind sits among the kind's
+    (see_at, see_first), (blind_at, blind_first) = [(_picked(rows, batch), _places(rows, heads)) for rows in (~blind, blind)]
+    # where the part is the whole of a fast first prompt inside the model's window, what each row sees is the call up
+    # to it: a blind row's outputs are the full cache's causal attention, one fused call for the part
+    causal = blind_at is not None and fast and shift and (not window or window >= n)
     if causal:
-        out[:] = torch.nn.functional.scaled_dot_product_attention(
-            q.reshape(batch, heads * g, n, -1), key, value, is_causal=True, scale=call.scale,
-            enable_gqa=True).reshape(batch, heads, g, n, -1)
+        out[blind_at] = torch.nn.functional.scaled_dot_product_attention(
+            q[blind_at].reshape(-1, heads * g, n, q.shape[-1]), key[blind_at], value[blind_at], is_causal=True,
+            scale=call.scale, enable_gqa=True).reshape(-1, heads, g, n, d)
     for a in range(0, n, block):
         m = min(a + block, n) - a
         hi = width + a + m  # the columns up to the block's last position
         k, v = keys[:, :, shift:hi], values[:, :, shift:hi]
-        if causal:  # the outputs are in; the walk needs no rows
-            own = np.full(configs, width + a - shift, dtype=np.int64)
-            for walker in walkers:
-                walker.block(_NO_BLOCK.numpy(), _NO_BLOCK.numpy(), 0, m, t0 + a, own, window, flat, left)
-            continue
-        if fast:  # the full cache's rows: what the call found, and the call up to each query
-            mine = torch.arange(shift, hi)[None, :] - width  # a column's index in the call, negative for a slot
-            at = (a + torch.arange(m))[:, None]
-            sees = ((mine >= 0) & (mine <= at))[None, None]
-            if not shift:
-                sees = sees | found[:, :, None, :hi]
-            if window:
-                sees = sees & (posf[:, :, None, shift:hi] > t0 + at - window)
-        if masked:  # no weights: nothing but what each row sees (fast) or the walk's marks of it (exact)
-            lg = ws = torch.zeros(batch, heads, m, 1, hi - shift, dtype=torch.float32) if not fast else _NO_BLOCK
-        else:
-            lg = _logits(q[:, :, :, a : a + m].transpose(2, 3), k, call)  # (batch, heads, m, G, cols)
-            ws = _softmax(lg, sees, q.dtype, spend=True) if fast else torch.zeros_like(lg)  # fast: the walk reads ws
-        lg_np = lg.numpy().reshape(configs, *lg.shape[2:]) if lg.dim() == 5 else _NO_BLOCK.numpy()
-        ws_np = ws.numpy().reshape(configs, *ws.shape[2:]) if ws.dim() == 5 else _NO_BLOCK.numpy()
-        mode = 0 if fast else 2 if masked else 1
+        sees = _sees(layer, t0, a, m, shift, hi, window) if fast else None
+        lg = ws = marks = _NO_BLOCK
+        if see_at is not None:  # the seeing rows' logits and, fast, their rows: what the walk reads
+            lg = _logits(q[see_at, :, :, a : a + m].transpose(2, 3), k[see_at], call)  # (rows, heads, m, G, cols)
+            ws = _softmax(lg, _rows_of(sees, see_at), q.dtype, spend=True) if fast else torch.zeros_like(lg)
+        if blind_at is not None and not fast:  # the walk marks what each blind row sees
+            marks = torch.zeros(int(blind.sum()), heads, m, 1, hi - shift, dtype=torch.float32)
         own = np.full(configs, width + a - shift, dtype=np.int64)
         for walker in walkers:
-            walker.block(lg_np, ws_np, mode, m, t0 + a, own, window, flat, left)
-        if masked:
-            seen = sees.expand(batch, heads, m, -1) if fast else ws[:, :, :, 0] > 0
+            x, first = (ws, see_first) if walker.observes else (marks, blind_first)
+            walker.block(_flat(lg if walker.observes else marks), _flat(x), 0 if fast else 1 if walker.observes else 2,
+                         m, t0 + a, own, window, flat, left, int(first[walker.lo]))
+        if see_at is not None:
+            rows = _outputs(ws.reshape(-1, heads, m * g, hi - shift), v[see_at]).reshape(-1, heads, m, g, d)
+            out[see_at, :, :, a : a + m] = rows.transpose(2, 3)
+        if blind_at is not None and not causal:
+            seen = _rows_of(sees.expand(batch, heads, m, -1), blind_at) if fast else marks[:, :, :, 0] > 0
             rows = torch.nn.functional.scaled_dot_product_attention(
-                q[:, :, :, a : a + m].reshape(batch, heads, g * m, -1), k, v, attn_mask=seen.repeat(1, 1, g, 1),
-                scale=call.scale)
-        else:
-            rows = _outputs(ws.reshape(batch, heads, m * g, hi - shift), v).reshape(batch, heads, m, g, -1).transpose(2, 3)
-        out[:, :, :, a : a + m] = rows.reshape(batch, heads, g, m, -1)
+                q[blind_at, :, :, a : a + m].reshape(-1, heads, g * m, q.shape[-1]), k[blind_at], v[blind_at],
+                attn_mask=seen.repeat(1, 1, g, 1), scale=call.scale)
+            out[blind_at, :, :, a : a + m] = rows.reshape(-1, heads, g, m, d)
     layer._compact(width, keys, values, pos, [{} for _ in layer.groups])
     new = layer.pos.numpy().reshape(configs, width)
     for walker in walkers:
         _relocate(new[walker.lo : walker.hi], walker.p, walker.col, walker.length)
     layer.seen = t0 + n
+
+
+def _picked(mask, batch: int):
+    """How to index the rows ``mask`` (``(batch,)`` bool) picks: every row, a slice (no copy); none, None; else the
+    rows' indices."""
+    if bool(mask.all()):
+        return slice(0, batch)
+    if not bool(mask.any()):
+        return None
+    return torch.nonzero(mask)[:, 0]
+
+
+def _places(mask, heads: int):
+    """For each configuration (row x KV head) of the rows ``mask`` picks, its index among theirs."""
+    mine = np.repeat(mask.numpy(), heads).astype(np.int64)
+    return np.cumsum(mine) - mine
+
+
+def _rows_of(x, at):
+    """``x``'s rows ``at`` where it has one per row (a mask that broadcasts over the rows is left as it is)."""
+    return x if x.shape[0] == 1 else x[at]
+
+
+def _blind(layer, walkers, call):
+    """``(batch,)`` bool: the rows whose class reads no attention, whose outputs a masked fused attention gives (none
+    where the model caps its logits, which that attention cannot)."""
+    blind = torch.zeros(layer.pos.shape[0], dtype=torch.bool)
+    if call.softcap is None:
+        for walker in walkers:
+            if not walker.observes:
+                blind[walker.group.rows] = True
+    return blind
+
+
+def _sees(layer, t0: int, a: int, m: int, shift: int, hi: int, window: int):
+    """A fast part's block of queries ``a .. a + m - 1``: which of the columns ``shift .. hi - 1`` each reads, the full
+    cache's rows (what the call found, a slot evicted during the call still read, and the call up to the query, inside
+    the model's window), ``(1 or batch, 1 or heads, m, columns)``."""
+    batch, heads, width = layer.pos.shape
+    cols = torch.arange(shift, hi)
+    at = (a + torch.arange(m))[:, None]
+    mine = cols[None, :] - width  # a column's index in the call, negative for a slot
+    sees = ((mine >= 0) & (mine <= at))[None, None]
+    calls = t0 - width + cols[cols >= width]  # the call's columns' positions
+    if not shift:  # the slots as the call found them
+        sees = sees | torch.cat([layer.pos >= 0, torch.zeros(batch, heads, len(calls), dtype=torch.bool)], 2)[:, :, None]
+    if window:
+        found = calls if shift else torch.cat([layer.pos, calls.expand(batch, heads, -1)], 2)
+        sees = sees & (found[..., None, :] > t0 + at - window)
+    return sees
+
+
+def _flat(x):
+    """A block's logits, weights or marks ``(rows, heads, m, G, columns)`` as NumPy ``(rows x heads, m, G, columns)``."""
+    return x.numpy().reshape(-1, *x.shape[2:]) if x.dim() == 5 else _NO_BLOCK.numpy()
 
 
 __all__ = ["decode", "fits", "off", "run", "walk_kernel", "walks"]
