@@ -395,11 +395,22 @@ HEADROOM = 1024
 
 def _rows(layer, q, key, value, call) -> dict:
     """The call's rows of what the layer's policies read (``kvsim.hf.tensor_math.vectors``), each as a NumPy array
-    ``(configurations, positions, ...)``; none read: empty."""
-    if not layer.reads:
-        return {}
-    now = _vectors(layer.name, layer.reads, key, value, call, q)
-    return {m: x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).numpy() for m, x in now.items()}
+    ``(configurations, positions, ...)``, computed for the rows whose class reads it alone (critical's output norms, a
+    float64 product per position, would otherwise be made for every row of a pass key's cell), zeros elsewhere; none
+    read: empty."""
+    out = {}
+    batch = q.shape[0]
+    for member in layer.reads:
+        mine = torch.zeros(batch, dtype=torch.bool)
+        for group in layer.groups:
+            if member in type(group.state.host["policies"][0][0]).reads:
+                mine[group.rows] = True
+        at = _picked(mine, batch)
+        x = _vectors(layer.name, (member,), key[at], value[at], call, q[at])[member]
+        if not isinstance(at, slice):
+            x = x.new_zeros(batch, *x.shape[1:]).index_put_((at,), x)
+        out[member] = x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).numpy()
+    return out
 
 
 def _walkers(layer, steps: int, rows: dict) -> list[_Walker]:
