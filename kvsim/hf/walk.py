@@ -24,8 +24,9 @@ question, a long prompt fed in several calls; ``_Walker.read``) and out of it af
 compaction puts each position (the policy's ``TensorHooks.walk``: which state array each tensor slot is). A class
 takes this route when its tensor step declares ``walk`` (``registry.walks_prompt``; a ``WalkMap`` where the engine
 keeps its state otherwise; one engine state per (row, KV head) for a class that reads vectors): h2o, h2o_normalized,
-tova, scissorhands, streaming_llm, sliding_window, snapkv, vatp, critical, keydiff (its engine keeps the held unit
-keys and the call's, ``WalkMap.per_call``) and random (its draws read from the tensor step's plan, ``WalkMap.inputs``);
+tova, scissorhands, streaming_llm, sliding_window, snapkv, vatp, critical, knorm, keydiff and expected_attention
+(their engines keep the held slots' keys, norms or unit keys and the call's rows, ``WalkMap.per_call``) and random (its
+draws read from the tensor step's plan, ``WalkMap.inputs``): every online class but learned;
 only on a CPU, float32, unpadded, numba installed; anything else walks on the tensor path's operations. The
 weights differ from the tensor path's softmax in their last float32 bits (a sum in another order: relatively within
 ``n x 2^-24`` of the exact one, either way, docs/domain.md's tolerance rule);

@@ -250,6 +250,8 @@ def _walk_rows(policy, engine, t0, rows):
         base[1] = used + n
         return None
     lo = max(0, t0 - policy.query_window - policy.refresh)
+    if not n and len(engine[0]) <= t0 - lo + 2 * SLACK:  # little to let go: kept, so a decode step copies nothing
+        return None
     size = t0 - lo + n
     made = []
     for i, name in enumerate(_ROWS):

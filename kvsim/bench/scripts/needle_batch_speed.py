@@ -15,10 +15,10 @@ attention too), each call timed by the wall clock; what is left of the pass is
 what the cache adds (the policies' steps, the slot map, the departures), and the cell against its arithmetic is
 issue 54's target (within 1.2x). The full cache's own run is metered the same way first (a second control run): what
 the model spends outside those calls (its norms, rotations, residual additions, embedding) is the floor a cell's
-ratio is read against, and the cell's ratio is also printed divided by it. Nothing is read from or written to the needle cache. Each line gives wall seconds
-and this process's CPU seconds (``time.process_time``, which a busy neighbour moves less than the wall
-clock), and the load average; then the two cells (control and h2o; control and the batch) and their ratio,
-by CPU and by wall; then one JSON line.
+ratio is read against, and the cell's ratio is also printed divided by it. Nothing is read from or written to the
+needle cache. Each line gives wall seconds and this process's CPU seconds (``time.process_time``, which a busy
+neighbour moves less than the wall clock), and the load average; then the two cells (control and h2o; control and
+the batch) and their ratio, by CPU and by wall; then one JSON line.
 """
 
 from __future__ import annotations
