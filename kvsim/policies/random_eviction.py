@@ -62,7 +62,9 @@ STEPS = SlotHooks("random_steps", _random_state, admit=_random_admit, pick=_rand
 # then row by row: the reference path's order (decode and an exact prompt), so a layer whose policies share one
 # generator (a seeded cache, ``EvictingLayer``'s) draws what the reference draws. Fast prefill draws a chunk head
 # by head (``kvsim.hf.tensor.refusal`` keeps a seeded cache of several KV heads there on the reference path), and
-# a padded row evicts later than the others, which a shared generator would feel: refused in one line.
+# a padded row evicts later than the others, which a shared generator would feel: refused in one line. The compiled
+# walk on a CPU (``kvsim.hf.walk``) reads the same plan, drawn on first to the positions it is sized for, in the same
+# order: the stream is one whichever path draws next.
 
 #: steps whose draws are made at once
 AHEAD = 256
