@@ -224,7 +224,7 @@ def _rank(state, cols):
 # --------------------------------------------------------------------------------------------
 # the compiled walk (``kvsim.hf.walk``) steps the engine's hooks (``expected_attention.STEPS``), one engine state per
 # (row, KV head). Its per-position rows (the keys, value norms, queries turned back and turns, from
-# ``expected_attention.per_position``) hold position q at row ``q - base[0]`` (``base[1]`` rows written): a call's,
+# ``expected_math.per_position``) hold position q at row ``q - base[0]`` (``base[1]`` rows written): a call's,
 # and before them the last query_window + refresh positions' queries, all a later period's window can read. Each
 # held slot's key, value norm, logits and stamp, and the period's statistics, move between the engine and the
 # tensor state; the statistics of the newest position's period are taken before they are handed back, as the tensor
