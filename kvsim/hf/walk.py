@@ -465,7 +465,6 @@ def decode(layer, q, key, value, call):
         walker.block(lg_np, ws_np, 1, 1, t, own, window, pos, left)
         count[walker.lo : walker.hi] = walker.length
         walker.write(walker.group.state.slots)
-        walker.forget(t + 1, rows)
     layer._walkers = walkers
     layer.seen = t + 1
     out = _outputs(ws, layer._values)  # (batch, heads, G, d)
@@ -516,10 +515,11 @@ def _part(layer, walkers, q, key, value, call, out, fast, window, left) -> None:
         if blind_at is not None and not fast:  # the walk marks what each blind row sees
             marks = torch.zeros(int(blind.sum()), heads, m, 1, hi - shift, dtype=torch.float32)
         own = np.full(configs, width + a - shift, dtype=np.int64)
+        seeing, blinded = (_flat(lg), _flat(ws), see_first), (_flat(marks), _flat(marks), blind_first)
         for walker in walkers:
-            x, first = (ws, see_first) if walker.observes else (marks, blind_first)
-            walker.block(_flat(lg if walker.observes else marks), _flat(x), 0 if fast else 1 if walker.observes else 2,
-                         m, t0 + a, own, window, flat, left, int(first[walker.lo]))
+            x, y, first = seeing if walker.observes else blinded
+            walker.block(x, y, 0 if fast else 1 if walker.observes else 2, m, t0 + a, own, window, flat, left,
+                         int(first[walker.lo]))
         if see_at is not None:
             rows = _outputs(ws.reshape(-1, heads, m * g, hi - shift), v[see_at]).reshape(-1, heads, m, g, d)
             out[see_at, :, :, a : a + m] = rows.transpose(2, 3)
