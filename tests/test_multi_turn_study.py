@@ -77,12 +77,12 @@ def test_the_study_measures_a_subset_keyed_and_resumes(tmp_path, monkeypatch, ca
     assert "| h2o | turn 1 " in text and "| streaming_llm | turn 1 " in text
     assert "3 of the study's" in text and "## The two findings, as measured here" in text
     # with each exact-prompt cell's delta NLL per turn, turn 1 first, and what it says of SCBench's finding
-    assert "2 of the 2 measured exact-prompt cells carry the delta NLL" in text
+    assert "All 2 measured exact-prompt cells carry the delta NLL" in text
     h2o = nll[study.nll_key(key, "open")]["turns"]
     assert f"| h2o | {h2o[0]['delta_nll']:+.3f} / {h2o[1]['delta_nll']:+.3f} (1 trial) |" in text
     assert "By the delta NLL of each turn's reference answer teacher-forced (2 exact-prompt cells" in text
     # and the compressed prompt's closed loop, turn 1 against the later turns, "not measured" where the study lacks it
-    assert "1 of the 1 measured compressed-prompt cells carry it in the closed loop" in text
+    assert "all 1 measured compressed-prompt cells carry it in the closed loop" in text
     r1, rl = (t["delta_nll"] for t in nll[recon_key]["turns"])
     assert f"| reconstruction | turn 1 {r1:+.3f}, later {rl:+.3f} (1 trial) |" in text
     assert "| h2o | not measured |" in text

@@ -354,6 +354,11 @@ def _absent(plan: dict, mine: list) -> str:
     return ("Not measured in this group: " + "; ".join(out) + ".") if out else "Every cell of this group is measured."
 
 
+def _share(some: int, every: int) -> str:
+    """"all 336" where every one does, "321 of the 336" (the others do not) where not."""
+    return f"all {every}" if some == every else f"{some} of the {every} (the others do not)"
+
+
 def markdown(doc: dict) -> str:
     cells = _cells(doc)
     plan = doc["plan"]
@@ -366,15 +371,18 @@ def markdown(doc: dict) -> str:
             for b in plan["budgets"] for c in _configs(plan) for t in range(1, plan["trials"] + 1)]
     have = {key for key, cell in cells if "why" not in cell}
     lines.append("## What was measured\n")
-    lines.append(f"{len(have)} of the study's {len(grid)} cells (model x keys x length x budget x configuration x "
-                 f"trial) are measured here; the rest are not yet run and are not shown.\n")
+    cells_of = "cells (model x keys x length x budget x configuration x trial)"
+    lines.append(f"All {len(grid)} of the study's {cells_of} are measured here.\n" if len(have) == len(grid) else
+                 f"{len(have)} of the study's {len(grid)} {cells_of} are measured here; the rest are not yet run and "
+                 "are not shown.\n")
     exact = [key for key in have if _exact(plan, key[4])]
     losses = {key[:6] for key, _ in _losses(doc)}
     compressed = [key for key in have if not _exact(plan, key[4])]
     closed = {key[:6] for key, _ in _losses(doc, "closed")}
-    lines.append(f"{len(losses & set(exact))} of the {len(exact)} measured exact-prompt cells carry the delta NLL per "
-                 f"turn (open loop), the others do not; {len(closed & set(compressed))} of the {len(compressed)} measured "
-                 "compressed-prompt cells carry it in the closed loop (their only one), the others do not.\n")
+    share = _share(len(losses & set(exact)), len(exact))
+    lines.append(f"{share[0].upper()}{share[1:]} measured exact-prompt cells carry the delta NLL per "
+                 f"turn (open loop); {_share(len(closed & set(compressed)), len(compressed))} measured compressed-prompt "
+                 "cells carry it in the closed loop (their only one).\n")
     lines += findings(doc)
     groups = sorted({(m, k, n) for (m, k, n, *_), _ in cells})
     absent = [f"{m}, {k} keys, {n:,} tokens" for m in plan["models"] for k in plan["keys"] for n in plan["lengths"]
