@@ -25,7 +25,7 @@ compaction puts each position (the policy's ``TensorHooks.walk``: which state ar
 takes this route when its tensor step declares ``walk`` (``registry.walks_prompt``; a ``WalkMap`` where the engine
 keeps its state otherwise; one engine state per (row, KV head) for a class that reads vectors): h2o, h2o_normalized,
 tova, scissorhands, streaming_llm, sliding_window, snapkv, vatp, critical, knorm, keydiff and expected_attention
-(their engines keep the held slots' keys, norms or unit keys and the call's rows, ``WalkMap.per_call``) and random (its
+(their engines keep the held slots' keys, norms or unit keys and the call's rows, ``TensorHooks.per_call``) and random (its
 draws read from the tensor step's plan, ``WalkMap.inputs``): every online class but learned;
 only on a CPU, float32, unpadded, numba installed; anything else walks on the tensor path's operations. The
 weights differ from the tensor path's softmax in their last float32 bits (a sum in another order: relatively within
@@ -49,6 +49,10 @@ from .tensor_math import logits as _logits
 from .tensor_math import outputs as _outputs
 from .tensor_math import softmax as _softmax
 from .tensor_math import vectors as _vectors
+from .walk_masks import picked as _picked
+from .walk_masks import places as _places
+from .walk_masks import rows_of as _rows_of
+from .walk_masks import sees as _sees
 
 
 @kernel
@@ -247,7 +251,7 @@ class _Walker:
         configs = len(policies)
         self.shapes, self.columns = shapes, columns  # what the class reads, per row; the layer's slots
         if cls.reads:  # rows of zeros, the calls' own put in by ``see``
-            ahead = 1 if isinstance(self.walk, WalkMap) and self.walk.per_call else steps + 1
+            ahead = 1 if cls.tensor_step.per_call else steps + 1
             blank = {m: np.zeros((ahead, *shapes[m]), dtype=np.float32) for m in cls.reads}
             inputs = cls.engine_inputs(policies, steps, blank)
         elif isinstance(self.walk, WalkMap) and self.walk.inputs is not None:
@@ -267,12 +271,12 @@ class _Walker:
         """This configuration's rows of a call (member -> ``(positions, ...)`` NumPy, from position ``t0``) into its
         engine state."""
         state = self.cls.tensor_step.walk_rows(self.policy, self.state, t0, {m: rows[m][self.lo] for m in self.cls.reads})
-        if state is not None:  # the engine keeps the call's rows alone (``WalkMap.per_call``)
+        if state is not None:  # the engine keeps the call's rows alone (``TensorHooks.per_call``)
             self.state = state
 
     def forget(self, t: int, rows: dict) -> None:
-        """The call's rows let go once it is walked, where the engine keeps the call's alone (``WalkMap.per_call``)."""
-        if isinstance(self.walk, WalkMap) and self.walk.per_call:
+        """The call's rows let go once it is walked, where the engine keeps the call's alone (``TensorHooks.per_call``)."""
+        if self.cls.tensor_step.per_call:
             self.see(t, {m: x[:, :0] for m, x in rows.items()})
 
     def read(self, pos, slots, seen: int) -> None:
@@ -511,7 +515,11 @@ def _part(layer, walkers, q, key, value, call, out, fast, window, left) -> None:
         lg = ws = marks = _NO_BLOCK
         if see_at is not None:  # the seeing rows' logits and, fast, their rows: what the walk reads
             lg = _logits(q[see_at, :, :, a : a + m].transpose(2, 3), k[see_at], call)  # (rows, heads, m, G, cols)
-            ws = _softmax(lg, _rows_of(sees, see_at), q.dtype, spend=True) if fast else torch.zeros_like(lg)
+            if fast:  # in a first part no query hides a column before the block's own unless the window does
+                lo = a if shift and (not window or window >= n) else 0
+                ws = _softmax(lg, _rows_of(sees, see_at)[..., lo:], q.dtype, spend=True, lo=lo)
+            else:
+                ws = torch.zeros_like(lg)
         if blind_at is not None and not fast:  # the walk marks what each blind row sees
             marks = torch.zeros(int(blind.sum()), heads, m, 1, hi - shift, dtype=torch.float32)
         own = np.full(configs, width + a - shift, dtype=np.int64)
@@ -536,27 +544,6 @@ def _part(layer, walkers, q, key, value, call, out, fast, window, left) -> None:
     layer.seen = t0 + n
 
 
-def _picked(mask, batch: int):
-    """How to index the rows ``mask`` (``(batch,)`` bool) picks: every row, a slice (no copy); none, None; else the
-    rows' indices."""
-    if bool(mask.all()):
-        return slice(0, batch)
-    if not bool(mask.any()):
-        return None
-    return torch.nonzero(mask)[:, 0]
-
-
-def _places(mask, heads: int):
-    """For each configuration (row x KV head) of the rows ``mask`` picks, its index among theirs."""
-    mine = np.repeat(mask.numpy(), heads).astype(np.int64)
-    return np.cumsum(mine) - mine
-
-
-def _rows_of(x, at):
-    """``x``'s rows ``at`` where it has one per row (a mask that broadcasts over the rows is left as it is)."""
-    return x if x.shape[0] == 1 else x[at]
-
-
 def _blind(layer, walkers, call):
     """``(batch,)`` bool: the rows whose class reads no attention, whose outputs a masked fused attention gives (none
     where the model caps its logits, which that attention cannot)."""
@@ -566,24 +553,6 @@ def _blind(layer, walkers, call):
             if not walker.observes:
                 blind[walker.group.rows] = True
     return blind
-
-
-def _sees(layer, t0: int, a: int, m: int, shift: int, hi: int, window: int):
-    """A fast part's block of queries ``a .. a + m - 1``: which of the columns ``shift .. hi - 1`` each reads, the full
-    cache's rows (what the call found, a slot evicted during the call still read, and the call up to the query, inside
-    the model's window), ``(1 or batch, 1 or heads, m, columns)``."""
-    batch, heads, width = layer.pos.shape
-    cols = torch.arange(shift, hi)
-    at = (a + torch.arange(m))[:, None]
-    mine = cols[None, :] - width  # a column's index in the call, negative for a slot
-    sees = ((mine >= 0) & (mine <= at))[None, None]
-    calls = t0 - width + cols[cols >= width]  # the call's columns' positions
-    if not shift:  # the slots as the call found them
-        sees = sees | torch.cat([layer.pos >= 0, torch.zeros(batch, heads, len(calls), dtype=torch.bool)], 2)[:, :, None]
-    if window:
-        found = calls if shift else torch.cat([layer.pos, calls.expand(batch, heads, -1)], 2)
-        sees = sees & (found[..., None, :] > t0 + at - window)
-    return sees
 
 
 def _flat(x):

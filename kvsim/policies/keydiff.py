@@ -303,8 +303,8 @@ def _keydiff_walk_write(engine, p, col, length, slots, params):
 
 #: keydiff's tensor step, which its ``tensor_step`` names; its walk keeps the held unit keys and the call's
 TENSOR = TensorHooks("keydiff", _keydiff_tensor_state, _keydiff_tensor_rank, admit=_keydiff_tensor_admit,
-                     walk=WalkMap(_keydiff_walk_read, _keydiff_walk_write, prepare=_keydiff_walk_prepare, per_call=True),
-                     walk_rows=_keydiff_walk_rows)
+                     walk=WalkMap(_keydiff_walk_read, _keydiff_walk_write, prepare=_keydiff_walk_prepare),
+                     walk_rows=_keydiff_walk_rows, per_call=True)
 
 
 @register

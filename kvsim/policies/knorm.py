@@ -42,7 +42,7 @@ from ..jit import kernel
 from ..policykit.base import DEFAULT_BUDGET, Display, EngineBinding, SlotPolicy
 from ..policykit.registry import register
 from ..policykit.slot_hooks import Shape, SlotHooks, _drop, _first_max
-from ..policykit.tensor_hooks import TensorHooks, TensorState, WalkMap, admitted, slots
+from ..policykit.tensor_hooks import TensorHooks, TensorState, admitted, slots
 from ..policykit.tensor_hooks import key_norms as tensor_key_norms
 
 
@@ -173,20 +173,10 @@ def _knorm_walk_rows(policy, engine, t0, rows):
     return compiled_key_norms(kernel_keys(rows["keys"])), slot_norm, base
 
 
-def _knorm_walk_read(engine, c, held, slots, params):
-    """Configuration c's held key norms into the engine's, in position order."""
-    engine[1][c, : len(held)] = slots["norm"][c, held]
-
-
-def _knorm_walk_write(engine, p, col, length, slots, params):
-    """Every configuration's held key norms from the engine's into the tensor state's."""
-    held = np.arange(p.shape[1])[None, :] < length[:, None]
-    slots["norm"][np.nonzero(held)[0], col[held]] = engine[1][held]
-
-
-#: knorm's tensor step, which its ``tensor_step`` names; its walk keeps the held key norms and the call's
+#: knorm's tensor step, which its ``tensor_step`` names; its walk keeps the held key norms (the engine's array 1, in
+#: held order) and the call's
 TENSOR = TensorHooks("knorm", _knorm_tensor_state, _knorm_tensor_rank, admit=_knorm_tensor_admit,
-                     walk=WalkMap(_knorm_walk_read, _knorm_walk_write, per_call=True), walk_rows=_knorm_walk_rows)
+                     walk=(("norm", 1),), walk_rows=_knorm_walk_rows, per_call=True)
 
 
 class KeyedSlots(SlotPolicy):

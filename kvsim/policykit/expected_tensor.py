@@ -342,6 +342,7 @@ def _walk_prepare(state, slots, shapes, size):
 
 #: expected_attention's tensor step, which its ``tensor_step`` names
 TENSOR = TensorHooks("expected_attention", _state, _rank, admit=_admit,
-                     walk=WalkMap(_walk_read, _walk_write, prepare=_walk_prepare, per_call=True), walk_rows=_walk_rows)
+                     walk=WalkMap(_walk_read, _walk_write, prepare=_walk_prepare), walk_rows=_walk_rows,
+                     per_call=True)
 
 __all__ = ["TENSOR", "turns"]

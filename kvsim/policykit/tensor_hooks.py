@@ -92,8 +92,11 @@ class TensorHooks:
     #: puts a call's rows (``rows``: member -> position-major NumPy array, positions ``t0 ..``) of one configuration
     #: into its engine state (``policy``: that configuration's built policy), which the walk then keeps one per (row,
     #: KV head), as the simulator keeps one per trace;
-    #: it returns None, or the engine state anew where that keeps the call's rows alone (a ``WalkMap`` ``per_call``)
+    #: it returns None, or the engine state anew where that keeps the call's rows alone (``per_call``)
     walk_rows: Callable | None = None
+    #: the engine state keeps the rows the class reads for the call being walked alone, not one per position seen
+    #: (``walk_rows`` returns it anew each call), so the walk builds it from one row and lets the rows go after the call
+    per_call: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,16 +112,13 @@ class WalkMap:
     ``prepare(state, slots, shapes, size)``, called before each ``write``: what the tensor step makes at its first
     call (keydiff's unit keys, sized by the keys), made where it is not there yet, in ``slots`` (the dict written
     into) or the group's ``TensorState``; ``shapes``: what the class reads, member -> trailing shape; ``size``: the
-    group's ``(rows, KV heads, slots)``. ``per_call``: the engine state keeps the rows the class reads for the call
-    being walked alone, not one per position seen (``TensorHooks.walk_rows`` returns it anew each call), so the walk
-    builds it from one row. ``inputs(state, steps)``: the engine's inputs made from the group's ``TensorState`` for
+    group's ``(rows, KV heads, slots)``. ``inputs(state, steps)``: the engine's inputs made from the group's ``TensorState`` for
     ``steps`` positions, in place of the class's ``engine_inputs`` (random's draws, which the walk reads from the
     tensor step's plan and never makes again)."""
 
     read: Callable
     write: Callable
     prepare: Callable | None = None
-    per_call: bool = False
     inputs: Callable | None = None
 
 
