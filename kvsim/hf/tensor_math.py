@@ -4,6 +4,8 @@ few tensor operations over every row and KV head of a layer at once."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .eager import output_norms
@@ -16,8 +18,12 @@ def logits(q, keys, call):
     shape = q.shape
     if q.dim() == 5:  # (batch, heads, m, G, d): one product per head, m x G rows against its keys
         q = q.reshape(shape[0], shape[1], shape[2] * shape[3], shape[4])
-    # scaled in place: the same rounding as a product by the scale, without a second array of every logit
-    scores = torch.matmul(q, keys.transpose(-1, -2)).reshape(*shape[:-1], keys.shape[2]).mul_(call.scale)
+    if math.frexp(call.scale)[0] == 0.5:  # a power of two (1 / sqrt(64), 1 / 16): the queries scaled, not the logits,
+        # the same bits (a product by a power of two is exact, and so is each term and partial sum of the product
+        # scaled by it, short of the subnormals), at d multiplications per row of queries, not one per logit
+        scores = torch.matmul(q * call.scale, keys.transpose(-1, -2)).reshape(*shape[:-1], keys.shape[2])
+    else:  # scaled in place: the same rounding as a product by the scale, without a second array of every logit
+        scores = torch.matmul(q, keys.transpose(-1, -2)).reshape(*shape[:-1], keys.shape[2]).mul_(call.scale)
     if call.softcap is not None:
         scores = torch.tanh(scores / call.softcap) * call.softcap
     return scores

@@ -507,14 +507,15 @@ def _part(layer, walkers, q, key, value, call, out, fast, window, left) -> None:
         out[blind_at] = torch.nn.functional.scaled_dot_product_attention(
             q[blind_at].reshape(-1, heads * g, n, q.shape[-1]), key[blind_at], value[blind_at], is_causal=True,
             scale=call.scale, enable_gqa=True).reshape(-1, heads, g, n, d)
-    for a in range(0, n, block):
+    qt = q[see_at].transpose(2, 3).contiguous() if see_at is not None else None  # (rows, heads, n, G, d): a block's
+    for a in range(0, n, block):  # queries are then one run of rows per head, not a copy each
         m = min(a + block, n) - a
         hi = width + a + m  # the columns up to the block's last position
         k, v = keys[:, :, shift:hi], values[:, :, shift:hi]
         sees = _sees(layer, t0, a, m, shift, hi, window) if fast else None
         lg = ws = marks = _NO_BLOCK
         if see_at is not None:  # the seeing rows' logits and, fast, their rows: what the walk reads
-            lg = _logits(q[see_at, :, :, a : a + m].transpose(2, 3), k[see_at], call)  # (rows, heads, m, G, cols)
+            lg = _logits(qt[:, :, a : a + m], k[see_at], call)  # (rows, heads, m, G, cols)
             if fast:  # in a first part no query hides a column before the block's own unless the window does
                 lo = a if shift and (not window or window >= n) else 0
                 ws = _softmax(lg, _rows_of(sees, see_at)[..., lo:], q.dtype, spend=True, lo=lo)
