@@ -108,3 +108,17 @@ def test_the_page_reads_kvzips_finding_off_the_compressed_prompts_closed_loop():
     assert "the finding reproduces against snapkv agnostic" in text
     doc["delta_nll"][cell.format("snapkv agnostic")] = row(2.0, 1.75)
     assert "the finding does not reproduce against snapkv agnostic" in markdown(doc)
+
+
+def test_a_compressed_prompt_above_the_optimum_after_the_first_question_is_said_and_why():
+    from kvsim.views.multi_turn import _compressed_against_optimum
+
+    below = {"retained_after_prompt": 0.80, "optimal_retained_after_prompt": 0.85}
+    above = {"retained_after_prompt": 0.846, "optimal_retained_after_prompt": 0.8447}
+    assert _compressed_against_optimum([]) == []
+    assert _compressed_against_optimum([below]) == [
+        "After the first question, the optimum's mass is at or above the compressed prompt's in 1 of the 1 "
+        "compressed-prompt cells."]
+    (said,) = _compressed_against_optimum([below, above])
+    assert "in 1 of the 2 compressed-prompt cells; in the others the compressed prompt holds more, by up to 0.001" in said
+    assert "after reading the whole context" in said

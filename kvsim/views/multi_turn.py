@@ -354,6 +354,22 @@ def _absent(plan: dict, mine: list) -> str:
     return ("Not measured in this group: " + "; ".join(out) + ".") if out else "Every cell of this group is measured."
 
 
+def _compressed_against_optimum(cells: list) -> list[str]:
+    """What the compressed prompts' mass after the first question says against the optimum's over the same steps."""
+    if not cells:
+        return []
+    above = sum(c["optimal_retained_after_prompt"] >= c["retained_after_prompt"] - 1e-9 for c in cells)
+    text = (f"After the first question, the optimum's mass is at or above the compressed prompt's in {above} of the "
+            f"{len(cells)} compressed-prompt cells")
+    if above == len(cells):
+        return [text + "."]
+    worst = max(c["retained_after_prompt"] - c["optimal_retained_after_prompt"] for c in cells)
+    return [text + f"; in the others the compressed prompt holds more, by up to {worst:.3f}. The optimum holds the budget "
+            "at every step of the conversation, the context included, and is the best over all of them; a compressed "
+            "prompt chose what to keep after reading the whole context, which nothing held to the budget at every step "
+            "can do, so over the later steps alone it can come out above."]
+
+
 def _share(some: int, every: int) -> str:
     """"all 336" where every one does, "321 of the 336" (the others do not) where not."""
     return f"all {every}" if some == every else f"{some} of the {every} (the others do not)"
@@ -417,6 +433,8 @@ def markdown(doc: dict) -> str:
             lines.append(f"\nOver every step of the conversation, the optimum's retained mass is at or above the run's in "
                          f"{above} of the {len(exact)} exact-prompt cells (the smallest margin {margin:.3f}); a compressed "
                          "prompt attends in full during its one call, so only its mass after the first question compares.")
+        lines += _compressed_against_optimum([c for key, c in mine if "why" not in c and "retained" in c
+                                              and not _exact(plan, key[4])])
         lines += _nll_table(doc, plan, (m, k, n))
         lines += _closed_table(doc, plan, (m, k, n), budgets)
         control = [c for key, c in mine if "why" not in c]
