@@ -3,8 +3,9 @@
 decoding, sampling with two return sequences, beam search and a left-padded batch, on a tiny Llama and on a
 tiny Gemma 3's sliding layers; with eviction, a padded
 row holds and generates what the row alone does, and a reordered batch (beam search's ``reorder_cache``) goes
-on as the reordered rows would. Assisted generation (``crop``) is refused in one line, before any token; so
-are a padded batch and beam search on the reference path."""
+on as the reordered rows would. Assisted generation records each call and crops the rejected drafts: with nothing
+evicted its tokens are DynamicCache's, under eviction plain greedy decoding's, and a crop leaves the cache bit for
+bit one that never saw them. The reference path refuses a padded batch, beam search and crop, in one line."""
 
 from __future__ import annotations
 
@@ -16,6 +17,12 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.fin
 pytestmark = pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not installed (requirements-record.txt)")
 
 PROMPT, NEW, LARGE, BUDGET, PADS = 12, 10, 64, 8, 4
+#: every online policy with a tensor step, at parameters that evict at twice BUDGET (tests/test_hf_walk.py's list)
+CROPPED = [("h2o", {"recent_window": 4}), ("h2o_normalized", {"recent_window": 4}), ("tova", {}),
+           ("scissorhands", {"recent_window": 4}), ("streaming_llm", {"sinks": 2}), ("sliding_window", {}),
+           ("snapkv", {"recent_window": 4, "observation_window": 3}), ("vatp", {"recent_window": 4, "sinks": 2}),
+           ("critical", {"recent_window": 4}), ("keydiff", {}), ("random", {}), ("knorm", {}), ("learned", {"recent_window": 4}),
+           ("expected_attention", {"sinks": 2, "query_window": 5, "refresh": 3, "future_positions": 7})]
 #: every policy with a tensor step, at parameters that evict at BUDGET (tests/test_hf_tensor.py's list)
 TENSOR_POLICIES = [("h2o", {"recent_window": 3}), ("tova", {}), ("streaming_llm", {"sinks": 2}), ("sliding_window", {}),
                    ("scissorhands", {"recent_window": 3}), ("h2o_normalized", {"recent_window": 3})]
@@ -186,25 +193,121 @@ def test_reset_empties_the_cache_for_another_run(llama):
     assert _generate(llama, _ids(), cache, do_sample=False).tolist() == first.tolist()
 
 
-def test_assisted_generation_is_refused_in_one_line_naming_crop(llama):
-    """An evicting cache cannot un-evict, so it cannot be cropped: transformers refuses assisted generation after
-    the prompt's forward, before any token (the cache says it is not croppable), and a direct ``crop`` of any
-    position is refused (HFError); cropping nothing is nothing."""
-    from test_hf import _tiny
+def _draft(model, noise: float = 0.05):
+    """A draft model for assisted generation: ``model`` with its weights moved by seeded noise, so that it proposes
+    some of the model's tokens and not others (the verification rejects drafts, and the cache is cropped)."""
+    import copy
 
+    import torch
+
+    draft = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * noise)
+    return draft
+
+
+def _counting_crops(monkeypatch) -> list:
+    """Every ``crop`` the layers are asked for, its count of positions to remove (negative)."""
+    from kvsim.hf import rollback
+
+    seen, crop = [], rollback.crop
+    monkeypatch.setattr(rollback, "crop", lambda layer, k: (seen.append(k), crop(layer, k))[1])
+    return seen
+
+
+def test_assisted_generation_with_nothing_evicted_gives_dynamic_caches_tokens(llama, monkeypatch):
+    """transformers asks the cache to record (``activate_past_recording``) and crops it after each verification pass:
+    with a budget larger than the run, the tokens are DynamicCache's, with drafts rejected along the way."""
+    import kvsim.hf as hf
+
+    full = _generate(llama, _ids(), do_sample=False)
+    crops = _counting_crops(monkeypatch)
+    cache = hf.cache(llama, "h2o", LARGE, recent_window=4)
+    assert _generate(llama, _ids(), cache, do_sample=False, assistant_model=_draft(llama)).tolist() == full.tolist()
+    assert any(k < 0 for k in crops) and cache.layers[0].record_past
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+@pytest.mark.parametrize(("policy", "params"), CROPPED, ids=[p for p, _ in CROPPED])
+def test_a_crop_leaves_the_cache_a_run_without_the_removed_positions_would(kind, policy, params):
+    """A call of n positions, then ``crop(-k)``: the slot map, every policy's state and the next step's logits are
+    bit for bit those of a cache that was only ever given the call's first n - k (the removed positions' queries
+    are never seen again, and each kept position's step read only positions before it), at every split, a
+    whole call and a one-position call included, on the walk and on the tensor operations."""
+    import torch
+    from test_hf import _prompt, _tiny
+
+    import kvsim.hf as hf
+    from kvsim.hf import walk
+
+    model, ids = _tiny(kind), _prompt(40)
+    for n, k, walked in ((6, 2, True), (5, 5, True), (1, 1, True), (8, 1, False)):
+        caches = [hf.cache(model, policy, BUDGET * 2, **params) for _ in range(2)]
+        caches[0].activate_past_recording()
+        with torch.no_grad(), (walk.off() if not walked else _nothing()):
+            for cache in caches:
+                model(ids[:, :20], cache=cache, use_cache=True)
+            model(ids[:, 20 : 20 + n], cache=caches[0], use_cache=True)
+            caches[0].crop(-k)
+            if n - k:
+                model(ids[:, 20 : 20 + n - k], cache=caches[1], use_cache=True)
+            after = [model(ids[:, 20 + n - k : 21 + n - k], cache=c, use_cache=True).logits for c in caches]
+        cropped, never = caches[0].layers, caches[1].layers
+        assert [x.seen for x in cropped] == [x.seen for x in never] == [21 + n - k] * len(never)
+        assert all(torch.equal(x.pos, y.pos) for x, y in zip(cropped, never, strict=True)), (n, k)
+        for x, y in zip(cropped, never, strict=True):
+            for gx, gy in zip(x.groups, y.groups, strict=True):
+                for part in ("slots", "params"):
+                    mine, theirs = getattr(gx.state, part), getattr(gy.state, part)
+                    assert mine.keys() == theirs.keys()
+                    assert all(torch.equal(mine[s], theirs[s]) for s in mine), (n, k, part)
+        assert torch.equal(after[0], after[1])
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def test_assisted_generation_under_eviction_gives_the_plain_runs_tokens(llama, monkeypatch):
+    """h2o at a budget the run outgrows, the prompt exact: drafts verified and cropped give plain greedy decoding's
+    tokens (a verification pass computes several positions at once, so equal within rounding, as here)."""
+    import kvsim.hf as hf
+
+    plain = _generate(llama, _ids(), hf.cache(llama, "h2o", BUDGET, recent_window=3), do_sample=False)
+    crops = _counting_crops(monkeypatch)
+    cache = hf.cache(llama, "h2o", BUDGET, recent_window=3)
+    assisted = _generate(llama, _ids(), cache, do_sample=False, assistant_model=_draft(llama))
+    assert assisted.tolist() == plain.tolist() and any(k < 0 for k in crops)
+    assert max(cache.peak_positions) == BUDGET
+
+
+def test_a_crop_the_cache_cannot_make_is_refused_in_one_line(llama):
+    """Without recording (nothing asked for it), past the last call, twice, or with transformers' legacy positive
+    count: HFError, one line, the cache unchanged; cropping nothing is nothing."""
     import kvsim.hf as hf
     from kvsim.hf import HFError
 
     cache = hf.cache(llama, "h2o", LARGE, recent_window=4)
-    with pytest.raises(ValueError, match="crop") as e:
-        _generate(llama, _ids(), cache, do_sample=False, assistant_model=_tiny("llama"))
-    assert "\n" not in str(e.value)
-    cache = hf.cache(llama, "h2o", LARGE, recent_window=4)
     _step(llama, cache, _ids())
     cache.crop(0)
-    with pytest.raises(HFError, match="cannot crop") as e:
+    with pytest.raises(HFError, match="cannot crop unless it recorded") as e:
         cache.crop(-1)
     assert "\n" not in str(e.value) and cache.get_seq_length() == PROMPT
+    cache = hf.cache(llama, "h2o", LARGE, recent_window=4)
+    cache.activate_past_recording()
+    _step(llama, cache, _ids())
+    for count, said in ((-(PROMPT + 1), "reaches before the last call"), (2, "negative count")):
+        with pytest.raises(HFError, match=said) as e:
+            cache.crop(count)
+        assert "\n" not in str(e.value) and cache.get_seq_length() == PROMPT
+    cache.crop(-2)
+    with pytest.raises(HFError, match="no call recorded") as e:
+        cache.crop(-1)
+    assert cache.get_seq_length() == PROMPT - 2
 
 
 @pytest.mark.parametrize("mode", ["padded", "beam search", "reset", "crop"])

@@ -42,6 +42,7 @@ import torch
 
 from ..policies import Policy
 from ..policykit.tensor_hooks import Columns, TensorHooks, TensorState
+from . import rollback as _rollback
 from . import walk as _walk
 from .cache import LAYER, EvictingLayer, real_positions
 from .eager import grouped
@@ -98,6 +99,19 @@ class TensorLayer(EvictingLayer):
         self._col = None  # decoding: the slot t was written to (batch, heads)
         self._padded = False  # a prompt of this layer had padding: decode steps read their masks too
         self._walkers = None  # the compiled walk's state between calls on a CPU (kvsim.hf.walk); None: read anew
+        #: transformers' ``activate_past_recording``: each call's state before it is kept, so ``crop`` can take back
+        #: its last positions (``kvsim.hf.rollback``); ``_past``: that copy and the call
+        self.record_past = False
+        self._past = None
+
+    @property
+    def is_croppable(self) -> bool:
+        """Whether ``crop`` can take back the last call's positions: while the layer records (``rollback``)."""
+        return self.record_past
+
+    def activate_past_recording(self) -> None:
+        """transformers asks this before assisted generation: keep each call's state before it, for ``crop``."""
+        self.record_past = True
 
     # --- set-up ---------------------------------------------------------------------------------------
 
@@ -161,6 +175,7 @@ class TensorLayer(EvictingLayer):
             raise HFError(f"{self.name}: a call of {key_states.shape[0]} row(s) for a cache of {self.pos.shape[0]}; "
                           "feed every row (the tensor path shares no prompt start between rows)")
         self.pending = (key_states, value_states)
+        self._past = {"state": _rollback.save(self)} if self.record_past else None
         if key_states.shape[2] == 1:
             self._col = self._free_slot()
             self._write(self._col, key_states, value_states)
@@ -217,7 +232,7 @@ class TensorLayer(EvictingLayer):
             return
         group = self.groups[0]
         state = group.state
-        self._walkers = None
+        self._walkers = self._past = None  # a crop after it would put the old rows back
         self._keys, self._values, self.pos = tensors(self._keys), tensors(self._values), tensors(self.pos)
         group.rows = slice(0, self.pos.shape[0])
         state.slots = {name: tensors(x) for name, x in state.slots.items()}
@@ -235,16 +250,15 @@ class TensorLayer(EvictingLayer):
             self.policies = None
         self.budgets = self.groups = self.pos = self.budget = None
         self.broken = self._count = self.left = self._keys = self._values = self._col = self._walkers = None
+        self._past = None
         self.seen, self._least, self._padded = 0, 0, False
         self.handed = self.pending = None
         self.is_initialized = False
 
     def crop(self, tokens_to_remove: int) -> None:
-        """transformers' ``crop`` (assisted generation's rollback): refused but for removing nothing, because a
-        policy's state already heard the positions to remove and what they evicted is gone."""
-        if tokens_to_remove:
-            raise HFError(f"{self.name}: an evicting cache cannot crop (assisted generation's rollback): its policy has "
-                          "already heard the positions to remove, and what they evicted is gone")
+        """transformers' ``crop`` (assisted generation's rollback): the last call's last ``-tokens_to_remove``
+        positions taken back, exactly, while the layer records (``kvsim.hf.rollback``); refused otherwise."""
+        _rollback.crop(self, tokens_to_remove)
 
     def _free_slot(self):
         """``(batch, heads)``: each head's first free slot."""
@@ -333,6 +347,15 @@ class TensorLayer(EvictingLayer):
         heads = self.pos.shape[1]
         q = grouped(call.query, heads)  # (batch, heads, G, n, d)
         real = self._real(call.mask, q.shape[3], q.shape[0])
+        if self._past is not None:
+            self._past.update(q=q, key=key, value=value, call=call, real=real)
+        out = self._step_call(q, key, value, call, real)
+        if q.shape[3] > 1 and self.prefilled is not None:
+            self.prefilled(q.shape[3])
+        return out
+
+    def _step_call(self, q, key, value, call, real):
+        """A call's positions ``q`` ``(batch, heads, G, n, d)`` stepped in: ``(out, weights or None)``."""
         if q.shape[3] == 1:
             if _walk.fits(self, q, real):  # on a CPU: one compiled call per group between two products
                 return _walk.decode(self, q, key, value, call)
@@ -340,10 +363,7 @@ class TensorLayer(EvictingLayer):
             now = {k: x[:, :, 0] for k, x in now.items()}
             out, weights = self._decode(q[:, :, :, 0], call, now, None if real is None else real[:, 0])
             return out, weights
-        out = self._chunk(q, key, value, call, real)
-        if self.prefilled is not None:
-            self.prefilled(q.shape[3])
-        return out, None
+        return self._chunk(q, key, value, call, real), None
 
     def _real(self, mask, n: int, batch: int):
         """``(batch, n)``: which of the call's positions its mask leaves unpadded (``real_positions``), or None
@@ -357,10 +377,14 @@ class TensorLayer(EvictingLayer):
         if n > 1 and real is not None:
             if bool(real.all()):
                 return None
-            self._padded = True
-            for group in self.groups:
-                group.state.host["padded"] = True
+            self._pads()
         return real
+
+    def _pads(self) -> None:
+        """A prompt of this layer had padding: its decode steps read their masks from now on."""
+        self._padded = True
+        for group in self.groups:
+            group.state.host["padded"] = True
 
     def _decode(self, q, call, now, real=None):
         """Position ``seen``, written to slot ``_col`` by ``update``: ``(out (batch, 1, query heads, d), weights

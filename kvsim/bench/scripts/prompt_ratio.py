@@ -6,8 +6,9 @@ than ``kvsim bench --deploy``, which times every cache three times):
 One thread. Each round feeds the prompt (``--length`` tokens of the bench's text) to a ``DynamicCache`` under sdpa,
 then to ``kvsim.hf.cache(model, POLICY, 256, prefill=PREFILL)`` (h2o at recent_window 32, as the bench deploys it),
 and prints both times (wall and process CPU) and their ratio; the last line is the median ratio over the rounds. A
-round's two prompts run back to back, so each ratio is taken under one load. Run it from two checkouts one after
-the other (``PYTHONPATH=OTHER/``) to compare trees on the same load.
+round's two prompts run back to back, so each ratio is taken under one load. To compare two trees on the same load,
+copy it into the other checkout and run each copy from its own checkout (``PYTHONPATH=CHECKOUT``), one after the
+other.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+
+from checkout import this_checkout
+
+ROOT = this_checkout(__file__)
 
 
 def _parser() -> argparse.ArgumentParser:
