@@ -236,6 +236,8 @@ def test_a_crop_leaves_the_cache_a_run_without_the_removed_positions_would(kind,
     bit for bit those of a cache that was only ever given the call's first n - k (the removed positions' queries
     are never seen again, and each kept position's step read only positions before it), at every split, a
     whole call and a one-position call included, on the walk and on the tensor operations."""
+    import contextlib
+
     import torch
     from test_hf import _prompt, _tiny
 
@@ -246,7 +248,7 @@ def test_a_crop_leaves_the_cache_a_run_without_the_removed_positions_would(kind,
     for n, k, walked in ((6, 2, True), (5, 5, True), (1, 1, True), (8, 1, False)):
         caches = [hf.cache(model, policy, BUDGET * 2, **params) for _ in range(2)]
         caches[0].activate_past_recording()
-        with torch.no_grad(), (walk.off() if not walked else _nothing()):
+        with torch.no_grad(), (contextlib.nullcontext() if walked else walk.off()):
             for cache in caches:
                 model(ids[:, :20], cache=cache, use_cache=True)
             model(ids[:, 20 : 20 + n], cache=caches[0], use_cache=True)
@@ -264,12 +266,6 @@ def test_a_crop_leaves_the_cache_a_run_without_the_removed_positions_would(kind,
                     assert mine.keys() == theirs.keys()
                     assert all(torch.equal(mine[s], theirs[s]) for s in mine), (n, k, part)
         assert torch.equal(after[0], after[1])
-
-
-def _nothing():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 def test_assisted_generation_under_eviction_gives_the_plain_runs_tokens(llama, monkeypatch):

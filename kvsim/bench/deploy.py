@@ -80,13 +80,6 @@ def measure(model, ids, prompt: int, configs: dict, say, rounds: int = 1) -> dic
     import torch
 
     from ..hf import walk
-    from ..hf.attention import attach
-
-    def use(attention: str) -> None:
-        if attention == "kvsim":
-            attach(model)
-        else:
-            model.set_attn_implementation(attention)
 
     caches, outs, rows = {}, {}, {}
     full_prefill = []
@@ -96,10 +89,10 @@ def measure(model, ids, prompt: int, configs: dict, say, rounds: int = 1) -> dic
         times, ratios = [], []
         for _ in range(1 if name == "full" else rounds):
             if name != "full":  # a full prompt before each kvsim one: the ratio's denominator under the same load
-                use("sdpa")
+                use(model, "sdpa")
                 full, _ = _feed(model, ids[:, :prompt], DynamicCacheOf(model))
                 full_prefill.append(full)
-            use(attention)
+            use(model, attention)
             caches[name] = make()
             with walk.off() if name.endswith(" ops") else contextlib.nullcontext():
                 seconds, outs[name] = _feed(model, ids[:, :prompt], caches[name])
@@ -116,7 +109,7 @@ def measure(model, ids, prompt: int, configs: dict, say, rounds: int = 1) -> dic
     with torch.no_grad():
         for i, t in enumerate(range(prompt, ids.shape[1])):
             for name in names[i % len(names):] + names[: i % len(names)]:
-                use(configs[name][1])
+                use(model, configs[name][1])
                 t0 = time.perf_counter()
                 model(ids[:, t : t + 1], cache=caches[name], use_cache=True)
                 steps[name].append(time.perf_counter() - t0)
@@ -127,6 +120,17 @@ def measure(model, ids, prompt: int, configs: dict, say, rounds: int = 1) -> dic
                           max(layer.keys.shape[-2] for layer in cache.layers if layer.keys is not None))
     rows["full"]["prefill_seconds"] = statistics.median(full_prefill)
     return rows
+
+
+def use(model, attention: str) -> None:
+    """The model's attention for the next pass: ``kvsim`` (the deployed cache's, ``kvsim.hf.attention.attach``) or
+    one of transformers' own (``sdpa``, ``eager``)."""
+    from ..hf.attention import attach
+
+    if attention == "kvsim":
+        attach(model)
+    else:
+        model.set_attn_implementation(attention)
 
 
 def DynamicCacheOf(model):  # noqa: N802 - a constructor

@@ -32,14 +32,14 @@ def logits(q, keys, call):
 def softmax(logits, seen, dtype, spend: bool = False, lo: int = 0):
     """``logits`` ``(batch, heads, G, width)`` over the columns ``seen`` ``(batch, heads, width)`` marks, the
     family's eager softmax: float32, cast back to the query's dtype. ``spend``: the caller has no further use for
-    ``logits``, which are masked in place. ``lo``: the columns before it are seen by every row, and only those from
-    it on are masked (``seen`` their marks alone, ``spend`` only): the same weights, a causal block's triangle the
-    only part written."""
-    if lo:
-        logits[..., lo:].masked_fill_(~seen.unsqueeze(-2), float("-inf"))
-        return torch.softmax(logits, dim=-1, dtype=torch.float32).to(dtype)
-    hidden = ~seen.unsqueeze(-2)
-    scores = logits.masked_fill_(hidden, float("-inf")) if spend else logits.masked_fill(hidden, float("-inf"))
+    ``logits``, which are masked in place. ``lo`` (``spend`` only): every row sees the columns before it, so only
+    those from it on are masked: the same weights, a causal block's triangle the only part written."""
+    hidden = ~seen[..., lo:].unsqueeze(-2)
+    if spend:
+        logits[..., lo:].masked_fill_(hidden, float("-inf"))
+        scores = logits
+    else:
+        scores = logits.masked_fill(hidden, float("-inf"))
     return torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
 
 

@@ -518,7 +518,7 @@ def _part(layer, walkers, q, key, value, call, out, fast, window, left) -> None:
             lg = _logits(qt[:, :, a : a + m], k[see_at], call)  # (rows, heads, m, G, cols)
             if fast:  # in a first part no query hides a column before the block's own unless the window does
                 lo = a if shift and (not window or window >= n) else 0
-                ws = _softmax(lg, _rows_of(sees, see_at)[..., lo:], q.dtype, spend=True, lo=lo)
+                ws = _softmax(lg, _rows_of(sees, see_at), q.dtype, spend=True, lo=lo)
             else:
                 ws = torch.zeros_like(lg)
         if blind_at is not None and not fast:  # the walk marks what each blind row sees

@@ -38,7 +38,7 @@ def sees(layer, t0: int, a: int, m: int, shift: int, hi: int, window: int):
     layer of the call, made once (read only)."""
     if shift:
         return _first_sees(layer.pos.shape[-1], t0, a, m, hi, window)
-    return _found_sees(layer, t0, a, m, shift, hi, window)
+    return _found_sees(layer, t0, a, m, hi, window)
 
 
 @functools.lru_cache(maxsize=64)
@@ -53,10 +53,10 @@ def _first_sees(width: int, t0: int, a: int, m: int, hi: int, window: int):
     return sees
 
 
-def _found_sees(layer, t0: int, a: int, m: int, shift: int, hi: int, window: int):
-    """``sees`` of a part that reads the slots as the call found them (``shift`` 0)."""
+def _found_sees(layer, t0: int, a: int, m: int, hi: int, window: int):
+    """``sees`` of a part that reads the slots as the call found them (columns from 0)."""
     batch, heads, width = layer.pos.shape
-    cols = torch.arange(shift, hi)
+    cols = torch.arange(hi)
     at = (a + torch.arange(m))[:, None]
     mine = cols[None, :] - width  # a column's index in the call, negative for a slot
     sees = ((mine >= 0) & (mine <= at))[None, None]

@@ -39,9 +39,8 @@ def main(argv=None) -> int:
     import torch
 
     from kvsim import hf
-    from kvsim.bench.deploy import BUDGET, POLICIES, DynamicCacheOf, _feed, _load
+    from kvsim.bench.deploy import BUDGET, POLICIES, DynamicCacheOf, _feed, _load, use
     from kvsim.bench.generate import text_ids
-    from kvsim.hf.attention import attach
 
     torch.set_num_threads(1)
     model, tokenizer = _load(args.model)
@@ -49,7 +48,7 @@ def main(argv=None) -> int:
     params = dict(POLICIES).get(args.policy, {})
 
     def feed(make, attention: str) -> tuple[float, float]:
-        attach(model) if attention == "kvsim" else model.set_attn_implementation(attention)
+        use(model, attention)
         cpu = time.process_time()
         wall = _feed(model, ids, make())[0]
         return wall, time.process_time() - cpu
